@@ -1,0 +1,16 @@
+//! # dpfusion
+//!
+//! Differential privacy for Apache DataFusion SQL. A [`PrivateSession`] wraps a DataFusion
+//! context: private tables can only be read through DP aggregate functions, every release is
+//! charged to a per-table budget in a durable ledger before any row is read, and a query is
+//! refused once a table's budget would be exceeded. See README.md and ../shared/spec/.
+pub mod accounting;
+pub mod cli;
+pub mod demo;
+pub mod guard;
+pub mod repl;
+pub mod session;
+pub mod statements;
+
+pub use dpfusion_udfs;
+pub use session::{PrivateSession, QueryResult, Registration, SessionOptions};

@@ -1,0 +1,2 @@
+//! The command line: output formats now; the interactive REPL grows here.
+pub mod format;

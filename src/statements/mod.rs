@@ -1,0 +1,231 @@
+//! Session statements and their result tables: `SHOW BUDGET` / `dp_budget()`, `dp_ledger()`,
+//! `EXPLAIN PRIVACY`, the registration summary, and how refusals and receipts are printed.
+pub mod named_args;
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, BooleanArray, Float64Array, RecordBatch, StringArray, UInt64Array,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+
+use crate::accounting::{
+    Accountant, BudgetRow, LedgerEntry, Neighbours, PreviewRow, Receipt, TableKey, TablePolicy,
+    Visibility,
+};
+use crate::guard::{DpCall, GuardedTable, TableInfo};
+
+fn batch(cols: Vec<(&str, ArrayRef)>) -> Result<RecordBatch> {
+    let fields: Vec<Field> = cols
+        .iter()
+        .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+        .collect();
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        cols.into_iter().map(|(_, a)| a).collect(),
+    )?)
+}
+
+fn strings<I: IntoIterator<Item = S>, S: Into<String>>(it: I) -> ArrayRef {
+    Arc::new(StringArray::from(
+        it.into_iter().map(|s| s.into()).collect::<Vec<String>>(),
+    ))
+}
+
+fn floats<I: IntoIterator<Item = f64>>(it: I) -> ArrayRef {
+    Arc::new(Float64Array::from(it.into_iter().collect::<Vec<f64>>()))
+}
+
+/// `SHOW BUDGET` / `dp_budget()`: per private table, budget ε and δ, spent ε, remaining ε and
+/// the number of charged queries.
+pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
+    batch(vec![
+        ("table", strings(rows.iter().map(|r| r.name.clone()))),
+        ("epsilon", floats(rows.iter().map(|r| r.epsilon))),
+        ("delta", floats(rows.iter().map(|r| r.delta))),
+        ("spent_epsilon", floats(rows.iter().map(|r| r.spent))),
+        ("remaining_epsilon", floats(rows.iter().map(|r| r.remaining))),
+        (
+            "queries",
+            Arc::new(UInt64Array::from(
+                rows.iter().map(|r| r.queries).collect::<Vec<u64>>(),
+            )),
+        ),
+    ])
+}
+
+/// `dp_ledger()`: every charge, oldest first, one row per (charge, table).
+pub fn ledger_batch(entries: &[LedgerEntry]) -> Result<RecordBatch> {
+    let mut seq = Vec::new();
+    let mut time = Vec::new();
+    let mut query = Vec::new();
+    let mut table = Vec::new();
+    let mut eps = Vec::new();
+    let mut delta = Vec::new();
+    let mut profile = Vec::new();
+    for e in entries {
+        for t in &e.tables {
+            seq.push(e.seq);
+            time.push(e.time.clone());
+            query.push(e.query.clone());
+            table.push(t.name.clone());
+            eps.push(t.epsilon);
+            delta.push(t.delta);
+            profile.push(serde_json::to_string(&t.events).unwrap_or_default());
+        }
+    }
+    batch(vec![
+        ("seq", Arc::new(UInt64Array::from(seq)) as ArrayRef),
+        ("time", strings(time)),
+        ("query", strings(query)),
+        ("table", strings(table)),
+        ("epsilon", floats(eps)),
+        ("delta", floats(delta)),
+        ("profile", strings(profile)),
+    ])
+}
+
+/// `EXPLAIN PRIVACY`: one row per DP release, then one summary row per table.
+pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result<RecordBatch> {
+    let mut table = Vec::new();
+    let mut release = Vec::new();
+    let mut eps = Vec::new();
+    let mut delta = Vec::new();
+    let mut cost = Vec::new();
+    let mut spent = Vec::new();
+    let mut remaining = Vec::new();
+    let mut admitted: Vec<Option<bool>> = Vec::new();
+    for c in calls {
+        table.push(c.table.name.clone());
+        release.push(c.display.clone());
+        eps.push(Some(c.epsilon));
+        delta.push(Some(c.delta));
+        cost.push(None);
+        spent.push(None);
+        remaining.push(None);
+        admitted.push(None);
+    }
+    for p in preview {
+        table.push(p.name.clone());
+        release.push(format!("total for table '{}'", p.name));
+        eps.push(None);
+        delta.push(Some(p.budget.delta));
+        cost.push(Some(p.cost));
+        spent.push(Some(p.spent_after));
+        remaining.push(Some(p.remaining_after));
+        admitted.push(Some(p.admitted));
+    }
+    let opt = |v: Vec<Option<f64>>| Arc::new(Float64Array::from(v)) as ArrayRef;
+    batch(vec![
+        ("table", strings(table)),
+        ("release", strings(release)),
+        ("epsilon", opt(eps)),
+        ("delta", opt(delta)),
+        ("cost_epsilon", opt(cost)),
+        ("spent_after", opt(spent)),
+        ("remaining_after", opt(remaining)),
+        ("admitted", Arc::new(BooleanArray::from(admitted))),
+    ])
+}
+
+/// The one-row summary printed when a table is registered by SQL.
+pub fn registration_batch(p: &TablePolicy) -> Result<RecordBatch> {
+    let private = p.visibility == Visibility::Private;
+    batch(vec![
+        ("table", strings([p.name.clone()])),
+        (
+            "visibility",
+            strings([if private { "private" } else { "public" }]),
+        ),
+        (
+            "neighbours",
+            strings([match p.neighbours {
+                Neighbours::AddRemove => "add_remove",
+                Neighbours::Replace => "replace",
+            }]),
+        ),
+        ("public_columns", strings([p.public_columns.join(",")])),
+        (
+            "budget_epsilon",
+            Arc::new(Float64Array::from(vec![private.then_some(p.budget.epsilon)])),
+        ),
+        (
+            "budget_delta",
+            Arc::new(Float64Array::from(vec![private.then_some(p.budget.delta)])),
+        ),
+    ])
+}
+
+/// A one-line summary of what a query was charged.
+pub fn receipt_line(r: &Receipt) -> String {
+    r.tables
+        .iter()
+        .map(|t| {
+            format!(
+                "charged {}: ε {:.4} (spent {:.4} of {:.4}, {:.4} left)",
+                t.name, t.cost, t.spent_after, t.budget.epsilon, t.remaining_after
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A refusal or error as one readable block: what, why, what to do. Never a stack trace.
+pub fn error_block(stmt: &str, e: &DataFusionError) -> String {
+    let msg = e.to_string();
+    let msg = msg
+        .strip_prefix("Error during planning: ")
+        .unwrap_or(&msg)
+        .to_string();
+    let first = stmt.lines().next().unwrap_or("").trim();
+    let shown = if first.chars().count() > 70 {
+        format!("{}…", first.chars().take(70).collect::<String>())
+    } else {
+        first.to_string()
+    };
+    format!("ERROR in: {shown}\n  {msg}")
+}
+
+#[derive(Debug)]
+struct BudgetFn(Arc<Accountant>);
+#[derive(Debug)]
+struct LedgerFn(Arc<Accountant>);
+
+fn system_table(name: &str, b: RecordBatch) -> Result<Arc<dyn TableProvider>> {
+    let mem = Arc::new(MemTable::try_new(b.schema(), vec![vec![b]])?);
+    Ok(Arc::new(GuardedTable::new(
+        mem,
+        TableInfo {
+            name: name.to_string(),
+            key: TableKey::from(format!("system:{name}")),
+            private: false,
+            neighbours: Neighbours::AddRemove,
+            public_columns: vec![],
+        },
+    )))
+}
+
+impl TableFunctionImpl for BudgetFn {
+    fn call_with_args(&self, _args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+        system_table("dp_budget", budget_batch(&self.0.budget_rows())?)
+    }
+}
+
+impl TableFunctionImpl for LedgerFn {
+    fn call_with_args(&self, _args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+        system_table("dp_ledger", ledger_batch(&self.0.ledger_entries())?)
+    }
+}
+
+/// Registers `dp_budget()` and `dp_ledger()`.
+pub fn register_table_functions(ctx: &SessionContext, accountant: Arc<Accountant>) {
+    ctx.register_udtf("dp_budget", Arc::new(BudgetFn(accountant.clone())));
+    ctx.register_udtf("dp_ledger", Arc::new(LedgerFn(accountant)));
+}
+
+#[allow(dead_code)]
+fn _types(_: DataType) {}

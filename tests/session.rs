@@ -1,0 +1,315 @@
+//! Integration tests of the private session over real CSV and Parquet files: admission until the
+//! budget is exhausted, refusals that read nothing, restart on the same ledger, the guard.
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, Float64Array, Int64Array};
+use dpfusion::{PrivateSession, Registration, SessionOptions};
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "dpfusion-test-{}-{}-{}",
+        tag,
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn people_csv() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
+}
+
+/// Writes the people CSV as a Parquet file (with a plain DataFusion context).
+async fn people_parquet(dir: &Path) -> PathBuf {
+    let out = dir.join("people.parquet");
+    let ctx = datafusion::prelude::SessionContext::new();
+    ctx.register_csv(
+        "p",
+        &people_csv().to_string_lossy(),
+        datafusion::prelude::CsvReadOptions::new(),
+    )
+    .await
+    .unwrap();
+    ctx.sql(&format!(
+        "COPY (SELECT * FROM p) TO '{}' STORED AS PARQUET",
+        out.display()
+    ))
+    .await
+    .unwrap()
+    .collect()
+    .await
+    .unwrap();
+    out
+}
+
+async fn session(dir: &Path, eps: f64) -> PrivateSession {
+    PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_default_budget(eps, 1e-6)
+            .with_target_partitions(2),
+    )
+    .await
+    .unwrap()
+}
+
+fn f64_value(r: &dpfusion::QueryResult) -> f64 {
+    let c = r.batches[0].column(0);
+    if let Some(a) = c.as_any().downcast_ref::<Float64Array>() {
+        return a.value(0);
+    }
+    c.as_any().downcast_ref::<Int64Array>().unwrap().value(0) as f64
+}
+
+async fn exhaust_then_refuse(s: &PrivateSession, table: &str) {
+    // Budget ε = 1 at δ = 1e-6; each dp_mean costs ε = 0.3 at its own δ = 1e-6.
+    let q = format!("SELECT dp_mean(age, 0, 100, 0.3, 1e-6) FROM {table}");
+    for i in 0..3 {
+        let r = s.sql(&q).await.unwrap_or_else(|e| panic!("query {i}: {e}"));
+        let m = f64_value(&r);
+        assert!((0.0..=100.0).contains(&m), "{m}");
+    }
+    let scans_before = s.scans(table);
+    let err = s.sql(&q).await.unwrap_err().to_string();
+    assert!(err.contains("budget exceeded"), "{err}");
+    assert!(err.contains(table), "{err}");
+    assert!(err.contains("remains"), "{err}");
+    assert_eq!(s.scans(table), scans_before, "a refused query must read nothing");
+}
+
+#[tokio::test]
+async fn csv_budget_is_exhausted_then_refused_and_nothing_is_read() {
+    let dir = temp_dir("csv");
+    let s = session(&dir, 1.0).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    exhaust_then_refuse(&s, "people").await;
+}
+
+#[tokio::test]
+async fn parquet_budget_is_exhausted_then_refused_and_nothing_is_read() {
+    let dir = temp_dir("parquet");
+    let file = people_parquet(&dir).await;
+    let s = session(&dir, 1.0).await;
+    s.register_parquet("people", &file, Registration::private())
+        .await
+        .unwrap();
+    exhaust_then_refuse(&s, "people").await;
+}
+
+#[tokio::test]
+async fn restart_on_the_same_ledger_refuses_what_the_old_session_would() {
+    let dir = temp_dir("restart");
+    {
+        let s = session(&dir, 1.0).await;
+        s.register_csv("people", people_csv(), Registration::private())
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            s.sql("SELECT dp_mean(age, 0, 100, 0.3, 1e-6) FROM people")
+                .await
+                .unwrap();
+        }
+    }
+    let s = session(&dir, 1.0).await;
+    // Registered under another name, same file: same key, same spent budget.
+    s.register_csv("again", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let err = s
+        .sql("SELECT dp_mean(age, 0, 100, 0.3, 1e-6) FROM again")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("budget exceeded"), "{err}");
+    assert_eq!(s.scans("again"), 0);
+    // A smaller query still fits.
+    s.sql("SELECT dp_count(age, 0.05, 1e-6) FROM again")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_private_file_cannot_be_re_registered_as_public() {
+    let dir = temp_dir("policy");
+    let s = session(&dir, 1.0).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let err = s
+        .register_csv("leak", people_csv(), Registration::public())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("private"), "{err}");
+    let err = s
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE leak2 STORED AS CSV LOCATION '{}' OPTIONS ('format.has_header' 'true', 'dp.visibility' 'public')",
+            people_csv().display()
+        ))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("private"), "{err}");
+}
+
+async fn guard_session() -> (PrivateSession, PathBuf) {
+    let dir = temp_dir("guard");
+    let s = session(&dir, 100.0).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    s.register_csv(
+        "staff",
+        people_csv_copy(&dir),
+        Registration::private()
+            .replace()
+            .public_columns(["dept"]),
+    )
+    .await
+    .unwrap();
+    s.register_batches(
+        "depts",
+        vec![
+            datafusion::arrow::array::RecordBatch::try_from_iter(vec![(
+                "dept",
+                Arc::new(datafusion::arrow::array::StringArray::from(vec![
+                    "eng", "ops", "sales", "hr",
+                ])) as _,
+            )])
+            .unwrap(),
+        ],
+        Registration::public(),
+    )
+    .unwrap();
+    (s, dir)
+}
+
+fn people_csv_copy(dir: &Path) -> PathBuf {
+    let p = dir.join("staff.csv");
+    std::fs::copy(people_csv(), &p).unwrap();
+    p
+}
+
+#[tokio::test]
+async fn guard_refuses_non_private_queries_with_a_message() {
+    let (s, _dir) = guard_session().await;
+    let cases: &[(&str, &str)] = &[
+        ("SELECT * FROM people", "raw rows of private table 'people'"),
+        ("SELECT age FROM people WHERE id = 1", "raw rows of private table 'people'"),
+        ("SELECT COUNT(*) FROM people", "COUNT on private table 'people' is not differentially private; use dp_count"),
+        ("SELECT SUM(salary) FROM people", "SUM on private table 'people'"),
+        ("SELECT AVG(age) FROM people", "AVG on private table 'people'"),
+        ("SELECT MAX(age) FROM people", "MAX on private table 'people'"),
+        ("SELECT MIN(age) FROM people", "MIN on private table 'people'"),
+        ("SELECT dept, COUNT(*) FROM people GROUP BY dept", "COUNT on private table 'people'"),
+        ("SELECT dp_count(age, 1.0), COUNT(*) FROM people", "COUNT is computed together with DP aggregates"),
+        ("SELECT DISTINCT dept FROM people", "private table 'people'"),
+        ("SELECT dept FROM people GROUP BY dept", "private table 'people'"),
+        ("SELECT * FROM (SELECT age FROM people) t", "raw rows of private table 'people'"),
+        ("WITH t AS (SELECT age FROM people) SELECT * FROM t", "raw rows of private table 'people'"),
+        ("SELECT dp_count(a.age, 1.0) FROM people a JOIN people b ON a.id = b.id", "a JOIN between private table 'people'"),
+        ("SELECT dp_count(p.age, 1.0) FROM people p JOIN depts d ON p.dept = d.dept", "a JOIN between private table 'people'"),
+        ("SELECT dp_count(age, 1.0) FROM (SELECT age FROM people UNION ALL SELECT age FROM people) t", "a UNION between private table 'people'"),
+        ("SELECT dp_count(age, 1.0) FROM (SELECT age FROM people LIMIT 10) t", "LIMIT"),
+        ("SELECT dp_count(age, 1.0) FROM (SELECT DISTINCT age FROM people) t", "private table 'people'"),
+        ("SELECT dp_sum(c, 0, 100, 1.0) FROM (SELECT dept, COUNT(*) AS c FROM people GROUP BY dept) t", "a second aggregation"),
+        ("SELECT dp_count(r, 1.0) FROM (SELECT ROW_NUMBER() OVER () AS r FROM people) t", "a window function"),
+        ("SELECT age, ROW_NUMBER() OVER (ORDER BY age) FROM people", "window functions on private table 'people'"),
+        ("SELECT dp_count(age, 1.0) OVER () FROM people", "window"),
+        ("SELECT dp_count(age, 1.0) FROM people WHERE age > (SELECT AVG(age) FROM people)", "private table 'people'"),
+        ("SELECT dp_count(age, 1.0) FROM people WHERE id IN (SELECT id FROM people WHERE age > 60)", "private table 'people'"),
+        ("SELECT dp_count(DISTINCT age, 1.0) FROM people", "DISTINCT inside dp_count"),
+        ("SELECT dp_mean(age, 0, 100, age) FROM people", "must be a literal"),
+        ("SELECT dp_mean(age, 0, id, 1.0) FROM people", "must be a literal"),
+        ("EXPLAIN ANALYZE SELECT dp_count(age, 1.0) FROM people", "EXPLAIN ANALYZE"),
+        ("INSERT INTO people VALUES (1, 2, 'x', 3.0, true)", "read-only"),
+        ("CREATE TABLE leak AS SELECT * FROM people", "raw rows of private table 'people'"),
+        ("COPY people TO '/tmp/dpfusion-leak.csv'", "raw rows of private table 'people'"),
+        ("COPY (SELECT age FROM people) TO '/tmp/dpfusion-leak.csv'", "raw rows of private table 'people'"),
+        ("SELECT dp_mean(age, 10, 0, 1.0) FROM people", "lower"),
+        ("SELECT dp_mean(age, 0, 100, -1) FROM people", "epsilon"),
+        ("SELECT dp_mean(age, 0, 100, 1, 2) FROM people", "delta"),
+        ("SELECT dp_mean(age, 0, 100) FROM people", "missing required argument 'epsilon'"),
+        ("SET datafusion.execution.target_partitions = 1", "SET"),
+        ("SELECT dp_count(age, 1.0) FROM people GROUP BY ROLLUP(dept)", "ROLLUP"),
+        ("SELECT dp_count(age, 1.0) FROM (SELECT age FROM people ORDER BY age) t", "private table 'people'"),
+    ];
+    assert!(cases.len() >= 25);
+    for (sql, needle) in cases {
+        let before = s.scans("people");
+        match s.sql(sql).await {
+            Ok(_) => panic!("admitted: {sql}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains(needle), "{sql}\n  got: {e}\n  expected to contain: {needle}");
+            }
+        }
+        assert_eq!(s.scans("people"), before, "refused query read data: {sql}");
+    }
+    // Nothing was charged by any of them.
+    assert!(s.budget().iter().all(|r| r.queries == 0), "{:?}", s.budget());
+}
+
+#[tokio::test]
+async fn guard_admits_legitimate_shapes() {
+    let (s, _dir) = guard_session().await;
+    let cases = [
+        "SELECT dp_count(age, 0.1) FROM people",
+        "SELECT dp_mean(age, 0, 100, 0.1) FROM people WHERE dept = 'eng'",
+        "SELECT dp_sum(CASE WHEN remote THEN 1 ELSE 0 END, 0, 1, 0.1) FROM people",
+        "SELECT dp_mean(CAST(age AS DOUBLE) / 10, 0, 10, epsilon => 0.1) FROM people",
+        "SELECT 2 * dp_mean(age, 0, 100, 0.1) + 1 AS scaled FROM people",
+        "SELECT dp_count(age, 0.1), dp_sum(salary, 0, 200000, 0.1), dp_mean(age, 0, 100, 0.1) FROM people",
+        "SELECT dept, dp_count(age, 0.1) FROM people GROUP BY dept",
+        "SELECT dept, dp_mean(salary, 0, 200000, 0.1) FROM staff GROUP BY dept ORDER BY dept",
+        "SELECT * FROM (SELECT dept, dp_count(age, 0.1) AS n FROM people GROUP BY dept) t WHERE n > 5",
+        "SELECT dp_count(age, 0.1) FILTER (WHERE age > 30) FROM people",
+        "SELECT dp_mean(age, upper => 100, lower => 0, epsilon => 0.1, delta => 1e-7) FROM people",
+        "WITH young AS (SELECT age FROM people WHERE age < 40) SELECT dp_count(age, 0.1) FROM young",
+        "SELECT d.dept, t.n FROM depts d LEFT JOIN (SELECT dept, dp_count(age, 0.1) AS n FROM staff GROUP BY dept) t ON d.dept = t.dept",
+        "SELECT * FROM depts",
+        "EXPLAIN PRIVACY SELECT dp_count(age, 0.1) FROM people",
+    ];
+    for sql in cases {
+        s.sql(sql)
+            .await
+            .unwrap_or_else(|e| panic!("refused: {sql}\n  {e}"));
+    }
+}
+
+#[tokio::test]
+async fn group_by_private_keys_charges_partition_selection() {
+    let (s, _dir) = guard_session().await;
+    // people is add_remove: GROUP BY dept needs partition selection, charged in addition.
+    let r = s
+        .sql("EXPLAIN PRIVACY SELECT dept, dp_count(age, 0.5, 1e-6) FROM people GROUP BY dept")
+        .await
+        .unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&r.batches)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("partition selection"), "{text}");
+    // staff is replace with dept public: no selection.
+    let r = s
+        .sql("EXPLAIN PRIVACY SELECT dept, dp_count(age, 0.5, 1e-6) FROM staff GROUP BY dept")
+        .await
+        .unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&r.batches)
+        .unwrap()
+        .to_string();
+    assert!(!text.contains("partition selection"), "{text}");
+    // The selected groups are real groups.
+    let r = s
+        .sql("SELECT dept, dp_count(age, 5.0, 1e-6) AS n FROM people GROUP BY dept ORDER BY dept")
+        .await
+        .unwrap();
+    let n: usize = r.batches.iter().map(|b| b.num_rows()).sum();
+    assert!(n <= 4);
+}

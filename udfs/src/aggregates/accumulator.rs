@@ -1,0 +1,492 @@
+//! The accumulators shared by the DP aggregates.
+//!
+//! Every function keeps the same kind of exact, un-noised partial state per group (a subset of:
+//! an `i128` fixed-point sum, a count of non-NULL non-NaN values, a count of rows), updated by
+//! vectorised loops over the Arrow buffers. `state` and `merge_batch` move those exact partials
+//! between plan stages; noise is drawn only in `evaluate`, by the function's [`Finalise`], from
+//! the accumulator's own CSPRNG. A partitioned plan therefore releases one noisy value per
+//! group, computed from the same exact totals as a single-partition plan.
+//!
+//! State layout (fields in this order, each present when the function's [`Shape`] says so):
+//! - `sum`: `Decimal128(38, 0)`, the sum of fixed-point integers (see [`super::exact`]);
+//! - `count`: `Int64`, the number of non-NULL, non-NaN values;
+//! - `rows`: `Int64`, the number of rows that reached the aggregate (after its FILTER).
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, Float64Array, Int64Array,
+};
+use datafusion::arrow::buffer::BooleanBuffer;
+use datafusion::arrow::datatypes::{
+    DataType, Decimal128Type, Field, FieldRef, Float16Type, Float32Type, Int64Type,
+};
+use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::logical_expr::utils::format_state_name;
+use datafusion::logical_expr::{Accumulator, EmitTo, GroupsAccumulator};
+
+use super::exact::FixedPoint;
+use crate::noise::SecureRng;
+
+/// Precision and scale of the `sum` state field.
+const SUM_PRECISION: u8 = 38;
+
+/// Which partial fields a function keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub sum: bool,
+    pub count: bool,
+    pub rows: bool,
+}
+
+impl Shape {
+    /// The state fields, named with `format_state_name`.
+    pub fn state_fields(&self, name: &str) -> Vec<FieldRef> {
+        let mut f = Vec::with_capacity(3);
+        if self.sum {
+            f.push(Arc::new(Field::new(
+                format_state_name(name, "sum"),
+                DataType::Decimal128(SUM_PRECISION, 0),
+                true,
+            )));
+        }
+        if self.count {
+            f.push(Arc::new(Field::new(
+                format_state_name(name, "count"),
+                DataType::Int64,
+                true,
+            )));
+        }
+        if self.rows {
+            f.push(Arc::new(Field::new(
+                format_state_name(name, "rows"),
+                DataType::Int64,
+                true,
+            )));
+        }
+        f
+    }
+}
+
+/// The exact partial aggregate of one group. Fields the function does not keep are 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Partial {
+    /// Sum of fixed-point integers x = round(clamp(v)/q).
+    pub sum: i128,
+    /// Number of non-NULL, non-NaN values.
+    pub count: i64,
+    /// Number of rows (after the FILTER clause), NULLs included.
+    pub rows: i64,
+}
+
+/// Turns exact partials into released values: the only place where noise is drawn.
+pub(crate) trait Finalise: Debug + Send + Sync {
+    fn shape(&self) -> Shape;
+    /// The fixed-point grid of the `sum` field (required when `shape().sum`).
+    fn fixed_point(&self) -> Option<FixedPoint>;
+    /// One release per partial, in order, as an array of the function's return type.
+    fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef>;
+}
+
+/// The rows of a batch that pass the FILTER clause (`None` = all rows).
+fn filter_selection(opt_filter: Option<&BooleanArray>) -> Option<BooleanBuffer> {
+    opt_filter.map(|f| match f.nulls() {
+        Some(n) => f.values() & n.inner(),
+        None => f.values().clone(),
+    })
+}
+
+fn and(a: Option<BooleanBuffer>, b: Option<BooleanBuffer>) -> Option<BooleanBuffer> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(&a & &b),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// Not-NaN mask of a floating-point array (`None` for other types or when nothing is NaN).
+fn not_nan(arr: &dyn Array) -> Option<BooleanBuffer> {
+    fn mask<T: Copy>(vals: &[T], is_nan: impl Fn(T) -> bool) -> Option<BooleanBuffer> {
+        vals.iter()
+            .any(|&v| is_nan(v))
+            .then(|| BooleanBuffer::collect_bool(vals.len(), |i| !is_nan(vals[i])))
+    }
+    match arr.data_type() {
+        DataType::Float64 => mask(
+            arr.as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+                .values(),
+            f64::is_nan,
+        ),
+        DataType::Float32 => mask(arr.as_primitive::<Float32Type>().values(), f32::is_nan),
+        DataType::Float16 => mask(arr.as_primitive::<Float16Type>().values(), |v| v.is_nan()),
+        _ => None,
+    }
+}
+
+/// Calls `f(row)` for every row selected by `sel` (all rows when `None`).
+#[inline]
+fn for_each_selected(len: usize, sel: &Option<BooleanBuffer>, mut f: impl FnMut(usize)) {
+    match sel {
+        None => (0..len).for_each(&mut f),
+        Some(s) => s.set_indices().for_each(&mut f),
+    }
+}
+
+fn as_f64(arr: &ArrayRef) -> Result<&Float64Array> {
+    arr.as_primitive_opt().ok_or_else(|| {
+        DataFusionError::Internal(format!(
+            "DP aggregate expected Float64 values after coercion, got {}",
+            arr.data_type()
+        ))
+    })
+}
+
+fn state_i128(arr: &ArrayRef) -> Result<&Decimal128Array> {
+    arr.as_primitive_opt::<Decimal128Type>().ok_or_else(|| {
+        DataFusionError::Internal(format!(
+            "DP aggregate: bad sum state type {}",
+            arr.data_type()
+        ))
+    })
+}
+
+fn state_i64(arr: &ArrayRef) -> Result<&Int64Array> {
+    arr.as_primitive_opt::<Int64Type>().ok_or_else(|| {
+        DataFusionError::Internal(format!(
+            "DP aggregate: bad count state type {}",
+            arr.data_type()
+        ))
+    })
+}
+
+fn sum_array(v: Vec<i128>) -> Result<ArrayRef> {
+    Ok(Arc::new(
+        Decimal128Array::from(v).with_precision_and_scale(SUM_PRECISION, 0)?,
+    ))
+}
+
+/// The GROUP BY accumulator of every DP aggregate.
+#[derive(Debug)]
+pub(crate) struct DpGroups {
+    fin: Arc<dyn Finalise>,
+    shape: Shape,
+    fp: Option<FixedPoint>,
+    sums: Vec<i128>,
+    counts: Vec<i64>,
+    rows: Vec<i64>,
+    insecure_seed: Option<u64>,
+    rng: Option<SecureRng>,
+}
+
+impl DpGroups {
+    pub fn new(fin: Arc<dyn Finalise>, insecure_seed: Option<u64>) -> Result<Self> {
+        let shape = fin.shape();
+        let fp = fin.fixed_point();
+        if shape.sum && fp.is_none() {
+            return Err(DataFusionError::Internal(
+                "sum state without a fixed-point grid".into(),
+            ));
+        }
+        Ok(Self {
+            fin,
+            shape,
+            fp,
+            sums: vec![],
+            counts: vec![],
+            rows: vec![],
+            insecure_seed,
+            rng: None,
+        })
+    }
+
+    fn resize(&mut self, n: usize) {
+        if self.shape.sum && self.sums.len() < n {
+            self.sums.resize(n, 0);
+        }
+        if self.shape.count && self.counts.len() < n {
+            self.counts.resize(n, 0);
+        }
+        if self.shape.rows && self.rows.len() < n {
+            self.rows.resize(n, 0);
+        }
+    }
+
+    fn rng(&mut self) -> &mut SecureRng {
+        let seed = self.insecure_seed;
+        self.rng.get_or_insert_with(|| match seed {
+            Some(s) => SecureRng::insecure_from_seed(s),
+            None => SecureRng::from_os_entropy(),
+        })
+    }
+
+    /// The partial of group `g` (not consumed).
+    fn partial(&self, g: usize) -> Partial {
+        Partial {
+            sum: self.sums.get(g).copied().unwrap_or(0),
+            count: self.counts.get(g).copied().unwrap_or(0),
+            rows: self.rows.get(g).copied().unwrap_or(0),
+        }
+    }
+
+    /// The rows whose value counts (filter ∧ non-NULL ∧ non-NaN; only computed when the shape
+    /// reads values), and the rows that pass the filter.
+    fn selections(
+        &self,
+        values: &ArrayRef,
+        opt_filter: Option<&BooleanArray>,
+    ) -> (Option<BooleanBuffer>, Option<BooleanBuffer>) {
+        let filter = filter_selection(opt_filter);
+        if !(self.shape.sum || self.shape.count) {
+            return (None, filter);
+        }
+        let valid = and(
+            and(
+                filter.clone(),
+                values.logical_nulls().map(|n| n.into_inner()),
+            ),
+            not_nan(values.as_ref()),
+        );
+        (valid, filter)
+    }
+
+    /// The exact state of one partial, as scalars in the state-field order.
+    fn scalars(&self, p: Partial) -> Vec<ScalarValue> {
+        let mut out = Vec::with_capacity(3);
+        if self.shape.sum {
+            out.push(ScalarValue::Decimal128(Some(p.sum), SUM_PRECISION, 0));
+        }
+        if self.shape.count {
+            out.push(ScalarValue::Int64(Some(p.count)));
+        }
+        if self.shape.rows {
+            out.push(ScalarValue::Int64(Some(p.rows)));
+        }
+        out
+    }
+
+    fn memory(&self) -> usize {
+        size_of::<Self>()
+            + self.sums.capacity() * size_of::<i128>()
+            + (self.counts.capacity() + self.rows.capacity()) * size_of::<i64>()
+    }
+}
+
+impl GroupsAccumulator for DpGroups {
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        opt_filter: Option<&BooleanArray>,
+        total_num_groups: usize,
+    ) -> Result<()> {
+        self.resize(total_num_groups);
+        let arr = &values[0];
+        let n = group_indices.len();
+        let (valid, filter) = self.selections(arr, opt_filter);
+        if self.shape.rows {
+            let rows = &mut self.rows;
+            for_each_selected(n, &filter, |i| rows[group_indices[i]] += 1);
+        }
+        if self.shape.sum {
+            let fp = self.fp.expect("checked in new");
+            let v = as_f64(arr)?.values();
+            let sums = &mut self.sums;
+            for_each_selected(n, &valid, |i| {
+                let g = group_indices[i];
+                sums[g] = sums[g].saturating_add(fp.quantise(v[i]) as i128);
+            });
+        }
+        if self.shape.count {
+            let counts = &mut self.counts;
+            for_each_selected(n, &valid, |i| counts[group_indices[i]] += 1);
+        }
+        Ok(())
+    }
+
+    fn merge_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        total_num_groups: usize,
+    ) -> Result<()> {
+        self.resize(total_num_groups);
+        let mut k = 0;
+        if self.shape.sum {
+            let s = state_i128(&values[k])?;
+            let sums = &mut self.sums;
+            for (i, &g) in group_indices.iter().enumerate() {
+                if s.is_valid(i) {
+                    sums[g] = sums[g].saturating_add(s.value(i));
+                }
+            }
+            k += 1;
+        }
+        for (keep, vec) in [
+            (self.shape.count, &mut self.counts),
+            (self.shape.rows, &mut self.rows),
+        ] {
+            if keep {
+                let c = state_i64(&values[k])?;
+                for (i, &g) in group_indices.iter().enumerate() {
+                    if c.is_valid(i) {
+                        vec[g] = vec[g].saturating_add(c.value(i));
+                    }
+                }
+                k += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        let n = match emit_to {
+            EmitTo::All => self.sums.len().max(self.counts.len()).max(self.rows.len()),
+            EmitTo::First(n) => n,
+        };
+        self.resize(n);
+        let sums = if self.shape.sum {
+            emit_to.take_needed(&mut self.sums)
+        } else {
+            vec![]
+        };
+        let counts = if self.shape.count {
+            emit_to.take_needed(&mut self.counts)
+        } else {
+            vec![]
+        };
+        let rows = if self.shape.rows {
+            emit_to.take_needed(&mut self.rows)
+        } else {
+            vec![]
+        };
+        let partials: Vec<Partial> = (0..n)
+            .map(|g| Partial {
+                sum: sums.get(g).copied().unwrap_or(0),
+                count: counts.get(g).copied().unwrap_or(0),
+                rows: rows.get(g).copied().unwrap_or(0),
+            })
+            .collect();
+        let fin = Arc::clone(&self.fin);
+        fin.finalise(self.rng(), &partials)
+    }
+
+    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        let mut out: Vec<ArrayRef> = Vec::with_capacity(3);
+        if self.shape.sum {
+            out.push(sum_array(emit_to.take_needed(&mut self.sums))?);
+        }
+        if self.shape.count {
+            out.push(Arc::new(Int64Array::from(
+                emit_to.take_needed(&mut self.counts),
+            )));
+        }
+        if self.shape.rows {
+            out.push(Arc::new(Int64Array::from(
+                emit_to.take_needed(&mut self.rows),
+            )));
+        }
+        Ok(out)
+    }
+
+    fn convert_to_state(
+        &self,
+        values: &[ArrayRef],
+        opt_filter: Option<&BooleanArray>,
+    ) -> Result<Vec<ArrayRef>> {
+        let arr = &values[0];
+        let n = arr.len();
+        let (valid, filter) = self.selections(arr, opt_filter);
+        let is = |sel: &Option<BooleanBuffer>, i: usize| sel.as_ref().is_none_or(|s| s.value(i));
+        let mut out: Vec<ArrayRef> = Vec::with_capacity(3);
+        if self.shape.sum {
+            let fp = self.fp.expect("checked in new");
+            let v = as_f64(arr)?.values();
+            let sums = (0..n)
+                .map(|i| {
+                    if is(&valid, i) {
+                        fp.quantise(v[i]) as i128
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            out.push(sum_array(sums)?);
+        }
+        if self.shape.count {
+            out.push(Arc::new(Int64Array::from_iter_values(
+                (0..n).map(|i| is(&valid, i) as i64),
+            )));
+        }
+        if self.shape.rows {
+            out.push(Arc::new(Int64Array::from_iter_values(
+                (0..n).map(|i| is(&filter, i) as i64),
+            )));
+        }
+        Ok(out)
+    }
+
+    fn size(&self) -> usize {
+        self.memory()
+    }
+}
+
+/// The no-GROUP-BY accumulator: one group of a [`DpGroups`]. `evaluate` does not reset the
+/// state and draws fresh noise on every call.
+#[derive(Debug)]
+pub(crate) struct DpAccumulator {
+    inner: DpGroups,
+    /// Group index 0 for every row of a batch; grown to the largest batch, then reused.
+    zeros: Vec<usize>,
+}
+
+impl DpAccumulator {
+    pub fn new(fin: Arc<dyn Finalise>, insecure_seed: Option<u64>) -> Result<Self> {
+        let mut inner = DpGroups::new(fin, insecure_seed)?;
+        inner.resize(1);
+        Ok(Self {
+            inner,
+            zeros: vec![],
+        })
+    }
+
+    fn zeros(&mut self, n: usize) {
+        if self.zeros.len() < n {
+            self.zeros.resize(n, 0);
+        }
+    }
+
+    /// The exact partial (tests).
+    #[cfg(test)]
+    pub fn partial(&self) -> Partial {
+        self.inner.partial(0)
+    }
+}
+
+impl Accumulator for DpAccumulator {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let n = values[0].len();
+        self.zeros(n);
+        self.inner.update_batch(values, &self.zeros[..n], None, 1)
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        let n = states.first().map_or(0, |s| s.len());
+        self.zeros(n);
+        self.inner.merge_batch(states, &self.zeros[..n], 1)
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(self.inner.scalars(self.inner.partial(0)))
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        let p = self.inner.partial(0);
+        let fin = Arc::clone(&self.inner.fin);
+        let arr = fin.finalise(self.inner.rng(), &[p])?;
+        ScalarValue::try_from_array(&arr, 0)
+    }
+
+    fn size(&self) -> usize {
+        self.inner.memory() + self.zeros.capacity() * size_of::<usize>()
+    }
+}

@@ -1,0 +1,117 @@
+//! Signatures, documentation section and accumulator plumbing shared by the DP aggregates.
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::{Result, plan_err};
+use datafusion::logical_expr::function::AccumulatorArgs;
+use datafusion::logical_expr::{DocSection, Signature, Volatility};
+
+use super::accumulator::Finalise;
+use super::params::{Neighbours, literal_params};
+
+/// The documentation section of every dpfusion DP aggregate.
+pub(crate) const DOC_SECTION_DP: DocSection = DocSection {
+    include: true,
+    label: "Differential privacy",
+    description: Some(
+        "Aggregates that release noisy statistics with a differential-privacy guarantee. Every \
+         argument after the data column must be a literal; each call costs its (epsilon, delta).",
+    ),
+};
+
+/// What the data column accepts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DataArg {
+    /// Integers, floats and decimals, coerced to Float64.
+    Numeric,
+    /// Any type (only NULL-ness is read).
+    Any,
+}
+
+/// A user-defined signature named `value` then `params` (named arguments work when every
+/// parameter up to the last one given is supplied); types are checked and coerced by
+/// [`coerce_args`], which gives errors that name the argument and the accepted types.
+pub(crate) fn dp_signature(params: &[&str]) -> Signature {
+    let mut names = vec!["value"];
+    names.extend_from_slice(params);
+    Signature::user_defined(Volatility::Volatile)
+        .with_parameter_names(names)
+        .expect("user-defined signatures accept parameter names")
+}
+
+fn is_number(t: &DataType) -> bool {
+    match t {
+        DataType::Null => true,
+        DataType::Dictionary(_, v) => v.is_numeric(),
+        t => t.is_numeric(),
+    }
+}
+
+/// The argument types of a call: the data column (numeric → Float64, or any type), then
+/// `required ..= params.len()` parameters (`neighbours` a string, the others numbers → Float64).
+pub(crate) fn coerce_args(
+    function: &str,
+    data: DataArg,
+    params: &[&str],
+    required: usize,
+    arg_types: &[DataType],
+) -> Result<Vec<DataType>> {
+    let n = arg_types.len();
+    if n < 1 + required || n > 1 + params.len() {
+        let optional = params[required..]
+            .iter()
+            .map(|p| format!("[, {p}]"))
+            .collect::<String>();
+        return plan_err!(
+            "{function} takes {} to {} arguments: {function}(value, {}{optional}), got {n}",
+            1 + required,
+            1 + params.len(),
+            params[..required].join(", ")
+        );
+    }
+    let value = match data {
+        DataArg::Any => arg_types[0].clone(),
+        DataArg::Numeric if is_number(&arg_types[0]) => DataType::Float64,
+        DataArg::Numeric => {
+            return plan_err!(
+                "{function}: `value` must be numeric (integer, float or decimal; cast to Float64), got {}",
+                arg_types[0]
+            );
+        }
+    };
+    let mut out = vec![value];
+    for (name, t) in params.iter().zip(&arg_types[1..]) {
+        out.push(if *name == "neighbours" {
+            match t {
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => t.clone(),
+                DataType::Null => DataType::Utf8,
+                t => {
+                    return plan_err!(
+                        "{function}: `neighbours` must be a string literal ({}), got {t}",
+                        Neighbours::ACCEPTED
+                    );
+                }
+            }
+        } else if is_number(t) {
+            DataType::Float64
+        } else {
+            return plan_err!("{function}: `{name}` must be a number literal, got {t}");
+        });
+    }
+    Ok(out)
+}
+
+/// Validates the call shape and reads its literal parameters.
+pub(crate) fn call_literals(
+    function: &str,
+    names: &[&str],
+    args: &AccumulatorArgs,
+) -> Result<Vec<datafusion::common::ScalarValue>> {
+    if args.is_distinct {
+        return plan_err!("{function} does not support DISTINCT");
+    }
+    literal_params(function, names, args.exprs, 1)
+}
+
+/// Shorthand for the boxed finaliser type.
+pub(crate) type Fin = Arc<dyn Finalise>;

@@ -1,0 +1,307 @@
+//! Exact, sensitivity-safe arithmetic for the DP aggregates.
+//!
+//! # Why
+//! A sum of clamped `f64` values can move by more than the nominal bound when one row changes:
+//! floating-point addition rounds, and the rounding depends on the order of the additions (so on
+//! the partitioning of the plan). Casacuberta, Shoemate, Vadhan and Wagaman ("Widespread
+//! underestimation of sensitivity in differentially private libraries and how to fix it",
+//! ACM CCS 2022) turn this into attacks on several libraries. PRIVACY.md, "Numbers on a
+//! computer", requires a proven sensitivity, the same whatever the partitioning.
+//!
+//! # Fixed point ([`FixedPoint`])
+//! For bounds [L, U] let B = max(|L|, |U|) and q = 2^e the power of two with B/q ≤ 2^40 < 2B/q
+//! (e is clamped to [−1023, 984] so that 1/q is a finite `f64`, which only coarsens the grid for
+//! bounds below 2^−983; when B = 0, q = 1). Each value is
+//! mapped to the integer x = round(clamp(v, L, U)/q). Every step of that map (clamp, the exact
+//! scaling by the power of two 1/q, round-to-nearest, conversion to `i64`) is monotone, so
+//! x ∈ [lo, hi] with lo = round(L/q), hi = round(U/q), |lo|, |hi| ≤ 2^40.
+//!
+//! Partial sums are `i128` sums of these integers. Addition of integers is exact and associative,
+//! so the total is the same for any order and any partitioning of the rows: a plain function of
+//! the multiset of per-row integers. Hence, exactly (in grid units q):
+//! - adding or removing a row changes the sum by at most max(|lo|, |hi|);
+//! - replacing a row's value (NULL-ness included) changes it by at most max(hi − lo, |lo|, |hi|).
+//!
+//! The sensitivities used for calibration are these integers, raised where needed to
+//! ceil(B/q) (resp. ceil((U − L)/q)), times q: never below the nominal bound, and above it by
+//! less than q ≤ B·2^−40.
+//! Saturation: a sum of k rows has |sum| ≤ k·2^40, and DataFusion counts rows in `usize`
+//! (k < 2^64), so |sum| < 2^104 and the saturating `i128` additions never saturate; they are
+//! there only so that no input can make the arithmetic panic or wrap.
+//!
+//! # Release ([`release_exact`])
+//! [`GaussianMechanism::release`] returns round_g(x) + g·Y for a power-of-two grid g and a
+//! discrete Gaussian Y. Converting the exact integer sum to `f64` before that would round again
+//! (when the sum exceeds 2^53 grid units) and reintroduce the problem above. So the release is
+//! computed in integers: the noise g·Y is drawn as `release(0.0)` (round_g(0) = 0, so this is
+//! exactly g·Y), the sum u·2^k (k the unit exponent) is rounded to the nearest multiple of g in
+//! integer arithmetic, and the integer R = round(u·2^k/g) + Y is formed exactly. The result is
+//! R·g converted to `f64` once, a function of R alone (post-processing). Rounding each of two
+//! neighbouring sums to the nearest multiple of g moves their difference by at most g, which is
+//! the slack the mechanism already adds to the sensitivity ("rounding to the grid adds at most g");
+//! so this is exactly the mechanism's release of u·2^k, without any floating-point step before
+//! the noise.
+use datafusion::common::{DataFusionError, Result};
+
+use crate::mechanisms::GaussianMechanism;
+use crate::noise::SecureRng;
+
+/// Bits of fixed-point resolution below the bound: B/q ≤ 2^40.
+pub const FIXED_POINT_BITS: i32 = 40;
+
+/// 2^e as an `f64`, exact for e ∈ [−1074, 1023]; 0 below, +∞ above.
+pub fn pow2(e: i32) -> f64 {
+    if e > 1023 {
+        f64::INFINITY
+    } else if e >= -1022 {
+        f64::from_bits(((e + 1023) as u64) << 52)
+    } else if e >= -1074 {
+        f64::from_bits(1u64 << (e + 1074))
+    } else {
+        0.0
+    }
+}
+
+/// e when x = 2^e exactly (x a positive power of two, normal or subnormal), else `None`.
+pub fn exact_log2(x: f64) -> Option<i32> {
+    if !(x.is_finite() && x > 0.0) {
+        return None;
+    }
+    let bits = x.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    let mant = bits & ((1u64 << 52) - 1);
+    if exp == 0 {
+        // subnormal: mant · 2^−1074
+        mant.is_power_of_two()
+            .then(|| mant.trailing_zeros() as i32 - 1074)
+    } else {
+        (mant == 0).then_some(exp - 1023)
+    }
+}
+
+/// The smallest k with b ≤ 2^k, for finite b > 0.
+fn ceil_log2(b: f64) -> i32 {
+    let bits = b.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    let mant = bits & ((1u64 << 52) - 1);
+    if exp == 0 {
+        // subnormal: b = mant · 2^−1074, mant ≥ 1
+        let bits_needed = 64 - (mant - 1).leading_zeros() as i32; // ceil(log2 mant)
+        bits_needed - 1074
+    } else if mant == 0 {
+        exp - 1023
+    } else {
+        exp - 1023 + 1
+    }
+}
+
+/// Clamping bounds mapped to a power-of-two fixed-point grid (module docs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FixedPoint {
+    pub lower: f64,
+    pub upper: f64,
+    /// q = 2^exp, the grid step.
+    pub exp: i32,
+    /// 1/q.
+    inv_q: f64,
+    /// round(lower/q).
+    pub lo: i64,
+    /// round(upper/q).
+    pub hi: i64,
+}
+
+impl FixedPoint {
+    /// For finite lower ≤ upper (checked by the parameter structs).
+    pub fn new(lower: f64, upper: f64) -> Self {
+        debug_assert!(lower.is_finite() && upper.is_finite() && lower <= upper);
+        let b = lower.abs().max(upper.abs());
+        let exp = if b > 0.0 {
+            (ceil_log2(b) - FIXED_POINT_BITS).clamp(-1023, 984)
+        } else {
+            0
+        };
+        let mut fp = FixedPoint {
+            lower,
+            upper,
+            exp,
+            inv_q: pow2(-exp),
+            lo: 0,
+            hi: 0,
+        };
+        fp.lo = fp.quantise(lower);
+        fp.hi = fp.quantise(upper);
+        fp
+    }
+
+    /// The grid step q.
+    pub fn step(&self) -> f64 {
+        pow2(self.exp)
+    }
+
+    /// round(clamp(v)/q) for a non-NaN v (±∞ are clamped). Always in [lo, hi].
+    #[inline]
+    pub fn quantise(&self, v: f64) -> i64 {
+        (v.clamp(self.lower, self.upper) * self.inv_q).round() as i64
+    }
+
+    /// The add/remove sensitivity of the sum, in grid units: max(|lo|, |hi|) (exact: every
+    /// quantised value lies in [lo, hi]), raised to ceil(max(|lower|, |upper|)/q) so that times q
+    /// it is never below the nominal bound.
+    pub fn max_abs(&self) -> i64 {
+        let nominal = (self.lower.abs().max(self.upper.abs()) * self.inv_q).ceil() as i64;
+        self.lo.abs().max(self.hi.abs()).max(nominal)
+    }
+
+    /// The largest change of one value, in grid units: hi − lo (exact), raised to
+    /// ceil((upper − lower)/q).
+    pub fn width(&self) -> i64 {
+        let nominal = (self.upper * self.inv_q - self.lower * self.inv_q).ceil() as i64;
+        (self.hi - self.lo).max(nominal)
+    }
+}
+
+/// round(u · 2^s) to the nearest integer (ties away from zero), saturating.
+fn scale_round(u: i128, s: i32) -> i128 {
+    if s >= 0 {
+        if u == 0 {
+            0
+        } else if s >= 127 {
+            if u > 0 { i128::MAX } else { i128::MIN }
+        } else {
+            u.saturating_mul(1i128 << s)
+        }
+    } else {
+        let k = -s;
+        if k >= 127 {
+            return 0;
+        }
+        let mag = u.unsigned_abs();
+        let r = ((mag + (1u128 << (k - 1))) >> k) as i128; // ≤ 2^127 >> 1: fits
+        if u < 0 { -r } else { r }
+    }
+}
+
+/// The Gaussian mechanism's release of the exact value u·2^unit_exp (module docs): one draw of
+/// noise, no floating-point rounding before the noise is added.
+pub fn release_exact(
+    mech: &GaussianMechanism,
+    rng: &mut SecureRng,
+    units: i128,
+    unit_exp: i32,
+) -> Result<f64> {
+    let noise = mech.release(rng, 0.0);
+    let Some(g_exp) = exact_log2(mech.granularity) else {
+        return Err(DataFusionError::Internal(format!(
+            "Gaussian mechanism grid {} is not a power of two",
+            mech.granularity
+        )));
+    };
+    let y = noise / mech.granularity; // exact: noise = g·Y
+    if !(y.is_finite() && y.fract() == 0.0) {
+        return Err(DataFusionError::Internal(format!(
+            "Gaussian noise {noise} is not on its grid {}",
+            mech.granularity
+        )));
+    }
+    let total = scale_round(units, unit_exp - g_exp).saturating_add(y as i128);
+    let out = total as f64 * pow2(g_exp);
+    Ok(out.clamp(f64::MIN, f64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn powers_of_two() {
+        assert_eq!(pow2(0), 1.0);
+        assert_eq!(pow2(-1), 0.5);
+        assert_eq!(pow2(1023), 2f64.powi(1023));
+        assert_eq!(pow2(-1074), f64::from_bits(1));
+        assert_eq!(pow2(-1022), f64::MIN_POSITIVE);
+        for e in [-1074, -1060, -1022, -3, 0, 7, 1023] {
+            assert_eq!(exact_log2(pow2(e)), Some(e));
+        }
+        assert_eq!(exact_log2(3.0), None);
+        assert_eq!(exact_log2(0.0), None);
+        assert_eq!(ceil_log2(1.0), 0);
+        assert_eq!(ceil_log2(1.5), 1);
+        assert_eq!(ceil_log2(1e6), 20);
+        assert_eq!(ceil_log2(f64::from_bits(1)), -1074);
+        assert_eq!(ceil_log2(f64::from_bits(3)), -1072);
+        assert_eq!(ceil_log2(f64::MAX), 1024);
+    }
+
+    #[test]
+    fn fixed_point_grid() {
+        let fp = FixedPoint::new(0.0, 1e6);
+        assert_eq!(fp.exp, 20 - 40);
+        assert_eq!(fp.lo, 0);
+        assert_eq!(fp.hi, 1_000_000 << 20);
+        assert_eq!(fp.quantise(f64::INFINITY), fp.hi);
+        assert_eq!(fp.quantise(f64::NEG_INFINITY), fp.lo);
+        let fp = FixedPoint::new(-3.0, 2.0);
+        assert_eq!(fp.exp, 2 - 40);
+        assert_eq!(fp.lo, -3 << 38);
+        assert_eq!(fp.max_abs(), 3 << 38);
+        assert_eq!(fp.width(), 5 << 38);
+        assert!(fp.max_abs() as f64 * fp.step() >= 3.0);
+        // degenerate and extreme bounds: no panic, units within 2^40
+        let fp = FixedPoint::new(0.0, 0.0);
+        assert_eq!((fp.lo, fp.hi, fp.exp), (0, 0, 0));
+        for (l, u) in [
+            (-f64::MAX, f64::MAX),
+            (-1e-300, 1e-300),
+            (5.0, 5.0),
+            (-1e-290, 0.0),
+            (0.1, 0.3),
+            (-1.0 / 3.0, 2.0 / 3.0),
+        ] {
+            let fp = FixedPoint::new(l, u);
+            assert!(fp.max_abs() <= 1 << 40, "{l} {u}");
+            assert!(
+                fp.max_abs() as f64 * fp.step() >= l.abs().max(u.abs()),
+                "{l} {u}"
+            );
+            assert!(fp.max_abs() >= fp.lo.abs().max(fp.hi.abs()));
+            assert!(fp.width() >= fp.hi - fp.lo && fp.width() <= 1 << 41);
+            assert!(fp.width() as f64 * fp.step() >= u - l, "{l} {u}");
+            assert!(fp.lo <= fp.hi);
+        }
+        // Below 2^-983 the grid cannot get finer (1/q must stay finite): values round towards 0,
+        // which only coarsens the sum; the sensitivity is still computed on the integers.
+        let fp = FixedPoint::new(0.0, 1e-310);
+        assert_eq!((fp.exp, fp.lo, fp.hi), (-1023, 0, 0));
+    }
+
+    #[test]
+    fn sums_do_not_depend_on_order() {
+        // Values whose f64 sum depends on the order; the fixed-point sum does not.
+        let fp = FixedPoint::new(-1e16, 1e16);
+        let vals = [1e16, 1.0, -1e16, 1.0, 0.1, 3.3, -7.7, 1e15];
+        let fwd: i128 = vals.iter().map(|&v| fp.quantise(v) as i128).sum();
+        let rev: i128 = vals.iter().rev().map(|&v| fp.quantise(v) as i128).sum();
+        assert_eq!(fwd, rev);
+        let f_fwd: f64 = vals.iter().sum();
+        let f_rev: f64 = vals.iter().rev().sum();
+        assert_ne!(
+            f_fwd, f_rev,
+            "the example should show float non-associativity"
+        );
+    }
+
+    #[test]
+    fn rounding_shifts() {
+        assert_eq!(scale_round(5, 0), 5);
+        assert_eq!(scale_round(5, 2), 20);
+        assert_eq!(scale_round(5, -1), 3);
+        assert_eq!(scale_round(-5, -1), -3);
+        assert_eq!(scale_round(4, -1), 2);
+        assert_eq!(scale_round(6, -2), 2);
+        assert_eq!(scale_round(1, -200), 0);
+        assert_eq!(scale_round(i128::MAX, -1), 1i128 << 126);
+        assert_eq!(scale_round(3, 200), i128::MAX);
+        assert_eq!(scale_round(-3, 126), i128::MIN);
+        assert_eq!(scale_round(1, 126), 1i128 << 126);
+    }
+}

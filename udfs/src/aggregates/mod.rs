@@ -1,0 +1,83 @@
+//! DP aggregate functions (DataFusion UDAFs) and what each call costs.
+//!
+//! | function | parameters after the data column (positional) | returns |
+//! |---|---|---|
+//! | `dp_count(value, …)` | epsilon, delta, neighbours | Int64 ≥ 0 |
+//! | `dp_sum(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 |
+//! | `dp_mean(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [lower, upper] |
+//! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
+//!
+//! Every parameter must be a literal. `delta` may be left out (default [`DEFAULT_DELTA`]) and so
+//! may `neighbours` (default `'add_remove'`); `neighbours` is set by the dpfusion session from the
+//! table's registration, never by users. Named arguments work when every parameter up to the last
+//! one given is supplied (DataFusion cannot skip a middle optional argument; the session resolves
+//! named arguments itself).
+//!
+//! Costs never depend on data: [`dp_call_cost`] reads only the literal parameters, through the
+//! same parameter structs ([`CountParams`], [`SumParams`], [`MeanParams`],
+//! [`PartitionSelectParams`]) that the accumulators use to calibrate their noise.
+//!
+//! Noise is drawn only in `evaluate`, once per group, from a CSPRNG seeded by the OS; `state` and
+//! `merge_batch` carry exact, un-noised partials ([`accumulator`], [`exact`]).
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::AggregateUDF;
+
+use crate::privacy::{Event, PrivacyError};
+
+pub mod accumulator;
+mod common;
+pub mod dp_count;
+pub mod dp_mean;
+pub mod dp_sum;
+pub mod exact;
+pub mod params;
+pub mod partition_select;
+
+pub use accumulator::Partial;
+pub use dp_count::{DpCount, dp_count_udaf};
+pub use dp_mean::{DpMean, dp_mean_udaf};
+pub use dp_sum::{DpSum, dp_sum_udaf};
+pub use params::{
+    CountParams, DEFAULT_DELTA, MeanParams, Neighbours, PartitionSelectParams, SumParams,
+};
+pub use partition_select::{DpPartitionSelect, dp_partition_select_udaf};
+
+/// Every dpfusion DP aggregate.
+pub fn all_udafs() -> Vec<AggregateUDF> {
+    vec![
+        dp_count_udaf(),
+        dp_sum_udaf(),
+        dp_mean_udaf(),
+        dp_partition_select_udaf(),
+    ]
+}
+
+/// Names of all dpfusion DP aggregates, and how many leading data arguments each takes
+/// (`None`: not a dpfusion DP aggregate).
+pub fn dp_aggregate_data_args(name: &str) -> Option<usize> {
+    match name {
+        DpCount::NAME | DpSum::NAME | DpMean::NAME | DpPartitionSelect::NAME => Some(1),
+        _ => None,
+    }
+}
+
+/// The privacy events a call costs, from its literal parameters (the arguments after the data
+/// columns, in positional order; trailing optional ones may be missing). `None`: not a dpfusion
+/// DP aggregate. Never reads data.
+pub fn dp_call_cost(
+    name: &str,
+    params: &[ScalarValue],
+) -> Option<Result<Vec<Event>, PrivacyError>> {
+    Some(match name {
+        DpCount::NAME => CountParams::from_literals(params).and_then(|p| p.cost()),
+        DpSum::NAME => SumParams::from_literals(params).and_then(|p| p.cost()),
+        DpMean::NAME => MeanParams::from_literals(params).and_then(|p| p.cost()),
+        DpPartitionSelect::NAME => {
+            PartitionSelectParams::from_literals(params).and_then(|p| p.cost())
+        }
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,324 @@
+//! The literal parameters of the DP aggregates: one struct per function, used both by the
+//! accountant (cost, before any row is read) and by the accumulators (execution).
+//!
+//! The parameters are the arguments after the data column, in positional order. Trailing
+//! optional parameters may be missing: `delta` then defaults to [`DEFAULT_DELTA`] and
+//! `neighbours` to `'add_remove'`. The session always passes every parameter (it resolves named
+//! arguments and the session's default δ itself); the defaults matter only on a plain DataFusion
+//! context.
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::logical_expr::ColumnarValue;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Literal;
+
+use crate::privacy::error::{check_delta, check_epsilon};
+use crate::privacy::{Event, PrivacyError, gaussian_mu};
+
+/// The per-call `delta` when the call leaves it out on a plain DataFusion context. (Inside a
+/// dpfusion session the session setting `dpfusion.default_delta` is filled in instead.)
+pub const DEFAULT_DELTA: f64 = 1e-7;
+
+/// The neighbour relation a call is calibrated for. Set by the session from the table's
+/// registration (`dp.neighbours`), never typed by users; the SQL argument is the hidden trailing
+/// `neighbours` string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Neighbours {
+    /// `'add_remove'`: datasets differ by adding or removing one row (the default; sizes private).
+    #[default]
+    AddRemove,
+    /// `'replace'`: datasets differ by changing one row's values, NULL-ness included.
+    Replace,
+    /// `'replace_public_n'`: `replace`, and the number of rows reaching the aggregate is public.
+    /// The session sets it only when no filter stands between the scan and the aggregate and the
+    /// group keys are public; `dp_mean` then divides by the exact row count.
+    ReplacePublicN,
+}
+
+impl Neighbours {
+    /// The accepted spellings, for error messages.
+    pub const ACCEPTED: &'static str = "one of 'add_remove', 'replace', 'replace_public_n'";
+
+    pub fn parse(s: &str) -> Result<Self, PrivacyError> {
+        match s {
+            "add_remove" => Ok(Neighbours::AddRemove),
+            "replace" => Ok(Neighbours::Replace),
+            "replace_public_n" => Ok(Neighbours::ReplacePublicN),
+            other => Err(PrivacyError::invalid(
+                "neighbours",
+                format!("'{other}'"),
+                Self::ACCEPTED,
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Neighbours::AddRemove => "add_remove",
+            Neighbours::Replace => "replace",
+            Neighbours::ReplacePublicN => "replace_public_n",
+        }
+    }
+
+    /// `replace` or `replace_public_n`.
+    pub fn is_replace(self) -> bool {
+        !matches!(self, Neighbours::AddRemove)
+    }
+}
+
+/// Fails when more parameters are given than the function has.
+fn check_count(args: &[ScalarValue], names: &[&str]) -> Result<(), PrivacyError> {
+    if args.len() > names.len() {
+        return Err(PrivacyError::invalid(
+            "arguments",
+            format!("{} parameters after the data column", args.len()),
+            &format!("at most {}: {}", names.len(), names.join(", ")),
+        ));
+    }
+    Ok(())
+}
+
+/// A numeric literal as f64 (`None` when the argument is absent). NULL or a non-numeric type is
+/// an error naming the argument.
+fn number(args: &[ScalarValue], i: usize, name: &str) -> Result<Option<f64>, PrivacyError> {
+    let Some(v) = args.get(i) else {
+        return Ok(None);
+    };
+    let bad =
+        || PrivacyError::invalid(name, format!("{v} ({})", v.data_type()), "a number literal");
+    if v.is_null() || !v.data_type().is_numeric() {
+        return Err(bad());
+    }
+    match v.cast_to(&DataType::Float64) {
+        Ok(ScalarValue::Float64(Some(x))) => Ok(Some(x)),
+        _ => Err(bad()),
+    }
+}
+
+fn required(
+    args: &[ScalarValue],
+    i: usize,
+    name: &str,
+    expected: &str,
+) -> Result<f64, PrivacyError> {
+    number(args, i, name)?.ok_or_else(|| PrivacyError::invalid(name, "nothing (missing)", expected))
+}
+
+fn finite(name: &str, v: f64) -> Result<f64, PrivacyError> {
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(PrivacyError::invalid(name, v, "a finite number"))
+    }
+}
+
+fn epsilon_at(args: &[ScalarValue], i: usize) -> Result<f64, PrivacyError> {
+    check_epsilon(
+        "epsilon",
+        required(args, i, "epsilon", "a finite number > 0")?,
+    )
+}
+
+fn delta_at(args: &[ScalarValue], i: usize) -> Result<f64, PrivacyError> {
+    check_delta("delta", number(args, i, "delta")?.unwrap_or(DEFAULT_DELTA))
+}
+
+fn neighbours_at(args: &[ScalarValue], i: usize) -> Result<Neighbours, PrivacyError> {
+    match args.get(i) {
+        None => Ok(Neighbours::default()),
+        Some(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
+        ) => Neighbours::parse(s),
+        Some(v) => Err(PrivacyError::invalid(
+            "neighbours",
+            format!("{v} ({})", v.data_type()),
+            Neighbours::ACCEPTED,
+        )),
+    }
+}
+
+/// `lower` and `upper`: both finite, lower ≤ upper.
+fn bounds_at(args: &[ScalarValue], i: usize) -> Result<(f64, f64), PrivacyError> {
+    let lower = finite("lower", required(args, i, "lower", "a finite number")?)?;
+    let upper = finite("upper", required(args, i + 1, "upper", "a finite number")?)?;
+    if lower > upper {
+        return Err(PrivacyError::invalid(
+            "lower",
+            format!("{lower} (upper is {upper})"),
+            "a finite number ≤ upper",
+        ));
+    }
+    Ok((lower, upper))
+}
+
+/// One Gaussian-DP release of the whole call: μ = gaussian_mu(ε, δ).
+fn gaussian_cost(epsilon: f64, delta: f64) -> Result<Vec<Event>, PrivacyError> {
+    Ok(vec![Event::Gaussian {
+        mu: gaussian_mu(epsilon, delta)?,
+    }])
+}
+
+/// `dp_count(value, epsilon, delta, neighbours)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CountParams {
+    pub epsilon: f64,
+    pub delta: f64,
+    pub neighbours: Neighbours,
+}
+
+impl CountParams {
+    /// Parameter names after the data column, in positional order.
+    pub const NAMES: [&'static str; 3] = ["epsilon", "delta", "neighbours"];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &Self::NAMES)?;
+        Ok(Self {
+            epsilon: epsilon_at(args, 0)?,
+            delta: delta_at(args, 1)?,
+            neighbours: neighbours_at(args, 2)?,
+        })
+    }
+    /// The Gaussian-DP parameter of the whole call.
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta)
+    }
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        gaussian_cost(self.epsilon, self.delta)
+    }
+}
+
+/// `dp_sum(value, lower, upper, epsilon, delta, neighbours)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SumParams {
+    pub lower: f64,
+    pub upper: f64,
+    pub epsilon: f64,
+    pub delta: f64,
+    pub neighbours: Neighbours,
+}
+
+impl SumParams {
+    pub const NAMES: [&'static str; 5] = ["lower", "upper", "epsilon", "delta", "neighbours"];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &Self::NAMES)?;
+        let (lower, upper) = bounds_at(args, 0)?;
+        Ok(Self {
+            lower,
+            upper,
+            epsilon: epsilon_at(args, 2)?,
+            delta: delta_at(args, 3)?,
+            neighbours: neighbours_at(args, 4)?,
+        })
+    }
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta)
+    }
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        gaussian_cost(self.epsilon, self.delta)
+    }
+}
+
+/// `dp_mean(value, lower, upper, epsilon, delta, neighbours)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeanParams {
+    pub lower: f64,
+    pub upper: f64,
+    pub epsilon: f64,
+    pub delta: f64,
+    pub neighbours: Neighbours,
+}
+
+impl MeanParams {
+    pub const NAMES: [&'static str; 5] = ["lower", "upper", "epsilon", "delta", "neighbours"];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &Self::NAMES)?;
+        let (lower, upper) = bounds_at(args, 0)?;
+        Ok(Self {
+            lower,
+            upper,
+            epsilon: epsilon_at(args, 2)?,
+            delta: delta_at(args, 3)?,
+            neighbours: neighbours_at(args, 4)?,
+        })
+    }
+    /// μ of the whole call; the sum and count releases share it (μ_s² + μ_c² = μ²).
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta)
+    }
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        gaussian_cost(self.epsilon, self.delta)
+    }
+}
+
+/// `dp_partition_select(value, epsilon, delta)`: internal, used by the session's GROUP BY rewrite.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PartitionSelectParams {
+    pub epsilon: f64,
+    pub delta: f64,
+}
+
+impl PartitionSelectParams {
+    pub const NAMES: [&'static str; 2] = ["epsilon", "delta"];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &Self::NAMES)?;
+        Ok(Self {
+            epsilon: epsilon_at(args, 0)?,
+            delta: delta_at(args, 1)?,
+        })
+    }
+    /// μ of the noisy counts: gaussian_mu(ε, δ/2) (the other δ/2 pays for new groups).
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta / 2.0)
+    }
+    /// `[Gaussian { μ }, Delta { δ/2 }]`; see [`super::partition_select`] for the argument.
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        Ok(vec![
+            Event::Gaussian { mu: self.mu()? },
+            Event::Delta {
+                delta: self.delta / 2.0,
+            },
+        ])
+    }
+}
+
+/// A parameter error as a DataFusion planning error that names the function.
+pub(crate) fn plan_error(function: &str, e: PrivacyError) -> DataFusionError {
+    DataFusionError::Plan(format!("{function}: {e}"))
+}
+
+/// The literal parameters of a call on the physical side: `exprs[data_args..]`, each a
+/// [`Literal`] (or a constant expression, evaluated on an empty batch). Anything else is a
+/// planning error "`upper` of dp_mean must be a literal".
+pub(crate) fn literal_params(
+    function: &str,
+    names: &[&str],
+    exprs: &[Arc<dyn PhysicalExpr>],
+    data_args: usize,
+) -> Result<Vec<ScalarValue>> {
+    let params = exprs.get(data_args..).unwrap_or_default();
+    params
+        .iter()
+        .enumerate()
+        .map(|(i, expr)| {
+            let name = names.get(i).copied().unwrap_or("parameter");
+            if let Some(lit) = expr.downcast_ref::<Literal>() {
+                return Ok(lit.value().clone());
+            }
+            let empty = RecordBatch::new_empty(Arc::new(Schema::empty()));
+            match expr.evaluate(&empty) {
+                Ok(ColumnarValue::Scalar(s)) => Ok(s),
+                _ => Err(DataFusionError::Plan(format!(
+                    "`{name}` of {function} must be a literal, got {expr}"
+                ))),
+            }
+        })
+        .collect()
+}

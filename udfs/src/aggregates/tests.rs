@@ -1,0 +1,802 @@
+//! Unit tests of the DP aggregates: parameters and costs, exactness of the partial states, and
+//! statistical checks of the released noise (seeded, run through the accumulators directly).
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, Float64Array, StringArray};
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::{Accumulator, EmitTo, GroupsAccumulator};
+
+use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
+use super::dp_count::CountRelease;
+use super::dp_mean::MeanRelease;
+use super::dp_sum::SumRelease;
+use super::exact::FixedPoint;
+use super::partition_select::SelectRelease;
+use super::*;
+use crate::noise::SecureRng;
+use crate::privacy::gaussian_mu;
+use crate::privacy::normal::phi;
+
+fn f(v: f64) -> ScalarValue {
+    ScalarValue::Float64(Some(v))
+}
+fn s(v: &str) -> ScalarValue {
+    ScalarValue::Utf8(Some(v.to_string()))
+}
+fn err_of<T: std::fmt::Debug>(r: Result<T, PrivacyError>) -> String {
+    r.expect_err("should be rejected").to_string()
+}
+
+// ---------------------------------------------------------------- parameters
+
+#[test]
+fn count_params_defaults_and_types() {
+    let p = CountParams::from_literals(&[f(0.5)]).unwrap();
+    assert_eq!(p.epsilon, 0.5);
+    assert_eq!(p.delta, DEFAULT_DELTA);
+    assert_eq!(p.neighbours, Neighbours::AddRemove);
+    let p =
+        CountParams::from_literals(&[ScalarValue::Int64(Some(2)), f(1e-6), s("replace")]).unwrap();
+    assert_eq!(
+        (p.epsilon, p.delta, p.neighbours),
+        (2.0, 1e-6, Neighbours::Replace)
+    );
+    let p = CountParams::from_literals(&[
+        f(1.0),
+        f(1e-6),
+        ScalarValue::Utf8View(Some("replace_public_n".into())),
+    ])
+    .unwrap();
+    assert_eq!(p.neighbours, Neighbours::ReplacePublicN);
+}
+
+#[test]
+fn epsilon_errors_name_argument_and_range() {
+    let expected = "a finite number > 0";
+    for (v, shown) in [
+        (0.0, "0"),
+        (-1.0, "-1"),
+        (f64::NAN, "NaN"),
+        (f64::INFINITY, "inf"),
+    ] {
+        let e = err_of(CountParams::from_literals(&[f(v)]));
+        assert_eq!(
+            e,
+            format!("invalid argument 'epsilon': got {shown}, expected {expected}")
+        );
+        let e = err_of(SumParams::from_literals(&[f(0.0), f(1.0), f(v)]));
+        assert_eq!(
+            e,
+            format!("invalid argument 'epsilon': got {shown}, expected {expected}")
+        );
+        let e = err_of(MeanParams::from_literals(&[f(0.0), f(1.0), f(v)]));
+        assert!(e.contains("'epsilon'") && e.contains(expected), "{e}");
+        let e = err_of(PartitionSelectParams::from_literals(&[f(v)]));
+        assert!(e.contains("'epsilon'") && e.contains(expected), "{e}");
+    }
+    let e = err_of(CountParams::from_literals(&[]));
+    assert_eq!(
+        e,
+        "invalid argument 'epsilon': got nothing (missing), expected a finite number > 0"
+    );
+    let e = err_of(CountParams::from_literals(&[ScalarValue::Float64(None)]));
+    assert!(
+        e.starts_with("invalid argument 'epsilon': got NULL") && e.contains("a number literal"),
+        "{e}"
+    );
+    let e = err_of(CountParams::from_literals(&[s("1")]));
+    assert!(
+        e.starts_with("invalid argument 'epsilon'") && e.contains("a number literal"),
+        "{e}"
+    );
+}
+
+#[test]
+fn delta_errors() {
+    for (v, shown) in [
+        (0.0, "0"),
+        (1.0, "1"),
+        (1.5, "1.5"),
+        (-1e-6, "-0.000001"),
+        (f64::NAN, "NaN"),
+    ] {
+        let e = err_of(SumParams::from_literals(&[f(0.0), f(1.0), f(1.0), f(v)]));
+        assert_eq!(
+            e,
+            format!(
+                "invalid argument 'delta': got {shown}, expected a number in the open interval (0, 1)"
+            )
+        );
+        let e = err_of(PartitionSelectParams::from_literals(&[f(1.0), f(v)]));
+        assert!(e.contains("'delta'") && e.contains("(0, 1)"), "{e}");
+    }
+}
+
+#[test]
+fn bound_errors() {
+    let e = err_of(SumParams::from_literals(&[f(10.0), f(0.0), f(1.0)]));
+    assert_eq!(
+        e,
+        "invalid argument 'lower': got 10 (upper is 0), expected a finite number ≤ upper"
+    );
+    let e = err_of(MeanParams::from_literals(&[f(1.0), f(-1.0), f(1.0)]));
+    assert!(e.contains("'lower'") && e.contains("≤ upper"), "{e}");
+    let e = err_of(SumParams::from_literals(&[
+        f(f64::NEG_INFINITY),
+        f(0.0),
+        f(1.0),
+    ]));
+    assert_eq!(
+        e,
+        "invalid argument 'lower': got -inf, expected a finite number"
+    );
+    let e = err_of(MeanParams::from_literals(&[f(0.0), f(f64::NAN), f(1.0)]));
+    assert_eq!(
+        e,
+        "invalid argument 'upper': got NaN, expected a finite number"
+    );
+    let e = err_of(MeanParams::from_literals(&[
+        f(0.0),
+        f(f64::INFINITY),
+        f(1.0),
+    ]));
+    assert_eq!(
+        e,
+        "invalid argument 'upper': got inf, expected a finite number"
+    );
+    let e = err_of(SumParams::from_literals(&[f(0.0)]));
+    assert_eq!(
+        e,
+        "invalid argument 'upper': got nothing (missing), expected a finite number"
+    );
+    // lower = upper is allowed
+    let p = SumParams::from_literals(&[f(3.0), f(3.0), f(1.0)]).unwrap();
+    assert_eq!((p.lower, p.upper), (3.0, 3.0));
+}
+
+#[test]
+fn neighbours_and_arity_errors() {
+    let e = err_of(CountParams::from_literals(&[f(1.0), f(1e-6), s("bogus")]));
+    assert_eq!(
+        e,
+        "invalid argument 'neighbours': got 'bogus', expected one of 'add_remove', 'replace', 'replace_public_n'"
+    );
+    let e = err_of(MeanParams::from_literals(&[
+        f(0.0),
+        f(1.0),
+        f(1.0),
+        f(1e-6),
+        f(1.0),
+    ]));
+    assert!(e.starts_with("invalid argument 'neighbours'"), "{e}");
+    let e = err_of(CountParams::from_literals(&[
+        f(1.0),
+        f(1e-6),
+        s("add_remove"),
+        f(1.0),
+    ]));
+    assert_eq!(
+        e,
+        "invalid argument 'arguments': got 4 parameters after the data column, expected at most 3: \
+         epsilon, delta, neighbours"
+    );
+    let e = err_of(PartitionSelectParams::from_literals(&[
+        f(1.0),
+        f(1e-6),
+        s("add_remove"),
+    ]));
+    assert!(e.contains("at most 2: epsilon, delta"), "{e}");
+}
+
+#[test]
+fn costs_are_one_gaussian_release() {
+    let mu = gaussian_mu(0.5, 1e-6).unwrap();
+    let want = vec![Event::Gaussian { mu }];
+    assert_eq!(
+        dp_call_cost("dp_count", &[f(0.5), f(1e-6)])
+            .unwrap()
+            .unwrap(),
+        want
+    );
+    assert_eq!(
+        dp_call_cost("dp_sum", &[f(0.0), f(10.0), f(0.5), f(1e-6), s("replace")])
+            .unwrap()
+            .unwrap(),
+        want
+    );
+    assert_eq!(
+        dp_call_cost(
+            "dp_mean",
+            &[f(0.0), f(10.0), f(0.5), f(1e-6), s("replace_public_n")]
+        )
+        .unwrap()
+        .unwrap(),
+        want
+    );
+    // default delta
+    let mu7 = gaussian_mu(0.5, DEFAULT_DELTA).unwrap();
+    assert_eq!(
+        dp_call_cost("dp_sum", &[f(0.0), f(10.0), f(0.5)])
+            .unwrap()
+            .unwrap(),
+        vec![Event::Gaussian { mu: mu7 }]
+    );
+    // partition selection: μ at δ/2 plus an additive δ/2
+    let mu_half = gaussian_mu(1.0, 0.5e-6).unwrap();
+    assert_eq!(
+        dp_call_cost("dp_partition_select", &[f(1.0), f(1e-6)])
+            .unwrap()
+            .unwrap(),
+        vec![
+            Event::Gaussian { mu: mu_half },
+            Event::Delta { delta: 0.5e-6 }
+        ]
+    );
+    // errors are returned, not panics
+    assert!(
+        dp_call_cost("dp_sum", &[f(1.0), f(0.0), f(1.0)])
+            .unwrap()
+            .is_err()
+    );
+    // not ours
+    for name in ["sum", "count", "avg", "DP_SUMX", "rgm_mean_by_x", ""] {
+        assert!(dp_call_cost(name, &[f(1.0)]).is_none(), "{name}");
+        assert!(dp_aggregate_data_args(name).is_none(), "{name}");
+    }
+    for name in ["dp_count", "dp_sum", "dp_mean", "dp_partition_select"] {
+        assert_eq!(dp_aggregate_data_args(name), Some(1));
+    }
+}
+
+#[test]
+fn udafs_are_registered_with_docs_and_names() {
+    let udafs = all_udafs();
+    let names: Vec<_> = udafs.iter().map(|u| u.name().to_string()).collect();
+    assert_eq!(
+        names,
+        ["dp_count", "dp_sum", "dp_mean", "dp_partition_select"]
+    );
+    for u in &udafs {
+        let doc = u.documentation().expect("documented");
+        assert!(doc.sql_example.is_some(), "{}", u.name());
+        assert!(
+            doc.arguments.as_ref().is_some_and(|a| a.len() >= 3),
+            "{}",
+            u.name()
+        );
+        assert!(u.signature().parameter_names.is_some(), "{}", u.name());
+    }
+    // the seed is part of equality, so a seeded UDAF never compares equal to the real one
+    assert_ne!(DpSum::new(), DpSum::with_insecure_seed(1));
+    assert_eq!(DpSum::with_insecure_seed(1), DpSum::with_insecure_seed(1));
+}
+
+// ---------------------------------------------------------------- exact partial states
+
+/// A finaliser that only exposes the exact partials (no noise): for state tests.
+#[derive(Debug)]
+struct ExactOnly(Shape, Option<FixedPoint>);
+impl Finalise for ExactOnly {
+    fn shape(&self) -> Shape {
+        self.0
+    }
+    fn fixed_point(&self) -> Option<FixedPoint> {
+        self.1
+    }
+    fn finalise(
+        &self,
+        _rng: &mut SecureRng,
+        partials: &[Partial],
+    ) -> datafusion::common::Result<ArrayRef> {
+        Ok(Arc::new(datafusion::arrow::array::Int64Array::from(
+            partials.iter().map(|p| p.count).collect::<Vec<_>>(),
+        )))
+    }
+}
+
+const ALL: Shape = Shape {
+    sum: true,
+    count: true,
+    rows: true,
+};
+
+fn exact_fin(lower: f64, upper: f64) -> Arc<dyn Finalise> {
+    Arc::new(ExactOnly(ALL, Some(FixedPoint::new(lower, upper))))
+}
+
+fn col(v: &[Option<f64>]) -> ArrayRef {
+    Arc::new(Float64Array::from(v.to_vec()))
+}
+
+fn scalars_to_arrays(states: Vec<Vec<ScalarValue>>) -> Vec<ArrayRef> {
+    let k = states[0].len();
+    (0..k)
+        .map(|j| ScalarValue::iter_to_array(states.iter().map(|s| s[j].clone())).unwrap())
+        .collect()
+}
+
+#[test]
+fn nulls_nan_infinities_and_clamping() {
+    let fin = exact_fin(0.0, 10.0);
+    let mut acc = DpAccumulator::new(fin, None).unwrap();
+    let v = col(&[
+        Some(1.0),
+        None,
+        Some(f64::NAN),
+        Some(f64::INFINITY),
+        Some(f64::NEG_INFINITY),
+        Some(2.0),
+        Some(11.0),
+        Some(-3.0),
+    ]);
+    acc.update_batch(&[v]).unwrap();
+    let p = acc.partial();
+    let q = FixedPoint::new(0.0, 10.0).step();
+    assert_eq!(p.sum as f64 * q, 1.0 + 10.0 + 0.0 + 2.0 + 10.0 + 0.0);
+    assert_eq!(p.count, 6); // NULL and NaN skipped
+    assert_eq!(p.rows, 8);
+}
+
+#[test]
+fn partial_sums_are_exact_for_any_partitioning_and_order() {
+    // Values whose f64 sum depends on the order.
+    let mut vals: Vec<Option<f64>> = Vec::new();
+    let mut rng = SecureRng::insecure_from_seed(11);
+    for i in 0..1000 {
+        vals.push(match i % 13 {
+            0 => None,
+            1 => Some(f64::NAN),
+            2 => Some(1e15),
+            3 => Some(-1e15),
+            _ => Some((rng.uniform_f64() - 0.5) * 1e3),
+        });
+    }
+    let (lower, upper) = (-1e15, 1e15);
+    let whole = {
+        let mut a = DpAccumulator::new(exact_fin(lower, upper), None).unwrap();
+        a.update_batch(&[col(&vals)]).unwrap();
+        a.partial()
+    };
+    // reversed, in 7 chunks, merged through state()
+    let mut rev = vals.clone();
+    rev.reverse();
+    let states: Vec<Vec<ScalarValue>> = rev
+        .chunks(143)
+        .map(|c| {
+            let mut a = DpAccumulator::new(exact_fin(lower, upper), None).unwrap();
+            a.update_batch(&[col(c)]).unwrap();
+            a.state().unwrap()
+        })
+        .collect();
+    let mut merged = DpAccumulator::new(exact_fin(lower, upper), None).unwrap();
+    merged.merge_batch(&scalars_to_arrays(states)).unwrap();
+    assert_eq!(merged.partial(), whole);
+    // The float sum of the same clamped values is order-dependent: this is what we avoid.
+    let fwd: f64 = vals.iter().flatten().filter(|v| !v.is_nan()).sum();
+    let bwd: f64 = rev.iter().flatten().filter(|v| !v.is_nan()).sum();
+    assert_ne!(fwd, bwd);
+}
+
+#[test]
+fn groups_update_convert_merge_agree() {
+    let n = 600;
+    let vals: Vec<Option<f64>> = (0..n)
+        .map(|i| match i % 7 {
+            0 => None,
+            1 => Some(f64::NAN),
+            2 => Some(f64::INFINITY),
+            _ => Some(i as f64 * 0.37 - 50.0),
+        })
+        .collect();
+    let groups: Vec<usize> = (0..n).map(|i| (i * 7919) % 5).collect();
+    let filter = BooleanArray::from(
+        (0..n)
+            .map(|i| (i % 4 != 0).then_some(i % 3 != 0))
+            .collect::<Vec<_>>(),
+    );
+    let v = col(&vals);
+
+    // direct update
+    let mut direct = DpGroups::new(exact_fin(-20.0, 100.0), None).unwrap();
+    direct
+        .update_batch(&[Arc::clone(&v)], &groups, Some(&filter), 5)
+        .unwrap();
+    let direct_state = direct.state(EmitTo::All).unwrap();
+
+    // convert_to_state per row, then merge in two halves in reverse order
+    let conv = DpGroups::new(exact_fin(-20.0, 100.0), None).unwrap();
+    let rows = conv
+        .convert_to_state(&[Arc::clone(&v)], Some(&filter))
+        .unwrap();
+    let mut merged = DpGroups::new(exact_fin(-20.0, 100.0), None).unwrap();
+    let half = n / 2;
+    let slice =
+        |a: &Vec<ArrayRef>, o: usize, l: usize| a.iter().map(|x| x.slice(o, l)).collect::<Vec<_>>();
+    merged
+        .merge_batch(&slice(&rows, half, n - half), &groups[half..], 5)
+        .unwrap();
+    merged
+        .merge_batch(&slice(&rows, 0, half), &groups[..half], 5)
+        .unwrap();
+    let merged_state = merged.state(EmitTo::All).unwrap();
+    assert_eq!(direct_state.len(), 3);
+    for (a, b) in direct_state.iter().zip(&merged_state) {
+        assert_eq!(a.as_ref(), b.as_ref());
+    }
+
+    // reference by hand
+    let fp = FixedPoint::new(-20.0, 100.0);
+    let mut want = [Partial::default(); 5];
+    for i in 0..n {
+        let passes = filter.is_valid(i) && filter.value(i);
+        if !passes {
+            continue;
+        }
+        want[groups[i]].rows += 1;
+        if let Some(x) = vals[i].filter(|x| !x.is_nan()) {
+            want[groups[i]].sum += fp.quantise(x) as i128;
+            want[groups[i]].count += 1;
+        }
+    }
+    let sums = direct_state[0]
+        .as_any()
+        .downcast_ref::<datafusion::arrow::array::Decimal128Array>()
+        .unwrap();
+    let counts = direct_state[1]
+        .as_any()
+        .downcast_ref::<datafusion::arrow::array::Int64Array>()
+        .unwrap();
+    let rws = direct_state[2]
+        .as_any()
+        .downcast_ref::<datafusion::arrow::array::Int64Array>()
+        .unwrap();
+    for (g, w) in want.iter().enumerate() {
+        assert_eq!(
+            (sums.value(g), counts.value(g), rws.value(g)),
+            (w.sum, w.count, w.rows)
+        );
+    }
+}
+
+#[test]
+fn dp_count_counts_any_type_and_skips_nan() {
+    let fin: Arc<dyn Finalise> = Arc::new(ExactOnly(
+        Shape {
+            sum: false,
+            count: true,
+            rows: false,
+        },
+        None,
+    ));
+    let mut acc = DpAccumulator::new(Arc::clone(&fin), None).unwrap();
+    let strings: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None, Some("b")]));
+    acc.update_batch(&[strings]).unwrap();
+    acc.update_batch(&[col(&[Some(1.0), Some(f64::NAN), None])])
+        .unwrap();
+    let nulls: ArrayRef = Arc::new(datafusion::arrow::array::NullArray::new(4));
+    acc.update_batch(&[nulls]).unwrap();
+    assert_eq!(acc.partial().count, 3);
+    assert_eq!(acc.state().unwrap(), vec![ScalarValue::Int64(Some(3))]);
+}
+
+// ---------------------------------------------------------------- statistics
+
+/// Draws per variance test: tolerance 5·√(2/5999) = 0.091 on σ², small enough that a variance
+/// within it of σ² is always outside it around 1.1²σ² and 0.9²σ² (needs < 0.095), so the
+/// "would detect a 10% error" assertions cannot fail by chance.
+const DRAWS: usize = 6000;
+
+/// Sample variance check with a chi-square-derived tolerance: the relative standard deviation of
+/// the sample variance of n normal draws is √(2/(n−1)); we allow 5 of them. The tolerance must
+/// also be small enough that a 10% error on σ (21% / 19% on σ²) would fail.
+fn check_variance(label: &str, samples: &[f64], truth: f64, sigma2: f64) -> f64 {
+    let n = samples.len() as f64;
+    let mean = samples.iter().sum::<f64>() / n;
+    let var = samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    let tol = 5.0 * (2.0 / (n - 1.0)).sqrt();
+    assert!(
+        tol < 0.095,
+        "{label}: too few draws for the 10% check ({tol})"
+    );
+    let r = var / sigma2;
+    assert!(
+        (r - 1.0).abs() <= tol,
+        "{label}: variance ratio {r} outside 1 ± {tol}"
+    );
+    assert!(
+        (var / (1.21 * sigma2) - 1.0).abs() > tol,
+        "{label}: cannot tell σ from 1.1σ"
+    );
+    assert!(
+        (var / (0.81 * sigma2) - 1.0).abs() > tol,
+        "{label}: cannot tell σ from 0.9σ"
+    );
+    let se = (sigma2 / n).sqrt();
+    assert!(
+        (mean - truth).abs() <= 5.0 * se,
+        "{label}: mean {mean} vs {truth} (se {se})"
+    );
+    eprintln!(
+        "{label}: {} draws, var/σ² = {r:.4} (tol {tol:.4}), mean {mean:.4} vs {truth}",
+        samples.len()
+    );
+    r
+}
+
+fn draws(acc: &mut DpAccumulator, n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|_| match acc.evaluate().unwrap() {
+            ScalarValue::Float64(Some(x)) => x,
+            ScalarValue::Int64(Some(x)) => x as f64,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn dp_mean_replace_public_n_seed_blog_example() {
+    // ε = 0.5, δ = 1e-6, bounds [0, 1e6], n = 10,000: std of the mean 805.76.
+    let start = Instant::now();
+    let p = MeanParams::from_literals(&[f(0.0), f(1e6), f(0.5), f(1e-6), s("replace_public_n")])
+        .unwrap();
+    let rel = MeanRelease::new(&p).unwrap();
+    assert!(rel.count_mech.is_none());
+    let n = 10_000.0;
+    let sigma_mean = rel.sum_mech.unwrap().sigma / n;
+    assert!(
+        (sigma_mean - 805.76).abs() < 0.01,
+        "σ of the mean = {sigma_mean}"
+    );
+    let exact = 1e6 / (gaussian_mu(0.5, 1e-6).unwrap() * n);
+    assert!(
+        sigma_mean >= exact && sigma_mean <= exact * (1.0 + 1e-5),
+        "{sigma_mean} vs {exact}"
+    );
+
+    // 16,000 draws: tolerance 5·√(2/15999) = 5.6% on the variance (2.8% on the std).
+    let mut acc = DpAccumulator::new(Arc::new(rel), Some(1)).unwrap();
+    let vals: Vec<Option<f64>> = (0..10_000)
+        .map(|i| Some(if i % 2 == 0 { 2e5 } else { 8e5 }))
+        .collect();
+    acc.update_batch(&[col(&vals)]).unwrap();
+    let xs = draws(&mut acc, 16_000);
+    let r = check_variance("dp_mean replace_public_n", &xs, 5e5, sigma_mean.powi(2));
+    let tol = 5.0 * (2.0f64 / 15_999.0).sqrt();
+    assert!(tol <= 0.06);
+    let std = sigma_mean * r.sqrt();
+    assert!((std / 805.76 - 1.0).abs() < 0.03, "empirical std {std}");
+    eprintln!("seed blog example: {:?}", start.elapsed());
+}
+
+/// Variance of c + S̃/max(C̃, 1) to second order: (σ_s² + (m − c)²σ_c²)/n² · (1 + 3σ_c²/n²).
+fn mean_variance(rel: &MeanRelease, n: f64, m_minus_c: f64) -> f64 {
+    let ss = rel.sum_mech.unwrap().sigma.powi(2);
+    let sc = rel.count_mech.unwrap().sigma.powi(2);
+    (ss + m_minus_c.powi(2) * sc) / (n * n) * (1.0 + 3.0 * sc / (n * n))
+}
+
+#[test]
+fn dp_mean_noise_matches_calibration() {
+    let start = Instant::now();
+    // add_remove: μ_s = μ_c = μ/√2, Δ_s = (U − L)/2, Δ_c = 1. True mean 8, centre 5.
+    let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6)]).unwrap();
+    let rel = MeanRelease::new(&p).unwrap();
+    let mu = p.mu().unwrap();
+    let (sm, cm) = (rel.sum_mech.unwrap(), rel.count_mech.unwrap());
+    let mu_s = 5.0 / sm.sigma;
+    let mu_c = 1.0 / cm.sigma;
+    assert!((mu_s * mu_s + mu_c * mu_c) <= mu * mu, "split exceeds μ");
+    assert!(
+        (mu_s / (mu / 2f64.sqrt()) - 1.0).abs() < 1e-5
+            && (mu_c / (mu / 2f64.sqrt()) - 1.0).abs() < 1e-5
+    );
+    let expected = mean_variance(&rel, 1000.0, 3.0);
+    let mut acc = DpAccumulator::new(Arc::new(rel), Some(2)).unwrap();
+    acc.update_batch(&[col(&vec![Some(8.0); 1000])]).unwrap();
+    let xs = draws(&mut acc, DRAWS);
+    check_variance("dp_mean add_remove", &xs, 8.0, expected);
+
+    // replace: minimax split μ_s² = 2μ²/3, μ_c² = μ²/3, Δ_s = U − L. True mean = centre.
+    let p = MeanParams::from_literals(&[f(-4.0), f(6.0), f(1.0), f(1e-6), s("replace")]).unwrap();
+    let rel = MeanRelease::new(&p).unwrap();
+    let (sm, cm) = (rel.sum_mech.unwrap(), rel.count_mech.unwrap());
+    let (mu_s, mu_c) = (10.0 / sm.sigma, 1.0 / cm.sigma);
+    assert!((mu_s.powi(2) / (mu * mu) - 2.0 / 3.0).abs() < 1e-5);
+    assert!((mu_c.powi(2) / (mu * mu) - 1.0 / 3.0).abs() < 1e-5);
+    let expected = mean_variance(&rel, 1000.0, 0.0);
+    let mut acc = DpAccumulator::new(Arc::new(rel), Some(3)).unwrap();
+    let vals: Vec<Option<f64>> = (0..1000)
+        .map(|i| Some(if i % 2 == 0 { -2.0 } else { 4.0 }))
+        .collect();
+    acc.update_batch(&[col(&vals)]).unwrap();
+    let xs = draws(&mut acc, DRAWS);
+    check_variance("dp_mean replace", &xs, 1.0, expected);
+    eprintln!("dp_mean calibration: {:?}", start.elapsed());
+}
+
+#[test]
+fn dp_sum_and_dp_count_noise_match_calibration() {
+    let start = Instant::now();
+    let p = SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6)]).unwrap();
+    let rel = SumRelease::new(&p).unwrap();
+    let m = rel.mech.unwrap();
+    let mu = p.mu().unwrap();
+    assert!(
+        m.sigma >= 10.0 / mu && m.sigma <= 10.0 / mu * (1.0 + 1e-5),
+        "σ = {}",
+        m.sigma
+    );
+    let mut acc = DpAccumulator::new(Arc::new(rel), Some(4)).unwrap();
+    let vals: Vec<Option<f64>> = (0..100).map(|i| Some(i as f64 * 0.1)).collect();
+    acc.update_batch(&[col(&vals)]).unwrap();
+    let truth: f64 = vals.iter().flatten().sum(); // 495, all within bounds
+    let xs = draws(&mut acc, DRAWS);
+    check_variance("dp_sum add_remove", &xs, truth, m.sigma.powi(2));
+
+    // replace: sensitivity max(U − L, |L|, |U|) = 12
+    let p = SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6), s("replace")]).unwrap();
+    let m = SumRelease::new(&p).unwrap().mech.unwrap();
+    assert!(m.sigma >= 12.0 / mu && m.sigma <= 12.0 / mu * (1.0 + 1e-5));
+
+    let p = CountParams::from_literals(&[f(1.0), f(1e-6)]).unwrap();
+    let rel = CountRelease::new(&p).unwrap();
+    let sigma = rel.mech.sigma;
+    assert!(sigma >= 1.0 / mu && sigma <= (1.0 / mu) * (1.0 + 1e-5));
+    let mut acc = DpAccumulator::new(Arc::new(rel), Some(5)).unwrap();
+    acc.update_batch(&[col(&vec![Some(1.0); 1000])]).unwrap();
+    let xs = draws(&mut acc, DRAWS);
+    // rounding to an integer adds 1/12 to the variance
+    check_variance("dp_count", &xs, 1000.0, sigma * sigma + 1.0 / 12.0);
+    eprintln!("dp_sum/dp_count calibration: {:?}", start.elapsed());
+}
+
+#[test]
+fn multi_partition_plans_add_noise_once() {
+    let start = Instant::now();
+    let p = SumParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6)]).unwrap();
+    let rel = Arc::new(SumRelease::new(&p).unwrap());
+    let sigma = rel.mech.unwrap().sigma;
+    let vals: Vec<Option<f64>> = (0..400).map(|i| Some((i % 11) as f64)).collect();
+    let truth: f64 = vals.iter().flatten().sum();
+    // four partial accumulators, merged into the final one
+    let states: Vec<Vec<ScalarValue>> = vals
+        .chunks(100)
+        .map(|c| {
+            let mut a = DpAccumulator::new(rel.clone(), Some(6)).unwrap();
+            a.update_batch(&[col(c)]).unwrap();
+            a.state().unwrap()
+        })
+        .collect();
+    let mut fin = DpAccumulator::new(rel.clone(), Some(7)).unwrap();
+    fin.merge_batch(&scalars_to_arrays(states)).unwrap();
+    let mut single = DpAccumulator::new(rel, Some(7)).unwrap();
+    single.update_batch(&[col(&vals)]).unwrap();
+    assert_eq!(fin.partial(), single.partial());
+    let xs = draws(&mut fin, DRAWS);
+    let r = check_variance("dp_sum 4 partitions", &xs, truth, sigma * sigma);
+    assert!((r / 4.0 - 1.0).abs() > 0.5, "noise added per partition?");
+    // same seed, same exact state: identical releases
+    assert_eq!(draws(&mut single, 100), xs[..100]);
+
+    // GROUP BY path: partial groups → state → merge → evaluate, per-group variance.
+    let mut groups_final = DpGroups::new(Arc::new(SumRelease::new(&p).unwrap()), Some(8)).unwrap();
+    for part in 0..4 {
+        let mut partial = DpGroups::new(Arc::new(SumRelease::new(&p).unwrap()), None).unwrap();
+        let v = col(&[Some(part as f64); 10]);
+        let g: Vec<usize> = (0..10).map(|i| i % 2).collect();
+        partial.update_batch(&[v], &g, None, 2).unwrap();
+        let st = partial.state(EmitTo::All).unwrap();
+        groups_final.merge_batch(&st, &[0, 1], 2).unwrap();
+    }
+    let st = groups_final.state(EmitTo::All).unwrap();
+    let sums = st[0]
+        .as_any()
+        .downcast_ref::<datafusion::arrow::array::Decimal128Array>()
+        .unwrap();
+    let q = FixedPoint::new(0.0, 10.0).step();
+    assert_eq!(sums.value(0) as f64 * q, 5.0 * (0.0 + 1.0 + 2.0 + 3.0));
+    assert_eq!(sums.value(1), sums.value(0));
+    eprintln!("noise once: {:?}", start.elapsed());
+}
+
+#[test]
+fn groups_evaluate_releases_every_group() {
+    let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(50.0), f(1e-6), s("replace_public_n")])
+        .unwrap();
+    let rel = MeanRelease::new(&p).unwrap();
+    let tol = 6.0 * rel.sum_mech.unwrap().sigma; // 6σ of the mean of one row (of two rows: tol/2)
+    let mut g = DpGroups::new(Arc::new(rel), Some(9)).unwrap();
+    let v = col(&[Some(1.0), None, Some(9.0), Some(f64::NAN)]);
+    let filter = BooleanArray::from(vec![true, true, true, false]);
+    g.update_batch(&[v], &[0, 0, 1, 2], Some(&filter), 3)
+        .unwrap();
+    let out = g.evaluate(EmitTo::All).unwrap();
+    let out = out.as_any().downcast_ref::<Float64Array>().unwrap();
+    assert_eq!(out.len(), 3);
+    // group 0: (1 + imputed 5)/2 = 3; group 1: 9; group 2: n = 0 (filtered) → NULL
+    assert!((out.value(0) - 3.0).abs() < tol / 2.0, "{}", out.value(0));
+    assert!((out.value(1) - 9.0).abs() < tol, "{}", out.value(1));
+    assert!(out.is_null(2));
+}
+
+#[test]
+fn lower_equals_upper_is_exact() {
+    let p = SumParams::from_literals(&[f(0.0), f(0.0), f(1.0)]).unwrap();
+    let rel = SumRelease::new(&p).unwrap();
+    assert!(rel.mech.is_none());
+    let mut acc = DpAccumulator::new(Arc::new(rel), None).unwrap();
+    acc.update_batch(&[col(&[Some(5.0), Some(-1.0), None])])
+        .unwrap();
+    assert_eq!(acc.evaluate().unwrap(), ScalarValue::Float64(Some(0.0)));
+
+    let p = MeanParams::from_literals(&[f(3.0), f(3.0), f(1.0)]).unwrap();
+    let mut acc = DpAccumulator::new(Arc::new(MeanRelease::new(&p).unwrap()), None).unwrap();
+    assert_eq!(acc.evaluate().unwrap(), ScalarValue::Float64(Some(3.0)));
+    acc.update_batch(&[col(&[Some(5.0), Some(-1.0)])]).unwrap();
+    assert_eq!(acc.evaluate().unwrap(), ScalarValue::Float64(Some(3.0)));
+
+    // dp_sum with L = U ≠ 0 still needs noise (the count is private)
+    let p = SumParams::from_literals(&[f(3.0), f(3.0), f(1.0)]).unwrap();
+    assert!(SumRelease::new(&p).unwrap().mech.is_some());
+}
+
+#[test]
+fn empty_input_releases() {
+    let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0)]).unwrap();
+    let mut acc = DpAccumulator::new(Arc::new(MeanRelease::new(&p).unwrap()), Some(10)).unwrap();
+    for _ in 0..100 {
+        let ScalarValue::Float64(Some(x)) = acc.evaluate().unwrap() else {
+            panic!()
+        };
+        assert!((0.0..=10.0).contains(&x));
+    }
+    let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("replace_public_n")])
+        .unwrap();
+    let mut acc = DpAccumulator::new(Arc::new(MeanRelease::new(&p).unwrap()), Some(10)).unwrap();
+    assert_eq!(acc.evaluate().unwrap(), ScalarValue::Float64(None));
+    let p = CountParams::from_literals(&[f(1.0)]).unwrap();
+    let mut acc = DpAccumulator::new(Arc::new(CountRelease::new(&p).unwrap()), Some(10)).unwrap();
+    for _ in 0..100 {
+        let ScalarValue::Int64(Some(c)) = acc.evaluate().unwrap() else {
+            panic!()
+        };
+        assert!(c >= 0);
+    }
+}
+
+#[test]
+fn partition_selection_threshold_gives_half_delta_for_a_single_row() {
+    for (eps, delta) in [(1.0, 1e-6), (0.1, 1e-9), (3.0, 1e-5)] {
+        let p = PartitionSelectParams::from_literals(&[f(eps), f(delta)]).unwrap();
+        let rel = SelectRelease::new(&p).unwrap();
+        let (sigma, g, tau) = (rel.mech.sigma, rel.mech.granularity, rel.threshold);
+        assert!(sigma >= 1.0 / p.mu().unwrap());
+        // closed form, continuous Gaussian: P[1 + σZ ≥ τ − 3g] = Φ(−(τ − 3g − 1)/σ) = δ/2
+        let p_one = phi(-(tau - 3.0 * g - 1.0) / sigma);
+        assert!(
+            (p_one / (delta / 2.0) - 1.0).abs() < 1e-9,
+            "{p_one} vs {}",
+            delta / 2.0
+        );
+        // with the discrete-noise margin (module docs) the bound is ≤ δ/2
+        assert!(phi(-(tau - 1.0 - 1.5 * g) / sigma) <= delta / 2.0);
+    }
+    // behaviour: large groups kept, empty groups dropped
+    let p = PartitionSelectParams::from_literals(&[f(1.0), f(1e-6)]).unwrap();
+    let mut g = DpGroups::new(Arc::new(SelectRelease::new(&p).unwrap()), Some(12)).unwrap();
+    let v = col(&vec![None; 1001]);
+    let mut idx = vec![0usize; 1000];
+    idx.push(1);
+    for _ in 0..50 {
+        g.update_batch(&[Arc::clone(&v)], &idx, None, 3).unwrap();
+        let out = g.evaluate(EmitTo::All).unwrap();
+        let out = out.as_any().downcast_ref::<BooleanArray>().unwrap();
+        assert!(
+            out.value(0),
+            "a group of 1000 rows (NULL values count) must be kept"
+        );
+        assert!(!out.value(1), "a single-row group kept (probability ≤ δ/2)");
+        assert!(!out.value(2), "an empty group kept");
+    }
+}

@@ -1,0 +1,332 @@
+//! Events (what the ledger stores) and profiles (what composes).
+use serde::{Deserialize, Serialize};
+
+use super::cks::cks_epsilon;
+use super::gdp::gdp_epsilon;
+use super::grid::ORDERS;
+
+/// A parametric description of one mechanism's privacy loss. Small and exact: the ledger stores
+/// events; a [`Profile`] is computed from them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    /// Gaussian releases that compose to μ-GDP (μ = Δ/σ for one release, √Σμᵢ² for several).
+    /// RDP curve αμ²/2 (Mironov 2017, Prop. 7).
+    Gaussian { mu: f64 },
+    /// ρ-zCDP (Bun and Steinke 2016): RDP curve ρα.
+    Zcdp { rho: f64 },
+    /// A Laplace mechanism with ε = Δ/b: exact RDP curve of Mironov 2017, Prop. 6
+    /// (taking also the pure-DP bounds min(ε, ε²α/2) pointwise).
+    Laplace { epsilon: f64 },
+    /// Any pure ε-DP mechanism: RDP ≤ min(ε, αε²/2) (Bun and Steinke 2016, Prop. 1.4).
+    PureDp { epsilon: f64 },
+    /// `steps` compositions of the relative Gaussian mechanism (Hendrikx, Mangold, Bellet 2024)
+    /// with noise multiplier σ, relative sensitivity γ and dimension d (research/rgm.md).
+    Rgm { sigma: f64, gamma: f64, dims: u32, steps: u32 },
+    /// An additive δ that no RDP curve captures (e.g. partition selection).
+    Delta { delta: f64 },
+}
+
+/// A privacy-loss profile: RDP curve on [`super::grid::ORDERS`], optional GDP μ², additive δ.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    rdp: Vec<f64>,
+    gdp_mu_sq: Option<f64>,
+    delta: f64,
+}
+
+impl Profile {
+    /// No privacy loss: zero curve, μ = 0 (vacuously all-Gaussian), δ = 0.
+    pub fn zero() -> Self {
+        Profile {
+            rdp: vec![0.0; ORDERS.len()],
+            gdp_mu_sq: Some(0.0),
+            delta: 0.0,
+        }
+    }
+
+    /// The profile of one event. A parameter that is NaN or negative (never produced by this
+    /// crate) is treated as unbounded loss (+∞), so that a bad record can only over-report.
+    pub fn from_event(event: &Event) -> Self {
+        let bad = |x: f64| !(x >= 0.0);
+        let curve = |f: &dyn Fn(f64) -> f64| -> Vec<f64> {
+            ORDERS.iter().map(|&a| nan_to_inf(f(a))).collect()
+        };
+        match *event {
+            Event::Gaussian { mu } => {
+                if bad(mu) {
+                    return Self::unbounded();
+                }
+                // Mironov 2017, Prop. 7: D_α = α Δ²/(2σ²) = α μ²/2. GDP: μ (Dong, Roth, Su 2019).
+                Profile {
+                    rdp: curve(&|a| a * mu * mu / 2.0),
+                    gdp_mu_sq: Some(mu * mu),
+                    delta: 0.0,
+                }
+            }
+            Event::Zcdp { rho } => {
+                if bad(rho) {
+                    return Self::unbounded();
+                }
+                // Bun and Steinke 2016, Def. 1.1: D_α ≤ ρα for all α > 1.
+                Profile {
+                    rdp: curve(&|a| rho * a),
+                    gdp_mu_sq: None,
+                    delta: 0.0,
+                }
+            }
+            Event::Laplace { epsilon } => {
+                if bad(epsilon) {
+                    return Self::unbounded();
+                }
+                Profile {
+                    rdp: curve(&|a| laplace_rdp(a, epsilon)),
+                    gdp_mu_sq: None,
+                    delta: 0.0,
+                }
+            }
+            Event::PureDp { epsilon } => {
+                if bad(epsilon) {
+                    return Self::unbounded();
+                }
+                // Bun and Steinke 2016, Prop. 1.4 (ε-DP ⇒ ε²/2-zCDP) and D_α ≤ ε for ε-DP.
+                Profile {
+                    rdp: curve(&|a| epsilon.min(a * epsilon * epsilon / 2.0)),
+                    gdp_mu_sq: None,
+                    delta: 0.0,
+                }
+            }
+            Event::Rgm {
+                sigma,
+                gamma,
+                dims,
+                steps,
+            } => {
+                if bad(gamma) || !(sigma > 0.0) {
+                    return Self::unbounded();
+                }
+                Profile {
+                    rdp: curve(&|a| steps as f64 * rgm_rdp(a, sigma, gamma, dims as f64)),
+                    gdp_mu_sq: None,
+                    delta: 0.0,
+                }
+            }
+            Event::Delta { delta } => {
+                if bad(delta) {
+                    return Self::unbounded();
+                }
+                // An additive δ beside a Gaussian part (partition selection): the mechanism
+                // coincides with its Gaussian part except on an event of probability δ, so it is
+                // (ε, δ_G(ε) + δ)-DP for every ε, and compositions add these δ's. It leaves
+                // the GDP part intact (μ² + 0).
+                Profile {
+                    rdp: vec![0.0; ORDERS.len()],
+                    gdp_mu_sq: Some(0.0),
+                    delta,
+                }
+            }
+        }
+    }
+
+    fn unbounded() -> Self {
+        Profile {
+            rdp: vec![f64::INFINITY; ORDERS.len()],
+            gdp_mu_sq: None,
+            delta: 0.0,
+        }
+    }
+
+    pub fn from_events<'a>(events: impl IntoIterator<Item = &'a Event>) -> Self {
+        let mut p = Self::zero();
+        for e in events {
+            p.compose(&Self::from_event(e));
+        }
+        p
+    }
+
+    /// Adds curves, adds μ² (None if either is None), adds δ (PRIVACY.md, "What a query costs";
+    /// RDP composition: Mironov 2017, Prop. 1; GDP: Dong, Roth, Su 2019, Cor. 3.3).
+    pub fn compose(&mut self, other: &Profile) {
+        for (a, b) in self.rdp.iter_mut().zip(&other.rdp) {
+            *a += *b;
+        }
+        self.gdp_mu_sq = match (self.gdp_mu_sq, other.gdp_mu_sq) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+        self.delta += other.delta;
+    }
+
+    /// The smallest valid ε at `delta`: min of the exact GDP conversion (when μ is present) and
+    /// the CKS conversion, both at `delta − additive δ`; +∞ when that is ≤ 0; 0 for the zero
+    /// profile.
+    pub fn epsilon(&self, delta: f64) -> f64 {
+        let zero_curve = self.rdp.iter().all(|&x| x == 0.0);
+        if zero_curve && self.delta == 0.0 {
+            return 0.0;
+        }
+        let d = delta - self.delta;
+        if !(d > 0.0) {
+            return f64::INFINITY;
+        }
+        if zero_curve {
+            return 0.0;
+        }
+        let (cks, _) = cks_epsilon(&self.rdp, d);
+        // Round the CKS value outward by a relative 1e-12 (float error of the sum).
+        let cks = cks * (1.0 + 1e-12);
+        match self.gdp_mu_sq {
+            Some(m2) => cks.min(gdp_epsilon(m2.sqrt(), d)),
+            None => cks,
+        }
+    }
+
+    /// The order α at which the CKS conversion is tightest (for display and tests).
+    pub fn best_order(&self, delta: f64) -> f64 {
+        cks_epsilon(&self.rdp, delta - self.delta).1
+    }
+
+    pub fn rdp(&self) -> &[f64] {
+        &self.rdp
+    }
+    pub fn gdp_mu(&self) -> Option<f64> {
+        self.gdp_mu_sq.map(f64::sqrt)
+    }
+    pub fn additive_delta(&self) -> f64 {
+        self.delta
+    }
+}
+
+fn nan_to_inf(x: f64) -> f64 {
+    if x.is_nan() {
+        f64::INFINITY
+    } else {
+        x
+    }
+}
+
+/// RDP of the Laplace mechanism with ε = Δ/b at order α > 1 (Mironov 2017, Prop. 6 / Table II):
+/// 1/(α−1) · ln( α/(2α−1) · e^{(α−1)ε} + (α−1)/(2α−1) · e^{−αε} ), computed with log-sum-exp,
+/// and never above ε (pure DP).
+pub fn laplace_rdp(alpha: f64, epsilon: f64) -> f64 {
+    let am1 = alpha - 1.0;
+    let t1 = (alpha / (2.0 * alpha - 1.0)).ln() + am1 * epsilon;
+    let t2 = (am1 / (2.0 * alpha - 1.0)).ln() - alpha * epsilon;
+    let m = t1.max(t2);
+    let lse = m + ((t1 - m).exp() + (t2 - m).exp()).ln();
+    (lse / am1).min(epsilon)
+}
+
+/// RDP of one call of the relative Gaussian mechanism (research/rgm.md, eq. (5*), derived from
+/// the Rényi divergence of two isotropic Gaussians, Lemma 2, at the worst variance ratio
+/// (1+γ)^{±2} of Lemma 1): with u = γ(2+γ), for (α−1)u < 1,
+/// ε(α) = α/(2σ²(1−(α−1)u)) + d·max(h_α((1+γ)²), h_α((1+γ)⁻²)),
+/// h_α(ρ) = −½ ln ρ − ln(α − (α−1)ρ)/(2(α−1)); +∞ beyond.
+pub fn rgm_rdp(alpha: f64, sigma: f64, gamma: f64, dims: f64) -> f64 {
+    let u = gamma * (2.0 + gamma);
+    let am1 = alpha - 1.0;
+    if am1 * u >= 1.0 {
+        return f64::INFINITY;
+    }
+    let h = |rho: f64| -0.5 * rho.ln() - (alpha - am1 * rho).ln() / (2.0 * am1);
+    let r = (1.0 + gamma) * (1.0 + gamma);
+    let loss = h(r).max(h(1.0 / r)).max(0.0);
+    alpha / (2.0 * sigma * sigma * (1.0 - am1 * u)) + dims * loss
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::privacy::calibrate::{gaussian_epsilon, zcdp_epsilon};
+    use crate::privacy::test_vectors as vectors;
+
+    #[test]
+    fn gaussian_profile_uses_exact_gdp() {
+        // z = 1, T = 100, δ = 1e-6: exact GDP 96.7172719638677 < RDP 100.72 (vectors file).
+        let e = Event::Gaussian { mu: 1.0 };
+        let p = Profile::from_events(std::iter::repeat_n(&e, 100));
+        let eps = p.epsilon(1e-6);
+        assert!((eps / 96.7172719638677 - 1.0).abs() < 1e-6, "{eps}");
+        assert!((p.gdp_mu().unwrap() - 10.0).abs() < 1e-12);
+        assert!((eps - gaussian_epsilon(1.0, 100, 1e-6).unwrap()).abs() < 1e-9);
+        // RDP alone would give 100.72147861104412 (dp-accounting); we report the tighter one.
+        assert!(eps < 100.72147861104412);
+    }
+
+    #[test]
+    fn zcdp_profile_within_grid_tolerance() {
+        for v in vectors()["zcdp_to_approx"].as_array().unwrap() {
+            let rho = v["rho"].as_f64().unwrap();
+            let d = v["delta"].as_f64().unwrap();
+            let want = v["eps_cks2020"].as_f64().unwrap();
+            let got = Profile::from_event(&Event::Zcdp { rho }).epsilon(d);
+            assert!(got >= want && got <= want * (1.0 + 1e-4), "{got} vs {want}");
+            assert!(got >= zcdp_epsilon(rho, d).unwrap() * (1.0 - 1e-12));
+        }
+    }
+
+    #[test]
+    fn mixed_laplace_gaussian_is_no_worse_than_dp_accounting() {
+        // 20 Laplace(ε = 0.1) + 30 Gaussian(z = 3) at δ = 1e-6: dp-accounting's RDP accountant
+        // says 10.836294437250261; our denser grid may only be tighter, by a little (< 5%).
+        let m = &vectors()["mixed_laplace_gaussian"];
+        let mut events = vec![];
+        for _ in 0..m["laplace_count"].as_u64().unwrap() {
+            events.push(Event::Laplace {
+                epsilon: m["laplace_eps_each"].as_f64().unwrap(),
+            });
+        }
+        for _ in 0..m["gaussian_count"].as_u64().unwrap() {
+            events.push(Event::Gaussian {
+                mu: 1.0 / m["gaussian_noise_multiplier"].as_f64().unwrap(),
+            });
+        }
+        let p = Profile::from_events(&events);
+        assert!(p.gdp_mu().is_none(), "Laplace parts are not Gaussian");
+        let want = m["eps_rdp_dp_accounting"].as_f64().unwrap();
+        let got = p.epsilon(m["delta"].as_f64().unwrap());
+        assert!(got <= want * (1.0 + 1e-9) && got > want * 0.95, "{got} vs {want}");
+    }
+
+    #[test]
+    fn laplace_rdp_closed_forms() {
+        // α → ∞ approaches ε; α = 2: ln(2/3 e^ε + 1/3 e^{−2ε}) (Mironov 2017, Table II).
+        let e: f64 = 0.5;
+        let want = ((2.0 / 3.0) * e.exp() + (1.0 / 3.0) * (-2.0 * e).exp()).ln();
+        assert!((laplace_rdp(2.0, e) - want).abs() < 1e-14);
+        assert!(laplace_rdp(1e6, e) <= e && laplace_rdp(1e6, e) > 0.99 * e);
+        // Pure ε-DP composition: 10 Laplace(0.1) are 1-DP, so ε(δ) ≤ 1 for any δ.
+        let p = Profile::from_events(&vec![Event::Laplace { epsilon: 0.1 }; 10]);
+        assert!(p.epsilon(1e-6) <= 1.0 + 1e-9);
+    }
+
+    #[test]
+    fn additive_delta_and_edges() {
+        let mut p = Profile::from_event(&Event::Gaussian { mu: 0.5 });
+        let without = p.epsilon(1e-6);
+        p.compose(&Profile::from_event(&Event::Delta { delta: 5e-7 }));
+        assert!(p.gdp_mu().is_some(), "Delta keeps the GDP part");
+        assert!(p.epsilon(1e-6) > without);
+        assert!((p.epsilon(1e-6) - Profile::from_event(&Event::Gaussian { mu: 0.5 }).epsilon(5e-7)).abs() < 1e-12);
+        assert_eq!(p.epsilon(5e-7), f64::INFINITY);
+        assert_eq!(Profile::zero().epsilon(1e-6), 0.0);
+        assert_eq!(Profile::from_event(&Event::Gaussian { mu: f64::NAN }).epsilon(1e-6), f64::INFINITY);
+        let json = serde_json::to_string(&Event::Gaussian { mu: 0.5 }).unwrap();
+        assert_eq!(json, r#"{"kind":"gaussian","mu":0.5}"#);
+    }
+
+    #[test]
+    fn rgm_matches_reference_accountant() {
+        // research/rgm_accountant.py: rgm_rdp(α=10, σ=2, γ=0.01, d=1) =
+        // 10/(2·4·(1 − 9·0.0201)) + h, computed here in closed form independently.
+        let (a, s, g) = (10.0f64, 2.0f64, 0.01f64);
+        let u = g * (2.0 + g);
+        let first = a / (2.0 * s * s * (1.0 - (a - 1.0) * u));
+        let rho = (1.0 + g) * (1.0 + g);
+        let h = -0.5 * rho.ln() - (a - (a - 1.0) * rho).ln() / (2.0 * (a - 1.0));
+        assert!((rgm_rdp(a, s, g, 1.0) - (first + h)).abs() < 1e-12);
+        assert_eq!(rgm_rdp(1.0 + 1.0 / u, s, g, 1.0), f64::INFINITY);
+        // γ = 0 is the Gaussian mechanism: α/(2σ²).
+        assert!((rgm_rdp(3.0, 2.0, 0.0, 5.0) - 3.0 / 8.0).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,323 @@
+//! Planning helpers: `dp_gaussian_sigma`, `dp_gaussian_epsilon`, `dp_zcdp_epsilon`.
+//!
+//! They read no data and cost nothing: they answer "how much noise for this (ε, δ)?" and "what ε
+//! does this noise give?" with the same arithmetic the accountant uses. With literal arguments
+//! they are folded to a constant while the query is planned, so an invalid argument is a planning
+//! error that names it. With column arguments they are evaluated row by row.
+use std::sync::{Arc, LazyLock};
+
+use datafusion::arrow::array::{Array, ArrayRef, Float64Array};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::common::{DataFusionError, Result, ScalarValue, plan_err};
+use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
+use datafusion::logical_expr::{
+    ColumnarValue, Documentation, Expr, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, Volatility, scalar_doc_sections,
+};
+
+use crate::privacy::{self, PrivacyError};
+
+/// Which helper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HelperKind {
+    /// `dp_gaussian_sigma(epsilon, delta, sensitivity)`
+    GaussianSigma,
+    /// `dp_gaussian_epsilon(noise_multiplier, steps, delta)`
+    GaussianEpsilon,
+    /// `dp_zcdp_epsilon(rho, delta)`
+    ZcdpEpsilon,
+}
+
+impl HelperKind {
+    fn name(self) -> &'static str {
+        match self {
+            HelperKind::GaussianSigma => "dp_gaussian_sigma",
+            HelperKind::GaussianEpsilon => "dp_gaussian_epsilon",
+            HelperKind::ZcdpEpsilon => "dp_zcdp_epsilon",
+        }
+    }
+
+    fn params(self) -> &'static [&'static str] {
+        match self {
+            HelperKind::GaussianSigma => &["epsilon", "delta", "sensitivity"],
+            HelperKind::GaussianEpsilon => &["noise_multiplier", "steps", "delta"],
+            HelperKind::ZcdpEpsilon => &["rho", "delta"],
+        }
+    }
+
+    /// The value for one row of arguments.
+    pub fn compute(self, a: &[f64]) -> std::result::Result<f64, PrivacyError> {
+        match self {
+            HelperKind::GaussianSigma => privacy::analytic_gaussian_sigma(a[0], a[1], a[2]),
+            HelperKind::GaussianEpsilon => {
+                let steps = a[1];
+                if !(steps.is_finite() && steps >= 1.0 && steps.fract() == 0.0 && steps <= 1e15) {
+                    return Err(PrivacyError::invalid(
+                        "steps",
+                        steps,
+                        "a whole number between 1 and 1e15",
+                    ));
+                }
+                privacy::gaussian_epsilon(a[0], steps as u64, a[2])
+            }
+            HelperKind::ZcdpEpsilon => privacy::zcdp_epsilon(a[0], a[1]),
+        }
+    }
+
+    fn documentation(self) -> &'static Documentation {
+        static SIGMA: LazyLock<Documentation> = LazyLock::new(|| {
+            Documentation::builder(
+                scalar_doc_sections::DOC_SECTION_MATH,
+                "Standard deviation σ of the analytic Gaussian mechanism (Balle and Wang, ICML \
+                 2018) for one release of L2 sensitivity `sensitivity` that is (epsilon, delta)-DP. \
+                 Reads no data and costs no budget.",
+                "dp_gaussian_sigma(epsilon, delta, sensitivity)",
+            )
+            .with_sql_example("SELECT dp_gaussian_sigma(0.5, 1e-6, 100); -- 805.76...")
+            .with_argument("epsilon", "ε > 0")
+            .with_argument("delta", "δ in (0, 1)")
+            .with_argument("sensitivity", "L2 sensitivity Δ > 0")
+            .build()
+        });
+        static EPS: LazyLock<Documentation> = LazyLock::new(|| {
+            Documentation::builder(
+                scalar_doc_sections::DOC_SECTION_MATH,
+                "ε at `delta` of `steps` Gaussian releases, each with noise multiplier σ/Δ = \
+                 `noise_multiplier`, composed exactly under Gaussian DP (Dong, Roth, Su 2019: \
+                 μ = √steps / noise_multiplier). Reads no data and costs no budget.",
+                "dp_gaussian_epsilon(noise_multiplier, steps, delta)",
+            )
+            .with_sql_example("SELECT dp_gaussian_epsilon(1.0, 100, 1e-6); -- 96.717...")
+            .with_argument("noise_multiplier", "σ/Δ > 0")
+            .with_argument("steps", "number of releases, a whole number ≥ 1")
+            .with_argument("delta", "δ in (0, 1)")
+            .build()
+        });
+        static ZCDP: LazyLock<Documentation> = LazyLock::new(|| {
+            Documentation::builder(
+                scalar_doc_sections::DOC_SECTION_MATH,
+                "ε at `delta` of ρ-zCDP by the conversion of Canonne, Kamath and Steinke (2020, \
+                 Prop. 12). Reads no data and costs no budget.",
+                "dp_zcdp_epsilon(rho, delta)",
+            )
+            .with_sql_example("SELECT dp_zcdp_epsilon(0.1, 1e-6); -- 2.1419...")
+            .with_argument("rho", "ρ > 0")
+            .with_argument("delta", "δ in (0, 1)")
+            .build()
+        });
+        match self {
+            HelperKind::GaussianSigma => &SIGMA,
+            HelperKind::GaussianEpsilon => &EPS,
+            HelperKind::ZcdpEpsilon => &ZCDP,
+        }
+    }
+}
+
+/// One planning helper as a DataFusion scalar UDF.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct PlanningHelper {
+    kind: HelperKind,
+    signature: Signature,
+}
+
+impl PlanningHelper {
+    pub fn new(kind: HelperKind) -> Self {
+        let n = kind.params().len();
+        let signature = Signature::exact(vec![DataType::Float64; n], Volatility::Immutable)
+            .with_parameter_names(kind.params().iter().map(|s| s.to_string()).collect())
+            .expect("one name per parameter");
+        Self { kind, signature }
+    }
+
+    pub fn udf(kind: HelperKind) -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self::new(kind))
+    }
+}
+
+fn to_plan_error(name: &str, e: PrivacyError) -> DataFusionError {
+    DataFusionError::Plan(format!("{name}: {e}"))
+}
+
+/// A literal argument as f64, or None when the expression is not a constant.
+fn literal_f64(e: &Expr) -> Option<Option<f64>> {
+    match e {
+        Expr::Literal(v, _) => Some(match v.cast_to(&DataType::Float64).ok()? {
+            ScalarValue::Float64(x) => x,
+            _ => None,
+        }),
+        Expr::Alias(a) => literal_f64(&a.expr),
+        _ => None,
+    }
+}
+
+impl ScalarUDFImpl for PlanningHelper {
+    fn name(&self) -> &str {
+        self.kind.name()
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float64)
+    }
+
+    fn return_field_from_args(&self, _args: ReturnFieldArgs) -> Result<FieldRef> {
+        // NULL arguments are an error, never a NULL result: the output is not nullable, which
+        // also lets `simplify` replace a call by a (non-nullable) literal.
+        Ok(Arc::new(Field::new(self.name(), DataType::Float64, false)))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        let arrays: Vec<ArrayRef> = args
+            .args
+            .iter()
+            .map(|a| a.to_array(n))
+            .collect::<Result<_>>()?;
+        let cols: Vec<&Float64Array> = arrays
+            .iter()
+            .map(|a| datafusion::common::cast::as_float64_array(a))
+            .collect::<Result<_>>()?;
+        let mut out = Vec::with_capacity(n);
+        let mut row = vec![0.0; cols.len()];
+        for i in 0..n {
+            for (j, c) in cols.iter().enumerate() {
+                if c.is_null(i) {
+                    return plan_err!(
+                        "{}: argument '{}' must not be NULL",
+                        self.name(),
+                        self.kind.params()[j]
+                    );
+                }
+                row[j] = c.value(i);
+            }
+            out.push(
+                self.kind
+                    .compute(&row)
+                    .map_err(|e| to_plan_error(self.name(), e))?,
+            );
+        }
+        Ok(ColumnarValue::Array(Arc::new(Float64Array::from(out))))
+    }
+
+    /// With literal arguments the call is folded at planning time, so invalid arguments are
+    /// planning errors that name the argument.
+    fn simplify(&self, args: Vec<Expr>, _info: &SimplifyContext) -> Result<ExprSimplifyResult> {
+        let mut row = Vec::with_capacity(args.len());
+        for (j, a) in args.iter().enumerate() {
+            match literal_f64(a) {
+                None => return Ok(ExprSimplifyResult::Original(args)),
+                Some(None) => {
+                    return plan_err!(
+                        "{}: argument '{}' must not be NULL",
+                        self.name(),
+                        self.kind.params()[j]
+                    );
+                }
+                Some(Some(v)) => row.push(v),
+            }
+        }
+        let v = self
+            .kind
+            .compute(&row)
+            .map_err(|e| to_plan_error(self.name(), e))?;
+        Ok(ExprSimplifyResult::Simplified(Expr::Literal(
+            ScalarValue::Float64(Some(v)),
+            None,
+        )))
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        Some(self.kind.documentation())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Float64Array;
+    use datafusion::prelude::SessionContext;
+
+    async fn one(sql: &str) -> Result<f64> {
+        let ctx = SessionContext::new();
+        crate::register_all(&ctx);
+        let batches = ctx.sql(sql).await?.collect().await?;
+        let col = batches[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .expect("float64")
+            .value(0);
+        Ok(col)
+    }
+
+    #[tokio::test]
+    async fn sigma_of_the_salary_example() {
+        // The seed blog's salary example: "σ ≈ 806"; dp-accounting: 805.7618480725032.
+        let s = one("SELECT dp_gaussian_sigma(0.5, 1e-6, 100)").await.unwrap();
+        assert!((s / 805.7618480725032 - 1.0).abs() < 1e-6, "{s}");
+    }
+
+    #[tokio::test]
+    async fn named_arguments_in_any_order() {
+        let s = one("SELECT dp_gaussian_sigma(sensitivity => 100, delta => 1e-6, epsilon => 0.5)")
+            .await
+            .unwrap();
+        assert!((s / 805.7618480725032 - 1.0).abs() < 1e-6, "{s}");
+    }
+
+    #[tokio::test]
+    async fn gaussian_epsilon_and_zcdp_epsilon() {
+        let e = one("SELECT dp_gaussian_epsilon(1.0, 100, 1e-6)").await.unwrap();
+        assert!((e / 96.7172719638677 - 1.0).abs() < 1e-6, "{e}");
+        let z = one("SELECT dp_zcdp_epsilon(0.1, 1e-6)").await.unwrap();
+        assert!((z / 2.141938928385474 - 1.0).abs() < 1e-4, "{z}");
+    }
+
+    #[tokio::test]
+    async fn invalid_arguments_are_planning_errors_naming_the_argument() {
+        let cases = [
+            ("SELECT dp_gaussian_sigma(0, 1e-6, 1)", "'epsilon'"),
+            ("SELECT dp_gaussian_sigma(-1, 1e-6, 1)", "'epsilon'"),
+            ("SELECT dp_gaussian_sigma(1, 0, 1)", "'delta'"),
+            ("SELECT dp_gaussian_sigma(1, 1, 1)", "'delta'"),
+            ("SELECT dp_gaussian_sigma(1, 1e-6, 0)", "'sensitivity'"),
+            ("SELECT dp_gaussian_sigma(1, 1e-6, -3)", "'sensitivity'"),
+            ("SELECT dp_gaussian_sigma(1, 1e-6, CAST('inf' AS DOUBLE))", "'sensitivity'"),
+            ("SELECT dp_gaussian_sigma(1, 1e-6, NULL)", "'sensitivity'"),
+            ("SELECT dp_gaussian_epsilon(0, 10, 1e-6)", "'noise_multiplier'"),
+            ("SELECT dp_gaussian_epsilon(1, 0, 1e-6)", "'steps'"),
+            ("SELECT dp_gaussian_epsilon(1, 2.5, 1e-6)", "'steps'"),
+            ("SELECT dp_gaussian_epsilon(1, 10, 2)", "'delta'"),
+            ("SELECT dp_zcdp_epsilon(0, 1e-6)", "'rho'"),
+            ("SELECT dp_zcdp_epsilon(0.1, -1)", "'delta'"),
+        ];
+        for (sql, needle) in cases {
+            let err = one(sql).await.expect_err(sql).to_string();
+            assert!(err.contains("Error during planning"), "{sql}: {err}");
+            assert!(err.contains(needle), "{sql}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn column_arguments_are_evaluated_per_row() {
+        let ctx = SessionContext::new();
+        crate::register_all(&ctx);
+        let batches = ctx
+            .sql("SELECT dp_gaussian_sigma(e, 1e-6, 100) FROM (VALUES (0.5), (1.0)) AS t(e)")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let col = batches[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap();
+        assert!((col.value(0) / 805.7618480725032 - 1.0).abs() < 1e-6);
+        assert!(col.value(1) < col.value(0));
+    }
+}
