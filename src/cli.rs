@@ -2,7 +2,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::repl::format::{OutputFormat, render};
+use crate::repl::format::OutputFormat;
 use crate::session::{PrivateSession, Registration, SessionOptions};
 
 /// The parsed command line.
@@ -54,6 +54,10 @@ EXAMPLES:
         -c \"SELECT dp_mean(age, 0, 100, epsilon => 0.5) FROM people\"
     dpfusion -f sql/quickstart.sql --format csv
 
+SCRIPTS:
+    Statements end with ';'. '--' starts a comment. A statement preceded by the comment
+    '-- @expect-error' is expected to fail: its error is printed and the script goes on.
+
 EXIT STATUS:
     0 when every statement succeeded; 1 at the first statement that fails (its error on stderr);
     2 for a bad command line.
@@ -91,7 +95,7 @@ impl Cli {
                 Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
                 _ => (a, None),
             };
-            let mut value = |i: &mut usize| -> Result<String, String> {
+            let value = |i: &mut usize| -> Result<String, String> {
                 if let Some(v) = &inline {
                     Ok(v.clone())
                 } else {
@@ -141,11 +145,27 @@ impl Cli {
     }
 }
 
-/// Splits SQL text into statements at `;` outside quotes and comments. Lines starting with `--`
-/// are comments.
+/// Splits SQL text into statements at `;` outside quotes and comments. `--` starts a comment to
+/// the end of the line.
 pub fn split_statements(text: &str) -> Vec<String> {
+    split_script(text).into_iter().map(|s| s.sql).collect()
+}
+
+/// One statement of a script.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScriptStatement {
+    pub sql: String,
+    /// The statement is preceded by the comment `-- @expect-error`: its failure is printed and
+    /// the script goes on (its success is then an error). Lets a walk-through such as
+    /// sql/quickstart.sql show a refusal.
+    pub expect_error: bool,
+}
+
+/// [`split_statements`], keeping the `-- @expect-error` marks.
+pub fn split_script(text: &str) -> Vec<ScriptStatement> {
     let mut out = Vec::new();
     let mut cur = String::new();
+    let mut expect_error = false;
     let mut chars = text.chars().peekable();
     let (mut in_single, mut in_double) = (false, false);
     while let Some(c) = chars.next() {
@@ -153,18 +173,26 @@ pub fn split_statements(text: &str) -> Vec<String> {
             '\'' if !in_double => in_single = !in_single,
             '"' if !in_single => in_double = !in_double,
             '-' if !in_single && !in_double && chars.peek() == Some(&'-') => {
-                // a comment to the end of the line
+                let mut comment = String::new();
                 for n in chars.by_ref() {
                     if n == '\n' {
                         cur.push('\n');
                         break;
                     }
+                    comment.push(n);
+                }
+                if comment.trim_start_matches('-').trim() == "@expect-error" {
+                    expect_error = true;
                 }
                 continue;
             }
             ';' if !in_single && !in_double => {
                 if !cur.trim().is_empty() {
-                    out.push(cur.trim().to_string());
+                    out.push(ScriptStatement {
+                        sql: cur.trim().to_string(),
+                        expect_error,
+                    });
+                    expect_error = false;
                 }
                 cur.clear();
                 continue;
@@ -174,7 +202,10 @@ pub fn split_statements(text: &str) -> Vec<String> {
         cur.push(c);
     }
     if !cur.trim().is_empty() {
-        out.push(cur.trim().to_string());
+        out.push(ScriptStatement {
+            sql: cur.trim().to_string(),
+            expect_error,
+        });
     }
     out
 }
@@ -214,10 +245,15 @@ pub async fn run(cli: Cli) -> ExitCode {
         eprintln!("dpfusion: {e}");
         return ExitCode::from(1);
     }
+    if cli.private.is_empty() && cli.public.is_empty()
+        && let Err(e) = crate::demo::register_demo(&session)
+    {
+        eprintln!("dpfusion: cannot register the demo tables: {e}");
+        return ExitCode::from(1);
+    }
     let format = cli.format.unwrap_or_default();
     if cli.scripts.is_empty() {
-        eprintln!("dpfusion: the interactive REPL is not available yet; use -c or -f");
-        return ExitCode::from(2);
+        return crate::repl::run_repl(session, format, cli.quiet).await;
     }
     for script in &cli.scripts {
         let text = match script {
@@ -230,28 +266,26 @@ pub async fn run(cli: Cli) -> ExitCode {
                 }
             },
         };
-        for stmt in split_statements(&text) {
-            match session.sql(&stmt).await {
+        for stmt in split_script(&text) {
+            match session.sql(&stmt.sql).await {
                 Ok(r) => {
-                    if r.schema.fields().is_empty() && r.batches.is_empty() {
-                        continue;
+                    if let Err(e) = crate::repl::print_result(&r, format, cli.quiet) {
+                        eprintln!("dpfusion: {e}");
+                        return ExitCode::from(1);
                     }
-                    match render(&r.batches, &r.schema, format) {
-                        Ok(s) => println!("{s}"),
-                        Err(e) => {
-                            eprintln!("dpfusion: {e}");
-                            return ExitCode::from(1);
-                        }
-                    }
-                    if !cli.quiet
-                        && format == OutputFormat::Table
-                        && let Some(rcpt) = &r.receipt
-                    {
-                        eprintln!("{}", crate::statements::receipt_line(rcpt));
+                    if stmt.expect_error {
+                        eprintln!(
+                            "dpfusion: this statement was marked '-- @expect-error' but succeeded: {}",
+                            stmt.sql
+                        );
+                        return ExitCode::from(1);
                     }
                 }
+                Err(e) if stmt.expect_error => {
+                    println!("{}", crate::statements::error_block(&stmt.sql, &e));
+                }
                 Err(e) => {
-                    eprintln!("{}", crate::statements::error_block(&stmt, &e));
+                    eprintln!("{}", crate::statements::error_block(&stmt.sql, &e));
                     return ExitCode::from(1);
                 }
             }
@@ -268,6 +302,11 @@ mod tests {
     fn splits_outside_quotes_and_comments() {
         let s = split_statements("SELECT ';' AS a; -- c;omment\nSELECT 2;\n\n");
         assert_eq!(s, vec!["SELECT ';' AS a", "SELECT 2"]);
+        let s = split_script("SELECT 1;\n-- @expect-error\nSELECT * FROM t;\nSELECT 3");
+        assert_eq!(
+            s.iter().map(|x| x.expect_error).collect::<Vec<_>>(),
+            vec![false, true, false]
+        );
     }
 
     #[test]

@@ -183,6 +183,24 @@ pub fn register_demo(session: &PrivateSession) -> Result<()> {
     Ok(())
 }
 
+/// What `\d` says about a demo table (None for other tables).
+pub fn describe_demo(name: &str, key: &TableKey) -> Option<String> {
+    match key.as_str() {
+        "demo:salaries" => Some(format!(
+            "built-in demo ({} synthetic rows as '{name}'): 12 jobs whose pay differs by 10x, \
+             salaries within a factor 1.5 inside each job; job is public and neighbours replace \
+             one row, so rgm_mean_by(salary, job, 1.5, ...) applies",
+            SALARIES_ROWS
+        )),
+        "demo:patients" => Some(format!(
+            "built-in demo ({} synthetic rows as '{name}'): features age, bmi, bp, chol, smoker; \
+             disease (0/1) from a known logistic model, cost from a known linear model",
+            PATIENTS_ROWS
+        )),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -510,11 +510,6 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
             }
         }
         // The neighbour relation is the table's, never the user's.
-        let n_user = dp_call_cost(&name, &[])
-            .map(|_| ())
-            .map(|_| params.len())
-            .unwrap_or(params.len());
-        let _ = n_user;
         let mut with_mode = params.clone();
         // The user-facing parameters end with epsilon, delta; the session always fills delta.
         with_mode.push(ScalarValue::Utf8(Some(mode.to_string())));

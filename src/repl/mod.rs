@@ -1,2 +1,342 @@
-//! The command line: output formats now; the interactive REPL grows here.
+//! The interactive REPL (rustyline): multi-line statements ending with `;`, history, completion of
+//! functions, tables and columns, keyword highlighting, meta-commands, and the remaining budget of
+//! the tables used last in the prompt.
 pub mod format;
+pub mod helper;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use datafusion::error::DataFusionError;
+use rustyline::error::ReadlineError;
+use rustyline::history::DefaultHistory;
+use rustyline::{Config, Editor};
+
+use crate::session::{PrivateSession, QueryResult};
+use crate::statements::{budget_batch, error_block, ledger_batch, receipt_line};
+use format::{OutputFormat, render};
+use helper::SqlHelper;
+
+/// The `\?` text.
+pub const META_HELP: &str = "\
+Statements end with ';' and may span several lines.
+  \\budget           per private table: budget, spent and remaining ε (= SHOW BUDGET)
+  \\ledger           every charge so far, oldest first (= SELECT * FROM dp_ledger())
+  \\explain SQL      what SQL would cost and whether it would be admitted (= EXPLAIN PRIVACY)
+  \\d [TABLE]        the tables, or one table: columns, visibility, neighbours, budget
+  \\format FORMAT    table, csv or json
+  \\timing           show how long each statement took (toggle)
+  \\?                this help
+  \\q                quit (or Ctrl-D)
+Ctrl-C cancels the current input, or the running query (a query already charged stays charged).";
+
+/// Prints one statement's result in `format` (stdout) and its receipt (stderr, table format).
+pub fn print_result(r: &QueryResult, format: OutputFormat, quiet: bool) -> Result<(), String> {
+    if r.schema.fields().is_empty() && r.batches.is_empty() {
+        return Ok(());
+    }
+    let s = render(&r.batches, &r.schema, format).map_err(|e| e.to_string())?;
+    println!("{s}");
+    if !quiet
+        && format == OutputFormat::Table
+        && let Some(rcpt) = &r.receipt
+    {
+        eprintln!("{}", receipt_line(rcpt));
+    }
+    Ok(())
+}
+
+struct Repl {
+    session: PrivateSession,
+    format: OutputFormat,
+    quiet: bool,
+    timing: bool,
+    last_tables: Vec<String>,
+}
+
+/// What the user asked for with one input.
+enum Flow {
+    Continue,
+    Quit,
+}
+
+impl Repl {
+    /// `dpfusion[salaries ε 2.50/5.00]> `: remaining/total ε of the tables the last query used.
+    fn prompt(&self) -> String {
+        if self.last_tables.is_empty() {
+            return "dpfusion> ".to_string();
+        }
+        let rows = self.session.budget();
+        let parts: Vec<String> = self
+            .last_tables
+            .iter()
+            .filter_map(|t| rows.iter().find(|r| r.name == *t))
+            .map(|r| format!("{} ε {:.2}/{:.2}", r.name, r.remaining, r.epsilon))
+            .collect();
+        if parts.is_empty() {
+            "dpfusion> ".to_string()
+        } else {
+            format!("dpfusion[{}]> ", parts.join(", "))
+        }
+    }
+
+    async fn run_sql(&mut self, sql: &str) {
+        let start = Instant::now();
+        let outcome = tokio::select! {
+            r = self.session.sql(sql) => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+        };
+        match outcome {
+            None => eprintln!(
+                "query cancelled (if it was admitted, its charge stands: a failure or \
+                 cancellation can depend on the data)"
+            ),
+            Some(Ok(r)) => {
+                if !r.tables.is_empty() {
+                    self.last_tables = r.tables.clone();
+                }
+                if let Err(e) = print_result(&r, self.format, self.quiet) {
+                    eprintln!("dpfusion: {e}");
+                }
+            }
+            Some(Err(e)) => eprintln!("{}", error_block(sql, &e)),
+        }
+        if self.timing {
+            eprintln!("Elapsed {:.3} s", start.elapsed().as_secs_f64());
+        }
+    }
+
+    fn show_batch(&self, b: datafusion::error::Result<datafusion::arrow::array::RecordBatch>) {
+        match b {
+            Ok(b) => {
+                let r = QueryResult {
+                    schema: b.schema(),
+                    batches: vec![b],
+                    receipt: None,
+                    tables: vec![],
+                };
+                if let Err(e) = print_result(&r, self.format, true) {
+                    eprintln!("dpfusion: {e}");
+                }
+            }
+            Err(e) => eprintln!("{}", error_block("", &e)),
+        }
+    }
+
+    async fn meta(&mut self, line: &str) -> Flow {
+        let line = line.trim().trim_end_matches(';').trim();
+        let (cmd, arg) = match line.split_once(char::is_whitespace) {
+            Some((c, a)) => (c, a.trim()),
+            None => (line, ""),
+        };
+        match cmd {
+            "\\q" | "\\quit" => return Flow::Quit,
+            "\\?" | "\\h" | "\\help" => println!("{META_HELP}"),
+            "\\budget" => self.show_batch(budget_batch(&self.session.budget())),
+            "\\ledger" => self.show_batch(ledger_batch(&self.session.ledger())),
+            "\\explain" => {
+                if arg.is_empty() {
+                    eprintln!("\\explain needs a query, e.g. \\explain SELECT dp_count(x, 0.1) FROM t");
+                } else {
+                    self.run_sql(&format!("EXPLAIN PRIVACY {arg}")).await;
+                }
+            }
+            "\\d" => println!("{}", describe(&self.session, arg)),
+            "\\format" => match arg.parse::<OutputFormat>() {
+                Ok(f) => {
+                    self.format = f;
+                    println!("output format: {}", arg.to_ascii_lowercase());
+                }
+                Err(e) => eprintln!("{e}"),
+            },
+            "\\timing" => {
+                self.timing = !self.timing;
+                println!("timing is {}", if self.timing { "on" } else { "off" });
+            }
+            other => eprintln!("unknown command {other}: \\? lists the commands"),
+        }
+        Flow::Continue
+    }
+}
+
+/// `\d` and `\d TABLE`: what a user needs to know to query a table privately.
+pub fn describe(session: &PrivateSession, table: &str) -> String {
+    let tables = session.tables();
+    let budget = session.budget();
+    let policy = |name: &str, private: bool| -> String {
+        if !private {
+            return "public".to_string();
+        }
+        match budget.iter().find(|b| b.name == name) {
+            Some(b) => format!(
+                "private, budget ε {:.2} at δ {:e}, spent {:.2}, remaining {:.2}",
+                b.epsilon, b.delta, b.spent, b.remaining
+            ),
+            None => "private".to_string(),
+        }
+    };
+    let neighbours = |n: crate::accounting::Neighbours| match n {
+        crate::accounting::Neighbours::AddRemove => "add_remove",
+        crate::accounting::Neighbours::Replace => "replace",
+    };
+    if table.is_empty() {
+        if tables.is_empty() {
+            return "no tables: register one with CREATE EXTERNAL TABLE or --private NAME=PATH"
+                .to_string();
+        }
+        let mut out = String::from("Tables:\n");
+        for (name, info, schema) in &tables {
+            out.push_str(&format!(
+                "  {name:<12} {} columns; {}{}\n",
+                schema.fields().len(),
+                policy(name, info.private),
+                if info.private {
+                    format!("; neighbours {}", neighbours(info.neighbours))
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        out.push_str("\\d TABLE shows its columns.");
+        return out;
+    }
+    let want = table.to_ascii_lowercase();
+    let Some((name, info, schema)) = tables.iter().find(|(n, _, _)| *n == want) else {
+        return format!(
+            "no table '{table}' (tables: {})",
+            tables
+                .iter()
+                .map(|t| t.0.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    let mut out = format!("Table {name}: {}\n", policy(name, info.private));
+    if info.private {
+        out.push_str(&format!(
+            "  neighbours: {} ({})\n",
+            neighbours(info.neighbours),
+            match info.neighbours {
+                crate::accounting::Neighbours::AddRemove =>
+                    "a neighbour adds or removes one row; the row count is private",
+                crate::accounting::Neighbours::Replace =>
+                    "a neighbour replaces one row; the row count is public",
+            }
+        ));
+        out.push_str(&format!(
+            "  public columns: {}\n",
+            if info.public_columns.is_empty() {
+                "none".to_string()
+            } else {
+                info.public_columns.join(", ")
+            }
+        ));
+        out.push_str(
+            "  read it only through DP aggregates (dp_count, dp_sum, dp_mean, ...); \
+             GROUP BY on a private column adds partition selection\n",
+        );
+    }
+    out.push_str("  columns:\n");
+    for f in schema.fields() {
+        let marker = if !info.private {
+            ""
+        } else if info.is_public_column(f.name()) {
+            "  (public)"
+        } else {
+            "  (private)"
+        };
+        out.push_str(&format!("    {:<14} {}{marker}\n", f.name(), f.data_type()));
+    }
+    if let Some(note) = crate::demo::describe_demo(name, &info.key) {
+        out.push_str(&format!("  about: {note}\n"));
+    }
+    out.trim_end().to_string()
+}
+
+/// The history file: `$DPFUSION_HISTORY`, else `~/.dpfusion_history`, else `.dpfusion/history`.
+fn history_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("DPFUSION_HISTORY") {
+        return PathBuf::from(p);
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".dpfusion_history"),
+        None => PathBuf::from(".dpfusion/history"),
+    }
+}
+
+/// Runs the interactive REPL until `\q` or Ctrl-D.
+pub async fn run_repl(session: PrivateSession, format: OutputFormat, quiet: bool) -> ExitCode {
+    let config = Config::builder()
+        .auto_add_history(false)
+        .completion_type(rustyline::CompletionType::List)
+        .build();
+    let mut rl: Editor<SqlHelper, DefaultHistory> = match Editor::with_config(config) {
+        Ok(rl) => rl,
+        Err(e) => {
+            eprintln!("dpfusion: cannot start the line editor: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let helper = SqlHelper::new(std::io::stdout().is_terminal());
+    helper.refresh(&session);
+    rl.set_helper(Some(helper));
+    let history = history_path();
+    let _ = rl.load_history(&history);
+    let mut repl = Repl {
+        session,
+        format,
+        quiet,
+        timing: false,
+        last_tables: vec![],
+    };
+    println!(
+        "dpfusion {} — differentially private SQL. \\? for help, \\d for tables, \\q to quit.",
+        env!("CARGO_PKG_VERSION")
+    );
+    loop {
+        let prompt = repl.prompt();
+        let read = tokio::task::block_in_place(|| rl.readline(&prompt));
+        match read {
+            Ok(input) => {
+                let text = input.trim();
+                if text.is_empty() {
+                    continue;
+                }
+                let _ = rl.add_history_entry(text);
+                if text.starts_with('\\') {
+                    if let Flow::Quit = repl.meta(text).await {
+                        break;
+                    }
+                } else {
+                    for stmt in crate::cli::split_statements(text) {
+                        repl.run_sql(&stmt).await;
+                    }
+                }
+                if let Some(h) = rl.helper() {
+                    h.refresh(&repl.session);
+                }
+            }
+            Err(ReadlineError::Interrupted) => {
+                println!("^C");
+                continue;
+            }
+            Err(ReadlineError::Eof) => break,
+            Err(e) => {
+                eprintln!("dpfusion: {e}");
+                break;
+            }
+        }
+    }
+    if let Some(dir) = history.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = rl.save_history(&history);
+    ExitCode::SUCCESS
+}
+
+#[allow(dead_code)]
+fn _unused(_: DataFusionError) {}

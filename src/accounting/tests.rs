@@ -1,0 +1,414 @@
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::*;
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn temp_ledger() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "dpfusion-accounting-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = fs::remove_dir_all(&dir);
+    dir.join("sub").join("ledger.jsonl")
+}
+
+fn private(key: &str, name: &str, epsilon: f64) -> TablePolicy {
+    TablePolicy {
+        key: TableKey::from(key),
+        name: name.to_string(),
+        visibility: Visibility::Private,
+        neighbours: Neighbours::AddRemove,
+        public_columns: Vec::new(),
+        budget: Budget {
+            epsilon,
+            delta: 1e-6,
+        },
+    }
+}
+
+fn gauss(key: &str, mu: f64) -> Vec<TableCharge> {
+    vec![TableCharge {
+        key: TableKey::from(key),
+        events: vec![Event::Gaussian { mu }],
+    }]
+}
+
+fn file_len(p: &Path) -> u64 {
+    fs::metadata(p).unwrap().len()
+}
+
+fn append_raw(p: &Path, bytes: &str) {
+    let mut f = OpenOptions::new().append(true).open(p).unwrap();
+    f.write_all(bytes.as_bytes()).unwrap();
+}
+
+/// Admits `Gaussian{mu}` charges until refused; returns the receipts.
+fn exhaust(acc: &Accountant, key: &str, mu: f64) -> Vec<Receipt> {
+    let mut out = Vec::new();
+    for _ in 0..10_000 {
+        match acc.admit("SELECT dp_count(*) FROM t", &gauss(key, mu)) {
+            Ok(r) => out.push(r),
+            Err(AccountingError::BudgetExceeded { .. }) => return out,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("never exhausted");
+}
+
+#[test]
+fn exceeded_message_format() {
+    let e = AccountingError::BudgetExceeded {
+        table: "salaries".into(),
+        key: TableKey::from("demo:salaries"),
+        cost: 0.3,
+        spent: 0.9,
+        remaining: 0.1,
+        budget: Budget {
+            epsilon: 1.0,
+            delta: 1e-6,
+        },
+    };
+    assert_eq!(
+        e.to_string(),
+        "budget exceeded for table 'salaries': this query would cost ε = 0.3000 (at δ = 1e-6), \
+         0.9000 of 1.0000 is spent and 0.1000 remains. Lower epsilon in the query, or ask the \
+         data owner for a larger budget."
+    );
+}
+
+#[test]
+fn budget_validation() {
+    let bad_eps = check_budget(&Budget {
+        epsilon: 0.0,
+        delta: 1e-6,
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(bad_eps.contains("epsilon") && bad_eps.contains("> 0"), "{bad_eps}");
+    let bad_delta = check_budget(&Budget {
+        epsilon: 1.0,
+        delta: 1.0,
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(bad_delta.contains("delta") && bad_delta.contains("(0, 1)"), "{bad_delta}");
+    assert!(check_budget(&Budget {
+        epsilon: f64::INFINITY,
+        delta: 1e-6
+    })
+    .is_err());
+}
+
+#[test]
+fn rfc3339() {
+    assert_eq!(ledger::format_rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+    assert_eq!(ledger::format_rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+    assert_eq!(ledger::format_rfc3339(1_700_000_000, 123), "2023-11-14T22:13:20.123Z");
+    assert_eq!(ledger::format_rfc3339(1_795_372_800, 0), "2026-11-22T00:00:00.000Z");
+    let now = ledger::now_rfc3339();
+    assert_eq!(now.len(), 24, "{now}");
+}
+
+#[test]
+fn admit_until_exhausted_then_refuse() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    acc.register_table(private("demo:salaries", "salaries", 1.0))
+        .unwrap();
+    let receipts = exhaust(&acc, "demo:salaries", 0.1);
+    assert!(receipts.len() >= 2, "{}", receipts.len());
+    let last = &receipts.last().unwrap().tables[0];
+    assert!(last.spent_after <= 1.0 * (1.0 + 1e-12));
+    assert_eq!(last.name, "salaries");
+    assert!(receipts[0].tables[0].cost > 0.0);
+
+    let before = file_len(&path);
+    let err = acc
+        .admit("SELECT again", &gauss("demo:salaries", 0.1))
+        .unwrap_err();
+    assert_eq!(file_len(&path), before, "a refused charge writes nothing");
+    match &err {
+        AccountingError::BudgetExceeded {
+            table,
+            spent,
+            remaining,
+            cost,
+            ..
+        } => {
+            assert_eq!(table, "salaries");
+            assert_eq!(*spent, last.spent_after);
+            assert!((remaining - (1.0 - spent)).abs() < 1e-12);
+            assert!((cost - receipts[0].tables[0].cost).abs() < 1e-12);
+        }
+        e => panic!("{e}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("budget exceeded for table 'salaries': this query would cost ε = "),
+        "{msg}"
+    );
+    assert!(msg.contains("(at δ = 1e-6)") && msg.contains("of 1.0000 is spent"), "{msg}");
+    assert!(msg.ends_with("ask the data owner for a larger budget."), "{msg}");
+
+    let alone = acc
+        .admit("SELECT big", &gauss("demo:salaries", 5.0))
+        .unwrap_err()
+        .to_string();
+    assert!(alone.contains("alone costs more than the table's whole budget"), "{alone}");
+
+    let rows = acc.budget_rows();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].queries, receipts.len() as u64);
+    assert_eq!(rows[0].spent, last.spent_after);
+    let entries = acc.ledger_entries();
+    assert_eq!(entries.len(), receipts.len());
+    assert!(entries.iter().enumerate().all(|(i, e)| e.seq == i as u64));
+    assert_eq!(entries[0].tables[0].delta, 1e-6);
+    assert_eq!(acc.path(), path.as_path());
+
+    // Preview computes the same without writing.
+    let pv = acc.preview(&gauss("demo:salaries", 0.1)).unwrap();
+    assert!(!pv[0].admitted);
+    assert_eq!(file_len(&path), before);
+}
+
+#[test]
+fn reopen_replays_spent() {
+    let path = temp_ledger();
+    let (rows, entries) = {
+        let acc = Accountant::open(&path).unwrap();
+        acc.register_table(private("demo:salaries", "salaries", 3.0))
+            .unwrap();
+        for _ in 0..3 {
+            acc.admit("q", &gauss("demo:salaries", 0.1)).unwrap();
+        }
+        (acc.budget_rows(), acc.ledger_entries())
+    };
+    let acc = Accountant::open(&path).unwrap();
+    let again = acc.budget_rows();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].spent, rows[0].spent);
+    assert_eq!(again[0].queries, 3);
+    assert_eq!(acc.ledger_entries(), entries);
+    // A session asking for the default (smaller) budget gets the ledger's.
+    let p = acc
+        .register_table(private("demo:salaries", "pay", 1.0))
+        .unwrap();
+    assert_eq!(p.budget.epsilon, 3.0);
+    assert_eq!(acc.budget_rows()[0].name, "pay");
+    let r = acc.admit("q", &gauss("demo:salaries", 0.1)).unwrap();
+    assert_eq!(r.tables[0].name, "pay");
+    assert_eq!(acc.ledger_entries().last().unwrap().seq, 3);
+}
+
+#[test]
+fn torn_last_line_is_truncated() {
+    let path = temp_ledger();
+    {
+        let acc = Accountant::open(&path).unwrap();
+        acc.register_table(private("demo:t", "t", 5.0)).unwrap();
+        acc.admit("q1", &gauss("demo:t", 0.1)).unwrap();
+        acc.admit("q2", &gauss("demo:t", 0.1)).unwrap();
+    }
+    let good = file_len(&path);
+    append_raw(&path, r#"{"record":"charge","seq":2,"time":"2026-01-"#);
+    {
+        let acc = Accountant::open(&path).unwrap();
+        assert_eq!(acc.ledger_entries().len(), 2);
+        assert_eq!(file_len(&path), good);
+        acc.admit("q3", &gauss("demo:t", 0.1)).unwrap();
+    }
+    // A complete but unreadable last line is a torn write too.
+    let good = file_len(&path);
+    append_raw(&path, "{\"record\":\"cha\n");
+    let acc = Accountant::open(&path).unwrap();
+    assert_eq!(file_len(&path), good);
+    let entries = acc.ledger_entries();
+    assert_eq!(entries.len(), 3);
+    assert_eq!(entries[2].query, "q3");
+}
+
+#[test]
+fn torn_tail_from_another_writer_is_cut_before_appending() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    acc.register_table(private("demo:t", "t", 5.0)).unwrap();
+    acc.admit("q1", &gauss("demo:t", 0.1)).unwrap();
+    append_raw(&path, r#"{"record":"charge","se"#);
+    acc.admit("q2", &gauss("demo:t", 0.1)).unwrap();
+    drop(acc);
+    let acc = Accountant::open(&path).unwrap();
+    assert_eq!(acc.ledger_entries().len(), 2);
+}
+
+#[test]
+fn corrupt_middle_line_is_an_error() {
+    let path = temp_ledger();
+    {
+        let acc = Accountant::open(&path).unwrap();
+        acc.register_table(private("demo:t", "t", 5.0)).unwrap();
+        acc.admit("q1", &gauss("demo:t", 0.1)).unwrap();
+        acc.admit("q2", &gauss("demo:t", 0.1)).unwrap();
+    }
+    let text = fs::read_to_string(&path).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(2, "this is not json");
+    fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let err = Accountant::open(&path).unwrap_err();
+    match &err {
+        AccountingError::Corrupt { line, path: p, .. } => {
+            assert_eq!(*line, 3);
+            assert_eq!(p, &path);
+        }
+        e => panic!("{e}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("backup") && msg.contains("move it aside"), "{msg}");
+    assert!(msg.contains(&path.display().to_string()), "{msg}");
+    // Nothing was truncated.
+    assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 4);
+}
+
+#[test]
+fn policy_conflicts() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let key = "/data/salaries.csv";
+    acc.register_table(private(key, "salaries", 1.0)).unwrap();
+    let conflict = |p: TablePolicy| match acc.register_table(p) {
+        Err(AccountingError::PolicyConflict(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    let mut public = private(key, "salaries", 1.0);
+    public.visibility = Visibility::Public;
+    let m = conflict(public.clone());
+    assert!(m.contains("cannot be re-registered as public") && m.contains(key), "{m}");
+    assert!(m.contains("owner action"), "{m}");
+    let m = conflict(private(key, "salaries", 2.0));
+    assert!(m.contains("cannot raise"), "{m}");
+    let mut more_delta = private(key, "salaries", 1.0);
+    more_delta.budget.delta = 1e-5;
+    conflict(more_delta);
+    let mut replace = private(key, "salaries", 1.0);
+    replace.neighbours = Neighbours::Replace;
+    conflict(replace);
+    let mut cols = private(key, "salaries", 1.0);
+    cols.public_columns = vec!["job".into()];
+    conflict(cols);
+    let before = file_len(&path);
+    let kept = acc.register_table(private(key, "s2", 0.5)).unwrap();
+    assert_eq!(kept.budget.epsilon, 1.0);
+    assert_eq!(kept.name, "s2");
+    assert_eq!(file_len(&path), before, "keeping a policy writes nothing");
+
+    // The owner may raise the budget and make the table public; both survive a restart.
+    acc.owner_set_policy(private(key, "salaries", 2.0)).unwrap();
+    drop(acc);
+    let acc = Accountant::open(&path).unwrap();
+    assert_eq!(acc.budget_rows()[0].epsilon, 2.0);
+    acc.owner_set_policy(public.clone()).unwrap();
+    assert!(acc.budget_rows().is_empty());
+    // Public tables are not charged.
+    let r = acc.admit("q", &gauss(key, 0.1)).unwrap();
+    assert!(r.tables.is_empty());
+    assert!(acc.ledger_entries().is_empty());
+    // Public → private is stricter: allowed and recorded.
+    acc.register_table(private(key, "salaries", 1.0)).unwrap();
+    drop(acc);
+    let acc = Accountant::open(&path).unwrap();
+    let rows = acc.budget_rows();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].epsilon, 1.0);
+
+    // Unknown keys are refused; session-local policies are not written, their charges are.
+    assert!(matches!(
+        acc.admit("q", &gauss("/nope", 0.1)),
+        Err(AccountingError::UnknownTable(_))
+    ));
+    let before = file_len(&path);
+    acc.register_table(private("mem:m", "m", 1.0)).unwrap();
+    assert_eq!(file_len(&path), before);
+    acc.admit("q", &gauss("mem:m", 0.1)).unwrap();
+    assert!(file_len(&path) > before);
+    drop(acc);
+    let acc = Accountant::open(&path).unwrap();
+    assert_eq!(acc.budget_rows().len(), 1, "mem: policy is session-local");
+    acc.register_table(private("mem:m", "m", 1.0)).unwrap();
+    assert_eq!(acc.budget_rows().len(), 2);
+    assert_eq!(acc.budget_rows()[1].queries, 1, "replayed charges apply once registered");
+}
+
+#[test]
+fn two_accountants_on_one_file_cannot_overspend() {
+    let path = temp_ledger();
+    let a = Accountant::open(&path).unwrap();
+    let b = Accountant::open(&path).unwrap();
+    a.register_table(private("demo:t", "t", 2.0)).unwrap();
+    // b sees a's policy: asking for more is refused.
+    assert!(matches!(
+        b.register_table(private("demo:t", "t", 3.0)),
+        Err(AccountingError::PolicyConflict(_))
+    ));
+    b.register_table(private("demo:t", "t", 2.0)).unwrap();
+
+    let ra = a.admit("qa", &gauss("demo:t", 0.1)).unwrap();
+    let rb = b.admit("qb", &gauss("demo:t", 0.1)).unwrap();
+    assert!(rb.tables[0].spent_after > ra.tables[0].spent_after);
+    assert_eq!(b.ledger_entries().last().unwrap().seq, 1);
+
+    let more = exhaust(&a, "demo:t", 0.1);
+    assert!(!more.is_empty());
+    // b catches up on its next admission and is refused.
+    let err = b.admit("qb2", &gauss("demo:t", 0.1)).unwrap_err();
+    assert!(matches!(err, AccountingError::BudgetExceeded { .. }), "{err}");
+    assert_eq!(b.ledger_entries().len(), 2 + more.len());
+    assert_eq!(b.budget_rows()[0].spent, a.budget_rows()[0].spent);
+    assert!(b.budget_rows()[0].spent <= 2.0 * (1.0 + 1e-12));
+}
+
+#[test]
+fn concurrent_threads_never_exceed_budget() {
+    let path = temp_ledger();
+    let acc = Arc::new(Accountant::open(&path).unwrap());
+    acc.register_table(private("demo:t", "t", 2.0)).unwrap();
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let acc = acc.clone();
+            std::thread::spawn(move || {
+                let mut ok = 0u64;
+                for j in 0..20 {
+                    match acc.admit(&format!("q{i}-{j}"), &gauss("demo:t", 0.1)) {
+                        Ok(r) => {
+                            assert!(r.tables[0].spent_after <= 2.0 * (1.0 + 1e-12));
+                            ok += 1;
+                        }
+                        Err(AccountingError::BudgetExceeded { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let admitted: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    // Serially, exactly the largest n with ε(n charges) ≤ budget are admitted.
+    let one = Event::Gaussian { mu: 0.1 };
+    let mut n = 0u64;
+    while Profile::from_events(std::iter::repeat_n(&one, n as usize + 1)).epsilon(1e-6)
+        <= 2.0 * (1.0 + 1e-12)
+    {
+        n += 1;
+    }
+    assert!(n < 160, "the test must exhaust the budget");
+    assert_eq!(admitted, n);
+    let entries = acc.ledger_entries();
+    assert_eq!(entries.len() as u64, n);
+    assert!(entries.iter().enumerate().all(|(i, e)| e.seq == i as u64));
+    let reopened = Accountant::open(&path).unwrap();
+    assert_eq!(reopened.budget_rows()[0].queries, n);
+}

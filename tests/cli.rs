@@ -1,0 +1,172 @@
+//! The command line, driven as a user would: the real binary with `-c`, `-f` and every flag; and
+//! the interactive REPL in a pseudo-terminal (tests/pty/repl_session.py).
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_dpfusion")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dpfusion-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(["--ledger", dir.join("ledger.jsonl").to_str().unwrap()])
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("DPFUSION_HISTORY", dir.join("history"))
+        .output()
+        .expect("run dpfusion")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+#[test]
+fn readme_first_command_prints_the_blog_sigma() {
+    let d = tmp("sigma");
+    let o = run(&d, &["-c", "SELECT dp_gaussian_sigma(0.5, 1e-6, 100) AS sigma"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("805.76"), "{}", stdout(&o));
+}
+
+#[test]
+fn json_and_csv_are_parseable() {
+    let d = tmp("formats");
+    let q = "SELECT dp_gaussian_sigma(1, 1e-5, 1) AS s, 'a,b' AS t";
+    let o = run(&d, &["--format", "json", "-c", q]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("valid JSON");
+    let s = v[0]["s"].as_f64().unwrap();
+    assert!((s - 3.7306316348159387).abs() < 1e-5, "{s}");
+    assert_eq!(v[0]["t"], "a,b");
+    let o = run(&d, &["--format=csv", "-c", q]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let mut lines = text.lines();
+    assert_eq!(lines.next().unwrap(), "s,t");
+    let row = lines.next().unwrap();
+    // RFC 4180: the comma inside the string is quoted.
+    assert!(row.ends_with(",\"a,b\""), "{row}");
+    assert!(row.split(',').next().unwrap().parse::<f64>().is_ok());
+}
+
+#[test]
+fn scripts_run_in_order_and_stop_at_the_first_failure() {
+    let d = tmp("order");
+    let f = d.join("a.sql");
+    std::fs::write(&f, "SELECT 'from file' AS x;\nSELECT nope_function(1);\nSELECT 'never' AS y;").unwrap();
+    let o = run(&d, &["-c", "SELECT 'first' AS x", "-f", f.to_str().unwrap(), "-c", "SELECT 'after' AS z"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    assert!(out.find("first").unwrap() < out.find("from file").unwrap());
+    assert!(!out.contains("never") && !out.contains("after"));
+    assert!(stderr(&o).contains("ERROR in: SELECT nope_function(1)"), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_command_lines_exit_2_and_help_documents_every_flag() {
+    let d = tmp("help");
+    let o = run(&d, &["--bogus"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("unknown argument '--bogus'"));
+    let o = run(&d, &["--epsilon", "abc"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(&d, &["--help"]);
+    assert!(o.status.success());
+    for flag in [
+        "-c", "-f", "--format", "--epsilon", "--delta", "--ledger", "--private", "--public",
+        "--quiet", "--help", "--version", "EXAMPLES",
+    ] {
+        assert!(stdout(&o).contains(flag), "--help lacks {flag}");
+    }
+    let o = run(&d, &["-V"]);
+    assert!(stdout(&o).starts_with("dpfusion "));
+    let o = run(&d, &["--epsilon", "-1", "-c", "SELECT 1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("epsilon"), "{}", stderr(&o));
+}
+
+#[test]
+fn private_and_public_tables_and_budget_flags() {
+    let d = tmp("tables");
+    let people = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/people.csv");
+    let priv_arg = format!("people={people}");
+    let pub_arg = format!("ref={people}");
+    // A private table: raw rows refused (exit 1), DP aggregates admitted and charged.
+    let o = run(&d, &["--private", &priv_arg, "-c", "SELECT * FROM people"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("people"), "{}", stderr(&o));
+    let o = run(
+        &d,
+        &[
+            "--private", &priv_arg, "--epsilon", "2", "--delta", "1e-5", "--format", "csv", "-c",
+            "SELECT dp_count(id, 0.5) AS n FROM people", "-c", "SHOW BUDGET",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("people,2.0,0.00001,") || out.contains("people,2,"), "{out}");
+    // Quiet suppresses the receipt; without it the receipt is on stderr in table format.
+    let o = run(&d, &["--private", &priv_arg, "-c", "SELECT dp_count(id, 0.1) AS n FROM people"]);
+    assert!(stderr(&o).contains("charged people"), "{}", stderr(&o));
+    let o = run(&d, &["-q", "--private", &priv_arg, "-c", "SELECT dp_count(id, 0.1) AS n FROM people"]);
+    assert!(!stderr(&o).contains("charged"), "{}", stderr(&o));
+    // The same file cannot become public on the same ledger.
+    let o = run(&d, &["--public", &format!("people={people}"), "-c", "SELECT 1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stderr(&o).contains("private"), "{}", stderr(&o));
+    // A public table (fresh ledger) reads freely.
+    let d2 = tmp("tables-public");
+    let o = run(&d2, &["--public", &pub_arg, "-c", "SELECT count(*) AS c FROM ref"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("200"));
+}
+
+#[test]
+fn demo_tables_without_flags() {
+    let d = tmp("demo");
+    let o = run(&d, &["--format", "json", "-c", "SELECT dp_count(salary, 1.0) AS n FROM salaries"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let n = v[0]["n"].as_i64().unwrap();
+    assert!((n - 60_000).abs() < 100, "{n}");
+}
+
+#[test]
+fn quickstart_runs() {
+    let d = tmp("quickstart");
+    let o = run(&d, &["-f", "sql/quickstart.sql"]);
+    assert!(o.status.success(), "{}\n{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("remaining_epsilon"));
+}
+
+#[test]
+fn repl_in_a_pseudo_terminal() {
+    let d = tmp("pty");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pty/repl_session.py");
+    let o = Command::new("python3")
+        .args([
+            script,
+            bin(),
+            d.join("ledger.jsonl").to_str().unwrap(),
+            d.join("history").to_str().unwrap(),
+        ])
+        .output()
+        .expect("python3");
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

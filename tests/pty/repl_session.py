@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Drives the real `dpfusion` binary in a pseudo-terminal (Python's standard `pty` module) and
+checks what the screen shows. Used by tests/cli.rs (`repl_in_a_pseudo_terminal`).
+
+usage: repl_session.py BINARY LEDGER HISTORY
+Exits 0 on success; on failure prints the transcript and the failed expectation, exits 1.
+"""
+import os
+import pty
+import re
+import select
+import sys
+import time
+
+BIN, LEDGER, HISTORY = sys.argv[1], sys.argv[2], sys.argv[3]
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+pid, fd = pty.fork()
+if pid == 0:
+    env = dict(os.environ, DPFUSION_HISTORY=HISTORY, TERM="xterm", COLUMNS="200", LINES="50")
+    os.execve(BIN, [BIN, "--ledger", LEDGER], env)
+
+transcript = ""
+
+
+def read_until(pattern, timeout=120):
+    """Reads the terminal until `pattern` (regex) appears in the text read since the last call."""
+    global transcript
+    seen = ""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r, _, _ = select.select([fd], [], [], 0.2)
+        if fd in r:
+            try:
+                data = os.read(fd, 65536).decode("utf-8", "replace")
+            except OSError:
+                break
+            seen += data
+            transcript += data
+            if re.search(pattern, ANSI.sub("", seen)):
+                return ANSI.sub("", seen)
+    print("---- transcript ----\n" + ANSI.sub("", transcript))
+    print(f"---- expected /{pattern}/ within {timeout}s, got since last step:\n" + ANSI.sub("", seen))
+    sys.exit(1)
+
+
+def send(text):
+    os.write(fd, text.encode())
+
+
+read_until(r"dpfusion> ")
+# A multi-line query: the first line has no ';', so the REPL waits for more.
+send("SELECT dp_count(salary, epsilon => 0.5)\r")
+time.sleep(0.5)
+send("  AS n FROM salaries;\r")
+out = read_until(r"dpfusion\[salaries ε 4\.\d\d/5\.00\]> ")
+assert re.search(r"\|\s*n\s*\|", out), out
+# The budget.
+send("\\budget\r")
+out = read_until(r"dpfusion\[salaries")
+assert "remaining_epsilon" in out and "salaries" in out and "patients" in out, out
+# A refused query: raw rows of a private table.
+send("SELECT * FROM salaries;\r")
+out = read_until(r"dpfusion\[salaries")
+assert "ERROR" in out and "salaries" in out and "Traceback" not in out and "panicked" not in out, out
+# Ctrl-C during input cancels the input, not the program.
+send("SELECT dp_count(")
+time.sleep(0.3)
+send("\x03")
+out = read_until(r"\^C")
+send("\\d salaries\r")
+out = read_until(r"neighbours: replace")
+assert "job" in out and "(public)" in out, out
+send("\\q\r")
+_, status = os.waitpid(pid, 0)
+if os.waitstatus_to_exitcode(status) != 0:
+    print("---- transcript ----\n" + ANSI.sub("", transcript))
+    print("exit status", status)
+    sys.exit(1)
+print("ok")
