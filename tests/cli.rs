@@ -106,6 +106,7 @@ fn private_and_public_tables_and_budget_flags() {
     let o = run(&d, &["--private", &priv_arg, "-c", "SELECT * FROM people"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("people"), "{}", stderr(&o));
+    let d = tmp("tables-budget");
     let o = run(
         &d,
         &[
@@ -117,9 +118,9 @@ fn private_and_public_tables_and_budget_flags() {
     let out = stdout(&o);
     assert!(out.contains("people,2.0,0.00001,") || out.contains("people,2,"), "{out}");
     // Quiet suppresses the receipt; without it the receipt is on stderr in table format.
-    let o = run(&d, &["--private", &priv_arg, "-c", "SELECT dp_count(id, 0.1) AS n FROM people"]);
+    let o = run(&d, &["--private", &priv_arg, "--epsilon", "2", "--delta", "1e-5", "-c", "SELECT dp_count(id, 0.1) AS n FROM people"]);
     assert!(stderr(&o).contains("charged people"), "{}", stderr(&o));
-    let o = run(&d, &["-q", "--private", &priv_arg, "-c", "SELECT dp_count(id, 0.1) AS n FROM people"]);
+    let o = run(&d, &["-q", "--private", &priv_arg, "--epsilon", "2", "--delta", "1e-5", "-c", "SELECT dp_count(id, 0.1) AS n FROM people"]);
     assert!(!stderr(&o).contains("charged"), "{}", stderr(&o));
     // The same file cannot become public on the same ledger.
     let o = run(&d, &["--public", &format!("people={people}"), "-c", "SELECT 1"]);

@@ -8,7 +8,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use dpfusion_udfs::privacy::{Event, Profile};
 use serde::{Deserialize, Serialize};
 
-use super::{AccountingError, LedgerEntry, TableKey, TablePolicy, Visibility, check_budget, io_error};
+use super::{
+    AccountingError, LedgerEntry, TableKey, TablePolicy, Visibility, check_budget, io_error,
+};
 
 /// One line of the ledger.
 #[derive(Debug, Serialize, Deserialize)]

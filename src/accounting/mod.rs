@@ -344,7 +344,12 @@ impl Accountant {
                 Ok(kept)
             }
             policy::Decision::Record => {
-                ledger::append(&self.file, &self.path, &mut st, Record::Policy(policy.clone()))?;
+                ledger::append(
+                    &self.file,
+                    &self.path,
+                    &mut st,
+                    Record::Policy(policy.clone()),
+                )?;
                 Ok(policy)
             }
         }
@@ -360,7 +365,12 @@ impl Accountant {
             return Ok(policy);
         }
         let _lock = self.sync(&mut st)?;
-        ledger::append(&self.file, &self.path, &mut st, Record::Owner(policy.clone()))?;
+        ledger::append(
+            &self.file,
+            &self.path,
+            &mut st,
+            Record::Owner(policy.clone()),
+        )?;
         Ok(policy)
     }
 
@@ -442,9 +452,10 @@ impl Accountant {
             .values()
             .filter(|p| p.visibility == Visibility::Private)
             .map(|p| {
-                let (spent, queries) = st.tables.get(&p.key).map_or((0.0, 0), |t| {
-                    (t.profile.epsilon(p.budget.delta), t.queries)
-                });
+                let (spent, queries) = st
+                    .tables
+                    .get(&p.key)
+                    .map_or((0.0, 0), |t| (t.profile.epsilon(p.budget.delta), t.queries));
                 BudgetRow {
                     name: p.name.clone(),
                     key: p.key.clone(),

@@ -89,27 +89,44 @@ fn budget_validation() {
     })
     .unwrap_err()
     .to_string();
-    assert!(bad_eps.contains("epsilon") && bad_eps.contains("> 0"), "{bad_eps}");
+    assert!(
+        bad_eps.contains("epsilon") && bad_eps.contains("> 0"),
+        "{bad_eps}"
+    );
     let bad_delta = check_budget(&Budget {
         epsilon: 1.0,
         delta: 1.0,
     })
     .unwrap_err()
     .to_string();
-    assert!(bad_delta.contains("delta") && bad_delta.contains("(0, 1)"), "{bad_delta}");
-    assert!(check_budget(&Budget {
-        epsilon: f64::INFINITY,
-        delta: 1e-6
-    })
-    .is_err());
+    assert!(
+        bad_delta.contains("delta") && bad_delta.contains("(0, 1)"),
+        "{bad_delta}"
+    );
+    assert!(
+        check_budget(&Budget {
+            epsilon: f64::INFINITY,
+            delta: 1e-6
+        })
+        .is_err()
+    );
 }
 
 #[test]
 fn rfc3339() {
     assert_eq!(ledger::format_rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-    assert_eq!(ledger::format_rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
-    assert_eq!(ledger::format_rfc3339(1_700_000_000, 123), "2023-11-14T22:13:20.123Z");
-    assert_eq!(ledger::format_rfc3339(1_795_372_800, 0), "2026-11-22T00:00:00.000Z");
+    assert_eq!(
+        ledger::format_rfc3339(951_782_400, 5),
+        "2000-02-29T00:00:00.005Z"
+    );
+    assert_eq!(
+        ledger::format_rfc3339(1_700_000_000, 123),
+        "2023-11-14T22:13:20.123Z"
+    );
+    assert_eq!(
+        ledger::format_rfc3339(1_795_372_800, 123),
+        "2026-11-22T18:40:00.123Z"
+    );
     let now = ledger::now_rfc3339();
     assert_eq!(now.len(), 24, "{now}");
 }
@@ -152,14 +169,23 @@ fn admit_until_exhausted_then_refuse() {
         msg.starts_with("budget exceeded for table 'salaries': this query would cost ε = "),
         "{msg}"
     );
-    assert!(msg.contains("(at δ = 1e-6)") && msg.contains("of 1.0000 is spent"), "{msg}");
-    assert!(msg.ends_with("ask the data owner for a larger budget."), "{msg}");
+    assert!(
+        msg.contains("(at δ = 1e-6)") && msg.contains("of 1.0000 is spent"),
+        "{msg}"
+    );
+    assert!(
+        msg.ends_with("ask the data owner for a larger budget."),
+        "{msg}"
+    );
 
     let alone = acc
         .admit("SELECT big", &gauss("demo:salaries", 5.0))
         .unwrap_err()
         .to_string();
-    assert!(alone.contains("alone costs more than the table's whole budget"), "{alone}");
+    assert!(
+        alone.contains("alone costs more than the table's whole budget"),
+        "{alone}"
+    );
 
     let rows = acc.budget_rows();
     assert_eq!(rows.len(), 1);
@@ -268,7 +294,10 @@ fn corrupt_middle_line_is_an_error() {
         e => panic!("{e}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("backup") && msg.contains("move it aside"), "{msg}");
+    assert!(
+        msg.contains("backup") && msg.contains("move it aside"),
+        "{msg}"
+    );
     assert!(msg.contains(&path.display().to_string()), "{msg}");
     // Nothing was truncated.
     assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 4);
@@ -287,7 +316,10 @@ fn policy_conflicts() {
     let mut public = private(key, "salaries", 1.0);
     public.visibility = Visibility::Public;
     let m = conflict(public.clone());
-    assert!(m.contains("cannot be re-registered as public") && m.contains(key), "{m}");
+    assert!(
+        m.contains("cannot be re-registered as public") && m.contains(key),
+        "{m}"
+    );
     assert!(m.contains("owner action"), "{m}");
     let m = conflict(private(key, "salaries", 2.0));
     assert!(m.contains("cannot raise"), "{m}");
@@ -339,8 +371,10 @@ fn policy_conflicts() {
     let acc = Accountant::open(&path).unwrap();
     assert_eq!(acc.budget_rows().len(), 1, "mem: policy is session-local");
     acc.register_table(private("mem:m", "m", 1.0)).unwrap();
-    assert_eq!(acc.budget_rows().len(), 2);
-    assert_eq!(acc.budget_rows()[1].queries, 1, "replayed charges apply once registered");
+    let rows = acc.budget_rows();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].name, "m", "sorted by name");
+    assert_eq!(rows[0].queries, 1, "replayed charges apply once registered");
 }
 
 #[test]
@@ -365,7 +399,10 @@ fn two_accountants_on_one_file_cannot_overspend() {
     assert!(!more.is_empty());
     // b catches up on its next admission and is refused.
     let err = b.admit("qb2", &gauss("demo:t", 0.1)).unwrap_err();
-    assert!(matches!(err, AccountingError::BudgetExceeded { .. }), "{err}");
+    assert!(
+        matches!(err, AccountingError::BudgetExceeded { .. }),
+        "{err}"
+    );
     assert_eq!(b.ledger_entries().len(), 2 + more.len());
     assert_eq!(b.budget_rows()[0].spent, a.budget_rows()[0].spent);
     assert!(b.budget_rows()[0].spent <= 2.0 * (1.0 + 1e-12));

@@ -524,7 +524,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
         }
         calls.push(DpCall {
             function: name.clone(),
-            display: format!("{}", strip_alias(e)),
+            display: display_call(&name, &f.params.args[..data_args], &params),
             table: table.clone(),
             epsilon: eps,
             delta,
@@ -589,11 +589,31 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
     Ok(LogicalPlan::Projection(proj))
 }
 
-fn strip_alias(e: &Expr) -> &Expr {
-    match e {
-        Expr::Alias(a) => strip_alias(&a.expr),
-        e => e,
+/// A DP call as the user would write it: `dp_mean(age, lower => 0, upper => 100, epsilon => 0.5,
+/// delta => 1e-7)` (column names unqualified, every parameter named, defaults filled in).
+fn display_call(name: &str, data: &[Expr], params: &[ScalarValue]) -> String {
+    let spec = crate::statements::named_args::dp_function_params(name).unwrap_or(&[]);
+    let mut parts: Vec<String> = data
+        .iter()
+        .map(|e| match e {
+            Expr::Column(c) => c.name.clone(),
+            e => e.to_string(),
+        })
+        .collect();
+    for (i, v) in params.iter().enumerate() {
+        let value = match v {
+            ScalarValue::Utf8(Some(s)) => format!("'{s}'"),
+            v => {
+                let x = as_f64(v);
+                if x.is_finite() { format!("{x}") } else { v.to_string() }
+            }
+        };
+        match spec.get(data.len() + i) {
+            Some(p) => parts.push(format!("{} => {value}", p.name)),
+            None => parts.push(value),
+        }
     }
+    format!("{name}({})", parts.join(", "))
 }
 
 /// The (epsilon, delta) literals of a DP call, by the user-facing parameter list.

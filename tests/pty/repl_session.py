@@ -53,15 +53,15 @@ read_until(r"dpfusion> ")
 send("SELECT dp_count(salary, epsilon => 0.5)\r")
 time.sleep(0.5)
 send("  AS n FROM salaries;\r")
-out = read_until(r"dpfusion\[salaries ε 4\.\d\d/5\.00\]> ")
+out = read_until(r"\| n[\s\S]*dpfusion\[salaries ε 4\.\d\d/5\.00\]> ")
 assert re.search(r"\|\s*n\s*\|", out), out
 # The budget.
 send("\\budget\r")
-out = read_until(r"dpfusion\[salaries")
+out = read_until(r"queries[\s\S]*patients[\s\S]*salaries[\s\S]*dpfusion\[salaries")
 assert "remaining_epsilon" in out and "salaries" in out and "patients" in out, out
 # A refused query: raw rows of a private table.
 send("SELECT * FROM salaries;\r")
-out = read_until(r"dpfusion\[salaries")
+out = read_until(r"ERROR[\s\S]*dpfusion\[salaries")
 assert "ERROR" in out and "salaries" in out and "Traceback" not in out and "panicked" not in out, out
 # Ctrl-C during input cancels the input, not the program.
 send("SELECT dp_count(")
