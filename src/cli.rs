@@ -114,7 +114,9 @@ impl Cli {
                     return Ok(None);
                 }
                 "-c" | "--command" => cli.scripts.push(Script::Command(value(&mut i)?)),
-                "-f" | "--file" => cli.scripts.push(Script::File(PathBuf::from(value(&mut i)?))),
+                "-f" | "--file" => cli
+                    .scripts
+                    .push(Script::File(PathBuf::from(value(&mut i)?))),
                 "--format" => cli.format = Some(value(&mut i)?.parse()?),
                 "--epsilon" => cli.epsilon = Some(parse_f64(&value(&mut i)?, flag)?),
                 "--delta" => cli.delta = Some(parse_f64(&value(&mut i)?, flag)?),
@@ -215,7 +217,11 @@ async fn register_tables(session: &PrivateSession, cli: &Cli) -> Result<(), Stri
         .private
         .iter()
         .map(|(n, p)| (n, p, Registration::private()))
-        .chain(cli.public.iter().map(|(n, p)| (n, p, Registration::public())))
+        .chain(
+            cli.public
+                .iter()
+                .map(|(n, p)| (n, p, Registration::public())),
+        )
     {
         let is_parquet = path
             .extension()
@@ -245,7 +251,8 @@ pub async fn run(cli: Cli) -> ExitCode {
         eprintln!("dpfusion: {e}");
         return ExitCode::from(1);
     }
-    if cli.private.is_empty() && cli.public.is_empty()
+    if cli.private.is_empty()
+        && cli.public.is_empty()
         && let Err(e) = crate::demo::register_demo(&session)
     {
         eprintln!("dpfusion: cannot register the demo tables: {e}");
@@ -312,7 +319,14 @@ mod tests {
     #[test]
     fn parses_flags_in_order() {
         let args: Vec<String> = [
-            "-c", "SELECT 1", "-f", "a.sql", "--format", "json", "--epsilon=3", "--private",
+            "-c",
+            "SELECT 1",
+            "-f",
+            "a.sql",
+            "--format",
+            "json",
+            "--epsilon=3",
+            "--private",
             "t=x.csv",
         ]
         .iter()

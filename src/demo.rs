@@ -118,7 +118,7 @@ pub fn salaries() -> Result<RecordBatch> {
 pub fn patients() -> Result<RecordBatch> {
     let mut rng = SplitMix64::new(0x9a71_e475);
     let n = PATIENTS_ROWS;
-    let mut cols: Vec<Vec<f64>> = vec![Vec::with_capacity(n); 5];
+    let mut cols: Vec<Vec<f64>> = (0..5).map(|_| Vec::with_capacity(n)).collect();
     let mut disease = Vec::with_capacity(n);
     let mut cost = Vec::with_capacity(n);
     for _ in 0..n {

@@ -571,7 +571,9 @@ impl PrivateSession {
                 }
                 "dp.epsilon" | "dp.delta" => {
                     let x: f64 = text.parse().map_err(|_| {
-                        DataFusionError::Plan(format!("option '{key}' must be a number, got '{text}'"))
+                        DataFusionError::Plan(format!(
+                            "option '{key}' must be a number, got '{text}'"
+                        ))
                     })?;
                     let b = reg.budget.get_or_insert(self.options.default_budget);
                     if key == "dp.epsilon" {
@@ -677,4 +679,3 @@ fn _assert_send_sync() {
     fn f<T: Send + Sync>() {}
     f::<PrivateSession>();
 }
-

@@ -34,7 +34,10 @@ fn stderr(o: &Output) -> String {
 #[test]
 fn readme_first_command_prints_the_blog_sigma() {
     let d = tmp("sigma");
-    let o = run(&d, &["-c", "SELECT dp_gaussian_sigma(0.5, 1e-6, 100) AS sigma"]);
+    let o = run(
+        &d,
+        &["-c", "SELECT dp_gaussian_sigma(0.5, 1e-6, 100) AS sigma"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("805.76"), "{}", stdout(&o));
 }
@@ -64,13 +67,31 @@ fn json_and_csv_are_parseable() {
 fn scripts_run_in_order_and_stop_at_the_first_failure() {
     let d = tmp("order");
     let f = d.join("a.sql");
-    std::fs::write(&f, "SELECT 'from file' AS x;\nSELECT nope_function(1);\nSELECT 'never' AS y;").unwrap();
-    let o = run(&d, &["-c", "SELECT 'first' AS x", "-f", f.to_str().unwrap(), "-c", "SELECT 'after' AS z"]);
+    std::fs::write(
+        &f,
+        "SELECT 'from file' AS x;\nSELECT nope_function(1);\nSELECT 'never' AS y;",
+    )
+    .unwrap();
+    let o = run(
+        &d,
+        &[
+            "-c",
+            "SELECT 'first' AS x",
+            "-f",
+            f.to_str().unwrap(),
+            "-c",
+            "SELECT 'after' AS z",
+        ],
+    );
     assert_eq!(o.status.code(), Some(1));
     let out = stdout(&o);
     assert!(out.find("first").unwrap() < out.find("from file").unwrap());
     assert!(!out.contains("never") && !out.contains("after"));
-    assert!(stderr(&o).contains("ERROR in: SELECT nope_function(1)"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("ERROR in: SELECT nope_function(1)"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -84,8 +105,18 @@ fn bad_command_lines_exit_2_and_help_documents_every_flag() {
     let o = run(&d, &["--help"]);
     assert!(o.status.success());
     for flag in [
-        "-c", "-f", "--format", "--epsilon", "--delta", "--ledger", "--private", "--public",
-        "--quiet", "--help", "--version", "EXAMPLES",
+        "-c",
+        "-f",
+        "--format",
+        "--epsilon",
+        "--delta",
+        "--ledger",
+        "--private",
+        "--public",
+        "--quiet",
+        "--help",
+        "--version",
+        "EXAMPLES",
     ] {
         assert!(stdout(&o).contains(flag), "--help lacks {flag}");
     }
@@ -110,25 +141,69 @@ fn private_and_public_tables_and_budget_flags() {
     let o = run(
         &d,
         &[
-            "--private", &priv_arg, "--epsilon", "2", "--delta", "1e-5", "--format", "csv", "-c",
-            "SELECT dp_count(id, 0.5) AS n FROM people", "-c", "SHOW BUDGET",
+            "--private",
+            &priv_arg,
+            "--epsilon",
+            "2",
+            "--delta",
+            "1e-5",
+            "--format",
+            "csv",
+            "-c",
+            "SELECT dp_count(id, 0.5) AS n FROM people",
+            "-c",
+            "SHOW BUDGET",
         ],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("people,2.0,0.00001,") || out.contains("people,2,"), "{out}");
+    assert!(
+        out.contains("people,2.0,0.00001,") || out.contains("people,2,"),
+        "{out}"
+    );
     // Quiet suppresses the receipt; without it the receipt is on stderr in table format.
-    let o = run(&d, &["--private", &priv_arg, "--epsilon", "2", "--delta", "1e-5", "-c", "SELECT dp_count(id, 0.1) AS n FROM people"]);
+    let o = run(
+        &d,
+        &[
+            "--private",
+            &priv_arg,
+            "--epsilon",
+            "2",
+            "--delta",
+            "1e-5",
+            "-c",
+            "SELECT dp_count(id, 0.1) AS n FROM people",
+        ],
+    );
     assert!(stderr(&o).contains("charged people"), "{}", stderr(&o));
-    let o = run(&d, &["-q", "--private", &priv_arg, "--epsilon", "2", "--delta", "1e-5", "-c", "SELECT dp_count(id, 0.1) AS n FROM people"]);
+    let o = run(
+        &d,
+        &[
+            "-q",
+            "--private",
+            &priv_arg,
+            "--epsilon",
+            "2",
+            "--delta",
+            "1e-5",
+            "-c",
+            "SELECT dp_count(id, 0.1) AS n FROM people",
+        ],
+    );
     assert!(!stderr(&o).contains("charged"), "{}", stderr(&o));
     // The same file cannot become public on the same ledger.
-    let o = run(&d, &["--public", &format!("people={people}"), "-c", "SELECT 1"]);
+    let o = run(
+        &d,
+        &["--public", &format!("people={people}"), "-c", "SELECT 1"],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stderr(&o).contains("private"), "{}", stderr(&o));
     // A public table (fresh ledger) reads freely.
     let d2 = tmp("tables-public");
-    let o = run(&d2, &["--public", &pub_arg, "-c", "SELECT count(*) AS c FROM ref"]);
+    let o = run(
+        &d2,
+        &["--public", &pub_arg, "-c", "SELECT count(*) AS c FROM ref"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("200"));
 }
@@ -136,7 +211,15 @@ fn private_and_public_tables_and_budget_flags() {
 #[test]
 fn demo_tables_without_flags() {
     let d = tmp("demo");
-    let o = run(&d, &["--format", "json", "-c", "SELECT dp_count(salary, 1.0) AS n FROM salaries"]);
+    let o = run(
+        &d,
+        &[
+            "--format",
+            "json",
+            "-c",
+            "SELECT dp_count(salary, 1.0) AS n FROM salaries",
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     let n = v[0]["n"].as_i64().unwrap();

@@ -23,9 +23,7 @@ use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::expr::AggregateFunction;
-use datafusion::logical_expr::{
-    Aggregate, Expr, Filter, LogicalPlan, Projection, col, lit,
-};
+use datafusion::logical_expr::{Aggregate, Expr, Filter, LogicalPlan, Projection, col, lit};
 use dpfusion_udfs::aggregates::{dp_aggregate_data_args, dp_call_cost};
 use dpfusion_udfs::privacy::Event;
 
@@ -173,7 +171,8 @@ fn visit(plan: LogicalPlan, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
             }
         }
         LogicalPlan::TableScan(scan) => {
-            let info = table_info(scan).unwrap_or_else(|| unknown_table(&scan.table_name.to_string()));
+            let info =
+                table_info(scan).unwrap_or_else(|| unknown_table(&scan.table_name.to_string()));
             if info.private {
                 return Err(refuse(format!(
                     "reading raw rows of private table '{}' is not allowed. Only DP aggregates may \
@@ -236,7 +235,9 @@ fn construct_name(plan: &LogicalPlan) -> &'static str {
         LogicalPlan::Join(_) => "a JOIN",
         LogicalPlan::Union(_) => "a UNION",
         LogicalPlan::Window(_) => "a window function",
-        LogicalPlan::Aggregate(_) => "a second aggregation (GROUP BY or an aggregate in a subquery)",
+        LogicalPlan::Aggregate(_) => {
+            "a second aggregation (GROUP BY or an aggregate in a subquery)"
+        }
         LogicalPlan::Distinct(_) => "DISTINCT",
         LogicalPlan::Limit(_) => "LIMIT/OFFSET",
         LogicalPlan::Sort(_) => "ORDER BY",
@@ -254,7 +255,10 @@ fn has_subquery(e: &Expr) -> bool {
     let _ = e.apply(|x| {
         if matches!(
             x,
-            Expr::ScalarSubquery(_) | Expr::InSubquery(_) | Expr::Exists(_) | Expr::SetComparison(_)
+            Expr::ScalarSubquery(_)
+                | Expr::InSubquery(_)
+                | Expr::Exists(_)
+                | Expr::SetComparison(_)
         ) {
             found = true;
             return Ok(TreeNodeRecursion::Stop);
@@ -304,7 +308,8 @@ fn check_row_local(plan: &LogicalPlan, out: &mut RowLocal) -> Result<()> {
     };
     match plan {
         LogicalPlan::TableScan(scan) => {
-            let info = table_info(scan).unwrap_or_else(|| unknown_table(&scan.table_name.to_string()));
+            let info =
+                table_info(scan).unwrap_or_else(|| unknown_table(&scan.table_name.to_string()));
             if scan.fetch.is_some() {
                 return Err(not_row_local("LIMIT", plan));
             }
@@ -485,8 +490,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
             }
         }
     };
-    let needs_selection =
-        grouped && !(table.neighbours == Neighbours::Replace && keys_public);
+    let needs_selection = grouped && !(table.neighbours == Neighbours::Replace && keys_public);
 
     // 4. parameters, costs, and the rewritten calls
     let n_group = agg.group_expr.len();
@@ -551,7 +555,11 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
     let events = match dp_call_cost(PARTITION_SELECT, &sel_params) {
         Some(Ok(ev)) => ev,
         Some(Err(e)) => return Err(DataFusionError::Plan(format!("partition selection: {e}"))),
-        None => return Err(DataFusionError::Internal("dp_partition_select missing".into())),
+        None => {
+            return Err(DataFusionError::Internal(
+                "dp_partition_select missing".into(),
+            ));
+        }
     };
     let udaf = dpfusion_udfs::aggregates::all_udafs()
         .into_iter()
@@ -605,7 +613,11 @@ fn display_call(name: &str, data: &[Expr], params: &[ScalarValue]) -> String {
             ScalarValue::Utf8(Some(s)) => format!("'{s}'"),
             v => {
                 let x = as_f64(v);
-                if x.is_finite() { format!("{x}") } else { v.to_string() }
+                if x.is_finite() {
+                    format!("{x}")
+                } else {
+                    v.to_string()
+                }
             }
         };
         match spec.get(data.len() + i) {

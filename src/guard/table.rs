@@ -34,7 +34,7 @@ pub struct TableInfo {
 impl TableInfo {
     pub fn is_public_column(&self, column: &str) -> bool {
         let c = column.to_ascii_lowercase();
-        self.public_columns.iter().any(|p| *p == c)
+        self.public_columns.contains(&c)
     }
 }
 

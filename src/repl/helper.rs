@@ -13,15 +13,22 @@ use crate::session::PrivateSession;
 
 /// SQL keywords offered for completion and highlighted.
 pub const KEYWORDS: &[&str] = &[
-    "SELECT", "FROM", "WHERE", "GROUP", "BY", "ORDER", "HAVING", "AS", "AND", "OR", "NOT",
-    "CASE", "WHEN", "THEN", "ELSE", "END", "CAST", "NULL", "IS", "IN", "BETWEEN", "LIKE",
-    "CREATE", "EXTERNAL", "TABLE", "STORED", "LOCATION", "OPTIONS", "SHOW", "BUDGET", "EXPLAIN",
-    "PRIVACY", "WITH", "ASC", "DESC", "LIMIT", "SET", "TRUE", "FALSE", "CSV", "PARQUET",
+    "SELECT", "FROM", "WHERE", "GROUP", "BY", "ORDER", "HAVING", "AS", "AND", "OR", "NOT", "CASE",
+    "WHEN", "THEN", "ELSE", "END", "CAST", "NULL", "IS", "IN", "BETWEEN", "LIKE", "CREATE",
+    "EXTERNAL", "TABLE", "STORED", "LOCATION", "OPTIONS", "SHOW", "BUDGET", "EXPLAIN", "PRIVACY",
+    "WITH", "ASC", "DESC", "LIMIT", "SET", "TRUE", "FALSE", "CSV", "PARQUET",
 ];
 
 /// Meta-commands offered for completion after a backslash.
 pub const META: &[&str] = &[
-    "\\budget", "\\ledger", "\\explain", "\\d", "\\format", "\\timing", "\\?", "\\q",
+    "\\budget",
+    "\\ledger",
+    "\\explain",
+    "\\d",
+    "\\format",
+    "\\timing",
+    "\\?",
+    "\\q",
 ];
 
 /// Names the completer knows (refreshed after each statement).
@@ -80,7 +87,11 @@ impl SqlHelper {
         let lower = word.to_ascii_lowercase();
         let mut out: Vec<String> = Vec::new();
         if word.starts_with('\\') {
-            out.extend(META.iter().filter(|m| m.starts_with(word)).map(|m| m.to_string()));
+            out.extend(
+                META.iter()
+                    .filter(|m| m.starts_with(word))
+                    .map(|m| m.to_string()),
+            );
             return (start, out);
         }
         out.extend(

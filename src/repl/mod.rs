@@ -138,7 +138,9 @@ impl Repl {
             "\\ledger" => self.show_batch(ledger_batch(&self.session.ledger())),
             "\\explain" => {
                 if arg.is_empty() {
-                    eprintln!("\\explain needs a query, e.g. \\explain SELECT dp_count(x, 0.1) FROM t");
+                    eprintln!(
+                        "\\explain needs a query, e.g. \\explain SELECT dp_count(x, 0.1) FROM t"
+                    );
                 } else {
                     self.run_sql(&format!("EXPLAIN PRIVACY {arg}")).await;
                 }

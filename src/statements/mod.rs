@@ -48,7 +48,10 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
         ("epsilon", floats(rows.iter().map(|r| r.epsilon))),
         ("delta", floats(rows.iter().map(|r| r.delta))),
         ("spent_epsilon", floats(rows.iter().map(|r| r.spent))),
-        ("remaining_epsilon", floats(rows.iter().map(|r| r.remaining))),
+        (
+            "remaining_epsilon",
+            floats(rows.iter().map(|r| r.remaining)),
+        ),
         (
             "queries",
             Arc::new(UInt64Array::from(
@@ -151,7 +154,9 @@ pub fn registration_batch(p: &TablePolicy) -> Result<RecordBatch> {
         ("public_columns", strings([p.public_columns.join(",")])),
         (
             "budget_epsilon",
-            Arc::new(Float64Array::from(vec![private.then_some(p.budget.epsilon)])),
+            Arc::new(Float64Array::from(vec![
+                private.then_some(p.budget.epsilon),
+            ])),
         ),
         (
             "budget_delta",

@@ -84,7 +84,10 @@ pub fn dp_function_params(name: &str) -> Option<&'static [Param]> {
 }
 
 /// Rewrites every call of a DP function in `stmt` to full positional form.
-pub fn resolve_named_arguments<V: VisitMut>(stmt: &mut V, default_delta: f64) -> Result<(), String> {
+pub fn resolve_named_arguments<V: VisitMut>(
+    stmt: &mut V,
+    default_delta: f64,
+) -> Result<(), String> {
     let mut r = Resolver {
         default_delta,
         error: None,

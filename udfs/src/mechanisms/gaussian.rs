@@ -1,8 +1,8 @@
 //! The Gaussian mechanism on a power-of-two grid.
 use crate::noise::discrete::{discrete_gaussian_int, steps_for};
-use crate::noise::{granularity_for_mechanism, round_to_grid, SecureRng};
-use crate::privacy::error::check_positive;
+use crate::noise::{SecureRng, granularity_for_mechanism, round_to_grid};
 use crate::privacy::PrivacyError;
+use crate::privacy::error::check_positive;
 
 /// Releases round_g(x) + g·Y, Y ~ N_Z(0, S²) the discrete Gaussian of Canonne, Kamath and
 /// Steinke (2020), S = ⌈σ/g⌉.
@@ -31,7 +31,9 @@ impl GaussianMechanism {
         let sigma = (sensitivity + g) / mu;
         let s = steps_for(sigma, g);
         if s >= 1u128 << 28 {
-            return Err(PrivacyError::Infeasible(format!("noise scale {sigma} overflows its grid")));
+            return Err(PrivacyError::Infeasible(format!(
+                "noise scale {sigma} overflows its grid"
+            )));
         }
         Ok(GaussianMechanism {
             sigma: s as f64 * g,
@@ -58,7 +60,12 @@ mod tests {
         let mu = gaussian_mu(0.5, 1e-6).unwrap();
         let m = GaussianMechanism::from_mu(mu, 100.0).unwrap();
         assert!(m.sigma >= 100.0 / mu);
-        assert!(m.sigma <= 100.0 / mu * (1.0 + 4e-6), "{} vs {}", m.sigma, 100.0 / mu);
+        assert!(
+            m.sigma <= 100.0 / mu * (1.0 + 4e-6),
+            "{} vs {}",
+            m.sigma,
+            100.0 / mu
+        );
         // σ matches dp-accounting's analytic σ = 805.7618480725032 (vectors file) to 1e-5.
         assert!((m.sigma / 805.7618480725032 - 1.0).abs() < 1e-5);
         // 200 000 releases of 1000: variance within 5·√(2/n) = 1.6% of σ² (fails at 10% scale).

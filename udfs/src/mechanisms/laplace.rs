@@ -1,8 +1,8 @@
 //! The Laplace mechanism on a power-of-two grid.
 use crate::noise::discrete::{discrete_laplace_int, steps_for};
-use crate::noise::{granularity_for_mechanism, round_to_grid, SecureRng};
-use crate::privacy::error::{check_epsilon, check_positive};
+use crate::noise::{SecureRng, granularity_for_mechanism, round_to_grid};
 use crate::privacy::PrivacyError;
+use crate::privacy::error::{check_epsilon, check_positive};
 
 /// Releases round_g(x) + g·Y, Y discrete Laplace (CKS 2020, Algorithm 2) with integer scale
 /// t = ⌈b/g⌉, b = (Δ + g)/ε. In grid units the sensitivity is ≤ Δ/g + 1, and the discrete
@@ -49,7 +49,10 @@ mod tests {
         let mean = xs.iter().sum::<f64>() / n as f64;
         let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n as f64 - 1.0);
         let want = 2.0 * m.scale * m.scale;
-        assert!((var / want - 1.0).abs() < 5.0 * (5.0 / n as f64).sqrt(), "{var} {want}");
+        assert!(
+            (var / want - 1.0).abs() < 5.0 * (5.0 / n as f64).sqrt(),
+            "{var} {want}"
+        );
         assert!((mean + 3.0).abs() < 5.0 * (want / n as f64).sqrt());
     }
 }

@@ -66,7 +66,10 @@ pub fn discrete_laplace_int(rng: &mut SecureRng, t: u128) -> i128 {
 /// exp(−2^14); such a draw is rejected (an exact rejection of an event that practically never
 /// happens, which changes the distribution by less than e^{−16000}).
 pub fn discrete_gaussian_int(rng: &mut SecureRng, s: u128) -> i128 {
-    assert!((1..(1u128 << 28)).contains(&s), "discrete Gaussian scale {s}");
+    assert!(
+        (1..(1u128 << 28)).contains(&s),
+        "discrete Gaussian scale {s}"
+    );
     let t = s + 1;
     let s2 = s * s;
     let den = 2 * s2 * t * t;
@@ -117,7 +120,10 @@ mod tests {
         let mean = draws.iter().sum::<f64>() / n;
         let var = draws.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
         let tol = 5.0 * ((kurtosis - 1.0) / n).sqrt();
-        assert!((var / want_var - 1.0).abs() < tol, "var {var} want {want_var} tol {tol}");
+        assert!(
+            (var / want_var - 1.0).abs() < tol,
+            "var {var} want {want_var} tol {tol}"
+        );
         // The mean: sd √(var/n); 5 sd.
         assert!(mean.abs() < 5.0 * (want_var / n).sqrt(), "mean {mean}");
         // The test would fail for a 10% scale error:
@@ -130,7 +136,9 @@ mod tests {
         let mut rng = SecureRng::insecure_from_seed(3);
         for (n, d) in [(1u128, 2u128), (1, 1), (5, 2), (0, 1)] {
             let p = (-(n as f64) / d as f64).exp();
-            let hits = (0..100_000).filter(|_| bernoulli_exp(&mut rng, n, d)).count();
+            let hits = (0..100_000)
+                .filter(|_| bernoulli_exp(&mut rng, n, d))
+                .count();
             let got = hits as f64 / 100_000.0;
             assert!((got - p).abs() < 0.008, "{n}/{d}: {got} vs {p}");
         }
@@ -158,7 +166,9 @@ mod tests {
         let z: f64 = (-60..=60).map(|y: i32| (-(y * y) as f64 / 8.0).exp()).sum();
         let mut counts = std::collections::HashMap::new();
         for _ in 0..100_000 {
-            *counts.entry(discrete_gaussian_int(&mut rng, 2)).or_insert(0u32) += 1;
+            *counts
+                .entry(discrete_gaussian_int(&mut rng, 2))
+                .or_insert(0u32) += 1;
         }
         for y in -2i128..=2 {
             let p = (-(y * y) as f64 / 8.0).exp() / z;

@@ -1,6 +1,6 @@
 //! Calibration: from a target (ε, δ) to the mechanism's noise, and back.
 use super::cks::cks_term;
-use super::error::{check_delta, check_epsilon, check_positive, PrivacyError};
+use super::error::{PrivacyError, check_delta, check_epsilon, check_positive};
 use super::gdp::{gdp_delta, gdp_epsilon};
 use super::grid::ORDERS;
 
@@ -71,7 +71,11 @@ pub fn gaussian_sigma_for_steps(
 
 /// ε of `steps` Gaussian releases with noise multiplier z = σ/Δ at δ: exact GDP with
 /// μ = √T/z (Dong, Roth, Su 2019, Cor. 3.3 and 2.13). Rounded up.
-pub fn gaussian_epsilon(noise_multiplier: f64, steps: u64, delta: f64) -> Result<f64, PrivacyError> {
+pub fn gaussian_epsilon(
+    noise_multiplier: f64,
+    steps: u64,
+    delta: f64,
+) -> Result<f64, PrivacyError> {
     check_positive("noise_multiplier", noise_multiplier)?;
     check_delta("delta", delta)?;
     if steps == 0 {
@@ -161,7 +165,10 @@ mod tests {
             let s = v["sensitivity"].as_f64().unwrap();
             let want = v["sigma"].as_f64().unwrap();
             let got = analytic_gaussian_sigma(e, d, s).unwrap();
-            assert!((got / want - 1.0).abs() < 1e-6, "{e} {d} {s}: {got} vs {want}");
+            assert!(
+                (got / want - 1.0).abs() < 1e-6,
+                "{e} {d} {s}: {got} vs {want}"
+            );
             assert!(got >= want * (1.0 - 1e-9), "σ must round up");
         }
     }
@@ -200,11 +207,17 @@ mod tests {
 
     #[test]
     fn bad_arguments_name_themselves() {
-        let e = analytic_gaussian_sigma(0.0, 1e-6, 1.0).unwrap_err().to_string();
+        let e = analytic_gaussian_sigma(0.0, 1e-6, 1.0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'epsilon'"), "{e}");
-        let e = analytic_gaussian_sigma(1.0, 1.5, 1.0).unwrap_err().to_string();
+        let e = analytic_gaussian_sigma(1.0, 1.5, 1.0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'delta'"), "{e}");
-        let e = analytic_gaussian_sigma(1.0, 1e-6, -1.0).unwrap_err().to_string();
+        let e = analytic_gaussian_sigma(1.0, 1e-6, -1.0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'sensitivity'"), "{e}");
         assert!(gaussian_epsilon(1.0, 0, 1e-6).is_err());
         assert!(zcdp_epsilon(f64::NAN, 1e-6).is_err());

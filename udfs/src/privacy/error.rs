@@ -37,7 +37,11 @@ pub fn check_delta(name: &str, v: f64) -> Result<f64, PrivacyError> {
     if v.is_finite() && v > 0.0 && v < 1.0 {
         Ok(v)
     } else {
-        Err(PrivacyError::invalid(name, v, "a number in the open interval (0, 1)"))
+        Err(PrivacyError::invalid(
+            name,
+            v,
+            "a number in the open interval (0, 1)",
+        ))
     }
 }
 

@@ -72,7 +72,10 @@ mod tests {
             let delta = v["delta"].as_f64().unwrap();
             let want = v["eps_exact_gdp"].as_f64().unwrap();
             let got = gdp_epsilon(t.sqrt() / z, delta);
-            assert!((got / want - 1.0).abs() < 1e-6, "z={z} T={t}: {got} vs {want}");
+            assert!(
+                (got / want - 1.0).abs() < 1e-6,
+                "z={z} T={t}: {got} vs {want}"
+            );
             assert!(gdp_delta(got, t.sqrt() / z) <= delta);
         }
     }

@@ -14,8 +14,8 @@ pub mod normal;
 pub mod profile;
 
 pub use calibrate::{
-    analytic_gaussian_sigma, gaussian_epsilon, gaussian_mu, gaussian_sigma_for_steps,
-    zcdp_epsilon, zcdp_rho,
+    analytic_gaussian_sigma, gaussian_epsilon, gaussian_mu, gaussian_sigma_for_steps, zcdp_epsilon,
+    zcdp_rho,
 };
 pub use error::PrivacyError;
 pub use profile::{Event, Profile};

@@ -32,8 +32,8 @@ pub fn log_phi(x: f64) -> f64 {
     } else {
         // A&S 26.2.12 (module docs).
         let x2 = x * x;
-        let series = 1.0 - 1.0 / x2 + 3.0 / (x2 * x2) - 15.0 / (x2 * x2 * x2)
-            + 105.0 / (x2 * x2 * x2 * x2);
+        let series =
+            1.0 - 1.0 / x2 + 3.0 / (x2 * x2) - 15.0 / (x2 * x2 * x2) + 105.0 / (x2 * x2 * x2 * x2);
         -0.5 * x2 - (-x).ln() - 0.5 * (2.0 * std::f64::consts::PI).ln() + series.ln()
     }
 }

@@ -22,7 +22,12 @@ pub enum Event {
     PureDp { epsilon: f64 },
     /// `steps` compositions of the relative Gaussian mechanism (Hendrikx, Mangold, Bellet 2024)
     /// with noise multiplier σ, relative sensitivity γ and dimension d (research/rgm.md).
-    Rgm { sigma: f64, gamma: f64, dims: u32, steps: u32 },
+    Rgm {
+        sigma: f64,
+        gamma: f64,
+        dims: u32,
+        steps: u32,
+    },
     /// An additive δ that no RDP curve captures (e.g. partition selection).
     Delta { delta: f64 },
 }
@@ -48,7 +53,7 @@ impl Profile {
     /// The profile of one event. A parameter that is NaN or negative (never produced by this
     /// crate) is treated as unbounded loss (+∞), so that a bad record can only over-report.
     pub fn from_event(event: &Event) -> Self {
-        let bad = |x: f64| !(x >= 0.0);
+        let bad = |x: f64| x.is_nan() || x < 0.0;
         let curve = |f: &dyn Fn(f64) -> f64| -> Vec<f64> {
             ORDERS.iter().map(|&a| nan_to_inf(f(a))).collect()
         };
@@ -102,7 +107,7 @@ impl Profile {
                 dims,
                 steps,
             } => {
-                if bad(gamma) || !(sigma > 0.0) {
+                if bad(gamma) || sigma.is_nan() || sigma <= 0.0 {
                     return Self::unbounded();
                 }
                 Profile {
@@ -166,7 +171,7 @@ impl Profile {
             return 0.0;
         }
         let d = delta - self.delta;
-        if !(d > 0.0) {
+        if d.is_nan() || d <= 0.0 {
             return f64::INFINITY;
         }
         if zero_curve {
@@ -198,11 +203,7 @@ impl Profile {
 }
 
 fn nan_to_inf(x: f64) -> f64 {
-    if x.is_nan() {
-        f64::INFINITY
-    } else {
-        x
-    }
+    if x.is_nan() { f64::INFINITY } else { x }
 }
 
 /// RDP of the Laplace mechanism with ε = Δ/b at order α > 1 (Mironov 2017, Prop. 6 / Table II):
@@ -285,7 +286,10 @@ mod tests {
         assert!(p.gdp_mu().is_none(), "Laplace parts are not Gaussian");
         let want = m["eps_rdp_dp_accounting"].as_f64().unwrap();
         let got = p.epsilon(m["delta"].as_f64().unwrap());
-        assert!(got <= want * (1.0 + 1e-9) && got > want * 0.95, "{got} vs {want}");
+        assert!(
+            got <= want * (1.0 + 1e-9) && got > want * 0.95,
+            "{got} vs {want}"
+        );
     }
 
     #[test]
@@ -307,10 +311,17 @@ mod tests {
         p.compose(&Profile::from_event(&Event::Delta { delta: 5e-7 }));
         assert!(p.gdp_mu().is_some(), "Delta keeps the GDP part");
         assert!(p.epsilon(1e-6) > without);
-        assert!((p.epsilon(1e-6) - Profile::from_event(&Event::Gaussian { mu: 0.5 }).epsilon(5e-7)).abs() < 1e-12);
+        assert!(
+            (p.epsilon(1e-6) - Profile::from_event(&Event::Gaussian { mu: 0.5 }).epsilon(5e-7))
+                .abs()
+                < 1e-12
+        );
         assert_eq!(p.epsilon(5e-7), f64::INFINITY);
         assert_eq!(Profile::zero().epsilon(1e-6), 0.0);
-        assert_eq!(Profile::from_event(&Event::Gaussian { mu: f64::NAN }).epsilon(1e-6), f64::INFINITY);
+        assert_eq!(
+            Profile::from_event(&Event::Gaussian { mu: f64::NAN }).epsilon(1e-6),
+            f64::INFINITY
+        );
         let json = serde_json::to_string(&Event::Gaussian { mu: 0.5 }).unwrap();
         assert_eq!(json, r#"{"kind":"gaussian","mu":0.5}"#);
     }

@@ -256,7 +256,9 @@ mod tests {
     #[tokio::test]
     async fn sigma_of_the_salary_example() {
         // The seed blog's salary example: "σ ≈ 806"; dp-accounting: 805.7618480725032.
-        let s = one("SELECT dp_gaussian_sigma(0.5, 1e-6, 100)").await.unwrap();
+        let s = one("SELECT dp_gaussian_sigma(0.5, 1e-6, 100)")
+            .await
+            .unwrap();
         assert!((s / 805.7618480725032 - 1.0).abs() < 1e-6, "{s}");
     }
 
@@ -270,7 +272,9 @@ mod tests {
 
     #[tokio::test]
     async fn gaussian_epsilon_and_zcdp_epsilon() {
-        let e = one("SELECT dp_gaussian_epsilon(1.0, 100, 1e-6)").await.unwrap();
+        let e = one("SELECT dp_gaussian_epsilon(1.0, 100, 1e-6)")
+            .await
+            .unwrap();
         assert!((e / 96.7172719638677 - 1.0).abs() < 1e-6, "{e}");
         let z = one("SELECT dp_zcdp_epsilon(0.1, 1e-6)").await.unwrap();
         assert!((z / 2.141938928385474 - 1.0).abs() < 1e-4, "{z}");
@@ -285,9 +289,15 @@ mod tests {
             ("SELECT dp_gaussian_sigma(1, 1, 1)", "'delta'"),
             ("SELECT dp_gaussian_sigma(1, 1e-6, 0)", "'sensitivity'"),
             ("SELECT dp_gaussian_sigma(1, 1e-6, -3)", "'sensitivity'"),
-            ("SELECT dp_gaussian_sigma(1, 1e-6, CAST('inf' AS DOUBLE))", "'sensitivity'"),
+            (
+                "SELECT dp_gaussian_sigma(1, 1e-6, CAST('inf' AS DOUBLE))",
+                "'sensitivity'",
+            ),
             ("SELECT dp_gaussian_sigma(1, 1e-6, NULL)", "'sensitivity'"),
-            ("SELECT dp_gaussian_epsilon(0, 10, 1e-6)", "'noise_multiplier'"),
+            (
+                "SELECT dp_gaussian_epsilon(0, 10, 1e-6)",
+                "'noise_multiplier'",
+            ),
             ("SELECT dp_gaussian_epsilon(1, 0, 1e-6)", "'steps'"),
             ("SELECT dp_gaussian_epsilon(1, 2.5, 1e-6)", "'steps'"),
             ("SELECT dp_gaussian_epsilon(1, 10, 2)", "'delta'"),
