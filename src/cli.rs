@@ -262,6 +262,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     if cli.scripts.is_empty() {
         return crate::repl::run_repl(session, format, cli.quiet).await;
     }
+    crate::repl::install_progress();
     for script in &cli.scripts {
         let text = match script {
             Script::Command(c) => c.clone(),

@@ -257,6 +257,31 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
     out.trim_end().to_string()
 }
 
+/// On a terminal (stderr), long model fits report "iterations done/total" on one line that is
+/// erased when the fit ends; nothing is printed when output is piped.
+pub fn install_progress() {
+    if std::io::stderr().is_terminal() {
+        // Long model fits report "iterations done/total" on one line of the terminal; nothing is
+        // printed when output is piped.
+        dpfusion_udfs::progress::set_reporter(Some(std::sync::Arc::new(
+            |p: &dpfusion_udfs::progress::Progress| {
+                use std::io::Write;
+                let mut e = std::io::stderr();
+                if p.done >= p.total {
+                    let _ = write!(e, "\r\x1b[2K");
+                } else {
+                    let _ = write!(
+                        e,
+                        "\r\x1b[2K{}: iteration {}/{}",
+                        p.function, p.done, p.total
+                    );
+                }
+                let _ = e.flush();
+            },
+        )));
+    }
+}
+
 /// The history file: `$DPFUSION_HISTORY`, else `~/.dpfusion_history`, else `.dpfusion/history`.
 fn history_path() -> PathBuf {
     if let Some(p) = std::env::var_os("DPFUSION_HISTORY") {
@@ -281,6 +306,7 @@ pub async fn run_repl(session: PrivateSession, format: OutputFormat, quiet: bool
             return ExitCode::from(1);
         }
     };
+    install_progress();
     let helper = SqlHelper::new(std::io::stdout().is_terminal());
     helper.refresh(&session);
     rl.set_helper(Some(helper));

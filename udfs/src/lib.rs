@@ -7,11 +7,13 @@
 //! - [`mechanisms`]: Gaussian and Laplace mechanisms built from the two above.
 //! - [`aggregates`]: the DP aggregate functions (UDAFs).
 //! - [`scalars`]: planning helpers and post-processing scalar functions.
+//! - [`progress`]: the hook through which long model fits report progress to the REPL.
 
 pub mod aggregates;
 pub mod mechanisms;
 pub mod noise;
 pub mod privacy;
+pub mod progress;
 pub mod scalars;
 
 use datafusion::prelude::SessionContext;
