@@ -395,9 +395,13 @@ impl PrivateSession {
             LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(c)) => {
                 return self.create_table_as(sql, c.name.table(), &c.input).await;
             }
-            LogicalPlan::Ddl(DdlStatement::CreateView(_)) => {
-                self.ctx.execute_logical_plan(plan).await?;
-                return Ok(QueryResult::empty());
+            LogicalPlan::Ddl(DdlStatement::CreateView(v)) => {
+                return plan_err!(
+                    "dpfusion refused the query: CREATE VIEW '{}' is not supported: a view would \
+                     stand between the guard and the tables it reads. Write the query with a CTE \
+                     (WITH name AS (...) SELECT ...) instead.",
+                    v.name
+                );
             }
             LogicalPlan::Ddl(DdlStatement::DropTable(d)) => {
                 let name = d.name.table().to_ascii_lowercase();

@@ -4,11 +4,21 @@ use super::error::{PrivacyError, check_delta, check_epsilon, check_positive};
 use super::gdp::{gdp_delta, gdp_epsilon};
 use super::grid::ORDERS;
 
+/// The largest per-call epsilon a Gaussian mechanism accepts.
+pub const MAX_EPSILON: f64 = 1e7;
+
 /// The largest μ whose μ-GDP curve meets (ε, δ): gdp_delta(ε, μ) ≤ δ (Dong, Roth, Su 2019,
 /// Cor. 2.13, which for one Gaussian release is the analytic Gaussian condition of Balle and
 /// Wang 2018, Thm. 8). Found by bisection; rounded down (the returned μ satisfies the condition).
 pub fn gaussian_mu(epsilon: f64, delta: f64) -> Result<f64, PrivacyError> {
     check_epsilon("epsilon", epsilon)?;
+    if epsilon > MAX_EPSILON {
+        return Err(PrivacyError::invalid(
+            "epsilon",
+            epsilon,
+            "at most 1e7 (a larger epsilon protects nothing and its noise is not representable)",
+        ));
+    }
     check_delta("delta", delta)?;
     // δ(ε, μ) is increasing in μ. Bracket [lo, hi] with δ(lo) ≤ δ < δ(hi).
     let mut lo = 0.0f64;

@@ -16,6 +16,9 @@ pub fn gdp_delta(epsilon: f64, mu: f64) -> f64 {
     let a = -epsilon / mu + mu / 2.0;
     let b = -epsilon / mu - mu / 2.0;
     let la = log_phi(a);
+    if la == f64::NEG_INFINITY {
+        return 0.0; // Φ(a) = 0: the first term, and so δ, is 0.
+    }
     let lb = epsilon + log_phi(b);
     let d = la.exp() * -(lb - la).exp_m1();
     d.clamp(0.0, 1.0)
