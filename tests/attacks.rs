@@ -58,79 +58,247 @@ async fn session(dir: &Path) -> PrivateSession {
 const REFUSED: &[(&str, &str)] = &[
     // raw rows, however dressed
     ("SELECT * FROM people", "raw rows of private table 'people'"),
-    ("SELECT id, salary FROM people WHERE id = 7", "raw rows of private table 'people'"),
-    ("SELECT salary FROM people ORDER BY salary DESC LIMIT 1", "raw rows of private table 'people'"),
-    ("SELECT CASE WHEN salary > 100000 THEN 'rich' ELSE 'poor' END FROM people", "raw rows of private table 'people'"),
-    ("SELECT upper(dept) FROM people", "raw rows of private table 'people'"),
+    (
+        "SELECT id, salary FROM people WHERE id = 7",
+        "raw rows of private table 'people'",
+    ),
+    (
+        "SELECT salary FROM people ORDER BY salary DESC LIMIT 1",
+        "raw rows of private table 'people'",
+    ),
+    (
+        "SELECT CASE WHEN salary > 100000 THEN 'rich' ELSE 'poor' END FROM people",
+        "raw rows of private table 'people'",
+    ),
+    (
+        "SELECT upper(dept) FROM people",
+        "raw rows of private table 'people'",
+    ),
     ("SELECT 1 FROM people", "raw rows of private table 'people'"),
-    ("SELECT dept FROM staff", "raw rows of private table 'staff'"),
-    ("WITH t AS (SELECT * FROM people) SELECT * FROM t", "raw rows of private table 'people'"),
-    ("WITH a AS (SELECT * FROM people), b AS (SELECT * FROM a) SELECT salary FROM b", "raw rows of private table 'people'"),
-    ("SELECT * FROM (SELECT * FROM (SELECT salary FROM people) x) y", "raw rows of private table 'people'"),
-    ("SELECT d.dept, p.salary FROM depts d JOIN people p ON d.dept = p.dept", "private table 'people'"),
-    ("SELECT EXISTS (SELECT 1 FROM people WHERE salary > 200000)", "private table 'people'"),
-    ("SELECT (SELECT max(salary) FROM people)", "private table 'people'"),
-    ("SELECT dept FROM depts WHERE dept IN (SELECT dept FROM people WHERE salary > 150000)", "private table 'people'"),
-    ("SELECT dept FROM depts WHERE EXISTS (SELECT 1 FROM people p WHERE p.dept = depts.dept AND p.age > 64)", "private table 'people'"),
-    ("SELECT dept FROM depts UNION ALL SELECT dept FROM people", "private table 'people'"),
-    ("SELECT dept FROM depts INTERSECT SELECT dept FROM people", "private table 'people'"),
-    ("SELECT dept FROM depts EXCEPT SELECT dept FROM people", "private table 'people'"),
+    (
+        "SELECT dept FROM staff",
+        "raw rows of private table 'staff'",
+    ),
+    (
+        "WITH t AS (SELECT * FROM people) SELECT * FROM t",
+        "raw rows of private table 'people'",
+    ),
+    (
+        "WITH a AS (SELECT * FROM people), b AS (SELECT * FROM a) SELECT salary FROM b",
+        "raw rows of private table 'people'",
+    ),
+    (
+        "SELECT * FROM (SELECT * FROM (SELECT salary FROM people) x) y",
+        "raw rows of private table 'people'",
+    ),
+    (
+        "SELECT d.dept, p.salary FROM depts d JOIN people p ON d.dept = p.dept",
+        "private table 'people'",
+    ),
+    (
+        "SELECT EXISTS (SELECT 1 FROM people WHERE salary > 200000)",
+        "private table 'people'",
+    ),
+    (
+        "SELECT (SELECT max(salary) FROM people)",
+        "private table 'people'",
+    ),
+    (
+        "SELECT dept FROM depts WHERE dept IN (SELECT dept FROM people WHERE salary > 150000)",
+        "private table 'people'",
+    ),
+    (
+        "SELECT dept FROM depts WHERE EXISTS (SELECT 1 FROM people p WHERE p.dept = depts.dept AND p.age > 64)",
+        "private table 'people'",
+    ),
+    (
+        "SELECT dept FROM depts UNION ALL SELECT dept FROM people",
+        "private table 'people'",
+    ),
+    (
+        "SELECT dept FROM depts INTERSECT SELECT dept FROM people",
+        "private table 'people'",
+    ),
+    (
+        "SELECT dept FROM depts EXCEPT SELECT dept FROM people",
+        "private table 'people'",
+    ),
     // non-DP aggregates, alone or hidden
     ("SELECT COUNT(*) FROM people", "private table 'people'"),
     ("SELECT SUM(salary) FROM people", "private table 'people'"),
     ("SELECT AVG(salary) FROM people", "private table 'people'"),
-    ("SELECT MIN(age), MAX(age) FROM people", "private table 'people'"),
-    ("SELECT approx_median(salary) FROM people", "private table 'people'"),
-    ("SELECT array_agg(salary) FROM people", "private table 'people'"),
-    ("SELECT string_agg(dept, ',') FROM people", "private table 'people'"),
-    ("SELECT first_value(salary) FROM people", "private table 'people'"),
-    ("SELECT dept, COUNT(*) FROM staff GROUP BY dept", "private table 'staff'"),
-    ("SELECT dp_count(age, 1.0), MAX(salary) FROM people", "not differentially private"),
-    ("SELECT CASE WHEN COUNT(*) > 100 THEN 1 ELSE 0 END FROM people", "private table 'people'"),
-    ("SELECT dp_sum(c, 0, 1000, 1.0) FROM (SELECT dept, COUNT(*) AS c FROM people GROUP BY dept) t", "a second aggregation"),
-    ("SELECT dp_mean(m, 0, 1e6, 1.0) FROM (SELECT dept, MAX(salary) AS m FROM people GROUP BY dept) t", "a second aggregation"),
-    ("SELECT dp_count(x, 1.0) FROM (SELECT dp_count(age, 1.0) AS x FROM people GROUP BY id) t", "private table 'people'"),
+    (
+        "SELECT MIN(age), MAX(age) FROM people",
+        "private table 'people'",
+    ),
+    (
+        "SELECT approx_median(salary) FROM people",
+        "private table 'people'",
+    ),
+    (
+        "SELECT array_agg(salary) FROM people",
+        "private table 'people'",
+    ),
+    (
+        "SELECT string_agg(dept, ',') FROM people",
+        "private table 'people'",
+    ),
+    (
+        "SELECT first_value(salary) FROM people",
+        "private table 'people'",
+    ),
+    (
+        "SELECT dept, COUNT(*) FROM staff GROUP BY dept",
+        "private table 'staff'",
+    ),
+    (
+        "SELECT dp_count(age, 1.0), MAX(salary) FROM people",
+        "not differentially private",
+    ),
+    (
+        "SELECT CASE WHEN COUNT(*) > 100 THEN 1 ELSE 0 END FROM people",
+        "private table 'people'",
+    ),
+    (
+        "SELECT dp_sum(c, 0, 1000, 1.0) FROM (SELECT dept, COUNT(*) AS c FROM people GROUP BY dept) t",
+        "a second aggregation",
+    ),
+    (
+        "SELECT dp_mean(m, 0, 1e6, 1.0) FROM (SELECT dept, MAX(salary) AS m FROM people GROUP BY dept) t",
+        "a second aggregation",
+    ),
+    (
+        "SELECT dp_count(x, 1.0) FROM (SELECT dp_count(age, 1.0) AS x FROM people GROUP BY id) t",
+        "private table 'people'",
+    ),
     // window functions
-    ("SELECT salary, rank() OVER (ORDER BY salary) FROM people", "private table 'people'"),
-    ("SELECT dp_count(r, 1.0) FROM (SELECT lag(salary) OVER (ORDER BY id) AS r FROM people) t", "a window function"),
-    ("SELECT dp_sum(salary, 0, 1e6, 1.0) OVER (PARTITION BY dept) FROM people", "window"),
+    (
+        "SELECT salary, rank() OVER (ORDER BY salary) FROM people",
+        "private table 'people'",
+    ),
+    (
+        "SELECT dp_count(r, 1.0) FROM (SELECT lag(salary) OVER (ORDER BY id) AS r FROM people) t",
+        "a window function",
+    ),
+    (
+        "SELECT dp_sum(salary, 0, 1e6, 1.0) OVER (PARTITION BY dept) FROM people",
+        "window",
+    ),
     // joins, self-joins, unions before the DP aggregate
-    ("SELECT dp_count(a.id, 1.0) FROM people a JOIN people b ON a.id = b.id", "a JOIN between private table 'people'"),
-    ("SELECT dp_count(a.id, 1.0) FROM people a CROSS JOIN people b", "a JOIN between private table 'people'"),
-    ("SELECT dp_sum(p.salary, 0, 1e6, 1.0) FROM people p JOIN depts d ON p.dept = d.dept", "a JOIN between private table 'people'"),
-    ("SELECT dp_count(p.id, 1.0) FROM people p JOIN staff s ON p.id = s.id", "a JOIN between private table"),
-    ("SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people UNION ALL SELECT salary FROM people) t", "a UNION between private table 'people'"),
-    ("SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people UNION SELECT salary FROM staff) t", "private table"),
+    (
+        "SELECT dp_count(a.id, 1.0) FROM people a JOIN people b ON a.id = b.id",
+        "a JOIN between private table 'people'",
+    ),
+    (
+        "SELECT dp_count(a.id, 1.0) FROM people a CROSS JOIN people b",
+        "a JOIN between private table 'people'",
+    ),
+    (
+        "SELECT dp_sum(p.salary, 0, 1e6, 1.0) FROM people p JOIN depts d ON p.dept = d.dept",
+        "a JOIN between private table 'people'",
+    ),
+    (
+        "SELECT dp_count(p.id, 1.0) FROM people p JOIN staff s ON p.id = s.id",
+        "a JOIN between private table",
+    ),
+    (
+        "SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people UNION ALL SELECT salary FROM people) t",
+        "a UNION between private table 'people'",
+    ),
+    (
+        "SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people UNION SELECT salary FROM staff) t",
+        "private table",
+    ),
     // LIMIT / DISTINCT / ORDER BY … LIMIT before aggregation
-    ("SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people ORDER BY salary DESC LIMIT 1) t", "ORDER BY between private table 'people'"),
-    ("SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people LIMIT 1 OFFSET 5) t", "LIMIT"),
-    ("SELECT dp_count(d, 1.0) FROM (SELECT DISTINCT dept AS d FROM people) t", "private table 'people'"),
-    ("SELECT dp_count(DISTINCT dept, 1.0) FROM people", "DISTINCT inside dp_count"),
+    (
+        "SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people ORDER BY salary DESC LIMIT 1) t",
+        "ORDER BY between private table 'people'",
+    ),
+    (
+        "SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people LIMIT 1 OFFSET 5) t",
+        "LIMIT",
+    ),
+    (
+        "SELECT dp_count(d, 1.0) FROM (SELECT DISTINCT dept AS d FROM people) t",
+        "private table 'people'",
+    ),
+    (
+        "SELECT dp_count(DISTINCT dept, 1.0) FROM people",
+        "DISTINCT inside dp_count",
+    ),
     // parameters that are not literals, or out of range
-    ("SELECT dp_mean(salary, 0, 1e6, age) FROM people", "must be a literal"),
-    ("SELECT dp_mean(salary, 0, (SELECT max(salary) FROM people), 1.0) FROM people", "must be a literal"),
-    ("SELECT dp_mean(salary, 0, 1e6, random()) FROM people", "must be a literal"),
+    (
+        "SELECT dp_mean(salary, 0, 1e6, age) FROM people",
+        "must be a literal",
+    ),
+    (
+        "SELECT dp_mean(salary, 0, (SELECT max(salary) FROM people), 1.0) FROM people",
+        "must be a literal",
+    ),
+    (
+        "SELECT dp_mean(salary, 0, 1e6, random()) FROM people",
+        "must be a literal",
+    ),
     ("SELECT dp_count(salary, 0) FROM people", "epsilon"),
     ("SELECT dp_count(salary, -1) FROM people", "epsilon"),
-    ("SELECT dp_count(salary, CAST('NaN' AS DOUBLE)) FROM people", "epsilon"),
-    ("SELECT dp_count(salary, CAST('inf' AS DOUBLE)) FROM people", "epsilon"),
+    (
+        "SELECT dp_count(salary, CAST('NaN' AS DOUBLE)) FROM people",
+        "epsilon",
+    ),
+    (
+        "SELECT dp_count(salary, CAST('inf' AS DOUBLE)) FROM people",
+        "epsilon",
+    ),
     ("SELECT dp_count(salary, 1.0, 0) FROM people", "delta"),
     ("SELECT dp_count(salary, 1.0, 1) FROM people", "delta"),
     ("SELECT dp_sum(salary, 1e6, 0, 1.0) FROM people", "lower"),
-    ("SELECT dp_sum(salary, 0, CAST('inf' AS DOUBLE), 1.0) FROM people", "upper"),
-    ("SELECT dp_count(salary, 1e308) FROM people", "invalid argument 'epsilon'"),
-    ("SELECT dp_count(salary, 2000) FROM people", "budget exceeded for table 'people'"),
+    (
+        "SELECT dp_sum(salary, 0, CAST('inf' AS DOUBLE), 1.0) FROM people",
+        "upper",
+    ),
+    (
+        "SELECT dp_count(salary, 1e308) FROM people",
+        "invalid argument 'epsilon'",
+    ),
+    (
+        "SELECT dp_count(salary, 2000) FROM people",
+        "budget exceeded for table 'people'",
+    ),
     ("SELECT dp_count(salary, 'one') FROM people", "epsilon"),
-    ("SELECT dp_count(salary, 1.0, 1e-7, 'replace') FROM people", "argument"),
+    (
+        "SELECT dp_count(salary, 1.0, 1e-7, 'replace') FROM people",
+        "argument",
+    ),
     // statements
-    ("EXPLAIN ANALYZE SELECT dp_count(age, 1.0) FROM people", "EXPLAIN ANALYZE"),
+    (
+        "EXPLAIN ANALYZE SELECT dp_count(age, 1.0) FROM people",
+        "EXPLAIN ANALYZE",
+    ),
     ("EXPLAIN ANALYZE SELECT * FROM people", "EXPLAIN ANALYZE"),
-    ("COPY people TO '/tmp/dpfusion-attack-leak.csv'", "raw rows of private table 'people'"),
-    ("COPY (SELECT salary FROM people) TO '/tmp/dpfusion-attack-leak.csv'", "raw rows of private table 'people'"),
-    ("INSERT INTO people VALUES (1, 2, 'x', 3.0, true)", "read-only"),
-    ("CREATE TABLE leak AS SELECT * FROM people", "raw rows of private table 'people'"),
-    ("CREATE TABLE leak AS SELECT COUNT(*) AS c FROM people", "private table 'people'"),
-    ("CREATE VIEW v AS SELECT * FROM people", "CREATE VIEW 'v' is not supported"),
+    (
+        "COPY people TO '/tmp/dpfusion-attack-leak.csv'",
+        "raw rows of private table 'people'",
+    ),
+    (
+        "COPY (SELECT salary FROM people) TO '/tmp/dpfusion-attack-leak.csv'",
+        "raw rows of private table 'people'",
+    ),
+    (
+        "INSERT INTO people VALUES (1, 2, 'x', 3.0, true)",
+        "read-only",
+    ),
+    (
+        "CREATE TABLE leak AS SELECT * FROM people",
+        "raw rows of private table 'people'",
+    ),
+    (
+        "CREATE TABLE leak AS SELECT COUNT(*) AS c FROM people",
+        "private table 'people'",
+    ),
+    (
+        "CREATE VIEW v AS SELECT * FROM people",
+        "CREATE VIEW 'v' is not supported",
+    ),
     ("SET datafusion.execution.target_partitions = 1", "SET"),
 ];
 
@@ -226,12 +394,17 @@ async fn dropping_and_recreating_a_table_does_not_reset_its_budget() {
         loc.display()
     );
     s.sql(&create).await.unwrap();
-    s.sql("SELECT dp_count(id, 0.9, 1e-7) FROM p").await.unwrap();
+    s.sql("SELECT dp_count(id, 0.9, 1e-7) FROM p")
+        .await
+        .unwrap();
     let spent = s.budget()[0].spent;
     let _ = s.sql("DROP TABLE p").await;
     s.sql(&create).await.unwrap();
     assert_eq!(s.budget()[0].spent, spent);
-    let err = s.sql("SELECT dp_count(id, 0.9, 1e-7) FROM p").await.unwrap_err();
+    let err = s
+        .sql("SELECT dp_count(id, 0.9, 1e-7) FROM p")
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("budget exceeded"), "{err}");
     // Nor through a relative path, another name, or a symlink to the same file.
     let link = dir.join("alias.csv");
@@ -239,7 +412,10 @@ async fn dropping_and_recreating_a_table_does_not_reset_its_budget() {
     s.register_csv("alias", &link, Registration::private())
         .await
         .unwrap();
-    let err = s.sql("SELECT dp_count(id, 0.9, 1e-7) FROM alias").await.unwrap_err();
+    let err = s
+        .sql("SELECT dp_count(id, 0.9, 1e-7) FROM alias")
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("budget exceeded"), "{err}");
     // And it cannot be re-registered as public or with a larger budget.
     let err = s

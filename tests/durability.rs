@@ -49,7 +49,14 @@ fn sigkill_never_loses_a_charge_for_a_released_result() {
     let mut interrupted = 0;
     for round in 0..12 {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
-            .args(["--ledger", ledger.to_str().unwrap(), "--epsilon", "1000", "--format", "csv"])
+            .args([
+                "--ledger",
+                ledger.to_str().unwrap(),
+                "--epsilon",
+                "1000",
+                "--format",
+                "csv",
+            ])
             .args(["--private", &format!("people={}", people_csv().display())])
             .args(["-f", script.to_str().unwrap()])
             .stdout(Stdio::piped())
@@ -62,9 +69,17 @@ fn sigkill_never_loses_a_charge_for_a_released_result() {
         let _ = child.kill(); // SIGKILL on Unix
         let _ = child.wait();
         let mut out = String::new();
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
         // Count released values (every line that is a number; header lines are "n").
-        let released = out.lines().filter(|l| l.trim().parse::<i64>().is_ok()).count();
+        let released = out
+            .lines()
+            .filter(|l| l.trim().parse::<i64>().is_ok())
+            .count();
         released_total += released;
         if released < 60 {
             interrupted += 1;
@@ -79,7 +94,10 @@ fn sigkill_never_loses_a_charge_for_a_released_result() {
         );
     }
     // The kills landed mid-script (not only before the start or after the end).
-    assert!(released_total > 0 && interrupted > 0, "{released_total} {interrupted}");
+    assert!(
+        released_total > 0 && interrupted > 0,
+        "{released_total} {interrupted}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -102,7 +120,9 @@ async fn concurrent_tasks_never_overspend() {
     for _ in 0..32 {
         let s = s.clone();
         handles.push(tokio::spawn(async move {
-            s.sql("SELECT dp_count(id, 0.2, 1e-7) FROM people").await.is_ok()
+            s.sql("SELECT dp_count(id, 0.2, 1e-7) FROM people")
+                .await
+                .is_ok()
         }));
     }
     let mut admitted = 0;
@@ -112,7 +132,11 @@ async fn concurrent_tasks_never_overspend() {
         }
     }
     assert!(admitted > 0 && admitted < 32, "{admitted}");
-    assert_eq!(s.ledger().len(), admitted, "every admitted query is in the ledger");
+    assert_eq!(
+        s.ledger().len(),
+        admitted,
+        "every admitted query is in the ledger"
+    );
     let spent = s.budget()[0].spent;
     assert!(spent <= 1.0, "{spent}");
     // Reopened, the same.
@@ -153,7 +177,10 @@ fn concurrent_processes_on_one_ledger_never_overspend() {
     for c in children {
         let o = c.wait_with_output().unwrap();
         let out = String::from_utf8_lossy(&o.stdout);
-        released += out.lines().filter(|l| l.trim().parse::<i64>().is_ok()).count();
+        released += out
+            .lines()
+            .filter(|l| l.trim().parse::<i64>().is_ok())
+            .count();
         if !o.status.success() {
             assert!(
                 String::from_utf8_lossy(&o.stderr).contains("budget exceeded"),

@@ -49,8 +49,11 @@ async fn releases(values: &[f64], seed: u64, sql: &str) -> Vec<f64> {
     )
     .unwrap();
     let ctx = SessionContext::new();
-    ctx.register_table("t", Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap()))
-        .unwrap();
+    ctx.register_table(
+        "t",
+        Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap()),
+    )
+    .unwrap();
     ctx.register_udaf(AggregateUDF::from(DpMean::with_insecure_seed(seed)));
     let out = ctx.sql(sql).await.unwrap().collect().await.unwrap();
     let mut r = Vec::new();
@@ -67,14 +70,18 @@ fn cp_upper(k: usize, n: usize, alpha: f64) -> f64 {
     if k == n {
         1.0
     } else {
-        Beta::new(k as f64 + 1.0, (n - k) as f64).unwrap().inverse_cdf(1.0 - alpha)
+        Beta::new(k as f64 + 1.0, (n - k) as f64)
+            .unwrap()
+            .inverse_cdf(1.0 - alpha)
     }
 }
 fn cp_lower(k: usize, n: usize, alpha: f64) -> f64 {
     if k == 0 {
         0.0
     } else {
-        Beta::new(k as f64, (n - k + 1) as f64).unwrap().inverse_cdf(alpha)
+        Beta::new(k as f64, (n - k + 1) as f64)
+            .unwrap()
+            .inverse_cdf(alpha)
     }
 }
 
