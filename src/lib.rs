@@ -7,6 +7,8 @@
 pub mod accounting;
 pub mod cli;
 pub mod demo;
+#[cfg(feature = "distributed")]
+pub mod distributed;
 pub mod guard;
 pub mod repl;
 pub mod session;

@@ -39,6 +39,10 @@ pub struct SessionOptions {
     pub default_delta: f64,
     /// DataFusion's target partitions (None: the number of cores).
     pub target_partitions: Option<usize>,
+    /// Run queries on this Ballista cluster instead of in this process (feature `distributed`;
+    /// the guard, accountant and ledger stay here). See `crate::distributed`.
+    #[cfg(feature = "distributed")]
+    pub cluster: Option<crate::distributed::Cluster>,
 }
 
 impl Default for SessionOptions {
@@ -51,6 +55,8 @@ impl Default for SessionOptions {
             },
             default_delta: DEFAULT_CALL_DELTA,
             target_partitions: None,
+            #[cfg(feature = "distributed")]
+            cluster: None,
         }
     }
 }
@@ -181,6 +187,12 @@ impl PrivateSession {
         if let Some(n) = options.target_partitions {
             config = config.with_target_partitions(n);
         }
+        #[cfg(feature = "distributed")]
+        let ctx = match &options.cluster {
+            Some(cluster) => crate::distributed::connect(cluster, config).await?,
+            None => SessionContext::new_with_config(config),
+        };
+        #[cfg(not(feature = "distributed"))]
         let ctx = SessionContext::new_with_config(config);
         dpfusion_udfs::register_all(&ctx);
         let session = Self {

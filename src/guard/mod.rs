@@ -24,7 +24,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Aggregate, Expr, Filter, LogicalPlan, Projection, col, lit};
-use dpfusion_udfs::aggregates::{dp_aggregate_data_args, dp_call_cost};
+use dpfusion_udfs::aggregates::{dp_aggregate_data_args, dp_call_cost, dp_call_cost_with_data};
 use dpfusion_udfs::privacy::Event;
 
 use crate::accounting::Neighbours;
@@ -500,6 +500,17 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
         let f = aggregate_function(e).expect("checked above");
         let name = f.func.name().to_string();
         let data_args = dp_aggregate_data_args(&name).unwrap_or(1);
+        // rgm_mean_by (issue 5): the group sizes must be public (see `check_rgm_mean_by`).
+        if name == dpfusion_udfs::aggregates::RgmMeanBy::NAME {
+            check_rgm_mean_by(
+                &table,
+                &below,
+                has_filter_clause,
+                keys_public,
+                &f.params.args,
+                &agg.input,
+            )?;
+        }
         let mut params = Vec::new();
         for (j, a) in f.params.args.iter().enumerate().skip(data_args) {
             match literal(a) {
@@ -517,7 +528,8 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
         let mut with_mode = params.clone();
         // The user-facing parameters end with epsilon, delta; the session always fills delta.
         with_mode.push(ScalarValue::Utf8(Some(mode.to_string())));
-        let events = match dp_call_cost(&name, &with_mode) {
+        // The data arguments' shape as written (e.g. a feature list's length), never data.
+        let events = match dp_call_cost_with_data(&name, &f.params.args[..data_args], &with_mode) {
             Some(Ok(ev)) => ev,
             Some(Err(e)) => return Err(DataFusionError::Plan(format!("{name}: {e}"))),
             None => return Err(refuse(format!("{name} is not a DP aggregate"))),
@@ -611,6 +623,7 @@ fn display_call(name: &str, data: &[Expr], params: &[ScalarValue]) -> String {
     for (i, v) in params.iter().enumerate() {
         let value = match v {
             ScalarValue::Utf8(Some(s)) => format!("'{s}'"),
+            ScalarValue::Boolean(Some(b)) => b.to_string(),
             v => {
                 let x = as_f64(v);
                 if x.is_finite() {
@@ -642,4 +655,65 @@ fn epsilon_delta(name: &str, params: &[ScalarValue]) -> (f64, f64) {
             .unwrap_or(f64::NAN)
     };
     (get("epsilon"), get("delta"))
+}
+
+// ---- rgm_mean_by (issue 5) ----------------------------------------------------------------------
+
+/// `rgm_mean_by` calibrates its noise to each group's size, so the sizes must be public and the
+/// same in every neighbouring dataset: a `replace` table, `by` and every GROUP BY key public, no
+/// WHERE filter below the aggregate and no FILTER clause (exactly the case where the guard sets
+/// 'replace_public_n'). Refuses otherwise, naming the table and every reason.
+fn check_rgm_mean_by(
+    table: &TableInfo,
+    below: &RowLocal,
+    has_filter_clause: bool,
+    keys_public: bool,
+    args: &[Expr],
+    input: &LogicalPlan,
+) -> Result<()> {
+    let by = args.get(1);
+    let by_name = by
+        .map(|e| match e {
+            Expr::Column(c) => c.name.clone(),
+            e => e.to_string(),
+        })
+        .unwrap_or_default();
+    let by_public = by
+        .and_then(|e| base_columns(e, input))
+        .is_some_and(|cols| cols.iter().all(|c| table.is_public_column(c)));
+    let mut why: Vec<String> = Vec::new();
+    if table.neighbours != Neighbours::Replace {
+        why.push(
+            "it is registered with add_remove neighbours (its number of rows, hence every group's \
+             size, is private)"
+                .into(),
+        );
+    }
+    if !by_public {
+        why.push(format!("`by` ({by_name}) is not a public column of it"));
+    }
+    if below.filtered {
+        why.push(
+            "a WHERE filter stands between the table and rgm_mean_by (the filtered group sizes \
+             depend on private values)"
+                .into(),
+        );
+    }
+    if has_filter_clause {
+        why.push("an aggregate of the query has a FILTER clause".into());
+    }
+    if !keys_public {
+        why.push("GROUP BY uses a column that is not public".into());
+    }
+    if why.is_empty() {
+        return Ok(());
+    }
+    Err(refuse(format!(
+        "rgm_mean_by on table '{}' needs public group sizes (the relative Gaussian mechanism \
+         calibrates its noise to each group's size), but {}. Register the table with OPTIONS \
+         ('dp.neighbours' 'replace', 'dp.public_columns' '{by_name}'), group only by public \
+         columns, and do not filter the rows (filter the released list instead).",
+        table.name,
+        why.join("; and ")
+    )))
 }

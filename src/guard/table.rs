@@ -64,6 +64,11 @@ impl GuardedTable {
     pub fn inner(&self) -> &Arc<dyn TableProvider> {
         &self.inner
     }
+    /// Counts a scan that a Ballista scheduler plans (the client submits the inner provider).
+    #[cfg(feature = "distributed")]
+    pub(crate) fn record_remote_scan(&self) {
+        self.scans.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 #[async_trait]

@@ -72,7 +72,61 @@ pub const DP_FUNCTIONS: &[(&str, &[Param])] = &[
             delta(),
         ],
     ),
+    // Defaults: dpfusion_udfs::aggregates::dp_linreg_gd::defaults (chosen by measurement).
+    (
+        "dp_linreg_gd",
+        &[
+            req("label"),
+            req("features"),
+            req("epsilon"),
+            delta(),
+            with_default("iterations", Default::Number("100")),
+            with_default("clip", Default::Number("0.5")),
+            with_default("learning_rate", Default::Number("1")),
+            with_default("l2", Default::Number("0")),
+            with_default("fit_intercept", Default::Bool(true)),
+            with_default("mechanism", Default::Text("gaussian")),
+            with_default("feature_bound", Default::Number("1")),
+            with_default("label_bound", Default::Number("1")),
+            with_default("min_rows", Default::Number("10000")),
+        ],
+    ),
+    // Defaults: dpfusion_udfs::aggregates::dp_logreg_agd::DEFAULT_* (test
+    // `named_defaults_match_the_udaf` in tests/agd.rs keeps them equal).
+    (
+        "dp_logreg_agd",
+        &[
+            req("label"),
+            req("features"),
+            req("epsilon"),
+            delta(),
+            with_default("clip_grad", Default::Number("3")),
+            with_default("clip_obj", Default::Number("3")),
+            with_default("splits", Default::Number("20")),
+            with_default("gamma", Default::Number("0.1")),
+            with_default("l2", Default::Number("0.001")),
+            with_default("fit_intercept", Default::Bool(true)),
+            with_default("max_step", Default::Number("2")),
+        ],
+    ),
+    // Default: RgmMeanParams::DEFAULT_MIN_GROUP_SIZE (issue 5).
+    (
+        "rgm_mean_by",
+        &[
+            req("value"),
+            req("by"),
+            req("max_ratio"),
+            req("epsilon"),
+            delta(),
+            with_default("min_group_size", Default::Number("2")),
+        ],
+    ),
 ];
+
+/// An optional parameter with its default.
+const fn with_default(name: &'static str, default: Default) -> Param {
+    Param { name, default }
+}
 
 /// The parameter list of a DP function (case-insensitive name), if it is one.
 pub fn dp_function_params(name: &str) -> Option<&'static [Param]> {

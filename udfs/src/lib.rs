@@ -12,6 +12,7 @@
 pub mod aggregates;
 pub mod mechanisms;
 pub mod noise;
+pub mod optim;
 pub mod privacy;
 pub mod progress;
 pub mod scalars;

@@ -44,8 +44,11 @@ mod tests {
     fn reporter_receives_progress() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
+        // Only this test's reports: model fits in parallel tests report too.
         set_reporter(Some(Arc::new(move |p: &Progress| {
-            s.lock().unwrap().push((p.done, p.total))
+            if p.function == "dp_test" {
+                s.lock().unwrap().push((p.done, p.total))
+            }
         })));
         report("dp_test", 3, 10);
         set_reporter(None);

@@ -6,6 +6,7 @@
 //! | `dp_sum(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 |
 //! | `dp_mean(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [lower, upper] |
 //! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
+//! | `rgm_mean_by(value, by, …)` | max_ratio, epsilon, delta, min_group_size, neighbours | List<Struct<group, mean, n>> |
 //!
 //! Every parameter must be a literal. `delta` may be left out (default [`DEFAULT_DELTA`]) and so
 //! may `neighbours` (default `'add_remove'`); `neighbours` is set by the dpfusion session from the
@@ -27,20 +28,26 @@ use crate::privacy::{Event, PrivacyError};
 pub mod accumulator;
 mod common;
 pub mod dp_count;
+pub mod dp_linreg_gd;
+pub mod dp_logreg_agd;
 pub mod dp_mean;
 pub mod dp_sum;
 pub mod exact;
 pub mod params;
 pub mod partition_select;
+pub mod rgm_mean_by;
 
 pub use accumulator::Partial;
 pub use dp_count::{DpCount, dp_count_udaf};
+pub use dp_linreg_gd::{DpLinregGd, LinregParams, dp_linreg_gd_udaf};
+pub use dp_logreg_agd::{AgdParams, DpLogregAgd, dp_logreg_agd_udaf};
 pub use dp_mean::{DpMean, dp_mean_udaf};
 pub use dp_sum::{DpSum, dp_sum_udaf};
 pub use params::{
     CountParams, DEFAULT_DELTA, MeanParams, Neighbours, PartitionSelectParams, SumParams,
 };
 pub use partition_select::{DpPartitionSelect, dp_partition_select_udaf};
+pub use rgm_mean_by::{RgmMeanBy, RgmMeanParams, rgm_mean_by_udaf};
 
 /// Every dpfusion DP aggregate.
 pub fn all_udafs() -> Vec<AggregateUDF> {
@@ -49,6 +56,9 @@ pub fn all_udafs() -> Vec<AggregateUDF> {
         dp_sum_udaf(),
         dp_mean_udaf(),
         dp_partition_select_udaf(),
+        dp_linreg_gd_udaf(),
+        dp_logreg_agd_udaf(),
+        rgm_mean_by_udaf(),
     ]
 }
 
@@ -57,6 +67,9 @@ pub fn all_udafs() -> Vec<AggregateUDF> {
 pub fn dp_aggregate_data_args(name: &str) -> Option<usize> {
     match name {
         DpCount::NAME | DpSum::NAME | DpMean::NAME | DpPartitionSelect::NAME => Some(1),
+        DpLinregGd::NAME => Some(2),
+        DpLogregAgd::NAME => Some(2),
+        RgmMeanBy::NAME => Some(2),
         _ => None,
     }
 }
@@ -75,8 +88,27 @@ pub fn dp_call_cost(
         DpPartitionSelect::NAME => {
             PartitionSelectParams::from_literals(params).and_then(|p| p.cost())
         }
+        // Without the data arguments the feature count is unknown ('rgm' then refuses).
+        DpLinregGd::NAME => dp_linreg_gd::linreg_cost(&[], params),
+        DpLogregAgd::NAME => AgdParams::from_literals(params).and_then(|p| p.cost()),
+        RgmMeanBy::NAME => RgmMeanParams::from_literals(params).and_then(|p| p.cost()),
         _ => return None,
     })
+}
+
+/// Like [`dp_call_cost`], for a call whose cost may also depend on the *shape* of its data
+/// arguments as written in the query (never on data): the feature count of `dp_linreg_gd` with
+/// mechanism 'rgm', read from `[x1, …, xd]` / `make_array(…)`. `data` are the call's logical
+/// data-argument expressions.
+pub fn dp_call_cost_with_data(
+    name: &str,
+    data: &[datafusion::logical_expr::Expr],
+    params: &[ScalarValue],
+) -> Option<Result<Vec<Event>, PrivacyError>> {
+    match name {
+        DpLinregGd::NAME => Some(dp_linreg_gd::linreg_cost(data, params)),
+        _ => dp_call_cost(name, params),
+    }
 }
 
 #[cfg(test)]

@@ -255,7 +255,15 @@ fn udafs_are_registered_with_docs_and_names() {
     let names: Vec<_> = udafs.iter().map(|u| u.name().to_string()).collect();
     assert_eq!(
         names,
-        ["dp_count", "dp_sum", "dp_mean", "dp_partition_select"]
+        [
+            "dp_count",
+            "dp_sum",
+            "dp_mean",
+            "dp_partition_select",
+            "dp_linreg_gd",
+            "dp_logreg_agd",
+            "rgm_mean_by"
+        ]
     );
     for u in &udafs {
         let doc = u.documentation().expect("documented");

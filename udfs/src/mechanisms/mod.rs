@@ -1,6 +1,7 @@
 //! Mechanisms: a calibrated noise distribution plus the rule that turns a true value into a release.
 pub mod gaussian;
 pub mod laplace;
+pub mod rgm;
 
 pub use gaussian::GaussianMechanism;
 pub use laplace::LaplaceMechanism;

@@ -1,8 +1,10 @@
 //! Scalar functions: planning helpers (read no data, cost nothing) and post-processing.
 pub mod planning;
+pub mod predict;
 
 use datafusion::logical_expr::ScalarUDF;
 use planning::{HelperKind, PlanningHelper};
+use predict::{Predict, PredictKind};
 
 /// Every dpfusion scalar function.
 pub fn all_scalar_udfs() -> Vec<ScalarUDF> {
@@ -10,5 +12,7 @@ pub fn all_scalar_udfs() -> Vec<ScalarUDF> {
         PlanningHelper::udf(HelperKind::GaussianSigma),
         PlanningHelper::udf(HelperKind::GaussianEpsilon),
         PlanningHelper::udf(HelperKind::ZcdpEpsilon),
+        Predict::udf(PredictKind::Linear),
+        Predict::udf(PredictKind::LogisticProba),
     ]
 }

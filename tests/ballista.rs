@@ -1,0 +1,384 @@
+//! dpfusion on Apache DataFusion Ballista (feature `distributed`, issue 9): the same queries run in
+//! this process and on an in-process Ballista cluster (loopback only) are admitted and charged
+//! identically and release statistically equivalent values, and noise is drawn once per release,
+//! at the final aggregation, not once per partition.
+//!
+//! Sessions draw noise from the OS (no seed reaches a session), so the checks are statistical:
+//! a GROUP BY over G = 2000 groups with identical data gives 2000 independent releases of the
+//! same value in one query, and every tolerance below is derived from the sampling distribution
+//! of the statistic it bounds, at z = 6 (a false failure has probability below 1e-8 per check).
+#![cfg(feature = "distributed")]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch};
+use datafusion::parquet::arrow::ArrowWriter;
+use dpfusion::distributed::start_local_cluster;
+use dpfusion::dpfusion_udfs::aggregates::SumParams;
+use dpfusion::dpfusion_udfs::aggregates::exact::FixedPoint;
+use dpfusion::dpfusion_udfs::mechanisms::GaussianMechanism;
+use dpfusion::{PrivateSession, QueryResult, Registration, SessionOptions};
+
+/// Groups, files (= scan partitions) and rows per group in each file.
+const G: i64 = 2000;
+const FILES: usize = 4;
+const ROWS_PER_GROUP_PER_FILE: usize = 2;
+/// Every value is 0.5, so each group's exact sum is 0.5 · 2 · 4 = 4.
+const VALUE: f64 = 0.5;
+const TRUE_SUM: f64 = VALUE * (ROWS_PER_GROUP_PER_FILE * FILES) as f64;
+/// Tolerances are z standard errors of the statistic they bound.
+const Z: f64 = 6.0;
+
+const SUM_SQL: &str =
+    "SELECT g, dp_sum(v, 0, 1, epsilon => 1.0, delta => 1e-6) AS s FROM t GROUP BY g";
+const MEAN_SQL: &str =
+    "SELECT g, dp_mean(v, 0, 1, epsilon => 4.0, delta => 1e-6) AS m FROM t GROUP BY g";
+const COUNT_SQL: &str = "SELECT k, dp_count(v, epsilon => 1.0) AS n FROM u GROUP BY k ORDER BY k";
+const TOTAL_SQL: &str = "SELECT dp_count(v, epsilon => 0.5) AS n, \
+     dp_mean(v, 0, 1, epsilon => 0.5) AS m FROM t";
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "dpfusion-ballista-{}-{}-{}",
+        tag,
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn write_parquet(path: &Path, batch: &RecordBatch) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+/// Table `t`: FILES Parquet files, each holding ROWS_PER_GROUP_PER_FILE rows of every group
+/// g = 0..G with v = 0.5, so every group is spread over all FILES scan partitions.
+fn write_groups_table(dir: &Path) -> PathBuf {
+    let out = dir.join("t");
+    std::fs::create_dir_all(&out).unwrap();
+    for f in 0..FILES {
+        let g: Vec<i64> = (0..G)
+            .flat_map(|g| std::iter::repeat_n(g, ROWS_PER_GROUP_PER_FILE))
+            .collect();
+        let v = vec![VALUE; g.len()];
+        let batch = RecordBatch::try_from_iter(vec![
+            ("g", Arc::new(Int64Array::from(g)) as ArrayRef),
+            ("v", Arc::new(Float64Array::from(v)) as ArrayRef),
+        ])
+        .unwrap();
+        write_parquet(&out.join(format!("part-{f}.parquet")), &batch);
+    }
+    out
+}
+
+/// Table `u`: 10 private groups k of 400 rows each, over FILES files (GROUP BY a private column:
+/// partition selection runs on the cluster too).
+fn write_private_groups_table(dir: &Path) -> PathBuf {
+    let out = dir.join("u");
+    std::fs::create_dir_all(&out).unwrap();
+    for f in 0..FILES {
+        let k: Vec<i64> = (0..10).flat_map(|k| std::iter::repeat_n(k, 100)).collect();
+        let v = vec![1.0; k.len()];
+        let batch = RecordBatch::try_from_iter(vec![
+            ("k", Arc::new(Int64Array::from(k)) as ArrayRef),
+            ("v", Arc::new(Float64Array::from(v)) as ArrayRef),
+        ])
+        .unwrap();
+        write_parquet(&out.join(format!("part-{f}.parquet")), &batch);
+    }
+    out
+}
+
+/// A session with its own ledger `ledger`, on the tables `t` and `u` under `dir/data`.
+async fn open(dir: &Path, ledger: &str, options: SessionOptions) -> PrivateSession {
+    let s = PrivateSession::open(
+        options
+            .with_ledger(dir.join(ledger))
+            .with_target_partitions(FILES),
+    )
+    .await
+    .unwrap();
+    let t = dir.join("data").join("t");
+    let u = dir.join("data").join("u");
+    s.register_parquet(
+        "t",
+        &t,
+        Registration::private()
+            .replace()
+            .public_columns(["g"])
+            .budget(50.0, 1e-5),
+    )
+    .await
+    .unwrap();
+    s.register_parquet("u", &u, Registration::private().budget(50.0, 1e-5))
+        .await
+        .unwrap();
+    s
+}
+
+fn data_dir(tag: &str) -> PathBuf {
+    let dir = temp_dir(tag);
+    let data = dir.join("data");
+    write_groups_table(&data);
+    write_private_groups_table(&data);
+    dir
+}
+
+/// Column `i` of a result as f64 (Float64 or Int64).
+fn column(r: &QueryResult, i: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    for b in &r.batches {
+        let c = b.column(i);
+        if let Some(a) = c.as_any().downcast_ref::<Float64Array>() {
+            out.extend((0..a.len()).map(|j| a.value(j)));
+        } else if let Some(a) = c.as_any().downcast_ref::<Int64Array>() {
+            out.extend((0..a.len()).map(|j| a.value(j) as f64));
+        } else {
+            panic!("column {i} is {}", c.data_type());
+        }
+    }
+    out
+}
+
+fn mean_var(x: &[f64]) -> (f64, f64) {
+    let n = x.len() as f64;
+    let m = x.iter().sum::<f64>() / n;
+    let v = x.iter().map(|y| (y - m) * (y - m)).sum::<f64>() / (n - 1.0);
+    (m, v)
+}
+
+/// σ of `dp_sum(v, 0, 1, epsilon => 1.0, delta => 1e-6)` on `t` (replace neighbours, public
+/// group key, no filter: the guard sets 'replace_public_n'), by the mechanism's own calibration:
+/// sensitivity max(hi − lo, |lo|, |hi|) grid units of the fixed-point grid of [0, 1].
+fn sum_sigma() -> f64 {
+    let p = SumParams {
+        lower: 0.0,
+        upper: 1.0,
+        epsilon: 1.0,
+        delta: 1e-6,
+        neighbours: dpfusion::dpfusion_udfs::aggregates::Neighbours::ReplacePublicN,
+    };
+    let fp = FixedPoint::new(p.lower, p.upper);
+    let units = fp.width().max(fp.max_abs());
+    GaussianMechanism::from_mu(p.mu().unwrap(), units as f64 * fp.step())
+        .unwrap()
+        .sigma
+}
+
+/// The G releases of SUM_SQL have mean TRUE_SUM and variance σ² (not FILES·σ², as they would if
+/// every partition's partial sum were noised): sample variance s² of G draws has
+/// (G − 1)s²/σ² ~ χ²(G − 1), so s²/σ² has standard error sqrt(2/(G − 1)) ≈ 0.032 and the
+/// acceptance band 1 ± 6·0.032 = [0.81, 1.19] excludes 4 (and 2) by far.
+fn check_sum_releases(label: &str, r: &QueryResult) -> (f64, f64) {
+    let s = column(r, 1);
+    assert_eq!(s.len() as i64, G, "{label}: one release per group");
+    let sigma = sum_sigma();
+    let (m, v) = mean_var(&s);
+    let ratio = v / (sigma * sigma);
+    let ratio_tol = Z * (2.0 / (G as f64 - 1.0)).sqrt();
+    eprintln!(
+        "{label}: {G} releases, mean {m:.4} (exact {TRUE_SUM}), variance {v:.4} = {ratio:.4} σ² \
+         (σ = {sigma:.4}; accepted: 1 ± {ratio_tol:.3}; per-partition noise would give {FILES})"
+    );
+    assert!(
+        (ratio - 1.0).abs() <= ratio_tol,
+        "{label}: variance of a release is {ratio:.3} σ², expected 1 ± {ratio_tol:.3} (noise once \
+         per release, at the final aggregation)"
+    );
+    let mean_tol = Z * sigma / (G as f64).sqrt();
+    assert!(
+        (m - TRUE_SUM).abs() <= mean_tol,
+        "{label}: mean release {m} vs exact sum {TRUE_SUM} ± {mean_tol}"
+    );
+    (m, v)
+}
+
+/// Noise once per release on the cluster: `t` is 4 Parquet files (4 scan partitions, partial
+/// aggregates on the executors, merged after the shuffle) and the variance of each group's
+/// release is the calibrated σ², not 4σ².
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noise_is_drawn_once_per_release_on_the_cluster() {
+    let dir = data_dir("once");
+    let cluster = open(
+        &dir,
+        "cluster.jsonl",
+        SessionOptions::default().with_ballista_standalone(),
+    )
+    .await;
+    let r = cluster.sql(SUM_SQL).await.unwrap();
+    assert!(r.receipt.is_some(), "charged");
+    check_sum_releases("ballista standalone", &r);
+
+    // Ballista's own EXPLAIN shows where that noise was drawn: stage 1 scans the 4 files as 4
+    // partitions and runs the partial aggregate (exact state) before the shuffle; the final
+    // aggregation, whose `evaluate` adds the noise, runs after it.
+    let plan = cluster.sql(&format!("EXPLAIN {SUM_SQL}")).await.unwrap();
+    assert!(plan.receipt.is_none(), "EXPLAIN is not charged");
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&plan.batches)
+        .unwrap()
+        .to_string();
+    let distributed = text
+        .split("distributed_plan")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no distributed plan in:\n{text}"));
+    let partial = distributed.find("mode=Partial").expect("partial aggregate");
+    let shuffle = distributed.find("UnresolvedShuffleExec").expect("shuffle");
+    let last = distributed
+        .find("mode=FinalPartitioned")
+        .expect("final aggregate");
+    assert!(
+        distributed.contains(&format!("stage_id=1.0, partitions={FILES}")),
+        "{text}"
+    );
+    assert!(distributed.contains(&format!("file_groups={{{FILES} groups")));
+    assert!(partial < last && last < shuffle, "{distributed}");
+}
+
+fn spent(s: &PrivateSession, table: &str) -> f64 {
+    s.budget()
+        .into_iter()
+        .find(|b| b.name == table)
+        .map(|b| b.spent)
+        .unwrap()
+}
+
+/// The same queries locally and on a scheduler with two executors (in this process, loopback):
+/// both admitted, charged identically, statistically equivalent releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_and_cluster_runs_agree() {
+    let dir = data_dir("agree");
+    let cluster_info = start_local_cluster(2, 2).await.unwrap();
+    let local = open(&dir, "local.jsonl", SessionOptions::default()).await;
+    let cluster = open(
+        &dir,
+        "cluster.jsonl",
+        SessionOptions::default().with_ballista_remote(cluster_info.url()),
+    )
+    .await;
+
+    // 1. dp_sum over 2000 groups: each path on its own, then against each other.
+    let (ml, vl) = check_sum_releases("local", &local.sql(SUM_SQL).await.unwrap());
+    let scans_before = cluster.scans("t");
+    let (mc, vc) = check_sum_releases("ballista", &cluster.sql(SUM_SQL).await.unwrap());
+    assert_eq!(
+        cluster.scans("t"),
+        scans_before + 1,
+        "submitted to the cluster"
+    );
+    let g = G as f64;
+    let tol = Z * ((vl + vc) / g).sqrt();
+    assert!((ml - mc).abs() <= tol, "sum means {ml} vs {mc} ± {tol}");
+    // log(s1²/s2²) has standard error sqrt(2·2/(G − 1)).
+    let tol = Z * (4.0 / (g - 1.0)).sqrt();
+    assert!(
+        (vl / vc).ln().abs() <= tol,
+        "sum variances {vl} vs {vc}: |log ratio| ≤ {tol}"
+    );
+
+    // 2. dp_mean over 2000 groups (exact public n under 'replace_public_n').
+    let a = column(&local.sql(MEAN_SQL).await.unwrap(), 1);
+    let b = column(&cluster.sql(MEAN_SQL).await.unwrap(), 1);
+    assert_eq!(a.len(), b.len());
+    let ((ma, va), (mb, vb)) = (mean_var(&a), mean_var(&b));
+    let tol = Z * ((va + vb) / g).sqrt();
+    eprintln!("dp_mean: local {ma:.4} (var {va:.5}), ballista {mb:.4} (var {vb:.5}), ± {tol:.4}");
+    assert!((ma - mb).abs() <= tol, "mean releases {ma} vs {mb} ± {tol}");
+    assert!(a.iter().chain(&b).all(|m| (0.0..=1.0).contains(m)));
+
+    // 3. GROUP BY a private column: partition selection (a dpfusion aggregate the guard adds)
+    //    runs on the executors too; all 10 groups of 400 rows pass its threshold.
+    let a = column(&local.sql(COUNT_SQL).await.unwrap(), 1);
+    let b = column(&cluster.sql(COUNT_SQL).await.unwrap(), 1);
+    assert_eq!((a.len(), b.len()), (10, 10), "every group kept");
+    // σ of dp_count at ε = 1, δ = 1e-7 is about 5: 50 is 10σ.
+    assert!(
+        a.iter().chain(&b).all(|n| (n - 400.0).abs() <= 50.0),
+        "{a:?} {b:?}"
+    );
+
+    // 4. Ungrouped, two calls in one query.
+    let r = cluster.sql(TOTAL_SQL).await.unwrap();
+    assert_eq!(r.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    local.sql(TOTAL_SQL).await.unwrap();
+
+    // Charged identically: the same ledger entries (query, tables, ε, events), the same spent ε.
+    let (la, lb) = (local.ledger(), cluster.ledger());
+    assert_eq!(la.len(), 4);
+    assert_eq!(la.len(), lb.len());
+    for (x, y) in la.iter().zip(&lb) {
+        assert_eq!(x.query, y.query);
+        assert_eq!(x.tables, y.tables, "charge of {}", x.query);
+    }
+    for t in ["t", "u"] {
+        assert_eq!(spent(&local, t), spent(&cluster, t), "spent ε of {t}");
+    }
+
+    // Refusals on a cluster session are the client's: nothing is submitted or charged.
+    let scans = cluster.scans("t");
+    let err = cluster.sql("SELECT * FROM t").await.unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+    let err = cluster
+        .sql("SELECT dp_count(v, epsilon => 1000) FROM t")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+    assert_eq!(cluster.scans("t"), scans, "a refused query reads nothing");
+    assert_eq!(cluster.ledger().len(), lb.len(), "nothing charged");
+
+    // SHOW BUDGET, dp_ledger() and EXPLAIN PRIVACY stay in the client.
+    cluster.sql("SHOW BUDGET").await.unwrap();
+    let r = cluster.sql("SELECT * FROM dp_ledger()").await.unwrap();
+    assert_eq!(r.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 4);
+    cluster
+        .sql(&format!("EXPLAIN PRIVACY {SUM_SQL}"))
+        .await
+        .unwrap();
+}
+
+/// In-memory tables live in the client: their queries run there, even on a cluster session; a
+/// query that reads both a file table and an in-memory table is refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_tables_run_in_the_client() {
+    let dir = data_dir("memory");
+    let cluster = open(
+        &dir,
+        "ledger.jsonl",
+        SessionOptions::default().with_ballista_standalone(),
+    )
+    .await;
+    let batch = RecordBatch::try_from_iter(vec![(
+        "x",
+        Arc::new(Float64Array::from(vec![1.0; 1000])) as ArrayRef,
+    )])
+    .unwrap();
+    cluster
+        .register_batches("m", vec![batch.clone()], Registration::private())
+        .unwrap();
+    let r = cluster
+        .sql("SELECT dp_count(x, epsilon => 0.5) AS n FROM m")
+        .await
+        .unwrap();
+    assert!(r.receipt.is_some());
+    let public_file = dir.join("public.parquet");
+    write_parquet(&public_file, &batch);
+    cluster
+        .register_batches("pm", vec![batch], Registration::public())
+        .unwrap();
+    cluster
+        .register_parquet("pf", &public_file, Registration::public())
+        .await
+        .unwrap();
+    let err = cluster
+        .sql("SELECT count(*) FROM pf CROSS JOIN pm")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot read both"), "{err}");
+}

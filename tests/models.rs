@@ -1,0 +1,335 @@
+//! `dp_linreg_gd` through a dpfusion session: fit on a private table, keep the model with
+//! CREATE TABLE AS, predict on a public table; what is charged; what is refused.
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::Float64Type;
+use dpfusion::demo::{PATIENTS_LINEAR, patients};
+use dpfusion::{PrivateSession, Registration, SessionOptions};
+use dpfusion_udfs::optim::model::Model;
+use dpfusion_udfs::privacy::{Event, gaussian_mu};
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "dpfusion-models-{}-{}-{}",
+        tag,
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+async fn session(dir: &Path) -> PrivateSession {
+    PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_default_budget(10.0, 1e-6)
+            .with_target_partitions(2),
+    )
+    .await
+    .unwrap()
+}
+
+/// The demo `patients` rows (20,000; cost = PATIENTS_LINEAR·(1, x) + N(0, 0.5²)), split into
+/// two batches so that the plan has several partitions.
+fn patient_batches() -> Vec<RecordBatch> {
+    let b = patients().unwrap();
+    let h = b.num_rows() / 2;
+    vec![b.slice(0, h), b.slice(h, b.num_rows() - h)]
+}
+
+/// A small public table of new patients to predict for.
+fn new_patients() -> RecordBatch {
+    let cols: Vec<(&str, ArrayRef)> = vec![
+        ("id", Arc::new(Int64Array::from(vec![1, 2, 3]))),
+        ("age", Arc::new(Float64Array::from(vec![0.5, -0.5, 0.0]))),
+        ("bmi", Arc::new(Float64Array::from(vec![0.2, 0.0, -0.4]))),
+        ("bp", Arc::new(Float64Array::from(vec![0.1, -0.3, 0.0]))),
+        ("chol", Arc::new(Float64Array::from(vec![0.0, 0.4, -0.2]))),
+        ("smoker", Arc::new(Float64Array::from(vec![1.0, 0.0, 0.0]))),
+    ];
+    RecordBatch::try_from_iter(cols).unwrap()
+}
+
+fn truth(b: &RecordBatch, i: usize) -> f64 {
+    let names = ["age", "bmi", "bp", "chol", "smoker"];
+    PATIENTS_LINEAR[0]
+        + names
+            .iter()
+            .zip(&PATIENTS_LINEAR[1..])
+            .map(|(n, w)| {
+                let c = b.column_by_name(n).unwrap().as_primitive::<Float64Type>();
+                w * c.value(i)
+            })
+            .sum::<f64>()
+}
+
+const FEATURES: &str = "[age, bmi, bp, chol, smoker]";
+
+#[tokio::test]
+async fn fit_store_and_predict_on_a_public_table() {
+    let dir = temp_dir("fit");
+    let s = session(&dir).await;
+    s.register_batches("patients", patient_batches(), Registration::private())
+        .unwrap();
+    s.register_batches("new_patients", vec![new_patients()], Registration::public())
+        .unwrap();
+    let r = s
+        .sql(&format!(
+            "CREATE TABLE m AS SELECT dp_linreg_gd(cost, {FEATURES}, epsilon => 1) AS model \
+             FROM patients"
+        ))
+        .await
+        .unwrap();
+    // What was charged: one Gaussian-DP event with μ = gaussian_mu(1, default δ = 1e-7).
+    let receipt = r.receipt.expect("charged");
+    let _ = receipt;
+    let ledger = s.ledger();
+    let last = ledger.last().unwrap();
+    assert_eq!(
+        last.tables[0].events,
+        vec![Event::Gaussian {
+            mu: gaussian_mu(1.0, 1e-7).unwrap()
+        }]
+    );
+    // The stored model is public: reading it costs nothing.
+    let before = s.ledger().len();
+    let r = s.sql("SELECT model FROM m").await.unwrap();
+    let m = Model::from_struct_array(r.batches[0].column(0).as_struct(), 0).unwrap();
+    assert_eq!(m.coefficients.len(), 5);
+    assert_eq!((m.iterations, m.epsilon, m.delta), (100, 1.0, 1e-7));
+    assert_eq!(m.mechanism, "gaussian");
+    let w: Vec<f64> = m
+        .coefficients
+        .iter()
+        .chain([&m.intercept])
+        .copied()
+        .collect();
+    let t: Vec<f64> = PATIENTS_LINEAR[1..]
+        .iter()
+        .chain(&PATIENTS_LINEAR[..1])
+        .copied()
+        .collect();
+    let err = w
+        .iter()
+        .zip(&t)
+        .map(|(a, b)| (a - b).powi(2))
+        .sum::<f64>()
+        .sqrt()
+        / t.iter().map(|b| b * b).sum::<f64>().sqrt();
+    assert!(err < 0.05, "relative error {err}: {m:?}");
+    // Predict on the public table (post-processing: free).
+    let r = s
+        .sql(
+            "SELECT p.id, linreg_predict(m.model, [p.age, p.bmi, p.bp, p.chol, p.smoker]) AS yhat \
+             FROM m CROSS JOIN new_patients p ORDER BY p.id",
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.ledger().len(), before, "prediction is free");
+    let b = &r.batches[0];
+    let yhat = b.column(1).as_primitive::<Float64Type>();
+    let np = new_patients();
+    for i in 0..3 {
+        assert!(
+            (yhat.value(i) - truth(&np, i)).abs() < 0.2,
+            "{i}: {} vs {}",
+            yhat.value(i),
+            truth(&np, i)
+        );
+    }
+}
+
+#[tokio::test]
+async fn group_by_and_named_arguments() {
+    let dir = temp_dir("group");
+    let s = session(&dir).await;
+    s.register_batches("patients", patient_batches(), Registration::private())
+        .unwrap();
+    // GROUP BY a private column: one model per group that passes partition selection.
+    let r = s
+        .sql(
+            "SELECT smoker, dp_linreg_gd(cost, [age, bmi], epsilon => 2, iterations => 20, \
+             fit_intercept => true, clip => 2) AS model FROM patients GROUP BY smoker \
+             ORDER BY smoker",
+        )
+        .await
+        .unwrap();
+    let b = &r.batches[0];
+    assert_eq!(b.num_rows(), 2);
+    let models = b.column(1).as_struct();
+    for i in 0..2 {
+        let m = Model::from_struct_array(models, i).unwrap();
+        assert_eq!(m.coefficients.len(), 2);
+        assert_eq!(m.iterations, 20);
+        // age coefficient 1.5 in both groups (bp correlates with age, so loosely)
+        assert!((m.coefficients[0] - 1.5).abs() < 0.6, "{m:?}");
+    }
+    // The display of the call in the ledger names every parameter.
+    let q = s.ledger().last().unwrap().query.clone();
+    assert!(q.contains("dp_linreg_gd"), "{q}");
+}
+
+#[tokio::test]
+async fn refusals_cost_nothing_and_read_nothing() {
+    let dir = temp_dir("refuse");
+    let s = session(&dir).await;
+    s.register_batches("patients", patient_batches(), Registration::private())
+        .unwrap();
+    let cases = [
+        // 'rgm' needs a public n (replace neighbours).
+        (
+            format!(
+                "SELECT dp_linreg_gd(cost, {FEATURES}, epsilon => 1, mechanism => 'rgm', \
+                 l2 => 0.1) FROM patients"
+            ),
+            "replace",
+        ),
+        // parameters must be literals
+        (
+            format!("SELECT dp_linreg_gd(cost, {FEATURES}, epsilon => age) FROM patients"),
+            "literal",
+        ),
+        (
+            format!("SELECT dp_linreg_gd(cost, {FEATURES}, 1, 1e-6, 0) FROM patients"),
+            "iterations",
+        ),
+        (
+            format!("SELECT dp_linreg_gd(cost, {FEATURES}, 1, clip => -1) FROM patients"),
+            "clip",
+        ),
+        (
+            format!(
+                "SELECT dp_linreg_gd(cost, {FEATURES}, 1, mechanism => 'laplace') FROM patients"
+            ),
+            "mechanism",
+        ),
+        // non-numeric types
+        (
+            "SELECT dp_linreg_gd(cost, [CAST(age AS VARCHAR)], 1) FROM patients".to_string(),
+            "features",
+        ),
+        (
+            format!("SELECT dp_linreg_gd(CAST(cost AS VARCHAR), {FEATURES}, 1) FROM patients"),
+            "label",
+        ),
+        // raw predictions on private rows are not DP
+        (
+            "SELECT linreg_predict(named_struct('coefficients', [1.0], 'intercept', 0.0), [age]) \
+             FROM patients"
+                .to_string(),
+            "refused",
+        ),
+    ];
+    for (sql, needle) in &cases {
+        let e = s.sql(sql).await.expect_err(sql).to_string();
+        assert!(e.contains(needle), "{sql}: {e}");
+    }
+    assert!(s.ledger().is_empty(), "nothing charged");
+    assert_eq!(s.scans("patients"), 0, "nothing read");
+}
+
+/// A 'replace' table with the rows of `patients` (n public when unfiltered).
+#[tokio::test]
+async fn rgm_on_a_replace_table() {
+    let dir = temp_dir("rgm");
+    let s = session(&dir).await;
+    s.register_batches(
+        "patients",
+        patient_batches(),
+        Registration::private().replace(),
+    )
+    .unwrap();
+    let q = format!(
+        "SELECT dp_linreg_gd(cost, {FEATURES}, epsilon => 3, mechanism => 'rgm', l2 => 0.1, \
+         feature_bound => 2, label_bound => 10, min_rows => 20000) AS model FROM patients"
+    );
+    let r = s.sql(&q).await.unwrap();
+    let m = Model::from_struct_array(r.batches[0].column(0).as_struct(), 0).unwrap();
+    assert_eq!(m.mechanism, "rgm");
+    eprintln!("rgm model: {m:?}");
+    assert_eq!(m.coefficients.len(), 5);
+    let ev = s.ledger().last().unwrap().tables[0].events.clone();
+    match ev.as_slice() {
+        [Event::Rgm { dims, steps, .. }] => assert_eq!((*dims, *steps), (6, 100)),
+        other => panic!("{other:?}"),
+    }
+    // With a WHERE filter n is no longer public: refused at planning, nothing charged.
+    let n = s.ledger().len();
+    let e = s
+        .sql(&format!("{} WHERE age > 0", q.trim_end_matches(';')))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("public row count"), "{e}");
+    assert_eq!(s.ledger().len(), n);
+    // Too few rows for min_rows: a NULL model (n is public), charged.
+    let r = s
+        .sql(&format!(
+            "SELECT dp_linreg_gd(cost, {FEATURES}, epsilon => 5, mechanism => 'rgm', l2 => 1, \
+             min_rows => 30000) AS model FROM patients"
+        ))
+        .await
+        .unwrap();
+    assert!(r.batches[0].column(0).is_null(0));
+    // Infeasible targets fail at planning with the ε floor.
+    let e = s
+        .sql(&format!(
+            "SELECT dp_linreg_gd(cost, {FEATURES}, epsilon => 0.01, mechanism => 'rgm', \
+             l2 => 0.01, min_rows => 1000) FROM patients"
+        ))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("floor"), "{e}");
+}
+
+/// The session's named-argument defaults are the UDAF's own.
+#[test]
+fn named_defaults_match_the_udaf() {
+    use dpfusion::statements::named_args::{Default, dp_function_params};
+    use dpfusion_udfs::aggregates::dp_linreg_gd::defaults as d;
+    let params = dp_function_params("dp_linreg_gd").unwrap();
+    let num = |name: &str| -> f64 {
+        match params.iter().find(|p| p.name == name).unwrap().default {
+            Default::Number(s) => s.parse().unwrap(),
+            other => panic!("{name}: {other:?}"),
+        }
+    };
+    assert_eq!(num("iterations"), d::ITERATIONS as f64);
+    assert_eq!(num("clip"), d::CLIP);
+    assert_eq!(num("learning_rate"), d::LEARNING_RATE);
+    assert_eq!(num("l2"), d::L2);
+    assert_eq!(num("feature_bound"), d::FEATURE_BOUND);
+    assert_eq!(num("label_bound"), d::LABEL_BOUND);
+    assert_eq!(num("min_rows"), d::MIN_ROWS as f64);
+    let names: Vec<&str> = params.iter().map(|p| p.name).collect();
+    let mut want = vec!["label", "features"];
+    want.extend(
+        dpfusion_udfs::aggregates::LinregParams::NAMES
+            .iter()
+            .filter(|n| **n != "neighbours"),
+    );
+    assert_eq!(names, want);
+    assert!(matches!(
+        params
+            .iter()
+            .find(|p| p.name == "fit_intercept")
+            .unwrap()
+            .default,
+        Default::Bool(true)
+    ));
+    assert!(matches!(
+        params
+            .iter()
+            .find(|p| p.name == "mechanism")
+            .unwrap()
+            .default,
+        Default::Text("gaussian")
+    ));
+}

@@ -1,0 +1,650 @@
+//! `dp_linreg_gd(label, features, epsilon[, delta[, iterations[, clip[, learning_rate[, l2[,
+//! fit_intercept[, mechanism[, feature_bound[, label_bound[, min_rows]]]]]]]]]])`: a linear
+//! regression model fitted by differentially private gradient descent.
+//!
+//! The rows (label, feature list) are buffered in a mergeable [`RowBuffer`]; the fit runs once, in
+//! `evaluate`, over the merged rows, and returns the model struct of SQL.md
+//! ([`crate::optim::model`]). The two mechanisms, their calibration and the proofs are in
+//! [`crate::optim::linreg`]:
+//! - `'gaussian'` (default): per-example gradient clipping at `clip`, Gaussian noise on each
+//!   iteration's gradient sum, a noisy count released once (or the public n under
+//!   `replace_public_n`); the whole fit is μ-GDP with μ = gaussian_mu(ε, δ), recorded as
+//!   `Gaussian { μ }`.
+//! - `'rgm'`: the relative Gaussian mechanism on the ridge gradient (rows clipped to
+//!   `feature_bound`, labels to `label_bound`, `l2` > 0), only where n is public
+//!   (`replace_public_n`); recorded as `Rgm { σ, γ_acc(min_rows), p, T }`.
+//!
+//! Parameter defaults (chosen by measurement, README "Linear regression"): iterations 100, clip 0.5,
+//! learning_rate 1, l2 0, fit_intercept true, mechanism 'gaussian', feature_bound 1,
+//! label_bound 1, min_rows 10000.
+use std::sync::LazyLock;
+
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::common::{Result, ScalarValue, plan_err};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::utils::AggregateOrderSensitivity;
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, Signature, Volatility,
+};
+
+use super::common::DOC_SECTION_DP;
+use super::params::{Neighbours, literal_params, plan_error};
+use crate::noise::SecureRng;
+use crate::optim::linreg::{
+    GaussianGd, RGM_GRID_BITS, RGM_MIN_GRID_BITS, RgmGd, rgm_gamma_acc, rgm_sigma,
+};
+use crate::optim::model::{Model, model_data_type};
+use crate::optim::rows::{LabelKind, RowBuffer, planned_dims_logical, planned_dims_physical};
+use crate::privacy::error::{check_delta, check_epsilon};
+use crate::privacy::{Event, PrivacyError, gaussian_mu};
+
+/// Which noise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinregMechanism {
+    Gaussian,
+    Rgm,
+}
+
+impl LinregMechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinregMechanism::Gaussian => "gaussian",
+            LinregMechanism::Rgm => "rgm",
+        }
+    }
+}
+
+/// Defaults of the optional parameters (also in the session's named-argument table).
+pub mod defaults {
+    pub const ITERATIONS: u32 = 100;
+    pub const CLIP: f64 = 0.5;
+    pub const LEARNING_RATE: f64 = 1.0;
+    pub const L2: f64 = 0.0;
+    pub const FIT_INTERCEPT: bool = true;
+    pub const FEATURE_BOUND: f64 = 1.0;
+    pub const LABEL_BOUND: f64 = 1.0;
+    pub const MIN_ROWS: u64 = 10_000;
+}
+
+/// The largest accepted `iterations` (a fit is O(T·n·d)).
+pub const MAX_ITERATIONS: u32 = 100_000;
+
+/// `dp_linreg_gd`'s literal parameters (after `label`, `features`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinregParams {
+    pub epsilon: f64,
+    pub delta: f64,
+    pub iterations: u32,
+    pub clip: f64,
+    pub learning_rate: f64,
+    pub l2: f64,
+    pub fit_intercept: bool,
+    pub mechanism: LinregMechanism,
+    pub feature_bound: f64,
+    pub label_bound: f64,
+    pub min_rows: u64,
+    pub neighbours: Neighbours,
+}
+
+fn number(args: &[ScalarValue], i: usize, name: &str) -> Result<Option<f64>, PrivacyError> {
+    let Some(v) = args.get(i) else {
+        return Ok(None);
+    };
+    let bad =
+        || PrivacyError::invalid(name, format!("{v} ({})", v.data_type()), "a number literal");
+    if v.is_null() || !v.data_type().is_numeric() {
+        return Err(bad());
+    }
+    match v.cast_to(&DataType::Float64) {
+        Ok(ScalarValue::Float64(Some(x))) => Ok(Some(x)),
+        _ => Err(bad()),
+    }
+}
+
+fn positive(args: &[ScalarValue], i: usize, name: &str, default: f64) -> Result<f64, PrivacyError> {
+    let v = number(args, i, name)?.unwrap_or(default);
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(PrivacyError::invalid(name, v, "a finite number > 0"))
+    }
+}
+
+fn whole(
+    args: &[ScalarValue],
+    i: usize,
+    name: &str,
+    default: f64,
+    max: f64,
+) -> Result<f64, PrivacyError> {
+    let v = number(args, i, name)?.unwrap_or(default);
+    if v.is_finite() && v >= 1.0 && v <= max && v.fract() == 0.0 {
+        Ok(v)
+    } else {
+        Err(PrivacyError::invalid(
+            name,
+            v,
+            &format!("a whole number between 1 and {max}"),
+        ))
+    }
+}
+
+fn text<'a>(
+    args: &'a [ScalarValue],
+    i: usize,
+    name: &str,
+    accepted: &str,
+) -> Result<Option<&'a str>, PrivacyError> {
+    match args.get(i) {
+        None => Ok(None),
+        Some(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
+        ) => Ok(Some(s.as_str())),
+        Some(v) => Err(PrivacyError::invalid(
+            name,
+            format!("{v} ({})", v.data_type()),
+            accepted,
+        )),
+    }
+}
+
+impl LinregParams {
+    /// Parameter names after the two data columns, in positional order.
+    pub const NAMES: [&'static str; 12] = [
+        "epsilon",
+        "delta",
+        "iterations",
+        "clip",
+        "learning_rate",
+        "l2",
+        "fit_intercept",
+        "mechanism",
+        "feature_bound",
+        "label_bound",
+        "min_rows",
+        "neighbours",
+    ];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        if args.len() > Self::NAMES.len() {
+            return Err(PrivacyError::invalid(
+                "arguments",
+                format!("{} parameters after label and features", args.len()),
+                &format!("at most {}: {}", Self::NAMES.len(), Self::NAMES.join(", ")),
+            ));
+        }
+        let epsilon = check_epsilon(
+            "epsilon",
+            number(args, 0, "epsilon")?.ok_or_else(|| {
+                PrivacyError::invalid("epsilon", "nothing (missing)", "a finite number > 0")
+            })?,
+        )?;
+        let delta = check_delta(
+            "delta",
+            number(args, 1, "delta")?.unwrap_or(super::params::DEFAULT_DELTA),
+        )?;
+        let iterations = whole(
+            args,
+            2,
+            "iterations",
+            defaults::ITERATIONS as f64,
+            MAX_ITERATIONS as f64,
+        )? as u32;
+        let clip = positive(args, 3, "clip", defaults::CLIP)?;
+        let learning_rate = positive(args, 4, "learning_rate", defaults::LEARNING_RATE)?;
+        let l2 = number(args, 5, "l2")?.unwrap_or(defaults::L2);
+        if !(l2.is_finite() && l2 >= 0.0) {
+            return Err(PrivacyError::invalid("l2", l2, "a finite number >= 0"));
+        }
+        let fit_intercept = match args.get(6) {
+            None => defaults::FIT_INTERCEPT,
+            Some(ScalarValue::Boolean(Some(b))) => *b,
+            Some(v) => {
+                return Err(PrivacyError::invalid(
+                    "fit_intercept",
+                    format!("{v} ({})", v.data_type()),
+                    "true or false",
+                ));
+            }
+        };
+        let accepted = "'gaussian' or 'rgm'";
+        let mechanism = match text(args, 7, "mechanism", accepted)? {
+            None | Some("gaussian") => LinregMechanism::Gaussian,
+            Some("rgm") => LinregMechanism::Rgm,
+            Some(other) => {
+                return Err(PrivacyError::invalid(
+                    "mechanism",
+                    format!("'{other}'"),
+                    accepted,
+                ));
+            }
+        };
+        let feature_bound = positive(args, 8, "feature_bound", defaults::FEATURE_BOUND)?;
+        let label_bound = positive(args, 9, "label_bound", defaults::LABEL_BOUND)?;
+        let min_rows = whole(args, 10, "min_rows", defaults::MIN_ROWS as f64, 1e15)? as u64;
+        let neighbours = match text(args, 11, "neighbours", Neighbours::ACCEPTED)? {
+            None => Neighbours::default(),
+            Some(s) => Neighbours::parse(s)?,
+        };
+        let p = LinregParams {
+            epsilon,
+            delta,
+            iterations,
+            clip,
+            learning_rate,
+            l2,
+            fit_intercept,
+            mechanism,
+            feature_bound,
+            label_bound,
+            min_rows,
+            neighbours,
+        };
+        if mechanism == LinregMechanism::Rgm {
+            if neighbours != Neighbours::ReplacePublicN {
+                return Err(PrivacyError::invalid(
+                    "mechanism",
+                    "'rgm'",
+                    "'gaussian' here: 'rgm' needs a public row count n, i.e. a table \
+                     registered with replace neighbours ('dp.neighbours' 'replace'), no WHERE \
+                     filter or FILTER clause, and GROUP BY only on public columns",
+                ));
+            }
+            if l2 <= 0.0 {
+                return Err(PrivacyError::invalid(
+                    "l2",
+                    l2,
+                    "a finite number > 0 with mechanism 'rgm' (the ridge penalty bounds the \
+                     relative sensitivity)",
+                ));
+            }
+        }
+        Ok(p)
+    }
+
+    /// The Gaussian-DP μ of the whole call.
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta)
+    }
+
+    /// The `'gaussian'` kernel.
+    pub fn gaussian(&self) -> Result<GaussianGd, PrivacyError> {
+        GaussianGd::new(
+            self.mu()?,
+            self.iterations,
+            self.clip,
+            self.learning_rate,
+            self.l2,
+            self.fit_intercept,
+            self.neighbours.is_replace(),
+            self.neighbours == Neighbours::ReplacePublicN,
+        )
+    }
+
+    /// The `'rgm'` kernel for `dims` features: σ calibrated by bisection on the composed RGM
+    /// curve at γ_acc(min_rows) (see [`crate::optim::linreg`]); the noise grid keeps the finest
+    /// k ≤ 20 bits for which the sampler's range holds.
+    pub fn rgm(&self, dims: Option<usize>) -> Result<RgmGd, PrivacyError> {
+        let Some(d) = dims else {
+            return Err(PrivacyError::invalid(
+                "features",
+                "a list whose length is not written in the query",
+                "[x1, ..., xd] or make_array(x1, ..., xd) with mechanism 'rgm' (its cost depends \
+                 on the number of features)",
+            ));
+        };
+        let mut kernel = RgmGd {
+            iterations: self.iterations,
+            learning_rate: self.learning_rate,
+            l2: self.l2,
+            fit_intercept: self.fit_intercept,
+            feature_bound: self.feature_bound,
+            label_bound: self.label_bound,
+            sigma: 1.0,
+            min_rows: self.min_rows,
+            grid_bits: RGM_GRID_BITS,
+            dims: u32::try_from(d).unwrap_or(u32::MAX),
+        };
+        let gamma = kernel.gamma(self.min_rows);
+        for k in (RGM_MIN_GRID_BITS..=RGM_GRID_BITS).rev() {
+            kernel.grid_bits = k;
+            kernel.sigma = rgm_sigma(
+                self.epsilon,
+                self.delta,
+                rgm_gamma_acc(gamma, k),
+                kernel.p(),
+                self.iterations,
+            )?;
+            if kernel.ratio_bound() * 2f64.powi(k + 1) < 2f64.powi(28) {
+                return Ok(kernel);
+            }
+        }
+        Err(PrivacyError::Infeasible(format!(
+            "mechanism 'rgm': feature_bound² / l2 = {} is too large for the noise sampler's range \
+             (the noise level may vary by a factor {:.0}); raise l2 or lower feature_bound",
+            kernel.c() * kernel.c() / self.l2,
+            kernel.ratio_bound()
+        )))
+    }
+
+    /// The privacy events of the call. `dims`: the feature count when the query fixes it (needed
+    /// by `'rgm'`).
+    pub fn cost(&self, dims: Option<usize>) -> Result<Vec<Event>, PrivacyError> {
+        match self.mechanism {
+            LinregMechanism::Gaussian => {
+                // Builds the mechanisms too, so that an unrepresentable noise fails here.
+                self.gaussian()?;
+                Ok(vec![Event::Gaussian { mu: self.mu()? }])
+            }
+            LinregMechanism::Rgm => Ok(vec![self.rgm(dims)?.event()]),
+        }
+    }
+}
+
+/// The cost of a call from its logical data arguments (label, features) and literal parameters.
+pub fn linreg_cost(data: &[Expr], params: &[ScalarValue]) -> Result<Vec<Event>, PrivacyError> {
+    let dims = data.get(1).and_then(planned_dims_logical);
+    LinregParams::from_literals(params)?.cost(dims)
+}
+
+/// The kernel a call runs.
+#[derive(Debug, Clone)]
+enum Kernel {
+    Gaussian(GaussianGd),
+    Rgm(RgmGd),
+}
+
+/// The `dp_linreg_gd` UDAF.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct DpLinregGd {
+    signature: Signature,
+    /// Fixed noise seed, for reproducible tests only (Rust API; never reachable from SQL).
+    insecure_seed: Option<u64>,
+}
+
+impl Default for DpLinregGd {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DpLinregGd {
+    pub const NAME: &'static str = "dp_linreg_gd";
+
+    pub fn new() -> Self {
+        let mut names = vec!["label".to_string(), "features".to_string()];
+        names.extend(LinregParams::NAMES.iter().map(|s| s.to_string()));
+        Self {
+            signature: Signature::user_defined(Volatility::Volatile)
+                .with_parameter_names(names)
+                .expect("user-defined signatures accept parameter names"),
+            insecure_seed: None,
+        }
+    }
+
+    /// INSECURE: noise from a fixed seed, for reproducible tests. Never register this in a
+    /// session that serves real queries.
+    pub fn with_insecure_seed(seed: u64) -> Self {
+        Self {
+            insecure_seed: Some(seed),
+            ..Self::new()
+        }
+    }
+}
+
+/// `dp_linreg_gd` as an [`AggregateUDF`].
+pub fn dp_linreg_gd_udaf() -> AggregateUDF {
+    AggregateUDF::from(DpLinregGd::new())
+}
+
+fn is_number(t: &DataType) -> bool {
+    match t {
+        DataType::Null => true,
+        DataType::Dictionary(_, v) => v.is_numeric(),
+        t => t.is_numeric(),
+    }
+}
+
+impl AggregateUDFImpl for DpLinregGd {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let name = Self::NAME;
+        let n = arg_types.len();
+        if n < 3 || n > 2 + LinregParams::NAMES.len() {
+            return plan_err!(
+                "{name} takes 3 to {} arguments: {name}(label, features, epsilon[, delta[, \
+                 iterations[, clip[, learning_rate[, l2[, fit_intercept[, mechanism[, \
+                 feature_bound[, label_bound[, min_rows]]]]]]]]]]), got {n}",
+                2 + LinregParams::NAMES.len()
+            );
+        }
+        let label = match &arg_types[0] {
+            t if is_number(t) => DataType::Float64,
+            t => {
+                return plan_err!(
+                    "{name}: `label` must be numeric (integer, float or decimal), got {t}"
+                );
+            }
+        };
+        let features = match &arg_types[1] {
+            t @ (DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _))
+                if is_number(f.data_type()) =>
+            {
+                t.clone()
+            }
+            t => {
+                return plan_err!(
+                    "{name}: `features` must be a list of numbers ([x1, x2] or make_array(x1, \
+                     x2)), got {t}"
+                );
+            }
+        };
+        let mut out = vec![label, features];
+        for (pname, t) in LinregParams::NAMES.iter().zip(&arg_types[2..]) {
+            out.push(match *pname {
+                "mechanism" | "neighbours" => match t {
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => t.clone(),
+                    DataType::Null => DataType::Utf8,
+                    t => return plan_err!("{name}: `{pname}` must be a string literal, got {t}"),
+                },
+                "fit_intercept" => match t {
+                    DataType::Boolean | DataType::Null => DataType::Boolean,
+                    t => {
+                        return plan_err!("{name}: `fit_intercept` must be true or false, got {t}");
+                    }
+                },
+                _ if is_number(t) => DataType::Float64,
+                t => return plan_err!("{name}: `{pname}` must be a number literal, got {t}"),
+            });
+        }
+        Ok(out)
+    }
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(model_data_type())
+    }
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        let name = Self::NAME;
+        if args.is_distinct {
+            return plan_err!("{name} does not support DISTINCT");
+        }
+        let lits = literal_params(name, &LinregParams::NAMES, args.exprs, 2)?;
+        let p = LinregParams::from_literals(&lits).map_err(|e| plan_error(name, e))?;
+        let dims = args
+            .exprs
+            .get(1)
+            .and_then(|e| planned_dims_physical(e, args.expr_fields.get(1).map(|f| f.as_ref())));
+        let kernel = match p.mechanism {
+            LinregMechanism::Gaussian => {
+                Kernel::Gaussian(p.gaussian().map_err(|e| plan_error(name, e))?)
+            }
+            LinregMechanism::Rgm => Kernel::Rgm(p.rgm(dims).map_err(|e| plan_error(name, e))?),
+        };
+        let buffer = match dims {
+            Some(d) => RowBuffer::with_dims(LabelKind::Real, d),
+            None => RowBuffer::new(LabelKind::Real),
+        };
+        Ok(Box::new(LinregAccumulator {
+            buffer,
+            kernel,
+            params: p,
+            insecure_seed: self.insecure_seed,
+        }))
+    }
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        Ok(RowBuffer::state_fields(args.name))
+    }
+    /// The released model does not depend on row order (exact integer gradient sums).
+    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
+        AggregateOrderSensitivity::Insensitive
+    }
+    fn documentation(&self) -> Option<&Documentation> {
+        Some(&DOC)
+    }
+}
+
+/// One group's accumulator: the buffered rows; the fit runs in `evaluate`.
+#[derive(Debug)]
+struct LinregAccumulator {
+    buffer: RowBuffer,
+    kernel: Kernel,
+    params: LinregParams,
+    insecure_seed: Option<u64>,
+}
+
+impl Accumulator for LinregAccumulator {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        self.buffer.update(&values[0], &values[1])
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        let Some(d) = self.buffer.dims() else {
+            // No usable row and a feature count the query does not fix (a list column): there
+            // is no model shape to release.
+            return Ok(Model::null_scalar());
+        };
+        let mut rng = match self.insecure_seed {
+            Some(s) => SecureRng::insecure_from_seed(s),
+            None => SecureRng::from_os_entropy(),
+        };
+        let rows = self.buffer.rows();
+        let seen = self.buffer.seen();
+        let theta = match &self.kernel {
+            Kernel::Gaussian(k) => k.fit(rows, seen, &mut rng)?,
+            Kernel::Rgm(k) => k.fit(rows, seen, &mut rng)?,
+        };
+        let Some(theta) = theta else {
+            return Ok(Model::null_scalar());
+        };
+        let p = &self.params;
+        let (coefficients, intercept) = if p.fit_intercept {
+            (theta[..d].to_vec(), theta[d])
+        } else {
+            (theta, 0.0)
+        };
+        Ok(Model {
+            coefficients,
+            intercept,
+            iterations: p.iterations,
+            epsilon: p.epsilon,
+            delta: p.delta,
+            mechanism: p.mechanism.as_str().to_string(),
+        }
+        .to_scalar())
+    }
+
+    fn size(&self) -> usize {
+        self.buffer.size() + size_of::<Self>()
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        self.buffer.state()
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        self.buffer.merge(states)
+    }
+}
+
+static DOC: LazyLock<Documentation> = LazyLock::new(|| {
+    Documentation::builder(
+        DOC_SECTION_DP,
+        "Linear regression fitted by differentially private gradient descent on the squared \
+         loss; returns the model struct {coefficients, intercept, iterations, epsilon, delta, \
+         mechanism}, to use with linreg_predict. 'gaussian' (default): each iteration sums the \
+         per-example gradients clipped to L2 norm `clip` and adds Gaussian noise; the sum is \
+         divided by a noisy row count released once (the public n under replace neighbours); \
+         all iterations and the count compose exactly (Gaussian DP) to (epsilon, delta); the \
+         result is the average of the last half of the iterates. 'rgm': the relative Gaussian \
+         mechanism (Hendrikx, Mangold, Bellet 2024) on the ridge gradient with rows clipped to \
+         `feature_bound` and labels to `label_bound`; needs l2 > 0 and a table with replace \
+         neighbours, no filter and public GROUP BY keys (n public); groups with fewer than \
+         `min_rows` rows get NULL. Rows with a NULL or NaN label or feature are skipped; \
+         feature lists of the wrong length fail the query before any noise is drawn. Scale \
+         features to about [-1, 1].",
+        "dp_linreg_gd(label, features, epsilon[, delta[, iterations[, clip[, learning_rate[, \
+         l2[, fit_intercept[, mechanism[, feature_bound[, label_bound[, min_rows]]]]]]]]]])",
+    )
+    .with_argument("label", "Numeric column: the value to predict.")
+    .with_argument(
+        "features",
+        "List of numeric columns: [x1, x2] or make_array(x1, x2) (its length fixes the model).",
+    )
+    .with_argument("epsilon", "Literal ε > 0 for the whole fit.")
+    .with_argument(
+        "delta",
+        "Literal δ in (0, 1); defaults to the session's dpfusion.default_delta (1e-7).",
+    )
+    .with_argument(
+        "iterations",
+        "Gradient steps T (noisy gradient releases), whole number in [1, 100000]; default 100.",
+    )
+    .with_argument(
+        "clip",
+        "'gaussian': L2 bound on each example's gradient (x, 1)·residual; default 0.5.",
+    )
+    .with_argument(
+        "learning_rate",
+        "Step size η > 0; default 1 (stable for features in [-1, 1] that are not strongly \
+         correlated; lower it for larger or correlated features). 'rgm' caps it at its \
+         stability bound.",
+    )
+    .with_argument(
+        "l2",
+        "Ridge penalty λ ≥ 0 on the coefficients (and, with 'rgm', the intercept); default 0; \
+         'rgm' needs λ > 0.",
+    )
+    .with_argument("fit_intercept", "true (default) or false.")
+    .with_argument("mechanism", "'gaussian' (default) or 'rgm'.")
+    .with_argument(
+        "feature_bound",
+        "'rgm': L2 bound C_x to which each feature vector is clipped; default 1.",
+    )
+    .with_argument(
+        "label_bound",
+        "'rgm': labels are clamped to [-label_bound, label_bound]; default 1.",
+    )
+    .with_argument(
+        "min_rows",
+        "'rgm': the smallest public row count the fit accepts (its cost is computed for it; a \
+         group with fewer rows gets NULL); whole number, default 10000.",
+    )
+    .with_argument(
+        "neighbours",
+        "Hidden: 'add_remove' (default), 'replace' or 'replace_public_n'. Set by the dpfusion \
+         session from the table's registration; users never write it.",
+    )
+    .with_sql_example(
+        "CREATE TABLE m AS SELECT dp_linreg_gd(cost, [age, bmi, bp, chol, smoker], epsilon => 1) \
+         AS model FROM patients;\nSELECT linreg_predict(model, [0.5, 0.1, 0.2, 0.0, 1]) FROM m;",
+    )
+    .with_related_udf("linreg_predict")
+    .build()
+});

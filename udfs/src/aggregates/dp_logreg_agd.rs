@@ -1,0 +1,507 @@
+//! `dp_logreg_agd(label, features, epsilon[, delta[, clip_grad[, clip_obj[, splits[, gamma[, l2
+//! [, fit_intercept[, max_step]]]]]]]])`: logistic regression by DP-AGD (Lee and Kifer, KDD
+//! 2018) with the corrections of research/dpagd.md §4–5; the algorithm and its privacy argument
+//! are in [`crate::optim::agd`].
+//!
+//! - `label`: 0/1 (any numeric type) or Boolean. Any other value fails the query with an error
+//!   that does not name the row. NULL/NaN rows are skipped ([`crate::optim::rows`]).
+//! - `features`: a list of numbers (`[x1, x2]`, `make_array(...)`, a list column); every row must
+//!   have the same length (checked while reading, before any noise).
+//! - Cost: ρ = `zcdp_rho(epsilon, delta)` (tight CKS inverse), recorded as `Event::Zcdp { rho }`;
+//!   the call is (epsilon, delta)-DP. Under the table's `replace` neighbours (the hidden trailing
+//!   `neighbours` literal the session appends) the gradient and score sensitivities double.
+//! - Returns the model struct ([`crate::optim::model`]) with `mechanism = 'agd'`; `iterations` is
+//!   the number of accepted steps (post-processing of the DP transcript).
+//!
+//! Every row is buffered ([`RowBuffer`]); the fit runs once per group in `evaluate`, after all
+//! partitions are merged. The fixed-point kernels make the result independent of partitioning.
+use std::sync::LazyLock;
+
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::common::{Result, ScalarValue, plan_err};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::utils::AggregateOrderSensitivity;
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Signature, Volatility,
+};
+
+use super::common::DOC_SECTION_DP;
+use super::params::{DEFAULT_DELTA, Neighbours, literal_params, plan_error};
+use crate::noise::SecureRng;
+use crate::optim::agd::{AgdConfig, AgdPlan, fit};
+use crate::optim::model::{Model, model_data_type};
+use crate::optim::rows::{LabelKind, RowBuffer};
+use crate::privacy::error::{check_delta, check_epsilon};
+use crate::privacy::{Event, PrivacyError, zcdp_rho};
+
+/// Default C_grad (the authors' experiments: 3; dpagd.md §2).
+pub const DEFAULT_CLIP_GRAD: f64 = 3.0;
+/// Default C_obj (dpagd.md §2: 3).
+pub const DEFAULT_CLIP_OBJ: f64 = 3.0;
+/// Default `splits`: the iterations the budget pays for at the initial per-step rates
+/// ([`crate::optim::agd`], "Budget split").
+pub const DEFAULT_SPLITS: f64 = 20.0;
+/// Default γ (paper and code: 0.1).
+pub const DEFAULT_GAMMA: f64 = 0.1;
+/// Default ridge coefficient (the authors' logistic-regression experiments: 1e-3).
+pub const DEFAULT_L2: f64 = 1e-3;
+/// Default cap of the step grid (paper: α_max = 2).
+pub const DEFAULT_MAX_STEP: f64 = 2.0;
+
+/// The literal parameters of a `dp_logreg_agd` call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AgdParams {
+    pub epsilon: f64,
+    pub delta: f64,
+    pub clip_grad: f64,
+    pub clip_obj: f64,
+    pub splits: f64,
+    pub gamma: f64,
+    pub l2: f64,
+    pub fit_intercept: bool,
+    pub max_step: f64,
+    pub neighbours: Neighbours,
+}
+
+/// A numeric literal (`None` when absent). NULL or a non-numeric type names the argument.
+fn number(args: &[ScalarValue], i: usize, name: &str) -> Result<Option<f64>, PrivacyError> {
+    let Some(v) = args.get(i) else {
+        return Ok(None);
+    };
+    let bad =
+        || PrivacyError::invalid(name, format!("{v} ({})", v.data_type()), "a number literal");
+    if v.is_null() || !v.data_type().is_numeric() {
+        return Err(bad());
+    }
+    match v.cast_to(&DataType::Float64) {
+        Ok(ScalarValue::Float64(Some(x))) => Ok(Some(x)),
+        _ => Err(bad()),
+    }
+}
+
+fn in_range(
+    name: &str,
+    v: Option<f64>,
+    default: f64,
+    ok: impl Fn(f64) -> bool,
+    expected: &str,
+) -> Result<f64, PrivacyError> {
+    let v = v.unwrap_or(default);
+    if v.is_finite() && ok(v) {
+        Ok(v)
+    } else {
+        Err(PrivacyError::invalid(name, v, expected))
+    }
+}
+
+impl AgdParams {
+    /// Parameter names after the two data columns, in positional order (`neighbours` hidden).
+    pub const NAMES: [&'static str; 10] = [
+        "epsilon",
+        "delta",
+        "clip_grad",
+        "clip_obj",
+        "splits",
+        "gamma",
+        "l2",
+        "fit_intercept",
+        "max_step",
+        "neighbours",
+    ];
+
+    /// From the literals after the data columns; trailing ones may be missing (defaults above).
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        if args.len() > Self::NAMES.len() {
+            return Err(PrivacyError::invalid(
+                "arguments",
+                format!("{} parameters after label and features", args.len()),
+                &format!("at most {}: {}", Self::NAMES.len(), Self::NAMES.join(", ")),
+            ));
+        }
+        let epsilon = check_epsilon(
+            "epsilon",
+            number(args, 0, "epsilon")?.ok_or_else(|| {
+                PrivacyError::invalid("epsilon", "nothing (missing)", "a finite number > 0")
+            })?,
+        )?;
+        let delta = check_delta("delta", number(args, 1, "delta")?.unwrap_or(DEFAULT_DELTA))?;
+        let positive = |x: f64| x > 0.0 && x <= 1e100;
+        let clip_grad = in_range(
+            "clip_grad",
+            number(args, 2, "clip_grad")?,
+            DEFAULT_CLIP_GRAD,
+            positive,
+            "a finite number > 0 (at most 1e100)",
+        )?;
+        let clip_obj = in_range(
+            "clip_obj",
+            number(args, 3, "clip_obj")?,
+            DEFAULT_CLIP_OBJ,
+            positive,
+            "a finite number > 0 (at most 1e100)",
+        )?;
+        let splits = in_range(
+            "splits",
+            number(args, 4, "splits")?,
+            DEFAULT_SPLITS,
+            |x| (1.0..=1e5).contains(&x) && x.fract() == 0.0,
+            "an integer in [1, 100000]",
+        )?;
+        let gamma = in_range(
+            "gamma",
+            number(args, 5, "gamma")?,
+            DEFAULT_GAMMA,
+            |x| x > 0.0 && x <= 100.0,
+            "a number in (0, 100]",
+        )?;
+        let l2 = in_range(
+            "l2",
+            number(args, 6, "l2")?,
+            DEFAULT_L2,
+            |x| (0.0..=1e6).contains(&x),
+            "a number in [0, 1e6]",
+        )?;
+        let fit_intercept = match args.get(7) {
+            None => true,
+            Some(ScalarValue::Boolean(Some(b))) => *b,
+            Some(v) => match number(args, 7, "fit_intercept") {
+                Ok(Some(x)) if x == 0.0 || x == 1.0 => x == 1.0,
+                _ => {
+                    return Err(PrivacyError::invalid(
+                        "fit_intercept",
+                        format!("{v} ({})", v.data_type()),
+                        "a boolean literal (true or false)",
+                    ));
+                }
+            },
+        };
+        let max_step = in_range(
+            "max_step",
+            number(args, 8, "max_step")?,
+            DEFAULT_MAX_STEP,
+            |x| x > 0.0 && x <= 1e6,
+            "a number in (0, 1e6]",
+        )?;
+        let neighbours = match args.get(9) {
+            None => Neighbours::default(),
+            Some(
+                ScalarValue::Utf8(Some(s))
+                | ScalarValue::LargeUtf8(Some(s))
+                | ScalarValue::Utf8View(Some(s)),
+            ) => Neighbours::parse(s)?,
+            Some(v) => {
+                return Err(PrivacyError::invalid(
+                    "neighbours",
+                    format!("{v} ({})", v.data_type()),
+                    Neighbours::ACCEPTED,
+                ));
+            }
+        };
+        let p = Self {
+            epsilon,
+            delta,
+            clip_grad,
+            clip_obj,
+            splits,
+            gamma,
+            l2,
+            fit_intercept,
+            max_step,
+            neighbours,
+        };
+        p.plan()?; // an infeasible configuration fails here, at planning, before any charge
+        Ok(p)
+    }
+
+    /// ρ of the call: the tight CKS inverse `zcdp_rho(epsilon, delta)`.
+    pub fn rho(&self) -> Result<f64, PrivacyError> {
+        zcdp_rho(self.epsilon, self.delta)
+    }
+
+    /// `[Zcdp { rho }]`: the whole fit is ρ-zCDP by the privacy filter ([`crate::optim::agd`]).
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        Ok(vec![Event::Zcdp { rho: self.rho()? }])
+    }
+
+    pub fn config(&self) -> Result<AgdConfig, PrivacyError> {
+        Ok(AgdConfig {
+            rho: self.rho()?,
+            neighbours: self.neighbours,
+            clip_grad: self.clip_grad,
+            clip_obj: self.clip_obj,
+            splits: self.splits,
+            gamma: self.gamma,
+            l2: self.l2,
+            fit_intercept: self.fit_intercept,
+            max_step: self.max_step,
+        })
+    }
+
+    pub fn plan(&self) -> Result<AgdPlan, PrivacyError> {
+        AgdPlan::new(self.config()?)
+    }
+}
+
+/// The `dp_logreg_agd` UDAF.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct DpLogregAgd {
+    signature: Signature,
+    /// Fixed noise seed, for reproducible tests only (Rust API; never reachable from SQL).
+    insecure_seed: Option<u64>,
+}
+
+impl Default for DpLogregAgd {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DpLogregAgd {
+    pub const NAME: &'static str = "dp_logreg_agd";
+
+    pub fn new() -> Self {
+        let mut names = vec!["label", "features"];
+        names.extend_from_slice(&AgdParams::NAMES);
+        Self {
+            signature: Signature::user_defined(Volatility::Volatile)
+                .with_parameter_names(names)
+                .expect("user-defined signatures accept parameter names"),
+            insecure_seed: None,
+        }
+    }
+
+    /// INSECURE: noise from a fixed seed, for reproducible tests. Never register this in a
+    /// session that serves real queries.
+    pub fn with_insecure_seed(seed: u64) -> Self {
+        Self {
+            insecure_seed: Some(seed),
+            ..Self::new()
+        }
+    }
+
+    fn params(&self, args: &AccumulatorArgs) -> Result<AgdParams> {
+        if args.is_distinct {
+            return plan_err!("{} does not support DISTINCT", Self::NAME);
+        }
+        let lits = literal_params(Self::NAME, &AgdParams::NAMES, args.exprs, 2)?;
+        AgdParams::from_literals(&lits).map_err(|e| plan_error(Self::NAME, e))
+    }
+}
+
+/// `dp_logreg_agd` as an [`AggregateUDF`].
+pub fn dp_logreg_agd_udaf() -> AggregateUDF {
+    AggregateUDF::from(DpLogregAgd::new())
+}
+
+fn is_number(t: &DataType) -> bool {
+    match t {
+        DataType::Null => true,
+        DataType::Dictionary(_, v) => v.is_numeric(),
+        t => t.is_numeric(),
+    }
+}
+
+impl AggregateUDFImpl for DpLogregAgd {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let f = Self::NAME;
+        let n = arg_types.len();
+        if !(3..=2 + AgdParams::NAMES.len()).contains(&n) {
+            return plan_err!(
+                "{f} takes 3 to {} arguments: {f}(label, features, epsilon[, delta[, clip_grad[, \
+                 clip_obj[, splits[, gamma[, l2[, fit_intercept[, max_step]]]]]]]]), got {n}",
+                2 + AgdParams::NAMES.len() - 1
+            );
+        }
+        let label = match &arg_types[0] {
+            DataType::Boolean => DataType::Boolean,
+            t if is_number(t) => DataType::Float64,
+            t => return plan_err!("{f}: `label` must be 0/1 numbers or booleans, got {t}"),
+        };
+        let features = match &arg_types[1] {
+            t @ (DataType::List(e) | DataType::LargeList(e) | DataType::FixedSizeList(e, _))
+                if is_number(e.data_type()) =>
+            {
+                t.clone()
+            }
+            t => {
+                return plan_err!(
+                    "{f}: `features` must be a list of numbers ([x1, x2] or make_array(x1, x2)), \
+                     got {t}"
+                );
+            }
+        };
+        let mut out = vec![label, features];
+        for (name, t) in AgdParams::NAMES.iter().zip(&arg_types[2..]) {
+            out.push(match *name {
+                "neighbours" => match t {
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => t.clone(),
+                    DataType::Null => DataType::Utf8,
+                    t => {
+                        return plan_err!(
+                            "{f}: `neighbours` must be a string literal ({}), got {t}",
+                            Neighbours::ACCEPTED
+                        );
+                    }
+                },
+                "fit_intercept" => match t {
+                    DataType::Boolean => DataType::Boolean,
+                    t if is_number(t) => DataType::Float64,
+                    t => {
+                        return plan_err!(
+                            "{f}: `fit_intercept` must be a boolean literal, got {t}"
+                        );
+                    }
+                },
+                _ if is_number(t) => DataType::Float64,
+                _ => return plan_err!("{f}: `{name}` must be a number literal, got {t}"),
+            });
+        }
+        Ok(out)
+    }
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(model_data_type())
+    }
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        let params = self.params(&args)?;
+        let plan = params.plan().map_err(|e| plan_error(Self::NAME, e))?;
+        let buffer = match args.expr_fields.get(1).map(|f| f.data_type()) {
+            Some(DataType::FixedSizeList(_, k)) if *k >= 0 => {
+                RowBuffer::with_dims(LabelKind::Binary, *k as usize)
+            }
+            _ => RowBuffer::new(LabelKind::Binary),
+        };
+        Ok(Box::new(AgdAccumulator {
+            buffer,
+            params,
+            plan,
+            insecure_seed: self.insecure_seed,
+        }))
+    }
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        Ok(RowBuffer::state_fields(args.name))
+    }
+    /// Integer (exact) sums inside the fit: row order does not change the result.
+    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
+        AggregateOrderSensitivity::Insensitive
+    }
+    fn documentation(&self) -> Option<&Documentation> {
+        Some(&DOC)
+    }
+}
+
+/// Buffers the rows of one group; fits in `evaluate`.
+#[derive(Debug)]
+struct AgdAccumulator {
+    buffer: RowBuffer,
+    params: AgdParams,
+    plan: AgdPlan,
+    insecure_seed: Option<u64>,
+}
+
+impl Accumulator for AgdAccumulator {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        self.buffer.update(&values[0], &values[1])
+    }
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        self.buffer.merge(states)
+    }
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        self.buffer.state()
+    }
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        let mut rng = match self.insecure_seed {
+            Some(s) => SecureRng::insecure_from_seed(s),
+            None => SecureRng::from_os_entropy(),
+        };
+        let rows = self.buffer.rows();
+        let result = fit(&self.plan, rows, &mut rng);
+        // A row buffer that never saw a row does not know d; its coefficients are then empty.
+        Ok(Model {
+            coefficients: result.coefficients,
+            intercept: result.intercept,
+            iterations: result.iterations,
+            epsilon: self.params.epsilon,
+            delta: self.params.delta,
+            mechanism: "agd".into(),
+        }
+        .to_scalar())
+    }
+    fn size(&self) -> usize {
+        self.buffer.size() + size_of::<Self>() - size_of::<RowBuffer>()
+    }
+}
+
+static DOC: LazyLock<Documentation> = LazyLock::new(|| {
+    Documentation::builder(
+        DOC_SECTION_DP,
+        "Differentially private logistic regression by DP-AGD (Lee and Kifer, KDD 2018), \
+         corrected: per iteration a noisy sum of per-example gradients clipped to clip_grad \
+         (discrete Gaussian), then a step size chosen from 21 candidates (including 0) by the \
+         exponential mechanism on the sum of per-example losses clipped to clip_obj; when step 0 \
+         wins the gradient is refined by averaging with a fresh draw and its budget grows by \
+         gamma. A zCDP privacy filter checks every charge before its mechanism runs, so the fit \
+         spends at most rho = zcdp_rho(epsilon, delta) (tight CKS conversion) and the call is \
+         (epsilon, delta)-DP. Labels 0/1 or boolean (other values fail without naming the row); \
+         rows with a NULL/NaN label or feature are skipped; feature lists must all have the \
+         same length. Returns the model struct (mechanism 'agd'); predict with \
+         logreg_predict_proba.",
+        "dp_logreg_agd(label, features, epsilon[, delta[, clip_grad[, clip_obj[, splits[, \
+         gamma[, l2[, fit_intercept[, max_step]]]]]]]])",
+    )
+    .with_argument("label", "0/1 numbers or booleans.")
+    .with_argument(
+        "features",
+        "List of numbers per row: [x1, x2] or make_array(x1, x2). Scale features to a \
+         comparable range (e.g. [0, 1] or [-1, 1]) with public bounds.",
+    )
+    .with_argument("epsilon", "Literal ε > 0.")
+    .with_argument(
+        "delta",
+        "Literal δ in (0, 1); defaults to the session's dpfusion.default_delta (1e-7).",
+    )
+    .with_argument(
+        "clip_grad",
+        "Per-example gradient clipping norm C_grad > 0 (default 3).",
+    )
+    .with_argument(
+        "clip_obj",
+        "Per-example loss clipping C_obj > 0 for the step selection (default 3).",
+    )
+    .with_argument(
+        "splits",
+        "Integer in [1, 100000] (default 20): iterations the budget pays for at the initial \
+         per-step rates; each gets rho/splits, half for the gradient, half for the selection.",
+    )
+    .with_argument(
+        "gamma",
+        "Budget increase of the gradient after a rejected direction, in (0, 100] (default 0.1).",
+    )
+    .with_argument(
+        "l2",
+        "Ridge coefficient added to the descent direction, coefficients only (default 0.001).",
+    )
+    .with_argument("fit_intercept", "Boolean literal (default true).")
+    .with_argument(
+        "max_step",
+        "Largest candidate step size α_max, in (0, 1e6] (default 2).",
+    )
+    .with_argument(
+        "neighbours",
+        "Hidden: 'add_remove' (default), 'replace' or 'replace_public_n'. Set by the dpfusion \
+         session from the table's registration; users never write it.",
+    )
+    .with_sql_example(
+        "SELECT dp_logreg_agd(disease, [age, bmi, bp, chol, smoker], 1.0, 1e-6) AS model \
+         FROM patients;",
+    )
+    .with_related_udf("logreg_predict_proba")
+    .with_related_udf("dp_linreg_gd")
+    .build()
+});

@@ -1,0 +1,761 @@
+//! DP gradient descent for linear regression: the kernels of `dp_linreg_gd`.
+//!
+//! Both kernels run over rows buffered by [`super::rows::RowBuffer`] (a row-major `f64` matrix),
+//! with no per-row allocation; a fit costs O(T·n·p) with p = d (+1 with an intercept). They start
+//! at θ₀ = 0 and draw all their noise through [`GaussianMechanism`] on a power-of-two grid
+//! (PRIVACY.md, "Noise"), one draw per coordinate per iteration.
+//!
+//! # `'gaussian'`: per-example clipping ([`GaussianGd`])
+//! DP-GD of seed 000 (Lecture 4, §2.2 "Algorithm: DP-Gradient Descent", and §2.5 for the
+//! sensitivity) and seed 003 (Lecture 13, Algorithm 2 "Noisy Projected Gradient Descent" and
+//! Lemma 1.1), on the squared loss ℓ(θ; x, y) = ½(θ·x̃ − y)², x̃ = (x, 1) with an intercept:
+//! 1. per-example gradients gᵢ = (θ·x̃ᵢ − yᵢ)·x̃ᵢ, each clipped to L2 norm `clip`
+//!    ([`Clipper`]; seed 000 §2.2 CLIP);
+//! 2. S̃ₜ = Σᵢ clip(gᵢ) + N(0, σ²I) (Gaussian mechanism, L2 sensitivity Δ = clip under
+//!    add/remove, 2·clip under replace: seed 000 §2.5, seed 003 Lemma 1.1 "2G");
+//! 3. θ ← θ − η·(S̃ₜ/ñ + λ·θ_w), with ñ = max(1, n + N(0, σ_c²)) a noisy count released once
+//!    (sensitivity 1), or the public n under `replace_public_n`; λ·θ_w is the gradient of
+//!    (λ/2)‖w‖² on the coefficients (not the intercept): exact post-processing.
+//!
+//! **Privacy.** Every release is a Gaussian mechanism; T gradient releases with μ_g each and the
+//! count with μ_c compose exactly under Gaussian DP (Dong, Roth, Su 2019, Cor. 3.3; seed 003
+//! Lemma 1.1 "what matters is the overall ℓ2 sensitivity of the collection of queries"; seed
+//! 001 on tight accounting for DP-GD) to μ = √(T·μ_g² + μ_c²). We set μ = gaussian_mu(ε, δ)
+//! (the exact GDP calibration) and split it as μ_c² = μ²/20, T·μ_g² = 19μ²/20 (all of μ² to the
+//! gradients under `replace_public_n`). Why 1/20: the count only rescales the step (ñ/n ≈ 1 ± σ_c/n)
+//! and does not move the fixed point of the iteration, so it needs little accuracy, while the
+//! gradient noise sets the error of the fit; 1/20 inflates the gradient noise by
+//! 1/√0.95 − 1 = 2.6% and gives a count error of 4.5/μ rows (19 rows at ε = 1, δ = 1e-6).
+//! Adaptivity (θₜ depends on earlier noisy releases) is covered by adaptive composition (seed
+//! 000 §1.1). The ledger records `Gaussian { μ }`.
+//!
+//! **Exact sums** (PRIVACY.md, "Numbers on a computer"; Casacuberta et al., CCS 2022). The
+//! gradient mechanism's grid step q = 2^e (a power of two, ≤ 2⁻²⁰·Δ, chosen from the literal
+//! parameters only) is also the fixed-point unit: each clipped gradient is mapped to integers
+//! vᵢ = round(clip(gᵢ)/q) and the check Σⱼ vᵢⱼ² ≤ ⌊clip/q⌋² is made **in integers** (a row
+//! that fails it, which float rounding could cause only in principle, contributes 0). The sums
+//! Σᵢ vᵢ are exact `i128` sums, independent of row order and partitioning, so the L2 sensitivity
+//! is exactly ⌊clip/q⌋·q ≤ clip (2·clip under replace); the integer sum is released as
+//! (Σᵢ vᵢ + Y)·q with Y a discrete Gaussian vector on the same grid, with no rounding step
+//! ([`crate::aggregates::exact::release_exact`]). The vector of per-coordinate discrete
+//! Gaussians N_Z(0, S²) (S ≥ 2²⁰ grid steps) has the privacy curve of the continuous Gaussian
+//! up to factors 1 ± O(e^{−2π²S²}) (Canonne, Kamath, Steinke 2020, §2.2 and Thm. 15).
+//!
+//! **Bad values.** Features and labels are clamped to ±[`VALUE_CLAMP`] (±∞ included) before
+//! anything else: a fixed per-row map, so the sensitivity argument is unchanged. A row whose
+//! residual is NaN (overflow of θ·x) contributes 0 to that iteration.
+//!
+//! **Output.** The average of the iterates θ_{T/2+1}, …, θ_T (tail averaging: post-processing
+//! that cuts the stationary noise of constant-step GD; chosen by measurement, see the README).
+//!
+//! # `'rgm'`: relative Gaussian mechanism on the ridge objective ([`RgmGd`])
+//! Hendrikx, Mangold, Bellet (AISTATS 2024), as reconstructed in research/rgm.md §7(b):
+//! 1. rows clipped: x̃ᵢ = (xᵢ·min(1, C_x/‖xᵢ‖), 1) (the constant 1 with an intercept), so
+//!    ‖x̃ᵢ‖ ≤ C := √(C_x² + 1) (or C_x), and ỹᵢ = clamp(yᵢ, ±C_y);
+//! 2. the full gradient of f(θ) = (1/2n)Σᵢ(θ·x̃ᵢ − ỹᵢ)² + (λ/2)‖θ‖² (intercept included in the
+//!    penalty, which makes the Hessian H ⪰ λI: rgm.md eq. (9)) is
+//!    gₜ = (1/n)Σᵢ x̃ᵢ(x̃ᵢ·θₜ − ỹᵢ) + λθₜ, with n the public row count;
+//! 3. g̃ₜ = gₜ + N(0, σ²(A + γ‖gₜ‖)² I), with the data-independent relative-sensitivity
+//!    constants of rgm.md §7(b) step 2 (from eqs. (10)–(11)):
+//!    γ = 2C²/(nλ),  A = (2C/n)(C·R + C_y),  R = min(C·C_y/λ, C_y/√λ) ≥ ‖θ*‖;
+//!    rgm.md uses R = C·C_y/λ, i.e. A = (2C·C_y/n)(1 + C²/λ); the second bound C_y/√λ is ours
+//!    (from optimality, see [`RgmGd::radius`]) and cuts A by up to √λ/C;
+//! 4. θ ← Π(θ − η'·g̃ₜ), Π the projection on the ball ‖θ‖ ≤ R, which holds the ridge solution
+//!    (seed 003 Algorithm 2 projects the same way), and
+//!    η' = η/(1 + 2pσ²γ²) (rgm.md §5 Theorem 2* / §7(b) step 3; see [`RgmGd::step`]).
+//!
+//! **Privacy.** Each iteration is an RGM with (σ, A, γ) on a replace-one neighbour relation with
+//! n public: its RDP curve is rgm.md eq. (5*) ([`crate::privacy::profile::rgm_rdp`]), and T
+//! iterations compose by adding curves (Mironov 2017, Prop. 1; rgm.md §7(b) step 4). σ is the
+//! smallest noise multiplier whose composed curve converts (CKS 2020) to ≤ ε at δ, found by
+//! bisection ([`rgm_sigma`]). The curve is increasing in γ, and γ decreases with n, so the cost
+//! is fixed at planning with γ at the smallest accepted row count `min_rows` (a literal); a group
+//! with fewer rows (n is public) gets a NULL model.
+//!
+//! **Exactness.** The gradient is computed from exact integer sums on a grid q (a power of two
+//! chosen from public quantities only: σ, A, n, θₜ). Its rounding (≤ √p·q/2 per row) enters
+//! the absolute term: A_e = A + √p·q·(γ(n+1)/(2n) + 1/n) (derivation in [`RgmGd`]). The noise is
+//! a per-coordinate discrete Gaussian on the same grid for both neighbours, with S = ⌈s·n/q⌉
+//! steps, S ≥ 2^k; the integer rounding of S and float rounding of s move the ratio of the two
+//! neighbours' noise scales by at most a factor (1 + 2⁻⁴⁰) and an additive 2^{−k}, so the
+//! accountant uses γ_acc = (1 + γ)(1 + 2⁻⁴⁰) + 2^{−k} − 1 ≥ the true ratio bound − 1.
+use datafusion::common::{DataFusionError, Result};
+
+use crate::aggregates::exact::{exact_log2, pow2, release_exact};
+use crate::mechanisms::GaussianMechanism;
+use crate::noise::SecureRng;
+use crate::privacy::{Event, PrivacyError, Profile};
+use crate::progress;
+
+/// Features and labels are clamped to ±1e150 (squares and products of two stay finite).
+pub const VALUE_CLAMP: f64 = 1e150;
+
+/// The progress name.
+const PROGRESS: &str = "dp_linreg_gd";
+
+/// 2^⌊log₂ x⌋ for finite x > 0 (exact).
+fn pow2_floor(x: f64) -> i32 {
+    debug_assert!(x.is_finite() && x > 0.0);
+    let mut e = x.log2().floor() as i32;
+    while pow2(e) > x {
+        e -= 1;
+    }
+    while pow2(e + 1) <= x {
+        e += 1;
+    }
+    e
+}
+
+/// x rounded to the nearest integer (ties away from zero), saturating at the i64 range; NaN
+/// gives 0. Native instructions only (`f64::round` is a libm call on baseline x86-64).
+#[inline]
+fn round_i64(x: f64) -> i64 {
+    let t = x as i64; // truncation toward zero, saturating
+    let r = x - t as f64;
+    // Branch-free: the comparisons are unpredictable in the kernels' loops.
+    t.saturating_add(i64::from(r >= 0.5))
+        .saturating_sub(i64::from(r <= -0.5))
+}
+
+/// The design matrix as the kernels see it: features clamped to ±[`VALUE_CLAMP`], labels too,
+/// and p = d (+1 for the intercept, stored implicitly).
+struct Design<'a> {
+    d: usize,
+    intercept: bool,
+    x: std::borrow::Cow<'a, [f64]>,
+    y: std::borrow::Cow<'a, [f64]>,
+}
+
+impl<'a> Design<'a> {
+    fn new(rows: &'a super::rows::Rows, intercept: bool) -> Self {
+        let clamp = |v: &'a [f64]| -> std::borrow::Cow<'a, [f64]> {
+            if v.iter().all(|a| a.abs() <= VALUE_CLAMP) {
+                std::borrow::Cow::Borrowed(v)
+            } else {
+                std::borrow::Cow::Owned(
+                    v.iter()
+                        .map(|a| a.clamp(-VALUE_CLAMP, VALUE_CLAMP))
+                        .collect(),
+                )
+            }
+        };
+        Design {
+            d: rows.d,
+            intercept,
+            x: clamp(&rows.x),
+            y: clamp(&rows.labels),
+        }
+    }
+    fn n(&self) -> usize {
+        self.y.len()
+    }
+    fn p(&self) -> usize {
+        self.d + usize::from(self.intercept)
+    }
+    #[inline]
+    fn row(&self, i: usize) -> &[f64] {
+        &self.x[i * self.d..(i + 1) * self.d]
+    }
+    /// ‖x̃ᵢ‖.
+    fn norm(&self, i: usize) -> f64 {
+        let s: f64 = self.row(i).iter().map(|v| v * v).sum();
+        (s + if self.intercept { 1.0 } else { 0.0 }).sqrt()
+    }
+    /// θ·x̃ᵢ.
+    #[inline]
+    fn dot(&self, theta: &[f64], i: usize) -> f64 {
+        let x = self.row(i);
+        let mut s = if self.intercept { theta[self.d] } else { 0.0 };
+        for j in 0..self.d {
+            s += theta[j] * x[j];
+        }
+        s
+    }
+}
+
+/// Per-example clipping into integers (module docs, "Exact sums").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Clipper {
+    /// The L2 bound on each contribution.
+    pub clip: f64,
+    /// The fixed-point unit q = 2^exp.
+    pub exp: i32,
+    /// ⌊clip/q⌋: the exact integer bound on ‖vᵢ‖.
+    pub c_int: u64,
+    /// The float target norm, clip − (√p + 1)·q (so that rounding to the grid stays within
+    /// c_int).
+    target: f64,
+    inv_q: f64,
+}
+
+impl Clipper {
+    /// For a bound `clip` > 0, a grid 2^exp ≤ 2⁻¹⁰·clip and p coordinates.
+    pub fn new(clip: f64, exp: i32, p: usize) -> Self {
+        let q = pow2(exp);
+        let c_int = (clip / q).floor() as u64;
+        Clipper {
+            clip,
+            exp,
+            c_int,
+            // ‖round(g/q)‖ ≤ ‖g‖/q + √p/2 and c_int ≥ clip/q − 1: a float norm ≤ target keeps
+            // the integer norm ≤ c_int with room for float error.
+            target: (clip * (1.0 - 1e-12) - ((p as f64).sqrt() + 1.0) * q).max(0.0),
+            inv_q: pow2(-exp),
+        }
+    }
+
+    /// The contribution of one example: `out` = round(clip(r·x̃)/q) with x̃ = (x, 1) if
+    /// `intercept`, and `nx` = ‖x̃‖. Returns false (and zeros `out`) when r is NaN or when the
+    /// integer check Σ out² ≤ c_int² fails; then the row contributes 0. Whatever the inputs,
+    /// on return Σ out² ≤ c_int².
+    pub fn contribution(
+        &self,
+        x: &[f64],
+        intercept: bool,
+        r: f64,
+        nx: f64,
+        out: &mut [i64],
+    ) -> bool {
+        let norm = r.abs() * nx;
+        // g = r·x̃ scaled to norm ≤ target: factor = r if ‖g‖ ≤ target, else sign(r)·target/nx.
+        let f = if norm <= self.target {
+            r
+        } else if nx > 0.0 && nx.is_finite() {
+            r.signum() * (self.target / nx)
+        } else {
+            0.0
+        };
+        let fq = f * self.inv_q;
+        if !fq.is_finite() {
+            out.fill(0);
+            return false;
+        }
+        let d = x.len();
+        for (o, &v) in out[..d].iter_mut().zip(x) {
+            *o = round_i64(fq * v);
+        }
+        if intercept {
+            out[d] = round_i64(fq);
+        }
+        let c = self.c_int;
+        let ok = if c < SMALL_INT {
+            // |v| ≤ c < 2^31: every square and the running sum (stopped at c²) fit in u64.
+            let lim = c * c;
+            let mut sq = 0u64;
+            out.iter().all(|&v| {
+                let a = v.unsigned_abs();
+                a <= c && {
+                    sq += a * a;
+                    sq <= lim
+                }
+            })
+        } else {
+            let sq: u128 = out
+                .iter()
+                .map(|&v| (v.unsigned_abs() as u128) * (v.unsigned_abs() as u128))
+                .fold(0u128, |a, b| a.saturating_add(b));
+            sq <= (c as u128) * (c as u128)
+        };
+        if !ok {
+            out.fill(0);
+            return false;
+        }
+        true
+    }
+}
+
+/// Below this bound on |vᵢⱼ| the integer arithmetic runs in 64 bits.
+const SMALL_INT: u64 = 1 << 31;
+
+/// How the gradient sum is turned into a mean.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Divisor {
+    /// A noisy count of the rows used, released once with this mechanism.
+    NoisyCount(GaussianMechanism),
+    /// The public row count (`replace_public_n`).
+    Public,
+}
+
+/// The `'gaussian'` kernel (module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GaussianGd {
+    pub iterations: u32,
+    pub learning_rate: f64,
+    pub l2: f64,
+    pub fit_intercept: bool,
+    /// The gradient-sum release (sensitivity clip or 2·clip, μ_g each).
+    pub grad_mech: GaussianMechanism,
+    pub divisor: Divisor,
+    pub clip: f64,
+    /// Output the average of the iterates from this one on (1-based; T = last iterate only).
+    pub average_from: u32,
+}
+
+/// Calibrations round outward: split μ's are shrunk by this factor (as `dp_mean` does).
+const SPLIT_SHRINK: f64 = 1.0 - 1e-12;
+
+/// Share of μ² given to the count under `add_remove` / `replace` (module docs).
+pub const COUNT_SHARE: f64 = 1.0 / 20.0;
+
+impl GaussianGd {
+    /// The kernel for a call whose whole fit is μ-GDP: μ from gaussian_mu(ε, δ); `replace`
+    /// doubles the gradient sensitivity; `public_n` drops the count release.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        mu: f64,
+        iterations: u32,
+        clip: f64,
+        learning_rate: f64,
+        l2: f64,
+        fit_intercept: bool,
+        replace: bool,
+        public_n: bool,
+    ) -> Result<Self, PrivacyError> {
+        let t = iterations as f64;
+        let (mu_g, divisor) = if public_n {
+            (mu / t.sqrt() * SPLIT_SHRINK, Divisor::Public)
+        } else {
+            let mu_c = mu * COUNT_SHARE.sqrt() * SPLIT_SHRINK;
+            let mu_g = mu * ((1.0 - COUNT_SHARE) / t).sqrt() * SPLIT_SHRINK;
+            (
+                mu_g,
+                Divisor::NoisyCount(GaussianMechanism::from_mu(mu_c, 1.0)?),
+            )
+        };
+        let sensitivity = if replace { 2.0 * clip } else { clip };
+        let grad_mech = GaussianMechanism::from_mu(mu_g, sensitivity)?;
+        Ok(GaussianGd {
+            iterations,
+            learning_rate,
+            l2,
+            fit_intercept,
+            grad_mech,
+            divisor,
+            clip,
+            average_from: iterations / 2 + 1,
+        })
+    }
+
+    /// The clipper on the mechanism's grid.
+    pub fn clipper(&self, p: usize) -> Result<Clipper> {
+        let exp = exact_log2(self.grad_mech.granularity).ok_or_else(|| {
+            DataFusionError::Internal("gradient grid is not a power of two".into())
+        })?;
+        Ok(Clipper::new(self.clip, exp, p))
+    }
+
+    /// The integer contribution of one example (x, y) at θ, computed exactly as in [`Self::fit`]
+    /// (clamping, residual, norm, clipping): for tests of the clipping bound.
+    /// Also returns whether the row contributed (false: NaN residual or a failed integer check).
+    pub fn example_contribution(
+        &self,
+        x: &[f64],
+        y: f64,
+        theta: &[f64],
+    ) -> Result<(Vec<i64>, bool)> {
+        let rows = super::rows::Rows {
+            d: x.len(),
+            labels: vec![y],
+            x: x.to_vec(),
+        };
+        let design = Design::new(&rows, self.fit_intercept);
+        let p = design.p();
+        let clipper = self.clipper(p)?;
+        let mut v = vec![0i64; p];
+        let r = design.dot(theta, 0) - design.y[0];
+        let used =
+            clipper.contribution(design.row(0), self.fit_intercept, r, design.norm(0), &mut v);
+        Ok((v, used))
+    }
+
+    /// Fits on `rows`; `public_n` is the public row count (used only with
+    /// [`Divisor::Public`]). Returns θ (p values; the intercept last), or `None` when the public
+    /// n is 0.
+    pub fn fit(
+        &self,
+        rows: &super::rows::Rows,
+        public_n: u64,
+        rng: &mut SecureRng,
+    ) -> Result<Option<Vec<f64>>> {
+        let design = Design::new(rows, self.fit_intercept);
+        let (n, d, p) = (design.n(), design.d, design.p());
+        let clipper = self.clipper(p)?;
+        let denom = match &self.divisor {
+            Divisor::Public => {
+                if public_n == 0 {
+                    return Ok(None);
+                }
+                public_n as f64
+            }
+            Divisor::NoisyCount(m) => release_exact(m, rng, n as i128, 0)?.max(1.0),
+        };
+        // ‖x̃ᵢ‖ once: it does not change across iterations.
+        let norms: Vec<f64> = (0..n).map(|i| design.norm(i)).collect();
+        let mut theta = vec![0.0; p];
+        let mut avg = vec![0.0; p];
+        let mut n_avg = 0u32;
+        let mut v = vec![0i64; p];
+        let mut sums = vec![0i128; p];
+        let t_total = self.iterations;
+        for t in 1..=t_total {
+            sums.iter_mut().for_each(|s| *s = 0);
+            // Exact integer sums: i64 partial sums of at most 2^31 rows of |v| < 2^31 (no
+            // overflow), flushed into i128; plain i128 when the grid is finer than that.
+            let small = clipper.c_int < SMALL_INT;
+            let mut part = vec![0i64; p];
+            for (i, &nx) in norms.iter().enumerate() {
+                let r = design.dot(&theta, i) - design.y[i];
+                if clipper.contribution(design.row(i), self.fit_intercept, r, nx, &mut v) {
+                    if small {
+                        for j in 0..p {
+                            part[j] += v[j];
+                        }
+                        if i % (1 << 31) == (1 << 31) - 1 {
+                            for j in 0..p {
+                                sums[j] += part[j] as i128;
+                                part[j] = 0;
+                            }
+                        }
+                    } else {
+                        for j in 0..p {
+                            sums[j] += v[j] as i128;
+                        }
+                    }
+                }
+            }
+            for j in 0..p {
+                sums[j] += part[j] as i128;
+            }
+            for j in 0..p {
+                let noisy = release_exact(&self.grad_mech, rng, sums[j], clipper.exp)?;
+                let reg = if j < d { self.l2 * theta[j] } else { 0.0 };
+                theta[j] -= self.learning_rate * (noisy / denom + reg);
+            }
+            if t >= self.average_from {
+                n_avg += 1;
+                let k = n_avg as f64;
+                for (a, &x) in avg.iter_mut().zip(&theta) {
+                    *a += (x - *a) / k;
+                }
+            }
+            progress::report(PROGRESS, t as u64, t_total as u64);
+        }
+        Ok(Some(if n_avg > 0 { avg } else { theta }))
+    }
+}
+
+/// Bits of the RGM noise grid: S ≥ 2^k steps at the smallest noise level; the accountant's γ
+/// slack is 2^{−k} (module docs). k is lowered (down to [`RGM_MIN_GRID_BITS`]) only when the
+/// largest noise level would exceed the sampler's 2^28 steps.
+pub const RGM_GRID_BITS: i32 = 20;
+pub const RGM_MIN_GRID_BITS: i32 = 12;
+
+/// The RDP orders' accountant slack on γ (module docs, "Exactness").
+pub fn rgm_gamma_acc(gamma: f64, grid_bits: i32) -> f64 {
+    (1.0 + gamma) * (1.0 + pow2(-40)) + pow2(-grid_bits) - 1.0
+}
+
+/// ε at δ of T compositions of the RGM with (σ, γ, dims) (the accountant's own conversion).
+pub fn rgm_epsilon(sigma: f64, gamma: f64, dims: u32, steps: u32, delta: f64) -> f64 {
+    Profile::from_event(&Event::Rgm {
+        sigma,
+        gamma,
+        dims,
+        steps,
+    })
+    .epsilon(delta)
+}
+
+/// The smallest σ (to a relative 1e-9, rounded up) such that `steps` compositions of the RGM
+/// with relative sensitivity γ in `dims` dimensions are (ε, δ)-DP by the accountant's
+/// conversion. Infeasible when even σ = ∞ gives more than ε: the message names the floor.
+pub fn rgm_sigma(
+    epsilon: f64,
+    delta: f64,
+    gamma: f64,
+    dims: u32,
+    steps: u32,
+) -> Result<f64, PrivacyError> {
+    let floor = rgm_epsilon(f64::INFINITY, gamma, dims, steps, delta);
+    if floor.is_nan() || floor >= epsilon {
+        return Err(PrivacyError::Infeasible(format!(
+            "the relative Gaussian mechanism cannot reach epsilon = {epsilon} at delta = {delta} \
+             with {steps} iterations in {dims} dimensions: its epsilon floor (infinite noise) is \
+             {floor:.4} for relative sensitivity gamma = {gamma:.3e} = 2·C²/(min_rows·l2); raise \
+             min_rows or l2, lower feature_bound or iterations, or raise epsilon"
+        )));
+    }
+    let ok = |s: f64| rgm_epsilon(s, gamma, dims, steps, delta) <= epsilon;
+    let (mut lo, mut hi) = (1e-6f64, 1.0f64);
+    while !ok(hi) {
+        lo = hi;
+        hi *= 2.0;
+        if hi > 1e15 {
+            return Err(PrivacyError::Infeasible(format!(
+                "no RGM noise level reaches epsilon = {epsilon} (floor {floor:.4})"
+            )));
+        }
+    }
+    if ok(lo) {
+        return Ok(lo);
+    }
+    while hi / lo > 1.0 + 1e-9 {
+        let mid = (lo * hi).sqrt();
+        if ok(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi)
+}
+
+/// The `'rgm'` kernel (module docs).
+///
+/// Rounding argument behind A_e (module docs, "Exactness"): the released mean is
+/// ĝ = F·q/n with F = Σᵢ round(x̃ᵢ(x̃ᵢ·θ − ỹᵢ)/q) + round(nλθ/q) exact integers, so ĝ = g + E
+/// with ‖E‖ ≤ √p·q/2·(1 + 1/n), and E − E′ comes from the replaced row only: ‖E − E′‖ ≤ √p·q/n
+/// (the λθ term is the same for both neighbours). With ‖g − g′‖ ≤ A + γ‖g‖ (rgm.md eq. (10)),
+/// ‖ĝ − ĝ′‖ ≤ A + γ(‖ĝ‖ + ‖E‖) + √p·q/n ≤ A_e + γ‖ĝ‖. The noise std is
+/// σ·s with s ≥ A_e + γ‖ĝ‖ (rounded up), which is the RGM's requirement (rgm.md Definition 2,
+/// Lemma 1, in its min-form by symmetry).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RgmGd {
+    pub iterations: u32,
+    pub learning_rate: f64,
+    pub l2: f64,
+    pub fit_intercept: bool,
+    pub feature_bound: f64,
+    pub label_bound: f64,
+    /// The noise multiplier σ (calibrated for γ at `min_rows`).
+    pub sigma: f64,
+    /// The smallest accepted public n.
+    pub min_rows: u64,
+    /// k: the noise grid keeps S ≥ 2^k steps.
+    pub grid_bits: i32,
+    /// Number of features d (p = d + intercept).
+    pub dims: u32,
+}
+
+impl RgmGd {
+    /// C = √(C_x² + 1) with an intercept, else C_x.
+    pub fn c(&self) -> f64 {
+        if self.fit_intercept {
+            (self.feature_bound * self.feature_bound + 1.0).sqrt()
+        } else {
+            self.feature_bound
+        }
+    }
+    pub fn p(&self) -> u32 {
+        self.dims + u32::from(self.fit_intercept)
+    }
+    /// γ = 2C²/(nλ) (rgm.md §7(b) step 2).
+    pub fn gamma(&self, n: u64) -> f64 {
+        let c = self.c();
+        2.0 * c * c / (n as f64 * self.l2)
+    }
+    /// A = (2C/n)(C·R + C_y) with R = min(C·C_y/λ, C_y/√λ) the bound on ‖θ*‖ ([`Self::radius`]):
+    /// rgm.md §7(b) step 2 (A = sup‖∇f′(θ*)‖ ≤ (2/n)·C·(C‖θ*‖ + C_y)), which with rgm.md's
+    /// ‖θ*‖ ≤ C·C_y/λ is (2C·C_y/n)(1 + C²/λ).
+    pub fn a(&self, n: u64) -> f64 {
+        let c = self.c();
+        2.0 * c / n as f64 * (c * self.radius() + self.label_bound)
+    }
+    /// R = min(C·C_y/λ, C_y/√λ), a data-independent bound on the ridge solution ‖θ*‖:
+    /// ‖θ*‖ = ‖H⁻¹b‖ ≤ ‖b‖/λ ≤ C·C_y/λ (rgm.md §7(b) step 2), and, ours, from optimality
+    /// (λ/2)‖θ*‖² ≤ f(θ*) ≤ f(0) = (1/2n)Σỹᵢ² ≤ C_y²/2, so ‖θ*‖ ≤ C_y/√λ (smaller whenever
+    /// λ < C²; e.g. 10× smaller at C² = 11, λ = 0.1). Also the projection radius.
+    pub fn radius(&self) -> f64 {
+        let cy = self.label_bound;
+        (self.c() * cy / self.l2).min(cy / self.l2.sqrt())
+    }
+    /// An upper bound on the ratio of the largest to the smallest noise level over all
+    /// iterations (public: n cancels in γ/A), for the sampler's range.
+    pub fn ratio_bound(&self) -> f64 {
+        let c = self.c();
+        let r = self.radius();
+        let p = self.p() as f64;
+        // ‖g‖ ≤ C(C·R + C_y) + λR (θ stays in the ball of radius R); γ/A does not depend on n;
+        // the rounding term adds γ·√p·q(1 + 1/n) with q ≤ σ·A·n·2^{−k}, i.e. a ratio
+        // ≤ 2γn·√p·σ·2^{−k} = 4√p·σ·C²·2^{−k}/λ.
+        let g = c * (c * r + self.label_bound) + self.l2 * r;
+        let rel = self.gamma(1) / self.a(1);
+        (1.0 + rel * g + 4.0 * p.sqrt() * self.sigma * c * c * pow2(-self.grid_bits) / self.l2)
+            * 1.01
+    }
+    /// The planned cost: T compositions at γ_acc(min_rows).
+    pub fn event(&self) -> Event {
+        Event::Rgm {
+            sigma: self.sigma,
+            gamma: rgm_gamma_acc(self.gamma(self.min_rows), self.grid_bits),
+            dims: self.p(),
+            steps: self.iterations,
+        }
+    }
+    /// The step size actually used: η/(1 + 2pσ²γ²). rgm.md §5 Theorem 2* (and §7(b) step 3)
+    /// takes η ≤ 1/(L(1 + 2pσ²γ²)): the relative part of the noise, whose variance grows with
+    /// ‖g‖², shrinks the stable step by that factor. The smoothness part 1/L is left to
+    /// `learning_rate`, as for 'gaussian' (the data-independent bound L ≤ C² + λ is far above
+    /// the usual λ_max(H) and made convergence several times slower in our measurements).
+    pub fn step(&self, n: u64) -> f64 {
+        let g = self.gamma(n);
+        self.learning_rate / (1.0 + 2.0 * self.p() as f64 * self.sigma * self.sigma * g * g)
+    }
+
+    /// Fits on `rows` with public row count `n` (rows skipped for NULL/NaN count in n and
+    /// contribute 0). `None` when n < min_rows.
+    pub fn fit(
+        &self,
+        rows: &super::rows::Rows,
+        n: u64,
+        rng: &mut SecureRng,
+    ) -> Result<Option<Vec<f64>>> {
+        if n < self.min_rows.max(1) {
+            return Ok(None);
+        }
+        let design = Design::new(rows, self.fit_intercept);
+        let (m, d, p) = (design.n(), design.d, design.p());
+        if p != self.p() as usize {
+            return Err(DataFusionError::Execution(format!(
+                "features: expected {} values per row, got {d}",
+                self.dims
+            )));
+        }
+        // 1. clip rows into a p-column matrix (x̃ with the constant 1) and clamp labels.
+        let cx = self.feature_bound * (1.0 - 1e-12);
+        let mut xt = vec![0.0; m * p];
+        let mut yt = vec![0.0; m];
+        for i in 0..m {
+            let x = design.row(i);
+            let nrm = x.iter().map(|v| v * v).sum::<f64>().sqrt();
+            let s = if nrm > cx { cx / nrm } else { 1.0 };
+            let out = &mut xt[i * p..(i + 1) * p];
+            for (o, v) in out[..d].iter_mut().zip(x) {
+                *o = v * s;
+            }
+            if self.fit_intercept {
+                out[d] = 1.0;
+            }
+            yt[i] = design.y[i].clamp(-self.label_bound, self.label_bound);
+        }
+        let nf = n as f64;
+        let gamma = self.gamma(n);
+        let a = self.a(n);
+        let radius = self.radius();
+        let eta = self.step(n);
+        let mut theta = vec![0.0; p];
+        let mut avg = vec![0.0; p];
+        let mut n_avg = 0u32;
+        let average_from = self.iterations / 2 + 1;
+        let mut sums = vec![0i128; p];
+        let sqrt_p = (p as f64).sqrt();
+        for t in 1..=self.iterations {
+            // The grid: S ≥ 2^k at the smallest noise level σ·A (public: σ, A, n).
+            let e = pow2_floor(self.sigma * a * nf * pow2(-self.grid_bits));
+            let q = pow2(e);
+            let inv_q = pow2(-e);
+            let a_e = a + sqrt_p * q * (gamma * (nf + 1.0) / (2.0 * nf) + 1.0 / nf);
+            // F = Σ round(x̃(x̃·θ − ỹ)/q) + round(nλθ/q), exact.
+            sums.iter_mut().for_each(|s| *s = 0);
+            for i in 0..m {
+                let xr = &xt[i * p..(i + 1) * p];
+                let r: f64 = xr.iter().zip(&theta).map(|(a, b)| a * b).sum::<f64>() - yt[i];
+                let rq = r * inv_q;
+                for (s, &v) in sums.iter_mut().zip(xr) {
+                    *s += round_i64(rq * v) as i128;
+                }
+            }
+            for (s, &th) in sums.iter_mut().zip(&theta) {
+                *s += (nf * self.l2 * th * inv_q).round() as i128;
+            }
+            let g_norm = sums
+                .iter()
+                .map(|&s| {
+                    let v = s as f64 * q / nf;
+                    v * v
+                })
+                .sum::<f64>()
+                .sqrt();
+            // std in sum units (of q): ⌈σ(A_e + γ'‖ĝ‖)·n/q⌉, rounded outward.
+            let s_mean =
+                self.sigma * (a_e + gamma * (1.0 + pow2(-48)) * g_norm) * (1.0 + pow2(-45));
+            let steps = (s_mean * nf * inv_q).ceil();
+            if !(steps.is_finite() && steps >= pow2(self.grid_bits) && steps < pow2(28)) {
+                return Err(DataFusionError::Internal(format!(
+                    "rgm: noise scale of {steps} grid steps outside [2^{}, 2^28)",
+                    self.grid_bits
+                )));
+            }
+            let mech = GaussianMechanism {
+                sigma: steps * q,
+                granularity: q,
+            };
+            let mut norm2 = 0.0;
+            for j in 0..p {
+                let noisy = release_exact(&mech, rng, sums[j], e)?;
+                theta[j] -= eta * noisy / nf;
+                norm2 += theta[j] * theta[j];
+            }
+            // Projection on the ball ‖θ‖ ≤ R (post-processing).
+            let norm = norm2.sqrt();
+            if norm > radius {
+                let s = radius / norm;
+                theta.iter_mut().for_each(|v| *v *= s);
+            }
+            if t >= average_from {
+                n_avg += 1;
+                let k = n_avg as f64;
+                for (av, &x) in avg.iter_mut().zip(&theta) {
+                    *av += (x - *av) / k;
+                }
+            }
+            progress::report(PROGRESS, t as u64, self.iterations as u64);
+        }
+        Ok(Some(if n_avg > 0 { avg } else { theta }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding() {
+        for (x, want) in [
+            (0.5, 1),
+            (-0.5, -1),
+            (0.49999999999999994, 0),
+            (2.5, 3),
+            (-2.4, -2),
+            (1e300, i64::MAX),
+            (-1e300, i64::MIN),
+            (f64::NAN, 0),
+            (4503599627370497.0, 4503599627370497),
+        ] {
+            assert_eq!(round_i64(x), want, "{x}");
+            if x.abs() < 1e18 {
+                assert_eq!(round_i64(x), x.round() as i64, "{x}");
+            }
+        }
+    }
+
+    #[test]
+    fn pow2_floor_exact() {
+        assert_eq!(pow2_floor(1.0), 0);
+        assert_eq!(pow2_floor(1.5), 0);
+        assert_eq!(pow2_floor(0.25), -2);
+        assert_eq!(pow2_floor(3e10), 34);
+    }
+
+    #[test]
+    fn clipper_bounds_integer_norm() {
+        let c = Clipper::new(1.0, -20, 3);
+        let mut out = vec![0i64; 3];
+        assert!(c.contribution(&[3.0, 4.0], true, 10.0, 26f64.sqrt(), &mut out));
+        let sq: u128 = out.iter().map(|&v| (v * v) as u128).sum();
+        assert!(sq <= (c.c_int as u128).pow(2));
+        // NaN residual: nothing.
+        assert!(!c.contribution(&[1.0, 1.0], true, f64::NAN, 3f64.sqrt(), &mut out));
+        assert_eq!(out, vec![0, 0, 0]);
+    }
+}

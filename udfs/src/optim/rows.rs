@@ -1,0 +1,557 @@
+//! Buffered training rows for the model aggregates (`dp_linreg_gd`, `dp_logreg_agd`).
+//!
+//! A model fit needs every row in every iteration, so the accumulator keeps the rows themselves:
+//! one label and one feature vector per row, in a row-major `f64` matrix (no per-row allocation).
+//! The state is mergeable: [`RowBuffer::state`] emits the buffer as two `List<Float64>` values
+//! (labels, row-major features) and the feature count, and [`RowBuffer::merge`] appends other
+//! partitions' buffers. The fit runs once, in `evaluate`, after all partitions are merged, so the
+//! rows seen (and therefore the released model) do not depend on the partitioning except through
+//! row order, which only matters through floating-point summation order inside the kernels (the
+//! kernels make their sensitivity-relevant sums exact; see `optim::linreg`).
+//!
+//! Bad input (SQL.md, "Bad input"):
+//! - a row whose label or feature list is NULL, or whose label or any feature is NULL or NaN, is
+//!   skipped;
+//! - ±infinity is kept: each kernel clamps or clips it like any other out-of-range value;
+//! - a feature list whose length differs from the expected length (the first row's, or the one
+//!   fixed at planning by [`RowBuffer::with_dims`]) fails the query with an error naming the
+//!   expected length. All partitions must agree. The error is raised while rows are read, before
+//!   any noise is drawn;
+//! - with [`LabelKind::Binary`], a label that is not 0/1 (or a Boolean) fails the query with an
+//!   error that names the accepted values but not the row.
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, ListArray, UInt64Array};
+use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type, UInt64Type};
+use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::logical_expr::utils::format_state_name;
+
+/// What the label column holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LabelKind {
+    /// Any real number (regression). ±infinity is kept for the kernel to clamp.
+    Real,
+    /// 0 or 1 as a number, or a Boolean (classification). Anything else is an error.
+    Binary,
+}
+
+/// Training rows: `labels[i]` and the feature vector `x[i*d..(i+1)*d]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rows {
+    /// Number of features per row.
+    pub d: usize,
+    pub labels: Vec<f64>,
+    /// Row-major n×d features.
+    pub x: Vec<f64>,
+}
+
+impl Rows {
+    /// Number of rows.
+    pub fn n(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Features of row `i`.
+    #[inline]
+    pub fn row(&self, i: usize) -> &[f64] {
+        &self.x[i * self.d..(i + 1) * self.d]
+    }
+}
+
+/// The mergeable accumulator state of the model aggregates (module docs).
+#[derive(Debug, Clone)]
+pub struct RowBuffer {
+    kind: LabelKind,
+    /// The feature count, once fixed (by the first row, a merged state, or at planning).
+    dims: Option<usize>,
+    rows: Rows,
+    /// Rows that reached the aggregate (after its FILTER), skipped ones included.
+    seen: u64,
+}
+
+/// `DataType::List(Float64)` with the standard nullable "item" field.
+fn list_f64() -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(DataType::Float64, true)))
+}
+
+/// One list scalar holding `values`, built without one `ScalarValue` per element.
+fn list_scalar(values: &[f64]) -> ScalarValue {
+    let arr = ListArray::new(
+        Arc::new(Field::new_list_field(DataType::Float64, true)),
+        OffsetBuffer::from_lengths([values.len()]),
+        Arc::new(Float64Array::from(values.to_vec())),
+        None,
+    );
+    ScalarValue::List(Arc::new(arr))
+}
+
+/// The error for a feature list of the wrong length. Names the expected length only.
+fn length_error(expected: usize, got: usize) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "features: every feature list must have the same length; expected {expected} values, \
+         got a list of {got} (the model's feature count is fixed by the first row, or by a \
+         fixed-size list type)"
+    ))
+}
+
+/// Feature lists as (per-row offsets into `values`, validity, Float64 values).
+struct FeatureLists {
+    offsets: Vec<usize>,
+    /// `None`: every list is valid.
+    valid: Option<Vec<bool>>,
+    values: Float64Array,
+}
+
+fn cast_values(values: &ArrayRef) -> Result<Float64Array> {
+    if !values.data_type().is_numeric() && values.data_type() != &DataType::Null {
+        return Err(DataFusionError::Execution(format!(
+            "features: list elements must be numeric, got {}",
+            values.data_type()
+        )));
+    }
+    let v = cast(values.as_ref(), &DataType::Float64)?;
+    Ok(v.as_primitive::<Float64Type>().clone())
+}
+
+fn feature_lists(features: &ArrayRef) -> Result<FeatureLists> {
+    let valid = features
+        .logical_nulls()
+        .map(|n| (0..features.len()).map(|i| n.is_valid(i)).collect());
+    match features.data_type() {
+        DataType::List(_) => {
+            let l = features.as_list::<i32>();
+            Ok(FeatureLists {
+                offsets: l.value_offsets().iter().map(|&o| o as usize).collect(),
+                valid,
+                values: cast_values(l.values())?,
+            })
+        }
+        DataType::LargeList(_) => {
+            let l = features.as_list::<i64>();
+            Ok(FeatureLists {
+                offsets: l.value_offsets().iter().map(|&o| o as usize).collect(),
+                valid,
+                values: cast_values(l.values())?,
+            })
+        }
+        DataType::FixedSizeList(_, k) => {
+            let l = features.as_fixed_size_list();
+            let k = *k as usize;
+            // The child array of a sliced FixedSizeList starts at the parent's offset.
+            let start = l.offset() * k;
+            Ok(FeatureLists {
+                offsets: (0..=l.len()).map(|i| start + i * k).collect(),
+                valid,
+                values: cast_values(l.values())?,
+            })
+        }
+        t => Err(DataFusionError::Execution(format!(
+            "features must be a list of numbers ([x1, x2] or make_array(x1, x2)), got {t}"
+        ))),
+    }
+}
+
+/// Labels as f64 (NaN for NULL), checked against `kind`.
+fn labels_f64(label: &ArrayRef, kind: LabelKind) -> Result<Vec<f64>> {
+    let n = label.len();
+    let nulls = label.logical_nulls();
+    let is_null = |i: usize| nulls.as_ref().is_some_and(|m| m.is_null(i));
+    let out: Vec<f64> = match label.data_type() {
+        DataType::Boolean => {
+            let b = label.as_boolean();
+            (0..n)
+                .map(|i| {
+                    if is_null(i) {
+                        f64::NAN
+                    } else if b.value(i) {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        }
+        t if t.is_numeric() || t == &DataType::Null => {
+            let v = cast(label.as_ref(), &DataType::Float64)?;
+            let v = v.as_primitive::<Float64Type>();
+            (0..n)
+                .map(|i| if is_null(i) { f64::NAN } else { v.value(i) })
+                .collect()
+        }
+        t => {
+            return Err(DataFusionError::Execution(format!(
+                "label must be numeric or boolean, got {t}"
+            )));
+        }
+    };
+    if kind == LabelKind::Binary && out.iter().any(|&y| !(y.is_nan() || y == 0.0 || y == 1.0)) {
+        return Err(DataFusionError::Execution(
+            "label: classification labels must be 0 or 1 (numbers) or booleans; NULL and NaN \
+             rows are skipped"
+                .into(),
+        ));
+    }
+    Ok(out)
+}
+
+impl RowBuffer {
+    pub fn new(kind: LabelKind) -> Self {
+        Self {
+            kind,
+            dims: None,
+            rows: Rows::default(),
+            seen: 0,
+        }
+    }
+
+    /// A buffer whose feature count is fixed in advance (e.g. from a `FixedSizeList` type or a
+    /// `make_array` call with a known number of arguments, at planning time).
+    pub fn with_dims(kind: LabelKind, d: usize) -> Self {
+        Self {
+            kind,
+            dims: Some(d),
+            rows: Rows {
+                d,
+                ..Rows::default()
+            },
+            seen: 0,
+        }
+    }
+
+    /// The label kind.
+    pub fn kind(&self) -> LabelKind {
+        self.kind
+    }
+
+    /// The feature count, once known.
+    pub fn dims(&self) -> Option<usize> {
+        self.dims
+    }
+
+    fn fix_dims(&mut self, d: usize) -> Result<()> {
+        match self.dims {
+            Some(e) if e != d => Err(length_error(e, d)),
+            Some(_) => Ok(()),
+            None => {
+                self.dims = Some(d);
+                self.rows.d = d;
+                Ok(())
+            }
+        }
+    }
+
+    /// Appends the rows of one batch (module docs for what is skipped or rejected). On error
+    /// the buffer is left unchanged.
+    pub fn update(&mut self, label: &ArrayRef, features: &ArrayRef) -> Result<()> {
+        if label.len() != features.len() {
+            return Err(DataFusionError::Internal(format!(
+                "label and features have different lengths ({} and {})",
+                label.len(),
+                features.len()
+            )));
+        }
+        let y = labels_f64(label, self.kind)?;
+        let f = feature_lists(features)?;
+        let vals = f.values.values();
+        let vnulls = f.values.nulls();
+        // First pass: check lengths of every row that is not skipped for a NULL label/list.
+        let mut dims = self.dims;
+        for i in 0..y.len() {
+            if y[i].is_nan() || f.valid.as_ref().is_some_and(|v| !v[i]) {
+                continue;
+            }
+            let len = f.offsets[i + 1] - f.offsets[i];
+            match dims {
+                Some(e) if e != len => return Err(length_error(e, len)),
+                Some(_) => {}
+                None => dims = Some(len),
+            }
+        }
+        let Some(d) = dims else {
+            self.seen += y.len() as u64; // no usable row in this batch
+            return Ok(());
+        };
+        self.fix_dims(d)?;
+        self.seen += y.len() as u64;
+        self.rows.x.reserve(y.len() * d);
+        self.rows.labels.reserve(y.len());
+        for i in 0..y.len() {
+            if y[i].is_nan() || f.valid.as_ref().is_some_and(|v| !v[i]) {
+                continue;
+            }
+            let (a, b) = (f.offsets[i], f.offsets[i + 1]);
+            let row = &vals[a..b];
+            if row.iter().any(|v| v.is_nan())
+                || vnulls.is_some_and(|n| (a..b).any(|j| n.is_null(j)))
+            {
+                continue;
+            }
+            self.rows.labels.push(y[i]);
+            self.rows.x.extend_from_slice(row);
+        }
+        Ok(())
+    }
+
+    /// The state fields: `labels` and row-major `features` (`List<Float64>`), `dims`
+    /// (`UInt64`, NULL while no row fixed it) and `seen` (`UInt64`, rows that reached the
+    /// aggregate, skipped ones included).
+    pub fn state_fields(name: &str) -> Vec<FieldRef> {
+        vec![
+            Arc::new(Field::new(
+                format_state_name(name, "labels"),
+                list_f64(),
+                true,
+            )),
+            Arc::new(Field::new(
+                format_state_name(name, "features"),
+                list_f64(),
+                true,
+            )),
+            Arc::new(Field::new(
+                format_state_name(name, "dims"),
+                DataType::UInt64,
+                true,
+            )),
+            Arc::new(Field::new(
+                format_state_name(name, "seen"),
+                DataType::UInt64,
+                true,
+            )),
+        ]
+    }
+
+    /// The buffer as scalars in [`Self::state_fields`] order (exact, un-noised).
+    pub fn state(&self) -> Result<Vec<ScalarValue>> {
+        Ok(vec![
+            list_scalar(&self.rows.labels),
+            list_scalar(&self.rows.x),
+            ScalarValue::UInt64(self.dims.map(|d| d as u64)),
+            ScalarValue::UInt64(Some(self.seen)),
+        ])
+    }
+
+    /// Appends the buffers of other partitions (one per row of `states`).
+    pub fn merge(&mut self, states: &[ArrayRef]) -> Result<()> {
+        let bad = || DataFusionError::Internal("model aggregate: bad state layout".into());
+        if states.len() != 4 {
+            return Err(bad());
+        }
+        let labels = states[0].as_list_opt::<i32>().ok_or_else(bad)?;
+        let feats = states[1].as_list_opt::<i32>().ok_or_else(bad)?;
+        let dims: &UInt64Array = states[2].as_primitive_opt::<UInt64Type>().ok_or_else(bad)?;
+        let seen: &UInt64Array = states[3].as_primitive_opt::<UInt64Type>().ok_or_else(bad)?;
+        for r in 0..labels.len() {
+            if seen.is_valid(r) {
+                self.seen = self.seen.saturating_add(seen.value(r));
+            }
+            if dims.is_null(r) || labels.is_null(r) || feats.is_null(r) {
+                continue;
+            }
+            let d = dims.value(r) as usize;
+            self.fix_dims(d)?;
+            let l = labels.value(r);
+            let f = feats.value(r);
+            let l = l.as_primitive_opt::<Float64Type>().ok_or_else(bad)?;
+            let f = f.as_primitive_opt::<Float64Type>().ok_or_else(bad)?;
+            if f.len() != l.len() * d {
+                return Err(bad());
+            }
+            self.rows.labels.extend_from_slice(l.values());
+            self.rows.x.extend_from_slice(f.values());
+        }
+        Ok(())
+    }
+
+    /// Rows that reached the aggregate (after its FILTER clause), including rows skipped for
+    /// NULL/NaN. Under `replace_public_n` neighbours this is the public n.
+    pub fn seen(&self) -> u64 {
+        self.seen
+    }
+
+    /// The buffered rows.
+    pub fn rows(&self) -> &Rows {
+        &self.rows
+    }
+
+    /// Bytes held, `Self` included.
+    pub fn size(&self) -> usize {
+        size_of::<Self>()
+            + (self.rows.labels.capacity() + self.rows.x.capacity()) * size_of::<f64>()
+    }
+}
+
+/// The feature count of a `features` argument when it is fixed by the query itself, read from
+/// the logical expression (planning, before any row is read): `[x1, …, xk]` and
+/// `make_array(x1, …, xk)` give k (through aliases). `None` when it depends on the data (a list
+/// column).
+pub fn planned_dims_logical(features: &datafusion::logical_expr::Expr) -> Option<usize> {
+    use datafusion::logical_expr::Expr;
+    match features {
+        Expr::Alias(a) => planned_dims_logical(&a.expr),
+        Expr::ScalarFunction(f) if f.func.name() == "make_array" => Some(f.args.len()),
+        Expr::Cast(c) => match c.field.data_type() {
+            DataType::FixedSizeList(_, k) => Some(*k as usize),
+            _ => planned_dims_logical(&c.expr),
+        },
+        _ => None,
+    }
+}
+
+/// The same on the physical side (accumulator creation): a `make_array` call with k arguments,
+/// or a `FixedSizeList(k)` type.
+pub fn planned_dims_physical(
+    features: &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+    field: Option<&Field>,
+) -> Option<usize> {
+    use datafusion::physical_expr::ScalarFunctionExpr;
+    use datafusion::physical_expr::expressions::CastExpr;
+    if let Some(DataType::FixedSizeList(_, k)) = field.map(|f| f.data_type()) {
+        return Some(*k as usize);
+    }
+    if let Some(f) = features.downcast_ref::<ScalarFunctionExpr>() {
+        return (f.name() == "make_array").then_some(f.args().len());
+    }
+    if let Some(c) = features.downcast_ref::<CastExpr>() {
+        if let DataType::FixedSizeList(_, k) = c.cast_type() {
+            return Some(*k as usize);
+        }
+        return planned_dims_physical(c.expr(), None);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{BooleanArray, FixedSizeListArray, Int64Array};
+    use datafusion::arrow::datatypes::Int64Type;
+
+    fn list(rows: Vec<Option<Vec<Option<f64>>>>) -> ArrayRef {
+        Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(rows))
+    }
+
+    #[test]
+    fn skips_null_and_nan_rows() {
+        let mut b = RowBuffer::new(LabelKind::Real);
+        let y: ArrayRef = Arc::new(Float64Array::from(vec![
+            Some(1.0),
+            None,
+            Some(f64::NAN),
+            Some(2.0),
+            Some(3.0),
+            Some(4.0),
+        ]));
+        let x = list(vec![
+            Some(vec![Some(1.0), Some(2.0)]),
+            Some(vec![Some(1.0), Some(2.0)]),
+            Some(vec![Some(1.0), Some(2.0)]),
+            None,
+            Some(vec![Some(f64::NAN), Some(2.0)]),
+            Some(vec![Some(5.0), Some(f64::INFINITY)]),
+        ]);
+        b.update(&y, &x).unwrap();
+        assert_eq!(b.seen(), 6);
+        let r = b.rows();
+        assert_eq!(r.d, 2);
+        assert_eq!(r.labels, vec![1.0, 4.0]);
+        assert_eq!(r.x, vec![1.0, 2.0, 5.0, f64::INFINITY]);
+        let x2 = list(vec![Some(vec![Some(1.0), None])]);
+        let y2: ArrayRef = Arc::new(Float64Array::from(vec![1.0]));
+        b.update(&y2, &x2).unwrap();
+        assert_eq!(b.rows().n(), 2);
+    }
+
+    #[test]
+    fn wrong_length_fails_and_leaves_buffer() {
+        let mut b = RowBuffer::new(LabelKind::Real);
+        let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 2.0]));
+        b.update(
+            &y,
+            &list(vec![Some(vec![Some(1.0)]), Some(vec![Some(1.0)])]),
+        )
+        .unwrap();
+        let e = b
+            .update(
+                &y,
+                &list(vec![
+                    Some(vec![Some(1.0)]),
+                    Some(vec![Some(1.0), Some(3.0)]),
+                ]),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected 1 values"), "{e}");
+        assert_eq!(b.rows().n(), 2);
+        // A NULL-label row with a wrong length is skipped, not an error.
+        let y: ArrayRef = Arc::new(Float64Array::from(vec![None, Some(1.0)]));
+        b.update(&y, &list(vec![Some(vec![]), Some(vec![Some(2.0)])]))
+            .unwrap();
+        assert_eq!(b.rows().n(), 3);
+    }
+
+    #[test]
+    fn state_merge_round_trip_and_dims_agree() {
+        let mut a = RowBuffer::new(LabelKind::Binary);
+        let y: ArrayRef = Arc::new(BooleanArray::from(vec![true, false]));
+        a.update(
+            &y,
+            &list(vec![
+                Some(vec![Some(1.0), Some(2.0)]),
+                Some(vec![Some(3.0), Some(4.0)]),
+            ]),
+        )
+        .unwrap();
+        let empty = RowBuffer::new(LabelKind::Binary);
+        let states: Vec<ArrayRef> = (0..4)
+            .map(|k| {
+                ScalarValue::iter_to_array([
+                    a.state().unwrap()[k].clone(),
+                    empty.state().unwrap()[k].clone(),
+                ])
+                .unwrap()
+            })
+            .collect();
+        let mut m = RowBuffer::new(LabelKind::Binary);
+        m.merge(&states).unwrap();
+        m.merge(&states).unwrap();
+        assert_eq!(m.rows().n(), 4);
+        assert_eq!(m.rows().labels, vec![1.0, 0.0, 1.0, 0.0]);
+        assert_eq!(m.rows().row(3), &[3.0, 4.0]);
+        assert_eq!(m.seen(), 4);
+        let mut other = RowBuffer::with_dims(LabelKind::Binary, 3);
+        let e = other.merge(&states).unwrap_err().to_string();
+        assert!(e.contains("expected 3 values"), "{e}");
+    }
+
+    #[test]
+    fn binary_labels_checked() {
+        let mut b = RowBuffer::new(LabelKind::Binary);
+        let x = list(vec![Some(vec![Some(1.0)]), Some(vec![Some(1.0)])]);
+        let ok: ArrayRef = Arc::new(Int64Array::from(vec![Some(0), None]));
+        b.update(&ok, &x).unwrap();
+        let bad: ArrayRef = Arc::new(Int64Array::from(vec![0, 2]));
+        let e = b.update(&bad, &x).unwrap_err().to_string();
+        assert!(e.contains("0 or 1"), "{e}");
+        assert_eq!(b.rows().n(), 1);
+    }
+
+    #[test]
+    fn fixed_size_and_integer_lists() {
+        let mut b = RowBuffer::new(LabelKind::Real);
+        let fsl = FixedSizeListArray::from_iter_primitive::<Int64Type, _, _>(
+            vec![
+                Some(vec![Some(1), Some(2)]),
+                Some(vec![Some(3), Some(4)]),
+                Some(vec![Some(5), Some(6)]),
+            ],
+            2,
+        );
+        let x: ArrayRef = Arc::new(fsl.slice(1, 2));
+        let y: ArrayRef = Arc::new(Int64Array::from(vec![7, 8]));
+        b.update(&y, &x).unwrap();
+        assert_eq!(b.rows().x, vec![3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(b.rows().labels, vec![7.0, 8.0]);
+    }
+}
