@@ -53,6 +53,22 @@ const QUERIES: &[(&str, &str)] = &[
         "SELECT smoker, dp_mean(cost, 0, 20, epsilon => 0.5) AS mean_cost \
          FROM patients GROUP BY smoker ORDER BY smoker",
     ),
+    (
+        "rgm_mean_by: the relative Gaussian mechanism, one mean per job (groups of at least \
+         100 rows: with max_ratio 1.5 and epsilon 0.5 smaller groups would be infeasible)",
+        "SELECT rgm_mean_by(salary, job, max_ratio => 1.5, epsilon => 0.5, \
+         min_group_size => 100) AS by_job FROM salaries",
+    ),
+    (
+        "dp_linreg_gd: a linear model of cost, fitted by DP gradient descent",
+        "SELECT dp_linreg_gd(cost, [age, bmi, bp, chol, smoker], epsilon => 1.0) AS model \
+         FROM patients",
+    ),
+    (
+        "dp_logreg_agd: a logistic model of disease, fitted by DP-AGD",
+        "SELECT dp_logreg_agd(disease, [age, bmi, bp, chol, smoker], epsilon => 1.0) AS model \
+         FROM patients",
+    ),
 ];
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -96,30 +112,6 @@ fn write_parts(dir: &Path, batch: &RecordBatch, parts: usize) -> Result<()> {
     Ok(())
 }
 
-/// The model-fitting and RGM queries, when this build has those functions.
-fn optional_queries() -> Vec<(&'static str, &'static str)> {
-    let names: Vec<String> = dpfusion::dpfusion_udfs::aggregates::all_udafs()
-        .iter()
-        .map(|u| u.name().to_string())
-        .collect();
-    let mut out = Vec::new();
-    if names.iter().any(|n| n == "rgm_mean_by") {
-        out.push((
-            "rgm_mean_by: the relative Gaussian mechanism, one mean per job",
-            "SELECT rgm_mean_by(salary, job, max_ratio => 1.5, epsilon => 0.5) AS by_job \
-             FROM salaries",
-        ));
-    }
-    if names.iter().any(|n| n == "dp_linreg_gd") {
-        out.push((
-            "dp_linreg_gd: a linear model of cost, fitted by DP gradient descent",
-            "SELECT dp_linreg_gd(cost, [age, bmi, bp, chol, smoker], epsilon => 1.0) AS model \
-             FROM patients",
-        ));
-    }
-    out
-}
-
 async fn client(url: &str, data: &Path) -> Result<()> {
     let started = Instant::now();
     write_parts(&data.join("salaries"), &demo::salaries()?, 4)?;
@@ -154,9 +146,7 @@ async fn client(url: &str, data: &Path) -> Result<()> {
         demo::PATIENTS_ROWS,
         data.display()
     );
-    let mut queries: Vec<(&str, &str)> = QUERIES.to_vec();
-    queries.extend(optional_queries());
-    for (what, sql) in queries {
+    for &(what, sql) in QUERIES {
         println!("-- {what}\n{sql};");
         let t = Instant::now();
         match session.sql(sql).await {

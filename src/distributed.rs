@@ -143,13 +143,10 @@ impl std::fmt::Debug for DpQueryPlanner {
     }
 }
 
+type Provider = Arc<dyn datafusion::catalog::TableProvider>;
+
 /// The provider under the guard's wrapper, and the wrapper (if any).
-fn unwrap_scan(
-    scan: &TableScan,
-) -> Result<(
-    Arc<dyn datafusion::catalog::TableProvider>,
-    Option<Arc<dyn datafusion::catalog::TableProvider>>,
-)> {
+fn unwrap_scan(scan: &TableScan) -> Result<(Provider, Option<Provider>)> {
     let provider = source_as_provider(&scan.source)?;
     match provider.downcast_ref::<GuardedTable>() {
         Some(g) => Ok((g.inner().clone(), Some(provider.clone()))),

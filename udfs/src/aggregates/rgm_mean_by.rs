@@ -763,7 +763,7 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     )
     .with_sql_example(
         "SELECT rgm_mean_by(salary, job, 1.5, 1.0, 1e-6, 500) FROM salaries;\n\
-         -- one row: [{group: accountant, mean: 75012.3, n: 4589}, ...]",
+         -- one row: [{group: accountant, mean: 73324.3, n: 1510}, ...]",
     )
     .with_related_udf("dp_mean")
     .build()
