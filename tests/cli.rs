@@ -191,6 +191,32 @@ fn private_and_public_tables_and_budget_flags() {
         ],
     );
     assert!(!stderr(&o).contains("charged"), "{}", stderr(&o));
+    // A charged statement with no rows to show (CREATE TABLE AS) still prints its receipt, and
+    // so does one in JSON output (on stderr: stdout stays parseable).
+    let o = run(
+        &d,
+        &[
+            "--private",
+            &priv_arg,
+            "--epsilon",
+            "2",
+            "--delta",
+            "1e-5",
+            "--format",
+            "json",
+            "-c",
+            "CREATE TABLE kept AS SELECT dp_count(id, 0.1) AS n FROM people",
+            "-c",
+            "SELECT n FROM kept",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("charged people").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
     // The same file cannot become public on the same ledger.
     let o = run(
         &d,

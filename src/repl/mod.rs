@@ -32,17 +32,15 @@ Statements end with ';' and may span several lines.
   \\q                quit (or Ctrl-D)
 Ctrl-C cancels the current input, or the running query (a query already charged stays charged).";
 
-/// Prints one statement's result in `format` (stdout) and its receipt (stderr, table format).
+/// Prints one statement's result in `format` (stdout) and, unless `quiet`, its charge receipt
+/// (stderr, whatever the format, so that stdout stays parseable). A statement with no rows to
+/// show (`CREATE TABLE ... AS SELECT <DP query>`) still prints its receipt.
 pub fn print_result(r: &QueryResult, format: OutputFormat, quiet: bool) -> Result<(), String> {
-    if r.schema.fields().is_empty() && r.batches.is_empty() {
-        return Ok(());
+    if !(r.schema.fields().is_empty() && r.batches.is_empty()) {
+        let s = render(&r.batches, &r.schema, format).map_err(|e| e.to_string())?;
+        println!("{s}");
     }
-    let s = render(&r.batches, &r.schema, format).map_err(|e| e.to_string())?;
-    println!("{s}");
-    if !quiet
-        && format == OutputFormat::Table
-        && let Some(rcpt) = &r.receipt
-    {
+    if !quiet && let Some(rcpt) = &r.receipt {
         eprintln!("{}", receipt_line(rcpt));
     }
     Ok(())
