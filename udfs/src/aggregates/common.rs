@@ -39,7 +39,8 @@ pub(crate) fn dp_signature(params: &[&str]) -> Signature {
         .expect("user-defined signatures accept parameter names")
 }
 
-fn is_number(t: &DataType) -> bool {
+/// Integers, floats, decimals (also dictionary-encoded), and NULL: what a numeric argument accepts.
+pub(crate) fn is_number(t: &DataType) -> bool {
     match t {
         DataType::Null => true,
         DataType::Dictionary(_, v) => v.is_numeric(),
@@ -81,24 +82,51 @@ pub(crate) fn coerce_args(
     };
     let mut out = vec![value];
     for (name, t) in params.iter().zip(&arg_types[1..]) {
-        out.push(if *name == "neighbours" {
-            match t {
-                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => t.clone(),
-                DataType::Null => DataType::Utf8,
-                t => {
-                    return plan_err!(
-                        "{function}: `neighbours` must be a string literal ({}), got {t}",
-                        Neighbours::ACCEPTED
-                    );
-                }
-            }
-        } else if is_number(t) {
-            DataType::Float64
-        } else {
-            return plan_err!("{function}: `{name}` must be a number literal, got {t}");
-        });
+        out.push(coerce_param(function, name, t)?);
     }
     Ok(out)
+}
+
+/// The type of a literal parameter `name` of `function`: `neighbours` and `mechanism` strings,
+/// `fit_intercept` a boolean (or a number, 0 or 1), every other parameter a number (→ Float64).
+/// A wrong type is a planning error naming the argument.
+pub(crate) fn coerce_param(function: &str, name: &str, t: &DataType) -> Result<DataType> {
+    Ok(match name {
+        "neighbours" | "mechanism" => match t {
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => t.clone(),
+            DataType::Null => DataType::Utf8,
+            t if name == "neighbours" => {
+                return plan_err!(
+                    "{function}: `neighbours` must be a string literal ({}), got {t}",
+                    Neighbours::ACCEPTED
+                );
+            }
+            t => return plan_err!("{function}: `{name}` must be a string literal, got {t}"),
+        },
+        "fit_intercept" => match t {
+            DataType::Boolean | DataType::Null => DataType::Boolean,
+            t if is_number(t) => DataType::Float64,
+            t => return plan_err!("{function}: `fit_intercept` must be true or false, got {t}"),
+        },
+        _ if is_number(t) => DataType::Float64,
+        _ => return plan_err!("{function}: `{name}` must be a number literal, got {t}"),
+    })
+}
+
+/// The type of a model's `features` argument: a list of numbers (`[x1, x2]`, `make_array(...)`),
+/// kept as it is (the row buffer reads every list layout).
+pub(crate) fn coerce_features(function: &str, t: &DataType) -> Result<DataType> {
+    match t {
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _)
+            if is_number(f.data_type()) =>
+        {
+            Ok(t.clone())
+        }
+        t => plan_err!(
+            "{function}: `features` must be a list of numbers ([x1, x2] or make_array(x1, x2)), \
+             got {t}"
+        ),
+    }
 }
 
 /// Validates the call shape and reads its literal parameters.

@@ -28,8 +28,8 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, Signature, Volatility,
 };
 
-use super::common::DOC_SECTION_DP;
-use super::params::{Neighbours, literal_params, plan_error};
+use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
+use super::params::{Neighbours, boolean, literal_params, number, plan_error, text};
 use crate::noise::SecureRng;
 use crate::optim::linreg::{
     GaussianGd, RGM_GRID_BITS, RGM_MIN_GRID_BITS, RgmGd, rgm_gamma_acc, rgm_sigma,
@@ -87,21 +87,6 @@ pub struct LinregParams {
     pub neighbours: Neighbours,
 }
 
-fn number(args: &[ScalarValue], i: usize, name: &str) -> Result<Option<f64>, PrivacyError> {
-    let Some(v) = args.get(i) else {
-        return Ok(None);
-    };
-    let bad =
-        || PrivacyError::invalid(name, format!("{v} ({})", v.data_type()), "a number literal");
-    if v.is_null() || !v.data_type().is_numeric() {
-        return Err(bad());
-    }
-    match v.cast_to(&DataType::Float64) {
-        Ok(ScalarValue::Float64(Some(x))) => Ok(Some(x)),
-        _ => Err(bad()),
-    }
-}
-
 fn positive(args: &[ScalarValue], i: usize, name: &str, default: f64) -> Result<f64, PrivacyError> {
     let v = number(args, i, name)?.unwrap_or(default);
     if v.is_finite() && v > 0.0 {
@@ -127,27 +112,6 @@ fn whole(
             v,
             &format!("a whole number between 1 and {max}"),
         ))
-    }
-}
-
-fn text<'a>(
-    args: &'a [ScalarValue],
-    i: usize,
-    name: &str,
-    accepted: &str,
-) -> Result<Option<&'a str>, PrivacyError> {
-    match args.get(i) {
-        None => Ok(None),
-        Some(
-            ScalarValue::Utf8(Some(s))
-            | ScalarValue::LargeUtf8(Some(s))
-            | ScalarValue::Utf8View(Some(s)),
-        ) => Ok(Some(s.as_str())),
-        Some(v) => Err(PrivacyError::invalid(
-            name,
-            format!("{v} ({})", v.data_type()),
-            accepted,
-        )),
     }
 }
 
@@ -199,17 +163,7 @@ impl LinregParams {
         if !(l2.is_finite() && l2 >= 0.0) {
             return Err(PrivacyError::invalid("l2", l2, "a finite number >= 0"));
         }
-        let fit_intercept = match args.get(6) {
-            None => defaults::FIT_INTERCEPT,
-            Some(ScalarValue::Boolean(Some(b))) => *b,
-            Some(v) => {
-                return Err(PrivacyError::invalid(
-                    "fit_intercept",
-                    format!("{v} ({})", v.data_type()),
-                    "true or false",
-                ));
-            }
-        };
+        let fit_intercept = boolean(args, 6, "fit_intercept")?.unwrap_or(defaults::FIT_INTERCEPT);
         let accepted = "'gaussian' or 'rgm'";
         let mechanism = match text(args, 7, "mechanism", accepted)? {
             None | Some("gaussian") => LinregMechanism::Gaussian,
@@ -386,7 +340,9 @@ impl DpLinregGd {
     }
 
     /// INSECURE: noise from a fixed seed, for reproducible tests. Never register this in a
-    /// session that serves real queries.
+    /// session that serves real queries. Every fit (each group of a GROUP BY) starts from this
+    /// same seed, so groups with equal rows get equal models: to draw many independent fits,
+    /// call the kernel in `crate::optim` with distinct seeds (as `tests/audit.rs` does).
     pub fn with_insecure_seed(seed: u64) -> Self {
         Self {
             insecure_seed: Some(seed),
@@ -398,14 +354,6 @@ impl DpLinregGd {
 /// `dp_linreg_gd` as an [`AggregateUDF`].
 pub fn dp_linreg_gd_udaf() -> AggregateUDF {
     AggregateUDF::from(DpLinregGd::new())
-}
-
-fn is_number(t: &DataType) -> bool {
-    match t {
-        DataType::Null => true,
-        DataType::Dictionary(_, v) => v.is_numeric(),
-        t => t.is_numeric(),
-    }
 }
 
 impl AggregateUDFImpl for DpLinregGd {
@@ -434,36 +382,10 @@ impl AggregateUDFImpl for DpLinregGd {
                 );
             }
         };
-        let features = match &arg_types[1] {
-            t @ (DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _))
-                if is_number(f.data_type()) =>
-            {
-                t.clone()
-            }
-            t => {
-                return plan_err!(
-                    "{name}: `features` must be a list of numbers ([x1, x2] or make_array(x1, \
-                     x2)), got {t}"
-                );
-            }
-        };
+        let features = coerce_features(name, &arg_types[1])?;
         let mut out = vec![label, features];
         for (pname, t) in LinregParams::NAMES.iter().zip(&arg_types[2..]) {
-            out.push(match *pname {
-                "mechanism" | "neighbours" => match t {
-                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => t.clone(),
-                    DataType::Null => DataType::Utf8,
-                    t => return plan_err!("{name}: `{pname}` must be a string literal, got {t}"),
-                },
-                "fit_intercept" => match t {
-                    DataType::Boolean | DataType::Null => DataType::Boolean,
-                    t => {
-                        return plan_err!("{name}: `fit_intercept` must be true or false, got {t}");
-                    }
-                },
-                _ if is_number(t) => DataType::Float64,
-                t => return plan_err!("{name}: `{pname}` must be a number literal, got {t}"),
-            });
+            out.push(coerce_param(name, pname, t)?);
         }
         Ok(out)
     }

@@ -26,8 +26,8 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Signature, Volatility,
 };
 
-use super::common::DOC_SECTION_DP;
-use super::params::{DEFAULT_DELTA, Neighbours, literal_params, plan_error};
+use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
+use super::params::{DEFAULT_DELTA, Neighbours, boolean, literal_params, number, plan_error};
 use crate::noise::SecureRng;
 use crate::optim::agd::{AgdConfig, AgdPlan, fit};
 use crate::optim::model::{Model, model_data_type};
@@ -62,22 +62,6 @@ pub struct AgdParams {
     pub fit_intercept: bool,
     pub max_step: f64,
     pub neighbours: Neighbours,
-}
-
-/// A numeric literal (`None` when absent). NULL or a non-numeric type names the argument.
-fn number(args: &[ScalarValue], i: usize, name: &str) -> Result<Option<f64>, PrivacyError> {
-    let Some(v) = args.get(i) else {
-        return Ok(None);
-    };
-    let bad =
-        || PrivacyError::invalid(name, format!("{v} ({})", v.data_type()), "a number literal");
-    if v.is_null() || !v.data_type().is_numeric() {
-        return Err(bad());
-    }
-    match v.cast_to(&DataType::Float64) {
-        Ok(ScalarValue::Float64(Some(x))) => Ok(Some(x)),
-        _ => Err(bad()),
-    }
 }
 
 fn in_range(
@@ -162,20 +146,7 @@ impl AgdParams {
             |x| (0.0..=1e6).contains(&x),
             "a number in [0, 1e6]",
         )?;
-        let fit_intercept = match args.get(7) {
-            None => true,
-            Some(ScalarValue::Boolean(Some(b))) => *b,
-            Some(v) => match number(args, 7, "fit_intercept") {
-                Ok(Some(x)) if x == 0.0 || x == 1.0 => x == 1.0,
-                _ => {
-                    return Err(PrivacyError::invalid(
-                        "fit_intercept",
-                        format!("{v} ({})", v.data_type()),
-                        "a boolean literal (true or false)",
-                    ));
-                }
-            },
-        };
+        let fit_intercept = boolean(args, 7, "fit_intercept")?.unwrap_or(true);
         let max_step = in_range(
             "max_step",
             number(args, 8, "max_step")?,
@@ -272,7 +243,9 @@ impl DpLogregAgd {
     }
 
     /// INSECURE: noise from a fixed seed, for reproducible tests. Never register this in a
-    /// session that serves real queries.
+    /// session that serves real queries. Every fit (each group of a GROUP BY) starts from this
+    /// same seed, so groups with equal rows get equal models: to draw many independent fits,
+    /// call the kernel in `crate::optim` with distinct seeds (as `tests/audit.rs` does).
     pub fn with_insecure_seed(seed: u64) -> Self {
         Self {
             insecure_seed: Some(seed),
@@ -292,14 +265,6 @@ impl DpLogregAgd {
 /// `dp_logreg_agd` as an [`AggregateUDF`].
 pub fn dp_logreg_agd_udaf() -> AggregateUDF {
     AggregateUDF::from(DpLogregAgd::new())
-}
-
-fn is_number(t: &DataType) -> bool {
-    match t {
-        DataType::Null => true,
-        DataType::Dictionary(_, v) => v.is_numeric(),
-        t => t.is_numeric(),
-    }
 }
 
 impl AggregateUDFImpl for DpLogregAgd {
@@ -324,44 +289,10 @@ impl AggregateUDFImpl for DpLogregAgd {
             t if is_number(t) => DataType::Float64,
             t => return plan_err!("{f}: `label` must be 0/1 numbers or booleans, got {t}"),
         };
-        let features = match &arg_types[1] {
-            t @ (DataType::List(e) | DataType::LargeList(e) | DataType::FixedSizeList(e, _))
-                if is_number(e.data_type()) =>
-            {
-                t.clone()
-            }
-            t => {
-                return plan_err!(
-                    "{f}: `features` must be a list of numbers ([x1, x2] or make_array(x1, x2)), \
-                     got {t}"
-                );
-            }
-        };
+        let features = coerce_features(f, &arg_types[1])?;
         let mut out = vec![label, features];
         for (name, t) in AgdParams::NAMES.iter().zip(&arg_types[2..]) {
-            out.push(match *name {
-                "neighbours" => match t {
-                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => t.clone(),
-                    DataType::Null => DataType::Utf8,
-                    t => {
-                        return plan_err!(
-                            "{f}: `neighbours` must be a string literal ({}), got {t}",
-                            Neighbours::ACCEPTED
-                        );
-                    }
-                },
-                "fit_intercept" => match t {
-                    DataType::Boolean => DataType::Boolean,
-                    t if is_number(t) => DataType::Float64,
-                    t => {
-                        return plan_err!(
-                            "{f}: `fit_intercept` must be a boolean literal, got {t}"
-                        );
-                    }
-                },
-                _ if is_number(t) => DataType::Float64,
-                _ => return plan_err!("{f}: `{name}` must be a number literal, got {t}"),
-            });
+            out.push(coerce_param(f, name, t)?);
         }
         Ok(out)
     }

@@ -83,7 +83,11 @@ fn check_count(args: &[ScalarValue], names: &[&str]) -> Result<(), PrivacyError>
 
 /// A numeric literal as f64 (`None` when the argument is absent). NULL or a non-numeric type is
 /// an error naming the argument.
-fn number(args: &[ScalarValue], i: usize, name: &str) -> Result<Option<f64>, PrivacyError> {
+pub(crate) fn number(
+    args: &[ScalarValue],
+    i: usize,
+    name: &str,
+) -> Result<Option<f64>, PrivacyError> {
     let Some(v) = args.get(i) else {
         return Ok(None);
     };
@@ -95,6 +99,55 @@ fn number(args: &[ScalarValue], i: usize, name: &str) -> Result<Option<f64>, Pri
     match v.cast_to(&DataType::Float64) {
         Ok(ScalarValue::Float64(Some(x))) => Ok(Some(x)),
         _ => Err(bad()),
+    }
+}
+
+/// A string literal (`None` when the argument is absent); anything else is an error naming the
+/// argument and the `accepted` values.
+pub(crate) fn text<'a>(
+    args: &'a [ScalarValue],
+    i: usize,
+    name: &str,
+    accepted: &str,
+) -> Result<Option<&'a str>, PrivacyError> {
+    match args.get(i) {
+        None => Ok(None),
+        Some(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
+        ) => Ok(Some(s.as_str())),
+        Some(v) => Err(PrivacyError::invalid(
+            name,
+            format!("{v} ({})", v.data_type()),
+            accepted,
+        )),
+    }
+}
+
+/// A boolean literal, or the numbers 0 and 1 (`None` when the argument is absent); anything else
+/// (NULL included) is an error naming the argument.
+pub(crate) fn boolean(
+    args: &[ScalarValue],
+    i: usize,
+    name: &str,
+) -> Result<Option<bool>, PrivacyError> {
+    let Some(v) = args.get(i) else {
+        return Ok(None);
+    };
+    let bad = || {
+        PrivacyError::invalid(
+            name,
+            format!("{v} ({})", v.data_type()),
+            "true or false (or 1 or 0)",
+        )
+    };
+    match v {
+        ScalarValue::Boolean(Some(b)) => Ok(Some(*b)),
+        _ => match number(args, i, name) {
+            Ok(Some(x)) if x == 0.0 || x == 1.0 => Ok(Some(x == 1.0)),
+            _ => Err(bad()),
+        },
     }
 }
 

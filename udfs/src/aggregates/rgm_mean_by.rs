@@ -78,8 +78,8 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Signature, Volatility,
 };
 
-use super::common::DOC_SECTION_DP;
-use super::params::{DEFAULT_DELTA, Neighbours, literal_params, plan_error};
+use super::common::{DOC_SECTION_DP, coerce_param, is_number};
+use super::params::{DEFAULT_DELTA, Neighbours, literal_params, number, plan_error};
 use crate::mechanisms::rgm::wide::ExactSum;
 use crate::mechanisms::rgm::{
     accounted_gamma, calibrate_rgm_sigma, noise_gamma, release_relative, rgm_epsilon_floor,
@@ -116,22 +116,6 @@ pub struct RgmCalibration {
     pub sigma: f64,
     /// γ*(min_group_size), the worst admissible group's accounted relative sensitivity.
     pub gamma: f64,
-}
-
-/// A numeric literal as f64 (`None` when absent); NULL or non-numeric is an error naming it.
-fn number(args: &[ScalarValue], i: usize, name: &str) -> Result<Option<f64>, PrivacyError> {
-    let Some(v) = args.get(i) else {
-        return Ok(None);
-    };
-    let bad =
-        || PrivacyError::invalid(name, format!("{v} ({})", v.data_type()), "a number literal");
-    if v.is_null() || !v.data_type().is_numeric() {
-        return Err(bad());
-    }
-    match v.cast_to(&DataType::Float64) {
-        Ok(ScalarValue::Float64(Some(x))) => Ok(Some(x)),
-        _ => Err(bad()),
-    }
 }
 
 impl RgmMeanParams {
@@ -362,14 +346,6 @@ fn coerce_by(t: &DataType) -> Result<DataType> {
         }
         t => t.clone(),
     })
-}
-
-fn is_number(t: &DataType) -> bool {
-    match t {
-        DataType::Null => true,
-        DataType::Dictionary(_, v) => v.is_numeric(),
-        t => t.is_numeric(),
-    }
 }
 
 /// Immutable per-call data shared by the accumulators of a call.
@@ -662,22 +638,7 @@ impl AggregateUDFImpl for RgmMeanBy {
         }
         let mut out = vec![DataType::Float64, coerce_by(&arg_types[1])?];
         for (name, t) in RgmMeanParams::NAMES.iter().zip(&arg_types[2..]) {
-            out.push(if *name == "neighbours" {
-                match t {
-                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => t.clone(),
-                    DataType::Null => DataType::Utf8,
-                    t => {
-                        return plan_err!(
-                            "rgm_mean_by: `neighbours` must be a string literal ({}), got {t}",
-                            Neighbours::ACCEPTED
-                        );
-                    }
-                }
-            } else if is_number(t) {
-                DataType::Float64
-            } else {
-                return plan_err!("rgm_mean_by: `{name}` must be a number literal, got {t}");
-            });
+            out.push(coerce_param("rgm_mean_by", name, t)?);
         }
         Ok(out)
     }
