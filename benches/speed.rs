@@ -6,8 +6,8 @@
 //! - `dp_mean(x, 0, 1000, 1.0)` vs `avg(x)`; `dp_sum` vs `sum`; `dp_count` vs `count`;
 //!   without GROUP BY and with GROUP BY over 1,000 groups (public keys: no partition selection,
 //!   the aggregate alone is measured); in memory and from Parquet.
-//! - The same through a `PrivateSession` (guard + admission + fsync'd ledger append included).
-//! - Admission with 10,000 ledger entries already present.
+//! - Admission with 10,000 ledger entries already present (the accountant directly: the check,
+//!   and the check with its fsync'd ledger append).
 //! - Growth with n (1e5, 1e6, 1e7) and with partitions (1, 2).
 use std::sync::Arc;
 use std::time::{Duration, Instant};

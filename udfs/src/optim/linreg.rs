@@ -13,9 +13,12 @@
 //!    ([`Clipper`]; seed 000 §2.2 CLIP);
 //! 2. S̃ₜ = Σᵢ clip(gᵢ) + N(0, σ²I) (Gaussian mechanism, L2 sensitivity Δ = clip under
 //!    add/remove, 2·clip under replace: seed 000 §2.5, seed 003 Lemma 1.1 "2G");
-//! 3. θ ← θ − η·(S̃ₜ/ñ + λ·θ_w), with ñ = max(1, n + N(0, σ_c²)) a noisy count released once
-//!    (sensitivity 1), or the public n under `replace_public_n`; λ·θ_w is the gradient of
-//!    (λ/2)‖w‖² on the coefficients (not the intercept): exact post-processing.
+//! 3. θ ← θ − η·(S̃ₜ/ñ + λ·θ_w), with ñ = max(1, 3σ_c, n + N(0, σ_c²)) a noisy count released
+//!    once (sensitivity 1), or the public n under `replace_public_n`; λ·θ_w is the gradient of
+//!    (λ/2)‖w‖² on the coefficients (not the intercept): exact post-processing. The floor 3σ_c
+//!    (σ_c public) changes nothing when n ≫ σ_c, and when n is comparable to σ_c it keeps a count
+//!    that fell near 1 from multiplying the step by up to n (on 309 rows at ε = 0.1, δ = 1e-6,
+//!    σ_c ≈ 178, the old floor of 1 gave test R² of −10⁵ in some runs; docs/UTILITY.md).
 //!
 //! **Privacy.** Every release is a Gaussian mechanism; T gradient releases with μ_g each and the
 //! count with μ_c compose exactly under Gaussian DP (Dong, Roth, Su 2019, Cor. 3.3; seed 003
@@ -297,6 +300,10 @@ const SPLIT_SHRINK: f64 = 1.0 - 1e-12;
 /// Share of μ² given to the count under `add_remove` / `replace` (module docs).
 pub const COUNT_SHARE: f64 = 1.0 / 20.0;
 
+/// The noisy count that divides the gradient sums is floored at this many of its standard
+/// deviations (module docs, step 3).
+pub const COUNT_FLOOR_SIGMAS: f64 = 3.0;
+
 impl GaussianGd {
     /// The kernel for a call whose whole fit is μ-GDP: μ from gaussian_mu(ε, δ); `replace`
     /// doubles the gradient sensitivity; `public_n` drops the count release.
@@ -387,7 +394,10 @@ impl GaussianGd {
                 }
                 public_n as f64
             }
-            Divisor::NoisyCount(m) => release_exact(m, rng, n as i128, 0)?.max(1.0),
+            // Post-processing of the released count with its public σ (module docs, step 3).
+            Divisor::NoisyCount(m) => release_exact(m, rng, n as i128, 0)?
+                .max(COUNT_FLOOR_SIGMAS * m.sigma)
+                .max(1.0),
         };
         // ‖x̃ᵢ‖ once: it does not change across iterations.
         let norms: Vec<f64> = (0..n).map(|i| design.norm(i)).collect();
