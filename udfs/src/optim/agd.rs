@@ -514,15 +514,27 @@ impl Kernels<'_, '_> {
     /// One pass: z_i = w·x̃_i into `z`, and the exact integer sum of the clipped, truncated
     /// per-example gradients into `sum` (module docs, "Noisy gradient").
     fn gradient(&self, w: &[f64], z: &mut [f64], sum: &mut [i128]) {
+        sum.iter_mut().for_each(|s| *s = 0);
+        // Rows split across threads for large n: exact integer sums, the same in any split.
+        for part in super::par_chunks_mut(z, |start, zc| self.gradient_rows(w, start, zc)) {
+            for (s, v) in sum.iter_mut().zip(part) {
+                *s = s.saturating_add(v);
+            }
+        }
+    }
+
+    /// [`Self::gradient`] over the rows `start..start + z.len()`: fills z, returns the sum.
+    fn gradient_rows(&self, w: &[f64], start: usize, z: &mut [f64]) -> Vec<i128> {
+        let mut sum = vec![0i128; self.p];
         let plan = self.plan;
         let fi = plan.config.fit_intercept;
         let q = plan.grad_q;
         let b = plan.grad_units;
         let target = b as f64 * q * CLIP_SHRINK; // clip to just under B grid units
         let b2 = (b as i128) * (b as i128);
-        sum.iter_mut().for_each(|s| *s = 0);
         let mut k = vec![0i64; self.p];
-        for (i, zi) in z.iter_mut().enumerate() {
+        for (off, zi) in z.iter_mut().enumerate() {
+            let i = start + off;
             let x = self.data.row(i);
             let zz = dot(w, x, fi);
             *zi = zz;
@@ -558,18 +570,37 @@ impl Kernels<'_, '_> {
                 *s = s.saturating_add(kj as i128);
             }
         }
+        sum
     }
 
     /// One pass: the exact integer scores F_k = Σᵢ ⌊min(ℓ(w − α_k·u), C_obj)/q_o⌋ for
     /// α_k = steps[k], from z_i = w·x̃_i and u (module docs, "Scores").
     fn scores(&self, z: &[f64], u: &[f64], steps: &[f64], out: &mut [u128]) {
+        out.iter_mut().for_each(|s| *s = 0);
+        // Rows split across threads for large n: exact integer sums, the same in any split.
+        for part in super::par_ranges(z.len(), |rows| self.score_rows(z, u, steps, rows)) {
+            for (o, v) in out.iter_mut().zip(part) {
+                *o += v;
+            }
+        }
+    }
+
+    /// [`Self::scores`] over `rows`.
+    fn score_rows(
+        &self,
+        z: &[f64],
+        u: &[f64],
+        steps: &[f64],
+        rows: std::ops::Range<usize>,
+    ) -> Vec<u128> {
+        let mut out = vec![0u128; steps.len()];
         let plan = self.plan;
         let fi = plan.config.fit_intercept;
         let c = plan.config.clip_obj;
         let q = plan.obj_q;
         let cap = plan.obj_units;
-        out.iter_mut().for_each(|s| *s = 0);
-        for (i, &zi) in z.iter().enumerate() {
+        for i in rows {
+            let zi = z[i];
             let b = dot(u, self.data.row(i), fi);
             let pos = self.data.positive[i];
             for (o, &a) in out.iter_mut().zip(steps) {
@@ -589,6 +620,7 @@ impl Kernels<'_, '_> {
                 *o += units as u128;
             }
         }
+        out
     }
 }
 
@@ -1118,6 +1150,31 @@ mod tests {
         for k in 0..=CANDIDATES {
             assert_eq!(sa[k], s1[k] + s2[k]);
         }
+    }
+
+    /// The passes split across threads (n above the single-thread size) give exactly the
+    /// sequential sums.
+    #[test]
+    fn threaded_passes_equal_one_sequential_pass() {
+        let rows = synthetic(100_000, 3, 21);
+        let plan = AgdPlan::new(config(0.5)).unwrap();
+        let k = Kernels {
+            plan: &plan,
+            data: Data::new(&rows),
+            p: 4,
+        };
+        let w = [0.2, -0.4, 0.9, 1.1];
+        let u = [0.5, 0.5, -0.5, 0.5];
+        let steps: Vec<f64> = (0..=CANDIDATES).map(|i| i as f64 * 0.1).collect();
+        let mut z = vec![0.0; rows.n()];
+        let mut gs = vec![0i128; 4];
+        k.gradient(&w, &mut z, &mut gs);
+        let mut z1 = vec![0.0; rows.n()];
+        assert_eq!(k.gradient_rows(&w, 0, &mut z1), gs);
+        assert_eq!(z, z1);
+        let mut sc = vec![0u128; CANDIDATES + 1];
+        k.scores(&z, &u, &steps, &mut sc);
+        assert_eq!(k.score_rows(&z, &u, &steps, 0..rows.n()), sc);
     }
 
     /// Exact sums: the same rows in another order (another partitioning) give the same model.

@@ -404,37 +404,17 @@ impl GaussianGd {
         let mut theta = vec![0.0; p];
         let mut avg = vec![0.0; p];
         let mut n_avg = 0u32;
-        let mut v = vec![0i64; p];
-        let mut sums = vec![0i128; p];
         let t_total = self.iterations;
         for t in 1..=t_total {
-            sums.iter_mut().for_each(|s| *s = 0);
-            // Exact integer sums: i64 partial sums of at most 2^31 rows of |v| < 2^31 (no
-            // overflow), flushed into i128; plain i128 when the grid is finer than that.
-            let small = clipper.c_int < SMALL_INT;
-            let mut part = vec![0i64; p];
-            for (i, &nx) in norms.iter().enumerate() {
-                let r = design.dot(&theta, i) - design.y[i];
-                if clipper.contribution(design.row(i), self.fit_intercept, r, nx, &mut v) {
-                    if small {
-                        for j in 0..p {
-                            part[j] += v[j];
-                        }
-                        if i % (1 << 31) == (1 << 31) - 1 {
-                            for j in 0..p {
-                                sums[j] += part[j] as i128;
-                                part[j] = 0;
-                            }
-                        }
-                    } else {
-                        for j in 0..p {
-                            sums[j] += v[j] as i128;
-                        }
-                    }
+            // Exact integer sums over the rows, on several threads for large n (the same integers
+            // in any split: `super::par_ranges`).
+            let mut sums = vec![0i128; p];
+            for part in super::par_ranges(n, |rows| {
+                self.gradient_sums(&design, &norms, &clipper, &theta, rows)
+            }) {
+                for (s, v) in sums.iter_mut().zip(part) {
+                    *s += v;
                 }
-            }
-            for j in 0..p {
-                sums[j] += part[j] as i128;
             }
             for j in 0..p {
                 let noisy = release_exact(&self.grad_mech, rng, sums[j], clipper.exp)?;
@@ -451,6 +431,51 @@ impl GaussianGd {
             progress::report(PROGRESS, t as u64, t_total as u64);
         }
         Ok(Some(if n_avg > 0 { avg } else { theta }))
+    }
+
+    /// Σ over `rows` of the clipped per-example gradients at `theta`, as exact integers in grid
+    /// units (module docs, "Exact sums"): `i64` partial sums of at most 2^31 rows of |v| < 2^31
+    /// (no overflow), flushed into `i128`; plain `i128` when the grid is finer than that.
+    fn gradient_sums(
+        &self,
+        design: &Design,
+        norms: &[f64],
+        clipper: &Clipper,
+        theta: &[f64],
+        rows: std::ops::Range<usize>,
+    ) -> Vec<i128> {
+        let p = design.p();
+        let small = clipper.c_int < SMALL_INT;
+        let mut sums = vec![0i128; p];
+        let mut part = vec![0i64; p];
+        let mut v = vec![0i64; p];
+        let mut pending = 0u64;
+        for i in rows {
+            let r = design.dot(theta, i) - design.y[i];
+            if clipper.contribution(design.row(i), self.fit_intercept, r, norms[i], &mut v) {
+                if small {
+                    for (a, &b) in part.iter_mut().zip(&v) {
+                        *a += b;
+                    }
+                    pending += 1;
+                    if pending == 1 << 31 {
+                        for (s, a) in sums.iter_mut().zip(part.iter_mut()) {
+                            *s += *a as i128;
+                            *a = 0;
+                        }
+                        pending = 0;
+                    }
+                } else {
+                    for (s, &b) in sums.iter_mut().zip(&v) {
+                        *s += b as i128;
+                    }
+                }
+            }
+        }
+        for (s, &a) in sums.iter_mut().zip(&part) {
+            *s += a as i128;
+        }
+        sums
     }
 }
 

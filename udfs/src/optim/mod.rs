@@ -12,3 +12,73 @@ pub mod rows;
 
 pub use model::{Model, model_data_type};
 pub use rows::{LabelKind, RowBuffer, Rows};
+
+/// Rows below which a pass over the rows runs on one thread (spawning costs ~20 µs a thread).
+const PAR_MIN_ROWS: usize = 1 << 15;
+
+/// Threads for a pass over `n` rows: the machine's parallelism, one per `PAR_MIN_ROWS` rows.
+fn threads_for(n: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    cores.min(n / PAR_MIN_ROWS).max(1)
+}
+
+/// Runs `f(start, chunk)` on contiguous chunks of `data` (chunk = rows `start..start + len`), on
+/// scoped threads when `data` is large, and returns the results in row order. The kernels'
+/// per-row sums are exact integers, so adding the per-chunk results gives the same value as one
+/// sequential pass, whatever the number of threads (PRIVACY.md, "Numbers on a computer").
+pub(crate) fn par_chunks_mut<U: Send, T: Send>(
+    data: &mut [U],
+    f: impl Fn(usize, &mut [U]) -> T + Sync,
+) -> Vec<T> {
+    let n = data.len();
+    let threads = threads_for(n);
+    if threads <= 1 {
+        return vec![f(0, data)];
+    }
+    let chunk = n.div_ceil(threads);
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = data
+            .chunks_mut(chunk)
+            .enumerate()
+            .map(|(k, c)| scope.spawn(move || f(k * chunk, c)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
+/// [`par_chunks_mut`] over the row range `0..n` alone.
+pub(crate) fn par_ranges<T: Send>(
+    n: usize,
+    f: impl Fn(std::ops::Range<usize>) -> T + Sync,
+) -> Vec<T> {
+    let mut unit = vec![(); n];
+    par_chunks_mut(&mut unit, |start, c| f(start..start + c.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_chunks_cover_every_row_once_in_order() {
+        for n in [0, 1, 5, PAR_MIN_ROWS * 3 + 7] {
+            let mut data: Vec<u64> = (0..n as u64).collect();
+            let parts = par_chunks_mut(&mut data, |start, c| {
+                for (k, v) in c.iter_mut().enumerate() {
+                    assert_eq!(*v, (start + k) as u64);
+                    *v += 1;
+                }
+                (start, c.len())
+            });
+            assert_eq!(parts.iter().map(|p| p.1).sum::<usize>(), n);
+            assert!(parts.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+            assert!(data.iter().enumerate().all(|(i, &v)| v == i as u64 + 1));
+            let sums = par_ranges(n, |r| r.map(|i| i as u128).sum::<u128>());
+            assert_eq!(sums.iter().sum::<u128>(), (0..n as u128).sum::<u128>());
+        }
+    }
+}
