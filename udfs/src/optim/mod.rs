@@ -18,7 +18,12 @@ const PAR_MIN_ROWS: usize = 1 << 15;
 
 /// Threads for a pass over `n` rows: the machine's parallelism, one per `PAR_MIN_ROWS` rows.
 fn threads_for(n: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if n < 2 * PAR_MIN_ROWS {
+        return 1;
+    }
+    // `available_parallelism` reads cgroup files on Linux: ask once per process.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()));
     cores.min(n / PAR_MIN_ROWS).max(1)
 }
 
