@@ -29,14 +29,15 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
-use super::params::{Neighbours, boolean, literal_params, number, plan_error, text};
+use super::params::{
+    Neighbours, boolean, delta_at, epsilon_at, literal_params, number, plan_error, text,
+};
 use crate::noise::SecureRng;
 use crate::optim::linreg::{
     GaussianGd, RGM_GRID_BITS, RGM_MIN_GRID_BITS, RgmGd, rgm_gamma_acc, rgm_sigma,
 };
 use crate::optim::model::{Model, model_data_type};
 use crate::optim::rows::{LabelKind, RowBuffer, planned_dims_logical, planned_dims_physical};
-use crate::privacy::error::{check_delta, check_epsilon};
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
 
 /// Which noise.
@@ -140,16 +141,8 @@ impl LinregParams {
                 &format!("at most {}: {}", Self::NAMES.len(), Self::NAMES.join(", ")),
             ));
         }
-        let epsilon = check_epsilon(
-            "epsilon",
-            number(args, 0, "epsilon")?.ok_or_else(|| {
-                PrivacyError::invalid("epsilon", "nothing (missing)", "a finite number > 0")
-            })?,
-        )?;
-        let delta = check_delta(
-            "delta",
-            number(args, 1, "delta")?.unwrap_or(super::params::DEFAULT_DELTA),
-        )?;
+        let epsilon = epsilon_at(args, 0)?;
+        let delta = delta_at(args, 1)?;
         let iterations = whole(
             args,
             2,

@@ -27,12 +27,13 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
-use super::params::{DEFAULT_DELTA, Neighbours, boolean, literal_params, number, plan_error};
+use super::params::{
+    Neighbours, boolean, delta_at, epsilon_at, literal_params, number, plan_error,
+};
 use crate::noise::SecureRng;
 use crate::optim::agd::{AgdConfig, AgdPlan, fit};
 use crate::optim::model::{Model, model_data_type};
 use crate::optim::rows::{LabelKind, RowBuffer};
-use crate::privacy::error::{check_delta, check_epsilon};
 use crate::privacy::{Event, PrivacyError, zcdp_rho};
 
 /// Default C_grad (the authors' experiments: 3; dpagd.md §2).
@@ -103,13 +104,8 @@ impl AgdParams {
                 &format!("at most {}: {}", Self::NAMES.len(), Self::NAMES.join(", ")),
             ));
         }
-        let epsilon = check_epsilon(
-            "epsilon",
-            number(args, 0, "epsilon")?.ok_or_else(|| {
-                PrivacyError::invalid("epsilon", "nothing (missing)", "a finite number > 0")
-            })?,
-        )?;
-        let delta = check_delta("delta", number(args, 1, "delta")?.unwrap_or(DEFAULT_DELTA))?;
+        let epsilon = epsilon_at(args, 0)?;
+        let delta = delta_at(args, 1)?;
         let positive = |x: f64| x > 0.0 && x <= 1e100;
         let clip_grad = in_range(
             "clip_grad",

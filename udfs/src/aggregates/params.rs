@@ -168,14 +168,14 @@ fn finite(name: &str, v: f64) -> Result<f64, PrivacyError> {
     }
 }
 
-fn epsilon_at(args: &[ScalarValue], i: usize) -> Result<f64, PrivacyError> {
+pub(crate) fn epsilon_at(args: &[ScalarValue], i: usize) -> Result<f64, PrivacyError> {
     check_epsilon(
         "epsilon",
         required(args, i, "epsilon", "a finite number > 0")?,
     )
 }
 
-fn delta_at(args: &[ScalarValue], i: usize) -> Result<f64, PrivacyError> {
+pub(crate) fn delta_at(args: &[ScalarValue], i: usize) -> Result<f64, PrivacyError> {
     check_delta("delta", number(args, i, "delta")?.unwrap_or(DEFAULT_DELTA))
 }
 

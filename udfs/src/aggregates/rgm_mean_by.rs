@@ -79,14 +79,13 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_param, is_number};
-use super::params::{DEFAULT_DELTA, Neighbours, literal_params, number, plan_error};
+use super::params::{Neighbours, delta_at, epsilon_at, literal_params, number, plan_error};
 use crate::mechanisms::rgm::wide::ExactSum;
 use crate::mechanisms::rgm::{
     accounted_gamma, calibrate_rgm_sigma, noise_gamma, release_relative, rgm_epsilon_floor,
     smallest_feasible_group_size,
 };
 use crate::noise::SecureRng;
-use crate::privacy::error::{check_delta, check_epsilon};
 use crate::privacy::{Event, PrivacyError};
 
 /// The one error of a contract violation: it names no group and no value.
@@ -147,11 +146,8 @@ impl RgmMeanParams {
                 "a finite number >= 1 (inside each group, largest value <= max_ratio × smallest)",
             ));
         }
-        let epsilon = number(args, 1, "epsilon")?.ok_or_else(|| {
-            PrivacyError::invalid("epsilon", "nothing (missing)", "a finite number > 0")
-        })?;
-        let epsilon = check_epsilon("epsilon", epsilon)?;
-        let delta = check_delta("delta", number(args, 2, "delta")?.unwrap_or(DEFAULT_DELTA))?;
+        let epsilon = epsilon_at(args, 1)?;
+        let delta = delta_at(args, 2)?;
         let m = number(args, 3, "min_group_size")?.unwrap_or(Self::DEFAULT_MIN_GROUP_SIZE as f64);
         if !(m.is_finite() && m >= 2.0 && m.fract() == 0.0 && m <= 2f64.powi(53)) {
             return Err(PrivacyError::invalid(

@@ -5,6 +5,7 @@ use std::time::Instant;
 use datafusion::arrow::array::{Int64Array, StringArray};
 
 use super::*;
+use crate::aggregates::DEFAULT_DELTA;
 use crate::mechanisms::rgm::{MAX_SIGMA, rgm_epsilon};
 
 fn f(v: f64) -> ScalarValue {
