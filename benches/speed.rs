@@ -188,9 +188,11 @@ async fn main() {
         neighbours: Neighbours::AddRemove,
         public_columns: vec![],
         budget: Budget {
-            epsilon: 1e9,
+            epsilon: 1e6,
             delta: 1e-6,
         },
+        filter: dpfusion::accounting::FilterKind::Gdp,
+        delta_share: dpfusion::accounting::DEFAULT_DELTA_SHARE,
     })
     .unwrap();
     let charge = [TableCharge {

@@ -2,6 +2,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::accounting::FilterKind;
+use crate::accounting::filter::check_delta_share;
 use crate::repl::format::OutputFormat;
 use crate::session::{PrivateSession, Registration, SessionOptions};
 
@@ -13,6 +15,10 @@ pub struct Cli {
     pub ledger: Option<PathBuf>,
     pub private: Vec<(String, PathBuf)>,
     pub public: Vec<(String, PathBuf)>,
+    /// The privacy filter of the `--private` tables (default: the ledger's, else gdp).
+    pub filter: Option<FilterKind>,
+    /// The share of δ reserved for partition selection for the `--private` tables.
+    pub delta_share: Option<f64>,
     /// `-c` and `-f` in the order given.
     pub scripts: Vec<Script>,
     pub format: Option<OutputFormat>,
@@ -31,6 +37,7 @@ dpfusion — differentially private SQL on Apache DataFusion
 
 USAGE:
     dpfusion [OPTIONS]
+    dpfusion ledger verify|reseal|migrate [PATH]   (see 'dpfusion ledger --help')
 
 With no -c/-f, opens the interactive REPL. With no --private/--public table, the built-in demo
 tables are registered.
@@ -44,6 +51,13 @@ OPTIONS:
         --ledger PATH        The privacy ledger (default ./.dpfusion/ledger.jsonl)
         --private NAME=PATH  Register a CSV or Parquet file as a private table; may be repeated
         --public NAME=PATH   Register a CSV or Parquet file as a public table; may be repeated
+        --filter KIND        Privacy filter of the --private tables, fixed in the ledger when a
+                             table is first registered: gdp (default; Gaussian mechanisms only,
+                             tightest for them), zcdp (also zCDP, Laplace, pure DP, e.g.
+                             dp_logreg_agd) or rdp / rdp:ORDER (every mechanism, rgm_mean_by
+                             included, at one Rényi order). See docs/ACCOUNTING.md
+        --delta-share S      Share of each --private table's δ reserved for partition selection
+                             (GROUP BY over private columns), in (0, 1); default 0.5
     -q, --quiet              Do not print charge receipts
     -h, --help               Print this help
     -V, --version            Print the version
@@ -123,6 +137,12 @@ impl Cli {
                 "--ledger" => cli.ledger = Some(PathBuf::from(value(&mut i)?)),
                 "--private" => cli.private.push(parse_table(&value(&mut i)?, flag)?),
                 "--public" => cli.public.push(parse_table(&value(&mut i)?, flag)?),
+                "--filter" => cli.filter = Some(value(&mut i)?.parse()?),
+                "--delta-share" => {
+                    let s = parse_f64(&value(&mut i)?, flag)?;
+                    check_delta_share(s).map_err(|e| format!("{flag}: {e}"))?;
+                    cli.delta_share = Some(s);
+                }
                 "-q" | "--quiet" => cli.quiet = true,
                 other => return Err(format!("unknown argument '{other}'")),
             }
@@ -216,7 +236,12 @@ async fn register_tables(session: &PrivateSession, cli: &Cli) -> Result<(), Stri
     for (name, path, reg) in cli
         .private
         .iter()
-        .map(|(n, p)| (n, p, Registration::private()))
+        .map(|(n, p)| {
+            let mut reg = Registration::private();
+            reg.filter = cli.filter;
+            reg.delta_share = cli.delta_share;
+            (n, p, reg)
+        })
         .chain(
             cli.public
                 .iter()
@@ -341,5 +366,18 @@ mod tests {
         assert_eq!(cli.private[0].0, "t");
         assert!(Cli::parse(&["--bogus".to_string()]).is_err());
         assert!(Cli::parse(&["--private".to_string(), "nope".to_string()]).is_err());
+    }
+
+    #[test]
+    fn parses_filter_and_delta_share() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cli = Cli::parse(&args(&["--filter", "rdp:8", "--delta-share=0.25"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(cli.filter, Some(FilterKind::Rdp { order: Some(8.0) }));
+        assert_eq!(cli.delta_share, Some(0.25));
+        assert!(Cli::parse(&args(&["--filter", "pld"])).is_err());
+        assert!(Cli::parse(&args(&["--delta-share", "1"])).is_err());
+        assert!(HELP.contains("--filter") && HELP.contains("--delta-share"));
     }
 }

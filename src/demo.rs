@@ -8,7 +8,8 @@
 //!   `cost` from a known linear model ([`PATIENTS_LOGISTIC`], [`PATIENTS_LINEAR`]). Registered
 //!   private with `add_remove` neighbours.
 //!
-//! Both get the demo budget ε = 5, δ = 1e-6 in the session's ledger. The generator is a
+//! Both get the demo budget ε = 5, δ = 1e-6 in the session's ledger; `salaries` is accounted with
+//! the `rdp` filter (it serves RGM), `patients` with `zcdp` (it serves DP-AGD), docs/ACCOUNTING.md. The generator is a
 //! SplitMix64 stream with a fixed seed: it makes test data, never noise.
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::common::Result;
 
-use crate::accounting::TableKey;
+use crate::accounting::{FilterKind, TableKey};
 use crate::session::{PrivateSession, Registration};
 
 /// The jobs of `salaries` and their base pay (the median of the job's range).
@@ -172,13 +173,20 @@ pub fn register_demo(session: &PrivateSession) -> Result<()> {
         Registration::private()
             .replace()
             .public_columns(["job"])
-            .budget(5.0, 1e-6),
+            // The contract rgm_mean_by relies on, declared by the owner and checked on the data.
+            .ratio_bound("salary", "job", 1.5)
+            .budget(5.0, 1e-6)
+            // rgm_mean_by records RGM events, which only the rdp filter accepts.
+            .filter(FilterKind::Rdp { order: None }),
     )?;
     session.register_provider(
         "patients",
         provider(patients()?)?,
         TableKey::from("demo:patients".to_string()),
-        Registration::private().budget(5.0, 1e-6),
+        Registration::private()
+            .budget(5.0, 1e-6)
+            // dp_logreg_agd records zCDP events; dp_mean and dp_linreg_gd Gaussian ones.
+            .filter(FilterKind::Zcdp),
     )?;
     Ok(())
 }
@@ -189,7 +197,8 @@ pub fn describe_demo(name: &str, key: &TableKey) -> Option<String> {
         "demo:salaries" => Some(format!(
             "built-in demo ({} synthetic rows as '{name}'): 12 jobs whose pay differs by 10x, \
              salaries within a factor 1.5 inside each job; job is public and neighbours replace \
-             one row, so rgm_mean_by(salary, job, 1.5, ...) applies",
+             one row, and the owner declared salary within a factor 1.5 by job, so \
+             rgm_mean_by(salary, job, 1.5, ...) applies",
             SALARIES_ROWS
         )),
         "demo:patients" => Some(format!(

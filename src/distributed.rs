@@ -181,12 +181,20 @@ fn placement(plan: &LogicalPlan) -> Result<Placement> {
     }
 }
 
-/// The plan as the cluster receives it: each guarded table scan reads the provider it wraps.
+/// The plan as the cluster receives it: each guarded table scan reads the provider it wraps, and
+/// the guard's total-evaluation wrappers are removed (the Ballista codec resolves functions by
+/// name and cannot carry them). On a cluster, an expression over private rows that fails on a
+/// row therefore fails the query (with the fixed message, and the charge stands) instead of
+/// giving NULL: README, "Beyond one machine", says so.
 fn unwrap_guarded(plan: &LogicalPlan) -> Result<LogicalPlan> {
     plan.clone()
         .transform_up_with_subqueries(|node| {
+            let node = node
+                .map_expressions(|e| crate::guard::total::unwrap(e).map(Transformed::yes))?
+                .data;
+            let node = node.recompute_schema()?;
             let LogicalPlan::TableScan(scan) = &node else {
-                return Ok(Transformed::no(node));
+                return Ok(Transformed::yes(node));
             };
             let (inner, wrapper) = unwrap_scan(scan)?;
             let Some(wrapper) = wrapper else {

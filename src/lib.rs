@@ -3,12 +3,14 @@
 //! Differential privacy for Apache DataFusion SQL. A [`PrivateSession`] wraps a DataFusion
 //! context: private tables can only be read through DP aggregate functions, every release is
 //! charged to a per-table budget in a durable ledger before any row is read, and a query is
-//! refused once a table's budget would be exceeded. See README.md and ../shared/spec/.
+//! refused once a table's budget would be exceeded. See README.md, docs/PRIVACY.md, docs/SQL.md
+//! and docs/ARCHITECTURE.md.
 pub mod accounting;
 pub mod cli;
 pub mod demo;
 #[cfg(feature = "distributed")]
 pub mod distributed;
+pub mod error;
 pub mod guard;
 pub mod repl;
 pub mod session;

@@ -3,9 +3,15 @@ use std::process::ExitCode;
 
 use dpfusion::cli::{Cli, run};
 
+mod ledger_cmd;
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    dpfusion::error::install_panic_hook();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("ledger") {
+        return ledger_cmd::run(&args[1..]);
+    }
     let cli = match Cli::parse(&args) {
         Ok(Some(cli)) => cli,
         Ok(None) => return ExitCode::SUCCESS, // --help / --version printed

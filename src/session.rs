@@ -18,12 +18,18 @@ use datafusion::sql::parser::{CopyToSource, DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Value;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
+pub use crate::accounting::FilterKind;
 use crate::accounting::{
     Accountant, Budget, BudgetRow, LedgerEntry, Neighbours, Receipt, TableCharge, TableKey,
     TablePolicy, Visibility,
 };
+use crate::accounting::{DEFAULT_DELTA_SHARE, FilterChoice};
+pub use crate::guard::table::RatioBound;
 use crate::guard::{self, DpCall, GuardedTable, TableInfo};
 use crate::statements::{self, named_args::resolve_named_arguments};
+
+/// The default memory limit of a query (4 GiB).
+pub const DEFAULT_MEMORY_LIMIT: usize = 4 << 30;
 
 /// The default `delta` of a DP call that gives none (SQL.md: 1e-7 unless changed).
 pub const DEFAULT_CALL_DELTA: f64 = 1e-7;
@@ -39,6 +45,13 @@ pub struct SessionOptions {
     pub default_delta: f64,
     /// DataFusion's target partitions (None: the number of cores).
     pub target_partitions: Option<usize>,
+    /// The memory a query may use (DataFusion's memory pool; default 4 GiB). A query over its
+    /// limit fails (with the fixed message when it reads a private table) instead of taking the
+    /// process down.
+    pub memory_limit: usize,
+    /// The only directory `COPY ... TO` may write into (None, the default: COPY is refused). Set
+    /// by the data owner; never the ledger's directory or a table's.
+    pub output_dir: Option<PathBuf>,
     /// Run queries on this Ballista cluster instead of in this process (feature `distributed`;
     /// the guard, accountant and ledger stay here). See `crate::distributed`.
     #[cfg(feature = "distributed")]
@@ -55,6 +68,8 @@ impl Default for SessionOptions {
             },
             default_delta: DEFAULT_CALL_DELTA,
             target_partitions: None,
+            memory_limit: DEFAULT_MEMORY_LIMIT,
+            output_dir: None,
             #[cfg(feature = "distributed")]
             cluster: None,
         }
@@ -74,6 +89,16 @@ impl SessionOptions {
         self.target_partitions = Some(n);
         self
     }
+    /// The memory limit of a query, in bytes.
+    pub fn with_memory_limit(mut self, bytes: usize) -> Self {
+        self.memory_limit = bytes;
+        self
+    }
+    /// The directory `COPY ... TO` may write into.
+    pub fn with_output_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.output_dir = Some(dir.into());
+        self
+    }
 }
 
 /// How a table is registered: private (the default) or public, its neighbour relation, its
@@ -84,6 +109,15 @@ pub struct Registration {
     pub neighbours: Neighbours,
     pub public_columns: Vec<String>,
     pub budget: Option<Budget>,
+    /// Ratio bounds of value columns per public column (`rgm_mean_by`'s contract), checked on
+    /// the data when the table is registered.
+    pub ratio_bounds: Vec<RatioBound>,
+    /// The privacy filter (docs/ACCOUNTING.md). `None`: the ledger's when the table is already
+    /// registered there, else `gdp`.
+    pub filter: Option<FilterKind>,
+    /// The share of δ reserved for partition selection. `None`: the ledger's when the table is
+    /// already registered there, else 0.5.
+    pub delta_share: Option<f64>,
 }
 
 impl Default for Registration {
@@ -100,6 +134,9 @@ impl Registration {
             neighbours: Neighbours::AddRemove,
             public_columns: vec![],
             budget: None,
+            ratio_bounds: vec![],
+            filter: None,
+            delta_share: None,
         }
     }
     /// A public table: no protection, no budget.
@@ -116,15 +153,47 @@ impl Registration {
         self
     }
     pub fn public_columns<S: Into<String>>(mut self, cols: impl IntoIterator<Item = S>) -> Self {
+        // Exact, case-sensitive names (a private column "JOB" is not the public column "job").
         self.public_columns = cols
             .into_iter()
-            .map(|c| c.into().trim().to_ascii_lowercase())
+            .map(|c| c.into().trim().to_string())
             .filter(|c| !c.is_empty())
             .collect();
         self
     }
+    /// Declares that in every group of the public column `by`, the values of `value` are > 0
+    /// and within a factor `max_ratio` of each other: the contract `rgm_mean_by(value, by, …)`
+    /// relies on. Checked on the data at registration (a registration that violates it fails,
+    /// naming the groups: the data owner may see them); the analyst can then only call
+    /// `rgm_mean_by` on this bare column, never on an expression.
+    pub fn ratio_bound(
+        mut self,
+        value: impl Into<String>,
+        by: impl Into<String>,
+        max_ratio: f64,
+    ) -> Self {
+        self.ratio_bounds.push(RatioBound {
+            value: value.into(),
+            by: by.into(),
+            max_ratio,
+        });
+        self
+    }
     pub fn budget(mut self, epsilon: f64, delta: f64) -> Self {
         self.budget = Some(Budget { epsilon, delta });
+        self
+    }
+    /// The privacy filter admissions follow, fixed when the table is first registered in the
+    /// ledger: `gdp` (Gaussian mechanisms only, the tightest for them), `zcdp` (also zCDP,
+    /// Laplace, pure DP) or `rdp` at one order (every mechanism, rgm_mean_by included).
+    pub fn filter(mut self, filter: FilterKind) -> Self {
+        self.filter = Some(filter);
+        self
+    }
+    /// The share s ∈ (0, 1) of the table's δ reserved for partition selection (GROUP BY over
+    /// private columns); the filter converts its ε at (1 − s)·δ.
+    pub fn delta_share(mut self, share: f64) -> Self {
+        self.delta_share = Some(share);
         self
     }
 }
@@ -187,13 +256,21 @@ impl PrivateSession {
         if let Some(n) = options.target_partitions {
             config = config.with_target_partitions(n);
         }
+        // Nothing data-dependent may be pushed below the guard's checks at execution time.
+        config
+            .options_mut()
+            .optimizer
+            .enable_dynamic_filter_pushdown = false;
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_limit(options.memory_limit, 1.0)
+            .build_arc()?;
         #[cfg(feature = "distributed")]
         let ctx = match &options.cluster {
             Some(cluster) => crate::distributed::connect(cluster, config).await?,
-            None => SessionContext::new_with_config(config),
+            None => SessionContext::new_with_config_rt(config, runtime),
         };
         #[cfg(not(feature = "distributed"))]
-        let ctx = SessionContext::new_with_config(config);
+        let ctx = SessionContext::new_with_config_rt(config, runtime);
         dpfusion_udfs::register_all(&ctx);
         let session = Self {
             ctx,
@@ -276,22 +353,9 @@ impl PrivateSession {
         let name = name.to_ascii_lowercase();
         let schema = provider.schema();
         for c in &reg.public_columns {
-            if schema
-                .fields()
-                .iter()
-                .all(|f| f.name().to_ascii_lowercase() != *c)
-            {
-                return plan_err!(
-                    "public column '{c}' is not a column of table '{name}' (columns: {})",
-                    schema
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
+            check_column(&name, &schema, c, "public column")?;
         }
+        check_ratio_bounds(&name, &provider, &reg)?;
         let policy = TablePolicy {
             key: key.clone(),
             name: name.clone(),
@@ -299,12 +363,18 @@ impl PrivateSession {
             neighbours: reg.neighbours,
             public_columns: reg.public_columns.clone(),
             budget: reg.budget.unwrap_or(self.options.default_budget),
+            filter: reg.filter.unwrap_or_default(),
+            delta_share: reg.delta_share.unwrap_or(DEFAULT_DELTA_SHARE),
         };
         crate::accounting::check_budget(&policy.budget)
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        let stated = FilterChoice {
+            kind: reg.filter.is_some(),
+            delta_share: reg.delta_share.is_some(),
+        };
         let policy = self
             .accountant
-            .register_table(policy)
+            .register_table_with(policy, stated)
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
         let info = TableInfo {
             name: name.clone(),
@@ -312,6 +382,7 @@ impl PrivateSession {
             private: policy.visibility == Visibility::Private,
             neighbours: policy.neighbours,
             public_columns: policy.public_columns.clone(),
+            ratio_bounds: reg.ratio_bounds.clone(),
         };
         let guarded = Arc::new(GuardedTable::new(provider, info));
         let _ = self.ctx.deregister_table(name.as_str())?;
@@ -360,6 +431,7 @@ impl PrivateSession {
     /// Runs one SQL statement.
     pub async fn sql(&self, sql: &str) -> Result<QueryResult> {
         let trimmed = sql.trim().trim_end_matches(';').trim();
+        check_complexity(trimmed)?;
         if let Some(rest) = strip_prefix_ci(trimmed, &["EXPLAIN", "PRIVACY"]) {
             return self.explain_privacy(rest).await;
         }
@@ -390,6 +462,14 @@ impl PrivateSession {
         let delta = self.default_delta();
         resolve_df_statement(&mut stmt, delta).map_err(DataFusionError::Plan)?;
         Ok(stmt)
+    }
+
+    /// Plans, optimizes and guards a query without running it or charging anything: the checked
+    /// plan that would run (with the guard's rewrites) and the DP calls it would make.
+    pub async fn check(&self, sql: &str) -> Result<guard::Guarded> {
+        let trimmed = sql.trim().trim_end_matches(';').trim();
+        check_complexity(trimmed)?;
+        Ok(self.plan_query(trimmed).await?.0)
     }
 
     /// Plans (and optimizes and guards) a query without running it.
@@ -444,30 +524,141 @@ impl PrivateSession {
             LogicalPlan::Statement(s) => {
                 return self.statement(s);
             }
+            LogicalPlan::Copy(c) => {
+                if !c.partition_by.is_empty() {
+                    return plan_err!(
+                        "dpfusion refused the query: COPY ... PARTITIONED BY writes directories; \
+                         write one file"
+                    );
+                }
+                let target = self.output_target(&c.output_url)?;
+                let mut c = c.clone();
+                c.output_url = target;
+                let input = c.input.clone();
+                let state = self.ctx.state();
+                let optimized = state.optimize(&input)?;
+                let guarded = guard::guard(optimized)?;
+                c.input = Arc::new(guarded.plan);
+                let guarded = guard::Guarded {
+                    plan: LogicalPlan::Copy(c),
+                    calls: guarded.calls,
+                };
+                return self.execute_guarded(sql, guarded).await;
+            }
             _ => {}
         }
-        let explain_only = matches!(plan, LogicalPlan::Explain(_));
+        if matches!(plan, LogicalPlan::Explain(_)) && guard::reads_private(&plan) {
+            let t = guard::private_tables(&plan).join("', '");
+            return Err(guard::explain_refusal(&t));
+        }
         let state = self.ctx.state();
         let optimized = state.optimize(&plan)?;
         let guarded = guard::guard(optimized)?;
-        let receipt = if explain_only {
-            None
-        } else {
-            self.admit(sql, &guarded.calls)?
-        };
+        self.execute_guarded(sql, guarded).await
+    }
+
+    /// Admits (charges durably) and runs a checked plan. Once a query that reads a private table
+    /// is admitted, any error or panic of its planning or execution reaches the analyst as the
+    /// one fixed message [`EXECUTION_FAILED`]: it may depend on the data (docs/PRIVACY.md).
+    async fn execute_guarded(&self, sql: &str, guarded: guard::Guarded) -> Result<QueryResult> {
+        let receipt = self.admit(sql, &guarded.calls)?;
         let tables = tables_of(&guarded.calls);
+        let private = !guarded.calls.is_empty() || guard::reads_private(&guarded.plan);
         let schema: SchemaRef = Arc::new(guarded.plan.schema().as_arrow().clone());
-        let physical = state
-            .query_planner()
-            .create_physical_plan(&guarded.plan, &state)
-            .await?;
-        let batches = datafusion::physical_plan::collect(physical, self.ctx.task_ctx()).await?;
+        let state = self.ctx.state();
+        let run = async {
+            let physical = state
+                .query_planner()
+                .create_physical_plan(&guarded.plan, &state)
+                .await?;
+            datafusion::physical_plan::collect(physical, self.ctx.task_ctx()).await
+        };
+        let batches = sanitise(private, run).await?;
         Ok(QueryResult {
             schema,
             batches,
             receipt,
             tables,
         })
+    }
+
+    /// Where a `COPY … TO` may write: only a plain file name (or relative path without `..`)
+    /// inside the output directory the data owner configured ([`SessionOptions::output_dir`]),
+    /// never a symbolic link, the ledger, or a registered table's file.
+    fn output_target(&self, url: &str) -> Result<String> {
+        let Some(dir) = &self.options.output_dir else {
+            return plan_err!(
+                "dpfusion refused the query: COPY ... TO writes files, and this session has no \
+                 output directory (the data owner sets one with --output-dir, or \
+                 SessionOptions::with_output_dir). Use CREATE TABLE name AS SELECT ... to keep \
+                 results in the session, or --format csv|json to save printed results."
+            );
+        };
+        let rel = Path::new(url);
+        let plain = !url.contains("://")
+            && !url.contains(['*', '?', '[', '{'])
+            && rel
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        let has_extension = rel.extension().is_some();
+        if !plain || url.ends_with('/') || !has_extension {
+            return plan_err!(
+                "dpfusion refused the query: COPY ... TO '{url}': the target must be a relative \
+                 file name inside the output directory {} (no '..', no absolute path, no URL, \
+                 no glob, no directory; a file name with an extension)",
+                dir.display()
+            );
+        }
+        let dir = std::fs::canonicalize(dir).map_err(|e| {
+            DataFusionError::Plan(format!(
+                "the output directory {} cannot be used: {e}",
+                dir.display()
+            ))
+        })?;
+        let target = dir.join(rel);
+        // Every existing component below the directory must be a real directory (or, last, a
+        // regular file): no symbolic link may lead the write elsewhere.
+        let mut p = dir.clone();
+        for c in rel.components() {
+            p.push(c);
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return plan_err!(
+                        "dpfusion refused the query: COPY ... TO '{url}' goes through a symbolic \
+                         link"
+                    );
+                }
+                Ok(m) if p != target && !m.is_dir() => {
+                    return plan_err!(
+                        "dpfusion refused the query: COPY ... TO '{url}': not a directory on the way"
+                    );
+                }
+                Ok(m) if p == target && !m.is_file() => {
+                    return plan_err!(
+                        "dpfusion refused the query: COPY ... TO '{url}' is not a regular file"
+                    );
+                }
+                _ => {}
+            }
+        }
+        let ledger = std::fs::canonicalize(self.accountant.path())
+            .unwrap_or_else(|_| self.accountant.path().to_path_buf());
+        // Nothing in the ledger's directory (the ledger, its .head sidecar, their temporaries).
+        let ledger_dir = ledger.parent().map(Path::to_path_buf).unwrap_or_default();
+        let taken = target == ledger
+            || target.parent() == Some(ledger_dir.as_path())
+            || self.tables.lock().expect("lock").values().any(|t| {
+                let k = t.info().key.as_str();
+                let k = Path::new(k);
+                target.starts_with(k) || k.starts_with(&target)
+            });
+        if taken {
+            return plan_err!(
+                "dpfusion refused the query: COPY ... TO '{url}' would write into the ledger's \
+                 directory or over a registered table's file"
+            );
+        }
+        Ok(target.to_string_lossy().to_string())
     }
 
     /// Admission: one atomic, durable step in the accountant. Nothing runs before it returns.
@@ -505,14 +696,9 @@ impl PrivateSession {
         let state = self.ctx.state();
         let optimized = state.optimize(input)?;
         let guarded = guard::guard(optimized)?;
-        let receipt = self.admit(sql, &guarded.calls)?;
-        let physical = state
-            .query_planner()
-            .create_physical_plan(&guarded.plan, &state)
-            .await?;
-        let schema = physical.schema();
-        let batches = datafusion::physical_plan::collect(physical, self.ctx.task_ctx()).await?;
-        let provider = Arc::new(MemTable::try_new(schema, vec![batches])?);
+        let result = self.execute_guarded(sql, guarded).await?;
+        let receipt = result.receipt;
+        let provider = Arc::new(MemTable::try_new(result.schema, vec![result.batches])?);
         // The result of a DP query is public (post-processing).
         self.register_provider(
             name,
@@ -522,7 +708,7 @@ impl PrivateSession {
         )?;
         let mut r = QueryResult::empty();
         r.receipt = receipt;
-        r.tables = tables_of(&guarded.calls);
+        r.tables = result.tables;
         Ok(r)
     }
 
@@ -585,6 +771,23 @@ impl PrivateSession {
                 "dp.public_columns" => {
                     reg = reg.public_columns(text.split(','));
                 }
+                "dp.filter" => {
+                    reg.filter =
+                        Some(text.parse().map_err(|e| {
+                            DataFusionError::Plan(format!("option 'dp.filter': {e}"))
+                        })?);
+                }
+                "dp.delta_share" => {
+                    let x: f64 = text.parse().map_err(|_| {
+                        DataFusionError::Plan(format!(
+                            "option 'dp.delta_share' must be a number in (0, 1), got '{text}'"
+                        ))
+                    })?;
+                    crate::accounting::filter::check_delta_share(x).map_err(|e| {
+                        DataFusionError::Plan(format!("option 'dp.delta_share': {e}"))
+                    })?;
+                    reg.delta_share = Some(x);
+                }
                 "dp.epsilon" | "dp.delta" => {
                     let x: f64 = text.parse().map_err(|_| {
                         DataFusionError::Plan(format!(
@@ -601,7 +804,7 @@ impl PrivateSession {
                 k if k.starts_with("dp.") => {
                     return plan_err!(
                         "unknown option '{k}'; dpfusion options are dp.visibility, dp.neighbours, \
-                         dp.public_columns, dp.epsilon, dp.delta"
+                         dp.public_columns, dp.epsilon, dp.delta, dp.filter, dp.delta_share"
                     );
                 }
                 _ => rest.push((k, v)),
@@ -623,6 +826,141 @@ impl PrivateSession {
     }
 }
 
+/// `column` must name a column of `schema` exactly (names are case-sensitive); a name that only
+/// matches another spelling is refused with the exact name, so that no declaration is ambiguous.
+fn check_column(table: &str, schema: &Schema, column: &str, what: &str) -> Result<()> {
+    if schema.fields().iter().any(|f| f.name() == column) {
+        return Ok(());
+    }
+    let near: Vec<&str> = schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .filter(|f| f.eq_ignore_ascii_case(column))
+        .collect();
+    if !near.is_empty() {
+        return plan_err!(
+            "{what} '{column}' is not a column of table '{table}': column names are \
+             case-sensitive, and the table has {}. Declare the exact name.",
+            near.iter()
+                .map(|n| format!("'{n}'"))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        );
+    }
+    plan_err!(
+        "{what} '{column}' is not a column of table '{table}' (columns: {})",
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Checks the declared ratio bounds on the data (the owner's registration; the errors may name
+/// groups). Runs on its own thread and runtime, so it can be called from sync and async code.
+fn check_ratio_bounds(
+    table: &str,
+    provider: &Arc<dyn TableProvider>,
+    reg: &Registration,
+) -> Result<()> {
+    if reg.ratio_bounds.is_empty() {
+        return Ok(());
+    }
+    let schema = provider.schema();
+    for b in &reg.ratio_bounds {
+        check_column(table, &schema, &b.value, "ratio-bound column")?;
+        check_column(table, &schema, &b.by, "ratio-bound `by` column")?;
+        if !reg.public_columns.contains(&b.by) {
+            return plan_err!(
+                "the ratio bound of '{}' by '{}' needs '{}' to be a public column of table \
+                 '{table}'",
+                b.value,
+                b.by,
+                b.by
+            );
+        }
+        if !(b.max_ratio.is_finite() && b.max_ratio >= 1.0) {
+            return plan_err!(
+                "the ratio bound of '{}' by '{}' must be a finite number >= 1, got {}",
+                b.value,
+                b.by,
+                b.max_ratio
+            );
+        }
+    }
+    let provider = provider.clone();
+    let bounds = reg.ratio_bounds.clone();
+    let table = table.to_string();
+    let run = move || -> Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        rt.block_on(async move {
+            let ctx = SessionContext::new();
+            ctx.register_table("t", provider)?;
+            for b in &bounds {
+                let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+                let (v, by) = (q(&b.value), q(&b.by));
+                let sql = format!(
+                    "SELECT CAST({by} AS VARCHAR) AS g, min(CAST({v} AS DOUBLE)) AS lo, \
+                     max(CAST({v} AS DOUBLE)) AS hi, count(*) - count({v}) AS nulls \
+                     FROM t GROUP BY 1 ORDER BY 1"
+                );
+                let batches = ctx.sql(&sql).await?.collect().await?;
+                let mut bad = Vec::new();
+                for batch in &batches {
+                    use datafusion::arrow::array::{Array, AsArray};
+                    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
+                    let g = datafusion::arrow::compute::cast(
+                        batch.column(0),
+                        &datafusion::arrow::datatypes::DataType::Utf8,
+                    )?;
+                    let g = g.as_string::<i32>();
+                    let lo = batch.column(1).as_primitive::<Float64Type>();
+                    let hi = batch.column(2).as_primitive::<Float64Type>();
+                    let nulls = batch.column(3).as_primitive::<Int64Type>();
+                    for i in 0..batch.num_rows() {
+                        let (l, h) = (lo.value(i), hi.value(i));
+                        let ok = nulls.value(i) == 0
+                            && !lo.is_null(i)
+                            && l > 0.0
+                            && l.is_finite()
+                            && h <= b.max_ratio * l;
+                        if !ok {
+                            bad.push(format!(
+                                "{} (min {l}, max {h}, {} NULL)",
+                                if g.is_null(i) { "NULL" } else { g.value(i) },
+                                nulls.value(i)
+                            ));
+                        }
+                    }
+                }
+                if !bad.is_empty() {
+                    return plan_err!(
+                        "table '{table}': the data do not satisfy the declared ratio bound of \
+                         '{}' by '{}' (every value > 0, no NULL, max <= {} x min in each group); \
+                         groups that fail: {}",
+                        b.value,
+                        b.by,
+                        b.max_ratio,
+                        bad.join("; ")
+                    );
+                }
+            }
+            Ok(())
+        })
+    };
+    std::thread::scope(|s| {
+        s.spawn(run)
+            .join()
+            .unwrap_or_else(|_| plan_err!("checking the ratio bounds of '{}' failed", "table"))
+    })
+}
+
 fn option_text(v: &Value) -> String {
     match v {
         Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
@@ -630,6 +968,154 @@ fn option_text(v: &Value) -> String {
         Value::Boolean(b) => b.to_string(),
         other => other.to_string().trim_matches('\'').to_string(),
     }
+}
+
+/// The one message of a failed execution of a query that reads a private table. It names no
+/// value, no row and no error class: any of them could depend on the data.
+pub const EXECUTION_FAILED: &str = "dpfusion: the query failed while it ran. Its charge stands (a \
+failure can depend on the data, so it is not refunded), and the error is not shown because it \
+could reveal private values. Check the query's types and functions against docs/SQL.md.";
+
+/// Runs `fut`; when `private`, any error or panic becomes [`EXECUTION_FAILED`].
+async fn sanitise<T>(
+    private: bool,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    use futures::FutureExt;
+    let out = std::panic::AssertUnwindSafe(fut).catch_unwind().await;
+    match out {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) if !private => Err(e),
+        Err(panic) if !private => std::panic::resume_unwind(panic),
+        _ => Err(DataFusionError::External(Box::new(
+            crate::error::Error::ExecutionFailed,
+        ))),
+    }
+}
+
+/// Limits on one statement's text, checked before parsing: a statement that could exhaust the
+/// stack while it is parsed, planned, evaluated or dropped is refused with a message, never a
+/// crash. Expressions become deep trees through chains of operators (`a + b + c …` is
+/// left-deep), casts (`x::INT::INT …`) and parentheses, so the check estimates the depth of the
+/// tree the statement parses to: along every path of parentheses, the number of operators
+/// chained at each level (a comma or clause keyword starts a new expression), plus the nesting
+/// itself. The bound keeps a debug build's planning within a 2 MiB thread stack (tokio's
+/// default), so embedders calling `sql()` from any task are safe.
+pub const MAX_SQL_BYTES: usize = 1 << 20;
+/// The largest estimated expression depth.
+pub const MAX_DEPTH: usize = 128;
+/// The most set operations (UNION, INTERSECT, EXCEPT) and joins in one statement.
+pub const MAX_CHAIN: usize = 64;
+
+fn check_complexity(sql: &str) -> Result<()> {
+    use datafusion::sql::sqlparser::keywords::Keyword;
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    if sql.len() > MAX_SQL_BYTES {
+        return plan_err!(
+            "dpfusion refused the query: the statement has {} bytes, more than {MAX_SQL_BYTES}",
+            sql.len()
+        );
+    }
+    let tokens = Tokenizer::new(&GenericDialect {}, sql)
+        .tokenize()
+        .map_err(|e| DataFusionError::Plan(format!("SQL error: {e}")))?;
+    // Operators chained at each open level of parentheses (the last entry is the innermost).
+    let mut levels: Vec<usize> = vec![0];
+    let (mut depth, mut chains) = (0usize, 0usize);
+    for t in &tokens {
+        let op = match t {
+            Token::Whitespace(_) | Token::SemiColon | Token::Period => continue,
+            Token::Number(..)
+            | Token::SingleQuotedString(_)
+            | Token::DoubleQuotedString(_)
+            | Token::NationalStringLiteral(_)
+            | Token::HexStringLiteral(_)
+            | Token::Placeholder(_) => continue,
+            Token::LParen | Token::LBracket | Token::LBrace => {
+                levels.push(0);
+                false
+            }
+            Token::RParen | Token::RBracket | Token::RBrace => {
+                if levels.len() > 1 {
+                    levels.pop();
+                }
+                continue;
+            }
+            Token::Comma => {
+                *levels.last_mut().expect("one level") = 0;
+                continue;
+            }
+            Token::Word(w) => match w.keyword {
+                Keyword::SELECT
+                | Keyword::FROM
+                | Keyword::WHERE
+                | Keyword::GROUP
+                | Keyword::HAVING
+                | Keyword::ORDER
+                | Keyword::LIMIT
+                | Keyword::OFFSET
+                | Keyword::ON
+                | Keyword::USING
+                | Keyword::WHEN
+                | Keyword::THEN
+                | Keyword::ELSE
+                | Keyword::AS
+                | Keyword::WITH => {
+                    *levels.last_mut().expect("one level") = 0;
+                    continue;
+                }
+                // A CASE opens a level like a parenthesis (its branches may nest further).
+                Keyword::CASE => {
+                    levels.push(0);
+                    false
+                }
+                Keyword::END => {
+                    if levels.len() > 1 {
+                        levels.pop();
+                    }
+                    continue;
+                }
+                Keyword::UNION | Keyword::INTERSECT | Keyword::EXCEPT | Keyword::JOIN => {
+                    chains += 1;
+                    continue;
+                }
+                Keyword::AND
+                | Keyword::OR
+                | Keyword::XOR
+                | Keyword::NOT
+                | Keyword::IS
+                | Keyword::LIKE
+                | Keyword::ILIKE
+                | Keyword::SIMILAR
+                | Keyword::REGEXP
+                | Keyword::RLIKE
+                | Keyword::BETWEEN
+                | Keyword::IN
+                | Keyword::COLLATE
+                | Keyword::AT
+                | Keyword::DIV
+                | Keyword::CAST
+                | Keyword::INTERVAL => true,
+                // Identifiers and other keywords (types, names, DISTINCT …).
+                _ => continue,
+            },
+            // Every other symbol is an operator: arithmetic, comparison, ||, ::, ~, ->, @> …
+            _ => true,
+        };
+        if op {
+            *levels.last_mut().expect("one level") += 1;
+        }
+        depth = depth.max(levels.iter().sum::<usize>() + levels.len());
+    }
+    if depth > MAX_DEPTH || chains > MAX_CHAIN {
+        return plan_err!(
+            "dpfusion refused the query: the statement is too complex (an expression about \
+             {depth} levels deep, {chains} joins or set operations; the limits are {MAX_DEPTH} \
+             and {MAX_CHAIN}). Use IN (...) lists instead of long OR chains, split long sums, or \
+             split the statement."
+        );
+    }
+    Ok(())
 }
 
 /// The ledger identity of a file or directory: its canonical absolute path.

@@ -232,8 +232,18 @@ async fn session_charges_the_call_and_releases_a_model() {
     let receipt = r.receipt.expect("charged");
     let t = &receipt.tables[0];
     assert_eq!(t.name, "patients");
-    // ρ = zcdp_rho(0.5, 1e-6) converts back to ε = 0.5 at the table's δ = 1e-6.
-    assert!((t.cost - 0.5).abs() < 1e-6, "{}", t.cost);
+    // ρ = zcdp_rho(0.5, 1e-6) is ε = 0.5 at δ = 1e-6; the table's zCDP filter converts at
+    // δ_g = δ_B/2 (half of δ is reserved for partition selection), so it reports a little more.
+    let want = dpfusion_udfs::privacy::zcdp_epsilon(
+        dpfusion_udfs::privacy::zcdp_rho(0.5, 1e-6).unwrap(),
+        5e-7,
+    )
+    .unwrap();
+    assert!(
+        t.cost >= 0.5 && (t.cost / want - 1.0).abs() < 1e-3,
+        "{} vs {want}",
+        t.cost
+    );
     let ledger = s.ledger();
     let last = ledger.last().unwrap();
     assert!(format!("{last:?}").contains("Zcdp {"), "{last:?}");
@@ -302,9 +312,8 @@ async fn bad_parameters_fail_at_planning_and_cost_nothing() {
     assert!(s.budget().iter().all(|b| b.spent == 0.0), "nothing charged");
 }
 
-/// Bad input (SQL.md): NULL/NaN rows are skipped; a label other than 0/1/true/false fails
-/// without naming the row; a feature list of the wrong length fails naming the expected
-/// length; booleans are accepted as labels.
+/// Bad input (docs/SQL.md): NULL/NaN rows, labels other than 0/1/true/false and feature lists of
+/// the wrong length are skipped (no data-dependent error); booleans are accepted as labels.
 #[tokio::test]
 async fn bad_input() {
     let ctx = SessionContext::new();
@@ -330,27 +339,24 @@ async fn bad_input() {
     .await
     .unwrap();
     assert_eq!(model_of(&b).coefficients.len(), 1);
-    // A bad label: a clear error that names neither the row nor the value.
-    let e = run(
+    // A bad label and a feature list of the wrong length: the row is skipped like a NULL (a
+    // failure would be a one-bit oracle on whatever predicate chose the row).
+    let b = run(
         "SELECT dp_logreg_agd(y, [x], 1.0) FROM (VALUES (1, 0.5), (0, 0.1), \
                  (7, 0.2)) AS t(y, x)"
             .into(),
     )
     .await
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("0 or 1"), "{e}");
-    assert!(!e.contains('7') && !e.contains("row 3"), "{e}");
-    // Wrong feature length: names the expected length.
-    let e = run(
-        "SELECT dp_logreg_agd(y, f, 1.0) FROM (VALUES (1, [0.5, 1.0]), (0, [0.1])) \
-                 AS t(y, f)"
+    .unwrap();
+    assert_eq!(model_of(&b).coefficients.len(), 1);
+    let b = run(
+        "SELECT dp_logreg_agd(y, f, 1.0) FROM (VALUES (1, [0.5, 1.0]), (0, [0.1, 0.2]), \
+                 (1, [0.3])) AS t(y, f)"
             .into(),
     )
     .await
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("expected 2"), "{e}");
+    .unwrap();
+    assert_eq!(model_of(&b).coefficients.len(), 2);
     // A string label is a planning error naming the argument.
     let e = run("SELECT dp_logreg_agd(y, [x], 1.0) FROM (VALUES ('a', 0.5)) AS t(y, x)".into())
         .await

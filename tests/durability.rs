@@ -88,6 +88,12 @@ fn sigkill_never_loses_a_charge_for_a_released_result() {
         let acc = Accountant::open(&ledger)
             .unwrap_or_else(|e| panic!("round {round}: ledger unreadable after SIGKILL: {e}"));
         let charges = acc.ledger_entries().len();
+        // And its hash chain and sidecar verify (issue 15): a kill leaves at most a torn last
+        // line, which the reopen cut.
+        let report = dpfusion::accounting::verify(&ledger)
+            .unwrap_or_else(|e| panic!("round {round}: ledger does not verify: {e}"));
+        assert_eq!(report.charges as usize, charges, "round {round}");
+        assert!(report.notes.is_empty(), "round {round}: {:?}", report.notes);
         assert!(
             charges >= released_total,
             "round {round}: {charges} charges < {released_total} released"
@@ -194,4 +200,8 @@ fn concurrent_processes_on_one_ledger_never_overspend() {
     assert_eq!(acc.ledger_entries().len(), released);
     assert!(released > 0 && released < 32, "{released}");
     assert!(rows[0].spent <= 1.0, "{}", rows[0].spent);
+    // Four writers interleaved their appends on one chain, and the sidecar followed.
+    let report = dpfusion::accounting::verify(&ledger).unwrap();
+    assert_eq!(report.charges as usize, released);
+    assert!(report.notes.is_empty(), "{:?}", report.notes);
 }

@@ -242,7 +242,10 @@ async fn rgm_on_a_replace_table() {
     s.register_batches(
         "patients",
         patient_batches(),
-        Registration::private().replace(),
+        // RGM events are accepted by the rdp filter only (docs/ACCOUNTING.md).
+        Registration::private()
+            .replace()
+            .filter(dpfusion::accounting::FilterKind::Rdp { order: None }),
     )
     .unwrap();
     let q = format!(

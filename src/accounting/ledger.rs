@@ -1,27 +1,87 @@
-//! The ledger file: records, replay (catch-up), durable appends, the OS file lock and timestamps.
+//! The ledger file: records, the hash chain and its sidecar, replay (catch-up), durable appends,
+//! migration of unchained ledgers, the OS file lock and timestamps. The format and the rules are
+//! in docs/LEDGER.md.
+//!
+//! Every line is one JSON record carrying `prev`, the hex SHA-256 of the previous line's bytes
+//! (without its newline); line 1 is a `header` (format, random ledger id) whose `prev` is the
+//! genesis value of that id. After every fsync'd append the sidecar `<ledger>.head` is replaced
+//! (atomically) by the line count and the hash of the last line, so a cut to a shorter prefix,
+//! an edited last line or a replaced file are detected too. Replay refuses, without changing a
+//! byte, anything that does not verify; the one exception is a last line without its newline
+//! (an interrupted append), which is cut away.
 use std::collections::HashMap;
-use std::fs::File;
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use dpfusion_udfs::privacy::{Event, Profile};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use super::{
-    AccountingError, LedgerEntry, TableKey, TablePolicy, Visibility, check_budget, io_error,
+    AccountingError, Budget, LedgerEntry, TableKey, TablePolicy, Visibility, check_budget, io_error,
 };
 
-/// One line of the ledger.
+/// The ledger format this version writes and reads: a header line, then records chained by
+/// `prev`. Format 1 is the unchained format of earlier versions (no header, no `prev`); it is
+/// refused on open and converted by [`migrate`].
+pub const FORMAT: u32 = 2;
+
+/// Hashed with the ledger id into the `prev` of the header line.
+const GENESIS_TAG: &[u8] = b"dpfusion ledger genesis v2\n";
+
+type Hash = [u8; 32];
+
+/// The first line of a ledger.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct Header {
+    pub format: u32,
+    /// 128 random bits, hex: makes the chain of every ledger distinct.
+    pub ledger_id: String,
+    /// UTC, RFC 3339 with milliseconds.
+    pub created: String,
+}
+
+/// One line of the ledger (without its `prev`).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "record", rename_all = "snake_case")]
 pub(super) enum Record {
+    /// Line 1, and only line 1.
+    Header(Header),
     /// A table registered for the first time (or made stricter: public → private).
     Policy(TablePolicy),
     /// An explicit action of the data owner.
     Owner(TablePolicy),
     /// An admitted query.
     Charge(LedgerEntry),
+}
+
+/// A line as written: the record, then the hash of the previous line.
+#[derive(Serialize)]
+struct LineOut<'a> {
+    #[serde(flatten)]
+    record: &'a Record,
+    prev: &'a str,
+}
+
+/// A line as read.
+#[derive(Deserialize)]
+struct LineIn {
+    #[serde(flatten)]
+    record: Record,
+    prev: String,
+}
+
+/// The sidecar `<ledger>.head`: how many lines the ledger had after the last append, and the
+/// hash of the last one.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Head {
+    format: u32,
+    ledger_id: String,
+    lines: u64,
+    hash: String,
 }
 
 /// What one table has been charged: every event, their composed profile, and the number of
@@ -38,18 +98,31 @@ pub(super) struct Spend {
 pub(super) struct State {
     /// Byte offset of the end of the last record read (always the end of a complete line).
     pub offset: u64,
-    /// Number of complete lines read.
+    /// Number of complete lines read (the header included).
     pub lines: u64,
     pub next_seq: u64,
     pub policies: HashMap<TableKey, TablePolicy>,
     /// Charges by key; a key may have charges before (or without) a policy in this session.
     pub tables: HashMap<TableKey, Spend>,
     pub entries: Vec<LedgerEntry>,
+    /// From the header (line 1).
+    pub ledger_id: Option<String>,
+    /// SHA-256 of every line read or written, in order: the chain, checked against the sidecar.
+    pub hashes: Vec<Hash>,
+    /// Number of `policy` and `owner` records.
+    pub policy_records: u64,
+    pub owner_records: u64,
 }
 
 /// Applies one record to the state: the only way the state changes, on replay and on append.
 fn apply(st: &mut State, rec: Record) -> Result<(), String> {
     match rec {
+        Record::Header(h) => {
+            if st.ledger_id.is_some() {
+                return Err("a second header record".to_string());
+            }
+            st.ledger_id = Some(h.ledger_id);
+        }
         Record::Policy(p) => {
             check_budget(&p.budget).map_err(|e| e.to_string())?;
             // A `policy` record can only make a table stricter; a private table stays as it is
@@ -61,10 +134,12 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
             if !keep {
                 st.policies.insert(p.key.clone(), p);
             }
+            st.policy_records += 1;
         }
         Record::Owner(p) => {
             check_budget(&p.budget).map_err(|e| e.to_string())?;
             st.policies.insert(p.key.clone(), p);
+            st.owner_records += 1;
         }
         Record::Charge(entry) => {
             for t in &entry.tables {
@@ -84,6 +159,43 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
     Ok(())
 }
 
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256(bytes: &[u8]) -> Hash {
+    let mut h = [0u8; 32];
+    h.copy_from_slice(&Sha256::digest(bytes));
+    h
+}
+
+/// The `prev` of the header line of the ledger `ledger_id`.
+fn genesis(ledger_id: &str) -> String {
+    let mut b = GENESIS_TAG.to_vec();
+    b.extend_from_slice(ledger_id.as_bytes());
+    hex(&sha256(&b))
+}
+
+fn new_ledger_id() -> String {
+    hex(&rand::random::<[u8; 16]>())
+}
+
+/// `<ledger>.head`, beside the ledger.
+pub fn head_path(path: &Path) -> PathBuf {
+    sibling(path, ".head")
+}
+
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    path.with_file_name(name)
+}
+
+/// What to do about a ledger that does not verify; appended to every such error.
+const RESTORE: &str = "Nothing was changed. Restore the ledger and its .head sidecar together \
+     from a backup (`dpfusion ledger verify PATH` checks a copy); do not start a new ledger \
+     unless the data owner decides that every budget may start again from zero";
+
 fn corrupt(path: &Path, line: u64, message: String) -> AccountingError {
     AccountingError::Corrupt {
         path: path.to_path_buf(),
@@ -92,78 +204,419 @@ fn corrupt(path: &Path, line: u64, message: String) -> AccountingError {
     }
 }
 
-/// Cuts a torn tail (an interrupted append) back to the end of the last complete record.
-fn truncate(file: &File, path: &Path, len: u64) -> Result<(), AccountingError> {
-    file.set_len(len)
-        .and_then(|()| file.sync_data())
-        .map_err(io_error(path))
+fn unverifiable(path: &Path, message: String) -> AccountingError {
+    AccountingError::Unverifiable {
+        path: path.to_path_buf(),
+        message,
+    }
 }
 
-/// Reads and applies every complete line after `st.offset`. Must be called with the exclusive
-/// file lock held: a tail without a newline, or an unreadable last line, is then a torn write
-/// (no writer is active) and is truncated. An unreadable line followed by others is corruption.
-pub(super) fn catch_up(file: &File, path: &Path, st: &mut State) -> Result<(), AccountingError> {
+fn old_format(path: &Path) -> AccountingError {
+    let p = path.display();
+    unverifiable(
+        path,
+        format!(
+            "this ledger was written by an earlier dpfusion (format 1: no header, no hash chain) \
+             and is not opened as it is. Stop every dpfusion session that uses it, then run \
+             `dpfusion ledger migrate {p}`: it checks every record, keeps the original as \
+             {p}.v1.bak and writes the same records in format {FORMAT}"
+        ),
+    )
+}
+
+fn other(path: &Path, message: String) -> AccountingError {
+    io_error(path)(io::Error::other(message))
+}
+
+/// Encodes `rec` as the next line after `st` (with its newline), and that line's hash.
+fn encode(path: &Path, st: &State, rec: &Record) -> Result<(String, Hash), AccountingError> {
+    let prev = match (rec, st.hashes.last()) {
+        (Record::Header(h), None) => genesis(&h.ledger_id),
+        (_, Some(h)) if !matches!(rec, Record::Header(_)) => hex(h),
+        _ => {
+            return Err(other(
+                path,
+                "internal error: the header must be the first record, and only it".to_string(),
+            ));
+        }
+    };
+    let mut line = serde_json::to_string(&LineOut {
+        record: rec,
+        prev: &prev,
+    })
+    .map_err(|e| other(path, e.to_string()))?;
+    if serde_json::from_str::<LineIn>(&line).is_err() || line.contains('\n') {
+        // E.g. a non-finite number, which JSON cannot hold: never write what replay cannot read.
+        return Err(other(
+            path,
+            format!("refusing to write a record that could not be read back: {line}"),
+        ));
+    }
+    let hash = sha256(line.as_bytes());
+    line.push('\n');
+    Ok((line, hash))
+}
+
+/// Checks one complete line (without its newline) as line `line_no`, after a line of hash
+/// `prev`; returns its record. `id` is the ledger id, set by line 1.
+fn check_line(
+    path: &Path,
+    line_no: u64,
+    line: &[u8],
+    id: &mut Option<String>,
+    prev: Option<&Hash>,
+) -> Result<Record, AccountingError> {
+    if line.trim_ascii().is_empty() {
+        return Err(corrupt(
+            path,
+            line_no,
+            "an empty line, which the ledger never writes".to_string(),
+        ));
+    }
+    let parsed: LineIn = match serde_json::from_slice(line) {
+        Ok(l) => l,
+        Err(_) if line_no == 1 && serde_json::from_slice::<Record>(line).is_ok() => {
+            return Err(old_format(path));
+        }
+        Err(e) => {
+            return Err(corrupt(
+                path,
+                line_no,
+                format!(
+                    "not a ledger record ({e}); a complete line is never a torn write, so it \
+                     is not removed"
+                ),
+            ));
+        }
+    };
+    let expected = match (&parsed.record, line_no) {
+        (Record::Header(h), 1) => {
+            if h.format != FORMAT {
+                return Err(corrupt(
+                    path,
+                    1,
+                    format!(
+                        "ledger format {} is not the format of this dpfusion ({FORMAT})",
+                        h.format
+                    ),
+                ));
+            }
+            *id = Some(h.ledger_id.clone());
+            genesis(&h.ledger_id)
+        }
+        (Record::Header(_), _) => {
+            return Err(corrupt(
+                path,
+                line_no,
+                "a second header record (lines from another ledger?)".to_string(),
+            ));
+        }
+        (_, 1) => {
+            return Err(corrupt(
+                path,
+                1,
+                "the first line is not the ledger's header (was the start of the file cut off or \
+                 replaced?)"
+                    .to_string(),
+            ));
+        }
+        (_, _) => hex(prev.expect("line > 1 has a previous line")),
+    };
+    if parsed.prev != expected {
+        let what = if line_no == 1 {
+            "the header's `prev` is not the genesis hash of its ledger id: the header was edited"
+                .to_string()
+        } else {
+            format!(
+                "its `prev` is not the hash of line {}: line {} or this line was edited, or \
+                 lines were deleted, reordered or inserted here",
+                line_no - 1,
+                line_no - 1
+            )
+        };
+        return Err(corrupt(path, line_no, what));
+    }
+    Ok(parsed.record)
+}
+
+/// The complete lines after `st` in `buf`, checked (chain, header) but not applied, and the
+/// length of a last line without its newline (a torn write).
+struct Scan {
+    lines: Vec<(Record, Hash, u64)>,
+    torn: u64,
+    ledger_id: Option<String>,
+}
+
+fn scan(path: &Path, st: &State, buf: &[u8]) -> Result<Scan, AccountingError> {
+    let mut out = Scan {
+        lines: Vec::new(),
+        torn: 0,
+        ledger_id: st.ledger_id.clone(),
+    };
+    let mut prev = st.hashes.last().copied();
+    let mut pos = 0;
+    while pos < buf.len() {
+        let Some(nl) = buf[pos..].iter().position(|&b| b == b'\n') else {
+            out.torn = (buf.len() - pos) as u64;
+            break;
+        };
+        let line = &buf[pos..pos + nl];
+        let line_no = st.lines + out.lines.len() as u64 + 1;
+        let rec = check_line(path, line_no, line, &mut out.ledger_id, prev.as_ref())?;
+        let hash = sha256(line);
+        out.lines.push((rec, hash, nl as u64 + 1));
+        prev = Some(hash);
+        pos += nl + 1;
+    }
+    Ok(out)
+}
+
+fn read_head(path: &Path) -> Result<Option<Head>, AccountingError> {
+    let hp = head_path(path);
+    match fs::read(&hp) {
+        Ok(bytes) => serde_json::from_slice::<Head>(bytes.trim_ascii())
+            .ok()
+            .filter(|h| h.format == FORMAT && h.lines > 0)
+            .map(Some)
+            .ok_or_else(|| {
+                unverifiable(
+                    path,
+                    format!(
+                        "its sidecar {} is not a valid ledger head (it was overwritten). {RESTORE}",
+                        hp.display()
+                    ),
+                )
+            }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error(&hp)(e)),
+    }
+}
+
+/// Replaces the sidecar with the state's line count and last hash: a temporary file, fsync'd,
+/// then renamed over it. Only under the exclusive lock.
+fn write_head(path: &Path, st: &State) -> Result<(), AccountingError> {
+    let (Some(id), Some(last)) = (&st.ledger_id, st.hashes.last()) else {
+        return Err(other(path, "internal error: no header to seal".to_string()));
+    };
+    let head = Head {
+        format: FORMAT,
+        ledger_id: id.clone(),
+        lines: st.lines,
+        hash: hex(last),
+    };
+    let hp = head_path(path);
+    let tmp = sibling(path, ".head.tmp");
+    let mut text = serde_json::to_string(&head).map_err(|e| other(path, e.to_string()))?;
+    text.push('\n');
+    let mut f = private_options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(io_error(&tmp))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(io_error(&tmp))?;
+    fs::rename(&tmp, &hp).map_err(io_error(&hp))
+}
+
+/// What the sidecar says about the lines read so far plus `scan`.
+enum HeadState {
+    /// It matches the last line.
+    Current,
+    /// It matches an earlier line (the process that appended after it died before updating it).
+    Behind(u64),
+    /// No sidecar and no complete line: a new ledger (or one whose creation was interrupted).
+    New,
+    /// No sidecar and only the header: creation was interrupted after the header.
+    Missing,
+}
+
+fn check_head(
+    path: &Path,
+    st: &State,
+    scan: &Scan,
+    head: Option<&Head>,
+) -> Result<HeadState, AccountingError> {
+    let total = st.lines + scan.lines.len() as u64;
+    let hash_at = |n: u64| -> Hash {
+        if n <= st.lines {
+            st.hashes[(n - 1) as usize]
+        } else {
+            scan.lines[(n - st.lines - 1) as usize].1
+        }
+    };
+    let hp = head_path(path);
+    let Some(h) = head else {
+        return match total {
+            0 => Ok(HeadState::New),
+            1 => Ok(HeadState::Missing),
+            _ => Err(unverifiable(
+                path,
+                format!(
+                    "its sidecar {} is missing, so a cut to a shorter ledger cannot be ruled \
+                     out. Restore the sidecar from the same backup as the ledger; if the data \
+                     owner knows the ledger is complete, `dpfusion ledger reseal {}` writes a \
+                     new one",
+                    hp.display(),
+                    path.display()
+                ),
+            )),
+        };
+    };
+    if total == 0 {
+        return Err(unverifiable(
+            path,
+            format!(
+                "the ledger holds no complete line but its sidecar {} recorded {} lines: it was \
+                 emptied or replaced. {RESTORE}",
+                hp.display(),
+                h.lines
+            ),
+        ));
+    }
+    if scan.ledger_id.as_deref() != Some(h.ledger_id.as_str()) {
+        return Err(unverifiable(
+            path,
+            format!(
+                "its sidecar {} belongs to another ledger (id {}, the ledger's is {}): the ledger \
+                 was replaced. {RESTORE}",
+                hp.display(),
+                h.ledger_id,
+                scan.ledger_id.as_deref().unwrap_or("?")
+            ),
+        ));
+    }
+    if h.lines > total {
+        return Err(corrupt(
+            path,
+            total + 1,
+            format!(
+                "the ledger ends after {total} complete lines but its sidecar {} recorded {}: \
+                 lines were cut from the end",
+                hp.display(),
+                h.lines
+            ),
+        ));
+    }
+    if hex(&hash_at(h.lines)) != h.hash {
+        return Err(corrupt(
+            path,
+            h.lines,
+            format!(
+                "the line differs from the one its sidecar {} recorded: it was edited (or the \
+                 lines after line {} were replaced)",
+                hp.display(),
+                h.lines.saturating_sub(1)
+            ),
+        ));
+    }
+    Ok(if h.lines == total {
+        HeadState::Current
+    } else {
+        HeadState::Behind(h.lines)
+    })
+}
+
+/// Whether [`read`] may repair what an interrupted writer left (a torn last line, a sidecar
+/// behind the ledger, a new or half-created ledger). Sessions repair under the exclusive lock;
+/// `dpfusion ledger verify` only reports.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Repair,
+    ReadOnly,
+}
+
+/// What [`read`] found that an interrupted writer left.
+#[derive(Debug, Default)]
+struct Leftover {
+    torn: u64,
+    head_behind: Option<u64>,
+    head_missing: bool,
+    new: bool,
+}
+
+/// Verifies, then applies, every complete line after `st.offset`; in [`Mode::Repair`] also cuts
+/// a torn last line, brings the sidecar up to date and initialises a new ledger. Nothing is
+/// changed (in the file or in `st`) unless the new lines and the sidecar verify.
+fn read(file: &File, path: &Path, st: &mut State, mode: Mode) -> Result<Leftover, AccountingError> {
     let len = file.metadata().map_err(io_error(path))?.len();
     if len < st.offset {
         return Err(corrupt(
             path,
             st.lines,
-            "the file is shorter than the part this session already read (was it replaced or \
-             truncated by hand?)"
+            "the file is shorter than the part this session already read (it was replaced or \
+             truncated)"
                 .to_string(),
         ));
     }
-    if len == st.offset {
-        return Ok(());
-    }
+    let head = read_head(path)?;
     let mut buf = Vec::new();
-    let mut reader = file;
-    reader
-        .seek(SeekFrom::Start(st.offset))
-        .and_then(|_| reader.read_to_end(&mut buf))
-        .map_err(io_error(path))?;
-    let mut pos = 0;
-    while pos < buf.len() {
-        let Some(nl) = buf[pos..].iter().position(|&b| b == b'\n') else {
-            return truncate(file, path, st.offset);
-        };
-        let end = pos + nl + 1;
-        let line = &buf[pos..pos + nl];
-        let line_no = st.lines + 1;
-        if !line.trim_ascii().is_empty() {
-            match serde_json::from_slice::<Record>(line) {
-                Ok(rec) => apply(st, rec).map_err(|m| corrupt(path, line_no, m))?,
-                Err(_) if buf[end..].trim_ascii().is_empty() => {
-                    return truncate(file, path, st.offset);
-                }
-                Err(e) => {
-                    return Err(corrupt(path, line_no, format!("unreadable record ({e})")));
-                }
-            }
-        }
-        st.offset += (end - pos) as u64;
-        st.lines += 1;
-        pos = end;
+    if len > st.offset {
+        let mut reader = file;
+        reader
+            .seek(SeekFrom::Start(st.offset))
+            .and_then(|_| reader.read_to_end(&mut buf))
+            .map_err(io_error(path))?;
     }
-    Ok(())
+    let scanned = scan(path, st, &buf)?;
+    let head_state = check_head(path, st, &scanned, head.as_ref())?;
+    for (rec, hash, n) in scanned.lines {
+        let line_no = st.lines + 1;
+        apply(st, rec).map_err(|m| corrupt(path, line_no, m))?;
+        st.offset += n;
+        st.lines += 1;
+        st.hashes.push(hash);
+    }
+    let mut left = Leftover {
+        torn: scanned.torn,
+        ..Leftover::default()
+    };
+    match head_state {
+        HeadState::Current => {}
+        HeadState::Behind(n) => left.head_behind = Some(n),
+        HeadState::Missing => left.head_missing = true,
+        HeadState::New => left.new = true,
+    }
+    if mode == Mode::ReadOnly {
+        return Ok(left);
+    }
+    if left.torn > 0 {
+        // Only a last line without its newline: an append that never completed (no writer is
+        // active under the exclusive lock), so never a charge that was admitted.
+        file.set_len(st.offset)
+            .and_then(|()| file.sync_data())
+            .map_err(io_error(path))?;
+    }
+    if left.new {
+        let header = Record::Header(Header {
+            format: FORMAT,
+            ledger_id: new_ledger_id(),
+            created: now_rfc3339(),
+        });
+        append(file, path, st, header)?;
+    } else if left.head_behind.is_some() || left.head_missing {
+        write_head(path, st)?;
+    }
+    Ok(Leftover::default())
 }
 
-/// Appends one record (one `write_all` of the whole line), fsyncs it, then applies it to the
-/// state. Must be called with the exclusive file lock held, right after [`catch_up`].
+/// Reads and applies what other processes appended since the last read, repairing what an
+/// interrupted writer left. Must be called with the exclusive file lock held.
+pub(super) fn catch_up(file: &File, path: &Path, st: &mut State) -> Result<(), AccountingError> {
+    read(file, path, st, Mode::Repair).map(|_| ())
+}
+
+/// Appends one record (one `write_all` of the whole line), fsyncs it, applies it to the state,
+/// then updates the sidecar. Must be called with the exclusive file lock held, right after
+/// [`catch_up`].
 pub(super) fn append(
     file: &File,
     path: &Path,
     st: &mut State,
     rec: Record,
 ) -> Result<(), AccountingError> {
-    let mut line = serde_json::to_string(&rec).map_err(|e| io_error(path)(io::Error::other(e)))?;
-    if serde_json::from_str::<Record>(&line).is_err() {
-        // E.g. a non-finite number, which JSON cannot hold: never write what replay cannot read.
-        return Err(io_error(path)(io::Error::other(format!(
-            "refusing to write a record that could not be read back: {line}"
-        ))));
-    }
-    line.push('\n');
+    let (line, hash) = encode(path, st, &rec)?;
     let mut writer = file;
     if let Err(e) = writer
         .write_all(line.as_bytes())
@@ -175,17 +628,386 @@ pub(super) fn append(
     }
     st.offset += line.len() as u64;
     st.lines += 1;
+    st.hashes.push(hash);
     let line_no = st.lines;
-    apply(st, rec).map_err(|m| corrupt(path, line_no, m))
+    apply(st, rec).map_err(|m| corrupt(path, line_no, m))?;
+    // The charge is durable; if the sidecar cannot follow, the caller is told (and releases
+    // nothing), and the next session brings the sidecar up to date.
+    write_head(path, st)
 }
 
-/// An exclusive OS lock on the ledger file (excludes other processes and other `Accountant`s on
+/// `OpenOptions` that create files readable and writable by their owner only (Unix).
+fn private_options() -> OpenOptions {
+    #[allow(unused_mut)]
+    let mut o = OpenOptions::new();
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    o
+}
+
+/// Opens the ledger for reading and appending, never truncating it: a new file is created
+/// exclusively (`create_new`, mode 0600, in new directories of mode 0700); an existing one is
+/// opened as it is. The header is written by the first [`catch_up`].
+pub(super) fn open_file(path: &Path) -> Result<File, AccountingError> {
+    let parent = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(dir) = parent {
+        let mut b = fs::DirBuilder::new();
+        b.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        b.create(dir).map_err(io_error(path))?;
+    }
+    let hp = head_path(path);
+    if !path.exists() && hp.exists() {
+        // Checked before creating anything: a deleted ledger is not a new one.
+        return Err(unverifiable(
+            path,
+            format!(
+                "the ledger does not exist but its sidecar {} does: it was deleted or moved. \
+                 {RESTORE}",
+                hp.display()
+            ),
+        ));
+    }
+    match private_options()
+        .read(true)
+        .append(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(f) => {
+            // Make the new directory entry durable too (best effort; not possible everywhere).
+            if let Ok(d) = File::open(parent.unwrap_or(Path::new("."))) {
+                let _ = d.sync_all();
+            }
+            Ok(f)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(path)
+            .map_err(io_error(path)),
+        Err(e) => Err(io_error(path)(e)),
+    }
+}
+
+/// One table of a [`LedgerReport`].
+#[derive(Clone, Debug)]
+pub struct TableReport {
+    pub key: TableKey,
+    /// The name in the policy in force, else in the last charge.
+    pub name: String,
+    /// `None` for a key charged without a recorded policy (session-local tables).
+    pub visibility: Option<Visibility>,
+    pub budget: Option<Budget>,
+    /// ε of all charges, at the budget's δ (else at the δ of the last charge).
+    pub spent: f64,
+    pub delta: f64,
+    pub charges: u64,
+}
+
+/// What `dpfusion ledger verify` found in a ledger that verifies.
+#[derive(Clone, Debug)]
+pub struct LedgerReport {
+    pub path: PathBuf,
+    pub ledger_id: Option<String>,
+    /// Complete lines, the header included.
+    pub lines: u64,
+    pub policy_records: u64,
+    pub owner_records: u64,
+    pub charges: u64,
+    pub tables: Vec<TableReport>,
+    /// Things an interrupted writer left, which the next session repairs.
+    pub notes: Vec<String>,
+}
+
+fn report(path: &Path, st: &State, notes: Vec<String>) -> LedgerReport {
+    let mut keys: Vec<&TableKey> = st.policies.keys().chain(st.tables.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let tables = keys
+        .into_iter()
+        .map(|k| {
+            let policy = st.policies.get(k);
+            let last = st
+                .entries
+                .iter()
+                .rev()
+                .find_map(|e| e.tables.iter().find(|t| &t.key == k));
+            let delta = policy
+                .map(|p| p.budget.delta)
+                .or(last.map(|t| t.delta))
+                .unwrap_or(0.0);
+            let spend = st.tables.get(k);
+            TableReport {
+                key: k.clone(),
+                name: policy
+                    .map(|p| p.name.clone())
+                    .or(last.map(|t| t.name.clone()))
+                    .unwrap_or_default(),
+                visibility: policy.map(|p| p.visibility),
+                budget: policy.map(|p| p.budget),
+                // Under the table's filter (docs/ACCOUNTING.md), as SHOW BUDGET reports it.
+                spent: match (policy, spend) {
+                    (Some(p), Some(s)) => super::spent_epsilon(p, &s.events),
+                    (None, Some(s)) => s.profile.epsilon(delta),
+                    (_, None) => 0.0,
+                },
+                delta,
+                charges: spend.map_or(0, |s| s.queries),
+            }
+        })
+        .collect();
+    LedgerReport {
+        path: path.to_path_buf(),
+        ledger_id: st.ledger_id.clone(),
+        lines: st.lines,
+        policy_records: st.policy_records,
+        owner_records: st.owner_records,
+        charges: st.entries.len() as u64,
+        tables,
+        notes,
+    }
+}
+
+/// Checks a ledger without changing it (under a shared lock, so no session appends meanwhile):
+/// the chain, the header, the sidecar and every record. `Err` says what is wrong and where.
+pub fn verify(path: &Path) -> Result<LedgerReport, AccountingError> {
+    let file = File::open(path).map_err(io_error(path))?;
+    let _lock = FileLock::shared(&file).map_err(io_error(path))?;
+    let mut st = State::default();
+    let left = read(&file, path, &mut st, Mode::ReadOnly)?;
+    let mut notes = Vec::new();
+    if left.new {
+        notes.push(
+            "the ledger is empty and has no sidecar: a new ledger, initialised by its first \
+             session"
+                .to_string(),
+        );
+    }
+    if left.torn > 0 {
+        notes.push(format!(
+            "the last {} bytes are a line without its newline (an interrupted append, never \
+             admitted); the next session cuts them",
+            left.torn
+        ));
+    }
+    if let Some(n) = left.head_behind {
+        notes.push(format!(
+            "the sidecar recorded {n} lines of {} (a session died between its append and the \
+             sidecar update); the next session updates it",
+            st.lines
+        ));
+    }
+    if left.head_missing {
+        notes.push(
+            "the sidecar is missing and the ledger holds only its header (creation was \
+             interrupted); the next session writes it"
+                .to_string(),
+        );
+    }
+    Ok(report(path, &st, notes))
+}
+
+/// Re-seals a ledger whose chain verifies but whose sidecar is missing or stale: writes a new
+/// sidecar for the ledger as it is. This accepts the ledger as complete: a data-owner action,
+/// for after restoring a ledger without its sidecar.
+pub fn reseal(path: &Path) -> Result<LedgerReport, AccountingError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(path)
+        .map_err(io_error(path))?;
+    let _lock = FileLock::exclusive(&file).map_err(io_error(path))?;
+    let mut buf = Vec::new();
+    (&file).read_to_end(&mut buf).map_err(io_error(path))?;
+    let mut st = State::default();
+    let scanned = scan(path, &st, &buf)?;
+    if scanned.lines.is_empty() {
+        return Err(unverifiable(
+            path,
+            "the ledger holds no complete line: there is nothing to seal".to_string(),
+        ));
+    }
+    for (rec, hash, n) in scanned.lines {
+        let line_no = st.lines + 1;
+        apply(&mut st, rec).map_err(|m| corrupt(path, line_no, m))?;
+        st.offset += n;
+        st.lines += 1;
+        st.hashes.push(hash);
+    }
+    write_head(path, &st)?;
+    let mut notes = Vec::new();
+    if scanned.torn > 0 {
+        notes.push(format!(
+            "the last {} bytes are a line without its newline; the next session cuts them",
+            scanned.torn
+        ));
+    }
+    Ok(report(path, &st, notes))
+}
+
+/// What [`migrate`] did.
+#[derive(Clone, Debug)]
+pub struct Migration {
+    /// Records carried over (the new header not included).
+    pub records: u64,
+    /// Bytes of a last line without its newline that were left out (an interrupted append).
+    pub torn: u64,
+    /// The original file, byte for byte.
+    pub backup: PathBuf,
+}
+
+/// Converts a format-1 ledger (no header, no `prev`) to the current format: every record is
+/// checked and carried over in order after a new header, the original is kept as
+/// `<ledger>.v1.bak`, the new file replaces the ledger by a rename, and a sidecar is written.
+/// Every session on the ledger must be stopped first (earlier versions do not read the new
+/// format, and keep appending to the file they opened).
+pub fn migrate(path: &Path) -> Result<Migration, AccountingError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(path)
+        .map_err(io_error(path))?;
+    let _lock = FileLock::exclusive(&file).map_err(io_error(path))?;
+    let mut old = Vec::new();
+    (&file).read_to_end(&mut old).map_err(io_error(path))?;
+    let mut records = Vec::new();
+    let mut pos = 0;
+    let mut torn = 0;
+    let mut line_no = 0u64;
+    while pos < old.len() {
+        let Some(nl) = old[pos..].iter().position(|&b| b == b'\n') else {
+            torn = (old.len() - pos) as u64;
+            break;
+        };
+        let line = &old[pos..pos + nl];
+        line_no += 1;
+        pos += nl + 1;
+        if line.trim_ascii().is_empty() {
+            continue;
+        }
+        if line_no == 1 && serde_json::from_slice::<LineIn>(line).is_ok() {
+            return Err(unverifiable(
+                path,
+                format!("the ledger is already in format {FORMAT}: nothing to migrate"),
+            ));
+        }
+        match serde_json::from_slice::<Record>(line) {
+            Ok(Record::Header(_)) | Err(_) => {
+                return Err(corrupt(
+                    path,
+                    line_no,
+                    "not a format-1 ledger record; nothing was changed. Restore the ledger from \
+                     a backup, or have the data owner decide what the line should be"
+                        .to_string(),
+                ));
+            }
+            Ok(rec) => records.push(rec),
+        }
+    }
+    if records.is_empty() {
+        return Err(unverifiable(
+            path,
+            "the ledger holds no record: nothing to migrate (an empty file is initialised by \
+             the next session)"
+                .to_string(),
+        ));
+    }
+    // The new ledger, built and applied record by record (which checks every record).
+    let mut st = State::default();
+    let mut out = String::new();
+    let header = Record::Header(Header {
+        format: FORMAT,
+        ledger_id: new_ledger_id(),
+        created: now_rfc3339(),
+    });
+    let count = records.len() as u64;
+    for rec in std::iter::once(header).chain(records) {
+        let (line, hash) = encode(path, &st, &rec)?;
+        out.push_str(&line);
+        st.offset += line.len() as u64;
+        st.lines += 1;
+        st.hashes.push(hash);
+        let n = st.lines;
+        apply(&mut st, rec).map_err(|m| corrupt(path, n - 1, m))?;
+    }
+    // Read back what will be written: the same chain and the same state.
+    let mut check = State::default();
+    let again = scan(path, &check, out.as_bytes())?;
+    for (rec, _, _) in again.lines {
+        apply(&mut check, rec).map_err(|m| other(path, m))?;
+    }
+    if check.entries != st.entries || check.policies != st.policies || again.torn != 0 {
+        return Err(other(
+            path,
+            "internal error: the migrated ledger does not replay as the original".to_string(),
+        ));
+    }
+    // 1. The original, byte for byte.
+    let backup = sibling(path, ".v1.bak");
+    match fs::read(&backup) {
+        Ok(b) if b == old => {}
+        Ok(_) => {
+            return Err(unverifiable(
+                path,
+                format!(
+                    "{} exists and differs from the ledger; move it away first",
+                    backup.display()
+                ),
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let mut f = private_options()
+                .write(true)
+                .create_new(true)
+                .open(&backup)
+                .map_err(io_error(&backup))?;
+            f.write_all(&old)
+                .and_then(|()| f.sync_all())
+                .map_err(io_error(&backup))?;
+        }
+        Err(e) => return Err(io_error(&backup)(e)),
+    }
+    // 2. The new ledger beside it, 3. its sidecar, 4. the rename (atomic). Interrupted before
+    // 4, the ledger is still the format-1 file and migrating again starts over.
+    let tmp = sibling(path, ".migrating");
+    let mut f = private_options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(io_error(&tmp))?;
+    f.write_all(out.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(io_error(&tmp))?;
+    write_head(path, &st)?;
+    fs::rename(&tmp, path).map_err(io_error(path))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    Ok(Migration {
+        records: count,
+        torn,
+        backup,
+    })
+}
+
+/// An OS lock on the ledger file (excludes other processes and other `Accountant`s on
 /// the same file), released on drop.
 pub(super) struct FileLock<'a>(&'a File);
 
 impl<'a> FileLock<'a> {
     pub fn exclusive(file: &'a File) -> io::Result<Self> {
         file.lock()?;
+        Ok(FileLock(file))
+    }
+
+    /// Excludes writers only (for `dpfusion ledger verify`).
+    pub fn shared(file: &'a File) -> io::Result<Self> {
+        file.lock_shared()?;
         Ok(FileLock(file))
     }
 }

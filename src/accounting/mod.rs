@@ -7,20 +7,28 @@
 //!
 //! Admission (PRIVACY.md, "What a query costs") is one atomic step under the in-process mutex
 //! and an exclusive OS lock on the ledger file: catch up on lines other processes appended,
-//! compose each private table's recorded events with the charge, refuse if any table would
-//! exceed its budget, otherwise append one `charge` record and fsync it before returning.
+//! add each private table's charge to the sums of its recorded events under the table's privacy
+//! filter ([`filter`], docs/ACCOUNTING.md), refuse if any table would leave its filter's fixed
+//! budgets, otherwise append one `charge` record and fsync it before returning.
+pub mod filter;
 mod ledger;
 mod policy;
 
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+use dpfusion_udfs::privacy::Event;
 use dpfusion_udfs::privacy::error::{check_delta, check_epsilon};
-use dpfusion_udfs::privacy::{Event, Profile};
 use serde::{Deserialize, Serialize};
 
+pub use filter::{DEFAULT_DELTA_SHARE, Filter, FilterKind, Limit, Usage};
+
+pub use ledger::{
+    FORMAT as LEDGER_FORMAT, LedgerReport, Migration, TableReport, head_path, migrate, reseal,
+    verify,
+};
 use ledger::{FileLock, Record, State};
 
 /// The identity of a table in the ledger: a canonical file path, or a session-local name with a
@@ -108,6 +116,34 @@ pub struct TablePolicy {
     pub neighbours: Neighbours,
     pub public_columns: Vec<String>,
     pub budget: Budget,
+    /// The privacy filter admissions follow (docs/ACCOUNTING.md). Ledgers written before filters
+    /// existed read as `gdp`.
+    #[serde(default)]
+    pub filter: FilterKind,
+    /// The share s of δ reserved for the additive δ of partition selection; the filter converts
+    /// at δ_g = (1 − s)·δ.
+    #[serde(default = "filter::default_delta_share")]
+    pub delta_share: f64,
+}
+
+impl TablePolicy {
+    /// The compiled filter of this policy.
+    pub fn compiled_filter(&self) -> Result<Filter, AccountingError> {
+        Filter::new(&self.budget, self.filter, self.delta_share).map_err(|e| {
+            AccountingError::InvalidBudget(format!(
+                "table '{}', filter {}: {e}",
+                self.name, self.filter
+            ))
+        })
+    }
+}
+
+/// Which parts of a registration's filter the session stated; unstated parts take the ledger's
+/// policy when the table is already registered there (else the request's, i.e. the defaults).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FilterChoice {
+    pub kind: bool,
+    pub delta_share: bool,
 }
 
 /// The events one query charges to one table.
@@ -127,12 +163,16 @@ pub struct Receipt {
 pub struct ReceiptTable {
     pub name: String,
     pub key: TableKey,
-    /// ε of this charge alone at the table's budget δ.
+    /// ε of this charge alone under the table's filter (at δ_g).
     pub cost: f64,
-    /// ε of all charges so far, this one included.
+    /// ε of all charges so far, this one included, under the table's filter (at δ_g).
     pub spent_after: f64,
     pub remaining_after: f64,
     pub budget: Budget,
+    /// Additive δ (partition selection) of all charges so far, and what is left of its share.
+    pub delta_spent_after: f64,
+    pub delta_left_after: f64,
+    pub filter: FilterKind,
 }
 
 /// What a query would be charged, without charging it (`EXPLAIN PRIVACY`).
@@ -142,9 +182,16 @@ pub struct PreviewRow {
     pub key: TableKey,
     pub budget: Budget,
     pub cost: f64,
+    /// +∞ when the filter cannot account for the charge ([`Limit::Mechanism`]); shown as the
+    /// binding limit, never as `inf`.
     pub spent_after: f64,
     pub remaining_after: f64,
+    pub delta_spent_after: f64,
+    pub delta_left_after: f64,
+    pub filter: FilterKind,
     pub admitted: bool,
+    /// Why it would be refused (None when admitted).
+    pub limit: Option<Limit>,
 }
 
 /// One private table's budget state (`SHOW BUDGET`).
@@ -154,9 +201,14 @@ pub struct BudgetRow {
     pub key: TableKey,
     pub epsilon: f64,
     pub delta: f64,
+    /// ε spent under the table's filter (at δ_g).
     pub spent: f64,
     pub remaining: f64,
     pub queries: u64,
+    /// Additive δ spent by partition selection, and what is left of its share s·δ.
+    pub delta_spent: f64,
+    pub delta_left: f64,
+    pub filter: FilterKind,
 }
 
 /// One charge record of the ledger.
@@ -169,7 +221,8 @@ pub struct LedgerEntry {
     pub tables: Vec<LedgerTable>,
 }
 
-/// One table of a charge: ε of this charge alone at the table's budget δ, and its events.
+/// One table of a charge: ε of this charge alone under the table's filter at δ (δ_g, the part
+/// of the budget δ not reserved for partition selection), and its events.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LedgerTable {
     pub name: String,
@@ -179,18 +232,39 @@ pub struct LedgerTable {
     pub events: Vec<Event>,
 }
 
+/// The δ side of a refusal: the refused charge's additive δ, what is spent, the share.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaState {
+    pub cost: f64,
+    pub spent: f64,
+    /// s·δ_B: the δ reserved for partition selection.
+    pub reserved: f64,
+    /// δ_g: the δ at which the ε part is converted.
+    pub delta_g: f64,
+}
+
+/// Why a charge was refused: the table's filter, the binding limit, the δ side.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    pub filter: FilterKind,
+    pub limit: Limit,
+    pub delta: DeltaState,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum AccountingError {
-    #[error("{}", exceeded_message(.table, *.cost, *.spent, *.remaining, .budget))]
+    /// A charge the table's filter refuses; `limit` names the binding side.
+    #[error("{}", exceeded_message(.table, *.cost, *.spent, *.remaining, .budget, .why))]
     BudgetExceeded {
         table: String,
         key: TableKey,
-        /// ε of the refused charge alone at the table's δ.
+        /// ε of the refused charge alone under the table's filter (at δ_g).
         cost: f64,
-        /// ε spent so far (composition of the recorded charges).
+        /// ε spent so far under the table's filter.
         spent: f64,
         remaining: f64,
         budget: Budget,
+        why: Box<Refusal>,
     },
     #[error("{0}")]
     PolicyConflict(String),
@@ -205,8 +279,10 @@ pub enum AccountingError {
         source: std::io::Error,
     },
     #[error(
-        "ledger {} is corrupt at line {line}: {message}. No charge was dropped; restore the file \
-         from a backup, or move it aside to start a new ledger (all budgets then start from zero)",
+        "ledger {} is corrupt at line {line}: {message}. dpfusion removed nothing and did not change \
+         the file; restore it with its .head sidecar from a backup, or, only if there is none \
+         and the data owner agrees that all budgets start from zero, move it aside to start a new \
+         ledger",
         .path.display()
     )]
     Corrupt {
@@ -214,26 +290,89 @@ pub enum AccountingError {
         line: u64,
         message: String,
     },
+    /// The ledger cannot be verified for a reason that is not one line (its sidecar, its
+    /// format); `message` says what to do.
+    #[error("ledger {}: {message}", .path.display())]
+    Unverifiable { path: PathBuf, message: String },
 }
 
-fn exceeded_message(table: &str, cost: f64, spent: f64, remaining: f64, b: &Budget) -> String {
-    let what = if cost > b.epsilon * (1.0 + 1e-12) {
-        format!(
-            "this query alone costs more than the table's whole budget: ε = {cost:.4} (at δ = {:e}) \
-             against a budget of ε = {:.4}; {spent:.4} is spent and {remaining:.4} remains",
-            b.delta, b.epsilon
-        )
-    } else {
-        format!(
-            "this query would cost ε = {cost:.4} (at δ = {:e}), {spent:.4} of {:.4} is spent and \
-             {remaining:.4} remains",
-            b.delta, b.epsilon
-        )
-    };
-    format!(
-        "budget exceeded for table '{table}': {what}. Lower epsilon in the query, or ask the data \
-         owner for a larger budget."
-    )
+fn exceeded_message(
+    table: &str,
+    cost: f64,
+    spent: f64,
+    remaining: f64,
+    b: &Budget,
+    why: &Refusal,
+) -> String {
+    let (filter, d) = (&why.filter, &why.delta);
+    match &why.limit {
+        Limit::Epsilon => {
+            let what = if cost > b.epsilon * (1.0 + 1e-12) {
+                format!(
+                    "this query alone costs more than the table's whole budget: ε = {cost:.4} (at \
+                     δ = {:e}) against a budget of ε = {:.4}; {spent:.4} is spent and \
+                     {remaining:.4} remains",
+                    d.delta_g, b.epsilon
+                )
+            } else {
+                format!(
+                    "this query would cost ε = {cost:.4} (at δ = {:e}), {spent:.4} of {:.4} is \
+                     spent and {remaining:.4} remains",
+                    d.delta_g, b.epsilon
+                )
+            };
+            format!(
+                "budget exceeded for table '{table}': {what} (the ε part of its {} filter). \
+                 Lower epsilon in the query, or ask the data owner for a larger budget.",
+                filter.name()
+            )
+        }
+        Limit::Delta => format!(
+            "budget exceeded for table '{table}': the δ reserved for partition selection would be \
+             exceeded: this query needs δ = {:e}, {:e} of {:e} is spent and {:e} remains (the \
+             table's δ = {:e}). Every GROUP BY over private columns spends δ whatever its \
+             epsilon, and a lower epsilon does not help: run fewer such queries, group by public \
+             columns (declared by the data owner), or ask the data owner for a larger delta budget \
+             or delta share.",
+            d.cost,
+            d.spent,
+            d.reserved,
+            (d.reserved - d.spent).max(0.0),
+            b.delta
+        ),
+        Limit::Mechanism { mechanism, earlier } => {
+            let accepts = match filter {
+                FilterKind::Gdp => "only Gaussian mechanisms (and the δ of partition selection)",
+                FilterKind::Zcdp => {
+                    "Gaussian, zCDP, Laplace and pure-DP mechanisms (and the δ of partition \
+                     selection)"
+                }
+                FilterKind::Rdp { .. } => "every mechanism with a Rényi-DP curve",
+            };
+            let what = if *earlier {
+                format!(
+                    "the ledger already holds a charge of the kind {mechanism}, which this \
+                     filter cannot account for, so it admits nothing more"
+                )
+            } else {
+                format!("this query uses a mechanism of the kind {mechanism}")
+            };
+            let advice = match filter {
+                FilterKind::Gdp => {
+                    "the filter zcdp (Gaussian, zCDP, Laplace) or rdp (every mechanism, \
+                     rgm_mean_by included)"
+                }
+                _ => "the filter rdp (every mechanism, rgm_mean_by included)",
+            };
+            format!(
+                "table '{table}' does not accept this query: it is accounted with the {} filter, \
+                 which accepts {accepts}, and {what}. Nothing was charged. The data owner can \
+                 register the table with {advice}, e.g. OPTIONS ('dp.filter' 'rdp') or --filter \
+                 rdp.",
+                filter.name()
+            )
+        }
+    }
 }
 
 fn io_error(path: &Path) -> impl Fn(std::io::Error) -> AccountingError + '_ {
@@ -260,46 +399,43 @@ impl fmt::Debug for Accountant {
     }
 }
 
-/// One table's evaluation of a charge.
+/// One table's evaluation of a charge under its filter.
 struct Evaluation {
     policy: TablePolicy,
+    filter: Filter,
     events: Vec<Event>,
+    before: Usage,
+    charge: Usage,
+    after: Usage,
     cost: f64,
     spent_before: f64,
     spent_after: f64,
-    admitted: bool,
+    limit: Option<Limit>,
 }
 
 impl Evaluation {
+    fn admitted(&self) -> bool {
+        self.limit.is_none()
+    }
     fn remaining_before(&self) -> f64 {
         (self.policy.budget.epsilon - self.spent_before).max(0.0)
     }
     fn remaining_after(&self) -> f64 {
         (self.policy.budget.epsilon - self.spent_after).max(0.0)
     }
+    fn delta_left(&self, u: &Usage) -> f64 {
+        (self.filter.delta_sel - u.delta).max(0.0)
+    }
 }
 
 impl Accountant {
-    /// Opens (creating parent directories and the file if missing) and replays the ledger. A torn
-    /// last line is truncated; any other unreadable line is an error.
+    /// Opens (creating parent directories and the file if missing) and replays the ledger,
+    /// verifying its hash chain and sidecar (docs/LEDGER.md). Only a last line without its
+    /// newline (a torn write) is cut; anything else that does not verify is an error and the file
+    /// is left as it is.
     pub fn open(path: &Path) -> Result<Accountant, AccountingError> {
-        let parent = path.parent().filter(|d| !d.as_os_str().is_empty());
-        if let Some(dir) = parent {
-            fs::create_dir_all(dir).map_err(io_error(path))?;
-        }
-        let existed = path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(path)
-            .map_err(io_error(path))?;
-        if !existed {
-            // Make the new directory entry durable too (best effort; not possible everywhere).
-            if let Ok(d) = File::open(parent.unwrap_or(Path::new("."))) {
-                let _ = d.sync_all();
-            }
-        }
+        // Never truncated: created with `create_new` when missing, else opened to append.
+        let file = ledger::open_file(path)?;
         let acc = Accountant {
             path: path.to_path_buf(),
             file,
@@ -328,22 +464,54 @@ impl Accountant {
         Ok(lock)
     }
 
-    /// Registers a table (or re-registers it in a new session). Returns the policy in force,
-    /// which is the ledger's when the table is already known there.
+    /// Registers a table (or re-registers it in a new session), its filter and δ share stated.
+    /// Returns the policy in force, which is the ledger's when the table is already known there.
     pub fn register_table(&self, policy: TablePolicy) -> Result<TablePolicy, AccountingError> {
+        self.register_table_with(
+            policy,
+            FilterChoice {
+                kind: true,
+                delta_share: true,
+            },
+        )
+    }
+
+    /// [`Accountant::register_table`], where the parts of the filter `stated` says false take
+    /// the ledger's policy when the table is already registered private there (so that a session
+    /// that does not mention the filter never conflicts with the owner's choice).
+    pub fn register_table_with(
+        &self,
+        mut policy: TablePolicy,
+        stated: FilterChoice,
+    ) -> Result<TablePolicy, AccountingError> {
         check_budget(&policy.budget)?;
         let mut st = self.state();
         if policy.key.is_session_local() {
+            policy.filter = policy.compiled_filter()?.kind;
             st.policies.insert(policy.key.clone(), policy.clone());
             return Ok(policy);
         }
         let _lock = self.sync(&mut st)?;
+        if let Some(e) = st.policies.get(&policy.key)
+            && e.visibility == Visibility::Private
+        {
+            if !stated.kind {
+                policy.filter = e.filter;
+            }
+            if !stated.delta_share {
+                policy.delta_share = e.delta_share;
+            }
+        }
+        // Validate the request (and resolve the default rdp order from its budget) before
+        // anything is written.
+        let resolved = policy.compiled_filter()?.kind;
         match policy::reconcile(st.policies.get(&policy.key), &policy, &self.path)? {
             policy::Decision::Keep(kept) => {
                 st.policies.insert(kept.key.clone(), kept.clone());
                 Ok(kept)
             }
             policy::Decision::Record => {
+                policy.filter = resolved;
                 ledger::append(
                     &self.file,
                     &self.path,
@@ -357,8 +525,12 @@ impl Accountant {
 
     /// An explicit action of the data owner: sets the policy unconditionally (it may make a table
     /// public or raise its budget) and records it in the ledger as an `owner` record.
-    pub fn owner_set_policy(&self, policy: TablePolicy) -> Result<TablePolicy, AccountingError> {
+    pub fn owner_set_policy(
+        &self,
+        mut policy: TablePolicy,
+    ) -> Result<TablePolicy, AccountingError> {
         check_budget(&policy.budget)?;
+        policy.filter = policy.compiled_filter()?.kind;
         let mut st = self.state();
         if policy.key.is_session_local() {
             st.policies.insert(policy.key.clone(), policy.clone());
@@ -380,7 +552,7 @@ impl Accountant {
         let mut st = self.state();
         let _lock = self.sync(&mut st)?;
         let evals = evaluate(&st, charges)?;
-        if let Some(e) = evals.iter().find(|e| !e.admitted) {
+        if let Some(e) = evals.iter().find(|e| !e.admitted()) {
             return Err(AccountingError::BudgetExceeded {
                 table: e.policy.name.clone(),
                 key: e.policy.key.clone(),
@@ -388,6 +560,16 @@ impl Accountant {
                 spent: e.spent_before,
                 remaining: e.remaining_before(),
                 budget: e.policy.budget,
+                why: Box::new(Refusal {
+                    filter: e.filter.kind,
+                    limit: e.limit.clone().unwrap_or(Limit::Epsilon),
+                    delta: DeltaState {
+                        cost: e.charge.delta,
+                        spent: e.before.delta,
+                        reserved: e.filter.delta_sel,
+                        delta_g: e.filter.delta_g,
+                    },
+                }),
             });
         }
         if evals.is_empty() {
@@ -403,7 +585,7 @@ impl Accountant {
                     name: e.policy.name.clone(),
                     key: e.policy.key.clone(),
                     epsilon: e.cost,
-                    delta: e.policy.budget.delta,
+                    delta: e.filter.delta_g,
                     events: e.events.clone(),
                 })
                 .collect(),
@@ -419,6 +601,9 @@ impl Accountant {
                     spent_after: e.spent_after,
                     remaining_after: e.remaining_after(),
                     budget: e.policy.budget,
+                    delta_spent_after: e.after.delta,
+                    delta_left_after: e.delta_left(&e.after),
+                    filter: e.filter.kind,
                 })
                 .collect(),
         })
@@ -432,12 +617,16 @@ impl Accountant {
             .into_iter()
             .map(|e| PreviewRow {
                 remaining_after: e.remaining_after(),
+                delta_spent_after: e.after.delta,
+                delta_left_after: e.delta_left(&e.after),
+                filter: e.filter.kind,
+                admitted: e.admitted(),
+                limit: e.limit,
                 name: e.policy.name,
                 key: e.policy.key,
                 budget: e.policy.budget,
                 cost: e.cost,
                 spent_after: e.spent_after,
-                admitted: e.admitted,
             })
             .collect())
     }
@@ -452,10 +641,17 @@ impl Accountant {
             .values()
             .filter(|p| p.visibility == Visibility::Private)
             .map(|p| {
-                let (spent, queries) = st
-                    .tables
-                    .get(&p.key)
-                    .map_or((0.0, 0), |t| (t.profile.epsilon(p.budget.delta), t.queries));
+                let spend = st.tables.get(&p.key);
+                let queries = spend.map_or(0, |t| t.queries);
+                // A policy in the ledger was validated when written; if it no longer compiles
+                // (a budget the filter cannot support), show it as exhausted.
+                let (spent, delta_spent, delta_left) = match p.compiled_filter() {
+                    Ok(f) => {
+                        let u = spend.map_or_else(Usage::default, |t| f.usage(&t.events));
+                        (f.epsilon(&u), u.delta, (f.delta_sel - u.delta).max(0.0))
+                    }
+                    Err(_) => (f64::INFINITY, 0.0, 0.0),
+                };
                 BudgetRow {
                     name: p.name.clone(),
                     key: p.key.clone(),
@@ -464,6 +660,9 @@ impl Accountant {
                     spent,
                     remaining: (p.budget.epsilon - spent).max(0.0),
                     queries,
+                    delta_spent,
+                    delta_left,
+                    filter: p.filter,
                 }
             })
             .collect();
@@ -479,8 +678,18 @@ impl Accountant {
     }
 }
 
-/// Per private table of the charge (merged by key, in order of first appearance): its cost
-/// alone, spent before and after, and whether it stays within budget.
+/// The ε spent on `events` under `policy`'s filter (for reports); +∞ if the policy's filter
+/// does not compile or cannot account for an event.
+pub(crate) fn spent_epsilon(policy: &TablePolicy, events: &[Event]) -> f64 {
+    policy
+        .compiled_filter()
+        .map_or(f64::INFINITY, |f| f.epsilon(&f.usage(events)))
+}
+
+/// Per private table of the charge (merged by key, in order of first appearance): the sums of
+/// its filter before, of the charge, and after; the ε reported for each (the filter's own
+/// conversion, never a minimum over conversions); and the binding limit if the rectangle of
+/// fixed budgets would be left (docs/ACCOUNTING.md).
 fn evaluate(st: &State, charges: &[TableCharge]) -> Result<Vec<Evaluation>, AccountingError> {
     let mut merged: Vec<(&TableKey, Vec<Event>)> = Vec::new();
     for c in charges {
@@ -498,28 +707,31 @@ fn evaluate(st: &State, charges: &[TableCharge]) -> Result<Vec<Evaluation>, Acco
         if policy.visibility == Visibility::Public {
             continue;
         }
-        let delta = policy.budget.delta;
-        let charge = Profile::from_events(&events);
-        let cost = charge.epsilon(delta);
-        let (spent_before, spent_after) = match st.tables.get(key) {
-            Some(t) => {
-                let mut composed = t.profile.clone();
-                composed.compose(&charge);
-                (t.profile.epsilon(delta), composed.epsilon(delta))
-            }
-            None => (0.0, cost),
-        };
+        let filter = policy.compiled_filter()?;
+        let before = st
+            .tables
+            .get(key)
+            .map_or_else(Usage::default, |t| filter.usage(&t.events));
+        let charge = filter.usage(&events);
+        let after = before.plus(&charge);
+        let limit = filter.check(&before, &charge);
         out.push(Evaluation {
-            admitted: spent_after <= policy.budget.epsilon * (1.0 + 1e-12),
+            cost: filter.epsilon(&charge),
+            spent_before: filter.epsilon(&before),
+            spent_after: filter.epsilon(&after),
             policy: policy.clone(),
+            filter,
             events,
-            cost,
-            spent_before,
-            spent_after,
+            before,
+            charge,
+            after,
+            limit,
         });
     }
     Ok(out)
 }
 
+#[cfg(test)]
+mod adaptive_tests;
 #[cfg(test)]
 mod tests;

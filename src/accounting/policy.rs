@@ -1,8 +1,10 @@
 //! The policy store's rule (PRIVACY.md, "Who is the adversary"): a session may register a table
-//! for the first time, or make a known table stricter; it may never weaken a private table.
+//! for the first time, or make a known table stricter; it may never weaken a private table. Its
+//! privacy filter (kind, and order for `rdp`) can never be changed by a session, nor its share of
+//! δ for partition selection raised; a smaller share keeps the ledger's, like a smaller budget.
 use std::path::Path;
 
-use super::{AccountingError, Neighbours, TablePolicy, Visibility};
+use super::{AccountingError, FilterKind, Neighbours, TablePolicy, Visibility};
 
 pub(super) enum Decision {
     /// The ledger's policy stays in force (returned with the session's name for the table).
@@ -48,6 +50,25 @@ pub(super) fn reconcile(
             "its budget is ε = {:.4}, δ = {:e} and a session cannot raise it to ε = {:.4}, \
              δ = {:e}",
             eb.epsilon, eb.delta, rb.epsilon, rb.delta
+        ));
+    }
+    // The filter is fixed when the table is first registered: choosing it per session would
+    // let the analyst switch rules adaptively, which no filter theorem covers.
+    let order_differs = matches!(
+        (e.filter, req.filter),
+        (FilterKind::Rdp { order: Some(x) }, FilterKind::Rdp { order: Some(y) }) if x != y
+    );
+    if !e.filter.same_kind(&req.filter) || order_differs {
+        return conflict(format!(
+            "its privacy filter is {} and a session cannot change it to {}",
+            e.filter, req.filter
+        ));
+    }
+    if req.delta_share > e.delta_share {
+        return conflict(format!(
+            "its share of δ reserved for partition selection is {} and a session cannot raise it \
+             to {}",
+            e.delta_share, req.delta_share
         ));
     }
     if e.neighbours == Neighbours::AddRemove && req.neighbours == Neighbours::Replace {

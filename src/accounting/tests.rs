@@ -1,3 +1,4 @@
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,6 +29,8 @@ fn private(key: &str, name: &str, epsilon: f64) -> TablePolicy {
             epsilon,
             delta: 1e-6,
         },
+        filter: FilterKind::Gdp,
+        delta_share: DEFAULT_DELTA_SHARE,
     }
 }
 
@@ -72,12 +75,66 @@ fn exceeded_message_format() {
             epsilon: 1.0,
             delta: 1e-6,
         },
+        why: Box::new(Refusal {
+            filter: FilterKind::Gdp,
+            limit: Limit::Epsilon,
+            delta: DeltaState {
+                cost: 0.0,
+                spent: 0.0,
+                reserved: 5e-7,
+                delta_g: 5e-7,
+            },
+        }),
     };
     assert_eq!(
         e.to_string(),
-        "budget exceeded for table 'salaries': this query would cost ε = 0.3000 (at δ = 1e-6), \
-         0.9000 of 1.0000 is spent and 0.1000 remains. Lower epsilon in the query, or ask the \
-         data owner for a larger budget."
+        "budget exceeded for table 'salaries': this query would cost ε = 0.3000 (at δ = 5e-7), \
+         0.9000 of 1.0000 is spent and 0.1000 remains (the ε part of its gdp filter). Lower \
+         epsilon in the query, or ask the data owner for a larger budget."
+    );
+    let mk = |limit: Limit, filter: FilterKind| AccountingError::BudgetExceeded {
+        table: "t".into(),
+        key: TableKey::from("demo:t"),
+        cost: 0.3,
+        spent: 0.9,
+        remaining: 0.1,
+        budget: Budget {
+            epsilon: 1.0,
+            delta: 1e-6,
+        },
+        why: Box::new(Refusal {
+            filter,
+            limit,
+            delta: DeltaState {
+                cost: 2e-7,
+                spent: 4e-7,
+                reserved: 5e-7,
+                delta_g: 5e-7,
+            },
+        }),
+    };
+    let d = mk(Limit::Delta, FilterKind::Gdp).to_string();
+    assert!(
+        d.contains("the δ reserved for partition selection would be exceeded")
+            && d.contains("needs δ = 2e-7, 4e-7 of 5e-7 is spent")
+            && d.contains("group by public columns")
+            && d.contains("larger delta budget"),
+        "{d}"
+    );
+    let m = mk(
+        Limit::Mechanism {
+            mechanism: filter::mechanism_name(&Event::Zcdp { rho: 0.1 }),
+            earlier: false,
+        },
+        FilterKind::Gdp,
+    )
+    .to_string();
+    assert!(
+        m.contains("accounted with the gdp filter")
+            && m.contains("zCDP")
+            && m.contains("'dp.filter'")
+            && m.contains("zcdp"),
+        "{m}"
     );
 }
 
@@ -170,7 +227,7 @@ fn admit_until_exhausted_then_refuse() {
         "{msg}"
     );
     assert!(
-        msg.contains("(at δ = 1e-6)") && msg.contains("of 1.0000 is spent"),
+        msg.contains("(at δ = 5e-7)") && msg.contains("of 1.0000 is spent"),
         "{msg}"
     );
     assert!(
@@ -194,7 +251,7 @@ fn admit_until_exhausted_then_refuse() {
     let entries = acc.ledger_entries();
     assert_eq!(entries.len(), receipts.len());
     assert!(entries.iter().enumerate().all(|(i, e)| e.seq == i as u64));
-    assert_eq!(entries[0].tables[0].delta, 1e-6);
+    assert_eq!(entries[0].tables[0].delta, 5e-7, "ε is converted at δ_g");
     assert_eq!(acc.path(), path.as_path());
 
     // Preview computes the same without writing.
@@ -249,14 +306,17 @@ fn torn_last_line_is_truncated() {
         assert_eq!(file_len(&path), good);
         acc.admit("q3", &gauss("demo:t", 0.1)).unwrap();
     }
-    // A complete but unreadable last line is a torn write too.
-    let good = file_len(&path);
+    // A complete (newline-terminated) but unreadable last line is not a torn write: it is
+    // corruption, reported and never removed (issue 15).
+    let before = fs::read(&path).unwrap();
     append_raw(&path, "{\"record\":\"cha\n");
-    let acc = Accountant::open(&path).unwrap();
-    assert_eq!(file_len(&path), good);
-    let entries = acc.ledger_entries();
-    assert_eq!(entries.len(), 3);
-    assert_eq!(entries[2].query, "q3");
+    let after = fs::read(&path).unwrap();
+    match Accountant::open(&path).unwrap_err() {
+        AccountingError::Corrupt { line, .. } => assert_eq!(line, 6),
+        e => panic!("{e}"),
+    }
+    assert_eq!(fs::read(&path).unwrap(), after, "nothing removed");
+    assert_eq!(after.len(), before.len() + 15);
 }
 
 #[test]
@@ -299,8 +359,8 @@ fn corrupt_middle_line_is_an_error() {
         "{msg}"
     );
     assert!(msg.contains(&path.display().to_string()), "{msg}");
-    // Nothing was truncated.
-    assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 4);
+    // Nothing was truncated (header, policy, two charges, the inserted line).
+    assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 5);
 }
 
 #[test]
@@ -433,11 +493,16 @@ fn concurrent_threads_never_exceed_budget() {
         })
         .collect();
     let admitted: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-    // Serially, exactly the largest n with ε(n charges) ≤ budget are admitted.
+    // Serially, exactly the largest n whose sum stays in the filter's rectangle are admitted.
     let one = Event::Gaussian { mu: 0.1 };
+    let f = private("demo:t", "t", 2.0).compiled_filter().unwrap();
     let mut n = 0u64;
-    while Profile::from_events(std::iter::repeat_n(&one, n as usize + 1)).epsilon(1e-6)
-        <= 2.0 * (1.0 + 1e-12)
+    while f
+        .check(
+            &Usage::default(),
+            &f.usage(std::iter::repeat_n(&one, n as usize + 1)),
+        )
+        .is_none()
     {
         n += 1;
     }
@@ -448,4 +513,201 @@ fn concurrent_threads_never_exceed_budget() {
     assert!(entries.iter().enumerate().all(|(i, e)| e.seq == i as u64));
     let reopened = Accountant::open(&path).unwrap();
     assert_eq!(reopened.budget_rows()[0].queries, n);
+}
+
+#[test]
+fn new_ledger_is_chained_from_a_header_and_sealed() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    acc.register_table(private("demo:t", "t", 5.0)).unwrap();
+    acc.admit("q1", &gauss("demo:t", 0.1)).unwrap();
+    let text = fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0]["record"], "header");
+    assert_eq!(lines[0]["format"], ledger::FORMAT);
+    let id = lines[0]["ledger_id"].as_str().unwrap();
+    assert_eq!(id.len(), 32);
+    assert_eq!(lines[0]["prev"], ledger_genesis_for_test(id));
+    for (i, l) in text.lines().enumerate().skip(1) {
+        let prev = text.lines().nth(i - 1).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["prev"],
+            sha256_hex_for_test(prev.as_bytes())
+        );
+    }
+    let head: serde_json::Value =
+        serde_json::from_slice(&fs::read(head_path(&path)).unwrap()).unwrap();
+    assert_eq!(head["lines"], 3);
+    assert_eq!(head["ledger_id"], id);
+    assert_eq!(
+        head["hash"],
+        sha256_hex_for_test(text.lines().last().unwrap().as_bytes())
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+    }
+    // Reopening verifies and appends to the same chain; verify agrees.
+    drop(acc);
+    let acc = Accountant::open(&path).unwrap();
+    acc.admit("q2", &gauss("demo:t", 0.1)).unwrap();
+    let r = verify(&path).unwrap();
+    assert_eq!((r.lines, r.charges, r.policy_records), (4, 2, 1));
+    assert_eq!(r.tables[0].charges, 2);
+    assert_eq!(r.tables[0].spent, acc.budget_rows()[0].spent);
+    assert!(r.notes.is_empty(), "{:?}", r.notes);
+}
+
+fn sha256_hex_for_test(b: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+fn ledger_genesis_for_test(id: &str) -> String {
+    sha256_hex_for_test(format!("dpfusion ledger genesis v2\n{id}").as_bytes())
+}
+
+#[test]
+fn format_1_ledger_is_refused_then_migrated() {
+    let path = temp_ledger();
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    // What an earlier version wrote: no header, no `prev`.
+    let old = concat!(
+        r#"{"record":"policy","key":"demo:t","name":"t","visibility":"private","#,
+        r#""neighbours":"add_remove","public_columns":[],"budget":{"epsilon":5.0,"delta":1e-6}}"#,
+        "\n",
+        r#"{"record":"charge","seq":0,"time":"2026-01-01T00:00:00.000Z","query":"q","#,
+        r#""tables":[{"name":"t","key":"demo:t","epsilon":0.5,"delta":1e-6,"#,
+        r#""events":[{"kind":"gaussian","mu":0.1}]}]}"#,
+        "\n"
+    );
+    fs::write(&path, old).unwrap();
+    let msg = Accountant::open(&path).unwrap_err().to_string();
+    assert!(
+        msg.contains("earlier dpfusion") && msg.contains("dpfusion ledger migrate"),
+        "{msg}"
+    );
+    assert_eq!(
+        fs::read_to_string(&path).unwrap(),
+        old,
+        "refused, unchanged"
+    );
+    let m = migrate(&path).unwrap();
+    assert_eq!(m.records, 2);
+    assert_eq!(fs::read_to_string(&m.backup).unwrap(), old);
+    let acc = Accountant::open(&path).unwrap();
+    assert_eq!(acc.ledger_entries().len(), 1);
+    assert_eq!(acc.budget_rows()[0].queries, 1);
+    assert!(migrate(&path).is_err(), "already migrated");
+}
+
+#[test]
+fn filter_is_fixed_at_registration() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let key = "/data/t.csv";
+    let mut rdp = private(key, "t", 5.0);
+    rdp.filter = FilterKind::Rdp { order: None };
+    // The default order is resolved from the budget and written to the ledger.
+    let p = acc.register_table(rdp.clone()).unwrap();
+    let FilterKind::Rdp { order: Some(a) } = p.filter else {
+        panic!("{:?}", p.filter)
+    };
+    assert!(a > 1.0);
+    let conflict = |p: TablePolicy, stated: FilterChoice| match acc.register_table_with(p, stated) {
+        Err(AccountingError::PolicyConflict(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    let all = FilterChoice {
+        kind: true,
+        delta_share: true,
+    };
+    let m = conflict(private(key, "t", 5.0), all);
+    assert!(
+        m.contains("privacy filter is rdp:") && m.contains("to gdp"),
+        "{m}"
+    );
+    let mut other_order = rdp.clone();
+    other_order.filter = FilterKind::Rdp {
+        order: Some(a + 1.0),
+    };
+    conflict(other_order, all);
+    let mut more_share = rdp.clone();
+    more_share.delta_share = 0.9;
+    let m = conflict(more_share, all);
+    assert!(m.contains("cannot raise it"), "{m}");
+    // `rdp` without an order, a smaller share, or an unstated filter keep the ledger's.
+    let mut less_share = rdp.clone();
+    less_share.delta_share = 0.1;
+    assert_eq!(acc.register_table(less_share).unwrap().delta_share, 0.5);
+    assert_eq!(acc.register_table(rdp.clone()).unwrap().filter, p.filter);
+    let kept = acc
+        .register_table_with(private(key, "t", 5.0), FilterChoice::default())
+        .unwrap();
+    assert_eq!(kept.filter, p.filter);
+    // Survives a restart; the owner may change it.
+    drop(acc);
+    let acc = Accountant::open(&path).unwrap();
+    assert_eq!(acc.budget_rows()[0].filter, p.filter);
+    let mut zcdp = private(key, "t", 5.0);
+    zcdp.filter = FilterKind::Zcdp;
+    acc.owner_set_policy(zcdp).unwrap();
+    assert_eq!(acc.budget_rows()[0].filter, FilterKind::Zcdp);
+    // A filter the budget cannot support is refused before anything is written.
+    let mut tiny = private("/data/u.csv", "u", 0.01);
+    tiny.filter = FilterKind::Rdp { order: Some(1.5) };
+    assert!(matches!(
+        acc.register_table(tiny),
+        Err(AccountingError::InvalidBudget(_))
+    ));
+    // A policy written before filters existed reads as gdp with half of δ for selection.
+    let old = r#"{"key":"k","name":"t","visibility":"private","neighbours":"add_remove",
+        "public_columns":[],"budget":{"epsilon":1.0,"delta":1e-6}}"#;
+    let p: TablePolicy = serde_json::from_str(old).unwrap();
+    assert_eq!((p.filter, p.delta_share), (FilterKind::Gdp, 0.5));
+}
+
+#[test]
+fn both_halves_of_the_budget_are_reported() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    acc.register_table(private("demo:t", "t", 5.0)).unwrap();
+    let selection = |d: f64| {
+        vec![TableCharge {
+            key: TableKey::from("demo:t"),
+            events: vec![Event::Gaussian { mu: 0.05 }, Event::Delta { delta: d }],
+        }]
+    };
+    let r = acc.admit("q1", &selection(3e-7)).unwrap();
+    assert_eq!(r.tables[0].delta_spent_after, 3e-7);
+    assert!((r.tables[0].delta_left_after - 2e-7).abs() < 1e-20);
+    assert_eq!(r.tables[0].filter, FilterKind::Gdp);
+    let row = &acc.budget_rows()[0];
+    assert_eq!((row.delta_spent, row.filter), (3e-7, FilterKind::Gdp));
+    // The δ side binds although ε is far from spent.
+    let pv = acc.preview(&selection(3e-7)).unwrap();
+    assert!(!pv[0].admitted && pv[0].limit == Some(Limit::Delta));
+    assert!(pv[0].spent_after < 1.0);
+    let err = acc.admit("q2", &selection(3e-7)).unwrap_err().to_string();
+    assert!(err.contains("δ reserved for partition selection"), "{err}");
+    // A mechanism the gdp filter does not accept: refused, limit named, ε not `inf`-charged.
+    let zcdp = vec![TableCharge {
+        key: TableKey::from("demo:t"),
+        events: vec![Event::Zcdp { rho: 0.001 }],
+    }];
+    let pv = acc.preview(&zcdp).unwrap();
+    assert!(matches!(pv[0].limit, Some(Limit::Mechanism { .. })));
+    let err = acc.admit("q3", &zcdp).unwrap_err().to_string();
+    assert!(err.contains("does not accept this query"), "{err}");
+    assert_eq!(acc.ledger_entries().len(), 1);
 }

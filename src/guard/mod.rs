@@ -1,33 +1,42 @@
 //! The guard: what may touch private rows, checked on the optimized logical plan before anything
-//! runs, and the rewrites that make DP aggregates safe (the neighbour argument, partition
-//! selection). It also collects every DP call with its literal parameters and its cost.
+//! runs, and the rewrites that make DP aggregates safe (the neighbour mode, partition selection,
+//! total evaluation). It also collects every DP call with its literal parameters and its cost.
 //!
-//! Rules (../shared/spec/PRIVACY.md, "What may be released"):
-//! - a scan of a private table may only be reached through a DP aggregate;
-//! - between the scan and the DP aggregate only row-wise operations may stand: projection, filter
-//!   (without subqueries), aliases; no join, union, window, DISTINCT, LIMIT/OFFSET, ORDER BY,
-//!   UNNEST, subquery or second aggregation;
-//! - an aggregate over private rows must consist of DP aggregates only, without DISTINCT;
-//! - every parameter after the data columns must be a literal, so the cost is known before any
-//!   row is read and never depends on the data;
-//! - GROUP BY releases the set of groups: unless the table has `replace` neighbours and every
-//!   grouping column is public, a noisy-count threshold (partition selection) is added and
-//!   charged;
-//! - anything above the DP aggregates is post-processing and free.
+//! The guard is a positive definition, checked on every node, every expression and every
+//! subquery of the plan (docs/PRIVACY.md, "What may be released"):
+//! - a private table may be read only as the input of a DP aggregate; every other path to a
+//!   private scan (raw rows, a non-DP aggregate, a window, a subquery anywhere, `VALUES`, a join
+//!   filter, a sort or limit expression, a recursive query, EXPLAIN) is refused;
+//! - between the scan and the DP aggregate stands only the private fragment ([`fragment`]):
+//!   `TableScan` (no LIMIT), `Projection`, `Filter`, `SubqueryAlias`, with expressions of the
+//!   listed kinds and scalar functions, every one made total ([`total`]);
+//! - an aggregate over private rows consists of DP aggregates only, without DISTINCT, ORDER BY
+//!   or IGNORE NULLS; every parameter after the data columns is a literal, so the cost is known
+//!   before any row is read and never depends on the data;
+//! - GROUP BY releases the set of groups: unless the table has `replace` neighbours, every
+//!   grouping column is public and no filter on a private column stands below, a noisy-count
+//!   threshold (partition selection) is added and charged;
+//! - anything above the DP aggregates, or over public tables only, is post-processing and free.
+pub mod fragment;
 pub mod table;
+pub mod total;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DataFusionError, Result, ScalarValue};
+use datafusion::common::{Column, DFSchema, DataFusionError, Result, ScalarValue, TableReference};
 use datafusion::logical_expr::expr::AggregateFunction;
-use datafusion::logical_expr::{Aggregate, Expr, Filter, LogicalPlan, Projection, col, lit};
+use datafusion::logical_expr::{
+    Aggregate, Expr, Filter, LogicalPlan, Projection, SubqueryAlias, col, lit,
+};
 use dpfusion_udfs::aggregates::{dp_aggregate_data_args, dp_call_cost, dp_call_cost_with_data};
 use dpfusion_udfs::privacy::Event;
 
 use crate::accounting::Neighbours;
+/// The neighbour mode a call is calibrated for (one type with the udfs crate's calibrations).
+use dpfusion_udfs::aggregates::Neighbours as Mode;
 pub use table::{GuardedTable, TableInfo};
 
 /// The name of the internal partition-selection aggregate.
@@ -70,7 +79,7 @@ pub fn guard(plan: LogicalPlan) -> Result<Guarded> {
 }
 
 /// The private table read by a raw (non-DP) path below `plan`, if any: DP aggregates are not
-/// descended into.
+/// descended into; subqueries are.
 fn raw_private_table(plan: &LogicalPlan) -> Option<TableInfo> {
     let mut found = None;
     let _ = plan.apply_with_subqueries(|node| {
@@ -80,21 +89,51 @@ fn raw_private_table(plan: &LogicalPlan) -> Option<TableInfo> {
             return Ok(TreeNodeRecursion::Jump);
         }
         if let LogicalPlan::TableScan(s) = node {
-            match table_info(s) {
-                Some(info) if info.private => {
-                    found = Some(info);
-                    return Ok(TreeNodeRecursion::Stop);
-                }
-                None => {
-                    found = Some(unknown_table(&s.table_name.to_string()));
-                    return Ok(TreeNodeRecursion::Stop);
-                }
-                _ => {}
+            let info = table_info(s).unwrap_or_else(|| unknown_table(&s.table_name.to_string()));
+            if info.private {
+                found = Some(info);
+                return Ok(TreeNodeRecursion::Stop);
             }
         }
         Ok(TreeNodeRecursion::Continue)
     });
     found
+}
+
+/// Any private table read anywhere below `plan` (DP aggregates and subqueries included).
+fn any_private_table(plan: &LogicalPlan) -> Option<TableInfo> {
+    let mut found = None;
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(s) = node {
+            let info = table_info(s).unwrap_or_else(|| unknown_table(&s.table_name.to_string()));
+            if info.private {
+                found = Some(info);
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// The names of the private tables read anywhere below `plan`.
+pub fn private_tables(plan: &LogicalPlan) -> Vec<String> {
+    let mut names = Vec::new();
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(s) = node {
+            let info = table_info(s).unwrap_or_else(|| unknown_table(&s.table_name.to_string()));
+            if info.private && !names.contains(&info.name) {
+                names.push(info.name);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    names
+}
+
+/// Does the plan read a private table anywhere (EXPLAIN is refused on such plans)?
+pub fn reads_private(plan: &LogicalPlan) -> bool {
+    any_private_table(plan).is_some()
 }
 
 fn unknown_table(name: &str) -> TableInfo {
@@ -104,6 +143,7 @@ fn unknown_table(name: &str) -> TableInfo {
         private: true,
         neighbours: Neighbours::AddRemove,
         public_columns: vec![],
+        ratio_bounds: vec![],
     }
 }
 
@@ -134,20 +174,44 @@ fn is_dp_aggregate(a: &Aggregate) -> bool {
     })
 }
 
-fn dp_alternative(name: &str) -> &'static str {
-    match name.to_ascii_lowercase().as_str() {
-        "count" => "use dp_count(value, epsilon) instead",
-        "sum" => "use dp_sum(value, lower, upper, epsilon) instead",
-        "avg" | "mean" => "use dp_mean(value, lower, upper, epsilon) instead",
-        _ => "use one of the DP aggregates (dp_count, dp_sum, dp_mean, ...) instead",
+/// What to use instead of a non-private aggregate, from the registry's `replaces`.
+fn dp_alternative(name: &str) -> String {
+    match dpfusion_udfs::aggregates::registry::replacing(name) {
+        Some(a) => format!("use {} instead", a.usage()),
+        None => "use one of the DP aggregates (dp_count, dp_sum, dp_mean, ...) instead".to_string(),
     }
 }
 
+fn uses_dp_function(e: &Expr) -> bool {
+    let mut found = false;
+    let _ = e.apply(|x| {
+        let name = match x {
+            Expr::WindowFunction(wf) => Some(wf.fun.name()),
+            Expr::AggregateFunction(f) => Some(f.func.name()),
+            _ => None,
+        };
+        if name.is_some_and(is_dp_function) {
+            found = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// The whole plan, top-down. A node that reads no private row other than through a DP aggregate
+/// is post-processing or public and may be anything DataFusion plans; its subqueries and inputs
+/// are visited in turn. A DP aggregate over private rows goes through [`rewrite_dp_aggregate`],
+/// which checks its private region against the fragment. Every other path to a private scan
+/// ends at the `TableScan` arm and is refused, so no private row is reached unchecked.
 fn visit(plan: LogicalPlan, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
     match &plan {
-        LogicalPlan::Aggregate(agg) if is_dp_aggregate(agg) => {
+        LogicalPlan::Aggregate(agg)
+            if is_dp_aggregate(agg) && raw_private_table(&agg.input).is_some() =>
+        {
             return rewrite_dp_aggregate(agg, calls);
         }
+        LogicalPlan::Aggregate(agg) if is_dp_aggregate(agg) => {}
         LogicalPlan::Aggregate(agg) => {
             if let Some(t) = raw_private_table(&agg.input) {
                 let name = agg
@@ -183,28 +247,26 @@ fn visit(plan: LogicalPlan, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
             }
         }
         LogicalPlan::Window(w) => {
-            let dp_window = w.window_expr.iter().any(|e| {
-                let mut found = false;
-                let _ = e.apply(|x| {
-                    if let Expr::WindowFunction(wf) = x
-                        && is_dp_function(wf.fun.name())
-                    {
-                        found = true;
-                    }
-                    Ok(TreeNodeRecursion::Continue)
-                });
-                found
-            });
+            if w.window_expr.iter().any(uses_dp_function) {
+                return Err(refuse(
+                    "a DP aggregate evaluated as a window function would release a noisy value \
+                     per row; use it in a GROUP BY query instead.",
+                ));
+            }
             if let Some(t) = raw_private_table(&w.input) {
                 return Err(refuse(format!(
                     "window functions on private table '{}' are not allowed: a window releases a \
-                     value per row{}. Use GROUP BY with DP aggregates instead.",
-                    t.name,
-                    if dp_window {
-                        ", and a DP aggregate evaluated as a window would release many noisy copies of the same data"
-                    } else {
-                        ""
-                    }
+                     value per row. Use GROUP BY with DP aggregates instead.",
+                    t.name
+                )));
+            }
+        }
+        LogicalPlan::RecursiveQuery(_) => {
+            if let Some(t) = any_private_table(&plan) {
+                return Err(refuse(format!(
+                    "a recursive query that reads private table '{}' is not allowed: it could run \
+                     a DP aggregate many times under one charge.",
+                    t.name
                 )));
             }
         }
@@ -212,6 +274,22 @@ fn visit(plan: LogicalPlan, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
             return Err(refuse(
                 "EXPLAIN ANALYZE runs the query and prints exact row counts; use EXPLAIN PRIVACY <query> to see what a query would cost.",
             ));
+        }
+        LogicalPlan::Explain(_) => {
+            if let Some(t) = any_private_table(&plan) {
+                return Err(explain_refusal(&t.name));
+            }
+        }
+        LogicalPlan::Extension(_)
+        | LogicalPlan::Dml(_)
+        | LogicalPlan::Ddl(_)
+        | LogicalPlan::Copy(_)
+        | LogicalPlan::Statement(_)
+        | LogicalPlan::DescribeTable(_) => {
+            return Err(refuse(format!(
+                "{} is not allowed inside a query",
+                plan.display()
+            )));
         }
         _ => {}
     }
@@ -223,11 +301,22 @@ fn visit(plan: LogicalPlan, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
         .data)
 }
 
+/// The refusal of EXPLAIN on a plan that reads a private table.
+pub fn explain_refusal(table: &str) -> DataFusionError {
+    refuse(format!(
+        "EXPLAIN of a query that reads private table '{table}' is not allowed: a physical plan \
+         shows statistics, file ranges and inferred values of the data. Use EXPLAIN PRIVACY \
+         <query> to see what the query would cost and how it would be checked."
+    ))
+}
+
 /// What stands between a DP aggregate and its scan.
 #[derive(Debug, Default)]
-struct RowLocal {
+struct Region {
     table: Option<TableInfo>,
-    filtered: bool,
+    /// A filter on a column that is not public stands below the aggregate: the set of rows, and
+    /// so the row count and the set of groups, depend on private values.
+    private_filter: bool,
 }
 
 fn construct_name(plan: &LogicalPlan) -> &'static str {
@@ -246,122 +335,129 @@ fn construct_name(plan: &LogicalPlan) -> &'static str {
         LogicalPlan::Subquery(_) => "a subquery",
         LogicalPlan::Repartition(_) => "a repartition",
         LogicalPlan::Extension(_) => "an extension node",
+        LogicalPlan::Values(_) => "VALUES",
         _ => "this operation",
     }
 }
 
-fn has_subquery(e: &Expr) -> bool {
-    let mut found = false;
-    let _ = e.apply(|x| {
-        if matches!(
-            x,
-            Expr::ScalarSubquery(_)
-                | Expr::InSubquery(_)
-                | Expr::Exists(_)
-                | Expr::SetComparison(_)
-        ) {
-            found = true;
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
+fn not_in_fragment(what: &str, table: &str) -> DataFusionError {
+    refuse(format!(
+        "{what} between private table '{table}' and a DP aggregate is not allowed: only the \
+         operations of the private fragment (projection, WHERE, CAST, CASE, and the scalar \
+         functions listed in docs/PRIVACY.md) may stand between a private scan and a DP function, \
+         since anything else can make one row count more than once, cost what the query chooses, \
+         or leak its presence. Aggregate each table with DP functions first, then combine the \
+         results."
+    ))
 }
 
-fn has_nested_aggregate_or_window(e: &Expr) -> bool {
-    let mut found = false;
-    let _ = e.apply(|x| {
-        if matches!(x, Expr::AggregateFunction(_) | Expr::WindowFunction(_)) {
-            found = true;
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
+fn check_fragment(e: &Expr, place: &str, table: &str) -> Result<()> {
+    match fragment::check_expr(e) {
+        None => Ok(()),
+        Some(why) => Err(not_in_fragment(&format!("{why} in {place}"), table)),
+    }
 }
 
-fn any_private_name(plan: &LogicalPlan) -> String {
-    let mut name = None;
-    let _ = plan.apply_with_subqueries(|n| {
-        if let LogicalPlan::TableScan(s) = n {
-            let info = table_info(s).unwrap_or_else(|| unknown_table(&s.table_name.to_string()));
-            if info.private {
-                name = Some(info.name);
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    name.unwrap_or_else(|| "?".to_string())
-}
-
-fn check_row_local(plan: &LogicalPlan, out: &mut RowLocal) -> Result<()> {
-    let not_row_local = |what: &str, plan: &LogicalPlan| {
-        refuse(format!(
-            "{what} between private table '{}' and a DP aggregate is not allowed: only row-wise \
-             operations (projection, filter, CAST, CASE, scalar functions) may stand between a \
-             private scan and a DP function, since anything else can make one row count more than \
-             once or leak its presence. Aggregate each table with DP functions first, then combine \
-             the results.",
-            any_private_name(plan)
-        ))
+/// `e` made total, keeping the name (and qualifier) it had in `schema_of` at `index`.
+fn wrap_named(e: &Expr, input: &DFSchema, q: Option<&TableReference>, name: &str) -> Result<Expr> {
+    let (inner, q, name) = match e {
+        Expr::Alias(a) => (a.expr.as_ref(), a.relation.as_ref(), a.name.as_str()),
+        e => (e, q, name),
     };
+    let w = total::wrap(inner.clone(), input)?;
+    if &w == inner && !matches!(e, Expr::Alias(_)) {
+        return Ok(e.clone());
+    }
+    Ok(w.alias_qualified(q.cloned(), name))
+}
+
+/// Checks the private region below a DP aggregate against the fragment, and returns it with
+/// every expression made total.
+fn region(
+    plan: &LogicalPlan,
+    out: &mut Region,
+    calls: &mut Vec<DpCall>,
+    table: &str,
+) -> Result<LogicalPlan> {
+    let table_name = || table.to_string();
     match plan {
         LogicalPlan::TableScan(scan) => {
             let info =
                 table_info(scan).unwrap_or_else(|| unknown_table(&scan.table_name.to_string()));
+            if !info.private {
+                return Err(not_in_fragment(
+                    "reading a second (public) table",
+                    &table_name(),
+                ));
+            }
             if scan.fetch.is_some() {
-                return Err(not_row_local("LIMIT", plan));
+                return Err(not_in_fragment("LIMIT", &info.name));
             }
             if !scan.filters.is_empty() {
-                out.filtered = true;
+                // Private tables refuse filter pushdown (table.rs); never reached.
+                return Err(not_in_fragment("a filter pushed into the scan", &info.name));
             }
-            if info.private {
-                if let Some(prev) = &out.table
-                    && prev.key != info.key
-                {
-                    return Err(not_row_local("reading two tables", plan));
-                }
-                out.table = Some(info);
+            if let Some(prev) = &out.table
+                && prev.key != info.key
+            {
+                return Err(not_in_fragment("reading two tables", &info.name));
             }
-            Ok(())
+            out.table = Some(info);
+            Ok(plan.clone())
         }
         LogicalPlan::Projection(p) => {
+            let t = table_name();
             for e in &p.expr {
-                if has_subquery(e) {
-                    return Err(not_row_local("a subquery", plan));
-                }
-                if has_nested_aggregate_or_window(e) {
-                    return Err(not_row_local("an aggregate or window function", plan));
-                }
+                check_fragment(e, "SELECT", &t)?;
             }
-            check_row_local(&p.input, out)
+            let input = region(&p.input, out, calls, table)?;
+            let exprs = p
+                .expr
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let (q, f) = p.schema.qualified_field(i);
+                    wrap_named(e, p.input.schema(), q, f.name())
+                })
+                .collect::<Result<Vec<_>>>()?;
+            guard_subqueries(
+                LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(input))?),
+                calls,
+            )
         }
         LogicalPlan::Filter(f) => {
-            if has_subquery(&f.predicate) {
-                return Err(not_row_local("a subquery in WHERE", plan));
+            let t = table_name();
+            check_fragment(&f.predicate, "WHERE", &t)?;
+            let input = region(&f.input, out, calls, table)?;
+            let public_only = out.table.as_ref().is_some_and(|info| {
+                base_columns(&f.predicate, &f.input)
+                    .is_some_and(|cols| cols.iter().all(|c| info.is_public_column(c)))
+            });
+            if !public_only {
+                out.private_filter = true;
             }
-            out.filtered = true;
-            check_row_local(&f.input, out)
+            let predicate = total::wrap(f.predicate.clone(), f.input.schema())?;
+            guard_subqueries(
+                LogicalPlan::Filter(Filter::try_new(predicate, Arc::new(input))?),
+                calls,
+            )
         }
-        LogicalPlan::SubqueryAlias(s) => check_row_local(&s.input, out),
-        LogicalPlan::EmptyRelation(_) | LogicalPlan::Values(_) => Ok(()),
-        other => {
-            if raw_private_table(other).is_none() && !plan_reads_private(other) {
-                // A public relation (e.g. VALUES joined with a public table): harmless.
-                return Ok(());
-            }
-            Err(not_row_local(construct_name(other), other))
+        LogicalPlan::SubqueryAlias(s) => {
+            let input = region(&s.input, out, calls, table)?;
+            Ok(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+                Arc::new(input),
+                s.alias.clone(),
+            )?))
         }
+        other => Err(not_in_fragment(construct_name(other), &table_name())),
     }
 }
 
-fn plan_reads_private(plan: &LogicalPlan) -> bool {
-    plan.exists(|n| {
-        Ok(matches!(n, LogicalPlan::TableScan(s)
-            if table_info(s).map(|i| i.private).unwrap_or(true)))
-    })
-    .unwrap_or(true)
+/// Guards the plans of the (uncorrelated scalar) subqueries in `node`'s own expressions.
+fn guard_subqueries(node: LogicalPlan, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
+    Ok(node
+        .map_subqueries(|sub| visit(sub, calls).map(Transformed::yes))?
+        .data)
 }
 
 /// The base-table columns an expression over `plan`'s output depends on, traced through
@@ -376,7 +472,8 @@ fn base_columns(expr: &Expr, plan: &LogicalPlan) -> Option<BTreeSet<String>> {
 
 fn trace_column(c: &Column, plan: &LogicalPlan) -> Option<BTreeSet<String>> {
     match plan {
-        LogicalPlan::TableScan(_) => Some(BTreeSet::from([c.name.to_ascii_lowercase()])),
+        // Column names are case-sensitive (a private "JOB" is not the public "job").
+        LogicalPlan::TableScan(_) => Some(BTreeSet::from([c.name.clone()])),
         LogicalPlan::Projection(p) => {
             let idx = p.schema.index_of_column(c).ok()?;
             let e = &p.expr[idx];
@@ -391,6 +488,36 @@ fn trace_column(c: &Column, plan: &LogicalPlan) -> Option<BTreeSet<String>> {
             let idx = s.schema.index_of_column(c).ok()?;
             let (q, f) = s.input.schema().qualified_field(idx);
             trace_column(&Column::new(q.cloned(), f.name()), &s.input)
+        }
+        _ => None,
+    }
+}
+
+/// The base column that `expr` is, unchanged, through projections and aliases (None when it is
+/// computed).
+fn bare_column(expr: &Expr, plan: &LogicalPlan) -> Option<String> {
+    let c = match expr {
+        Expr::Column(c) => c,
+        Expr::Alias(a) => return bare_column(&a.expr, plan),
+        // The argument coercion's CAST to Float64 keeps every value's ratio.
+        Expr::Cast(c)
+            if c.field.data_type() == &datafusion::arrow::datatypes::DataType::Float64 =>
+        {
+            return bare_column(&c.expr, plan);
+        }
+        _ => return None,
+    };
+    match plan {
+        LogicalPlan::TableScan(_) => Some(c.name.clone()),
+        LogicalPlan::Projection(p) => {
+            let idx = p.schema.index_of_column(c).ok()?;
+            bare_column(&p.expr[idx], &p.input)
+        }
+        LogicalPlan::Filter(f) => bare_column(expr, &f.input),
+        LogicalPlan::SubqueryAlias(s) => {
+            let idx = s.schema.index_of_column(c).ok()?;
+            let (q, f) = s.input.schema().qualified_field(idx);
+            bare_column(&Expr::Column(Column::new(q.cloned(), f.name())), &s.input)
         }
         _ => None,
     }
@@ -420,14 +547,17 @@ fn neighbours_literal(mode: &str) -> Expr {
 }
 
 fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
-    // 1. every aggregate over these rows must be a DP aggregate
+    let t = any_private_table(&agg.input)
+        .map(|t| t.name)
+        .unwrap_or_default();
+    // 1. every aggregate over these rows must be a DP aggregate, its data arguments and FILTER
+    //    in the fragment
     for e in &agg.aggr_expr {
         let Some(f) = aggregate_function(e) else {
             return Err(refuse(format!("unsupported aggregate expression {e}")));
         };
         let name = f.func.name();
         if !is_dp_function(name) {
-            let t = any_private_name(&agg.input);
             return Err(refuse(format!(
                 "the aggregate {} is computed together with DP aggregates over private table '{t}' \
                  but is not differentially private; {}.",
@@ -441,20 +571,41 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
                  contribute. Remove DISTINCT."
             )));
         }
-        if let Some(filter) = &f.params.filter
-            && has_subquery(filter)
-        {
+        if !f.params.order_by.is_empty() || f.params.null_treatment.is_some() {
             return Err(refuse(format!(
-                "a subquery in the FILTER clause of {name} is not allowed"
+                "ORDER BY or IGNORE NULLS inside {name} is not supported"
             )));
         }
+        let data_args = dp_aggregate_data_args(name).unwrap_or(1);
+        for a in f.params.args.iter().take(data_args) {
+            check_fragment(a, &format!("the arguments of {name}"), &t)?;
+        }
+        // A model's feature count must be known before any row is read: rows whose list has
+        // another length are skipped, so a length chosen per row would decide, from the data,
+        // which rows count (and the released model's size).
+        let spec = dpfusion_udfs::aggregates::registry::get(name);
+        for (d, a) in spec
+            .map(|s| s.data)
+            .unwrap_or_default()
+            .iter()
+            .zip(&f.params.args)
+        {
+            if d.name == "features" && !feature_count_known(a, agg.input.schema()) {
+                return Err(refuse(format!(
+                    "the features of {name} must have a length fixed in the query: write them as \
+                     [x1, x2, ...] or make_array(x1, x2, ...) (or a fixed-size list), not {a}"
+                )));
+            }
+        }
+        if let Some(filter) = &f.params.filter {
+            check_fragment(filter, &format!("the FILTER clause of {name}"), &t)?;
+        }
     }
-    // 2. what stands between the aggregate and the scan
-    let mut below = RowLocal::default();
-    check_row_local(&agg.input, &mut below)?;
+    // 2. what stands between the aggregate and the scan, checked and made total
+    let mut below = Region::default();
+    let input = region(&agg.input, &mut below, calls, &t)?;
     let Some(table) = below.table.clone() else {
-        // Only public data below: nothing to protect or charge.
-        return Ok(LogicalPlan::Aggregate(agg.clone()));
+        return Err(refuse("a DP aggregate whose input could not be traced"));
     };
     // 3. grouping keys
     let mut keys_public = true;
@@ -466,9 +617,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
                 table.name
             )));
         }
-        if has_subquery(g) {
-            return Err(refuse("a subquery in GROUP BY is not allowed"));
-        }
+        check_fragment(g, "GROUP BY", &table.name)?;
         match base_columns(g, &agg.input) {
             Some(cols) if cols.iter().all(|c| table.is_public_column(c)) => {}
             _ => keys_public = false,
@@ -480,19 +629,32 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
             .map(|f| f.params.filter.is_some())
             .unwrap_or(false)
     });
-    let mode = match table.neighbours {
-        Neighbours::AddRemove => "add_remove",
-        Neighbours::Replace => {
-            if !below.filtered && !has_filter_clause && keys_public {
-                "replace_public_n"
-            } else {
-                "replace"
-            }
-        }
+    // The neighbour mode of every call (udfs `Neighbours`), and whether the set of groups depends
+    // on private values (then partition selection keeps a group only if its noisy count passes
+    // a threshold):
+    // - add/remove: any group may appear or vanish with one row: selection whenever grouped;
+    // - replace, a private key: a replaced row may move between two groups, changing both
+    //   (L2 sensitivity √2 for counts; selection with two tail events);
+    // - replace, public keys, a WHERE on private columns: rows may drop out, so the row count
+    //   and the set of surviving groups are private: selection;
+    // - replace, public keys, no private filter: the groups and their sizes are public.
+    let (mode, needs_selection) = match table.neighbours {
+        Neighbours::AddRemove => (Mode::AddRemove, grouped),
+        Neighbours::Replace if !keys_public => (Mode::ReplacePrivateKeys, grouped),
+        Neighbours::Replace if below.private_filter => (Mode::Replace, grouped),
+        Neighbours::Replace if has_filter_clause => (Mode::Replace, false),
+        Neighbours::Replace => (Mode::ReplacePublicN, false),
     };
-    let needs_selection = grouped && !(table.neighbours == Neighbours::Replace && keys_public);
+    let selection_mode = if mode == Mode::ReplacePrivateKeys {
+        Mode::ReplacePrivateKeys
+    } else {
+        Mode::AddRemove
+    }
+    .as_str();
+    let mode = mode.as_str();
 
-    // 4. parameters, costs, and the rewritten calls
+    // 4. parameters, costs, and the rewritten calls (data arguments and FILTER made total)
+    let in_schema = agg.input.schema();
     let n_group = agg.group_expr.len();
     let mut new_aggr = Vec::with_capacity(agg.aggr_expr.len() + 1);
     let mut min_call: Option<(f64, f64)> = None;
@@ -500,17 +662,6 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
         let f = aggregate_function(e).expect("checked above");
         let name = f.func.name().to_string();
         let data_args = dp_aggregate_data_args(&name).unwrap_or(1);
-        // rgm_mean_by (issue 5): the group sizes must be public (see `check_rgm_mean_by`).
-        if name == dpfusion_udfs::aggregates::RgmMeanBy::NAME {
-            check_rgm_mean_by(
-                &table,
-                &below,
-                has_filter_clause,
-                keys_public,
-                &f.params.args,
-                &agg.input,
-            )?;
-        }
         let mut params = Vec::new();
         for (j, a) in f.params.args.iter().enumerate().skip(data_args) {
             match literal(a) {
@@ -524,9 +675,23 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
                 }
             }
         }
+        // rgm_mean_by (issue 5): the group sizes must be public, the value a declared column.
+        let requirements = dpfusion_udfs::aggregates::registry::get(&name)
+            .map(|a| a.requirements)
+            .unwrap_or_default();
+        if !requirements.is_empty() {
+            check_rgm_mean_by(
+                &table,
+                &below,
+                has_filter_clause,
+                keys_public,
+                &f.params.args,
+                &params,
+                &agg.input,
+            )?;
+        }
         // The neighbour relation is the table's, never the user's.
         let mut with_mode = params.clone();
-        // The user-facing parameters end with epsilon, delta; the session always fills delta.
         with_mode.push(ScalarValue::Utf8(Some(mode.to_string())));
         // The data arguments' shape as written (e.g. a feature list's length), never data.
         let events = match dp_call_cost_with_data(&name, &f.params.args[..data_args], &with_mode) {
@@ -546,23 +711,43 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
             delta,
             events,
         });
-        let mut args = f.params.args[..data_args].to_vec();
+        let mut args = f.params.args[..data_args]
+            .iter()
+            .map(|a| total::wrap(a.clone(), in_schema))
+            .collect::<Result<Vec<_>>>()?;
         args.extend(params.into_iter().map(|v| Expr::Literal(v, None)));
         args.push(neighbours_literal(mode));
         let mut nf = f.clone();
         nf.params.args = args;
+        if let Some(filter) = &f.params.filter {
+            nf.params.filter = Some(Box::new(total::wrap(filter.as_ref().clone(), in_schema)?));
+        }
         let (q, field) = agg.schema.qualified_field(n_group + i);
         new_aggr.push(Expr::AggregateFunction(nf).alias_qualified(q.cloned(), field.name()));
     }
+    let group_expr = agg
+        .group_expr
+        .iter()
+        .map(|g| {
+            let w = total::wrap(g.clone(), in_schema)?;
+            Ok(if &w == g {
+                w
+            } else {
+                w.alias(g.schema_name().to_string())
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let input = Arc::new(input);
     if !needs_selection {
-        let new = Aggregate::try_new(agg.input.clone(), agg.group_expr.clone(), new_aggr)?;
-        return Ok(LogicalPlan::Aggregate(new));
+        let new = Aggregate::try_new(input, group_expr, new_aggr)?;
+        return guard_subqueries(LogicalPlan::Aggregate(new), calls);
     }
     // 5. partition selection: keep a group only if its noisy count passes a threshold.
     let (eps, delta) = min_call.expect("at least one DP call");
     let sel_params = vec![
         ScalarValue::Float64(Some(eps)),
         ScalarValue::Float64(Some(delta)),
+        ScalarValue::Utf8(Some(selection_mode.to_string())),
     ];
     let events = match dp_call_cost(PARTITION_SELECT, &sel_params) {
         Some(Ok(ev)) => ev,
@@ -579,7 +764,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
         .ok_or_else(|| DataFusionError::Internal("dp_partition_select missing".into()))?;
     let sel = Expr::AggregateFunction(AggregateFunction::new_udf(
         Arc::new(udaf),
-        vec![lit(1i64), lit(eps), lit(delta)],
+        vec![lit(1i64), lit(eps), lit(delta), lit(selection_mode)],
         false,
         None,
         vec![],
@@ -598,8 +783,11 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
     });
     let mut aggr = new_aggr;
     aggr.push(sel);
-    let new = Aggregate::try_new(agg.input.clone(), agg.group_expr.clone(), aggr)?;
-    let filter = Filter::try_new(col(SELECT_ALIAS), Arc::new(LogicalPlan::Aggregate(new)))?;
+    let new = guard_subqueries(
+        LogicalPlan::Aggregate(Aggregate::try_new(input, group_expr, aggr)?),
+        calls,
+    )?;
+    let filter = Filter::try_new(col(SELECT_ALIAS), Arc::new(new))?;
     let cols: Vec<Expr> = agg
         .schema
         .iter()
@@ -607,6 +795,19 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
         .collect();
     let proj = Projection::try_new(cols, Arc::new(LogicalPlan::Filter(filter)))?;
     Ok(LogicalPlan::Projection(proj))
+}
+
+/// Is the length of a feature-list expression fixed by the query (a `make_array` of k
+/// arguments, or a fixed-size list type)?
+fn feature_count_known(e: &Expr, schema: &DFSchema) -> bool {
+    use datafusion::arrow::datatypes::DataType;
+    use datafusion::logical_expr::ExprSchemable;
+    match e {
+        Expr::Alias(a) => feature_count_known(&a.expr, schema),
+        Expr::Cast(c) if feature_count_known(&c.expr, schema) => true,
+        Expr::ScalarFunction(f) if matches!(f.func.name(), "make_array" | "make_list") => true,
+        e => matches!(e.get_type(schema), Ok(DataType::FixedSizeList(..))),
+    }
 }
 
 /// A DP call as the user would write it: `dp_mean(age, lower => 0, upper => 100, epsilon => 0.5,
@@ -659,28 +860,31 @@ fn epsilon_delta(name: &str, params: &[ScalarValue]) -> (f64, f64) {
 
 // ---- rgm_mean_by (issue 5) ----------------------------------------------------------------------
 
-/// `rgm_mean_by` calibrates its noise to each group's size, so the sizes must be public and the
-/// same in every neighbouring dataset: a `replace` table, `by` and every GROUP BY key public, no
-/// WHERE filter below the aggregate and no FILTER clause (exactly the case where the guard sets
-/// 'replace_public_n'). Refuses otherwise, naming the table and every reason.
+/// `rgm_mean_by` calibrates its noise to each group's size and relies on a ratio contract: in
+/// every group of `by`, the values are > 0 and within a factor `max_ratio` of each other. If the
+/// analyst could choose the expression the contract is checked on, a violation would be a
+/// one-bit oracle on any predicate. So the contract is the data owner's: the value must be a
+/// bare column for which the owner declared a ratio bound per `by` (checked on the data when the
+/// table was registered: [`crate::session::Registration::ratio_bound`]), the call's `max_ratio`
+/// at least the declared one; and the group sizes must be public: a `replace` table, `by` and
+/// every GROUP BY key public, no filter on a private column and no FILTER clause (exactly the
+/// case where the guard sets 'replace_public_n'). Refuses otherwise, naming every reason.
 fn check_rgm_mean_by(
     table: &TableInfo,
-    below: &RowLocal,
+    below: &Region,
     has_filter_clause: bool,
     keys_public: bool,
     args: &[Expr],
+    params: &[ScalarValue],
     input: &LogicalPlan,
 ) -> Result<()> {
-    let by = args.get(1);
+    let value = args.first().and_then(|e| bare_column(e, input));
+    let by = args.get(1).and_then(|e| bare_column(e, input));
     let by_name = by
-        .map(|e| match e {
-            Expr::Column(c) => c.name.clone(),
-            e => e.to_string(),
-        })
+        .clone()
+        .or_else(|| args.get(1).map(|e| e.to_string()))
         .unwrap_or_default();
-    let by_public = by
-        .and_then(|e| base_columns(e, input))
-        .is_some_and(|cols| cols.iter().all(|c| table.is_public_column(c)));
+    let max_ratio = params.first().map(as_f64).unwrap_or(f64::NAN);
     let mut why: Vec<String> = Vec::new();
     if table.neighbours != Neighbours::Replace {
         why.push(
@@ -689,13 +893,44 @@ fn check_rgm_mean_by(
                 .into(),
         );
     }
-    if !by_public {
-        why.push(format!("`by` ({by_name}) is not a public column of it"));
+    match &by {
+        Some(b) if table.is_public_column(b) => {}
+        _ => why.push(format!(
+            "`by` ({by_name}) is not a bare public column of it"
+        )),
     }
-    if below.filtered {
+    match (&value, &by) {
+        (None, _) => why.push(
+            "the value is a computed expression: it must be a bare column with a ratio bound \
+             declared by the data owner"
+                .into(),
+        ),
+        (Some(v), Some(b)) => match table.ratio_bound(v, b) {
+            None => why.push(format!(
+                "the data owner declared no ratio bound for column '{v}' by '{b}' (declared: {})",
+                if table.ratio_bounds.is_empty() {
+                    "none".to_string()
+                } else {
+                    table
+                        .ratio_bounds
+                        .iter()
+                        .map(|r| format!("{} by {} within {}", r.value, r.by, r.max_ratio))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            )),
+            Some(k) if max_ratio.is_nan() || max_ratio < k => why.push(format!(
+                "max_ratio {max_ratio} is below the declared bound {k} for '{v}' by '{b}' (use \
+                 max_ratio => {k} or more)"
+            )),
+            Some(_) => {}
+        },
+        _ => {}
+    }
+    if below.private_filter {
         why.push(
-            "a WHERE filter stands between the table and rgm_mean_by (the filtered group sizes \
-             depend on private values)"
+            "a WHERE filter on a private column stands between the table and rgm_mean_by (the \
+             filtered group sizes depend on private values)"
                 .into(),
         );
     }
@@ -709,10 +944,11 @@ fn check_rgm_mean_by(
         return Ok(());
     }
     Err(refuse(format!(
-        "rgm_mean_by on table '{}' needs public group sizes (the relative Gaussian mechanism \
-         calibrates its noise to each group's size), but {}. Register the table with OPTIONS \
-         ('dp.neighbours' 'replace', 'dp.public_columns' '{by_name}'), group only by public \
-         columns, and do not filter the rows (filter the released list instead).",
+        "rgm_mean_by on table '{}' needs public group sizes and the data owner's ratio contract \
+         (the relative Gaussian mechanism calibrates its noise to each group's size and to the \
+         spread of its values), but {}. The table must be registered with replace neighbours, \
+         '{by_name}' public and a ratio bound for the value column; group only by public \
+         columns, and do not filter on private columns (filter the released list instead).",
         table.name,
         why.join("; and ")
     )))

@@ -27,14 +27,34 @@ pub struct TableInfo {
     pub private: bool,
     /// The neighbour relation of a private table.
     pub neighbours: Neighbours,
-    /// Columns declared public (lower-case names).
+    /// Columns declared public (exact, case-sensitive names).
     pub public_columns: Vec<String>,
+    /// Ratio bounds the data owner declared and that were checked on the data at registration
+    /// (`rgm_mean_by`'s contract).
+    pub ratio_bounds: Vec<RatioBound>,
+}
+
+/// In every group of the public column `by`, the values of `value` are > 0 and within a factor
+/// `max_ratio` of each other (declared by the data owner, checked at registration).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RatioBound {
+    pub value: String,
+    pub by: String,
+    pub max_ratio: f64,
 }
 
 impl TableInfo {
+    /// Column names are case-sensitive: a private column "JOB" is not the public column "job".
     pub fn is_public_column(&self, column: &str) -> bool {
-        let c = column.to_ascii_lowercase();
-        self.public_columns.contains(&c)
+        self.public_columns.iter().any(|c| c == column)
+    }
+
+    /// The declared ratio bound of `value` by `by`, if any.
+    pub fn ratio_bound(&self, value: &str, by: &str) -> Option<f64> {
+        self.ratio_bounds
+            .iter()
+            .find(|r| r.value == value && r.by == by)
+            .map(|r| r.max_ratio)
     }
 }
 
@@ -89,6 +109,11 @@ impl TableProvider for GuardedTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         self.scans.fetch_add(1, Ordering::SeqCst);
+        if self.info.private {
+            // No filter and no limit reach a private table's reader: every predicate is evaluated
+            // by the (total) Filter above the scan, where the guard checked it.
+            return self.inner.scan(state, projection, &[], None).await;
+        }
         self.inner.scan(state, projection, filters, limit).await
     }
 
@@ -96,8 +121,14 @@ impl TableProvider for GuardedTable {
         &self,
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
-        // Inexact: the filter stays in the plan above the scan too, where the guard sees it.
-        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+        // Private tables: unsupported, so the filter stays in the plan as a Filter node (checked
+        // and made total by the guard) and never reaches a file reader. Public tables: inexact.
+        let how = if self.info.private {
+            TableProviderFilterPushDown::Unsupported
+        } else {
+            TableProviderFilterPushDown::Inexact
+        };
+        Ok(vec![how; filters.len()])
     }
 
     /// Never expose statistics of a private table: an optimizer could answer a query from them

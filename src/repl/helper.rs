@@ -48,20 +48,19 @@ impl SqlHelper {
 
     /// Reloads function, table and column names from the session.
     pub fn refresh(&self, session: &PrivateSession) {
-        let mut names: Vec<String> = crate::statements::named_args::DP_FUNCTIONS
+        // The DP aggregates from their one declaration, the scalar functions (predict, planning
+        // helpers) from the udfs crate, and the session's table functions.
+        let mut names: Vec<String> = dpfusion_udfs::aggregates::registry::AGGREGATES
             .iter()
-            .map(|(n, _)| n.to_string())
+            .filter(|a| !a.internal)
+            .map(|a| a.name.to_string())
             .collect();
         names.extend(
-            [
-                "dp_gaussian_sigma",
-                "dp_gaussian_epsilon",
-                "dp_zcdp_epsilon",
-                "dp_budget",
-                "dp_ledger",
-            ]
-            .map(String::from),
+            dpfusion_udfs::scalars::all_scalar_udfs()
+                .iter()
+                .map(|f| f.name().to_string()),
         );
+        names.extend(["dp_budget", "dp_ledger"].map(String::from));
         for (t, _, schema) in session.tables() {
             names.push(t);
             names.extend(schema.fields().iter().map(|f| f.name().clone()));

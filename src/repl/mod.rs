@@ -22,7 +22,7 @@ use helper::SqlHelper;
 /// The `\?` text.
 pub const META_HELP: &str = "\
 Statements end with ';' and may span several lines.
-  \\budget           per private table: budget, spent and remaining ε (= SHOW BUDGET)
+  \\budget           per private table: budget, spent and remaining ε and δ, filter (= SHOW BUDGET)
   \\ledger           every charge so far, oldest first (= SELECT * FROM dp_ledger())
   \\explain SQL      what SQL would cost and whether it would be admitted (= EXPLAIN PRIVACY)
   \\d [TABLE]        the tables, or one table: columns, visibility, neighbours, budget
@@ -61,7 +61,8 @@ enum Flow {
 }
 
 impl Repl {
-    /// `dpfusion[salaries ε 2.50/5.00]> `: remaining/total ε of the tables the last query used.
+    /// `dpfusion[salaries ε 2.50/5.00]> `: remaining/total ε of the tables the last query used,
+    /// and `δ 3e-7 left` for partition selection once any of it was spent.
     fn prompt(&self) -> String {
         if self.last_tables.is_empty() {
             return "dpfusion> ".to_string();
@@ -71,7 +72,13 @@ impl Repl {
             .last_tables
             .iter()
             .filter_map(|t| rows.iter().find(|r| r.name == *t))
-            .map(|r| format!("{} ε {:.2}/{:.2}", r.name, r.remaining, r.epsilon))
+            .map(|r| {
+                let mut p = format!("{} ε {:.2}/{:.2}", r.name, r.remaining, r.epsilon);
+                if r.delta_spent > 0.0 {
+                    p.push_str(&format!(" δ {:.1e} left", r.delta_left));
+                }
+                p
+            })
             .collect();
         if parts.is_empty() {
             "dpfusion> ".to_string()
@@ -171,8 +178,9 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
         }
         match budget.iter().find(|b| b.name == name) {
             Some(b) => format!(
-                "private, budget ε {:.2} at δ {:e}, spent {:.2}, remaining {:.2}",
-                b.epsilon, b.delta, b.spent, b.remaining
+                "private, budget ε {:.2} at δ {:e}, spent {:.2}, remaining {:.2}; {} filter, \
+                 partition-selection δ {:e} spent, {:e} left",
+                b.epsilon, b.delta, b.spent, b.remaining, b.filter, b.delta_spent, b.delta_left
             ),
             None => "private".to_string(),
         }

@@ -40,8 +40,9 @@ fn floats<I: IntoIterator<Item = f64>>(it: I) -> ArrayRef {
     Arc::new(Float64Array::from(it.into_iter().collect::<Vec<f64>>()))
 }
 
-/// `SHOW BUDGET` / `dp_budget()`: per private table, budget ε and δ, spent ε, remaining ε and
-/// the number of charged queries.
+/// `SHOW BUDGET` / `dp_budget()`: per private table, budget ε and δ, spent ε, remaining ε, the
+/// number of charged queries, then both halves of δ's use: the additive δ spent by partition
+/// selection and what is left of its share, and the table's privacy filter (docs/ACCOUNTING.md).
 pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
     batch(vec![
         ("table", strings(rows.iter().map(|r| r.name.clone()))),
@@ -58,6 +59,9 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
                 rows.iter().map(|r| r.queries).collect::<Vec<u64>>(),
             )),
         ),
+        ("spent_delta", floats(rows.iter().map(|r| r.delta_spent))),
+        ("remaining_delta", floats(rows.iter().map(|r| r.delta_left))),
+        ("filter", strings(rows.iter().map(|r| r.filter.to_string()))),
     ])
 }
 
@@ -92,7 +96,11 @@ pub fn ledger_batch(entries: &[LedgerEntry]) -> Result<RecordBatch> {
     ])
 }
 
-/// `EXPLAIN PRIVACY`: one row per DP release, then one summary row per table.
+/// `EXPLAIN PRIVACY`: one row per DP release, then one summary row per table, with the ε and
+/// the additive δ (partition selection) spent and left after the query, the table's filter, and
+/// when it would be refused, the binding limit (`epsilon`, `delta for partition selection`, or
+/// the mechanism the filter does not accept). A spent ε the filter cannot bound is NULL, never
+/// `inf`: the limit column says why.
 pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result<RecordBatch> {
     let mut table = Vec::new();
     let mut release = Vec::new();
@@ -102,6 +110,10 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
     let mut spent = Vec::new();
     let mut remaining = Vec::new();
     let mut admitted: Vec<Option<bool>> = Vec::new();
+    let mut spent_delta = Vec::new();
+    let mut remaining_delta = Vec::new();
+    let mut filter: Vec<Option<String>> = Vec::new();
+    let mut limit: Vec<Option<String>> = Vec::new();
     for c in calls {
         table.push(c.table.name.clone());
         release.push(c.display.clone());
@@ -111,18 +123,28 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         spent.push(None);
         remaining.push(None);
         admitted.push(None);
+        spent_delta.push(None);
+        remaining_delta.push(None);
+        filter.push(None);
+        limit.push(None);
     }
+    let finite = |x: f64| x.is_finite().then_some(x);
     for p in preview {
         table.push(p.name.clone());
         release.push(format!("total for table '{}'", p.name));
         eps.push(None);
         delta.push(Some(p.budget.delta));
-        cost.push(Some(p.cost));
-        spent.push(Some(p.spent_after));
+        cost.push(finite(p.cost));
+        spent.push(finite(p.spent_after));
         remaining.push(Some(p.remaining_after));
         admitted.push(Some(p.admitted));
+        spent_delta.push(Some(p.delta_spent_after));
+        remaining_delta.push(Some(p.delta_left_after));
+        filter.push(Some(p.filter.to_string()));
+        limit.push(p.limit.as_ref().map(|l| l.to_string()));
     }
     let opt = |v: Vec<Option<f64>>| Arc::new(Float64Array::from(v)) as ArrayRef;
+    let opt_str = |v: Vec<Option<String>>| Arc::new(StringArray::from(v)) as ArrayRef;
     batch(vec![
         ("table", strings(table)),
         ("release", strings(release)),
@@ -132,6 +154,10 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         ("spent_after", opt(spent)),
         ("remaining_after", opt(remaining)),
         ("admitted", Arc::new(BooleanArray::from(admitted))),
+        ("spent_delta_after", opt(spent_delta)),
+        ("remaining_delta_after", opt(remaining_delta)),
+        ("filter", opt_str(filter)),
+        ("limit", opt_str(limit)),
     ])
 }
 
@@ -162,6 +188,16 @@ pub fn registration_batch(p: &TablePolicy) -> Result<RecordBatch> {
             "budget_delta",
             Arc::new(Float64Array::from(vec![private.then_some(p.budget.delta)])),
         ),
+        (
+            "filter",
+            Arc::new(StringArray::from(vec![
+                private.then(|| p.filter.to_string()),
+            ])),
+        ),
+        (
+            "delta_share",
+            Arc::new(Float64Array::from(vec![private.then_some(p.delta_share)])),
+        ),
     ])
 }
 
@@ -170,10 +206,18 @@ pub fn receipt_line(r: &Receipt) -> String {
     r.tables
         .iter()
         .map(|t| {
-            format!(
-                "charged {}: ε {:.4} (spent {:.4} of {:.4}, {:.4} left)",
+            let mut line = format!(
+                "charged {}: ε {:.4} (spent {:.4} of {:.4}, {:.4} left",
                 t.name, t.cost, t.spent_after, t.budget.epsilon, t.remaining_after
-            )
+            );
+            if t.delta_spent_after > 0.0 {
+                line.push_str(&format!(
+                    "; partition-selection δ {:e} spent, {:e} left",
+                    t.delta_spent_after, t.delta_left_after
+                ));
+            }
+            line.push(')');
+            line
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -210,6 +254,7 @@ fn system_table(name: &str, b: RecordBatch) -> Result<Arc<dyn TableProvider>> {
             private: false,
             neighbours: Neighbours::AddRemove,
             public_columns: vec![],
+            ratio_bounds: vec![],
         },
     )))
 }

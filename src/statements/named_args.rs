@@ -7,126 +7,46 @@
 //! plans is exactly what the accountant reads.
 use std::collections::HashMap;
 use std::ops::ControlFlow;
+use std::sync::LazyLock;
 
 use datafusion::sql::sqlparser::ast::{
     Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Value, VisitMut, VisitorMut,
 };
 
-/// The default of an optional parameter.
-#[derive(Debug, Clone, Copy)]
-pub enum Default {
-    /// Required: no default.
-    Required,
-    /// The session's `dpfusion.default_delta`.
-    SessionDelta,
-    /// A numeric literal.
-    Number(&'static str),
-    /// A string literal.
-    Text(&'static str),
-    /// A boolean literal.
-    Bool(bool),
-}
+pub use dpfusion_udfs::aggregates::registry::Default;
+use dpfusion_udfs::aggregates::registry::{AGGREGATES, Default as D};
 
-/// One parameter of a DP function.
+/// One parameter of a DP function as users write it (data arguments first).
 #[derive(Debug, Clone, Copy)]
 pub struct Param {
     pub name: &'static str,
     pub default: Default,
 }
 
-const fn req(name: &'static str) -> Param {
-    Param {
-        name,
-        default: Default::Required,
-    }
-}
-
-const fn delta() -> Param {
-    Param {
-        name: "delta",
-        default: Default::SessionDelta,
-    }
-}
-
-/// The user-facing parameter lists (../shared/spec/SQL.md). The hidden `neighbours` argument of
-/// the aggregates is not a user parameter: the guard sets it from the table's registration.
-pub const DP_FUNCTIONS: &[(&str, &[Param])] = &[
-    ("dp_count", &[req("value"), req("epsilon"), delta()]),
-    (
-        "dp_sum",
-        &[
-            req("value"),
-            req("lower"),
-            req("upper"),
-            req("epsilon"),
-            delta(),
-        ],
-    ),
-    (
-        "dp_mean",
-        &[
-            req("value"),
-            req("lower"),
-            req("upper"),
-            req("epsilon"),
-            delta(),
-        ],
-    ),
-    // Defaults: dpfusion_udfs::aggregates::dp_linreg_gd::defaults (chosen by measurement).
-    (
-        "dp_linreg_gd",
-        &[
-            req("label"),
-            req("features"),
-            req("epsilon"),
-            delta(),
-            with_default("iterations", Default::Number("100")),
-            with_default("clip", Default::Number("0.5")),
-            with_default("learning_rate", Default::Number("1")),
-            with_default("l2", Default::Number("0")),
-            with_default("fit_intercept", Default::Bool(true)),
-            with_default("mechanism", Default::Text("gaussian")),
-            with_default("feature_bound", Default::Number("1")),
-            with_default("label_bound", Default::Number("1")),
-            with_default("min_rows", Default::Number("10000")),
-        ],
-    ),
-    // Defaults: dpfusion_udfs::aggregates::dp_logreg_agd::DEFAULT_* (test
-    // `named_defaults_match_the_udaf` in tests/agd.rs keeps them equal).
-    (
-        "dp_logreg_agd",
-        &[
-            req("label"),
-            req("features"),
-            req("epsilon"),
-            delta(),
-            with_default("clip_grad", Default::Number("3")),
-            with_default("clip_obj", Default::Number("3")),
-            with_default("splits", Default::Number("20")),
-            with_default("gamma", Default::Number("0.1")),
-            with_default("l2", Default::Number("0.001")),
-            with_default("fit_intercept", Default::Bool(true)),
-            with_default("max_step", Default::Number("2")),
-        ],
-    ),
-    // Default: RgmMeanParams::DEFAULT_MIN_GROUP_SIZE (issue 5).
-    (
-        "rgm_mean_by",
-        &[
-            req("value"),
-            req("by"),
-            req("max_ratio"),
-            req("epsilon"),
-            delta(),
-            with_default("min_group_size", Default::Number("2")),
-        ],
-    ),
-];
-
-/// An optional parameter with its default.
-const fn with_default(name: &'static str, default: Default) -> Param {
-    Param { name, default }
-}
+/// The user-facing parameter lists, data arguments first, read from the one declaration of each
+/// aggregate ([`dpfusion_udfs::aggregates::registry`]). The hidden `neighbours` argument is not a
+/// user parameter: the guard sets it from the table's registration and the plan.
+pub static DP_FUNCTIONS: LazyLock<Vec<(&'static str, Vec<Param>)>> = LazyLock::new(|| {
+    AGGREGATES
+        .iter()
+        .filter(|a| !a.internal)
+        .map(|a| {
+            let mut params: Vec<Param> = a
+                .data
+                .iter()
+                .map(|d| Param {
+                    name: d.name,
+                    default: D::Required,
+                })
+                .collect();
+            params.extend(a.user_params().map(|p| Param {
+                name: p.name,
+                default: p.default,
+            }));
+            (a.name, params)
+        })
+        .collect()
+});
 
 /// The parameter list of a DP function (case-insensitive name), if it is one.
 pub fn dp_function_params(name: &str) -> Option<&'static [Param]> {
@@ -134,7 +54,7 @@ pub fn dp_function_params(name: &str) -> Option<&'static [Param]> {
     DP_FUNCTIONS
         .iter()
         .find(|(n, _)| *n == lower)
-        .map(|(_, p)| *p)
+        .map(|(_, p)| p.as_slice())
 }
 
 /// Rewrites every call of a DP function in `stmt` to full positional form.
@@ -206,7 +126,7 @@ fn names(params: &[Param]) -> String {
 
 fn default_expr(d: Default, default_delta: f64) -> Option<Expr> {
     Some(match d {
-        Default::Required => return None,
+        Default::Required | Default::Hidden => return None,
         Default::SessionDelta => Expr::value(Value::Number(format!("{default_delta:e}"), false)),
         Default::Number(s) => Expr::value(Value::Number(s.to_string(), false)),
         Default::Text(s) => Expr::value(Value::SingleQuotedString(s.to_string())),

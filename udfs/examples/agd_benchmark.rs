@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p dpfusion-udfs --example agd_benchmark -- [DATA_DIR] [options]
 //! ```
-//! DATA_DIR defaults to `../shared/data` and must hold `BANK.dat` and `IPUMS-BR.dat`
+//! DATA_DIR defaults to `data` and must hold `BANK.dat` and `IPUMS-BR.dat`
 //! (whitespace-separated, label last; the files are not in this repository). Options:
 //! - `--eps 0.1,0.4,1.6` (default; `--eps all` for the paper's grid 0.05 … 1.6);
 //! - `--runs R` runs per fold (default 2) and `--folds F` (default 5): R·F fits per cell;
@@ -190,7 +190,7 @@ struct Opts {
 
 fn parse_args() -> Result<Opts, String> {
     let mut o = Opts {
-        dir: "../shared/data".into(),
+        dir: "data".into(),
         eps: vec![0.1, 0.4, 1.6],
         runs: 2,
         folds: 5,

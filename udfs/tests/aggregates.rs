@@ -438,8 +438,8 @@ mod aggregates_sql {
                 "dp_count takes 2 to 4 arguments",
             ),
             (
-                "SELECT dp_partition_select(x, 1.0, 1e-6, 'replace') FROM t",
-                "dp_partition_select takes 2 to 3 arguments",
+                "SELECT dp_partition_select(x, 1.0, 1e-6, 'replace', 1) FROM t",
+                "dp_partition_select takes 2 to 4 arguments",
             ),
         ] {
             let e = ctx.sql(sql).await.expect_err(sql).to_string();

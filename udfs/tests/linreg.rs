@@ -434,15 +434,16 @@ async fn bad_input() {
         Arc::new(MemTable::try_new(lb.schema(), vec![vec![lb]]).unwrap()),
     )
     .unwrap();
-    let e = ctx
+    // A list of another length is skipped (counted as missing), never an error: an error that
+    // depends on a data value would be a 1-bit oracle on any predicate in the expression.
+    let out = ctx
         .sql("SELECT dp_linreg_gd(y, f, 1.0) FROM lists")
         .await
         .unwrap()
         .collect()
         .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("expected 2 values"), "{e}");
+        .unwrap();
+    assert_eq!(out[0].num_rows(), 1);
     // Non-numeric types: planning errors naming the argument.
     for (sql, needle) in [
         ("SELECT dp_linreg_gd(name, [y], 1.0) FROM lists", "`label`"),

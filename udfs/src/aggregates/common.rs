@@ -3,8 +3,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Result, plan_err};
+use datafusion::logical_expr::DocSection;
 use datafusion::logical_expr::function::AccumulatorArgs;
-use datafusion::logical_expr::{DocSection, Signature, Volatility};
 
 use super::accumulator::Finalise;
 use super::params::{Neighbours, literal_params};
@@ -26,17 +26,6 @@ pub(crate) enum DataArg {
     Numeric,
     /// Any type (only NULL-ness is read).
     Any,
-}
-
-/// A user-defined signature named `value` then `params` (named arguments work when every
-/// parameter up to the last one given is supplied); types are checked and coerced by
-/// [`coerce_args`], which gives errors that name the argument and the accepted types.
-pub(crate) fn dp_signature(params: &[&str]) -> Signature {
-    let mut names = vec!["value"];
-    names.extend_from_slice(params);
-    Signature::user_defined(Volatility::Volatile)
-        .with_parameter_names(names)
-        .expect("user-defined signatures accept parameter names")
 }
 
 /// Integers, floats, decimals (also dictionary-encoded), and NULL: what a numeric argument accepts.

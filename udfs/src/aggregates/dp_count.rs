@@ -2,80 +2,72 @@
 //! (and, for floating-point columns, non-NaN) values.
 //!
 //! Mechanism: the exact count is released once, in `evaluate`, by the Gaussian mechanism with
-//! sensitivity 1 and μ = gaussian_mu(ε, δ) (one row in or out, or one value turning NULL under
-//! `replace`, moves the count by 1), then rounded to the nearest integer and clamped at 0
-//! (post-processing). The result is Int64 and never negative.
-use std::sync::{Arc, LazyLock};
+//! μ = gaussian_mu(ε, δ), then rounded to the nearest integer and clamped at 0
+//! (post-processing). The result is Int64 and never negative. L2 sensitivity of the vector of
+//! per-group counts:
+//! - `add_remove`, `replace`, `replace_public_n`: 1 (one row in or out, or one value turning
+//!   NULL under `replace`, moves one group's count by 1);
+//! - `replace_private_keys`: √2 (the changed row can leave group a and join group b: c_a − 1 and
+//!   c_b + 1, so ‖Δc‖₂ = √(1² + 1²)). Rounding to the noise grid can then add a step to each of
+//!   the two counts, so σ = (√2 + √2·g)/μ ([`GaussianMechanism`], type docs). σ is √2 times the
+//!   `add_remove` one (test `replace_private_keys_sigma_ratios`).
+//!
+//! A call whose noise is not representable (σ above 2^1000 or its grid below 2^−1018: only for
+//! a δ so small that no Gaussian noise level meets it) is refused at planning, by the same
+//! constructor that the accountant's cost uses ([`CountRelease::new`]).
+use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array};
-use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::Result;
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::utils::AggregateOrderSensitivity;
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, GroupsAccumulator, Signature,
-};
+use datafusion::logical_expr::AggregateUDF;
 
-use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
-use super::common::{DOC_SECTION_DP, DataArg, Fin, call_literals, coerce_args, dp_signature};
+use super::accumulator::{Finalise, Partial, Shape};
+use super::adapter::{DpFunction, DpUdaf, Spec};
+use super::common::DataArg;
 use super::exact::{FixedPoint, release_exact};
-use super::params::{CountParams, plan_error};
+use super::params::{CountParams, SQRT_2_UP, representable};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
-use crate::privacy::PrivacyError;
-
-const SHAPE: Shape = Shape {
-    sum: false,
-    count: true,
-    rows: false,
-};
+use crate::privacy::{PrivacyError, gaussian_mu};
 
 /// The `dp_count` UDAF.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct DpCount {
-    signature: Signature,
-    /// Fixed noise seed, for reproducible tests only (Rust API; never reachable from SQL).
-    insecure_seed: Option<u64>,
-}
-
-impl Default for DpCount {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl DpCount {
-    pub const NAME: &'static str = "dp_count";
-
-    pub fn new() -> Self {
-        Self {
-            signature: dp_signature(&CountParams::NAMES),
-            insecure_seed: None,
-        }
-    }
-
-    /// INSECURE: noise from a fixed seed, for reproducible tests. Never register this in a
-    /// session that serves real queries.
-    pub fn with_insecure_seed(seed: u64) -> Self {
-        Self {
-            insecure_seed: Some(seed),
-            ..Self::new()
-        }
-    }
-
-    fn finaliser(&self, args: &AccumulatorArgs) -> Result<Fin> {
-        let lits = call_literals(Self::NAME, &CountParams::NAMES, args)?;
-        let p = CountParams::from_literals(&lits).map_err(|e| plan_error(Self::NAME, e))?;
-        Ok(Arc::new(
-            CountRelease::new(&p).map_err(|e| plan_error(Self::NAME, e))?,
-        ))
-    }
-}
+pub type DpCount = DpUdaf<CountParams>;
 
 /// `dp_count` as an [`AggregateUDF`].
 pub fn dp_count_udaf() -> AggregateUDF {
-    AggregateUDF::from(DpCount::new())
+    DpCount::udaf()
 }
+
+impl DpFunction for CountParams {
+    const NAME: &'static str = "dp_count";
+    fn spec() -> &'static Spec {
+        &SPEC
+    }
+}
+
+static SPEC: Spec = Spec {
+    data: DataArg::Any,
+    returns: DataType::Int64,
+    shape: Shape {
+        sum: false,
+        count: true,
+        rows: false,
+    },
+    release: |lits| {
+        Ok(Arc::new(CountRelease::new(&CountParams::from_literals(
+            lits,
+        )?)?))
+    },
+    description: "Differentially private count of the non-NULL values of `value` (NaN counts as \
+         NULL). The exact count is released once with discrete Gaussian noise of sensitivity 1 (√2 \
+         under 'replace_private_keys', where one changed row can leave one group and join \
+         another), calibrated so that the call is (epsilon, delta)-DP (μ = gaussian_mu(epsilon, \
+         delta)), then rounded to an integer and clamped at 0. Returns Int64, never negative.",
+    example: "SELECT job, dp_count(salary, 0.3) FROM salaries GROUP BY job;\n\
+         SELECT dp_count(value => salary, epsilon => 0.3, delta => 1e-6) FROM salaries;",
+    related: &["dp_sum", "dp_mean"],
+};
 
 /// The release of a `dp_count` call.
 #[derive(Debug, Clone)]
@@ -84,16 +76,28 @@ pub(crate) struct CountRelease {
 }
 
 impl CountRelease {
+    /// The calibration (module docs); also called by [`CountParams::cost`], so the accountant
+    /// refuses exactly what the planner refuses.
     pub fn new(p: &CountParams) -> Result<Self, PrivacyError> {
+        let build = |epsilon: f64| {
+            let mu = gaussian_mu(epsilon, p.delta)?;
+            if p.neighbours.moves_between_groups() {
+                // ‖Δc‖₂ = √2, rounding slack √2 grid steps (module docs).
+                GaussianMechanism::from_mu_with_slack(mu, SQRT_2_UP, SQRT_2_UP)
+            } else {
+                GaussianMechanism::from_mu(mu, 1.0) // |Δc| = 1
+            }
+        };
+        let delta = p.delta.to_string();
         Ok(Self {
-            mech: GaussianMechanism::from_mu(p.mu()?, 1.0)?,
+            mech: representable(p.epsilon, ("delta", &delta), build)?,
         })
     }
 }
 
 impl Finalise for CountRelease {
     fn shape(&self) -> Shape {
-        SHAPE
+        SPEC.shape
     }
     fn fixed_point(&self) -> Option<FixedPoint> {
         None
@@ -109,78 +113,3 @@ impl Finalise for CountRelease {
         Ok(Arc::new(Int64Array::from(out)))
     }
 }
-
-impl AggregateUDFImpl for DpCount {
-    fn name(&self) -> &str {
-        Self::NAME
-    }
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_args(Self::NAME, DataArg::Any, &CountParams::NAMES, 1, arg_types)
-    }
-    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Int64)
-    }
-    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Ok(Box::new(DpAccumulator::new(
-            self.finaliser(&args)?,
-            self.insecure_seed,
-        )?))
-    }
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        Ok(SHAPE.state_fields(args.name))
-    }
-    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
-        !args.is_distinct
-    }
-    fn create_groups_accumulator(
-        &self,
-        args: AccumulatorArgs,
-    ) -> Result<Box<dyn GroupsAccumulator>> {
-        Ok(Box::new(DpGroups::new(
-            self.finaliser(&args)?,
-            self.insecure_seed,
-        )?))
-    }
-    /// The result does not depend on row order (exact integer partials).
-    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
-        AggregateOrderSensitivity::Insensitive
-    }
-    fn documentation(&self) -> Option<&Documentation> {
-        Some(&DOC)
-    }
-}
-
-static DOC: LazyLock<Documentation> = LazyLock::new(|| {
-    Documentation::builder(
-        DOC_SECTION_DP,
-        "Differentially private count of the non-NULL values of `value` (NaN counts as NULL). \
-         The exact count is released once with discrete Gaussian noise of sensitivity 1, \
-         calibrated so that the call is (epsilon, delta)-DP (μ = gaussian_mu(epsilon, delta)), \
-         then rounded to an integer and clamped at 0. Returns Int64, never negative.",
-        "dp_count(value, epsilon[, delta])",
-    )
-    .with_argument(
-        "value",
-        "Column of any type; only NULL-ness (and NaN) is read.",
-    )
-    .with_argument("epsilon", "Literal ε > 0 (finite).")
-    .with_argument(
-        "delta",
-        "Literal δ in (0, 1); defaults to the session's dpfusion.default_delta (1e-7).",
-    )
-    .with_argument(
-        "neighbours",
-        "Hidden: 'add_remove' (default), 'replace' or 'replace_public_n'; sensitivity is 1 in \
-         every case. Set by the dpfusion session; users never write it.",
-    )
-    .with_sql_example(
-        "SELECT job, dp_count(salary, 0.3) FROM salaries GROUP BY job;\n\
-         SELECT dp_count(value => salary, epsilon => 0.3, delta => 1e-6) FROM salaries;",
-    )
-    .with_related_udf("dp_sum")
-    .with_related_udf("dp_mean")
-    .build()
-});

@@ -14,6 +14,17 @@
 //!   `feature_bound`, labels to `label_bound`, `l2` > 0), only where n is public
 //!   (`replace_public_n`); recorded as `Rgm { σ, γ_acc(min_rows), p, T }`.
 //!
+//! Neighbours: `replace` and `replace_private_keys` calibrate alike (gradient sensitivity
+//! 2·clip, count sensitivity 1; the argument for a row that moves between groups is in
+//! [`crate::optim::linreg`], "Privacy"); `'rgm'` needs `replace_public_n` and refuses the others.
+//!
+//! Bad rows never fail the query (an error that depends on data is a 1-bit oracle on any
+//! predicate the analyst writes into `label` or `features`): a row with a NULL/NaN label or
+//! feature, or a feature list of the wrong length, is skipped and counts as missing
+//! ([`crate::optim::rows`]). Errors are raised only at planning, from types and literals.
+//! A noise scale that is not representable (e.g. `clip => 1e308`) is refused at planning, in the
+//! cost and in the accumulator alike ([`LinregParams::gaussian`]).
+//!
 //! Parameter defaults (chosen by measurement, README "Linear regression"): iterations 100, clip 0.5,
 //! learning_rate 1, l2 0, fit_intercept true, mechanism 'gaussian', feature_bound 1,
 //! label_bound 1, min_rows 10000.
@@ -30,7 +41,8 @@ use datafusion::logical_expr::{
 
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
 use super::params::{
-    Neighbours, boolean, delta_at, epsilon_at, literal_params, number, plan_error, text,
+    Neighbours, boolean, delta_at, epsilon_at, literal_params, number, plan_error, representable,
+    text,
 };
 use crate::noise::SecureRng;
 use crate::optim::linreg::{
@@ -217,18 +229,24 @@ impl LinregParams {
         gaussian_mu(self.epsilon, self.delta)
     }
 
-    /// The `'gaussian'` kernel.
+    /// The `'gaussian'` kernel. Used by both [`Self::cost`] and the accumulator, so the
+    /// accountant refuses exactly what execution would: a noise that is not representable
+    /// fails with the range of epsilon (or clip) that works ([`representable`]).
+    /// `replace_private_keys` calibrates as `replace` ([`crate::optim::linreg`], "Privacy").
     pub fn gaussian(&self) -> Result<GaussianGd, PrivacyError> {
-        GaussianGd::new(
-            self.mu()?,
-            self.iterations,
-            self.clip,
-            self.learning_rate,
-            self.l2,
-            self.fit_intercept,
-            self.neighbours.is_replace(),
-            self.neighbours == Neighbours::ReplacePublicN,
-        )
+        let clip = self.clip.to_string();
+        representable(self.epsilon, ("clip", &clip), |epsilon| {
+            GaussianGd::new(
+                gaussian_mu(epsilon, self.delta)?,
+                self.iterations,
+                self.clip,
+                self.learning_rate,
+                self.l2,
+                self.fit_intercept,
+                self.neighbours.is_replace(),
+                self.neighbours == Neighbours::ReplacePublicN,
+            )
+        })
     }
 
     /// The `'rgm'` kernel for `dims` features: σ calibrated by bisection on the composed RGM
@@ -501,16 +519,17 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
          mechanism (Hendrikx, Mangold, Bellet 2024) on the ridge gradient with rows clipped to \
          `feature_bound` and labels to `label_bound`; needs l2 > 0 and a table with replace \
          neighbours, no filter and public GROUP BY keys (n public); groups with fewer than \
-         `min_rows` rows get NULL. Rows with a NULL or NaN label or feature are skipped; \
-         feature lists of the wrong length fail the query before any noise is drawn. Scale \
-         features to about [-1, 1].",
+         `min_rows` rows get NULL. Rows with a NULL or NaN label or feature, or a feature list \
+         of the wrong length, are skipped (counted as missing; no data value ever fails the \
+         query). Scale features to about [-1, 1].",
         "dp_linreg_gd(label, features, epsilon[, delta[, iterations[, clip[, learning_rate[, \
          l2[, fit_intercept[, mechanism[, feature_bound[, label_bound[, min_rows]]]]]]]]]])",
     )
     .with_argument("label", "Numeric column: the value to predict.")
     .with_argument(
         "features",
-        "List of numeric columns: [x1, x2] or make_array(x1, x2) (its length fixes the model).",
+        "List of numeric columns: [x1, x2] or make_array(x1, x2) (its length fixes the model; \
+         rows whose list has another length are skipped).",
     )
     .with_argument("epsilon", "Literal ε > 0 for the whole fit.")
     .with_argument(
@@ -553,8 +572,10 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     )
     .with_argument(
         "neighbours",
-        "Hidden: 'add_remove' (default), 'replace' or 'replace_public_n'. Set by the dpfusion \
-         session from the table's registration; users never write it.",
+        "Hidden: 'add_remove' (default), 'replace', 'replace_public_n' or \
+         'replace_private_keys' ('gaussian' calibrates the last as 'replace'; 'rgm' needs \
+         'replace_public_n'). Set by the dpfusion session from the table's registration and \
+         the plan; users never write it.",
     )
     .with_sql_example(
         "CREATE TABLE m AS SELECT dp_linreg_gd(cost, [age, bmi, bp, chol, smoker], epsilon => 1) \

@@ -3,13 +3,18 @@
 //! 2018) with the corrections of research/dpagd.md §4–5; the algorithm and its privacy argument
 //! are in [`crate::optim::agd`].
 //!
-//! - `label`: 0/1 (any numeric type) or Boolean. Any other value fails the query with an error
-//!   that does not name the row. NULL/NaN rows are skipped ([`crate::optim::rows`]).
-//! - `features`: a list of numbers (`[x1, x2]`, `make_array(...)`, a list column); every row must
-//!   have the same length (checked while reading, before any noise).
+//! - `label`: 0/1 (any numeric type) or Boolean. A row whose label is anything else, NULL or NaN
+//!   is skipped and counts as missing ([`crate::optim::rows`]): no data value fails the query
+//!   (an error that depends on data would be a 1-bit oracle on any predicate written into the
+//!   label expression, e.g. `CASE WHEN name = 'x' THEN 2 ELSE y END`).
+//! - `features`: a list of numbers (`[x1, x2]`, `make_array(...)`, a list column); a row whose
+//!   list has another length than the model's (fixed by the query, or else by the first usable
+//!   row) is skipped likewise. Wrong types fail at planning.
 //! - Cost: ρ = `zcdp_rho(epsilon, delta)` (tight CKS inverse), recorded as `Event::Zcdp { rho }`;
 //!   the call is (epsilon, delta)-DP. Under the table's `replace` neighbours (the hidden trailing
-//!   `neighbours` literal the session appends) the gradient and score sensitivities double.
+//!   `neighbours` literal the session appends: 'replace', 'replace_public_n' or
+//!   'replace_private_keys') the gradient and score sensitivities double; a row that moves
+//!   between groups is covered by that calibration ([`crate::optim::agd`], "Neighbours").
 //! - Returns the model struct ([`crate::optim::model`]) with `mechanism = 'agd'`; `iterations` is
 //!   the number of accepted steps (post-processing of the DP transcript).
 //!
@@ -421,8 +426,9 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     )
     .with_argument(
         "neighbours",
-        "Hidden: 'add_remove' (default), 'replace' or 'replace_public_n'. Set by the dpfusion \
-         session from the table's registration; users never write it.",
+        "Hidden: 'add_remove' (default), 'replace', 'replace_public_n' or \
+         'replace_private_keys' (the three replace modes calibrate alike). Set by the dpfusion \
+         session from the table's registration and the plan; users never write it.",
     )
     .with_sql_example(
         "SELECT dp_logreg_agd(disease, [age, bmi, bp, chol, smoker], 1.0, 1e-6) AS model \

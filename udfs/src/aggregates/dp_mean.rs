@@ -19,6 +19,25 @@
 //! μ_s² : μ_c² = Δ_s : h. Under `add_remove` (Δ_s = h) this is μ_s = μ_c = μ/√2; under
 //! `replace` (Δ_s = 2h) it is μ_s² = 2μ²/3, μ_c² = μ²/3.
 //!
+//! # `replace_private_keys`: the `replace` calibration, which covers a move between groups
+//! Under `replace_private_keys` the changed row can leave group a and join group b, changing
+//! both groups' (centred sum, count) pairs; the call uses the `replace` split and sensitivities,
+//! with one more grid step of rounding slack on the sum (σ_s = (Δ_s + 2g)/μ_s).
+//!
+//! *Proof that this stays within μ.* All releases of all groups are Gaussian, so the call is
+//! μ'-GDP with μ'² = Σ over released coordinates of (change/σ)² (Dong, Roth, Su 2019, Cor. 3.3,
+//! applied to the vector of releases). Write h = (upper − lower)/2 (the largest |v − c|), so
+//! Δ_s = 2h, σ_s = (2h + 2g)/μ_s, σ_c ≥ (1 + g_c)/μ_c, and each rounded coordinate moves by at
+//! most its change plus one grid step. (i) The row stays in its group: the sum moves by ≤ 2h
+//! and the count by 0, or (to/from NULL) the sum by ≤ h and the count by 1, so
+//! μ'² ≤ max(μ_s², μ_s²/4 + μ_c²) ≤ μ_s² + μ_c². (ii) The row moves from a to b: each of the two
+//! sums moves by ≤ h (+ g) and each count by 1 (+ g_c, or 0 if the row is NULL on that side),
+//! so μ'² ≤ 2·((h + g)/σ_s)² + 2·((1 + g_c)/σ_c)² ≤ 2·(μ_s/2)² + 2·μ_c² = μ_s²/2 + 2μ_c².
+//! With the `replace` split μ_s² = 2μ²/3, μ_c² = μ²/3 this is μ²/3 + 2μ²/3 = μ² (both shares
+//! shrunk by [`SPLIT_SHRINK`], so it is at most μ² after rounding). Both cases are within the
+//! call's μ = gaussian_mu(ε, δ): the charge `Gaussian { μ }` is unchanged and the noise is the
+//! `replace` noise (up to the one grid step, ≤ 2^−20 relative).
+//!
 //! # `replace_public_n`: noisy sum over the public n
 //! The session sets this mode only when the number n of rows reaching the aggregate is public
 //! (replace neighbours, no filter between scan and aggregate, public group keys). All of μ goes
@@ -31,77 +50,64 @@
 //! 1e6/(μ·n) = 805.76.
 //!
 //! lower = upper: every clamped value equals the bound, and the bound is returned exactly.
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array};
-use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::Result;
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::utils::AggregateOrderSensitivity;
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, GroupsAccumulator, Signature,
-};
+use datafusion::logical_expr::AggregateUDF;
 
-use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
-use super::common::{DOC_SECTION_DP, DataArg, Fin, call_literals, coerce_args, dp_signature};
+use super::accumulator::{Finalise, Partial, Shape};
+use super::adapter::{DpFunction, DpUdaf, Spec};
+use super::common::DataArg;
 use super::exact::{FixedPoint, pow2, release_exact};
-use super::params::{MeanParams, Neighbours, plan_error};
+use super::params::{MeanParams, Neighbours, representable};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
-use crate::privacy::PrivacyError;
-
-const SHAPE: Shape = Shape {
-    sum: true,
-    count: true,
-    rows: true,
-};
+use crate::privacy::{PrivacyError, gaussian_mu};
 
 /// The `dp_mean` UDAF.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct DpMean {
-    signature: Signature,
-    /// Fixed noise seed, for reproducible tests only (Rust API; never reachable from SQL).
-    insecure_seed: Option<u64>,
-}
-
-impl Default for DpMean {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl DpMean {
-    pub const NAME: &'static str = "dp_mean";
-
-    pub fn new() -> Self {
-        Self {
-            signature: dp_signature(&MeanParams::NAMES),
-            insecure_seed: None,
-        }
-    }
-
-    /// INSECURE: noise from a fixed seed, for reproducible tests. Never register this in a
-    /// session that serves real queries.
-    pub fn with_insecure_seed(seed: u64) -> Self {
-        Self {
-            insecure_seed: Some(seed),
-            ..Self::new()
-        }
-    }
-
-    fn finaliser(&self, args: &AccumulatorArgs) -> Result<Fin> {
-        let lits = call_literals(Self::NAME, &MeanParams::NAMES, args)?;
-        let p = MeanParams::from_literals(&lits).map_err(|e| plan_error(Self::NAME, e))?;
-        Ok(Arc::new(
-            MeanRelease::new(&p).map_err(|e| plan_error(Self::NAME, e))?,
-        ))
-    }
-}
+pub type DpMean = DpUdaf<MeanParams>;
 
 /// `dp_mean` as an [`AggregateUDF`].
 pub fn dp_mean_udaf() -> AggregateUDF {
-    AggregateUDF::from(DpMean::new())
+    DpMean::udaf()
 }
+
+impl DpFunction for MeanParams {
+    const NAME: &'static str = "dp_mean";
+    fn spec() -> &'static Spec {
+        &SPEC
+    }
+}
+
+static SPEC: Spec = Spec {
+    data: DataArg::Numeric,
+    returns: DataType::Float64,
+    shape: Shape {
+        sum: true,
+        count: true,
+        rows: true,
+    },
+    release: |lits| {
+        Ok(Arc::new(MeanRelease::new(&MeanParams::from_literals(
+            lits,
+        )?)?))
+    },
+    description: "Differentially private mean of the values clamped to [lower, upper]; the result \
+         is always within [lower, upper]. Under add/remove (default) and replace neighbours: a \
+         noisy sum of (clamped value − midpoint) over a noisy count of non-NULL values, the two \
+         Gaussian releases sharing the call's μ = gaussian_mu(epsilon, delta) so that the call is \
+         (epsilon, delta)-DP; result = midpoint + sum / max(count, 1), clamped. Under \
+         'replace_public_n' (public row count n, set by the session): all of μ on the sum \
+         (sensitivity upper − lower), NULL/NaN imputed with the midpoint, result = sum / n (NULL \
+         when n = 0). Under 'replace_private_keys' (a changed row can move between groups) the \
+         replace calibration is used: it covers both groups' changes within μ. NULL and NaN values \
+         are skipped otherwise; ±infinity is clamped. Bounds or an epsilon whose noise is not \
+         representable fail at planning with the range that works.",
+    example: "SELECT job, dp_mean(salary, 0, 1000000, 0.5, 1e-6) FROM salaries GROUP BY job;",
+    related: &["dp_sum", "dp_count"],
+};
 
 /// Calibrations are rounded outward: the split μ's are shrunk by this factor so that
 /// μ_s² + μ_c² ≤ μ² despite floating-point rounding.
@@ -119,8 +125,17 @@ pub(crate) struct MeanRelease {
 }
 
 impl MeanRelease {
+    /// The calibration (module docs); also called by [`MeanParams::cost`], so the accountant
+    /// refuses exactly what the planner refuses. A noise that is not representable fails with
+    /// the range of epsilon (or of the bounds) that works.
     pub fn new(p: &MeanParams) -> Result<Self, PrivacyError> {
-        let mu = p.mu()?;
+        let bounds = format!("{} (lower {})", p.upper, p.lower);
+        representable(p.epsilon, ("upper", &bounds), |epsilon| {
+            Self::at(p, gaussian_mu(epsilon, p.delta)?)
+        })
+    }
+
+    fn at(p: &MeanParams, mu: f64) -> Result<Self, PrivacyError> {
         let fp = FixedPoint::new(p.lower, p.upper);
         // Centred values 2x − (lo + hi) in half-units q/2 lie in [−w, w].
         let w = fp.width();
@@ -133,14 +148,19 @@ impl MeanRelease {
                     sum_mech = Some(GaussianMechanism::from_mu(mu, 2.0 * h * half_unit)?);
                 }
                 nb => {
-                    let ds = if nb == Neighbours::Replace {
-                        2.0 * h
-                    } else {
-                        h
-                    };
+                    // Δ_s = h (add/remove) or 2h (replace modes), in half-units (module docs).
+                    let ds = if nb.is_replace() { 2.0 * h } else { h };
+                    // Minimax split μ_s² : μ_c² = Δ_s : h (module docs), rounded down.
                     let mu_s = mu * (ds / (ds + h)).sqrt() * SPLIT_SHRINK;
                     let mu_c = mu * (h / (ds + h)).sqrt() * SPLIT_SHRINK;
-                    sum_mech = Some(GaussianMechanism::from_mu(mu_s, ds * half_unit)?);
+                    // Rounding slack: one grid step, two when a row can move between groups
+                    // (σ_s = (2h + 2g)/μ_s, module docs, proof (ii)).
+                    let slack = if nb.moves_between_groups() { 2.0 } else { 1.0 };
+                    sum_mech = Some(GaussianMechanism::from_mu_with_slack(
+                        mu_s,
+                        ds * half_unit,
+                        slack,
+                    )?);
                     count_mech = Some(GaussianMechanism::from_mu(mu_c, 1.0)?);
                 }
             }
@@ -184,7 +204,7 @@ impl MeanRelease {
 
 impl Finalise for MeanRelease {
     fn shape(&self) -> Shape {
-        SHAPE
+        SPEC.shape
     }
     fn fixed_point(&self) -> Option<FixedPoint> {
         Some(self.fp)
@@ -197,92 +217,3 @@ impl Finalise for MeanRelease {
         Ok(Arc::new(Float64Array::from(out)))
     }
 }
-
-impl AggregateUDFImpl for DpMean {
-    fn name(&self) -> &str {
-        Self::NAME
-    }
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_args(
-            Self::NAME,
-            DataArg::Numeric,
-            &MeanParams::NAMES,
-            3,
-            arg_types,
-        )
-    }
-    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Float64)
-    }
-    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Ok(Box::new(DpAccumulator::new(
-            self.finaliser(&args)?,
-            self.insecure_seed,
-        )?))
-    }
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        Ok(SHAPE.state_fields(args.name))
-    }
-    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
-        !args.is_distinct
-    }
-    fn create_groups_accumulator(
-        &self,
-        args: AccumulatorArgs,
-    ) -> Result<Box<dyn GroupsAccumulator>> {
-        Ok(Box::new(DpGroups::new(
-            self.finaliser(&args)?,
-            self.insecure_seed,
-        )?))
-    }
-    /// The result does not depend on row order (exact integer partials).
-    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
-        AggregateOrderSensitivity::Insensitive
-    }
-    fn documentation(&self) -> Option<&Documentation> {
-        Some(&DOC)
-    }
-}
-
-static DOC: LazyLock<Documentation> = LazyLock::new(|| {
-    Documentation::builder(
-        DOC_SECTION_DP,
-        "Differentially private mean of the values clamped to [lower, upper]; the result is \
-         always within [lower, upper]. Under add/remove (default) and replace neighbours: a \
-         noisy sum of (clamped value − midpoint) over a noisy count of non-NULL values, the two \
-         Gaussian releases sharing the call's μ = gaussian_mu(epsilon, delta) so that the call \
-         is (epsilon, delta)-DP; result = midpoint + sum / max(count, 1), clamped. Under \
-         'replace_public_n' (public row count n, set by the session): all of μ on the sum \
-         (sensitivity upper − lower), NULL/NaN imputed with the midpoint, result = sum / n \
-         (NULL when n = 0). NULL and NaN values are skipped otherwise; ±infinity is clamped.",
-        "dp_mean(value, lower, upper, epsilon[, delta])",
-    )
-    .with_argument(
-        "value",
-        "Numeric column (integers, floats, decimals; cast to Float64).",
-    )
-    .with_argument(
-        "lower",
-        "Finite literal, lower clamping bound (lower ≤ upper).",
-    )
-    .with_argument("upper", "Finite literal, upper clamping bound.")
-    .with_argument("epsilon", "Literal ε > 0 (finite).")
-    .with_argument(
-        "delta",
-        "Literal δ in (0, 1); defaults to the session's dpfusion.default_delta (1e-7).",
-    )
-    .with_argument(
-        "neighbours",
-        "Hidden: 'add_remove' (default), 'replace' or 'replace_public_n'. Set by the dpfusion \
-         session from the table's registration; users never write it.",
-    )
-    .with_sql_example(
-        "SELECT job, dp_mean(salary, 0, 1000000, 0.5, 1e-6) FROM salaries GROUP BY job;",
-    )
-    .with_related_udf("dp_sum")
-    .with_related_udf("dp_count")
-    .build()
-});

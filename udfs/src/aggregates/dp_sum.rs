@@ -7,81 +7,76 @@
 //! units, times q):
 //! - `add_remove`: max(|lo|, |hi|) ≈ max(|lower|, |upper|) (one row in or out);
 //! - `replace`, `replace_public_n`: max(hi − lo, |lo|, |hi|) (a value changes anywhere in the
-//!   range, or to/from NULL).
+//!   range, or to/from NULL);
+//! - `replace_private_keys`: max(hi − lo, ⌈√2·max(|lo|, |hi|)⌉), the L2 sensitivity of the vector
+//!   of per-group sums. The changed row either stays in its group (|x − x'| ≤ hi − lo, or
+//!   |x| ≤ max(|lo|, |hi|) to/from NULL) or leaves group a with x and joins group b with x'
+//!   (‖Δ‖₂ = √(x² + x'²) ≤ √2·max(|lo|, |hi|)). ⌈√2·m⌉ is computed exactly in integers
+//!   ([`ceil_sqrt2_times`]). Rounding to the noise grid can add a step to each of the two sums,
+//!   so σ = (Δ + √2·g)/μ ([`GaussianMechanism`], type docs).
+//!
+//! A call whose noise is not representable (σ = Δ/μ above 2^1000, e.g. bounds ±1e308, or below
+//! 2^−990, e.g. bounds ±1e-300 at a large ε) is refused at planning with an error naming the
+//! argument to change, by the same constructor that the accountant's cost uses
+//! ([`SumRelease::new`]); no charge is made.
 //!
 //! When lower = upper = 0 every clamped value is 0, the sum is identically 0, and 0 is returned
 //! without noise (a constant is private).
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array};
-use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::Result;
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::utils::AggregateOrderSensitivity;
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, GroupsAccumulator, Signature,
-};
+use datafusion::logical_expr::AggregateUDF;
 
-use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
-use super::common::{DOC_SECTION_DP, DataArg, Fin, call_literals, coerce_args, dp_signature};
+use super::accumulator::{Finalise, Partial, Shape};
+use super::adapter::{DpFunction, DpUdaf, Spec};
+use super::common::DataArg;
 use super::exact::{FixedPoint, release_exact};
-use super::params::{SumParams, plan_error};
+use super::params::{Neighbours, SQRT_2_UP, SumParams, representable};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
-use crate::privacy::PrivacyError;
-
-const SHAPE: Shape = Shape {
-    sum: true,
-    count: false,
-    rows: false,
-};
+use crate::privacy::{PrivacyError, gaussian_mu};
 
 /// The `dp_sum` UDAF.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct DpSum {
-    signature: Signature,
-    /// Fixed noise seed, for reproducible tests only (Rust API; never reachable from SQL).
-    insecure_seed: Option<u64>,
-}
-
-impl Default for DpSum {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl DpSum {
-    pub const NAME: &'static str = "dp_sum";
-
-    pub fn new() -> Self {
-        Self {
-            signature: dp_signature(&SumParams::NAMES),
-            insecure_seed: None,
-        }
-    }
-
-    /// INSECURE: noise from a fixed seed, for reproducible tests. Never register this in a
-    /// session that serves real queries.
-    pub fn with_insecure_seed(seed: u64) -> Self {
-        Self {
-            insecure_seed: Some(seed),
-            ..Self::new()
-        }
-    }
-
-    fn finaliser(&self, args: &AccumulatorArgs) -> Result<Fin> {
-        let lits = call_literals(Self::NAME, &SumParams::NAMES, args)?;
-        let p = SumParams::from_literals(&lits).map_err(|e| plan_error(Self::NAME, e))?;
-        Ok(Arc::new(
-            SumRelease::new(&p).map_err(|e| plan_error(Self::NAME, e))?,
-        ))
-    }
-}
+pub type DpSum = DpUdaf<SumParams>;
 
 /// `dp_sum` as an [`AggregateUDF`].
 pub fn dp_sum_udaf() -> AggregateUDF {
-    AggregateUDF::from(DpSum::new())
+    DpSum::udaf()
 }
+
+impl DpFunction for SumParams {
+    const NAME: &'static str = "dp_sum";
+    fn spec() -> &'static Spec {
+        &SPEC
+    }
+}
+
+static SPEC: Spec = Spec {
+    data: DataArg::Numeric,
+    returns: DataType::Float64,
+    shape: Shape {
+        sum: true,
+        count: false,
+        rows: false,
+    },
+    release: |lits| Ok(Arc::new(SumRelease::new(&SumParams::from_literals(lits)?)?)),
+    description: "Differentially private sum. Each non-NULL, non-NaN value is clamped to [lower, \
+         upper] (±infinity included) and mapped to a fixed-point integer on a power-of-two grid, \
+         so the exact sum does not depend on row order or partitioning. The sum is released once \
+         with discrete Gaussian noise calibrated so that the call is (epsilon, delta)-DP (one \
+         μ-GDP release, μ = gaussian_mu(epsilon, delta)). Sensitivity: max(|lower|, |upper|) under \
+         add/remove neighbours; max(upper − lower, |lower|, |upper|) under replace neighbours; \
+         max(upper − lower, √2·max(|lower|, |upper|)) under replace neighbours with a private \
+         GROUP BY key (a changed row can leave one group and join another). Bounds or an epsilon \
+         whose noise is not representable (σ above 2^1000 or below 2^-990) fail at planning with \
+         the range that works. Returns Float64; an empty input releases noise around 0.",
+    example: "SELECT dp_sum(salary, 0, 200000, 0.5) FROM salaries;\n\
+         SELECT dp_sum(value => salary, lower => 0, upper => 200000, epsilon => 0.5, \
+         delta => 1e-6) FROM salaries;",
+    related: &["dp_count", "dp_mean"],
+};
 
 /// The release of a `dp_sum` call.
 #[derive(Debug, Clone)]
@@ -91,27 +86,48 @@ pub(crate) struct SumRelease {
     pub mech: Option<GaussianMechanism>,
 }
 
+/// ⌈√2·m⌉ for m ≥ 0, exactly: the smallest k with k² ≥ 2m² (integer square root; m ≤ 2^40, so
+/// 2m² ≤ 2^81 fits in `u128`).
+pub(crate) fn ceil_sqrt2_times(m: i64) -> i64 {
+    let t = 2 * (m.unsigned_abs() as u128).pow(2);
+    let k = t.isqrt();
+    (if k * k < t { k + 1 } else { k }) as i64
+}
+
 impl SumRelease {
+    /// The calibration (module docs); also called by [`SumParams::cost`], so the accountant
+    /// refuses exactly what the planner refuses.
     pub fn new(p: &SumParams) -> Result<Self, PrivacyError> {
-        let mu = p.mu()?;
         let fp = FixedPoint::new(p.lower, p.upper);
-        let units = if p.neighbours.is_replace() {
-            fp.width().max(fp.max_abs())
-        } else {
-            fp.max_abs()
+        // Sensitivity in grid units (module docs) and the rounding slack in grid steps.
+        let (units, slack) = match p.neighbours {
+            Neighbours::AddRemove => (fp.max_abs(), 1.0),
+            Neighbours::Replace | Neighbours::ReplacePublicN => (fp.width().max(fp.max_abs()), 1.0),
+            Neighbours::ReplacePrivateKeys => {
+                (fp.width().max(ceil_sqrt2_times(fp.max_abs())), SQRT_2_UP)
+            }
         };
-        let mech = if units == 0 {
-            None
-        } else {
-            Some(GaussianMechanism::from_mu(mu, units as f64 * fp.step())?)
+        if units == 0 {
+            return Ok(Self { fp, mech: None });
+        }
+        // units ≤ 2^41 and q = 2^e: the product is exact, or +∞ (refused by the mechanism).
+        let sensitivity = units as f64 * fp.step();
+        let build = |epsilon: f64| {
+            let mu = gaussian_mu(epsilon, p.delta)?;
+            GaussianMechanism::from_mu_with_slack(mu, sensitivity, slack)
         };
-        Ok(Self { fp, mech })
+        let bounds = format!("{} (lower {})", p.upper, p.lower);
+        let mech = representable(p.epsilon, ("upper", &bounds), build)?;
+        Ok(Self {
+            fp,
+            mech: Some(mech),
+        })
     }
 }
 
 impl Finalise for SumRelease {
     fn shape(&self) -> Shape {
-        SHAPE
+        SPEC.shape
     }
     fn fixed_point(&self) -> Option<FixedPoint> {
         Some(self.fp)
@@ -127,86 +143,3 @@ impl Finalise for SumRelease {
         Ok(Arc::new(Float64Array::from(out)))
     }
 }
-
-impl AggregateUDFImpl for DpSum {
-    fn name(&self) -> &str {
-        Self::NAME
-    }
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_args(
-            Self::NAME,
-            DataArg::Numeric,
-            &SumParams::NAMES,
-            3,
-            arg_types,
-        )
-    }
-    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Float64)
-    }
-    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Ok(Box::new(DpAccumulator::new(
-            self.finaliser(&args)?,
-            self.insecure_seed,
-        )?))
-    }
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        Ok(SHAPE.state_fields(args.name))
-    }
-    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
-        !args.is_distinct
-    }
-    fn create_groups_accumulator(
-        &self,
-        args: AccumulatorArgs,
-    ) -> Result<Box<dyn GroupsAccumulator>> {
-        Ok(Box::new(DpGroups::new(
-            self.finaliser(&args)?,
-            self.insecure_seed,
-        )?))
-    }
-    /// The result does not depend on row order (exact integer partials).
-    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
-        AggregateOrderSensitivity::Insensitive
-    }
-    fn documentation(&self) -> Option<&Documentation> {
-        Some(&DOC)
-    }
-}
-
-static DOC: LazyLock<Documentation> = LazyLock::new(|| {
-    Documentation::builder(
-        DOC_SECTION_DP,
-        "Differentially private sum. Each non-NULL, non-NaN value is clamped to [lower, upper] \
-         (±infinity included) and mapped to a fixed-point integer on a power-of-two grid, so the \
-         exact sum does not depend on row order or partitioning. The sum is released once with \
-         discrete Gaussian noise calibrated so that the call is (epsilon, delta)-DP (one μ-GDP \
-         release, μ = gaussian_mu(epsilon, delta)). Sensitivity: max(|lower|, |upper|) under \
-         add/remove neighbours; max(upper − lower, |lower|, |upper|) under replace neighbours. \
-         Returns Float64; an empty input releases noise around 0.",
-        "dp_sum(value, lower, upper, epsilon[, delta])",
-    )
-    .with_argument("value", "Numeric column (integers, floats, decimals; cast to Float64).")
-    .with_argument("lower", "Finite literal, lower clamping bound (lower ≤ upper).")
-    .with_argument("upper", "Finite literal, upper clamping bound.")
-    .with_argument("epsilon", "Literal ε > 0 (finite).")
-    .with_argument(
-        "delta",
-        "Literal δ in (0, 1); defaults to the session's dpfusion.default_delta (1e-7).",
-    )
-    .with_argument(
-        "neighbours",
-        "Hidden: 'add_remove' (default), 'replace' or 'replace_public_n'. Set by the dpfusion \
-         session from the table's registration; users never write it.",
-    )
-    .with_sql_example(
-        "SELECT dp_sum(salary, 0, 200000, 0.5) FROM salaries;\n\
-         SELECT dp_sum(value => salary, lower => 0, upper => 200000, epsilon => 0.5, delta => 1e-6) FROM salaries;",
-    )
-    .with_related_udf("dp_count")
-    .with_related_udf("dp_mean")
-    .build()
-});

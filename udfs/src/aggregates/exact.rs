@@ -221,7 +221,11 @@ pub fn release_exact(
     units: i128,
     unit_exp: i32,
 ) -> Result<f64> {
-    let noise = mech.release(rng, 0.0);
+    // Fails (never panics) when the scale is outside the sampler's range; the release
+    // constructors refuse such a scale at planning, so this is a second line of defence.
+    let noise = mech
+        .release(rng, 0.0)
+        .map_err(|e| DataFusionError::Internal(e.to_string()))?;
     let Some(g_exp) = exact_log2(mech.granularity) else {
         return Err(DataFusionError::Internal(format!(
             "Gaussian mechanism grid {} is not a power of two",

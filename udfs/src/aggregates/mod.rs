@@ -26,6 +26,7 @@ use datafusion::logical_expr::AggregateUDF;
 use crate::privacy::{Event, PrivacyError};
 
 pub mod accumulator;
+pub mod adapter;
 mod common;
 pub mod dp_count;
 pub mod dp_linreg_gd;
@@ -35,6 +36,7 @@ pub mod dp_sum;
 pub mod exact;
 pub mod params;
 pub mod partition_select;
+pub mod registry;
 pub mod rgm_mean_by;
 
 pub use accumulator::Partial;
@@ -49,29 +51,14 @@ pub use params::{
 pub use partition_select::{DpPartitionSelect, dp_partition_select_udaf};
 pub use rgm_mean_by::{RgmMeanBy, RgmMeanParams, rgm_mean_by_udaf};
 
-/// Every dpfusion DP aggregate.
+/// Every dpfusion DP aggregate ([`registry::AGGREGATES`]).
 pub fn all_udafs() -> Vec<AggregateUDF> {
-    vec![
-        dp_count_udaf(),
-        dp_sum_udaf(),
-        dp_mean_udaf(),
-        dp_partition_select_udaf(),
-        dp_linreg_gd_udaf(),
-        dp_logreg_agd_udaf(),
-        rgm_mean_by_udaf(),
-    ]
+    registry::AGGREGATES.iter().map(|a| (a.udaf)()).collect()
 }
 
-/// Names of all dpfusion DP aggregates, and how many leading data arguments each takes
-/// (`None`: not a dpfusion DP aggregate).
+/// How many leading data arguments a dpfusion DP aggregate takes (`None`: not one).
 pub fn dp_aggregate_data_args(name: &str) -> Option<usize> {
-    match name {
-        DpCount::NAME | DpSum::NAME | DpMean::NAME | DpPartitionSelect::NAME => Some(1),
-        DpLinregGd::NAME => Some(2),
-        DpLogregAgd::NAME => Some(2),
-        RgmMeanBy::NAME => Some(2),
-        _ => None,
-    }
+    registry::get(name).map(|a| a.data.len())
 }
 
 /// The privacy events a call costs, from its literal parameters (the arguments after the data
@@ -81,19 +68,7 @@ pub fn dp_call_cost(
     name: &str,
     params: &[ScalarValue],
 ) -> Option<Result<Vec<Event>, PrivacyError>> {
-    Some(match name {
-        DpCount::NAME => CountParams::from_literals(params).and_then(|p| p.cost()),
-        DpSum::NAME => SumParams::from_literals(params).and_then(|p| p.cost()),
-        DpMean::NAME => MeanParams::from_literals(params).and_then(|p| p.cost()),
-        DpPartitionSelect::NAME => {
-            PartitionSelectParams::from_literals(params).and_then(|p| p.cost())
-        }
-        // Without the data arguments the feature count is unknown ('rgm' then refuses).
-        DpLinregGd::NAME => dp_linreg_gd::linreg_cost(&[], params),
-        DpLogregAgd::NAME => AgdParams::from_literals(params).and_then(|p| p.cost()),
-        RgmMeanBy::NAME => RgmMeanParams::from_literals(params).and_then(|p| p.cost()),
-        _ => return None,
-    })
+    registry::get(name).map(|a| (a.cost)(&[], params))
 }
 
 /// Like [`dp_call_cost`], for a call whose cost may also depend on the *shape* of its data
@@ -105,10 +80,7 @@ pub fn dp_call_cost_with_data(
     data: &[datafusion::logical_expr::Expr],
     params: &[ScalarValue],
 ) -> Option<Result<Vec<Event>, PrivacyError>> {
-    match name {
-        DpLinregGd::NAME => Some(dp_linreg_gd::linreg_cost(data, params)),
-        _ => dp_call_cost(name, params),
-    }
+    registry::get(name).map(|a| (a.cost)(data, params))
 }
 
 #[cfg(test)]

@@ -23,30 +23,40 @@ use crate::privacy::{Event, PrivacyError, gaussian_mu};
 pub const DEFAULT_DELTA: f64 = 1e-7;
 
 /// The neighbour relation a call is calibrated for. Set by the session from the table's
-/// registration (`dp.neighbours`), never typed by users; the SQL argument is the hidden trailing
-/// `neighbours` string.
+/// registration (`dp.neighbours`) and the plan, never typed by users; the SQL argument is the
+/// hidden trailing `neighbours` string.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Neighbours {
     /// `'add_remove'`: datasets differ by adding or removing one row (the default; sizes private).
     #[default]
     AddRemove,
-    /// `'replace'`: datasets differ by changing one row's values, NULL-ness included.
+    /// `'replace'`: datasets differ by changing one row's values, NULL-ness included. The row
+    /// stays in its group: the session sets this mode only when every GROUP BY key is public
+    /// (or there is no GROUP BY).
     Replace,
     /// `'replace_public_n'`: `replace`, and the number of rows reaching the aggregate is public.
     /// The session sets it only when no filter stands between the scan and the aggregate and the
     /// group keys are public; `dp_mean` then divides by the exact row count.
     ReplacePublicN,
+    /// `'replace_private_keys'`: `replace` on a table whose GROUP BY key is not public, so the
+    /// changed row can move from one group to another and change **two** groups' results (one
+    /// loses a row, the other gains one). Per-group statistics are then calibrated to the L2
+    /// sensitivity over both groups: √2 for counts, max(U − L, √2·max(|L|, |U|)) for sums (see
+    /// each function's module docs); partition selection pays two tail events.
+    ReplacePrivateKeys,
 }
 
 impl Neighbours {
     /// The accepted spellings, for error messages.
-    pub const ACCEPTED: &'static str = "one of 'add_remove', 'replace', 'replace_public_n'";
+    pub const ACCEPTED: &'static str =
+        "one of 'add_remove', 'replace', 'replace_public_n', 'replace_private_keys'";
 
     pub fn parse(s: &str) -> Result<Self, PrivacyError> {
         match s {
             "add_remove" => Ok(Neighbours::AddRemove),
             "replace" => Ok(Neighbours::Replace),
             "replace_public_n" => Ok(Neighbours::ReplacePublicN),
+            "replace_private_keys" => Ok(Neighbours::ReplacePrivateKeys),
             other => Err(PrivacyError::invalid(
                 "neighbours",
                 format!("'{other}'"),
@@ -60,13 +70,93 @@ impl Neighbours {
             Neighbours::AddRemove => "add_remove",
             Neighbours::Replace => "replace",
             Neighbours::ReplacePublicN => "replace_public_n",
+            Neighbours::ReplacePrivateKeys => "replace_private_keys",
         }
     }
 
-    /// `replace` or `replace_public_n`.
+    /// Any of the replace modes (`replace`, `replace_public_n`, `replace_private_keys`).
     pub fn is_replace(self) -> bool {
         !matches!(self, Neighbours::AddRemove)
     }
+
+    /// `replace_private_keys`: one change can move a row between two groups.
+    pub fn moves_between_groups(self) -> bool {
+        matches!(self, Neighbours::ReplacePrivateKeys)
+    }
+}
+
+/// The two-group factor of `replace_private_keys`: √2 as an `f64`, 1.4142135623730951, which is
+/// above the real √2 = 1.41421356237309504880… (so calibrations that multiply by it round
+/// outward; checked in the tests).
+pub const SQRT_2_UP: f64 = std::f64::consts::SQRT_2;
+
+/// Builds a call's release at its `epsilon` (through `build`, the same constructor the planner's
+/// `finaliser` and the accountant's `cost` use). When that fails because the calibrated noise
+/// cannot be represented (an `Infeasible` error from the mechanism: σ above 2^1000, below
+/// 2^−990, or beyond the sampler's grid), the error names the argument to change and the range
+/// that works, found by trying other epsilons with the same constructor (the result is
+/// monotone in ε: a larger ε means a larger μ and a smaller σ). The suggested bound is one at
+/// which `build` succeeds. `scale` names the arguments that set the sensitivity and their values
+/// (e.g. ("upper", "1e308 (lower -1e308)")), blamed when no epsilon works.
+pub(crate) fn representable<T>(
+    epsilon: f64,
+    scale: (&str, &str),
+    build: impl Fn(f64) -> Result<T, PrivacyError>,
+) -> Result<T, PrivacyError> {
+    let why = match build(epsilon) {
+        Err(PrivacyError::Infeasible(why)) => why,
+        other => return other,
+    };
+    let works = |e: f64| build(e).is_ok();
+    // Bisection in log space between a failing and a working epsilon; returns a working one.
+    let bisect = |mut bad: f64, mut good: f64| {
+        for _ in 0..80 {
+            let mid = (bad * good).sqrt();
+            if !(mid.is_finite()) || mid == bad || mid == good {
+                break;
+            }
+            if works(mid) {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+        good
+    };
+    let max = crate::privacy::calibrate::MAX_EPSILON;
+    let mut e = epsilon;
+    while e < max {
+        let next = (e * 10.0).min(max);
+        if works(next) {
+            let good = bisect(e, next);
+            return Err(PrivacyError::invalid(
+                "epsilon",
+                epsilon,
+                &format!("epsilon ≥ {good:.6e} for this call ({why} at epsilon = {epsilon})"),
+            ));
+        }
+        e = next;
+    }
+    let mut e = epsilon;
+    while e > 1e-300 {
+        let next = e / 10.0;
+        if works(next) {
+            let good = bisect(e, next);
+            return Err(PrivacyError::invalid(
+                "epsilon",
+                epsilon,
+                &format!("epsilon ≤ {good:.6e} for this call ({why} at epsilon = {epsilon})"),
+            ));
+        }
+        e = next;
+    }
+    Err(PrivacyError::invalid(
+        scale.0,
+        scale.1,
+        &format!(
+            "a value whose noise is representable at some epsilon ≤ {max:e}: {why} at epsilon              = {epsilon}"
+        ),
+    ))
 }
 
 /// Fails when more parameters are given than the function has.
@@ -240,7 +330,10 @@ impl CountParams {
     pub fn mu(&self) -> Result<f64, PrivacyError> {
         gaussian_mu(self.epsilon, self.delta)
     }
+    /// Builds the release too (the one constructor the planner uses), so that the accountant
+    /// refuses exactly the calls that execution would refuse.
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        super::dp_count::CountRelease::new(self)?;
         gaussian_cost(self.epsilon, self.delta)
     }
 }
@@ -272,7 +365,9 @@ impl SumParams {
     pub fn mu(&self) -> Result<f64, PrivacyError> {
         gaussian_mu(self.epsilon, self.delta)
     }
+    /// Builds the release too (as [`CountParams::cost`]).
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        super::dp_sum::SumRelease::new(self)?;
         gaussian_cost(self.epsilon, self.delta)
     }
 }
@@ -305,34 +400,53 @@ impl MeanParams {
     pub fn mu(&self) -> Result<f64, PrivacyError> {
         gaussian_mu(self.epsilon, self.delta)
     }
+    /// Builds the release too (as [`CountParams::cost`]).
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        super::dp_mean::MeanRelease::new(self)?;
         gaussian_cost(self.epsilon, self.delta)
     }
 }
 
-/// `dp_partition_select(value, epsilon, delta)`: internal, used by the session's GROUP BY rewrite.
+/// `dp_partition_select(value, epsilon, delta, neighbours)`: internal, used by the session's
+/// GROUP BY rewrite.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PartitionSelectParams {
     pub epsilon: f64,
     pub delta: f64,
+    /// `replace_private_keys` changes the calibration (sensitivity √2, tail δ/4); the other
+    /// modes calibrate as `add_remove` (a replaced row that stays in its group changes no count).
+    pub neighbours: Neighbours,
 }
 
 impl PartitionSelectParams {
-    pub const NAMES: [&'static str; 2] = ["epsilon", "delta"];
+    pub const NAMES: [&'static str; 3] = ["epsilon", "delta", "neighbours"];
 
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
         check_count(args, &Self::NAMES)?;
         Ok(Self {
             epsilon: epsilon_at(args, 0)?,
             delta: delta_at(args, 1)?,
+            neighbours: neighbours_at(args, 2)?,
         })
     }
-    /// μ of the noisy counts: gaussian_mu(ε, δ/2) (the other δ/2 pays for new groups).
+    /// μ of the noisy counts: gaussian_mu(ε, δ/2) (the other δ/2 pays for groups that appear or
+    /// vanish), in every mode.
     pub fn mu(&self) -> Result<f64, PrivacyError> {
         gaussian_mu(self.epsilon, self.delta / 2.0)
     }
-    /// `[Gaussian { μ }, Delta { δ/2 }]`; see [`super::partition_select`] for the argument.
+    /// The keep probability allowed for a group of one row: δ/2, or δ/4 under
+    /// `replace_private_keys` (two such events per neighbour: see [`super::partition_select`]).
+    pub fn tail(&self) -> f64 {
+        if self.neighbours.moves_between_groups() {
+            self.delta / 4.0
+        } else {
+            self.delta / 2.0
+        }
+    }
+    /// `[Gaussian { μ }, Delta { δ/2 }]` in every mode; see [`super::partition_select`] for the
+    /// argument. Builds the release too (as [`CountParams::cost`]).
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        super::partition_select::SelectRelease::new(self)?;
         Ok(vec![
             Event::Gaussian { mu: self.mu()? },
             Event::Delta {

@@ -1,4 +1,5 @@
-//! `dp_partition_select(value, epsilon[, delta])` → Boolean: Gaussian partition selection.
+//! `dp_partition_select(value, epsilon[, delta[, neighbours]])` → Boolean: Gaussian partition
+//! selection.
 //! Internal: the session's GROUP BY rewrite keeps a group only when this is true, so that the
 //! set of released groups is itself differentially private (PRIVACY.md, "What may be released").
 //!
@@ -32,79 +33,94 @@
 //! [y − 1, y], and the normaliser Σ_{y∈ℤ} e^{−y²/2s²} = s√(2π)·Σ_k e^{−2π²s²k²} ≥ s√(2π) (Poisson
 //! summation). Hence P[keep | c = 1] ≤ Φ(−(τ − 1 − 3g/2)/σ) ≤ δ/2; the remaining 1.5g ≫ the
 //! floating-point error of τ.
-use std::sync::{Arc, LazyLock};
+//!
+//! Under `replace` and `replace_public_n` the changed row stays in its group (the session sets
+//! these modes only with public GROUP BY keys): no count changes, and the `add_remove`
+//! calibration above is used unchanged.
+//!
+//! # `replace_private_keys`: sensitivity √2 and a tail of δ/4, same cost
+//! With a private GROUP BY key, D' replaces row r (group a) by r' (group b ≠ a; a = b changes no
+//! count). Then c_a drops by 1 and c_b rises by 1, so a group can vanish (c_a = 1) and another
+//! appear (c_b = 0 in D) in the same step. The calibration: μ = gaussian_mu(ε, δ/2) as before,
+//! the noisy counts with L2 sensitivity √2 (σ = (√2 + √2·g)/μ: two counts move by 1 each, plus
+//! one grid step each), and
+//!
+//! τ = 1 + σ·Φ⁻¹(1 − δ/4) + 3g,
+//!
+//! so that a group of one row is kept with probability q ≤ δ/4 (same tail bound as above).
+//! Proof that the recorded cost `[Gaussian { μ }, Delta { δ/2 }]` still holds. Let V be the noisy
+//! counts of the groups present in both D and D' (all groups but a vanishing a or an appearing b),
+//! h the thresholding of V, and (ε', δ') any point of the μ-GDP curve.
+//! - If a and b exist in both, only V changes, in two coordinates by 1: ‖Δ‖₂ = √2, calibrated:
+//!   μ-GDP.
+//! - Otherwise V changes in at most one coordinate by 1 (≤ √2), so
+//!   P[h(V_D) ∈ S] ≤ e^ε'·P[h(V_D') ∈ S] + δ'; the outputs differ besides only by the decisions
+//!   on a vanishing a (in D) and an appearing b (in D'), each a group of one row, kept with
+//!   probability ≤ q independently of V. With x = P[h(V_D') ∈ S]:
+//!   P[M(D) ∈ S] ≤ q + min(1, e^ε'·x + δ') and P[M(D') ∈ S] ≥ (1 − q)·x. If e^ε'·x ≤ 1, then
+//!   P[M(D) ∈ S] − e^ε'·P[M(D') ∈ S] ≤ q + δ' + q·e^ε'·x ≤ 2q + δ'; otherwise it is
+//!   ≤ q + 1 − (1 − q) = 2q. The same holds with D and D' swapped.
+//!
+//! So the selection is (ε', δ' + 2q)-DP with 2q ≤ δ/2, for every (ε', δ') on the μ-GDP curve: the
+//! same profile as under `add_remove`, at the price of √2 more noise and a threshold at the δ/4
+//! tail (test `partition_select_private_keys_tail`).
+use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray};
-use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::Result;
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::utils::AggregateOrderSensitivity;
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, GroupsAccumulator, Signature,
-};
+use datafusion::logical_expr::AggregateUDF;
 
-use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
-use super::common::{DOC_SECTION_DP, DataArg, Fin, call_literals, coerce_args, dp_signature};
+use super::accumulator::{Finalise, Partial, Shape};
+use super::adapter::{DpFunction, DpUdaf, Spec};
+use super::common::DataArg;
 use super::exact::{FixedPoint, release_exact};
-use super::params::{PartitionSelectParams, plan_error};
+use super::params::{PartitionSelectParams, SQRT_2_UP, representable};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
-use crate::privacy::PrivacyError;
 use crate::privacy::normal::phi_inv;
-
-const SHAPE: Shape = Shape {
-    sum: false,
-    count: false,
-    rows: true,
-};
+use crate::privacy::{PrivacyError, gaussian_mu};
 
 /// The `dp_partition_select` UDAF (internal).
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct DpPartitionSelect {
-    signature: Signature,
-    /// Fixed noise seed, for reproducible tests only (Rust API; never reachable from SQL).
-    insecure_seed: Option<u64>,
-}
-
-impl Default for DpPartitionSelect {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl DpPartitionSelect {
-    pub const NAME: &'static str = "dp_partition_select";
-
-    pub fn new() -> Self {
-        Self {
-            signature: dp_signature(&PartitionSelectParams::NAMES),
-            insecure_seed: None,
-        }
-    }
-
-    /// INSECURE: noise from a fixed seed, for reproducible tests. Never register this in a
-    /// session that serves real queries.
-    pub fn with_insecure_seed(seed: u64) -> Self {
-        Self {
-            insecure_seed: Some(seed),
-            ..Self::new()
-        }
-    }
-
-    fn finaliser(&self, args: &AccumulatorArgs) -> Result<Fin> {
-        let lits = call_literals(Self::NAME, &PartitionSelectParams::NAMES, args)?;
-        let p =
-            PartitionSelectParams::from_literals(&lits).map_err(|e| plan_error(Self::NAME, e))?;
-        Ok(Arc::new(
-            SelectRelease::new(&p).map_err(|e| plan_error(Self::NAME, e))?,
-        ))
-    }
-}
+pub type DpPartitionSelect = DpUdaf<PartitionSelectParams>;
 
 /// `dp_partition_select` as an [`AggregateUDF`].
 pub fn dp_partition_select_udaf() -> AggregateUDF {
-    AggregateUDF::from(DpPartitionSelect::new())
+    DpPartitionSelect::udaf()
 }
+
+impl DpFunction for PartitionSelectParams {
+    const NAME: &'static str = "dp_partition_select";
+    fn spec() -> &'static Spec {
+        &SPEC
+    }
+}
+
+static SPEC: Spec = Spec {
+    data: DataArg::Any,
+    returns: DataType::Boolean,
+    shape: Shape {
+        sum: false,
+        count: false,
+        rows: true,
+    },
+    release: |lits| {
+        Ok(Arc::new(SelectRelease::new(
+            &PartitionSelectParams::from_literals(lits)?,
+        )?))
+    },
+    description: "Internal (used by the dpfusion session's GROUP BY rewrite): Gaussian partition \
+         selection. True iff the group's row count plus discrete Gaussian noise (σ = 1/μ, μ = \
+         gaussian_mu(epsilon, delta/2)) reaches 1 + σ·Φ⁻¹(1 − delta/2) (plus three grid steps), so \
+         that a group made of a single row is released with probability at most delta/2 \
+         (Desfontaines et al., PoPETs 2022). Under 'replace_private_keys' (a changed row can leave \
+         one group and join another) the noise has sensitivity √2 and the threshold uses Φ⁻¹(1 − \
+         delta/4): a group can vanish and another appear in one step. Cost in every mode: μ-GDP \
+         plus an additive delta/2; (epsilon, delta)-DP in total.",
+    example: "SELECT job, dp_count(job, 0.5) FROM salaries GROUP BY job \
+         HAVING dp_partition_select(job, 0.5, 1e-6);",
+    related: &[],
+};
 
 /// The release of a `dp_partition_select` call.
 #[derive(Debug, Clone)]
@@ -114,17 +130,31 @@ pub(crate) struct SelectRelease {
     pub threshold: f64,
 }
 
-/// τ = 1 + σ·Φ⁻¹(1 − δ/2) + 3g (module docs). Φ⁻¹(1 − δ/2) is computed as −Φ⁻¹(δ/2), which
-/// keeps full precision for small δ.
-pub(crate) fn threshold(sigma: f64, granularity: f64, delta: f64) -> f64 {
-    1.0 + sigma * -phi_inv(delta / 2.0) + 3.0 * granularity
+/// τ = 1 + σ·Φ⁻¹(1 − tail) + 3g (module docs), tail = δ/2 or δ/4
+/// ([`PartitionSelectParams::tail`]). Φ⁻¹(1 − tail) is computed as −Φ⁻¹(tail), which keeps full
+/// precision for small δ.
+pub(crate) fn threshold(sigma: f64, granularity: f64, tail: f64) -> f64 {
+    1.0 + sigma * -phi_inv(tail) + 3.0 * granularity
 }
 
 impl SelectRelease {
+    /// The calibration (module docs); also called by [`PartitionSelectParams::cost`], so the
+    /// accountant refuses exactly what the planner refuses.
     pub fn new(p: &PartitionSelectParams) -> Result<Self, PrivacyError> {
-        let mech = GaussianMechanism::from_mu(p.mu()?, 1.0)?;
+        let build = |epsilon: f64| {
+            // μ at δ/2 in every mode (module docs).
+            let mu = gaussian_mu(epsilon, p.delta / 2.0)?;
+            if p.neighbours.moves_between_groups() {
+                // Two counts move by 1: ‖Δ‖₂ = √2, rounding slack √2 steps (module docs).
+                GaussianMechanism::from_mu_with_slack(mu, SQRT_2_UP, SQRT_2_UP)
+            } else {
+                GaussianMechanism::from_mu(mu, 1.0)
+            }
+        };
+        let delta = p.delta.to_string();
+        let mech = representable(p.epsilon, ("delta", &delta), build)?;
         Ok(Self {
-            threshold: threshold(mech.sigma, mech.granularity, p.delta),
+            threshold: threshold(mech.sigma, mech.granularity, p.tail()),
             mech,
         })
     }
@@ -132,7 +162,7 @@ impl SelectRelease {
 
 impl Finalise for SelectRelease {
     fn shape(&self) -> Shape {
-        SHAPE
+        SPEC.shape
     }
     fn fixed_point(&self) -> Option<FixedPoint> {
         None
@@ -145,76 +175,3 @@ impl Finalise for SelectRelease {
         Ok(Arc::new(BooleanArray::from(out)))
     }
 }
-
-impl AggregateUDFImpl for DpPartitionSelect {
-    fn name(&self) -> &str {
-        Self::NAME
-    }
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_args(
-            Self::NAME,
-            DataArg::Any,
-            &PartitionSelectParams::NAMES,
-            1,
-            arg_types,
-        )
-    }
-    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Boolean)
-    }
-    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Ok(Box::new(DpAccumulator::new(
-            self.finaliser(&args)?,
-            self.insecure_seed,
-        )?))
-    }
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        Ok(SHAPE.state_fields(args.name))
-    }
-    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
-        !args.is_distinct
-    }
-    fn create_groups_accumulator(
-        &self,
-        args: AccumulatorArgs,
-    ) -> Result<Box<dyn GroupsAccumulator>> {
-        Ok(Box::new(DpGroups::new(
-            self.finaliser(&args)?,
-            self.insecure_seed,
-        )?))
-    }
-    /// The result does not depend on row order (exact integer partials).
-    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
-        AggregateOrderSensitivity::Insensitive
-    }
-    fn documentation(&self) -> Option<&Documentation> {
-        Some(&DOC)
-    }
-}
-
-static DOC: LazyLock<Documentation> = LazyLock::new(|| {
-    Documentation::builder(
-        DOC_SECTION_DP,
-        "Internal (used by the dpfusion session's GROUP BY rewrite): Gaussian partition \
-         selection. True iff the group's row count plus discrete Gaussian noise (σ = 1/μ, \
-         μ = gaussian_mu(epsilon, delta/2)) reaches 1 + σ·Φ⁻¹(1 − delta/2) (plus three grid \
-         steps), so that a group made of a single row is released with probability at most \
-         delta/2 (Desfontaines et al., PoPETs 2022). Cost: μ-GDP plus an additive delta/2; \
-         (epsilon, delta)-DP in total.",
-        "dp_partition_select(value, epsilon[, delta])",
-    )
-    .with_argument(
-        "value",
-        "Any column; every row of the group counts, NULLs included.",
-    )
-    .with_argument("epsilon", "Literal ε > 0 (finite).")
-    .with_argument("delta", "Literal δ in (0, 1); defaults to 1e-7.")
-    .with_sql_example(
-        "SELECT job, dp_count(job, 0.5) FROM salaries GROUP BY job \
-         HAVING dp_partition_select(job, 0.5, 1e-6);",
-    )
-    .build()
-});

@@ -1,7 +1,7 @@
 //! `rgm_mean_by(value, by, max_ratio, epsilon[, delta[, min_group_size]])`: the mean of `value`
 //! per group of the public column `by`, each released with noise proportional to the group's own
 //! mean — the relative Gaussian mechanism (RGM) of Hendrikx, Mangold and Bellet (AISTATS 2024),
-//! in the setting of their salary example (`../shared/research/rgm.md` §7(a)).
+//! in the setting of their salary example (derivation: [`crate::mechanisms::rgm`]).
 //!
 //! # Why
 //! `dp_mean(salary, 0, U, ε)` per job adds noise of a fixed size, set by the global bound U: a

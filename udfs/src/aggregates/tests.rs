@@ -160,7 +160,7 @@ fn neighbours_and_arity_errors() {
     let e = err_of(CountParams::from_literals(&[f(1.0), f(1e-6), s("bogus")]));
     assert_eq!(
         e,
-        "invalid argument 'neighbours': got 'bogus', expected one of 'add_remove', 'replace', 'replace_public_n'"
+        "invalid argument 'neighbours': got 'bogus', expected one of 'add_remove', 'replace', 'replace_public_n', 'replace_private_keys'"
     );
     let e = err_of(MeanParams::from_literals(&[
         f(0.0),
@@ -185,8 +185,9 @@ fn neighbours_and_arity_errors() {
         f(1.0),
         f(1e-6),
         s("add_remove"),
+        f(1.0),
     ]));
-    assert!(e.contains("at most 2: epsilon, delta"), "{e}");
+    assert!(e.contains("at most 3: epsilon, delta, neighbours"), "{e}");
 }
 
 #[test]
@@ -806,5 +807,382 @@ fn partition_selection_threshold_gives_half_delta_for_a_single_row() {
         );
         assert!(!out.value(1), "a single-row group kept (probability ≤ δ/2)");
         assert!(!out.value(2), "an empty group kept");
+    }
+}
+
+// ---- issue 14: `replace_private_keys`, representable noise ----
+
+/// Draws for the issue-14 statistical tests: the sample variance of N draws has relative sd
+/// √(2/(N − 1)) (Gaussian; the integer rounding of dp_count is a 1/12 additive term), 1% at
+/// N = 20,000; `check_variance` accepts 5 sd (5.0%), and a noise scale 10% off moves the
+/// variance by −19% / +21%, far outside the band (checked inside `check_variance`).
+const DRAWS_14: usize = 20_000;
+
+#[test]
+fn neighbours_parse_replace_private_keys() {
+    assert_eq!(
+        Neighbours::parse("replace_private_keys").unwrap(),
+        Neighbours::ReplacePrivateKeys
+    );
+    assert_eq!(
+        Neighbours::ReplacePrivateKeys.as_str(),
+        "replace_private_keys"
+    );
+    assert!(Neighbours::ReplacePrivateKeys.is_replace());
+    assert!(Neighbours::ReplacePrivateKeys.moves_between_groups());
+    assert!(!Neighbours::Replace.moves_between_groups());
+    assert!(Neighbours::ACCEPTED.contains("'replace_private_keys'"));
+    // √2 as an f64 rounds up: 1.4142135623730951 > 1.41421356237309504880…, checked in exact
+    // integers: (m/2^52)² ≥ 2 ⟺ m² ≥ 2^105 for the 53-bit significand m.
+    let m = (params::SQRT_2_UP * 2f64.powi(52)) as u128;
+    assert_eq!(m as f64, params::SQRT_2_UP * 2f64.powi(52));
+    assert!(m * m >= 1u128 << 105);
+    assert_eq!(super::dp_sum::ceil_sqrt2_times(0), 0);
+    assert_eq!(super::dp_sum::ceil_sqrt2_times(1), 2);
+    assert_eq!(super::dp_sum::ceil_sqrt2_times(5), 8); // √50 = 7.07…
+    for m in [1i64 << 40, 3, 1_000_003, (1 << 40) - 1] {
+        // k = ⌈√2·m⌉ ⟺ (k − 1)² < 2m² ≤ k², in exact integers
+        let k = super::dp_sum::ceil_sqrt2_times(m) as u128;
+        let t = 2 * (m as u128).pow(2);
+        assert!(k * k >= t && (k - 1) * (k - 1) < t, "{m}");
+    } // √2·2^40 = 1554944255688.3…
+    // The partition selection takes the mode as its third parameter.
+    let p = PartitionSelectParams::from_literals(&[f(1.0), f(1e-6), s("replace_private_keys")])
+        .unwrap();
+    assert_eq!(p.neighbours, Neighbours::ReplacePrivateKeys);
+    assert_eq!(p.tail(), 0.25e-6);
+    assert_eq!(
+        PartitionSelectParams::from_literals(&[f(1.0), f(1e-6)])
+            .unwrap()
+            .tail(),
+        0.5e-6
+    );
+}
+
+/// σ under `replace_private_keys` against `add_remove`, closed forms (module docs): count and
+/// partition selection √2; dp_sum max(U − L, √2·max(|L|, |U|))/max(|L|, |U|); dp_mean the
+/// `replace` σ's. The grid slack moves σ by ≤ 2^−20 relative, hence the 1e-5 tolerance.
+#[test]
+fn replace_private_keys_sigma_ratios() {
+    // σ against its closed form Δ/μ: never below, at most 1e-5 above (grid slack).
+    let close = |a: f64, b: f64, what: &str| {
+        assert!(
+            a >= b * (1.0 - 1e-12) && a <= b * (1.0 + 1e-5),
+            "{what}: {a} vs {b}"
+        );
+    };
+    // Ratios of two such σ's: within 1e-5 either way.
+    let ratio = |a: f64, b: f64, what: &str| {
+        assert!((a / b - 1.0).abs() < 1e-5, "{what}: {a} vs {b}");
+    };
+    let pk = || s("replace_private_keys");
+    for (eps, delta) in [(1.0, 1e-6), (0.1, 1e-9), (5.0, 1e-5)] {
+        let mu = gaussian_mu(eps, delta).unwrap();
+        let base = CountRelease::new(&CountParams::from_literals(&[f(eps), f(delta)]).unwrap())
+            .unwrap()
+            .mech
+            .sigma;
+        let moved =
+            CountRelease::new(&CountParams::from_literals(&[f(eps), f(delta), pk()]).unwrap())
+                .unwrap()
+                .mech
+                .sigma;
+        ratio(moved / base, 2f64.sqrt(), "dp_count ratio");
+        close(moved, 2f64.sqrt() / mu, "dp_count σ = √2/μ");
+
+        let sel = |args: &[ScalarValue]| {
+            SelectRelease::new(&PartitionSelectParams::from_literals(args).unwrap()).unwrap()
+        };
+        let (a, b) = (sel(&[f(eps), f(delta)]), sel(&[f(eps), f(delta), pk()]));
+        ratio(b.mech.sigma / a.mech.sigma, 2f64.sqrt(), "selection ratio");
+        // τ − 1 − 3g = σ·Φ⁻¹(1 − δ/4): the continuous tail at the threshold is δ/4.
+        let tail = phi(-(b.threshold - 1.0 - 3.0 * b.mech.granularity) / b.mech.sigma);
+        assert!((tail / (delta / 4.0) - 1.0).abs() < 1e-9, "{tail}");
+        assert!(phi(-(b.threshold - 1.0 - 1.5 * b.mech.granularity) / b.mech.sigma) <= delta / 4.0);
+
+        for (l, u, want) in [
+            (0.0, 10.0, 10.0 * 2f64.sqrt()),  // √2·10 > 10
+            (-2.0, 10.0, 10.0 * 2f64.sqrt()), // √2·10 > 12
+            (-10.0, 10.0, 20.0),              // 20 > √2·10
+            (-1.0, 0.0, 2f64.sqrt()),
+        ] {
+            let sum = |nb: Option<ScalarValue>| {
+                let mut args = vec![f(l), f(u), f(eps), f(delta)];
+                args.extend(nb);
+                SumRelease::new(&SumParams::from_literals(&args).unwrap())
+                    .unwrap()
+                    .mech
+                    .unwrap()
+                    .sigma
+            };
+            close(sum(Some(pk())), want / mu, "dp_sum σ");
+            let ar = l.abs().max(u.abs());
+            ratio(sum(Some(pk())) / sum(None), want / ar, "dp_sum ratio");
+        }
+
+        let mean = |nb: &str| {
+            let r = MeanRelease::new(
+                &MeanParams::from_literals(&[f(-4.0), f(6.0), f(eps), f(delta), s(nb)]).unwrap(),
+            )
+            .unwrap();
+            (r.sum_mech.unwrap().sigma, r.count_mech.unwrap().sigma)
+        };
+        let (rs, rc) = mean("replace");
+        let (ps, pc) = mean("replace_private_keys");
+        ratio(ps, rs, "dp_mean sum σ");
+        assert_eq!(pc, rc, "dp_mean count σ");
+        // The proof in dp_mean's module docs: moving a row between groups costs
+        // 2·(h/σ_s)² + 2·(1/σ_c)² ≤ μ² (h = 5).
+        let h = 5.0;
+        assert!(2.0 * (h / ps).powi(2) + 2.0 * (1.0 / pc).powi(2) <= mu * mu);
+    }
+    // The cost is the same in every mode.
+    for name in ["dp_count", "dp_partition_select"] {
+        let base = dp_call_cost(name, &[f(1.0), f(1e-6)]).unwrap().unwrap();
+        let moved = dp_call_cost(name, &[f(1.0), f(1e-6), pk()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(base, moved, "{name}");
+    }
+    for name in ["dp_sum", "dp_mean"] {
+        let base = dp_call_cost(name, &[f(0.0), f(9.0), f(1.0), f(1e-6)])
+            .unwrap()
+            .unwrap();
+        let moved = dp_call_cost(name, &[f(0.0), f(9.0), f(1.0), f(1e-6), pk()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(base, moved, "{name}");
+    }
+}
+
+/// Seeded: 20,000 releases each of dp_count and dp_sum under `replace_private_keys`; the sample
+/// variance must be within 5·√(2/N) = 5.0% of σ² (σ = √2/μ, resp. √2·10/μ), which rejects a
+/// noise scale 10% off (variance ±19–21%).
+#[test]
+fn replace_private_keys_count_and_sum_noise() {
+    let start = Instant::now();
+    let mu = gaussian_mu(1.0, 1e-6).unwrap();
+    let p = CountParams::from_literals(&[f(1.0), f(1e-6), s("replace_private_keys")]).unwrap();
+    let rel = CountRelease::new(&p).unwrap();
+    let sigma = rel.mech.sigma;
+    assert!(sigma >= 2f64.sqrt() / mu && sigma <= 2f64.sqrt() / mu * (1.0 + 1e-5));
+    let mut acc = DpAccumulator::new(Arc::new(rel), Some(140)).unwrap();
+    acc.update_batch(&[col(&vec![Some(1.0); 500])]).unwrap();
+    let xs = draws(&mut acc, DRAWS_14);
+    // rounding the release to an integer adds 1/12 to the variance
+    check_variance(
+        "dp_count private keys",
+        &xs,
+        500.0,
+        sigma * sigma + 1.0 / 12.0,
+    );
+
+    let p =
+        SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6), s("replace_private_keys")])
+            .unwrap();
+    let rel = SumRelease::new(&p).unwrap();
+    let sigma = rel.mech.unwrap().sigma;
+    let want = 10.0 * 2f64.sqrt() / mu; // max(12, √2·10)/μ
+    assert!(sigma >= want && sigma <= want * (1.0 + 1e-5), "σ = {sigma}");
+    let mut acc = DpAccumulator::new(Arc::new(rel), Some(141)).unwrap();
+    let vals: Vec<Option<f64>> = (0..100).map(|i| Some(i as f64 * 0.1)).collect();
+    acc.update_batch(&[col(&vals)]).unwrap();
+    let truth: f64 = vals.iter().flatten().sum();
+    let xs = draws(&mut acc, DRAWS_14);
+    check_variance("dp_sum private keys", &xs, truth, sigma * sigma);
+    eprintln!("replace_private_keys count/sum: {:?}", start.elapsed());
+}
+
+/// Seeded: the keep probability of a one-row group under `replace_private_keys` is the δ/4 tail.
+/// δ = 0.4 makes it measurable: q = 0.1. N = 40,000 one-row groups: the binomial sd of the
+/// observed rate is √(q(1 − q)/N) = 0.0015; the tolerance is 5 sd = 0.0075. A noise scale 10%
+/// off moves the rate to Φ(−z/1.1) = 0.122 or Φ(−z/0.9) = 0.077 (z = Φ⁻¹(0.9) = 1.2816), and the
+/// `add_remove` tail (δ/2) to 0.2: all rejected (checked below).
+#[test]
+fn partition_select_private_keys_tail() {
+    let start = Instant::now();
+    let delta = 0.4;
+    let q = delta / 4.0;
+    let p = PartitionSelectParams::from_literals(&[f(1.0), f(delta), s("replace_private_keys")])
+        .unwrap();
+    let rel = SelectRelease::new(&p).unwrap();
+    let (sigma, g) = (rel.mech.sigma, rel.mech.granularity);
+    // the one-row probability in closed form (continuous, no grid margin) is q
+    let exact = phi(-(rel.threshold - 1.0 - 3.0 * g) / sigma);
+    assert!((exact / q - 1.0).abs() < 1e-9);
+    let n = 40_000usize;
+    let mut groups = DpGroups::new(Arc::new(rel), Some(142)).unwrap();
+    let idx: Vec<usize> = (0..n).collect();
+    groups
+        .update_batch(&[col(&vec![Some(1.0); n])], &idx, None, n)
+        .unwrap();
+    let out = groups.evaluate(EmitTo::All).unwrap();
+    let out = out.as_any().downcast_ref::<BooleanArray>().unwrap();
+    let rate = out.true_count() as f64 / n as f64;
+    let tol = 5.0 * (q * (1.0 - q) / n as f64).sqrt();
+    assert!((rate - q).abs() <= tol, "keep rate {rate} vs {q} ± {tol}");
+    let z = -crate::privacy::normal::phi_inv(q);
+    for wrong in [phi(-z / 1.1), phi(-z / 0.9), delta / 2.0] {
+        assert!((wrong - q).abs() > 2.0 * tol, "{wrong} is not rejected");
+    }
+    eprintln!("partition selection tail: {:?}", start.elapsed());
+}
+
+/// Review finding: bounds or clips whose noise σ is not a finite, representable number made the
+/// release panic after the charge. Now both the cost (what the accountant charges) and the
+/// release constructor (what the planner's `finaliser` calls) refuse, with the same error that
+/// names the argument and the range.
+#[test]
+fn unrepresentable_noise_is_refused_by_cost_and_planner_alike() {
+    let same = |name: &str, args: &[ScalarValue], release: Result<(), PrivacyError>| {
+        let cost = dp_call_cost(name, args).unwrap().unwrap_err().to_string();
+        assert_eq!(cost, release.unwrap_err().to_string(), "{name}");
+        cost
+    };
+    let sum = |args: &[ScalarValue]| {
+        SumRelease::new(&SumParams::from_literals(args).unwrap()).map(|_| ())
+    };
+    let mean = |args: &[ScalarValue]| {
+        MeanRelease::new(&MeanParams::from_literals(args).unwrap()).map(|_| ())
+    };
+
+    let args = [f(-1e308), f(1e308), f(1.0)];
+    let e = same("dp_sum", &args, sum(&args));
+    assert!(
+        e.contains("'upper'") && e.contains("largest representable"),
+        "{e}"
+    );
+    let args = [f(0.0), f(1e308), f(0.5)];
+    let e = same("dp_mean", &args, mean(&args));
+    assert!(e.contains("'upper'") && e.contains("2^1000"), "{e}");
+    for nb in ["replace", "replace_private_keys"] {
+        let args = [f(-f64::MAX), f(f64::MAX), f(1.0), f(1e-6), s(nb)];
+        same("dp_sum", &args, sum(&args));
+        same("dp_mean", &args, mean(&args));
+    }
+    // Fixable by epsilon: the error gives the bound, and the bound works.
+    let args = [f(0.0), f(1e300), f(0.01), f(1e-6)];
+    let e = same("dp_sum", &args, sum(&args));
+    assert!(e.contains("'epsilon'") && e.contains("epsilon ≥ "), "{e}");
+    let bound: f64 = e
+        .split("epsilon ≥ ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(bound > 0.01);
+    assert!(sum(&[f(0.0), f(1e300), f(bound), f(1e-6)]).is_ok());
+    assert!(sum(&[f(0.0), f(1e300), f(bound * 0.99), f(1e-6)]).is_err());
+    // σ below the representable grid: tiny bounds at a large epsilon.
+    let args = [f(0.0), f(1e-300), f(1e7), f(1e-6)];
+    let e = same("dp_sum", &args, sum(&args));
+    assert!(e.contains("'epsilon'") && e.contains("epsilon ≤ "), "{e}");
+    // Models: dp_linreg_gd's cost and its kernel constructor agree.
+    for clip in [1e308, f64::MAX] {
+        let args = [f(1.0), f(1e-6), f(10.0), f(clip)];
+        let p = LinregParams::from_literals(&args).unwrap();
+        let e = dp_call_cost("dp_linreg_gd", &args)
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, p.gaussian().unwrap_err().to_string());
+        assert!(e.contains("'clip'"), "{e}");
+        let args = [
+            f(1.0),
+            f(1e-6),
+            f(10.0),
+            f(clip),
+            f(1.0),
+            f(0.0),
+            f(1.0),
+            s("gaussian"),
+            f(1.0),
+            f(1.0),
+            f(10000.0),
+            s("replace"),
+        ];
+        assert!(dp_call_cost("dp_linreg_gd", &args).unwrap().is_err());
+    }
+}
+
+/// Not a cap: at a fixed δ the analytic Gaussian σ for (ε, δ)-DP tends, as ε → 0, to the σ of
+/// (0, δ)-DP, Δ/μ₀ with δ = 2Φ(μ₀/2) − 1 (Balle and Wang 2018, Thm. 8 at ε = 0; Dong, Roth, Su
+/// 2019, Cor. 2.13), ≈ Δ/(δ·√(2π)) for small δ. So ε = 1e-300, 1e-30 and 1e-12 at δ = 1e-7 share
+/// σ ≈ 3e5/(1e-7·2.5066) ≈ 1.2e12 (plus the grid slack g/μ₀: here σ/Δ > 2^7, so the grid is
+/// σ·2^−27 and adds 2.7%): calibrated, representable, and charged as `Gaussian { μ₀ }`, which is
+/// what the ledger converts (never under-reported).
+#[test]
+fn tiny_epsilon_noise_is_the_delta_limit_not_a_cap() {
+    let sig = |eps: f64| {
+        SumRelease::new(&SumParams::from_literals(&[f(0.0), f(3e5), f(eps), f(1e-7)]).unwrap())
+            .unwrap()
+            .mech
+            .unwrap()
+            .sigma
+    };
+    // μ₀ with 2Φ(μ₀/2) − 1 = δ, by bisection on the closed form.
+    let (mut lo, mut hi) = (0.0f64, 1.0f64);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if 2.0 * phi(mid / 2.0) - 1.0 <= 1e-7 {
+            lo = mid
+        } else {
+            hi = mid
+        }
+    }
+    let want = 3e5 / lo;
+    for eps in [1e-300, 1e-30, 1e-12] {
+        let s = sig(eps);
+        // σ ∈ [Δ/μ₀, (Δ + g)/μ₀ (1 + 1e-6)] with g ≤ σ·2^−26
+        let want_hi = want * (1.0 + 2f64.powi(-26) / lo) * (1.0 + 1e-6);
+        assert!(
+            s >= want && s <= want_hi,
+            "{eps}: {s} vs [{want}, {want_hi}]"
+        );
+        let cost = dp_call_cost("dp_sum", &[f(0.0), f(3e5), f(eps), f(1e-7)])
+            .unwrap()
+            .unwrap();
+        let Event::Gaussian { mu } = cost[0] else {
+            panic!("{cost:?}")
+        };
+        assert!(crate::privacy::gdp::gdp_delta(eps, mu) <= 1e-7);
+    }
+    assert!(sig(1e-3) < sig(1e-12));
+}
+
+/// A mechanism with a non-finite or out-of-range scale never reaches the sampler: `release`
+/// returns an error (and trips a debug assertion in debug builds), it does not panic inside the
+/// sampler.
+#[test]
+fn non_finite_sigma_never_reaches_the_sampler() {
+    use crate::mechanisms::GaussianMechanism;
+    for (sigma, g) in [
+        (f64::INFINITY, 1.0),
+        (f64::NAN, 1.0),
+        (1e300, 1.0),
+        (1.0, 0.0),
+    ] {
+        let m = GaussianMechanism {
+            sigma,
+            granularity: g,
+        };
+        let r = std::panic::catch_unwind(|| {
+            let mut rng = SecureRng::insecure_from_seed(1);
+            m.release(&mut rng, 0.0)
+        });
+        if cfg!(debug_assertions) {
+            assert!(r.is_err(), "debug builds assert");
+        } else {
+            assert!(r.unwrap().is_err());
+        }
+    }
+    for (mu, d) in [
+        (1e-300, 1.0),
+        (1.0, 1e308),
+        (1.0, f64::MAX),
+        (1e300, 1e-300),
+    ] {
+        assert!(GaussianMechanism::from_mu(mu, d).is_err(), "{mu} {d}");
     }
 }

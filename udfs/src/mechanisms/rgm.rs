@@ -2,9 +2,9 @@
 //! arXiv 2308.15250): calibration of its noise multiplier σ, the relative sensitivity of a group
 //! mean, and a release that is safe on a computer.
 //!
-//! Sources: the paper's printed constants are lost; `../shared/research/rgm.md` reconstructs and
-//! derives them (section numbers below refer to it), and `scripts/rgm_accountant.py` (a copy of
-//! `research/rgm_accountant.py`) is the pure-Python reference accountant.
+//! Sources: the paper's printed constants are lost; the project's research notes reconstruct and
+//! derive them (section numbers below refer to those notes; the results are stated here), and
+//! `scripts/rgm_accountant.py` is the pure-Python reference accountant.
 //!
 //! # The mechanism (rgm.md §2, Definition 3)
 //! RGM_{σ,A,γ}(x) = f(x) + N(0, σ²(A + γ‖f(x)‖)² I_d). For a group mean (d = 1, A = 0) that is
@@ -349,8 +349,8 @@ pub fn release_relative(rng: &mut SecureRng, value: f64, c: f64) -> f64 {
     centre.plus(noise).to_f64(base)
 }
 
-/// An exact port of the reference accountant `scripts/rgm_accountant.py` (copied from
-/// `../shared/research/rgm_accountant.py`): its RDP formula, its order list, its Mironov (2017,
+/// An exact port of the reference accountant `scripts/rgm_accountant.py`: its RDP formula, its
+/// order list, its Mironov (2017,
 /// Prop. 3) conversion and its bisection. Used only to test this crate against the Python's
 /// numbers; the accountant and [`super::calibrate_rgm_sigma`] use CKS on the project's grid.
 pub mod reference {

@@ -1,7 +1,7 @@
 //! DP-AGD: differentially private gradient descent with an adaptive per-iteration budget (Lee
 //! and Kifer, "Concentrated Differentially Private Gradient Descent with Adaptive per-Iteration
 //! Privacy Budget", KDD 2018), for logistic regression (`dp_logreg_agd`), with the corrections
-//! derived in `../shared/research/dpagd.md` §4–§5.
+//! described below ("What is the paper's and what is corrected").
 //!
 //! # The algorithm (paper Algorithm 2, corrected)
 //! Rows are (x ∈ ℝᵈ, y ∈ {0, 1}); with `fit_intercept` a constant 1 is prepended, so the model
@@ -64,6 +64,17 @@
 //! so every statistic is a *sum* over rows (the gradient sum g and the scores F_k; the algorithm
 //! never uses n, which is private). Under `replace` (and `replace_public_n`, which gives the
 //! algorithm nothing more) one row's values change.
+//!
+//! Under `replace_private_keys` (a private GROUP BY key) the changed row can leave group a and
+//! join group b: fit a sees a removal and fit b an addition, each an `add_remove` change of its
+//! own fit, while both fits are calibrated for `replace` (sensitivities doubled). Every mechanism
+//! of fit a then realises at most a quarter of its charge at every Rényi order: the gradient
+//! sum moves by ≤ B in L2 against a calibration for 2B (RDP α·B²/(2s²) = ¼ of α·(2B)²/(2s²)),
+//! and the scores move monotonically in [0, U] against a temperature set for shifts in
+//! [−U, U] (ε_BR = U/T = half, so ε_BR²/8 = ¼). Each fit's filter keeps its charges ≤ ρ, so fit
+//! a's transcript is ρ/4-zCDP, fit b's too, and the pair (independent randomness, adaptive
+//! composition as below) is ρ/2 ≤ ρ: the `replace` calibration covers this mode, and it is used
+//! unchanged (`is_replace()`).
 //!
 //! **Noisy gradient.** Each row's gradient is clipped to L2 norm C_grad in floating point, then
 //! mapped to the integer grid q_g·ℤᵖ by truncation toward zero (|trunc(v)| ≤ |v| coordinatewise,

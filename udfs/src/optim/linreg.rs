@@ -32,6 +32,15 @@
 //! Adaptivity (θₜ depends on earlier noisy releases) is covered by adaptive composition (seed
 //! 000 §1.1). The ledger records `Gaussian { μ }`.
 //!
+//! *Rows that move between groups* (`replace_private_keys`, a private GROUP BY key): the
+//! calibration is the `replace` one (gradient sensitivity 2·clip, count sensitivity 1), and it
+//! covers this case. The changed row leaves group a and joins group b: in each iteration each of
+//! the two gradient sums moves by ≤ clip (an exact integer vector on the gradient grid, so no
+//! rounding slack), and each of the two counts by 1 (plus at most one grid step, which σ_c
+//! already includes). Composing all releases of both groups, μ'² ≤ T·2·(clip/σ_g)² +
+//! 2·(1/σ_c)² ≤ T·μ_g²/2 + 2μ_c² = μ²·(19/40 + 2/20) = 0.575·μ² ≤ μ² (σ_g ≥ 2·clip/μ_g,
+//! σ_c ≥ 1/μ_c). Within a group, as under `replace`: μ'² ≤ max(T·μ_g², T·μ_g²/4 + μ_c²) ≤ μ².
+//!
 //! **Exact sums** (PRIVACY.md, "Numbers on a computer"; Casacuberta et al., CCS 2022). The
 //! gradient mechanism's grid step q = 2^e (a power of two, ≤ 2⁻²⁰·Δ, chosen from the literal
 //! parameters only) is also the fixed-point unit: each clipped gradient is mapped to integers
@@ -300,6 +309,10 @@ const SPLIT_SHRINK: f64 = 1.0 - 1e-12;
 /// Share of μ² given to the count under `add_remove` / `replace` (module docs).
 pub const COUNT_SHARE: f64 = 1.0 / 20.0;
 
+// The `replace_private_keys` argument (module docs, "Privacy") needs 2·share + (1 − share)/2 ≤ 1,
+// i.e. share ≤ 1/3.
+const _: () = assert!(COUNT_SHARE <= 1.0 / 3.0);
+
 /// The noisy count that divides the gradient sums is floored at this many of its standard
 /// deviations (module docs, step 3).
 pub const COUNT_FLOOR_SIGMAS: f64 = 3.0;
@@ -330,6 +343,12 @@ impl GaussianGd {
             )
         };
         let sensitivity = if replace { 2.0 * clip } else { clip };
+        if !sensitivity.is_finite() {
+            // 2·clip overflows: no noise is representable (the caller names `clip`).
+            return Err(PrivacyError::Infeasible(format!(
+                "the gradient sensitivity 2·clip = {sensitivity} is not a finite number"
+            )));
+        }
         let grad_mech = GaussianMechanism::from_mu(mu_g, sensitivity)?;
         Ok(GaussianGd {
             iterations,

@@ -9,16 +9,19 @@
 //! row order, which only matters through floating-point summation order inside the kernels (the
 //! kernels make their sensitivity-relevant sums exact; see `optim::linreg`).
 //!
-//! Bad input (SQL.md, "Bad input"):
-//! - a row whose label or feature list is NULL, or whose label or any feature is NULL or NaN, is
-//!   skipped;
-//! - ±infinity is kept: each kernel clamps or clips it like any other out-of-range value;
-//! - a feature list whose length differs from the expected length (the first row's, or the one
-//!   fixed at planning by [`RowBuffer::with_dims`]) fails the query with an error naming the
-//!   expected length. All partitions must agree. The error is raised while rows are read, before
-//!   any noise is drawn;
-//! - with [`LabelKind::Binary`], a label that is not 0/1 (or a Boolean) fails the query with an
-//!   error that names the accepted values but not the row.
+//! Bad input (SQL.md, "Bad input"). Nothing that depends on data values fails the query: the
+//! analyst writes the label and feature expressions, so an error raised by a value would be a
+//! 1-bit oracle on any predicate (e.g. a label `CASE WHEN name = 'x' THEN 2 ELSE y END`).
+//! Evaluation is total; a bad row is skipped and counts as missing, like a NULL row (it is in
+//! [`RowBuffer::seen`], not in the rows):
+//! - a row whose label or feature list is NULL, or whose label or any feature is NULL or NaN;
+//! - with [`LabelKind::Binary`], a row whose label is not 0/1 (or a Boolean);
+//! - a row whose feature list has another length than the expected one (fixed at planning by
+//!   [`RowBuffer::with_dims`] when the query fixes it, otherwise by the first usable row read),
+//!   and, when partitions are merged, a partition's rows of another length.
+//!
+//! ±infinity is kept: each kernel clamps or clips it like any other out-of-range value. Wrong
+//! types (known before any row is read) remain errors.
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, ListArray, UInt64Array};
@@ -33,7 +36,7 @@ use datafusion::logical_expr::utils::format_state_name;
 pub enum LabelKind {
     /// Any real number (regression). ±infinity is kept for the kernel to clamp.
     Real,
-    /// 0 or 1 as a number, or a Boolean (classification). Anything else is an error.
+    /// 0 or 1 as a number, or a Boolean (classification). Any other value skips the row.
     Binary,
 }
 
@@ -85,15 +88,6 @@ fn list_scalar(values: &[f64]) -> ScalarValue {
         None,
     );
     ScalarValue::List(Arc::new(arr))
-}
-
-/// The error for a feature list of the wrong length. Names the expected length only.
-fn length_error(expected: usize, got: usize) -> DataFusionError {
-    DataFusionError::Execution(format!(
-        "features: every feature list must have the same length; expected {expected} values, \
-         got a list of {got} (the model's feature count is fixed by the first row, or by a \
-         fixed-size list type)"
-    ))
 }
 
 /// Feature lists as (per-row offsets into `values`, validity, Float64 values).
@@ -153,7 +147,8 @@ fn feature_lists(features: &ArrayRef) -> Result<FeatureLists> {
     }
 }
 
-/// Labels as f64 (NaN for NULL), checked against `kind`.
+/// Labels as f64: NaN for NULL, and with [`LabelKind::Binary`] for anything but 0 and 1 (so
+/// that the row is skipped, never an error: module docs).
 fn labels_f64(label: &ArrayRef, kind: LabelKind) -> Result<Vec<f64>> {
     let n = label.len();
     let nulls = label.logical_nulls();
@@ -186,12 +181,11 @@ fn labels_f64(label: &ArrayRef, kind: LabelKind) -> Result<Vec<f64>> {
             )));
         }
     };
-    if kind == LabelKind::Binary && out.iter().any(|&y| !(y.is_nan() || y == 0.0 || y == 1.0)) {
-        return Err(DataFusionError::Execution(
-            "label: classification labels must be 0 or 1 (numbers) or booleans; NULL and NaN \
-             rows are skipped"
-                .into(),
-        ));
+    if kind == LabelKind::Binary {
+        return Ok(out
+            .into_iter()
+            .map(|y| if y == 0.0 || y == 1.0 { y } else { f64::NAN })
+            .collect());
     }
     Ok(out)
 }
@@ -230,20 +224,22 @@ impl RowBuffer {
         self.dims
     }
 
-    fn fix_dims(&mut self, d: usize) -> Result<()> {
+    /// Fixes the feature count to `d` if it is not fixed yet; whether rows of length `d` are
+    /// kept.
+    fn accepts(&mut self, d: usize) -> bool {
         match self.dims {
-            Some(e) if e != d => Err(length_error(e, d)),
-            Some(_) => Ok(()),
+            Some(e) => e == d,
             None => {
                 self.dims = Some(d);
                 self.rows.d = d;
-                Ok(())
+                true
             }
         }
     }
 
-    /// Appends the rows of one batch (module docs for what is skipped or rejected). On error
-    /// the buffer is left unchanged.
+    /// Appends the rows of one batch (module docs for what is skipped). Errors only for
+    /// types and internal inconsistencies (never for a data value); on error the buffer is
+    /// left unchanged.
     pub fn update(&mut self, label: &ArrayRef, features: &ArrayRef) -> Result<()> {
         if label.len() != features.len() {
             return Err(DataFusionError::Internal(format!(
@@ -256,32 +252,17 @@ impl RowBuffer {
         let f = feature_lists(features)?;
         let vals = f.values.values();
         let vnulls = f.values.nulls();
-        // First pass: check lengths of every row that is not skipped for a NULL label/list.
-        let mut dims = self.dims;
-        for i in 0..y.len() {
-            if y[i].is_nan() || f.valid.as_ref().is_some_and(|v| !v[i]) {
-                continue;
-            }
-            let len = f.offsets[i + 1] - f.offsets[i];
-            match dims {
-                Some(e) if e != len => return Err(length_error(e, len)),
-                Some(_) => {}
-                None => dims = Some(len),
-            }
-        }
-        let Some(d) = dims else {
-            self.seen += y.len() as u64; // no usable row in this batch
-            return Ok(());
-        };
-        self.fix_dims(d)?;
-        self.seen += y.len() as u64;
-        self.rows.x.reserve(y.len() * d);
-        self.rows.labels.reserve(y.len());
+        self.seen = self.seen.saturating_add(y.len() as u64);
         for i in 0..y.len() {
             if y[i].is_nan() || f.valid.as_ref().is_some_and(|v| !v[i]) {
                 continue;
             }
             let (a, b) = (f.offsets[i], f.offsets[i + 1]);
+            // A list of another length: skipped, counted as missing (module docs). The first
+            // usable row fixes the length when the query does not.
+            if !self.accepts(b - a) {
+                continue;
+            }
             let row = &vals[a..b];
             if row.iter().any(|v| v.is_nan())
                 || vnulls.is_some_and(|n| (a..b).any(|j| n.is_null(j)))
@@ -350,13 +331,17 @@ impl RowBuffer {
                 continue;
             }
             let d = dims.value(r) as usize;
-            self.fix_dims(d)?;
             let l = labels.value(r);
             let f = feats.value(r);
             let l = l.as_primitive_opt::<Float64Type>().ok_or_else(bad)?;
             let f = f.as_primitive_opt::<Float64Type>().ok_or_else(bad)?;
             if f.len() != l.len() * d {
                 return Err(bad());
+            }
+            // A partition whose rows have another length: skipped, counted as missing (their
+            // rows are already in its `seen`).
+            if l.is_empty() || !self.accepts(d) {
+                continue;
             }
             self.rows.labels.extend_from_slice(l.values());
             self.rows.x.extend_from_slice(f.values());
@@ -463,8 +448,10 @@ mod tests {
         assert_eq!(b.rows().n(), 2);
     }
 
+    /// A list of another length is skipped and counted as missing, never an error (a
+    /// data-dependent error is a 1-bit oracle: module docs).
     #[test]
-    fn wrong_length_fails_and_leaves_buffer() {
+    fn wrong_length_is_skipped() {
         let mut b = RowBuffer::new(LabelKind::Real);
         let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 2.0]));
         b.update(
@@ -472,23 +459,34 @@ mod tests {
             &list(vec![Some(vec![Some(1.0)]), Some(vec![Some(1.0)])]),
         )
         .unwrap();
-        let e = b
-            .update(
-                &y,
-                &list(vec![
-                    Some(vec![Some(1.0)]),
-                    Some(vec![Some(1.0), Some(3.0)]),
-                ]),
-            )
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("expected 1 values"), "{e}");
-        assert_eq!(b.rows().n(), 2);
-        // A NULL-label row with a wrong length is skipped, not an error.
+        b.update(
+            &y,
+            &list(vec![
+                Some(vec![Some(1.0)]),
+                Some(vec![Some(1.0), Some(3.0)]),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(b.rows().n(), 3);
+        assert_eq!(b.seen(), 4);
+        assert_eq!(b.rows().x, vec![1.0, 1.0, 1.0]);
+        // A NULL-label row with a wrong length is skipped too.
         let y: ArrayRef = Arc::new(Float64Array::from(vec![None, Some(1.0)]));
         b.update(&y, &list(vec![Some(vec![]), Some(vec![Some(2.0)])]))
             .unwrap();
-        assert_eq!(b.rows().n(), 3);
+        assert_eq!(b.rows().n(), 4);
+        // Length fixed at planning: the first row does not get to choose.
+        let mut p = RowBuffer::with_dims(LabelKind::Real, 2);
+        let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 2.0]));
+        p.update(
+            &y,
+            &list(vec![
+                Some(vec![Some(1.0)]),
+                Some(vec![Some(1.0), Some(2.0)]),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((p.rows().n(), p.seen()), (1, 2));
     }
 
     #[test]
@@ -520,21 +518,28 @@ mod tests {
         assert_eq!(m.rows().labels, vec![1.0, 0.0, 1.0, 0.0]);
         assert_eq!(m.rows().row(3), &[3.0, 4.0]);
         assert_eq!(m.seen(), 4);
+        // Partitions of another length are skipped (counted as missing), not an error.
         let mut other = RowBuffer::with_dims(LabelKind::Binary, 3);
-        let e = other.merge(&states).unwrap_err().to_string();
-        assert!(e.contains("expected 3 values"), "{e}");
+        other.merge(&states).unwrap();
+        assert_eq!(
+            (other.rows().n(), other.seen(), other.dims()),
+            (0, 2, Some(3))
+        );
     }
 
+    /// A classification label other than 0/1 skips the row (counted as missing), no error.
     #[test]
-    fn binary_labels_checked() {
+    fn binary_labels_outside_0_1_are_skipped() {
         let mut b = RowBuffer::new(LabelKind::Binary);
         let x = list(vec![Some(vec![Some(1.0)]), Some(vec![Some(1.0)])]);
         let ok: ArrayRef = Arc::new(Int64Array::from(vec![Some(0), None]));
         b.update(&ok, &x).unwrap();
-        let bad: ArrayRef = Arc::new(Int64Array::from(vec![0, 2]));
-        let e = b.update(&bad, &x).unwrap_err().to_string();
-        assert!(e.contains("0 or 1"), "{e}");
-        assert_eq!(b.rows().n(), 1);
+        let bad: ArrayRef = Arc::new(Int64Array::from(vec![1, 2]));
+        b.update(&bad, &x).unwrap();
+        let worse: ArrayRef = Arc::new(Float64Array::from(vec![0.5, f64::INFINITY]));
+        b.update(&worse, &x).unwrap();
+        assert_eq!(b.rows().labels, vec![0.0, 1.0]);
+        assert_eq!(b.seen(), 6);
     }
 
     #[test]

@@ -20,8 +20,7 @@ pub use calibrate::{
 pub use error::PrivacyError;
 pub use profile::{Event, Profile};
 
-/// Google dp-accounting's reference numbers (copied from ../shared/reference so that a clean
-/// clone can run the tests).
+/// Google dp-accounting's reference numbers (`udfs/tests/data/accounting_vectors.json`).
 #[cfg(test)]
 pub(crate) fn test_vectors() -> serde_json::Value {
     serde_json::from_str(include_str!("../../tests/data/accounting_vectors.json"))

@@ -1,0 +1,180 @@
+//! `dpfusion ledger …`: check, re-seal and migrate a privacy ledger (docs/LEDGER.md).
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use dpfusion::accounting::{self, LEDGER_FORMAT, LedgerReport, Visibility};
+
+pub const HELP: &str = "\
+dpfusion ledger — check and maintain a privacy ledger (docs/LEDGER.md)
+
+USAGE:
+    dpfusion ledger verify [PATH]
+    dpfusion ledger reseal PATH
+    dpfusion ledger migrate PATH
+
+PATH defaults to ./.dpfusion/ledger.jsonl. The sidecar PATH.head lives beside the ledger.
+
+COMMANDS:
+    verify     Check the ledger without changing it: the header, the hash chain of every line,
+               the sidecar (no line cut from the end, the last line unedited) and every record.
+               Prints records, tables, charges and the ε spent per table.
+    reseal     Data owner only: write a new sidecar for the ledger as it is, after its chain is
+               checked (e.g. a ledger restored from a backup without its .head). This accepts
+               the ledger as complete: a cut to a shorter ledger is no longer detectable.
+    migrate    Convert a ledger written by an earlier dpfusion (format 1: no header, no hash
+               chain) to the current format. Stop every session on it first. The original is
+               kept as PATH.v1.bak.
+
+EXIT STATUS:
+    0 when the ledger verifies (or the command succeeded); 1 when it does not (what is wrong
+    and where is printed on stderr); 2 for a bad command line.
+";
+
+const DEFAULT: &str = ".dpfusion/ledger.jsonl";
+
+/// Runs `dpfusion ledger ARGS…` (the arguments after `ledger`).
+pub fn run(args: &[String]) -> ExitCode {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    if args.iter().any(|a| matches!(*a, "-h" | "--help")) || args.is_empty() {
+        print!("{HELP}");
+        return if args.is_empty() {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    let (cmd, rest) = (args[0], &args[1..]);
+    if rest.len() > 1 || rest.first().is_some_and(|a| a.starts_with('-')) {
+        return usage(&format!("unexpected argument '{}'", rest[rest.len() - 1]));
+    }
+    let path = rest.first().map(PathBuf::from);
+    match (cmd, path) {
+        ("verify", p) => verify(&p.unwrap_or_else(|| PathBuf::from(DEFAULT))),
+        ("reseal", Some(p)) => reseal(&p),
+        ("migrate", Some(p)) => migrate(&p),
+        ("reseal" | "migrate", None) => usage(&format!("'ledger {cmd}' needs the ledger's PATH")),
+        (other, _) => usage(&format!("unknown ledger command '{other}'")),
+    }
+}
+
+fn usage(msg: &str) -> ExitCode {
+    eprintln!("dpfusion ledger: {msg}\nTry 'dpfusion ledger --help'.");
+    ExitCode::from(2)
+}
+
+fn fail(cmd: &str, e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("dpfusion ledger {cmd}: FAILED: {e}");
+    ExitCode::from(1)
+}
+
+fn verify(path: &Path) -> ExitCode {
+    match accounting::verify(path) {
+        Ok(r) => {
+            println!(
+                "ledger {}: OK (format {LEDGER_FORMAT}, chain and sidecar verified)",
+                path.display()
+            );
+            print_report(&r);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail("verify", e),
+    }
+}
+
+fn reseal(path: &Path) -> ExitCode {
+    match accounting::reseal(path) {
+        Ok(r) => {
+            println!(
+                "ledger {}: chain verified; wrote a new sidecar {} for {} lines",
+                path.display(),
+                accounting::head_path(path).display(),
+                r.lines
+            );
+            print_report(&r);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail("reseal", e),
+    }
+}
+
+fn migrate(path: &Path) -> ExitCode {
+    match accounting::migrate(path) {
+        Ok(m) => {
+            println!(
+                "ledger {}: migrated {} records to format {LEDGER_FORMAT}; the original is kept \
+                 as {}",
+                path.display(),
+                m.records,
+                m.backup.display()
+            );
+            if m.torn > 0 {
+                println!(
+                    "note: the last {} bytes were a line without its newline (an interrupted \
+                     append, never admitted) and were left out",
+                    m.torn
+                );
+            }
+            verify(path)
+        }
+        Err(e) => fail("migrate", e),
+    }
+}
+
+fn print_report(r: &LedgerReport) {
+    println!(
+        "ledger id: {}",
+        r.ledger_id.as_deref().unwrap_or("(none yet)")
+    );
+    println!(
+        "records: {} lines ({} header, {} policy, {} owner, {} charge)",
+        r.lines,
+        u64::from(r.ledger_id.is_some()),
+        r.policy_records,
+        r.owner_records,
+        r.charges
+    );
+    println!("tables: {}", r.tables.len());
+    if !r.tables.is_empty() {
+        let rows: Vec<[String; 6]> = r
+            .tables
+            .iter()
+            .map(|t| {
+                [
+                    t.name.clone(),
+                    t.key.to_string(),
+                    match t.visibility {
+                        Some(Visibility::Private) => "private".into(),
+                        Some(Visibility::Public) => "public".into(),
+                        None => "session".into(),
+                    },
+                    t.budget
+                        .map_or("-".into(), |b| format!("ε={} δ={:e}", b.epsilon, b.delta)),
+                    format!("{:.4}", t.spent),
+                    t.charges.to_string(),
+                ]
+            })
+            .collect();
+        let header = ["table", "key", "visibility", "budget", "spent ε", "charges"];
+        let mut w = header.map(|h| h.chars().count());
+        for row in &rows {
+            for (i, c) in row.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let line = |cells: [&str; 6]| {
+            let s: Vec<String> = cells
+                .iter()
+                .enumerate()
+                .map(|(i, c)| format!("{c}{}", " ".repeat(w[i] - c.chars().count())))
+                .collect();
+            println!("  {}", s.join("  ").trim_end());
+        };
+        line(header);
+        for row in &rows {
+            line(row.each_ref().map(String::as_str));
+        }
+    }
+    for n in &r.notes {
+        println!("note: {n}");
+    }
+}

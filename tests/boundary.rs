@@ -1,0 +1,1932 @@
+//! The attack corpus of issue 14: a hostile analyst who controls every byte of SQL against the
+//! boundary of src/guard. Every query is either refused (the message names the reason, nothing is
+//! read, nothing is charged) or admitted with exactly the charge of its DP calls (the ledger grows
+//! by exactly the events the guard computed, the receipt names the table, the output carries no
+//! raw salary). Classes:
+//! a. subqueries reading a private table anywhere;
+//! b. data-dependent errors (each run with a predicate that selects a row and one that selects
+//!    none: both must succeed, or both be refused before anything is read);
+//! c. functions, literals and lists whose per-row cost the analyst controls;
+//! d. EXPLAIN in every form;
+//! e. statements that could exhaust the stack (run in a child process: a crash is a failure);
+//! f. COPY outside the owner's output directory;
+//! g. case-sensitive public columns;
+//! h. windows, DISTINCT, UNION, joins, LIMIT, ORDER BY, GROUPING SETS, recursion, UNNEST in the
+//!    private region; DP functions as windows; DP aggregates over DP releases.
+use std::path::{Path, PathBuf};
+
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use dpfusion::session::EXECUTION_FAILED;
+use dpfusion::{PrivateSession, QueryResult, Registration, SessionOptions};
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "dpfusion-boundary-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn people_csv() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
+}
+
+fn depts_csv() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/depts.csv")
+}
+
+async fn open(dir: &Path, opts: SessionOptions) -> PrivateSession {
+    PrivateSession::open(
+        opts.with_ledger(dir.join("ledger.jsonl"))
+            .with_default_budget(1_000_000.0, 1e-3)
+            .with_target_partitions(2),
+    )
+    .await
+    .unwrap()
+}
+
+/// people: private, add/remove. staff: a copy, private, replace, `dept` public. depts: public.
+async fn session(dir: &Path, opts: SessionOptions) -> PrivateSession {
+    let s = open(dir, opts).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let staff = dir.join("staff.csv");
+    std::fs::copy(people_csv(), &staff).unwrap();
+    s.register_csv(
+        "staff",
+        &staff,
+        Registration::private().replace().public_columns(["dept"]),
+    )
+    .await
+    .unwrap();
+    s.register_csv("depts", depts_csv(), Registration::public())
+        .await
+        .unwrap();
+    s
+}
+
+/// Every salary of the private table, as written in the file (the raw values that must never
+/// appear in an output or an error).
+fn salaries() -> Vec<String> {
+    std::fs::read_to_string(people_csv())
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(3).unwrap().to_string())
+        .collect()
+}
+
+fn cells(r: &QueryResult) -> Vec<String> {
+    let opts = FormatOptions::default().with_null("NULL");
+    let mut out = Vec::new();
+    for b in &r.batches {
+        for c in b.columns() {
+            let f = ArrayFormatter::try_new(c.as_ref(), &opts).unwrap();
+            for i in 0..b.num_rows() {
+                out.push(f.value(i).to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The raw value `text` carries, if any.
+fn carries_raw(text: &str, raw: &[String]) -> Option<String> {
+    raw.iter()
+        .find(|v| {
+            text.contains(v.as_str())
+                || v.parse::<f64>()
+                    .ok()
+                    .is_some_and(|x| text.trim().parse::<f64>().ok() == Some(x))
+        })
+        .cloned()
+}
+
+#[derive(Debug, Clone)]
+enum Expect {
+    /// Refused; the message contains one of the `|`-separated needles.
+    Refused(&'static str),
+    /// Admitted with exactly these DP calls (function, ε), charged to these tables
+    /// (comma-separated, sorted; "" for a query that reads no private table).
+    Admitted(&'static [(&'static str, f64)], &'static str),
+}
+use Expect::*;
+
+#[derive(Debug, Clone)]
+struct Case {
+    sql: String,
+    expect: Expect,
+}
+
+fn case(sql: impl Into<String>, expect: Expect) -> Case {
+    Case {
+        sql: sql.into(),
+        expect,
+    }
+}
+
+fn refused(sql: impl Into<String>, needle: &'static str) -> Case {
+    case(sql, Refused(needle))
+}
+
+fn admitted(
+    sql: impl Into<String>,
+    calls: &'static [(&'static str, f64)],
+    tables: &'static str,
+) -> Case {
+    case(sql, Admitted(calls, tables))
+}
+
+const PRIVATE: &[&str] = &["people", "staff", "jobs", "zpeople", "t"];
+
+fn scans(s: &PrivateSession) -> Vec<u64> {
+    PRIVATE.iter().map(|t| s.scans(t)).collect()
+}
+
+/// Runs one case; returns what was wrong (empty: as expected).
+async fn judge(s: &PrivateSession, c: &Case, raw: &[String]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let sql = &c.sql;
+    let short: String = sql.chars().take(160).collect();
+    match &c.expect {
+        Refused(needles) => {
+            let before = (scans(s), s.ledger().len());
+            match s.sql(sql).await {
+                Ok(_) => wrong.push(format!("ADMITTED (should be refused): {short}")),
+                Err(e) => {
+                    let msg = e.to_string();
+                    if !needles.split('|').any(|n| msg.contains(n)) {
+                        wrong.push(format!(
+                            "{short}\n    expected '{needles}'\n    got: {}",
+                            msg.chars().take(400).collect::<String>()
+                        ));
+                    }
+                    if let Some(v) = carries_raw(&msg, raw) {
+                        wrong.push(format!("ERROR CARRIES RAW VALUE {v}: {short}"));
+                    }
+                }
+            }
+            if scans(s) != before.0 {
+                wrong.push(format!("READ DATA although refused: {short}"));
+            }
+            if s.ledger().len() != before.1 {
+                wrong.push(format!("CHARGED although refused: {short}"));
+            }
+        }
+        Admitted(calls, tables) => {
+            let before_ledger = s.ledger();
+            let before_scans = scans(s);
+            // What the guard says the query costs, without running it.
+            let checked = match s.check(sql).await {
+                Ok(g) => g,
+                Err(e) => {
+                    wrong.push(format!("REFUSED (should be admitted): {short}\n    {e}"));
+                    return wrong;
+                }
+            };
+            if s.ledger() != before_ledger || scans(s) != before_scans {
+                wrong.push(format!("check() charged or read: {short}"));
+            }
+            let mut got: Vec<(String, String)> = checked
+                .calls
+                .iter()
+                .map(|c| (c.function.clone(), format!("{:.6}", c.epsilon)))
+                .collect();
+            got.sort();
+            let mut want: Vec<(String, String)> = calls
+                .iter()
+                .map(|(f, e)| (f.to_string(), format!("{e:.6}")))
+                .collect();
+            want.sort();
+            if got != want {
+                wrong.push(format!("{short}\n    calls {got:?}\n    expected {want:?}"));
+            }
+            let r = match s.sql(sql).await {
+                Ok(r) => r,
+                Err(e) => {
+                    wrong.push(format!("FAILED (should run): {short}\n    {e}"));
+                    return wrong;
+                }
+            };
+            let after = s.ledger();
+            let mut names: Vec<String> =
+                checked.calls.iter().map(|c| c.table.name.clone()).collect();
+            names.sort();
+            names.dedup();
+            if names.join(",") != *tables {
+                wrong.push(format!(
+                    "{short}\n    tables {names:?}, expected '{tables}'"
+                ));
+            }
+            if calls.is_empty() {
+                if after.len() != before_ledger.len() || r.receipt.is_some() {
+                    wrong.push(format!("CHARGED a query with no DP call: {short}"));
+                }
+            } else if after.len() != before_ledger.len() + 1 {
+                wrong.push(format!(
+                    "ledger grew by {} entries: {short}",
+                    after.len() as i64 - before_ledger.len() as i64
+                ));
+            } else {
+                // The charge is exactly the events of the calls, per table.
+                let entry = after.last().unwrap();
+                for t in &entry.tables {
+                    let expected: Vec<_> = checked
+                        .calls
+                        .iter()
+                        .filter(|c| c.table.key == t.key)
+                        .flat_map(|c| c.events.iter().cloned())
+                        .collect();
+                    if t.events != expected {
+                        wrong.push(format!(
+                            "{short}\n    charged {:?}\n    calls cost {expected:?}",
+                            t.events
+                        ));
+                    }
+                }
+                let mut charged: Vec<String> =
+                    entry.tables.iter().map(|t| t.name.clone()).collect();
+                charged.sort();
+                let receipt: Vec<String> = match &r.receipt {
+                    Some(rc) => {
+                        let mut v: Vec<String> = rc.tables.iter().map(|t| t.name.clone()).collect();
+                        v.sort();
+                        v
+                    }
+                    None => vec![],
+                };
+                if charged.join(",") != *tables || receipt.join(",") != *tables {
+                    wrong.push(format!(
+                        "{short}\n    ledger tables {charged:?}, receipt {receipt:?}, expected '{tables}'"
+                    ));
+                }
+            }
+            for v in cells(&r) {
+                if let Some(x) = carries_raw(&v, raw) {
+                    wrong.push(format!("OUTPUT CARRIES RAW VALUE {x}: {short}"));
+                    break;
+                }
+            }
+        }
+    }
+    wrong
+}
+
+async fn run_cases(s: &PrivateSession, cases: &[Case]) -> Vec<String> {
+    let raw = salaries();
+    let mut wrong = Vec::new();
+    for c in cases {
+        wrong.extend(judge(s, c, &raw).await);
+    }
+    wrong
+}
+
+// ---- a. subqueries reading a private table anywhere ---------------------------------------------
+
+const PRIV: &str = "private table 'people'";
+const PRIV_ANY: &str = "private table";
+/// A scalar subquery in WHERE over VALUES: the optimizer joins the private scan into the DP
+/// aggregate's input, and the region refuses it.
+const PRIV_JOINED: &str = "between private table";
+
+fn class_a() -> Vec<Case> {
+    let v = "FROM (VALUES (1)) t(x)";
+    let leak = "(SELECT dept || ',' || salary FROM people WHERE id = 17)";
+    vec![
+        refused(format!("SELECT {leak} AS leak, dp_count(x, 1.0) {v}"), PRIV),
+        refused(format!("SELECT dp_count(x, 1.0) {v} GROUP BY {leak}"), PRIV),
+        refused(
+            format!("SELECT {leak} AS leak, dp_count(x, 1.0) {v} GROUP BY {leak}"),
+            PRIV,
+        ),
+        refused(
+            format!("SELECT dp_sum((SELECT salary FROM people WHERE id = 17), 0, 1e6, 1.0) {v}"),
+            PRIV,
+        ),
+        refused(
+            format!("SELECT dp_count(x + (SELECT max(salary) FROM people), 1.0) {v}"),
+            PRIV,
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(x, 1.0) FILTER (WHERE x < (SELECT salary FROM people WHERE id = 17)) {v}"
+            ),
+            PRIV,
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(x, 1.0) {v} WHERE x < (SELECT salary FROM people WHERE id = 17)"
+            ),
+            PRIV_JOINED,
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(x, 1.0) {v} HAVING dp_count(x, 1.0) < (SELECT max(salary) FROM people)"
+            ),
+            PRIV,
+        ),
+        refused(
+            format!("SELECT dp_count(x, 1.0) AS c {v} ORDER BY (SELECT max(salary) FROM people)"),
+            PRIV,
+        ),
+        refused(
+            format!("SELECT dp_count(x, 1.0) AS c {v} LIMIT (SELECT count(*) FROM people)"),
+            "private table|LIMIT",
+        ),
+        refused(
+            format!("SELECT dp_count(x, 1.0) AS c {v} OFFSET (SELECT count(*) FROM people)"),
+            "private table|OFFSET",
+        ),
+        refused(
+            "SELECT dp_count(a.floor, 1.0) FROM depts a JOIN depts b ON a.dept = b.dept \
+             AND a.floor < (SELECT max(age) FROM people)",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_count(a.floor, 1.0) FROM depts a LEFT JOIN depts b ON a.dept = b.dept \
+             AND EXISTS (SELECT 1 FROM people WHERE id = 17)",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_count(x, 1.0) FROM (VALUES ((SELECT max(salary) FROM people))) t(x)",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_count(x, 1.0) FROM (VALUES (1), ((SELECT salary FROM people WHERE id = 17))) t(x)",
+            PRIV,
+        ),
+        refused(
+            format!(
+                "SELECT CASE WHEN dp_count(x, 1.0) > 0 THEN (SELECT max(salary) FROM people) END {v}"
+            ),
+            PRIV,
+        ),
+        refused(
+            format!(
+                "SELECT CASE WHEN (SELECT salary FROM people WHERE id = 17) > 1e5 THEN 1 ELSE 0 END, dp_count(x, 1.0) {v}"
+            ),
+            PRIV,
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(x, 1.0) {v} WHERE x IN (SELECT id FROM people WHERE salary > 100000)"
+            ),
+            PRIV,
+        ),
+        refused(
+            format!("SELECT dp_count(x, 1.0) {v} WHERE x NOT IN (SELECT id FROM people)"),
+            PRIV,
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(x, 1.0) {v} WHERE EXISTS (SELECT 1 FROM people WHERE id = 17 AND salary > 100000)"
+            ),
+            PRIV,
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(x, 1.0) {v} WHERE NOT EXISTS (SELECT 1 FROM people WHERE id = 17)"
+            ),
+            PRIV,
+        ),
+        refused(
+            format!("SELECT dp_count(x, 1.0) {v} WHERE x = ANY (SELECT id FROM people)"),
+            "private table|ANY|subquery",
+        ),
+        refused(
+            format!("SELECT dp_count(x, 1.0) {v} WHERE x > ALL (SELECT age FROM people)"),
+            "private table|ALL|subquery",
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(x, 1.0) {v} WHERE x < (SELECT (SELECT (SELECT max(salary) FROM people)))"
+            ),
+            PRIV_JOINED,
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(x, 1.0) {v} WHERE x < (SELECT max(y) FROM (SELECT (SELECT min(salary) FROM (SELECT salary FROM people WHERE id < 20) a) AS y) b)"
+            ),
+            PRIV_JOINED,
+        ),
+        refused(
+            format!(
+                "WITH leak AS (SELECT salary FROM people WHERE id = 17) SELECT (SELECT salary FROM leak) AS l, dp_count(x, 1.0) {v}"
+            ),
+            PRIV,
+        ),
+        refused(
+            "WITH a AS (SELECT id FROM people), b AS (SELECT (SELECT max(id) FROM a) AS m) SELECT m FROM b",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_count(x, 1.0) FROM (VALUES (17)) t(x) WHERE EXISTS \
+             (SELECT 1 FROM people p WHERE p.id = t.x AND p.salary > 100000)",
+            PRIV,
+        ),
+        refused(
+            "SELECT (SELECT max(p.salary) FROM people p WHERE p.id = t.x) AS l, dp_count(x, 1.0) \
+             FROM (VALUES (17)) t(x) GROUP BY x",
+            PRIV,
+        ),
+        refused(
+            format!(
+                "SELECT (SELECT string_agg(CAST(salary AS VARCHAR), ',') FROM people) AS l, dp_count(x, 1.0) {v}"
+            ),
+            PRIV,
+        ),
+        refused(
+            format!("SELECT (SELECT array_agg(salary) FROM people) AS l, dp_count(x, 1.0) {v}"),
+            PRIV,
+        ),
+        refused(
+            format!(
+                "SELECT (SELECT min(salary) FROM people) AS lo, (SELECT max(salary) FROM people) AS hi, dp_count(x, 1.0) {v}"
+            ),
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_sum(salary - (SELECT min(salary) FROM people), 0, 1e6, 1.0) FROM people",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people WHERE salary > (SELECT avg(salary) FROM people)",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people WHERE age < (SELECT max(age) FROM staff)",
+            PRIV_ANY,
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people GROUP BY dept || (SELECT max(dept) FROM people)",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people WHERE dept IN (SELECT dept FROM depts)",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people p WHERE EXISTS (SELECT 1 FROM people q WHERE q.id = p.id + 1)",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_sum(salary, 0, (SELECT max(salary) FROM people), 1.0) FROM people",
+            "private table 'people'|must be a literal",
+        ),
+        refused(
+            "SELECT dp_count(age, (SELECT 1.0)) FROM people",
+            "must be a literal",
+        ),
+        refused(
+            "SELECT dp_count(x, 1.0) FROM (SELECT 1 AS x UNION ALL SELECT (SELECT max(age) FROM people)) t",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_count(a.x, 1.0) FROM (VALUES (1)) a(x) JOIN (SELECT id FROM people) b ON a.x = b.id",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_count(x, 1.0) FROM (VALUES (17)) t(x), LATERAL (SELECT salary FROM people WHERE id = t.x) l",
+            "private table|LATERAL|lateral|correlated",
+        ),
+        refused(
+            "SELECT dp_count(x, 1.0) FROM (SELECT row_number() OVER (ORDER BY (SELECT max(salary) FROM people)) AS x FROM depts) t",
+            PRIV,
+        ),
+        refused(
+            "SELECT dp_sum(CASE WHEN id = 17 THEN (SELECT max(salary) FROM people) ELSE 0 END, 0, 1e6, 1.0) FROM people",
+            PRIV,
+        ),
+        refused(
+            "SELECT (SELECT dp_count(age, 1.0) FROM people WHERE salary > (SELECT max(salary) FROM people))",
+            PRIV,
+        ),
+        refused("SELECT (SELECT salary FROM people LIMIT 1)", PRIV),
+        refused(
+            format!("SELECT dp_count(x, 1.0) {v} WHERE (SELECT count(*) FROM people) > 100"),
+            PRIV_JOINED,
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(x, 1.0) {v} WHERE x = (SELECT count(*) FROM people WHERE id = 17)"
+            ),
+            PRIV_JOINED,
+        ),
+        refused(
+            "SELECT floor FROM depts WHERE floor = (SELECT age FROM people WHERE id = 17)",
+            PRIV,
+        ),
+        refused(
+            "SELECT dept, (SELECT max(salary) FROM staff s WHERE s.dept = d.dept) FROM depts d",
+            "private table 'staff'",
+        ),
+        // A DP release inside a subquery is a release: admitted and charged.
+        admitted(
+            format!("SELECT (SELECT dp_count(age, 1.0) FROM people) AS n, dp_count(x, 1.0) {v}"),
+            &[("dp_count", 1.0)],
+            "people",
+        ),
+        admitted(
+            "SELECT floor FROM depts WHERE floor < (SELECT dp_count(age, 0.5) FROM staff)",
+            &[("dp_count", 0.5)],
+            "staff",
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn a_subqueries_that_read_a_private_table_anywhere_are_refused() {
+    let dir = temp_dir("a");
+    let s = session(&dir, SessionOptions::default()).await;
+    let cases = class_a();
+    println!("class a: {} queries", cases.len());
+    let wrong = run_cases(&s, &cases).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Uncorrelated scalar subqueries over public tables or DP releases count as constants in the
+/// private region (admitted: both releases charged), or are refused when the optimizer turns
+/// them into a join; never read raw private rows.
+#[tokio::test]
+async fn a_scalar_subqueries_over_releases_in_the_private_region() {
+    let dir = temp_dir("a2");
+    let s = session(&dir, SessionOptions::default()).await;
+    let raw = salaries();
+    let mut wrong = Vec::new();
+    for (sql, calls) in [
+        (
+            "SELECT dp_count(age, 1.0) FROM people WHERE age > (SELECT dp_mean(age, 0, 100, 0.5) FROM people)",
+            &[("dp_count", 1.0), ("dp_mean", 0.5)][..],
+        ),
+        (
+            "SELECT dp_count(age, 1.0) FROM people WHERE age < (SELECT max(floor) * 20 FROM depts)",
+            &[("dp_count", 1.0)][..],
+        ),
+        (
+            "SELECT dp_sum(age * (SELECT min(floor) FROM depts), 0, 1000, 1.0) FROM people",
+            &[("dp_sum", 1.0)][..],
+        ),
+    ] {
+        let before = s.ledger().len();
+        match s.check(sql).await {
+            Ok(_) => {
+                let c = admitted(sql, Box::leak(calls.to_vec().into_boxed_slice()), "people");
+                wrong.extend(judge(&s, &c, &raw).await);
+            }
+            Err(e) => {
+                let m = e.to_string();
+                if !m.contains("dpfusion refused") {
+                    wrong.push(format!("{sql}: {m}"));
+                }
+                assert_eq!(s.ledger().len(), before);
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+// ---- b. data-dependent errors ---------------------------------------------------------------------
+
+/// A predicate that selects a row (id 17 exists) and one that selects none.
+const SELECTS_ONE: &str = "id = 17";
+const SELECTS_NONE: &str = "id = 99999";
+
+const COUNT: &[(&str, f64)] = &[("dp_count", 1.0)];
+const SUM: &[(&str, f64)] = &[("dp_sum", 1.0)];
+const MEAN: &[(&str, f64)] = &[("dp_mean", 1.0)];
+const COUNT_GROUPED: &[(&str, f64)] = &[("dp_count", 1.0), ("dp_partition_select", 1.0)];
+const LINREG: &[(&str, f64)] = &[("dp_linreg_gd", 1.0)];
+const LOGREG: &[(&str, f64)] = &[("dp_logreg_agd", 1.0)];
+
+/// Templates with `{P}`; each must behave the same for both predicates.
+fn class_b() -> Vec<(&'static str, Expect)> {
+    let sum = |e: &'static str| -> (&'static str, Expect) {
+        (
+            Box::leak(
+                format!(
+                    "SELECT dp_sum(CASE WHEN {{P}} THEN {e} ELSE 0 END, 0, 1, 1.0) FROM people"
+                )
+                .into_boxed_str(),
+            ),
+            Admitted(SUM, "people"),
+        )
+    };
+    vec![
+        // in a DP aggregate's argument
+        (
+            "SELECT dp_count(CASE WHEN {P} THEN CAST(dept AS INT) ELSE 1 END, 1.0) FROM people",
+            Admitted(COUNT, "people"),
+        ),
+        sum("CAST(dept AS DOUBLE)"),
+        sum("CAST(dept AS FLOAT)"),
+        sum("CAST(dept AS BIGINT)"),
+        sum("CAST(dept AS DECIMAL(5, 2))"),
+        sum("arrow_cast(dept, 'Int64')"),
+        sum("arrow_cast(salary * 1e30, 'Int64')"),
+        sum("CAST(salary AS BIGINT) * 9223372036854775807"),
+        sum("age + 9223372036854775807"),
+        sum("-(age - age - 9223372036854775807 - 1)"),
+        sum("CAST(salary * 1e20 AS BIGINT)"),
+        sum("CAST(salary AS TINYINT)"),
+        sum("1 / (id - id)"),
+        sum("age / (id - id)"),
+        sum("age % (id - id)"),
+        sum("CAST(age AS DECIMAL(10, 2)) / (id - id)"),
+        sum("power(age, 1000)"),
+        sum("power(CAST(age AS BIGINT), CAST(age AS BIGINT))"),
+        sum("date_part('year', to_date(dept))"),
+        sum("date_part('year', CAST(dept AS DATE))"),
+        sum("date_part('year', to_timestamp(dept))"),
+        sum("to_unixtime(dept)"),
+        sum("date_part('year', make_date(age, 13, 40))"),
+        (
+            "SELECT dp_sum(CASE WHEN {P} THEN length(substr(dept, 1, id - 1000)) ELSE 0 END, 0, 1, 1.0) FROM people",
+            Refused("Substring"),
+        ),
+        sum("length(split_part(dept, 'o', id - id))"),
+        sum("length(chr(age * 100000000))"),
+        sum("cardinality(make_array(age, dept))"),
+        sum("array_element(make_array(age), id)"),
+        sum("ln(age - age)"),
+        sum("CAST('NaN' AS DOUBLE)"),
+        sum("CAST('inf' AS DOUBLE)"),
+        sum("-CAST('inf' AS DOUBLE)"),
+        (
+            "SELECT dp_mean(CASE WHEN {P} THEN CAST('inf' AS DOUBLE) ELSE 1 END, 0, 1, 1.0) FROM people",
+            Admitted(MEAN, "people"),
+        ),
+        (
+            "SELECT dp_sum(CASE WHEN {P} THEN 1e308 ELSE 0 END, 0, 1e300, 1.0) FROM people",
+            Admitted(SUM, "people"),
+        ),
+        (
+            "SELECT dp_mean(CASE WHEN {P} THEN -1e308 ELSE 0 END, -1e300, 1e300, 1.0) FROM people",
+            Admitted(MEAN, "people"),
+        ),
+        // bare casts of a column, selected by WHERE (the value is not wrapped in a CASE)
+        (
+            "SELECT dp_sum(CAST(dept AS DOUBLE), 0, 1, 1.0) FROM people WHERE {P}",
+            Admitted(SUM, "people"),
+        ),
+        (
+            "SELECT dp_count(CAST(dept AS FLOAT), 1.0) FROM people WHERE {P}",
+            Admitted(COUNT, "people"),
+        ),
+        (
+            "SELECT dp_count(x, 1.0) FROM (SELECT CAST(dept AS DOUBLE) AS x FROM people WHERE {P}) t",
+            Admitted(COUNT, "people"),
+        ),
+        (
+            "SELECT dp_count(CAST(dept AS INT), 1.0) FROM people WHERE {P}",
+            Admitted(COUNT, "people"),
+        ),
+        // in WHERE
+        (
+            "SELECT dp_count(age, 1.0) FROM people WHERE CASE WHEN {P} THEN CAST(dept AS INT) > 0 ELSE true END",
+            Admitted(COUNT, "people"),
+        ),
+        (
+            "SELECT dp_count(age, 1.0) FROM people WHERE CASE WHEN {P} THEN 1 / (id - id) = 1 ELSE true END",
+            Admitted(COUNT, "people"),
+        ),
+        (
+            "SELECT dp_count(age, 1.0) FROM people WHERE {P} AND CAST(dept AS DOUBLE) > 0",
+            Admitted(COUNT, "people"),
+        ),
+        (
+            "SELECT dp_count(age, 1.0) FROM people WHERE {P} AND age * 9223372036854775807 > 0",
+            Admitted(COUNT, "people"),
+        ),
+        (
+            "SELECT dp_count(age, 1.0) FROM people WHERE {P} AND to_date(dept) > '2000-01-01'",
+            Admitted(COUNT, "people"),
+        ),
+        // in GROUP BY
+        (
+            "SELECT dp_count(age, 1.0) FROM people GROUP BY CASE WHEN {P} THEN CAST(dept AS INT) ELSE 0 END",
+            Admitted(COUNT_GROUPED, "people"),
+        ),
+        (
+            "SELECT dp_count(age, 1.0) FROM people WHERE {P} GROUP BY CAST(dept AS DOUBLE)",
+            Admitted(COUNT_GROUPED, "people"),
+        ),
+        (
+            "SELECT dp_count(age, 1.0) FROM people GROUP BY CASE WHEN {P} THEN 1 / (id - id) END",
+            Admitted(COUNT_GROUPED, "people"),
+        ),
+        // in FILTER (WHERE …)
+        (
+            "SELECT dp_count(age, 1.0) FILTER (WHERE CASE WHEN {P} THEN CAST(dept AS INT) = 1 ELSE true END) FROM people",
+            Admitted(COUNT, "people"),
+        ),
+        (
+            "SELECT dp_count(age, 1.0) FILTER (WHERE {P} AND 1 / (id - id) = 0) FROM people",
+            Admitted(COUNT, "people"),
+        ),
+        // model aggregates: a label outside {0, 1}, a feature list of the wrong length, NaN
+        (
+            "SELECT dp_logreg_agd(CASE WHEN {P} THEN 5.0 ELSE CAST(remote AS DOUBLE) END, [age / 100], 1.0) FROM zpeople",
+            Admitted(LOGREG, "zpeople"),
+        ),
+        (
+            "SELECT dp_logreg_agd(CAST(remote AS DOUBLE), CASE WHEN {P} THEN [age / 100, 1.0] ELSE [age / 100] END, 1.0) FROM zpeople",
+            Refused("length fixed in the query"),
+        ),
+        (
+            "SELECT dp_logreg_agd(CAST(remote AS DOUBLE), [CASE WHEN {P} THEN CAST('NaN' AS DOUBLE) ELSE age / 100 END], 1.0) FROM zpeople",
+            Admitted(LOGREG, "zpeople"),
+        ),
+        (
+            "SELECT dp_linreg_gd(salary / 100000, CASE WHEN {P} THEN [age / 100, 1.0] ELSE [age / 100] END, 1.0) FROM people",
+            Refused("length fixed in the query"),
+        ),
+        (
+            "SELECT dp_linreg_gd(CASE WHEN {P} THEN CAST('NaN' AS DOUBLE) ELSE salary / 100000 END, [age / 100], 1.0) FROM people",
+            Admitted(LINREG, "people"),
+        ),
+        // functions outside the fragment: refused before anything is read, whatever the data
+        (
+            "SELECT dp_sum(CASE WHEN {P} THEN factorial(age) ELSE 0 END, 0, 1, 1.0) FROM people",
+            Refused("factorial()"),
+        ),
+        (
+            "SELECT dp_sum(CASE WHEN {P} THEN lcm(age, 9223372036854775807) ELSE 0 END, 0, 1, 1.0) FROM people",
+            Refused("lcm()"),
+        ),
+        (
+            "SELECT dp_sum(CASE WHEN {P} THEN gcd(age, id - id) ELSE 0 END, 0, 1, 1.0) FROM people",
+            Refused("gcd()"),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn b_data_dependent_errors_never_fail_the_query() {
+    let dir = temp_dir("b");
+    let s = session(&dir, SessionOptions::default()).await;
+    // dp_logreg_agd is a zCDP mechanism: a copy of people under the zcdp filter.
+    let z = dir.join("zpeople.csv");
+    std::fs::copy(people_csv(), &z).unwrap();
+    s.register_csv(
+        "zpeople",
+        &z,
+        Registration::private().filter(dpfusion::session::FilterKind::Zcdp),
+    )
+    .await
+    .unwrap();
+    let raw = salaries();
+    let templates = class_b();
+    println!(
+        "class b: {} templates, {} queries",
+        templates.len(),
+        2 * templates.len()
+    );
+    let mut wrong = Vec::new();
+    for (t, expect) in &templates {
+        for p in [SELECTS_ONE, SELECTS_NONE] {
+            let sql = t.replace("{P}", p);
+            let problems = judge(&s, &case(sql.clone(), expect.clone()), &raw).await;
+            for w in problems {
+                let tag = if w.contains(EXECUTION_FAILED) {
+                    "DATA-DEPENDENT FAILURE"
+                } else {
+                    "WRONG"
+                };
+                wrong.push(format!("[{tag}, {p}] {w}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+// ---- c. per-row cost the analyst controls ---------------------------------------------------------
+
+fn class_c() -> Vec<Case> {
+    let big_literal = "x".repeat(1025);
+    let ok_literal = "x".repeat(1024);
+    let in_list = |n: usize| (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+    let sum_of = |col: &str, n: usize| vec![col; n].join(" + ");
+    vec![
+        refused(
+            "SELECT dp_count(repeat(dept, 100000000), 1.0) FROM people",
+            "repeat()",
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people WHERE length(repeat(dept, age * 1000000)) > 0",
+            "repeat()",
+        ),
+        refused(
+            "SELECT dp_count(lpad(dept, 100000000, 'x'), 1.0) FROM people",
+            "lpad()",
+        ),
+        refused(
+            "SELECT dp_count(rpad(dept, age * 1000000, dept), 1.0) FROM people",
+            "rpad()",
+        ),
+        refused(
+            "SELECT dp_count(replace(dept, 'o', dept), 1.0) FROM people",
+            "replace()",
+        ),
+        refused(
+            "SELECT dp_sum(cardinality(range(age * 1000000)), 0, 1, 1.0) FROM people",
+            "range()",
+        ),
+        refused(
+            "SELECT dp_sum(cardinality(generate_series(1, age * 1000000)), 0, 1, 1.0) FROM people",
+            "generate_series()",
+        ),
+        refused(
+            "SELECT dp_count(array_repeat(age, 100000000), 1.0) FROM people",
+            "array_repeat()",
+        ),
+        refused(
+            "SELECT dp_sum(levenshtein(dept, 'engineering'), 0, 10, 1.0) FROM people",
+            "levenshtein()",
+        ),
+        refused(
+            "SELECT dp_count(regexp_replace(dept, dept, 'x'), 1.0) FROM people",
+            "regexp_replace()",
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people WHERE regexp_like(dept, dept)",
+            "regexp_like()|literal pattern",
+        ),
+        refused(
+            "SELECT dp_count(regexp_match(dept, '(a+)+$'), 1.0) FROM people",
+            "regexp_match()",
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people WHERE dept ~ dept",
+            "regular expressions and LIKE need a literal pattern",
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people WHERE dept LIKE dept || '%'",
+            "LIKE with a pattern that is not a literal|literal pattern",
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people WHERE dept SIMILAR TO dept",
+            "SIMILAR TO",
+        ),
+        refused(
+            "SELECT dp_count(overlay(dept PLACING dept FROM 1 FOR 1), 1.0) FROM people",
+            "overlay()",
+        ),
+        refused(
+            "SELECT dp_count(to_char(salary, dept), 1.0) FROM people",
+            "to_char",
+        ),
+        refused("SELECT dp_count(md5(dept), 1.0) FROM people", "md5"),
+        refused(
+            "SELECT dp_count(string_to_array(dept, ''), 1.0) FROM people",
+            "string_to_array()",
+        ),
+        refused(
+            "SELECT dp_count(array_concat(make_array(age), make_array(age)), 1.0) FROM people",
+            "array_concat()",
+        ),
+        // repeat over literals is folded to a literal before the guard: the literal limit applies.
+        admitted(
+            "SELECT dp_count(concat(dept, repeat('x', 10)), 1.0) FROM people",
+            COUNT,
+            "people",
+        ),
+        refused(
+            "SELECT dp_count(concat(dept, repeat('x', 100000)), 1.0) FROM people",
+            "a literal of 100000 bytes",
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people GROUP BY repeat(dept, 1000)",
+            "repeat()",
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FILTER (WHERE levenshtein(dept, 'x') > 1) FROM people",
+            "levenshtein()",
+        ),
+        refused(
+            "SELECT dp_count(x, 1.0) FROM (SELECT lpad(dept, 1000000) AS x FROM people) t",
+            "lpad()",
+        ),
+        refused("SELECT dp_count(random(), 1.0) FROM people", "random()"),
+        refused(
+            format!("SELECT dp_count(concat(dept, '{big_literal}'), 1.0) FROM people"),
+            "a literal of 1025 bytes",
+        ),
+        refused(
+            format!("SELECT dp_count(age, 1.0) FROM people WHERE dept <> '{big_literal}'"),
+            "a literal of 1025 bytes",
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(age, 1.0) FROM people WHERE id IN ({})",
+                in_list(10_001)
+            ),
+            "an IN list of 10001 items",
+        ),
+        refused(
+            format!(
+                "SELECT dp_sum({}, 0, 1, 1.0) FROM people",
+                sum_of("age", 40)
+            ),
+            "column references",
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(concat({}), 1.0) FROM people",
+                vec!["dept"; 45].join(", ")
+            ),
+            "column references",
+        ),
+        refused(
+            format!(
+                "SELECT dp_sum(greatest(age{}), 0, 1, 1.0) FROM people",
+                (0..600).map(|i| format!(", {i}")).collect::<String>()
+            ),
+            "nodes",
+        ),
+        refused(
+            format!(
+                "SELECT dp_count(age, 1.0) FROM people WHERE dept IN (dept, {})",
+                (0..20)
+                    .map(|i| format!("'{i}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            "IN list whose items are not literals",
+        ),
+        // (a short IN list is rewritten to OR of equalities by the optimizer: total, cheap)
+        admitted(
+            "SELECT dp_count(age, 1.0) FROM people WHERE dept IN (dept, 'x')",
+            COUNT,
+            "people",
+        ),
+        // At the limits: admitted, charged.
+        admitted(
+            format!("SELECT dp_count(concat(dept, '{ok_literal}'), 1.0) FROM people"),
+            COUNT,
+            "people",
+        ),
+        // Every item of an IN list is a node: the node limit (512) binds before the IN-list limit.
+        refused(
+            format!(
+                "SELECT dp_count(age, 1.0) FROM people WHERE id IN ({})",
+                in_list(10_000)
+            ),
+            "nodes",
+        ),
+        admitted(
+            format!(
+                "SELECT dp_count(age, 1.0) FROM people WHERE id IN ({})",
+                in_list(500)
+            ),
+            COUNT,
+            "people",
+        ),
+        admitted(
+            format!(
+                "SELECT dp_sum({}, 0, 1, 1.0) FROM people",
+                sum_of("age", 30)
+            ),
+            SUM,
+            "people",
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn c_functions_whose_cost_the_analyst_controls_are_refused() {
+    let dir = temp_dir("c");
+    let s = session(&dir, SessionOptions::default()).await;
+    let cases = class_c();
+    println!("class c: {} queries", cases.len());
+    let wrong = run_cases(&s, &cases).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// An uncorrelated scalar subquery over public data is a constant in the private region, but its
+/// size is not bounded by the query text: `(SELECT repeat('x', N))` is a literal of N bytes that
+/// the literal limit never sees, copied once per private row that a CASE selects (a timing and
+/// memory channel on private values). The safe behaviour: refused.
+#[tokio::test]
+async fn c_a_scalar_subquery_does_not_smuggle_a_large_constant_into_the_private_region() {
+    let dir = temp_dir("c2");
+    let s = session(&dir, SessionOptions::default()).await;
+    let cases = vec![
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people WHERE length(concat(dept, (SELECT repeat('x', 1000000)))) > 0",
+            "dpfusion refused",
+        ),
+        refused(
+            "SELECT dp_count(CASE WHEN salary > 100000 THEN concat(dept, (SELECT repeat('x', 1000000))) END, 1.0) FROM people",
+            "dpfusion refused",
+        ),
+    ];
+    let wrong = run_cases(&s, &cases).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+// ---- d. EXPLAIN -------------------------------------------------------------------------------------
+
+fn class_d() -> Vec<Case> {
+    const EX: &str = "EXPLAIN";
+    let q = "SELECT dp_count(age, 1.0) FROM people";
+    vec![
+        refused(format!("EXPLAIN {q}"), EX),
+        refused(format!("EXPLAIN VERBOSE {q}"), EX),
+        refused(format!("EXPLAIN FORMAT tree {q}"), EX),
+        refused(format!("EXPLAIN FORMAT indent {q}"), EX),
+        refused(format!("EXPLAIN FORMAT pgjson {q}"), EX),
+        refused(format!("EXPLAIN FORMAT graphviz {q}"), EX),
+        refused(
+            format!("EXPLAIN (COSTS ON) {q}"),
+            "EXPLAIN|SQL error|sql parser error|Expected",
+        ),
+        refused(format!("EXPLAIN ANALYZE {q}"), EX),
+        refused(format!("EXPLAIN ANALYZE VERBOSE {q}"), EX),
+        refused("explain select dp_count(age, 1.0) from people", EX),
+        refused("EXPLAIN SELECT * FROM people", EX),
+        refused("EXPLAIN SELECT salary FROM people WHERE id = 17", EX),
+        refused(
+            "EXPLAIN SELECT dp_count(age, 1.0) FROM people WHERE salary > 100000",
+            EX,
+        ),
+        refused(
+            "EXPLAIN SELECT dept, dp_count(age, 1.0) FROM staff GROUP BY dept",
+            EX,
+        ),
+        refused(
+            "EXPLAIN WITH t AS (SELECT age FROM people) SELECT dp_count(age, 1.0) FROM t",
+            EX,
+        ),
+        refused(
+            "EXPLAIN SELECT * FROM depts WHERE floor < (SELECT dp_count(age, 1.0) FROM people)",
+            EX,
+        ),
+        refused(
+            "EXPLAIN SELECT * FROM depts WHERE EXISTS (SELECT 1 FROM people WHERE id = 17)",
+            EX,
+        ),
+        refused(
+            "EXPLAIN SELECT d.dept FROM depts d JOIN people p ON d.dept = p.dept",
+            EX,
+        ),
+        refused("EXPLAIN ANALYZE SELECT * FROM depts", EX),
+        refused("EXPLAIN PRIVACY EXPLAIN SELECT * FROM people", EX),
+        refused(
+            "EXPLAIN PRIVACY EXPLAIN ANALYZE SELECT dp_count(age, 1.0) FROM people",
+            EX,
+        ),
+        refused(
+            "EXPLAIN COPY (SELECT dp_count(age, 1.0) AS n FROM people) TO 'x.csv'",
+            "EXPLAIN|COPY",
+        ),
+        // Over public data only: EXPLAIN works, nothing is charged or read.
+        admitted("EXPLAIN SELECT * FROM depts", &[], ""),
+        admitted(
+            "EXPLAIN VERBOSE SELECT floor FROM depts WHERE floor > 1",
+            &[],
+            "",
+        ),
+        admitted("EXPLAIN FORMAT tree SELECT dept FROM depts", &[], ""),
+        admitted("EXPLAIN SELECT 1 + 1", &[], ""),
+    ]
+}
+
+#[tokio::test]
+async fn d_explain_of_a_plan_reading_a_private_table_is_refused() {
+    let dir = temp_dir("d");
+    let s = session(&dir, SessionOptions::default()).await;
+    let cases = class_d();
+    println!("class d: {} queries", cases.len());
+    let wrong = run_cases(&s, &cases).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // EXPLAIN PRIVACY still works, and charges nothing.
+    s.sql("EXPLAIN PRIVACY SELECT dp_count(age, 1.0) FROM people")
+        .await
+        .unwrap();
+    assert_eq!(s.scans("people"), 0);
+}
+
+// ---- e. statements that could exhaust the stack ---------------------------------------------------
+
+const TOO_COMPLEX: &str = "too complex";
+
+fn class_e() -> Vec<(String, String, Option<&'static str>)> {
+    let n = |k: usize, f: &dyn Fn(usize) -> String| (0..k).map(f).collect::<Vec<_>>();
+    vec![
+        (
+            "3000 OR terms".into(),
+            format!(
+                "SELECT dp_count(age, 1.0) FROM people WHERE {}",
+                n(3000, &|i| format!("id = {i}")).join(" OR ")
+            ),
+            Some(TOO_COMPLEX),
+        ),
+        (
+            "3000 AND terms".into(),
+            format!(
+                "SELECT dp_count(age, 1.0) FROM people WHERE {}",
+                n(3000, &|i| format!("id <> {i}")).join(" AND ")
+            ),
+            Some(TOO_COMPLEX),
+        ),
+        (
+            "1+1+... 10000 terms".into(),
+            format!("SELECT {}", vec!["1"; 10_000].join("+")),
+            Some(TOO_COMPLEX),
+        ),
+        (
+            "200 nested parentheses".into(),
+            format!("SELECT {}1{}", "(".repeat(200), ")".repeat(200)),
+            Some(TOO_COMPLEX),
+        ),
+        (
+            "100000 nested parentheses".into(),
+            format!("SELECT {}1{}", "(".repeat(100_000), ")".repeat(100_000)),
+            Some(TOO_COMPLEX),
+        ),
+        (
+            "200 nested brackets".into(),
+            format!("SELECT {}1{}", "[".repeat(200), "]".repeat(200)),
+            Some(TOO_COMPLEX),
+        ),
+        (
+            "2000 NOT".into(),
+            format!("SELECT {} true", "NOT ".repeat(2000)),
+            Some(TOO_COMPLEX),
+        ),
+        (
+            "CASE with 1500 WHEN".into(),
+            format!(
+                "SELECT dp_count(CASE {} END, 1.0) FROM people",
+                n(1500, &|i| format!("WHEN id = {i} THEN {i}")).join(" ")
+            ),
+            None,
+        ),
+        (
+            "100 nested derived tables".into(),
+            format!(
+                "SELECT * FROM {}SELECT * FROM people{}",
+                "(SELECT * FROM ".repeat(100),
+                ") t".repeat(100)
+            ),
+            None,
+        ),
+        (
+            "1100 UNION ALL".into(),
+            vec!["SELECT 1"; 1100].join(" UNION ALL "),
+            Some(TOO_COMPLEX),
+        ),
+        (
+            "5000 || concatenations".into(),
+            format!("SELECT {}", vec!["'a'"; 5000].join(" || ")),
+            Some(TOO_COMPLEX),
+        ),
+        (
+            "2000 unary minus".into(),
+            format!("SELECT {}1", "- ".repeat(2000)),
+            Some(TOO_COMPLEX),
+        ),
+        // Chains of operators the complexity count does not list: each builds a deep tree
+        // without parentheses. They may be refused or run; the process must not crash.
+        (
+            "5000 chained ::INT casts".into(),
+            format!("SELECT 1{}", "::INT".repeat(5_000)),
+            None,
+        ),
+        (
+            "5000 chained IS NOT NULL".into(),
+            format!("SELECT true{}", " IS NOT NULL".repeat(5_000)),
+            None,
+        ),
+        (
+            "5000 chained XOR".into(),
+            format!("SELECT {}", vec!["true"; 5_000].join(" XOR ")),
+            None,
+        ),
+        (
+            "5000 chained ~".into(),
+            format!("SELECT {}", vec!["'a'"; 5_000].join(" ~ ")),
+            None,
+        ),
+        (
+            "5000 chained LIKE".into(),
+            format!("SELECT {}", vec!["'a'"; 5_000].join(" LIKE ")),
+            None,
+        ),
+        (
+            "5000 chained COLLATE".into(),
+            format!("SELECT 'a'{}", " COLLATE c".repeat(5_000)),
+            None,
+        ),
+        (
+            "5000 chained IS DISTINCT FROM".into(),
+            format!("SELECT {}", vec!["1"; 5_000].join(" IS DISTINCT FROM ")),
+            None,
+        ),
+        // Within the limits (fewer than 1,000 operators), on the 2 MiB stack of a test thread or
+        // a tokio worker: must not crash either.
+        (
+            "300 chained + over a public table".into(),
+            format!("SELECT floor{} FROM depts", " + 1".repeat(300)),
+            None,
+        ),
+        // Just within the depth limit (128): must run, on a 2 MiB stack, in a debug build.
+        (
+            "120 chained + over a public table".into(),
+            format!("SELECT floor{} FROM depts", " + 1".repeat(120)),
+            None,
+        ),
+        (
+            "600 chained + in a DP argument".into(),
+            format!(
+                "SELECT dp_sum(age{}, 0, 1, 1.0) FROM people",
+                " + 1".repeat(600)
+            ),
+            None,
+        ),
+    ]
+}
+
+const CHILD: &str = "DPFUSION_BOUNDARY_STACK_CHILD";
+
+/// Runs the stack probes in a child process (a stack overflow aborts the whole process, so a
+/// crash here is reported as a failure instead of taking the test binary down).
+#[test]
+fn e_statements_too_complex_to_parse_are_refused_without_a_crash() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "e_stack_probe_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("class e: {} queries", class_e().len());
+    let last_probe = stdout
+        .lines()
+        .rfind(|l| l.starts_with("PROBE "))
+        .unwrap_or("none");
+    assert!(
+        out.status.success() && stdout.contains("ALL PROBES DONE"),
+        "the child crashed or failed ({:?}); last probe started: {last_probe}\n{stdout}\n{stderr}",
+        out.status
+    );
+}
+
+#[test]
+fn e_stack_probe_child() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    use std::io::Write;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut wrong = Vec::new();
+    rt.block_on(async {
+        let dir = temp_dir("e");
+        let s = session(&dir, SessionOptions::default()).await;
+        for (name, sql, needle) in class_e() {
+            println!("PROBE {name}");
+            std::io::stdout().flush().unwrap();
+            let before = (scans(&s), s.ledger().len());
+            let r = s.sql(&sql).await;
+            match (needle, r) {
+                (Some(n), Err(e)) if e.to_string().contains(n) => {}
+                (Some(n), other) => wrong.push(format!(
+                    "{name}: expected '{n}', got {:?}",
+                    other.map(|_| "admitted").map_err(|e| e.to_string())
+                )),
+                (None, r) => println!(
+                    "  -> {}",
+                    match r {
+                        Ok(_) => "ran".to_string(),
+                        Err(e) => e.to_string().chars().take(120).collect(),
+                    }
+                ),
+            }
+            if (scans(&s), s.ledger().len()) != before {
+                wrong.push(format!("{name}: read or charged"));
+            }
+        }
+    });
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    println!("ALL PROBES DONE");
+}
+
+// ---- f. COPY ----------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn f_copy_outside_the_output_directory_is_refused_and_files_are_unchanged() {
+    let dir = temp_dir("f");
+    let out = dir.join("out");
+    std::fs::create_dir_all(out.join("sub")).unwrap();
+    let s = session(&dir, SessionOptions::default().with_output_dir(&out)).await;
+    // A private table whose file lies inside the output directory.
+    let inside = out.join("t.csv");
+    std::fs::copy(people_csv(), &inside).unwrap();
+    s.register_csv("t", &inside, Registration::private())
+        .await
+        .unwrap();
+    let ledger = dir.join("ledger.jsonl");
+    let staff = dir.join("staff.csv");
+    std::os::unix::fs::symlink(&ledger, out.join("link.json")).unwrap();
+    std::os::unix::fs::symlink(&dir, out.join("up")).unwrap();
+    let files = [ledger.clone(), staff.clone(), inside.clone(), people_csv()];
+    let bytes = |fs: &[PathBuf]| {
+        fs.iter()
+            .map(|f| std::fs::read(f).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let before = bytes(&files);
+    let one = "COPY (SELECT 1 AS a) TO";
+    let rel = "relative file name";
+    let cases = vec![
+        refused(format!("{one} '{}' STORED AS JSON", ledger.display()), rel),
+        refused(format!("{one} '{}' STORED AS CSV", staff.display()), rel),
+        refused(
+            format!("{one} '{}' STORED AS CSV", people_csv().display()),
+            rel,
+        ),
+        refused(
+            format!("{one} '/tmp/dpfusion-boundary-leak.csv' STORED AS CSV"),
+            rel,
+        ),
+        refused(format!("{one} '../ledger.jsonl' STORED AS JSON"), rel),
+        refused(
+            format!("{one} 'sub/../../ledger.jsonl' STORED AS JSON"),
+            rel,
+        ),
+        refused(format!("{one} './x.csv' STORED AS CSV"), rel),
+        refused(format!("{one} 'file:///tmp/x.csv' STORED AS CSV"), rel),
+        refused(format!("{one} 's3://bucket/x.csv' STORED AS CSV"), rel),
+        refused(
+            format!("{one} 'http://example.com/x.csv' STORED AS CSV"),
+            rel,
+        ),
+        refused(format!("{one} '*.csv' STORED AS CSV"), rel),
+        refused(format!("{one} 'sub/' STORED AS CSV"), rel),
+        refused(format!("{one} 'noext' STORED AS CSV"), rel),
+        refused(format!("{one} 'sub' STORED AS CSV"), rel),
+        refused(
+            format!("{one} 't.csv' STORED AS CSV"),
+            "ledger's directory or over a registered table",
+        ),
+        refused(format!("{one} 'link.json' STORED AS JSON"), "symbolic link"),
+        refused(
+            format!("{one} 'up/ledger.jsonl' STORED AS JSON"),
+            "symbolic link",
+        ),
+        refused(
+            "COPY (SELECT dept, dp_count(age, 1.0) AS n FROM people GROUP BY dept) TO 'parts' \
+             STORED AS CSV PARTITIONED BY (dept)",
+            "PARTITIONED BY",
+        ),
+        refused(
+            "COPY (SELECT dept, dp_count(age, 1.0) AS n FROM people GROUP BY dept) TO 'parts.csv' \
+             STORED AS CSV PARTITIONED BY (dept)",
+            "PARTITIONED BY",
+        ),
+        refused(
+            "COPY people TO 'p.csv' STORED AS CSV",
+            "raw rows of private table 'people'",
+        ),
+        refused(
+            "COPY staff TO 'p.csv' STORED AS CSV",
+            "raw rows of private table 'staff'",
+        ),
+        refused(
+            "COPY (SELECT salary FROM people WHERE id = 17) TO 'p.csv' STORED AS CSV",
+            "raw rows of private table 'people'",
+        ),
+        refused(
+            "COPY (SELECT count(*) FROM people) TO 'p.csv' STORED AS CSV",
+            "private table 'people'",
+        ),
+    ];
+    println!("class f: {} queries", cases.len() + 3);
+    let mut wrong = run_cases(&s, &cases).await;
+    // A DP result into the output directory: admitted, charged exactly the inner query's calls.
+    let inner = s
+        .check("SELECT dp_count(age, 1.0) AS n FROM people")
+        .await
+        .unwrap();
+    let n = s.ledger().len();
+    match s
+        .sql("COPY (SELECT dp_count(age, 1.0) AS n FROM people) TO 'n.csv' STORED AS CSV")
+        .await
+    {
+        Ok(r) => {
+            let l = s.ledger();
+            let events: Vec<_> = inner.calls.iter().flat_map(|c| c.events.clone()).collect();
+            if l.len() != n + 1 || l[n].tables.len() != 1 || l[n].tables[0].events != events {
+                wrong.push(format!("COPY of a DP result charged {:?}", &l[n..]));
+            }
+            let names: Vec<_> = r
+                .receipt
+                .iter()
+                .flat_map(|r| r.tables.iter().map(|t| t.name.clone()))
+                .collect();
+            if names != ["people"] {
+                wrong.push(format!("COPY receipt {names:?}"));
+            }
+        }
+        Err(e) => wrong.push(format!("COPY of a DP result refused: {e}")),
+    }
+    if !out.join("n.csv").is_file() {
+        wrong.push(format!(
+            "the admitted COPY wrote no file n.csv: {:?}",
+            std::fs::read_dir(&out)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect::<Vec<_>>()
+        ));
+    }
+    assert!(!out.join("p.csv").exists() && !out.join("parts").exists());
+    assert!(!Path::new("/tmp/dpfusion-boundary-leak.csv").exists());
+    // Hard links pass every path check; the write must not reach the linked file.
+    std::fs::hard_link(&ledger, out.join("hl.json")).unwrap();
+    std::fs::hard_link(&staff, out.join("hl.csv")).unwrap();
+    let ledger_now = std::fs::read(&ledger).unwrap();
+    let staff_now = std::fs::read(&staff).unwrap();
+    for q in [
+        "COPY (SELECT 1 AS a) TO 'hl.json' STORED AS JSON",
+        "COPY (SELECT 1 AS a) TO 'hl.csv' STORED AS CSV",
+    ] {
+        let _ = s.sql(q).await;
+    }
+    if std::fs::read(&ledger).unwrap() != ledger_now {
+        wrong.push("COPY through a hard link in the output directory changed the ledger".into());
+    }
+    if std::fs::read(&staff).unwrap() != staff_now {
+        wrong.push("COPY through a hard link changed a private table's file".into());
+    }
+    let after = bytes(&files[1..]);
+    assert_eq!(after, before[1..], "a table file changed");
+    // Without an output directory, COPY is refused outright; and an output directory that holds
+    // the ledger still protects it.
+    let dir2 = temp_dir("f2");
+    let s2 = session(&dir2, SessionOptions::default()).await;
+    let dir3 = temp_dir("f3");
+    let s3 = session(&dir3, SessionOptions::default().with_output_dir(&dir3)).await;
+    let l3 = std::fs::read(dir3.join("ledger.jsonl")).unwrap();
+    wrong.extend(
+        run_cases(
+            &s2,
+            &[refused(
+                "COPY (SELECT dp_count(age, 1.0) AS n FROM people) TO 'n.csv' STORED AS CSV",
+                "no output directory",
+            )],
+        )
+        .await,
+    );
+    wrong.extend(
+        run_cases(
+            &s3,
+            &[
+                refused(
+                    "COPY (SELECT 1 AS a) TO 'ledger.jsonl' STORED AS JSON",
+                    "ledger's directory",
+                ),
+                refused(
+                    "COPY (SELECT 1 AS a) TO 'staff.csv' STORED AS CSV",
+                    "ledger's directory or over a registered table",
+                ),
+            ],
+        )
+        .await,
+    );
+    assert_eq!(std::fs::read(dir3.join("ledger.jsonl")).unwrap(), l3);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+// ---- g. case-sensitive public columns ---------------------------------------------------------------
+
+#[tokio::test]
+async fn g_a_private_column_that_differs_only_in_case_is_not_public() {
+    let dir = temp_dir("g");
+    let csv = dir.join("jobs.csv");
+    let mut text = String::from("job,JOB,pay\n");
+    for i in 0..60 {
+        text.push_str(&format!(
+            "{},{},{}\n",
+            ["a", "b"][i % 2],
+            ["x", "y", "z"][i % 3],
+            i
+        ));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let s = open(&dir, SessionOptions::default()).await;
+    s.register_csv(
+        "jobs",
+        &csv,
+        Registration::private().replace().public_columns(["job"]),
+    )
+    .await
+    .unwrap();
+    let cases = vec![
+        // The private "JOB" as a key: a row can move between groups; selection is charged.
+        admitted(
+            "SELECT \"JOB\", dp_count(pay, 1.0) FROM jobs GROUP BY \"JOB\"",
+            COUNT_GROUPED,
+            "jobs",
+        ),
+        admitted(
+            "SELECT job, \"JOB\", dp_count(pay, 1.0) FROM jobs GROUP BY job, \"JOB\"",
+            COUNT_GROUPED,
+            "jobs",
+        ),
+        admitted(
+            "SELECT k, dp_count(pay, 1.0) FROM (SELECT \"JOB\" AS job, \"JOB\" AS k, pay FROM jobs) t GROUP BY k",
+            COUNT_GROUPED,
+            "jobs",
+        ),
+        admitted(
+            "SELECT j, dp_count(pay, 1.0) FROM (SELECT \"JOB\" AS j, pay FROM jobs) t GROUP BY j",
+            COUNT_GROUPED,
+            "jobs",
+        ),
+        // A WHERE on the private "JOB" under public keys: selection.
+        admitted(
+            "SELECT job, dp_count(pay, 1.0) FROM jobs WHERE \"JOB\" = 'x' GROUP BY job",
+            COUNT_GROUPED,
+            "jobs",
+        ),
+        // The public job: public group sizes, no selection.
+        admitted(
+            "SELECT job, dp_count(pay, 1.0) FROM jobs GROUP BY job",
+            COUNT,
+            "jobs",
+        ),
+        admitted(
+            "SELECT job, dp_count(pay, 1.0) FROM jobs WHERE job = 'a' GROUP BY job",
+            COUNT,
+            "jobs",
+        ),
+    ];
+    let mut wrong = run_cases(&s, &cases).await;
+    // The mode in the checked plan.
+    let g = s
+        .check("SELECT \"JOB\", dp_count(pay, 1.0) FROM jobs GROUP BY \"JOB\"")
+        .await
+        .unwrap();
+    let plan = format!("{}", g.plan.display_indent());
+    if !plan.contains("replace_private_keys") {
+        wrong.push(format!(
+            "GROUP BY \"JOB\" is not 'replace_private_keys':\n{plan}"
+        ));
+    }
+    // Declarations that match only case-insensitively are refused, however they arrive.
+    for name in ["Job", "jOB", "PAY"] {
+        match s
+            .register_csv(
+                &format!("jobs_{}", name.to_lowercase()),
+                &csv,
+                Registration::private().replace().public_columns([name]),
+            )
+            .await
+        {
+            Ok(_) => wrong.push(format!("public column '{name}' accepted")),
+            Err(e) if e.to_string().contains("case-sensitive") => {}
+            Err(e) => wrong.push(format!("public column '{name}': {e}")),
+        }
+    }
+    match s
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE jobs_ddl STORED AS CSV LOCATION '{}' OPTIONS \
+             ('format.has_header' 'true', 'dp.neighbours' 'replace', 'dp.public_columns' 'Job')",
+            csv.display()
+        ))
+        .await
+    {
+        Ok(_) => wrong.push("dp.public_columns 'Job' accepted".into()),
+        Err(e) if e.to_string().contains("case-sensitive") => {}
+        Err(e) => wrong.push(format!("dp.public_columns 'Job': {e}")),
+    }
+    println!("class g: {} queries", cases.len() + 5);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+// ---- h. constructs in the private region, DP windows, DP over DP ---------------------------------
+
+fn class_h() -> Vec<Case> {
+    let between = "between private table";
+    vec![
+        // windows in the private region
+        refused(
+            "SELECT dp_count(r, 1.0) FROM (SELECT rank() OVER (ORDER BY salary) AS r FROM people) t",
+            "a window function",
+        ),
+        refused(
+            "SELECT dp_sum(s, 0, 1e6, 1.0) FROM (SELECT sum(salary) OVER (PARTITION BY dept) AS s FROM people) t",
+            "window",
+        ),
+        refused(
+            "SELECT dp_sum(l, 0, 1e6, 1.0) FROM (SELECT lead(salary) OVER (ORDER BY id) AS l FROM people) t",
+            "window",
+        ),
+        refused(
+            "SELECT dp_count(n, 1.0) FROM (SELECT ntile(4) OVER (ORDER BY salary) AS n FROM people) t",
+            "window",
+        ),
+        refused(
+            "SELECT dp_count(c, 1.0) FROM (SELECT count(*) OVER () AS c FROM people) t",
+            "window",
+        ),
+        refused(
+            "SELECT dp_count(f, 1.0) FROM (SELECT first_value(salary) OVER (PARTITION BY dept ORDER BY salary) AS f FROM staff) t",
+            "window",
+        ),
+        refused(
+            "SELECT salary, row_number() OVER () FROM people",
+            "private table 'people'",
+        ),
+        // DP functions as windows
+        refused("SELECT dp_count(age, 1.0) OVER () FROM people", "window"),
+        refused(
+            "SELECT dp_count(age, 1.0) OVER (PARTITION BY dept) FROM people",
+            "window",
+        ),
+        refused(
+            "SELECT dp_mean(age, 0, 100, 1.0) OVER (ORDER BY id ROWS BETWEEN CURRENT ROW AND CURRENT ROW) FROM people",
+            "window",
+        ),
+        refused(
+            "SELECT dp_sum(salary, 0, 1e6, 1.0) OVER (PARTITION BY id) FROM staff",
+            "window",
+        ),
+        refused("SELECT dp_count(floor, 1.0) OVER () FROM depts", "window"),
+        // DISTINCT
+        refused(
+            "SELECT dp_count(d, 1.0) FROM (SELECT DISTINCT dept AS d FROM people) t",
+            "private table 'people'",
+        ),
+        refused(
+            "SELECT dp_count(DISTINCT dept, 1.0) FROM people",
+            "DISTINCT inside dp_count",
+        ),
+        refused(
+            "SELECT dp_sum(DISTINCT salary, 0, 1e6, 1.0) FROM staff",
+            "DISTINCT inside dp_sum",
+        ),
+        refused(
+            "SELECT dp_count(s, 1.0) FROM (SELECT DISTINCT ON (dept) salary AS s FROM people ORDER BY dept, salary DESC) t",
+            "private table 'people'",
+        ),
+        refused("SELECT DISTINCT dept FROM people", "private table 'people'"),
+        // UNION / INTERSECT / EXCEPT
+        refused(
+            "SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people UNION ALL SELECT salary FROM people) t",
+            "a UNION between private table 'people'",
+        ),
+        refused(
+            "SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people UNION SELECT salary FROM people) t",
+            between,
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM (SELECT age FROM people UNION ALL SELECT floor FROM depts) t",
+            between,
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM (SELECT age FROM people INTERSECT SELECT age FROM staff) t",
+            PRIV_ANY,
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM (SELECT age FROM people EXCEPT SELECT floor FROM depts) t",
+            PRIV_ANY,
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM people UNION ALL SELECT salary FROM people",
+            "raw rows of private table 'people'",
+        ),
+        // joins
+        refused(
+            "SELECT dp_count(a.id, 1.0) FROM people a JOIN people b ON a.id = b.id",
+            "a JOIN between private table 'people'",
+        ),
+        refused(
+            "SELECT dp_sum(p.salary, 0, 1e6, 1.0) FROM people p JOIN depts d ON p.dept = d.dept",
+            "a JOIN between private table 'people'",
+        ),
+        refused(
+            "SELECT dp_count(p.id, 1.0) FROM people p LEFT JOIN depts d ON p.dept = d.dept",
+            "a JOIN between private table 'people'",
+        ),
+        refused(
+            "SELECT dp_count(p.id, 1.0) FROM depts d RIGHT JOIN people p ON p.dept = d.dept",
+            "a JOIN between private table 'people'",
+        ),
+        refused(
+            "SELECT dp_count(p.id, 1.0) FROM people p NATURAL JOIN depts d",
+            "a JOIN between private table 'people'",
+        ),
+        refused(
+            "SELECT dp_count(a.id, 1.0) FROM people a, people b",
+            "a JOIN between private table 'people'",
+        ),
+        refused(
+            "SELECT dp_count(u, 1.0) FROM people CROSS JOIN unnest([1, 2, 3]) AS t(u)",
+            "private table 'people'",
+        ),
+        // LIMIT / OFFSET / ORDER BY
+        refused(
+            "SELECT dp_count(age, 1.0) FROM (SELECT age FROM people LIMIT 10) t",
+            "LIMIT",
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM (SELECT age FROM people OFFSET 199) t",
+            "LIMIT",
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0) FROM (SELECT age FROM people FETCH FIRST 1 ROWS ONLY) t",
+            "LIMIT|FETCH",
+        ),
+        refused(
+            "SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people ORDER BY salary DESC LIMIT 1) t",
+            "ORDER BY between private table 'people'|LIMIT",
+        ),
+        refused(
+            "SELECT dp_count(age, 1.0 ORDER BY salary) FROM people",
+            "ORDER BY or IGNORE NULLS inside dp_count",
+        ),
+        // GROUPING SETS / ROLLUP / CUBE
+        refused(
+            "SELECT dept, dp_count(age, 1.0) FROM people GROUP BY GROUPING SETS ((dept), ())",
+            "GROUPING SETS",
+        ),
+        refused(
+            "SELECT dept, dp_count(age, 1.0) FROM staff GROUP BY ROLLUP (dept)",
+            "GROUPING SETS",
+        ),
+        refused(
+            "SELECT dept, remote, dp_count(age, 1.0) FROM people GROUP BY CUBE (dept, remote)",
+            "GROUPING SETS",
+        ),
+        // recursion
+        refused(
+            "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < \
+             (SELECT dp_count(age, 1.0) FROM people)) SELECT max(n) FROM r",
+            "recursive|private table",
+        ),
+        refused(
+            "WITH RECURSIVE r(n, c) AS (SELECT 1, 0 UNION ALL SELECT n + 1, \
+             (SELECT dp_count(age, 1.0) FROM people) FROM r WHERE n < 100) SELECT max(c) FROM r",
+            "recursive|private table",
+        ),
+        refused(
+            "WITH RECURSIVE r(i) AS (SELECT id FROM people WHERE id = 17 UNION ALL SELECT i + 1 FROM r WHERE i < 20) SELECT dp_count(i, 1.0) FROM r",
+            "recursive|private table 'people'",
+        ),
+        // unnest in the private region
+        refused(
+            "SELECT dp_count(u, 1.0) FROM (SELECT unnest(make_array(age, age, age)) AS u FROM people) t",
+            "UNNEST",
+        ),
+        refused(
+            "SELECT dp_count(unnest(make_array(age)), 1.0) FROM people",
+            "UNNEST|Unnest",
+        ),
+        // a second aggregation below a DP aggregate
+        refused(
+            "SELECT dp_sum(c, 0, 1000, 1.0) FROM (SELECT dept, COUNT(*) AS c FROM people GROUP BY dept) t",
+            "a second aggregation|COUNT",
+        ),
+        // DP over DP releases: post-processing, charged once for the inner release.
+        admitted(
+            "SELECT dp_sum(c, 0, 1000, 1.0) FROM (SELECT dept, dp_count(age, 0.5) AS c FROM people GROUP BY dept) t",
+            &[("dp_count", 0.5), ("dp_partition_select", 0.5)],
+            "people",
+        ),
+        admitted(
+            "SELECT dp_mean(m, 0, 100, 1.0) FROM (SELECT dp_mean(age, 0, 100, 0.5) AS m FROM people) t",
+            &[("dp_mean", 0.5)],
+            "people",
+        ),
+        admitted(
+            "SELECT dp_count(c, 1.0) FROM (SELECT dept, dp_count(age, 0.5) AS c FROM staff GROUP BY dept) t",
+            &[("dp_count", 0.5)],
+            "staff",
+        ),
+        // Above a release: UNION, windows, ORDER BY, LIMIT, DISTINCT, joins are free.
+        admitted(
+            "SELECT dp_count(age, 0.5) FROM people UNION ALL SELECT dp_count(age, 0.25) FROM staff",
+            &[("dp_count", 0.5), ("dp_count", 0.25)],
+            "people,staff",
+        ),
+        admitted(
+            "SELECT dept, c, rank() OVER (ORDER BY c) FROM (SELECT dept, dp_count(age, 0.5) AS c FROM staff GROUP BY dept) t ORDER BY c LIMIT 2",
+            &[("dp_count", 0.5)],
+            "staff",
+        ),
+        // The optimizer drops the unused DP call: a bare GROUP BY remains, and is refused.
+        refused(
+            "SELECT DISTINCT dept FROM (SELECT dept, dp_count(age, 0.5) AS c FROM staff GROUP BY dept) t",
+            "GROUP BY/DISTINCT without a DP aggregate",
+        ),
+        refused(
+            "SELECT dept FROM (SELECT dept, dp_count(age, 0.5) AS c FROM people GROUP BY dept) t",
+            "GROUP BY/DISTINCT without a DP aggregate",
+        ),
+        admitted(
+            "SELECT d.floor, c.n FROM depts d JOIN (SELECT dept, dp_count(age, 0.5) AS n FROM people GROUP BY dept) c ON d.dept = c.dept",
+            &[("dp_count", 0.5), ("dp_partition_select", 0.5)],
+            "people",
+        ),
+        admitted(
+            "SELECT dept, dp_count(age, 0.5) AS c FROM staff WHERE dept <> 'hr' GROUP BY dept ORDER BY c DESC",
+            &[("dp_count", 0.5)],
+            "staff",
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn h_windows_distinct_unions_joins_limits_and_recursion_in_the_private_region() {
+    let dir = temp_dir("h");
+    let s = session(&dir, SessionOptions::default()).await;
+    let cases = class_h();
+    println!("class h: {} queries", cases.len());
+    let wrong = run_cases(&s, &cases).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// ORDER BY without LIMIT in the private region does not change the multiset of rows: refused,
+/// or (when the optimizer drops the sort) admitted with exactly the charge of the DP call.
+#[tokio::test]
+async fn h_order_by_without_limit_in_the_private_region() {
+    let dir = temp_dir("h2");
+    let s = session(&dir, SessionOptions::default()).await;
+    let sql = "SELECT dp_count(age, 1.0) FROM (SELECT age FROM people ORDER BY salary) t";
+    let c = match s.check(sql).await {
+        Ok(_) => admitted(sql, COUNT, "people"),
+        Err(_) => refused(sql, "ORDER BY"),
+    };
+    let wrong = run_cases(&s, &[c]).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_corpus_has_at_least_150_queries() {
+    let n = class_a().len()
+        + 3
+        + 2 * class_b().len()
+        + class_c().len()
+        + 3
+        + class_d().len()
+        + class_e().len()
+        + 27
+        + 12
+        + class_h().len()
+        + 1;
+    println!("corpus: {n} queries");
+    assert!(n >= 150, "{n}");
+}
+
+/// Runs the one statement in `DPFUSION_BOUNDARY_SQL` (used to run a probe in a child process).
+#[test]
+fn probe_one_statement_child() {
+    let Some(sql) = std::env::var_os("DPFUSION_BOUNDARY_SQL") else {
+        return;
+    };
+    let sql = sql.to_string_lossy().to_string();
+    let mb: usize = std::env::var("DPFUSION_BOUNDARY_STACK_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let run = move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = temp_dir("probe");
+            let s = session(&dir, SessionOptions::default()).await;
+            match s.sql(&sql).await {
+                Ok(_) => println!("RESULT ok"),
+                Err(e) => println!("RESULT err {e}"),
+            }
+        });
+    };
+    std::thread::Builder::new()
+        .stack_size(mb << 20)
+        .spawn(run)
+        .unwrap()
+        .join()
+        .unwrap();
+}

@@ -1,0 +1,317 @@
+//! The boundary of issue 14 at the session level: EXPLAIN, failures, COPY, the neighbour modes
+//! the guard chooses, case-sensitive public columns, and rgm_mean_by's owner-declared contract.
+//! (The attack corpus is tests/boundary.rs.)
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use dpfusion::accounting::FilterKind;
+use dpfusion::session::EXECUTION_FAILED;
+use dpfusion::{PrivateSession, Registration, SessionOptions};
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "dpfusion-guarantee-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn people_csv() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
+}
+
+async fn open(dir: &Path, opts: SessionOptions) -> PrivateSession {
+    PrivateSession::open(
+        opts.with_ledger(dir.join("ledger.jsonl"))
+            .with_default_budget(1000.0, 1e-6)
+            .with_target_partitions(2),
+    )
+    .await
+    .unwrap()
+}
+
+async fn people(dir: &Path) -> PrivateSession {
+    let s = open(dir, SessionOptions::default()).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let staff = dir.join("staff.csv");
+    std::fs::copy(people_csv(), &staff).unwrap();
+    s.register_csv(
+        "staff",
+        &staff,
+        Registration::private().replace().public_columns(["dept"]),
+    )
+    .await
+    .unwrap();
+    s
+}
+
+async fn err(s: &PrivateSession, sql: &str) -> String {
+    match s.sql(sql).await {
+        Ok(_) => panic!("admitted: {sql}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn explain_of_a_private_plan_is_refused_in_every_form() {
+    let dir = temp_dir("explain");
+    let s = people(&dir).await;
+    for q in [
+        "EXPLAIN SELECT dp_count(age, 1.0) FROM people",
+        "EXPLAIN VERBOSE SELECT dp_count(age, 1.0) FROM people",
+        "EXPLAIN FORMAT indent SELECT dp_count(age, 1.0) FROM people",
+        "EXPLAIN SELECT * FROM people",
+        "EXPLAIN SELECT 1 WHERE EXISTS (SELECT 1 FROM people)",
+        "EXPLAIN ANALYZE SELECT dp_count(age, 1.0) FROM people",
+    ] {
+        let e = err(&s, q).await;
+        assert!(e.contains("EXPLAIN"), "{q}: {e}");
+        assert!(!e.contains("Bytes") && !e.contains("rows="), "{q}: {e}");
+    }
+    assert_eq!(s.scans("people"), 0);
+    assert!(s.ledger().is_empty());
+    // A plan over public data only can be explained.
+    s.sql("EXPLAIN SELECT 1 + 1").await.unwrap();
+}
+
+#[tokio::test]
+async fn row_errors_become_null_and_execution_failures_are_one_fixed_message() {
+    let dir = temp_dir("fail");
+    let s = people(&dir).await;
+    // A CAST that fails on every row, and a division by zero on one chosen row: both run.
+    for q in [
+        "SELECT dp_count(CAST(dept AS INT), 1.0) FROM people",
+        "SELECT dp_sum(CASE WHEN id = 17 THEN 1 / (id - id) ELSE 0 END, 0, 1, 1.0) FROM people",
+        "SELECT dp_sum(CASE WHEN id = 9999 THEN 1 / (id - id) ELSE 0 END, 0, 1, 1.0) FROM people",
+        "SELECT dp_count(age, 1.0) FROM people WHERE CAST(dept AS INT) > 3",
+        "SELECT dp_count(age, 1.0) FROM people WHERE age * 9223372036854775807 > 0",
+    ] {
+        s.sql(q).await.unwrap_or_else(|e| panic!("{q}: {e}"));
+    }
+    // An execution failure (here: the memory limit) is the fixed message; the charge stands.
+    let tight = open(
+        &temp_dir("fail-mem"),
+        SessionOptions::default().with_memory_limit(1),
+    )
+    .await;
+    tight
+        .register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let e = err(
+        &tight,
+        "SELECT id, dp_count(age, 1.0) FROM people GROUP BY id",
+    )
+    .await;
+    assert!(e.contains(EXECUTION_FAILED), "{e}");
+    assert_eq!(tight.ledger().len(), 1, "the charge stands");
+}
+
+#[tokio::test]
+async fn copy_writes_only_into_the_owner_s_output_directory() {
+    let dir = temp_dir("copy");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let s = open(&dir, SessionOptions::default().with_output_dir(&out)).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let ledger_before = std::fs::read(dir.join("ledger.jsonl")).unwrap();
+    let ledger = dir.join("ledger.jsonl");
+    for target in [
+        ledger.to_string_lossy().to_string(),
+        people_csv().to_string_lossy().to_string(),
+        "../ledger.jsonl".to_string(),
+        "file:///tmp/x.csv".to_string(),
+        "sub/".to_string(),
+        "noext".to_string(),
+    ] {
+        let e = err(
+            &s,
+            &format!("COPY (SELECT 1 AS a WHERE 1 = 0) TO '{target}' STORED AS JSON"),
+        )
+        .await;
+        assert!(e.contains("COPY"), "{target}: {e}");
+    }
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(&ledger, out.join("link.json")).unwrap();
+        let e = err(&s, "COPY (SELECT 1 AS a) TO 'link.json' STORED AS JSON").await;
+        assert!(e.contains("symbolic link"), "{e}");
+    }
+    assert_eq!(std::fs::read(&ledger).unwrap(), ledger_before);
+    // A DP result into the output directory works, and is charged.
+    s.sql("COPY (SELECT dp_count(age, 1.0) AS n FROM people) TO 'n.csv' STORED AS CSV")
+        .await
+        .unwrap();
+    assert!(out.join("n.csv").exists());
+    assert_eq!(s.ledger().len(), 1);
+    // Raw rows stay refused inside COPY too.
+    let e = err(&s, "COPY (SELECT * FROM people) TO 'p.csv' STORED AS CSV").await;
+    assert!(e.contains("raw rows"), "{e}");
+}
+
+#[tokio::test]
+async fn the_guard_picks_the_neighbour_mode_and_partition_selection_from_the_plan() {
+    let dir = temp_dir("modes");
+    let s = people(&dir).await;
+    let plan = |q: &'static str| {
+        let s = &s;
+        async move {
+            let g = s.check(q).await.unwrap_or_else(|e| panic!("{q}: {e}"));
+            let text = format!("{}", g.plan.display_indent());
+            let selected = g.calls.iter().any(|c| c.function == "dp_partition_select");
+            (text, selected)
+        }
+    };
+    // replace, public key, no filter: public group sizes, no selection.
+    let (t, sel) = plan("SELECT dept, dp_count(age, 1.0) FROM staff GROUP BY dept").await;
+    assert!(t.contains("replace_public_n") && !sel, "{t}");
+    // replace, public key, a WHERE on a public column only: still public sizes.
+    let (t, sel) =
+        plan("SELECT dept, dp_count(age, 1.0) FROM staff WHERE dept <> 'hr' GROUP BY dept").await;
+    assert!(t.contains("replace_public_n") && !sel, "{t}");
+    // replace, public key, a WHERE on a private column: the set of groups is private.
+    let (t, sel) =
+        plan("SELECT dept, dp_count(age, 1.0) FROM staff WHERE salary > 1e5 GROUP BY dept").await;
+    assert!(
+        t.contains("'replace'") || t.contains("Utf8(\"replace\")"),
+        "{t}"
+    );
+    assert!(sel, "{t}");
+    // replace, a private key: a row can move between two groups.
+    let (t, sel) = plan("SELECT age, dp_count(age, 1.0) FROM staff GROUP BY age").await;
+    assert!(t.contains("replace_private_keys") && sel, "{t}");
+    // add/remove: selection whenever grouped.
+    let (t, sel) = plan("SELECT dept, dp_count(age, 1.0) FROM people GROUP BY dept").await;
+    assert!(t.contains("add_remove") && sel, "{t}");
+}
+
+#[tokio::test]
+async fn public_columns_are_case_sensitive() {
+    let dir = temp_dir("case");
+    let csv = dir.join("jobs.csv");
+    std::fs::write(&csv, "job,JOB,pay\na,x,1\nb,y,2\n").unwrap();
+    let s = open(&dir, SessionOptions::default()).await;
+    s.register_csv(
+        "jobs",
+        &csv,
+        Registration::private().replace().public_columns(["job"]),
+    )
+    .await
+    .unwrap();
+    let g = s
+        .check("SELECT \"JOB\", dp_count(pay, 1.0) FROM jobs GROUP BY \"JOB\"")
+        .await
+        .unwrap();
+    assert!(
+        g.calls.iter().any(|c| c.function == "dp_partition_select"),
+        "a private \"JOB\" is not the public job"
+    );
+    // A declaration that matches only another spelling is refused.
+    let e = s
+        .register_csv(
+            "jobs2",
+            &csv,
+            Registration::private().public_columns(["Job"]),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("case-sensitive"), "{e}");
+}
+
+fn ratio_batch(values: &[(&str, f64)]) -> RecordBatch {
+    RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Utf8, false),
+            Field::new("v", DataType::Float64, true),
+            Field::new("id", DataType::Int64, false),
+        ])),
+        vec![
+            Arc::new(StringArray::from(
+                values.iter().map(|x| x.0).collect::<Vec<_>>(),
+            )),
+            Arc::new(Float64Array::from(
+                values.iter().map(|x| x.1).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                (0..values.len() as i64).collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn rgm_mean_by_needs_the_owner_s_declared_ratio_on_a_bare_column() {
+    let dir = temp_dir("rgm");
+    let s = open(&dir, SessionOptions::default()).await;
+    let rows: Vec<(&str, f64)> = (0..400)
+        .map(|i| {
+            if i % 2 == 0 {
+                ("a", 100.0 + (i % 7) as f64)
+            } else {
+                ("b", 1000.0 + (i % 11) as f64)
+            }
+        })
+        .collect();
+    // Data that violate the declared bound are refused at registration.
+    let mut bad = rows.clone();
+    bad.push(("a", 1000.0));
+    let e = s
+        .register_batches(
+            "bad",
+            vec![ratio_batch(&bad)],
+            Registration::private()
+                .replace()
+                .public_columns(["g"])
+                .ratio_bound("v", "g", 1.5),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ratio bound"), "{e}");
+    s.register_batches(
+        "t",
+        vec![ratio_batch(&rows)],
+        Registration::private()
+            .replace()
+            .public_columns(["g"])
+            .ratio_bound("v", "g", 1.5)
+            .filter(FilterKind::Rdp { order: None }),
+    )
+    .unwrap();
+    let ok = "SELECT rgm_mean_by(v, g, 1.5, epsilon => 2.0, delta => 1e-6, min_group_size => 100) FROM t";
+    s.sql(ok).await.unwrap();
+    for (q, needle) in [
+        (
+            "SELECT rgm_mean_by(CASE WHEN id = 3 THEN -1 ELSE v END, g, 1.5, epsilon => 2.0, delta => 1e-6, min_group_size => 100) FROM t",
+            "computed expression",
+        ),
+        (
+            "SELECT rgm_mean_by(v, g, 1.2, epsilon => 2.0, delta => 1e-6, min_group_size => 100) FROM t",
+            "below the declared bound",
+        ),
+        (
+            "SELECT rgm_mean_by(id, g, 1.5, epsilon => 2.0, delta => 1e-6, min_group_size => 100) FROM t",
+            "no ratio bound",
+        ),
+        (
+            "SELECT rgm_mean_by(v, g, 1.5, epsilon => 2.0, delta => 1e-6, min_group_size => 100) FROM t WHERE v > 101",
+            "WHERE filter",
+        ),
+    ] {
+        let e = err(&s, q).await;
+        assert!(e.contains(needle), "{q}: {e}");
+    }
+    assert_eq!(s.ledger().len(), 1);
+}

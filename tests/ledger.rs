@@ -1,0 +1,342 @@
+//! The ledger cannot be silently truncated, edited or refunded (issue 15): every tampering is
+//! refused on open with an error naming the line, leaves the files byte for byte as they were,
+//! and makes `dpfusion ledger verify` exit 1. Only a last line without its newline (a torn
+//! write) is cut, and the charges before it stand.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use dpfusion::accounting::{
+    Accountant, AccountingError, TableCharge, TableKey, TablePolicy, head_path,
+};
+use dpfusion::dpfusion_udfs::privacy::Event;
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "dpfusion-ledger-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Built from JSON, as the ledger stores it, so that fields added to `TablePolicy` later (with
+/// their serde defaults, which old ledgers need anyway) do not break this test.
+fn policy(epsilon: f64) -> TablePolicy {
+    serde_json::from_value(serde_json::json!({
+        "key": "demo:t",
+        "name": "t",
+        "visibility": "private",
+        "neighbours": "add_remove",
+        "public_columns": [],
+        "budget": { "epsilon": epsilon, "delta": 1e-6 },
+    }))
+    .unwrap()
+}
+
+fn charge(mu: f64) -> Vec<TableCharge> {
+    vec![TableCharge {
+        key: TableKey::from("demo:t"),
+        events: vec![Event::Gaussian { mu }],
+    }]
+}
+
+/// A ledger of 5 lines: header, policy, 3 charges. Returns its path and the ε spent.
+fn ledger(tag: &str) -> (PathBuf, f64) {
+    let path = temp_dir(tag).join("ledger.jsonl");
+    let acc = Accountant::open(&path).unwrap();
+    acc.register_table(policy(10.0)).unwrap();
+    for i in 0..3 {
+        acc.admit(&format!("q{i}"), &charge(0.2)).unwrap();
+    }
+    let spent = acc.budget_rows()[0].spent;
+    assert_eq!(lines(&path).len(), 5);
+    (path, spent)
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn write_lines(path: &Path, lines: &[String]) {
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+fn snapshot(path: &Path) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    (
+        std::fs::read(path).ok(),
+        std::fs::read(head_path(path)).ok(),
+    )
+}
+
+fn verify_cli(path: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        .args(["ledger", "verify", path.to_str().unwrap()])
+        .output()
+        .unwrap()
+}
+
+/// Opening is refused with an error whose text contains every `needles`; the ledger and its
+/// sidecar are unchanged; `dpfusion ledger verify` exits 1 with the same error. Returns the error.
+fn refused(path: &Path, needles: &[&str]) -> AccountingError {
+    let before = snapshot(path);
+    let err = Accountant::open(path).expect_err("a tampered ledger must not open");
+    let msg = err.to_string();
+    for n in needles {
+        assert!(msg.contains(n), "{n:?} not in: {msg}");
+    }
+    assert!(msg.contains("backup"), "says what to do: {msg}");
+    assert_eq!(snapshot(path), before, "a refused open changes nothing");
+    let out = verify_cli(path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("FAILED") && stderr.contains(&msg),
+        "{stderr}"
+    );
+    assert_eq!(snapshot(path), before, "verify changes nothing");
+    err
+}
+
+fn corrupt_line(err: &AccountingError) -> u64 {
+    match err {
+        AccountingError::Corrupt { line, .. } => *line,
+        e => panic!("not a line error: {e}"),
+    }
+}
+
+#[test]
+fn intact_ledger_verifies_with_a_summary() {
+    let (path, spent) = ledger("ok");
+    let out = verify_cli(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("OK"), "{stdout}");
+    assert!(
+        stdout.contains("5 lines (1 header, 1 policy, 0 owner, 3 charge)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tables: 1"), "{stdout}");
+    assert!(stdout.contains(&format!("{spent:.4}")), "{stdout}");
+    let r = dpfusion::accounting::verify(&path).unwrap();
+    assert_eq!(r.tables[0].spent, spent);
+    assert_eq!(r.tables[0].charges, 3);
+}
+
+#[test]
+fn truncation_to_a_prefix_is_detected() {
+    let (path, _) = ledger("prefix");
+    let l = lines(&path);
+    write_lines(&path, &l[..3]);
+    let e = refused(&path, &["ends after 3 complete lines", "recorded 5"]);
+    assert_eq!(corrupt_line(&e), 4);
+}
+
+#[test]
+fn truncation_to_empty_is_detected() {
+    let (path, _) = ledger("empty");
+    std::fs::write(&path, b"").unwrap();
+    refused(&path, &["no complete line", "emptied or replaced"]);
+    // Also when only the header is left (a valid, shorter ledger).
+    let (path, _) = ledger("header-only");
+    let l = lines(&path);
+    write_lines(&path, &l[..1]);
+    assert_eq!(corrupt_line(&refused(&path, &["ends after 1"])), 2);
+}
+
+#[test]
+fn deleted_ledger_with_its_sidecar_left_is_not_a_new_ledger() {
+    let (path, _) = ledger("deleted");
+    std::fs::remove_file(&path).unwrap();
+    let e = Accountant::open(&path).unwrap_err().to_string();
+    assert!(e.contains("does not exist but its sidecar"), "{e}");
+    assert!(!path.exists(), "nothing created");
+}
+
+#[test]
+fn deleting_a_middle_line_is_detected() {
+    let (path, _) = ledger("middle");
+    let mut l = lines(&path);
+    l.remove(2);
+    write_lines(&path, &l);
+    let e = refused(&path, &["line 3", "`prev` is not the hash of line 2"]);
+    assert_eq!(corrupt_line(&e), 3);
+}
+
+#[test]
+fn editing_a_number_in_a_charge_is_detected() {
+    let (path, _) = ledger("edit");
+    let mut l = lines(&path);
+    assert!(l[2].contains(r#""mu":0.2"#), "{}", l[2]);
+    l[2] = l[2].replace(r#""mu":0.2"#, r#""mu":0.02"#);
+    write_lines(&path, &l);
+    assert_eq!(corrupt_line(&refused(&path, &["line 4", "edited"])), 4);
+    // The last line has no successor: the sidecar's hash catches it.
+    let (path, _) = ledger("edit-last");
+    let mut l = lines(&path);
+    l[4] = l[4].replace(r#""mu":0.2"#, r#""mu":0.02"#);
+    write_lines(&path, &l);
+    assert_eq!(corrupt_line(&refused(&path, &["sidecar", "edited"])), 5);
+}
+
+#[test]
+fn a_forged_owner_record_is_detected() {
+    let (path, _) = ledger("forged");
+    let mut l = lines(&path);
+    // Valid JSON, a valid owner record raising the budget, but not chained to the last line.
+    let forged = lines(&path)[1]
+        .replace(r#""record":"policy""#, r#""record":"owner""#)
+        .replace(r#""epsilon":10.0"#, r#""epsilon":1000.0"#);
+    assert!(forged.contains(r#""record":"owner""#) && forged.contains("1000.0"));
+    l.push(forged);
+    write_lines(&path, &l);
+    assert_eq!(corrupt_line(&refused(&path, &["line 6"])), 6);
+    // Without any `prev` (what COPY ... STORED AS JSON would write).
+    let (path, _) = ledger("forged-copy");
+    let mut l = lines(&path);
+    l.push(
+        r#"{"record":"owner","key":"demo:t","name":"t","visibility":"public","neighbours":"add_remove","public_columns":[],"budget":{"epsilon":1.0,"delta":1e-6}}"#
+            .to_string(),
+    );
+    write_lines(&path, &l);
+    assert_eq!(corrupt_line(&refused(&path, &["not a ledger record"])), 6);
+}
+
+#[test]
+fn a_replaced_ledger_is_detected() {
+    // What `COPY (SELECT 1 AS a) TO '<ledger>' STORED AS JSON` leaves.
+    let (path, _) = ledger("copy");
+    std::fs::write(&path, "{\"a\":1}\n").unwrap();
+    assert_eq!(corrupt_line(&refused(&path, &["line 1"])), 1);
+    // Another ledger's files moved over this one's ledger only.
+    let (path, _) = ledger("other-a");
+    let (other, _) = ledger("other-b");
+    std::fs::copy(&other, &path).unwrap();
+    refused(&path, &["belongs to another ledger"]);
+    // The sidecar overwritten (emptied) while the ledger is intact.
+    let (path, _) = ledger("head");
+    std::fs::write(head_path(&path), b"").unwrap();
+    refused(&path, &["not a valid ledger head"]);
+}
+
+#[test]
+fn reordering_lines_is_detected() {
+    let (path, _) = ledger("reorder");
+    let mut l = lines(&path);
+    l.swap(2, 3);
+    write_lines(&path, &l);
+    assert_eq!(corrupt_line(&refused(&path, &["line 3"])), 3);
+}
+
+#[test]
+fn a_complete_unparsable_last_line_is_an_error_and_kept() {
+    let (path, _) = ledger("unparsable");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.extend_from_slice(b"{\"record\":\"charge\",\"seq\":3,\"ti\n");
+    std::fs::write(&path, &bytes).unwrap();
+    let e = refused(&path, &["line 6", "never a torn write"]);
+    assert_eq!(corrupt_line(&e), 6);
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "not deleted");
+}
+
+#[test]
+fn a_torn_last_line_without_newline_is_cut_and_the_charges_before_it_stand() {
+    let (path, spent) = ledger("torn");
+    let good = std::fs::read(&path).unwrap();
+    let head = std::fs::read(head_path(&path)).unwrap();
+    let mut bytes = good.clone();
+    bytes.extend_from_slice(br#"{"record":"charge","seq":3,"time":"2026-"#);
+    std::fs::write(&path, &bytes).unwrap();
+    // verify reports it and changes nothing.
+    let out = verify_cli(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("without its newline"), "{stdout}");
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    // A session cuts it; the three charges stand.
+    let acc = Accountant::open(&path).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), good);
+    assert_eq!(std::fs::read(head_path(&path)).unwrap(), head);
+    assert_eq!(acc.ledger_entries().len(), 3);
+    assert_eq!(acc.budget_rows()[0].spent, spent);
+    acc.admit("q3", &charge(0.2)).unwrap();
+    drop(acc);
+    assert!(verify_cli(&path).status.success());
+}
+
+#[test]
+fn a_sidecar_behind_the_ledger_is_brought_up_to_date() {
+    // A session died after its fsync'd append, before replacing the sidecar.
+    let (path, _) = ledger("behind");
+    let old_head = std::fs::read(head_path(&path)).unwrap();
+    let acc = Accountant::open(&path).unwrap();
+    acc.admit("q3", &charge(0.2)).unwrap();
+    drop(acc);
+    std::fs::write(head_path(&path), &old_head).unwrap();
+    let out = verify_cli(&path);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("sidecar recorded 5 lines of 6"));
+    let acc = Accountant::open(&path).unwrap();
+    assert_eq!(acc.ledger_entries().len(), 4);
+    assert_ne!(std::fs::read(head_path(&path)).unwrap(), old_head);
+}
+
+#[test]
+fn a_missing_sidecar_is_refused_until_the_owner_reseals() {
+    let (path, _) = ledger("reseal");
+    std::fs::remove_file(head_path(&path)).unwrap();
+    refused(&path, &["sidecar", "is missing", "dpfusion ledger reseal"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        .args(["ledger", "reseal", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(Accountant::open(&path).unwrap().ledger_entries().len(), 3);
+}
+
+#[test]
+fn ledger_subcommand_usage() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let help = run(&["ledger", "--help"]);
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("verify") && text.contains("migrate") && text.contains("reseal"));
+    assert_eq!(run(&["ledger", "bogus"]).status.code(), Some(2));
+    assert_eq!(run(&["ledger", "migrate"]).status.code(), Some(2));
+    let missing = run(&["ledger", "verify", "/nonexistent/ledger.jsonl"]);
+    assert_eq!(missing.status.code(), Some(1));
+    // migrate from the command line: a format-1 ledger becomes one that verifies.
+    let dir = temp_dir("migrate");
+    let path = dir.join("old.jsonl");
+    std::fs::write(
+        &path,
+        concat!(
+            r#"{"record":"policy","key":"demo:t","name":"t","visibility":"private","#,
+            r#""neighbours":"add_remove","public_columns":[],"budget":{"epsilon":5.0,"delta":1e-6}}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    assert_eq!(run(&["ledger", "verify", p]).status.code(), Some(1));
+    let m = run(&["ledger", "migrate", p]);
+    assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
+    assert!(run(&["ledger", "verify", p]).status.success());
+    assert!(dir.join("old.jsonl.v1.bak").exists());
+}

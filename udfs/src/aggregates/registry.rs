@@ -1,0 +1,429 @@
+//! One declaration per DP aggregate: its name, data arguments, parameters (name, type, default,
+//! doc), requirements, the SQL aggregates it replaces, how to build its UDAF and what a call
+//! costs. Named-argument resolution, the guard, the REPL's completion and the docs read this list;
+//! nothing else names the functions.
+//!
+//! # Adding an aggregate
+//! For an aggregate that releases from exact per-group partials (a fixed-point sum, a count of
+//! values, a count of rows: [`super::accumulator`]), as `dp_count`, `dp_sum`, `dp_mean` and
+//! `dp_partition_select` do:
+//! 1. Write `udfs/src/aggregates/<name>.rs` (`dp_count.rs` is the smallest example), with the
+//!    formula and its source cited beside the code in the module docs:
+//!    - the parameter struct (`NAMES`, `from_literals`, and `cost`, which must call the release's
+//!      constructor so that the accountant refuses exactly what the planner refuses; the
+//!      existing ones live in `params.rs`, which holds the shared literal parsing);
+//!    - the release: a struct built from the parameters (`new`, the calibration) implementing
+//!      `Finalise` ([`super::accumulator`]: state shape, fixed-point grid, and the noisy
+//!      output from the exact partials);
+//!    - `impl DpFunction for <Params>` (its SQL `NAME`) and one `static SPEC: Spec`
+//!      ([`super::adapter::Spec`]: data-argument kind, return type, state shape, the release
+//!      from the literals, description, SQL example, related functions);
+//!    - `pub type DpName = DpUdaf<Params>;` and `pub fn <name>_udaf() -> AggregateUDF`,
+//!      re-exported from `aggregates/mod.rs`.
+//!
+//!    The adapter ([`super::adapter::DpUdaf`]) does the rest: signature, coercion, DISTINCT
+//!    refusal, accumulators, state fields, the insecure test seed, documentation.
+//! 2. Add one [`Aggregate`] entry to [`AGGREGATES`] below: the positional parameter order must
+//!    be the one `from_literals` reads, ending with the hidden `neighbours`. The adapter reads
+//!    the signature's parameter names, the number of required parameters, the syntax and the
+//!    argument docs from this entry.
+//! 3. Document it in README.md ("Functions") and docs/SQL.md; the test
+//!    `every_aggregate_is_documented` in this file checks that both name it.
+//!
+//! An aggregate with its own accumulator (the models `dp_linreg_gd`, `dp_logreg_agd`, which
+//! buffer rows, and `rgm_mean_by`) writes its own `AggregateUDFImpl` instead of step 1's `Spec`
+//! (see `dp_logreg_agd.rs`); steps 2 and 3 are the same.
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::{AggregateUDF, Expr};
+
+use super::{
+    AgdParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams, SumParams,
+    dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf, dp_logreg_agd_udaf, dp_mean_udaf,
+    dp_partition_select_udaf, dp_sum_udaf, rgm_mean_by_udaf,
+};
+use crate::privacy::{Event, PrivacyError};
+
+/// The SQL type of a literal parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Number,
+    Text,
+    Bool,
+}
+
+/// The default of a parameter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Default {
+    /// Required: no default.
+    Required,
+    /// The session's `dpfusion.default_delta`.
+    SessionDelta,
+    /// A numeric literal, as written in SQL.
+    Number(&'static str),
+    /// A string literal.
+    Text(&'static str),
+    /// A boolean literal.
+    Bool(bool),
+    /// Set by the session (the neighbour mode), never by users.
+    Hidden,
+}
+
+/// One literal parameter after the data arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct Param {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub default: Default,
+    pub doc: &'static str,
+}
+
+/// One data argument (an expression over the rows).
+#[derive(Debug, Clone, Copy)]
+pub struct DataArg {
+    pub name: &'static str,
+    pub doc: &'static str,
+}
+
+/// What a call needs of the table and the plan, checked by the guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requirement {
+    /// The group sizes must be public: `replace` neighbours, public keys, no private filter.
+    PublicGroupSizes,
+    /// The value must be a bare column with a ratio bound declared by the data owner.
+    DeclaredRatio,
+}
+
+/// What a call costs: from its data arguments' shape (never data) and its literal parameters.
+pub type CostFn = fn(&[Expr], &[ScalarValue]) -> Result<Vec<Event>, PrivacyError>;
+
+/// The declaration of one DP aggregate.
+#[derive(Debug)]
+pub struct Aggregate {
+    pub name: &'static str,
+    /// One line: what it releases.
+    pub summary: &'static str,
+    pub data: &'static [DataArg],
+    /// In positional order (what the parameter struct's `from_literals` reads).
+    pub params: &'static [Param],
+    pub requirements: &'static [Requirement],
+    /// Non-private SQL aggregates this one replaces (for the guard's advice).
+    pub replaces: &'static [&'static str],
+    /// Internal (inserted by the guard; not for users).
+    pub internal: bool,
+    pub udaf: fn() -> AggregateUDF,
+    /// The privacy events of a call, from the shape of its data arguments as written (never
+    /// data) and its literal parameters in positional order. Never reads data.
+    pub cost: CostFn,
+}
+
+impl Aggregate {
+    /// The parameters users may write (the hidden neighbour mode left out).
+    pub fn user_params(&self) -> impl Iterator<Item = &'static Param> {
+        self.params.iter().filter(|p| p.default != Default::Hidden)
+    }
+
+    /// The positional index of parameter `name` among the parameters (after the data).
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.params.iter().position(|p| p.name == name)
+    }
+
+    /// The call's signature as users write it, e.g. `dp_sum(value, lower, upper, epsilon[, delta])`.
+    pub fn usage(&self) -> String {
+        let mut s: Vec<String> = self.data.iter().map(|d| d.name.to_string()).collect();
+        let mut optional = String::new();
+        for p in self.user_params() {
+            if p.default == Default::Required {
+                s.push(p.name.to_string());
+            } else {
+                optional.push_str(&format!("[, {}]", p.name));
+            }
+        }
+        format!("{}({}{optional})", self.name, s.join(", "))
+    }
+}
+
+const fn number(name: &'static str, default: Default, doc: &'static str) -> Param {
+    Param {
+        name,
+        kind: Kind::Number,
+        default,
+        doc,
+    }
+}
+
+const EPSILON: Param = number(
+    "epsilon",
+    Default::Required,
+    "ε > 0, finite: the call is (ε, δ)-DP on its own",
+);
+const DELTA: Param = number(
+    "delta",
+    Default::SessionDelta,
+    "δ in (0, 1); defaults to the session's dpfusion.default_delta (1e-7)",
+);
+const NEIGHBOURS: Param = Param {
+    name: "neighbours",
+    kind: Kind::Text,
+    default: Default::Hidden,
+    doc: "the neighbour mode, set by the session from the table and the plan",
+};
+const LOWER: Param = number(
+    "lower",
+    Default::Required,
+    "finite; values are clamped to [lower, upper]",
+);
+const UPPER: Param = number("upper", Default::Required, "finite, ≥ lower");
+
+const VALUE: DataArg = DataArg {
+    name: "value",
+    doc: "the column or row expression aggregated",
+};
+const COUNTED: DataArg = DataArg {
+    name: "value",
+    doc: "only its NULL-ness (and NaN) is read",
+};
+const ROWS: DataArg = DataArg {
+    name: "value",
+    doc: "every row of the group counts, NULLs included",
+};
+const MODEL_DATA: &[DataArg] = &[
+    DataArg {
+        name: "label",
+        doc: "the label column",
+    },
+    DataArg {
+        name: "features",
+        doc: "a list of numbers: [x1, x2] or make_array(x1, x2)",
+    },
+];
+
+fn no_data<T>(
+    f: fn(&[ScalarValue]) -> Result<T, PrivacyError>,
+    cost: fn(&T) -> Result<Vec<Event>, PrivacyError>,
+    params: &[ScalarValue],
+) -> Result<Vec<Event>, PrivacyError> {
+    f(params).and_then(|p| cost(&p))
+}
+
+/// Every dpfusion DP aggregate.
+pub static AGGREGATES: &[Aggregate] = &[
+    Aggregate {
+        name: "dp_count",
+        summary: "noisy count of the non-NULL values (Int64, never negative)",
+        data: &[COUNTED],
+        params: &[EPSILON, DELTA, NEIGHBOURS],
+        requirements: &[],
+        replaces: &["count"],
+        internal: false,
+        udaf: dp_count_udaf,
+        cost: |_, p| no_data(CountParams::from_literals, CountParams::cost, p),
+    },
+    Aggregate {
+        name: "dp_sum",
+        summary: "noisy sum of the values clamped to [lower, upper]",
+        data: &[VALUE],
+        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        requirements: &[],
+        replaces: &["sum"],
+        internal: false,
+        udaf: dp_sum_udaf,
+        cost: |_, p| no_data(SumParams::from_literals, SumParams::cost, p),
+    },
+    Aggregate {
+        name: "dp_mean",
+        summary: "noisy mean of the values clamped to [lower, upper], within [lower, upper]",
+        data: &[VALUE],
+        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        requirements: &[],
+        replaces: &["avg", "mean"],
+        internal: false,
+        udaf: dp_mean_udaf,
+        cost: |_, p| no_data(MeanParams::from_literals, MeanParams::cost, p),
+    },
+    Aggregate {
+        name: "dp_partition_select",
+        summary: "internal: keeps a GROUP BY group only if its noisy row count passes a threshold",
+        data: &[ROWS],
+        params: &[EPSILON, DELTA, NEIGHBOURS],
+        requirements: &[],
+        replaces: &[],
+        internal: true,
+        udaf: dp_partition_select_udaf,
+        cost: |_, p| {
+            no_data(
+                PartitionSelectParams::from_literals,
+                PartitionSelectParams::cost,
+                p,
+            )
+        },
+    },
+    Aggregate {
+        name: "dp_linreg_gd",
+        summary: "a linear model fitted by DP gradient descent",
+        data: MODEL_DATA,
+        params: &[
+            EPSILON,
+            DELTA,
+            number("iterations", Default::Number("100"), "gradient steps"),
+            number(
+                "clip",
+                Default::Number("0.5"),
+                "per-example gradient clipping norm",
+            ),
+            number("learning_rate", Default::Number("1"), "step size"),
+            number("l2", Default::Number("0"), "ridge penalty"),
+            Param {
+                name: "fit_intercept",
+                kind: Kind::Bool,
+                default: Default::Bool(true),
+                doc: "fit an intercept",
+            },
+            Param {
+                name: "mechanism",
+                kind: Kind::Text,
+                default: Default::Text("gaussian"),
+                doc: "'gaussian' or 'rgm'",
+            },
+            number(
+                "feature_bound",
+                Default::Number("1"),
+                "'rgm': feature clipping",
+            ),
+            number("label_bound", Default::Number("1"), "'rgm': label clipping"),
+            number(
+                "min_rows",
+                Default::Number("10000"),
+                "'rgm': the smallest table size the calibration assumes",
+            ),
+            NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_linreg_gd_udaf,
+        cost: dp_linreg_gd::linreg_cost,
+    },
+    Aggregate {
+        name: "dp_logreg_agd",
+        summary: "a logistic model fitted by DP-AGD (Lee and Kifer 2018)",
+        data: MODEL_DATA,
+        params: &[
+            EPSILON,
+            DELTA,
+            number("clip_grad", Default::Number("3"), "gradient clipping norm"),
+            number("clip_obj", Default::Number("3"), "objective clipping"),
+            number(
+                "splits",
+                Default::Number("20"),
+                "budget splits (iterations)",
+            ),
+            number(
+                "gamma",
+                Default::Number("0.1"),
+                "share of ρ for the step selection",
+            ),
+            number("l2", Default::Number("0.001"), "ridge penalty"),
+            Param {
+                name: "fit_intercept",
+                kind: Kind::Bool,
+                default: Default::Bool(true),
+                doc: "fit an intercept",
+            },
+            number(
+                "max_step",
+                Default::Number("2"),
+                "the largest step size candidate",
+            ),
+            NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_logreg_agd_udaf,
+        cost: |_, p| no_data(AgdParams::from_literals, AgdParams::cost, p),
+    },
+    Aggregate {
+        name: "rgm_mean_by",
+        summary: "per group of a public column, the mean with noise relative to it (RGM)",
+        data: &[
+            DataArg {
+                name: "value",
+                doc: "a bare column with a ratio bound declared by the data owner",
+            },
+            DataArg {
+                name: "by",
+                doc: "a bare public column",
+            },
+        ],
+        params: &[
+            number(
+                "max_ratio",
+                Default::Required,
+                "K ≥ the declared bound: in each group max ≤ K × min",
+            ),
+            EPSILON,
+            DELTA,
+            number(
+                "min_group_size",
+                Default::Number("2"),
+                "groups smaller than this are left out; σ is calibrated for this size",
+            ),
+            NEIGHBOURS,
+        ],
+        requirements: &[Requirement::PublicGroupSizes, Requirement::DeclaredRatio],
+        replaces: &[],
+        internal: false,
+        udaf: rgm_mean_by_udaf,
+        cost: |_, p| no_data(RgmMeanParams::from_literals, RgmMeanParams::cost, p),
+    },
+];
+
+/// The declaration of `name` (case-insensitive), if it is a dpfusion DP aggregate.
+pub fn get(name: &str) -> Option<&'static Aggregate> {
+    AGGREGATES
+        .iter()
+        .find(|a| a.name.eq_ignore_ascii_case(name))
+}
+
+/// The DP aggregate that replaces the SQL aggregate `name` (e.g. `count` → `dp_count`).
+pub fn replacing(name: &str) -> Option<&'static Aggregate> {
+    AGGREGATES
+        .iter()
+        .find(|a| a.replaces.iter().any(|r| r.eq_ignore_ascii_case(name)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declarations_match_the_parameter_structs() {
+        use super::super::{CountParams, LinregParams, MeanParams, SumParams};
+        let names = |a: &Aggregate| a.params.iter().map(|p| p.name).collect::<Vec<_>>();
+        assert_eq!(names(get("dp_count").unwrap()), CountParams::NAMES);
+        assert_eq!(names(get("dp_sum").unwrap()), SumParams::NAMES);
+        assert_eq!(names(get("dp_mean").unwrap()), MeanParams::NAMES);
+        assert_eq!(names(get("dp_linreg_gd").unwrap()), LinregParams::NAMES);
+        assert_eq!(names(get("dp_logreg_agd").unwrap()), AgdParams::NAMES);
+        assert_eq!(names(get("rgm_mean_by").unwrap()), RgmMeanParams::NAMES);
+        for a in AGGREGATES {
+            assert_eq!((a.udaf)().name(), a.name);
+            assert_eq!(a.params.last().map(|p| p.name), Some("neighbours"));
+        }
+        assert_eq!(replacing("AVG").unwrap().name, "dp_mean");
+        assert_eq!(
+            get("dp_sum").unwrap().usage(),
+            "dp_sum(value, lower, upper, epsilon[, delta])"
+        );
+    }
+
+    #[test]
+    fn every_aggregate_is_documented() {
+        let readme = include_str!("../../../README.md");
+        let sql = include_str!("../../../docs/SQL.md");
+        for a in AGGREGATES.iter().filter(|a| !a.internal) {
+            assert!(readme.contains(a.name), "README.md lacks {}", a.name);
+            assert!(sql.contains(a.name), "docs/SQL.md lacks {}", a.name);
+        }
+    }
+}
