@@ -1,27 +1,13 @@
 //! The attack suite (issue 10): queries an analyst might use to extract private rows. Each one is
 //! refused with a message naming what was wrong (and reading nothing), or admitted and charged
 //! exactly what its literal parameters say — never released for free.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-attack-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn people_csv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
-}
+mod common;
+use common::*;
 
 async fn session(dir: &Path) -> PrivateSession {
     let s = PrivateSession::open(

@@ -217,10 +217,30 @@ async fn noise_is_drawn_once_per_release_on_the_cluster() {
     assert!(r.receipt.is_some(), "charged");
     check_sum_releases("ballista standalone", &r);
 
-    // Ballista's own EXPLAIN shows where that noise was drawn: stage 1 scans the 4 files as 4
-    // partitions and runs the partial aggregate (exact state) before the shuffle; the final
-    // aggregation, whose `evaluate` adds the noise, runs after it.
-    let plan = cluster.sql(&format!("EXPLAIN {SUM_SQL}")).await.unwrap();
+    // EXPLAIN of a plan that reads a private table is refused (it would show statistics and
+    // file ranges of the data) ...
+    let e = cluster
+        .sql(&format!("EXPLAIN {SUM_SQL}"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("EXPLAIN PRIVACY"), "{e}");
+    // ... so the plan's shape is shown on a public copy of the same files: Ballista's own
+    // EXPLAIN shows where the noise is drawn. Stage 1 scans the 4 files as 4 partitions and runs
+    // the partial aggregate (exact state) before the shuffle; the final aggregation, whose
+    // `evaluate` adds the noise, runs after it.
+    let public = write_groups_table(&dir.join("public"));
+    cluster
+        .register_parquet("tpub", &public, Registration::public())
+        .await
+        .unwrap();
+    let plan = cluster
+        .sql(&format!(
+            "EXPLAIN {}",
+            SUM_SQL.replace("FROM t ", "FROM tpub ")
+        ))
+        .await
+        .unwrap();
     assert!(plan.receipt.is_none(), "EXPLAIN is not charged");
     let text = datafusion::arrow::util::pretty::pretty_format_batches(&plan.batches)
         .unwrap()

@@ -19,27 +19,6 @@ use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use dpfusion::session::EXECUTION_FAILED;
 use dpfusion::{PrivateSession, QueryResult, Registration, SessionOptions};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-boundary-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn people_csv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
-}
-
-fn depts_csv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/depts.csv")
-}
-
 async fn open(dir: &Path, opts: SessionOptions) -> PrivateSession {
     PrivateSession::open(
         opts.with_ledger(dir.join("ledger.jsonl"))
@@ -117,6 +96,9 @@ enum Expect {
     Admitted(&'static [(&'static str, f64)], &'static str),
 }
 use Expect::*;
+
+mod common;
+use common::*;
 
 #[derive(Debug, Clone)]
 struct Case {

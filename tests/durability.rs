@@ -2,7 +2,7 @@
 //! processes: SIGKILL at random points around admission and execution, then reopen; 32 queries
 //! racing for one budget from tasks of one session and from separate processes on one ledger.
 use std::io::Read;
-use std::path::{Path, PathBuf};
+
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,22 +10,8 @@ use std::time::Duration;
 use dpfusion::accounting::Accountant;
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-durability-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn people_csv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
-}
+mod common;
+use common::*;
 
 /// SplitMix64: the seeded kill delays.
 fn splitmix(state: &mut u64) -> u64 {

@@ -1,7 +1,7 @@
 //! The boundary of issue 14 at the session level: EXPLAIN, failures, COPY, the neighbour modes
 //! the guard chooses, case-sensitive public columns, and rgm_mean_by's owner-declared contract.
 //! (The attack corpus is tests/boundary.rs.)
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
@@ -10,22 +10,8 @@ use dpfusion::accounting::FilterKind;
 use dpfusion::session::EXECUTION_FAILED;
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-guarantee-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn people_csv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
-}
+mod common;
+use common::*;
 
 async fn open(dir: &Path, opts: SessionOptions) -> PrivateSession {
     PrivateSession::open(

@@ -10,18 +10,8 @@ use dpfusion::accounting::{
 };
 use dpfusion::dpfusion_udfs::privacy::Event;
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-ledger-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+mod common;
+use common::*;
 
 /// Built from JSON, as the ledger stores it, so that fields added to `TablePolicy` later (with
 /// their serde defaults, which old ledgers need anyway) do not break this test.

@@ -1,0 +1,27 @@
+//! Helpers shared by the integration tests (each test file includes this module).
+#![allow(dead_code)]
+use std::path::{Path, PathBuf};
+
+/// A fresh directory under the system's temp dir, unique per process, call and `tag`.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "dpfusion-test-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The 200-row private test table: id, age, dept, salary, remote.
+pub fn people_csv() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
+}
+
+/// The public departments table: dept, floor.
+pub fn depts_csv() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/depts.csv")
+}
