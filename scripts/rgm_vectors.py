@@ -7,8 +7,9 @@ reference's order list, geometric bisection) reproduces every number to 1e-6 rel
 
     python3 scripts/rgm_vectors.py > udfs/tests/data/rgm_vectors.json
 
-`scripts/rgm_accountant.py` is a verbatim copy of ../shared/research/rgm_accountant.py (a clean
-clone has no ../shared). Pure standard library; takes a few seconds.
+`scripts/rgm_accountant.py` is a verbatim copy of the project's reference RGM accountant (kept
+here so that a clean clone can regenerate the vectors). Pure standard library; takes a few
+seconds.
 """
 import json
 import math

@@ -10,7 +10,8 @@ Datasets (features scaled to [-1, 1] by min-max over the whole table — a publi
 transformation that uses the data's range; in a real deployment the range comes from the schema —
 then rows scaled so that ‖x‖ ≤ 1):
 - demo `patients` (disease: logistic; cost: linear), exported from the binary's demo table;
-- BANK and IPUMS-BR, the DP-AGD paper's preprocessed data (../shared/data; skipped if absent),
+- BANK and IPUMS-BR, the DP-AGD paper's preprocessed data (the directory in $AGD_DATA, not in this
+  repository; skipped if absent),
   also in the reference setup of research/dpagd.md §3.2 beside that document's reproduced
   accuracies (the paper's own figures are not available, §3.1);
 - scikit-learn's bundled breast cancer (classification) and diabetes (regression) datasets.
@@ -39,8 +40,8 @@ QUICK = "--quick" in sys.argv
 EPSILONS = [0.1, 1.0, 5.0] if QUICK else [0.1, 0.5, 1.0, 2.0, 5.0]
 RUNS = int(os.environ.get("UTILITY_RUNS", 3 if QUICK else 10))
 DELTA = 1e-6
-# DP-AGD reference accuracy (%) from ../shared/research/dpagd.md §3.2. The paper's own figures
-# could not be retrieved (dpagd.md §3.1), so these are that document's reproduction of the
+# DP-AGD reference accuracy (%) from the project's research notes on DP-AGD. The paper's own
+# figures could not be retrieved, so these are the notes' reproduction of the
 # authors' public code: "code" = the code as published (its step selector leaks, §4.1), "fixed" =
 # the four quirks corrected (what dpfusion implements). Setup there: min-max scaling to [0, 1] on
 # the full data, no row normalisation, bias column, δ = 1e-8, C_grad = C_obj = 3, γ = 0.1,
@@ -290,7 +291,8 @@ def salaries_study(lines, tmp, plt):
         lines += ["![rgm_mean_by vs dp_mean](rgm_fairness.png)", ""]
 
 
-SHARED = os.path.join(ROOT, "..", "shared", "data")
+# The directory holding BANK.dat and IPUMS-BR.dat (not in this repository).
+SHARED = os.environ.get("AGD_DATA", os.path.join(ROOT, "data"))
 
 
 def main():
