@@ -25,7 +25,6 @@ use std::str::FromStr;
 use dpfusion_udfs::privacy::cks::cks_term;
 use dpfusion_udfs::privacy::gdp::gdp_epsilon;
 use dpfusion_udfs::privacy::grid::ORDERS;
-use dpfusion_udfs::privacy::profile::{laplace_rdp, rgm_rdp};
 use dpfusion_udfs::privacy::{Event, gaussian_mu, zcdp_epsilon, zcdp_rho};
 use serde::{Deserialize, Serialize};
 
@@ -354,33 +353,9 @@ impl Filter {
             }
             // No finite zCDP bound (its RDP curve is infinite beyond a finite order).
             (MainBudget::Zcdp { .. }, Event::Rgm { .. }) => Err(()),
-            // The RDP curves of profile.rs, evaluated in closed form at α*.
-            (MainBudget::Rdp { order: a, .. }, ev) => Ok(match ev {
-                // Mironov 2017, Prop. 7.
-                Event::Gaussian { mu } => checked(mu, a * mu * mu / 2.0),
-                // Bun and Steinke 2016, Def. 1.1.
-                Event::Zcdp { rho } => checked(rho, rho * a),
-                // Mironov 2017, Prop. 6.
-                Event::Laplace { epsilon } => checked(epsilon, laplace_rdp(a, epsilon)),
-                // Bun and Steinke 2016, Prop. 1.4, and D_α ≤ ε for ε-DP.
-                Event::PureDp { epsilon } => {
-                    checked(epsilon, epsilon.min(a * epsilon * epsilon / 2.0))
-                }
-                // research/rgm.md (Hendrikx, Mangold, Bellet 2024); +∞ beyond its range.
-                Event::Rgm {
-                    sigma,
-                    gamma,
-                    dims,
-                    steps,
-                } => {
-                    if bad(gamma) || sigma.is_nan() || sigma <= 0.0 {
-                        f64::INFINITY
-                    } else {
-                        up(steps as f64 * rgm_rdp(a, sigma, gamma, dims as f64))
-                    }
-                }
-                Event::Delta { .. } => 0.0,
-            }),
+            // The event's RDP curve (profile.rs, `Event::rdp`, with its sources) at α*, rounded
+            // outward.
+            (MainBudget::Rdp { order: a, .. }, ev) => Ok(up(ev.rdp(a))),
         }
     }
 

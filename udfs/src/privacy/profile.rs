@@ -32,6 +32,36 @@ pub enum Event {
     Delta { delta: f64 },
 }
 
+impl Event {
+    /// The event's Rényi-DP ε(α) at order α > 1: the one place each mechanism's curve is
+    /// written (profiles on the order grid and the RDP filter at its fixed order both call it).
+    /// A parameter that is NaN or negative (never produced by this crate) gives +∞, so a bad
+    /// record can only over-report.
+    pub fn rdp(&self, alpha: f64) -> f64 {
+        let bad = |x: f64| x.is_nan() || x < 0.0;
+        let v = match *self {
+            Event::Gaussian { mu } if !bad(mu) => alpha * mu * mu / 2.0, // Mironov 2017, Prop. 7
+            Event::Zcdp { rho } if !bad(rho) => rho * alpha, // Bun and Steinke 2016, Def. 1.1
+            Event::Laplace { epsilon } if !bad(epsilon) => laplace_rdp(alpha, epsilon), // Prop. 6
+            // Bun and Steinke 2016, Prop. 1.4 (ε-DP ⇒ ε²/2-zCDP) and D_α ≤ ε for ε-DP.
+            Event::PureDp { epsilon } if !bad(epsilon) => {
+                epsilon.min(alpha * epsilon * epsilon / 2.0)
+            }
+            Event::Rgm {
+                sigma,
+                gamma,
+                dims,
+                steps,
+            } if !(bad(gamma) || sigma.is_nan() || sigma <= 0.0) => {
+                steps as f64 * rgm_rdp(alpha, sigma, gamma, dims as f64)
+            }
+            Event::Delta { delta } if !bad(delta) => 0.0,
+            _ => f64::INFINITY,
+        };
+        nan_to_inf(v)
+    }
+}
+
 /// A privacy-loss profile: RDP curve on [`super::grid::ORDERS`], optional GDP μ², additive δ.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
@@ -54,82 +84,38 @@ impl Profile {
     /// crate) is treated as unbounded loss (+∞), so that a bad record can only over-report.
     pub fn from_event(event: &Event) -> Self {
         let bad = |x: f64| x.is_nan() || x < 0.0;
-        let curve = |f: &dyn Fn(f64) -> f64| -> Vec<f64> {
-            ORDERS.iter().map(|&a| nan_to_inf(f(a))).collect()
+        let unbounded = match *event {
+            Event::Gaussian { mu } => bad(mu),
+            Event::Zcdp { rho } => bad(rho),
+            Event::Laplace { epsilon } | Event::PureDp { epsilon } => bad(epsilon),
+            Event::Rgm { sigma, gamma, .. } => bad(gamma) || sigma.is_nan() || sigma <= 0.0,
+            Event::Delta { delta } => bad(delta),
         };
+        if unbounded {
+            return Self::unbounded();
+        }
+        let rdp = ORDERS.iter().map(|&a| event.rdp(a)).collect();
         match *event {
-            Event::Gaussian { mu } => {
-                if bad(mu) {
-                    return Self::unbounded();
-                }
-                // Mironov 2017, Prop. 7: D_α = α Δ²/(2σ²) = α μ²/2. GDP: μ (Dong, Roth, Su 2019).
-                Profile {
-                    rdp: curve(&|a| a * mu * mu / 2.0),
-                    gdp_mu_sq: Some(mu * mu),
-                    delta: 0.0,
-                }
-            }
-            Event::Zcdp { rho } => {
-                if bad(rho) {
-                    return Self::unbounded();
-                }
-                // Bun and Steinke 2016, Def. 1.1: D_α ≤ ρα for all α > 1.
-                Profile {
-                    rdp: curve(&|a| rho * a),
-                    gdp_mu_sq: None,
-                    delta: 0.0,
-                }
-            }
-            Event::Laplace { epsilon } => {
-                if bad(epsilon) {
-                    return Self::unbounded();
-                }
-                Profile {
-                    rdp: curve(&|a| laplace_rdp(a, epsilon)),
-                    gdp_mu_sq: None,
-                    delta: 0.0,
-                }
-            }
-            Event::PureDp { epsilon } => {
-                if bad(epsilon) {
-                    return Self::unbounded();
-                }
-                // Bun and Steinke 2016, Prop. 1.4 (ε-DP ⇒ ε²/2-zCDP) and D_α ≤ ε for ε-DP.
-                Profile {
-                    rdp: curve(&|a| epsilon.min(a * epsilon * epsilon / 2.0)),
-                    gdp_mu_sq: None,
-                    delta: 0.0,
-                }
-            }
-            Event::Rgm {
-                sigma,
-                gamma,
-                dims,
-                steps,
-            } => {
-                if bad(gamma) || sigma.is_nan() || sigma <= 0.0 {
-                    return Self::unbounded();
-                }
-                Profile {
-                    rdp: curve(&|a| steps as f64 * rgm_rdp(a, sigma, gamma, dims as f64)),
-                    gdp_mu_sq: None,
-                    delta: 0.0,
-                }
-            }
-            Event::Delta { delta } => {
-                if bad(delta) {
-                    return Self::unbounded();
-                }
-                // An additive δ beside a Gaussian part (partition selection): the mechanism
-                // coincides with its Gaussian part except on an event of probability δ, so it is
-                // (ε, δ_G(ε) + δ)-DP for every ε, and compositions add these δ's. It leaves
-                // the GDP part intact (μ² + 0).
-                Profile {
-                    rdp: vec![0.0; ORDERS.len()],
-                    gdp_mu_sq: Some(0.0),
-                    delta,
-                }
-            }
+            // GDP: μ (Dong, Roth, Su 2019).
+            Event::Gaussian { mu } => Profile {
+                rdp,
+                gdp_mu_sq: Some(mu * mu),
+                delta: 0.0,
+            },
+            // An additive δ beside a Gaussian part (partition selection): the mechanism
+            // coincides with its Gaussian part except on an event of probability δ, so it is
+            // (ε, δ_G(ε) + δ)-DP for every ε, and compositions add these δ's. It leaves the GDP
+            // part intact (μ² + 0).
+            Event::Delta { delta } => Profile {
+                rdp,
+                gdp_mu_sq: Some(0.0),
+                delta,
+            },
+            _ => Profile {
+                rdp,
+                gdp_mu_sq: None,
+                delta: 0.0,
+            },
         }
     }
 
