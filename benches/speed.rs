@@ -193,6 +193,9 @@ async fn main() {
         },
         filter: dpfusion::accounting::FilterKind::Gdp,
         delta_share: dpfusion::accounting::DEFAULT_DELTA_SHARE,
+        schema: None,
+        format: None,
+        relaxed: None,
     })
     .unwrap();
     let charge = [TableCharge {

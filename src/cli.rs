@@ -19,6 +19,12 @@ pub struct Cli {
     pub filter: Option<FilterKind>,
     /// The share of δ reserved for partition selection for the `--private` tables.
     pub delta_share: Option<f64>,
+    /// The data owner's catalog (catalog mode).
+    pub catalog: Option<PathBuf>,
+    /// Where `COPY ... TO` may write (single-user mode).
+    pub output_dir: Option<PathBuf>,
+    /// The owner's reason to relax the recorded policy of the `--private`/`--public` tables.
+    pub relax: Option<String>,
     /// `-c` and `-f` in the order given.
     pub scripts: Vec<Script>,
     pub format: Option<OutputFormat>,
@@ -36,16 +42,28 @@ pub const HELP: &str = "\
 dpfusion — differentially private SQL on Apache DataFusion
 
 USAGE:
-    dpfusion [OPTIONS]
+    dpfusion --catalog FILE [-c SQL]... [-f FILE]... [--format F] [-q]      (catalog mode)
+    dpfusion [OWNER FLAGS] [-c SQL]... [-f FILE]... [--format F] [-q]      (single-user mode)
     dpfusion ledger verify|reseal|migrate [PATH]   (see 'dpfusion ledger --help')
 
-With no -c/-f, opens the interactive REPL. With no --private/--public table, the built-in demo
-tables are registered.
+With no -c/-f, opens the interactive REPL. Two roles: the data owner declares tables and their
+policy; the analyst runs SQL. SQL is always the analyst's: it can never register a private
+table, change a policy or touch the owner's files. The owner speaks through a catalog file
+(--catalog, docs/CATALOG.md) or, in single-user mode, where the person running dpfusion is the
+owner, through the owner flags below. With neither a catalog nor a --private/--public table, the
+built-in demo tables are registered.
 
 OPTIONS:
     -c, --command SQL        Run SQL (several statements separated by ';'); may be repeated
     -f, --file PATH          Run the statements in a file; may be repeated (runs in order with -c)
         --format FORMAT      Output format: table (default), csv or json
+        --catalog FILE       Open the data owner's catalog (TOML): its ledger, tables and
+                             policies. No owner flag may be given with it
+    -q, --quiet              Do not print charge receipts
+    -h, --help               Print this help
+    -V, --version            Print the version
+
+OWNER FLAGS (single-user mode only):
         --epsilon E          Default per-table budget ε for tables registered here (default 1)
         --delta D            Default per-table budget δ (default 1e-6)
         --ledger PATH        The privacy ledger (default ./.dpfusion/ledger.jsonl)
@@ -58,15 +76,17 @@ OPTIONS:
                              included, at one Rényi order). See docs/ACCOUNTING.md
         --delta-share S      Share of each --private table's δ reserved for partition selection
                              (GROUP BY over private columns), in (0, 1); default 0.5
-    -q, --quiet              Do not print charge receipts
-    -h, --help               Print this help
-    -V, --version            Print the version
+        --output-dir DIR     The only directory COPY ... TO may write into (default: none)
+        --relax REASON       Register the --private/--public tables even where this weakens or
+                             changes the policy the ledger holds (a larger budget, more public
+                             columns, ...); the reason and the changes are recorded in the ledger
 
 EXAMPLES:
     dpfusion -c \"SELECT dp_gaussian_sigma(0.5, 1e-6, 100)\"
     dpfusion --private people=people.csv --epsilon 3 \\
         -c \"SELECT dp_mean(age, 0, 100, epsilon => 0.5) FROM people\"
     dpfusion -f sql/quickstart.sql --format csv
+    dpfusion --catalog examples/catalog/dpfusion.toml -f examples/catalog/analyst.sql
 
 SCRIPTS:
     Statements end with ';'. '--' starts a comment. A statement preceded by the comment
@@ -143,17 +163,52 @@ impl Cli {
                     check_delta_share(s).map_err(|e| format!("{flag}: {e}"))?;
                     cli.delta_share = Some(s);
                 }
+                "--catalog" => cli.catalog = Some(PathBuf::from(value(&mut i)?)),
+                "--output-dir" => cli.output_dir = Some(PathBuf::from(value(&mut i)?)),
+                "--relax" => cli.relax = Some(value(&mut i)?),
                 "-q" | "--quiet" => cli.quiet = true,
                 other => return Err(format!("unknown argument '{other}'")),
             }
             i += 1;
         }
+        if cli.catalog.is_some() {
+            let owner_flags = [
+                ("--epsilon", cli.epsilon.is_some()),
+                ("--delta", cli.delta.is_some()),
+                ("--ledger", cli.ledger.is_some()),
+                ("--private", !cli.private.is_empty()),
+                ("--public", !cli.public.is_empty()),
+                ("--filter", cli.filter.is_some()),
+                ("--delta-share", cli.delta_share.is_some()),
+                ("--output-dir", cli.output_dir.is_some()),
+                ("--relax", cli.relax.is_some()),
+            ];
+            let given: Vec<&str> = owner_flags
+                .iter()
+                .filter(|(_, g)| *g)
+                .map(|(f, _)| *f)
+                .collect();
+            if !given.is_empty() {
+                return Err(format!(
+                    "{} cannot be given with --catalog: in catalog mode the catalog is the data \
+                     owner's only voice (its ledger, tables, budgets and output directory). Ask \
+                     the owner to change the catalog, or run without --catalog (single-user mode) \
+                     on files you own",
+                    given.join(", ")
+                ));
+            }
+        }
         Ok(Some(cli))
     }
 
-    /// The session options these flags give.
+    /// The session options these flags give (single-user mode: analyst SQL may register any
+    /// file that is no private table's as a public table).
     pub fn session_options(&self) -> SessionOptions {
-        let mut o = SessionOptions::default();
+        let mut o =
+            SessionOptions::default().with_analyst_files(crate::session::AnalystFiles::Anywhere);
+        if let Some(d) = &self.output_dir {
+            o = o.with_output_dir(d.clone());
+        }
         if let Some(l) = &self.ledger {
             o.ledger_path = l.clone();
         }
@@ -240,6 +295,12 @@ async fn register_tables(session: &PrivateSession, cli: &Cli) -> Result<(), Stri
             let mut reg = Registration::private();
             reg.filter = cli.filter;
             reg.delta_share = cli.delta_share;
+            // --epsilon/--delta state the budget; without them a table the ledger knows keeps
+            // its recorded budget (and a new one gets the defaults).
+            if cli.epsilon.is_some() || cli.delta.is_some() {
+                let b = session.options().default_budget;
+                reg.budget = Some(b);
+            }
             (n, p, reg)
         })
         .chain(
@@ -248,6 +309,10 @@ async fn register_tables(session: &PrivateSession, cli: &Cli) -> Result<(), Stri
                 .map(|(n, p)| (n, p, Registration::public())),
         )
     {
+        let reg = match &cli.relax {
+            Some(r) => reg.relax(r.clone()),
+            None => reg,
+        };
         let is_parquet = path
             .extension()
             .map(|e| e.eq_ignore_ascii_case("parquet"))
@@ -263,20 +328,30 @@ async fn register_tables(session: &PrivateSession, cli: &Cli) -> Result<(), Stri
     Ok(())
 }
 
+/// Opens the session the command line asks for: the catalog's, or single-user mode's.
+async fn open(cli: &Cli) -> Result<PrivateSession, String> {
+    if let Some(path) = &cli.catalog {
+        let catalog = crate::catalog::Catalog::load(path).map_err(|e| e.to_string())?;
+        return catalog.open().await.map_err(|e| e.to_string());
+    }
+    let session = PrivateSession::open(cli.session_options())
+        .await
+        .map_err(|e| e.to_string())?;
+    register_tables(&session, cli).await?;
+    Ok(session)
+}
+
 /// Runs the command line: the REPL when no `-c`/`-f` is given, else the scripts in order.
 pub async fn run(cli: Cli) -> ExitCode {
-    let session = match PrivateSession::open(cli.session_options()).await {
+    let session = match open(&cli).await {
         Ok(s) => s,
         Err(e) => {
             eprintln!("dpfusion: {e}");
             return ExitCode::from(1);
         }
     };
-    if let Err(e) = register_tables(&session, &cli).await {
-        eprintln!("dpfusion: {e}");
-        return ExitCode::from(1);
-    }
-    if cli.private.is_empty()
+    if cli.catalog.is_none()
+        && cli.private.is_empty()
         && cli.public.is_empty()
         && let Err(e) = crate::demo::register_demo(&session)
     {

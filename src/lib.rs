@@ -6,15 +6,18 @@
 //! refused once a table's budget would be exceeded. See README.md, docs/PRIVACY.md, docs/SQL.md
 //! and docs/ARCHITECTURE.md.
 pub mod accounting;
+pub mod catalog;
 pub mod cli;
 pub mod demo;
 #[cfg(feature = "distributed")]
 pub mod distributed;
 pub mod error;
+pub mod files;
 pub mod guard;
+pub mod owner;
 pub mod repl;
 pub mod session;
 pub mod statements;
 
 pub use dpfusion_udfs;
-pub use session::{PrivateSession, QueryResult, Registration, SessionOptions};
+pub use session::{AnalystFiles, PrivateSession, QueryResult, Registration, SessionOptions};

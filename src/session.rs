@@ -13,9 +13,8 @@ use datafusion::common::{DataFusionError, Result, plan_err};
 use datafusion::datasource::MemTable;
 use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
-use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionConfig};
+use datafusion::prelude::SessionConfig;
 use datafusion::sql::parser::{CopyToSource, DFParser, Statement as DFStatement};
-use datafusion::sql::sqlparser::ast::Value;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
 pub use crate::accounting::FilterKind;
@@ -25,6 +24,8 @@ use crate::accounting::{
 };
 use crate::accounting::{DEFAULT_DELTA_SHARE, FilterChoice};
 pub use crate::guard::table::RatioBound;
+pub use crate::owner::CsvFormat;
+use crate::owner::{Protection, Role};
 use crate::guard::{self, DpCall, GuardedTable, TableInfo};
 use crate::statements::{self, named_args::resolve_named_arguments};
 
@@ -52,6 +53,12 @@ pub struct SessionOptions {
     /// The only directory `COPY ... TO` may write into (None, the default: COPY is refused). Set
     /// by the data owner; never the ledger's directory or a table's.
     pub output_dir: Option<PathBuf>,
+    /// Which files analyst SQL (`CREATE EXTERNAL TABLE`) may register, always as public tables
+    /// and never over a private table's files. Default: none (the data owner allows some).
+    pub analyst_files: AnalystFiles,
+    /// The data owner's own files (the catalog): analyst SQL never reads or writes them, like
+    /// the ledger's directory.
+    pub owner_paths: Vec<PathBuf>,
     /// Run queries on this Ballista cluster instead of in this process (feature `distributed`;
     /// the guard, accountant and ledger stay here). See `crate::distributed`.
     #[cfg(feature = "distributed")]
@@ -70,6 +77,8 @@ impl Default for SessionOptions {
             target_partitions: None,
             memory_limit: DEFAULT_MEMORY_LIMIT,
             output_dir: None,
+            analyst_files: AnalystFiles::None,
+            owner_paths: vec![],
             #[cfg(feature = "distributed")]
             cluster: None,
         }
@@ -99,6 +108,26 @@ impl SessionOptions {
         self.output_dir = Some(dir.into());
         self
     }
+    /// Which files analyst SQL may register as public tables.
+    pub fn with_analyst_files(mut self, files: AnalystFiles) -> Self {
+        self.analyst_files = files;
+        self
+    }
+}
+
+/// Which files analyst SQL may register (`CREATE EXTERNAL TABLE`): always as public tables, and
+/// never a file of a private table, the ledger's directory or the owner's files, under any
+/// spelling (crate::files).
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnalystFiles {
+    /// None: `CREATE EXTERNAL TABLE` is refused (the default, and a catalog's unless it lists
+    /// directories).
+    None,
+    /// Files below these directories only (a catalog's `analyst_read_dirs`).
+    Under(Vec<PathBuf>),
+    /// Any file the process can read (single-user mode: the person at the keyboard is the owner
+    /// and can read the files anyway).
+    Anywhere,
 }
 
 /// How a table is registered: private (the default) or public, its neighbour relation, its
@@ -118,6 +147,14 @@ pub struct Registration {
     /// The share of δ reserved for partition selection. `None`: the ledger's when the table is
     /// already registered there, else 0.5.
     pub delta_share: Option<f64>,
+    /// The schema to read the files with. `None`: the schema pinned in the ledger when the table
+    /// is already registered there, else the one inferred now (which is then pinned).
+    pub schema: Option<SchemaRef>,
+    /// How CSV files are read (ignored for Parquet).
+    pub csv: CsvFormat,
+    /// The owner's reason to relax (weaken or change) the policy recorded in the ledger; without
+    /// it such a registration is refused with the difference.
+    pub relax: Option<String>,
 }
 
 impl Default for Registration {
@@ -137,6 +174,9 @@ impl Registration {
             ratio_bounds: vec![],
             filter: None,
             delta_share: None,
+            schema: None,
+            csv: CsvFormat::default(),
+            relax: None,
         }
     }
     /// A public table: no protection, no budget.
@@ -196,6 +236,22 @@ impl Registration {
         self.delta_share = Some(share);
         self
     }
+    /// The schema the files are read with (pinned in the ledger).
+    pub fn schema(mut self, schema: SchemaRef) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+    /// How CSV files are read.
+    pub fn csv(mut self, csv: CsvFormat) -> Self {
+        self.csv = csv;
+        self
+    }
+    /// An explicit owner action: register even if this weakens or changes the policy the ledger
+    /// holds; `reason` is recorded in the ledger with the changes.
+    pub fn relax(mut self, reason: impl Into<String>) -> Self {
+        self.relax = Some(reason.into());
+        self
+    }
 }
 
 /// The result of one statement.
@@ -232,6 +288,10 @@ pub struct PrivateSession {
     options: SessionOptions,
     default_delta: RwLock<f64>,
     tables: Mutex<HashMap<String, Arc<GuardedTable>>>,
+    /// The names of the tables the data owner registered (analyst SQL cannot drop or shadow
+    /// them).
+    owned: Mutex<std::collections::HashSet<String>>,
+    protection: Arc<Protection>,
 }
 
 impl std::fmt::Debug for PrivateSession {
@@ -272,12 +332,36 @@ impl PrivateSession {
         #[cfg(not(feature = "distributed"))]
         let ctx = SessionContext::new_with_config_rt(config, runtime);
         dpfusion_udfs::register_all(&ctx);
+        let protection = Arc::new(Protection::new(
+            accountant.clone(),
+            options.owner_paths.clone(),
+        ));
+        if let Some(dir) = &options.output_dir {
+            // The output directory must hold no private file and none of the owner's.
+            let set = crate::files::resolve(&dir.to_string_lossy(), Path::new(".")).map_err(
+                |e| {
+                    DataFusionError::Plan(format!(
+                        "the output directory {} cannot be used: {e}",
+                        dir.display()
+                    ))
+                },
+            )?;
+            protection.check_read(&set, None, Role::Analyst).map_err(|_| {
+                DataFusionError::Plan(format!(
+                    "the output directory {} holds or lies inside a private table's files, the \
+                     ledger or the catalog; choose a directory of its own",
+                    dir.display()
+                ))
+            })?;
+        }
         let session = Self {
             ctx,
             accountant,
             default_delta: RwLock::new(options.default_delta),
             options,
             tables: Mutex::new(HashMap::new()),
+            owned: Mutex::new(Default::default()),
+            protection,
         };
         statements::register_table_functions(&session.ctx, session.accountant.clone());
         Ok(session)
@@ -298,34 +382,78 @@ impl PrivateSession {
         *self.default_delta.read().expect("lock")
     }
 
-    /// Registers a CSV file (with a header line) as a table.
+    /// The data owner registers a CSV file, or a directory of `.csv` files, as a table: read
+    /// with `reg.csv`, with the schema pinned in the ledger (or `reg.schema`, or, at the first
+    /// registration, the one inferred now, which is then pinned).
     pub async fn register_csv(
         &self,
         name: &str,
         path: impl AsRef<Path>,
         reg: Registration,
     ) -> Result<TablePolicy> {
-        let path = path.as_ref();
-        let tmp = SessionContext::new();
-        tmp.register_csv(name, &path.to_string_lossy(), CsvReadOptions::new())
-            .await?;
-        let provider = tmp.table_provider(name).await?;
-        self.register_provider(name, provider, file_key(&path.to_string_lossy()), reg)
+        self.register_file(name, path.as_ref(), reg, FileFormat::Csv)
+            .await
     }
 
-    /// Registers a Parquet file or directory as a table.
+    /// The data owner registers a Parquet file, or a directory of `.parquet` files, as a table
+    /// (schema pinned as for [`PrivateSession::register_csv`]).
     pub async fn register_parquet(
         &self,
         name: &str,
         path: impl AsRef<Path>,
         reg: Registration,
     ) -> Result<TablePolicy> {
-        let path = path.as_ref();
-        let tmp = SessionContext::new();
-        tmp.register_parquet(name, &path.to_string_lossy(), ParquetReadOptions::default())
-            .await?;
-        let provider = tmp.table_provider(name).await?;
-        self.register_provider(name, provider, file_key(&path.to_string_lossy()), reg)
+        self.register_file(name, path.as_ref(), reg, FileFormat::Parquet)
+            .await
+    }
+
+    async fn register_file(
+        &self,
+        name: &str,
+        path: &Path,
+        mut reg: Registration,
+        format: FileFormat,
+    ) -> Result<TablePolicy> {
+        let location = path.to_string_lossy().to_string();
+        let set = crate::files::resolve(&location, Path::new("."))
+            .map_err(|e| DataFusionError::Plan(format!("table '{name}': {e}")))?;
+        if set.glob.is_some() {
+            return plan_err!(
+                "table '{name}': '{location}' is a glob; a table is one file or one directory \
+                 (every file below it, now and later, belongs to the table)"
+            );
+        }
+        let key = TableKey::from(set.root.to_string_lossy().to_string());
+        // No other private table may share a file with this one (hard links, nested
+        // directories), and no table may read the ledger's directory or the owner's files.
+        self.protection
+            .check_read(&set, Some(key.as_str()), Role::Owner)
+            .map_err(|e| {
+                DataFusionError::Plan(format!(
+                    "table '{name}': '{location}' shares files with another private table, the \
+                     ledger or the catalog; a file belongs to one table ({e})"
+                ))
+            })?;
+        let pinned = self.accountant.policy(&key).and_then(|p| p.schema);
+        let schema = match (&reg.schema, &pinned) {
+            (Some(s), _) => Some(s.clone()),
+            (None, Some(p)) => Some(crate::owner::unpin(p)?),
+            (None, None) => None,
+        };
+        let provider = match format {
+            FileFormat::Csv => {
+                crate::owner::csv_provider(&set.root, &reg.csv, schema.as_deref()).await?
+            }
+            FileFormat::Parquet => {
+                crate::owner::parquet_provider(&set.root, schema.as_deref()).await?
+            }
+        };
+        reg.schema = Some(provider.schema());
+        let format_text = match format {
+            FileFormat::Csv => reg.csv.describe(),
+            FileFormat::Parquet => "parquet".to_string(),
+        };
+        self.register_owned(name, provider, key, reg, Some(format_text))
     }
 
     /// Registers in-memory batches as a table (ledger identity `mem:<name>`).
@@ -342,13 +470,42 @@ impl PrivateSession {
         self.register_provider(name, provider, TableKey::from(format!("mem:{name}")), reg)
     }
 
-    /// Registers any provider under `key` (its identity in the ledger).
+    /// The data owner registers any provider under `key` (its identity in the ledger).
     pub fn register_provider(
         &self,
         name: &str,
         provider: Arc<dyn TableProvider>,
         key: TableKey,
         reg: Registration,
+    ) -> Result<TablePolicy> {
+        self.register_owned(name, provider, key, reg, None)
+    }
+
+    fn register_owned(
+        &self,
+        name: &str,
+        provider: Arc<dyn TableProvider>,
+        key: TableKey,
+        reg: Registration,
+        format: Option<String>,
+    ) -> Result<TablePolicy> {
+        let policy = self.install(name, provider, key, reg, format, None)?;
+        self.owned
+            .lock()
+            .expect("lock")
+            .insert(name.to_ascii_lowercase());
+        Ok(policy)
+    }
+
+    /// Records the policy (owner registrations) and registers the guarded provider.
+    fn install(
+        &self,
+        name: &str,
+        provider: Arc<dyn TableProvider>,
+        key: TableKey,
+        reg: Registration,
+        format: Option<String>,
+        recheck: Option<crate::guard::table::Recheck>,
     ) -> Result<TablePolicy> {
         let name = name.to_ascii_lowercase();
         let schema = provider.schema();
@@ -365,16 +522,20 @@ impl PrivateSession {
             budget: reg.budget.unwrap_or(self.options.default_budget),
             filter: reg.filter.unwrap_or_default(),
             delta_share: reg.delta_share.unwrap_or(DEFAULT_DELTA_SHARE),
+            schema: Some(crate::owner::pin(&schema)),
+            format,
+            relaxed: None,
         };
         crate::accounting::check_budget(&policy.budget)
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
         let stated = FilterChoice {
             kind: reg.filter.is_some(),
             delta_share: reg.delta_share.is_some(),
+            budget: reg.budget.is_some(),
         };
         let policy = self
             .accountant
-            .register_table_with(policy, stated)
+            .register_table_with(policy, stated, reg.relax.as_deref())
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
         let info = TableInfo {
             name: name.clone(),
@@ -384,7 +545,11 @@ impl PrivateSession {
             public_columns: policy.public_columns.clone(),
             ratio_bounds: reg.ratio_bounds.clone(),
         };
-        let guarded = Arc::new(GuardedTable::new(provider, info));
+        let mut guarded = GuardedTable::new(provider, info);
+        if let Some(r) = recheck {
+            guarded = guarded.with_recheck(r);
+        }
+        let guarded = Arc::new(guarded);
         let _ = self.ctx.deregister_table(name.as_str())?;
         self.ctx.register_table(name.as_str(), guarded.clone())?;
         self.tables
@@ -418,6 +583,27 @@ impl PrivateSession {
         v
     }
 
+    /// Per registered table, sorted by name: the policy in force and who registered it
+    /// (`owner`, `analyst` or `result`; `SHOW TABLES`).
+    pub fn policies(&self) -> Vec<(TablePolicy, String)> {
+        let owned = self.owned.lock().expect("lock").clone();
+        self.tables()
+            .into_iter()
+            .filter_map(|(name, info, _)| {
+                let mut p = self.accountant.policy(&info.key)?;
+                p.name = name.clone();
+                let by = if owned.contains(&name) {
+                    "owner"
+                } else if info.key.as_str().starts_with("result:") {
+                    "result"
+                } else {
+                    "analyst"
+                };
+                Some((p, by.to_string()))
+            })
+            .collect()
+    }
+
     /// Per private table: budget, spent, remaining, number of charged queries.
     pub fn budget(&self) -> Vec<BudgetRow> {
         self.accountant.budget_rows()
@@ -437,6 +623,10 @@ impl PrivateSession {
         }
         if strip_prefix_ci(trimmed, &["SHOW", "BUDGET"]).is_some_and(|r| r.is_empty()) {
             let batch = statements::budget_batch(&self.accountant.budget_rows())?;
+            return Ok(QueryResult::of(vec![batch.clone()], batch.schema()));
+        }
+        if strip_prefix_ci(trimmed, &["SHOW", "TABLES"]).is_some_and(|r| r.is_empty()) {
+            let batch = statements::tables_batch(&self.policies())?;
             return Ok(QueryResult::of(vec![batch.clone()], batch.schema()));
         }
         let stmt = self.parse(trimmed)?;
@@ -485,6 +675,7 @@ impl PrivateSession {
     async fn run_plan(&self, sql: &str, plan: LogicalPlan) -> Result<QueryResult> {
         match &plan {
             LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(c)) => {
+                self.check_not_owned(c.name.table(), "CREATE TABLE")?;
                 return self.create_table_as(sql, c.name.table(), &c.input).await;
             }
             LogicalPlan::Ddl(DdlStatement::CreateView(v)) => {
@@ -497,6 +688,7 @@ impl PrivateSession {
             }
             LogicalPlan::Ddl(DdlStatement::DropTable(d)) => {
                 let name = d.name.table().to_ascii_lowercase();
+                self.check_not_owned(&name, "DROP TABLE")?;
                 self.ctx.execute_logical_plan(plan).await?;
                 self.tables.lock().expect("lock").remove(&name);
                 return Ok(QueryResult::empty());
@@ -641,21 +833,21 @@ impl PrivateSession {
                 _ => {}
             }
         }
-        let ledger = std::fs::canonicalize(self.accountant.path())
-            .unwrap_or_else(|_| self.accountant.path().to_path_buf());
-        // Nothing in the ledger's directory (the ledger, its .head sidecar, their temporaries).
-        let ledger_dir = ledger.parent().map(Path::to_path_buf).unwrap_or_default();
-        let taken = target == ledger
-            || target.parent() == Some(ledger_dir.as_path())
-            || self.tables.lock().expect("lock").values().any(|t| {
-                let k = t.info().key.as_str();
-                let k = Path::new(k);
-                target.starts_with(k) || k.starts_with(&target)
-            });
+        // Never the ledger's directory, the owner's files or a private table's files (any the
+        // ledger knows), nor a file of a table registered in this session.
+        self.protection.check_write(&target)?;
+        let taken = self.tables.lock().expect("lock").values().any(|t| {
+            let k = t.info().key.as_str();
+            k.strip_prefix("analyst:")
+                .unwrap_or(k)
+                .split(',')
+                .map(Path::new)
+                .any(|k| k.is_absolute() && (target.starts_with(k) || k.starts_with(&target)))
+        });
         if taken {
             return plan_err!(
-                "dpfusion refused the query: COPY ... TO '{url}' would write into the ledger's \
-                 directory or over a registered table's file"
+                "dpfusion refused the query: COPY ... TO '{url}' would write over a registered \
+                 table's file"
             );
         }
         Ok(target.to_string_lossy().to_string())
@@ -700,11 +892,13 @@ impl PrivateSession {
         let receipt = result.receipt;
         let provider = Arc::new(MemTable::try_new(result.schema, vec![result.batches])?);
         // The result of a DP query is public (post-processing).
-        self.register_provider(
+        self.install(
             name,
             provider,
             TableKey::from(format!("result:{}", name.to_ascii_lowercase())),
             Registration::public(),
+            None,
+            None,
         )?;
         let mut r = QueryResult::empty();
         r.receipt = receipt;
@@ -736,94 +930,148 @@ impl PrivateSession {
         plan_err!("dpfusion refused the query: {} is not allowed", s.name())
     }
 
+    /// Analyst SQL's `CREATE EXTERNAL TABLE`: a public table over files the data owner lets
+    /// analysts read ([`AnalystFiles`]), never over a private table's files, the ledger's
+    /// directory or the owner's files, under any spelling. Policy options (`dp.*`) are the
+    /// owner's: refused.
     async fn create_external_table(
         &self,
-        mut c: datafusion::sql::parser::CreateExternalTable,
+        c: datafusion::sql::parser::CreateExternalTable,
     ) -> Result<QueryResult> {
-        let mut reg = Registration::private();
-        let mut rest = Vec::new();
-        for (k, v) in std::mem::take(&mut c.options) {
-            let key = k.to_ascii_lowercase();
-            let text = option_text(&v);
-            match key.as_str() {
-                "dp.visibility" => {
-                    reg.visibility = match text.to_ascii_lowercase().as_str() {
-                        "private" => Visibility::Private,
-                        "public" => Visibility::Public,
-                        other => {
-                            return plan_err!(
-                                "option 'dp.visibility' must be 'private' or 'public', got '{other}'"
-                            );
-                        }
-                    }
-                }
-                "dp.neighbours" | "dp.neighbors" => {
-                    reg.neighbours = match text.to_ascii_lowercase().as_str() {
-                        "add_remove" => Neighbours::AddRemove,
-                        "replace" => Neighbours::Replace,
-                        other => {
-                            return plan_err!(
-                                "option 'dp.neighbours' must be 'add_remove' or 'replace', got '{other}'"
-                            );
-                        }
-                    }
-                }
-                "dp.public_columns" => {
-                    reg = reg.public_columns(text.split(','));
-                }
-                "dp.filter" => {
-                    reg.filter =
-                        Some(text.parse().map_err(|e| {
-                            DataFusionError::Plan(format!("option 'dp.filter': {e}"))
-                        })?);
-                }
-                "dp.delta_share" => {
-                    let x: f64 = text.parse().map_err(|_| {
-                        DataFusionError::Plan(format!(
-                            "option 'dp.delta_share' must be a number in (0, 1), got '{text}'"
-                        ))
-                    })?;
-                    crate::accounting::filter::check_delta_share(x).map_err(|e| {
-                        DataFusionError::Plan(format!("option 'dp.delta_share': {e}"))
-                    })?;
-                    reg.delta_share = Some(x);
-                }
-                "dp.epsilon" | "dp.delta" => {
-                    let x: f64 = text.parse().map_err(|_| {
-                        DataFusionError::Plan(format!(
-                            "option '{key}' must be a number, got '{text}'"
-                        ))
-                    })?;
-                    let b = reg.budget.get_or_insert(self.options.default_budget);
-                    if key == "dp.epsilon" {
-                        b.epsilon = x;
-                    } else {
-                        b.delta = x;
-                    }
-                }
-                k if k.starts_with("dp.") => {
-                    return plan_err!(
-                        "unknown option '{k}'; dpfusion options are dp.visibility, dp.neighbours, \
-                         dp.public_columns, dp.epsilon, dp.delta, dp.filter, dp.delta_share"
-                    );
-                }
-                _ => rest.push((k, v)),
-            }
+        use datafusion::sql::sqlparser::ast::ObjectNamePart;
+        let bare = match c.name.0.as_slice() {
+            [ObjectNamePart::Identifier(i)] => Some(i.value.to_ascii_lowercase()),
+            _ => None,
+        };
+        let Some(name) = bare else {
+            return plan_err!(
+                "dpfusion refused the statement: CREATE EXTERNAL TABLE {}: give a bare table name \
+                 (no catalog or schema)",
+                c.name
+            );
+        };
+        if let Some((k, _)) = c
+            .options
+            .iter()
+            .find(|(k, _)| k.to_ascii_lowercase().starts_with("dp."))
+        {
+            return plan_err!(
+                "dpfusion refused the statement: '{k}' is a policy option, and policy (visibility, \
+                 budget, neighbours, public columns, filter) is the data owner's, never SQL's. \
+                 The data owner declares private and public tables in the catalog (dpfusion \
+                 --catalog FILE; docs/CATALOG.md), with --private/--public in single-user mode, \
+                 or with the Rust API. CREATE EXTERNAL TABLE registers public tables of the \
+                 analyst's own files only, without dp.* options."
+            );
         }
-        c.options = rest;
-        let name = c.name.to_string();
-        let location = c.locations.first().cloned().unwrap_or_default();
+        self.check_not_owned(&name, "CREATE EXTERNAL TABLE")?;
+        let mut sets = Vec::new();
+        for location in &c.locations {
+            let set = crate::files::resolve(location, Path::new(".")).map_err(|e| {
+                DataFusionError::Plan(format!("dpfusion refused the registration: {e}"))
+            })?;
+            self.check_analyst_files(&set)?;
+            sets.push(set);
+        }
         let tmp = SessionContext::new();
         let plan = tmp
             .state()
-            .statement_to_plan(DFStatement::CreateExternalTable(c))
+            .statement_to_plan(DFStatement::CreateExternalTable(c.clone()))
             .await?;
         tmp.execute_logical_plan(plan).await?;
         let provider = tmp.table_provider(name.as_str()).await?;
-        let policy = self.register_provider(&name, provider, file_key(&location), reg)?;
+        // The provider lists its files again at every scan: check them again then, so a file
+        // that appears later under the location cannot be a private one.
+        let protection = self.protection.clone();
+        let locations = c.locations.clone();
+        let recheck: crate::guard::table::Recheck = Arc::new(move || {
+            for location in &locations {
+                let set = crate::files::resolve(location, Path::new(".")).map_err(|e| {
+                    DataFusionError::Plan(format!("dpfusion refused the query: {e}"))
+                })?;
+                protection.check_read(&set, None, Role::Analyst)?;
+            }
+            Ok(())
+        });
+        let key = TableKey::from(format!(
+            "analyst:{}",
+            sets.iter()
+                .map(|s| s.root.to_string_lossy().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ));
+        let policy = self.install(
+            &name,
+            provider,
+            key,
+            Registration::public(),
+            None,
+            Some(recheck),
+        )?;
         let batch = statements::registration_batch(&policy)?;
         Ok(QueryResult::of(vec![batch.clone()], batch.schema()))
     }
+
+    /// Analyst SQL may register `set` only if the owner allows its files and none is protected.
+    fn check_analyst_files(&self, set: &crate::files::FileSet) -> Result<()> {
+        match &self.options.analyst_files {
+            AnalystFiles::None => {
+                return plan_err!(
+                    "dpfusion refused the registration of '{}': in this session the data owner \
+                     lets analyst SQL register no file. Query the tables the owner declared \
+                     (\\d lists them), or ask the owner to add the file to the catalog, or to \
+                     list its directory in analyst_read_dirs.",
+                    set.location
+                );
+            }
+            AnalystFiles::Under(dirs) => {
+                let dirs: Vec<PathBuf> = dirs
+                    .iter()
+                    .filter_map(|d| std::fs::canonicalize(d).ok())
+                    .collect();
+                let inside = |p: &Path| dirs.iter().any(|d| p.starts_with(d));
+                let all_inside = inside(&set.root)
+                    && set.files.iter().all(|f| inside(&f.path))
+                    && set.dirs.iter().all(|f| inside(&f.path));
+                if !all_inside {
+                    return plan_err!(
+                        "dpfusion refused the registration of '{}': analyst SQL may register \
+                         files only below {}",
+                        set.location,
+                        dirs.iter()
+                            .map(|d| d.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
+            }
+            AnalystFiles::Anywhere => {}
+        }
+        self.protection.check_read(set, None, Role::Analyst)
+    }
+
+    /// Analyst SQL cannot replace, shadow or drop a table the data owner registered.
+    fn check_not_owned(&self, name: &str, what: &str) -> Result<()> {
+        if self
+            .owned
+            .lock()
+            .expect("lock")
+            .contains(&name.to_ascii_lowercase())
+        {
+            return plan_err!(
+                "dpfusion refused the statement: {what} '{name}': '{name}' is a table of the \
+                 data owner, which analyst SQL cannot replace, shadow or drop. Choose another \
+                 name."
+            );
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum FileFormat {
+    Csv,
+    Parquet,
 }
 
 /// `column` must name a column of `schema` exactly (names are case-sensitive); a name that only
@@ -959,15 +1207,6 @@ fn check_ratio_bounds(
             .join()
             .unwrap_or_else(|_| plan_err!("checking the ratio bounds of '{}' failed", "table"))
     })
-}
-
-fn option_text(v: &Value) -> String {
-    match v {
-        Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
-        Value::Number(n, _) => n.to_string(),
-        Value::Boolean(b) => b.to_string(),
-        other => other.to_string().trim_matches('\'').to_string(),
-    }
 }
 
 /// The one message of a failed execution of a query that reads a private table. It names no
@@ -1116,15 +1355,6 @@ fn check_complexity(sql: &str) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// The ledger identity of a file or directory: its canonical absolute path.
-pub fn file_key(location: &str) -> TableKey {
-    let p = Path::new(location);
-    let canon = std::fs::canonicalize(p)
-        .map(|c| c.to_string_lossy().to_string())
-        .unwrap_or_else(|_| location.to_string());
-    TableKey::from(canon)
 }
 
 fn strip_prefix_ci<'a>(s: &'a str, words: &[&str]) -> Option<&'a str> {

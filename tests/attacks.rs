@@ -372,17 +372,25 @@ async fn dropping_and_recreating_a_table_does_not_reset_its_budget() {
     .await
     .unwrap();
     let loc = people_csv();
-    let create = format!(
-        "CREATE EXTERNAL TABLE p STORED AS CSV LOCATION '{}' OPTIONS ('format.has_header' 'true')",
-        loc.display()
-    );
-    s.sql(&create).await.unwrap();
+    s.register_csv("p", &loc, Registration::private())
+        .await
+        .unwrap();
     s.sql("SELECT dp_count(id, 0.9, 1e-7) FROM p")
         .await
         .unwrap();
     let spent = s.budget()[0].spent;
-    let _ = s.sql("DROP TABLE p").await;
-    s.sql(&create).await.unwrap();
+    // Analyst SQL cannot drop the owner's table, nor register its file again.
+    let err = s.sql("DROP TABLE p").await.unwrap_err();
+    assert!(err.to_string().contains("cannot replace, shadow or drop"), "{err}");
+    let create = format!(
+        "CREATE EXTERNAL TABLE p2 STORED AS CSV LOCATION '{}' OPTIONS ('format.has_header' 'true')",
+        loc.display()
+    );
+    assert!(s.sql(&create).await.is_err());
+    // The owner registering it again keeps the ledger's spend.
+    s.register_csv("p", &loc, Registration::private())
+        .await
+        .unwrap();
     assert_eq!(s.budget()[0].spent, spent);
     let err = s
         .sql("SELECT dp_count(id, 0.9, 1e-7) FROM p")
@@ -405,12 +413,12 @@ async fn dropping_and_recreating_a_table_does_not_reset_its_budget() {
         .register_csv("pub", &loc, Registration::public())
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("registered private"), "{err}");
+    assert!(err.to_string().contains("private → public"), "{err}");
     let err = s
         .register_csv("big", &loc, Registration::private().budget(100.0, 1e-6))
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("cannot raise"), "{err}");
+    assert!(err.to_string().contains("budget ε 1 → 100"), "{err}");
 }
 
 #[tokio::test]

@@ -1,11 +1,14 @@
 //! Runs the SQL contract tests in `sql/*.slt` (sqllogictest format, DataFusion's convention).
-//! Each file gets a fresh `PrivateSession` on its own empty ledger, with the working directory at
-//! the repository root (so `LOCATION 'tests/data/...'` works).
+//! Each file gets a fresh `PrivateSession` on its own empty ledger, opened on the data owner's
+//! catalog `sql/NAME.toml` when there is one, else `sql/catalog.toml` (SQL never declares a
+//! private table: the owner does). The working directory is the repository root (so analyst
+//! SQL's `LOCATION 'tests/data/...'` works).
 use std::path::PathBuf;
 
 use async_trait::async_trait;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use dpfusion::{PrivateSession, SessionOptions};
+use dpfusion::PrivateSession;
+use dpfusion::catalog::Catalog;
 use sqllogictest::{AsyncDB, DBOutput, DefaultColumnType};
 
 struct Db {
@@ -93,17 +96,28 @@ async fn sql_contract() {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         let ledger = dir.join("ledger.jsonl");
+        let own = file.with_extension("toml");
+        let catalog_path = if own.exists() {
+            own
+        } else {
+            root.join("sql/catalog.toml")
+        };
+        let catalog = Catalog::load(&catalog_path).expect("the slt catalog");
         let mut runner = sqllogictest::Runner::new(|| {
             let ledger = ledger.clone();
+            let catalog = catalog.clone();
             async move {
-                let session = PrivateSession::open(
-                    SessionOptions::default()
-                        .with_ledger(ledger)
-                        .with_default_budget(3.0, 1e-6)
-                        .with_target_partitions(2),
-                )
-                .await
-                .map_err(|e| DbError(e.to_string()))?;
+                let options = catalog
+                    .session_options()
+                    .with_ledger(ledger)
+                    .with_target_partitions(2);
+                let session = PrivateSession::open(options)
+                    .await
+                    .map_err(|e| DbError(e.to_string()))?;
+                catalog
+                    .register(&session)
+                    .await
+                    .map_err(|e| DbError(e.to_string()))?;
                 Ok::<_, DbError>(Db { session })
             }
         });

@@ -125,12 +125,12 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
         }
         Record::Policy(p) => {
             check_budget(&p.budget).map_err(|e| e.to_string())?;
-            // A `policy` record can only make a table stricter; a private table stays as it is
-            // (only an `owner` record may weaken it).
+            // A `policy` record can only make a table stricter (only an `owner` record may weaken
+            // or change it); one that would weaken it is not applied.
             let keep = st
                 .policies
                 .get(&p.key)
-                .is_some_and(|e| e.visibility == Visibility::Private);
+                .is_some_and(|e| !super::policy::no_weaker(e, &p));
             if !keep {
                 st.policies.insert(p.key.clone(), p);
             }

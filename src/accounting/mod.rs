@@ -32,7 +32,7 @@ pub use ledger::{
 use ledger::{FileLock, Record, State};
 
 /// The identity of a table in the ledger: a canonical file path, or a session-local name with a
-/// prefix (`mem:`, `result:`, `system:`, `demo:`).
+/// prefix (`mem:`, `result:`, `system:`, `analyst:`, `demo:`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct TableKey(String);
@@ -44,7 +44,7 @@ impl TableKey {
 
     /// Keys whose policy lives only in this session's memory (their charges are still written).
     fn is_session_local(&self) -> bool {
-        ["mem:", "result:", "system:"]
+        ["mem:", "result:", "system:", "analyst:"]
             .iter()
             .any(|p| self.0.starts_with(p))
     }
@@ -124,6 +124,45 @@ pub struct TablePolicy {
     /// at δ_g = (1 − s)·δ.
     #[serde(default = "filter::default_delta_share")]
     pub delta_share: f64,
+    /// The schema pinned at the owner's first registration: every later registration reads the
+    /// files with it (no inference), and `DESCRIBE` shows it. None in ledgers written before
+    /// schemas were pinned, and for session-local tables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Vec<PinnedColumn>>,
+    /// The file format and its options, as the owner's registration reads the files (e.g.
+    /// `csv(has_header=true, delimiter=',', …)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    /// Set on an `owner` record that relaxed the previous policy: the owner's reason and the
+    /// changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relaxed: Option<String>,
+}
+
+/// One column of a pinned schema: its exact name, its Arrow type (as Arrow prints it, e.g.
+/// `Int64`, `Utf8`, `Float64`) and whether it may hold NULL.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinnedColumn {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub data_type: String,
+    pub nullable: bool,
+}
+
+/// `(name Type, …)`: a pinned schema in one line (conflict messages, `\d`).
+pub fn schema_text(cols: &[PinnedColumn]) -> String {
+    let v: Vec<String> = cols
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}{}",
+                c.name,
+                c.data_type,
+                if c.nullable { "" } else { " NOT NULL" }
+            )
+        })
+        .collect();
+    format!("({})", v.join(", "))
 }
 
 impl TablePolicy {
@@ -144,6 +183,8 @@ impl TablePolicy {
 pub struct FilterChoice {
     pub kind: bool,
     pub delta_share: bool,
+    /// The budget was stated (else the ledger's is kept for a table it knows).
+    pub budget: bool,
 }
 
 /// The events one query charges to one table.
@@ -472,19 +513,25 @@ impl Accountant {
             FilterChoice {
                 kind: true,
                 delta_share: true,
+                budget: true,
             },
+            None,
         )
     }
 
-    /// [`Accountant::register_table`], where the parts of the filter `stated` says false take
-    /// the ledger's policy when the table is already registered private there (so that a session
-    /// that does not mention the filter never conflicts with the owner's choice).
+    /// The data owner's registration (module `policy` has the rule). The parts of the filter
+    /// `stated` says false take the ledger's policy when the table is already registered private
+    /// there. A registration that would weaken or change the recorded policy is refused with
+    /// the difference, unless `relax` gives the owner's reason: then it is recorded as an `owner`
+    /// record that carries the reason and the changes.
     pub fn register_table_with(
         &self,
         mut policy: TablePolicy,
         stated: FilterChoice,
+        relax: Option<&str>,
     ) -> Result<TablePolicy, AccountingError> {
         check_budget(&policy.budget)?;
+        policy.relaxed = None;
         let mut st = self.state();
         if policy.key.is_session_local() {
             policy.filter = policy.compiled_filter()?.kind;
@@ -492,26 +539,56 @@ impl Accountant {
             return Ok(policy);
         }
         let _lock = self.sync(&mut st)?;
-        if let Some(e) = st.policies.get(&policy.key)
-            && e.visibility == Visibility::Private
-        {
-            if !stated.kind {
-                policy.filter = e.filter;
+        if let Some(e) = st.policies.get(&policy.key) {
+            if e.visibility == Visibility::Private {
+                if !stated.kind {
+                    policy.filter = e.filter;
+                }
+                if !stated.delta_share {
+                    policy.delta_share = e.delta_share;
+                }
+                if !stated.budget {
+                    policy.budget = e.budget;
+                }
             }
-            if !stated.delta_share {
-                policy.delta_share = e.delta_share;
+            // A registration that names no schema or format reads the files as pinned.
+            if policy.schema.is_none() {
+                policy.schema = e.schema.clone();
+            }
+            if policy.format.is_none() {
+                policy.format = e.format.clone();
             }
         }
         // Validate the request (and resolve the default rdp order from its budget) before
         // anything is written.
-        let resolved = policy.compiled_filter()?.kind;
-        match policy::reconcile(st.policies.get(&policy.key), &policy, &self.path)? {
+        policy.filter = policy.compiled_filter()?.kind;
+        let existing = st.policies.get(&policy.key).cloned();
+        let decision = match policy::reconcile(existing.as_ref(), &policy, &self.path) {
+            Err(AccountingError::PolicyConflict(_))
+                if relax.is_some_and(|r| !r.trim().is_empty()) =>
+            {
+                let e = existing.expect("a conflict has a recorded policy");
+                let changes = policy::changes(&e, &policy);
+                policy.relaxed = Some(policy::relaxation_note(
+                    relax.unwrap_or_default().trim(),
+                    &changes,
+                ));
+                ledger::append(
+                    &self.file,
+                    &self.path,
+                    &mut st,
+                    Record::Owner(policy.clone()),
+                )?;
+                return Ok(policy);
+            }
+            other => other?,
+        };
+        match decision {
             policy::Decision::Keep(kept) => {
                 st.policies.insert(kept.key.clone(), kept.clone());
                 Ok(kept)
             }
             policy::Decision::Record => {
-                policy.filter = resolved;
                 ledger::append(
                     &self.file,
                     &self.path,
@@ -524,12 +601,20 @@ impl Accountant {
     }
 
     /// An explicit action of the data owner: sets the policy unconditionally (it may make a table
-    /// public or raise its budget) and records it in the ledger as an `owner` record.
+    /// public or raise its budget) and records it in the ledger as an `owner` record with the
+    /// owner's reason.
     pub fn owner_set_policy(
         &self,
         mut policy: TablePolicy,
+        reason: &str,
     ) -> Result<TablePolicy, AccountingError> {
         check_budget(&policy.budget)?;
+        if reason.trim().is_empty() {
+            return Err(AccountingError::PolicyConflict(
+                "an owner action that sets a policy needs a reason (it is recorded in the ledger)"
+                    .to_string(),
+            ));
+        }
         policy.filter = policy.compiled_filter()?.kind;
         let mut st = self.state();
         if policy.key.is_session_local() {
@@ -537,6 +622,12 @@ impl Accountant {
             return Ok(policy);
         }
         let _lock = self.sync(&mut st)?;
+        let changes = st
+            .policies
+            .get(&policy.key)
+            .map(|e| policy::changes(e, &policy))
+            .unwrap_or_default();
+        policy.relaxed = Some(policy::relaxation_note(reason.trim(), &changes));
         ledger::append(
             &self.file,
             &self.path,
@@ -544,6 +635,22 @@ impl Accountant {
             Record::Owner(policy.clone()),
         )?;
         Ok(policy)
+    }
+
+    /// The policy the ledger holds for `key`, if any.
+    pub fn policy(&self, key: &TableKey) -> Option<TablePolicy> {
+        let mut st = self.state();
+        let _ = self.sync(&mut st);
+        st.policies.get(key).cloned()
+    }
+
+    /// Every policy the ledger holds (file tables and session-local ones), sorted by key.
+    pub fn policies(&self) -> Vec<TablePolicy> {
+        let mut st = self.state();
+        let _ = self.sync(&mut st);
+        let mut v: Vec<TablePolicy> = st.policies.values().cloned().collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v
     }
 
     /// Check and charge, atomically and durably. Public tables are not charged. On refusal

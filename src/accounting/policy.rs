@@ -1,7 +1,15 @@
-//! The policy store's rule (PRIVACY.md, "Who is the adversary"): a session may register a table
-//! for the first time, or make a known table stricter; it may never weaken a private table. Its
-//! privacy filter (kind, and order for `rdp`) can never be changed by a session, nor its share of
-//! δ for partition selection raised; a smaller share keeps the ledger's, like a smaller budget.
+//! The policy store's rule (docs/PRIVACY.md, "Who decides what"): only the data owner registers a
+//! table (through the catalog, the single-user flags or the Rust API; never SQL). The owner's
+//! first registration records the policy, with the pinned schema and file format, in the ledger.
+//! A later registration that is the same keeps it; one that is stricter in every part it changes
+//! is recorded; one that weakens or changes any part is refused with the difference, unless the
+//! owner gives a reason to relax it, which is recorded with the difference in an `owner` record.
+//!
+//! Stricter means: private instead of public, a smaller ε or δ, `add_remove` instead of
+//! `replace`, fewer public columns, a schema or format pinned where none was. The privacy filter
+//! (kind and order) and the δ share are neither: changing them changes how past charges are
+//! counted, so it needs an explicit relaxation. Lowering a budget stops later admissions earlier;
+//! it does not make earlier admissions cheaper (docs/ACCOUNTING.md).
 use std::path::Path;
 
 use super::{AccountingError, FilterKind, Neighbours, TablePolicy, Visibility};
@@ -13,7 +21,127 @@ pub(super) enum Decision {
     Record,
 }
 
-/// Decides what a session's registration `req` does, given the ledger's policy `existing`.
+/// One part of a policy that a registration changes.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Change {
+    pub what: String,
+    pub stricter: bool,
+}
+
+impl Change {
+    fn new(what: impl Into<String>, stricter: bool) -> Self {
+        Self {
+            what: what.into(),
+            stricter,
+        }
+    }
+}
+
+fn cols(v: &[String]) -> String {
+    format!("[{}]", v.join(", "))
+}
+
+/// The parts of `req` that differ from `e`, each marked stricter or not.
+pub(super) fn changes(e: &TablePolicy, req: &TablePolicy) -> Vec<Change> {
+    let mut out = Vec::new();
+    match (e.visibility, req.visibility) {
+        (Visibility::Public, Visibility::Private) => {
+            out.push(Change::new("visibility public → private", true));
+        }
+        (Visibility::Private, Visibility::Public) => {
+            out.push(Change::new("visibility private → public", false));
+        }
+        _ => {}
+    }
+    if e.visibility == Visibility::Private && req.visibility == Visibility::Private {
+        let (eb, rb) = (e.budget, req.budget);
+        if rb.epsilon != eb.epsilon {
+            out.push(Change::new(
+                format!("budget ε {} → {}", eb.epsilon, rb.epsilon),
+                rb.epsilon < eb.epsilon,
+            ));
+        }
+        if rb.delta != eb.delta {
+            out.push(Change::new(
+                format!("budget δ {:e} → {:e}", eb.delta, rb.delta),
+                rb.delta < eb.delta,
+            ));
+        }
+        let order_differs = matches!(
+            (e.filter, req.filter),
+            (FilterKind::Rdp { order: Some(x) }, FilterKind::Rdp { order: Some(y) }) if x != y
+        );
+        if !e.filter.same_kind(&req.filter) || order_differs {
+            out.push(Change::new(
+                format!("privacy filter {} → {}", e.filter, req.filter),
+                false,
+            ));
+        }
+        if req.delta_share != e.delta_share {
+            out.push(Change::new(
+                format!(
+                    "δ share for partition selection {} → {}",
+                    e.delta_share, req.delta_share
+                ),
+                false,
+            ));
+        }
+        if e.neighbours != req.neighbours {
+            out.push(Change::new(
+                format!("neighbours {} → {}", e.neighbours, req.neighbours),
+                req.neighbours == Neighbours::AddRemove,
+            ));
+        }
+        let added = req
+            .public_columns
+            .iter()
+            .any(|c| !e.public_columns.contains(c));
+        let removed = e
+            .public_columns
+            .iter()
+            .any(|c| !req.public_columns.contains(c));
+        if added || removed {
+            out.push(Change::new(
+                format!(
+                    "public columns {} → {}",
+                    cols(&e.public_columns),
+                    cols(&req.public_columns)
+                ),
+                !added,
+            ));
+        }
+    }
+    match (&e.schema, &req.schema) {
+        (Some(a), Some(b)) if a != b => out.push(Change::new(
+            format!(
+                "pinned schema {} → {}",
+                super::schema_text(a),
+                super::schema_text(b)
+            ),
+            false,
+        )),
+        (None, Some(b)) => out.push(Change::new(
+            format!("schema pinned: {}", super::schema_text(b)),
+            true,
+        )),
+        _ => {}
+    }
+    match (&e.format, &req.format) {
+        (Some(a), Some(b)) if a != b => {
+            out.push(Change::new(format!("file format {a} → {b}"), false))
+        }
+        (None, Some(b)) => out.push(Change::new(format!("file format pinned: {b}"), true)),
+        _ => {}
+    }
+    out
+}
+
+/// True when `req` may replace `e` without an owner relaxation (every change is stricter).
+pub(super) fn no_weaker(e: &TablePolicy, req: &TablePolicy) -> bool {
+    changes(e, req).iter().all(|c| c.stricter)
+}
+
+/// Decides what an owner registration `req` does, given the ledger's policy `existing`.
 pub(super) fn reconcile(
     existing: Option<&TablePolicy>,
     req: &TablePolicy,
@@ -22,73 +150,42 @@ pub(super) fn reconcile(
     let Some(e) = existing else {
         return Ok(Decision::Record);
     };
-    let keep = || {
-        Ok(Decision::Keep(TablePolicy {
+    let changes = changes(e, req);
+    if changes.is_empty() {
+        return Ok(Decision::Keep(TablePolicy {
             name: req.name.clone(),
             ..e.clone()
-        }))
-    };
-    match (e.visibility, req.visibility) {
-        (Visibility::Public, Visibility::Private) => return Ok(Decision::Record),
-        (Visibility::Public, Visibility::Public) => return keep(),
-        (Visibility::Private, _) => {}
+        }));
     }
-    let conflict = |what: String| {
-        Err(AccountingError::PolicyConflict(format!(
-            "table file {} is registered private in ledger {}; {what}. The data owner can \
-             change it with an owner action.",
-            e.key,
-            ledger.display()
-        )))
-    };
-    if req.visibility == Visibility::Public {
-        return conflict("it cannot be re-registered as public".to_string());
+    if changes.iter().all(|c| c.stricter) {
+        return Ok(Decision::Record);
     }
-    let (eb, rb) = (e.budget, req.budget);
-    if rb.epsilon > eb.epsilon || rb.delta > eb.delta {
-        return conflict(format!(
-            "its budget is ε = {:.4}, δ = {:e} and a session cannot raise it to ε = {:.4}, \
-             δ = {:e}",
-            eb.epsilon, eb.delta, rb.epsilon, rb.delta
-        ));
-    }
-    // The filter is fixed when the table is first registered: choosing it per session would
-    // let the analyst switch rules adaptively, which no filter theorem covers.
-    let order_differs = matches!(
-        (e.filter, req.filter),
-        (FilterKind::Rdp { order: Some(x) }, FilterKind::Rdp { order: Some(y) }) if x != y
-    );
-    if !e.filter.same_kind(&req.filter) || order_differs {
-        return conflict(format!(
-            "its privacy filter is {} and a session cannot change it to {}",
-            e.filter, req.filter
-        ));
-    }
-    if req.delta_share > e.delta_share {
-        return conflict(format!(
-            "its share of δ reserved for partition selection is {} and a session cannot raise it \
-             to {}",
-            e.delta_share, req.delta_share
-        ));
-    }
-    if e.neighbours == Neighbours::AddRemove && req.neighbours == Neighbours::Replace {
-        return conflict(format!(
-            "its neighbour relation is {} and a session cannot weaken it to {}",
-            e.neighbours, req.neighbours
-        ));
-    }
-    let added: Vec<&str> = req
-        .public_columns
+    Err(AccountingError::PolicyConflict(conflict_message(
+        e, req, &changes, ledger,
+    )))
+}
+
+fn conflict_message(e: &TablePolicy, req: &TablePolicy, changes: &[Change], ledger: &Path) -> String {
+    let weaker: Vec<&str> = changes
         .iter()
-        .filter(|c| !e.public_columns.iter().any(|x| x.eq_ignore_ascii_case(c)))
-        .map(String::as_str)
+        .filter(|c| !c.stricter)
+        .map(|c| c.what.as_str())
         .collect();
-    if !added.is_empty() {
-        return conflict(format!(
-            "its public columns are [{}] and a session cannot declare more ({}) public",
-            e.public_columns.join(", "),
-            added.join(", ")
-        ));
-    }
-    keep()
+    format!(
+        "table '{}' (file {}) is registered in ledger {} with a policy that this registration \
+         would weaken or change: {}. dpfusion kept the recorded policy and registered nothing. \
+         To keep it, register the table as recorded; to change it, the data owner relaxes it \
+         explicitly, with a reason that the ledger records (relax = \"<reason>\" on the table in \
+         the catalog, or Registration::relax(\"<reason>\") in the Rust API).",
+        req.name,
+        e.key,
+        ledger.display(),
+        weaker.join("; ")
+    )
+}
+
+/// The text an owner relaxation records: the reason and every change.
+pub(super) fn relaxation_note(reason: &str, changes: &[Change]) -> String {
+    let what: Vec<&str> = changes.iter().map(|c| c.what.as_str()).collect();
+    format!("{reason} [{}]", what.join("; "))
 }

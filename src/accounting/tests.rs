@@ -31,6 +31,9 @@ fn private(key: &str, name: &str, epsilon: f64) -> TablePolicy {
         },
         filter: FilterKind::Gdp,
         delta_share: DEFAULT_DELTA_SHARE,
+        schema: None,
+        format: None,
+        relaxed: None,
     }
 }
 
@@ -278,9 +281,13 @@ fn reopen_replays_spent() {
     assert_eq!(again[0].spent, rows[0].spent);
     assert_eq!(again[0].queries, 3);
     assert_eq!(acc.ledger_entries(), entries);
-    // A session asking for the default (smaller) budget gets the ledger's.
+    // A registration that states no budget gets the ledger's.
     let p = acc
-        .register_table(private("demo:salaries", "pay", 1.0))
+        .register_table_with(
+            private("demo:salaries", "pay", 1.0),
+            FilterChoice::default(),
+            None,
+        )
         .unwrap();
     assert_eq!(p.budget.epsilon, 3.0);
     assert_eq!(acc.budget_rows()[0].name, "pay");
@@ -376,13 +383,10 @@ fn policy_conflicts() {
     let mut public = private(key, "salaries", 1.0);
     public.visibility = Visibility::Public;
     let m = conflict(public.clone());
-    assert!(
-        m.contains("cannot be re-registered as public") && m.contains(key),
-        "{m}"
-    );
-    assert!(m.contains("owner action"), "{m}");
+    assert!(m.contains("visibility private → public") && m.contains(key), "{m}");
+    assert!(m.contains("relax"), "{m}");
     let m = conflict(private(key, "salaries", 2.0));
-    assert!(m.contains("cannot raise"), "{m}");
+    assert!(m.contains("budget ε 1 → 2"), "{m}");
     let mut more_delta = private(key, "salaries", 1.0);
     more_delta.budget.delta = 1e-5;
     conflict(more_delta);
@@ -392,18 +396,50 @@ fn policy_conflicts() {
     let mut cols = private(key, "salaries", 1.0);
     cols.public_columns = vec!["job".into()];
     conflict(cols);
+    // A mixed change (one part stricter, one weaker) is refused too.
+    let mut mixed = private(key, "salaries", 0.5);
+    mixed.public_columns = vec!["job".into()];
+    let m = conflict(mixed);
+    assert!(m.contains("public columns [] → [job]"), "{m}");
     let before = file_len(&path);
-    let kept = acc.register_table(private(key, "s2", 0.5)).unwrap();
+    let kept = acc.register_table(private(key, "s2", 1.0)).unwrap();
     assert_eq!(kept.budget.epsilon, 1.0);
     assert_eq!(kept.name, "s2");
     assert_eq!(file_len(&path), before, "keeping a policy writes nothing");
+    // A stricter registration is recorded.
+    let stricter = acc.register_table(private(key, "s2", 0.8)).unwrap();
+    assert_eq!(stricter.budget.epsilon, 0.8);
+    assert!(file_len(&path) > before, "a stricter policy is written");
+    assert_eq!(acc.budget_rows()[0].epsilon, 0.8);
+    // A weaker one with the owner's reason is recorded with the reason and the changes.
+    let relaxed = acc
+        .register_table_with(
+            private(key, "s2", 1.0),
+            FilterChoice {
+                kind: true,
+                delta_share: true,
+                budget: true,
+            },
+            Some("approved by the review board"),
+        )
+        .unwrap();
+    assert!(
+        relaxed
+            .relaxed
+            .as_deref()
+            .is_some_and(|r| r.contains("approved by the review board") && r.contains("0.8 → 1")),
+        "{relaxed:?}"
+    );
+    assert!(fs::read_to_string(&path).unwrap().contains("approved by the review board"));
 
     // The owner may raise the budget and make the table public; both survive a restart.
-    acc.owner_set_policy(private(key, "salaries", 2.0)).unwrap();
+    acc.owner_set_policy(private(key, "salaries", 2.0), "more budget")
+        .unwrap();
     drop(acc);
     let acc = Accountant::open(&path).unwrap();
     assert_eq!(acc.budget_rows()[0].epsilon, 2.0);
-    acc.owner_set_policy(public.clone()).unwrap();
+    assert!(acc.owner_set_policy(public.clone(), " ").is_err(), "a reason is needed");
+    acc.owner_set_policy(public.clone(), "published").unwrap();
     assert!(acc.budget_rows().is_empty());
     // Public tables are not charged.
     let r = acc.admit("q", &gauss(key, 0.1)).unwrap();
@@ -624,17 +660,18 @@ fn filter_is_fixed_at_registration() {
         panic!("{:?}", p.filter)
     };
     assert!(a > 1.0);
-    let conflict = |p: TablePolicy, stated: FilterChoice| match acc.register_table_with(p, stated) {
+    let conflict = |p: TablePolicy, stated: FilterChoice| match acc.register_table_with(p, stated, None) {
         Err(AccountingError::PolicyConflict(m)) => m,
         other => panic!("{other:?}"),
     };
     let all = FilterChoice {
         kind: true,
         delta_share: true,
+        budget: true,
     };
     let m = conflict(private(key, "t", 5.0), all);
     assert!(
-        m.contains("privacy filter is rdp:") && m.contains("to gdp"),
+        m.contains("privacy filter rdp:") && m.contains("→ gdp"),
         "{m}"
     );
     let mut other_order = rdp.clone();
@@ -645,14 +682,15 @@ fn filter_is_fixed_at_registration() {
     let mut more_share = rdp.clone();
     more_share.delta_share = 0.9;
     let m = conflict(more_share, all);
-    assert!(m.contains("cannot raise it"), "{m}");
-    // `rdp` without an order, a smaller share, or an unstated filter keep the ledger's.
+    assert!(m.contains("δ share for partition selection 0.5 → 0.9"), "{m}");
+    // A smaller share is a change too (it changes how past charges count).
     let mut less_share = rdp.clone();
     less_share.delta_share = 0.1;
-    assert_eq!(acc.register_table(less_share).unwrap().delta_share, 0.5);
+    conflict(less_share, all);
+    // `rdp` without an order, or an unstated filter, keep the ledger's.
     assert_eq!(acc.register_table(rdp.clone()).unwrap().filter, p.filter);
     let kept = acc
-        .register_table_with(private(key, "t", 5.0), FilterChoice::default())
+        .register_table_with(private(key, "t", 5.0), FilterChoice::default(), None)
         .unwrap();
     assert_eq!(kept.filter, p.filter);
     // Survives a restart; the owner may change it.
@@ -661,7 +699,7 @@ fn filter_is_fixed_at_registration() {
     assert_eq!(acc.budget_rows()[0].filter, p.filter);
     let mut zcdp = private(key, "t", 5.0);
     zcdp.filter = FilterKind::Zcdp;
-    acc.owner_set_policy(zcdp).unwrap();
+    acc.owner_set_policy(zcdp, "switch to zcdp").unwrap();
     assert_eq!(acc.budget_rows()[0].filter, FilterKind::Zcdp);
     // A filter the budget cannot support is refused before anything is written.
     let mut tiny = private("/data/u.csv", "u", 0.01);

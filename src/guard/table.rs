@@ -58,12 +58,25 @@ impl TableInfo {
     }
 }
 
+/// A check run before every scan (an analyst's table re-checks that its files are still none of
+/// a private table's).
+pub type Recheck = Arc<dyn Fn() -> Result<()> + Send + Sync>;
+
 /// A registered table: the real provider plus its policy.
-#[derive(Debug)]
 pub struct GuardedTable {
     inner: Arc<dyn TableProvider>,
     info: TableInfo,
     scans: AtomicU64,
+    recheck: Option<Recheck>,
+}
+
+impl std::fmt::Debug for GuardedTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedTable")
+            .field("info", &self.info)
+            .field("scans", &self.scans)
+            .finish()
+    }
 }
 
 impl GuardedTable {
@@ -72,7 +85,13 @@ impl GuardedTable {
             inner,
             info,
             scans: AtomicU64::new(0),
+            recheck: None,
         }
+    }
+    /// Runs `check` before every scan.
+    pub fn with_recheck(mut self, check: Recheck) -> Self {
+        self.recheck = Some(check);
+        self
     }
     pub fn info(&self) -> &TableInfo {
         &self.info
@@ -109,6 +128,9 @@ impl TableProvider for GuardedTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         self.scans.fetch_add(1, Ordering::SeqCst);
+        if let Some(check) = &self.recheck {
+            check()?;
+        }
         if self.info.private {
             // No filter and no limit reach a private table's reader: every predicate is evaluated
             // by the (total) Filter above the scan, where the guard checked it.

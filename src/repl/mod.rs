@@ -191,7 +191,8 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
     };
     if table.is_empty() {
         if tables.is_empty() {
-            return "no tables: register one with CREATE EXTERNAL TABLE or --private NAME=PATH"
+            return "no tables: the data owner declares them (dpfusion --catalog FILE, or \
+                    --private NAME=PATH in single-user mode)"
                 .to_string();
         }
         let mut out = String::from("Tables:\n");
@@ -222,6 +223,24 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
         );
     };
     let mut out = format!("Table {name}: {}\n", policy(name, info.private));
+    if let Some((p, by)) = session.policies().into_iter().find(|(p, _)| p.name == *name) {
+        let who = match by.as_str() {
+            "owner" => "the data owner",
+            "analyst" => "analyst SQL",
+            _ => "a CREATE TABLE AS (a DP result)",
+        };
+        out.push_str(&format!(
+            "  registered by {who}: {}{}\n",
+            p.key,
+            p.format
+                .as_deref()
+                .map(|f| format!(", read as {f}"))
+                .unwrap_or_default()
+        ));
+        if by == "owner" && p.key.as_str().starts_with('/') {
+            out.push_str("  schema: pinned in the ledger at the owner's first registration\n");
+        }
+    }
     if info.private {
         out.push_str(&format!(
             "  neighbours: {} ({})\n",
@@ -329,6 +348,8 @@ pub async fn run_repl(session: PrivateSession, format: OutputFormat, quiet: bool
         "dpfusion {} — differentially private SQL. \\? for help, \\d for tables, \\q to quit.",
         env!("CARGO_PKG_VERSION")
     );
+    // The policy in force, as the data owner set it (docs/CATALOG.md).
+    println!("{}", describe(&repl.session, ""));
     loop {
         let prompt = repl.prompt();
         let read = tokio::task::block_in_place(|| rl.readline(&prompt));

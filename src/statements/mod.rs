@@ -163,41 +163,75 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
 
 /// The one-row summary printed when a table is registered by SQL.
 pub fn registration_batch(p: &TablePolicy) -> Result<RecordBatch> {
-    let private = p.visibility == Visibility::Private;
+    tables_batch(&[(p.clone(), "analyst".to_string())])
+}
+
+/// `SHOW TABLES`: per table, the policy in force (visibility, neighbours, public columns, budget,
+/// filter, δ share), the pinned schema, and who registered it (`owner`, `analyst`, `result`).
+pub fn tables_batch(rows: &[(TablePolicy, String)]) -> Result<RecordBatch> {
+    let private = |p: &TablePolicy| p.visibility == Visibility::Private;
     batch(vec![
-        ("table", strings([p.name.clone()])),
+        ("table", strings(rows.iter().map(|(p, _)| p.name.clone()))),
         (
             "visibility",
-            strings([if private { "private" } else { "public" }]),
+            strings(
+                rows.iter()
+                    .map(|(p, _)| if private(p) { "private" } else { "public" }),
+            ),
         ),
         (
             "neighbours",
-            strings([match p.neighbours {
+            strings(rows.iter().map(|(p, _)| match p.neighbours {
                 Neighbours::AddRemove => "add_remove",
                 Neighbours::Replace => "replace",
-            }]),
+            })),
         ),
-        ("public_columns", strings([p.public_columns.join(",")])),
+        (
+            "public_columns",
+            strings(rows.iter().map(|(p, _)| p.public_columns.join(","))),
+        ),
         (
             "budget_epsilon",
-            Arc::new(Float64Array::from(vec![
-                private.then_some(p.budget.epsilon),
-            ])),
+            Arc::new(Float64Array::from(
+                rows.iter()
+                    .map(|(p, _)| private(p).then_some(p.budget.epsilon))
+                    .collect::<Vec<_>>(),
+            )),
         ),
         (
             "budget_delta",
-            Arc::new(Float64Array::from(vec![private.then_some(p.budget.delta)])),
+            Arc::new(Float64Array::from(
+                rows.iter()
+                    .map(|(p, _)| private(p).then_some(p.budget.delta))
+                    .collect::<Vec<_>>(),
+            )),
         ),
         (
             "filter",
-            Arc::new(StringArray::from(vec![
-                private.then(|| p.filter.to_string()),
-            ])),
+            Arc::new(StringArray::from(
+                rows.iter()
+                    .map(|(p, _)| private(p).then(|| p.filter.to_string()))
+                    .collect::<Vec<_>>(),
+            )),
         ),
         (
             "delta_share",
-            Arc::new(Float64Array::from(vec![private.then_some(p.delta_share)])),
+            Arc::new(Float64Array::from(
+                rows.iter()
+                    .map(|(p, _)| private(p).then_some(p.delta_share))
+                    .collect::<Vec<_>>(),
+            )),
         ),
+        (
+            "schema",
+            strings(rows.iter().map(|(p, _)| {
+                p.schema
+                    .as_deref()
+                    .map(crate::accounting::schema_text)
+                    .unwrap_or_default()
+            })),
+        ),
+        ("set_by", strings(rows.iter().map(|(_, s)| s.clone()))),
     ])
 }
 

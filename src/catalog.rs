@@ -1,0 +1,471 @@
+//! The data owner's catalog: a TOML file (`dpfusion --catalog dpfusion.toml`) that declares the
+//! session (ledger, output directory, which files analysts may register) and every table (path,
+//! format and its options, schema, visibility, neighbours, public columns, budget, filter, ratio
+//! bounds). docs/CATALOG.md documents every key; `examples/catalog/dpfusion.toml` is a complete
+//! example.
+//!
+//! Relative paths are relative to the catalog file's directory. Unknown keys are errors (a typo
+//! must never silently leave a default in force).
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::{DataFusionError, Result};
+use serde::Deserialize;
+
+use crate::accounting::{FilterKind, Neighbours, PinnedColumn, TablePolicy, Visibility};
+use crate::owner::CsvFormat;
+use crate::session::{AnalystFiles, PrivateSession, Registration, SessionOptions};
+
+/// A parsed catalog.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    /// The catalog file (canonical).
+    pub path: PathBuf,
+    pub session: SessionSection,
+    pub tables: Vec<TableSection>,
+}
+
+/// `[session]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSection {
+    /// The ledger (default `.dpfusion/ledger.jsonl` beside the catalog).
+    pub ledger: Option<PathBuf>,
+    /// The only directory `COPY ... TO` may write into (default none: COPY is refused).
+    pub output_dir: Option<PathBuf>,
+    /// Directories whose files analyst SQL may register as public tables (default none).
+    #[serde(default)]
+    pub analyst_read_dirs: Vec<PathBuf>,
+    /// The `delta` of a DP call that gives none (default 1e-7).
+    pub default_delta: Option<f64>,
+    /// The memory a query may use, in bytes (default 4 GiB).
+    pub memory_limit: Option<usize>,
+    /// DataFusion's target partitions (default: the number of cores).
+    pub target_partitions: Option<usize>,
+}
+
+/// One `[[table]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableSection {
+    pub name: String,
+    /// A file or a directory (every file below it, now and later, belongs to the table).
+    pub path: PathBuf,
+    /// `csv` or `parquet` (default: from the extension; a directory is `csv` unless it holds
+    /// `.parquet` files).
+    pub format: Option<String>,
+    /// `private` (default) or `public`.
+    pub visibility: Option<String>,
+    /// `add_remove` (default) or `replace`.
+    pub neighbours: Option<String>,
+    #[serde(default)]
+    pub public_columns: Vec<String>,
+    /// The budget of a private table (required for private tables).
+    pub epsilon: Option<f64>,
+    pub delta: Option<f64>,
+    /// `gdp` (default), `zcdp`, `rdp` or `rdp:ORDER`.
+    pub filter: Option<String>,
+    /// The share of δ reserved for partition selection (default 0.5).
+    pub delta_share: Option<f64>,
+    /// The owner's reason to relax the policy the ledger holds (recorded there).
+    pub relax: Option<String>,
+    /// CSV reading options.
+    pub csv: Option<CsvSection>,
+    /// The schema, pinned (default: inferred at the first registration, then pinned).
+    pub columns: Option<Vec<ColumnSection>>,
+    #[serde(default)]
+    pub ratio_bounds: Vec<RatioBoundSection>,
+}
+
+/// `[table.csv]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CsvSection {
+    pub has_header: Option<bool>,
+    pub delimiter: Option<String>,
+    pub quote: Option<String>,
+    pub escape: Option<String>,
+    pub comment: Option<String>,
+    pub null_regex: Option<String>,
+}
+
+/// One `[[table.columns]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnSection {
+    pub name: String,
+    /// An Arrow type as Arrow prints it: `Int64`, `Float64`, `Utf8`, `Boolean`, `Date32`, …
+    #[serde(rename = "type")]
+    pub data_type: String,
+    #[serde(default = "yes")]
+    pub nullable: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One `[[table.ratio_bounds]]` (`rgm_mean_by`'s contract).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RatioBoundSection {
+    pub value: String,
+    pub by: String,
+    pub max_ratio: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    session: SessionSection,
+    #[serde(default, rename = "table")]
+    tables: Vec<TableSection>,
+}
+
+fn err(path: &Path, msg: impl std::fmt::Display) -> DataFusionError {
+    DataFusionError::Plan(format!("catalog {}: {msg}", path.display()))
+}
+
+fn one_byte(path: &Path, table: &str, key: &str, s: &str) -> Result<u8> {
+    match s.as_bytes() {
+        [b] => Ok(*b),
+        _ => Err(err(
+            path,
+            format!("table '{table}': csv.{key} must be one ASCII character, got {s:?}"),
+        )),
+    }
+}
+
+impl Catalog {
+    /// Reads and checks a catalog file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Catalog> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| err(path, e))?;
+        let path = std::fs::canonicalize(path).map_err(|e| err(path, e))?;
+        Self::parse(&text, &path)
+    }
+
+    /// Parses catalog text; `path` names the file (relative paths are relative to its
+    /// directory).
+    pub fn parse(text: &str, path: &Path) -> Result<Catalog> {
+        let f: File = toml::from_str(text).map_err(|e| err(path, e))?;
+        let mut names = std::collections::HashSet::new();
+        for t in &f.tables {
+            if !names.insert(t.name.to_ascii_lowercase()) {
+                return Err(err(path, format!("table '{}' is declared twice", t.name)));
+            }
+        }
+        let c = Catalog {
+            path: path.to_path_buf(),
+            session: f.session,
+            tables: f.tables,
+        };
+        for t in &c.tables {
+            c.registration(t)?;
+        }
+        Ok(c)
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."))
+    }
+
+    /// A path of the catalog, relative to its directory.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.dir().join(p)
+        }
+    }
+
+    /// The session options the catalog sets.
+    pub fn session_options(&self) -> SessionOptions {
+        let s = &self.session;
+        let mut o = SessionOptions::default().with_ledger(self.resolve(
+            s.ledger
+                .as_deref()
+                .unwrap_or(Path::new(".dpfusion/ledger.jsonl")),
+        ));
+        if let Some(d) = &s.output_dir {
+            o = o.with_output_dir(self.resolve(d));
+        }
+        o.analyst_files = if s.analyst_read_dirs.is_empty() {
+            AnalystFiles::None
+        } else {
+            AnalystFiles::Under(
+                s.analyst_read_dirs
+                    .iter()
+                    .map(|d| self.resolve(d))
+                    .collect(),
+            )
+        };
+        if let Some(d) = s.default_delta {
+            o.default_delta = d;
+        }
+        if let Some(m) = s.memory_limit {
+            o = o.with_memory_limit(m);
+        }
+        if let Some(n) = s.target_partitions {
+            o = o.with_target_partitions(n);
+        }
+        o.owner_paths = vec![self.path.clone()];
+        o
+    }
+
+    /// The registration a table section declares.
+    pub fn registration(&self, t: &TableSection) -> Result<Registration> {
+        let p = &self.path;
+        let name = &t.name;
+        let visibility = match t.visibility.as_deref().unwrap_or("private") {
+            "private" => Visibility::Private,
+            "public" => Visibility::Public,
+            o => {
+                return Err(err(
+                    p,
+                    format!("table '{name}': visibility must be private or public, got '{o}'"),
+                ));
+            }
+        };
+        let mut reg = match visibility {
+            Visibility::Private => Registration::private(),
+            Visibility::Public => Registration::public(),
+        };
+        reg.neighbours = match t.neighbours.as_deref().unwrap_or("add_remove") {
+            "add_remove" => Neighbours::AddRemove,
+            "replace" => Neighbours::Replace,
+            o => {
+                return Err(err(
+                    p,
+                    format!(
+                        "table '{name}': neighbours must be add_remove or replace, got '{o}'"
+                    ),
+                ));
+            }
+        };
+        reg = reg.public_columns(t.public_columns.iter().cloned());
+        match (visibility, t.epsilon, t.delta) {
+            (Visibility::Private, Some(e), Some(d)) => reg = reg.budget(e, d),
+            (Visibility::Private, _, _) => {
+                return Err(err(
+                    p,
+                    format!(
+                        "private table '{name}' needs its budget: epsilon = … and delta = … \
+                         (e.g. epsilon = 3.0, delta = 1e-6)"
+                    ),
+                ));
+            }
+            (Visibility::Public, None, None) => {}
+            (Visibility::Public, _, _) => {
+                return Err(err(
+                    p,
+                    format!("public table '{name}' has no budget; remove epsilon and delta"),
+                ));
+            }
+        }
+        if let Some(f) = &t.filter {
+            let k: FilterKind = f
+                .parse()
+                .map_err(|e| err(p, format!("table '{name}': filter: {e}")))?;
+            reg = reg.filter(k);
+        }
+        if let Some(s) = t.delta_share {
+            crate::accounting::filter::check_delta_share(s)
+                .map_err(|e| err(p, format!("table '{name}': delta_share: {e}")))?;
+            reg = reg.delta_share(s);
+        }
+        if let Some(r) = &t.relax {
+            reg = reg.relax(r.clone());
+        }
+        if let Some(c) = &t.csv {
+            let mut f = CsvFormat::default();
+            if let Some(h) = c.has_header {
+                f.has_header = h;
+            }
+            if let Some(d) = &c.delimiter {
+                f.delimiter = one_byte(p, name, "delimiter", d)?;
+            }
+            if let Some(q) = &c.quote {
+                f.quote = one_byte(p, name, "quote", q)?;
+            }
+            if let Some(e) = &c.escape {
+                f.escape = Some(one_byte(p, name, "escape", e)?);
+            }
+            if let Some(x) = &c.comment {
+                f.comment = Some(one_byte(p, name, "comment", x)?);
+            }
+            f.null_regex = c.null_regex.clone();
+            reg = reg.csv(f);
+        }
+        if let Some(cols) = &t.columns {
+            let pinned: Vec<PinnedColumn> = cols
+                .iter()
+                .map(|c| PinnedColumn {
+                    name: c.name.clone(),
+                    data_type: c.data_type.clone(),
+                    nullable: c.nullable,
+                })
+                .collect();
+            let schema: SchemaRef = crate::owner::unpin(&pinned)
+                .map_err(|e| err(p, format!("table '{name}': {e}")))?;
+            reg = reg.schema(Arc::clone(&schema));
+        }
+        for b in &t.ratio_bounds {
+            reg = reg.ratio_bound(b.value.clone(), b.by.clone(), b.max_ratio);
+        }
+        Ok(reg)
+    }
+
+    fn is_parquet(&self, t: &TableSection, path: &Path) -> Result<bool> {
+        match t.format.as_deref() {
+            Some("csv") => Ok(false),
+            Some("parquet") => Ok(true),
+            Some(o) => Err(err(
+                &self.path,
+                format!("table '{}': format must be csv or parquet, got '{o}'", t.name),
+            )),
+            None if path.is_dir() => Ok(std::fs::read_dir(path)
+                .map(|d| {
+                    d.flatten().any(|e| {
+                        e.path()
+                            .extension()
+                            .is_some_and(|x| x.eq_ignore_ascii_case("parquet"))
+                    })
+                })
+                .unwrap_or(false)),
+            None => Ok(path
+                .extension()
+                .is_some_and(|x| x.eq_ignore_ascii_case("parquet"))),
+        }
+    }
+
+    /// Registers every table of the catalog in `session` (the owner's registrations); returns
+    /// the policies in force.
+    pub async fn register(&self, session: &PrivateSession) -> Result<Vec<TablePolicy>> {
+        let mut out = Vec::new();
+        for t in &self.tables {
+            let reg = self.registration(t)?;
+            let path = self.resolve(&t.path);
+            let r = if self.is_parquet(t, &path)? {
+                session.register_parquet(&t.name, &path, reg).await
+            } else {
+                session.register_csv(&t.name, &path, reg).await
+            };
+            out.push(r.map_err(|e| err(&self.path, format!("table '{}': {e}", t.name)))?);
+        }
+        Ok(out)
+    }
+
+    /// Opens a session on the catalog: its options, then every table registered.
+    pub async fn open(&self) -> Result<PrivateSession> {
+        let session = PrivateSession::open(self.session_options()).await?;
+        self.register(&session).await?;
+        Ok(session)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Catalog> {
+        Catalog::parse(text, Path::new("/srv/owner/dpfusion.toml"))
+    }
+
+    #[test]
+    fn a_complete_catalog_parses_with_paths_relative_to_it() {
+        let c = parse(
+            r#"
+            [session]
+            ledger = "ledger/l.jsonl"
+            output_dir = "/srv/out"
+            analyst_read_dirs = ["public"]
+            default_delta = 1e-8
+
+            [[table]]
+            name = "salaries"
+            path = "data/salaries.csv"
+            neighbours = "replace"
+            public_columns = ["job"]
+            epsilon = 5.0
+            delta = 1e-6
+            filter = "rdp"
+            csv = { has_header = true, delimiter = ";", null_regex = "^NA$" }
+            columns = [
+              { name = "job", type = "Utf8", nullable = false },
+              { name = "salary", type = "Float64" },
+            ]
+            ratio_bounds = [{ value = "salary", by = "job", max_ratio = 1.5 }]
+
+            [[table]]
+            name = "jobs"
+            path = "/srv/public/jobs.csv"
+            visibility = "public"
+            "#,
+        )
+        .unwrap();
+        let o = c.session_options();
+        assert_eq!(o.ledger_path, Path::new("/srv/owner/ledger/l.jsonl"));
+        assert_eq!(o.output_dir.as_deref(), Some(Path::new("/srv/out")));
+        assert_eq!(
+            o.analyst_files,
+            AnalystFiles::Under(vec![PathBuf::from("/srv/owner/public")])
+        );
+        assert_eq!(o.default_delta, 1e-8);
+        assert_eq!(o.owner_paths, vec![PathBuf::from("/srv/owner/dpfusion.toml")]);
+        let r = c.registration(&c.tables[0]).unwrap();
+        assert_eq!(r.neighbours, Neighbours::Replace);
+        assert_eq!(r.csv.delimiter, b';');
+        assert_eq!(r.csv.null_regex.as_deref(), Some("^NA$"));
+        let s = r.schema.unwrap();
+        assert_eq!(s.field(0).name(), "job");
+        assert!(!s.field(0).is_nullable());
+        assert_eq!(r.ratio_bounds.len(), 1);
+        let r = c.registration(&c.tables[1]).unwrap();
+        assert_eq!(r.visibility, Visibility::Public);
+        // No analyst_read_dirs: analysts register no file.
+        let c = parse("").unwrap();
+        assert_eq!(c.session_options().analyst_files, AnalystFiles::None);
+        assert_eq!(c.session_options().output_dir, None);
+    }
+
+    #[test]
+    fn mistakes_are_errors_that_say_what_to_do() {
+        let err = |text: &str| parse(text).unwrap_err().to_string();
+        // A typo never leaves a default in force.
+        let e = err("[[table]]\nname = \"t\"\npath = \"t.csv\"\nepsilom = 1.0\ndelta = 1e-6");
+        assert!(e.contains("epsilom"), "{e}");
+        let e = err("[session]\nledgr = \"x\"");
+        assert!(e.contains("ledgr"), "{e}");
+        let e = err("[[table]]\nname = \"t\"\npath = \"t.csv\"");
+        assert!(e.contains("needs its budget"), "{e}");
+        let e = err(
+            "[[table]]\nname = \"t\"\npath = \"t.csv\"\nvisibility = \"public\"\nepsilon = 1.0",
+        );
+        assert!(e.contains("has no budget"), "{e}");
+        let two = "[[table]]\nname = \"t\"\npath = \"a.csv\"\nvisibility = \"public\"\n";
+        let e = err(&format!("{two}{}", two.replace("a.csv", "b.csv")));
+        assert!(e.contains("declared twice"), "{e}");
+        let e = err(
+            "[[table]]\nname = \"t\"\npath = \"t.csv\"\nepsilon = 1.0\ndelta = 1e-6\nneighbours = \"swap\"",
+        );
+        assert!(e.contains("add_remove or replace"), "{e}");
+        let e = err(
+            "[[table]]\nname = \"t\"\npath = \"t.csv\"\nepsilon = 1.0\ndelta = 1e-6\ncolumns = [{ name = \"a\", type = \"Integer\" }]",
+        );
+        assert!(e.contains("not an Arrow type"), "{e}");
+        let e = err(
+            "[[table]]\nname = \"t\"\npath = \"t.csv\"\nepsilon = 1.0\ndelta = 1e-6\ncsv = { delimiter = \";;\" }",
+        );
+        assert!(e.contains("one ASCII character"), "{e}");
+        let e = err(
+            "[[table]]\nname = \"t\"\npath = \"t.csv\"\nepsilon = 1.0\ndelta = 1e-6\nfilter = \"pld\"",
+        );
+        assert!(e.contains("filter"), "{e}");
+    }
+}

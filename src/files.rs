@@ -1,0 +1,436 @@
+//! The identity of the files a table reads. A location (a path, a `file://` URL, a directory, a
+//! glob) is resolved to the set of files its provider may read: canonical paths (symbolic links,
+//! `..`, `.`, doubled and trailing slashes resolved) plus device and inode, so that a hard link
+//! or a case variant on a case-insensitive file system is the same file. A directory holds every
+//! file below it, now and later. Two sets intersect when they may read a common file; an analyst
+//! registration whose set intersects a private table's is refused (crate::owner::Protection).
+//!
+//! The sets are a superset of what DataFusion's listing reads (hidden files, other extensions
+//! and subdirectories all count): on this side, a refusal too many is safe, a read too many is
+//! not.
+use std::path::{Component, Path, PathBuf};
+
+/// The most files one location may name (a larger walk is refused).
+pub const MAX_FILES: usize = 100_000;
+/// The deepest directory walk.
+pub const MAX_DEPTH: usize = 64;
+
+/// One file or directory: canonical path plus device and inode (0, 0 off unix: then only the
+/// path counts).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    pub path: PathBuf,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileId {
+    fn of(path: PathBuf, m: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            Self {
+                path,
+                dev: m.dev(),
+                ino: m.ino(),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = m;
+            Self {
+                path,
+                dev: 0,
+                ino: 0,
+            }
+        }
+    }
+
+    fn same_inode(&self, o: &FileId) -> bool {
+        self.ino != 0 && self.dev == o.dev && self.ino == o.ino
+    }
+}
+
+/// What a location names.
+#[derive(Clone, Debug)]
+pub struct FileSet {
+    /// The location as given.
+    pub location: String,
+    /// The canonical path of the longest glob-free prefix (a file or a directory).
+    pub root: PathBuf,
+    /// The root is a directory: every file below it, now or later, belongs to the set.
+    pub root_is_dir: bool,
+    /// The glob pattern (the canonical root joined with the remaining components).
+    pub glob: Option<String>,
+    /// The regular files the set holds now, canonical, sorted by path.
+    pub files: Vec<FileId>,
+    /// The directories below the root (the root included when it is one), canonical.
+    pub dirs: Vec<FileId>,
+}
+
+/// Why a location cannot be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error(
+        "'{0}' is not a local file: only a path or a file:// URL can be registered (no \
+         s3://, http:// or other object store)"
+    )]
+    NotLocal(String),
+    #[error("'{0}': a file:// URL must name this machine (file:///path or file://localhost/path)")]
+    RemoteHost(String),
+    #[error("'{location}' cannot be read: {source}")]
+    Io {
+        location: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("'{0}' is not a valid glob pattern")]
+    BadGlob(String),
+    #[error("'{0}' names more than {MAX_FILES} files or is more than {MAX_DEPTH} levels deep")]
+    TooMany(String),
+}
+
+fn io(location: &str) -> impl Fn(std::io::Error) -> FileError + '_ {
+    move |source| FileError::Io {
+        location: location.to_string(),
+        source,
+    }
+}
+
+fn is_glob(s: &str) -> bool {
+    s.contains(['*', '?', '[', ']', '{', '}'])
+}
+
+/// The local path a location names: a path (relative to `base`) or a `file:` URL.
+fn local_path(location: &str, base: &Path) -> Result<PathBuf, FileError> {
+    let lower = location.to_ascii_lowercase();
+    if let Some(scheme_end) = location.find("://") {
+        let scheme = &lower[..scheme_end];
+        let is_scheme = !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        if is_scheme {
+            if scheme != "file" {
+                return Err(FileError::NotLocal(location.to_string()));
+            }
+            let rest = &location[scheme_end + 3..];
+            let (host, path) = match rest.find('/') {
+                Some(i) => (&rest[..i], &rest[i..]),
+                None => (rest, "/"),
+            };
+            if !(host.is_empty() || host.eq_ignore_ascii_case("localhost")) {
+                return Err(FileError::RemoteHost(location.to_string()));
+            }
+            let decoded = percent_encoding::percent_decode_str(path)
+                .decode_utf8()
+                .map_err(|_| FileError::NotLocal(location.to_string()))?;
+            return Ok(PathBuf::from(decoded.as_ref()));
+        }
+    }
+    if lower.starts_with("file:") {
+        // `file:/p` (one slash) is a URL too.
+        let decoded = percent_encoding::percent_decode_str(&location[5..])
+            .decode_utf8()
+            .map_err(|_| FileError::NotLocal(location.to_string()))?;
+        return Ok(PathBuf::from(decoded.as_ref()));
+    }
+    let p = PathBuf::from(location);
+    Ok(if p.is_absolute() { p } else { base.join(p) })
+}
+
+/// Splits a path into its glob-free prefix and the rest (None when there is no glob).
+fn split_glob(p: &Path) -> (PathBuf, Option<PathBuf>) {
+    let mut prefix = PathBuf::new();
+    let mut comps = p.components();
+    for c in comps.by_ref() {
+        if let Component::Normal(s) = c
+            && is_glob(&s.to_string_lossy())
+        {
+            let mut rest = PathBuf::from(s);
+            rest.extend(comps);
+            return (prefix, Some(rest));
+        }
+        prefix.push(c);
+    }
+    (prefix, None)
+}
+
+/// The canonical path a location names, without walking it: the canonical root, or for a glob
+/// the canonical root joined with the glob's remaining components.
+pub fn canonical_location(location: &str, base: &Path) -> Result<PathBuf, FileError> {
+    let p = local_path(location, base)?;
+    let (prefix, rest) = split_glob(&p);
+    let root = std::fs::canonicalize(&prefix).map_err(io(location))?;
+    Ok(match rest {
+        Some(r) => root.join(r),
+        None => root,
+    })
+}
+
+/// Resolves a location into its file set.
+pub fn resolve(location: &str, base: &Path) -> Result<FileSet, FileError> {
+    let p = local_path(location, base)?;
+    let (prefix, rest) = split_glob(&p);
+    let root = std::fs::canonicalize(&prefix).map_err(io(location))?;
+    let meta = std::fs::metadata(&root).map_err(io(location))?;
+    let pattern = match &rest {
+        Some(r) => {
+            let text = format!(
+                "{}/{}",
+                glob::Pattern::escape(&root.to_string_lossy()),
+                r.to_string_lossy()
+            );
+            Some(
+                glob::Pattern::new(&text)
+                    .map_err(|_| FileError::BadGlob(location.to_string()))?,
+            )
+        }
+        None => None,
+    };
+    let mut set = FileSet {
+        location: location.to_string(),
+        root: root.clone(),
+        root_is_dir: meta.is_dir(),
+        glob: pattern.as_ref().map(|p| p.as_str().to_string()),
+        files: vec![],
+        dirs: vec![],
+    };
+    if !meta.is_dir() {
+        set.files.push(FileId::of(root, &meta));
+        return Ok(set);
+    }
+    // Walk the directory: every entry, symbolic links followed to their canonical target
+    // (a loop or a dangling link is skipped), each directory visited once.
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![(root.clone(), root.clone(), 0usize)];
+    let opts = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: false,
+        require_literal_leading_dot: false,
+    };
+    while let Some((dir, shown, depth)) = stack.pop() {
+        if depth > MAX_DEPTH {
+            return Err(FileError::TooMany(location.to_string()));
+        }
+        let m = std::fs::metadata(&dir).map_err(io(location))?;
+        let id = FileId::of(dir.clone(), &m);
+        if !seen.insert((id.dev, id.ino, id.path.clone())) {
+            continue;
+        }
+        set.dirs.push(id);
+        for entry in std::fs::read_dir(&dir).map_err(io(location))? {
+            let entry = entry.map_err(io(location))?;
+            // The path as the listing would see it (for glob matching), and its target.
+            let listed = shown.join(entry.file_name());
+            let Ok(target) = std::fs::canonicalize(entry.path()) else {
+                continue;
+            };
+            let Ok(tm) = std::fs::metadata(&target) else {
+                continue;
+            };
+            if tm.is_dir() {
+                stack.push((target, listed, depth + 1));
+            } else {
+                let matches = pattern
+                    .as_ref()
+                    .is_none_or(|p| p.matches_path_with(&listed, opts));
+                if matches {
+                    set.files.push(FileId::of(target, &tm));
+                }
+            }
+            if set.files.len() + set.dirs.len() > MAX_FILES {
+                return Err(FileError::TooMany(location.to_string()));
+            }
+        }
+    }
+    // With a glob, only the files it matches count, and no directory grows the set.
+    if pattern.is_some() {
+        set.root_is_dir = false;
+        set.dirs.clear();
+    }
+    set.files.sort_by(|a, b| a.path.cmp(&b.path));
+    set.files.dedup();
+    Ok(set)
+}
+
+impl FileSet {
+    /// A set known only by its path (a private table whose files cannot be read now): treated
+    /// as a directory, so anything at or below the path counts.
+    pub fn path_only(path: &Path) -> FileSet {
+        FileSet {
+            location: path.to_string_lossy().to_string(),
+            root: path.to_path_buf(),
+            root_is_dir: true,
+            glob: None,
+            files: vec![],
+            dirs: vec![],
+        }
+    }
+
+    fn covers(&self, path: &Path) -> bool {
+        path == self.root || (self.root_is_dir && path.starts_with(&self.root))
+    }
+
+    /// True when the two sets may read a common file.
+    pub fn intersects(&self, other: &FileSet) -> bool {
+        let points = |s: &FileSet| -> Vec<PathBuf> {
+            let mut v = vec![];
+            if s.glob.is_none() {
+                v.push(s.root.clone());
+            }
+            v.extend(s.files.iter().map(|f| f.path.clone()));
+            v.extend(s.dirs.iter().map(|f| f.path.clone()));
+            v
+        };
+        if points(other).iter().any(|p| self.covers(p))
+            || points(self).iter().any(|p| other.covers(p))
+        {
+            return true;
+        }
+        let ids = |s: &FileSet| -> Vec<FileId> { s.files.iter().chain(&s.dirs).cloned().collect() };
+        let (a, b) = (ids(self), ids(other));
+        a.iter().any(|x| b.iter().any(|y| x.same_inode(y) || x.path == y.path))
+    }
+
+    /// True when `path` (canonicalised as far as it exists) is this set's root, lies below a
+    /// directory root, or is one of its files (by path or device and inode).
+    pub fn contains_path(&self, path: &Path) -> bool {
+        let canon = canonical_prefix(path);
+        if self.covers(&canon) || self.files.iter().any(|f| f.path == canon) {
+            return true;
+        }
+        match std::fs::metadata(&canon) {
+            Ok(m) => {
+                let id = FileId::of(canon, &m);
+                self.files.iter().chain(&self.dirs).any(|f| f.same_inode(&id))
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// `path` with its longest existing prefix canonicalised and the rest appended.
+fn canonical_prefix(path: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(path) {
+        return c;
+    }
+    let mut rest = Vec::new();
+    let mut p = path.to_path_buf();
+    while let Some(name) = p.file_name().map(|n| n.to_os_string()) {
+        p.pop();
+        rest.push(name);
+        if let Ok(c) = std::fs::canonicalize(&p) {
+            let mut out = c;
+            for n in rest.iter().rev() {
+                out.push(n);
+            }
+            return out;
+        }
+    }
+    path.to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn tmp() -> PathBuf {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "dpfusion-files-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("d/sub")).unwrap();
+        std::fs::create_dir_all(d.join("other")).unwrap();
+        std::fs::write(d.join("d/p.csv"), "a\n1\n").unwrap();
+        std::fs::write(d.join("d/q.csv"), "a\n2\n").unwrap();
+        std::fs::write(d.join("other/r.csv"), "a\n3\n").unwrap();
+        d
+    }
+
+    #[test]
+    fn every_spelling_of_a_private_file_intersects_it() {
+        let d = tmp();
+        let root = Path::new("/");
+        let p = resolve(&d.join("d/p.csv").to_string_lossy(), root).unwrap();
+        let ds = d.to_string_lossy().to_string();
+        std::os::unix::fs::symlink(d.join("d/p.csv"), d.join("other/link.csv")).unwrap();
+        std::os::unix::fs::symlink(d.join("d"), d.join("other/dirlink")).unwrap();
+        std::fs::hard_link(d.join("d/p.csv"), d.join("other/hard.csv")).unwrap();
+        for spelling in [
+            format!("file://{ds}/d/p.csv"),
+            format!("FILE://localhost{ds}/d/p.csv"),
+            format!("file://{ds}/d/p%2Ecsv"),
+            format!("file:{ds}/d/p.csv"),
+            format!("{ds}/d"),
+            format!("{ds}/d/"),
+            format!("{ds}//d//"),
+            format!("{ds}/d/*.csv"),
+            format!("{ds}/d/p.cs?"),
+            format!("{ds}/d/[p]*.csv"),
+            format!("{ds}/**/p.csv"),
+            format!("{ds}/d/../d/p.csv"),
+            format!("{ds}/./d/./p.csv"),
+            format!("{ds}/other/link.csv"),
+            format!("{ds}/other/dirlink/p.csv"),
+            format!("{ds}/other/dirlink"),
+            format!("{ds}/other/hard.csv"),
+            format!("{ds}/other"),
+            ds.clone(),
+        ] {
+            let s = resolve(&spelling, root).unwrap_or_else(|e| panic!("{spelling}: {e}"));
+            assert!(s.intersects(&p), "{spelling} does not intersect");
+            assert!(p.intersects(&s), "{spelling} (reversed) does not intersect");
+        }
+        // Relative to a base directory.
+        let s = resolve("d/p.csv", &d).unwrap();
+        assert!(s.intersects(&p));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn other_files_do_not_intersect() {
+        let d = tmp();
+        let root = Path::new("/");
+        let ds = d.to_string_lossy().to_string();
+        let p = resolve(&format!("{ds}/d/p.csv"), root).unwrap();
+        let r = resolve(&format!("{ds}/other/r.csv"), root).unwrap();
+        assert!(!r.intersects(&p));
+        let q = resolve(&format!("{ds}/d/q*.csv"), root).unwrap();
+        assert_eq!(q.files.len(), 1);
+        assert!(!q.intersects(&p), "a glob that misses the private file");
+        // …but a private directory owns every file below it.
+        let dir = resolve(&format!("{ds}/d"), root).unwrap();
+        assert!(q.intersects(&dir));
+        assert!(dir.contains_path(&d.join("d/new.csv")));
+        assert!(dir.contains_path(&d.join("d/sub/deeper/x.csv")));
+        assert!(!dir.contains_path(&d.join("other/x.csv")));
+        assert!(p.contains_path(&d.join("other/../d/p.csv")));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn remote_and_missing_locations_are_errors() {
+        let root = Path::new("/");
+        assert!(matches!(
+            resolve("s3://bucket/x.csv", root),
+            Err(FileError::NotLocal(_))
+        ));
+        assert!(matches!(
+            resolve("http://host/x.csv", root),
+            Err(FileError::NotLocal(_))
+        ));
+        assert!(matches!(
+            resolve("file://otherhost/x.csv", root),
+            Err(FileError::RemoteHost(_))
+        ));
+        assert!(matches!(
+            resolve("/no/such/dpfusion/file.csv", root),
+            Err(FileError::Io { .. })
+        ));
+    }
+}
