@@ -187,11 +187,13 @@ impl Catalog {
     /// The session options the catalog sets.
     pub fn session_options(&self) -> SessionOptions {
         let s = &self.session;
-        let mut o = SessionOptions::default().with_ledger(self.resolve(
-            s.ledger
-                .as_deref()
-                .unwrap_or(Path::new(".dpfusion/ledger.jsonl")),
-        ));
+        let mut o = SessionOptions::default().with_ledger(
+            self.resolve(
+                s.ledger
+                    .as_deref()
+                    .unwrap_or(Path::new(".dpfusion/ledger.jsonl")),
+            ),
+        );
         if let Some(d) = &s.output_dir {
             o = o.with_output_dir(self.resolve(d));
         }
@@ -242,9 +244,7 @@ impl Catalog {
             o => {
                 return Err(err(
                     p,
-                    format!(
-                        "table '{name}': neighbours must be add_remove or replace, got '{o}'"
-                    ),
+                    format!("table '{name}': neighbours must be add_remove or replace, got '{o}'"),
                 ));
             }
         };
@@ -311,8 +311,8 @@ impl Catalog {
                     nullable: c.nullable,
                 })
                 .collect();
-            let schema: SchemaRef = crate::owner::unpin(&pinned)
-                .map_err(|e| err(p, format!("table '{name}': {e}")))?;
+            let schema: SchemaRef =
+                crate::owner::unpin(&pinned).map_err(|e| err(p, format!("table '{name}': {e}")))?;
             reg = reg.schema(Arc::clone(&schema));
         }
         for b in &t.ratio_bounds {
@@ -327,7 +327,10 @@ impl Catalog {
             Some("parquet") => Ok(true),
             Some(o) => Err(err(
                 &self.path,
-                format!("table '{}': format must be csv or parquet, got '{o}'", t.name),
+                format!(
+                    "table '{}': format must be csv or parquet, got '{o}'",
+                    t.name
+                ),
             )),
             None if path.is_dir() => Ok(std::fs::read_dir(path)
                 .map(|d| {
@@ -417,7 +420,10 @@ mod tests {
             AnalystFiles::Under(vec![PathBuf::from("/srv/owner/public")])
         );
         assert_eq!(o.default_delta, 1e-8);
-        assert_eq!(o.owner_paths, vec![PathBuf::from("/srv/owner/dpfusion.toml")]);
+        assert_eq!(
+            o.owner_paths,
+            vec![PathBuf::from("/srv/owner/dpfusion.toml")]
+        );
         let r = c.registration(&c.tables[0]).unwrap();
         assert_eq!(r.neighbours, Neighbours::Replace);
         assert_eq!(r.csv.delimiter, b';');

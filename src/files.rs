@@ -181,10 +181,7 @@ pub fn resolve(location: &str, base: &Path) -> Result<FileSet, FileError> {
                 glob::Pattern::escape(&root.to_string_lossy()),
                 r.to_string_lossy()
             );
-            Some(
-                glob::Pattern::new(&text)
-                    .map_err(|_| FileError::BadGlob(location.to_string()))?,
-            )
+            Some(glob::Pattern::new(&text).map_err(|_| FileError::BadGlob(location.to_string()))?)
         }
         None => None,
     };
@@ -290,7 +287,8 @@ impl FileSet {
         }
         let ids = |s: &FileSet| -> Vec<FileId> { s.files.iter().chain(&s.dirs).cloned().collect() };
         let (a, b) = (ids(self), ids(other));
-        a.iter().any(|x| b.iter().any(|y| x.same_inode(y) || x.path == y.path))
+        a.iter()
+            .any(|x| b.iter().any(|y| x.same_inode(y) || x.path == y.path))
     }
 
     /// True when `path` (canonicalised as far as it exists) is this set's root, lies below a
@@ -303,7 +301,10 @@ impl FileSet {
         match std::fs::metadata(&canon) {
             Ok(m) => {
                 let id = FileId::of(canon, &m);
-                self.files.iter().chain(&self.dirs).any(|f| f.same_inode(&id))
+                self.files
+                    .iter()
+                    .chain(&self.dirs)
+                    .any(|f| f.same_inode(&id))
             }
             Err(_) => false,
         }

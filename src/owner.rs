@@ -235,7 +235,9 @@ impl Protection {
     /// Refuses a write target that is protected, or any file directly in the ledger's directory
     /// (where the ledger keeps its sidecar and temporaries).
     pub fn check_write(&self, target: &Path) -> Result<()> {
-        let parent = target.parent().map(|p| std::fs::canonicalize(p).unwrap_or(p.to_path_buf()));
+        let parent = target
+            .parent()
+            .map(|p| std::fs::canonicalize(p).unwrap_or(p.to_path_buf()));
         if parent.is_some() && parent == self.ledger_dir {
             return plan_err!(
                 "dpfusion refused the query: COPY ... TO '{}' would write into the ledger's \

@@ -24,9 +24,9 @@ use crate::accounting::{
 };
 use crate::accounting::{DEFAULT_DELTA_SHARE, FilterChoice};
 pub use crate::guard::table::RatioBound;
+use crate::guard::{self, DpCall, GuardedTable, TableInfo};
 pub use crate::owner::CsvFormat;
 use crate::owner::{Protection, Role};
-use crate::guard::{self, DpCall, GuardedTable, TableInfo};
 use crate::statements::{self, named_args::resolve_named_arguments};
 
 /// The default memory limit of a query (4 GiB).
@@ -338,21 +338,22 @@ impl PrivateSession {
         ));
         if let Some(dir) = &options.output_dir {
             // The output directory must hold no private file and none of the owner's.
-            let set = crate::files::resolve(&dir.to_string_lossy(), Path::new(".")).map_err(
-                |e| {
+            let set =
+                crate::files::resolve(&dir.to_string_lossy(), Path::new(".")).map_err(|e| {
                     DataFusionError::Plan(format!(
                         "the output directory {} cannot be used: {e}",
                         dir.display()
                     ))
-                },
-            )?;
-            protection.check_read(&set, None, Role::Analyst).map_err(|_| {
-                DataFusionError::Plan(format!(
-                    "the output directory {} holds or lies inside a private table's files, the \
+                })?;
+            protection
+                .check_read(&set, None, Role::Analyst)
+                .map_err(|_| {
+                    DataFusionError::Plan(format!(
+                        "the output directory {} holds or lies inside a private table's files, the \
                      ledger or the catalog; choose a directory of its own",
-                    dir.display()
-                ))
-            })?;
+                        dir.display()
+                    ))
+                })?;
         }
         let session = Self {
             ctx,
@@ -967,11 +968,7 @@ impl PrivateSession {
         self.check_not_owned(&name, "CREATE EXTERNAL TABLE")?;
         let mut sets = Vec::new();
         for location in &c.locations {
-            let set = crate::files::resolve(location, Path::new(".")).map_err(|e| {
-                DataFusionError::Plan(format!("dpfusion refused the registration: {e}"))
-            })?;
-            self.check_analyst_files(&set)?;
-            sets.push(set);
+            sets.push(self.analyst_file_set(location)?);
         }
         let tmp = SessionContext::new();
         let plan = tmp
@@ -983,13 +980,11 @@ impl PrivateSession {
         // The provider lists its files again at every scan: check them again then, so a file
         // that appears later under the location cannot be a private one.
         let protection = self.protection.clone();
+        let allowed = self.options.analyst_files.clone();
         let locations = c.locations.clone();
         let recheck: crate::guard::table::Recheck = Arc::new(move || {
             for location in &locations {
-                let set = crate::files::resolve(location, Path::new(".")).map_err(|e| {
-                    DataFusionError::Plan(format!("dpfusion refused the query: {e}"))
-                })?;
-                protection.check_read(&set, None, Role::Analyst)?;
+                analyst_file_set(location, &allowed, &protection)?;
             }
             Ok(())
         });
@@ -1012,16 +1007,33 @@ impl PrivateSession {
         Ok(QueryResult::of(vec![batch.clone()], batch.schema()))
     }
 
-    /// Analyst SQL may register `set` only if the owner allows its files and none is protected.
-    fn check_analyst_files(&self, set: &crate::files::FileSet) -> Result<()> {
-        match &self.options.analyst_files {
+    /// The file set of a location analyst SQL names, if the owner allows its files and none is
+    /// protected. Outside the allowed directories nothing is resolved in the message: whether a
+    /// path exists there is not the analyst's to learn.
+    fn analyst_file_set(&self, location: &str) -> Result<crate::files::FileSet> {
+        analyst_file_set(location, &self.options.analyst_files, &self.protection)
+    }
+}
+
+/// [`PrivateSession::analyst_file_set`], for the check before every scan too.
+fn analyst_file_set(
+    location: &str,
+    analyst_files: &AnalystFiles,
+    protection: &Protection,
+) -> Result<crate::files::FileSet> {
+    {
+        let resolve = || {
+            crate::files::resolve(location, Path::new(".")).map_err(|e| {
+                DataFusionError::Plan(format!("dpfusion refused the registration: {e}"))
+            })
+        };
+        let set = match analyst_files {
             AnalystFiles::None => {
                 return plan_err!(
-                    "dpfusion refused the registration of '{}': in this session the data owner \
-                     lets analyst SQL register no file. Query the tables the owner declared \
-                     (\\d lists them), or ask the owner to add the file to the catalog, or to \
-                     list its directory in analyst_read_dirs.",
-                    set.location
+                    "dpfusion refused the registration of '{location}': in this session the data \
+                     owner lets analyst SQL register no file. Query the tables the owner \
+                     declared (SHOW TABLES, \\d), or ask the owner to add the file to the \
+                     catalog, or to list its directory in analyst_read_dirs."
                 );
             }
             AnalystFiles::Under(dirs) => {
@@ -1029,27 +1041,36 @@ impl PrivateSession {
                     .iter()
                     .filter_map(|d| std::fs::canonicalize(d).ok())
                     .collect();
+                let outside = || {
+                    plan_err!(
+                        "dpfusion refused the registration of '{location}': analyst SQL may \
+                         register existing files only below {}",
+                        dirs.iter()
+                            .map(|d| d.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                let Ok(set) = resolve() else {
+                    return outside();
+                };
                 let inside = |p: &Path| dirs.iter().any(|d| p.starts_with(d));
                 let all_inside = inside(&set.root)
                     && set.files.iter().all(|f| inside(&f.path))
                     && set.dirs.iter().all(|f| inside(&f.path));
                 if !all_inside {
-                    return plan_err!(
-                        "dpfusion refused the registration of '{}': analyst SQL may register \
-                         files only below {}",
-                        set.location,
-                        dirs.iter()
-                            .map(|d| d.display().to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    );
+                    return outside();
                 }
+                set
             }
-            AnalystFiles::Anywhere => {}
-        }
-        self.protection.check_read(set, None, Role::Analyst)
+            AnalystFiles::Anywhere => resolve()?,
+        };
+        protection.check_read(&set, None, Role::Analyst)?;
+        Ok(set)
     }
+}
 
+impl PrivateSession {
     /// Analyst SQL cannot replace, shadow or drop a table the data owner registered.
     fn check_not_owned(&self, name: &str, what: &str) -> Result<()> {
         if self

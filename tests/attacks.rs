@@ -381,7 +381,10 @@ async fn dropping_and_recreating_a_table_does_not_reset_its_budget() {
     let spent = s.budget()[0].spent;
     // Analyst SQL cannot drop the owner's table, nor register its file again.
     let err = s.sql("DROP TABLE p").await.unwrap_err();
-    assert!(err.to_string().contains("cannot replace, shadow or drop"), "{err}");
+    assert!(
+        err.to_string().contains("cannot replace, shadow or drop"),
+        "{err}"
+    );
     let create = format!(
         "CREATE EXTERNAL TABLE p2 STORED AS CSV LOCATION '{}' OPTIONS ('format.has_header' 'true')",
         loc.display()

@@ -165,7 +165,12 @@ pub(super) fn reconcile(
     )))
 }
 
-fn conflict_message(e: &TablePolicy, req: &TablePolicy, changes: &[Change], ledger: &Path) -> String {
+fn conflict_message(
+    e: &TablePolicy,
+    req: &TablePolicy,
+    changes: &[Change],
+    ledger: &Path,
+) -> String {
     let weaker: Vec<&str> = changes
         .iter()
         .filter(|c| !c.stricter)

@@ -383,7 +383,10 @@ fn policy_conflicts() {
     let mut public = private(key, "salaries", 1.0);
     public.visibility = Visibility::Public;
     let m = conflict(public.clone());
-    assert!(m.contains("visibility private → public") && m.contains(key), "{m}");
+    assert!(
+        m.contains("visibility private → public") && m.contains(key),
+        "{m}"
+    );
     assert!(m.contains("relax"), "{m}");
     let m = conflict(private(key, "salaries", 2.0));
     assert!(m.contains("budget ε 1 → 2"), "{m}");
@@ -430,7 +433,11 @@ fn policy_conflicts() {
             .is_some_and(|r| r.contains("approved by the review board") && r.contains("0.8 → 1")),
         "{relaxed:?}"
     );
-    assert!(fs::read_to_string(&path).unwrap().contains("approved by the review board"));
+    assert!(
+        fs::read_to_string(&path)
+            .unwrap()
+            .contains("approved by the review board")
+    );
 
     // The owner may raise the budget and make the table public; both survive a restart.
     acc.owner_set_policy(private(key, "salaries", 2.0), "more budget")
@@ -438,7 +445,10 @@ fn policy_conflicts() {
     drop(acc);
     let acc = Accountant::open(&path).unwrap();
     assert_eq!(acc.budget_rows()[0].epsilon, 2.0);
-    assert!(acc.owner_set_policy(public.clone(), " ").is_err(), "a reason is needed");
+    assert!(
+        acc.owner_set_policy(public.clone(), " ").is_err(),
+        "a reason is needed"
+    );
     acc.owner_set_policy(public.clone(), "published").unwrap();
     assert!(acc.budget_rows().is_empty());
     // Public tables are not charged.
@@ -660,10 +670,11 @@ fn filter_is_fixed_at_registration() {
         panic!("{:?}", p.filter)
     };
     assert!(a > 1.0);
-    let conflict = |p: TablePolicy, stated: FilterChoice| match acc.register_table_with(p, stated, None) {
-        Err(AccountingError::PolicyConflict(m)) => m,
-        other => panic!("{other:?}"),
-    };
+    let conflict =
+        |p: TablePolicy, stated: FilterChoice| match acc.register_table_with(p, stated, None) {
+            Err(AccountingError::PolicyConflict(m)) => m,
+            other => panic!("{other:?}"),
+        };
     let all = FilterChoice {
         kind: true,
         delta_share: true,
@@ -682,7 +693,10 @@ fn filter_is_fixed_at_registration() {
     let mut more_share = rdp.clone();
     more_share.delta_share = 0.9;
     let m = conflict(more_share, all);
-    assert!(m.contains("δ share for partition selection 0.5 → 0.9"), "{m}");
+    assert!(
+        m.contains("δ share for partition selection 0.5 → 0.9"),
+        "{m}"
+    );
     // A smaller share is a change too (it changes how past charges count).
     let mut less_share = rdp.clone();
     less_share.delta_share = 0.1;

@@ -223,7 +223,11 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
         );
     };
     let mut out = format!("Table {name}: {}\n", policy(name, info.private));
-    if let Some((p, by)) = session.policies().into_iter().find(|(p, _)| p.name == *name) {
+    if let Some((p, by)) = session
+        .policies()
+        .into_iter()
+        .find(|(p, _)| p.name == *name)
+    {
         let who = match by.as_str() {
             "owner" => "the data owner",
             "analyst" => "analyst SQL",
