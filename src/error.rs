@@ -1,13 +1,114 @@
-//! The errors an embedder can match (reachable through `DataFusionError::External`).
+//! The errors an embedder can match. Every error of [`crate::PrivateSession`] that dpfusion
+//! itself decides is a [`DataFusionError::External`] holding an [`Error`]; [`Error::of`] finds it:
+//!
+//! ```ignore
+//! match session.sql(q).await {
+//!     Err(e) => match dpfusion::Error::of(&e) {
+//!         Some(dpfusion::Error::BudgetExceeded { table, remaining, .. }) => { /* … */ }
+//!         Some(dpfusion::Error::Refused(why)) => { /* … */ }
+//!         _ => { /* … */ }
+//!     },
+//!     Ok(r) => { /* … */ }
+//! }
+//! ```
+use datafusion::common::DataFusionError;
+
+use crate::accounting::{AccountingError, Budget, Limit};
 use crate::session::EXECUTION_FAILED;
 
 /// A typed dpfusion error.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The guard or the session refused the statement: a construct outside the private
+    /// fragment, a policy option in SQL, a forbidden file. Nothing was charged or read. The
+    /// message says what to do instead.
+    #[error("{0}")]
+    Refused(String),
+    /// Admitting the query would exceed a table's budget. Nothing was charged or read.
+    #[error("dpfusion refused the query: {message}")]
+    BudgetExceeded {
+        /// The table whose budget binds.
+        table: String,
+        /// ε of the refused charge alone, under the table's filter.
+        cost: f64,
+        /// ε spent so far.
+        spent: f64,
+        /// ε left.
+        remaining: f64,
+        /// The table's budget.
+        budget: Budget,
+        /// Which side of the filter binds (ε, the δ of partition selection, or a mechanism
+        /// the filter cannot account for).
+        limit: Limit,
+        /// The full message.
+        message: String,
+    },
+    /// The SQL or an argument is invalid (a name that does not exist, a type, a DP function's
+    /// parameter). Nothing was charged or read.
+    #[error("{0}")]
+    Invalid(String),
+    /// A registration conflicts with the policy the ledger holds (the data owner's side).
+    #[error("{0}")]
+    Policy(String),
     /// A query that reads a private table failed after it was admitted. Its charge stands; the
     /// cause is not shown because it could depend on the data.
     #[error("{}", EXECUTION_FAILED)]
     ExecutionFailed,
+}
+
+impl Error {
+    /// The dpfusion error inside a DataFusion error, if there is one.
+    pub fn of(e: &DataFusionError) -> Option<&Error> {
+        match e {
+            DataFusionError::External(b) => b.downcast_ref::<Error>(),
+            DataFusionError::Context(_, inner) => Self::of(inner),
+            DataFusionError::Shared(inner) => Self::of(inner),
+            _ => None,
+        }
+    }
+
+    /// Wraps a DataFusion error of a statement as a typed one: refusals, budget refusals and
+    /// invalid input get their kind; other errors (I/O of public tables, …) stay as they are.
+    pub(crate) fn classify(e: DataFusionError) -> DataFusionError {
+        if Self::of(&e).is_some() {
+            return e;
+        }
+        let typed = match e {
+            DataFusionError::Plan(m) if m.starts_with("dpfusion refused") => Error::Refused(m),
+            DataFusionError::Plan(m) => Error::Invalid(m),
+            DataFusionError::SQL(..) | DataFusionError::SchemaError(..) => {
+                Error::Invalid(e.to_string())
+            }
+            other => return other,
+        };
+        DataFusionError::External(Box::new(typed))
+    }
+
+    /// The typed error of an accounting refusal.
+    pub(crate) fn from_accounting(e: AccountingError) -> DataFusionError {
+        let typed = match e {
+            AccountingError::BudgetExceeded {
+                ref table,
+                cost,
+                spent,
+                remaining,
+                budget,
+                ref why,
+                ..
+            } => Error::BudgetExceeded {
+                table: table.clone(),
+                cost,
+                spent,
+                remaining,
+                budget,
+                limit: why.limit.clone(),
+                message: e.to_string(),
+            },
+            AccountingError::PolicyConflict(m) => Error::Policy(m),
+            other => return DataFusionError::External(Box::new(other)),
+        };
+        DataFusionError::External(Box::new(typed))
+    }
 }
 
 /// The command line's panic hook: a panic's message could quote a value of a private row (an

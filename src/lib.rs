@@ -5,6 +5,10 @@
 //! charged to a per-table budget in a durable ledger before any row is read, and a query is
 //! refused once a table's budget would be exceeded. See README.md, docs/PRIVACY.md, docs/SQL.md
 //! and docs/ARCHITECTURE.md.
+//!
+//! The smallest complete program (`examples/embed.rs`, run as this crate's doc test):
+//!
+#![doc = concat!("```rust\n", include_str!("../examples/embed.rs"), "\n```")]
 pub mod accounting;
 pub mod catalog;
 pub mod cli;
@@ -20,4 +24,9 @@ pub mod session;
 pub mod statements;
 
 pub use dpfusion_udfs;
+pub use error::Error;
+/// The DataFusion this crate is built on (use it instead of pinning `datafusion` yourself).
+pub use datafusion;
+/// Arrow, as DataFusion re-exports it.
+pub use datafusion::arrow;
 pub use session::{AnalystFiles, PrivateSession, QueryResult, Registration, SessionOptions};

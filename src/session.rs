@@ -537,7 +537,7 @@ impl PrivateSession {
         let policy = self
             .accountant
             .register_table_with(policy, stated, reg.relax.as_deref())
-            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+            .map_err(crate::error::Error::from_accounting)?;
         let info = TableInfo {
             name: name.clone(),
             key,
@@ -615,8 +615,15 @@ impl PrivateSession {
         self.accountant.ledger_entries()
     }
 
-    /// Runs one SQL statement.
+    /// Runs one SQL statement. Errors that dpfusion decides are typed: [`crate::Error::of`]
+    /// tells a refusal, a budget refusal, invalid input and a failed execution apart.
     pub async fn sql(&self, sql: &str) -> Result<QueryResult> {
+        self.sql_statement(sql)
+            .await
+            .map_err(crate::error::Error::classify)
+    }
+
+    async fn sql_statement(&self, sql: &str) -> Result<QueryResult> {
         let trimmed = sql.trim().trim_end_matches(';').trim();
         check_complexity(trimmed)?;
         if let Some(rest) = strip_prefix_ci(trimmed, &["EXPLAIN", "PRIVACY"]) {
@@ -659,8 +666,11 @@ impl PrivateSession {
     /// plan that would run (with the guard's rewrites) and the DP calls it would make.
     pub async fn check(&self, sql: &str) -> Result<guard::Guarded> {
         let trimmed = sql.trim().trim_end_matches(';').trim();
-        check_complexity(trimmed)?;
-        Ok(self.plan_query(trimmed).await?.0)
+        let run = async {
+            check_complexity(trimmed)?;
+            Ok(self.plan_query(trimmed).await?.0)
+        };
+        run.await.map_err(crate::error::Error::classify)
     }
 
     /// Plans (and optimizes and guards) a query without running it.
@@ -863,7 +873,7 @@ impl PrivateSession {
         let receipt = self
             .accountant
             .admit(sql, &charges)
-            .map_err(|e| DataFusionError::Plan(format!("dpfusion refused the query: {e}")))?;
+            .map_err(crate::error::Error::from_accounting)?;
         Ok(Some(receipt))
     }
 

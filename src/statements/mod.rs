@@ -262,6 +262,7 @@ pub fn error_block(stmt: &str, e: &DataFusionError) -> String {
     let msg = e.to_string();
     let msg = msg
         .strip_prefix("Error during planning: ")
+        .or_else(|| msg.strip_prefix("External error: "))
         .unwrap_or(&msg)
         .to_string();
     let first = stmt.lines().next().unwrap_or("").trim();
