@@ -63,6 +63,7 @@ impl Error {
             DataFusionError::External(b) => b.downcast_ref::<Error>(),
             DataFusionError::Context(_, inner) => Self::of(inner),
             DataFusionError::Shared(inner) => Self::of(inner),
+            DataFusionError::Diagnostic(_, inner) => Self::of(inner),
             _ => None,
         }
     }
@@ -74,11 +75,12 @@ impl Error {
             return e;
         }
         let typed = match e {
+            DataFusionError::Diagnostic(_, inner) => return Self::classify(*inner),
             DataFusionError::Plan(m) if m.starts_with("dpfusion refused") => Error::Refused(m),
             DataFusionError::Plan(m) => Error::Invalid(m),
-            DataFusionError::SQL(..) | DataFusionError::SchemaError(..) => {
-                Error::Invalid(e.to_string())
-            }
+            DataFusionError::SQL(..)
+            | DataFusionError::SchemaError(..)
+            | DataFusionError::NotImplemented(_) => Error::Invalid(e.to_string()),
             other => return other,
         };
         DataFusionError::External(Box::new(typed))

@@ -436,3 +436,57 @@ async fn group_by_private_keys_charges_partition_selection() {
     let n: usize = r.batches.iter().map(|b| b.num_rows()).sum();
     assert!(n <= 4);
 }
+
+/// Every kind of dpfusion error can be matched without reading its text.
+#[tokio::test]
+async fn errors_are_typed() {
+    use dpfusion::Error;
+    let dir = temp_dir("typed");
+    let s = session(&dir, 1.0).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let kind = |e: &datafusion::error::DataFusionError| match Error::of(e) {
+        Some(Error::Refused(_)) => "refused",
+        Some(Error::BudgetExceeded { .. }) => "budget",
+        Some(Error::Invalid(_)) => "invalid",
+        Some(Error::Policy(_)) => "policy",
+        Some(Error::ExecutionFailed) => "failed",
+        None => "untyped",
+    };
+    let e = s.sql("SELECT * FROM people").await.unwrap_err();
+    assert_eq!(kind(&e), "refused", "{e}");
+    let e = s
+        .sql("SELECT dp_count(age, epsilon => 5.0) FROM people")
+        .await
+        .unwrap_err();
+    assert_eq!(kind(&e), "budget", "{e}");
+    match Error::of(&e) {
+        Some(Error::BudgetExceeded {
+            table,
+            budget,
+            limit,
+            ..
+        }) => {
+            assert_eq!(table, "people");
+            assert_eq!(budget.epsilon, 1.0);
+            assert_eq!(*limit, dpfusion::accounting::Limit::Epsilon);
+        }
+        other => panic!("{other:?}"),
+    }
+    let e = s
+        .sql("SELECT dp_count(nope, 0.1) FROM people")
+        .await
+        .unwrap_err();
+    assert_eq!(kind(&e), "invalid", "{e}");
+    let e = s
+        .sql("SELECT dp_mean(age, 10, 0, 0.1) FROM people")
+        .await
+        .unwrap_err();
+    assert_eq!(kind(&e), "invalid", "{e}");
+    let e = s
+        .register_csv("p2", people_csv(), Registration::public())
+        .await
+        .unwrap_err();
+    assert_eq!(kind(&e), "policy", "{e}");
+}
