@@ -23,10 +23,10 @@ pub mod repl;
 pub mod session;
 pub mod statements;
 
-pub use dpfusion_udfs;
-pub use error::Error;
 /// The DataFusion this crate is built on (use it instead of pinning `datafusion` yourself).
 pub use datafusion;
 /// Arrow, as DataFusion re-exports it.
 pub use datafusion::arrow;
+pub use dpfusion_udfs;
+pub use error::Error;
 pub use session::{AnalystFiles, PrivateSession, QueryResult, Registration, SessionOptions};
