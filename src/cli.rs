@@ -390,7 +390,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                     }
                 }
                 Err(e) if stmt.expect_error => {
-                    println!("{}", crate::statements::error_block(&stmt.sql, &e));
+                    crate::repl::out(&crate::statements::error_block(&stmt.sql, &e));
                 }
                 Err(e) => {
                     eprintln!("{}", crate::statements::error_block(&stmt.sql, &e));

@@ -1,5 +1,8 @@
 //! Output formats for query results: an aligned table, CSV or JSON (an array of objects).
-use datafusion::arrow::array::RecordBatch;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 
@@ -45,6 +48,17 @@ pub fn render(
             }
         }
         OutputFormat::Csv => {
+            // CSV has no nested values: a struct or list cell (a model, rgm_mean_by's groups) is
+            // written as its JSON text.
+            let flat: Vec<RecordBatch> = batches
+                .iter()
+                .map(nested_as_json)
+                .collect::<Result<_, _>>()?;
+            let batches = &flat[..];
+            let schema = &match flat.first() {
+                Some(b) => b.schema(),
+                None => nested_as_json(&RecordBatch::new_empty(schema.clone()))?.schema(),
+            };
             let mut buf = Vec::new();
             {
                 let mut w = datafusion::arrow::csv::WriterBuilder::new()
@@ -70,5 +84,87 @@ pub fn render(
             let s = String::from_utf8_lossy(&buf).to_string();
             Ok(if s.is_empty() { "[]".to_string() } else { s })
         }
+    }
+}
+
+fn is_nested(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Struct(_)
+            | DataType::List(_)
+            | DataType::LargeList(_)
+            | DataType::FixedSizeList(..)
+            | DataType::Map(..)
+    )
+}
+
+/// `batch` with every nested column replaced by a Utf8 column of its values' JSON text.
+fn nested_as_json(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| is_nested(f.data_type()))
+    {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::new();
+    let mut cols: Vec<ArrayRef> = Vec::new();
+    for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
+        if !is_nested(f.data_type()) {
+            fields.push(f.as_ref().clone());
+            cols.push(c.clone());
+            continue;
+        }
+        let one = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("v", f.data_type().clone(), true)])),
+            vec![c.clone()],
+        )?;
+        let mut buf = Vec::new();
+        {
+            let mut w = datafusion::arrow::json::LineDelimitedWriter::new(&mut buf);
+            w.write(&one)?;
+            w.finish()?;
+        }
+        let text = String::from_utf8_lossy(&buf);
+        let values: Vec<Option<String>> = text
+            .lines()
+            .map(|line| {
+                serde_json::from_str::<serde_json::Value>(line)
+                    .ok()
+                    .and_then(|v| v.get("v").map(|x| x.to_string()))
+            })
+            .collect();
+        fields.push(Field::new(f.name(), DataType::Utf8, true));
+        cols.push(Arc::new(StringArray::from(values)));
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Array, Float64Array, StructArray};
+
+    #[test]
+    fn nested_cells_are_json_text_in_csv() {
+        let model = StructArray::from(vec![(
+            Arc::new(Field::new("intercept", DataType::Float64, false)),
+            Arc::new(Float64Array::from(vec![1.5])) as ArrayRef,
+        )]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("n", DataType::Float64, false),
+            Field::new("model", model.data_type().clone(), true),
+        ]));
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Float64Array::from(vec![2.0])), Arc::new(model)],
+        )
+        .unwrap();
+        let s = render(&[b], &schema, OutputFormat::Csv).unwrap();
+        assert_eq!(s, "n,model\n2.0,\"{\"\"intercept\"\":1.5}\"");
+        // An empty nested result still prints its header.
+        let s = render(&[], &schema, OutputFormat::Csv).unwrap();
+        assert_eq!(s, "n,model");
     }
 }

@@ -36,14 +36,41 @@ Ctrl-C cancels the current input, or the running query (a query already charged 
 /// (stderr, whatever the format, so that stdout stays parseable). A statement with no rows to
 /// show (`CREATE TABLE ... AS SELECT <DP query>`) still prints its receipt.
 pub fn print_result(r: &QueryResult, format: OutputFormat, quiet: bool) -> Result<(), String> {
+    let mut failed = None;
     if !(r.schema.fields().is_empty() && r.batches.is_empty()) {
-        let s = render(&r.batches, &r.schema, format).map_err(|e| e.to_string())?;
-        println!("{s}");
+        // A charged release always reaches the analyst: if the format cannot show it, JSON
+        // can (every Arrow type has a JSON form).
+        let s = render(&r.batches, &r.schema, format)
+            .or_else(|e| {
+                render(&r.batches, &r.schema, OutputFormat::Json).map_err(|_| e.to_string())
+            })
+            .unwrap_or_else(|e| {
+                failed = Some(e);
+                String::new()
+            });
+        if failed.is_none() {
+            out(&s);
+        }
     }
     if !quiet && let Some(rcpt) = &r.receipt {
         eprintln!("{}", receipt_line(rcpt));
     }
-    Ok(())
+    match failed {
+        Some(e) => Err(format!("the result cannot be printed: {e}")),
+        None => Ok(()),
+    }
+}
+
+/// Prints a line to stdout; a closed pipe (`dpfusion … | head`) ends the program quietly.
+pub fn out(s: &str) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = writeln!(o, "{s}").and_then(|_| o.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("dpfusion: cannot write the output: {e}");
+    }
 }
 
 struct Repl {
