@@ -171,6 +171,15 @@ impl Cli {
             }
             i += 1;
         }
+        // A bad value is a bad command line (exit status 2), not a failed session.
+        let b = cli.session_options().default_budget;
+        crate::accounting::check_new_budget(&b).map_err(|e| {
+            format!(
+                "--epsilon {} --delta {:e}: {e}",
+                cli.epsilon.unwrap_or(b.epsilon),
+                b.delta
+            )
+        })?;
         if cli.catalog.is_some() {
             let owner_flags = [
                 ("--epsilon", cli.epsilon.is_some()),
@@ -454,5 +463,30 @@ mod tests {
         assert!(Cli::parse(&args(&["--filter", "pld"])).is_err());
         assert!(Cli::parse(&args(&["--delta-share", "1"])).is_err());
         assert!(HELP.contains("--filter") && HELP.contains("--delta-share"));
+    }
+
+    #[test]
+    fn bad_budgets_and_owner_flags_in_catalog_mode_are_bad_command_lines() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let e = Cli::parse(&args(&["--delta", "0.5"])).unwrap_err();
+        assert!(e.contains("far below 1/n"), "{e}");
+        let e = Cli::parse(&args(&["--epsilon", "-1"])).unwrap_err();
+        assert!(e.contains("epsilon"), "{e}");
+        assert!(Cli::parse(&args(&["--delta", "1e-3"])).is_ok());
+        let e = Cli::parse(&args(&[
+            "--catalog",
+            "c.toml",
+            "--epsilon",
+            "5",
+            "--ledger",
+            "l",
+        ]))
+        .unwrap_err();
+        assert!(
+            e.contains("--epsilon, --ledger") && e.contains("catalog"),
+            "{e}"
+        );
+        let e = Cli::parse(&args(&["--catalog", "c.toml", "--private", "t=x.csv"])).unwrap_err();
+        assert!(e.contains("--private"), "{e}");
     }
 }

@@ -309,7 +309,7 @@ fn external(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionErro
 impl PrivateSession {
     /// Opens a session on the ledger named in `options` (replaying it).
     pub async fn open(options: SessionOptions) -> Result<Self> {
-        crate::accounting::check_budget(&options.default_budget)
+        crate::accounting::check_new_budget(&options.default_budget)
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
         let accountant = Arc::new(Accountant::open(&options.ledger_path).map_err(external)?);
         let mut config = SessionConfig::new().with_information_schema(false);

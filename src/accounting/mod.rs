@@ -83,6 +83,28 @@ pub fn check_budget(b: &Budget) -> Result<(), AccountingError> {
         .map_err(|e| AccountingError::InvalidBudget(format!("table budget: {e}")))
 }
 
+/// The largest δ a table's budget may have. δ is the probability that the guarantee fails
+/// outright: a mechanism may publish one person's row with probability δ, so δ must be far below
+/// 1/n (the usual advice is δ ≪ 1/n; 1e-6 for a million rows). A δ of 0.5 would make every
+/// Gaussian release look almost free in ε while protecting nobody; the bound refuses such
+/// budgets instead of reporting a meaningless ε.
+pub const MAX_TABLE_DELTA: f64 = 1e-3;
+
+/// [`check_budget`], and δ ≤ [`MAX_TABLE_DELTA`]: the rule for a new table budget (a ledger
+/// written before the bound keeps its budgets).
+pub fn check_new_budget(b: &Budget) -> Result<(), AccountingError> {
+    check_budget(b)?;
+    if b.delta > MAX_TABLE_DELTA {
+        return Err(AccountingError::InvalidBudget(format!(
+            "table budget: delta = {:e} is above {MAX_TABLE_DELTA:e}. δ is the chance that the \
+             guarantee fails outright (a release may expose one person's row with probability \
+             δ), so it must be far below 1/n, the inverse of the number of rows: use e.g. 1e-6",
+            b.delta
+        )));
+    }
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Visibility {
@@ -530,7 +552,7 @@ impl Accountant {
         stated: FilterChoice,
         relax: Option<&str>,
     ) -> Result<TablePolicy, AccountingError> {
-        check_budget(&policy.budget)?;
+        check_new_budget(&policy.budget)?;
         policy.relaxed = None;
         let mut st = self.state();
         if policy.key.is_session_local() {

@@ -117,7 +117,11 @@ fn nested_as_json(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
             continue;
         }
         let one = RecordBatch::try_new(
-            Arc::new(Schema::new(vec![Field::new("v", f.data_type().clone(), true)])),
+            Arc::new(Schema::new(vec![Field::new(
+                "v",
+                f.data_type().clone(),
+                true,
+            )])),
             vec![c.clone()],
         )?;
         let mut buf = Vec::new();
