@@ -149,9 +149,25 @@ fn unknown_table(name: &str) -> TableInfo {
 
 fn table_info(scan: &datafusion::logical_expr::TableScan) -> Option<TableInfo> {
     let provider = source_as_provider(&scan.source).ok()?;
-    provider
-        .downcast_ref::<GuardedTable>()
-        .map(|g| g.info().clone())
+    if let Some(g) = provider.downcast_ref::<GuardedTable>() {
+        return Some(g.info().clone());
+    }
+    // The built-in table functions that read no data (generate_series, range) are public.
+    if provider
+        .downcast_ref::<datafusion::functions_table::generate_series::GenerateSeriesTable>()
+        .is_some()
+    {
+        let name = scan.table_name.to_string();
+        return Some(TableInfo {
+            key: crate::accounting::TableKey::from(format!("system:{name}")),
+            name,
+            private: false,
+            neighbours: Neighbours::AddRemove,
+            public_columns: vec![],
+            ratio_bounds: vec![],
+        });
+    }
+    None
 }
 
 fn aggregate_function(e: &Expr) -> Option<&AggregateFunction> {
