@@ -52,8 +52,8 @@ pub struct TableSection {
     pub name: String,
     /// A file or a directory (every file below it, now and later, belongs to the table).
     pub path: PathBuf,
-    /// `csv` or `parquet` (default: from the extension; a directory is `csv` unless it holds
-    /// `.parquet` files).
+    /// `csv` or `parquet` (default: from the extension; a directory is `parquet` when it holds
+    /// `.parquet` files, else `csv`).
     pub format: Option<String>,
     /// `private` (default) or `public`.
     pub visibility: Option<String>,
@@ -332,18 +332,7 @@ impl Catalog {
                     t.name
                 ),
             )),
-            None if path.is_dir() => Ok(std::fs::read_dir(path)
-                .map(|d| {
-                    d.flatten().any(|e| {
-                        e.path()
-                            .extension()
-                            .is_some_and(|x| x.eq_ignore_ascii_case("parquet"))
-                    })
-                })
-                .unwrap_or(false)),
-            None => Ok(path
-                .extension()
-                .is_some_and(|x| x.eq_ignore_ascii_case("parquet"))),
+            None => Ok(crate::owner::is_parquet(path)),
         }
     }
 

@@ -322,12 +322,7 @@ async fn register_tables(session: &PrivateSession, cli: &Cli) -> Result<(), Stri
             Some(r) => reg.relax(r.clone()),
             None => reg,
         };
-        let is_parquet = path
-            .extension()
-            .map(|e| e.eq_ignore_ascii_case("parquet"))
-            .unwrap_or(false)
-            || path.is_dir();
-        let r = if is_parquet {
+        let r = if crate::owner::is_parquet(path) {
             session.register_parquet(name, path, reg).await
         } else {
             session.register_csv(name, path, reg).await

@@ -65,6 +65,25 @@ impl CsvFormat {
     }
 }
 
+/// Whether a path holds Parquet: a `.parquet` file, or a directory with a `.parquet` file below
+/// it (else CSV).
+pub fn is_parquet(path: &Path) -> bool {
+    if !path.is_dir() {
+        return path
+            .extension()
+            .is_some_and(|x| x.eq_ignore_ascii_case("parquet"));
+    }
+    crate::files::resolve(&path.to_string_lossy(), Path::new("."))
+        .map(|set| {
+            set.files.iter().any(|f| {
+                f.path
+                    .extension()
+                    .is_some_and(|x| x.eq_ignore_ascii_case("parquet"))
+            })
+        })
+        .unwrap_or(false)
+}
+
 /// The pinned form of a schema.
 pub fn pin(schema: &Schema) -> Vec<PinnedColumn> {
     schema

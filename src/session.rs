@@ -449,6 +449,12 @@ impl PrivateSession {
                 crate::owner::parquet_provider(&set.root, schema.as_deref()).await?
             }
         };
+        if provider.schema().fields().is_empty() {
+            return plan_err!(
+                "table '{name}': '{location}' has no columns (an empty file?). A CSV file needs \
+                 a header line, or declare the columns in the catalog ([[table.columns]])"
+            );
+        }
         reg.schema = Some(provider.schema());
         let format_text = match format {
             FileFormat::Csv => reg.csv.describe(),

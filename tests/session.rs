@@ -490,3 +490,25 @@ async fn errors_are_typed() {
         .unwrap_err();
     assert_eq!(kind(&e), "policy", "{e}");
 }
+
+/// A directory of CSV files is CSV; an empty file is refused with what to do.
+#[tokio::test]
+async fn csv_directories_and_empty_files() {
+    let dir = temp_dir("csvdir");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::copy(people_csv(), data.join("a.csv")).unwrap();
+    assert!(!dpfusion::owner::is_parquet(&data));
+    let s = session(&dir, 1.0).await;
+    s.register_csv("d", &data, Registration::private())
+        .await
+        .unwrap();
+    s.sql("SELECT dp_count(age, 0.1) FROM d").await.unwrap();
+    let empty = dir.join("empty.csv");
+    std::fs::write(&empty, "").unwrap();
+    let e = s
+        .register_csv("e", &empty, Registration::private())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("has no columns"), "{e}");
+}
