@@ -394,9 +394,11 @@ pub async fn run(cli: Cli) -> ExitCode {
                     }
                 }
                 Err(e) if stmt.expect_error => {
+                    crate::repl::clear_progress();
                     crate::repl::out(&crate::statements::error_block(&stmt.sql, &e));
                 }
                 Err(e) => {
+                    crate::repl::clear_progress();
                     eprintln!("{}", crate::statements::error_block(&stmt.sql, &e));
                     return ExitCode::from(1);
                 }

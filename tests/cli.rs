@@ -122,9 +122,13 @@ fn bad_command_lines_exit_2_and_help_documents_every_flag() {
     }
     let o = run(&d, &["-V"]);
     assert!(stdout(&o).starts_with("dpfusion "));
+    // A bad value is a bad command line (exit 2), as is a table δ above 1e-3.
     let o = run(&d, &["--epsilon", "-1", "-c", "SELECT 1"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("epsilon"), "{}", stderr(&o));
+    let o = run(&d, &["--delta", "0.5", "-c", "SELECT 1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("far below 1/n"), "{}", stderr(&o));
 }
 
 #[test]

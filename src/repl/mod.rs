@@ -7,6 +7,7 @@ pub mod helper;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::error::DataFusionError;
@@ -36,6 +37,7 @@ Ctrl-C cancels the current input, or the running query (a query already charged 
 /// (stderr, whatever the format, so that stdout stays parseable). A statement with no rows to
 /// show (`CREATE TABLE ... AS SELECT <DP query>`) still prints its receipt.
 pub fn print_result(r: &QueryResult, format: OutputFormat, quiet: bool) -> Result<(), String> {
+    clear_progress();
     let mut failed = None;
     if !(r.schema.fields().is_empty() && r.batches.is_empty()) {
         // A charged release always reaches the analyst: if the format cannot show it, JSON
@@ -74,7 +76,7 @@ pub fn out(s: &str) {
 }
 
 struct Repl {
-    session: PrivateSession,
+    session: Arc<PrivateSession>,
     format: OutputFormat,
     quiet: bool,
     timing: bool,
@@ -116,10 +118,25 @@ impl Repl {
 
     async fn run_sql(&mut self, sql: &str) {
         let start = Instant::now();
+        // The query runs in its own task: a model fit is CPU work inside one poll of the query,
+        // and Ctrl-C must still be seen while it runs.
+        let session = self.session.clone();
+        let text = sql.to_string();
+        let mut task = tokio::spawn(async move { session.sql(&text).await });
         let outcome = tokio::select! {
-            r = self.session.sql(sql) => Some(r),
-            _ = tokio::signal::ctrl_c() => None,
+            r = &mut task => Some(r.unwrap_or_else(|_| {
+                Err(datafusion::error::DataFusionError::External(Box::new(
+                    crate::error::Error::ExecutionFailed,
+                )))
+            })),
+            _ = tokio::signal::ctrl_c() => {
+                // Stop a running model fit at its next iteration, and the scan with the task.
+                dpfusion_udfs::progress::cancel_running();
+                task.abort();
+                None
+            }
         };
+        clear_progress();
         match outcome {
             None => eprintln!(
                 "query cancelled (if it was admitted, its charge stands: a failure or \
@@ -315,6 +332,19 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
 
 /// On a terminal (stderr), long model fits report "iterations done/total" on one line that is
 /// erased when the fit ends; nothing is printed when output is piped.
+static PROGRESS_SHOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Clears a progress line left on the terminal (a fit that stopped before its last planned
+/// iteration, or a cancelled one), so that what follows starts on a clean line.
+pub fn clear_progress() {
+    if PROGRESS_SHOWN.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        use std::io::Write;
+        let mut e = std::io::stderr();
+        let _ = write!(e, "\r\x1b[2K");
+        let _ = e.flush();
+    }
+}
+
 pub fn install_progress() {
     if std::io::stderr().is_terminal() {
         // Long model fits report "iterations done/total" on one line of the terminal; nothing is
@@ -325,12 +355,14 @@ pub fn install_progress() {
                 let mut e = std::io::stderr();
                 if p.done >= p.total {
                     let _ = write!(e, "\r\x1b[2K");
+                    PROGRESS_SHOWN.store(false, std::sync::atomic::Ordering::SeqCst);
                 } else {
                     let _ = write!(
                         e,
                         "\r\x1b[2K{}: iteration {}/{}",
                         p.function, p.done, p.total
                     );
+                    PROGRESS_SHOWN.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
                 let _ = e.flush();
             },
@@ -369,7 +401,7 @@ pub async fn run_repl(session: PrivateSession, format: OutputFormat, quiet: bool
     let history = history_path();
     let _ = rl.load_history(&history);
     let mut repl = Repl {
-        session,
+        session: Arc::new(session),
         format,
         quiet,
         timing: false,

@@ -73,6 +73,21 @@ out = read_until(r"\^C")
 send("\\d salaries\r")
 out = read_until(r"neighbours: replace")
 assert "job" in out and "(public)" in out, out
+# Ctrl-C during a long model fit: back at the prompt within a second, and the charge stands.
+send("\\budget\r")
+before = read_until(r"salaries[^\n]*\n[\s\S]*dpfusion\[salaries")
+send("SELECT dp_linreg_gd(salary / 300000, [years / 40.0], epsilon => 0.5, iterations => 100000) FROM salaries;\r")
+# Wait until the fit runs (its progress line shows), so that the query is admitted.
+read_until(r"dp_linreg_gd: iteration \d+/100000", timeout=120)
+sent = time.time()
+send("\x03")
+out = read_until(r"query cancelled[\s\S]*dpfusion\[salaries", timeout=5)
+took = time.time() - sent
+assert took < 1.0, f"the prompt came back after {took:.2f} s"
+send("\\budget\r")
+after = read_until(r"salaries[^\n]*\n[\s\S]*dpfusion\[salaries")
+queries = lambda text: re.search(r"\|\s*salaries\s*\|[^\n]*", text).group(0)
+assert queries(before) != queries(after), (before, after)
 send("\\q\r")
 _, status = os.waitpid(pid, 0)
 if os.waitstatus_to_exitcode(status) != 0:

@@ -1,7 +1,35 @@
 //! A progress hook for long model fits: the fit reports (iterations done, total); the host (the
 //! REPL on a terminal) decides whether and how to show it. Reporting is a no-op when no reporter
 //! is installed, and never depends on private data beyond the public iteration counter.
+//!
+//! Cancellation: a fit notes the [`generation`] when it starts and stops at its next iteration
+//! once [`cancel_running`] has been called (the REPL's Ctrl-C). A fit is CPU work inside an
+//! aggregate's `evaluate`, which dropping the query's future does not interrupt.
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The current cancellation generation (a fit notes it when it starts).
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::SeqCst)
+}
+
+/// Stops every model fit running in this process at its next iteration. (One process, one
+/// interactive user: the REPL. A server cancels per query instead.)
+pub fn cancel_running() {
+    GENERATION.fetch_add(1, Ordering::SeqCst);
+}
+
+/// True when [`cancel_running`] was called since `started` (a [`generation`]).
+pub fn cancelled(started: u64) -> bool {
+    generation() != started
+}
+
+/// The error of a fit stopped by [`cancel_running`].
+pub fn cancelled_error(function: &str) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::Execution(format!("{function}: cancelled"))
+}
 
 /// What a fit reports.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,5 +82,14 @@ mod tests {
         set_reporter(None);
         report("dp_test", 4, 10);
         assert_eq!(*seen.lock().unwrap(), vec![(3, 10)]);
+    }
+
+    #[test]
+    fn cancelling_moves_the_generation() {
+        let g = generation();
+        assert!(!cancelled(g));
+        cancel_running();
+        assert!(cancelled(g));
+        assert!(!cancelled(generation()));
     }
 }

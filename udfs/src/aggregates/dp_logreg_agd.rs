@@ -354,6 +354,9 @@ impl Accumulator for AgdAccumulator {
         };
         let rows = self.buffer.rows();
         let result = fit(&self.plan, rows, &mut rng);
+        if result.stop == crate::optim::agd::Stop::Cancelled {
+            return Err(crate::progress::cancelled_error("dp_logreg_agd"));
+        }
         // A row buffer that never saw a row does not know d; its coefficients are then empty.
         Ok(Model {
             coefficients: result.coefficients,

@@ -306,6 +306,8 @@ pub enum Stop {
     /// Inside an iteration, after a rejected direction: averaging and a selection no longer
     /// fit; the iteration's gradient and selections are spent without a step.
     BeforeAveraging,
+    /// Stopped by `progress::cancel_running` (the fit's result is not released).
+    Cancelled,
 }
 
 fn invalid(name: &str, v: f64, expected: &str) -> PrivacyError {
@@ -692,7 +694,11 @@ pub fn fit(plan: &AgdPlan, rows: &Rows, rng: &mut SecureRng) -> AgdFit {
     let mut alpha_max = cfg.max_step;
     let mut recent: Vec<f64> = Vec::with_capacity(GRID_UPDATE_EVERY as usize);
     let (mut t, mut selections, mut rejections) = (0u64, 0u32, 0u32);
+    let started = progress::generation();
     let stop = 'outer: loop {
+        if progress::cancelled(started) {
+            break Stop::Cancelled;
+        }
         // Filter: a gradient is measured only if it and one selection fit (dpagd.md §5).
         if !filter.can_pay(rho_ng + rho_nm) {
             break Stop::BeforeGradient;
@@ -890,6 +896,7 @@ mod tests {
                     mid += 1;
                     assert!(f.spent + c.gamma * prec + plan.rho_nm > cap * (1.0 - 1e-12));
                 }
+                Stop::Cancelled => panic!("nothing cancelled this fit"),
             }
         }
         // Both ways of running out occurred.

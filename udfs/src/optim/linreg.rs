@@ -424,7 +424,11 @@ impl GaussianGd {
         let mut avg = vec![0.0; p];
         let mut n_avg = 0u32;
         let t_total = self.iterations;
+        let started = progress::generation();
         for t in 1..=t_total {
+            if progress::cancelled(started) {
+                return Err(progress::cancelled_error(PROGRESS));
+            }
             // Exact integer sums over the rows, on several threads for large n (the same integers
             // in any split: `super::par_ranges`).
             let mut sums = vec![0i128; p];
@@ -703,7 +707,11 @@ impl RgmGd {
         let average_from = self.iterations / 2 + 1;
         let mut sums = vec![0i128; p];
         let sqrt_p = (p as f64).sqrt();
+        let started = progress::generation();
         for t in 1..=self.iterations {
+            if progress::cancelled(started) {
+                return Err(progress::cancelled_error(PROGRESS));
+            }
             // The grid: S ≥ 2^k at the smallest noise level σ·A (public: σ, A, n).
             let e = pow2_floor(self.sigma * a * nf * pow2(-self.grid_bits));
             let q = pow2(e);
