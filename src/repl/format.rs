@@ -44,7 +44,9 @@ pub fn render(
                 let empty = RecordBatch::new_empty(schema.clone());
                 Ok(pretty_format_batches(&[empty])?.to_string())
             } else {
-                Ok(pretty_format_batches(batches)?.to_string())
+                let shown: Vec<RecordBatch> =
+                    batches.iter().map(for_display).collect::<Result<_, _>>()?;
+                Ok(pretty_format_batches(&shown)?.to_string())
             }
         }
         OutputFormat::Csv => {
@@ -170,5 +172,118 @@ mod tests {
         // An empty nested result still prints its header.
         let s = render(&[], &schema, OutputFormat::Csv).unwrap();
         assert_eq!(s, "n,model");
+    }
+}
+
+/// Significant digits of a float in the table format. A DP release is noisy: its 7th digit is
+/// noise, never signal (CSV and JSON keep every digit).
+pub const DISPLAY_DIGITS: usize = 6;
+/// The longest text cell in the table format (longer ones end with '…'; CSV and JSON keep all).
+pub const DISPLAY_TEXT: usize = 80;
+
+/// `x` with [`DISPLAY_DIGITS`] significant digits, trailing zeros removed.
+pub fn sig(x: f64) -> String {
+    if !x.is_finite() || x == 0.0 {
+        return format!("{x}");
+    }
+    let mag = x.abs().log10().floor() as i32;
+    if !(-4..15).contains(&mag) {
+        let s = format!("{:.*e}", DISPLAY_DIGITS - 1, x);
+        return match s.split_once('e') {
+            Some((m, e)) if m.contains('.') => {
+                format!("{}e{e}", m.trim_end_matches('0').trim_end_matches('.'))
+            }
+            _ => s,
+        };
+    }
+    let decimals = (DISPLAY_DIGITS as i32 - 1 - mag).max(0) as usize;
+    let s = format!("{x:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+/// The table format's view of a batch: floats at [`DISPLAY_DIGITS`] significant digits, long
+/// text cut at [`DISPLAY_TEXT`] characters.
+fn for_display(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::{Float32Type, Float64Type};
+    let mut fields = Vec::new();
+    let mut cols: Vec<ArrayRef> = Vec::new();
+    for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
+        let text: Option<Vec<Option<String>>> = match f.data_type() {
+            DataType::Float64 => {
+                let a = c.as_primitive::<Float64Type>();
+                Some(
+                    (0..a.len())
+                        .map(|i| a.is_valid(i).then(|| sig(a.value(i))))
+                        .collect(),
+                )
+            }
+            DataType::Float32 => {
+                let a = c.as_primitive::<Float32Type>();
+                Some(
+                    (0..a.len())
+                        .map(|i| a.is_valid(i).then(|| sig(a.value(i) as f64)))
+                        .collect(),
+                )
+            }
+            DataType::Utf8 => {
+                let a = c.as_string::<i32>();
+                if (0..a.len()).any(|i| a.is_valid(i) && a.value(i).chars().count() > DISPLAY_TEXT)
+                {
+                    Some(
+                        (0..a.len())
+                            .map(|i| {
+                                a.is_valid(i).then(|| {
+                                    let v = a.value(i);
+                                    if v.chars().count() > DISPLAY_TEXT {
+                                        let cut: String =
+                                            v.chars().take(DISPLAY_TEXT - 1).collect();
+                                        format!("{cut}…")
+                                    } else {
+                                        v.to_string()
+                                    }
+                                })
+                            })
+                            .collect(),
+                    )
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        match text {
+            Some(v) => {
+                fields.push(Field::new(f.name(), DataType::Utf8, true));
+                cols.push(Arc::new(StringArray::from(v)));
+            }
+            None => {
+                fields.push(f.as_ref().clone());
+                cols.push(c.clone());
+            }
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
+}
+
+#[cfg(test)]
+mod display_tests {
+    use super::*;
+
+    #[test]
+    fn floats_show_six_significant_digits() {
+        assert_eq!(sig(88463.3500375), "88463.4");
+        assert_eq!(sig(0.4444197144819428), "0.44442");
+        assert_eq!(sig(805.761848), "805.762");
+        assert_eq!(sig(5.0), "5");
+        assert_eq!(sig(-1.5e-7), "-1.5e-7");
+        assert_eq!(sig(1e-6), "1e-6");
+        assert_eq!(sig(123456789.0), "123456789");
+        assert_eq!(sig(0.0), "0");
+        assert_eq!(sig(f64::NAN), "NaN");
     }
 }

@@ -41,6 +41,7 @@ def read_until(pattern, timeout=120):
                 return ANSI.sub("", seen)
     print("---- transcript ----\n" + ANSI.sub("", transcript))
     print(f"---- expected /{pattern}/ within {timeout}s, got since last step:\n" + ANSI.sub("", seen))
+    print("---- its end: " + repr(seen[-120:]))
     sys.exit(1)
 
 
@@ -71,21 +72,24 @@ time.sleep(0.3)
 send("\x03")
 out = read_until(r"\^C")
 send("\\d salaries\r")
-out = read_until(r"neighbours: replace")
+out = read_until(r"neighbours: replace[\s\S]*dpfusion\[salaries[^\n]*\]> \s*$")
 assert "job" in out and "(public)" in out, out
 # Ctrl-C during a long model fit: back at the prompt within a second, and the charge stands.
+# (Each step waits for the prompt at the end of the output: input typed before rustyline is
+# back in raw mode may be discarded.)
+PROMPT_AFTER_TABLE = r"remaining_epsilon[\s\S]*\+\s*\n\s*dpfusion\[salaries[^\n]*\]> \s*$"
 send("\\budget\r")
-before = read_until(r"salaries[^\n]*\n[\s\S]*dpfusion\[salaries")
+before = read_until(PROMPT_AFTER_TABLE)
 send("SELECT dp_linreg_gd(salary / 300000, [years / 40.0], epsilon => 0.5, iterations => 100000) FROM salaries;\r")
 # Wait until the fit runs (its progress line shows), so that the query is admitted.
 read_until(r"dp_linreg_gd: iteration \d+/100000", timeout=120)
 sent = time.time()
 send("\x03")
-out = read_until(r"query cancelled[\s\S]*dpfusion\[salaries", timeout=5)
+out = read_until(r"query cancelled[\s\S]*dpfusion\[salaries[^\n]*\]> \s*$", timeout=5)
 took = time.time() - sent
 assert took < 1.0, f"the prompt came back after {took:.2f} s"
 send("\\budget\r")
-after = read_until(r"salaries[^\n]*\n[\s\S]*dpfusion\[salaries")
+after = read_until(PROMPT_AFTER_TABLE)
 queries = lambda text: re.search(r"\|\s*salaries\s*\|[^\n]*", text).group(0)
 assert queries(before) != queries(after), (before, after)
 send("\\q\r")
