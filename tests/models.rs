@@ -336,3 +336,37 @@ fn named_defaults_match_the_udaf() {
         Default::Text("gaussian")
     ));
 }
+
+/// A fit buffers its rows (16 bytes per row and feature plus the label; docs/SQL.md): past the
+/// session's memory limit the query fails with the one fixed message, never by exhausting the
+/// process's memory, and its charge stands.
+#[tokio::test]
+async fn a_fit_past_the_memory_limit_fails_with_the_fixed_message() {
+    let dir = temp_dir("memlimit");
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_default_budget(10.0, 1e-6)
+            .with_memory_limit(256 * 1024),
+    )
+    .await
+    .unwrap();
+    s.register_batches(
+        "patients",
+        vec![patients().unwrap()],
+        Registration::private().replace(),
+    )
+    .unwrap();
+    let e = s
+        .sql("SELECT dp_linreg_gd(cost / 100000, [age / 100.0, bmi / 60.0], epsilon => 1.0) FROM patients")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            dpfusion::Error::of(&e),
+            Some(dpfusion::Error::ExecutionFailed)
+        ),
+        "{e}"
+    );
+    assert_eq!(s.budget()[0].queries, 1, "the charge stands");
+}
