@@ -591,17 +591,7 @@ impl Accountant {
             {
                 let e = existing.expect("a conflict has a recorded policy");
                 let changes = policy::changes(&e, &policy);
-                policy.relaxed = Some(policy::relaxation_note(
-                    relax.unwrap_or_default().trim(),
-                    &changes,
-                ));
-                ledger::append(
-                    &self.file,
-                    &self.path,
-                    &mut st,
-                    Record::Owner(policy.clone()),
-                )?;
-                return Ok(policy);
+                return self.append_owner(&mut st, policy, relax.unwrap_or_default(), &changes);
             }
             other => other?,
         };
@@ -630,7 +620,7 @@ impl Accountant {
         mut policy: TablePolicy,
         reason: &str,
     ) -> Result<TablePolicy, AccountingError> {
-        check_budget(&policy.budget)?;
+        check_new_budget(&policy.budget)?;
         if reason.trim().is_empty() {
             return Err(AccountingError::PolicyConflict(
                 "an owner action that sets a policy needs a reason (it is recorded in the ledger)"
@@ -649,13 +639,19 @@ impl Accountant {
             .get(&policy.key)
             .map(|e| policy::changes(e, &policy))
             .unwrap_or_default();
-        policy.relaxed = Some(policy::relaxation_note(reason.trim(), &changes));
-        ledger::append(
-            &self.file,
-            &self.path,
-            &mut st,
-            Record::Owner(policy.clone()),
-        )?;
+        self.append_owner(&mut st, policy, reason, &changes)
+    }
+
+    /// Writes an `owner` record: `policy` with the owner's reason and the changes it makes.
+    fn append_owner(
+        &self,
+        st: &mut State,
+        mut policy: TablePolicy,
+        reason: &str,
+        changes: &[policy::Change],
+    ) -> Result<TablePolicy, AccountingError> {
+        policy.relaxed = Some(policy::relaxation_note(reason.trim(), changes));
+        ledger::append(&self.file, &self.path, st, Record::Owner(policy.clone()))?;
         Ok(policy)
     }
 
