@@ -284,3 +284,211 @@ fn repl_in_a_pseudo_terminal() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// Runs the binary in catalog mode (no `--ledger`: the catalog names it).
+fn run_catalog(dir: &Path, catalog: &Path, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(["--catalog", catalog.to_str().unwrap()])
+        .args(args)
+        .current_dir(dir)
+        .env("DPFUSION_HISTORY", dir.join("history"))
+        .output()
+        .expect("run dpfusion")
+}
+
+/// The ledger and its sidecar, byte for byte.
+fn ledger_bytes(ledger: &Path) -> (Vec<u8>, Vec<u8>) {
+    let mut head = ledger.as_os_str().to_owned();
+    head.push(".head");
+    (std::fs::read(ledger).unwrap(), std::fs::read(head).unwrap())
+}
+
+#[test]
+fn catalog_mode_end_to_end_refuses_every_attack_and_leaves_the_ledger_alone() {
+    let d = std::fs::canonicalize(tmp("catalog")).unwrap();
+    for sub in ["data", "public", "out", "ledger"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::copy(
+        root.join("tests/data/people.csv"),
+        d.join("data/people.csv"),
+    )
+    .unwrap();
+    std::fs::copy(
+        root.join("tests/data/depts.csv"),
+        d.join("public/depts.csv"),
+    )
+    .unwrap();
+    let catalog = d.join("dpfusion.toml");
+    // The analyst may register any file below the catalog's directory: the private file, the
+    // ledger and the catalog are protected all the same.
+    std::fs::write(
+        &catalog,
+        r#"
+[session]
+ledger = "ledger/ledger.jsonl"
+output_dir = "out"
+analyst_read_dirs = ["."]
+
+[[table]]
+name = "people"
+path = "data/people.csv"
+public_columns = ["dept"]
+epsilon = 3.0
+delta = 1e-6
+
+[[table]]
+name = "depts"
+path = "public/depts.csv"
+visibility = "public"
+"#,
+    )
+    .unwrap();
+    let ledger = d.join("ledger/ledger.jsonl");
+    let people = d.join("data/people.csv");
+    let private_bytes = std::fs::read(&people).unwrap();
+
+    // A DP query succeeds; SHOW TABLES prints the owner's policy.
+    let o = run_catalog(
+        &d,
+        &catalog,
+        &[
+            "--format",
+            "csv",
+            "-c",
+            "SELECT dp_count(id, 0.5) AS n FROM people",
+            "-c",
+            "SHOW TABLES",
+        ],
+    );
+    assert!(o.status.success(), "{}\n{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(stderr(&o).contains("charged people"), "{}", stderr(&o));
+    let people_row = out
+        .lines()
+        .find(|l| l.starts_with("people,"))
+        .unwrap_or_else(|| panic!("no people row: {out}"));
+    assert!(
+        people_row.contains("private,add_remove,dept,3")
+            && people_row
+                .contains("(id Int64, age Int64, dept Utf8, salary Float64, remote Boolean)")
+            && people_row.ends_with(",owner"),
+        "{people_row}"
+    );
+    let depts_row = out.lines().find(|l| l.starts_with("depts,")).unwrap();
+    assert!(
+        depts_row.contains(",public,") && depts_row.ends_with(",owner"),
+        "{depts_row}"
+    );
+    let before = ledger_bytes(&ledger);
+
+    // Every attack: exit status 1, the refusal and what to do instead, the ledger unchanged.
+    let people_s = people.to_string_lossy();
+    let data_s = d.join("data").to_string_lossy().to_string();
+    let ledger_s = ledger.to_string_lossy();
+    let catalog_s = catalog.to_string_lossy();
+    let attacks: Vec<(String, &[&str])> = vec![
+        (
+            "CREATE EXTERNAL TABLE x STORED AS CSV LOCATION 'public/depts.csv' \
+             OPTIONS ('dp.visibility' 'public')"
+                .to_string(),
+            &["is a policy option", "catalog"],
+        ),
+        (
+            format!(
+                "CREATE EXTERNAL TABLE x STORED AS CSV LOCATION '{}' OPTIONS ('DP.Epsilon' '1000')",
+                people_s
+            ),
+            &["is a policy option", "catalog"],
+        ),
+        (
+            format!("CREATE EXTERNAL TABLE x STORED AS CSV LOCATION 'file://{people_s}'"),
+            &["names files of private table 'people'", "DP functions"],
+        ),
+        (
+            format!("CREATE EXTERNAL TABLE x STORED AS CSV LOCATION '{data_s}/'"),
+            &["names files of private table 'people'", "DP functions"],
+        ),
+        (
+            "CREATE EXTERNAL TABLE x STORED AS CSV LOCATION 'data/*.csv' \
+             OPTIONS ('format.has_header' 'false')"
+                .to_string(),
+            &["names files of private table 'people'", "DP functions"],
+        ),
+        (
+            format!("CREATE EXTERNAL TABLE x STORED AS JSON LOCATION '{ledger_s}'"),
+            &["names files of the data owner's", "DP functions"],
+        ),
+        (
+            format!("CREATE EXTERNAL TABLE x STORED AS CSV LOCATION '{catalog_s}'"),
+            &["names files of the data owner's", "DP functions"],
+        ),
+        (
+            format!("COPY (SELECT 1 AS a) TO '{ledger_s}' STORED AS CSV"),
+            &["refused", "output directory"],
+        ),
+        (
+            "COPY (SELECT 1 AS a) TO '../ledger/ledger.jsonl' STORED AS CSV".to_string(),
+            &["refused", "output directory"],
+        ),
+        (
+            format!(
+                "COPY (SELECT dp_count(id, 0.5) AS n FROM people) TO '{people_s}' STORED AS CSV"
+            ),
+            &["refused", "output directory"],
+        ),
+        (
+            "COPY (SELECT 1 AS a) TO '../data/people.csv' STORED AS CSV".to_string(),
+            &["refused", "output directory"],
+        ),
+        (
+            "DROP TABLE people".to_string(),
+            &["cannot replace, shadow or drop", "Choose another name"],
+        ),
+        (
+            "CREATE TABLE people AS SELECT 1 AS id".to_string(),
+            &["cannot replace, shadow or drop", "Choose another name"],
+        ),
+        (
+            "SELECT * FROM people".to_string(),
+            &["refused", "people", "dp_"],
+        ),
+    ];
+    for (sql, needles) in &attacks {
+        let o = run_catalog(&d, &catalog, &["-c", sql]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{sql}\n{}\n{err}", stdout(&o));
+        for n in *needles {
+            assert!(err.contains(n), "{sql}: {n:?} not in:\n{err}");
+        }
+        assert_eq!(ledger_bytes(&ledger), before, "{sql} changed the ledger");
+        assert_eq!(std::fs::read(&people).unwrap(), private_bytes, "{sql}");
+    }
+    // The analyst's own public file registers (the refusals are not blanket), and COPY writes
+    // into the output directory.
+    let o = run_catalog(
+        &d,
+        &catalog,
+        &[
+            "-c",
+            "CREATE EXTERNAL TABLE mine STORED AS CSV LOCATION 'public/depts.csv'",
+            "-c",
+            "COPY (SELECT * FROM mine) TO 'mine.csv' STORED AS CSV",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(d.join("out/mine.csv").is_file());
+    assert_eq!(ledger_bytes(&ledger), before);
+
+    // Owner flags cannot be given with a catalog.
+    let o = run_catalog(&d, &catalog, &["--epsilon", "5", "-c", "SELECT 1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--epsilon") && stderr(&o).contains("catalog"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(ledger_bytes(&ledger), before);
+    let _ = std::fs::remove_dir_all(&d);
+}
