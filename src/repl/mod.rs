@@ -122,6 +122,7 @@ impl Repl {
         // and Ctrl-C must still be seen while it runs.
         let session = self.session.clone();
         let text = sql.to_string();
+        QUERY_RUNNING.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut task = tokio::spawn(async move { session.sql(&text).await });
         let outcome = tokio::select! {
             r = &mut task => Some(r.unwrap_or_else(|_| {
@@ -136,6 +137,7 @@ impl Repl {
                 None
             }
         };
+        QUERY_RUNNING.store(false, std::sync::atomic::Ordering::SeqCst);
         clear_progress();
         match outcome {
             None => eprintln!(
@@ -333,6 +335,9 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
 /// On a terminal (stderr), long model fits report "iterations done/total" on one line that is
 /// erased when the fit ends; nothing is printed when output is piped.
 static PROGRESS_SHOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// A query of the REPL is running: progress is shown only then (a cancelled fit may report once
+/// more before it sees the cancellation; that report must not land on the prompt).
+static QUERY_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Clears a progress line left on the terminal (a fit that stopped before its last planned
 /// iteration, or a cancelled one), so that what follows starts on a clean line.
@@ -352,6 +357,9 @@ pub fn install_progress() {
         dpfusion_udfs::progress::set_reporter(Some(std::sync::Arc::new(
             |p: &dpfusion_udfs::progress::Progress| {
                 use std::io::Write;
+                if !QUERY_RUNNING.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
                 let mut e = std::io::stderr();
                 if p.done >= p.total {
                     let _ = write!(e, "\r\x1b[2K");

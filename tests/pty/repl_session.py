@@ -77,7 +77,7 @@ assert "job" in out and "(public)" in out, out
 # Ctrl-C during a long model fit: back at the prompt within a second, and the charge stands.
 # (Each step waits for the prompt at the end of the output: input typed before rustyline is
 # back in raw mode may be discarded.)
-PROMPT_AFTER_TABLE = r"remaining_epsilon[\s\S]*\+\s*\n\s*dpfusion\[salaries[^\n]*\]> \s*$"
+PROMPT_AFTER_TABLE = r"remaining_epsilon[\s\S]*\+\s*\n[\s\S]*dpfusion\[salaries[^\n]*\]> \s*$"
 send("\\budget\r")
 before = read_until(PROMPT_AFTER_TABLE)
 send("SELECT dp_linreg_gd(salary / 300000, [years / 40.0], epsilon => 0.5, iterations => 100000) FROM salaries;\r")
