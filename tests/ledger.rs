@@ -47,14 +47,6 @@ fn ledger(tag: &str) -> (PathBuf, f64) {
     (path, spent)
 }
 
-fn lines(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 fn write_lines(path: &Path, lines: &[String]) {
     std::fs::write(path, lines.join("\n") + "\n").unwrap();
 }

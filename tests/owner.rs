@@ -74,14 +74,6 @@ fn snapshot(ledger: &Path) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
     )
 }
 
-fn lines(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 /// Runs `sql`, which must fail with an error containing `needle` and leave the ledger unchanged.
 async fn refused(s: &PrivateSession, ledger: &Path, sql: &str, needle: &str) -> String {
     let before = snapshot(ledger);

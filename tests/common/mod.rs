@@ -25,3 +25,12 @@ pub fn people_csv() -> PathBuf {
 pub fn depts_csv() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/depts.csv")
 }
+
+/// The lines of a text file (a ledger).
+pub fn lines(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
