@@ -44,9 +44,20 @@ pub fn render(
                 let empty = RecordBatch::new_empty(schema.clone());
                 Ok(pretty_format_batches(&[empty])?.to_string())
             } else {
-                let shown: Vec<RecordBatch> =
-                    batches.iter().map(for_display).collect::<Result<_, _>>()?;
-                Ok(pretty_format_batches(&shown)?.to_string())
+                // Text cells are cut at DISPLAY_TEXT characters, or at half of it when the table
+                // would still be wider than DISPLAY_WIDTH (the ledger, EXPLAIN PRIVACY).
+                let mut out = String::new();
+                for limit in [DISPLAY_TEXT, DISPLAY_TEXT / 2] {
+                    let shown: Vec<RecordBatch> = batches
+                        .iter()
+                        .map(|b| for_display(b, limit))
+                        .collect::<Result<_, _>>()?;
+                    out = pretty_format_batches(&shown)?.to_string();
+                    if out.lines().all(|l| l.chars().count() <= DISPLAY_WIDTH) {
+                        break;
+                    }
+                }
+                Ok(out)
             }
         }
         OutputFormat::Csv => {
@@ -180,6 +191,8 @@ mod tests {
 pub const DISPLAY_DIGITS: usize = 6;
 /// The longest text cell in the table format (longer ones end with '…'; CSV and JSON keep all).
 pub const DISPLAY_TEXT: usize = 80;
+/// The width the table format tries to stay within, by cutting text cells shorter.
+pub const DISPLAY_WIDTH: usize = 160;
 
 /// `x` with [`DISPLAY_DIGITS`] significant digits, trailing zeros removed.
 pub fn sig(x: f64) -> String {
@@ -205,9 +218,9 @@ pub fn sig(x: f64) -> String {
     }
 }
 
-/// The table format's view of a batch: floats at [`DISPLAY_DIGITS`] significant digits, long
-/// text cut at [`DISPLAY_TEXT`] characters.
-fn for_display(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+/// The table format's view of a batch: floats at [`DISPLAY_DIGITS`] significant digits, text
+/// cut at `text_limit` characters.
+fn for_display(batch: &RecordBatch, text_limit: usize) -> Result<RecordBatch, ArrowError> {
     use datafusion::arrow::array::{Array, AsArray};
     use datafusion::arrow::datatypes::{Float32Type, Float64Type};
     let mut fields = Vec::new();
@@ -232,16 +245,14 @@ fn for_display(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
             }
             DataType::Utf8 => {
                 let a = c.as_string::<i32>();
-                if (0..a.len()).any(|i| a.is_valid(i) && a.value(i).chars().count() > DISPLAY_TEXT)
-                {
+                if (0..a.len()).any(|i| a.is_valid(i) && a.value(i).chars().count() > text_limit) {
                     Some(
                         (0..a.len())
                             .map(|i| {
                                 a.is_valid(i).then(|| {
                                     let v = a.value(i);
-                                    if v.chars().count() > DISPLAY_TEXT {
-                                        let cut: String =
-                                            v.chars().take(DISPLAY_TEXT - 1).collect();
+                                    if v.chars().count() > text_limit {
+                                        let cut: String = v.chars().take(text_limit - 1).collect();
                                         format!("{cut}…")
                                     } else {
                                         v.to_string()

@@ -186,7 +186,20 @@ impl Repl {
             "\\q" | "\\quit" => return Flow::Quit,
             "\\?" | "\\h" | "\\help" => println!("{META_HELP}"),
             "\\budget" => self.show_batch(budget_batch(&self.session.budget())),
-            "\\ledger" => self.show_batch(ledger_batch(&self.session.ledger())),
+            "\\ledger" => {
+                // On screen the events (`profile`) are left out: `\format json` or
+                // `SELECT * FROM dp_ledger()` show them.
+                let b = ledger_batch(&self.session.ledger()).and_then(|b| {
+                    if self.format != OutputFormat::Table {
+                        return Ok(b);
+                    }
+                    let keep: Vec<usize> = (0..b.num_columns())
+                        .filter(|&i| b.schema().field(i).name() != "profile")
+                        .collect();
+                    Ok(b.project(&keep)?)
+                });
+                self.show_batch(b)
+            }
             "\\explain" => {
                 if arg.is_empty() {
                     eprintln!(
