@@ -109,9 +109,20 @@ pub(super) struct State {
     pub ledger_id: Option<String>,
     /// SHA-256 of every line read or written, in order: the chain, checked against the sidecar.
     pub hashes: Vec<Hash>,
+    /// Per private table, the largest ε budget any policy record gave it: its guarantee, since
+    /// admissions made under a budget that was later lowered were checked against the larger one
+    /// (docs/ACCOUNTING.md).
+    pub largest_epsilon: HashMap<TableKey, f64>,
     /// Number of `policy` and `owner` records.
     pub policy_records: u64,
     pub owner_records: u64,
+}
+
+fn note_largest(st: &mut State, p: &TablePolicy) {
+    if p.visibility == Visibility::Private {
+        let e = st.largest_epsilon.entry(p.key.clone()).or_insert(0.0);
+        *e = e.max(p.budget.epsilon);
+    }
 }
 
 /// Applies one record to the state: the only way the state changes, on replay and on append.
@@ -132,12 +143,14 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
                 .get(&p.key)
                 .is_some_and(|e| !super::policy::no_weaker(e, &p));
             if !keep {
+                note_largest(st, &p);
                 st.policies.insert(p.key.clone(), p);
             }
             st.policy_records += 1;
         }
         Record::Owner(p) => {
             check_budget(&p.budget).map_err(|e| e.to_string())?;
+            note_largest(st, &p);
             st.policies.insert(p.key.clone(), p);
             st.owner_records += 1;
         }

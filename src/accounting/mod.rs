@@ -262,6 +262,8 @@ pub struct PreviewRow {
 pub struct BudgetRow {
     pub name: String,
     pub key: TableKey,
+    /// The table's ε guarantee: the largest budget it has had in force (a lowered budget
+    /// caps `remaining`, never the guarantee shown).
     pub epsilon: f64,
     pub delta: f64,
     /// ε spent under the table's filter (at δ_g).
@@ -777,10 +779,16 @@ impl Accountant {
                     }
                     Err(_) => (f64::INFINITY, 0.0, 0.0),
                 };
+                // The guarantee is the largest budget the table has had; a lowered budget caps
+                // what is left (docs/ACCOUNTING.md).
+                let guarantee = st
+                    .largest_epsilon
+                    .get(&p.key)
+                    .map_or(p.budget.epsilon, |e| e.max(p.budget.epsilon));
                 BudgetRow {
                     name: p.name.clone(),
                     key: p.key.clone(),
-                    epsilon: p.budget.epsilon,
+                    epsilon: guarantee,
                     delta: p.budget.delta,
                     spent,
                     remaining: (p.budget.epsilon - spent).max(0.0),
