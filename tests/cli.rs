@@ -492,3 +492,41 @@ visibility = "public"
     assert_eq!(ledger_bytes(&ledger), before);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `dpfusion … | head`: a reader that closes the pipe early ends the program quietly (exit 0, no
+/// panic, no "internal error").
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    let d = tmp("pipe");
+    let mut child = Command::new(bin())
+        .args(["--ledger", d.join("ledger.jsonl").to_str().unwrap()])
+        .args([
+            "--format",
+            "csv",
+            "-c",
+            "SELECT unnest(range(1, 200000)) AS x",
+        ])
+        .env("DPFUSION_HISTORY", d.join("history"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run dpfusion");
+    let mut out = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    out.read_exact(&mut first).unwrap();
+    drop(out);
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{err}"
+    );
+}
