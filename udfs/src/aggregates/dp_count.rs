@@ -80,7 +80,8 @@ impl CountRelease {
     /// refuses exactly what the planner refuses.
     pub fn new(p: &CountParams) -> Result<Self, PrivacyError> {
         let build = |epsilon: f64| {
-            let mu = gaussian_mu(epsilon, p.delta)?;
+            // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
+            let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
             if p.neighbours.moves_between_groups() {
                 // ‖Δc‖₂ = √2, rounding slack √2 grid steps (module docs).
                 GaussianMechanism::from_mu_with_slack(mu, SQRT_2_UP, SQRT_2_UP)

@@ -131,7 +131,11 @@ impl MeanRelease {
     pub fn new(p: &MeanParams) -> Result<Self, PrivacyError> {
         let bounds = format!("{} (lower {})", p.upper, p.lower);
         representable(p.epsilon, ("upper", &bounds), |epsilon| {
-            Self::at(p, gaussian_mu(epsilon, p.delta)?)
+            // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
+            Self::at(
+                p,
+                p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?),
+            )
         })
     }
 

@@ -101,7 +101,7 @@ impl SumRelease {
         let fp = FixedPoint::new(p.lower, p.upper);
         // Sensitivity in grid units (module docs) and the rounding slack in grid steps.
         let (units, slack) = match p.neighbours {
-            Neighbours::AddRemove => (fp.max_abs(), 1.0),
+            Neighbours::AddRemove | Neighbours::Units { .. } => (fp.max_abs(), 1.0),
             Neighbours::Replace | Neighbours::ReplacePublicN => (fp.width().max(fp.max_abs()), 1.0),
             Neighbours::ReplacePrivateKeys => {
                 (fp.width().max(ceil_sqrt2_times(fp.max_abs())), SQRT_2_UP)
@@ -113,7 +113,8 @@ impl SumRelease {
         // units ≤ 2^41 and q = 2^e: the product is exact, or +∞ (refused by the mechanism).
         let sensitivity = units as f64 * fp.step();
         let build = |epsilon: f64| {
-            let mu = gaussian_mu(epsilon, p.delta)?;
+            // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
+            let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
             GaussianMechanism::from_mu_with_slack(mu, sensitivity, slack)
         };
         let bounds = format!("{} (lower {})", p.upper, p.lower);

@@ -143,7 +143,10 @@ impl SelectRelease {
     pub fn new(p: &PartitionSelectParams) -> Result<Self, PrivacyError> {
         let build = |epsilon: f64| {
             // μ at δ/2 in every mode (module docs).
-            let mu = gaussian_mu(epsilon, p.delta / 2.0)?;
+            // Under `units:K:1` (units counted once per group): μ/√K (Neighbours::Units).
+            let mu = p
+                .neighbours
+                .calibration_mu(gaussian_mu(epsilon, p.delta / 2.0)?);
             if p.neighbours.moves_between_groups() {
                 // Two counts move by 1: ‖Δ‖₂ = √2, rounding slack √2 steps (module docs).
                 GaussianMechanism::from_mu_with_slack(mu, SQRT_2_UP, SQRT_2_UP)
