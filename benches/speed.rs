@@ -196,6 +196,7 @@ async fn main() {
         schema: None,
         format: None,
         relaxed: None,
+        unit: None,
     })
     .unwrap();
     let charge = [TableCharge {

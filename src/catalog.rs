@@ -76,6 +76,16 @@ pub struct TableSection {
     pub columns: Option<Vec<ColumnSection>>,
     #[serde(default)]
     pub ratio_bounds: Vec<RatioBoundSection>,
+    /// The privacy unit column (docs/PRIVACY.md, "Privacy units"): neighbouring datasets differ
+    /// by all the rows of one unit. Default: none (the unit is one row).
+    pub privacy_unit: Option<String>,
+    /// The unit domain shared by private tables that may be joined on their unit columns
+    /// (default: the table's name).
+    pub unit_domain: Option<String>,
+    /// The default L0 bound of a query: groups per unit (default 1).
+    pub max_groups_contributed: Option<u64>,
+    /// The default L∞ bound of a query: rows per unit and group (default 1).
+    pub max_rows_contributed: Option<u64>,
 }
 
 /// `[table.csv]`.
@@ -281,6 +291,34 @@ impl Catalog {
         }
         if let Some(r) = &t.relax {
             reg = reg.relax(r.clone());
+        }
+        match &t.privacy_unit {
+            Some(col) => {
+                reg = reg.privacy_unit(col.clone());
+                if let Some(d) = &t.unit_domain {
+                    reg = reg.unit_domain(d.clone());
+                }
+                let bound = |what: &str, v: Option<u64>| {
+                    crate::accounting::PrivacyUnit::check_bound(what, v.unwrap_or(1))
+                        .map_err(|e| err(p, format!("table '{name}': {e}")))
+                };
+                let k = bound("max_groups_contributed", t.max_groups_contributed)?;
+                let c = bound("max_rows_contributed", t.max_rows_contributed)?;
+                reg = reg.contribution_bounds(k, c);
+            }
+            None if t.unit_domain.is_some()
+                || t.max_groups_contributed.is_some()
+                || t.max_rows_contributed.is_some() =>
+            {
+                return Err(err(
+                    p,
+                    format!(
+                        "table '{name}': unit_domain, max_groups_contributed and \
+                         max_rows_contributed need privacy_unit = \"<column>\""
+                    ),
+                ));
+            }
+            None => {}
         }
         if let Some(c) = &t.csv {
             let mut f = CsvFormat::default();

@@ -8,7 +8,14 @@
 //!   `cost` from a known linear model ([`PATIENTS_LOGISTIC`], [`PATIENTS_LINEAR`]). Registered
 //!   private with `add_remove` neighbours.
 //!
-//! Both get the demo budget ε = 5, δ = 1e-6 in the session's ledger; `salaries` is accounted with
+//! - `transactions` (about 30,000 rows of 5,000 customers): `txn_id`, `customer_id` (the
+//!   **privacy unit**), `store`, `category`, `amount`, `day`. The number of rows per customer is
+//!   heavy-tailed (a Pareto tail: most have a handful, some hundreds), and each customer buys
+//!   mostly at a home store. Neighbours add or remove a customer with all their rows; the owner's
+//!   default bounds are 2 groups and 5 rows per group (docs/PRIVACY.md, "Privacy units").
+//! - `stores` (40 rows, **public**): `store` (unique), `region`, `city`: a table to join.
+//!
+//! The private tables get the demo budget ε = 5, δ = 1e-6 in the session's ledger; `salaries` is accounted with
 //! the `rdp` filter (it serves RGM), `patients` with `zcdp` (it serves DP-AGD), docs/ACCOUNTING.md. The generator is a
 //! SplitMix64 stream with a fixed seed: it makes test data, never noise.
 use std::sync::Arc;
@@ -158,7 +165,69 @@ pub fn patients() -> Result<RecordBatch> {
     Ok(RecordBatch::try_from_iter(fields)?)
 }
 
-/// Registers both demo tables with the demo budget (ε = 5, δ = 1e-6 each).
+/// `transactions` (module docs): customers and the number of rows.
+pub const CUSTOMERS: usize = 5_000;
+/// The number of stores (the rows of `stores`) and their regions.
+pub const STORES: usize = 40;
+pub const REGIONS: [&str; 4] = ["north", "south", "east", "west"];
+const CATEGORIES: [&str; 5] = ["grocery", "fuel", "pharmacy", "electronics", "clothing"];
+
+/// The number of rows of a customer: ⌊u^(−1/1.1)⌋ capped at 800, a Pareto tail of index 1.1
+/// (mean ≈ 6, a few customers with hundreds of rows).
+fn rows_of_customer(rng: &mut SplitMix64) -> usize {
+    let u = 1.0 - rng.uniform();
+    (u.powf(-1.0 / 1.1).floor() as usize).clamp(1, 800)
+}
+
+/// The `transactions` table (module docs).
+pub fn transactions() -> Result<RecordBatch> {
+    let mut rng = SplitMix64::new(0x7a_5ac7_1045);
+    let (mut id, mut customer, mut store, mut category, mut amount, mut day) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for c in 0..CUSTOMERS {
+        let home = (rng.next_u64() % STORES as u64) as i64 + 1;
+        let n = rows_of_customer(&mut rng);
+        for _ in 0..n {
+            id.push(id.len() as i64 + 1);
+            customer.push(c as i64 + 1);
+            let s = if rng.uniform() < 0.8 {
+                home
+            } else {
+                (rng.next_u64() % STORES as u64) as i64 + 1
+            };
+            store.push(s);
+            let k = (rng.next_u64() % CATEGORIES.len() as u64) as usize;
+            category.push(CATEGORIES[k]);
+            // Log-normal amounts around $30, a few in the thousands.
+            amount.push(((3.4 + 0.9 * rng.normal()).exp() * 100.0).round() / 100.0);
+            day.push((rng.next_u64() % 365) as i64 + 1);
+        }
+    }
+    let fields: Vec<(&str, ArrayRef)> = vec![
+        ("txn_id", Arc::new(Int64Array::from(id))),
+        ("customer_id", Arc::new(Int64Array::from(customer))),
+        ("store", Arc::new(Int64Array::from(store))),
+        ("category", Arc::new(StringArray::from(category))),
+        ("amount", Arc::new(Float64Array::from(amount))),
+        ("day", Arc::new(Int64Array::from(day))),
+    ];
+    Ok(RecordBatch::try_from_iter(fields)?)
+}
+
+/// The public `stores` table: one row per store, with its region and city.
+pub fn stores() -> Result<RecordBatch> {
+    let store: Vec<i64> = (1..=STORES as i64).collect();
+    let region: Vec<&str> = (0..STORES).map(|i| REGIONS[i % REGIONS.len()]).collect();
+    let city: Vec<String> = (0..STORES).map(|i| format!("city-{:02}", i / 2 + 1)).collect();
+    let fields: Vec<(&str, ArrayRef)> = vec![
+        ("store", Arc::new(Int64Array::from(store))),
+        ("region", Arc::new(StringArray::from(region))),
+        ("city", Arc::new(StringArray::from(city))),
+    ];
+    Ok(RecordBatch::try_from_iter(fields)?)
+}
+
+/// Registers the demo tables, the private ones with the demo budget (ε = 5, δ = 1e-6 each).
 pub fn register_demo(session: &PrivateSession) -> Result<()> {
     let provider = |b: RecordBatch| -> Result<Arc<datafusion::datasource::MemTable>> {
         Ok(Arc::new(datafusion::datasource::MemTable::try_new(
@@ -188,6 +257,22 @@ pub fn register_demo(session: &PrivateSession) -> Result<()> {
             // dp_logreg_agd records zCDP events; dp_mean and dp_linreg_gd Gaussian ones.
             .filter(FilterKind::Zcdp),
     )?;
+    session.register_provider(
+        "transactions",
+        provider(transactions()?)?,
+        TableKey::from("demo:transactions".to_string()),
+        Registration::private()
+            .privacy_unit("customer_id")
+            .unit_domain("customer")
+            .contribution_bounds(2, 5)
+            .budget(5.0, 1e-6),
+    )?;
+    session.register_provider(
+        "stores",
+        provider(stores()?)?,
+        TableKey::from("demo:stores".to_string()),
+        Registration::public(),
+    )?;
     Ok(())
 }
 
@@ -205,6 +290,16 @@ pub fn describe_demo(name: &str, key: &TableKey) -> Option<String> {
             "built-in demo ({} synthetic rows as '{name}'): features age, bmi, bp, chol, smoker; \
              disease (0/1) from a known logistic model, cost from a known linear model",
             PATIENTS_ROWS
+        )),
+        "demo:transactions" => Some(format!(
+            "built-in demo ({} customers' purchases as '{name}'): the privacy unit is \
+             customer_id (a neighbour adds or removes a customer with all their rows); rows per \
+             customer are heavy-tailed (some have hundreds); join the public table stores on \
+             store",
+            CUSTOMERS
+        )),
+        "demo:stores" => Some(format!(
+            "built-in demo (public, {STORES} stores as '{name}'): store (unique), region, city"
         )),
         _ => None,
     }
@@ -233,6 +328,21 @@ mod tests {
             assert!(lo > base / 1.3 && hi < base * 1.3);
         }
         assert!(JOBS[11].1 / JOBS[0].1 >= 10.0);
+    }
+
+    #[test]
+    fn transactions_have_a_heavy_tail_of_rows_per_customer() {
+        let t = transactions().unwrap();
+        let c = t.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+        let mut per = vec![0usize; CUSTOMERS + 1];
+        for i in 0..c.len() {
+            per[c.value(i) as usize] += 1;
+        }
+        let max = *per.iter().max().unwrap();
+        let over_100 = per.iter().filter(|&&n| n >= 100).count();
+        assert!((20_000..60_000).contains(&t.num_rows()), "{}", t.num_rows());
+        assert!(max >= 300 && over_100 >= 3, "max {max}, {over_100} customers ≥ 100 rows");
+        assert_eq!(transactions().unwrap(), t);
     }
 
     #[test]

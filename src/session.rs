@@ -18,6 +18,7 @@ use datafusion::sql::parser::{CopyToSource, DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
 pub use crate::accounting::FilterKind;
+pub use crate::accounting::PrivacyUnit;
 use crate::accounting::{
     Accountant, Budget, BudgetRow, LedgerEntry, Neighbours, Receipt, TableCharge, TableKey,
     TablePolicy, Visibility,
@@ -155,6 +156,9 @@ pub struct Registration {
     /// The owner's reason to relax (weaken or change) the policy recorded in the ledger; without
     /// it such a registration is refused with the difference.
     pub relax: Option<String>,
+    /// The privacy unit column and the default contribution bounds (docs/PRIVACY.md, "Privacy
+    /// units"). None: the unit is one row.
+    pub unit: Option<PrivacyUnit>,
 }
 
 impl Default for Registration {
@@ -177,6 +181,7 @@ impl Registration {
             schema: None,
             csv: CsvFormat::default(),
             relax: None,
+            unit: None,
         }
     }
     /// A public table: no protection, no budget.
@@ -246,6 +251,42 @@ impl Registration {
         self.csv = csv;
         self
     }
+    /// Declares the privacy unit: neighbouring datasets differ by all the rows whose `column`
+    /// holds the same value (one customer, one patient). Queries bound each unit's contribution
+    /// before any noise (at most `max_groups_contributed` groups, default 1, and
+    /// `max_rows_contributed` rows per group, default 1: [`Registration::contribution_bounds`]).
+    /// Needs `add_remove` neighbours.
+    pub fn privacy_unit(mut self, column: impl Into<String>) -> Self {
+        let column = column.into();
+        self.unit = Some(match self.unit.take() {
+            Some(u) => PrivacyUnit { column, ..u },
+            None => PrivacyUnit {
+                column,
+                domain: String::new(),
+                max_groups_contributed: 1,
+                max_rows_contributed: 1,
+            },
+        });
+        self
+    }
+    /// The unit domain: private tables of one domain hold rows of the same units and may be
+    /// joined on their unit columns (default: the table's own name, shared with no other).
+    pub fn unit_domain(mut self, domain: impl Into<String>) -> Self {
+        if let Some(u) = &mut self.unit {
+            u.domain = domain.into();
+        }
+        self
+    }
+    /// The default contribution bounds of a query on this table (a query may set others with
+    /// `SET dpfusion.max_groups_contributed` / `dpfusion.max_rows_contributed`). Needs
+    /// [`Registration::privacy_unit`] first.
+    pub fn contribution_bounds(mut self, max_groups: u32, max_rows: u32) -> Self {
+        if let Some(u) = &mut self.unit {
+            u.max_groups_contributed = max_groups;
+            u.max_rows_contributed = max_rows;
+        }
+        self
+    }
     /// An explicit owner action: register even if this weakens or changes the policy the ledger
     /// holds; `reason` is recorded in the ledger with the changes.
     pub fn relax(mut self, reason: impl Into<String>) -> Self {
@@ -287,6 +328,8 @@ pub struct PrivateSession {
     accountant: Arc<Accountant>,
     options: SessionOptions,
     default_delta: RwLock<f64>,
+    /// `SET dpfusion.max_groups_contributed` / `max_rows_contributed` (None: the tables').
+    bounds: RwLock<guard::GuardOptions>,
     tables: Mutex<HashMap<String, Arc<GuardedTable>>>,
     /// The names of the tables the data owner registered (analyst SQL cannot drop or shadow
     /// them).
@@ -359,6 +402,7 @@ impl PrivateSession {
             ctx,
             accountant,
             default_delta: RwLock::new(options.default_delta),
+            bounds: RwLock::new(guard::GuardOptions::default()),
             options,
             tables: Mutex::new(HashMap::new()),
             owned: Mutex::new(Default::default()),
@@ -520,6 +564,7 @@ impl PrivateSession {
             check_column(&name, &schema, c, "public column")?;
         }
         check_ratio_bounds(&name, &provider, &reg)?;
+        let unit = check_unit(&name, &schema, &reg)?;
         let policy = TablePolicy {
             key: key.clone(),
             name: name.clone(),
@@ -532,6 +577,7 @@ impl PrivateSession {
             schema: Some(crate::owner::pin(&schema)),
             format,
             relaxed: None,
+            unit,
         };
         crate::accounting::check_budget(&policy.budget)
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
@@ -551,6 +597,7 @@ impl PrivateSession {
             neighbours: policy.neighbours,
             public_columns: policy.public_columns.clone(),
             ratio_bounds: reg.ratio_bounds.clone(),
+            unit: policy.unit.clone(),
         };
         let mut guarded = GuardedTable::new(provider, info);
         if let Some(r) = recheck {
@@ -686,7 +733,7 @@ impl PrivateSession {
         let state = self.ctx.state();
         let optimized = state.optimize(&plan)?;
         let schema: SchemaRef = Arc::new(optimized.schema().as_arrow().clone());
-        Ok((guard::guard(optimized)?, schema))
+        Ok((guard::guard_with(optimized, self.guard_options())?, schema))
     }
 
     async fn run_plan(&self, sql: &str, plan: LogicalPlan) -> Result<QueryResult> {
@@ -746,7 +793,7 @@ impl PrivateSession {
                 let input = c.input.clone();
                 let state = self.ctx.state();
                 let optimized = state.optimize(&input)?;
-                let guarded = guard::guard(optimized)?;
+                let guarded = guard::guard_with(optimized, self.guard_options())?;
                 c.input = Arc::new(guarded.plan);
                 let guarded = guard::Guarded {
                     plan: LogicalPlan::Copy(c),
@@ -762,7 +809,7 @@ impl PrivateSession {
         }
         let state = self.ctx.state();
         let optimized = state.optimize(&plan)?;
-        let guarded = guard::guard(optimized)?;
+        let guarded = guard::guard_with(optimized, self.guard_options())?;
         self.execute_guarded(sql, guarded).await
     }
 
@@ -904,7 +951,7 @@ impl PrivateSession {
     ) -> Result<QueryResult> {
         let state = self.ctx.state();
         let optimized = state.optimize(input)?;
-        let guarded = guard::guard(optimized)?;
+        let guarded = guard::guard_with(optimized, self.guard_options())?;
         let result = self.execute_guarded(sql, guarded).await?;
         let receipt = result.receipt;
         let provider = Arc::new(MemTable::try_new(result.schema, vec![result.batches])?);
@@ -923,9 +970,38 @@ impl PrivateSession {
         Ok(r)
     }
 
+    /// The query-level settings the guard applies (contribution bounds).
+    pub fn guard_options(&self) -> guard::GuardOptions {
+        *self.bounds.read().expect("lock")
+    }
+
     fn statement(&self, s: &datafusion::logical_expr::Statement) -> Result<QueryResult> {
         use datafusion::logical_expr::Statement as S;
         if let S::SetVariable(v) = s {
+            let var = v.variable.to_ascii_lowercase();
+            if var == "dpfusion.max_groups_contributed" || var == "dpfusion.max_rows_contributed" {
+                let value = v.value.trim().trim_matches('\'');
+                let bound = if value.eq_ignore_ascii_case("default") {
+                    None
+                } else {
+                    let n: u64 = value.parse().map_err(|_| {
+                        DataFusionError::Plan(format!(
+                            "{var} must be an integer from 1 to {} (or DEFAULT for the tables' \
+                             own), got {}",
+                            PrivacyUnit::MAX_BOUND,
+                            v.value
+                        ))
+                    })?;
+                    Some(PrivacyUnit::check_bound(&var, n).map_err(DataFusionError::Plan)?)
+                };
+                let mut b = self.bounds.write().expect("lock");
+                if var == "dpfusion.max_groups_contributed" {
+                    b.max_groups_contributed = bound;
+                } else {
+                    b.max_rows_contributed = bound;
+                }
+                return Ok(QueryResult::empty());
+            }
             if v.variable.eq_ignore_ascii_case("dpfusion.default_delta") {
                 let d: f64 = v.value.trim().trim_matches('\'').parse().map_err(|_| {
                     DataFusionError::Plan(format!(
@@ -939,8 +1015,9 @@ impl PrivateSession {
                 return Ok(QueryResult::empty());
             }
             return plan_err!(
-                "dpfusion refused the query: SET {} is not allowed; the only setting is \
-                 dpfusion.default_delta",
+                "dpfusion refused the query: SET {} is not allowed; the settings are \
+                 dpfusion.default_delta, dpfusion.max_groups_contributed and \
+                 dpfusion.max_rows_contributed",
                 v.variable
             );
         }
@@ -1113,6 +1190,47 @@ enum FileFormat {
 
 /// `column` must name a column of `schema` exactly (names are case-sensitive); a name that only
 /// matches another spelling is refused with the exact name, so that no declaration is ambiguous.
+/// The privacy unit of a registration, checked: a private table with `add_remove` neighbours, an
+/// existing column, bounds in range; the domain defaults to the table's name.
+fn check_unit(name: &str, schema: &Schema, reg: &Registration) -> Result<Option<PrivacyUnit>> {
+    let Some(u) = &reg.unit else {
+        return Ok(None);
+    };
+    if reg.visibility != Visibility::Private {
+        return plan_err!(
+            "table '{name}': a privacy unit is declared on a private table; a public table has              none"
+        );
+    }
+    if reg.neighbours != Neighbours::AddRemove {
+        return plan_err!(
+            "table '{name}': a privacy unit means neighbouring datasets differ by adding or              removing all the rows of one unit; it cannot be combined with replace neighbours              (remove neighbours = \"replace\", or the unit)"
+        );
+    }
+    check_column(name, schema, &u.column, "privacy unit column")?;
+    if reg.public_columns.contains(&u.column) {
+        return plan_err!(
+            "table '{name}': the privacy unit column '{}' cannot also be a public column: who a              row belongs to is what the unit protects",
+            u.column
+        );
+    }
+    for (what, v) in [
+        ("max_groups_contributed", u.max_groups_contributed),
+        ("max_rows_contributed", u.max_rows_contributed),
+    ] {
+        PrivacyUnit::check_bound(what, v as u64)
+            .map_err(|e| DataFusionError::Plan(format!("table '{name}': {e}")))?;
+    }
+    let domain = if u.domain.trim().is_empty() {
+        name.to_string()
+    } else {
+        u.domain.trim().to_string()
+    };
+    Ok(Some(PrivacyUnit {
+        domain,
+        ..u.clone()
+    }))
+}
+
 fn check_column(table: &str, schema: &Schema, column: &str, what: &str) -> Result<()> {
     if schema.fields().iter().any(|f| f.name() == column) {
         return Ok(());

@@ -159,6 +159,62 @@ pub struct TablePolicy {
     /// changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relaxed: Option<String>,
+    /// The privacy unit (docs/PRIVACY.md, "Privacy units"): neighbouring datasets differ by all
+    /// the rows of one unit. None: the unit is one row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<PrivacyUnit>,
+}
+
+/// A table's privacy unit, declared by the data owner: the column that identifies the person (or
+/// other entity) a row belongs to, and the default contribution bounds of a query.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrivacyUnit {
+    /// The unit column (exact, case-sensitive name).
+    pub column: String,
+    /// The unit domain: private tables of the same domain hold rows of the same units, and may
+    /// be joined on their unit columns. Default: the table's name (no other table shares it).
+    pub domain: String,
+    /// L0: the most groups one unit contributes to in a query (default 1).
+    pub max_groups_contributed: u32,
+    /// L∞: the most rows one unit contributes to each group of a row-level statistic (default 1).
+    pub max_rows_contributed: u32,
+}
+
+impl PrivacyUnit {
+    /// The largest bound accepted (more only adds noise).
+    pub const MAX_BOUND: u32 = 1_000_000;
+
+    /// `unit` on column `column`, in its own domain `table`, with bounds 1 and 1.
+    pub fn new(column: impl Into<String>, table: &str) -> Self {
+        Self {
+            column: column.into(),
+            domain: table.to_string(),
+            max_groups_contributed: 1,
+            max_rows_contributed: 1,
+        }
+    }
+
+    /// Checks a contribution bound (1 ..= 1,000,000).
+    pub fn check_bound(what: &str, v: u64) -> Result<u32, String> {
+        if (1..=Self::MAX_BOUND as u64).contains(&v) {
+            Ok(v as u32)
+        } else {
+            Err(format!(
+                "{what} must be an integer from 1 to {}, got {v}",
+                Self::MAX_BOUND
+            ))
+        }
+    }
+}
+
+impl fmt::Display for PrivacyUnit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unit {} (domain {}; max_groups_contributed {}, max_rows_contributed {})",
+            self.column, self.domain, self.max_groups_contributed, self.max_rows_contributed
+        )
+    }
 }
 
 /// One column of a pinned schema: its exact name, its Arrow type (as Arrow prints it, e.g.

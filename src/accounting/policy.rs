@@ -6,7 +6,11 @@
 //! owner gives a reason to relax it, which is recorded with the difference in an `owner` record.
 //!
 //! Stricter means: private instead of public, a smaller ε or δ, `add_remove` instead of
-//! `replace`, fewer public columns, a schema or format pinned where none was. The privacy filter
+//! `replace`, fewer public columns, a schema or format pinned where none was, a privacy unit
+//! declared where the unit was one row (add/remove of all of a unit's rows protects more than
+//! add/remove of one). Changing the default contribution bounds is recorded freely: any bounds
+//! are valid (they trade bias for noise). Removing or changing the unit column or domain needs
+//! a relaxation. The privacy filter
 //! (kind and order) and the δ share are neither: changing them changes how past charges are
 //! counted, so it needs an explicit relaxation. Lowering a budget stops later admissions earlier;
 //! it does not make earlier admissions cheaper (docs/ACCOUNTING.md).
@@ -91,6 +95,37 @@ pub(super) fn changes(e: &TablePolicy, req: &TablePolicy) -> Vec<Change> {
                 format!("neighbours {} → {}", e.neighbours, req.neighbours),
                 req.neighbours == Neighbours::AddRemove,
             ));
+        }
+        match (&e.unit, &req.unit) {
+            (None, Some(u)) => out.push(Change::new(
+                format!("privacy unit: row → {}", u.column),
+                // A unit of several rows protects more than one row under add/remove.
+                req.neighbours == Neighbours::AddRemove,
+            )),
+            (Some(u), None) => {
+                out.push(Change::new(format!("privacy unit: {} → row", u.column), false))
+            }
+            (Some(a), Some(b)) if a.column != b.column || a.domain != b.domain => {
+                out.push(Change::new(
+                    format!(
+                        "privacy unit {} (domain {}) → {} (domain {})",
+                        a.column, a.domain, b.column, b.domain
+                    ),
+                    false,
+                ))
+            }
+            (Some(a), Some(b)) if a != b => out.push(Change::new(
+                // Any bounds are valid: they trade bias for noise, never the guarantee.
+                format!(
+                    "default contribution bounds (groups {}, rows {}) → (groups {}, rows {})",
+                    a.max_groups_contributed,
+                    a.max_rows_contributed,
+                    b.max_groups_contributed,
+                    b.max_rows_contributed
+                ),
+                true,
+            )),
+            _ => {}
         }
         let added = req
             .public_columns

@@ -34,6 +34,7 @@ fn private(key: &str, name: &str, epsilon: f64) -> TablePolicy {
         schema: None,
         format: None,
         relaxed: None,
+        unit: None,
     }
 }
 

@@ -20,6 +20,7 @@
 pub mod fragment;
 pub mod table;
 pub mod total;
+pub mod units;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -58,6 +59,9 @@ pub struct DpCall {
     pub delta: f64,
     /// Its privacy-loss events.
     pub events: Vec<Event>,
+    /// On a unit-level table: the contribution bounds the call is calibrated for (for EXPLAIN
+    /// PRIVACY), e.g. `unit customer_id: ≤ 3 groups, ≤ 5 rows per group`.
+    pub bounds: Option<String>,
 }
 
 /// A checked plan, ready to run, and the DP calls it makes.
@@ -71,11 +75,37 @@ fn refuse(msg: impl Into<String>) -> DataFusionError {
     DataFusionError::Plan(format!("dpfusion refused the query: {}", msg.into()))
 }
 
+/// What a query may choose within the owner's policy (session settings).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuardOptions {
+    /// `SET dpfusion.max_groups_contributed`: overrides the tables' default L0 bound.
+    pub max_groups_contributed: Option<u32>,
+    /// `SET dpfusion.max_rows_contributed`: overrides the tables' default L∞ bound.
+    pub max_rows_contributed: Option<u32>,
+}
+
+/// The guard's state while it walks one plan.
+struct Cx {
+    calls: Vec<DpCall>,
+    opts: GuardOptions,
+}
+
 /// Checks `plan` (already optimized) and rewrites its DP aggregates.
 pub fn guard(plan: LogicalPlan) -> Result<Guarded> {
-    let mut calls = Vec::new();
-    let plan = visit(plan, &mut calls)?;
-    Ok(Guarded { plan, calls })
+    guard_with(plan, GuardOptions::default())
+}
+
+/// [`guard`] with the session's settings.
+pub fn guard_with(plan: LogicalPlan, opts: GuardOptions) -> Result<Guarded> {
+    let mut cx = Cx {
+        calls: Vec::new(),
+        opts,
+    };
+    let plan = visit(plan, &mut cx)?;
+    Ok(Guarded {
+        plan,
+        calls: cx.calls,
+    })
 }
 
 /// The private table read by a raw (non-DP) path below `plan`, if any: DP aggregates are not
@@ -144,6 +174,7 @@ fn unknown_table(name: &str) -> TableInfo {
         neighbours: Neighbours::AddRemove,
         public_columns: vec![],
         ratio_bounds: vec![],
+        unit: None,
     }
 }
 
@@ -165,6 +196,7 @@ fn table_info(scan: &datafusion::logical_expr::TableScan) -> Option<TableInfo> {
             neighbours: Neighbours::AddRemove,
             public_columns: vec![],
             ratio_bounds: vec![],
+            unit: None,
         });
     }
     None
@@ -220,12 +252,12 @@ fn uses_dp_function(e: &Expr) -> bool {
 /// are visited in turn. A DP aggregate over private rows goes through [`rewrite_dp_aggregate`],
 /// which checks its private region against the fragment. Every other path to a private scan
 /// ends at the `TableScan` arm and is refused, so no private row is reached unchecked.
-fn visit(plan: LogicalPlan, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
+fn visit(plan: LogicalPlan, cx: &mut Cx) -> Result<LogicalPlan> {
     match &plan {
         LogicalPlan::Aggregate(agg)
             if is_dp_aggregate(agg) && raw_private_table(&agg.input).is_some() =>
         {
-            return rewrite_dp_aggregate(agg, calls);
+            return rewrite_dp_aggregate(agg, cx);
         }
         LogicalPlan::Aggregate(agg) if is_dp_aggregate(agg) => {}
         LogicalPlan::Aggregate(agg) => {
@@ -310,10 +342,10 @@ fn visit(plan: LogicalPlan, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
         _ => {}
     }
     let plan = plan
-        .map_subqueries(|sub| visit(sub, calls).map(Transformed::yes))?
+        .map_subqueries(|sub| visit(sub, cx).map(Transformed::yes))?
         .data;
     Ok(plan
-        .map_children(|child| visit(child, calls).map(Transformed::yes))?
+        .map_children(|child| visit(child, cx).map(Transformed::yes))?
         .data)
 }
 
@@ -392,7 +424,7 @@ fn wrap_named(e: &Expr, input: &DFSchema, q: Option<&TableReference>, name: &str
 fn region(
     plan: &LogicalPlan,
     out: &mut Region,
-    calls: &mut Vec<DpCall>,
+    cx: &mut Cx,
     table: &str,
 ) -> Result<LogicalPlan> {
     let table_name = || table.to_string();
@@ -426,7 +458,7 @@ fn region(
             for e in &p.expr {
                 check_fragment(e, "SELECT", &t)?;
             }
-            let input = region(&p.input, out, calls, table)?;
+            let input = region(&p.input, out, cx, table)?;
             let exprs = p
                 .expr
                 .iter()
@@ -438,13 +470,13 @@ fn region(
                 .collect::<Result<Vec<_>>>()?;
             guard_subqueries(
                 LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(input))?),
-                calls,
+                cx,
             )
         }
         LogicalPlan::Filter(f) => {
             let t = table_name();
             check_fragment(&f.predicate, "WHERE", &t)?;
-            let input = region(&f.input, out, calls, table)?;
+            let input = region(&f.input, out, cx, table)?;
             let public_only = out.table.as_ref().is_some_and(|info| {
                 base_columns(&f.predicate, &f.input)
                     .is_some_and(|cols| cols.iter().all(|c| info.is_public_column(c)))
@@ -455,11 +487,11 @@ fn region(
             let predicate = total::wrap(f.predicate.clone(), f.input.schema())?;
             guard_subqueries(
                 LogicalPlan::Filter(Filter::try_new(predicate, Arc::new(input))?),
-                calls,
+                cx,
             )
         }
         LogicalPlan::SubqueryAlias(s) => {
-            let input = region(&s.input, out, calls, table)?;
+            let input = region(&s.input, out, cx, table)?;
             Ok(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
                 Arc::new(input),
                 s.alias.clone(),
@@ -470,9 +502,9 @@ fn region(
 }
 
 /// Guards the plans of the (uncorrelated scalar) subqueries in `node`'s own expressions.
-fn guard_subqueries(node: LogicalPlan, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
+fn guard_subqueries(node: LogicalPlan, cx: &mut Cx) -> Result<LogicalPlan> {
     Ok(node
-        .map_subqueries(|sub| visit(sub, calls).map(Transformed::yes))?
+        .map_subqueries(|sub| visit(sub, cx).map(Transformed::yes))?
         .data)
 }
 
@@ -558,11 +590,7 @@ fn as_f64(v: &ScalarValue) -> f64 {
     }
 }
 
-fn neighbours_literal(mode: &str) -> Expr {
-    lit(mode)
-}
-
-fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<LogicalPlan> {
+fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     let t = any_private_table(&agg.input)
         .map(|t| t.name)
         .unwrap_or_default();
@@ -619,7 +647,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
     }
     // 2. what stands between the aggregate and the scan, checked and made total
     let mut below = Region::default();
-    let input = region(&agg.input, &mut below, calls, &t)?;
+    let input = region(&agg.input, &mut below, cx, &t)?;
     let Some(table) = below.table.clone() else {
         return Err(refuse("a DP aggregate whose input could not be traced"));
     };
@@ -654,20 +682,47 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
     // - replace, public keys, a WHERE on private columns: rows may drop out, so the row count
     //   and the set of surviving groups are private: selection;
     // - replace, public keys, no private filter: the groups and their sizes are public.
+    // Unit-level tables (docs/PRIVACY.md, "Privacy units"): neighbours add or remove all the rows
+    // of one unit, so any group may appear or vanish: selection whenever grouped; every call is
+    // calibrated for the contribution bounds the rewrite below enforces.
+    let bounds = table.unit.as_ref().map(|u| units::Bounds {
+        column: u.column.clone(),
+        groups: if grouped {
+            cx.opts
+                .max_groups_contributed
+                .unwrap_or(u.max_groups_contributed)
+        } else {
+            1
+        },
+        rows: cx
+            .opts
+            .max_rows_contributed
+            .unwrap_or(u.max_rows_contributed),
+        declared_groups: cx
+            .opts
+            .max_groups_contributed
+            .unwrap_or(u.max_groups_contributed),
+    });
     let (mode, needs_selection) = match table.neighbours {
+        _ if bounds.is_some() => (Mode::AddRemove, grouped),
         Neighbours::AddRemove => (Mode::AddRemove, grouped),
         Neighbours::Replace if !keys_public => (Mode::ReplacePrivateKeys, grouped),
         Neighbours::Replace if below.private_filter => (Mode::Replace, grouped),
         Neighbours::Replace if has_filter_clause => (Mode::Replace, false),
         Neighbours::Replace => (Mode::ReplacePublicN, false),
     };
-    let selection_mode = if mode == Mode::ReplacePrivateKeys {
-        Mode::ReplacePrivateKeys
-    } else {
-        Mode::AddRemove
-    }
-    .as_str();
-    let mode = mode.as_str();
+    let selection_mode = match &bounds {
+        Some(b) => b.mode(units::Contribution::Once),
+        None if mode == Mode::ReplacePrivateKeys => Mode::ReplacePrivateKeys.to_string(),
+        None => Mode::AddRemove.to_string(),
+    };
+    let mode = mode.to_string();
+    // The bounding plan of a unit-level table: the unit column carried up from the scan, the
+    // per-(unit, group) sample order and totals, at most K groups per unit.
+    let mut bounding = match &bounds {
+        Some(b) => Some(units::Bounding::new(b, &input, &agg.group_expr, &table)?),
+        None => None,
+    };
 
     // 4. parameters, costs, and the rewritten calls (data arguments and FILTER made total)
     let in_schema = agg.input.schema();
@@ -706,9 +761,29 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
                 &agg.input,
             )?;
         }
+        // How a unit contributes to this call (unit-level tables), and so its mode.
+        let how = match &bounds {
+            Some(_) => Some(units::contribution(
+                &name,
+                &f.params.args[..data_args],
+                f.params.filter.is_some(),
+                &agg.input,
+                &table,
+            )?),
+            None => {
+                if name == units::COUNT_DISTINCT {
+                    return Err(units::count_distinct_needs_unit(&table));
+                }
+                None
+            }
+        };
+        let call_mode = match (&bounds, how) {
+            (Some(b), Some(h)) => b.mode(h),
+            _ => mode.clone(),
+        };
         // The neighbour relation is the table's, never the user's.
         let mut with_mode = params.clone();
-        with_mode.push(ScalarValue::Utf8(Some(mode.to_string())));
+        with_mode.push(ScalarValue::Utf8(Some(call_mode.clone())));
         // The data arguments' shape as written (e.g. a feature list's length), never data.
         let events = match dp_call_cost_with_data(&name, &f.params.args[..data_args], &with_mode) {
             Some(Ok(ev)) => ev,
@@ -719,25 +794,35 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
         if min_call.map(|(e0, _)| eps < e0).unwrap_or(true) {
             min_call = Some((eps, delta));
         }
-        calls.push(DpCall {
+        cx.calls.push(DpCall {
             function: name.clone(),
             display: display_call(&name, &f.params.args[..data_args], &params),
             table: table.clone(),
             epsilon: eps,
             delta,
             events,
+            bounds: bounds.as_ref().zip(how).map(|(b, h)| b.describe(h)),
         });
         let mut args = f.params.args[..data_args]
             .iter()
             .map(|a| total::wrap(a.clone(), in_schema))
             .collect::<Result<Vec<_>>>()?;
+        let mut filter = match &f.params.filter {
+            Some(filter) => Some(total::wrap(filter.as_ref().clone(), in_schema)?),
+            None => None,
+        };
+        if let (Some(b), Some(h)) = (bounding.as_mut(), how) {
+            (args, filter) = b.bound_call(h, args, filter)?;
+        }
         args.extend(params.into_iter().map(|v| Expr::Literal(v, None)));
-        args.push(neighbours_literal(mode));
+        args.push(lit(call_mode));
+        if let (Some(b), Some(units::Contribution::PerUnit)) = (bounding.as_ref(), how) {
+            // Models clip each unit's summed gradient: they read the unit key (udfs docs).
+            args.push(b.unit_expr());
+        }
         let mut nf = f.clone();
         nf.params.args = args;
-        if let Some(filter) = &f.params.filter {
-            nf.params.filter = Some(Box::new(total::wrap(filter.as_ref().clone(), in_schema)?));
-        }
+        nf.params.filter = filter.map(Box::new);
         let (q, field) = agg.schema.qualified_field(n_group + i);
         new_aggr.push(Expr::AggregateFunction(nf).alias_qualified(q.cloned(), field.name()));
     }
@@ -753,17 +838,21 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let input = Arc::new(input);
+    let input = match bounding {
+        Some(b) => Arc::new(b.plan()?),
+        None => Arc::new(input),
+    };
     if !needs_selection {
         let new = Aggregate::try_new(input, group_expr, new_aggr)?;
-        return guard_subqueries(LogicalPlan::Aggregate(new), calls);
+        return guard_subqueries(LogicalPlan::Aggregate(new), cx);
     }
-    // 5. partition selection: keep a group only if its noisy count passes a threshold.
+    // 5. partition selection: keep a group only if its noisy count passes a threshold (on a
+    //    unit-level table: its noisy count of distinct units, each unit in at most K groups).
     let (eps, delta) = min_call.expect("at least one DP call");
     let sel_params = vec![
         ScalarValue::Float64(Some(eps)),
         ScalarValue::Float64(Some(delta)),
-        ScalarValue::Utf8(Some(selection_mode.to_string())),
+        ScalarValue::Utf8(Some(selection_mode.clone())),
     ];
     let events = match dp_call_cost(PARTITION_SELECT, &sel_params) {
         Some(Ok(ev)) => ev,
@@ -778,30 +867,39 @@ fn rewrite_dp_aggregate(agg: &Aggregate, calls: &mut Vec<DpCall>) -> Result<Logi
         .into_iter()
         .find(|u| u.name() == PARTITION_SELECT)
         .ok_or_else(|| DataFusionError::Internal("dp_partition_select missing".into()))?;
+    let sel_filter = bounds.as_ref().map(|_| Box::new(units::first_row_of_unit()));
     let sel = Expr::AggregateFunction(AggregateFunction::new_udf(
         Arc::new(udaf),
         vec![lit(1i64), lit(eps), lit(delta), lit(selection_mode)],
         false,
-        None,
+        sel_filter,
         vec![],
         None,
     ))
     .alias(SELECT_ALIAS);
-    calls.push(DpCall {
+    let what = if bounds.is_some() {
+        "noisy count of distinct units"
+    } else {
+        "noisy count"
+    };
+    cx.calls.push(DpCall {
         function: PARTITION_SELECT.to_string(),
         display: format!(
-            "partition selection of the GROUP BY keys (noisy count ≥ threshold, ε = {eps}, δ = {delta})"
+            "partition selection of the GROUP BY keys ({what} ≥ threshold, ε = {eps}, δ = {delta})"
         ),
         table,
         epsilon: eps,
         delta,
         events,
+        bounds: bounds
+            .as_ref()
+            .map(|b| b.describe(units::Contribution::Once)),
     });
     let mut aggr = new_aggr;
     aggr.push(sel);
     let new = guard_subqueries(
         LogicalPlan::Aggregate(Aggregate::try_new(input, group_expr, aggr)?),
-        calls,
+        cx,
     )?;
     let filter = Filter::try_new(col(SELECT_ALIAS), Arc::new(new))?;
     let cols: Vec<Expr> = agg

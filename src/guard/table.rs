@@ -14,7 +14,7 @@ use datafusion::datasource::TableType;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::accounting::{Neighbours, TableKey};
+use crate::accounting::{Neighbours, PrivacyUnit, TableKey};
 
 /// What the guard needs to know of a table.
 #[derive(Debug, Clone)]
@@ -32,6 +32,8 @@ pub struct TableInfo {
     /// Ratio bounds the data owner declared and that were checked on the data at registration
     /// (`rgm_mean_by`'s contract).
     pub ratio_bounds: Vec<RatioBound>,
+    /// The privacy unit, when a unit is not one row (docs/PRIVACY.md, "Privacy units").
+    pub unit: Option<PrivacyUnit>,
 }
 
 /// In every group of the public column `by`, the values of `value` are > 0 and within a factor

@@ -114,7 +114,9 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
     let mut remaining_delta = Vec::new();
     let mut filter: Vec<Option<String>> = Vec::new();
     let mut limit: Vec<Option<String>> = Vec::new();
+    let mut bounds: Vec<Option<String>> = Vec::new();
     for c in calls {
+        bounds.push(c.bounds.clone());
         table.push(c.table.name.clone());
         release.push(c.display.clone());
         eps.push(Some(c.epsilon));
@@ -142,6 +144,7 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         remaining_delta.push(Some(p.delta_left_after));
         filter.push(Some(p.filter.to_string()));
         limit.push(p.limit.as_ref().map(|l| l.to_string()));
+        bounds.push(None);
     }
     let opt = |v: Vec<Option<f64>>| Arc::new(Float64Array::from(v)) as ArrayRef;
     let opt_str = |v: Vec<Option<String>>| Arc::new(StringArray::from(v)) as ArrayRef;
@@ -158,6 +161,7 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         ("remaining_delta_after", opt(remaining_delta)),
         ("filter", opt_str(filter)),
         ("limit", opt_str(limit)),
+        ("bounds", opt_str(bounds)),
     ])
 }
 
@@ -290,6 +294,7 @@ fn system_table(name: &str, b: RecordBatch) -> Result<Arc<dyn TableProvider>> {
             neighbours: Neighbours::AddRemove,
             public_columns: vec![],
             ratio_bounds: vec![],
+            unit: None,
         },
     )))
 }

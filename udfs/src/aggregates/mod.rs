@@ -3,6 +3,7 @@
 //! | function | parameters after the data column (positional) | returns |
 //! |---|---|---|
 //! | `dp_count(value, …)` | epsilon, delta, neighbours | Int64 ≥ 0 |
+//! | `dp_count_distinct(unit, …)` (unit-level tables) | epsilon, delta, neighbours | Int64 ≥ 0 |
 //! | `dp_sum(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 |
 //! | `dp_mean(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [lower, upper] |
 //! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
@@ -29,6 +30,7 @@ pub mod accumulator;
 pub mod adapter;
 mod common;
 pub mod dp_count;
+pub mod dp_count_distinct;
 pub mod dp_linreg_gd;
 pub mod dp_logreg_agd;
 pub mod dp_mean;
@@ -41,6 +43,7 @@ pub mod rgm_mean_by;
 
 pub use accumulator::Partial;
 pub use dp_count::{DpCount, dp_count_udaf};
+pub use dp_count_distinct::{CountDistinctParams, DpCountDistinct, dp_count_distinct_udaf};
 pub use dp_linreg_gd::{DpLinregGd, LinregParams, dp_linreg_gd_udaf};
 pub use dp_logreg_agd::{AgdParams, DpLogregAgd, dp_logreg_agd_udaf};
 pub use dp_mean::{DpMean, dp_mean_udaf};

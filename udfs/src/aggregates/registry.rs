@@ -37,8 +37,8 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use super::{
-    AgdParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams, SumParams,
-    dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf, dp_logreg_agd_udaf, dp_mean_udaf,
+    AgdParams, CountDistinctParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams, SumParams,
+    dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf, dp_logreg_agd_udaf, dp_mean_udaf,
     dp_partition_select_udaf, dp_sum_udaf, rgm_mean_by_udaf,
 };
 use crate::privacy::{Event, PrivacyError};
@@ -217,6 +217,26 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_count_udaf,
         cost: |_, p| no_data(CountParams::from_literals, CountParams::cost, p),
+    },
+    Aggregate {
+        name: "dp_count_distinct",
+        summary: "noisy number of distinct privacy units (tables with a unit column)",
+        data: &[DataArg {
+            name: "unit",
+            doc: "the table's privacy unit column",
+        }],
+        params: &[EPSILON, DELTA, NEIGHBOURS],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_count_distinct_udaf,
+        cost: |_, p| {
+            no_data(
+                CountDistinctParams::from_literals,
+                CountDistinctParams::cost,
+                p,
+            )
+        },
     },
     Aggregate {
         name: "dp_sum",
