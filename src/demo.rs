@@ -218,7 +218,9 @@ pub fn transactions() -> Result<RecordBatch> {
 pub fn stores() -> Result<RecordBatch> {
     let store: Vec<i64> = (1..=STORES as i64).collect();
     let region: Vec<&str> = (0..STORES).map(|i| REGIONS[i % REGIONS.len()]).collect();
-    let city: Vec<String> = (0..STORES).map(|i| format!("city-{:02}", i / 2 + 1)).collect();
+    let city: Vec<String> = (0..STORES)
+        .map(|i| format!("city-{:02}", i / 2 + 1))
+        .collect();
     let fields: Vec<(&str, ArrayRef)> = vec![
         ("store", Arc::new(Int64Array::from(store))),
         ("region", Arc::new(StringArray::from(region))),
@@ -341,7 +343,10 @@ mod tests {
         let max = *per.iter().max().unwrap();
         let over_100 = per.iter().filter(|&&n| n >= 100).count();
         assert!((20_000..60_000).contains(&t.num_rows()), "{}", t.num_rows());
-        assert!(max >= 300 && over_100 >= 3, "max {max}, {over_100} customers ≥ 100 rows");
+        assert!(
+            max >= 300 && over_100 >= 3,
+            "max {max}, {over_100} customers ≥ 100 rows"
+        );
         assert_eq!(transactions().unwrap(), t);
     }
 

@@ -102,9 +102,10 @@ pub(super) fn changes(e: &TablePolicy, req: &TablePolicy) -> Vec<Change> {
                 // A unit of several rows protects more than one row under add/remove.
                 req.neighbours == Neighbours::AddRemove,
             )),
-            (Some(u), None) => {
-                out.push(Change::new(format!("privacy unit: {} → row", u.column), false))
-            }
+            (Some(u), None) => out.push(Change::new(
+                format!("privacy unit: {} → row", u.column),
+                false,
+            )),
             (Some(a), Some(b)) if a.column != b.column || a.domain != b.domain => {
                 out.push(Change::new(
                     format!(

@@ -421,12 +421,7 @@ fn wrap_named(e: &Expr, input: &DFSchema, q: Option<&TableReference>, name: &str
 
 /// Checks the private region below a DP aggregate against the fragment, and returns it with
 /// every expression made total.
-fn region(
-    plan: &LogicalPlan,
-    out: &mut Region,
-    cx: &mut Cx,
-    table: &str,
-) -> Result<LogicalPlan> {
+fn region(plan: &LogicalPlan, out: &mut Region, cx: &mut Cx, table: &str) -> Result<LogicalPlan> {
     let table_name = || table.to_string();
     match plan {
         LogicalPlan::TableScan(scan) => {
@@ -750,7 +745,8 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         let requirements = dpfusion_udfs::aggregates::registry::get(&name)
             .map(|a| a.requirements)
             .unwrap_or_default();
-        if !requirements.is_empty() {
+        // (On a unit-level table rgm_mean_by is refused below, with the unit as the reason.)
+        if !requirements.is_empty() && bounds.is_none() {
             check_rgm_mean_by(
                 &table,
                 &below,
@@ -867,7 +863,9 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         .into_iter()
         .find(|u| u.name() == PARTITION_SELECT)
         .ok_or_else(|| DataFusionError::Internal("dp_partition_select missing".into()))?;
-    let sel_filter = bounds.as_ref().map(|_| Box::new(units::first_row_of_unit()));
+    let sel_filter = bounds
+        .as_ref()
+        .map(|_| Box::new(units::first_row_of_unit()));
     let sel = Expr::AggregateFunction(AggregateFunction::new_udf(
         Arc::new(udaf),
         vec![lit(1i64), lit(eps), lit(delta), lit(selection_mode)],

@@ -198,10 +198,8 @@ impl Bounding {
         table: &TableInfo,
     ) -> Result<Self> {
         let (plan, unit) = expose(input, &bounds.column, table)?;
-        let plan = LogicalPlan::Filter(Filter::try_new(
-            unit.clone().is_not_null(),
-            Arc::new(plan),
-        )?);
+        let plan =
+            LogicalPlan::Filter(Filter::try_new(unit.clone().is_not_null(), Arc::new(plan))?);
         let mut exprs: Vec<Expr> = plan
             .schema()
             .columns()
@@ -322,7 +320,12 @@ impl Bounding {
 
 /// `plan` with the window functions `exprs` added as columns of the given names.
 fn windowed(plan: LogicalPlan, exprs: Vec<(Expr, String)>) -> Result<LogicalPlan> {
-    let mut cols: Vec<Expr> = plan.schema().columns().into_iter().map(Expr::Column).collect();
+    let mut cols: Vec<Expr> = plan
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
     for (e, name) in &exprs {
         cols.push(Expr::Column(Column::from_name(e.schema_name().to_string())).alias(name));
     }

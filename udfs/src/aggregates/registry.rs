@@ -37,9 +37,9 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use super::{
-    AgdParams, CountDistinctParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams, SumParams,
-    dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf, dp_logreg_agd_udaf, dp_mean_udaf,
-    dp_partition_select_udaf, dp_sum_udaf, rgm_mean_by_udaf,
+    AgdParams, CountDistinctParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams,
+    SumParams, dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf,
+    dp_logreg_agd_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_sum_udaf, rgm_mean_by_udaf,
 };
 use crate::privacy::{Event, PrivacyError};
 

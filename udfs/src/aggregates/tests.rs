@@ -1186,3 +1186,122 @@ fn non_finite_sigma_never_reaches_the_sampler() {
         assert!(GaussianMechanism::from_mu(mu, d).is_err(), "{mu} {d}");
     }
 }
+
+// ---- privacy units (issue 16): `units:K:C` ------------------------------------------------------
+
+#[test]
+fn units_mode_parses_and_rounds_its_factor_up() {
+    let nb = Neighbours::parse("units:4:3").unwrap();
+    assert_eq!(nb, Neighbours::Units { groups: 4, rows: 3 });
+    assert_eq!(nb.to_string(), "units:4:3");
+    assert_eq!(nb.unit_factor(), 6.0); // √4·3, exact
+    assert!(!nb.is_replace() && nb.is_units() && !nb.moves_between_groups());
+    // √2 is irrational: the factor is above the real √2·5 = 7.0710678118654752…
+    let f = Neighbours::Units { groups: 2, rows: 5 }.unit_factor();
+    assert!(
+        f > 7.071_067_811_865_475 && f < 7.071_067_811_865_48,
+        "{f}"
+    );
+    assert!(crate::aggregates::params::sqrt_up(2) >= std::f64::consts::SQRT_2);
+    let mu = 0.7;
+    assert!(nb.calibration_mu(mu) <= mu / 6.0);
+    assert_eq!(Neighbours::AddRemove.calibration_mu(mu), mu);
+    for bad in [
+        "units:0:1",
+        "units:1",
+        "units:1:2:3",
+        "units:x:1",
+        "units:1:1000001",
+    ] {
+        assert!(Neighbours::parse(bad).is_err(), "{bad}");
+    }
+}
+
+/// Seeded: under `units:K:C` the noise of dp_count is √K·C times the add/remove one, of dp_sum
+/// (C = 1, per-unit totals) √K times, with the same (ε, δ) and so the same recorded cost.
+/// 20,000 draws each; the variance is checked within 5 sd of its chi-square spread
+/// (`check_variance`: ±5·√(2/(n − 1)) = ±5%), which a 10% error in σ (21% in the variance)
+/// fails.
+#[test]
+fn units_count_and_sum_noise() {
+    let mu = gaussian_mu(1.0, 1e-6).unwrap();
+    let p = CountParams::from_literals(&[f(1.0), f(1e-6), s("units:4:3")]).unwrap();
+    assert_eq!(
+        p.cost().unwrap(),
+        CountParams::from_literals(&[f(1.0), f(1e-6)])
+            .unwrap()
+            .cost()
+            .unwrap()
+    );
+    let rel = CountRelease::new(&p).unwrap();
+    let sigma = rel.mech.sigma;
+    assert!(
+        sigma >= 6.0 / mu && sigma <= 6.0 / mu * (1.0 + 1e-5),
+        "σ = {sigma}"
+    );
+    let mut acc = DpAccumulator::new(Arc::new(rel), Some(160)).unwrap();
+    acc.update_batch(&[col(&vec![Some(1.0); 500])]).unwrap();
+    let xs = draws(&mut acc, DRAWS_14);
+    check_variance("dp_count units:4:3", &xs, 500.0, sigma * sigma + 1.0 / 12.0);
+
+    let p = SumParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("units:9:1")]).unwrap();
+    let rel = SumRelease::new(&p).unwrap();
+    let m = rel.mech.clone().unwrap();
+    let want = 3.0 * (10.0 + m.granularity) / mu; // √9·(Δ + g)/μ
+    assert!(
+        m.sigma >= want * (1.0 - 1e-9) && m.sigma <= want * (1.0 + 1e-5),
+        "σ = {}",
+        m.sigma
+    );
+    let mut acc = DpAccumulator::new(Arc::new(rel), Some(161)).unwrap();
+    let vals: Vec<Option<f64>> = (0..100).map(|i| Some(i as f64 * 0.1)).collect();
+    acc.update_batch(&[col(&vals)]).unwrap();
+    let truth: f64 = vals.iter().flatten().sum();
+    let xs = draws(&mut acc, DRAWS_14);
+    check_variance("dp_sum units:9:1", &xs, truth, m.sigma * m.sigma);
+}
+
+/// Seeded: partition selection under `units:K:1` keeps a group of one unit with probability
+/// δ/(2K) (one unit can create K groups: union bound), with noise √K times the add/remove one.
+/// δ = 0.8, K = 4: q = 0.1; N = 40,000 one-unit groups, tolerance 5 binomial sd = 0.0075, which
+/// rejects a 10% error in σ and the add/remove tail δ/2 (as `partition_select_private_keys_tail`).
+#[test]
+fn partition_select_units_tail() {
+    let (delta, k) = (0.8, 4.0);
+    let q = delta / 2.0 / k;
+    let p = PartitionSelectParams::from_literals(&[f(1.0), f(delta), s("units:4:1")]).unwrap();
+    assert!((p.tail() - q).abs() < 1e-15);
+    let rel = SelectRelease::new(&p).unwrap();
+    let (sigma, g) = (rel.mech.sigma, rel.mech.granularity);
+    let mu = gaussian_mu(1.0, delta / 2.0).unwrap();
+    assert!(
+        sigma >= 2.0 / mu && sigma <= 2.0 / mu * (1.0 + 1e-5),
+        "σ = {sigma}"
+    );
+    let exact = phi(-(rel.threshold - 1.0 - 3.0 * g) / sigma);
+    assert!((exact / q - 1.0).abs() < 1e-9);
+    let n = 40_000usize;
+    let mut groups = DpGroups::new(Arc::new(rel), Some(162)).unwrap();
+    let idx: Vec<usize> = (0..n).collect();
+    groups
+        .update_batch(&[col(&vec![Some(1.0); n])], &idx, None, n)
+        .unwrap();
+    let out = groups.evaluate(EmitTo::All).unwrap();
+    let out = out.as_any().downcast_ref::<BooleanArray>().unwrap();
+    let rate = out.true_count() as f64 / n as f64;
+    let tol = 5.0 * (q * (1.0 - q) / n as f64).sqrt();
+    assert!((rate - q).abs() <= tol, "keep rate {rate} vs {q} ± {tol}");
+    let z = -crate::privacy::normal::phi_inv(q);
+    for wrong in [phi(-z / 1.1), phi(-z / 0.9), delta / 2.0] {
+        assert!((wrong - q).abs() > 2.0 * tol, "{wrong} is not rejected");
+    }
+}
+
+#[test]
+fn count_distinct_needs_a_units_mode() {
+    use crate::aggregates::CountDistinctParams;
+    let e = CountDistinctParams::from_literals(&[f(1.0), f(1e-6)]).unwrap_err();
+    assert!(e.to_string().contains("privacy unit"), "{e}");
+    let p = CountDistinctParams::from_literals(&[f(1.0), f(1e-6), s("units:2:1")]).unwrap();
+    assert_eq!(p.0.neighbours, Neighbours::Units { groups: 2, rows: 1 });
+}

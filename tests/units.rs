@@ -1,0 +1,381 @@
+//! Privacy units (issue 16): contribution bounding on a table whose unit is a person, not a row.
+//!
+//! - `an_extreme_unit_moves_each_release_by_at_most_its_bound`: a unit with 10,000 rows of
+//!   extreme values. The guard's checked plan runs twice with the same fixed noise seed (the
+//!   noise is then the same draw), on D and on D plus that unit: the releases differ by exactly
+//!   the bound of each call (dp_sum: upper; dp_count: max_rows_contributed; dp_count_distinct:
+//!   1), while on the same data registered with row-level neighbours they differ by 10,000 times
+//!   as much.
+//! - `unit_level_audit_passes_with_bounding_and_fails_without`: the distinguishing audit of
+//!   udfs/tests/audit.rs (Ding et al. 2018; Jagielski et al. 2020) on the whole rewritten plan:
+//!   G releases of dp_sum on D and on D′ = D plus one heavy unit in each of G groups; the 95%
+//!   lower confidence bound on ε stays below the claimed ε with bounding, and exceeds it when the
+//!   same data is registered with row-level neighbours (no bounding).
+//! - the SQL surface: settings, refusals, EXPLAIN PRIVACY.
+mod common;
+
+use std::sync::Arc;
+
+use dpfusion::datafusion::arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch};
+use dpfusion::datafusion::arrow::datatypes::{DataType, Field, Schema};
+use dpfusion::datafusion::common::tree_node::{Transformed, TreeNode};
+use dpfusion::datafusion::logical_expr::{AggregateUDF, Expr, LogicalPlan};
+use dpfusion::datafusion::prelude::SessionContext;
+use dpfusion::dpfusion_udfs::aggregates::{
+    DpCount, DpCountDistinct, DpPartitionSelect, DpSum, dp_aggregate_data_args,
+};
+use dpfusion::{PrivateSession, Registration, SessionOptions};
+use statrs::distribution::{Beta, ContinuousCDF};
+
+async fn session(tag: &str) -> PrivateSession {
+    let dir = common::temp_dir(tag);
+    PrivateSession::open(SessionOptions::default().with_ledger(dir.join("ledger.jsonl")))
+        .await
+        .unwrap()
+}
+
+/// A table (g, unit, amount) from rows.
+fn batch(rows: &[(i64, i64, f64)]) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("g", DataType::Int64, false),
+        Field::new("unit", DataType::Int64, false),
+        Field::new("amount", DataType::Float64, false),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.2))),
+        ],
+    )
+    .unwrap()
+}
+
+fn unit_level() -> Registration {
+    Registration::private()
+        .privacy_unit("unit")
+        .contribution_bounds(1, 3)
+        .budget(1e6, 1e-5)
+}
+
+/// The guard's checked plan of `sql`, with every DP aggregate replaced by the same function
+/// drawing its noise from a fixed seed (INSECURE; tests only), run outside the session: what
+/// the session would run, reproducibly and without a charge.
+async fn run_seeded(s: &PrivateSession, sql: &str, seed: u64) -> Vec<RecordBatch> {
+    let guarded = s.check(sql).await.unwrap();
+    let plan = guarded
+        .plan
+        .transform_up(|node: LogicalPlan| {
+            node.map_expressions(|e| {
+                e.transform(|e| match e {
+                    Expr::AggregateFunction(mut f)
+                        if dp_aggregate_data_args(f.func.name()).is_some() =>
+                    {
+                        let udaf = match f.func.name() {
+                            "dp_sum" => AggregateUDF::from(DpSum::with_insecure_seed(seed)),
+                            "dp_count" => AggregateUDF::from(DpCount::with_insecure_seed(seed)),
+                            "dp_count_distinct" => {
+                                AggregateUDF::from(DpCountDistinct::with_insecure_seed(seed))
+                            }
+                            "dp_partition_select" => {
+                                AggregateUDF::from(DpPartitionSelect::with_insecure_seed(seed))
+                            }
+                            other => panic!("no seeded {other}"),
+                        };
+                        f.func = Arc::new(udaf);
+                        Ok(Transformed::yes(Expr::AggregateFunction(f)))
+                    }
+                    e => Ok(Transformed::no(e)),
+                })
+            })
+        })
+        .unwrap()
+        .data;
+    SessionContext::new()
+        .execute_logical_plan(plan)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap()
+}
+
+fn column_f64(batches: &[RecordBatch], i: usize) -> Vec<f64> {
+    let mut out = vec![];
+    for b in batches {
+        let c = b.column(i);
+        if let Some(a) = c.as_any().downcast_ref::<Float64Array>() {
+            out.extend((0..a.len()).map(|j| a.value(j)));
+        } else if let Some(a) = c.as_any().downcast_ref::<Int64Array>() {
+            out.extend((0..a.len()).map(|j| a.value(j) as f64));
+        } else {
+            panic!("unexpected column type {}", c.data_type());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_extreme_unit_moves_each_release_by_at_most_its_bound() {
+    // D: 500 units with 2 rows each; the heavy unit: 10,000 rows of 1e9.
+    let d: Vec<(i64, i64, f64)> = (0..1000).map(|i| (0, i / 2, (i % 97) as f64)).collect();
+    let mut d1 = d.clone();
+    d1.extend((0..10_000).map(|_| (0, 99_999, 1e9)));
+    let sql = "SELECT dp_sum(amount, 0, 500, epsilon => 1) AS s, \
+               dp_count(amount, epsilon => 1) AS c, \
+               dp_count_distinct(unit, epsilon => 1) AS n FROM t";
+    let mut diffs = vec![];
+    for (reg, tag) in [(unit_level(), "unit"), (Registration::private(), "row")] {
+        let mut out = vec![];
+        for rows in [&d, &d1] {
+            let s = session(tag).await;
+            s.register_batches("t", vec![batch(rows)], reg.clone().budget(1e6, 1e-5))
+                .unwrap();
+            let sql = if tag == "row" {
+                // dp_count_distinct counts units: refused on a row-level table.
+                "SELECT dp_sum(amount, 0, 500, epsilon => 1) AS s, \
+                 dp_count(amount, epsilon => 1) AS c, 1 AS n FROM t"
+            } else {
+                sql
+            };
+            let b = run_seeded(&s, sql, 7).await;
+            out.push([
+                column_f64(&b, 0)[0],
+                column_f64(&b, 1)[0],
+                column_f64(&b, 2)[0],
+            ]);
+        }
+        diffs.push([
+            out[1][0] - out[0][0],
+            out[1][1] - out[0][1],
+            out[1][2] - out[0][2],
+        ]);
+    }
+    let [sum, count, units] = diffs[0];
+    // The same noise draw on both sides: the difference is the heavy unit's bounded
+    // contribution (a grid step of slack for the released sum's rounding).
+    assert!((sum - 500.0).abs() <= 1e-6 * 500.0, "sum moved by {sum}");
+    assert_eq!(
+        count, 3.0,
+        "count moved by {count} (max_rows_contributed 3)"
+    );
+    assert_eq!(units, 1.0, "distinct units moved by {units}");
+    // Without a unit (row-level neighbours) the same rows move the sum 10,000 times as much.
+    let [row_sum, row_count, _] = diffs[1];
+    assert!((row_sum - 5e6).abs() <= 1e-6 * 5e6, "{row_sum}");
+    assert_eq!(row_count, 10_000.0);
+}
+
+/// One-sided Clopper–Pearson bounds (as udfs/tests/audit.rs).
+fn cp_upper(k: usize, n: usize, alpha: f64) -> f64 {
+    if k == n {
+        1.0
+    } else {
+        Beta::new(k as f64 + 1.0, (n - k) as f64)
+            .unwrap()
+            .inverse_cdf(1.0 - alpha)
+    }
+}
+fn cp_lower(k: usize, n: usize, alpha: f64) -> f64 {
+    if k == 0 {
+        0.0
+    } else {
+        Beta::new(k as f64, (n - k + 1) as f64)
+            .unwrap()
+            .inverse_cdf(alpha)
+    }
+}
+
+/// The 95% lower confidence bound on ε from releases on D and D′ over the events {M > t},
+/// {M ≤ t}, t at the 1/20 … 19/20 pooled quantiles, both orders (udfs/tests/audit.rs,
+/// `epsilon_lower_bound`, Bonferroni over the 4·19 tests).
+fn epsilon_lower_bound(d: &[f64], d1: &[f64], delta: f64) -> f64 {
+    let mut pooled: Vec<f64> = d.iter().chain(d1).copied().collect();
+    pooled.sort_by(f64::total_cmp);
+    let grid: Vec<f64> = (1..20).map(|i| pooled[i * pooled.len() / 20]).collect();
+    let alpha = 0.05 / (4 * grid.len()) as f64;
+    let above = |v: &[f64], t: f64| v.iter().filter(|&&x| x > t).count();
+    let mut best = f64::NEG_INFINITY;
+    for &t in &grid {
+        let (ka, kb) = (above(d, t), above(d1, t));
+        for ((p, np), (q, nq)) in [
+            ((ka, d.len()), (kb, d1.len())),
+            ((kb, d1.len()), (ka, d.len())),
+            ((d.len() - ka, d.len()), (d1.len() - kb, d1.len())),
+            ((d1.len() - kb, d1.len()), (d.len() - ka, d.len())),
+        ] {
+            let (p_hi, q_lo) = (cp_upper(p, np, alpha), cp_lower(q, nq, alpha));
+            if q_lo - delta > 0.0 && p_hi > 0.0 {
+                best = best.max(((q_lo - delta) / p_hi).ln());
+            }
+        }
+    }
+    best
+}
+
+/// G = 3,000 groups, each a copy of D (60 units of one row of 10 each; each unit in one group);
+/// D′ adds to every group a unit of 40 rows of 1e6. Each group's dp_sum(amount, 0, 100, ε = 1)
+/// is one release (the groups are disjoint in units, so they are independent runs). With the
+/// unit declared, the heavy unit adds at most 100 to its group's sum: ε_lb ≤ 1. Registered with
+/// row-level neighbours, its 40 rows add 4,000 against a noise σ ≈ 100/μ(1, 1e-6) ≈ 430: the
+/// audit finds ε_lb far above 1 (its power). Seeded noise: reproducible. The groups are kept by
+/// partition selection (60 units ≫ its threshold ≈ 24 at ε = 1; a dropped group only shortens
+/// the samples).
+#[tokio::test]
+async fn unit_level_audit_passes_with_bounding_and_fails_without() {
+    const G: i64 = 3_000;
+    let mut d = vec![];
+    for g in 0..G {
+        for u in 0..60 {
+            d.push((g, g * 1000 + u, 10.0));
+        }
+    }
+    let mut d1 = d.clone();
+    for g in 0..G {
+        for _ in 0..40 {
+            d1.push((g, g * 1000 + 999, 1e6));
+        }
+    }
+    let sql = "SELECT g, dp_sum(amount, 0, 100, epsilon => 1, delta => 1e-6) FROM t GROUP BY g";
+    let mut lbs = vec![];
+    for (reg, tag) in [
+        (unit_level(), "audit-unit"),
+        (Registration::private(), "audit-row"),
+    ] {
+        let mut samples = vec![];
+        for (rows, seed) in [(&d, 11), (&d1, 12)] {
+            let s = session(tag).await;
+            s.register_batches("t", vec![batch(rows)], reg.clone().budget(1e6, 1e-5))
+                .unwrap();
+            let b = run_seeded(&s, sql, seed).await;
+            let v = column_f64(&b, 1);
+            assert!(v.len() as i64 >= G - 5, "{} groups kept of {G}", v.len());
+            samples.push(v);
+        }
+        lbs.push(epsilon_lower_bound(&samples[0], &samples[1], 1e-6));
+    }
+    eprintln!(
+        "unit-level audit: ε_lb with bounding {}, without {}",
+        lbs[0], lbs[1]
+    );
+    assert!(lbs[0] <= 1.0, "with bounding ε_lb = {} > 1", lbs[0]);
+    assert!(
+        lbs[1] > 2.0,
+        "without bounding the audit has no power: ε_lb = {}",
+        lbs[1]
+    );
+}
+
+#[tokio::test]
+async fn settings_refusals_and_explain() {
+    let s = session("units-sql").await;
+    let rows: Vec<(i64, i64, f64)> = (0..400).map(|i| (i % 4, i / 4, 1.0)).collect();
+    s.register_batches("t", vec![batch(&rows)], unit_level())
+        .unwrap();
+    // EXPLAIN PRIVACY shows the bounds in force; SET changes them for the session.
+    let bounds = |r: &dpfusion::QueryResult| -> Vec<String> {
+        let b = &r.batches[0];
+        let i = b.schema().index_of("bounds").unwrap();
+        let c = b
+            .column(i)
+            .as_any()
+            .downcast_ref::<dpfusion::arrow::array::StringArray>()
+            .unwrap();
+        (0..c.len())
+            .filter(|&j| c.is_valid(j))
+            .map(|j| c.value(j).to_string())
+            .collect()
+    };
+    let q = "EXPLAIN PRIVACY SELECT g, dp_count(amount, epsilon => 1) FROM t GROUP BY g";
+    let b = bounds(&s.sql(q).await.unwrap());
+    assert_eq!(b[0], "unit unit: ≤ 1 group(s), ≤ 3 row(s) per group");
+    assert_eq!(b[1], "unit unit: ≤ 1 group(s), counted once per group");
+    s.sql("SET dpfusion.max_groups_contributed = 4")
+        .await
+        .unwrap();
+    s.sql("SET dpfusion.max_rows_contributed = 2")
+        .await
+        .unwrap();
+    let b = bounds(&s.sql(q).await.unwrap());
+    assert_eq!(b[0], "unit unit: ≤ 4 group(s), ≤ 2 row(s) per group");
+    s.sql("SET dpfusion.max_groups_contributed = DEFAULT")
+        .await
+        .unwrap();
+    let b = bounds(&s.sql(q).await.unwrap());
+    assert_eq!(b[0], "unit unit: ≤ 1 group(s), ≤ 2 row(s) per group");
+    for bad in ["0", "1000001", "'many'", "2.5"] {
+        let e = s
+            .sql(&format!("SET dpfusion.max_rows_contributed = {bad}"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("from 1 to 1000000"), "{bad}: {e}");
+    }
+    // Refusals with their reasons.
+    for (sql, want) in [
+        (
+            "SELECT dp_count_distinct(amount, epsilon => 1) FROM t",
+            "must be the unit column 'unit'",
+        ),
+        (
+            "SELECT rgm_mean_by(amount, g, 2, epsilon => 1) FROM t",
+            "a unit's number of rows",
+        ),
+    ] {
+        let e = s.sql(sql).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{sql}: {e}");
+        assert_eq!(s.scans("t"), 0, "{sql} read the table");
+    }
+    // Charged queries run, and the unit column itself stays private.
+    let r = s
+        .sql("SELECT dp_count_distinct(unit, epsilon => 1) AS n FROM t")
+        .await
+        .unwrap();
+    assert_eq!(r.batches[0].num_rows(), 1);
+    let e = s.sql("SELECT unit FROM t").await.unwrap_err().to_string();
+    assert!(e.contains("raw rows"), "{e}");
+}
+
+#[tokio::test]
+async fn a_unit_must_fit_the_policy() {
+    let s = session("units-policy").await;
+    let rows: Vec<(i64, i64, f64)> = (0..10).map(|i| (0, i, 1.0)).collect();
+    for (reg, want) in [
+        (
+            Registration::private().privacy_unit("nope"),
+            "'nope' is not a column",
+        ),
+        (
+            Registration::private().replace().privacy_unit("unit"),
+            "cannot be combined with replace",
+        ),
+        (
+            Registration::private()
+                .public_columns(["unit"])
+                .privacy_unit("unit"),
+            "cannot also be a public column",
+        ),
+        (
+            Registration::private()
+                .privacy_unit("unit")
+                .contribution_bounds(0, 1),
+            "from 1 to 1000000",
+        ),
+    ] {
+        let e = s
+            .register_batches("t", vec![batch(&rows)], reg)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+    }
+    // dp_count_distinct on a row-level table says what to use instead.
+    s.register_batches("r", vec![batch(&rows)], Registration::private())
+        .unwrap();
+    let e = s
+        .sql("SELECT dp_count_distinct(unit, epsilon => 1) FROM r")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("use dp_count instead"), "{e}");
+}
