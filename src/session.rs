@@ -733,7 +733,9 @@ impl PrivateSession {
         let state = self.ctx.state();
         let optimized = state.optimize(&plan)?;
         let schema: SchemaRef = Arc::new(optimized.schema().as_arrow().clone());
-        Ok((guard::guard_with(optimized, self.guard_options())?, schema))
+        let mut guarded = guard::guard_with(optimized, self.guard_options())?;
+        self.settle_public_joins(&mut guarded).await?;
+        Ok((guarded, schema))
     }
 
     async fn run_plan(&self, sql: &str, plan: LogicalPlan) -> Result<QueryResult> {
@@ -793,11 +795,13 @@ impl PrivateSession {
                 let input = c.input.clone();
                 let state = self.ctx.state();
                 let optimized = state.optimize(&input)?;
-                let guarded = guard::guard_with(optimized, self.guard_options())?;
+                let mut guarded = guard::guard_with(optimized, self.guard_options())?;
+                self.settle_public_joins(&mut guarded).await?;
                 c.input = Arc::new(guarded.plan);
                 let guarded = guard::Guarded {
                     plan: LogicalPlan::Copy(c),
                     calls: guarded.calls,
+                    public_sides: guarded.public_sides,
                 };
                 return self.execute_guarded(sql, guarded).await;
             }
@@ -809,8 +813,105 @@ impl PrivateSession {
         }
         let state = self.ctx.state();
         let optimized = state.optimize(&plan)?;
-        let guarded = guard::guard_with(optimized, self.guard_options())?;
+        let mut guarded = guard::guard_with(optimized, self.guard_options())?;
+        self.settle_public_joins(&mut guarded).await?;
         self.execute_guarded(sql, guarded).await
+    }
+
+    /// The public sides of joins in private regions (guard/join.rs): each runs now (public data
+    /// only), its join keys are checked unique, and the plan is given the very rows that were
+    /// checked, so a public file that changes before execution cannot add a second match.
+    /// Refuses a duplicated key, naming it (public information). Runs before admission.
+    async fn settle_public_joins(&self, guarded: &mut guard::Guarded) -> Result<()> {
+        use datafusion::arrow::datatypes::Field;
+        use datafusion::common::Column;
+        use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+        use datafusion::datasource::provider_as_source;
+        use datafusion::logical_expr::{Expr, LogicalPlanBuilder, Projection, col, lit};
+        if guarded.public_sides.is_empty() {
+            return Ok(());
+        }
+        let state = self.ctx.state();
+        let mut replacements: Vec<(LogicalPlan, LogicalPlan)> = vec![];
+        for (i, side) in guarded.public_sides.iter().enumerate() {
+            let physical = state
+                .query_planner()
+                .create_physical_plan(&side.plan, &state)
+                .await?;
+            let batches = datafusion::physical_plan::collect(physical, self.ctx.task_ctx()).await?;
+            // The rows under plain column names, then the side's own (qualified) names on top.
+            let schema = side.plan.schema();
+            let fields: Vec<Field> = schema
+                .fields()
+                .iter()
+                .enumerate()
+                .map(|(j, f)| {
+                    Field::new(format!("c{j}"), f.data_type().clone(), f.is_nullable())
+                        .with_metadata(f.metadata().clone())
+                })
+                .collect();
+            let arrow_schema = Arc::new(Schema::new(fields));
+            let batches = batches
+                .into_iter()
+                .map(|b| RecordBatch::try_new(arrow_schema.clone(), b.columns().to_vec()))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let name = format!("__dpfusion_public_{i}");
+            let mem = MemTable::try_new(arrow_schema, vec![batches])?;
+            let scan =
+                LogicalPlanBuilder::scan(name.as_str(), provider_as_source(Arc::new(mem)), None)?
+                    .build()?;
+            let exprs: Vec<Expr> = schema
+                .iter()
+                .enumerate()
+                .map(|(j, (q, f))| {
+                    Expr::Column(Column::new(Some(name.as_str()), format!("c{j}")))
+                        .alias_qualified(q.cloned(), f.name())
+                })
+                .collect();
+            let rows = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(scan))?);
+            let dup = LogicalPlanBuilder::from(rows.clone())
+                .aggregate(
+                    side.keys.clone(),
+                    vec![datafusion::functions_aggregate::expr_fn::count(lit(1)).alias("n")],
+                )?
+                .filter(col("n").gt(lit(1i64)))?
+                .limit(0, Some(1))?
+                .build()?;
+            let found = self.ctx.execute_logical_plan(dup).await?.collect().await?;
+            if let Some(b) = found.iter().find(|b| b.num_rows() > 0) {
+                let show = |k: usize| {
+                    datafusion::arrow::util::display::array_value_to_string(b.column(k), 0)
+                        .unwrap_or_default()
+                };
+                let keys: Vec<String> = side.keys.iter().map(|k| k.to_string()).collect();
+                let values: Vec<String> = (0..side.keys.len()).map(show).collect();
+                return plan_err!(
+                    "dpfusion refused the query: the join key ({}) is not unique in the public \
+                     side joined with private table '{}': ({}) appears {} times, so a private \
+                     row would count once per match. Join on a key that is unique in the public \
+                     table (or make it unique first, e.g. with SELECT DISTINCT or GROUP BY in a \
+                     subquery).",
+                    keys.join(", "),
+                    side.private_table,
+                    values.join(", "),
+                    show(side.keys.len())
+                );
+            }
+            replacements.push((side.plan.clone(), rows));
+        }
+        guarded.plan = guarded
+            .plan
+            .clone()
+            .transform_down(|node| {
+                for (from, to) in &replacements {
+                    if &node == from {
+                        return Ok(Transformed::new(to.clone(), true, TreeNodeRecursion::Jump));
+                    }
+                }
+                Ok(Transformed::no(node))
+            })?
+            .data;
+        Ok(())
     }
 
     /// Admits (charges durably) and runs a checked plan. Once a query that reads a private table
@@ -951,7 +1052,8 @@ impl PrivateSession {
     ) -> Result<QueryResult> {
         let state = self.ctx.state();
         let optimized = state.optimize(input)?;
-        let guarded = guard::guard_with(optimized, self.guard_options())?;
+        let mut guarded = guard::guard_with(optimized, self.guard_options())?;
+        self.settle_public_joins(&mut guarded).await?;
         let result = self.execute_guarded(sql, guarded).await?;
         let receipt = result.receipt;
         let provider = Arc::new(MemTable::try_new(result.schema, vec![result.batches])?);
@@ -1198,18 +1300,22 @@ fn check_unit(name: &str, schema: &Schema, reg: &Registration) -> Result<Option<
     };
     if reg.visibility != Visibility::Private {
         return plan_err!(
-            "table '{name}': a privacy unit is declared on a private table; a public table has              none"
+            "table '{name}': a privacy unit is declared on a private table; a public table has \
+             none"
         );
     }
     if reg.neighbours != Neighbours::AddRemove {
         return plan_err!(
-            "table '{name}': a privacy unit means neighbouring datasets differ by adding or              removing all the rows of one unit; it cannot be combined with replace neighbours              (remove neighbours = \"replace\", or the unit)"
+            "table '{name}': a privacy unit means neighbouring datasets differ by adding or \
+             removing all the rows of one unit; it cannot be combined with replace neighbours \
+             (remove neighbours = \"replace\", or the unit)"
         );
     }
     check_column(name, schema, &u.column, "privacy unit column")?;
     if reg.public_columns.contains(&u.column) {
         return plan_err!(
-            "table '{name}': the privacy unit column '{}' cannot also be a public column: who a              row belongs to is what the unit protects",
+            "table '{name}': the privacy unit column '{}' cannot also be a public column: who a \
+             row belongs to is what the unit protects",
             u.column
         );
     }

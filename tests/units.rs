@@ -379,3 +379,123 @@ async fn a_unit_must_fit_the_policy() {
         .to_string();
     assert!(e.contains("use dp_count instead"), "{e}");
 }
+
+/// Joins (guard/join.rs): a private table with a public one on a key unique in the public one;
+/// semi joins; two private tables of one unit domain on the unit; everything else refused with
+/// nothing read and nothing charged.
+#[tokio::test]
+async fn joins_admitted_and_refused() {
+    use dpfusion::datafusion::arrow::array::StringArray;
+    let s = session("units-joins").await;
+    let t: Vec<(i64, i64, f64)> = (0..600).map(|i| (i % 6, i / 3, 10.0)).collect();
+    s.register_batches("t", vec![batch(&t)], unit_level().unit_domain("person"))
+        .unwrap();
+    // A second private table of the same people, and one of another domain.
+    let v: Vec<(i64, i64, f64)> = (0..200).map(|i| (0, i, 1.0)).collect();
+    s.register_batches(
+        "visits",
+        vec![batch(&v)],
+        unit_level().unit_domain("person"),
+    )
+    .unwrap();
+    s.register_batches("other", vec![batch(&v)], unit_level())
+        .unwrap();
+    // Public: g → name (unique), and a table with a duplicated key.
+    let public = |keys: Vec<i64>| {
+        let n = keys.len();
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("g", DataType::Int64, false),
+                Field::new("name", DataType::Utf8, false),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(keys)) as ArrayRef,
+                Arc::new(StringArray::from(
+                    (0..n).map(|i| format!("n{}", i % 3)).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .unwrap()
+    };
+    s.register_batches(
+        "names",
+        vec![public((0..6).collect())],
+        Registration::public(),
+    )
+    .unwrap();
+    s.register_batches(
+        "dups",
+        vec![public(vec![0, 1, 1, 2])],
+        Registration::public(),
+    )
+    .unwrap();
+    let spent = |s: &PrivateSession, t: &str| {
+        s.budget()
+            .into_iter()
+            .find(|r| r.name == t)
+            .map(|r| r.spent)
+            .unwrap()
+    };
+    for sql in [
+        "SELECT n.name, dp_count(t.amount, epsilon => 1) FROM t JOIN names n ON t.g = n.g \
+         GROUP BY n.name",
+        "SELECT n.name, dp_sum(t.amount, 0, 50, epsilon => 1) FROM t LEFT JOIN names n \
+         ON t.g = n.g GROUP BY n.name",
+        "SELECT dp_count(amount, epsilon => 1) FROM t WHERE g IN (SELECT g FROM dups)",
+    ] {
+        let r = s.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert!(r.receipt.is_some(), "{sql}");
+    }
+    let before = (spent(&s, "t"), spent(&s, "visits"));
+    let r = s
+        .sql(
+            "SELECT dp_count_distinct(t.unit, epsilon => 1) FROM t JOIN visits v \
+             ON t.unit = v.unit",
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.batches[0].num_rows(), 1);
+    assert!(spent(&s, "t") > before.0 && spent(&s, "visits") > before.1);
+    let scans = s.scans("t");
+    for (sql, want) in [
+        (
+            "SELECT dp_count(t.amount, epsilon => 1) FROM t JOIN dups d ON t.g = d.g",
+            "(d.g) is not unique in the public side joined with private table 't': (1) \
+             appears 2 times",
+        ),
+        (
+            "SELECT dp_count(t.amount, epsilon => 1) FROM t RIGHT JOIN names n ON t.g = n.g",
+            "can add rows with no private row",
+        ),
+        (
+            "SELECT dp_count(t.amount, epsilon => 1) FROM t FULL JOIN names n ON t.g = n.g",
+            "can add rows with no private row",
+        ),
+        (
+            "SELECT dp_count(t.amount, epsilon => 1) FROM t CROSS JOIN names n",
+            "JOIN",
+        ),
+        (
+            "SELECT dp_count(t.amount, epsilon => 1) FROM t JOIN other o ON t.unit = o.unit",
+            "unit domain 'person' and 'other' has 'other'",
+        ),
+        (
+            "SELECT dp_count(t.amount, epsilon => 1) FROM t JOIN visits v ON t.g = v.g",
+            "the keys do not pair 't.unit' with 'visits.unit'",
+        ),
+        (
+            "SELECT dp_count(t.amount, epsilon => 1) FROM t LEFT JOIN visits v ON t.unit = v.unit",
+            "a LEFT JOIN",
+        ),
+    ] {
+        let b = (spent(&s, "t"), spent(&s, "visits"));
+        let e = s.sql(sql).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{sql}: {e}");
+        assert_eq!(
+            (spent(&s, "t"), spent(&s, "visits")),
+            b,
+            "{sql} was charged"
+        );
+        assert_eq!(s.scans("t"), scans, "{sql} read the table");
+    }
+}

@@ -18,6 +18,7 @@
 //!   threshold (partition selection) is added and charged;
 //! - anything above the DP aggregates, or over public tables only, is post-processing and free.
 pub mod fragment;
+pub mod join;
 pub mod table;
 pub mod total;
 pub mod units;
@@ -38,6 +39,7 @@ use dpfusion_udfs::privacy::Event;
 use crate::accounting::Neighbours;
 /// The neighbour mode a call is calibrated for (one type with the udfs crate's calibrations).
 use dpfusion_udfs::aggregates::Neighbours as Mode;
+pub use join::PublicSide;
 pub use table::{GuardedTable, TableInfo};
 
 /// The name of the internal partition-selection aggregate.
@@ -69,6 +71,9 @@ pub struct DpCall {
 pub struct Guarded {
     pub plan: LogicalPlan,
     pub calls: Vec<DpCall>,
+    /// Public sides of joins in private regions, whose keys must be unique: the session checks
+    /// them (and materialises them) before admission ([`join`]).
+    pub public_sides: Vec<PublicSide>,
 }
 
 fn refuse(msg: impl Into<String>) -> DataFusionError {
@@ -88,6 +93,7 @@ pub struct GuardOptions {
 struct Cx {
     calls: Vec<DpCall>,
     opts: GuardOptions,
+    public_sides: Vec<PublicSide>,
 }
 
 /// Checks `plan` (already optimized) and rewrites its DP aggregates.
@@ -100,11 +106,13 @@ pub fn guard_with(plan: LogicalPlan, opts: GuardOptions) -> Result<Guarded> {
     let mut cx = Cx {
         calls: Vec::new(),
         opts,
+        public_sides: Vec::new(),
     };
     let plan = visit(plan, &mut cx)?;
     Ok(Guarded {
         plan,
         calls: cx.calls,
+        public_sides: cx.public_sides,
     })
 }
 
@@ -362,6 +370,9 @@ pub fn explain_refusal(table: &str) -> DataFusionError {
 #[derive(Debug, Default)]
 struct Region {
     table: Option<TableInfo>,
+    /// The other private tables of a join on the unit column (join.rs): every call is charged
+    /// to each of them too.
+    also: Vec<TableInfo>,
     /// A filter on a column that is not public stands below the aggregate: the set of rows, and
     /// so the row count and the set of groups, depend on private values.
     private_filter: bool,
@@ -492,6 +503,7 @@ fn region(plan: &LogicalPlan, out: &mut Region, cx: &mut Cx, table: &str) -> Res
                 s.alias.clone(),
             )?))
         }
+        LogicalPlan::Join(j) => join::region_join(j, out, cx, table),
         other => Err(not_in_fragment(construct_name(other), &table_name())),
     }
 }
@@ -532,6 +544,28 @@ fn trace_column(c: &Column, plan: &LogicalPlan) -> Option<BTreeSet<String>> {
             let (q, f) = s.input.schema().qualified_field(idx);
             trace_column(&Column::new(q.cloned(), f.name()), &s.input)
         }
+        // A column of the private side traces into it; a column of the public side is a
+        // function of the private side's join keys (join.rs).
+        LogicalPlan::Join(j) => {
+            let private_left = join::private_is_left(j);
+            let (private, public) = if private_left {
+                (&j.left, &j.right)
+            } else {
+                (&j.right, &j.left)
+            };
+            if private.schema().has_column(c) {
+                return trace_column(c, private);
+            }
+            if !public.schema().has_column(c) {
+                return None;
+            }
+            let mut out = BTreeSet::new();
+            for (l, r) in &j.on {
+                let k = if private_left { l } else { r };
+                out.extend(base_columns(k, private)?);
+            }
+            Some(out)
+        }
         _ => None,
     }
 }
@@ -561,6 +595,18 @@ fn bare_column(expr: &Expr, plan: &LogicalPlan) -> Option<String> {
             let idx = s.schema.index_of_column(c).ok()?;
             let (q, f) = s.input.schema().qualified_field(idx);
             bare_column(&Expr::Column(Column::new(q.cloned(), f.name())), &s.input)
+        }
+        LogicalPlan::Join(j) => {
+            let private = if join::private_is_left(j) {
+                &j.left
+            } else {
+                &j.right
+            };
+            if private.schema().has_column(c) {
+                bare_column(expr, private)
+            } else {
+                None
+            }
         }
         _ => None,
     }
@@ -720,6 +766,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     };
 
     // 4. parameters, costs, and the rewritten calls (data arguments and FILTER made total)
+    let first_call = cx.calls.len();
     let in_schema = agg.input.schema();
     let n_group = agg.group_expr.len();
     let mut new_aggr = Vec::with_capacity(agg.aggr_expr.len() + 1);
@@ -838,6 +885,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         Some(b) => Arc::new(b.plan()?),
         None => Arc::new(input),
     };
+    charge_joined_tables(cx, first_call, &below.also);
     if !needs_selection {
         let new = Aggregate::try_new(input, group_expr, new_aggr)?;
         return guard_subqueries(LogicalPlan::Aggregate(new), cx);
@@ -893,6 +941,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             .as_ref()
             .map(|b| b.describe(units::Contribution::Once)),
     });
+    charge_joined_tables(cx, cx.calls.len() - 1, &below.also);
     let mut aggr = new_aggr;
     aggr.push(sel);
     let new = guard_subqueries(
@@ -907,6 +956,21 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         .collect();
     let proj = Projection::try_new(cols, Arc::new(LogicalPlan::Filter(filter)))?;
     Ok(LogicalPlan::Projection(proj))
+}
+
+/// The calls from `from` on, charged also to the other private tables of a join on the unit
+/// column: a release that reads the rows of several tables spends the budget of each.
+fn charge_joined_tables(cx: &mut Cx, from: usize, also: &[TableInfo]) {
+    let extra: Vec<DpCall> = also
+        .iter()
+        .flat_map(|t| {
+            cx.calls[from..].iter().map(|c| DpCall {
+                table: t.clone(),
+                ..c.clone()
+            })
+        })
+        .collect();
+    cx.calls.extend(extra);
 }
 
 /// Is the length of a feature-list expression fixed by the query (a `make_array` of k

@@ -46,8 +46,8 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Column, DataFusionError, Result};
 use datafusion::logical_expr::expr::WindowFunction;
 use datafusion::logical_expr::{
-    Expr, ExprFunctionExt, Filter, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias,
-    TableScanBuilder, WindowFunctionDefinition, cast, col, lit, when,
+    Expr, ExprFunctionExt, Filter, Join, LogicalPlan, LogicalPlanBuilder, Projection,
+    SubqueryAlias, TableScanBuilder, WindowFunctionDefinition, cast, col, lit, when,
 };
 
 use super::{TableInfo, bare_column, refuse};
@@ -386,6 +386,27 @@ fn expose(plan: &LogicalPlan, column: &str, table: &TableInfo) -> Result<(Logica
             let new = SubqueryAlias::try_new(Arc::new(input), s.alias.clone())?;
             let unit = Expr::Column(Column::new(Some(new.alias.clone()), name));
             Ok((LogicalPlan::SubqueryAlias(new), unit))
+        }
+        LogicalPlan::Join(j) => {
+            let left = super::join::private_is_left(j);
+            let private = if left { &j.left } else { &j.right };
+            let (input, unit) = expose(private, column, table)?;
+            let (l, r) = if left {
+                (Arc::new(input), j.right.clone())
+            } else {
+                (j.left.clone(), Arc::new(input))
+            };
+            let new = Join::try_new(
+                l,
+                r,
+                j.on.clone(),
+                j.filter.clone(),
+                j.join_type,
+                j.join_constraint,
+                j.null_equality,
+                j.null_aware,
+            )?;
+            Ok((LogicalPlan::Join(new), unit))
         }
         other => Err(refuse(format!(
             "{} between unit-level table '{}' and a DP aggregate is not supported",

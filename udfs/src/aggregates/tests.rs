@@ -1198,10 +1198,7 @@ fn units_mode_parses_and_rounds_its_factor_up() {
     assert!(!nb.is_replace() && nb.is_units() && !nb.moves_between_groups());
     // √2 is irrational: the factor is above the real √2·5 = 7.0710678118654752…
     let f = Neighbours::Units { groups: 2, rows: 5 }.unit_factor();
-    assert!(
-        f > 7.071_067_811_865_475 && f < 7.071_067_811_865_48,
-        "{f}"
-    );
+    assert!(f > 7.071_067_811_865_475 && f < 7.071_067_811_865_48, "{f}");
     assert!(crate::aggregates::params::sqrt_up(2) >= std::f64::consts::SQRT_2);
     let mu = 0.7;
     assert!(nb.calibration_mu(mu) <= mu / 6.0);

@@ -1,0 +1,237 @@
+//! Joins inside the private region (docs/PRIVACY.md, "Joins").
+//!
+//! A join may stand between a private scan and a DP aggregate only when it keeps every private
+//! row's contribution known:
+//!
+//! - **A private region joined with a public plan** (a public table, or any query over public
+//!   tables only), the private side preserved (`INNER`, `LEFT` with the private side on the left,
+//!   `RIGHT` mirrored), on equality keys that are **unique in the public side**. Each private row
+//!   then matches at most one public row: the join is a row-wise function of the private row
+//!   (1-stable: McSherry, "Privacy Integrated Queries", SIGMOD 2009, §4.2, for a join whose key
+//!   has at most one match), and the public columns it adds are a function of the private row's
+//!   key. Uniqueness is public information: the session checks it before the query is admitted,
+//!   on the public rows it then runs with (it materialises the public side, so a public file that
+//!   changes between the check and the run cannot add a second match). A non-unique key is
+//!   refused with the duplicate value (public).
+//! - **Semi and anti joins** (`WHERE key IN (SELECT … FROM public)`, `EXISTS`, `NOT IN`) with a
+//!   public side keep or drop each private row on its own: a filter, whatever the public side's
+//!   duplicates.
+//!
+//! - **Two private tables of one unit domain** joined on their unit columns ([`unit_join`]).
+//!
+//! Everything else (other joins of two private tables, a join that can repeat a private row, `FULL`
+//! joins, a join without equality keys) stays refused.
+//!
+//! Under `replace` neighbours an inner or semi/anti join on a private key drops rows by their
+//! private values: like a WHERE on a private column, it makes the row count private (so the
+//! guard then adds partition selection and refuses `rgm_mean_by`).
+use std::sync::Arc;
+
+use datafusion::common::{JoinType, Result};
+use datafusion::logical_expr::{Expr, Join, LogicalPlan};
+
+use super::{Cx, Region, any_private_table, base_columns, check_fragment, not_in_fragment};
+
+/// A public side whose join keys must be unique, checked (and materialised) by the session
+/// before admission.
+#[derive(Debug, Clone)]
+pub struct PublicSide {
+    /// The public plan as it stands in the checked plan.
+    pub plan: LogicalPlan,
+    /// The join keys, over `plan`'s output.
+    pub keys: Vec<Expr>,
+    /// The private table it is joined with (for messages).
+    pub private_table: String,
+}
+
+/// The private region's join `j` (one side private, the other public), checked, with the
+/// private side rewritten by `region` and the public side guarded as a query of its own.
+pub(super) fn region_join(
+    j: &Join,
+    out: &mut Region,
+    cx: &mut Cx,
+    table: &str,
+) -> Result<LogicalPlan> {
+    let left_private = any_private_table(&j.left).is_some();
+    let right_private = any_private_table(&j.right).is_some();
+    let private_left = match (left_private, right_private) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => return unit_join(j, out, cx, table),
+        (false, false) => {
+            return Err(not_in_fragment("a JOIN that reads no private table", table));
+        }
+    };
+    use JoinType::*;
+    let (preserving, filtering) = match (j.join_type, private_left) {
+        (Inner, _) | (Left, true) | (Right, false) => (true, false),
+        (LeftSemi | LeftAnti, true) | (RightSemi | RightAnti, false) => (false, true),
+        (jt, _) => {
+            return Err(not_in_fragment(
+                &format!(
+                    "a {} JOIN that can add rows with no private row or repeat one (only INNER, \
+                     LEFT/RIGHT keeping the private side, and semi/anti joins with a public \
+                     table are allowed)",
+                    jt.to_string().to_uppercase()
+                ),
+                table,
+            ));
+        }
+    };
+    if j.on.is_empty() {
+        return Err(not_in_fragment(
+            "a JOIN without equality keys (a cross join repeats every private row)",
+            table,
+        ));
+    }
+    let (private, public) = if private_left {
+        (&j.left, &j.right)
+    } else {
+        (&j.right, &j.left)
+    };
+    for (l, r) in &j.on {
+        check_fragment(l, "the JOIN keys", table)?;
+        check_fragment(r, "the JOIN keys", table)?;
+    }
+    if let Some(f) = &j.filter {
+        check_fragment(f, "the JOIN condition", table)?;
+    }
+    let private_plan = super::region(private, out, cx, table)?;
+    // The public side is a query of its own: guarded as one (it reads no private table).
+    let public_plan = super::visit(public.as_ref().clone(), cx)?;
+    let (private_keys, public_keys): (Vec<&Expr>, Vec<&Expr>) = if private_left {
+        j.on.iter().map(|(l, r)| (l, r)).unzip()
+    } else {
+        j.on.iter().map(|(l, r)| (r, l)).unzip()
+    };
+    // Rows dropped by a private key make the row count private (replace neighbours).
+    let keys_public = out.table.as_ref().is_some_and(|info| {
+        private_keys.iter().all(|k| {
+            base_columns(k, private)
+                .is_some_and(|cols| cols.iter().all(|c| info.is_public_column(c)))
+        })
+    });
+    let drops_rows = filtering || j.join_type == Inner || j.filter.is_some();
+    if drops_rows && !keys_public {
+        out.private_filter = true;
+    }
+    if preserving {
+        cx.public_sides.push(PublicSide {
+            plan: public_plan.clone(),
+            keys: public_keys.into_iter().cloned().collect(),
+            private_table: table.to_string(),
+        });
+    }
+    let (left, right) = if private_left {
+        (private_plan, public_plan)
+    } else {
+        (public_plan, private_plan)
+    };
+    let filter = match &j.filter {
+        Some(f) => Some(super::total::wrap(f.clone(), &j.schema)?),
+        None => None,
+    };
+    let on =
+        j.on.iter()
+            .map(|(l, r)| {
+                Ok((
+                    super::total::wrap(l.clone(), j.left.schema())?,
+                    super::total::wrap(r.clone(), j.right.schema())?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+    Ok(LogicalPlan::Join(Join::try_new(
+        Arc::new(left),
+        Arc::new(right),
+        on,
+        filter,
+        j.join_type,
+        j.join_constraint,
+        j.null_equality,
+        j.null_aware,
+    )?))
+}
+
+/// Two private tables joined on their privacy unit columns: both declare a unit of the same
+/// domain (the same people), the join is INNER, and its equality keys pair the two unit columns
+/// as bare columns. Every row of the join belongs to one unit (the one both rows share), so the
+/// contribution bounding that follows (units.rs: at most K groups per unit, C rows per group) is
+/// applied after the join and bounds a unit's contribution whatever its number of rows in
+/// either table: adding or removing a unit from the domain changes only its own rows of the
+/// join. Each call is charged to both tables.
+fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<LogicalPlan> {
+    let refuse_with = |why: String| {
+        not_in_fragment(
+            &format!(
+                "a JOIN of two private tables ({why}; two private tables may be joined only on \
+                 their privacy unit columns, with an INNER JOIN, when the data owner declared \
+                 the same unit domain for both)"
+            ),
+            table,
+        )
+    };
+    if j.join_type != JoinType::Inner {
+        let jt = j.join_type.to_string().to_uppercase();
+        return Err(refuse_with(format!("a {jt} JOIN")));
+    }
+    let mut left = Region::default();
+    let left_plan = super::region(&j.left, &mut left, cx, table)?;
+    let mut right = Region::default();
+    let right_plan = super::region(&j.right, &mut right, cx, table)?;
+    let (Some(lt), Some(rt)) = (left.table.clone(), right.table.clone()) else {
+        return Err(refuse_with("a side could not be traced".into()));
+    };
+    let (Some(lu), Some(ru)) = (&lt.unit, &rt.unit) else {
+        return Err(refuse_with(format!(
+            "'{}' or '{}' declares no privacy unit",
+            lt.name, rt.name
+        )));
+    };
+    if lu.domain != ru.domain {
+        return Err(refuse_with(format!(
+            "'{}' has unit domain '{}' and '{}' has '{}'",
+            lt.name, lu.domain, rt.name, ru.domain
+        )));
+    }
+    let on_units = j.on.iter().any(|(l, r)| {
+        super::bare_column(l, &j.left).as_deref() == Some(lu.column.as_str())
+            && super::bare_column(r, &j.right).as_deref() == Some(ru.column.as_str())
+    });
+    if !on_units {
+        return Err(refuse_with(format!(
+            "the keys do not pair '{}.{}' with '{}.{}'",
+            lt.name, lu.column, rt.name, ru.column
+        )));
+    }
+    for (l, r) in &j.on {
+        check_fragment(l, "the JOIN keys", table)?;
+        check_fragment(r, "the JOIN keys", table)?;
+    }
+    if let Some(f) = &j.filter {
+        check_fragment(f, "the JOIN condition", table)?;
+    }
+    out.table = Some(lt);
+    out.also.push(rt);
+    out.also.extend(left.also);
+    out.also.extend(right.also);
+    out.private_filter = true;
+    let filter = match &j.filter {
+        Some(f) => Some(super::total::wrap(f.clone(), &j.schema)?),
+        None => None,
+    };
+    Ok(LogicalPlan::Join(Join::try_new(
+        Arc::new(left_plan),
+        Arc::new(right_plan),
+        j.on.clone(),
+        filter,
+        j.join_type,
+        j.join_constraint,
+        j.null_equality,
+        j.null_aware,
+    )?))
+}
+
+/// Which side of `j` is private (true: the left).
+pub(super) fn private_is_left(j: &Join) -> bool {
+    any_private_table(&j.left).is_some()
+}
