@@ -93,6 +93,7 @@
 //! accountant uses γ_acc = (1 + γ)(1 + 2⁻⁴⁰) + 2^{−k} − 1 ≥ the true ratio bound − 1.
 use datafusion::common::{DataFusionError, Result};
 
+use super::units::{Units, clip_int};
 use crate::aggregates::exact::{exact_log2, pow2, release_exact};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
@@ -301,6 +302,10 @@ pub struct GaussianGd {
     pub clip: f64,
     /// Output the average of the iterates from this one on (1-based; T = last iterate only).
     pub average_from: u32,
+    /// Unit-level (`units:K:C`, module docs "Privacy units"): calibrated at
+    /// μ/(√K·C) by [`Self::new_units`]; fits only through [`Self::fit_units`], which clips each
+    /// unit's summed contribution and divides by a noisy count of units.
+    pub unit_level: bool,
 }
 
 /// Calibrations round outward: split μ's are shrunk by this factor (as `dp_mean` does).
@@ -359,7 +364,44 @@ impl GaussianGd {
             divisor,
             clip,
             average_from: iterations / 2 + 1,
+            unit_level: false,
         })
+    }
+
+    /// The unit-level kernel (module docs, "Privacy units") for a call whose whole fit is μ-GDP
+    /// at the unit level under `neighbours` = `units:K:C`: the add/remove calibration at
+    /// `neighbours.calibration_mu(μ)` = μ/(√K·C) (rounded down; C = 1 for models, a larger C
+    /// only adds noise). Gradient sensitivity `clip` (one unit's clipped sum), count sensitivity
+    /// 1 (one unit), no public n.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_units(
+        mu: f64,
+        neighbours: crate::aggregates::Neighbours,
+        iterations: u32,
+        clip: f64,
+        learning_rate: f64,
+        l2: f64,
+        fit_intercept: bool,
+    ) -> Result<Self, PrivacyError> {
+        if !neighbours.is_units() {
+            return Err(PrivacyError::invalid(
+                "neighbours",
+                format!("'{neighbours}'"),
+                "'units:K:C' for the unit-level kernel",
+            ));
+        }
+        let mut k = Self::new(
+            neighbours.calibration_mu(mu),
+            iterations,
+            clip,
+            learning_rate,
+            l2,
+            fit_intercept,
+            false,
+            false,
+        )?;
+        k.unit_level = true;
+        Ok(k)
     }
 
     /// The clipper on the mechanism's grid.
@@ -396,16 +438,117 @@ impl GaussianGd {
 
     /// Fits on `rows`; `public_n` is the public row count (used only with
     /// [`Divisor::Public`]). Returns θ (p values; the intercept last), or `None` when the public
-    /// n is 0.
+    /// n is 0. A unit-level kernel refuses (it needs [`Self::fit_units`]).
     pub fn fit(
         &self,
         rows: &super::rows::Rows,
         public_n: u64,
         rng: &mut SecureRng,
     ) -> Result<Option<Vec<f64>>> {
+        if self.unit_level {
+            return Err(DataFusionError::Internal(
+                "dp_linreg_gd: a unit-level kernel fits only with the rows' units".into(),
+            ));
+        }
+        self.fit_inner(rows, public_n, None, rng)
+    }
+
+    /// Fits a unit-level kernel ([`Self::new_units`]) on `rows` grouped by `units` (unit u owns
+    /// the rows `units.range(u)`; module docs, "Privacy units"): each iteration releases
+    /// Σ_units clip(Σ_{rows of u} clip(gᵢ)) + noise, divided by a noisy count of the units.
+    pub fn fit_units(
+        &self,
+        rows: &super::rows::Rows,
+        units: &Units,
+        rng: &mut SecureRng,
+    ) -> Result<Option<Vec<f64>>> {
+        if !self.unit_level || units.rows() != rows.n() {
+            return Err(DataFusionError::Internal(
+                "dp_linreg_gd: units given to a row-level kernel, or not covering the rows".into(),
+            ));
+        }
+        self.fit_inner(rows, 0, Some(units), rng)
+    }
+
+    /// The exact gradient sum of one iteration at `theta`, in grid units (multiply by
+    /// [`Self::grid`] for the gradient's units), before noise: Σᵢ clip(gᵢ) without `units`,
+    /// Σ_u clip(Σ_{i∈u} clip(gᵢ)) with them. The quantity the Gaussian mechanism releases in
+    /// [`Self::fit`] / [`Self::fit_units`] (the same code), for sensitivity tests.
+    pub fn gradient_sum(
+        &self,
+        rows: &super::rows::Rows,
+        units: Option<&Units>,
+        theta: &[f64],
+    ) -> Result<Vec<i128>> {
+        let design = Design::new(rows, self.fit_intercept);
+        let clipper = self.clipper(design.p())?;
+        let norms: Vec<f64> = (0..design.n()).map(|i| design.norm(i)).collect();
+        Ok(self.sums(&design, &norms, &clipper, theta, units))
+    }
+
+    /// One noisy gradient release at `theta`, as each iteration of the fit draws it: the
+    /// [`Self::gradient_sum`] plus the discrete Gaussian noise of `grad_mech`, in the gradient's
+    /// units. For statistical tests of the noise scale.
+    pub fn noisy_gradient_sum(
+        &self,
+        rows: &super::rows::Rows,
+        units: Option<&Units>,
+        theta: &[f64],
+        rng: &mut SecureRng,
+    ) -> Result<Vec<f64>> {
+        let sums = self.gradient_sum(rows, units, theta)?;
+        let exp = self.clipper(theta.len())?.exp;
+        sums.iter()
+            .map(|&s| release_exact(&self.grad_mech, rng, s, exp))
+            .collect()
+    }
+
+    /// The fixed-point unit q of the gradient sums (a power of two).
+    pub fn grid(&self) -> f64 {
+        self.grad_mech.granularity
+    }
+
+    /// The exact (integer) gradient sums at θ over all rows, or over all units.
+    fn sums(
+        &self,
+        design: &Design,
+        norms: &[f64],
+        clipper: &Clipper,
+        theta: &[f64],
+        units: Option<&Units>,
+    ) -> Vec<i128> {
+        let p = design.p();
+        let mut sums = vec![0i128; p];
+        // Exact integer sums, on several threads for large n (the same integers in any split:
+        // `super::par_ranges`); by units, each thread takes whole units.
+        let parts = match units {
+            None => super::par_ranges(design.n(), |rows| {
+                self.gradient_sums(design, norms, clipper, theta, rows)
+            }),
+            Some(u) => super::par_ranges(u.count(), |us| {
+                self.unit_gradient_sums(design, norms, clipper, theta, u, us)
+            }),
+        };
+        for part in parts {
+            for (s, v) in sums.iter_mut().zip(part) {
+                *s += v;
+            }
+        }
+        sums
+    }
+
+    fn fit_inner(
+        &self,
+        rows: &super::rows::Rows,
+        public_n: u64,
+        units: Option<&Units>,
+        rng: &mut SecureRng,
+    ) -> Result<Option<Vec<f64>>> {
         let design = Design::new(rows, self.fit_intercept);
         let (n, d, p) = (design.n(), design.d, design.p());
         let clipper = self.clipper(p)?;
+        // What the noisy count counts: rows, or units (sensitivity 1 either way).
+        let counted = units.map_or(n, Units::count);
         let denom = match &self.divisor {
             Divisor::Public => {
                 if public_n == 0 {
@@ -414,7 +557,7 @@ impl GaussianGd {
                 public_n as f64
             }
             // Post-processing of the released count with its public σ (module docs, step 3).
-            Divisor::NoisyCount(m) => release_exact(m, rng, n as i128, 0)?
+            Divisor::NoisyCount(m) => release_exact(m, rng, counted as i128, 0)?
                 .max(COUNT_FLOOR_SIGMAS * m.sigma)
                 .max(1.0),
         };
@@ -429,16 +572,7 @@ impl GaussianGd {
             if progress::cancelled(started) {
                 return Err(progress::cancelled_error(PROGRESS));
             }
-            // Exact integer sums over the rows, on several threads for large n (the same integers
-            // in any split: `super::par_ranges`).
-            let mut sums = vec![0i128; p];
-            for part in super::par_ranges(n, |rows| {
-                self.gradient_sums(&design, &norms, &clipper, &theta, rows)
-            }) {
-                for (s, v) in sums.iter_mut().zip(part) {
-                    *s += v;
-                }
-            }
+            let sums = self.sums(&design, &norms, &clipper, &theta, units);
             for j in 0..p {
                 let noisy = release_exact(&self.grad_mech, rng, sums[j], clipper.exp)?;
                 let reg = if j < d { self.l2 * theta[j] } else { 0.0 };
@@ -454,6 +588,41 @@ impl GaussianGd {
             progress::report(PROGRESS, t as u64, t_total as u64);
         }
         Ok(Some(if n_avg > 0 { avg } else { theta }))
+    }
+
+    /// Σ over the units `us` of clip(Σ_{i∈u} vᵢ), vᵢ the clipped integer contribution of row i
+    /// (as in [`Self::gradient_sums`]); each unit's sum is clipped to ⌊clip/q⌋ in integers
+    /// ([`clip_int`]; module docs, "Privacy units").
+    fn unit_gradient_sums(
+        &self,
+        design: &Design,
+        norms: &[f64],
+        clipper: &Clipper,
+        theta: &[f64],
+        units: &Units,
+        us: std::ops::Range<usize>,
+    ) -> Vec<i128> {
+        let p = design.p();
+        let mut sums = vec![0i128; p];
+        let mut unit = vec![0i128; p];
+        let mut v = vec![0i64; p];
+        for u in us {
+            unit.iter_mut().for_each(|a| *a = 0);
+            for i in units.range(u) {
+                let r = design.dot(theta, i) - design.y[i];
+                if clipper.contribution(design.row(i), self.fit_intercept, r, norms[i], &mut v) {
+                    for (a, &b) in unit.iter_mut().zip(&v) {
+                        // |b| ≤ c_int < 2^63 and at most 2^63 rows: no overflow in i128.
+                        *a += b as i128;
+                    }
+                }
+            }
+            clip_int(&mut unit, clipper.c_int);
+            for (s, &a) in sums.iter_mut().zip(&unit) {
+                *s += a;
+            }
+        }
+        sums
     }
 
     /// Σ over `rows` of the clipped per-example gradients at `theta`, as exact integers in grid
