@@ -218,8 +218,10 @@ async fn unit_mode_call_interface() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("rgm needs a public row count, which a unit-level table does not have; use \
-             mechanism => 'gaussian'"),
+        e.contains(
+            "rgm needs a public row count, which a unit-level table does not have; use \
+             mechanism => 'gaussian'"
+        ),
         "{e}"
     );
     let e = try_models(
@@ -415,7 +417,11 @@ fn one_unit_changes_each_gradient_sum_by_at_most_clip() {
         assert!(dg_rows > 1000.0 * b, "w {w:?}: {dg_rows}");
         let ds_rows = s0.iter().zip(&s1).map(|(a, c)| c - a).max().unwrap();
         assert!(ds_rows > 1000 * plan.obj_units as u128, "{ds_rows}");
-        eprintln!("agd w {w:?}: per-unit ‖Δg‖/B {:.4}, row-level {:.1}", dg / b, dg_rows / b);
+        eprintln!(
+            "agd w {w:?}: per-unit ‖Δg‖/B {:.4}, row-level {:.1}",
+            dg / b,
+            dg_rows / b
+        );
     }
 }
 

@@ -1396,4 +1396,54 @@ mod tests {
         assert!(acc > best - 0.03, "{acc} vs {best}");
         assert!(f.iterations >= 5 && f.spent <= 1.0);
     }
+
+    /// Unit level (`units:K:C`): both mechanisms are calibrated with the sensitivity factor
+    /// √K·C, so K = 4 doubles the gradient noise and the selection temperature against
+    /// add/remove (each of the K fits is ρ/4-zCDP per unit), and every charge stays realised.
+    #[test]
+    fn unit_level_plan_scales_noise_by_sqrt_k() {
+        for rho in [1e-4, 0.05, 3.0] {
+            let a = AgdPlan::new(config(rho)).unwrap();
+            let mut c = config(rho);
+            c.neighbours = Neighbours::Units { groups: 4, rows: 1 };
+            let b = AgdPlan::new(c).unwrap();
+            assert_eq!(b.factor(), 2.0);
+            let (sa, _) = a.gauss_scale(a.rho_ng);
+            let (sb, real) = b.gauss_scale(b.rho_ng);
+            let ratio = (sb as f64 * b.grad_q) / (sa as f64 * a.grad_q);
+            assert!((ratio - 2.0).abs() < 1e-3, "{ratio}");
+            assert!(real <= b.rho_ng);
+            let t = b.em_temperature as f64 / a.em_temperature as f64;
+            assert!((t - 2.0).abs() < 1e-6, "{t}");
+            assert!(b.selection_rho() <= b.rho_nm);
+            // K = 1: exactly the add/remove plan.
+            let mut c = config(rho);
+            c.neighbours = Neighbours::Units { groups: 1, rows: 1 };
+            let one = AgdPlan::new(c).unwrap();
+            assert_eq!(
+                (one.grad_q, one.em_temperature),
+                (a.grad_q, a.em_temperature)
+            );
+        }
+    }
+
+    /// Unit level with every row its own unit is the row-level fit (same sums, same noise).
+    #[test]
+    fn singleton_units_are_the_row_level_fit() {
+        let rows = synthetic(200, 2, 5);
+        let plan = AgdPlan::new(config(0.3)).unwrap();
+        let mut c = config(0.3);
+        c.neighbours = Neighbours::Units { groups: 1, rows: 1 };
+        let unit_plan = AgdPlan::new(c).unwrap();
+        let a = fit(&plan, &rows, &mut SecureRng::insecure_from_seed(6));
+        let units = Units::singletons(rows.n());
+        let b = fit_units(
+            &unit_plan,
+            &rows,
+            &units,
+            &mut SecureRng::insecure_from_seed(6),
+        );
+        assert_eq!(a.coefficients, b.coefficients);
+        assert_eq!(a.charges, b.charges);
+    }
 }

@@ -989,4 +989,69 @@ mod tests {
         assert!(!c.contribution(&[1.0, 1.0], true, f64::NAN, 3f64.sqrt(), &mut out));
         assert_eq!(out, vec![0, 0, 0]);
     }
+
+    /// Unit level with every row its own unit and K = C = 1 is the row-level add/remove fit
+    /// (same calibration, same sums: the count of singleton units is the row count).
+    #[test]
+    fn singleton_units_are_the_row_level_fit() {
+        use crate::aggregates::Neighbours;
+        let rows = super::super::rows::Rows {
+            d: 2,
+            labels: (0..50).map(|i| (i % 7) as f64 - 3.0).collect(),
+            x: (0..100)
+                .map(|i| ((i * 13) % 11) as f64 / 5.0 - 1.0)
+                .collect(),
+        };
+        let mu = 0.8;
+        let a = GaussianGd::new(mu, 12, 0.5, 0.5, 0.0, true, false, false).unwrap();
+        let b = GaussianGd::new_units(
+            mu,
+            Neighbours::Units { groups: 1, rows: 1 },
+            12,
+            0.5,
+            0.5,
+            0.0,
+            true,
+        )
+        .unwrap();
+        assert_eq!(a.grad_mech, b.grad_mech);
+        let ta = a
+            .fit(&rows, 50, &mut SecureRng::insecure_from_seed(3))
+            .unwrap();
+        let tb = b
+            .fit_units(
+                &rows,
+                &Units::singletons(50),
+                &mut SecureRng::insecure_from_seed(3),
+            )
+            .unwrap();
+        assert_eq!(ta, tb);
+        // The kernels refuse the other path.
+        assert!(
+            b.fit(&rows, 50, &mut SecureRng::insecure_from_seed(3))
+                .is_err()
+        );
+        assert!(
+            a.fit_units(
+                &rows,
+                &Units::singletons(50),
+                &mut SecureRng::insecure_from_seed(3)
+            )
+            .is_err()
+        );
+        // K = 9: σ three times the K = 1 kernel's (up to the grid's rounding).
+        let c = GaussianGd::new_units(
+            mu,
+            Neighbours::Units { groups: 9, rows: 1 },
+            12,
+            0.5,
+            0.5,
+            0.0,
+            true,
+        )
+        .unwrap();
+        let r = c.grad_mech.sigma / b.grad_mech.sigma;
+        assert!((r - 3.0).abs() < 1e-5, "{r}");
+        assert!(GaussianGd::new_units(mu, Neighbours::AddRemove, 12, 0.5, 0.5, 0.0, true).is_err());
+    }
 }

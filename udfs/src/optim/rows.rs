@@ -773,4 +773,71 @@ mod tests {
         assert_eq!(b.rows().x, vec![3.0, 4.0, 5.0, 6.0]);
         assert_eq!(b.rows().labels, vec![7.0, 8.0]);
     }
+
+    fn keyed(labels: Vec<f64>, xs: Vec<f64>, keys: ArrayRef) -> RowBuffer {
+        let mut b = RowBuffer::new(LabelKind::Real).with_units();
+        let y: ArrayRef = Arc::new(Float64Array::from(labels));
+        let x = list(xs.into_iter().map(|v| Some(vec![Some(v)])).collect());
+        b.update_keyed(&y, &x, Some(&keys)).unwrap();
+        b
+    }
+
+    /// Unit keys: kept with their rows through state → merge (two partitions, one unit split
+    /// across both), grouped by value; NULL keys skip the row; −0.0 and 0.0 are one unit; the
+    /// keys are counted in `size`; a unit-mode buffer refuses rows without keys and the reverse.
+    #[test]
+    fn unit_keys_survive_state_and_merge() {
+        use datafusion::arrow::array::StringArray;
+        let a = keyed(
+            vec![1.0, 2.0, 3.0],
+            vec![10.0, 20.0, 30.0],
+            Arc::new(StringArray::from(vec![Some("ann"), Some("bob"), None])),
+        );
+        let b = keyed(
+            vec![4.0, 5.0],
+            vec![40.0, 50.0],
+            Arc::new(StringArray::from(vec!["bob", "cy"])),
+        );
+        assert_eq!((a.rows().n(), a.seen()), (2, 3));
+        assert!(a.size() > RowBuffer::new(LabelKind::Real).size() + 2 * 2 * 8);
+        let states: Vec<ArrayRef> = (0..5)
+            .map(|k| {
+                ScalarValue::iter_to_array([
+                    a.state().unwrap()[k].clone(),
+                    b.state().unwrap()[k].clone(),
+                ])
+                .unwrap()
+            })
+            .collect();
+        let fields = RowBuffer::state_fields_for("f", true);
+        assert_eq!(fields.len(), 5);
+        assert_eq!(states[4].data_type(), fields[4].data_type());
+        let mut m = RowBuffer::new(LabelKind::Real).with_units();
+        m.merge(&states).unwrap();
+        assert_eq!(m.seen(), 5);
+        let units = m.group_units().unwrap();
+        assert_eq!(units.count(), 3);
+        let per_unit: Vec<Vec<f64>> = (0..3)
+            .map(|u| units.range(u).map(|i| m.rows().labels[i]).collect())
+            .collect();
+        assert_eq!(per_unit, vec![vec![1.0], vec![2.0, 4.0], vec![5.0]]);
+        // Features move with their labels.
+        assert!((0..m.rows().n()).all(|i| m.rows().row(i)[0] == 10.0 * m.rows().labels[i]));
+        // The row-level state (4 fields) does not merge into a unit-level buffer.
+        assert!(m.merge(&states[..4]).is_err());
+        // Float keys: −0.0 and 0.0 are one unit, NaNs one unit.
+        let mut f = keyed(
+            vec![1.0, 2.0, 3.0, 4.0],
+            vec![1.0; 4],
+            Arc::new(Float64Array::from(vec![0.0, -0.0, f64::NAN, -f64::NAN])),
+        );
+        assert_eq!(f.group_units().unwrap().count(), 2);
+        // Keys only in unit mode, and always in it.
+        let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0]));
+        let x = list(vec![Some(vec![Some(1.0)])]);
+        assert!(f.update(&y, &x).is_err());
+        let mut plain = RowBuffer::new(LabelKind::Real);
+        assert!(plain.update_keyed(&y, &x, Some(&y)).is_err());
+        assert!(plain.group_units().is_none());
+    }
 }
