@@ -18,6 +18,17 @@
 //! 2·clip, count sensitivity 1; the argument for a row that moves between groups is in
 //! [`crate::optim::linreg`], "Privacy"); `'rgm'` needs `replace_public_n` and refuses the others.
 //!
+//! Privacy units (`units:K:C`, issue 16): the session passes one more argument after
+//! `neighbours`, the privacy-unit key (a column of any type, never NULL: a NULL-key row is
+//! skipped). `dp_linreg_gd(label, features, epsilon, delta, iterations, clip, learning_rate, l2,
+//! fit_intercept, mechanism, feature_bound, label_bound, min_rows, 'units:K:C', unit_key)`. The
+//! rows are buffered with their keys; `evaluate` groups them by unit and runs the unit-level
+//! kernel: each unit's summed row gradients clipped to `clip`, a noisy count of units, noise at
+//! μ/(√K·C) ([`crate::optim::linreg`], "Privacy units"). The recorded cost is still
+//! `Gaussian { μ }` of the call's (ε, δ). A `units` mode without the key, or a key under another
+//! mode, is a planning error; `'rgm'` is refused under units (no public row count). The cost
+//! function sees the literals only (the guard strips the key).
+//!
 //! Bad rows never fail the query (an error that depends on data is a 1-bit oracle on any
 //! predicate the analyst writes into `label` or `features`): a row with a NULL/NaN label or
 //! feature, or a feature list of the wrong length, is skipped and counts as missing
@@ -621,10 +632,12 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     )
     .with_argument(
         "neighbours",
-        "Hidden: 'add_remove' (default), 'replace', 'replace_public_n' or \
-         'replace_private_keys' ('gaussian' calibrates the last as 'replace'; 'rgm' needs \
-         'replace_public_n'). Set by the dpfusion session from the table's registration and \
-         the plan; users never write it.",
+        "Hidden: 'add_remove' (default), 'replace', 'replace_public_n', \
+         'replace_private_keys' ('gaussian' calibrates it as 'replace'; 'rgm' needs \
+         'replace_public_n') or 'units:K:C' (unit-level: followed by the privacy-unit key \
+         column; each unit's summed gradient is clipped to `clip`, noise at μ/(√K·C); 'gaussian' \
+         only). Set by the dpfusion session from the table's registration and the plan; users \
+         never write it.",
     )
     .with_sql_example(
         "CREATE TABLE m AS SELECT dp_linreg_gd(cost, [age, bmi, bp, chol, smoker], epsilon => 1) \

@@ -15,6 +15,14 @@
 //!   `neighbours` literal the session appends: 'replace', 'replace_public_n' or
 //!   'replace_private_keys') the gradient and score sensitivities double; a row that moves
 //!   between groups is covered by that calibration ([`crate::optim::agd`], "Neighbours").
+//! - Privacy units (`units:K:C`, issue 16): the session passes one more argument after
+//!   `neighbours`, the privacy-unit key (a column of any type; a NULL-key row is skipped):
+//!   `dp_logreg_agd(label, features, epsilon, delta, clip_grad, clip_obj, splits, gamma, l2,
+//!   fit_intercept, max_step, 'units:K:C', unit_key)`. Rows are buffered with their keys and
+//!   grouped by unit in `evaluate`; each unit's summed gradient is clipped to `clip_grad` and its
+//!   summed clipped loss to `clip_obj`, both mechanisms calibrated with the factor √K·C
+//!   ([`crate::optim::agd`], "Privacy units"). The recorded cost stays `Zcdp { rho }`. A `units`
+//!   mode without the key, or a key under another mode, is a planning error.
 //! - Returns the model struct ([`crate::optim::model`]) with `mechanism = 'agd'`; `iterations` is
 //!   the number of accepted steps (post-processing of the DP transcript).
 //!
@@ -455,9 +463,11 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     )
     .with_argument(
         "neighbours",
-        "Hidden: 'add_remove' (default), 'replace', 'replace_public_n' or \
-         'replace_private_keys' (the three replace modes calibrate alike). Set by the dpfusion \
-         session from the table's registration and the plan; users never write it.",
+        "Hidden: 'add_remove' (default), 'replace', 'replace_public_n', \
+         'replace_private_keys' (the three replace modes calibrate alike) or 'units:K:C' \
+         (unit-level: followed by the privacy-unit key column; each unit's summed gradient and \
+         loss are clipped, noise scaled by √K·C). Set by the dpfusion session from the table's \
+         registration and the plan; users never write it.",
     )
     .with_sql_example(
         "SELECT dp_logreg_agd(disease, [age, bmi, bp, chol, smoker], 1.0, 1e-6) AS model \

@@ -51,7 +51,8 @@
 //!   follow it) fit in ρ; otherwise the fit stops and returns the current w. No mechanism ever
 //!   runs over budget.
 //! - **Neighbours** (§4.2): the paper states replace-one neighbours but calibrates for add/remove.
-//!   We calibrate for the table's relation: sensitivities double under `replace`.
+//!   We calibrate for the table's relation: sensitivities double under `replace`; under
+//!   `units:K:C` each unit's contribution is clipped and the factor is √K·C ("Privacy units").
 //! - **Budget split**: ours is derived in ρ (below), not from the classical Gaussian formula.
 //! - **Regulariser**: `l2`·w is added to the direction on the coefficients only (the code also
 //!   shrinks the bias). The scores never include it (dpagd.md §4.13), so it costs nothing.
@@ -75,6 +76,30 @@
 //! a's transcript is ρ/4-zCDP, fit b's too, and the pair (independent randomness, adaptive
 //! composition as below) is ρ/2 ≤ ρ: the `replace` calibration covers this mode, and it is used
 //! unchanged (`is_replace()`).
+//!
+//! **Privacy units** (`units:K:C`: neighbouring datasets differ by all the rows of one unit;
+//! [`fit_units`], rows grouped by the unit key, [`super::units`]). Every statistic becomes a sum
+//! over **units** of a per-unit clipped term, the per-user clipping of user-level DP-SGD
+//! (McMahan, Ramage, Talwar, Zhang, ICLR 2018, §3 and Algorithm 1):
+//! - gradient: Σ_u clip_B(Σ_{i∈u} kᵢ), the unit's exact integer sum of its rows' clipped,
+//!   truncated gradients clipped in integers to L2 norm B ([`super::units::clip_int`]);
+//! - scores: F_k = Σ_u min(Σ_{i∈u} ⌊min(ℓᵢ, C_obj)/q_o⌋, U), each unit's summed clipped loss
+//!   clipped to U (C_obj in loss units);
+//! - the GRADAVG draws re-release the same gradient sum; nothing uses n or a count, and this
+//!   implementation has no other data-dependent test (no gradient-norm test).
+//!
+//! Adding or removing a unit adds or removes one term of each sum, so the gradient sum moves by
+//! ≤ B in L2 and every score by the same-signed c_k ∈ [0, U]: exactly the add/remove one-row
+//! bounds below (monotone scores included), whatever the unit's number of rows. Each mechanism
+//! is calibrated with the sensitivity factor √K·C (`Neighbours::unit_factor`, rounded up) in
+//! place of 1: with a GROUP BY a unit reaches at most K groups, each group's fit is then
+//! ρ/(K·C²)-zCDP in that unit (Gaussian: ρ scales with Δ², Bun and Steinke 2016, Prop. 1.6;
+//! bounded range: ε_BR scales with the shift, so ε_BR²/8 scales likewise), and the K fits
+//! compose to ≤ ρ (Bun and Steinke 2016, Lemma 2.3). C is not needed (per-unit clipping bounds a
+//! unit whatever its rows); the session passes C = 1 for models. The privacy filter argument
+//! below is unchanged. The ledger records the call's `Zcdp { rho }`: the noise grows, not the
+//! charge. Units are told apart by the exact bytes of their key, never a hash (two units merged
+//! into one term could move it by up to 2B).
 //!
 //! **Noisy gradient.** Each row's gradient is clipped to L2 norm C_grad in floating point, then
 //! mapped to the integer grid q_g·ℤᵖ by truncation toward zero (|trunc(v)| ≤ |v| coordinatewise,

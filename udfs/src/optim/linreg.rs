@@ -41,6 +41,39 @@
 //! 2·(1/σ_c)² ≤ T·μ_g²/2 + 2μ_c² = μ²·(19/40 + 2/20) = 0.575·μ² ≤ μ² (σ_g ≥ 2·clip/μ_g,
 //! σ_c ≥ 1/μ_c). Within a group, as under `replace`: μ'² ≤ max(T·μ_g², T·μ_g²/4 + μ_c²) ≤ μ².
 //!
+//! # Privacy units (`units:K:C`): per-unit clipping ([`GaussianGd::new_units`], [`GaussianGd::fit_units`])
+//! When the table declares a privacy unit, neighbouring datasets differ by **all** the rows of
+//! one unit (add/remove a unit), and the call carries the unit key after `neighbours`. The fit
+//! is then the user-level DP-SGD of McMahan, Ramage, Talwar, Zhang, "Learning Differentially
+//! Private Recurrent Language Models" (ICLR 2018), §3 and Algorithm 1 (each user's update
+//! clipped to L2 norm S before the noisy sum), with every unit taking part in every iteration
+//! (no sampling) and the rows grouped by the unit key ([`super::units`]):
+//! 1. each row's contribution vᵢ = round(clip(gᵢ)/q) exactly as at the row level (below,
+//!    "Exact sums"), so ‖vᵢ‖ ≤ c = ⌊clip/q⌋;
+//! 2. each unit's exact sum V_u = Σ_{i∈u} vᵢ is clipped **in integers** to ‖clip_c(V_u)‖ ≤ c
+//!    ([`super::units::clip_int`]; McMahan et al. 2018, §3, "clip each user's update");
+//! 3. S̃ₜ = (Σ_u clip_c(V_u) + Y)·q, the same discrete Gaussian Y as at the row level;
+//! 4. ñ = a noisy count of the **units** (not rows), released once, floored as in step 3.
+//!
+//! *Privacy.* Adding or removing a unit u* adds or removes the one term clip_c(V_{u*}) of each
+//! gradient sum and leaves every other term unchanged (a unit's term depends only on its own
+//! rows and on θₜ, itself post-processing of earlier releases), so each gradient sum moves by
+//! at most c·q ≤ clip in L2 whatever the unit's number of rows, and the count of units by 1.
+//! These are the one-row add/remove sensitivities, so the proof above ("Privacy") holds with
+//! "row" read as "unit": the T gradient releases and the count compose (Gaussian mechanism;
+//! Dong, Roth, Su 2019, Cor. 3.3) to the calibration μ. That calibration is
+//! `neighbours.calibration_mu(μ)` = μ/(√K·C), μ = gaussian_mu(ε, δ): with a GROUP BY the session
+//! lets a unit reach at most K groups, each group's fit is a separate mechanism that is
+//! (μ/√K)-GDP in that unit, and the K fits compose to √(K·μ²/K) = μ (Dong, Roth, Su 2019,
+//! Cor. 3.3). The row bound C is not needed here (per-unit clipping bounds a unit's
+//! contribution whatever its rows); the session passes C = 1 for models, and a larger C only
+//! adds noise. The ledger records the call's `Gaussian { μ }`: the noise grows by √K·C, not the
+//! charge. Units are told apart by the exact bytes of their key (arrow's row format), never by
+//! a hash: two units merged into one term could move it by up to 2·clip. `'rgm'` is refused
+//! under units (it needs a public row count). Without units (every row its own unit), the
+//! unit-level kernel with K = C = 1 is exactly the add/remove kernel (test
+//! `singleton_units_are_the_row_level_fit`).
+//!
 //! **Exact sums** (PRIVACY.md, "Numbers on a computer"; Casacuberta et al., CCS 2022). The
 //! gradient mechanism's grid step q = 2^e (a power of two, ≤ 2⁻²⁰·Δ, chosen from the literal
 //! parameters only) is also the fixed-point unit: each clipped gradient is mapped to integers

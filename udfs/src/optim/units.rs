@@ -18,6 +18,9 @@ use std::sync::Arc;
 use datafusion::common::DataFusionError;
 use datafusion::physical_expr::PhysicalExpr;
 
+/// A physical argument expression.
+type Expr = Arc<dyn PhysicalExpr>;
+
 /// Rows grouped by privacy unit: unit u owns the rows `bounds[u]..bounds[u + 1]` of the
 /// (reordered) [`super::rows::Rows`] it was built with. Every unit has at least one row.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -111,7 +114,7 @@ pub fn clip_int(v: &mut [i128], bound: u64) -> bool {
         v.iter()
             .map(|&x| {
                 let a = x.unsigned_abs();
-                a.checked_mul(a).unwrap_or(u128::MAX)
+                a.saturating_mul(a)
             })
             .fold(0u128, |s, x| s.saturating_add(x))
     };
@@ -151,10 +154,10 @@ pub fn clip_int(v: &mut [i128], bound: u64) -> bool {
 /// privacy-unit key column. Splits `exprs` into the literal part and the key expression (when
 /// there is one more argument than the literal parameters).
 pub(crate) fn split_unit_key(
-    exprs: &[Arc<dyn PhysicalExpr>],
+    exprs: &[Expr],
     data: usize,
     names: usize,
-) -> (&[Arc<dyn PhysicalExpr>], Option<&Arc<dyn PhysicalExpr>>) {
+) -> (&[Expr], Option<&Expr>) {
     if exprs.len() == data + names + 1 {
         (&exprs[..data + names], exprs.last())
     } else {
