@@ -661,6 +661,8 @@ impl Kernels<'_, '_> {
                         }
                     }
                 }
+                // Per-unit clipping to B (McMahan et al. 2018, §3; module docs, "Privacy
+                // units"): one unit moves the sum by ≤ B whatever its rows.
                 clip_int(&mut unit, b);
                 for (o, &a) in out.iter_mut().zip(&unit) {
                     *o += a;
@@ -681,10 +683,13 @@ impl Kernels<'_, '_> {
         let cap = self.plan.obj_units as u128;
         for part in super::par_ranges(units.count(), |us| {
             let mut acc = vec![0u128; steps.len()];
+            let mut one = vec![0u128; steps.len()];
             for unit in us {
-                // A unit's summed row scores, clipped to U per candidate.
-                let one = self.score_rows(z, u, steps, units.range(unit));
-                for (a, v) in acc.iter_mut().zip(one) {
+                // A unit's summed row scores, clipped to U per candidate: the per-user clipping
+                // of McMahan et al. 2018 (§3) applied to the loss (module docs, "Privacy units").
+                one.iter_mut().for_each(|v| *v = 0);
+                self.score_rows_into(z, u, steps, units.range(unit), &mut one);
+                for (a, &v) in acc.iter_mut().zip(&one) {
                     *a += v.min(cap);
                 }
             }
@@ -720,6 +725,20 @@ impl Kernels<'_, '_> {
         rows: std::ops::Range<usize>,
     ) -> Vec<u128> {
         let mut out = vec![0u128; steps.len()];
+        self.score_rows_into(z, u, steps, rows, &mut out);
+        out
+    }
+
+    /// [`Self::score_rows`] added into `out` (no allocation: the unit-level pass calls it once
+    /// per unit).
+    fn score_rows_into(
+        &self,
+        z: &[f64],
+        u: &[f64],
+        steps: &[f64],
+        rows: std::ops::Range<usize>,
+        out: &mut [u128],
+    ) {
         let plan = self.plan;
         let fi = plan.config.fit_intercept;
         let c = plan.config.clip_obj;
@@ -746,7 +765,6 @@ impl Kernels<'_, '_> {
                 *o += units as u128;
             }
         }
-        out
     }
 }
 

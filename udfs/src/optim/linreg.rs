@@ -650,6 +650,8 @@ impl GaussianGd {
                     }
                 }
             }
+            // Per-unit clipping to c = ⌊clip/q⌋ (McMahan et al. 2018, §3, per-user clipping;
+            // module docs, "Privacy units"): one unit moves the sum by ≤ c·q ≤ clip.
             clip_int(&mut unit, clipper.c_int);
             for (s, &a) in sums.iter_mut().zip(&unit) {
                 *s += a;
