@@ -197,6 +197,24 @@ async fn unit_mode_call_interface() {
         let e = try_models(&ctx, &sql).await.unwrap_err().to_string();
         assert!(e.contains("only with unit-level neighbours"), "{e}");
     }
+    // Nested keys work too (arrow's row format encodes them by value).
+    let m = try_models(
+        &ctx,
+        "SELECT dp_linreg_gd(y, [x], 1, 1e-6, 10, 0.5, 1, 0, true, 'gaussian', 1, 1, 100, \
+         'units:1:1', [uid, uid]) FROM t",
+    )
+    .await
+    .unwrap();
+    assert_eq!(m.len(), 1);
+    // GROUP BY with K = 2: one unit-level model per group.
+    let g = try_models(
+        &ctx,
+        "SELECT x > 0 AS k, dp_linreg_gd(y, [x], 2, 1e-6, 20, 0.5, 0.2, 0, true, 'gaussian', 1, \
+         1, 100, 'units:2:1', uid) FROM t GROUP BY x > 0 ORDER BY k",
+    )
+    .await
+    .unwrap();
+    assert_eq!(g.len(), 2);
     // 'rgm' under units: refused at planning, in the cost too.
     let rgm = |nb: &str| {
         vec![

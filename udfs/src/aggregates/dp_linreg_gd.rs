@@ -61,7 +61,7 @@ use crate::optim::linreg::{
 };
 use crate::optim::model::{Model, model_data_type};
 use crate::optim::rows::{LabelKind, RowBuffer, planned_dims_logical, planned_dims_physical};
-use crate::optim::units::{check_unit_key, split_unit_key};
+use crate::optim::units::{check_key_type, check_unit_key, split_unit_key};
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
 
 /// Which noise.
@@ -435,6 +435,7 @@ impl AggregateUDFImpl for DpLinregGd {
             out.push(coerce_param(name, pname, t)?);
         }
         if let Some(key) = arg_types.get(2 + LinregParams::NAMES.len()) {
+            check_key_type(name, key)?;
             // The privacy-unit key: any type, kept as it is (compared by value, module docs).
             out.push(key.clone());
         }

@@ -47,7 +47,7 @@ use crate::noise::SecureRng;
 use crate::optim::agd::{AgdConfig, AgdPlan, fit, fit_units};
 use crate::optim::model::{Model, model_data_type};
 use crate::optim::rows::{LabelKind, RowBuffer};
-use crate::optim::units::{check_unit_key, split_unit_key};
+use crate::optim::units::{check_key_type, check_unit_key, split_unit_key};
 use crate::privacy::{Event, PrivacyError, zcdp_rho};
 
 /// Default C_grad (the authors' experiments: 3; dpagd.md §2).
@@ -313,6 +313,7 @@ impl AggregateUDFImpl for DpLogregAgd {
             out.push(coerce_param(f, name, t)?);
         }
         if let Some(key) = arg_types.get(2 + AgdParams::NAMES.len()) {
+            check_key_type(f, key)?;
             // The privacy-unit key: any type, kept as it is (compared by value).
             out.push(key.clone());
         }

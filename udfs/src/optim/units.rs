@@ -165,6 +165,23 @@ pub(crate) fn split_unit_key(
     }
 }
 
+/// The privacy-unit key's type, checked at planning: any type arrow's row format can encode
+/// (every scalar, string, binary, decimal, temporal, dictionary, struct and list type).
+pub(crate) fn check_key_type(
+    function: &str,
+    t: &datafusion::arrow::datatypes::DataType,
+) -> std::result::Result<(), DataFusionError> {
+    use datafusion::arrow::row::{RowConverter, SortField};
+    if RowConverter::supports_fields(&[SortField::new(t.clone())]) {
+        Ok(())
+    } else {
+        Err(DataFusionError::Plan(format!(
+            "{function}: the privacy-unit key cannot be of type {t} (it must be comparable by \
+             value)"
+        )))
+    }
+}
+
 /// The planning check tying the unit key to the neighbour mode: a unit-level call
 /// (`units:K:C`) needs the key (per-unit clipping is what bounds a unit's contribution), and the
 /// key is accepted only in that mode.
