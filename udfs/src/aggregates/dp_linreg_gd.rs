@@ -18,6 +18,17 @@
 //! 2·clip, count sensitivity 1; the argument for a row that moves between groups is in
 //! [`crate::optim::linreg`], "Privacy"); `'rgm'` needs `replace_public_n` and refuses the others.
 //!
+//! Privacy units (`units:K:C`, issue 16): the session passes one more argument after
+//! `neighbours`, the privacy-unit key (a column of any type, never NULL: a NULL-key row is
+//! skipped). `dp_linreg_gd(label, features, epsilon, delta, iterations, clip, learning_rate, l2,
+//! fit_intercept, mechanism, feature_bound, label_bound, min_rows, 'units:K:C', unit_key)`. The
+//! rows are buffered with their keys; `evaluate` groups them by unit and runs the unit-level
+//! kernel: each unit's summed row gradients clipped to `clip`, a noisy count of units, noise at
+//! μ/(√K·C) ([`crate::optim::linreg`], "Privacy units"). The recorded cost is still
+//! `Gaussian { μ }` of the call's (ε, δ). A `units` mode without the key, or a key under another
+//! mode, is a planning error; `'rgm'` is refused under units (no public row count). The cost
+//! function sees the literals only (the guard strips the key).
+//!
 //! Bad rows never fail the query (an error that depends on data is a 1-bit oracle on any
 //! predicate the analyst writes into `label` or `features`): a row with a NULL/NaN label or
 //! feature, or a feature list of the wrong length, is skipped and counts as missing
@@ -50,6 +61,7 @@ use crate::optim::linreg::{
 };
 use crate::optim::model::{Model, model_data_type};
 use crate::optim::rows::{LabelKind, RowBuffer, planned_dims_logical, planned_dims_physical};
+use crate::optim::units::{check_key_type, check_unit_key, split_unit_key};
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
 
 /// Which noise.
@@ -203,6 +215,14 @@ impl LinregParams {
             neighbours,
         };
         if mechanism == LinregMechanism::Rgm {
+            if neighbours.is_units() {
+                return Err(PrivacyError::invalid(
+                    "mechanism",
+                    "'rgm'",
+                    "'gaussian' under unit-level neighbours: rgm needs a public row count, \
+                     which a unit-level table does not have; use mechanism => 'gaussian'",
+                ));
+            }
             if neighbours != Neighbours::ReplacePublicN {
                 return Err(PrivacyError::invalid(
                     "mechanism",
@@ -232,10 +252,23 @@ impl LinregParams {
     /// The `'gaussian'` kernel. Used by both [`Self::cost`] and the accumulator, so the
     /// accountant refuses exactly what execution would: a noise that is not representable
     /// fails with the range of epsilon (or clip) that works ([`representable`]).
-    /// `replace_private_keys` calibrates as `replace` ([`crate::optim::linreg`], "Privacy").
+    /// `replace_private_keys` calibrates as `replace` ([`crate::optim::linreg`], "Privacy");
+    /// `units:K:C` builds the unit-level kernel, calibrated at μ/(√K·C)
+    /// ([`GaussianGd::new_units`]; [`crate::optim::linreg`], "Privacy units").
     pub fn gaussian(&self) -> Result<GaussianGd, PrivacyError> {
         let clip = self.clip.to_string();
         representable(self.epsilon, ("clip", &clip), |epsilon| {
+            if self.neighbours.is_units() {
+                return GaussianGd::new_units(
+                    gaussian_mu(epsilon, self.delta)?,
+                    self.neighbours,
+                    self.iterations,
+                    self.clip,
+                    self.learning_rate,
+                    self.l2,
+                    self.fit_intercept,
+                );
+            }
             GaussianGd::new(
                 gaussian_mu(epsilon, self.delta)?,
                 self.iterations,
@@ -377,11 +410,14 @@ impl AggregateUDFImpl for DpLinregGd {
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let name = Self::NAME;
         let n = arg_types.len();
-        if n < 3 || n > 2 + LinregParams::NAMES.len() {
+        // One more argument than the parameters: the privacy-unit key after `neighbours`
+        // (unit-level calls only; checked against `neighbours` when the accumulator is built).
+        if n < 3 || n > 3 + LinregParams::NAMES.len() {
             return plan_err!(
                 "{name} takes 3 to {} arguments: {name}(label, features, epsilon[, delta[, \
                  iterations[, clip[, learning_rate[, l2[, fit_intercept[, mechanism[, \
-                 feature_bound[, label_bound[, min_rows]]]]]]]]]]), got {n}",
+                 feature_bound[, label_bound[, min_rows]]]]]]]]]]) (and, set by the session, \
+                 neighbours and a privacy-unit key), got {n}",
                 2 + LinregParams::NAMES.len()
             );
         }
@@ -398,6 +434,11 @@ impl AggregateUDFImpl for DpLinregGd {
         for (pname, t) in LinregParams::NAMES.iter().zip(&arg_types[2..]) {
             out.push(coerce_param(name, pname, t)?);
         }
+        if let Some(key) = arg_types.get(2 + LinregParams::NAMES.len()) {
+            check_key_type(name, key)?;
+            // The privacy-unit key: any type, kept as it is (compared by value, module docs).
+            out.push(key.clone());
+        }
         Ok(out)
     }
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
@@ -408,8 +449,10 @@ impl AggregateUDFImpl for DpLinregGd {
         if args.is_distinct {
             return plan_err!("{name} does not support DISTINCT");
         }
-        let lits = literal_params(name, &LinregParams::NAMES, args.exprs, 2)?;
+        let (exprs, key) = split_unit_key(args.exprs, 2, LinregParams::NAMES.len());
+        let lits = literal_params(name, &LinregParams::NAMES, exprs, 2)?;
         let p = LinregParams::from_literals(&lits).map_err(|e| plan_error(name, e))?;
+        check_unit_key(name, p.neighbours.is_units(), key.is_some())?;
         let dims = args
             .exprs
             .get(1)
@@ -420,10 +463,13 @@ impl AggregateUDFImpl for DpLinregGd {
             }
             LinregMechanism::Rgm => Kernel::Rgm(p.rgm(dims).map_err(|e| plan_error(name, e))?),
         };
-        let buffer = match dims {
+        let mut buffer = match dims {
             Some(d) => RowBuffer::with_dims(LabelKind::Real, d),
             None => RowBuffer::new(LabelKind::Real),
         };
+        if key.is_some() {
+            buffer = buffer.with_units();
+        }
         Ok(Box::new(LinregAccumulator {
             buffer,
             kernel,
@@ -432,7 +478,9 @@ impl AggregateUDFImpl for DpLinregGd {
         }))
     }
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        Ok(RowBuffer::state_fields(args.name))
+        // A unit-level call has the key after the parameters (the accumulator checks it).
+        let units = args.input_fields.len() > 2 + LinregParams::NAMES.len();
+        Ok(RowBuffer::state_fields_for(args.name, units))
     }
     /// The released model does not depend on row order (exact integer gradient sums).
     fn order_sensitivity(&self) -> AggregateOrderSensitivity {
@@ -454,7 +502,12 @@ struct LinregAccumulator {
 
 impl Accumulator for LinregAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        self.buffer.update(&values[0], &values[1])
+        let key = if self.buffer.has_units() {
+            values.get(2 + LinregParams::NAMES.len())
+        } else {
+            None
+        };
+        self.buffer.update_keyed(&values[0], &values[1], key)
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
@@ -467,11 +520,19 @@ impl Accumulator for LinregAccumulator {
             Some(s) => SecureRng::insecure_from_seed(s),
             None => SecureRng::from_os_entropy(),
         };
+        // Unit level: the rows grouped by unit, for per-unit clipping.
+        let units = self.buffer.group_units();
         let rows = self.buffer.rows();
         let seen = self.buffer.seen();
-        let theta = match &self.kernel {
-            Kernel::Gaussian(k) => k.fit(rows, seen, &mut rng)?,
-            Kernel::Rgm(k) => k.fit(rows, seen, &mut rng)?,
+        let theta = match (&self.kernel, &units) {
+            (Kernel::Gaussian(k), Some(u)) => k.fit_units(rows, u, &mut rng)?,
+            (Kernel::Gaussian(k), None) => k.fit(rows, seen, &mut rng)?,
+            (Kernel::Rgm(k), None) => k.fit(rows, seen, &mut rng)?,
+            (Kernel::Rgm(_), Some(_)) => {
+                return Err(datafusion::common::DataFusionError::Internal(
+                    "dp_linreg_gd: 'rgm' has no unit-level kernel".into(),
+                ));
+            }
         };
         let Some(theta) = theta else {
             return Ok(Model::null_scalar());
@@ -572,10 +633,12 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     )
     .with_argument(
         "neighbours",
-        "Hidden: 'add_remove' (default), 'replace', 'replace_public_n' or \
-         'replace_private_keys' ('gaussian' calibrates the last as 'replace'; 'rgm' needs \
-         'replace_public_n'). Set by the dpfusion session from the table's registration and \
-         the plan; users never write it.",
+        "Hidden: 'add_remove' (default), 'replace', 'replace_public_n', \
+         'replace_private_keys' ('gaussian' calibrates it as 'replace'; 'rgm' needs \
+         'replace_public_n') or 'units:K:C' (unit-level: followed by the privacy-unit key \
+         column; each unit's summed gradient is clipped to `clip`, noise at μ/(√K·C); 'gaussian' \
+         only). Set by the dpfusion session from the table's registration and the plan; users \
+         never write it.",
     )
     .with_sql_example(
         "CREATE TABLE m AS SELECT dp_linreg_gd(cost, [age, bmi, bp, chol, smoker], epsilon => 1) \

@@ -15,6 +15,14 @@
 //!   `neighbours` literal the session appends: 'replace', 'replace_public_n' or
 //!   'replace_private_keys') the gradient and score sensitivities double; a row that moves
 //!   between groups is covered by that calibration ([`crate::optim::agd`], "Neighbours").
+//! - Privacy units (`units:K:C`, issue 16): the session passes one more argument after
+//!   `neighbours`, the privacy-unit key (a column of any type; a NULL-key row is skipped):
+//!   `dp_logreg_agd(label, features, epsilon, delta, clip_grad, clip_obj, splits, gamma, l2,
+//!   fit_intercept, max_step, 'units:K:C', unit_key)`. Rows are buffered with their keys and
+//!   grouped by unit in `evaluate`; each unit's summed gradient is clipped to `clip_grad` and its
+//!   summed clipped loss to `clip_obj`, both mechanisms calibrated with the factor √K·C
+//!   ([`crate::optim::agd`], "Privacy units"). The recorded cost stays `Zcdp { rho }`. A `units`
+//!   mode without the key, or a key under another mode, is a planning error.
 //! - Returns the model struct ([`crate::optim::model`]) with `mechanism = 'agd'`; `iterations` is
 //!   the number of accepted steps (post-processing of the DP transcript).
 //!
@@ -36,9 +44,10 @@ use super::params::{
     Neighbours, boolean, delta_at, epsilon_at, literal_params, number, plan_error,
 };
 use crate::noise::SecureRng;
-use crate::optim::agd::{AgdConfig, AgdPlan, fit};
+use crate::optim::agd::{AgdConfig, AgdPlan, fit, fit_units};
 use crate::optim::model::{Model, model_data_type};
 use crate::optim::rows::{LabelKind, RowBuffer};
+use crate::optim::units::{check_key_type, check_unit_key, split_unit_key};
 use crate::privacy::{Event, PrivacyError, zcdp_rho};
 
 /// Default C_grad (the authors' experiments: 3; dpagd.md §2).
@@ -254,12 +263,17 @@ impl DpLogregAgd {
         }
     }
 
-    fn params(&self, args: &AccumulatorArgs) -> Result<AgdParams> {
+    /// The literal parameters, and whether the call is unit-level (a privacy-unit key after
+    /// `neighbours`, required exactly under `units:K:C`).
+    fn params(&self, args: &AccumulatorArgs) -> Result<(AgdParams, bool)> {
         if args.is_distinct {
             return plan_err!("{} does not support DISTINCT", Self::NAME);
         }
-        let lits = literal_params(Self::NAME, &AgdParams::NAMES, args.exprs, 2)?;
-        AgdParams::from_literals(&lits).map_err(|e| plan_error(Self::NAME, e))
+        let (exprs, key) = split_unit_key(args.exprs, 2, AgdParams::NAMES.len());
+        let lits = literal_params(Self::NAME, &AgdParams::NAMES, exprs, 2)?;
+        let p = AgdParams::from_literals(&lits).map_err(|e| plan_error(Self::NAME, e))?;
+        check_unit_key(Self::NAME, p.neighbours.is_units(), key.is_some())?;
+        Ok((p, key.is_some()))
     }
 }
 
@@ -278,10 +292,13 @@ impl AggregateUDFImpl for DpLogregAgd {
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let f = Self::NAME;
         let n = arg_types.len();
-        if !(3..=2 + AgdParams::NAMES.len()).contains(&n) {
+        // One more argument than the parameters: the privacy-unit key after `neighbours`
+        // (unit-level calls only; checked against `neighbours` when the accumulator is built).
+        if !(3..=3 + AgdParams::NAMES.len()).contains(&n) {
             return plan_err!(
                 "{f} takes 3 to {} arguments: {f}(label, features, epsilon[, delta[, clip_grad[, \
-                 clip_obj[, splits[, gamma[, l2[, fit_intercept[, max_step]]]]]]]]), got {n}",
+                 clip_obj[, splits[, gamma[, l2[, fit_intercept[, max_step]]]]]]]]) (and, set by \
+                 the session, neighbours and a privacy-unit key), got {n}",
                 2 + AgdParams::NAMES.len() - 1
             );
         }
@@ -295,20 +312,28 @@ impl AggregateUDFImpl for DpLogregAgd {
         for (name, t) in AgdParams::NAMES.iter().zip(&arg_types[2..]) {
             out.push(coerce_param(f, name, t)?);
         }
+        if let Some(key) = arg_types.get(2 + AgdParams::NAMES.len()) {
+            check_key_type(f, key)?;
+            // The privacy-unit key: any type, kept as it is (compared by value).
+            out.push(key.clone());
+        }
         Ok(out)
     }
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(model_data_type())
     }
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        let params = self.params(&args)?;
+        let (params, units) = self.params(&args)?;
         let plan = params.plan().map_err(|e| plan_error(Self::NAME, e))?;
-        let buffer = match args.expr_fields.get(1).map(|f| f.data_type()) {
+        let mut buffer = match args.expr_fields.get(1).map(|f| f.data_type()) {
             Some(DataType::FixedSizeList(_, k)) if *k >= 0 => {
                 RowBuffer::with_dims(LabelKind::Binary, *k as usize)
             }
             _ => RowBuffer::new(LabelKind::Binary),
         };
+        if units {
+            buffer = buffer.with_units();
+        }
         Ok(Box::new(AgdAccumulator {
             buffer,
             params,
@@ -317,7 +342,9 @@ impl AggregateUDFImpl for DpLogregAgd {
         }))
     }
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        Ok(RowBuffer::state_fields(args.name))
+        // A unit-level call has the key after the parameters (the accumulator checks it).
+        let units = args.input_fields.len() > 2 + AgdParams::NAMES.len();
+        Ok(RowBuffer::state_fields_for(args.name, units))
     }
     /// Integer (exact) sums inside the fit: row order does not change the result.
     fn order_sensitivity(&self) -> AggregateOrderSensitivity {
@@ -339,7 +366,12 @@ struct AgdAccumulator {
 
 impl Accumulator for AgdAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        self.buffer.update(&values[0], &values[1])
+        let key = if self.buffer.has_units() {
+            values.get(2 + AgdParams::NAMES.len())
+        } else {
+            None
+        };
+        self.buffer.update_keyed(&values[0], &values[1], key)
     }
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
         self.buffer.merge(states)
@@ -352,8 +384,11 @@ impl Accumulator for AgdAccumulator {
             Some(s) => SecureRng::insecure_from_seed(s),
             None => SecureRng::from_os_entropy(),
         };
-        let rows = self.buffer.rows();
-        let result = fit(&self.plan, rows, &mut rng);
+        // Unit level: the rows grouped by unit, for per-unit clipping.
+        let result = match self.buffer.group_units() {
+            Some(units) => fit_units(&self.plan, self.buffer.rows(), &units, &mut rng),
+            None => fit(&self.plan, self.buffer.rows(), &mut rng),
+        };
         if result.stop == crate::optim::agd::Stop::Cancelled {
             return Err(crate::progress::cancelled_error("dp_logreg_agd"));
         }
@@ -429,9 +464,11 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     )
     .with_argument(
         "neighbours",
-        "Hidden: 'add_remove' (default), 'replace', 'replace_public_n' or \
-         'replace_private_keys' (the three replace modes calibrate alike). Set by the dpfusion \
-         session from the table's registration and the plan; users never write it.",
+        "Hidden: 'add_remove' (default), 'replace', 'replace_public_n', \
+         'replace_private_keys' (the three replace modes calibrate alike) or 'units:K:C' \
+         (unit-level: followed by the privacy-unit key column; each unit's summed gradient and \
+         loss are clipped, noise scaled by √K·C). Set by the dpfusion session from the table's \
+         registration and the plan; users never write it.",
     )
     .with_sql_example(
         "SELECT dp_logreg_agd(disease, [age, bmi, bp, chol, smoker], 1.0, 1e-6) AS model \

@@ -33,6 +33,11 @@
 //! An aggregate with its own accumulator (the models `dp_linreg_gd`, `dp_logreg_agd`, which
 //! buffer rows, and `rgm_mean_by`) writes its own `AggregateUDFImpl` instead of step 1's `Spec`
 //! (see `dp_logreg_agd.rs`); steps 2 and 3 are the same.
+//!
+//! Unit-level calls (`neighbours` = `'units:K:C'`): the model aggregates (`dp_linreg_gd`,
+//! `dp_logreg_agd`) take one more argument after `neighbours`, the privacy-unit key column (any
+//! type, not a literal and not a parameter: it is not in `params`), and refuse a unit-level call
+//! without it; the guard strips it before calling `cost`, which reads the literals only.
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{AggregateUDF, Expr};
 

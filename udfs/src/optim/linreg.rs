@@ -41,6 +41,39 @@
 //! 2·(1/σ_c)² ≤ T·μ_g²/2 + 2μ_c² = μ²·(19/40 + 2/20) = 0.575·μ² ≤ μ² (σ_g ≥ 2·clip/μ_g,
 //! σ_c ≥ 1/μ_c). Within a group, as under `replace`: μ'² ≤ max(T·μ_g², T·μ_g²/4 + μ_c²) ≤ μ².
 //!
+//! # Privacy units (`units:K:C`): per-unit clipping ([`GaussianGd::new_units`], [`GaussianGd::fit_units`])
+//! When the table declares a privacy unit, neighbouring datasets differ by **all** the rows of
+//! one unit (add/remove a unit), and the call carries the unit key after `neighbours`. The fit
+//! is then the user-level DP-SGD of McMahan, Ramage, Talwar, Zhang, "Learning Differentially
+//! Private Recurrent Language Models" (ICLR 2018), §3 and Algorithm 1 (each user's update
+//! clipped to L2 norm S before the noisy sum), with every unit taking part in every iteration
+//! (no sampling) and the rows grouped by the unit key ([`super::units`]):
+//! 1. each row's contribution vᵢ = round(clip(gᵢ)/q) exactly as at the row level (below,
+//!    "Exact sums"), so ‖vᵢ‖ ≤ c = ⌊clip/q⌋;
+//! 2. each unit's exact sum V_u = Σ_{i∈u} vᵢ is clipped **in integers** to ‖clip_c(V_u)‖ ≤ c
+//!    ([`super::units::clip_int`]; McMahan et al. 2018, §3, "clip each user's update");
+//! 3. S̃ₜ = (Σ_u clip_c(V_u) + Y)·q, the same discrete Gaussian Y as at the row level;
+//! 4. ñ = a noisy count of the **units** (not rows), released once, floored as in step 3.
+//!
+//! *Privacy.* Adding or removing a unit u* adds or removes the one term clip_c(V_{u*}) of each
+//! gradient sum and leaves every other term unchanged (a unit's term depends only on its own
+//! rows and on θₜ, itself post-processing of earlier releases), so each gradient sum moves by
+//! at most c·q ≤ clip in L2 whatever the unit's number of rows, and the count of units by 1.
+//! These are the one-row add/remove sensitivities, so the proof above ("Privacy") holds with
+//! "row" read as "unit": the T gradient releases and the count compose (Gaussian mechanism;
+//! Dong, Roth, Su 2019, Cor. 3.3) to the calibration μ. That calibration is
+//! `neighbours.calibration_mu(μ)` = μ/(√K·C), μ = gaussian_mu(ε, δ): with a GROUP BY the session
+//! lets a unit reach at most K groups, each group's fit is a separate mechanism that is
+//! (μ/√K)-GDP in that unit, and the K fits compose to √(K·μ²/K) = μ (Dong, Roth, Su 2019,
+//! Cor. 3.3). The row bound C is not needed here (per-unit clipping bounds a unit's
+//! contribution whatever its rows); the session passes C = 1 for models, and a larger C only
+//! adds noise. The ledger records the call's `Gaussian { μ }`: the noise grows by √K·C, not the
+//! charge. Units are told apart by the exact bytes of their key (arrow's row format), never by
+//! a hash: two units merged into one term could move it by up to 2·clip. `'rgm'` is refused
+//! under units (it needs a public row count). Without units (every row its own unit), the
+//! unit-level kernel with K = C = 1 is exactly the add/remove kernel (test
+//! `singleton_units_are_the_row_level_fit`).
+//!
 //! **Exact sums** (PRIVACY.md, "Numbers on a computer"; Casacuberta et al., CCS 2022). The
 //! gradient mechanism's grid step q = 2^e (a power of two, ≤ 2⁻²⁰·Δ, chosen from the literal
 //! parameters only) is also the fixed-point unit: each clipped gradient is mapped to integers
@@ -93,6 +126,7 @@
 //! accountant uses γ_acc = (1 + γ)(1 + 2⁻⁴⁰) + 2^{−k} − 1 ≥ the true ratio bound − 1.
 use datafusion::common::{DataFusionError, Result};
 
+use super::units::{Units, clip_int};
 use crate::aggregates::exact::{exact_log2, pow2, release_exact};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
@@ -301,6 +335,10 @@ pub struct GaussianGd {
     pub clip: f64,
     /// Output the average of the iterates from this one on (1-based; T = last iterate only).
     pub average_from: u32,
+    /// Unit-level (`units:K:C`, module docs "Privacy units"): calibrated at
+    /// μ/(√K·C) by [`Self::new_units`]; fits only through [`Self::fit_units`], which clips each
+    /// unit's summed contribution and divides by a noisy count of units.
+    pub unit_level: bool,
 }
 
 /// Calibrations round outward: split μ's are shrunk by this factor (as `dp_mean` does).
@@ -359,7 +397,44 @@ impl GaussianGd {
             divisor,
             clip,
             average_from: iterations / 2 + 1,
+            unit_level: false,
         })
+    }
+
+    /// The unit-level kernel (module docs, "Privacy units") for a call whose whole fit is μ-GDP
+    /// at the unit level under `neighbours` = `units:K:C`: the add/remove calibration at
+    /// `neighbours.calibration_mu(μ)` = μ/(√K·C) (rounded down; C = 1 for models, a larger C
+    /// only adds noise). Gradient sensitivity `clip` (one unit's clipped sum), count sensitivity
+    /// 1 (one unit), no public n.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_units(
+        mu: f64,
+        neighbours: crate::aggregates::Neighbours,
+        iterations: u32,
+        clip: f64,
+        learning_rate: f64,
+        l2: f64,
+        fit_intercept: bool,
+    ) -> Result<Self, PrivacyError> {
+        if !neighbours.is_units() {
+            return Err(PrivacyError::invalid(
+                "neighbours",
+                format!("'{neighbours}'"),
+                "'units:K:C' for the unit-level kernel",
+            ));
+        }
+        let mut k = Self::new(
+            neighbours.calibration_mu(mu),
+            iterations,
+            clip,
+            learning_rate,
+            l2,
+            fit_intercept,
+            false,
+            false,
+        )?;
+        k.unit_level = true;
+        Ok(k)
     }
 
     /// The clipper on the mechanism's grid.
@@ -396,16 +471,117 @@ impl GaussianGd {
 
     /// Fits on `rows`; `public_n` is the public row count (used only with
     /// [`Divisor::Public`]). Returns θ (p values; the intercept last), or `None` when the public
-    /// n is 0.
+    /// n is 0. A unit-level kernel refuses (it needs [`Self::fit_units`]).
     pub fn fit(
         &self,
         rows: &super::rows::Rows,
         public_n: u64,
         rng: &mut SecureRng,
     ) -> Result<Option<Vec<f64>>> {
+        if self.unit_level {
+            return Err(DataFusionError::Internal(
+                "dp_linreg_gd: a unit-level kernel fits only with the rows' units".into(),
+            ));
+        }
+        self.fit_inner(rows, public_n, None, rng)
+    }
+
+    /// Fits a unit-level kernel ([`Self::new_units`]) on `rows` grouped by `units` (unit u owns
+    /// the rows `units.range(u)`; module docs, "Privacy units"): each iteration releases
+    /// Σ_units clip(Σ_{rows of u} clip(gᵢ)) + noise, divided by a noisy count of the units.
+    pub fn fit_units(
+        &self,
+        rows: &super::rows::Rows,
+        units: &Units,
+        rng: &mut SecureRng,
+    ) -> Result<Option<Vec<f64>>> {
+        if !self.unit_level || units.rows() != rows.n() {
+            return Err(DataFusionError::Internal(
+                "dp_linreg_gd: units given to a row-level kernel, or not covering the rows".into(),
+            ));
+        }
+        self.fit_inner(rows, 0, Some(units), rng)
+    }
+
+    /// The exact gradient sum of one iteration at `theta`, in grid units (multiply by
+    /// [`Self::grid`] for the gradient's units), before noise: Σᵢ clip(gᵢ) without `units`,
+    /// Σ_u clip(Σ_{i∈u} clip(gᵢ)) with them. The quantity the Gaussian mechanism releases in
+    /// [`Self::fit`] / [`Self::fit_units`] (the same code), for sensitivity tests.
+    pub fn gradient_sum(
+        &self,
+        rows: &super::rows::Rows,
+        units: Option<&Units>,
+        theta: &[f64],
+    ) -> Result<Vec<i128>> {
+        let design = Design::new(rows, self.fit_intercept);
+        let clipper = self.clipper(design.p())?;
+        let norms: Vec<f64> = (0..design.n()).map(|i| design.norm(i)).collect();
+        Ok(self.sums(&design, &norms, &clipper, theta, units))
+    }
+
+    /// One noisy gradient release at `theta`, as each iteration of the fit draws it: the
+    /// [`Self::gradient_sum`] plus the discrete Gaussian noise of `grad_mech`, in the gradient's
+    /// units. For statistical tests of the noise scale.
+    pub fn noisy_gradient_sum(
+        &self,
+        rows: &super::rows::Rows,
+        units: Option<&Units>,
+        theta: &[f64],
+        rng: &mut SecureRng,
+    ) -> Result<Vec<f64>> {
+        let sums = self.gradient_sum(rows, units, theta)?;
+        let exp = self.clipper(theta.len())?.exp;
+        sums.iter()
+            .map(|&s| release_exact(&self.grad_mech, rng, s, exp))
+            .collect()
+    }
+
+    /// The fixed-point unit q of the gradient sums (a power of two).
+    pub fn grid(&self) -> f64 {
+        self.grad_mech.granularity
+    }
+
+    /// The exact (integer) gradient sums at θ over all rows, or over all units.
+    fn sums(
+        &self,
+        design: &Design,
+        norms: &[f64],
+        clipper: &Clipper,
+        theta: &[f64],
+        units: Option<&Units>,
+    ) -> Vec<i128> {
+        let p = design.p();
+        let mut sums = vec![0i128; p];
+        // Exact integer sums, on several threads for large n (the same integers in any split:
+        // `super::par_ranges`); by units, each thread takes whole units.
+        let parts = match units {
+            None => super::par_ranges(design.n(), |rows| {
+                self.gradient_sums(design, norms, clipper, theta, rows)
+            }),
+            Some(u) => super::par_ranges(u.count(), |us| {
+                self.unit_gradient_sums(design, norms, clipper, theta, u, us)
+            }),
+        };
+        for part in parts {
+            for (s, v) in sums.iter_mut().zip(part) {
+                *s += v;
+            }
+        }
+        sums
+    }
+
+    fn fit_inner(
+        &self,
+        rows: &super::rows::Rows,
+        public_n: u64,
+        units: Option<&Units>,
+        rng: &mut SecureRng,
+    ) -> Result<Option<Vec<f64>>> {
         let design = Design::new(rows, self.fit_intercept);
         let (n, d, p) = (design.n(), design.d, design.p());
         let clipper = self.clipper(p)?;
+        // What the noisy count counts: rows, or units (sensitivity 1 either way).
+        let counted = units.map_or(n, Units::count);
         let denom = match &self.divisor {
             Divisor::Public => {
                 if public_n == 0 {
@@ -414,7 +590,7 @@ impl GaussianGd {
                 public_n as f64
             }
             // Post-processing of the released count with its public σ (module docs, step 3).
-            Divisor::NoisyCount(m) => release_exact(m, rng, n as i128, 0)?
+            Divisor::NoisyCount(m) => release_exact(m, rng, counted as i128, 0)?
                 .max(COUNT_FLOOR_SIGMAS * m.sigma)
                 .max(1.0),
         };
@@ -429,16 +605,7 @@ impl GaussianGd {
             if progress::cancelled(started) {
                 return Err(progress::cancelled_error(PROGRESS));
             }
-            // Exact integer sums over the rows, on several threads for large n (the same integers
-            // in any split: `super::par_ranges`).
-            let mut sums = vec![0i128; p];
-            for part in super::par_ranges(n, |rows| {
-                self.gradient_sums(&design, &norms, &clipper, &theta, rows)
-            }) {
-                for (s, v) in sums.iter_mut().zip(part) {
-                    *s += v;
-                }
-            }
+            let sums = self.sums(&design, &norms, &clipper, &theta, units);
             for j in 0..p {
                 let noisy = release_exact(&self.grad_mech, rng, sums[j], clipper.exp)?;
                 let reg = if j < d { self.l2 * theta[j] } else { 0.0 };
@@ -454,6 +621,43 @@ impl GaussianGd {
             progress::report(PROGRESS, t as u64, t_total as u64);
         }
         Ok(Some(if n_avg > 0 { avg } else { theta }))
+    }
+
+    /// Σ over the units `us` of clip(Σ_{i∈u} vᵢ), vᵢ the clipped integer contribution of row i
+    /// (as in [`Self::gradient_sums`]); each unit's sum is clipped to ⌊clip/q⌋ in integers
+    /// ([`clip_int`]; module docs, "Privacy units").
+    fn unit_gradient_sums(
+        &self,
+        design: &Design,
+        norms: &[f64],
+        clipper: &Clipper,
+        theta: &[f64],
+        units: &Units,
+        us: std::ops::Range<usize>,
+    ) -> Vec<i128> {
+        let p = design.p();
+        let mut sums = vec![0i128; p];
+        let mut unit = vec![0i128; p];
+        let mut v = vec![0i64; p];
+        for u in us {
+            unit.iter_mut().for_each(|a| *a = 0);
+            for i in units.range(u) {
+                let r = design.dot(theta, i) - design.y[i];
+                if clipper.contribution(design.row(i), self.fit_intercept, r, norms[i], &mut v) {
+                    for (a, &b) in unit.iter_mut().zip(&v) {
+                        // |b| ≤ c_int < 2^63 and at most 2^63 rows: no overflow in i128.
+                        *a += b as i128;
+                    }
+                }
+            }
+            // Per-unit clipping to c = ⌊clip/q⌋ (McMahan et al. 2018, §3, per-user clipping;
+            // module docs, "Privacy units"): one unit moves the sum by ≤ c·q ≤ clip.
+            clip_int(&mut unit, clipper.c_int);
+            for (s, &a) in sums.iter_mut().zip(&unit) {
+                *s += a;
+            }
+        }
+        sums
     }
 
     /// Σ over `rows` of the clipped per-example gradients at `theta`, as exact integers in grid
@@ -819,5 +1023,70 @@ mod tests {
         // NaN residual: nothing.
         assert!(!c.contribution(&[1.0, 1.0], true, f64::NAN, 3f64.sqrt(), &mut out));
         assert_eq!(out, vec![0, 0, 0]);
+    }
+
+    /// Unit level with every row its own unit and K = C = 1 is the row-level add/remove fit
+    /// (same calibration, same sums: the count of singleton units is the row count).
+    #[test]
+    fn singleton_units_are_the_row_level_fit() {
+        use crate::aggregates::Neighbours;
+        let rows = super::super::rows::Rows {
+            d: 2,
+            labels: (0..50).map(|i| (i % 7) as f64 - 3.0).collect(),
+            x: (0..100)
+                .map(|i| ((i * 13) % 11) as f64 / 5.0 - 1.0)
+                .collect(),
+        };
+        let mu = 0.8;
+        let a = GaussianGd::new(mu, 12, 0.5, 0.5, 0.0, true, false, false).unwrap();
+        let b = GaussianGd::new_units(
+            mu,
+            Neighbours::Units { groups: 1, rows: 1 },
+            12,
+            0.5,
+            0.5,
+            0.0,
+            true,
+        )
+        .unwrap();
+        assert_eq!(a.grad_mech, b.grad_mech);
+        let ta = a
+            .fit(&rows, 50, &mut SecureRng::insecure_from_seed(3))
+            .unwrap();
+        let tb = b
+            .fit_units(
+                &rows,
+                &Units::singletons(50),
+                &mut SecureRng::insecure_from_seed(3),
+            )
+            .unwrap();
+        assert_eq!(ta, tb);
+        // The kernels refuse the other path.
+        assert!(
+            b.fit(&rows, 50, &mut SecureRng::insecure_from_seed(3))
+                .is_err()
+        );
+        assert!(
+            a.fit_units(
+                &rows,
+                &Units::singletons(50),
+                &mut SecureRng::insecure_from_seed(3)
+            )
+            .is_err()
+        );
+        // K = 9: σ three times the K = 1 kernel's (up to the grid's rounding).
+        let c = GaussianGd::new_units(
+            mu,
+            Neighbours::Units { groups: 9, rows: 1 },
+            12,
+            0.5,
+            0.5,
+            0.0,
+            true,
+        )
+        .unwrap();
+        let r = c.grad_mech.sigma / b.grad_mech.sigma;
+        assert!((r - 3.0).abs() < 1e-5, "{r}");
+        assert!(GaussianGd::new_units(mu, Neighbours::AddRemove, 12, 0.5, 0.5, 0.0, true).is_err());
     }
 }

@@ -5,13 +5,18 @@
 //! - [`model`]: the model struct every model aggregate returns.
 //! - [`linreg`]: DP gradient descent for linear regression (`dp_linreg_gd`): per-example clipped
 //!   Gaussian GD, and relative-Gaussian-mechanism GD on the ridge objective.
+//! - [`agd`]: DP-AGD for logistic regression (`dp_logreg_agd`).
+//! - [`units`]: privacy units (unit-level neighbours `units:K:C`): rows grouped by unit and the
+//!   exact per-unit clipping of user-level DP-SGD (McMahan et al., ICLR 2018, §3).
 pub mod agd;
 pub mod linreg;
 pub mod model;
 pub mod rows;
+pub mod units;
 
 pub use model::{Model, model_data_type};
 pub use rows::{LabelKind, RowBuffer, Rows};
+pub use units::Units;
 
 /// Rows below which a pass over the rows runs on one thread (spawning costs ~20 µs a thread).
 const PAR_MIN_ROWS: usize = 1 << 15;

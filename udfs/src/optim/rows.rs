@@ -22,12 +22,29 @@
 //!
 //! ±infinity is kept: each kernel clamps or clips it like any other out-of-range value. Wrong
 //! types (known before any row is read) remain errors.
+//!
+//! **Privacy units** ([`RowBuffer::with_units`], unit-level neighbours `units:K:C`). Each kept
+//! row also keeps its privacy-unit key, as the bytes of arrow's row format
+//! ([`datafusion::arrow::row`]: injective and type-aware, never a hash, so two units are never
+//! merged); the state carries the keys (a fifth field, `List<LargeBinary>`), so merged
+//! partitions keep every row with its unit. A row whose key is NULL (the session filters them
+//! out before the aggregate) is skipped and counts as missing. Float keys are normalised first
+//! (−0.0 → 0.0, every NaN → one NaN) so that keys equal in SQL are one unit.
+//! [`RowBuffer::group_units`] reorders the rows by unit for the kernels
+//! ([`super::units::Units`]).
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, ListArray, UInt64Array};
+use std::collections::HashMap;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, LargeBinaryArray, ListArray, UInt64Array,
+};
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type, UInt64Type};
+use datafusion::arrow::datatypes::{
+    DataType, Field, FieldRef, Float32Type, Float64Type, UInt64Type,
+};
+use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::utils::format_state_name;
 
@@ -72,11 +89,65 @@ pub struct RowBuffer {
     rows: Rows,
     /// Rows that reached the aggregate (after its FILTER), skipped ones included.
     seen: u64,
+    /// Unit-level mode: the privacy-unit key of each kept row (module docs).
+    keys: Option<KeyBuffer>,
+}
+
+/// The privacy-unit keys of the kept rows, in row order: key i is
+/// `bytes[ends[i - 1]..ends[i]]` (arrow row format).
+#[derive(Debug, Clone, Default)]
+struct KeyBuffer {
+    /// Built from the key column's type at the first batch (the same type, hence the same
+    /// encoding, in every partition).
+    converter: Option<Arc<RowConverter>>,
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl KeyBuffer {
+    fn key(&self, i: usize) -> &[u8] {
+        let a = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.bytes[a..self.ends[i]]
+    }
+    fn push(&mut self, key: &[u8]) {
+        self.bytes.extend_from_slice(key);
+        self.ends.push(self.bytes.len());
+    }
+    fn size(&self) -> usize {
+        self.bytes.capacity()
+            + self.ends.capacity() * size_of::<usize>()
+            + self.converter.as_ref().map_or(0, |c| c.size())
+    }
+}
+
+/// Float keys with SQL equality: −0.0 → 0.0 and every NaN → the canonical NaN (module docs).
+fn normalise_key(keys: &ArrayRef) -> ArrayRef {
+    use datafusion::arrow::array::PrimitiveArray;
+    match keys.data_type() {
+        DataType::Float64 => {
+            let a: PrimitiveArray<Float64Type> = keys
+                .as_primitive::<Float64Type>()
+                .unary(|v| if v.is_nan() { f64::NAN } else { v + 0.0 });
+            Arc::new(a)
+        }
+        DataType::Float32 => {
+            let a: PrimitiveArray<Float32Type> = keys
+                .as_primitive::<Float32Type>()
+                .unary(|v| if v.is_nan() { f32::NAN } else { v + 0.0 });
+            Arc::new(a)
+        }
+        _ => Arc::clone(keys),
+    }
 }
 
 /// `DataType::List(Float64)` with the standard nullable "item" field.
 fn list_f64() -> DataType {
     DataType::List(Arc::new(Field::new_list_field(DataType::Float64, true)))
+}
+
+/// `DataType::List(LargeBinary)`: the unit keys of a state.
+fn list_binary() -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(DataType::LargeBinary, true)))
 }
 
 /// One list scalar holding `values`, built without one `ScalarValue` per element.
@@ -197,7 +268,20 @@ impl RowBuffer {
             dims: None,
             rows: Rows::default(),
             seen: 0,
+            keys: None,
         }
+    }
+
+    /// Unit-level mode: every row comes with its privacy-unit key ([`Self::update_keyed`]), and
+    /// the state carries the keys (module docs).
+    pub fn with_units(mut self) -> Self {
+        self.keys = Some(KeyBuffer::default());
+        self
+    }
+
+    /// Whether the buffer keeps privacy-unit keys.
+    pub fn has_units(&self) -> bool {
+        self.keys.is_some()
     }
 
     /// A buffer whose feature count is fixed in advance (e.g. from a `FixedSizeList` type or a
@@ -211,6 +295,7 @@ impl RowBuffer {
                 ..Rows::default()
             },
             seen: 0,
+            keys: None,
         }
     }
 
@@ -241,7 +326,24 @@ impl RowBuffer {
     /// types and internal inconsistencies (never for a data value); on error the buffer is
     /// left unchanged.
     pub fn update(&mut self, label: &ArrayRef, features: &ArrayRef) -> Result<()> {
-        if label.len() != features.len() {
+        self.update_keyed(label, features, None)
+    }
+
+    /// [`Self::update`] with each row's privacy-unit key (required in unit-level mode, refused
+    /// otherwise: an internal error, never a data one). A row whose key is NULL is skipped.
+    pub fn update_keyed(
+        &mut self,
+        label: &ArrayRef,
+        features: &ArrayRef,
+        keys: Option<&ArrayRef>,
+    ) -> Result<()> {
+        if self.keys.is_some() != keys.is_some() {
+            return Err(DataFusionError::Internal(
+                "model aggregate: privacy-unit keys given without unit mode, or missing in it"
+                    .into(),
+            ));
+        }
+        if keys.is_some_and(|k| k.len() != label.len()) || label.len() != features.len() {
             return Err(DataFusionError::Internal(format!(
                 "label and features have different lengths ({} and {})",
                 label.len(),
@@ -252,9 +354,32 @@ impl RowBuffer {
         let f = feature_lists(features)?;
         let vals = f.values.values();
         let vnulls = f.values.nulls();
+        // The keys in row format (module docs), and which are NULL.
+        let encoded = match (keys, self.keys.as_mut()) {
+            (Some(k), Some(kb)) => {
+                let converter = match &kb.converter {
+                    Some(c) => Arc::clone(c),
+                    None => {
+                        let c = Arc::new(RowConverter::new(vec![SortField::new(
+                            k.data_type().clone(),
+                        )])?);
+                        kb.converter = Some(Arc::clone(&c));
+                        c
+                    }
+                };
+                let rows = converter.convert_columns(&[normalise_key(k)])?;
+                Some((rows, k.logical_nulls()))
+            }
+            _ => None,
+        };
         self.seen = self.seen.saturating_add(y.len() as u64);
         for i in 0..y.len() {
             if y[i].is_nan() || f.valid.as_ref().is_some_and(|v| !v[i]) {
+                continue;
+            }
+            if let Some((_, Some(n))) = &encoded
+                && n.is_null(i)
+            {
                 continue;
             }
             let (a, b) = (f.offsets[i], f.offsets[i + 1]);
@@ -271,6 +396,9 @@ impl RowBuffer {
             }
             self.rows.labels.push(y[i]);
             self.rows.x.extend_from_slice(row);
+            if let (Some((enc, _)), Some(kb)) = (&encoded, self.keys.as_mut()) {
+                kb.push(enc.row(i).as_ref());
+            }
         }
         Ok(())
     }
@@ -279,7 +407,13 @@ impl RowBuffer {
     /// (`UInt64`, NULL while no row fixed it) and `seen` (`UInt64`, rows that reached the
     /// aggregate, skipped ones included).
     pub fn state_fields(name: &str) -> Vec<FieldRef> {
-        vec![
+        Self::state_fields_for(name, false)
+    }
+
+    /// [`Self::state_fields`], with, in unit-level mode (`units`), a fifth field `unit_keys`:
+    /// `List<LargeBinary>`, the kept rows' keys in row order (module docs).
+    pub fn state_fields_for(name: &str, units: bool) -> Vec<FieldRef> {
+        let mut fields = vec![
             Arc::new(Field::new(
                 format_state_name(name, "labels"),
                 list_f64(),
@@ -300,25 +434,48 @@ impl RowBuffer {
                 DataType::UInt64,
                 true,
             )),
-        ]
+        ];
+        if units {
+            fields.push(Arc::new(Field::new(
+                format_state_name(name, "unit_keys"),
+                list_binary(),
+                true,
+            )));
+        }
+        fields
     }
 
     /// The buffer as scalars in [`Self::state_fields`] order (exact, un-noised).
     pub fn state(&self) -> Result<Vec<ScalarValue>> {
-        Ok(vec![
+        let mut out = vec![
             list_scalar(&self.rows.labels),
             list_scalar(&self.rows.x),
             ScalarValue::UInt64(self.dims.map(|d| d as u64)),
             ScalarValue::UInt64(Some(self.seen)),
-        ])
+        ];
+        if let Some(kb) = &self.keys {
+            let keys: LargeBinaryArray = (0..kb.ends.len()).map(|i| Some(kb.key(i))).collect();
+            let arr = ListArray::new(
+                Arc::new(Field::new_list_field(DataType::LargeBinary, true)),
+                OffsetBuffer::from_lengths([keys.len()]),
+                Arc::new(keys),
+                None,
+            );
+            out.push(ScalarValue::List(Arc::new(arr)));
+        }
+        Ok(out)
     }
 
     /// Appends the buffers of other partitions (one per row of `states`).
     pub fn merge(&mut self, states: &[ArrayRef]) -> Result<()> {
         let bad = || DataFusionError::Internal("model aggregate: bad state layout".into());
-        if states.len() != 4 {
+        if states.len() != 4 + usize::from(self.keys.is_some()) {
             return Err(bad());
         }
+        let keys = match self.keys {
+            Some(_) => Some(states[4].as_list_opt::<i32>().ok_or_else(bad)?),
+            None => None,
+        };
         let labels = states[0].as_list_opt::<i32>().ok_or_else(bad)?;
         let feats = states[1].as_list_opt::<i32>().ok_or_else(bad)?;
         let dims: &UInt64Array = states[2].as_primitive_opt::<UInt64Type>().ok_or_else(bad)?;
@@ -340,13 +497,69 @@ impl RowBuffer {
             }
             // A partition whose rows have another length: skipped, counted as missing (their
             // rows are already in its `seen`).
+            // In unit mode, the keys of the partition's rows, one per row.
+            let k = match keys {
+                Some(kl) => {
+                    if kl.is_null(r) {
+                        return Err(bad());
+                    }
+                    let v = kl.value(r);
+                    let v = v.as_binary_opt::<i64>().ok_or_else(bad)?.clone();
+                    if v.len() != l.len() || v.null_count() > 0 {
+                        return Err(bad());
+                    }
+                    Some(v)
+                }
+                None => None,
+            };
             if l.is_empty() || !self.accepts(d) {
                 continue;
             }
             self.rows.labels.extend_from_slice(l.values());
             self.rows.x.extend_from_slice(f.values());
+            if let (Some(k), Some(kb)) = (k, self.keys.as_mut()) {
+                for key in k.iter().flatten() {
+                    kb.push(key);
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Unit-level mode: reorders the buffered rows so that each unit's rows are contiguous and
+    /// returns the grouping ([`super::units::Units`]; units in order of first appearance). The
+    /// keys are left in step with the rows. `None` when the buffer has no keys.
+    pub fn group_units(&mut self) -> Option<super::units::Units> {
+        let kb = self.keys.as_ref()?;
+        let n = kb.ends.len();
+        debug_assert_eq!(n, self.rows.n());
+        let mut index: HashMap<&[u8], u32> = HashMap::new();
+        let unit: Vec<u32> = (0..n)
+            .map(|i| {
+                let next = index.len() as u32;
+                *index.entry(kb.key(i)).or_insert(next)
+            })
+            .collect();
+        let count = index.len();
+        drop(index);
+        let (order, units) = super::units::Units::group(&unit, count);
+        let d = self.rows.d;
+        let mut labels = Vec::with_capacity(n);
+        let mut x = Vec::with_capacity(n * d);
+        let mut keys = KeyBuffer {
+            converter: kb.converter.clone(),
+            bytes: Vec::with_capacity(kb.bytes.len()),
+            ends: Vec::with_capacity(n),
+        };
+        for &i in &order {
+            labels.push(self.rows.labels[i]);
+            x.extend_from_slice(self.rows.row(i));
+            keys.push(kb.key(i));
+        }
+        self.rows.labels = labels;
+        self.rows.x = x;
+        self.keys = Some(keys);
+        Some(units)
     }
 
     /// Rows that reached the aggregate (after its FILTER clause), including rows skipped for
@@ -364,6 +577,7 @@ impl RowBuffer {
     pub fn size(&self) -> usize {
         size_of::<Self>()
             + (self.rows.labels.capacity() + self.rows.x.capacity()) * size_of::<f64>()
+            + self.keys.as_ref().map_or(0, KeyBuffer::size)
     }
 }
 
@@ -558,5 +772,72 @@ mod tests {
         b.update(&y, &x).unwrap();
         assert_eq!(b.rows().x, vec![3.0, 4.0, 5.0, 6.0]);
         assert_eq!(b.rows().labels, vec![7.0, 8.0]);
+    }
+
+    fn keyed(labels: Vec<f64>, xs: Vec<f64>, keys: ArrayRef) -> RowBuffer {
+        let mut b = RowBuffer::new(LabelKind::Real).with_units();
+        let y: ArrayRef = Arc::new(Float64Array::from(labels));
+        let x = list(xs.into_iter().map(|v| Some(vec![Some(v)])).collect());
+        b.update_keyed(&y, &x, Some(&keys)).unwrap();
+        b
+    }
+
+    /// Unit keys: kept with their rows through state → merge (two partitions, one unit split
+    /// across both), grouped by value; NULL keys skip the row; −0.0 and 0.0 are one unit; the
+    /// keys are counted in `size`; a unit-mode buffer refuses rows without keys and the reverse.
+    #[test]
+    fn unit_keys_survive_state_and_merge() {
+        use datafusion::arrow::array::StringArray;
+        let a = keyed(
+            vec![1.0, 2.0, 3.0],
+            vec![10.0, 20.0, 30.0],
+            Arc::new(StringArray::from(vec![Some("ann"), Some("bob"), None])),
+        );
+        let b = keyed(
+            vec![4.0, 5.0],
+            vec![40.0, 50.0],
+            Arc::new(StringArray::from(vec!["bob", "cy"])),
+        );
+        assert_eq!((a.rows().n(), a.seen()), (2, 3));
+        assert!(a.size() > RowBuffer::new(LabelKind::Real).size() + 2 * 2 * 8);
+        let states: Vec<ArrayRef> = (0..5)
+            .map(|k| {
+                ScalarValue::iter_to_array([
+                    a.state().unwrap()[k].clone(),
+                    b.state().unwrap()[k].clone(),
+                ])
+                .unwrap()
+            })
+            .collect();
+        let fields = RowBuffer::state_fields_for("f", true);
+        assert_eq!(fields.len(), 5);
+        assert_eq!(states[4].data_type(), fields[4].data_type());
+        let mut m = RowBuffer::new(LabelKind::Real).with_units();
+        m.merge(&states).unwrap();
+        assert_eq!(m.seen(), 5);
+        let units = m.group_units().unwrap();
+        assert_eq!(units.count(), 3);
+        let per_unit: Vec<Vec<f64>> = (0..3)
+            .map(|u| units.range(u).map(|i| m.rows().labels[i]).collect())
+            .collect();
+        assert_eq!(per_unit, vec![vec![1.0], vec![2.0, 4.0], vec![5.0]]);
+        // Features move with their labels.
+        assert!((0..m.rows().n()).all(|i| m.rows().row(i)[0] == 10.0 * m.rows().labels[i]));
+        // The row-level state (4 fields) does not merge into a unit-level buffer.
+        assert!(m.merge(&states[..4]).is_err());
+        // Float keys: −0.0 and 0.0 are one unit, NaNs one unit.
+        let mut f = keyed(
+            vec![1.0, 2.0, 3.0, 4.0],
+            vec![1.0; 4],
+            Arc::new(Float64Array::from(vec![0.0, -0.0, f64::NAN, -f64::NAN])),
+        );
+        assert_eq!(f.group_units().unwrap().count(), 2);
+        // Keys only in unit mode, and always in it.
+        let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0]));
+        let x = list(vec![Some(vec![Some(1.0)])]);
+        assert!(f.update(&y, &x).is_err());
+        let mut plain = RowBuffer::new(LabelKind::Real);
+        assert!(plain.update_keyed(&y, &x, Some(&y)).is_err());
+        assert!(plain.group_units().is_none());
     }
 }
