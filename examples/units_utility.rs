@@ -25,9 +25,21 @@ const RUNS: usize = 30;
 #[tokio::main]
 async fn main() -> dpfusion::datafusion::common::Result<()> {
     let batch = demo::transactions()?;
-    let cat = batch.column(3).as_any().downcast_ref::<StringArray>().unwrap();
-    let amount = batch.column(4).as_any().downcast_ref::<Float64Array>().unwrap();
-    let customer = batch.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+    let cat = batch
+        .column(3)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap();
+    let amount = batch
+        .column(4)
+        .as_any()
+        .downcast_ref::<Float64Array>()
+        .unwrap();
+    let customer = batch
+        .column(1)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
     let mut truth: BTreeMap<String, f64> = BTreeMap::new();
     let mut rows_of: BTreeMap<i64, usize> = BTreeMap::new();
     for i in 0..batch.num_rows() {

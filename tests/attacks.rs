@@ -170,19 +170,19 @@ const REFUSED: &[(&str, &str)] = &[
     // joins, self-joins, unions before the DP aggregate
     (
         "SELECT dp_count(a.id, 1.0) FROM people a JOIN people b ON a.id = b.id",
-        "a JOIN between private table 'people'",
+        "a JOIN of two private tables",
     ),
     (
         "SELECT dp_count(a.id, 1.0) FROM people a CROSS JOIN people b",
-        "a JOIN between private table 'people'",
+        "a JOIN of two private tables",
     ),
     (
-        "SELECT dp_sum(p.salary, 0, 1e6, 1.0) FROM people p JOIN depts d ON p.dept = d.dept",
-        "a JOIN between private table 'people'",
+        "SELECT dp_sum(p.salary, 0, 1e6, 1.0) FROM people p FULL JOIN depts d ON p.dept = d.dept",
+        "a FULL JOIN that can add rows",
     ),
     (
         "SELECT dp_count(p.id, 1.0) FROM people p JOIN staff s ON p.id = s.id",
-        "a JOIN between private table",
+        "a JOIN of two private tables",
     ),
     (
         "SELECT dp_sum(salary, 0, 1e6, 1.0) FROM (SELECT salary FROM people UNION ALL SELECT salary FROM people) t",

@@ -260,10 +260,10 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
                 "  {name:<12} {} columns; {}{}\n",
                 schema.fields().len(),
                 policy(name, info.private),
-                if info.private {
-                    format!("; neighbours {}", neighbours(info.neighbours))
-                } else {
-                    String::new()
+                match (&info.unit, info.private) {
+                    (Some(u), true) => format!("; privacy unit {}", u.column),
+                    (None, true) => format!("; neighbours {}", neighbours(info.neighbours)),
+                    _ => String::new(),
                 }
             ));
         }
@@ -304,7 +304,14 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
             out.push_str("  schema: pinned in the ledger at the owner's first registration\n");
         }
     }
-    if info.private {
+    if let (Some(u), true) = (&info.unit, info.private) {
+        out.push_str(&format!(
+            "  privacy unit: {} (domain {}): a neighbour adds or removes a unit with all its \
+             rows; a query bounds each unit to {} group(s) and {} row(s) per group (SET \
+             dpfusion.max_groups_contributed / max_rows_contributed)\n",
+            u.column, u.domain, u.max_groups_contributed, u.max_rows_contributed
+        ));
+    } else if info.private {
         out.push_str(&format!(
             "  neighbours: {} ({})\n",
             neighbours(info.neighbours),

@@ -185,9 +185,15 @@ pub fn tables_batch(rows: &[(TablePolicy, String)]) -> Result<RecordBatch> {
         ),
         (
             "neighbours",
-            strings(rows.iter().map(|(p, _)| match p.neighbours {
-                Neighbours::AddRemove => "add_remove",
-                Neighbours::Replace => "replace",
+            strings(rows.iter().map(|(p, _)| match (&p.unit, p.neighbours) {
+                // A unit table: neighbours add or remove a whole unit.
+                (Some(u), _) => format!(
+                    "add_remove unit {} (domain {}; max_groups_contributed {}, \
+                     max_rows_contributed {})",
+                    u.column, u.domain, u.max_groups_contributed, u.max_rows_contributed
+                ),
+                (None, Neighbours::AddRemove) => "add_remove".to_string(),
+                (None, Neighbours::Replace) => "replace".to_string(),
             })),
         ),
         (

@@ -160,7 +160,7 @@ fn neighbours_and_arity_errors() {
     let e = err_of(CountParams::from_literals(&[f(1.0), f(1e-6), s("bogus")]));
     assert_eq!(
         e,
-        "invalid argument 'neighbours': got 'bogus', expected one of 'add_remove', 'replace', 'replace_public_n', 'replace_private_keys'"
+        "invalid argument 'neighbours': got 'bogus', expected one of 'add_remove', 'replace', 'replace_public_n', 'replace_private_keys', 'units:K:C' (K, C integers ≥ 1)"
     );
     let e = err_of(MeanParams::from_literals(&[
         f(0.0),
@@ -258,6 +258,7 @@ fn udafs_are_registered_with_docs_and_names() {
         names,
         [
             "dp_count",
+            "dp_count_distinct",
             "dp_sum",
             "dp_mean",
             "dp_partition_select",
