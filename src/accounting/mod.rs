@@ -655,8 +655,8 @@ impl Accountant {
         };
         match decision {
             policy::Decision::Keep(kept) => {
-                st.policies.insert(kept.key.clone(), kept.clone());
-                Ok(kept)
+                st.policies.insert(kept.key.clone(), (*kept).clone());
+                Ok(*kept)
             }
             policy::Decision::Record => {
                 ledger::append(

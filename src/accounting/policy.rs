@@ -20,7 +20,7 @@ use super::{AccountingError, FilterKind, Neighbours, TablePolicy, Visibility};
 
 pub(super) enum Decision {
     /// The ledger's policy stays in force (returned with the session's name for the table).
-    Keep(TablePolicy),
+    Keep(Box<TablePolicy>),
     /// The requested policy is new or stricter: write it to the ledger.
     Record,
 }
@@ -188,10 +188,10 @@ pub(super) fn reconcile(
     };
     let changes = changes(e, req);
     if changes.is_empty() {
-        return Ok(Decision::Keep(TablePolicy {
+        return Ok(Decision::Keep(Box::new(TablePolicy {
             name: req.name.clone(),
             ..e.clone()
-        }));
+        })));
     }
     if changes.iter().all(|c| c.stricter) {
         return Ok(Decision::Record);

@@ -1244,7 +1244,7 @@ fn units_count_and_sum_noise() {
 
     let p = SumParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("units:9:1")]).unwrap();
     let rel = SumRelease::new(&p).unwrap();
-    let m = rel.mech.clone().unwrap();
+    let m = rel.mech.unwrap();
     let want = 3.0 * (10.0 + m.granularity) / mu; // √9·(Δ + g)/μ
     assert!(
         m.sigma >= want * (1.0 - 1e-9) && m.sigma <= want * (1.0 + 1e-5),
