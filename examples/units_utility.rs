@@ -78,7 +78,7 @@ async fn main() -> dpfusion::datafusion::common::Result<()> {
             } else {
                 Registration::private()
             };
-            s.register_batches("t", vec![batch.clone()], reg.budget(1e9, 1e-5))?;
+            s.register_batches("t", vec![batch.clone()], reg.budget(1e6, 1e-5))?;
             let sql = format!(
                 "SELECT category, dp_sum(amount, 0, {upper}, epsilon => {eps}, delta => 1e-7) \
                  FROM t GROUP BY category"
