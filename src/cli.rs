@@ -25,6 +25,11 @@ pub struct Cli {
     pub output_dir: Option<PathBuf>,
     /// The owner's reason to relax the recorded policy of the `--private`/`--public` tables.
     pub relax: Option<String>,
+    /// `--privacy-unit NAME=COLUMN`: the privacy unit column of the `--private` table NAME.
+    pub units: Vec<(String, String)>,
+    /// `--max-groups-contributed` / `--max-rows-contributed`: default bounds of the unit tables.
+    pub max_groups: Option<u32>,
+    pub max_rows: Option<u32>,
     /// `-c` and `-f` in the order given.
     pub scripts: Vec<Script>,
     pub format: Option<OutputFormat>,
@@ -80,6 +85,13 @@ OWNER FLAGS (single-user mode only):
         --relax REASON       Register the --private/--public tables even where this weakens or
                              changes the policy the ledger holds (a larger budget, more public
                              columns, ...); the reason and the changes are recorded in the ledger
+        --privacy-unit NAME=COLUMN
+                             The --private table NAME protects all the rows of one COLUMN value
+                             (a customer, a patient) instead of one row; may be repeated
+                             (docs/PRIVACY.md, \"Privacy units\")
+        --max-groups-contributed K, --max-rows-contributed C
+                             Default contribution bounds of the --privacy-unit tables: groups per
+                             unit, and rows per unit and group (default 1 and 1)
 
 EXAMPLES:
     dpfusion -c \"SELECT dp_gaussian_sigma(0.5, 1e-6, 100)\"
@@ -166,10 +178,43 @@ impl Cli {
                 "--catalog" => cli.catalog = Some(PathBuf::from(value(&mut i)?)),
                 "--output-dir" => cli.output_dir = Some(PathBuf::from(value(&mut i)?)),
                 "--relax" => cli.relax = Some(value(&mut i)?),
+                "--privacy-unit" => {
+                    let v = value(&mut i)?;
+                    match v.split_once('=') {
+                        Some((t, c)) if !t.is_empty() && !c.is_empty() => {
+                            cli.units.push((t.to_string(), c.to_string()))
+                        }
+                        _ => return Err(format!("{flag} takes NAME=COLUMN, got '{v}'")),
+                    }
+                }
+                "--max-groups-contributed" | "--max-rows-contributed" => {
+                    let v = value(&mut i)?;
+                    let n = v
+                        .parse::<u64>()
+                        .map_err(|_| format!("{flag} must be an integer, got '{v}'"))
+                        .and_then(|n| crate::accounting::PrivacyUnit::check_bound(&flag[2..], n))?;
+                    if flag == "--max-groups-contributed" {
+                        cli.max_groups = Some(n);
+                    } else {
+                        cli.max_rows = Some(n);
+                    }
+                }
                 "-q" | "--quiet" => cli.quiet = true,
                 other => return Err(format!("unknown argument '{other}'")),
             }
             i += 1;
+        }
+        for (t, _) in &cli.units {
+            if !cli.private.iter().any(|(n, _)| n == t) {
+                return Err(format!(
+                    "--privacy-unit {t}=…: '{t}' is not a --private table of this command line"
+                ));
+            }
+        }
+        if (cli.max_groups.is_some() || cli.max_rows.is_some()) && cli.units.is_empty() {
+            return Err(
+                "--max-groups-contributed and --max-rows-contributed need --privacy-unit".into(),
+            );
         }
         // A bad value is a bad command line (exit status 2), not a failed session.
         let b = cli.session_options().default_budget;
@@ -191,6 +236,9 @@ impl Cli {
                 ("--delta-share", cli.delta_share.is_some()),
                 ("--output-dir", cli.output_dir.is_some()),
                 ("--relax", cli.relax.is_some()),
+                ("--privacy-unit", !cli.units.is_empty()),
+                ("--max-groups-contributed", cli.max_groups.is_some()),
+                ("--max-rows-contributed", cli.max_rows.is_some()),
             ];
             let given: Vec<&str> = owner_flags
                 .iter()
@@ -309,6 +357,11 @@ async fn register_tables(session: &PrivateSession, cli: &Cli) -> Result<(), Stri
             if cli.epsilon.is_some() || cli.delta.is_some() {
                 let b = session.options().default_budget;
                 reg.budget = Some(b);
+            }
+            if let Some((_, col)) = cli.units.iter().find(|(t, _)| t == n) {
+                reg = reg
+                    .privacy_unit(col.clone())
+                    .contribution_bounds(cli.max_groups.unwrap_or(1), cli.max_rows.unwrap_or(1));
             }
             (n, p, reg)
         })
@@ -447,6 +500,39 @@ mod tests {
         assert_eq!(cli.private[0].0, "t");
         assert!(Cli::parse(&["--bogus".to_string()]).is_err());
         assert!(Cli::parse(&["--private".to_string(), "nope".to_string()]).is_err());
+    }
+
+    #[test]
+    fn parses_privacy_units() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let c = Cli::parse(&args(&[
+            "--private",
+            "t=t.csv",
+            "--privacy-unit",
+            "t=customer",
+            "--max-groups-contributed",
+            "3",
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.units, vec![("t".to_string(), "customer".to_string())]);
+        assert_eq!((c.max_groups, c.max_rows), (Some(3), None));
+        for bad in [
+            &["--privacy-unit", "t=customer"][..],
+            &["--private", "t=t.csv", "--privacy-unit", "t"],
+            &["--private", "t=t.csv", "--max-rows-contributed", "2"],
+            &[
+                "--private",
+                "t=t.csv",
+                "--privacy-unit",
+                "t=c",
+                "--max-rows-contributed",
+                "0",
+            ],
+        ] {
+            assert!(Cli::parse(&args(bad)).is_err(), "{bad:?}");
+        }
+        assert!(HELP.contains("--privacy-unit"));
     }
 
     #[test]
