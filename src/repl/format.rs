@@ -54,10 +54,12 @@ pub fn render(
                         .collect::<Result<_, _>>()?;
                     out = pretty_format_batches(&shown)?.to_string();
                     if out.lines().all(|l| l.chars().count() <= DISPLAY_WIDTH) {
-                        break;
+                        return Ok(out);
                     }
                 }
-                Ok(out)
+                // Still too wide (many columns: the ledger, EXPLAIN PRIVACY): one record per
+                // row, one line per non-NULL field, like psql's expanded display.
+                expanded(batches)
             }
         }
         OutputFormat::Csv => {
@@ -218,6 +220,40 @@ pub fn sig(x: f64) -> String {
     }
 }
 
+/// Rows as records: `-[ RECORD n ]-` then `column | value` for each non-NULL value, every line
+/// within [`DISPLAY_WIDTH`] (values cut with '…').
+fn expanded(batches: &[RecordBatch]) -> Result<String, ArrowError> {
+    use datafusion::arrow::util::display::array_value_to_string;
+    let mut out = String::new();
+    let mut n = 0;
+    for b in batches {
+        let shown = for_display(b, DISPLAY_WIDTH)?;
+        let schema = shown.schema();
+        let width = schema
+            .fields()
+            .iter()
+            .map(|f| f.name().chars().count())
+            .max()
+            .unwrap_or(0);
+        let room = DISPLAY_WIDTH.saturating_sub(width + 3).max(8);
+        for row in 0..shown.num_rows() {
+            n += 1;
+            out.push_str(&format!("-[ RECORD {n} ]-\n"));
+            for (f, c) in schema.fields().iter().zip(shown.columns()) {
+                if c.is_null(row) {
+                    continue;
+                }
+                let mut v = array_value_to_string(c, row)?;
+                if v.chars().count() > room {
+                    v = v.chars().take(room - 1).collect::<String>() + "…";
+                }
+                out.push_str(&format!("{:<width$} | {v}\n", f.name()));
+            }
+        }
+    }
+    Ok(out.trim_end().to_string())
+}
+
 /// The table format's view of a batch: floats at [`DISPLAY_DIGITS`] significant digits, text
 /// cut at `text_limit` characters.
 fn for_display(batch: &RecordBatch, text_limit: usize) -> Result<RecordBatch, ArrowError> {
@@ -284,6 +320,32 @@ fn for_display(batch: &RecordBatch, text_limit: usize) -> Result<RecordBatch, Ar
 #[cfg(test)]
 mod display_tests {
     use super::*;
+
+    #[test]
+    fn tables_wider_than_the_display_become_records() {
+        let cols: Vec<(String, ArrayRef)> = (0..14)
+            .map(|i| {
+                (
+                    format!("a_rather_long_column_name_{i}"),
+                    Arc::new(StringArray::from(vec![Some("x".repeat(30)), None])) as ArrayRef,
+                )
+            })
+            .collect();
+        let b = RecordBatch::try_from_iter(cols).unwrap();
+        let out = render(&[b.clone()], &b.schema(), OutputFormat::Table).unwrap();
+        assert!(out.starts_with("-[ RECORD 1 ]-"), "{out}");
+        assert!(out.contains("-[ RECORD 2 ]-"), "{out}");
+        assert!(out.lines().all(|l| l.chars().count() <= DISPLAY_WIDTH), "{out}");
+        assert!(out.contains("a_rather_long_column_name_13 | xxx"), "{out}");
+        // A narrow table stays a table.
+        let b = RecordBatch::try_from_iter(vec![(
+            "a",
+            Arc::new(StringArray::from(vec!["x"])) as ArrayRef,
+        )])
+        .unwrap();
+        let out = render(&[b.clone()], &b.schema(), OutputFormat::Table).unwrap();
+        assert!(out.starts_with('+'), "{out}");
+    }
 
     #[test]
     fn floats_show_six_significant_digits() {
