@@ -1735,7 +1735,17 @@ fn class_h() -> Vec<Case> {
         ),
         refused(
             "SELECT dp_count(p.id, 1.0) FROM people p RIGHT JOIN depts d ON p.dept = d.dept",
-            "a RIGHT JOIN that can add rows",
+            "a RIGHT JOIN onto a public key table without GROUP BY",
+        ),
+        refused(
+            "SELECT p.age, dp_count(p.id, 1.0) FROM people p RIGHT JOIN depts d ON p.dept = d.dept GROUP BY p.age",
+            "GROUP BY columns of the public table only",
+        ),
+        // A public key set: the groups are the public table's; no partition selection.
+        admitted(
+            "SELECT d.floor, dp_count(p.id, 1.0) FROM people p RIGHT JOIN depts d ON p.dept = d.dept GROUP BY d.floor",
+            &[("dp_count", 1.0)],
+            "people",
         ),
         refused(
             "SELECT dp_count(p.id, 1.0) FROM people p FULL JOIN depts d ON p.dept = d.dept",

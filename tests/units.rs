@@ -465,7 +465,7 @@ async fn joins_admitted_and_refused() {
         ),
         (
             "SELECT dp_count(t.amount, epsilon => 1) FROM t RIGHT JOIN names n ON t.g = n.g",
-            "can add rows with no private row",
+            "a RIGHT JOIN onto a public key table without GROUP BY",
         ),
         (
             "SELECT dp_count(t.amount, epsilon => 1) FROM t FULL JOIN names n ON t.g = n.g",
@@ -497,5 +497,81 @@ async fn joins_admitted_and_refused() {
             "{sql} was charged"
         );
         assert_eq!(s.scans("t"), scans, "{sql} read the table");
+    }
+}
+
+/// Public key sets (issue 18): a RIGHT JOIN onto a public table, grouped by its columns, releases
+/// exactly one group per public value (an empty one with noise around 0), with no partition
+/// selection and no δ for it, on row-level and unit-level tables alike.
+#[tokio::test]
+async fn a_public_key_set_gives_exactly_its_groups() {
+    use dpfusion::datafusion::arrow::array::StringArray;
+    for unit in [false, true] {
+        let s = session("units-keyset").await;
+        // Groups 0..3 have rows; the public table also lists 7, which has none.
+        let t: Vec<(i64, i64, f64)> = (0..400).map(|i| (i % 4, i / 2, 10.0)).collect();
+        let reg = if unit {
+            unit_level()
+        } else {
+            Registration::private().budget(1e6, 1e-5)
+        };
+        s.register_batches("t", vec![batch(&t)], reg).unwrap();
+        let keys = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("g", DataType::Int64, false),
+                Field::new("name", DataType::Utf8, false),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(vec![0, 1, 2, 3, 7])) as ArrayRef,
+                Arc::new(StringArray::from(vec!["a", "b", "c", "d", "empty"])),
+            ],
+        )
+        .unwrap();
+        s.register_batches("k", vec![keys], Registration::public())
+            .unwrap();
+        let sql = "SELECT k.name, dp_count(t.amount, epsilon => 1) AS n \
+                   FROM t RIGHT JOIN k ON t.g = k.g GROUP BY k.name ORDER BY k.name";
+        let checked = s.check(sql).await.unwrap();
+        let functions: Vec<&str> = checked.calls.iter().map(|c| c.function.as_str()).collect();
+        assert_eq!(
+            functions,
+            ["dp_count"],
+            "no partition selection (unit: {unit})"
+        );
+        let r = s.sql(sql).await.unwrap();
+        let names: Vec<String> = r
+            .batches
+            .iter()
+            .flat_map(|b| {
+                let a = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+                (0..a.len())
+                    .map(|i| a.value(i).to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(names, ["a", "b", "c", "d", "empty"], "unit: {unit}");
+        let counts = column_f64(&r.batches, 1);
+        // The empty group releases noise around 0 (σ = 1/μ(1, 1e-7) ≈ 5, or √1·1 in unit mode
+        // with C = 3: ≈ 15; 10σ bands), the others around 100 (unit: 3 rows of 100 units).
+        assert!(counts[4].abs() < 160.0, "empty group: {}", counts[4]);
+        for (sql, want) in [
+            (
+                "SELECT t.g, dp_count(t.amount, epsilon => 1) FROM t RIGHT JOIN k ON t.g = k.g \
+                 GROUP BY t.g",
+                "GROUP BY columns of the public table only",
+            ),
+            (
+                "SELECT k.name, dp_count(t.amount, epsilon => 1) FROM t RIGHT JOIN k \
+                 ON t.g = k.g WHERE coalesce(t.amount, 0) < 5 GROUP BY k.name",
+                "a WHERE above a RIGHT JOIN onto a public key table",
+            ),
+            (
+                "SELECT dp_count(t.amount, epsilon => 1) FROM t RIGHT JOIN k ON t.g = k.g",
+                "without GROUP BY",
+            ),
+        ] {
+            let e = s.sql(sql).await.unwrap_err().to_string();
+            assert!(e.contains(want), "{sql}: {e}");
+        }
     }
 }

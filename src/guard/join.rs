@@ -17,6 +17,14 @@
 //!   public side keep or drop each private row on its own: a filter, whatever the public side's
 //!   duplicates.
 //!
+//! - **A public key set**: the private side `RIGHT JOIN` a public table (or the public table
+//!   `LEFT JOIN` the private side) on a key unique in the public side, grouped by columns of the
+//!   public side only. Every public row appears once, matched or NULL-extended, so the set of
+//!   groups is the public table's: exact, with no partition selection and no δ for it (ZetaSQL's
+//!   public groups). Each DP call reads only matched rows (a marker column the private side
+//!   carries, NULL on the NULL-extended row), so a group without private rows releases noise
+//!   around its empty value. No WHERE may stand above such a join (it could drop whole groups by
+//!   private values); filter the private side in a subquery or use a FILTER clause.
 //! - **Two private tables of one unit domain** joined on their unit columns ([`unit_join`]).
 //!
 //! Everything else (other joins of two private tables, a join that can repeat a private row, `FULL`
@@ -27,8 +35,8 @@
 //! guard then adds partition selection and refuses `rgm_mean_by`).
 use std::sync::Arc;
 
-use datafusion::common::{JoinType, Result};
-use datafusion::logical_expr::{Expr, Join, LogicalPlan};
+use datafusion::common::{Column, JoinType, Result};
+use datafusion::logical_expr::{Expr, Join, LogicalPlan, Projection, SubqueryAlias, lit};
 
 use super::{Cx, Region, any_private_table, base_columns, check_fragment, not_in_fragment};
 
@@ -63,15 +71,18 @@ pub(super) fn region_join(
         }
     };
     use JoinType::*;
+    let key_set = matches!((j.join_type, private_left), (Right, true) | (Left, false));
     let (preserving, filtering) = match (j.join_type, private_left) {
         (Inner, _) | (Left, true) | (Right, false) => (true, false),
         (LeftSemi | LeftAnti, true) | (RightSemi | RightAnti, false) => (false, true),
+        _ if key_set => (true, false),
         (jt, _) => {
             return Err(not_in_fragment(
                 &format!(
                     "a {} JOIN that can add rows with no private row or repeat one (only INNER, \
-                     LEFT/RIGHT keeping the private side, and semi/anti joins with a public \
-                     table are allowed)",
+                     LEFT/RIGHT keeping the private side, a RIGHT JOIN onto a public key table \
+                     grouped by its columns, and semi/anti joins with a public table are \
+                     allowed)",
                     jt.to_string().to_uppercase()
                 ),
                 table,
@@ -111,7 +122,13 @@ pub(super) fn region_join(
                 .is_some_and(|cols| cols.iter().all(|c| info.is_public_column(c)))
         })
     });
-    let drops_rows = filtering || j.join_type == Inner || j.filter.is_some();
+    if key_set && j.filter.is_some() {
+        return Err(not_in_fragment(
+            "a join condition besides the equality keys in a RIGHT JOIN onto a public key table",
+            table,
+        ));
+    }
+    let drops_rows = filtering || key_set || j.join_type == Inner || j.filter.is_some();
     if drops_rows && !keys_public {
         out.private_filter = true;
     }
@@ -122,6 +139,20 @@ pub(super) fn region_join(
             private_table: table.to_string(),
         });
     }
+    // A public key set: the private side carries a marker, NULL on the NULL-extended rows.
+    let private_plan = if key_set {
+        out.key_set = true;
+        let mut exprs: Vec<Expr> = private_plan
+            .schema()
+            .columns()
+            .into_iter()
+            .map(Expr::Column)
+            .collect();
+        exprs.push(lit(true).alias(MATCHED));
+        LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(private_plan))?)
+    } else {
+        private_plan
+    };
     let (left, right) = if private_left {
         (private_plan, public_plan)
     } else {
@@ -229,6 +260,78 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
         j.null_equality,
         j.null_aware,
     )?))
+}
+
+/// The marker column of a public key set's private side (NULL on the NULL-extended rows).
+const MATCHED: &str = "__dpfusion_matched";
+
+/// Is `c`, a column of `plan`'s output, a column of the public side of the key-set join below
+/// (traced through projections of bare columns and aliases)?
+pub(super) fn from_public_key_set(c: &Column, plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Projection(p) => match p.schema.index_of_column(c) {
+            Ok(i) => match &p.expr[i] {
+                Expr::Column(inner) => from_public_key_set(inner, &p.input),
+                Expr::Alias(a) => match a.expr.as_ref() {
+                    Expr::Column(inner) => from_public_key_set(inner, &p.input),
+                    _ => false,
+                },
+                _ => false,
+            },
+            Err(_) => false,
+        },
+        LogicalPlan::SubqueryAlias(s) => match s.schema.index_of_column(c) {
+            Ok(i) => {
+                let (q, f) = s.input.schema().qualified_field(i);
+                from_public_key_set(&Column::new(q.cloned(), f.name()), &s.input)
+            }
+            Err(_) => false,
+        },
+        LogicalPlan::Join(j) => {
+            let public = if private_is_left(j) {
+                &j.right
+            } else {
+                &j.left
+            };
+            public.schema().has_column(c)
+        }
+        _ => false,
+    }
+}
+
+/// `plan` (a checked region whose key-set join stands below projections and aliases only) with
+/// the match marker carried up to its output, and the expression that reads it there.
+pub(super) fn carry_marker(plan: &LogicalPlan, table: &str) -> Result<(LogicalPlan, Expr)> {
+    match plan {
+        LogicalPlan::Join(j) if j.schema.has_column_with_unqualified_name(MATCHED) => {
+            Ok((plan.clone(), Expr::Column(Column::new_unqualified(MATCHED))))
+        }
+        LogicalPlan::Projection(p) => {
+            let (input, m) = carry_marker(&p.input, table)?;
+            let mut exprs = p.expr.clone();
+            exprs.push(match &m {
+                Expr::Column(c) if c.name == MATCHED && c.relation.is_none() => m.clone(),
+                m => m.clone().alias(MATCHED),
+            });
+            let new = Projection::try_new(exprs, Arc::new(input))?;
+            Ok((
+                LogicalPlan::Projection(new),
+                Expr::Column(Column::new_unqualified(MATCHED)),
+            ))
+        }
+        LogicalPlan::SubqueryAlias(s) => {
+            let (input, _) = carry_marker(&s.input, table)?;
+            let new = SubqueryAlias::try_new(Arc::new(input), s.alias.clone())?;
+            let m = Expr::Column(Column::new(Some(new.alias.clone()), MATCHED));
+            Ok((LogicalPlan::SubqueryAlias(new), m))
+        }
+        _ => Err(not_in_fragment(
+            "an operation between a RIGHT JOIN onto a public key table and the DP aggregate \
+             (only projections may stand there: a WHERE could drop whole groups by private \
+             values; filter the private side in a subquery, or use a FILTER clause)",
+            table,
+        )),
+    }
 }
 
 /// Which side of `j` is private (true: the left).

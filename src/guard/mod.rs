@@ -376,6 +376,8 @@ struct Region {
     /// A filter on a column that is not public stands below the aggregate: the set of rows, and
     /// so the row count and the set of groups, depend on private values.
     private_filter: bool,
+    /// A RIGHT JOIN onto a public key table stands below (join.rs): the groups may be its keys.
+    key_set: bool,
 }
 
 fn construct_name(plan: &LogicalPlan) -> &'static str {
@@ -483,6 +485,14 @@ fn region(plan: &LogicalPlan, out: &mut Region, cx: &mut Cx, table: &str) -> Res
             let t = table_name();
             check_fragment(&f.predicate, "WHERE", &t)?;
             let input = region(&f.input, out, cx, table)?;
+            if out.key_set {
+                return Err(not_in_fragment(
+                    "a WHERE above a RIGHT JOIN onto a public key table (it could drop whole \
+                     groups by private values; filter the private side in a subquery, or use a \
+                     FILTER clause)",
+                    &t,
+                ));
+            }
             let public_only = out.table.as_ref().is_some_and(|info| {
                 base_columns(&f.predicate, &f.input)
                     .is_some_and(|cols| cols.iter().all(|c| info.is_public_column(c)))
@@ -692,6 +702,31 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     let Some(table) = below.table.clone() else {
         return Err(refuse("a DP aggregate whose input could not be traced"));
     };
+    // A public key set (join.rs): the groups are the public table's, if every GROUP BY key is
+    // one of its columns; every call then reads only the matched rows.
+    let (input, matched) = if below.key_set {
+        for g in &agg.group_expr {
+            let ok = matches!(g, Expr::Column(c) if join::from_public_key_set(c, &agg.input));
+            if !ok {
+                return Err(refuse(format!(
+                    "a RIGHT JOIN onto a public key table releases one group per public row: \
+                     GROUP BY columns of the public table only (got {g}). To group by private \
+                     values, use an inner join (then partition selection decides which groups \
+                     are released)."
+                )));
+            }
+        }
+        if agg.group_expr.is_empty() {
+            return Err(refuse(
+                "a RIGHT JOIN onto a public key table without GROUP BY: group by the public \
+                 table's columns, or use an inner join",
+            ));
+        }
+        let (plan, m) = join::carry_marker(&input, &table.name)?;
+        (plan, Some(m))
+    } else {
+        (input, None)
+    };
     // 3. grouping keys
     let mut keys_public = true;
     for g in &agg.group_expr {
@@ -745,7 +780,13 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             .unwrap_or(u.max_groups_contributed),
     });
     let (mode, needs_selection) = match table.neighbours {
-        _ if bounds.is_some() => (Mode::AddRemove, grouped),
+        // The groups of a public key set are the public table's rows: no selection.
+        _ if bounds.is_some() => (Mode::AddRemove, grouped && matched.is_none()),
+        Neighbours::AddRemove if matched.is_some() => (Mode::AddRemove, false),
+        Neighbours::Replace if matched.is_some() && !keys_public => {
+            (Mode::ReplacePrivateKeys, false)
+        }
+        Neighbours::Replace if matched.is_some() => (Mode::Replace, false),
         Neighbours::AddRemove => (Mode::AddRemove, grouped),
         Neighbours::Replace if !keys_public => (Mode::ReplacePrivateKeys, grouped),
         Neighbours::Replace if below.private_filter => (Mode::Replace, grouped),
@@ -854,6 +895,14 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             Some(filter) => Some(total::wrap(filter.as_ref().clone(), in_schema)?),
             None => None,
         };
+        if let Some(m) = &matched {
+            // Only the rows of a private row: the NULL-extended row of an empty group is none.
+            let present = m.clone().is_not_null();
+            filter = Some(match filter {
+                Some(f) => present.and(f),
+                None => present,
+            });
+        }
         if let (Some(b), Some(h)) = (bounding.as_mut(), how) {
             (args, filter) = b.bound_call(h, args, filter)?;
         }

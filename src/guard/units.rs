@@ -14,8 +14,7 @@
 //!              first_value(__dpfusion_r2) OVER (same) AS __dpfusion_gk,
 //!              sum(value) OVER (PARTITION BY unit, g) AS __dpfusion_total_i   (per dp_sum call)
 //!         Projection  *, unit AS __dpfusion_unit, random() AS __dpfusion_r1, random() AS __dpfusion_r2
-//!           Filter    unit IS NOT NULL
-//!             the private region (scan, WHERE, projections), the unit column carried up
+//!           the private region (scan, WHERE, projections, joins), the unit column carried up
 //! ```
 //!
 //! - **L0** (Wilson et al., "Differentially Private SQL with Bounded User Contribution", PoPETs
@@ -36,8 +35,9 @@
 //!
 //! Each selection depends only on the unit's own rows and on randomness, so after it one unit
 //! changes at most K groups, and each by at most C rows (or one value): the sensitivity bounds of
-//! `units:K:C` hold for every data set. Rows whose unit is NULL belong to no unit and are left
-//! out. The random numbers come from DataFusion's `random()`, a per-thread ChaCha generator seeded
+//! `units:K:C` hold for every data set. Rows whose unit is NULL belong to no unit: every call's
+//! FILTER leaves them out (they stay in the plan only so that the NULL-extended row of a public
+//! key set keeps its group, join.rs). The random numbers come from DataFusion's `random()`, a per-thread ChaCha generator seeded
 //! by the operating system; privacy does not rest on them (any selection rule that reads only the
 //! unit's own rows keeps the bounds), only the absence of bias does.
 use std::sync::Arc;
@@ -173,9 +173,15 @@ pub fn count_distinct_needs_unit(table: &TableInfo) -> DataFusionError {
     ))
 }
 
-/// `__dpfusion_rn = 1`: the first row of each (unit, group) in the random order.
+/// `__dpfusion_rn = 1` of a row with a unit: the first row of each (unit, group) in the random
+/// order (partition selection counts these: one per unit and group).
 pub fn first_row_of_unit() -> Expr {
-    col(RN).eq(lit(1u64))
+    has_unit().and(col(RN).eq(lit(1u64)))
+}
+
+/// The row belongs to a unit (its unit column is not NULL).
+fn has_unit() -> Expr {
+    col(UNIT).is_not_null()
 }
 
 /// The bounding plan being built for one DP aggregate.
@@ -197,9 +203,9 @@ impl Bounding {
         group_expr: &[Expr],
         table: &TableInfo,
     ) -> Result<Self> {
+        // Rows whose unit is NULL stay in the plan (a group of a public key set may consist of
+        // the NULL-extended row alone) but reach no DP call: every call's FILTER requires a unit.
         let (plan, unit) = expose(input, &bounds.column, table)?;
-        let plan =
-            LogicalPlan::Filter(Filter::try_new(unit.clone().is_not_null(), Arc::new(plan))?);
         let mut exprs: Vec<Expr> = plan
             .schema()
             .columns()
@@ -243,8 +249,8 @@ impl Bounding {
         filter: Option<Expr>,
     ) -> Result<(Vec<Expr>, Option<Expr>)> {
         let and = |cond: Expr, f: Option<Expr>| match f {
-            Some(f) => cond.and(f),
-            None => cond,
+            Some(f) => has_unit().and(cond).and(f),
+            None => has_unit().and(cond),
         };
         Ok(match how {
             Contribution::Rows => {
@@ -275,7 +281,7 @@ impl Bounding {
                 (vec![col(name)], Some(first_row_of_unit()))
             }
             Contribution::Once => (args, Some(first_row_of_unit())),
-            Contribution::PerUnit => (args, filter),
+            Contribution::PerUnit => (args, Some(and(lit(true), filter))),
         })
     }
 
@@ -311,8 +317,11 @@ impl Bounding {
             .order_by(by)
             .build()?;
         let plan = windowed(plan, vec![(rank, GR.to_string())])?;
+        // Rows without a unit are kept (they reach no call; see `new`).
         Ok(LogicalPlan::Filter(Filter::try_new(
-            col(GR).lt_eq(lit(self.bounds.groups as u64)),
+            col(GR)
+                .lt_eq(lit(self.bounds.groups as u64))
+                .or(col(UNIT).is_null()),
             Arc::new(plan),
         )?))
     }

@@ -46,13 +46,12 @@ pub fn render(
             } else {
                 // Text cells are cut at DISPLAY_TEXT characters, or at half of it when the table
                 // would still be wider than DISPLAY_WIDTH (the ledger, EXPLAIN PRIVACY).
-                let mut out = String::new();
                 for limit in [DISPLAY_TEXT, DISPLAY_TEXT / 2] {
                     let shown: Vec<RecordBatch> = batches
                         .iter()
                         .map(|b| for_display(b, limit))
                         .collect::<Result<_, _>>()?;
-                    out = pretty_format_batches(&shown)?.to_string();
+                    let out = pretty_format_batches(&shown)?.to_string();
                     if out.lines().all(|l| l.chars().count() <= DISPLAY_WIDTH) {
                         return Ok(out);
                     }
@@ -335,7 +334,10 @@ mod display_tests {
         let out = render(&[b.clone()], &b.schema(), OutputFormat::Table).unwrap();
         assert!(out.starts_with("-[ RECORD 1 ]-"), "{out}");
         assert!(out.contains("-[ RECORD 2 ]-"), "{out}");
-        assert!(out.lines().all(|l| l.chars().count() <= DISPLAY_WIDTH), "{out}");
+        assert!(
+            out.lines().all(|l| l.chars().count() <= DISPLAY_WIDTH),
+            "{out}"
+        );
         assert!(out.contains("a_rather_long_column_name_13 | xxx"), "{out}");
         // A narrow table stays a table.
         let b = RecordBatch::try_from_iter(vec![(
