@@ -575,3 +575,37 @@ async fn a_public_key_set_gives_exactly_its_groups() {
         }
     }
 }
+
+/// The public side of a join is run before admission, its keys checked, and the checked rows are
+/// what the query runs with: the plan reads them from memory, not the public file again (so a
+/// file an analyst can write cannot gain a duplicate key between the check and the run).
+#[tokio::test]
+async fn the_checked_public_rows_are_the_rows_the_query_joins() {
+    let dir = common::temp_dir("units-toctou");
+    let s = PrivateSession::open(SessionOptions::default().with_ledger(dir.join("ledger.jsonl")))
+        .await
+        .unwrap();
+    let t: Vec<(i64, i64, f64)> = (0..100).map(|i| (i % 3, i, 1.0)).collect();
+    s.register_batches("t", vec![batch(&t)], unit_level())
+        .unwrap();
+    let csv = dir.join("keys.csv");
+    std::fs::write(&csv, "g,name\n0,a\n1,b\n2,c\n").unwrap();
+    s.register_csv("k", &csv, Registration::public())
+        .await
+        .unwrap();
+    let sql = "SELECT k.name, dp_count(t.amount, epsilon => 1) FROM t JOIN k ON t.g = k.g \
+               GROUP BY k.name";
+    let plan = s
+        .check(sql)
+        .await
+        .unwrap()
+        .plan
+        .display_indent()
+        .to_string();
+    assert!(plan.contains("TableScan: __dpfusion_public_0"), "{plan}");
+    assert!(!plan.contains("TableScan: k"), "{plan}");
+    // A duplicate written later is caught by the next query's check.
+    std::fs::write(&csv, "g,name\n0,a\n1,b\n2,c\n2,d\n").unwrap();
+    let e = s.sql(sql).await.unwrap_err().to_string();
+    assert!(e.contains("(2) appears 2 times"), "{e}");
+}
