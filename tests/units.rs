@@ -25,7 +25,6 @@ use dpfusion::dpfusion_udfs::aggregates::{
     DpCount, DpCountDistinct, DpPartitionSelect, DpSum, dp_aggregate_data_args,
 };
 use dpfusion::{PrivateSession, Registration, SessionOptions};
-use statrs::distribution::{Beta, ContinuousCDF};
 
 async fn session(tag: &str) -> PrivateSession {
     let dir = common::temp_dir(tag);
@@ -167,51 +166,12 @@ async fn an_extreme_unit_moves_each_release_by_at_most_its_bound() {
     assert_eq!(row_count, 10_000.0);
 }
 
-/// One-sided Clopper–Pearson bounds (as udfs/tests/audit.rs).
-fn cp_upper(k: usize, n: usize, alpha: f64) -> f64 {
-    if k == n {
-        1.0
-    } else {
-        Beta::new(k as f64 + 1.0, (n - k) as f64)
-            .unwrap()
-            .inverse_cdf(1.0 - alpha)
-    }
-}
-fn cp_lower(k: usize, n: usize, alpha: f64) -> f64 {
-    if k == 0 {
-        0.0
-    } else {
-        Beta::new(k as f64, (n - k + 1) as f64)
-            .unwrap()
-            .inverse_cdf(alpha)
-    }
-}
-
-/// The 95% lower confidence bound on ε from releases on D and D′ over the events {M > t},
-/// {M ≤ t}, t at the 1/20 … 19/20 pooled quantiles, both orders (udfs/tests/audit.rs,
-/// `epsilon_lower_bound`, Bonferroni over the 4·19 tests).
+/// The audit's ε lower bound at the 1/20 … 19/20 pooled quantiles (`dpfusion_udfs::audit`).
 fn epsilon_lower_bound(d: &[f64], d1: &[f64], delta: f64) -> f64 {
     let mut pooled: Vec<f64> = d.iter().chain(d1).copied().collect();
     pooled.sort_by(f64::total_cmp);
     let grid: Vec<f64> = (1..20).map(|i| pooled[i * pooled.len() / 20]).collect();
-    let alpha = 0.05 / (4 * grid.len()) as f64;
-    let above = |v: &[f64], t: f64| v.iter().filter(|&&x| x > t).count();
-    let mut best = f64::NEG_INFINITY;
-    for &t in &grid {
-        let (ka, kb) = (above(d, t), above(d1, t));
-        for ((p, np), (q, nq)) in [
-            ((ka, d.len()), (kb, d1.len())),
-            ((kb, d1.len()), (ka, d.len())),
-            ((d.len() - ka, d.len()), (d1.len() - kb, d1.len())),
-            ((d1.len() - kb, d1.len()), (d.len() - ka, d.len())),
-        ] {
-            let (p_hi, q_lo) = (cp_upper(p, np, alpha), cp_lower(q, nq, alpha));
-            if q_lo - delta > 0.0 && p_hi > 0.0 {
-                best = best.max(((q_lo - delta) / p_hi).ln());
-            }
-        }
-    }
-    best
+    dpfusion::dpfusion_udfs::audit::epsilon_lower_bound(d, d1, delta, &grid)
 }
 
 /// G = 3,000 groups, each a copy of D (60 units of one row of 10 each; each unit in one group);

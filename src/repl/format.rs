@@ -331,7 +331,7 @@ mod display_tests {
             })
             .collect();
         let b = RecordBatch::try_from_iter(cols).unwrap();
-        let out = render(&[b.clone()], &b.schema(), OutputFormat::Table).unwrap();
+        let out = render(std::slice::from_ref(&b), &b.schema(), OutputFormat::Table).unwrap();
         assert!(out.starts_with("-[ RECORD 1 ]-"), "{out}");
         assert!(out.contains("-[ RECORD 2 ]-"), "{out}");
         assert!(
@@ -345,7 +345,7 @@ mod display_tests {
             Arc::new(StringArray::from(vec!["x"])) as ArrayRef,
         )])
         .unwrap();
-        let out = render(&[b.clone()], &b.schema(), OutputFormat::Table).unwrap();
+        let out = render(std::slice::from_ref(&b), &b.schema(), OutputFormat::Table).unwrap();
         assert!(out.starts_with('+'), "{out}");
     }
 

@@ -10,6 +10,7 @@
 //! - [`progress`]: the hook through which long model fits report progress to the REPL.
 
 pub mod aggregates;
+pub mod audit;
 pub mod mechanisms;
 pub mod noise;
 pub mod optim;

@@ -39,7 +39,6 @@ use dpfusion_udfs::aggregates::{AgdParams, DpMean, LinregParams};
 use dpfusion_udfs::noise::SecureRng;
 use dpfusion_udfs::optim::Rows;
 use dpfusion_udfs::optim::agd;
-use statrs::distribution::{Beta, ContinuousCDF};
 
 /// Groups (independent releases) per dataset.
 const G: usize = 40_000;
@@ -83,68 +82,7 @@ async fn releases(values: &[f64], seed: u64, sql: &str) -> Vec<f64> {
     r
 }
 
-/// One-sided Clopper–Pearson bounds for k successes in n trials at level `alpha` (Clopper and
-/// Pearson, Biometrika 1934): the upper bound is the 1 − α quantile of Beta(k + 1, n − k), the
-/// lower bound the α quantile of Beta(k, n − k + 1).
-fn cp_upper(k: usize, n: usize, alpha: f64) -> f64 {
-    if k == n {
-        1.0
-    } else {
-        Beta::new(k as f64 + 1.0, (n - k) as f64)
-            .unwrap()
-            .inverse_cdf(1.0 - alpha)
-    }
-}
-fn cp_lower(k: usize, n: usize, alpha: f64) -> f64 {
-    if k == 0 {
-        0.0
-    } else {
-        Beta::new(k as f64, (n - k + 1) as f64)
-            .unwrap()
-            .inverse_cdf(alpha)
-    }
-}
-
-/// The largest ε lower bound over the events {M > t} and {M ≤ t}, t in `grid`, in both
-/// directions (D vs D′ and D′ vs D), from releases `d` = M(D) and `d1` = M(D′).
-///
-/// (ε, δ)-DP implies P[M(D′) ∈ S] ≤ e^ε·P[M(D) ∈ S] + δ for every event S and both orders of the
-/// neighbours (Dwork and Roth 2014, Def. 2.4), so ε ≥ ln((q − δ)/p) with p, q the two
-/// probabilities; p is replaced by its upper and q by its lower one-sided Clopper–Pearson bound
-/// (Jagielski et al. 2020, their ε estimate with Clopper–Pearson intervals). Each of the
-/// 4·|grid| bounds is at confidence 1 − 0.05/(4·|grid|), so all hold together with probability
-/// ≥ 95% (Bonferroni), and the maximum is a 95% lower confidence bound on ε.
-fn epsilon_lower_bound(d: &[f64], d1: &[f64], delta: f64, grid: &[f64]) -> f64 {
-    let alpha = 0.05 / (4 * grid.len()) as f64;
-    let above = |v: &[f64], t: f64| v.iter().filter(|&&x| x > t).count();
-    let mut best = f64::NEG_INFINITY;
-    for &t in grid {
-        let (ka, kb) = (above(d, t), above(d1, t));
-        // (successes in the first sample, in the second): {M > t} then {M ≤ t}, both orders.
-        for ((p, np), (q, nq)) in [
-            ((ka, d.len()), (kb, d1.len())),
-            ((kb, d1.len()), (ka, d.len())),
-            ((d.len() - ka, d.len()), (d1.len() - kb, d1.len())),
-            ((d1.len() - kb, d1.len()), (d.len() - ka, d.len())),
-        ] {
-            let p_hi = cp_upper(p, np, alpha);
-            let q_lo = cp_lower(q, nq, alpha);
-            if q_lo - delta > 0.0 && p_hi > 0.0 {
-                best = best.max(((q_lo - delta) / p_hi).ln());
-            }
-        }
-    }
-    best
-}
-
-/// 39 thresholds at the 1/40, …, 39/40 quantiles of the pooled releases. The grid depends on
-/// the releases it is then tested on, so the 95% Bonferroni level holds only approximately; the
-/// model audits use grids fixed from public parameters instead.
-fn pooled_quantile_grid(d: &[f64], d1: &[f64]) -> Vec<f64> {
-    let mut all: Vec<f64> = d.iter().chain(d1).copied().collect();
-    all.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (1..40).map(|i| all[i * all.len() / 40]).collect()
-}
+use dpfusion_udfs::audit::{epsilon_lower_bound, pooled_quantile_grid};
 
 #[tokio::test]
 async fn dp_mean_empirical_epsilon_stays_below_the_claim() {

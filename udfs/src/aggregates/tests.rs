@@ -1006,26 +1006,7 @@ fn partition_select_private_keys_tail() {
     let q = delta / 4.0;
     let p = PartitionSelectParams::from_literals(&[f(1.0), f(delta), s("replace_private_keys")])
         .unwrap();
-    let rel = SelectRelease::new(&p).unwrap();
-    let (sigma, g) = (rel.mech.sigma, rel.mech.granularity);
-    // the one-row probability in closed form (continuous, no grid margin) is q
-    let exact = phi(-(rel.threshold - 1.0 - 3.0 * g) / sigma);
-    assert!((exact / q - 1.0).abs() < 1e-9);
-    let n = 40_000usize;
-    let mut groups = DpGroups::new(Arc::new(rel), Some(142)).unwrap();
-    let idx: Vec<usize> = (0..n).collect();
-    groups
-        .update_batch(&[col(&vec![Some(1.0); n])], &idx, None, n)
-        .unwrap();
-    let out = groups.evaluate(EmitTo::All).unwrap();
-    let out = out.as_any().downcast_ref::<BooleanArray>().unwrap();
-    let rate = out.true_count() as f64 / n as f64;
-    let tol = 5.0 * (q * (1.0 - q) / n as f64).sqrt();
-    assert!((rate - q).abs() <= tol, "keep rate {rate} vs {q} ± {tol}");
-    let z = -crate::privacy::normal::phi_inv(q);
-    for wrong in [phi(-z / 1.1), phi(-z / 0.9), delta / 2.0] {
-        assert!((wrong - q).abs() > 2.0 * tol, "{wrong} is not rejected");
-    }
+    check_selection_tail(&p, q, delta / 2.0, 142);
     eprintln!("partition selection tail: {:?}", start.elapsed());
 }
 
@@ -1269,17 +1250,35 @@ fn partition_select_units_tail() {
     let q = delta / 2.0 / k;
     let p = PartitionSelectParams::from_literals(&[f(1.0), f(delta), s("units:4:1")]).unwrap();
     assert!((p.tail() - q).abs() < 1e-15);
-    let rel = SelectRelease::new(&p).unwrap();
-    let (sigma, g) = (rel.mech.sigma, rel.mech.granularity);
+    let sigma = SelectRelease::new(&p).unwrap().mech.sigma;
     let mu = gaussian_mu(1.0, delta / 2.0).unwrap();
     assert!(
         sigma >= 2.0 / mu && sigma <= 2.0 / mu * (1.0 + 1e-5),
         "σ = {sigma}"
     );
+    check_selection_tail(&p, q, delta / 2.0, 162);
+}
+
+#[test]
+fn count_distinct_needs_a_units_mode() {
+    use crate::aggregates::CountDistinctParams;
+    let e = CountDistinctParams::from_literals(&[f(1.0), f(1e-6)]).unwrap_err();
+    assert!(e.to_string().contains("privacy unit"), "{e}");
+    let p = CountDistinctParams::from_literals(&[f(1.0), f(1e-6), s("units:2:1")]).unwrap();
+    assert_eq!(p.0.neighbours, Neighbours::Units { groups: 2, rows: 1 });
+}
+
+/// Seeded: the keep rate of 40,000 one-row (one-unit) groups under `p` is its tail `q` within 5
+/// binomial sd (√(q(1 − q)/N) each), and that band rejects a noise scale 10% off and the
+/// `other` tail (checked): the closed form Φ(−(τ − 1 − 3g)/σ) is `q` too.
+fn check_selection_tail(p: &PartitionSelectParams, q: f64, other: f64, seed: u64) {
+    let rel = SelectRelease::new(p).unwrap();
+    let (sigma, g) = (rel.mech.sigma, rel.mech.granularity);
+    // the one-row probability in closed form (continuous, no grid margin) is q
     let exact = phi(-(rel.threshold - 1.0 - 3.0 * g) / sigma);
     assert!((exact / q - 1.0).abs() < 1e-9);
     let n = 40_000usize;
-    let mut groups = DpGroups::new(Arc::new(rel), Some(162)).unwrap();
+    let mut groups = DpGroups::new(Arc::new(rel), Some(seed)).unwrap();
     let idx: Vec<usize> = (0..n).collect();
     groups
         .update_batch(&[col(&vec![Some(1.0); n])], &idx, None, n)
@@ -1290,16 +1289,7 @@ fn partition_select_units_tail() {
     let tol = 5.0 * (q * (1.0 - q) / n as f64).sqrt();
     assert!((rate - q).abs() <= tol, "keep rate {rate} vs {q} ± {tol}");
     let z = -crate::privacy::normal::phi_inv(q);
-    for wrong in [phi(-z / 1.1), phi(-z / 0.9), delta / 2.0] {
+    for wrong in [phi(-z / 1.1), phi(-z / 0.9), other] {
         assert!((wrong - q).abs() > 2.0 * tol, "{wrong} is not rejected");
     }
-}
-
-#[test]
-fn count_distinct_needs_a_units_mode() {
-    use crate::aggregates::CountDistinctParams;
-    let e = CountDistinctParams::from_literals(&[f(1.0), f(1e-6)]).unwrap_err();
-    assert!(e.to_string().contains("privacy unit"), "{e}");
-    let p = CountDistinctParams::from_literals(&[f(1.0), f(1e-6), s("units:2:1")]).unwrap();
-    assert_eq!(p.0.neighbours, Neighbours::Units { groups: 2, rows: 1 });
 }
