@@ -541,7 +541,7 @@ impl FlightSqlService for DpFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         self.analyst(&request)?;
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         Ok(Response::new(info_for(
             &query,
             &schema,
