@@ -18,6 +18,7 @@
 //! - **Errors** are the REPL's messages, as Flight status codes: `InvalidArgument` for a
 //!   refusal or invalid input, `ResourceExhausted` for a budget refusal, `Unauthenticated`.
 pub mod auth;
+pub mod client;
 pub mod cmd;
 
 use std::collections::HashMap;
@@ -118,6 +119,14 @@ pub enum ServeError {
     Bind(SocketAddr, std::io::Error),
     #[error("the server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+}
+
+/// A statement's `FlightInfo.app_metadata` (JSON): its charge receipt, as the REPL prints it,
+/// and the private tables it used.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct StatementMetadata {
+    pub receipt: Option<String>,
+    pub tables: Vec<String>,
 }
 
 /// A result waiting for its `DoGet`.
@@ -419,13 +428,19 @@ impl DpFlightSql {
         let result = self.run(&analyst, sql).await?;
         let schema = result.schema.clone();
         let rows: usize = result.batches.iter().map(|b| b.num_rows()).sum();
+        let meta = StatementMetadata {
+            receipt: result.receipt.as_ref().map(crate::statements::receipt_line),
+            tables: result.tables.clone(),
+        };
+        let meta = serde_json::to_vec(&meta).map_err(|e| Status::internal(e.to_string()))?;
         let handle = self.keep(&analyst, result)?;
         let ticket = TicketStatementQuery {
             statement_handle: handle.into(),
         };
         let info = info_for(&ticket, &schema, request.into_inner())?
             .with_total_records(rows as i64)
-            .with_ordered(true);
+            .with_ordered(true)
+            .with_app_metadata(meta);
         Ok(Response::new(info))
     }
 
