@@ -2,7 +2,8 @@
 //! private in-memory table of ROWS rows, and CLIENTS concurrent Flight SQL clients, each running
 //! `SELECT dp_mean(x, 0, 1000, epsilon => 0.001) FROM t` QUERIES times (GetFlightInfo, which
 //! admits, charges durably and runs the query, then DoGet of the result). Prints throughput and
-//! p50/p99 latency per client count.
+//! p50/p99 latency per client count, beside the same statements through `PrivateSession::sql`
+//! in the process (no server).
 //!
 //!     cargo run --release --example serve_load -- [ROWS] [QUERIES_PER_CLIENT] [CLIENTS,...]
 //!     (defaults: 1000000 25 1,4,16)
@@ -61,7 +62,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..ServeOptions::default()
     };
     let analysts = Analysts::new(vec![("load".into(), TokenHash::new(TOKEN))]);
-    let bound = bind(Arc::new(session), analysts, options).await?;
+    let session = Arc::new(session);
+    let bound = bind(session.clone(), analysts, options).await?;
     let addr = bound.addr();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(bound.serve(async {
@@ -74,10 +76,43 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|n| n.get())
             .unwrap_or(1)
     );
-    println!("| clients | queries | wall (s) | queries/s | p50 (ms) | p99 (ms) |");
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("| path | clients | queries | wall (s) | queries/s | p50 (ms) | p99 (ms) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     let sql = "SELECT dp_mean(x, 0, 1000, epsilon => 0.001) AS m FROM t";
+    let report = |path: &str, n: usize, wall: Duration, mut all: Vec<Duration>| {
+        all.sort();
+        println!(
+            "| {path} | {n} | {} | {:.2} | {:.1} | {:.1} | {:.1} |",
+            all.len(),
+            wall.as_secs_f64(),
+            all.len() as f64 / wall.as_secs_f64(),
+            percentile(&all, 0.5).as_secs_f64() * 1e3,
+            percentile(&all, 0.99).as_secs_f64() * 1e3,
+        );
+    };
     for &n in &clients {
+        // The same statements through PrivateSession::sql in this process: the server's cost is
+        // the difference.
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let session = session.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(per_client);
+                for _ in 0..per_client {
+                    let t = Instant::now();
+                    session.sql(sql).await.map_err(|e| e.to_string())?;
+                    lat.push(t.elapsed());
+                }
+                Ok::<_, String>(lat)
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await??);
+        }
+        report("embedded", n, start.elapsed(), all);
+
         let start = Instant::now();
         let mut tasks = Vec::new();
         for _ in 0..n {
@@ -107,16 +142,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for t in tasks {
             all.extend(t.await?.map_err(|e| e.to_string())?);
         }
-        let wall = start.elapsed();
-        all.sort();
-        println!(
-            "| {n} | {} | {:.2} | {:.1} | {:.1} | {:.1} |",
-            all.len(),
-            wall.as_secs_f64(),
-            all.len() as f64 / wall.as_secs_f64(),
-            percentile(&all, 0.5).as_secs_f64() * 1e3,
-            percentile(&all, 0.99).as_secs_f64() * 1e3,
-        );
+        report("server", n, start.elapsed(), all);
     }
     let _ = stop.send(());
     server.await??;

@@ -644,3 +644,47 @@ async fn python_adbc_client_runs_queries_refusals_budget_and_exhaustion() {
     assert!(stdout.contains("all ok"), "{stdout}");
     dpfusion::accounting::verify(&s.ledger).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_connects_to_a_server_with_a_token_file() {
+    let s = start("serve-connect", 1.0, "");
+    let token = s.dir.join("token");
+    std::fs::write(&token, format!("{BOB}\n")).unwrap();
+    let url = format!("grpc://{}", s.addr);
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .args(["--connect", &url, "--token-file"])
+            .arg(&token)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, out, err) = tokio::task::block_in_place(|| {
+        run(&[
+            "-c",
+            "SELECT dp_count(id, 0.25) AS n FROM people; SHOW BUDGET",
+            "--format",
+            "csv",
+        ])
+    });
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.lines().next() == Some("n"), "{out}");
+    assert!(out.contains("remaining_epsilon"), "{out}");
+    assert!(err.contains("charged people"), "{err}");
+    let (code, _, err) = tokio::task::block_in_place(|| run(&["-c", "SELECT age FROM people"]));
+    assert_eq!(code, Some(1));
+    assert!(err.contains("refused"), "{err}");
+    // A wrong token: the server's message, exit 1.
+    std::fs::write(&token, "not-a-token").unwrap();
+    let (code, _, err) = tokio::task::block_in_place(|| run(&["-c", "SELECT 1"]));
+    assert_eq!(code, Some(1));
+    assert!(err.contains("token"), "{err}");
+    // The charge names bob.
+    let text = std::fs::read_to_string(&s.ledger).unwrap();
+    assert!(text.contains(r#""analyst":"bob""#), "{text}");
+}
