@@ -172,7 +172,8 @@ impl Bound {
         let svc = FlightServiceServer::new(self.service)
             .max_decoding_message_size(limit)
             .max_encoding_message_size(64 << 20);
-        let incoming = tonic::transport::server::TcpIncoming::from(self.listener);
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(self.listener).with_nodelay(Some(true));
         tonic::transport::Server::builder()
             .add_service(svc)
             .serve_with_incoming_shutdown(incoming, shutdown)
