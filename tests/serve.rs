@@ -688,3 +688,50 @@ async fn the_command_line_connects_to_a_server_with_a_token_file() {
     let text = std::fs::read_to_string(&s.ledger).unwrap();
     assert!(text.contains(r#""analyst":"bob""#), "{text}");
 }
+
+/// A statement that runs for minutes (a count over 10^11 generated rows).
+const SLOW: &str = "SELECT count(*) AS n FROM generate_series(1, 100000000000) a";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_or_a_time_limit_cancels_the_statement() {
+    // One statement at a time: the next one can start only once the first has let go.
+    let s = start(
+        "serve-cancel",
+        1.0,
+        "max_concurrent_queries = 1\nquery_timeout_secs = 60",
+    );
+    let mut c = client(s.addr, Some(ALICE)).await;
+    let slow = c.execute(SLOW.to_string(), None);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), slow)
+            .await
+            .is_err()
+    );
+    drop(c);
+    let started = Instant::now();
+    let mut b = client(s.addr, Some(BOB)).await;
+    tokio::time::timeout(Duration::from_secs(30), query(&mut b, "SELECT 1 AS one"))
+        .await
+        .expect("the abandoned statement was cancelled")
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(30));
+    drop(s);
+
+    let s = start(
+        "serve-timeout",
+        1.0,
+        "max_concurrent_queries = 1\nquery_timeout_secs = 1",
+    );
+    let mut c = client(s.addr, Some(ALICE)).await;
+    let e = tokio::time::timeout(Duration::from_secs(30), query(&mut c, SLOW))
+        .await
+        .expect("the time limit stops it")
+        .unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    assert!(
+        e.message().contains("query_timeout_secs"),
+        "{}",
+        e.message()
+    );
+    still_serving(s.addr).await;
+}
