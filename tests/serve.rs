@@ -735,3 +735,44 @@ async fn a_client_that_goes_away_or_a_time_limit_cancels_the_statement() {
     );
     still_serving(s.addr).await;
 }
+
+#[tokio::test]
+async fn charges_without_an_analyst_keep_their_old_bytes_and_verify_with_new_ones() {
+    let dir = common::temp_dir("serve-ledger-compat");
+    let path = dir.join("l.jsonl");
+    let s = dpfusion::PrivateSession::open(dpfusion::SessionOptions::default().with_ledger(&path))
+        .await
+        .unwrap();
+    s.register_csv(
+        "people",
+        common::people_csv(),
+        dpfusion::Registration::private().budget(1.0, 1e-6),
+    )
+    .await
+    .unwrap();
+    let q = "SELECT dp_count(id, 0.1) AS n FROM people";
+    s.sql(q).await.unwrap();
+    s.sql_as("carol", q).await.unwrap();
+    let lines = common::lines(&path);
+    let charges: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains(r#""record":"charge""#))
+        .collect();
+    assert_eq!(charges.len(), 2);
+    // A charge without an analyst is written as before the field existed.
+    assert!(!charges[0].contains("analyst"), "{}", charges[0]);
+    assert!(
+        charges[1].contains(r#""analyst":"carol""#),
+        "{}",
+        charges[1]
+    );
+    drop(s);
+    assert_eq!(dpfusion::accounting::verify(&path).unwrap().charges, 2);
+    // And it replays.
+    let s = dpfusion::PrivateSession::open(dpfusion::SessionOptions::default().with_ledger(&path))
+        .await
+        .unwrap();
+    let entries = s.ledger();
+    assert_eq!(entries[0].analyst, None);
+    assert_eq!(entries[1].analyst.as_deref(), Some("carol"));
+}

@@ -79,6 +79,8 @@ pub struct ServeOptions {
     pub result_ttl: Duration,
     /// How many results may wait to be fetched, all analysts together.
     pub max_pending_results: usize,
+    /// How many bytes of results may wait to be fetched, all analysts together.
+    pub max_pending_bytes: usize,
 }
 
 /// The default address.
@@ -96,6 +98,7 @@ impl Default for ServeOptions {
             max_sql_bytes: 1 << 20,
             result_ttl: Duration::from_secs(600),
             max_pending_results: 4096,
+            max_pending_bytes: 1 << 30,
         }
     }
 }
@@ -401,10 +404,17 @@ impl DpFlightSql {
         let mut pending = self.0.pending.lock().expect("lock");
         let ttl = self.0.options.result_ttl;
         pending.retain(|_, p| p.at.elapsed() < ttl);
-        if pending.len() >= self.0.options.max_pending_results {
+        let size = |r: &QueryResult| -> usize {
+            r.batches.iter().map(|b| b.get_array_memory_size()).sum()
+        };
+        let waiting: usize = pending.values().map(|p| size(&p.result)).sum();
+        if pending.len() >= self.0.options.max_pending_results
+            || waiting + size(&result) > self.0.options.max_pending_bytes
+        {
             return Err(Status::unavailable(
-                "too many results are waiting to be fetched; fetch (DoGet) the results of your \
-                 earlier statements, or try again later. This statement's charge stands",
+                "too many results (or too large ones) are waiting to be fetched; fetch (DoGet) \
+                 the results of your earlier statements, select fewer rows, or try again later. \
+                 If this statement was charged, its charge stands",
             ));
         }
         let mut handle = vec![0u8; 16];
