@@ -776,3 +776,41 @@ async fn charges_without_an_analyst_keep_their_old_bytes_and_verify_with_new_one
     assert_eq!(entries[0].analyst, None);
     assert_eq!(entries[1].analyst.as_deref(), Some("carol"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_repl_connects_to_a_server_in_a_pseudo_terminal() {
+    let have_python = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_python {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the pseudo-terminal test: python3 is missing"
+        );
+        eprintln!("SKIPPED: the pseudo-terminal test needs python3");
+        return;
+    }
+    let s = start("serve-pty", 1.0, "");
+    let token = s.dir.join("token");
+    std::fs::write(&token, ALICE).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pty/remote_session.py");
+    let url = format!("grpc://{}", s.addr);
+    let history = s.dir.join("history");
+    let o = tokio::task::block_in_place(|| {
+        Command::new("python3")
+            .arg(script)
+            .arg(env!("CARGO_BIN_EXE_dpfusion"))
+            .arg(&url)
+            .arg(&token)
+            .arg(&history)
+            .output()
+            .unwrap()
+    });
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
