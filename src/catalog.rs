@@ -52,6 +52,10 @@ pub struct ServerSection {
     pub max_concurrent_queries: Option<usize>,
     /// The longest SQL text accepted, in bytes (default 1 MiB).
     pub max_sql_bytes: Option<usize>,
+    /// Serve over TLS: the certificate chain and the private key (PEM; relative to the
+    /// catalog). Both or neither.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `[session]`.

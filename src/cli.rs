@@ -33,6 +33,8 @@ pub struct Cli {
     pub connect: Option<String>,
     /// The file holding the bearer token for `--connect`.
     pub token_file: Option<PathBuf>,
+    /// The CA certificate that signed a `grpc+tls://` server's certificate.
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// One `-c` command or `-f` file.
@@ -48,7 +50,8 @@ dpfusion — differentially private SQL on Apache DataFusion
 USAGE:
     dpfusion --catalog FILE [-c SQL]... [-f FILE]... [--format F] [-q]      (catalog mode)
     dpfusion [OWNER FLAGS] [-c SQL]... [-f FILE]... [--format F] [-q]      (single-user mode)
-    dpfusion --connect grpc://HOST:PORT --token-file F [-c SQL]... [-f FILE]...   (client mode)
+    dpfusion --connect grpc[+tls]://HOST:PORT --token-file F [--tls-ca FILE] [-c SQL]...
+                                                   (client mode)
     dpfusion serve --catalog FILE [--listen ADDR]  (see 'dpfusion serve --help')
     dpfusion token [--stdin]                       (an analyst's token and its catalog hash)
     dpfusion ledger verify|reseal|migrate [PATH]   (see 'dpfusion ledger --help')
@@ -70,6 +73,8 @@ OPTIONS:
         --connect URL        Run the statements (or the REPL) on a dpfusion serve at
                              grpc://HOST:PORT, as the analyst whose token --token-file holds
         --token-file F       The file holding your bearer token (from the data owner)
+        --tls-ca FILE        With grpc+tls://: the certificate (PEM) of the authority that
+                             signed the server's certificate
     -h, --help               Print this help
     -V, --version            Print the version
 
@@ -179,6 +184,7 @@ impl Cli {
                 "-q" | "--quiet" => cli.quiet = true,
                 "--connect" => cli.connect = Some(value(&mut i)?),
                 "--token-file" => cli.token_file = Some(PathBuf::from(value(&mut i)?)),
+                "--tls-ca" => cli.tls_ca = Some(PathBuf::from(value(&mut i)?)),
                 other => return Err(format!("unknown argument '{other}'")),
             }
             i += 1;
@@ -198,6 +204,9 @@ impl Cli {
                  file holding your token"
                     .to_string(),
             );
+        }
+        if cli.tls_ca.is_some() && cli.connect.is_none() {
+            return Err("--tls-ca goes with --connect grpc+tls://HOST:PORT".to_string());
         }
         if cli.connect.is_some() {
             let owner_flags = [
@@ -388,7 +397,15 @@ async fn open(cli: &Cli) -> Result<PrivateSession, String> {
 pub async fn run(cli: Cli) -> ExitCode {
     if let (Some(url), Some(token_file)) = (&cli.connect, &cli.token_file) {
         let format = cli.format.unwrap_or_default();
-        return crate::serve::client::run(url, token_file, &cli.scripts, format, cli.quiet).await;
+        return crate::serve::client::run(
+            url,
+            token_file,
+            cli.tls_ca.as_deref(),
+            &cli.scripts,
+            format,
+            cli.quiet,
+        )
+        .await;
     }
     let session = match open(&cli).await {
         Ok(s) => s,

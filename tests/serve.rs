@@ -39,10 +39,38 @@ impl Drop for Server {
     }
 }
 
-/// Writes a catalog (people private with budget `epsilon`, depts public, analysts alice and
-/// bob) plus `extra` TOML, and starts the server on a free loopback port.
-fn start(tag: &str, epsilon: f64, extra: &str) -> Server {
+/// A server in this process (what `dpfusion serve` runs, from the same catalog), stopped when
+/// dropped.
+struct InProcess {
+    addr: SocketAddr,
+    ledger: PathBuf,
+    dir: PathBuf,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// [`start`], in this process.
+async fn serve_here(tag: &str, epsilon: f64, extra: &str) -> InProcess {
     let dir = common::temp_dir(tag);
+    let catalog = write_catalog(&dir, epsilon, extra);
+    let bound = dpfusion::serve::cmd::bind_catalog(&catalog, None)
+        .await
+        .unwrap();
+    let addr = bound.addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(bound.serve(async {
+        let _ = stopped.await;
+    }));
+    InProcess {
+        addr,
+        ledger: dir.join("ledger.jsonl"),
+        dir,
+        _stop: stop,
+    }
+}
+
+/// Writes a catalog (people private with budget `epsilon`, depts public, analysts alice and
+/// bob, listening on a free loopback port) plus `extra` TOML in `[server]`.
+fn write_catalog(dir: &Path, epsilon: f64, extra: &str) -> PathBuf {
     let catalog = dir.join("dpfusion.toml");
     let text = format!(
         r#"
@@ -78,6 +106,13 @@ listen = "127.0.0.1:0"
         bob = TokenHash::new(BOB),
     );
     std::fs::write(&catalog, text).unwrap();
+    catalog
+}
+
+/// Starts the built binary, `dpfusion serve`, on [`write_catalog`]'s catalog.
+fn start(tag: &str, epsilon: f64, extra: &str) -> Server {
+    let dir = common::temp_dir(tag);
+    let catalog = write_catalog(&dir, epsilon, extra);
     let mut child = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
         .args(["serve", "--catalog"])
         .arg(&catalog)
@@ -106,7 +141,7 @@ listen = "127.0.0.1:0"
         }
     };
     let addr = line
-        .split("grpc://")
+        .split("://")
         .nth(1)
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or_else(|| panic!("no address in {line:?}"))
@@ -192,7 +227,7 @@ async fn still_serving(addr: SocketAddr) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flight_sql_client_queries_refusals_budget_auth_and_bad_requests() {
-    let s = start("serve-basic", 1.0, "max_sql_bytes = 1048576");
+    let s = serve_here("serve-basic", 1.0, "max_sql_bytes = 1048576").await;
     let addr = s.addr;
     let mut alice = client(addr, Some(ALICE)).await;
 
@@ -442,7 +477,7 @@ async fn load_32_clients_1000_queries_admit_exactly_the_budget() {
     let dp = "SELECT dp_count(id, 0.1) AS n FROM people";
     let expected = admissible(epsilon, dp).await;
     assert!(expected > 10 && expected < QUERIES / 2, "{expected}");
-    let s = start("serve-load", epsilon, "max_concurrent_queries = 4");
+    let s = serve_here("serve-load", epsilon, "max_concurrent_queries = 4").await;
     let addr = s.addr;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -621,7 +656,7 @@ async fn python_adbc_client_runs_queries_refusals_budget_and_exhaustion() {
         }
         Err(why) => panic!("CI must run the Python ADBC client test: {why}"),
     };
-    let s = start("serve-adbc", 1.0, "");
+    let s = serve_here("serve-adbc", 1.0, "").await;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_client.py");
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python)
@@ -647,7 +682,7 @@ async fn python_adbc_client_runs_queries_refusals_budget_and_exhaustion() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_connects_to_a_server_with_a_token_file() {
-    let s = start("serve-connect", 1.0, "");
+    let s = serve_here("serve-connect", 1.0, "").await;
     let token = s.dir.join("token");
     std::fs::write(&token, format!("{BOB}\n")).unwrap();
     let url = format!("grpc://{}", s.addr);
@@ -695,11 +730,12 @@ const SLOW: &str = "SELECT count(*) AS n FROM generate_series(1, 100000000000) a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_or_a_time_limit_cancels_the_statement() {
     // One statement at a time: the next one can start only once the first has let go.
-    let s = start(
+    let s = serve_here(
         "serve-cancel",
         1.0,
         "max_concurrent_queries = 1\nquery_timeout_secs = 60",
-    );
+    )
+    .await;
     let mut c = client(s.addr, Some(ALICE)).await;
     let slow = c.execute(SLOW.to_string(), None);
     assert!(
@@ -717,11 +753,12 @@ async fn a_client_that_goes_away_or_a_time_limit_cancels_the_statement() {
     assert!(started.elapsed() < Duration::from_secs(30));
     drop(s);
 
-    let s = start(
+    let s = serve_here(
         "serve-timeout",
         1.0,
         "max_concurrent_queries = 1\nquery_timeout_secs = 1",
-    );
+    )
+    .await;
     let mut c = client(s.addr, Some(ALICE)).await;
     let e = tokio::time::timeout(Duration::from_secs(30), query(&mut c, SLOW))
         .await
@@ -791,7 +828,7 @@ async fn the_repl_connects_to_a_server_in_a_pseudo_terminal() {
         eprintln!("SKIPPED: the pseudo-terminal test needs python3");
         return;
     }
-    let s = start("serve-pty", 1.0, "");
+    let s = serve_here("serve-pty", 1.0, "").await;
     let token = s.dir.join("token");
     std::fs::write(&token, ALICE).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pty/remote_session.py");
@@ -813,4 +850,81 @@ async fn the_repl_connects_to_a_server_in_a_pseudo_terminal() {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+fn tls_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/tls")
+        .join(name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_when_the_owner_gives_a_certificate_and_key() {
+    let extra = format!(
+        "tls_cert = {:?}\ntls_key = {:?}",
+        tls_file("server.crt"),
+        tls_file("server.key")
+    );
+    let s = serve_here("serve-tls", 1.0, &extra).await;
+    // The server says where: grpc+tls://.
+    let ca = std::fs::read(tls_file("ca.crt")).unwrap();
+    let channel = Channel::from_shared(format!("https://localhost:{}", s.addr.port()))
+        .unwrap()
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&ca)),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = FlightSqlServiceClient::new(channel);
+    c.set_token(ALICE.to_string());
+    let b = query(&mut c, "SELECT dp_count(id, 0.25) AS n FROM people")
+        .await
+        .unwrap();
+    assert_eq!(rows(&b), 1);
+    let e = query(&mut c, "SELECT age FROM people").await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    // A plaintext client gets no answer, only a transport error; the server goes on.
+    let plain = Channel::from_shared(format!("http://{}", s.addr))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await;
+    if let Ok(ch) = plain {
+        let mut p = FlightSqlServiceClient::new(ch);
+        p.set_token(ALICE.to_string());
+        assert!(query(&mut p, "SELECT 1").await.is_err());
+    }
+    let b = query(&mut c, "SELECT 1 AS one").await.unwrap();
+    assert_eq!(rows(&b), 1);
+    // The command line client, with the CA.
+    let token = s.dir.join("token");
+    std::fs::write(&token, ALICE).unwrap();
+    let url = format!("grpc+tls://localhost:{}", s.addr.port());
+    let out = tokio::task::block_in_place(|| {
+        Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .args(["--connect", &url, "--token-file"])
+            .arg(&token)
+            .arg("--tls-ca")
+            .arg(tls_file("ca.crt"))
+            .args(["-c", "SHOW BUDGET", "--format", "csv"])
+            .output()
+            .unwrap()
+    });
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("remaining_epsilon"));
+    // Without the CA: a message that says what to give.
+    let out = tokio::task::block_in_place(|| {
+        Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .args(["--connect", &url, "--token-file"])
+            .arg(&token)
+            .args(["-c", "SELECT 1"])
+            .output()
+            .unwrap()
+    });
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-ca"));
 }

@@ -53,28 +53,55 @@ fn message(e: FlightError) -> String {
 impl Remote {
     /// Connects to `url` (`grpc://HOST:PORT` or `http://HOST:PORT`) with the token in
     /// `token_file`, and checks the token.
-    pub async fn connect(url: &str, token_file: &Path) -> Result<Self, String> {
+    /// With TLS (`grpc+tls://`), `tls_ca` is the certificate (PEM) of the authority that
+    /// signed the server's certificate.
+    pub async fn connect(
+        url: &str,
+        token_file: &Path,
+        tls_ca: Option<&Path>,
+    ) -> Result<Self, String> {
         let token = std::fs::read_to_string(token_file)
             .map_err(|e| format!("cannot read the token file {}: {e}", token_file.display()))?;
         let token = token.trim();
         if token.is_empty() {
             return Err(format!("the token file {} is empty", token_file.display()));
         }
-        let endpoint = match url.split_once("://") {
-            Some(("grpc" | "grpc+tcp" | "http", rest)) => format!("http://{rest}"),
-            Some(("grpc+tls" | "https", _)) => {
+        let (endpoint, tls) = match url.split_once("://") {
+            Some(("grpc" | "grpc+tcp" | "http", rest)) => (format!("http://{rest}"), false),
+            Some(("grpc+tls" | "https", rest)) => (format!("https://{rest}"), true),
+            _ => {
+                return Err(format!(
+                    "--connect takes grpc://HOST:PORT or grpc+tls://HOST:PORT, got '{url}'"
+                ));
+            }
+        };
+        let mut endpoint =
+            Channel::from_shared(endpoint).map_err(|e| format!("--connect {url}: {e}"))?;
+        match (tls, tls_ca) {
+            (true, Some(ca)) => {
+                let pem = std::fs::read(ca)
+                    .map_err(|e| format!("cannot read the CA certificate {}: {e}", ca.display()))?;
+                let config = tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(pem));
+                endpoint = endpoint
+                    .tls_config(config)
+                    .map_err(|e| format!("TLS: {e}"))?;
+            }
+            (true, None) => {
                 return Err(
-                    "dpfusion serve does not support TLS yet: connect with grpc://HOST:PORT \
-                     (through an SSH tunnel or a TLS proxy you trust)"
+                    "grpc+tls:// needs --tls-ca FILE: the certificate of the authority that \
+                     signed the server's certificate (the data owner gives it)"
                         .to_string(),
                 );
             }
-            _ => {
-                return Err(format!("--connect takes grpc://HOST:PORT, got '{url}'"));
+            (false, Some(_)) => {
+                return Err(
+                    "--tls-ca is for grpc+tls:// servers; this URL is plain grpc://".to_string(),
+                );
             }
-        };
-        let channel = Channel::from_shared(endpoint)
-            .map_err(|e| format!("--connect {url}: {e}"))?
+            (false, None) => {}
+        }
+        let channel = endpoint
             .connect_timeout(Duration::from_secs(10))
             .connect()
             .await
@@ -209,11 +236,12 @@ fn print(r: &RemoteResult, format: OutputFormat, quiet: bool) -> Result<(), Stri
 pub async fn run(
     url: &str,
     token_file: &Path,
+    tls_ca: Option<&Path>,
     scripts: &[Script],
     format: OutputFormat,
     quiet: bool,
 ) -> ExitCode {
-    let mut remote = match Remote::connect(url, token_file).await {
+    let mut remote = match Remote::connect(url, token_file, tls_ca).await {
         Ok(r) => r,
         Err(e) => {
             eprintln!("dpfusion: {e}");

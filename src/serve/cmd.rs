@@ -12,8 +12,8 @@ pub const SERVE_HELP: &str = "\
 dpfusion serve — an Arrow Flight SQL server for analysts (README, \"Serving analysts\")
 
 USAGE:
-    dpfusion serve --catalog FILE [--listen ADDR] [--query-timeout SECS]
-                   [--max-concurrent-queries N] [--insecure-listen-any]
+    dpfusion serve --catalog FILE [--listen ADDR] [--tls-cert FILE --tls-key FILE]
+                   [--query-timeout SECS] [--max-concurrent-queries N] [--insecure-listen-any]
 
 Every statement runs as in the REPL (guard, admission, ledger, execution), for the analyst
 whose bearer token it carries ([[analyst]] in the catalog, docs/CATALOG.md). Stops on SIGTERM
@@ -27,8 +27,11 @@ OPTIONS:
                                      query_timeout_secs, else 300)
         --max-concurrent-queries N   Statements running at once (default: [server]
                                      max_concurrent_queries, else the number of cores)
-        --insecure-listen-any        Allow a non-loopback address. There is no TLS yet: tokens
-                                     and results cross the network in clear
+        --tls-cert FILE              Serve over TLS with this certificate chain (PEM; default:
+                                     [server] tls_cert). Clients connect to grpc+tls://
+        --tls-key FILE               ... and its private key (PEM; default: [server] tls_key)
+        --insecure-listen-any        Allow a non-loopback address without TLS: tokens and
+                                     results then cross the network in clear
     -h, --help                       Print this help
 ";
 
@@ -49,6 +52,8 @@ struct ServeArgs {
     query_timeout: Option<f64>,
     max_concurrent: Option<usize>,
     insecure_listen_any: bool,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
 }
 
 fn parse_serve(args: &[String]) -> Result<Option<ServeArgs>, String> {
@@ -92,6 +97,8 @@ fn parse_serve(args: &[String]) -> Result<Option<ServeArgs>, String> {
                 a.max_concurrent = Some(n);
             }
             "--insecure-listen-any" => a.insecure_listen_any = true,
+            "--tls-cert" => a.tls_cert = Some(PathBuf::from(value()?)),
+            "--tls-key" => a.tls_key = Some(PathBuf::from(value()?)),
             other => return Err(format!("unknown argument '{other}'")),
         }
         i += 1;
@@ -131,6 +138,26 @@ fn options(a: &ServeArgs, c: &Catalog) -> Result<ServeOptions, String> {
         o.max_sql_bytes = n;
     }
     o.insecure_listen_any = a.insecure_listen_any;
+    // Flags name files relative to the working directory, the catalog relative to itself.
+    let cert = a
+        .tls_cert
+        .clone()
+        .or_else(|| s.tls_cert.as_ref().map(|p| c.resolve(p)));
+    let key = a
+        .tls_key
+        .clone()
+        .or_else(|| s.tls_key.as_ref().map(|p| c.resolve(p)));
+    o.tls = match (cert, key) {
+        (Some(cert), Some(key)) => Some(super::TlsFiles { cert, key }),
+        (None, None) => None,
+        _ => {
+            return Err(
+                "TLS needs both a certificate and its private key (--tls-cert and --tls-key, or \
+                 tls_cert and tls_key in [server])"
+                    .to_string(),
+            );
+        }
+    };
     Ok(o)
 }
 
@@ -157,6 +184,41 @@ async fn shutdown_signal() {
     }
 }
 
+/// Loads the catalog, opens its session and binds the server: everything `dpfusion serve` does
+/// before it serves. Returns the server, the number of analysts and of tables; or the exit
+/// status and the message.
+async fn prepare(a: &ServeArgs) -> Result<(super::Bound, usize, usize), (u8, String)> {
+    let path = a.catalog.clone().unwrap_or_default();
+    let catalog = Catalog::load(&path).map_err(|e| (1, e.to_string()))?;
+    let opts = options(a, &catalog).map_err(|e| (2, e))?;
+    let mut list = Vec::new();
+    for an in &catalog.analysts {
+        let h = TokenHash::parse(&an.token_hash)
+            .map_err(|e| (1, format!("analyst '{}': {e}", an.name)))?;
+        list.push((an.name.clone(), h));
+    }
+    let session = Arc::new(catalog.open().await.map_err(|e| (1, e.to_string()))?);
+    let tables = session.tables().len();
+    let bound = bind(session, Analysts::new(list), opts)
+        .await
+        .map_err(|e| (1, e.to_string()))?;
+    Ok((bound, catalog.analysts.len(), tables))
+}
+
+/// [`run_serve`]'s server for the catalog at `path`, bound but not serving (for tests and
+/// embedders): the catalog's `[server]` settings, `listen` overriding its address.
+pub async fn bind_catalog(
+    path: &std::path::Path,
+    listen: Option<&str>,
+) -> Result<super::Bound, String> {
+    let a = ServeArgs {
+        catalog: Some(path.to_path_buf()),
+        listen: listen.map(str::to_string),
+        ..ServeArgs::default()
+    };
+    prepare(&a).await.map(|x| x.0).map_err(|e| e.1)
+}
+
 /// `dpfusion serve ARGS`.
 pub async fn run_serve(args: &[String]) -> ExitCode {
     let a = match parse_serve(args) {
@@ -167,50 +229,17 @@ pub async fn run_serve(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let path = a.catalog.clone().unwrap_or_default();
-    let catalog = match Catalog::load(&path) {
-        Ok(c) => c,
-        Err(e) => {
+    let (bound, analysts, tables) = match prepare(&a).await {
+        Ok(x) => x,
+        Err((code, e)) => {
             eprintln!("dpfusion serve: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let opts = match options(&a, &catalog) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("dpfusion serve: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let mut list = Vec::new();
-    for an in &catalog.analysts {
-        match TokenHash::parse(&an.token_hash) {
-            Ok(h) => list.push((an.name.clone(), h)),
-            Err(e) => {
-                eprintln!("dpfusion serve: analyst '{}': {e}", an.name);
-                return ExitCode::from(1);
-            }
-        }
-    }
-    let session = match catalog.open().await {
-        Ok(s) => Arc::new(s),
-        Err(e) => {
-            eprintln!("dpfusion serve: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let tables = session.tables().len();
-    let bound = match bind(session, Analysts::new(list), opts).await {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("dpfusion serve: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(code);
         }
     };
     println!(
-        "dpfusion serve: listening on grpc://{} ({} analysts, {tables} tables)",
-        bound.addr(),
-        catalog.analysts.len()
+        "dpfusion serve: listening on {} ({} analysts, {tables} tables)",
+        bound.url(),
+        analysts
     );
     use std::io::Write;
     let _ = std::io::stdout().flush();

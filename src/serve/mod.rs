@@ -81,6 +81,15 @@ pub struct ServeOptions {
     pub max_pending_results: usize,
     /// How many bytes of results may wait to be fetched, all analysts together.
     pub max_pending_bytes: usize,
+    /// Serve over TLS with this certificate chain and key (PEM files).
+    pub tls: Option<TlsFiles>,
+}
+
+/// The server's certificate chain and private key, PEM.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
 }
 
 /// The default address.
@@ -99,6 +108,7 @@ impl Default for ServeOptions {
             result_ttl: Duration::from_secs(600),
             max_pending_results: 4096,
             max_pending_bytes: 1 << 30,
+            tls: None,
         }
     }
 }
@@ -108,11 +118,13 @@ impl Default for ServeOptions {
 pub enum ServeError {
     #[error(
         "refusing to listen on {0} without TLS: bearer tokens and results would cross the \
-         network in clear, and dpfusion serve does not support TLS yet. Listen on a loopback \
-         address (127.0.0.1, the default) and put a TLS-terminating proxy or an SSH tunnel in \
-         front, or pass --insecure-listen-any on a network you trust"
+         network in clear. Give the server a certificate and key (--tls-cert FILE --tls-key \
+         FILE, or tls_cert and tls_key in [server]), or listen on a loopback address \
+         (127.0.0.1, the default), or pass --insecure-listen-any on a network you trust"
     )]
     NotLoopback(SocketAddr),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error(
         "no analyst can connect: the catalog lists no [[analyst]]. Add one per analyst with \
          name = \"…\" and the token_hash that 'dpfusion token' prints (docs/CATALOG.md)"
@@ -157,12 +169,21 @@ pub struct Bound {
     listener: tokio::net::TcpListener,
     service: DpFlightSql,
     addr: SocketAddr,
+    tls: Option<tonic::transport::Identity>,
 }
 
 impl Bound {
     /// The address the server listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The URL clients connect to: `grpc+tls://ADDR` with TLS, else `grpc://ADDR`.
+    pub fn url(&self) -> String {
+        match self.tls {
+            Some(_) => format!("grpc+tls://{}", self.addr),
+            None => format!("grpc://{}", self.addr),
+        }
     }
 
     /// Serves until `shutdown` completes; then stops accepting calls and waits for the calls
@@ -177,7 +198,13 @@ impl Bound {
             .max_encoding_message_size(64 << 20);
         let incoming =
             tonic::transport::server::TcpIncoming::from(self.listener).with_nodelay(Some(true));
-        tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(identity) = self.tls {
+            builder = builder
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .map_err(|e| ServeError::Tls(e.to_string()))?;
+        }
+        builder
             .add_service(svc)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
@@ -191,9 +218,22 @@ pub async fn bind(
     analysts: Analysts,
     options: ServeOptions,
 ) -> Result<Bound, ServeError> {
-    if !options.listen.ip().is_loopback() && !options.insecure_listen_any {
+    if !options.listen.ip().is_loopback() && options.tls.is_none() && !options.insecure_listen_any {
         return Err(ServeError::NotLoopback(options.listen));
     }
+    let tls = match &options.tls {
+        None => None,
+        Some(files) => {
+            let read = |p: &std::path::Path, what: &str| {
+                std::fs::read(p).map_err(|e| {
+                    ServeError::Tls(format!("cannot read the {what} {}: {e}", p.display()))
+                })
+            };
+            let cert = read(&files.cert, "certificate")?;
+            let key = read(&files.key, "private key")?;
+            Some(tonic::transport::Identity::from_pem(cert, key))
+        }
+    };
     if analysts.is_empty() {
         return Err(ServeError::NoAnalyst);
     }
@@ -224,6 +264,7 @@ pub async fn bind(
         listener,
         service,
         addr,
+        tls,
     })
 }
 
