@@ -656,28 +656,35 @@ async fn python_adbc_client_runs_queries_refusals_budget_and_exhaustion() {
         }
         Err(why) => panic!("CI must run the Python ADBC client test: {why}"),
     };
-    let s = serve_here("serve-adbc", 1.0, "").await;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_client.py");
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .arg(format!("grpc://{}", s.addr))
-            .env("DPFUSION_TOKEN", ALICE)
-            .output()
-            .map(|o| (o, s))
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let (out, s) = out;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let tls = format!(
+        "tls_cert = {:?}\ntls_key = {:?}",
+        tls_file("server.crt"),
+        tls_file("server.key")
     );
-    assert!(stdout.contains("all ok"), "{stdout}");
-    dpfusion::accounting::verify(&s.ledger).unwrap();
+    for (tag, extra, tls) in [
+        ("serve-adbc", "", false),
+        ("serve-adbc-tls", tls.as_str(), true),
+    ] {
+        let s = serve_here(tag, 1.0, extra).await;
+        let mut cmd = Command::new(&python);
+        cmd.arg(&script).env("DPFUSION_TOKEN", ALICE);
+        if tls {
+            cmd.arg(format!("grpc+tls://localhost:{}", s.addr.port()))
+                .arg(tls_file("ca.crt"));
+        } else {
+            cmd.arg(format!("grpc://{}", s.addr));
+        }
+        let out = tokio::task::block_in_place(|| cmd.output().unwrap());
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{tag}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("all ok"), "{stdout}");
+        dpfusion::accounting::verify(&s.ledger).unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,8 @@
 """A third-party client of `dpfusion serve`: the ADBC Flight SQL driver (driven by tests/serve.rs).
 
-    python tests/serve_client.py grpc://127.0.0.1:PORT     (token in $DPFUSION_TOKEN)
+    python tests/serve_client.py grpc://127.0.0.1:PORT [CA.crt]    (token in $DPFUSION_TOKEN)
+
+With CA.crt the URL is grpc+tls://localhost:PORT and the script trusts that authority.
 
 Runs a DP query, a refused query, SHOW BUDGET, then the same DP query until the budget runs out;
 prints "all ok" when every check passes.
@@ -18,9 +20,12 @@ from adbc_driver_flightsql import DatabaseOptions
 
 uri = sys.argv[1]
 token = os.environ["DPFUSION_TOKEN"]
-conn = flight_sql.connect(
-    uri, db_kwargs={DatabaseOptions.AUTHORIZATION_HEADER.value: f"Bearer {token}"}
-)
+options = {DatabaseOptions.AUTHORIZATION_HEADER.value: f"Bearer {token}"}
+if len(sys.argv) > 2:
+    # grpc+tls://: trust the authority that signed the server's certificate.
+    with open(sys.argv[2]) as f:
+        options[DatabaseOptions.TLS_ROOT_CERTS.value] = f.read()
+conn = flight_sql.connect(uri, db_kwargs=options)
 cur = conn.cursor()
 
 # A DP query.
