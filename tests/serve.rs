@@ -260,6 +260,15 @@ async fn flight_sql_client_queries_refusals_budget_auth_and_bad_requests() {
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("SET"), "{}", e.message());
+    for sql in [
+        "; SET dpfusion.default_delta = 1e-9",
+        "CREATE TABLE kept AS SELECT dp_count(id, 0.1) AS n FROM people",
+        "DROP TABLE depts",
+    ] {
+        let e = query(&mut alice, sql).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{sql}: {e:?}");
+        assert!(e.message().contains("over the server"), "{}", e.message());
+    }
 
     // SHOW BUDGET, EXPLAIN PRIVACY and dp_ledger() are ordinary statements.
     let b = query(&mut alice, "SHOW BUDGET").await.unwrap();

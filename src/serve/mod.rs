@@ -304,23 +304,29 @@ fn refusal(msg: impl Into<String>) -> Status {
     Status::invalid_argument(cut(msg.into()))
 }
 
-/// The first keyword of `sql` (after whitespace and comments), upper case.
-fn first_keyword(sql: &str) -> Option<String> {
+/// The first keyword of every statement in `sql` (after whitespace, comments and empty
+/// statements), upper case. The parser skips leading `;`, so `; SET …` is a `SET`.
+fn statement_keywords(sql: &str) -> Vec<String> {
     use datafusion::sql::sqlparser::dialect::GenericDialect;
-    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer, Whitespace};
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
     let dialect = GenericDialect {};
-    let tokens = Tokenizer::new(&dialect, sql).tokenize().ok()?;
-    tokens.into_iter().find_map(|t| match t {
-        Token::Whitespace(
-            Whitespace::Space
-            | Whitespace::Newline
-            | Whitespace::Tab
-            | Whitespace::SingleLineComment { .. }
-            | Whitespace::MultiLineComment(_),
-        ) => None,
-        Token::Word(w) => Some(Some(w.value.to_ascii_uppercase())),
-        _ => Some(None),
-    })?
+    let Ok(tokens) = Tokenizer::new(&dialect, sql).tokenize() else {
+        return vec![];
+    };
+    let mut out = Vec::new();
+    let mut at_start = true;
+    for t in tokens {
+        match t {
+            Token::Whitespace(_) => {}
+            Token::SemiColon => at_start = true,
+            Token::Word(w) if at_start => {
+                out.push(w.value.to_ascii_uppercase());
+                at_start = false;
+            }
+            _ => at_start = false,
+        }
+    }
+    out
 }
 
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>;
@@ -392,8 +398,8 @@ impl DpFlightSql {
                 o.max_sql_bytes
             )));
         }
-        if let Some(k) = first_keyword(sql)
-            && matches!(
+        if let Some(k) = statement_keywords(sql).into_iter().find(|k| {
+            matches!(
                 k.as_str(),
                 "SET"
                     | "RESET"
@@ -406,7 +412,7 @@ impl DpFlightSql {
                     | "DELETE"
                     | "TRUNCATE"
             )
-        {
+        }) {
             return Err(refusal(format!(
                 "dpfusion refused the query: {k} is not available over the server: one session \
                  serves every analyst, and a statement that changes it would reach the others. \
@@ -818,14 +824,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_first_keyword_skips_comments() {
-        assert_eq!(
-            first_keyword("  -- x\n/* y */ set a = 1"),
-            Some("SET".into())
-        );
-        assert_eq!(first_keyword("SELECT 1"), Some("SELECT".into()));
-        assert_eq!(first_keyword("(SELECT 1)"), None);
-        assert_eq!(first_keyword(""), None);
+    fn statement_keywords_skip_comments_and_empty_statements() {
+        let k = |s: &str| statement_keywords(s);
+        assert_eq!(k("  -- x\n/* y */ set a = 1"), vec!["SET"]);
+        assert_eq!(k("; ;SET a = 1"), vec!["SET"]);
+        assert_eq!(k("SELECT 1; drop table t"), vec!["SELECT", "DROP"]);
+        assert_eq!(k("SELECT 'SET'"), vec!["SELECT"]);
+        assert!(k("(SELECT 1)").is_empty());
+        assert!(k("").is_empty());
     }
 
     #[test]
