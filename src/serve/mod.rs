@@ -144,6 +144,52 @@ pub struct StatementMetadata {
     pub tables: Vec<String>,
 }
 
+/// The runtime statements run on, apart from the one serving calls. Shut down in the
+/// background when the server goes (it may be dropped inside an async context).
+struct QueryRuntime(Option<tokio::runtime::Runtime>);
+
+impl QueryRuntime {
+    fn new() -> std::io::Result<Self> {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("dpfusion-query")
+            .enable_all()
+            .build()?;
+        Ok(Self(Some(rt)))
+    }
+
+    fn spawn<F>(&self, f: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.0 {
+            Some(rt) => rt.spawn(f),
+            None => tokio::spawn(f),
+        }
+    }
+}
+
+impl Drop for QueryRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A result waiting for its `DoGet`.
 struct Pending {
     analyst: String,
@@ -156,7 +202,8 @@ struct Shared {
     analysts: Analysts,
     options: ServeOptions,
     pending: Mutex<HashMap<Vec<u8>, Pending>>,
-    running: tokio::sync::Semaphore,
+    running: Arc<tokio::sync::Semaphore>,
+    queries: QueryRuntime,
     sql_info: SqlInfoData,
 }
 
@@ -251,13 +298,18 @@ pub async fn bind(
     let sql_info = info
         .build()
         .map_err(|e| ServeError::Bind(addr, std::io::Error::other(e.to_string())))?;
-    let running = tokio::sync::Semaphore::new(options.max_concurrent_queries.max(1));
+    let running = Arc::new(tokio::sync::Semaphore::new(
+        options.max_concurrent_queries.max(1),
+    ));
+    let queries = QueryRuntime::new()
+        .map_err(|e| ServeError::Bind(addr, std::io::Error::other(e.to_string())))?;
     let service = DpFlightSql(Arc::new(Shared {
         session,
         analysts,
         options,
         pending: Mutex::new(HashMap::new()),
         running,
+        queries,
         sql_info,
     }));
     Ok(Bound {
@@ -422,17 +474,28 @@ impl DpFlightSql {
         }
         let timeout = o.query_timeout;
         let run = async {
-            let _turn = self
-                .0
-                .running
-                .acquire()
+            let turn = Arc::clone(&self.0.running)
+                .acquire_owned()
                 .await
                 .map_err(|_| Status::unavailable("the server is shutting down"))?;
-            self.0
-                .session
-                .sql_as(analyst, sql)
-                .await
-                .map_err(|e| status_of(&e))
+            // The statement runs on the query runtime, so that a long scan or model fit never
+            // holds up the calls of other clients; its turn ends when its task does.
+            let session = Arc::clone(&self.0.session);
+            let (analyst, sql) = (analyst.to_string(), sql.to_string());
+            let task = self.0.queries.spawn(async move {
+                let _turn = turn;
+                session.sql_as(&analyst, &sql).await
+            });
+            // Dropping this call (client gone, time limit) aborts the task: the query stops at
+            // its next await point; an admitted charge stands.
+            let _abort = AbortOnDrop(task.abort_handle());
+            match task.await {
+                Ok(r) => r.map_err(|e| status_of(&e)),
+                Err(_) => Err(Status::internal(
+                    "dpfusion: the statement failed (an internal error). No detail is shown: it \
+                     could quote private data. If it was admitted, its charge stands",
+                )),
+            }
         };
         match tokio::time::timeout(timeout, run).await {
             Ok(r) => r,
