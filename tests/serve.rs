@@ -944,3 +944,36 @@ async fn tls_when_the_owner_gives_a_certificate_and_key() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-ca"));
 }
+
+#[test]
+fn the_catalog_checks_analysts_and_server_keys() {
+    use dpfusion::catalog::Catalog;
+    let parse = |text: &str| Catalog::parse(text, Path::new("/srv/owner/dpfusion.toml"));
+    let hash = TokenHash::new(ALICE);
+    let c = parse(&format!(
+        "[[analyst]]\nname = \"alice\"\ntoken_hash = \"{hash}\"\n[server]\nlisten = \
+         \"127.0.0.1:0\"\nquery_timeout_secs = 2.5\nmax_concurrent_queries = 3\n\
+         max_sql_bytes = 1000\ntls_cert = \"tls/c.pem\"\ntls_key = \"tls/k.pem\"\n"
+    ))
+    .unwrap();
+    assert_eq!(c.analysts[0].name, "alice");
+    assert_eq!(c.server.query_timeout_secs, Some(2.5));
+    assert_eq!(c.server.max_concurrent_queries, Some(3));
+    assert_eq!(
+        c.resolve(c.server.tls_cert.as_deref().unwrap()),
+        Path::new("/srv/owner/tls/c.pem")
+    );
+    let err = |text: &str| parse(text).unwrap_err().to_string();
+    // A token instead of its hash, a typo, a second alice, an unknown [server] key.
+    let e = err(&format!(
+        "[[analyst]]\nname = \"a\"\ntoken_hash = \"{ALICE}\"\n"
+    ));
+    assert!(e.contains("dpfusion token"), "{e}");
+    let e = err(&format!("[[analyst]]\nname = \"a\"\ntoken = \"{hash}\"\n"));
+    assert!(e.contains("token"), "{e}");
+    let two = format!("[[analyst]]\nname = \"a\"\ntoken_hash = \"{hash}\"\n");
+    let e = err(&format!("{two}{two}"));
+    assert!(e.contains("declared twice"), "{e}");
+    let e = err("[server]\nlisten_on = \"127.0.0.1:1\"\n");
+    assert!(e.contains("listen_on"), "{e}");
+}
