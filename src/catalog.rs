@@ -52,6 +52,9 @@ pub struct ServerSection {
     pub max_concurrent_queries: Option<usize>,
     /// The longest SQL text accepted, in bytes (default 1 MiB).
     pub max_sql_bytes: Option<usize>,
+    /// On SIGTERM, how long statements under way may take to finish before they are cancelled,
+    /// in seconds (default 10).
+    pub shutdown_grace_secs: Option<f64>,
     /// Serve over TLS: the certificate chain and the private key (PEM; relative to the
     /// catalog). Both or neither.
     pub tls_cert: Option<PathBuf>,

@@ -555,11 +555,18 @@ async fn load_32_clients_1000_queries_admit_exactly_the_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_the_server_with_the_ledger_intact() {
-    let mut s = start("serve-term", 1.0, "");
+    let mut s = start("serve-term", 1.0, "shutdown_grace_secs = 1");
     let mut c = client(s.addr, Some(ALICE)).await;
     query(&mut c, "SELECT dp_count(id, 0.2) AS n FROM people")
         .await
         .unwrap();
+    // A statement under way when the signal comes: cancelled after the grace period.
+    let addr = s.addr;
+    let slow = tokio::spawn(async move {
+        let mut c = client(addr, Some(BOB)).await;
+        query(&mut c, SLOW).await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let st = Command::new("kill")
         .args(["-TERM", &s.child.id().to_string()])
         .status()
@@ -574,6 +581,18 @@ async fn sigterm_stops_the_server_with_the_ledger_intact() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(code.success(), "{code:?}");
+    let e = tokio::time::timeout(Duration::from_secs(10), slow)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.code(),
+            Code::Unavailable | Code::Cancelled | Code::Unknown
+        ),
+        "{e:?}"
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
         .args(["ledger", "verify"])
         .arg(&s.ledger)

@@ -17,7 +17,9 @@ USAGE:
 
 Every statement runs as in the REPL (guard, admission, ledger, execution), for the analyst
 whose bearer token it carries ([[analyst]] in the catalog, docs/CATALOG.md). Stops on SIGTERM
-or Ctrl-C: no new call is accepted, calls under way finish (or reach their time limit).
+or Ctrl-C: no new call is accepted; statements under way get [server] shutdown_grace_secs (10)
+to finish, then are cancelled (an admitted charge stands: it is in the ledger before any row is
+read).
 
 OPTIONS:
         --catalog FILE               The data owner's catalog (required): tables, analysts, [server]
@@ -136,6 +138,12 @@ fn options(a: &ServeArgs, c: &Catalog) -> Result<ServeOptions, String> {
     }
     if let Some(n) = s.max_sql_bytes {
         o.max_sql_bytes = n;
+    }
+    if let Some(t) = s.shutdown_grace_secs {
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(format!("shutdown_grace_secs must be >= 0, got {t}"));
+        }
+        o.shutdown_grace = Duration::from_secs_f64(t);
     }
     o.insecure_listen_any = a.insecure_listen_any;
     // Flags name files relative to the working directory, the catalog relative to itself.

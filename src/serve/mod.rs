@@ -83,6 +83,9 @@ pub struct ServeOptions {
     pub max_pending_bytes: usize,
     /// Serve over TLS with this certificate chain and key (PEM files).
     pub tls: Option<TlsFiles>,
+    /// After the shutdown signal, how long calls under way may take to finish before they are
+    /// cancelled ([`Bound::serve`]).
+    pub shutdown_grace: Duration,
 }
 
 /// The server's certificate chain and private key, PEM.
@@ -109,6 +112,7 @@ impl Default for ServeOptions {
             max_pending_results: 4096,
             max_pending_bytes: 1 << 30,
             tls: None,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -204,6 +208,8 @@ struct Shared {
     pending: Mutex<HashMap<Vec<u8>, Pending>>,
     running: Arc<tokio::sync::Semaphore>,
     queries: QueryRuntime,
+    /// Set when the server cancels the statements under way (shutdown after its grace).
+    cancel: tokio::sync::watch::Sender<bool>,
     sql_info: SqlInfoData,
 }
 
@@ -233,9 +239,35 @@ impl Bound {
         }
     }
 
-    /// Serves until `shutdown` completes; then stops accepting calls and waits for the calls
-    /// under way (each bounded by the statement time limit).
+    /// Serves until `shutdown` completes; then stops accepting calls, and gives the calls under
+    /// way [`ServeOptions::shutdown_grace`] to finish before it cancels them (their statements'
+    /// charges, made before any row was read, stand).
     pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        let grace = self.service.0.options.shutdown_grace;
+        let shared = Arc::clone(&self.service.0);
+        let (stopping, mut stopped) = tokio::sync::watch::channel(false);
+        let signal = async move {
+            shutdown.await;
+            let _ = stopping.send(true);
+        };
+        // After the signal and the grace period, cancel what still runs; a call that still
+        // does not end (a client that reads no result) is left behind a few seconds later.
+        let canceller = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+            tokio::time::sleep(grace).await;
+            shared.cancel.send_replace(true);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        };
+        tokio::select! {
+            r = self.serve_until(signal) => r,
+            _ = canceller => Ok(()),
+        }
+    }
+
+    async fn serve_until(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
@@ -310,6 +342,7 @@ pub async fn bind(
         pending: Mutex::new(HashMap::new()),
         running,
         queries,
+        cancel: tokio::sync::watch::Sender::new(false),
         sql_info,
     }));
     Ok(Bound {
@@ -497,14 +530,21 @@ impl DpFlightSql {
                 )),
             }
         };
-        match tokio::time::timeout(timeout, run).await {
-            Ok(r) => r,
-            Err(_) => Err(Status::deadline_exceeded(format!(
-                "the statement ran longer than the server's limit of {} s and was cancelled; \
-                 if it was admitted, its charge stands (the data owner's [server] \
-                 query_timeout_secs)",
-                timeout.as_secs_f64()
-            ))),
+        let mut cancel = self.0.cancel.subscribe();
+        tokio::select! {
+            r = tokio::time::timeout(timeout, run) => match r {
+                Ok(r) => r,
+                Err(_) => Err(Status::deadline_exceeded(format!(
+                    "the statement ran longer than the server's limit of {} s and was \
+                     cancelled; if it was admitted, its charge stands (the data owner's \
+                     [server] query_timeout_secs)",
+                    timeout.as_secs_f64()
+                ))),
+            },
+            _ = cancel.wait_for(|c| *c) => Err(Status::unavailable(
+                "the server is shutting down and cancelled the statement; if it was admitted, \
+                 its charge stands",
+            )),
         }
     }
 
