@@ -10,6 +10,10 @@ prints "all ok" when every check passes.
 import os
 import sys
 import warnings
+import signal
+
+# Bounded: a client that hangs fails the test instead of holding it up.
+signal.alarm(120)
 
 # The driver warns that Flight SQL connections cannot leave autocommit mode; dpfusion has no
 # transactions.

@@ -11,6 +11,10 @@ import re
 import select
 import sys
 import time
+import signal
+
+# Bounded: a client that hangs fails the test instead of holding it up.
+signal.alarm(120)
 
 BIN, URL, TOKEN_FILE, HISTORY = sys.argv[1:5]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
