@@ -24,6 +24,41 @@ pub struct Catalog {
     pub path: PathBuf,
     pub session: SessionSection,
     pub tables: Vec<TableSection>,
+    /// `[[analyst]]`: who may connect to `dpfusion serve` (crate::serve).
+    pub analysts: Vec<AnalystSection>,
+    /// `[server]`: `dpfusion serve`'s settings.
+    pub server: ServerSection,
+}
+
+/// One `[[analyst]]`: a name (recorded with every charge the analyst makes over the server) and
+/// the salted hash of their bearer token (`dpfusion token` prints one).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnalystSection {
+    pub name: String,
+    /// `sha256:<salt hex>:<SHA-256(salt ‖ token) hex>`.
+    pub token_hash: String,
+}
+
+/// `[server]` (every key optional; `dpfusion serve`'s flags override them).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// The address to listen on (default `127.0.0.1:50051`).
+    pub listen: Option<String>,
+    /// A statement's time limit in seconds, admission and execution (default 300).
+    pub query_timeout_secs: Option<f64>,
+    /// How many statements run at once; more wait their turn (default: the number of cores).
+    pub max_concurrent_queries: Option<usize>,
+    /// The longest SQL text accepted, in bytes (default 1 MiB).
+    pub max_sql_bytes: Option<usize>,
+    /// On SIGTERM, how long statements under way may take to finish before they are cancelled,
+    /// in seconds (default 10).
+    pub shutdown_grace_secs: Option<f64>,
+    /// Serve over TLS: the certificate chain and the private key (PEM; relative to the
+    /// catalog). Both or neither.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `[session]`.
@@ -132,6 +167,10 @@ struct File {
     session: SessionSection,
     #[serde(default, rename = "table")]
     tables: Vec<TableSection>,
+    #[serde(default, rename = "analyst")]
+    analysts: Vec<AnalystSection>,
+    #[serde(default)]
+    server: ServerSection,
 }
 
 fn err(path: &Path, msg: impl std::fmt::Display) -> DataFusionError {
@@ -167,10 +206,20 @@ impl Catalog {
                 return Err(err(path, format!("table '{}' is declared twice", t.name)));
             }
         }
+        let mut analysts = std::collections::HashSet::new();
+        for a in &f.analysts {
+            if !analysts.insert(a.name.as_str()) {
+                return Err(err(path, format!("analyst '{}' is declared twice", a.name)));
+            }
+            crate::serve::auth::TokenHash::parse(&a.token_hash)
+                .map_err(|e| err(path, format!("analyst '{}': {e}", a.name)))?;
+        }
         let c = Catalog {
             path: path.to_path_buf(),
             session: f.session,
             tables: f.tables,
+            analysts: f.analysts,
+            server: f.server,
         };
         for t in &c.tables {
             c.registration(t)?;

@@ -34,6 +34,12 @@ pub struct Cli {
     pub scripts: Vec<Script>,
     pub format: Option<OutputFormat>,
     pub quiet: bool,
+    /// `--connect grpc://HOST:PORT`: run against a `dpfusion serve` (analyst mode).
+    pub connect: Option<String>,
+    /// The file holding the bearer token for `--connect`.
+    pub token_file: Option<PathBuf>,
+    /// The CA certificate that signed a `grpc+tls://` server's certificate.
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// One `-c` command or `-f` file.
@@ -49,6 +55,10 @@ dpfusion — differentially private SQL on Apache DataFusion
 USAGE:
     dpfusion --catalog FILE [-c SQL]... [-f FILE]... [--format F] [-q]      (catalog mode)
     dpfusion [OWNER FLAGS] [-c SQL]... [-f FILE]... [--format F] [-q]      (single-user mode)
+    dpfusion --connect grpc[+tls]://HOST:PORT --token-file F [--tls-ca FILE] [-c SQL]...
+                                                   (client mode)
+    dpfusion serve --catalog FILE [--listen ADDR]  (see 'dpfusion serve --help')
+    dpfusion token [--stdin]                       (an analyst's token and its catalog hash)
     dpfusion ledger verify|reseal|migrate [PATH]   (see 'dpfusion ledger --help')
 
 With no -c/-f, opens the interactive REPL. Two roles: the data owner declares tables and their
@@ -65,6 +75,11 @@ OPTIONS:
         --catalog FILE       Open the data owner's catalog (TOML): its ledger, tables and
                              policies. No owner flag may be given with it
     -q, --quiet              Do not print charge receipts
+        --connect URL        Run the statements (or the REPL) on a dpfusion serve at
+                             grpc://HOST:PORT, as the analyst whose token --token-file holds
+        --token-file F       The file holding your bearer token (from the data owner)
+        --tls-ca FILE        With grpc+tls://: the certificate (PEM) of the authority that
+                             signed the server's certificate
     -h, --help               Print this help
     -V, --version            Print the version
 
@@ -200,6 +215,9 @@ impl Cli {
                     }
                 }
                 "-q" | "--quiet" => cli.quiet = true,
+                "--connect" => cli.connect = Some(value(&mut i)?),
+                "--token-file" => cli.token_file = Some(PathBuf::from(value(&mut i)?)),
+                "--tls-ca" => cli.tls_ca = Some(PathBuf::from(value(&mut i)?)),
                 other => return Err(format!("unknown argument '{other}'")),
             }
             i += 1;
@@ -225,6 +243,36 @@ impl Cli {
                 b.delta
             )
         })?;
+        if cli.connect.is_some() != cli.token_file.is_some() {
+            return Err(
+                "--connect and --token-file go together: the server's address and the \
+                 file holding your token"
+                    .to_string(),
+            );
+        }
+        if cli.tls_ca.is_some() && cli.connect.is_none() {
+            return Err("--tls-ca goes with --connect grpc+tls://HOST:PORT".to_string());
+        }
+        if cli.connect.is_some() {
+            let owner_flags = [
+                ("--catalog", cli.catalog.is_some()),
+                ("--epsilon", cli.epsilon.is_some()),
+                ("--delta", cli.delta.is_some()),
+                ("--ledger", cli.ledger.is_some()),
+                ("--private", !cli.private.is_empty()),
+                ("--public", !cli.public.is_empty()),
+                ("--filter", cli.filter.is_some()),
+                ("--delta-share", cli.delta_share.is_some()),
+                ("--output-dir", cli.output_dir.is_some()),
+                ("--relax", cli.relax.is_some()),
+            ];
+            if let Some((f, _)) = owner_flags.iter().find(|(_, g)| *g) {
+                return Err(format!(
+                    "{f} cannot be given with --connect: the server's data owner declares the \
+                     tables and their policy"
+                ));
+            }
+        }
         if cli.catalog.is_some() {
             let owner_flags = [
                 ("--epsilon", cli.epsilon.is_some()),
@@ -400,6 +448,18 @@ async fn open(cli: &Cli) -> Result<PrivateSession, String> {
 
 /// Runs the command line: the REPL when no `-c`/`-f` is given, else the scripts in order.
 pub async fn run(cli: Cli) -> ExitCode {
+    if let (Some(url), Some(token_file)) = (&cli.connect, &cli.token_file) {
+        let format = cli.format.unwrap_or_default();
+        return crate::serve::client::run(
+            url,
+            token_file,
+            cli.tls_ca.as_deref(),
+            &cli.scripts,
+            format,
+            cli.quiet,
+        )
+        .await;
+    }
     let session = match open(&cli).await {
         Ok(s) => s,
         Err(e) => {

@@ -20,6 +20,7 @@ pub mod files;
 pub mod guard;
 pub mod owner;
 pub mod repl;
+pub mod serve;
 pub mod session;
 pub mod statements;
 

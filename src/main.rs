@@ -12,6 +12,12 @@ async fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("ledger") {
         return ledger_cmd::run(&args[1..]);
     }
+    if args.first().map(String::as_str) == Some("serve") {
+        return dpfusion::serve::cmd::run_serve(&args[1..]).await;
+    }
+    if args.first().map(String::as_str) == Some("token") {
+        return dpfusion::serve::cmd::run_token(&args[1..]);
+    }
     let cli = match Cli::parse(&args) {
         Ok(Some(cli)) => cli,
         Ok(None) => return ExitCode::SUCCESS, // --help / --version printed

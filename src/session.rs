@@ -36,6 +36,12 @@ pub const DEFAULT_MEMORY_LIMIT: usize = 4 << 30;
 /// The default `delta` of a DP call that gives none (SQL.md: 1e-7 unless changed).
 pub const DEFAULT_CALL_DELTA: f64 = 1e-7;
 
+tokio::task_local! {
+    /// The analyst a statement runs for ([`PrivateSession::sql_as`]); admission runs in the
+    /// statement's own task, so the charge it writes can name them.
+    static ANALYST: Arc<str>;
+}
+
 /// How a session is opened.
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
@@ -676,6 +682,12 @@ impl PrivateSession {
             .map_err(crate::error::Error::classify)
     }
 
+    /// [`PrivateSession::sql`] on behalf of a named analyst (`dpfusion serve`): the ledger's
+    /// charge records who spent it.
+    pub async fn sql_as(&self, analyst: &str, sql: &str) -> Result<QueryResult> {
+        ANALYST.scope(Arc::from(analyst), self.sql(sql)).await
+    }
+
     async fn sql_statement(&self, sql: &str) -> Result<QueryResult> {
         let trimmed = sql.trim().trim_end_matches(';').trim();
         check_complexity(trimmed)?;
@@ -1024,9 +1036,10 @@ impl PrivateSession {
         if charges.is_empty() {
             return Ok(None);
         }
+        let analyst = ANALYST.try_with(Arc::clone).ok();
         let receipt = self
             .accountant
-            .admit(sql, &charges)
+            .admit_by(sql, &charges, analyst.as_deref())
             .map_err(crate::error::Error::from_accounting)?;
         Ok(Some(receipt))
     }

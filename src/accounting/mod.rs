@@ -340,6 +340,11 @@ pub struct LedgerEntry {
     pub time: String,
     pub query: String,
     pub tables: Vec<LedgerTable>,
+    /// The analyst who spent it (`dpfusion serve`: the authenticated analyst). Absent in
+    /// charges made without a server, and in ledgers written before it existed (they replay and
+    /// verify unchanged: an absent field is not written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analyst: Option<String>,
 }
 
 /// One table of a charge: ε of this charge alone under the table's filter at δ (δ_g, the part
@@ -732,6 +737,16 @@ impl Accountant {
     /// Check and charge, atomically and durably. Public tables are not charged. On refusal
     /// nothing is written.
     pub fn admit(&self, query: &str, charges: &[TableCharge]) -> Result<Receipt, AccountingError> {
+        self.admit_by(query, charges, None)
+    }
+
+    /// [`Accountant::admit`], recording in the charge which analyst spent it.
+    pub fn admit_by(
+        &self,
+        query: &str,
+        charges: &[TableCharge],
+        analyst: Option<&str>,
+    ) -> Result<Receipt, AccountingError> {
         let mut st = self.state();
         let _lock = self.sync(&mut st)?;
         let evals = evaluate(&st, charges)?;
@@ -762,6 +777,7 @@ impl Accountant {
             seq: st.next_seq,
             time: ledger::now_rfc3339(),
             query: query.to_string(),
+            analyst: analyst.map(str::to_string),
             tables: evals
                 .iter()
                 .map(|e| LedgerTable {

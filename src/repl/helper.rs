@@ -48,6 +48,17 @@ impl SqlHelper {
 
     /// Reloads function, table and column names from the session.
     pub fn refresh(&self, session: &PrivateSession) {
+        let tables: Vec<_> = session
+            .tables()
+            .into_iter()
+            .map(|(t, _, schema)| (t, schema))
+            .collect();
+        self.refresh_tables(&tables);
+    }
+
+    /// Reloads function names, and table and column names from `tables` (a server's tables
+    /// for `dpfusion --connect`).
+    pub fn refresh_tables(&self, tables: &[(String, datafusion::arrow::datatypes::SchemaRef)]) {
         // The DP aggregates from their one declaration, the scalar functions (predict, planning
         // helpers) from the udfs crate, and the session's table functions.
         let mut names: Vec<String> = dpfusion_udfs::aggregates::registry::AGGREGATES
@@ -61,8 +72,8 @@ impl SqlHelper {
                 .map(|f| f.name().to_string()),
         );
         names.extend(["dp_budget", "dp_ledger"].map(String::from));
-        for (t, _, schema) in session.tables() {
-            names.push(t);
+        for (t, schema) in tables {
+            names.push(t.clone());
             names.extend(schema.fields().iter().map(|f| f.name().clone()));
         }
         names.sort();

@@ -1,0 +1,332 @@
+//! `dpfusion serve` and `dpfusion token`: the command lines.
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::auth::{Analysts, TokenHash, new_token};
+use super::{ServeOptions, bind};
+use crate::catalog::Catalog;
+
+pub const SERVE_HELP: &str = "\
+dpfusion serve — an Arrow Flight SQL server for analysts (README, \"Serving analysts\")
+
+USAGE:
+    dpfusion serve --catalog FILE [--listen ADDR] [--tls-cert FILE --tls-key FILE]
+                   [--query-timeout SECS] [--max-concurrent-queries N] [--insecure-listen-any]
+
+Every statement runs as in the REPL (guard, admission, ledger, execution), for the analyst
+whose bearer token it carries ([[analyst]] in the catalog, docs/CATALOG.md). Stops on SIGTERM
+or Ctrl-C: no new call is accepted; statements under way get [server] shutdown_grace_secs (10)
+to finish, then are cancelled (an admitted charge stands: it is in the ledger before any row is
+read).
+
+OPTIONS:
+        --catalog FILE               The data owner's catalog (required): tables, analysts, [server]
+        --listen ADDR                Address to listen on (default: [server] listen, else
+                                     127.0.0.1:50051; port 0 picks a free port)
+        --query-timeout SECS         A statement's time limit (default: [server]
+                                     query_timeout_secs, else 300)
+        --max-concurrent-queries N   Statements running at once (default: [server]
+                                     max_concurrent_queries, else the number of cores)
+        --tls-cert FILE              Serve over TLS with this certificate chain (PEM; default:
+                                     [server] tls_cert). Clients connect to grpc+tls://
+        --tls-key FILE               ... and its private key (PEM; default: [server] tls_key)
+        --insecure-listen-any        Allow a non-loopback address without TLS: tokens and
+                                     results then cross the network in clear
+    -h, --help                       Print this help
+";
+
+pub const TOKEN_HELP: &str = "\
+dpfusion token — make an analyst's bearer token and the hash the catalog stores
+
+USAGE:
+    dpfusion token            Print a new random token (line 1; give it to the analyst) and its
+                              catalog line token_hash = \"sha256:…\" (line 2)
+    dpfusion token --stdin    Read a token from standard input; print its token_hash line
+";
+
+/// The parsed `dpfusion serve` command line.
+#[derive(Debug, Default)]
+struct ServeArgs {
+    catalog: Option<PathBuf>,
+    listen: Option<String>,
+    query_timeout: Option<f64>,
+    max_concurrent: Option<usize>,
+    insecure_listen_any: bool,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+}
+
+fn parse_serve(args: &[String]) -> Result<Option<ServeArgs>, String> {
+    let mut a = ServeArgs::default();
+    let mut i = 0;
+    while i < args.len() {
+        let (flag, inline) = match args[i].split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (args[i].as_str(), None),
+        };
+        let mut value = || -> Result<String, String> {
+            if let Some(v) = &inline {
+                return Ok(v.clone());
+            }
+            i += 1;
+            args.get(i)
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag {
+            "-h" | "--help" => {
+                print!("{SERVE_HELP}");
+                return Ok(None);
+            }
+            "--catalog" => a.catalog = Some(PathBuf::from(value()?)),
+            "--listen" => a.listen = Some(value()?),
+            "--query-timeout" => {
+                let v = value()?;
+                let s: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                    .ok_or_else(|| format!("--query-timeout must be seconds > 0, got '{v}'"))?;
+                a.query_timeout = Some(s);
+            }
+            "--max-concurrent-queries" => {
+                let v = value()?;
+                let n: usize = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    format!("--max-concurrent-queries must be a whole number > 0, got '{v}'")
+                })?;
+                a.max_concurrent = Some(n);
+            }
+            "--insecure-listen-any" => a.insecure_listen_any = true,
+            "--tls-cert" => a.tls_cert = Some(PathBuf::from(value()?)),
+            "--tls-key" => a.tls_key = Some(PathBuf::from(value()?)),
+            other => return Err(format!("unknown argument '{other}'")),
+        }
+        i += 1;
+    }
+    if a.catalog.is_none() {
+        return Err(
+            "dpfusion serve needs --catalog FILE: the catalog declares the tables and the \
+             analysts who may connect (docs/CATALOG.md)"
+                .to_string(),
+        );
+    }
+    Ok(Some(a))
+}
+
+/// The server's options: flags over the catalog's `[server]` over the defaults.
+fn options(a: &ServeArgs, c: &Catalog) -> Result<ServeOptions, String> {
+    let mut o = ServeOptions::default();
+    let s = &c.server;
+    if let Some(l) = a.listen.as_ref().or(s.listen.as_ref()) {
+        o.listen = l.parse().map_err(|_| {
+            format!("the listen address must be IP:PORT (e.g. 127.0.0.1:50051), got '{l}'")
+        })?;
+    }
+    if let Some(t) = a.query_timeout.or(s.query_timeout_secs) {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(format!("query_timeout_secs must be > 0, got {t}"));
+        }
+        o.query_timeout = Duration::from_secs_f64(t);
+    }
+    if let Some(n) = a.max_concurrent.or(s.max_concurrent_queries) {
+        if n == 0 {
+            return Err("max_concurrent_queries must be at least 1".to_string());
+        }
+        o.max_concurrent_queries = n;
+    }
+    if let Some(n) = s.max_sql_bytes {
+        o.max_sql_bytes = n;
+    }
+    if let Some(t) = s.shutdown_grace_secs {
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(format!("shutdown_grace_secs must be >= 0, got {t}"));
+        }
+        o.shutdown_grace = Duration::from_secs_f64(t);
+    }
+    o.insecure_listen_any = a.insecure_listen_any;
+    // Flags name files relative to the working directory, the catalog relative to itself.
+    let cert = a
+        .tls_cert
+        .clone()
+        .or_else(|| s.tls_cert.as_ref().map(|p| c.resolve(p)));
+    let key = a
+        .tls_key
+        .clone()
+        .or_else(|| s.tls_key.as_ref().map(|p| c.resolve(p)));
+    o.tls = match (cert, key) {
+        (Some(cert), Some(key)) => Some(super::TlsFiles { cert, key }),
+        (None, None) => None,
+        _ => {
+            return Err(
+                "TLS needs both a certificate and its private key (--tls-cert and --tls-key, or \
+                 tls_cert and tls_key in [server])"
+                    .to_string(),
+            );
+        }
+    };
+    Ok(o)
+}
+
+/// Waits for SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Loads the catalog, opens its session and binds the server: everything `dpfusion serve` does
+/// before it serves. Returns the server, the number of analysts and of tables; or the exit
+/// status and the message.
+async fn prepare(a: &ServeArgs) -> Result<(super::Bound, usize, usize), (u8, String)> {
+    let path = a.catalog.clone().unwrap_or_default();
+    let catalog = Catalog::load(&path).map_err(|e| (1, e.to_string()))?;
+    let opts = options(a, &catalog).map_err(|e| (2, e))?;
+    let mut list = Vec::new();
+    for an in &catalog.analysts {
+        let h = TokenHash::parse(&an.token_hash)
+            .map_err(|e| (1, format!("analyst '{}': {e}", an.name)))?;
+        list.push((an.name.clone(), h));
+    }
+    let session = Arc::new(catalog.open().await.map_err(|e| (1, e.to_string()))?);
+    let tables = session.tables().len();
+    let bound = bind(session, Analysts::new(list), opts)
+        .await
+        .map_err(|e| (1, e.to_string()))?;
+    Ok((bound, catalog.analysts.len(), tables))
+}
+
+/// [`run_serve`]'s server for the catalog at `path`, bound but not serving (for tests and
+/// embedders): the catalog's `[server]` settings, `listen` overriding its address.
+pub async fn bind_catalog(
+    path: &std::path::Path,
+    listen: Option<&str>,
+) -> Result<super::Bound, String> {
+    let a = ServeArgs {
+        catalog: Some(path.to_path_buf()),
+        listen: listen.map(str::to_string),
+        ..ServeArgs::default()
+    };
+    prepare(&a).await.map(|x| x.0).map_err(|e| e.1)
+}
+
+/// `dpfusion serve ARGS`.
+pub async fn run_serve(args: &[String]) -> ExitCode {
+    let a = match parse_serve(args) {
+        Ok(Some(a)) => a,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dpfusion serve: {e}\nTry 'dpfusion serve --help'.");
+            return ExitCode::from(2);
+        }
+    };
+    let (bound, analysts, tables) = match prepare(&a).await {
+        Ok(x) => x,
+        Err((code, e)) => {
+            eprintln!("dpfusion serve: {e}");
+            return ExitCode::from(code);
+        }
+    };
+    println!(
+        "dpfusion serve: listening on {} ({} analysts, {tables} tables)",
+        bound.url(),
+        analysts
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    match bound.serve(shutdown_signal()).await {
+        Ok(()) => {
+            println!("dpfusion serve: stopped; the ledger is intact");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("dpfusion serve: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `dpfusion token ARGS`.
+pub fn run_token(args: &[String]) -> ExitCode {
+    match args.first().map(String::as_str) {
+        None => {
+            let token = new_token();
+            println!("{token}");
+            println!("token_hash = \"{}\"", TokenHash::new(&token));
+            ExitCode::SUCCESS
+        }
+        Some("--stdin") if args.len() == 1 => {
+            let mut s = String::new();
+            if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut s) {
+                eprintln!("dpfusion token: cannot read standard input: {e}");
+                return ExitCode::from(1);
+            }
+            let token = s.trim();
+            if token.len() < 16 {
+                eprintln!(
+                    "dpfusion token: the token on standard input has {} characters; use at least \
+                     16 random characters (or run 'dpfusion token' for a new one)",
+                    token.len()
+                );
+                return ExitCode::from(2);
+            }
+            println!("token_hash = \"{}\"", TokenHash::new(token));
+            ExitCode::SUCCESS
+        }
+        Some("-h" | "--help") => {
+            print!("{TOKEN_HELP}");
+            ExitCode::SUCCESS
+        }
+        Some(other) => {
+            eprintln!("dpfusion token: unknown argument '{other}'\n{TOKEN_HELP}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn serve_flags_parse_and_need_a_catalog() {
+        let a = parse_serve(&args(&[
+            "--catalog",
+            "c.toml",
+            "--listen=127.0.0.1:0",
+            "--query-timeout",
+            "2.5",
+            "--max-concurrent-queries",
+            "3",
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(a.listen.as_deref(), Some("127.0.0.1:0"));
+        assert_eq!(a.query_timeout, Some(2.5));
+        assert_eq!(a.max_concurrent, Some(3));
+        assert!(parse_serve(&args(&[])).unwrap_err().contains("--catalog"));
+        assert!(parse_serve(&args(&["--catalog", "c", "--query-timeout", "0"])).is_err());
+        assert!(parse_serve(&args(&["--catalog", "c", "--bogus"])).is_err());
+    }
+}

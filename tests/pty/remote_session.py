@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Drives `dpfusion --connect` (the REPL as a client of `dpfusion serve`) in a pseudo-terminal.
+Used by tests/serve.rs (`the_repl_connects_to_a_server_in_a_pseudo_terminal`).
+
+usage: remote_session.py BINARY URL TOKEN_FILE HISTORY
+Exits 0 on success; on failure prints the transcript and the failed expectation, exits 1.
+"""
+import os
+import pty
+import re
+import select
+import sys
+import time
+import signal
+
+# Bounded: a client that hangs fails the test instead of holding it up.
+signal.alarm(120)
+
+BIN, URL, TOKEN_FILE, HISTORY = sys.argv[1:5]
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+pid, fd = pty.fork()
+if pid == 0:
+    env = dict(os.environ, DPFUSION_HISTORY=HISTORY, TERM="xterm", COLUMNS="200", LINES="50")
+    os.execve(BIN, [BIN, "--connect", URL, "--token-file", TOKEN_FILE], env)
+
+transcript = ""
+
+
+def read_until(pattern, timeout=60):
+    global transcript
+    seen = ""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r, _, _ = select.select([fd], [], [], 0.2)
+        if fd in r:
+            try:
+                data = os.read(fd, 65536).decode("utf-8", "replace")
+            except OSError:
+                break
+            seen += data
+            transcript += data
+            if re.search(pattern, ANSI.sub("", seen)):
+                return ANSI.sub("", seen)
+    print("---- transcript ----\n" + ANSI.sub("", transcript))
+    print(f"---- expected /{pattern}/ within {timeout}s, got since last step:\n" + ANSI.sub("", seen))
+    sys.exit(1)
+
+
+def send(text):
+    os.write(fd, text.encode())
+
+
+# The banner names the server and lists its tables with their budgets.
+out = read_until(r"connected to[\s\S]*people[\s\S]*dpfusion> \s*$")
+assert "private, budget" in out, out
+# A DP query: its result, the receipt, and the prompt with the remaining budget.
+send("SELECT dp_count(id, 0.25) AS n FROM people;\r")
+out = read_until(r"charged people[\s\S]*dpfusion\[people ε 0\.\d\d/1\.00\]> \s*$")
+assert re.search(r"\|\s*n\s*\|", out), out
+# A refusal: the server's message.
+send("SELECT age FROM people;\r")
+out = read_until(r"ERROR[\s\S]*dpfusion\[people")
+assert "refused" in out, out
+# Meta-commands.
+send("\\budget\r")
+out = read_until(r"remaining_epsilon[\s\S]*dpfusion\[people[^\n]*\]> \s*$")
+send("\\d people\r")
+out = read_until(r"Table people[\s\S]*dpfusion\[people[^\n]*\]> \s*$")
+assert "age" in out and "Int64" in out, out
+# Completion of the server's column names.
+send("SELECT dp_count(sala\t")
+out = read_until(r"salary")
+send("\x03")
+read_until(r"\^C")
+send("\\q\r")
+_, status = os.waitpid(pid, 0)
+if status != 0:
+    print("---- transcript ----\n" + ANSI.sub("", transcript))
+    sys.exit(f"dpfusion exited with {status}")
