@@ -483,26 +483,21 @@ impl DpFlightSql {
                 o.max_sql_bytes
             )));
         }
+        // A positive list: queries and the read-only session statements. Anything else (SET,
+        // CREATE, DROP, COPY, DML, …) would change the one session every analyst shares.
         if let Some(k) = statement_keywords(sql).into_iter().find(|k| {
-            matches!(
+            !matches!(
                 k.as_str(),
-                "SET"
-                    | "RESET"
-                    | "CREATE"
-                    | "DROP"
-                    | "ALTER"
-                    | "COPY"
-                    | "INSERT"
-                    | "UPDATE"
-                    | "DELETE"
-                    | "TRUNCATE"
+                "SELECT" | "WITH" | "SHOW" | "EXPLAIN" | "DESCRIBE" | "DESC" | "VALUES"
             )
         }) {
             return Err(refusal(format!(
                 "dpfusion refused the query: {k} is not available over the server: one session \
-                 serves every analyst, and a statement that changes it would reach the others. \
-                 Give delta => … in each DP call instead of SET dpfusion.default_delta, and keep \
-                 results on your side (the data owner declares tables in the catalog)"
+                 serves every analyst, and a statement that changes it would reach the others \
+                 (the server runs SELECT, WITH, VALUES, SHOW, DESCRIBE and EXPLAIN). Give delta \
+                 => … in each DP call instead of SET dpfusion.default_delta, and keep results on \
+                 your side (the data owner declares tables and default contribution bounds in \
+                 the catalog)"
             )));
         }
         let timeout = o.query_timeout;
