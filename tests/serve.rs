@@ -424,7 +424,24 @@ async fn flight_sql_client_queries_refusals_budget_auth_and_bad_requests() {
     drop(c);
     still_serving(addr).await;
 
-    // The ledger verifies; the charges name their analysts.
+    // The ledger verifies; the charges name their analysts, in the file and in dp_ledger().
+    let mut alice = client(addr, Some(ALICE)).await;
+    let rows = query(
+        &mut alice,
+        "SELECT DISTINCT analyst FROM dp_ledger() ORDER BY analyst",
+    )
+    .await
+    .unwrap();
+    let names: Vec<String> = column(&rows, "analyst")
+        .iter()
+        .flat_map(|a| {
+            let a = a.as_any().downcast_ref::<StringArray>().unwrap();
+            (0..a.len())
+                .map(|i| a.value(i).to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(names, ["alice", "bob"]);
     let report = dpfusion::accounting::verify(&s.ledger).unwrap();
     assert!(report.charges >= 2);
     let text = std::fs::read_to_string(&s.ledger).unwrap();

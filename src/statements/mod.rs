@@ -74,8 +74,10 @@ pub fn ledger_batch(entries: &[LedgerEntry]) -> Result<RecordBatch> {
     let mut eps = Vec::new();
     let mut delta = Vec::new();
     let mut profile = Vec::new();
+    let mut analyst: Vec<Option<String>> = Vec::new();
     for e in entries {
         for t in &e.tables {
+            analyst.push(e.analyst.clone());
             seq.push(e.seq);
             time.push(e.time.clone());
             query.push(e.query.clone());
@@ -93,6 +95,8 @@ pub fn ledger_batch(entries: &[LedgerEntry]) -> Result<RecordBatch> {
         ("epsilon", floats(eps)),
         ("delta", floats(delta)),
         ("profile", strings(profile)),
+        // Who spent it (`dpfusion serve`: the authenticated analyst; NULL otherwise).
+        ("analyst", Arc::new(StringArray::from(analyst)) as ArrayRef),
     ])
 }
 
