@@ -92,6 +92,16 @@ send("\\budget\r")
 after = read_until(PROMPT_AFTER_TABLE)
 queries = lambda text: re.search(r"\|\s*salaries\s*\|[^\n]*", text).group(0)
 assert queries(before) != queries(after), (before, after)
+# A fit that ends (DP-AGD may stop before its last planned iteration): its progress line is
+# erased before the result, so the table and the receipt never start on a progress line.
+start = len(transcript)
+send("SELECT dp_logreg_agd(disease, [age, bmi], epsilon => 0.3) AS m FROM patients;\r")
+read_until(r"\+\s*\n[\s\S]*charged patients[\s\S]*dpfusion\[patients[^\n]*\]> \s*$", timeout=120)
+raw = transcript[start:]
+last = raw.rfind("iteration ")
+table = raw.find("+", last if last >= 0 else 0)
+assert last >= 0, "no progress was shown: " + repr(raw[:300])
+assert "\r\x1b[2K" in raw[last:table], "the progress line was not erased: " + repr(raw[last:table + 40])
 send("\\q\r")
 _, status = os.waitpid(pid, 0)
 if os.waitstatus_to_exitcode(status) != 0:
