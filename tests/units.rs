@@ -569,3 +569,64 @@ async fn the_checked_public_rows_are_the_rows_the_query_joins() {
     let e = s.sql(sql).await.unwrap_err().to_string();
     assert!(e.contains("(2) appears 2 times"), "{e}");
 }
+
+/// The bounding's windows partition by the group keys and the aggregate groups by them: both
+/// must agree on equality, or one unit could reach a group through two partitions (−0.0 and 0.0,
+/// NaNs with different payloads). With K = 1 and C = 1, the same noise draw on D and on D plus a
+/// unit with many rows in each such group moves the per-group counts by exactly 1 in total.
+#[tokio::test]
+async fn float_group_keys_are_one_group_for_the_bounds_and_the_aggregate() {
+    let odd_nan = f64::from_bits(0x7ff8_0000_0000_0001);
+    let keys = [0.0, -0.0, f64::NAN, odd_nan, 1.5];
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("g", DataType::Float64, false),
+        Field::new("unit", DataType::Int64, false),
+        Field::new("amount", DataType::Float64, false),
+    ]));
+    let table = |heavy: bool| {
+        let (mut g, mut u, mut a) = (vec![], vec![], vec![]);
+        for i in 0..500i64 {
+            g.push(keys[(i % 5) as usize]);
+            u.push(i);
+            a.push(1.0);
+        }
+        if heavy {
+            for k in keys {
+                for _ in 0..50 {
+                    g.push(k);
+                    u.push(9_999);
+                    a.push(1.0);
+                }
+            }
+        }
+        RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Float64Array::from(g)) as ArrayRef,
+                Arc::new(Int64Array::from(u)),
+                Arc::new(Float64Array::from(a)),
+            ],
+        )
+        .unwrap()
+    };
+    let sql = "SELECT g, dp_count(amount, epsilon => 50) AS n FROM t GROUP BY g ORDER BY g";
+    let mut out = vec![];
+    for heavy in [false, true] {
+        let s = session("units-floatkeys").await;
+        let reg = Registration::private()
+            .privacy_unit("unit")
+            .contribution_bounds(1, 1)
+            .budget(1e6, 1e-5);
+        s.register_batches("t", vec![table(heavy)], reg).unwrap();
+        let b = run_seeded(&s, sql, 21).await;
+        out.push(column_f64(&b, 1));
+    }
+    assert_eq!(out[0].len(), out[1].len(), "{out:?}");
+    let moved: f64 = out[0].iter().zip(&out[1]).map(|(a, b)| (b - a).abs()).sum();
+    assert_eq!(
+        moved,
+        1.0,
+        "groups {} moved by {moved}: {out:?}",
+        out[0].len()
+    );
+}
