@@ -529,6 +529,19 @@ async fn a_public_key_set_gives_exactly_its_groups() {
                 "SELECT dp_count(t.amount, epsilon => 1) FROM t RIGHT JOIN k ON t.g = k.g",
                 "without GROUP BY",
             ),
+            // A join above the key set could drop whole groups by private values.
+            (
+                "SELECT k2.name, dp_count(x.amount, epsilon => 1) FROM (SELECT t.amount, t.unit, \
+                 k.g AS kg FROM t RIGHT JOIN k ON t.g = k.g) x JOIN k k2 ON x.amount = k2.g \
+                 GROUP BY k2.name",
+                "above a RIGHT JOIN onto a public key table",
+            ),
+            (
+                "SELECT k2.name, dp_count(x.amount, epsilon => 1) FROM (SELECT t.amount, k.g AS \
+                 kg FROM t RIGHT JOIN k ON t.g = k.g) x JOIN k k2 ON x.kg = k2.g \
+                 GROUP BY k2.name",
+                "above a RIGHT JOIN onto a public key table",
+            ),
         ] {
             let e = s.sql(sql).await.unwrap_err().to_string();
             assert!(e.contains(want), "{sql}: {e}");

@@ -108,6 +108,11 @@ pub(super) fn region_join(
         check_fragment(f, "the JOIN condition", table)?;
     }
     let private_plan = super::region(private, out, cx, table)?;
+    if out.key_set {
+        // Only projections may stand above a public key set: any join there could drop whole
+        // groups (even NULL-extended ones) by private values, without partition selection.
+        return Err(key_set_not_on_top(table));
+    }
     // The public side is a query of its own: guarded as one (it reads no private table).
     let public_plan = super::visit(public.as_ref().clone(), cx)?;
     let (private_keys, public_keys): (Vec<&Expr>, Vec<&Expr>) = if private_left {
@@ -209,6 +214,9 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
     let left_plan = super::region(&j.left, &mut left, cx, table)?;
     let mut right = Region::default();
     let right_plan = super::region(&j.right, &mut right, cx, table)?;
+    if left.key_set || right.key_set {
+        return Err(key_set_not_on_top(table));
+    }
     let (Some(lt), Some(rt)) = (left.table.clone(), right.table.clone()) else {
         return Err(refuse_with("a side could not be traced".into()));
     };
@@ -260,6 +268,16 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
         j.null_equality,
         j.null_aware,
     )?))
+}
+
+/// The refusal of anything but projections above a public key set.
+fn key_set_not_on_top(table: &str) -> datafusion::common::DataFusionError {
+    not_in_fragment(
+        "a JOIN above a RIGHT JOIN onto a public key table (only projections may stand between \
+         a public key set and the DP aggregate: a join there could drop whole groups by private \
+         values)",
+        table,
+    )
 }
 
 /// The marker column of a public key set's private side (NULL on the NULL-extended rows).
