@@ -643,3 +643,48 @@ async fn float_group_keys_are_one_group_for_the_bounds_and_the_aggregate() {
         out[0].len()
     );
 }
+
+/// An analyst's public table whose keys are distinct as bits but equal for the join (−0.0 and
+/// 0.0, two NaNs, or Int64 keys that collide once cast to Float64) would match one private row
+/// twice: the uniqueness check groups by the very key expressions the join compares (casts
+/// included), so it refuses them.
+#[tokio::test]
+async fn keys_equal_for_the_join_are_duplicates() {
+    let s = session("units-floatjoin").await;
+    let t: Vec<(i64, i64, f64)> = (0..50).map(|i| (i % 2, i, 0.0)).collect();
+    s.register_batches("t", vec![batch(&t)], unit_level())
+        .unwrap();
+    let public = |name: &str, keys: ArrayRef| {
+        let b = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new(
+                "k",
+                keys.data_type().clone(),
+                true,
+            )])),
+            vec![keys],
+        )
+        .unwrap();
+        s.register_batches(name, vec![b], Registration::public())
+            .unwrap();
+    };
+    public("zeros", Arc::new(Float64Array::from(vec![0.0, -0.0])));
+    public(
+        "nans",
+        Arc::new(Float64Array::from(vec![f64::NAN, f64::NAN])),
+    );
+    public(
+        "big",
+        Arc::new(Int64Array::from(vec![
+            9_007_199_254_740_992,
+            9_007_199_254_740_993,
+        ])),
+    );
+    for sql in [
+        "SELECT dp_count(t.unit, epsilon => 1) FROM t JOIN zeros z ON t.amount = z.k",
+        "SELECT dp_count(t.unit, epsilon => 1) FROM t JOIN nans z ON t.amount = z.k",
+        "SELECT dp_count(t.unit, epsilon => 1) FROM t JOIN big z ON t.amount = z.k",
+    ] {
+        let e = s.sql(sql).await.unwrap_err().to_string();
+        assert!(e.contains("is not unique in the public side"), "{sql}: {e}");
+    }
+}
