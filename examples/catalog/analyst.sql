@@ -18,6 +18,14 @@ FROM (SELECT job, dp_count(age, epsilon => 0.3) AS n FROM salaries GROUP BY job)
 JOIN jobs j ON j.job = s.job
 ORDER BY j.title;
 
+-- Purchases protect each customer with all their purchases. Join the public shops (its key is
+-- unique) and group by region; a RIGHT JOIN onto shops releases every region, even one without
+-- purchases ('central'), with no partition selection.
+SELECT s.region, dp_count_distinct(p.customer, epsilon => 0.5) AS customers,
+       dp_sum(p.amount, 0, 300, epsilon => 0.5) AS spent
+FROM purchases p RIGHT JOIN shops s ON p.store = s.store
+GROUP BY s.region ORDER BY s.region;
+
 -- What the session has spent.
 SHOW BUDGET;
 
