@@ -51,6 +51,7 @@ static SPEC: Spec = Spec {
     returns: DataType::Int64,
     shape: Shape {
         sum: false,
+        sum_sq: false,
         count: true,
         rows: false,
     },

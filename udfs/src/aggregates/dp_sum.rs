@@ -58,6 +58,7 @@ static SPEC: Spec = Spec {
     returns: DataType::Float64,
     shape: Shape {
         sum: true,
+        sum_sq: false,
         count: false,
         rows: false,
     },

@@ -6,6 +6,8 @@
 //! | `dp_count_distinct(unit, …)` (unit-level tables) | epsilon, delta, neighbours | Int64 ≥ 0 |
 //! | `dp_sum(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 |
 //! | `dp_mean(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [lower, upper] |
+//! | `dp_variance(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)²/4] |
+//! | `dp_stddev(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)/2] |
 //! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
 //! | `rgm_mean_by(value, by, …)` | max_ratio, epsilon, delta, min_group_size, neighbours | List<Struct<group, mean, n>> |
 //!
@@ -35,6 +37,7 @@ pub mod dp_linreg_gd;
 pub mod dp_logreg_agd;
 pub mod dp_mean;
 pub mod dp_sum;
+pub mod dp_variance;
 pub mod exact;
 pub mod params;
 pub mod partition_select;
@@ -48,6 +51,9 @@ pub use dp_linreg_gd::{DpLinregGd, LinregParams, dp_linreg_gd_udaf};
 pub use dp_logreg_agd::{AgdParams, DpLogregAgd, dp_logreg_agd_udaf};
 pub use dp_mean::{DpMean, dp_mean_udaf};
 pub use dp_sum::{DpSum, dp_sum_udaf};
+pub use dp_variance::{
+    DpStddev, DpVariance, StddevParams, VarianceParams, dp_stddev_udaf, dp_variance_udaf,
+};
 pub use params::{
     CountParams, DEFAULT_DELTA, MeanParams, Neighbours, PartitionSelectParams, SumParams,
 };

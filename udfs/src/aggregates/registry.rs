@@ -43,8 +43,9 @@ use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use super::{
     AgdParams, CountDistinctParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams,
-    SumParams, dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf,
-    dp_logreg_agd_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_sum_udaf, rgm_mean_by_udaf,
+    StddevParams, SumParams, VarianceParams, dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf,
+    dp_logreg_agd_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_udaf, dp_sum_udaf,
+    dp_variance_udaf, rgm_mean_by_udaf,
 };
 use crate::privacy::{Event, PrivacyError};
 
@@ -266,6 +267,30 @@ pub static AGGREGATES: &[Aggregate] = &[
         cost: |_, p| no_data(MeanParams::from_literals, MeanParams::cost, p),
     },
     Aggregate {
+        name: "dp_variance",
+        summary: "noisy population variance of the values clamped to [lower, upper], within \
+                  [0, (upper − lower)²/4]",
+        data: &[VALUE],
+        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        requirements: &[],
+        replaces: &["var_pop", "var", "var_samp", "variance"],
+        internal: false,
+        udaf: dp_variance_udaf,
+        cost: |_, p| no_data(VarianceParams::from_literals, VarianceParams::cost, p),
+    },
+    Aggregate {
+        name: "dp_stddev",
+        summary: "noisy population standard deviation of the values clamped to [lower, upper], \
+                  within [0, (upper − lower)/2]",
+        data: &[VALUE],
+        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        requirements: &[],
+        replaces: &["stddev_pop", "stddev", "stddev_samp"],
+        internal: false,
+        udaf: dp_stddev_udaf,
+        cost: |_, p| no_data(StddevParams::from_literals, StddevParams::cost, p),
+    },
+    Aggregate {
         name: "dp_partition_select",
         summary: "internal: keeps a GROUP BY group only if its noisy row count passes a threshold",
         data: &[ROWS],
@@ -428,6 +453,8 @@ mod tests {
         assert_eq!(names(get("dp_count").unwrap()), CountParams::NAMES);
         assert_eq!(names(get("dp_sum").unwrap()), SumParams::NAMES);
         assert_eq!(names(get("dp_mean").unwrap()), MeanParams::NAMES);
+        assert_eq!(names(get("dp_variance").unwrap()), VarianceParams::NAMES);
+        assert_eq!(names(get("dp_stddev").unwrap()), StddevParams::NAMES);
         assert_eq!(names(get("dp_linreg_gd").unwrap()), LinregParams::NAMES);
         assert_eq!(names(get("dp_logreg_agd").unwrap()), AgdParams::NAMES);
         assert_eq!(names(get("rgm_mean_by").unwrap()), RgmMeanParams::NAMES);
