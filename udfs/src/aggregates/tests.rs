@@ -261,6 +261,8 @@ fn udafs_are_registered_with_docs_and_names() {
             "dp_count_distinct",
             "dp_sum",
             "dp_mean",
+            "dp_variance",
+            "dp_stddev",
             "dp_partition_select",
             "dp_linreg_gd",
             "dp_logreg_agd",
