@@ -8,6 +8,9 @@
 //! | `dp_mean(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [lower, upper] |
 //! | `dp_variance(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)²/4] |
 //! | `dp_stddev(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)/2] |
+//! | `dp_quantile(value, …)` | lower, upper, q, epsilon, neighbours | Float64 in [lower, upper] |
+//! | `dp_median(value, …)` | lower, upper, epsilon, neighbours | Float64 in [lower, upper] |
+//! | `dp_quantiles(value, …)` | lower, upper, quantiles (a list), epsilon, neighbours | List<Float64> |
 //! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
 //! | `rgm_mean_by(value, by, …)` | max_ratio, epsilon, delta, min_group_size, neighbours | List<Struct<group, mean, n>> |
 //!
@@ -36,6 +39,7 @@ pub mod dp_count_distinct;
 pub mod dp_linreg_gd;
 pub mod dp_logreg_agd;
 pub mod dp_mean;
+pub mod dp_quantile;
 pub mod dp_sum;
 pub mod dp_variance;
 pub mod exact;
@@ -50,6 +54,10 @@ pub use dp_count_distinct::{CountDistinctParams, DpCountDistinct, dp_count_disti
 pub use dp_linreg_gd::{DpLinregGd, LinregParams, dp_linreg_gd_udaf};
 pub use dp_logreg_agd::{AgdParams, DpLogregAgd, dp_logreg_agd_udaf};
 pub use dp_mean::{DpMean, dp_mean_udaf};
+pub use dp_quantile::{
+    DpQuantileUdaf, QuantileKind, QuantileParams, dp_median_udaf, dp_quantile_udaf,
+    dp_quantiles_udaf,
+};
 pub use dp_sum::{DpSum, dp_sum_udaf};
 pub use dp_variance::{
     DpStddev, DpVariance, StddevParams, VarianceParams, dp_stddev_udaf, dp_variance_udaf,

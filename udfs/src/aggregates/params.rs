@@ -131,6 +131,21 @@ impl Neighbours {
         if f == 1.0 { mu } else { (mu / f).next_down() }
     }
 
+    /// The factor by which the **L1** sensitivity (pure ε-DP mechanisms: Laplace, the
+    /// exponential mechanism) of a call's vector of per-group statistics grows over the one-row
+    /// `add_remove` bound: K·C under `units:K:C` (a unit changes each of at most K groups by at
+    /// most C times the one-row change, and L1 norms add: Σ over K groups of C·Δ = K·C·Δ; Wilson
+    /// et al. 2020, §3, Laplace: Δ₁ = L0·L∞), 2 under `replace_private_keys` (a row leaving
+    /// group a and joining group b changes two groups by at most Δ each: L1 ≤ 2Δ, where L2 gives
+    /// √2Δ), 1 otherwise. Exact (an integer ≤ 10^12, exact in `f64`).
+    pub fn pure_factor(self) -> f64 {
+        match self {
+            Neighbours::Units { groups, rows } => groups as f64 * rows as f64,
+            Neighbours::ReplacePrivateKeys => 2.0,
+            _ => 1.0,
+        }
+    }
+
     /// The number of groups one unit may reach (K under `units:K:C`, 1 otherwise).
     pub fn groups_per_unit(self) -> u32 {
         match self {
@@ -250,7 +265,7 @@ pub(crate) fn representable<T>(
 }
 
 /// Fails when more parameters are given than the function has.
-fn check_count(args: &[ScalarValue], names: &[&str]) -> Result<(), PrivacyError> {
+pub(crate) fn check_count(args: &[ScalarValue], names: &[&str]) -> Result<(), PrivacyError> {
     if args.len() > names.len() {
         return Err(PrivacyError::invalid(
             "arguments",
@@ -359,7 +374,7 @@ pub(crate) fn delta_at(args: &[ScalarValue], i: usize) -> Result<f64, PrivacyErr
     check_delta("delta", number(args, i, "delta")?.unwrap_or(DEFAULT_DELTA))
 }
 
-fn neighbours_at(args: &[ScalarValue], i: usize) -> Result<Neighbours, PrivacyError> {
+pub(crate) fn neighbours_at(args: &[ScalarValue], i: usize) -> Result<Neighbours, PrivacyError> {
     match args.get(i) {
         None => Ok(Neighbours::default()),
         Some(
@@ -376,7 +391,7 @@ fn neighbours_at(args: &[ScalarValue], i: usize) -> Result<Neighbours, PrivacyEr
 }
 
 /// `lower` and `upper`: both finite, lower ≤ upper.
-fn bounds_at(args: &[ScalarValue], i: usize) -> Result<(f64, f64), PrivacyError> {
+pub(crate) fn bounds_at(args: &[ScalarValue], i: usize) -> Result<(f64, f64), PrivacyError> {
     let lower = finite("lower", required(args, i, "lower", "a finite number")?)?;
     let upper = finite("upper", required(args, i + 1, "upper", "a finite number")?)?;
     if lower > upper {

@@ -47,6 +47,9 @@ use super::{
     dp_logreg_agd_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_udaf, dp_sum_udaf,
     dp_variance_udaf, rgm_mean_by_udaf,
 };
+use super::dp_quantile::{
+    QuantileKind, cost_of as quantile_cost, dp_median_udaf, dp_quantile_udaf, dp_quantiles_udaf,
+};
 use crate::privacy::{Event, PrivacyError};
 
 /// The SQL type of a literal parameter.
@@ -55,6 +58,8 @@ pub enum Kind {
     Number,
     Text,
     Bool,
+    /// A list of numbers (`[0.25, 0.5, 0.75]`).
+    NumberList,
 }
 
 /// The default of a parameter.
@@ -161,6 +166,11 @@ const EPSILON: Param = number(
     "epsilon",
     Default::Required,
     "ε > 0, finite: the call is (ε, δ)-DP on its own",
+);
+const PURE_EPSILON: Param = number(
+    "epsilon",
+    Default::Required,
+    "ε > 0, finite: the call is ε-DP (pure, δ = 0) on its own",
 );
 const DELTA: Param = number(
     "delta",
@@ -289,6 +299,63 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_stddev_udaf,
         cost: |_, p| no_data(StddevParams::from_literals, StddevParams::cost, p),
+    },
+    Aggregate {
+        name: "dp_quantile",
+        summary: "noisy q-quantile of the values clamped to [lower, upper] (exponential \
+                  mechanism, pure ε-DP)",
+        data: &[VALUE],
+        params: &[
+            LOWER,
+            UPPER,
+            number("q", Default::Required, "the quantile, in [0, 1]"),
+            PURE_EPSILON,
+            NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[
+            "percentile_cont",
+            "approx_percentile_cont",
+            "approx_percentile_cont_with_weight",
+        ],
+        internal: false,
+        udaf: dp_quantile_udaf,
+        cost: |_, p| quantile_cost(QuantileKind::Quantile, p),
+    },
+    Aggregate {
+        name: "dp_median",
+        summary: "noisy median of the values clamped to [lower, upper] (exponential mechanism, \
+                  pure ε-DP)",
+        data: &[VALUE],
+        params: &[LOWER, UPPER, PURE_EPSILON, NEIGHBOURS],
+        requirements: &[],
+        replaces: &["median", "approx_median"],
+        internal: false,
+        udaf: dp_median_udaf,
+        cost: |_, p| quantile_cost(QuantileKind::Median, p),
+    },
+    Aggregate {
+        name: "dp_quantiles",
+        summary: "noisy quantiles (a list) of the values clamped to [lower, upper], ε/k each, \
+                  sorted",
+        data: &[VALUE],
+        params: &[
+            LOWER,
+            UPPER,
+            Param {
+                name: "quantiles",
+                kind: Kind::NumberList,
+                default: Default::Required,
+                doc: "a list of 1 to 100 quantiles in [0, 1], e.g. [0.25, 0.5, 0.75]",
+            },
+            PURE_EPSILON,
+            NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_quantiles_udaf,
+        cost: |_, p| quantile_cost(QuantileKind::Quantiles, p),
     },
     Aggregate {
         name: "dp_partition_select",
@@ -455,6 +522,13 @@ mod tests {
         assert_eq!(names(get("dp_mean").unwrap()), MeanParams::NAMES);
         assert_eq!(names(get("dp_variance").unwrap()), VarianceParams::NAMES);
         assert_eq!(names(get("dp_stddev").unwrap()), StddevParams::NAMES);
+        for k in [
+            QuantileKind::Quantile,
+            QuantileKind::Median,
+            QuantileKind::Quantiles,
+        ] {
+            assert_eq!(names(get(k.name()).unwrap()), k.names());
+        }
         assert_eq!(names(get("dp_linreg_gd").unwrap()), LinregParams::NAMES);
         assert_eq!(names(get("dp_logreg_agd").unwrap()), AgdParams::NAMES);
         assert_eq!(names(get("rgm_mean_by").unwrap()), RgmMeanParams::NAMES);
