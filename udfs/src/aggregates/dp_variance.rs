@@ -81,9 +81,9 @@ pub struct VarianceParams(pub MeanParams);
 pub struct StddevParams(pub MeanParams);
 
 impl VarianceParams {
-    pub const NAMES: [&'static str; 5] = MeanParams::NAMES;
+    pub const NAMES: [&'static str; 5] = ["lower", "upper", "epsilon", "delta", "neighbours"];
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        MeanParams::from_literals(args).map(Self)
+        MeanParams::gaussian_from_literals(args).map(Self)
     }
     /// One μ-GDP release (module docs). Builds the release too, so the accountant refuses
     /// exactly what the planner refuses.
@@ -96,9 +96,9 @@ impl VarianceParams {
 }
 
 impl StddevParams {
-    pub const NAMES: [&'static str; 5] = MeanParams::NAMES;
+    pub const NAMES: [&'static str; 5] = ["lower", "upper", "epsilon", "delta", "neighbours"];
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        MeanParams::from_literals(args).map(Self)
+        MeanParams::gaussian_from_literals(args).map(Self)
     }
     /// As [`VarianceParams::cost`]: the square root is post-processing.
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {

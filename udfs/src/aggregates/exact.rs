@@ -44,7 +44,7 @@
 //! the noise.
 use datafusion::common::{DataFusionError, Result};
 
-use crate::mechanisms::GaussianMechanism;
+use crate::mechanisms::{GaussianMechanism, LaplaceMechanism};
 use crate::noise::SecureRng;
 
 /// Bits of fixed-point resolution below the bound: B/q ≤ 2^40.
@@ -283,17 +283,33 @@ pub fn release_exact(
     let noise = mech
         .release(rng, 0.0)
         .map_err(|e| DataFusionError::Internal(e.to_string()))?;
-    let Some(g_exp) = exact_log2(mech.granularity) else {
+    add_grid_noise(noise, mech.granularity, units, unit_exp)
+}
+
+/// The Laplace mechanism's release of the exact value u·2^unit_exp, as [`release_exact`]: the
+/// discrete Laplace noise g·Y is drawn alone, the exact integer is rounded to the grid g in
+/// integers, and the sum R·g is converted to `f64` once (rounding to the grid moves two
+/// neighbours' difference by at most g: the slack in the mechanism's scale).
+pub fn release_exact_laplace(
+    mech: &LaplaceMechanism,
+    rng: &mut SecureRng,
+    units: i128,
+    unit_exp: i32,
+) -> Result<f64> {
+    add_grid_noise(mech.noise(rng), mech.granularity, units, unit_exp)
+}
+
+/// round_g(u·2^unit_exp) + noise, for noise = g·Y on the power-of-two grid g, in integers.
+fn add_grid_noise(noise: f64, granularity: f64, units: i128, unit_exp: i32) -> Result<f64> {
+    let Some(g_exp) = exact_log2(granularity) else {
         return Err(DataFusionError::Internal(format!(
-            "Gaussian mechanism grid {} is not a power of two",
-            mech.granularity
+            "noise grid {granularity} is not a power of two"
         )));
     };
-    let y = noise / mech.granularity; // exact: noise = g·Y
+    let y = noise / granularity; // exact: noise = g·Y
     if !(y.is_finite() && y.fract() == 0.0) {
         return Err(DataFusionError::Internal(format!(
-            "Gaussian noise {noise} is not on its grid {}",
-            mech.granularity
+            "noise {noise} is not on its grid {granularity}"
         )));
     }
     let total = scale_round(units, unit_exp - g_exp).saturating_add(y as i128);

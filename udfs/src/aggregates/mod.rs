@@ -43,6 +43,7 @@ pub mod dp_quantile;
 pub mod dp_sum;
 pub mod dp_variance;
 pub mod exact;
+pub mod laplace;
 pub mod params;
 pub mod partition_select;
 pub mod registry;
@@ -63,7 +64,8 @@ pub use dp_variance::{
     DpStddev, DpVariance, StddevParams, VarianceParams, dp_stddev_udaf, dp_variance_udaf,
 };
 pub use params::{
-    CountParams, DEFAULT_DELTA, MeanParams, Neighbours, PartitionSelectParams, SumParams,
+    CountParams, DEFAULT_DELTA, MeanParams, Mechanism, Neighbours, PartitionSelectParams,
+    SumParams,
 };
 pub use partition_select::{DpPartitionSelect, dp_partition_select_udaf};
 pub use rgm_mean_by::{RgmMeanBy, RgmMeanParams, rgm_mean_by_udaf};

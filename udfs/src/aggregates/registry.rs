@@ -177,6 +177,12 @@ const DELTA: Param = number(
     Default::SessionDelta,
     "δ in (0, 1); defaults to the session's dpfusion.default_delta (1e-7)",
 );
+const MECHANISM: Param = Param {
+    name: "mechanism",
+    kind: Kind::Text,
+    default: Default::Text("gaussian"),
+    doc: "'gaussian' ((ε, δ)-DP, the default) or 'laplace' (pure ε-DP: δ is not used)",
+};
 const NEIGHBOURS: Param = Param {
     name: "neighbours",
     kind: Kind::Text,
@@ -227,7 +233,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         name: "dp_count",
         summary: "noisy count of the non-NULL values (Int64, never negative)",
         data: &[COUNTED],
-        params: &[EPSILON, DELTA, NEIGHBOURS],
+        params: &[EPSILON, DELTA, MECHANISM, NEIGHBOURS],
         requirements: &[],
         replaces: &["count"],
         internal: false,
@@ -258,7 +264,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         name: "dp_sum",
         summary: "noisy sum of the values clamped to [lower, upper]",
         data: &[VALUE],
-        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
         requirements: &[],
         replaces: &["sum"],
         internal: false,
@@ -269,7 +275,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         name: "dp_mean",
         summary: "noisy mean of the values clamped to [lower, upper], within [lower, upper]",
         data: &[VALUE],
-        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
         requirements: &[],
         replaces: &["avg", "mean"],
         internal: false,
@@ -539,7 +545,7 @@ mod tests {
         assert_eq!(replacing("AVG").unwrap().name, "dp_mean");
         assert_eq!(
             get("dp_sum").unwrap().usage(),
-            "dp_sum(value, lower, upper, epsilon[, delta])"
+            "dp_sum(value, lower, upper, epsilon[, delta][, mechanism])"
         );
     }
 

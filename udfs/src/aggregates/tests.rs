@@ -37,7 +37,7 @@ fn count_params_defaults_and_types() {
     assert_eq!(p.delta, DEFAULT_DELTA);
     assert_eq!(p.neighbours, Neighbours::AddRemove);
     let p =
-        CountParams::from_literals(&[ScalarValue::Int64(Some(2)), f(1e-6), s("replace")]).unwrap();
+        CountParams::from_literals(&[ScalarValue::Int64(Some(2)), f(1e-6), s("gaussian"), s("replace")]).unwrap();
     assert_eq!(
         (p.epsilon, p.delta, p.neighbours),
         (2.0, 1e-6, Neighbours::Replace)
@@ -45,6 +45,7 @@ fn count_params_defaults_and_types() {
     let p = CountParams::from_literals(&[
         f(1.0),
         f(1e-6),
+        s("gaussian"),
         ScalarValue::Utf8View(Some("replace_public_n".into())),
     ])
     .unwrap();
@@ -157,7 +158,7 @@ fn bound_errors() {
 
 #[test]
 fn neighbours_and_arity_errors() {
-    let e = err_of(CountParams::from_literals(&[f(1.0), f(1e-6), s("bogus")]));
+    let e = err_of(CountParams::from_literals(&[f(1.0), f(1e-6), s("gaussian"), s("bogus")]));
     assert_eq!(
         e,
         "invalid argument 'neighbours': got 'bogus', expected one of 'add_remove', 'replace', 'replace_public_n', 'replace_private_keys', 'units:K:C' (K, C integers ≥ 1)"
@@ -167,19 +168,32 @@ fn neighbours_and_arity_errors() {
         f(1.0),
         f(1.0),
         f(1e-6),
+        s("gaussian"),
         f(1.0),
     ]));
     assert!(e.starts_with("invalid argument 'neighbours'"), "{e}");
+    let e = err_of(MeanParams::from_literals(&[
+        f(0.0),
+        f(1.0),
+        f(1.0),
+        f(1e-6),
+        s("exponential"),
+    ]));
+    assert_eq!(
+        e,
+        "invalid argument 'mechanism': got 'exponential', expected 'gaussian' (the default) or \
+         'laplace'"
+    );
     let e = err_of(CountParams::from_literals(&[
         f(1.0),
         f(1e-6),
-        s("add_remove"),
+        s("gaussian"), s("add_remove"),
         f(1.0),
     ]));
     assert_eq!(
         e,
-        "invalid argument 'arguments': got 4 parameters after the data column, expected at most 3: \
-         epsilon, delta, neighbours"
+        "invalid argument 'arguments': got 5 parameters after the data column, expected at most 4: \
+         epsilon, delta, mechanism, neighbours"
     );
     let e = err_of(PartitionSelectParams::from_literals(&[
         f(1.0),
@@ -201,7 +215,10 @@ fn costs_are_one_gaussian_release() {
         want
     );
     assert_eq!(
-        dp_call_cost("dp_sum", &[f(0.0), f(10.0), f(0.5), f(1e-6), s("replace")])
+        dp_call_cost(
+            "dp_sum",
+            &[f(0.0), f(10.0), f(0.5), f(1e-6), s("gaussian"), s("replace")]
+        )
             .unwrap()
             .unwrap(),
         want
@@ -209,7 +226,7 @@ fn costs_are_one_gaussian_release() {
     assert_eq!(
         dp_call_cost(
             "dp_mean",
-            &[f(0.0), f(10.0), f(0.5), f(1e-6), s("replace_public_n")]
+            &[f(0.0), f(10.0), f(0.5), f(1e-6), s("gaussian"), s("replace_public_n")]
         )
         .unwrap()
         .unwrap(),
@@ -555,7 +572,7 @@ fn draws(acc: &mut DpAccumulator, n: usize) -> Vec<f64> {
 fn dp_mean_replace_public_n_seed_blog_example() {
     // ε = 0.5, δ = 1e-6, bounds [0, 1e6], n = 10,000: std of the mean 805.76.
     let start = Instant::now();
-    let p = MeanParams::from_literals(&[f(0.0), f(1e6), f(0.5), f(1e-6), s("replace_public_n")])
+    let p = MeanParams::from_literals(&[f(0.0), f(1e6), f(0.5), f(1e-6), s("gaussian"), s("replace_public_n")])
         .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
     assert!(rel.count_mech.is_none());
@@ -615,7 +632,7 @@ fn dp_mean_noise_matches_calibration() {
     check_variance("dp_mean add_remove", &xs, 8.0, expected);
 
     // replace: minimax split μ_s² = 2μ²/3, μ_c² = μ²/3, Δ_s = U − L. True mean = centre.
-    let p = MeanParams::from_literals(&[f(-4.0), f(6.0), f(1.0), f(1e-6), s("replace")]).unwrap();
+    let p = MeanParams::from_literals(&[f(-4.0), f(6.0), f(1.0), f(1e-6), s("gaussian"), s("replace")]).unwrap();
     let rel = MeanRelease::new(&p).unwrap();
     let (sm, cm) = (rel.sum_mech.unwrap(), rel.count_mech.unwrap());
     let (mu_s, mu_c) = (10.0 / sm.sigma, 1.0 / cm.sigma);
@@ -652,7 +669,7 @@ fn dp_sum_and_dp_count_noise_match_calibration() {
     check_variance("dp_sum add_remove", &xs, truth, m.sigma.powi(2));
 
     // replace: sensitivity max(U − L, |L|, |U|) = 12
-    let p = SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6), s("replace")]).unwrap();
+    let p = SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6), s("gaussian"), s("replace")]).unwrap();
     let m = SumRelease::new(&p).unwrap().mech.unwrap();
     assert!(m.sigma >= 12.0 / mu && m.sigma <= 12.0 / mu * (1.0 + 1e-5));
 
@@ -719,7 +736,7 @@ fn multi_partition_plans_add_noise_once() {
 
 #[test]
 fn groups_evaluate_releases_every_group() {
-    let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(50.0), f(1e-6), s("replace_public_n")])
+    let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(50.0), f(1e-6), s("gaussian"), s("replace_public_n")])
         .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
     let tol = 6.0 * rel.sum_mech.unwrap().sigma; // 6σ of the mean of one row (of two rows: tol/2)
@@ -768,7 +785,7 @@ fn empty_input_releases() {
         };
         assert!((0.0..=10.0).contains(&x));
     }
-    let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("replace_public_n")])
+    let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("gaussian"), s("replace_public_n")])
         .unwrap();
     let mut acc = DpAccumulator::new(Arc::new(MeanRelease::new(&p).unwrap()), Some(10)).unwrap();
     assert_eq!(acc.evaluate().unwrap(), ScalarValue::Float64(None));
@@ -891,7 +908,7 @@ fn replace_private_keys_sigma_ratios() {
             .mech
             .sigma;
         let moved =
-            CountRelease::new(&CountParams::from_literals(&[f(eps), f(delta), pk()]).unwrap())
+            CountRelease::new(&CountParams::from_literals(&[f(eps), f(delta), s("gaussian"), pk()]).unwrap())
                 .unwrap()
                 .mech
                 .sigma;
@@ -915,7 +932,7 @@ fn replace_private_keys_sigma_ratios() {
             (-1.0, 0.0, 2f64.sqrt()),
         ] {
             let sum = |nb: Option<ScalarValue>| {
-                let mut args = vec![f(l), f(u), f(eps), f(delta)];
+                let mut args = vec![f(l), f(u), f(eps), f(delta), s("gaussian")];
                 args.extend(nb);
                 SumRelease::new(&SumParams::from_literals(&args).unwrap())
                     .unwrap()
@@ -930,7 +947,8 @@ fn replace_private_keys_sigma_ratios() {
 
         let mean = |nb: &str| {
             let r = MeanRelease::new(
-                &MeanParams::from_literals(&[f(-4.0), f(6.0), f(eps), f(delta), s(nb)]).unwrap(),
+                &MeanParams::from_literals(&[f(-4.0), f(6.0), f(eps), f(delta), s("gaussian"), s(nb)])
+                    .unwrap(),
             )
             .unwrap();
             (r.sum_mech.unwrap().sigma, r.count_mech.unwrap().sigma)
@@ -945,9 +963,9 @@ fn replace_private_keys_sigma_ratios() {
         assert!(2.0 * (h / ps).powi(2) + 2.0 * (1.0 / pc).powi(2) <= mu * mu);
     }
     // The cost is the same in every mode.
-    for name in ["dp_count", "dp_partition_select"] {
+    for (name, mech) in [("dp_count", vec![s("gaussian")]), ("dp_partition_select", vec![])] {
         let base = dp_call_cost(name, &[f(1.0), f(1e-6)]).unwrap().unwrap();
-        let moved = dp_call_cost(name, &[f(1.0), f(1e-6), pk()])
+        let moved = dp_call_cost(name, &[vec![f(1.0), f(1e-6)], mech, vec![pk()]].concat())
             .unwrap()
             .unwrap();
         assert_eq!(base, moved, "{name}");
@@ -956,7 +974,7 @@ fn replace_private_keys_sigma_ratios() {
         let base = dp_call_cost(name, &[f(0.0), f(9.0), f(1.0), f(1e-6)])
             .unwrap()
             .unwrap();
-        let moved = dp_call_cost(name, &[f(0.0), f(9.0), f(1.0), f(1e-6), pk()])
+        let moved = dp_call_cost(name, &[f(0.0), f(9.0), f(1.0), f(1e-6), s("gaussian"), pk()])
             .unwrap()
             .unwrap();
         assert_eq!(base, moved, "{name}");
@@ -970,7 +988,7 @@ fn replace_private_keys_sigma_ratios() {
 fn replace_private_keys_count_and_sum_noise() {
     let start = Instant::now();
     let mu = gaussian_mu(1.0, 1e-6).unwrap();
-    let p = CountParams::from_literals(&[f(1.0), f(1e-6), s("replace_private_keys")]).unwrap();
+    let p = CountParams::from_literals(&[f(1.0), f(1e-6), s("gaussian"), s("replace_private_keys")]).unwrap();
     let rel = CountRelease::new(&p).unwrap();
     let sigma = rel.mech.sigma;
     assert!(sigma >= 2f64.sqrt() / mu && sigma <= 2f64.sqrt() / mu * (1.0 + 1e-5));
@@ -986,7 +1004,7 @@ fn replace_private_keys_count_and_sum_noise() {
     );
 
     let p =
-        SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6), s("replace_private_keys")])
+        SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6), s("gaussian"), s("replace_private_keys")])
             .unwrap();
     let rel = SumRelease::new(&p).unwrap();
     let sigma = rel.mech.unwrap().sigma;
@@ -1064,9 +1082,15 @@ fn unrepresentable_noise_is_refused_by_cost_and_planner_alike() {
     let e = same("dp_mean", &args, mean(&args));
     assert!(e.contains("'upper'") && e.contains("2^1000"), "{e}");
     for nb in ["replace", "replace_private_keys"] {
-        let args = [f(-f64::MAX), f(f64::MAX), f(1.0), f(1e-6), s(nb)];
+        let args = [f(-f64::MAX), f(f64::MAX), f(1.0), f(1e-6), s("gaussian"), s(nb)];
         same("dp_sum", &args, sum(&args));
         same("dp_mean", &args, mean(&args));
+        // Laplace: refused the same way, by the cost and the release alike.
+        let args = [f(-f64::MAX), f(f64::MAX), f(1.0), f(1e-6), s("laplace"), s(nb)];
+        let lsum = super::laplace::LaplaceSum::new(&SumParams::from_literals(&args).unwrap());
+        same("dp_sum", &args, lsum.map(|_| ()));
+        let lmean = super::laplace::LaplaceMean::new(&MeanParams::from_literals(&args).unwrap());
+        same("dp_mean", &args, lmean.map(|_| ()));
     }
     // Fixable by epsilon: the error gives the bound, and the bound works.
     let args = [f(0.0), f(1e300), f(0.01), f(1e-6)];
@@ -1230,7 +1254,7 @@ fn units_mode_parses_and_rounds_its_factor_up() {
 #[test]
 fn units_count_and_sum_noise() {
     let mu = gaussian_mu(1.0, 1e-6).unwrap();
-    let p = CountParams::from_literals(&[f(1.0), f(1e-6), s("units:4:3")]).unwrap();
+    let p = CountParams::from_literals(&[f(1.0), f(1e-6), s("gaussian"), s("units:4:3")]).unwrap();
     assert_eq!(
         p.cost().unwrap(),
         CountParams::from_literals(&[f(1.0), f(1e-6)])
@@ -1249,7 +1273,7 @@ fn units_count_and_sum_noise() {
     let xs = draws(&mut acc, DRAWS_14);
     check_variance("dp_count units:4:3", &xs, 500.0, sigma * sigma + 1.0 / 12.0);
 
-    let p = SumParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("units:9:1")]).unwrap();
+    let p = SumParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("gaussian"), s("units:9:1")]).unwrap();
     let rel = SumRelease::new(&p).unwrap();
     let m = rel.mech.unwrap();
     let want = 3.0 * (10.0 + m.granularity) / mu; // √9·(Δ + g)/μ
@@ -1343,7 +1367,7 @@ fn variance_square_grid_is_bounded_and_partials_exact() {
     assert_eq!(sq.square(fp.quantise(1.0)), 1 << 38);
     assert_eq!(sq.square(fp.quantise(7.0)), 1 << 36);
 
-    let p = MeanParams::from_literals(&[f(-1e6), f(1e6), f(1.0)]).unwrap();
+    let p = MeanParams::gaussian_from_literals(&[f(-1e6), f(1e6), f(1.0)]).unwrap();
     let fin: Arc<dyn Finalise> = Arc::new(VarianceRelease::new(&p, false).unwrap());
     let mut rng = SecureRng::insecure_from_seed(21);
     let vals: Vec<Option<f64>> = (0..1000)
@@ -1402,7 +1426,7 @@ fn variance_square_grid_is_bounded_and_partials_exact() {
 fn dp_variance_split_and_cost() {
     let mu = gaussian_mu(1.0, 1e-6).unwrap();
     let shares = |nb: &str| {
-        let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
+        let p = MeanParams::gaussian_from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
         let r = VarianceRelease::new(&p, false).unwrap();
         let (m, fp, sq) = (r.mechs.unwrap(), r.fp, r.sq);
         let w = fp.width() as f64;
@@ -1470,7 +1494,7 @@ fn dp_variance_and_stddev_noise_match_calibration() {
     let v = m2 - m1 * m1;
     assert!((v * 25.0 - 7.56).abs() < 1e-12);
     for (nb, seed) in [("add_remove", 31u64), ("replace", 32)] {
-        let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
+        let p = MeanParams::gaussian_from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
         let rel = VarianceRelease::new(&p, false).unwrap();
         let var = variance_of_variance(&rel, n as f64, m1, m2, 5.0);
         let mut acc = DpAccumulator::new(Arc::new(rel), Some(seed)).unwrap();
@@ -1495,7 +1519,7 @@ fn dp_variance_and_stddev_noise_match_calibration() {
 /// value within the bounds.
 #[test]
 fn dp_variance_is_clamped_and_degenerate_bounds_are_exact() {
-    let p = MeanParams::from_literals(&[f(-2.0), f(4.0), f(0.01), f(1e-6)]).unwrap();
+    let p = MeanParams::gaussian_from_literals(&[f(-2.0), f(4.0), f(0.01), f(1e-6)]).unwrap();
     for (stddev, max) in [(false, 9.0), (true, 3.0)] {
         let rel = VarianceRelease::new(&p, stddev).unwrap();
         let mut acc = DpAccumulator::new(Arc::new(rel), Some(41)).unwrap();
@@ -1509,7 +1533,7 @@ fn dp_variance_is_clamped_and_degenerate_bounds_are_exact() {
         let xs = draws(&mut empty, 100);
         assert!(xs.iter().all(|&x| (0.0..=max).contains(&x)));
     }
-    let p = MeanParams::from_literals(&[f(3.0), f(3.0), f(1.0)]).unwrap();
+    let p = MeanParams::gaussian_from_literals(&[f(3.0), f(3.0), f(1.0)]).unwrap();
     let rel = VarianceRelease::new(&p, false).unwrap();
     assert!(rel.mechs.is_none());
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(43)).unwrap();
