@@ -488,8 +488,13 @@ mod aggregates_sql {
                 "invalid argument 'delta'",
             ),
             (
-                "SELECT g, dp_mean(x, 0, 10, 1.0, 1e-6, 'bogus') FROM t GROUP BY g",
+                "SELECT g, dp_mean(x, 0, 10, 1.0, 1e-6, 'gaussian', 'bogus') FROM t GROUP BY g",
                 "invalid argument 'neighbours'",
+            ),
+            (
+                "SELECT g, dp_mean(x, 0, 10, 1.0, 1e-6, 'uniform') FROM t GROUP BY g",
+                "invalid argument 'mechanism': got 'uniform', expected 'gaussian' (the default) \
+                 or 'laplace'",
             ),
             (
                 "SELECT dp_sum(x, 0, CAST('inf' AS DOUBLE), 1.0) FROM t",
