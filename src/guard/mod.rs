@@ -857,12 +857,14 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         if delta.is_finite() && min_delta.is_none_or(|d0| delta < d0) {
             min_delta = Some(delta);
         }
+        // A pure ε-DP call (mechanism 'laplace', the quantiles) spends no δ of its own.
+        let pure = events.iter().all(|e| matches!(e, Event::PureDp { .. }));
         cx.calls.push(DpCall {
             function: name.clone(),
             display: display_call(&name, &f.params.args[..data_args], &params),
             table: table.clone(),
             epsilon: eps,
-            delta,
+            delta: if pure { 0.0 } else { delta },
             events,
             bounds: bounds.as_ref().zip(how).map(|(b, h)| b.describe(h)),
         });
@@ -1041,6 +1043,11 @@ fn display_call(name: &str, data: &[Expr], params: &[ScalarValue]) -> String {
             }
         };
         match spec.get(data.len() + i) {
+            // The default mechanism is not shown (the call reads as it was written).
+            Some(p)
+                if matches!(name, "dp_count" | "dp_sum" | "dp_mean")
+                    && p.name == "mechanism"
+                    && value.eq_ignore_ascii_case("'gaussian'") => {}
             Some(p) => parts.push(format!("{} => {value}", p.name)),
             None => parts.push(value),
         }
