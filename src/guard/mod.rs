@@ -623,12 +623,18 @@ fn literal(e: &Expr) -> Option<ScalarValue> {
         // A list of literal numbers, `[0.25, 0.5]` (`make_array`): dp_quantiles' `quantiles`.
         Expr::ScalarFunction(f) if f.name() == "make_array" && !f.args.is_empty() => {
             let items = f.args.iter().map(literal).collect::<Option<Vec<_>>>()?;
-            if !items.iter().all(|v| v.data_type().is_numeric() && !v.is_null()) {
+            if !items
+                .iter()
+                .all(|v| v.data_type().is_numeric() && !v.is_null())
+            {
                 return None;
             }
             let items = items
                 .into_iter()
-                .map(|v| v.cast_to(&datafusion::arrow::datatypes::DataType::Float64).ok())
+                .map(|v| {
+                    v.cast_to(&datafusion::arrow::datatypes::DataType::Float64)
+                        .ok()
+                })
                 .collect::<Option<Vec<_>>>()?;
             Some(ScalarValue::List(ScalarValue::new_list_nullable(
                 &items,

@@ -248,7 +248,8 @@ mod tests {
         assert!(e.contains("no parameter named 'bogus'"), "{e}");
         let e = rewrite("SELECT dp_mean(x, 0, 10, 1, lower => 1) FROM t").unwrap_err();
         assert!(e.contains("'lower' is given more than once"), "{e}");
-        let e = rewrite("SELECT dp_mean(x, 0, 10, 1, 1e-6, 'laplace', 'replace') FROM t").unwrap_err();
+        let e =
+            rewrite("SELECT dp_mean(x, 0, 10, 1, 1e-6, 'laplace', 'replace') FROM t").unwrap_err();
         assert!(e.contains("at most 6 arguments"), "{e}");
         let e = rewrite("SELECT dp_mean(epsilon => 1, x) FROM t").unwrap_err();
         assert!(e.contains("positional arguments must come before"), "{e}");

@@ -433,7 +433,6 @@ mod aggregates_sql {
                 "SELECT dp_count(x, 1.0, 1e-6, 'laplace', 5) FROM t",
                 "dp_count: `neighbours` must be a string literal",
             ),
-
             (
                 "SELECT dp_sum(x, 0, 10) FROM t",
                 "dp_sum takes 4 to 7 arguments: dp_sum(value, lower, upper, epsilon[, delta][, mechanism][, neighbours]), got 3",

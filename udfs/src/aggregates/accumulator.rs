@@ -331,7 +331,10 @@ impl GroupsAccumulator for DpGroups {
             });
         }
         if self.shape.sum_sq {
-            let (fp, sq) = (self.fp.expect("checked in new"), self.sq.expect("checked in new"));
+            let (fp, sq) = (
+                self.fp.expect("checked in new"),
+                self.sq.expect("checked in new"),
+            );
             let v = as_f64(arr)?.values();
             let sums_sq = &mut self.sums_sq;
             for_each_selected(n, &valid, |i| {
@@ -474,7 +477,10 @@ impl GroupsAccumulator for DpGroups {
             out.push(sum_array(sums)?);
         }
         if self.shape.sum_sq {
-            let (fp, sq) = (self.fp.expect("checked in new"), self.sq.expect("checked in new"));
+            let (fp, sq) = (
+                self.fp.expect("checked in new"),
+                self.sq.expect("checked in new"),
+            );
             let v = as_f64(arr)?.values();
             let sums = (0..n)
                 .map(|i| {

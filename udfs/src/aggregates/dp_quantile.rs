@@ -210,11 +210,10 @@ impl QuantileRelease {
         // exponent per unit of D is ε'/2^21 (module docs), an exact power-of-two scaling.
         let eps_each = ((p.epsilon / k).next_down() / p.neighbours.pure_factor()).next_down();
         let rate = rate_down(eps_each * 2f64.powi(-(Q_BITS as i32) - 1));
-        let q_fixed = p
-            .qs
-            .iter()
-            .map(|&q| (q * (1u64 << Q_BITS) as f64).round() as u128)
-            .collect();
+        let q_fixed =
+            p.qs.iter()
+                .map(|&q| (q * (1u64 << Q_BITS) as f64).round() as u128)
+                .collect();
         Ok(Self {
             fp: FixedPoint::new(p.lower, p.upper),
             kind: p.kind,
@@ -360,7 +359,10 @@ fn documentation(kind: QuantileKind) -> Documentation {
     for d in a.data {
         b = b.with_argument(
             d.name,
-            format!("Numeric column (integers, floats, decimals; cast to Float64): {}.", d.doc),
+            format!(
+                "Numeric column (integers, floats, decimals; cast to Float64): {}.",
+                d.doc
+            ),
         );
     }
     for p in a.params {
@@ -505,9 +507,9 @@ impl Accumulator for QuantileAccumulator {
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        let lists: &ListArray = states[0].as_list_opt::<i32>().ok_or_else(|| {
-            DataFusionError::Internal("dp quantile: bad histogram state".into())
-        })?;
+        let lists: &ListArray = states[0]
+            .as_list_opt::<i32>()
+            .ok_or_else(|| DataFusionError::Internal("dp quantile: bad histogram state".into()))?;
         for i in 0..lists.len() {
             if !lists.is_valid(i) {
                 continue;

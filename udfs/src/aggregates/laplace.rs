@@ -170,7 +170,9 @@ const CBRT_4: f64 = 1.587_401_051_968_199_4;
 impl LaplaceMean {
     pub fn new(p: &MeanParams) -> Result<Self, PrivacyError> {
         let bounds = format!("{} (lower {})", p.upper, p.lower);
-        representable(p.epsilon, ("upper", &bounds), |epsilon| Self::at(p, epsilon))
+        representable(p.epsilon, ("upper", &bounds), |epsilon| {
+            Self::at(p, epsilon)
+        })
     }
 
     fn at(p: &MeanParams, epsilon: f64) -> Result<Self, PrivacyError> {

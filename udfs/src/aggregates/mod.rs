@@ -64,8 +64,7 @@ pub use dp_variance::{
     DpStddev, DpVariance, StddevParams, VarianceParams, dp_stddev_udaf, dp_variance_udaf,
 };
 pub use params::{
-    CountParams, DEFAULT_DELTA, MeanParams, Mechanism, Neighbours, PartitionSelectParams,
-    SumParams,
+    CountParams, DEFAULT_DELTA, MeanParams, Mechanism, Neighbours, PartitionSelectParams, SumParams,
 };
 pub use partition_select::{DpPartitionSelect, dp_partition_select_udaf};
 pub use rgm_mean_by::{RgmMeanBy, RgmMeanParams, rgm_mean_by_udaf};

@@ -41,14 +41,14 @@
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
-use super::{
-    AgdParams, CountDistinctParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams,
-    StddevParams, SumParams, VarianceParams, dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf,
-    dp_logreg_agd_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_udaf, dp_sum_udaf,
-    dp_variance_udaf, rgm_mean_by_udaf,
-};
 use super::dp_quantile::{
     QuantileKind, cost_of as quantile_cost, dp_median_udaf, dp_quantile_udaf, dp_quantiles_udaf,
+};
+use super::{
+    AgdParams, CountDistinctParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams,
+    StddevParams, SumParams, VarianceParams, dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd,
+    dp_linreg_gd_udaf, dp_logreg_agd_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_udaf,
+    dp_sum_udaf, dp_variance_udaf, rgm_mean_by_udaf,
 };
 use crate::privacy::{Event, PrivacyError};
 

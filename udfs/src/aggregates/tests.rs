@@ -36,8 +36,13 @@ fn count_params_defaults_and_types() {
     assert_eq!(p.epsilon, 0.5);
     assert_eq!(p.delta, DEFAULT_DELTA);
     assert_eq!(p.neighbours, Neighbours::AddRemove);
-    let p =
-        CountParams::from_literals(&[ScalarValue::Int64(Some(2)), f(1e-6), s("gaussian"), s("replace")]).unwrap();
+    let p = CountParams::from_literals(&[
+        ScalarValue::Int64(Some(2)),
+        f(1e-6),
+        s("gaussian"),
+        s("replace"),
+    ])
+    .unwrap();
     assert_eq!(
         (p.epsilon, p.delta, p.neighbours),
         (2.0, 1e-6, Neighbours::Replace)
@@ -158,7 +163,12 @@ fn bound_errors() {
 
 #[test]
 fn neighbours_and_arity_errors() {
-    let e = err_of(CountParams::from_literals(&[f(1.0), f(1e-6), s("gaussian"), s("bogus")]));
+    let e = err_of(CountParams::from_literals(&[
+        f(1.0),
+        f(1e-6),
+        s("gaussian"),
+        s("bogus"),
+    ]));
     assert_eq!(
         e,
         "invalid argument 'neighbours': got 'bogus', expected one of 'add_remove', 'replace', 'replace_public_n', 'replace_private_keys', 'units:K:C' (K, C integers ≥ 1)"
@@ -187,7 +197,8 @@ fn neighbours_and_arity_errors() {
     let e = err_of(CountParams::from_literals(&[
         f(1.0),
         f(1e-6),
-        s("gaussian"), s("add_remove"),
+        s("gaussian"),
+        s("add_remove"),
         f(1.0),
     ]));
     assert_eq!(
@@ -217,16 +228,30 @@ fn costs_are_one_gaussian_release() {
     assert_eq!(
         dp_call_cost(
             "dp_sum",
-            &[f(0.0), f(10.0), f(0.5), f(1e-6), s("gaussian"), s("replace")]
+            &[
+                f(0.0),
+                f(10.0),
+                f(0.5),
+                f(1e-6),
+                s("gaussian"),
+                s("replace")
+            ]
         )
-            .unwrap()
-            .unwrap(),
+        .unwrap()
+        .unwrap(),
         want
     );
     assert_eq!(
         dp_call_cost(
             "dp_mean",
-            &[f(0.0), f(10.0), f(0.5), f(1e-6), s("gaussian"), s("replace_public_n")]
+            &[
+                f(0.0),
+                f(10.0),
+                f(0.5),
+                f(1e-6),
+                s("gaussian"),
+                s("replace_public_n")
+            ]
         )
         .unwrap()
         .unwrap(),
@@ -572,8 +597,15 @@ fn draws(acc: &mut DpAccumulator, n: usize) -> Vec<f64> {
 fn dp_mean_replace_public_n_seed_blog_example() {
     // ε = 0.5, δ = 1e-6, bounds [0, 1e6], n = 10,000: std of the mean 805.76.
     let start = Instant::now();
-    let p = MeanParams::from_literals(&[f(0.0), f(1e6), f(0.5), f(1e-6), s("gaussian"), s("replace_public_n")])
-        .unwrap();
+    let p = MeanParams::from_literals(&[
+        f(0.0),
+        f(1e6),
+        f(0.5),
+        f(1e-6),
+        s("gaussian"),
+        s("replace_public_n"),
+    ])
+    .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
     assert!(rel.count_mech.is_none());
     let n = 10_000.0;
@@ -632,7 +664,15 @@ fn dp_mean_noise_matches_calibration() {
     check_variance("dp_mean add_remove", &xs, 8.0, expected);
 
     // replace: minimax split μ_s² = 2μ²/3, μ_c² = μ²/3, Δ_s = U − L. True mean = centre.
-    let p = MeanParams::from_literals(&[f(-4.0), f(6.0), f(1.0), f(1e-6), s("gaussian"), s("replace")]).unwrap();
+    let p = MeanParams::from_literals(&[
+        f(-4.0),
+        f(6.0),
+        f(1.0),
+        f(1e-6),
+        s("gaussian"),
+        s("replace"),
+    ])
+    .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
     let (sm, cm) = (rel.sum_mech.unwrap(), rel.count_mech.unwrap());
     let (mu_s, mu_c) = (10.0 / sm.sigma, 1.0 / cm.sigma);
@@ -669,7 +709,15 @@ fn dp_sum_and_dp_count_noise_match_calibration() {
     check_variance("dp_sum add_remove", &xs, truth, m.sigma.powi(2));
 
     // replace: sensitivity max(U − L, |L|, |U|) = 12
-    let p = SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6), s("gaussian"), s("replace")]).unwrap();
+    let p = SumParams::from_literals(&[
+        f(-2.0),
+        f(10.0),
+        f(1.0),
+        f(1e-6),
+        s("gaussian"),
+        s("replace"),
+    ])
+    .unwrap();
     let m = SumRelease::new(&p).unwrap().mech.unwrap();
     assert!(m.sigma >= 12.0 / mu && m.sigma <= 12.0 / mu * (1.0 + 1e-5));
 
@@ -736,8 +784,15 @@ fn multi_partition_plans_add_noise_once() {
 
 #[test]
 fn groups_evaluate_releases_every_group() {
-    let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(50.0), f(1e-6), s("gaussian"), s("replace_public_n")])
-        .unwrap();
+    let p = MeanParams::from_literals(&[
+        f(0.0),
+        f(10.0),
+        f(50.0),
+        f(1e-6),
+        s("gaussian"),
+        s("replace_public_n"),
+    ])
+    .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
     let tol = 6.0 * rel.sum_mech.unwrap().sigma; // 6σ of the mean of one row (of two rows: tol/2)
     let mut g = DpGroups::new(Arc::new(rel), Some(9)).unwrap();
@@ -785,8 +840,15 @@ fn empty_input_releases() {
         };
         assert!((0.0..=10.0).contains(&x));
     }
-    let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("gaussian"), s("replace_public_n")])
-        .unwrap();
+    let p = MeanParams::from_literals(&[
+        f(0.0),
+        f(10.0),
+        f(1.0),
+        f(1e-6),
+        s("gaussian"),
+        s("replace_public_n"),
+    ])
+    .unwrap();
     let mut acc = DpAccumulator::new(Arc::new(MeanRelease::new(&p).unwrap()), Some(10)).unwrap();
     assert_eq!(acc.evaluate().unwrap(), ScalarValue::Float64(None));
     let p = CountParams::from_literals(&[f(1.0)]).unwrap();
@@ -907,11 +969,12 @@ fn replace_private_keys_sigma_ratios() {
             .unwrap()
             .mech
             .sigma;
-        let moved =
-            CountRelease::new(&CountParams::from_literals(&[f(eps), f(delta), s("gaussian"), pk()]).unwrap())
-                .unwrap()
-                .mech
-                .sigma;
+        let moved = CountRelease::new(
+            &CountParams::from_literals(&[f(eps), f(delta), s("gaussian"), pk()]).unwrap(),
+        )
+        .unwrap()
+        .mech
+        .sigma;
         ratio(moved / base, 2f64.sqrt(), "dp_count ratio");
         close(moved, 2f64.sqrt() / mu, "dp_count σ = √2/μ");
 
@@ -947,8 +1010,15 @@ fn replace_private_keys_sigma_ratios() {
 
         let mean = |nb: &str| {
             let r = MeanRelease::new(
-                &MeanParams::from_literals(&[f(-4.0), f(6.0), f(eps), f(delta), s("gaussian"), s(nb)])
-                    .unwrap(),
+                &MeanParams::from_literals(&[
+                    f(-4.0),
+                    f(6.0),
+                    f(eps),
+                    f(delta),
+                    s("gaussian"),
+                    s(nb),
+                ])
+                .unwrap(),
             )
             .unwrap();
             (r.sum_mech.unwrap().sigma, r.count_mech.unwrap().sigma)
@@ -963,7 +1033,10 @@ fn replace_private_keys_sigma_ratios() {
         assert!(2.0 * (h / ps).powi(2) + 2.0 * (1.0 / pc).powi(2) <= mu * mu);
     }
     // The cost is the same in every mode.
-    for (name, mech) in [("dp_count", vec![s("gaussian")]), ("dp_partition_select", vec![])] {
+    for (name, mech) in [
+        ("dp_count", vec![s("gaussian")]),
+        ("dp_partition_select", vec![]),
+    ] {
         let base = dp_call_cost(name, &[f(1.0), f(1e-6)]).unwrap().unwrap();
         let moved = dp_call_cost(name, &[vec![f(1.0), f(1e-6)], mech, vec![pk()]].concat())
             .unwrap()
@@ -974,9 +1047,12 @@ fn replace_private_keys_sigma_ratios() {
         let base = dp_call_cost(name, &[f(0.0), f(9.0), f(1.0), f(1e-6)])
             .unwrap()
             .unwrap();
-        let moved = dp_call_cost(name, &[f(0.0), f(9.0), f(1.0), f(1e-6), s("gaussian"), pk()])
-            .unwrap()
-            .unwrap();
+        let moved = dp_call_cost(
+            name,
+            &[f(0.0), f(9.0), f(1.0), f(1e-6), s("gaussian"), pk()],
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(base, moved, "{name}");
     }
 }
@@ -988,7 +1064,9 @@ fn replace_private_keys_sigma_ratios() {
 fn replace_private_keys_count_and_sum_noise() {
     let start = Instant::now();
     let mu = gaussian_mu(1.0, 1e-6).unwrap();
-    let p = CountParams::from_literals(&[f(1.0), f(1e-6), s("gaussian"), s("replace_private_keys")]).unwrap();
+    let p =
+        CountParams::from_literals(&[f(1.0), f(1e-6), s("gaussian"), s("replace_private_keys")])
+            .unwrap();
     let rel = CountRelease::new(&p).unwrap();
     let sigma = rel.mech.sigma;
     assert!(sigma >= 2f64.sqrt() / mu && sigma <= 2f64.sqrt() / mu * (1.0 + 1e-5));
@@ -1003,9 +1081,15 @@ fn replace_private_keys_count_and_sum_noise() {
         sigma * sigma + 1.0 / 12.0,
     );
 
-    let p =
-        SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6), s("gaussian"), s("replace_private_keys")])
-            .unwrap();
+    let p = SumParams::from_literals(&[
+        f(-2.0),
+        f(10.0),
+        f(1.0),
+        f(1e-6),
+        s("gaussian"),
+        s("replace_private_keys"),
+    ])
+    .unwrap();
     let rel = SumRelease::new(&p).unwrap();
     let sigma = rel.mech.unwrap().sigma;
     let want = 10.0 * 2f64.sqrt() / mu; // max(12, √2·10)/μ
@@ -1082,11 +1166,25 @@ fn unrepresentable_noise_is_refused_by_cost_and_planner_alike() {
     let e = same("dp_mean", &args, mean(&args));
     assert!(e.contains("'upper'") && e.contains("2^1000"), "{e}");
     for nb in ["replace", "replace_private_keys"] {
-        let args = [f(-f64::MAX), f(f64::MAX), f(1.0), f(1e-6), s("gaussian"), s(nb)];
+        let args = [
+            f(-f64::MAX),
+            f(f64::MAX),
+            f(1.0),
+            f(1e-6),
+            s("gaussian"),
+            s(nb),
+        ];
         same("dp_sum", &args, sum(&args));
         same("dp_mean", &args, mean(&args));
         // Laplace: refused the same way, by the cost and the release alike.
-        let args = [f(-f64::MAX), f(f64::MAX), f(1.0), f(1e-6), s("laplace"), s(nb)];
+        let args = [
+            f(-f64::MAX),
+            f(f64::MAX),
+            f(1.0),
+            f(1e-6),
+            s("laplace"),
+            s(nb),
+        ];
         let lsum = super::laplace::LaplaceSum::new(&SumParams::from_literals(&args).unwrap());
         same("dp_sum", &args, lsum.map(|_| ()));
         let lmean = super::laplace::LaplaceMean::new(&MeanParams::from_literals(&args).unwrap());
@@ -1273,7 +1371,15 @@ fn units_count_and_sum_noise() {
     let xs = draws(&mut acc, DRAWS_14);
     check_variance("dp_count units:4:3", &xs, 500.0, sigma * sigma + 1.0 / 12.0);
 
-    let p = SumParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("gaussian"), s("units:9:1")]).unwrap();
+    let p = SumParams::from_literals(&[
+        f(0.0),
+        f(10.0),
+        f(1.0),
+        f(1e-6),
+        s("gaussian"),
+        s("units:9:1"),
+    ])
+    .unwrap();
     let rel = SumRelease::new(&p).unwrap();
     let m = rel.mech.unwrap();
     let want = 3.0 * (10.0 + m.granularity) / mu; // √9·(Δ + g)/μ
@@ -1358,7 +1464,7 @@ fn variance_square_grid_is_bounded_and_partials_exact() {
         assert!(sq.max <= (1 << 40) + 1, "{l} {u}: {}", sq.max);
         assert_eq!(sq.square(fp.lo), sq.square(fp.hi));
         assert!(sq.square(fp.lo) <= sq.max);
-        assert_eq!(sq.square((fp.lo + fp.hi) / 2) <= 1, true);
+        assert!(sq.square((fp.lo + fp.hi) / 2) <= 1);
     }
     // [0, 10]: q = 2^−36, w = 10·2^36, shift 40; 1 → y = −2^39, s = 2^38; 7 → s = 2^36.
     let fp = FixedPoint::new(0.0, 10.0);
@@ -1426,7 +1532,8 @@ fn variance_square_grid_is_bounded_and_partials_exact() {
 fn dp_variance_split_and_cost() {
     let mu = gaussian_mu(1.0, 1e-6).unwrap();
     let shares = |nb: &str| {
-        let p = MeanParams::gaussian_from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
+        let p =
+            MeanParams::gaussian_from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
         let r = VarianceRelease::new(&p, false).unwrap();
         let (m, fp, sq) = (r.mechs.unwrap(), r.fp, r.sq);
         let w = fp.width() as f64;
@@ -1494,7 +1601,8 @@ fn dp_variance_and_stddev_noise_match_calibration() {
     let v = m2 - m1 * m1;
     assert!((v * 25.0 - 7.56).abs() < 1e-12);
     for (nb, seed) in [("add_remove", 31u64), ("replace", 32)] {
-        let p = MeanParams::gaussian_from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
+        let p =
+            MeanParams::gaussian_from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
         let rel = VarianceRelease::new(&p, false).unwrap();
         let var = variance_of_variance(&rel, n as f64, m1, m2, 5.0);
         let mut acc = DpAccumulator::new(Arc::new(rel), Some(seed)).unwrap();
@@ -1527,7 +1635,7 @@ fn dp_variance_is_clamped_and_degenerate_bounds_are_exact() {
             .unwrap();
         let xs = draws(&mut acc, 2000);
         assert!(xs.iter().all(|&x| (0.0..=max).contains(&x)), "{stddev}");
-        assert!(xs.iter().any(|&x| x == 0.0) && xs.iter().any(|&x| x > 0.0));
+        assert!(xs.contains(&0.0) && xs.iter().any(|&x| x > 0.0));
         let rel = VarianceRelease::new(&p, stddev).unwrap();
         let mut empty = DpAccumulator::new(Arc::new(rel), Some(42)).unwrap();
         let xs = draws(&mut empty, 100);
@@ -1645,7 +1753,10 @@ fn quantile_calibration_by_mode_and_cost() {
         ),
     ] {
         let r = rate(kind, &args);
-        assert!(r <= 1.5 / div && r > 1.5 / div * (1.0 - 1e-10), "{kind:?} {r}");
+        assert!(
+            r <= 1.5 / div && r > 1.5 / div * (1.0 - 1e-10),
+            "{kind:?} {r}"
+        );
         let cost = QuantileParams::from_literals(kind, &args).unwrap().cost();
         assert_eq!(
             cost.unwrap(),
@@ -1663,11 +1774,13 @@ fn quantile_calibration_by_mode_and_cost() {
     assert!(e(QuantileKind::Quantile, &[f(0.0), f(1.0), f(1.5), f(1.0)]).contains("'q'"));
     assert!(e(QuantileKind::Quantile, &[f(0.0), f(1.0), f(-0.1), f(1.0)]).contains("[0, 1]"));
     assert!(
-        e(QuantileKind::Quantiles, &[f(0.0), f(1.0), qlist(&[]), f(1.0)]).contains("between 1")
+        e(
+            QuantileKind::Quantiles,
+            &[f(0.0), f(1.0), qlist(&[]), f(1.0)]
+        )
+        .contains("between 1")
     );
-    assert!(
-        e(QuantileKind::Quantiles, &[f(0.0), f(1.0), f(0.5), f(1.0)]).contains("'quantiles'")
-    );
+    assert!(e(QuantileKind::Quantiles, &[f(0.0), f(1.0), f(0.5), f(1.0)]).contains("'quantiles'"));
     assert!(e(QuantileKind::Median, &[f(2.0), f(1.0), f(1.0)]).contains("'lower'"));
     assert!(e(QuantileKind::Median, &[f(0.0), f(1.0), f(0.0)]).contains("'epsilon'"));
 }
@@ -1756,7 +1869,10 @@ fn check_laplace_variance(label: &str, samples: &[f64], truth: f64, var: f64) {
     let tol = 5.0 * (5.0 / (n - 1.0)).sqrt();
     assert!(tol < 0.095, "{label}: too few draws");
     let r = v / var;
-    assert!((r - 1.0).abs() <= tol, "{label}: variance ratio {r} outside 1 ± {tol}");
+    assert!(
+        (r - 1.0).abs() <= tol,
+        "{label}: variance ratio {r} outside 1 ± {tol}"
+    );
     assert!((v / (1.21 * var) - 1.0).abs() > tol && (v / (0.81 * var) - 1.0).abs() > tol);
     assert!(
         (mean - truth).abs() <= 5.0 * (var / n).sqrt(),
@@ -1789,12 +1905,15 @@ fn laplace_scales_by_mode_and_cost() {
     };
     close(count("add_remove"), 1.0 / eps, "count");
     close(count("replace"), 1.0 / eps, "count replace");
-    close(count("replace_private_keys"), 2.0 / eps, "count private keys");
+    close(
+        count("replace_private_keys"),
+        2.0 / eps,
+        "count private keys",
+    );
     close(count("units:4:3"), 12.0 / eps, "count units:4:3");
     let sum = |l: f64, u: f64, nb: &str| {
         LaplaceSum::new(
-            &SumParams::from_literals(&[f(l), f(u), f(eps), f(1e-6), s("laplace"), s(nb)])
-                .unwrap(),
+            &SumParams::from_literals(&[f(l), f(u), f(eps), f(1e-6), s("laplace"), s(nb)]).unwrap(),
         )
         .unwrap()
         .mech
@@ -1803,8 +1922,16 @@ fn laplace_scales_by_mode_and_cost() {
     };
     close(sum(-2.0, 10.0, "add_remove"), 10.0 / eps, "sum");
     close(sum(-2.0, 10.0, "replace"), 12.0 / eps, "sum replace");
-    close(sum(-2.0, 10.0, "replace_private_keys"), 20.0 / eps, "sum private keys");
-    close(sum(-10.0, 10.0, "replace_private_keys"), 20.0 / eps, "sum private keys 2");
+    close(
+        sum(-2.0, 10.0, "replace_private_keys"),
+        20.0 / eps,
+        "sum private keys",
+    );
+    close(
+        sum(-10.0, 10.0, "replace_private_keys"),
+        20.0 / eps,
+        "sum private keys 2",
+    );
     close(sum(0.0, 10.0, "units:4:3"), 120.0 / eps, "sum units");
     let mean = |nb: &str| {
         let r = LaplaceMean::new(
@@ -1812,10 +1939,7 @@ fn laplace_scales_by_mode_and_cost() {
                 .unwrap(),
         )
         .unwrap();
-        (
-            r.sum_mech.unwrap().scale,
-            r.count_mech.map(|m| m.scale),
-        )
+        (r.sum_mech.unwrap().scale, r.count_mech.map(|m| m.scale))
     };
     // add_remove: Δ_s = 5 (half the range), ε/2 each.
     let (bs, bc) = mean("add_remove");
@@ -1826,11 +1950,19 @@ fn laplace_scales_by_mode_and_cost() {
     let (bs, bc) = mean("replace");
     let share = 4f64.cbrt() / (1.0 + 4f64.cbrt());
     close(bs, 10.0 / (eps * share), "mean sum replace");
-    close(bc.unwrap(), 1.0 / (eps * (1.0 - share)), "mean count replace");
+    close(
+        bc.unwrap(),
+        1.0 / (eps * (1.0 - share)),
+        "mean count replace",
+    );
     assert!(10.0 / bs + 1.0 / bc.unwrap() <= eps);
     let (bs, bc) = mean("replace_private_keys");
     close(bs, 10.0 / (eps * share), "mean sum private keys");
-    close(bc.unwrap(), 2.0 / (eps * (1.0 - share)), "mean count private keys");
+    close(
+        bc.unwrap(),
+        2.0 / (eps * (1.0 - share)),
+        "mean count private keys",
+    );
     let (bs, bc) = mean("units:2:3");
     close(bs, 30.0 / (eps / 2.0), "mean sum units");
     close(bc.unwrap(), 6.0 / (eps / 2.0), "mean count units");
@@ -1840,14 +1972,24 @@ fn laplace_scales_by_mode_and_cost() {
 
     let pure = vec![crate::privacy::Event::PureDp { epsilon: eps }];
     for (name, args) in [
-        ("dp_count", vec![f(eps), f(1e-6), s("laplace"), s("units:4:3")]),
+        (
+            "dp_count",
+            vec![f(eps), f(1e-6), s("laplace"), s("units:4:3")],
+        ),
         (
             "dp_sum",
             vec![f(0.0), f(1.0), f(eps), f(1e-6), s("laplace"), s("replace")],
         ),
         (
             "dp_mean",
-            vec![f(0.0), f(1.0), f(eps), f(1e-6), s("laplace"), s("replace_private_keys")],
+            vec![
+                f(0.0),
+                f(1.0),
+                f(eps),
+                f(1e-6),
+                s("laplace"),
+                s("replace_private_keys"),
+            ],
         ),
     ] {
         assert_eq!(dp_call_cost(name, &args).unwrap().unwrap(), pure, "{name}");
@@ -1869,11 +2011,18 @@ fn laplace_noise_matches_calibration() {
     let xs = draws(&mut acc, DRAWS_14);
     check_laplace_variance("dp_count laplace", &xs, 500.0, 2.0 * b * b + 1.0 / 12.0);
 
-    let p = SumParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("laplace"), s("units:4:3")])
-        .unwrap();
+    let p = SumParams::from_literals(&[
+        f(0.0),
+        f(10.0),
+        f(1.0),
+        f(1e-6),
+        s("laplace"),
+        s("units:4:3"),
+    ])
+    .unwrap();
     let rel = LaplaceSum::new(&p).unwrap();
     let b = rel.mech.unwrap().scale;
-    assert!(b >= 120.0 && b < 120.0 * (1.0 + 1e-5));
+    assert!((120.0..120.0 * (1.0 + 1e-5)).contains(&b));
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(202)).unwrap();
     let vals: Vec<Option<f64>> = (0..100).map(|i| Some(i as f64 * 0.1)).collect();
     acc.update_batch(&[col(&vals)]).unwrap();

@@ -25,7 +25,10 @@ pub const EXP_BITS: u32 = 60;
 
 /// Index j drawn with P(j) ∝ exp(−A·D_j/2^[`EXP_BITS`]) (module docs). `losses` non-empty.
 pub fn sample_exponential(rng: &mut SecureRng, losses: &[u128], a: u128) -> usize {
-    assert!(!losses.is_empty(), "the exponential mechanism needs a candidate");
+    assert!(
+        !losses.is_empty(),
+        "the exponential mechanism needs a candidate"
+    );
     let min = *losses.iter().min().expect("non-empty");
     let m = losses.len() as u128;
     loop {
