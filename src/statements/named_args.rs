@@ -227,16 +227,20 @@ mod tests {
     fn named_in_any_order_with_optional_skipped() {
         assert_eq!(
             rewrite("SELECT dp_mean(x, epsilon => 0.5, upper => 10, lower => 0) FROM t").unwrap(),
-            "SELECT dp_mean(x, 0, 10, 0.5, 1e-7) FROM t"
+            "SELECT dp_mean(x, 0, 10, 0.5, 1e-7, 'gaussian') FROM t"
         );
         assert_eq!(
             rewrite("SELECT DP_COUNT(value => x, epsilon => 1, delta => 1e-6) FROM t").unwrap(),
-            "SELECT DP_COUNT(x, 1, 1e-6) FROM t"
+            "SELECT DP_COUNT(x, 1, 1e-6, 'gaussian') FROM t"
+        );
+        assert_eq!(
+            rewrite("SELECT dp_sum(x, 0, 1, epsilon => 1, mechanism => 'laplace') FROM t").unwrap(),
+            "SELECT dp_sum(x, 0, 1, 1, 1e-7, 'laplace') FROM t"
         );
         // Inside expressions and subqueries too.
         assert_eq!(
             rewrite("SELECT 2 * dp_sum(x, 0, 1, 1.0) FROM t").unwrap(),
-            "SELECT 2 * dp_sum(x, 0, 1, 1.0, 1e-7) FROM t"
+            "SELECT 2 * dp_sum(x, 0, 1, 1.0, 1e-7, 'gaussian') FROM t"
         );
     }
 
