@@ -2,10 +2,10 @@
 //!
 //! | function | parameters after the data column (positional) | returns |
 //! |---|---|---|
-//! | `dp_count(value, …)` | epsilon, delta, neighbours | Int64 ≥ 0 |
+//! | `dp_count(value, …)` | epsilon, delta, mechanism, neighbours | Int64 ≥ 0 |
 //! | `dp_count_distinct(unit, …)` (unit-level tables) | epsilon, delta, neighbours | Int64 ≥ 0 |
-//! | `dp_sum(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 |
-//! | `dp_mean(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [lower, upper] |
+//! | `dp_sum(value, …)` | lower, upper, epsilon, delta, mechanism, neighbours | Float64 |
+//! | `dp_mean(value, …)` | lower, upper, epsilon, delta, mechanism, neighbours | Float64 in [lower, upper] |
 //! | `dp_variance(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)²/4] |
 //! | `dp_stddev(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)/2] |
 //! | `dp_quantile(value, …)` | lower, upper, q, epsilon, neighbours | Float64 in [lower, upper] |
@@ -14,6 +14,7 @@
 //! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
 //! | `rgm_mean_by(value, by, …)` | max_ratio, epsilon, delta, min_group_size, neighbours | List<Struct<group, mean, n>> |
 //!
+//! `mechanism` is `'gaussian'` (default) or `'laplace'` (pure ε-DP: [`laplace`]).
 //! Every parameter must be a literal. `delta` may be left out (default [`DEFAULT_DELTA`]) and so
 //! may `neighbours` (default `'add_remove'`); `neighbours` is set by the dpfusion session from the
 //! table's registration, never by users. Named arguments work when every parameter up to the last
