@@ -630,6 +630,27 @@ fn literal(e: &Expr) -> Option<ScalarValue> {
         Expr::Cast(c) => literal(&c.expr)?.cast_to(c.field.data_type()).ok(),
         Expr::TryCast(c) => literal(&c.expr)?.cast_to(c.field.data_type()).ok(),
         Expr::Negative(inner) => literal(inner)?.arithmetic_negate().ok(),
+        // A list of literal numbers, `[0.25, 0.5]` (`make_array`): dp_quantiles' `quantiles`.
+        Expr::ScalarFunction(f) if f.name() == "make_array" && !f.args.is_empty() => {
+            let items = f.args.iter().map(literal).collect::<Option<Vec<_>>>()?;
+            if !items
+                .iter()
+                .all(|v| v.data_type().is_numeric() && !v.is_null())
+            {
+                return None;
+            }
+            let items = items
+                .into_iter()
+                .map(|v| {
+                    v.cast_to(&datafusion::arrow::datatypes::DataType::Float64)
+                        .ok()
+                })
+                .collect::<Option<Vec<_>>>()?;
+            Some(ScalarValue::List(ScalarValue::new_list_nullable(
+                &items,
+                &datafusion::arrow::datatypes::DataType::Float64,
+            )))
+        }
         _ => None,
     }
 }
@@ -812,6 +833,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     let n_group = agg.group_expr.len();
     let mut new_aggr = Vec::with_capacity(agg.aggr_expr.len() + 1);
     let mut min_call: Option<(f64, f64)> = None;
+    let mut min_delta: Option<f64> = None;
     for (i, e) in agg.aggr_expr.iter().enumerate() {
         let f = aggregate_function(e).expect("checked above");
         let name = f.func.name().to_string();
@@ -878,12 +900,18 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         if min_call.map(|(e0, _)| eps < e0).unwrap_or(true) {
             min_call = Some((eps, delta));
         }
+        // Pure ε-DP calls (dp_quantile, dp_median, dp_quantiles) have no δ (NaN here).
+        if delta.is_finite() && min_delta.is_none_or(|d0| delta < d0) {
+            min_delta = Some(delta);
+        }
+        // A pure ε-DP call (mechanism 'laplace', the quantiles) spends no δ of its own.
+        let pure = events.iter().all(|e| matches!(e, Event::PureDp { .. }));
         cx.calls.push(DpCall {
             function: name.clone(),
             display: display_call(&name, &f.params.args[..data_args], &params),
             table: table.clone(),
             epsilon: eps,
-            delta,
+            delta: if pure { 0.0 } else { delta },
             events,
             bounds: bounds.as_ref().zip(how).map(|(b, h)| b.describe(h)),
         });
@@ -941,7 +969,17 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     }
     // 5. partition selection: keep a group only if its noisy count passes a threshold (on a
     //    unit-level table: its noisy count of distinct units, each unit in at most K groups).
-    let (eps, delta) = min_call.expect("at least one DP call");
+    // The smallest ε of the calls, and the smallest δ of the calls that have one: partition
+    // selection is a Gaussian count with a tail δ, which pure-DP calls cannot supply.
+    let (eps, _) = min_call.expect("at least one DP call");
+    let Some(delta) = min_delta else {
+        return Err(refuse(
+            "a GROUP BY on a private column needs partition selection (a noisy count per group, \
+             which costs a delta), but every DP call of this aggregate is pure epsilon-DP and \
+             has no delta (dp_quantile, dp_median, dp_quantiles): add a call that has one, e.g. \
+             dp_count(value, epsilon => 0.1, delta => 1e-7), or group by public columns only",
+        ));
+    };
     let sel_params = vec![
         ScalarValue::Float64(Some(eps)),
         ScalarValue::Float64(Some(delta)),
@@ -1060,6 +1098,11 @@ fn display_call(name: &str, data: &[Expr], params: &[ScalarValue]) -> String {
             }
         };
         match spec.get(data.len() + i) {
+            // The default mechanism is not shown (the call reads as it was written).
+            Some(p)
+                if matches!(name, "dp_count" | "dp_sum" | "dp_mean")
+                    && p.name == "mechanism"
+                    && value.eq_ignore_ascii_case("'gaussian'") => {}
             Some(p) => parts.push(format!("{} => {value}", p.name)),
             None => parts.push(value),
         }

@@ -128,7 +128,8 @@ pub fn contribution(
 ) -> Result<Contribution> {
     let unit = table.unit.as_ref().map(|u| u.column.as_str()).unwrap_or("");
     match name {
-        "dp_count" | "dp_mean" => Ok(Contribution::Rows),
+        "dp_count" | "dp_mean" | "dp_variance" | "dp_stddev" | "dp_quantile" | "dp_median"
+        | "dp_quantiles" => Ok(Contribution::Rows),
         "dp_sum" => Ok(Contribution::Total),
         "dp_linreg_gd" | "dp_logreg_agd" => Ok(Contribution::PerUnit),
         COUNT_DISTINCT => {

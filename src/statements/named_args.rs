@@ -227,16 +227,20 @@ mod tests {
     fn named_in_any_order_with_optional_skipped() {
         assert_eq!(
             rewrite("SELECT dp_mean(x, epsilon => 0.5, upper => 10, lower => 0) FROM t").unwrap(),
-            "SELECT dp_mean(x, 0, 10, 0.5, 1e-7) FROM t"
+            "SELECT dp_mean(x, 0, 10, 0.5, 1e-7, 'gaussian') FROM t"
         );
         assert_eq!(
             rewrite("SELECT DP_COUNT(value => x, epsilon => 1, delta => 1e-6) FROM t").unwrap(),
-            "SELECT DP_COUNT(x, 1, 1e-6) FROM t"
+            "SELECT DP_COUNT(x, 1, 1e-6, 'gaussian') FROM t"
+        );
+        assert_eq!(
+            rewrite("SELECT dp_sum(x, 0, 1, epsilon => 1, mechanism => 'laplace') FROM t").unwrap(),
+            "SELECT dp_sum(x, 0, 1, 1, 1e-7, 'laplace') FROM t"
         );
         // Inside expressions and subqueries too.
         assert_eq!(
             rewrite("SELECT 2 * dp_sum(x, 0, 1, 1.0) FROM t").unwrap(),
-            "SELECT 2 * dp_sum(x, 0, 1, 1.0, 1e-7) FROM t"
+            "SELECT 2 * dp_sum(x, 0, 1, 1.0, 1e-7, 'gaussian') FROM t"
         );
     }
 
@@ -248,8 +252,9 @@ mod tests {
         assert!(e.contains("no parameter named 'bogus'"), "{e}");
         let e = rewrite("SELECT dp_mean(x, 0, 10, 1, lower => 1) FROM t").unwrap_err();
         assert!(e.contains("'lower' is given more than once"), "{e}");
-        let e = rewrite("SELECT dp_mean(x, 0, 10, 1, 1e-6, 'replace') FROM t").unwrap_err();
-        assert!(e.contains("at most 5 arguments"), "{e}");
+        let e =
+            rewrite("SELECT dp_mean(x, 0, 10, 1, 1e-6, 'laplace', 'replace') FROM t").unwrap_err();
+        assert!(e.contains("at most 6 arguments"), "{e}");
         let e = rewrite("SELECT dp_mean(epsilon => 1, x) FROM t").unwrap_err();
         assert!(e.contains("positional arguments must come before"), "{e}");
     }

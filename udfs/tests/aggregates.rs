@@ -161,10 +161,10 @@ mod aggregates_sql {
         for sql in [
             format!("SELECT dp_sum(x, 0, 10, {EPS}) FROM t"),
             format!("SELECT dp_sum(x, 0, 10, {EPS}, {DELTA}) FROM t"),
-            format!("SELECT dp_sum(x, 0, 10, {EPS}, {DELTA}, 'add_remove') FROM t"),
+            format!("SELECT dp_sum(x, 0, 10, {EPS}, {DELTA}, 'gaussian', 'add_remove') FROM t"),
             format!(
                 "SELECT dp_sum(value => x, lower => 0, upper => 10, epsilon => {EPS}, delta => {DELTA}, \
-                 neighbours => 'add_remove') FROM t"
+                 mechanism => 'gaussian', neighbours => 'add_remove') FROM t"
             ),
             format!("SELECT dp_sum(x, epsilon => {EPS}, upper => 10, lower => 0) FROM t"),
             format!("SELECT dp_sum(x, 0, 10, epsilon => {EPS}, delta => {DELTA}) FROM t"),
@@ -246,7 +246,7 @@ mod aggregates_sql {
         near("b filtered", s.value(1), 12.0, tol(10.0));
         // replace_public_n imputes NULL/NaN with the midpoint and divides by the rows after FILTER
         let sql = format!(
-            "SELECT dp_mean(x, 0, 10, {EPS}, {DELTA}, 'replace_public_n') FILTER (WHERE g = 'b') FROM t"
+            "SELECT dp_mean(x, 0, 10, {EPS}, {DELTA}, 'gaussian', 'replace_public_n') FILTER (WHERE g = 'b') FROM t"
         );
         // b: 2, NaN→5, +∞→10, −∞→0: 17/4
         near("public n", one(&ctx, &sql).await, 4.25, tol(10.0) / 4.0);
@@ -343,7 +343,7 @@ mod aggregates_sql {
             &ctx,
             &format!(
                 "SELECT dp_sum(x, 0, 10, {EPS}), dp_count(x, {EPS}), dp_mean(x, 0, 10, {EPS}), \
-                 dp_mean(x, 0, 10, {EPS}, {DELTA}, 'replace_public_n') FROM empty"
+                 dp_mean(x, 0, 10, {EPS}, {DELTA}, 'gaussian', 'replace_public_n') FROM empty"
             ),
         )
         .await;
@@ -366,7 +366,7 @@ mod aggregates_sql {
             &ctx,
             &format!(
                 "SELECT dp_sum(x, 0, 10, {EPS}), dp_count(x, {EPS}), dp_mean(x, 0, 10, {EPS}), \
-                 dp_mean(x, 0, 10, {EPS}, {DELTA}, 'replace_public_n') FROM nulls"
+                 dp_mean(x, 0, 10, {EPS}, {DELTA}, 'gaussian', 'replace_public_n') FROM nulls"
             ),
         )
         .await;
@@ -427,15 +427,19 @@ mod aggregates_sql {
             ),
             (
                 "SELECT dp_count(x, 1.0, 1e-6, 5) FROM t",
+                "dp_count: `mechanism` must be a string literal",
+            ),
+            (
+                "SELECT dp_count(x, 1.0, 1e-6, 'laplace', 5) FROM t",
                 "dp_count: `neighbours` must be a string literal",
             ),
             (
                 "SELECT dp_sum(x, 0, 10) FROM t",
-                "dp_sum takes 4 to 6 arguments: dp_sum(value, lower, upper, epsilon[, delta][, neighbours]), got 3",
+                "dp_sum takes 4 to 7 arguments: dp_sum(value, lower, upper, epsilon[, delta][, mechanism][, neighbours]), got 3",
             ),
             (
                 "SELECT dp_count(x) FROM t",
-                "dp_count takes 2 to 4 arguments",
+                "dp_count takes 2 to 5 arguments",
             ),
             (
                 "SELECT dp_partition_select(x, 1.0, 1e-6, 'replace', 1) FROM t",
@@ -483,8 +487,13 @@ mod aggregates_sql {
                 "invalid argument 'delta'",
             ),
             (
-                "SELECT g, dp_mean(x, 0, 10, 1.0, 1e-6, 'bogus') FROM t GROUP BY g",
+                "SELECT g, dp_mean(x, 0, 10, 1.0, 1e-6, 'gaussian', 'bogus') FROM t GROUP BY g",
                 "invalid argument 'neighbours'",
+            ),
+            (
+                "SELECT g, dp_mean(x, 0, 10, 1.0, 1e-6, 'uniform') FROM t GROUP BY g",
+                "invalid argument 'mechanism': got 'uniform', expected 'gaussian' (the default) \
+                 or 'laplace'",
             ),
             (
                 "SELECT dp_sum(x, 0, CAST('inf' AS DOUBLE), 1.0) FROM t",

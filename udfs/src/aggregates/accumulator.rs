@@ -9,6 +9,8 @@
 //!
 //! State layout (fields in this order, each present when the function's [`Shape`] says so):
 //! - `sum`: `Decimal128(38, 0)`, the sum of fixed-point integers (see [`super::exact`]);
+//! - `sum_sq`: `Decimal128(38, 0)`, the sum of the squared centred integers on their own grid
+//!   ([`super::exact::SquareGrid`]; `dp_variance`, `dp_stddev`);
 //! - `count`: `Int64`, the number of non-NULL, non-NaN values;
 //! - `rows`: `Int64`, the number of rows that reached the aggregate (after its FILTER).
 use std::fmt::Debug;
@@ -25,7 +27,7 @@ use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{Accumulator, EmitTo, GroupsAccumulator};
 
-use super::exact::FixedPoint;
+use super::exact::{FixedPoint, SquareGrid};
 use crate::noise::SecureRng;
 
 /// Precision and scale of the `sum` state field.
@@ -35,6 +37,8 @@ const SUM_PRECISION: u8 = 38;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
     pub sum: bool,
+    /// The sum of squared centred values ([`SquareGrid`]); needs `sum`'s grid.
+    pub sum_sq: bool,
     pub count: bool,
     pub rows: bool,
 }
@@ -42,10 +46,17 @@ pub(crate) struct Shape {
 impl Shape {
     /// The state fields, named with `format_state_name`.
     pub fn state_fields(&self, name: &str) -> Vec<FieldRef> {
-        let mut f = Vec::with_capacity(3);
+        let mut f = Vec::with_capacity(4);
         if self.sum {
             f.push(Arc::new(Field::new(
                 format_state_name(name, "sum"),
+                DataType::Decimal128(SUM_PRECISION, 0),
+                true,
+            )));
+        }
+        if self.sum_sq {
+            f.push(Arc::new(Field::new(
+                format_state_name(name, "sum_sq"),
                 DataType::Decimal128(SUM_PRECISION, 0),
                 true,
             )));
@@ -73,6 +84,8 @@ impl Shape {
 pub struct Partial {
     /// Sum of fixed-point integers x = round(clamp(v)/q).
     pub sum: i128,
+    /// Sum of the squared centred integers s = round((2x − lo − hi)²/2^shift) ([`SquareGrid`]).
+    pub sum_sq: i128,
     /// Number of non-NULL, non-NaN values.
     pub count: i64,
     /// Number of rows (after the FILTER clause), NULLs included.
@@ -84,6 +97,10 @@ pub(crate) trait Finalise: Debug + Send + Sync {
     fn shape(&self) -> Shape;
     /// The fixed-point grid of the `sum` field (required when `shape().sum`).
     fn fixed_point(&self) -> Option<FixedPoint>;
+    /// The grid of the `sum_sq` field (required when `shape().sum_sq`).
+    fn square_grid(&self) -> Option<SquareGrid> {
+        None
+    }
     /// One release per partial, in order, as an array of the function's return type.
     fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef>;
 }
@@ -171,7 +188,9 @@ pub(crate) struct DpGroups {
     fin: Arc<dyn Finalise>,
     shape: Shape,
     fp: Option<FixedPoint>,
+    sq: Option<SquareGrid>,
     sums: Vec<i128>,
+    sums_sq: Vec<i128>,
     counts: Vec<i64>,
     rows: Vec<i64>,
     insecure_seed: Option<u64>,
@@ -182,16 +201,24 @@ impl DpGroups {
     pub fn new(fin: Arc<dyn Finalise>, insecure_seed: Option<u64>) -> Result<Self> {
         let shape = fin.shape();
         let fp = fin.fixed_point();
-        if shape.sum && fp.is_none() {
+        let sq = fin.square_grid();
+        if (shape.sum || shape.sum_sq) && fp.is_none() {
             return Err(DataFusionError::Internal(
                 "sum state without a fixed-point grid".into(),
+            ));
+        }
+        if shape.sum_sq && sq.is_none() {
+            return Err(DataFusionError::Internal(
+                "sum_sq state without a square grid".into(),
             ));
         }
         Ok(Self {
             fin,
             shape,
             fp,
+            sq,
             sums: vec![],
+            sums_sq: vec![],
             counts: vec![],
             rows: vec![],
             insecure_seed,
@@ -202,6 +229,9 @@ impl DpGroups {
     fn resize(&mut self, n: usize) {
         if self.shape.sum && self.sums.len() < n {
             self.sums.resize(n, 0);
+        }
+        if self.shape.sum_sq && self.sums_sq.len() < n {
+            self.sums_sq.resize(n, 0);
         }
         if self.shape.count && self.counts.len() < n {
             self.counts.resize(n, 0);
@@ -223,6 +253,7 @@ impl DpGroups {
     fn partial(&self, g: usize) -> Partial {
         Partial {
             sum: self.sums.get(g).copied().unwrap_or(0),
+            sum_sq: self.sums_sq.get(g).copied().unwrap_or(0),
             count: self.counts.get(g).copied().unwrap_or(0),
             rows: self.rows.get(g).copied().unwrap_or(0),
         }
@@ -236,7 +267,7 @@ impl DpGroups {
         opt_filter: Option<&BooleanArray>,
     ) -> (Option<BooleanBuffer>, Option<BooleanBuffer>) {
         let filter = filter_selection(opt_filter);
-        if !(self.shape.sum || self.shape.count) {
+        if !(self.shape.sum || self.shape.sum_sq || self.shape.count) {
             return (None, filter);
         }
         let valid = and(
@@ -251,9 +282,12 @@ impl DpGroups {
 
     /// The exact state of one partial, as scalars in the state-field order.
     fn scalars(&self, p: Partial) -> Vec<ScalarValue> {
-        let mut out = Vec::with_capacity(3);
+        let mut out = Vec::with_capacity(4);
         if self.shape.sum {
             out.push(ScalarValue::Decimal128(Some(p.sum), SUM_PRECISION, 0));
+        }
+        if self.shape.sum_sq {
+            out.push(ScalarValue::Decimal128(Some(p.sum_sq), SUM_PRECISION, 0));
         }
         if self.shape.count {
             out.push(ScalarValue::Int64(Some(p.count)));
@@ -266,7 +300,7 @@ impl DpGroups {
 
     fn memory(&self) -> usize {
         size_of::<Self>()
-            + self.sums.capacity() * size_of::<i128>()
+            + (self.sums.capacity() + self.sums_sq.capacity()) * size_of::<i128>()
             + (self.counts.capacity() + self.rows.capacity()) * size_of::<i64>()
     }
 }
@@ -296,6 +330,18 @@ impl GroupsAccumulator for DpGroups {
                 sums[g] = sums[g].saturating_add(fp.quantise(v[i]) as i128);
             });
         }
+        if self.shape.sum_sq {
+            let (fp, sq) = (
+                self.fp.expect("checked in new"),
+                self.sq.expect("checked in new"),
+            );
+            let v = as_f64(arr)?.values();
+            let sums_sq = &mut self.sums_sq;
+            for_each_selected(n, &valid, |i| {
+                let g = group_indices[i];
+                sums_sq[g] = sums_sq[g].saturating_add(sq.square(fp.quantise(v[i])) as i128);
+            });
+        }
         if self.shape.count {
             let counts = &mut self.counts;
             for_each_selected(n, &valid, |i| counts[group_indices[i]] += 1);
@@ -311,15 +357,19 @@ impl GroupsAccumulator for DpGroups {
     ) -> Result<()> {
         self.resize(total_num_groups);
         let mut k = 0;
-        if self.shape.sum {
-            let s = state_i128(&values[k])?;
-            let sums = &mut self.sums;
-            for (i, &g) in group_indices.iter().enumerate() {
-                if s.is_valid(i) {
-                    sums[g] = sums[g].saturating_add(s.value(i));
+        for (keep, vec) in [
+            (self.shape.sum, &mut self.sums),
+            (self.shape.sum_sq, &mut self.sums_sq),
+        ] {
+            if keep {
+                let s = state_i128(&values[k])?;
+                for (i, &g) in group_indices.iter().enumerate() {
+                    if s.is_valid(i) {
+                        vec[g] = vec[g].saturating_add(s.value(i));
+                    }
                 }
+                k += 1;
             }
-            k += 1;
         }
         for (keep, vec) in [
             (self.shape.count, &mut self.counts),
@@ -340,12 +390,22 @@ impl GroupsAccumulator for DpGroups {
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
         let n = match emit_to {
-            EmitTo::All => self.sums.len().max(self.counts.len()).max(self.rows.len()),
+            EmitTo::All => self
+                .sums
+                .len()
+                .max(self.sums_sq.len())
+                .max(self.counts.len())
+                .max(self.rows.len()),
             EmitTo::First(n) => n,
         };
         self.resize(n);
         let sums = if self.shape.sum {
             emit_to.take_needed(&mut self.sums)
+        } else {
+            vec![]
+        };
+        let sums_sq = if self.shape.sum_sq {
+            emit_to.take_needed(&mut self.sums_sq)
         } else {
             vec![]
         };
@@ -362,6 +422,7 @@ impl GroupsAccumulator for DpGroups {
         let partials: Vec<Partial> = (0..n)
             .map(|g| Partial {
                 sum: sums.get(g).copied().unwrap_or(0),
+                sum_sq: sums_sq.get(g).copied().unwrap_or(0),
                 count: counts.get(g).copied().unwrap_or(0),
                 rows: rows.get(g).copied().unwrap_or(0),
             })
@@ -371,9 +432,12 @@ impl GroupsAccumulator for DpGroups {
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
-        let mut out: Vec<ArrayRef> = Vec::with_capacity(3);
+        let mut out: Vec<ArrayRef> = Vec::with_capacity(4);
         if self.shape.sum {
             out.push(sum_array(emit_to.take_needed(&mut self.sums))?);
+        }
+        if self.shape.sum_sq {
+            out.push(sum_array(emit_to.take_needed(&mut self.sums_sq))?);
         }
         if self.shape.count {
             out.push(Arc::new(Int64Array::from(
@@ -397,7 +461,7 @@ impl GroupsAccumulator for DpGroups {
         let n = arr.len();
         let (valid, filter) = self.selections(arr, opt_filter);
         let is = |sel: &Option<BooleanBuffer>, i: usize| sel.as_ref().is_none_or(|s| s.value(i));
-        let mut out: Vec<ArrayRef> = Vec::with_capacity(3);
+        let mut out: Vec<ArrayRef> = Vec::with_capacity(4);
         if self.shape.sum {
             let fp = self.fp.expect("checked in new");
             let v = as_f64(arr)?.values();
@@ -405,6 +469,23 @@ impl GroupsAccumulator for DpGroups {
                 .map(|i| {
                     if is(&valid, i) {
                         fp.quantise(v[i]) as i128
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            out.push(sum_array(sums)?);
+        }
+        if self.shape.sum_sq {
+            let (fp, sq) = (
+                self.fp.expect("checked in new"),
+                self.sq.expect("checked in new"),
+            );
+            let v = as_f64(arr)?.values();
+            let sums = (0..n)
+                .map(|i| {
+                    if is(&valid, i) {
+                        sq.square(fp.quantise(v[i])) as i128
                     } else {
                         0
                     }
@@ -473,7 +554,7 @@ impl Accumulator for DpAccumulator {
         if g.shape.rows {
             g.rows[0] += n as i64;
         }
-        if g.shape.sum && arr.logical_null_count() == 0 {
+        if g.shape.sum && !g.shape.sum_sq && arr.logical_null_count() == 0 {
             let fp = g.fp.expect("checked in new");
             let (s, nans) = fp.sum_quantised(as_f64(arr)?.values());
             if nans == 0 {
@@ -496,6 +577,19 @@ impl Accumulator for DpAccumulator {
                     .fold(0i128, i128::saturating_add),
             };
             g.sums[0] = g.sums[0].saturating_add(s);
+        }
+        if g.shape.sum_sq {
+            let (fp, sq) = (g.fp.expect("checked in new"), g.sq.expect("checked in new"));
+            let v = as_f64(arr)?.values();
+            let square = |i: usize| sq.square(fp.quantise(v[i])) as i128;
+            let s = match &valid {
+                None => (0..n).map(square).fold(0i128, i128::saturating_add),
+                Some(sel) => sel
+                    .set_indices()
+                    .map(square)
+                    .fold(0i128, i128::saturating_add),
+            };
+            g.sums_sq[0] = g.sums_sq[0].saturating_add(s);
         }
         if g.shape.count {
             g.counts[0] += valid.as_ref().map_or(n, |sel| sel.count_set_bits()) as i64;

@@ -92,6 +92,19 @@ pub(crate) fn coerce_param(function: &str, name: &str, t: &DataType) -> Result<D
             }
             t => return plan_err!("{function}: `{name}` must be a string literal, got {t}"),
         },
+        "quantiles" => match t {
+            DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _)
+                if is_number(f.data_type()) =>
+            {
+                t.clone()
+            }
+            t => {
+                return plan_err!(
+                    "{function}: `quantiles` must be a list of numbers in [0, 1] \
+                     ([0.25, 0.5, 0.75]), got {t}"
+                );
+            }
+        },
         "fit_intercept" => match t {
             DataType::Boolean | DataType::Null => DataType::Boolean,
             t if is_number(t) => DataType::Float64,

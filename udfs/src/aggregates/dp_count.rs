@@ -26,7 +26,8 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::exact::{FixedPoint, release_exact};
-use super::params::{CountParams, SQRT_2_UP, representable};
+use super::laplace::LaplaceCount;
+use super::params::{CountParams, Mechanism, SQRT_2_UP, representable};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
 use crate::privacy::{PrivacyError, gaussian_mu};
@@ -51,13 +52,16 @@ static SPEC: Spec = Spec {
     returns: DataType::Int64,
     shape: Shape {
         sum: false,
+        sum_sq: false,
         count: true,
         rows: false,
     },
     release: |lits| {
-        Ok(Arc::new(CountRelease::new(&CountParams::from_literals(
-            lits,
-        )?)?))
+        let p = CountParams::from_literals(lits)?;
+        Ok(match p.mechanism {
+            Mechanism::Laplace => Arc::new(LaplaceCount::new(&p)?),
+            Mechanism::Gaussian => Arc::new(CountRelease::new(&p)?),
+        })
     },
     description: "Differentially private count of the non-NULL values of `value` (NaN counts as \
          NULL). The exact count is released once with discrete Gaussian noise of sensitivity 1 (√2 \

@@ -29,10 +29,10 @@ use crate::privacy::{Event, PrivacyError};
 pub struct CountDistinctParams(pub CountParams);
 
 impl CountDistinctParams {
-    pub const NAMES: [&'static str; 3] = CountParams::NAMES;
+    pub const NAMES: [&'static str; 3] = ["epsilon", "delta", "neighbours"];
 
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        let p = CountParams::from_literals(args)?;
+        let p = CountParams::gaussian_from_literals(args)?;
         if !p.neighbours.is_units() {
             return Err(PrivacyError::invalid(
                 "unit",
@@ -69,6 +69,7 @@ static SPEC: Spec = Spec {
     returns: DataType::Int64,
     shape: Shape {
         sum: false,
+        sum_sq: false,
         count: true,
         rows: false,
     },

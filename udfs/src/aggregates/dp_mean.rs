@@ -61,7 +61,8 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::exact::{FixedPoint, pow2, release_exact};
-use super::params::{MeanParams, Neighbours, representable};
+use super::laplace::LaplaceMean;
+use super::params::{MeanParams, Mechanism, Neighbours, representable};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
 use crate::privacy::{PrivacyError, gaussian_mu};
@@ -86,13 +87,16 @@ static SPEC: Spec = Spec {
     returns: DataType::Float64,
     shape: Shape {
         sum: true,
+        sum_sq: false,
         count: true,
         rows: true,
     },
     release: |lits| {
-        Ok(Arc::new(MeanRelease::new(&MeanParams::from_literals(
-            lits,
-        )?)?))
+        let p = MeanParams::from_literals(lits)?;
+        Ok(match p.mechanism {
+            Mechanism::Laplace => Arc::new(LaplaceMean::new(&p)?),
+            Mechanism::Gaussian => Arc::new(MeanRelease::new(&p)?),
+        })
     },
     description: "Differentially private mean of the values clamped to [lower, upper]; the result \
          is always within [lower, upper]. Under add/remove (default) and replace neighbours: a \

@@ -33,7 +33,8 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::exact::{FixedPoint, release_exact};
-use super::params::{Neighbours, SQRT_2_UP, SumParams, representable};
+use super::laplace::LaplaceSum;
+use super::params::{Mechanism, Neighbours, SQRT_2_UP, SumParams, representable};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
 use crate::privacy::{PrivacyError, gaussian_mu};
@@ -58,10 +59,17 @@ static SPEC: Spec = Spec {
     returns: DataType::Float64,
     shape: Shape {
         sum: true,
+        sum_sq: false,
         count: false,
         rows: false,
     },
-    release: |lits| Ok(Arc::new(SumRelease::new(&SumParams::from_literals(lits)?)?)),
+    release: |lits| {
+        let p = SumParams::from_literals(lits)?;
+        Ok(match p.mechanism {
+            Mechanism::Laplace => Arc::new(LaplaceSum::new(&p)?),
+            Mechanism::Gaussian => Arc::new(SumRelease::new(&p)?),
+        })
+    },
     description: "Differentially private sum. Each non-NULL, non-NaN value is clamped to [lower, \
          upper] (±infinity included) and mapped to a fixed-point integer on a power-of-two grid, \
          so the exact sum does not depend on row order or partitioning. The sum is released once \

@@ -44,7 +44,7 @@
 //! the noise.
 use datafusion::common::{DataFusionError, Result};
 
-use crate::mechanisms::GaussianMechanism;
+use crate::mechanisms::{GaussianMechanism, LaplaceMechanism};
 use crate::noise::SecureRng;
 
 /// Bits of fixed-point resolution below the bound: B/q ≤ 2^40.
@@ -192,6 +192,63 @@ impl FixedPoint {
     }
 }
 
+/// Bits of resolution of the squared grid: every per-row square is at most 2^40 (+1) units.
+pub const SQUARE_BITS: u32 = 40;
+
+/// The fixed-point grid of squared centred values (`dp_variance`, `dp_stddev`).
+///
+/// A value's fixed-point integer x ∈ [lo, hi] ([`FixedPoint`]) is centred in half-units:
+/// y = 2x − (lo + hi), so |y| ≤ hi − lo ≤ w = [`FixedPoint::width`] ≤ 2^41 (exact `i64`). Its
+/// square y² ≤ 2^82 is exact in `i128`, and is stored as s = round(y²/2^shift) (to nearest, ties
+/// up: (y² + 2^(shift−1)) >> shift) with shift = max(0, 2·⌈log2 w⌉ − 40), so that
+/// 0 ≤ s ≤ [`SquareGrid::max`] ≤ 2^40 + 1. Every step is monotone in |y|, so s ∈ [0, max]
+/// exactly, and one row changes the sum of the s by at most `max`, whatever the other rows.
+///
+/// Overflow bound: a sum of k rows is at most k·(2^40 + 1) < 2^105 for k < 2^64 (DataFusion
+/// counts rows in `usize`), far below i128::MAX ≈ 2^127; the accumulator's saturating additions
+/// therefore never saturate. One unit of s is 2^shift·(q/2)² in the value's squared units; the
+/// relative resolution of a square is 2^−40 of the largest one, (upper − lower)².
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SquareGrid {
+    /// lo + hi: the centre in half-units is (lo + hi)/2·q, i.e. y = 2x − mid.
+    pub mid: i64,
+    /// s = round(y²/2^shift).
+    pub shift: u32,
+    /// The largest s: round(w²/2^shift).
+    pub max: i64,
+}
+
+impl SquareGrid {
+    pub fn new(fp: &FixedPoint) -> Self {
+        let w = fp.width().max(0) as u128;
+        let bits = 128 - w.saturating_sub(1).leading_zeros(); // ⌈log2 w⌉ for w ≥ 1 (0 for w ≤ 1)
+        let shift = (2 * bits).saturating_sub(SQUARE_BITS);
+        let mut g = SquareGrid {
+            mid: fp.lo + fp.hi,
+            shift,
+            max: 0,
+        };
+        g.max = g.round(w * w);
+        g
+    }
+
+    fn round(&self, y2: u128) -> i64 {
+        let s = if self.shift == 0 {
+            y2
+        } else {
+            (y2 + (1u128 << (self.shift - 1))) >> self.shift
+        };
+        s as i64
+    }
+
+    /// s for the fixed-point integer x (x in [lo, hi], as [`FixedPoint::quantise`] returns).
+    #[inline]
+    pub fn square(&self, x: i64) -> i64 {
+        let y = 2 * x as i128 - self.mid as i128;
+        self.round(y.unsigned_abs() * y.unsigned_abs())
+    }
+}
+
 /// round(u · 2^s) to the nearest integer (ties away from zero), saturating.
 fn scale_round(u: i128, s: i32) -> i128 {
     if s >= 0 {
@@ -226,17 +283,33 @@ pub fn release_exact(
     let noise = mech
         .release(rng, 0.0)
         .map_err(|e| DataFusionError::Internal(e.to_string()))?;
-    let Some(g_exp) = exact_log2(mech.granularity) else {
+    add_grid_noise(noise, mech.granularity, units, unit_exp)
+}
+
+/// The Laplace mechanism's release of the exact value u·2^unit_exp, as [`release_exact`]: the
+/// discrete Laplace noise g·Y is drawn alone, the exact integer is rounded to the grid g in
+/// integers, and the sum R·g is converted to `f64` once (rounding to the grid moves two
+/// neighbours' difference by at most g: the slack in the mechanism's scale).
+pub fn release_exact_laplace(
+    mech: &LaplaceMechanism,
+    rng: &mut SecureRng,
+    units: i128,
+    unit_exp: i32,
+) -> Result<f64> {
+    add_grid_noise(mech.noise(rng), mech.granularity, units, unit_exp)
+}
+
+/// round_g(u·2^unit_exp) + noise, for noise = g·Y on the power-of-two grid g, in integers.
+fn add_grid_noise(noise: f64, granularity: f64, units: i128, unit_exp: i32) -> Result<f64> {
+    let Some(g_exp) = exact_log2(granularity) else {
         return Err(DataFusionError::Internal(format!(
-            "Gaussian mechanism grid {} is not a power of two",
-            mech.granularity
+            "noise grid {granularity} is not a power of two"
         )));
     };
-    let y = noise / mech.granularity; // exact: noise = g·Y
+    let y = noise / granularity; // exact: noise = g·Y
     if !(y.is_finite() && y.fract() == 0.0) {
         return Err(DataFusionError::Internal(format!(
-            "Gaussian noise {noise} is not on its grid {}",
-            mech.granularity
+            "noise {noise} is not on its grid {granularity}"
         )));
     }
     let total = scale_round(units, unit_exp - g_exp).saturating_add(y as i128);

@@ -2,13 +2,19 @@
 //!
 //! | function | parameters after the data column (positional) | returns |
 //! |---|---|---|
-//! | `dp_count(value, …)` | epsilon, delta, neighbours | Int64 ≥ 0 |
+//! | `dp_count(value, …)` | epsilon, delta, mechanism, neighbours | Int64 ≥ 0 |
 //! | `dp_count_distinct(unit, …)` (unit-level tables) | epsilon, delta, neighbours | Int64 ≥ 0 |
-//! | `dp_sum(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 |
-//! | `dp_mean(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [lower, upper] |
+//! | `dp_sum(value, …)` | lower, upper, epsilon, delta, mechanism, neighbours | Float64 |
+//! | `dp_mean(value, …)` | lower, upper, epsilon, delta, mechanism, neighbours | Float64 in [lower, upper] |
+//! | `dp_variance(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)²/4] |
+//! | `dp_stddev(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)/2] |
+//! | `dp_quantile(value, …)` | lower, upper, q, epsilon, neighbours | Float64 in [lower, upper] |
+//! | `dp_median(value, …)` | lower, upper, epsilon, neighbours | Float64 in [lower, upper] |
+//! | `dp_quantiles(value, …)` | lower, upper, quantiles (a list), epsilon, neighbours | List<Float64> |
 //! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
 //! | `rgm_mean_by(value, by, …)` | max_ratio, epsilon, delta, min_group_size, neighbours | List<Struct<group, mean, n>> |
 //!
+//! `mechanism` is `'gaussian'` (default) or `'laplace'` (pure ε-DP: [`laplace`]).
 //! Every parameter must be a literal. `delta` may be left out (default [`DEFAULT_DELTA`]) and so
 //! may `neighbours` (default `'add_remove'`); `neighbours` is set by the dpfusion session from the
 //! table's registration, never by users. Named arguments work when every parameter up to the last
@@ -34,8 +40,11 @@ pub mod dp_count_distinct;
 pub mod dp_linreg_gd;
 pub mod dp_logreg_agd;
 pub mod dp_mean;
+pub mod dp_quantile;
 pub mod dp_sum;
+pub mod dp_variance;
 pub mod exact;
+pub mod laplace;
 pub mod params;
 pub mod partition_select;
 pub mod registry;
@@ -47,9 +56,16 @@ pub use dp_count_distinct::{CountDistinctParams, DpCountDistinct, dp_count_disti
 pub use dp_linreg_gd::{DpLinregGd, LinregParams, dp_linreg_gd_udaf};
 pub use dp_logreg_agd::{AgdParams, DpLogregAgd, dp_logreg_agd_udaf};
 pub use dp_mean::{DpMean, dp_mean_udaf};
+pub use dp_quantile::{
+    DpQuantileUdaf, QuantileKind, QuantileParams, dp_median_udaf, dp_quantile_udaf,
+    dp_quantiles_udaf,
+};
 pub use dp_sum::{DpSum, dp_sum_udaf};
+pub use dp_variance::{
+    DpStddev, DpVariance, StddevParams, VarianceParams, dp_stddev_udaf, dp_variance_udaf,
+};
 pub use params::{
-    CountParams, DEFAULT_DELTA, MeanParams, Neighbours, PartitionSelectParams, SumParams,
+    CountParams, DEFAULT_DELTA, MeanParams, Mechanism, Neighbours, PartitionSelectParams, SumParams,
 };
 pub use partition_select::{DpPartitionSelect, dp_partition_select_udaf};
 pub use rgm_mean_by::{RgmMeanBy, RgmMeanParams, rgm_mean_by_udaf};

@@ -22,6 +22,47 @@ use crate::privacy::{Event, PrivacyError, gaussian_mu};
 /// dpfusion session the session setting `dpfusion.default_delta` is filled in instead.)
 pub const DEFAULT_DELTA: f64 = 1e-7;
 
+/// The noise of `dp_count`, `dp_sum` and `dp_mean` (`mechanism => 'gaussian' | 'laplace'`).
+///
+/// `'gaussian'` (the default): (ε, δ)-DP through one μ-GDP release; its noise composes well over
+/// many releases (privacy loss grows with √k). `'laplace'`: pure ε-DP (δ = 0) with the exact
+/// discrete Laplace; for a few releases at small ε its noise is smaller (Laplace's standard
+/// deviation √2·Δ₁/ε against the Gaussian's Δ₂·√(2 ln(1.25/δ))/ε-order σ). See
+/// [`super::laplace`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mechanism {
+    #[default]
+    Gaussian,
+    Laplace,
+}
+
+impl Mechanism {
+    pub const ACCEPTED: &'static str = "'gaussian' (the default) or 'laplace'";
+
+    fn at(args: &[ScalarValue], i: usize) -> Result<Self, PrivacyError> {
+        match text(args, i, "mechanism", Self::ACCEPTED)? {
+            None => Ok(Mechanism::Gaussian),
+            Some(s) if s.eq_ignore_ascii_case("gaussian") => Ok(Mechanism::Gaussian),
+            Some(s) if s.eq_ignore_ascii_case("laplace") => Ok(Mechanism::Laplace),
+            Some(s) => Err(PrivacyError::invalid(
+                "mechanism",
+                format!("'{s}'"),
+                Self::ACCEPTED,
+            )),
+        }
+    }
+}
+
+/// The cost of a Laplace call: pure ε-DP, charged as `Event::PureDp { ε }` (Bun and Steinke
+/// 2016, Prop. 1.4: RDP ≤ min(ε, αε²/2)), valid for any ε-DP mechanism. Not `Event::Laplace`:
+/// its curve is Mironov's for the continuous Laplace, and the discrete Laplace released here
+/// (sensitivity a whole number of grid steps) can exceed it at some orders (with a sensitivity of
+/// one step its privacy loss is ±ε only, randomized response's); under the zcdp filter both
+/// charge ε²/2.
+fn laplace_cost(epsilon: f64) -> Vec<Event> {
+    vec![Event::PureDp { epsilon }]
+}
+
 /// The neighbour relation a call is calibrated for. Set by the session from the table's
 /// registration (`dp.neighbours`) and the plan, never typed by users; the SQL argument is the
 /// hidden trailing `neighbours` string.
@@ -129,6 +170,21 @@ impl Neighbours {
     pub fn calibration_mu(self, mu: f64) -> f64 {
         let f = self.unit_factor();
         if f == 1.0 { mu } else { (mu / f).next_down() }
+    }
+
+    /// The factor by which the **L1** sensitivity (pure ε-DP mechanisms: Laplace, the
+    /// exponential mechanism) of a call's vector of per-group statistics grows over the one-row
+    /// `add_remove` bound: K·C under `units:K:C` (a unit changes each of at most K groups by at
+    /// most C times the one-row change, and L1 norms add: Σ over K groups of C·Δ = K·C·Δ; Wilson
+    /// et al. 2020, §3, Laplace: Δ₁ = L0·L∞), 2 under `replace_private_keys` (a row leaving
+    /// group a and joining group b changes two groups by at most Δ each: L1 ≤ 2Δ, where L2 gives
+    /// √2Δ), 1 otherwise. Exact (an integer ≤ 10^12, exact in `f64`).
+    pub fn pure_factor(self) -> f64 {
+        match self {
+            Neighbours::Units { groups, rows } => groups as f64 * rows as f64,
+            Neighbours::ReplacePrivateKeys => 2.0,
+            _ => 1.0,
+        }
     }
 
     /// The number of groups one unit may reach (K under `units:K:C`, 1 otherwise).
@@ -250,7 +306,7 @@ pub(crate) fn representable<T>(
 }
 
 /// Fails when more parameters are given than the function has.
-fn check_count(args: &[ScalarValue], names: &[&str]) -> Result<(), PrivacyError> {
+pub(crate) fn check_count(args: &[ScalarValue], names: &[&str]) -> Result<(), PrivacyError> {
     if args.len() > names.len() {
         return Err(PrivacyError::invalid(
             "arguments",
@@ -359,7 +415,7 @@ pub(crate) fn delta_at(args: &[ScalarValue], i: usize) -> Result<f64, PrivacyErr
     check_delta("delta", number(args, i, "delta")?.unwrap_or(DEFAULT_DELTA))
 }
 
-fn neighbours_at(args: &[ScalarValue], i: usize) -> Result<Neighbours, PrivacyError> {
+pub(crate) fn neighbours_at(args: &[ScalarValue], i: usize) -> Result<Neighbours, PrivacyError> {
     match args.get(i) {
         None => Ok(Neighbours::default()),
         Some(
@@ -376,7 +432,7 @@ fn neighbours_at(args: &[ScalarValue], i: usize) -> Result<Neighbours, PrivacyEr
 }
 
 /// `lower` and `upper`: both finite, lower ≤ upper.
-fn bounds_at(args: &[ScalarValue], i: usize) -> Result<(f64, f64), PrivacyError> {
+pub(crate) fn bounds_at(args: &[ScalarValue], i: usize) -> Result<(f64, f64), PrivacyError> {
     let lower = finite("lower", required(args, i, "lower", "a finite number")?)?;
     let upper = finite("upper", required(args, i + 1, "upper", "a finite number")?)?;
     if lower > upper {
@@ -401,18 +457,31 @@ fn gaussian_cost(epsilon: f64, delta: f64) -> Result<Vec<Event>, PrivacyError> {
 pub struct CountParams {
     pub epsilon: f64,
     pub delta: f64,
+    pub mechanism: Mechanism,
     pub neighbours: Neighbours,
 }
 
 impl CountParams {
     /// Parameter names after the data column, in positional order.
-    pub const NAMES: [&'static str; 3] = ["epsilon", "delta", "neighbours"];
+    pub const NAMES: [&'static str; 4] = ["epsilon", "delta", "mechanism", "neighbours"];
 
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
         check_count(args, &Self::NAMES)?;
         Ok(Self {
             epsilon: epsilon_at(args, 0)?,
             delta: delta_at(args, 1)?,
+            mechanism: Mechanism::at(args, 2)?,
+            neighbours: neighbours_at(args, 3)?,
+        })
+    }
+
+    /// `(epsilon, delta, neighbours)` without a mechanism (Gaussian): `dp_count_distinct`.
+    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &["epsilon", "delta", "neighbours"])?;
+        Ok(Self {
+            epsilon: epsilon_at(args, 0)?,
+            delta: delta_at(args, 1)?,
+            mechanism: Mechanism::Gaussian,
             neighbours: neighbours_at(args, 2)?,
         })
     }
@@ -423,6 +492,10 @@ impl CountParams {
     /// Builds the release too (the one constructor the planner uses), so that the accountant
     /// refuses exactly the calls that execution would refuse.
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        if self.mechanism == Mechanism::Laplace {
+            super::laplace::LaplaceCount::new(self)?;
+            return Ok(laplace_cost(self.epsilon));
+        }
         super::dp_count::CountRelease::new(self)?;
         gaussian_cost(self.epsilon, self.delta)
     }
@@ -435,11 +508,19 @@ pub struct SumParams {
     pub upper: f64,
     pub epsilon: f64,
     pub delta: f64,
+    pub mechanism: Mechanism,
     pub neighbours: Neighbours,
 }
 
 impl SumParams {
-    pub const NAMES: [&'static str; 5] = ["lower", "upper", "epsilon", "delta", "neighbours"];
+    pub const NAMES: [&'static str; 6] = [
+        "lower",
+        "upper",
+        "epsilon",
+        "delta",
+        "mechanism",
+        "neighbours",
+    ];
 
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
         check_count(args, &Self::NAMES)?;
@@ -449,7 +530,8 @@ impl SumParams {
             upper,
             epsilon: epsilon_at(args, 2)?,
             delta: delta_at(args, 3)?,
-            neighbours: neighbours_at(args, 4)?,
+            mechanism: Mechanism::at(args, 4)?,
+            neighbours: neighbours_at(args, 5)?,
         })
     }
     pub fn mu(&self) -> Result<f64, PrivacyError> {
@@ -457,6 +539,10 @@ impl SumParams {
     }
     /// Builds the release too (as [`CountParams::cost`]).
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        if self.mechanism == Mechanism::Laplace {
+            super::laplace::LaplaceSum::new(self)?;
+            return Ok(laplace_cost(self.epsilon));
+        }
         super::dp_sum::SumRelease::new(self)?;
         gaussian_cost(self.epsilon, self.delta)
     }
@@ -469,11 +555,19 @@ pub struct MeanParams {
     pub upper: f64,
     pub epsilon: f64,
     pub delta: f64,
+    pub mechanism: Mechanism,
     pub neighbours: Neighbours,
 }
 
 impl MeanParams {
-    pub const NAMES: [&'static str; 5] = ["lower", "upper", "epsilon", "delta", "neighbours"];
+    pub const NAMES: [&'static str; 6] = [
+        "lower",
+        "upper",
+        "epsilon",
+        "delta",
+        "mechanism",
+        "neighbours",
+    ];
 
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
         check_count(args, &Self::NAMES)?;
@@ -483,6 +577,21 @@ impl MeanParams {
             upper,
             epsilon: epsilon_at(args, 2)?,
             delta: delta_at(args, 3)?,
+            mechanism: Mechanism::at(args, 4)?,
+            neighbours: neighbours_at(args, 5)?,
+        })
+    }
+    /// `(lower, upper, epsilon, delta, neighbours)` without a mechanism (Gaussian):
+    /// `dp_variance`, `dp_stddev`.
+    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &["lower", "upper", "epsilon", "delta", "neighbours"])?;
+        let (lower, upper) = bounds_at(args, 0)?;
+        Ok(Self {
+            lower,
+            upper,
+            epsilon: epsilon_at(args, 2)?,
+            delta: delta_at(args, 3)?,
+            mechanism: Mechanism::Gaussian,
             neighbours: neighbours_at(args, 4)?,
         })
     }
@@ -492,6 +601,10 @@ impl MeanParams {
     }
     /// Builds the release too (as [`CountParams::cost`]).
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        if self.mechanism == Mechanism::Laplace {
+            super::laplace::LaplaceMean::new(self)?;
+            return Ok(laplace_cost(self.epsilon));
+        }
         super::dp_mean::MeanRelease::new(self)?;
         gaussian_cost(self.epsilon, self.delta)
     }

@@ -101,6 +101,7 @@ static SPEC: Spec = Spec {
     returns: DataType::Boolean,
     shape: Shape {
         sum: false,
+        sum_sq: false,
         count: false,
         rows: true,
     },

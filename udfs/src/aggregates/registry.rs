@@ -41,10 +41,14 @@
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
+use super::dp_quantile::{
+    QuantileKind, cost_of as quantile_cost, dp_median_udaf, dp_quantile_udaf, dp_quantiles_udaf,
+};
 use super::{
     AgdParams, CountDistinctParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams,
-    SumParams, dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf,
-    dp_logreg_agd_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_sum_udaf, rgm_mean_by_udaf,
+    StddevParams, SumParams, VarianceParams, dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd,
+    dp_linreg_gd_udaf, dp_logreg_agd_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_udaf,
+    dp_sum_udaf, dp_variance_udaf, rgm_mean_by_udaf,
 };
 use crate::privacy::{Event, PrivacyError};
 
@@ -54,6 +58,8 @@ pub enum Kind {
     Number,
     Text,
     Bool,
+    /// A list of numbers (`[0.25, 0.5, 0.75]`).
+    NumberList,
 }
 
 /// The default of a parameter.
@@ -161,11 +167,22 @@ const EPSILON: Param = number(
     Default::Required,
     "ε > 0, finite: the call is (ε, δ)-DP on its own",
 );
+const PURE_EPSILON: Param = number(
+    "epsilon",
+    Default::Required,
+    "ε > 0, finite: the call is ε-DP (pure, δ = 0) on its own",
+);
 const DELTA: Param = number(
     "delta",
     Default::SessionDelta,
     "δ in (0, 1); defaults to the session's dpfusion.default_delta (1e-7)",
 );
+const MECHANISM: Param = Param {
+    name: "mechanism",
+    kind: Kind::Text,
+    default: Default::Text("gaussian"),
+    doc: "'gaussian' ((ε, δ)-DP, the default) or 'laplace' (pure ε-DP: δ is not used)",
+};
 const NEIGHBOURS: Param = Param {
     name: "neighbours",
     kind: Kind::Text,
@@ -216,7 +233,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         name: "dp_count",
         summary: "noisy count of the non-NULL values (Int64, never negative)",
         data: &[COUNTED],
-        params: &[EPSILON, DELTA, NEIGHBOURS],
+        params: &[EPSILON, DELTA, MECHANISM, NEIGHBOURS],
         requirements: &[],
         replaces: &["count"],
         internal: false,
@@ -247,7 +264,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         name: "dp_sum",
         summary: "noisy sum of the values clamped to [lower, upper]",
         data: &[VALUE],
-        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
         requirements: &[],
         replaces: &["sum"],
         internal: false,
@@ -258,12 +275,93 @@ pub static AGGREGATES: &[Aggregate] = &[
         name: "dp_mean",
         summary: "noisy mean of the values clamped to [lower, upper], within [lower, upper]",
         data: &[VALUE],
-        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
         requirements: &[],
         replaces: &["avg", "mean"],
         internal: false,
         udaf: dp_mean_udaf,
         cost: |_, p| no_data(MeanParams::from_literals, MeanParams::cost, p),
+    },
+    Aggregate {
+        name: "dp_variance",
+        summary: "noisy population variance of the values clamped to [lower, upper], within \
+                  [0, (upper − lower)²/4]",
+        data: &[VALUE],
+        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        requirements: &[],
+        replaces: &["var_pop", "var", "var_samp", "variance"],
+        internal: false,
+        udaf: dp_variance_udaf,
+        cost: |_, p| no_data(VarianceParams::from_literals, VarianceParams::cost, p),
+    },
+    Aggregate {
+        name: "dp_stddev",
+        summary: "noisy population standard deviation of the values clamped to [lower, upper], \
+                  within [0, (upper − lower)/2]",
+        data: &[VALUE],
+        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        requirements: &[],
+        replaces: &["stddev_pop", "stddev", "stddev_samp"],
+        internal: false,
+        udaf: dp_stddev_udaf,
+        cost: |_, p| no_data(StddevParams::from_literals, StddevParams::cost, p),
+    },
+    Aggregate {
+        name: "dp_quantile",
+        summary: "noisy q-quantile of the values clamped to [lower, upper] (exponential \
+                  mechanism, pure ε-DP)",
+        data: &[VALUE],
+        params: &[
+            LOWER,
+            UPPER,
+            number("q", Default::Required, "the quantile, in [0, 1]"),
+            PURE_EPSILON,
+            NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[
+            "percentile_cont",
+            "approx_percentile_cont",
+            "approx_percentile_cont_with_weight",
+        ],
+        internal: false,
+        udaf: dp_quantile_udaf,
+        cost: |_, p| quantile_cost(QuantileKind::Quantile, p),
+    },
+    Aggregate {
+        name: "dp_median",
+        summary: "noisy median of the values clamped to [lower, upper] (exponential mechanism, \
+                  pure ε-DP)",
+        data: &[VALUE],
+        params: &[LOWER, UPPER, PURE_EPSILON, NEIGHBOURS],
+        requirements: &[],
+        replaces: &["median", "approx_median"],
+        internal: false,
+        udaf: dp_median_udaf,
+        cost: |_, p| quantile_cost(QuantileKind::Median, p),
+    },
+    Aggregate {
+        name: "dp_quantiles",
+        summary: "noisy quantiles (a list) of the values clamped to [lower, upper], ε/k each, \
+                  sorted",
+        data: &[VALUE],
+        params: &[
+            LOWER,
+            UPPER,
+            Param {
+                name: "quantiles",
+                kind: Kind::NumberList,
+                default: Default::Required,
+                doc: "a list of 1 to 100 quantiles in [0, 1], e.g. [0.25, 0.5, 0.75]",
+            },
+            PURE_EPSILON,
+            NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_quantiles_udaf,
+        cost: |_, p| quantile_cost(QuantileKind::Quantiles, p),
     },
     Aggregate {
         name: "dp_partition_select",
@@ -428,6 +526,15 @@ mod tests {
         assert_eq!(names(get("dp_count").unwrap()), CountParams::NAMES);
         assert_eq!(names(get("dp_sum").unwrap()), SumParams::NAMES);
         assert_eq!(names(get("dp_mean").unwrap()), MeanParams::NAMES);
+        assert_eq!(names(get("dp_variance").unwrap()), VarianceParams::NAMES);
+        assert_eq!(names(get("dp_stddev").unwrap()), StddevParams::NAMES);
+        for k in [
+            QuantileKind::Quantile,
+            QuantileKind::Median,
+            QuantileKind::Quantiles,
+        ] {
+            assert_eq!(names(get(k.name()).unwrap()), k.names());
+        }
         assert_eq!(names(get("dp_linreg_gd").unwrap()), LinregParams::NAMES);
         assert_eq!(names(get("dp_logreg_agd").unwrap()), AgdParams::NAMES);
         assert_eq!(names(get("rgm_mean_by").unwrap()), RgmMeanParams::NAMES);
@@ -438,7 +545,7 @@ mod tests {
         assert_eq!(replacing("AVG").unwrap().name, "dp_mean");
         assert_eq!(
             get("dp_sum").unwrap().usage(),
-            "dp_sum(value, lower, upper, epsilon[, delta])"
+            "dp_sum(value, lower, upper, epsilon[, delta][, mechanism])"
         );
     }
 

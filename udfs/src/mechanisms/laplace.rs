@@ -27,6 +27,43 @@ impl LaplaceMechanism {
         })
     }
 
+    /// For a release (of one or several coordinates) of **L1** sensitivity Δ that must be ε-DP,
+    /// when rounding each coordinate to the grid can add up to `slack` grid steps to the L1
+    /// distance of two neighbours (1 for one coordinate; k when k coordinates change): the
+    /// discrete Laplace of scale b = (Δ + slack·g)/ε, rounded outward, is ε-DP (in grid units
+    /// the L1 distance is at most Δ/g + slack and the geometric mechanism of scale t ≥ that/ε
+    /// is ε-DP, Ghosh, Roughgarden, Sundararajan 2009; coordinates' independent noises multiply
+    /// their likelihood ratios, so L1 distances add). Fails, naming the scale, when b is not
+    /// representable ([`crate::mechanisms::gaussian::noise_scale_problem`]).
+    pub fn from_epsilon_with_slack(
+        epsilon: f64,
+        sensitivity: f64,
+        slack: f64,
+    ) -> Result<Self, PrivacyError> {
+        check_epsilon("epsilon", epsilon)?;
+        check_positive("sensitivity", sensitivity)?;
+        debug_assert!(slack >= 1.0 && slack.is_finite());
+        let base = sensitivity / epsilon;
+        if let Some(why) = crate::mechanisms::gaussian::noise_scale_problem(base) {
+            return Err(PrivacyError::Infeasible(why.replace("σ", "Laplace scale")));
+        }
+        let g = granularity_for_mechanism(base, sensitivity);
+        // Outward: 4 ulps over the one addition and one division (as the Gaussian's σ).
+        let b = (sensitivity + slack * g) / epsilon * (1.0 + 4.0 * f64::EPSILON);
+        if let Some(why) = crate::mechanisms::gaussian::noise_scale_problem(b) {
+            return Err(PrivacyError::Infeasible(why.replace("σ", "Laplace scale")));
+        }
+        Ok(LaplaceMechanism {
+            scale: steps_for(b, g) as f64 * g,
+            granularity: g,
+        })
+    }
+
+    /// g·Y, Y discrete Laplace of integer scale ⌈scale/g⌉: the noise alone (exact in `f64`).
+    pub fn noise(&self, rng: &mut SecureRng) -> f64 {
+        discrete_laplace_int(rng, steps_for(self.scale, self.granularity)) as f64 * self.granularity
+    }
+
     pub fn release(&self, rng: &mut SecureRng, value: f64) -> f64 {
         let t = steps_for(self.scale, self.granularity);
         round_to_grid(value, self.granularity)

@@ -1,4 +1,5 @@
 //! Mechanisms: a calibrated noise distribution plus the rule that turns a true value into a release.
+pub mod exponential;
 pub mod gaussian;
 pub mod laplace;
 pub mod rgm;

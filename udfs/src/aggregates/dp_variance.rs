@@ -1,0 +1,304 @@
+//! `dp_variance(value, lower, upper, epsilon[, delta[, neighbours]])` and `dp_stddev(…)`: the
+//! (population) variance and standard deviation of the values clamped to [lower, upper], always
+//! within [0, (upper − lower)²/4] (resp. [0, (upper − lower)/2]).
+//!
+//! # Estimator
+//! Google's differential-privacy library, `BoundedVariance` (cc/algorithms/bounded-variance.h):
+//! release a noisy count, a noisy sum of the centred values and a noisy sum of their squares;
+//! the variance is (mean of squares) − (mean)², clamped to [0, (upper − lower)²/4]. Centring at
+//! c = (lower + upper)/2 (as `dp_mean` does) makes every centred value lie in [−h, h],
+//! h = (upper − lower)/2, so the square sum moves by at most h² per row instead of
+//! max(lower², upper²), and the variance is unchanged by the shift.
+//!
+//! # Exact partials
+//! A value's fixed-point integer x ∈ [lo, hi] ([`super::exact::FixedPoint`], step q) is centred in
+//! half-units, y = 2x − (lo + hi) ∈ [−w, w] (w = [`FixedPoint::width`], the real centred value is
+//! y·q/2). Per group the accumulator keeps, exactly and independently of the partitioning:
+//! - S₁ = Σ y (computed as 2·Σx − (lo + hi)·n from the `sum` field, as `dp_mean` does);
+//! - S₂ = Σ s(y), s(y) = round(y²/2^shift) ∈ [0, M] on its own grid ([`SquareGrid`]: M ≤ 2^40 + 1;
+//!   k rows sum to less than k·2^41 < 2^105 in the `i128` partials, no overflow);
+//! - n, the number of non-NULL, non-NaN values.
+//!
+//! # Noise: three Gaussian releases sharing one μ
+//! μ = gaussian_mu(ε, δ). The releases S̃₁ = S₁ + N(0, σ₁²), S̃₂ = S₂ + N(0, σ₂²),
+//! ñ = n + N(0, σ_c²) with σ₁ = Δ₁/μ₁, σ₂ = M/μ₂, σ_c = 1/μ_c (plus one grid step of rounding slack
+//! each) and μ₁² + μ₂² + μ_c² ≤ μ² are together μ-GDP: Gaussian releases compose exactly,
+//! μ'² = Σ (change/σ)² over the released coordinates (Dong, Roth, Su 2019, "Gaussian
+//! Differential Privacy", Cor. 3.3), so the call is (ε, δ)-DP. Sensitivities (integer units):
+//! - `add_remove` (and `units:K:C`, with μ/(√K·C): [`super::params::Neighbours::calibration_mu`]): a row in or
+//!   out moves S₁ by ≤ w, S₂ by ≤ M, n by 1: Δ₁ = w, μ'² ≤ μ₁² + μ₂² + μ_c²;
+//! - `replace`, `replace_public_n` (calibrated as `replace`: the public n is not used): a value
+//!   change moves S₁ by ≤ 2w and S₂ by ≤ M (n fixed), a change to/from NULL moves them by ≤ w,
+//!   ≤ M and 1: Δ₁ = 2w, μ'² ≤ max(μ₁² + μ₂², μ₁²/4 + μ₂² + μ_c²) ≤ μ²;
+//! - `replace_private_keys`: as `replace`, plus a row moving from group a to group b, which moves
+//!   each group's S₁ by ≤ w, S₂ by ≤ M, n by 1 (two groups): with Δ₁ = 2w and two grid steps of
+//!   slack on S₁ (σ₁ = (2w + 2g₁)/μ₁), μ'² ≤ 2(μ₁/2)² + 2μ₂² + 2μ_c² = μ₁²/2 + 2μ₂² + 2μ_c², which
+//!   with the `replace` split below (μ₁² = 4μ²/6, μ₂² = μ_c² = μ²/6) is exactly μ².
+//!
+//! # Split of μ (minimax, derived here)
+//! In normalised units (values y/w ∈ [−1, 1]; m₁ = S₁/(wn), m₂ = S₂·2^shift/(w²n)) the estimate
+//! is v = m₂ − m₁². To first order its error is (Z₂ − 2m₁Z₁ − (m₂ − 2m₁²)Z_c)/n (Zᵢ the noises in
+//! normalised units), of variance (σ₂'² + 4m₁²σ₁'² + (m₂ − 2m₁²)²σ_c²)/n². All values at one
+//! bound (m₁ = ±1, m₂ = 1) maximises the three coefficients at once, so the worst case over data
+//! is (a₂/μ₂² + a₁/μ₁² + a_c/μ_c²)/n² with a₂ = 1, a₁ = 4(Δ₁/w)², a_c = 1. Minimising Σ aᵢ/μᵢ²
+//! subject to Σ μᵢ² = μ² (Lagrange: aᵢ/μᵢ⁴ constant) gives μᵢ² ∝ √aᵢ:
+//! μ₂² : μ₁² : μ_c² = 1 : 2 : 1 under `add_remove` (Δ₁ = w) and 1 : 4 : 1 under the replace modes
+//! (Δ₁ = 2w). Each share is shrunk by 1 − 10⁻¹² so that the sum stays ≤ μ² after rounding.
+//!
+//! # Post-processing
+//! ñ' = max(ñ, 1); m̃₁ = clamp(S̃₁/(w·ñ'), −1, 1); m̃₂ = clamp(S̃₂·2^shift/(w²·ñ'), 0, 1);
+//! v = clamp(m̃₂ − m̃₁², 0, 1); variance = v·(w·q/2)², at most (upper − lower)²/4 (and at most
+//! `f64::MAX`: bounds wider than about ±6.7e153 saturate there); stddev = √v·(w·q/2), at most
+//! (upper − lower)/2. All of it is post-processing of the three releases.
+//!
+//! Error: with all three noises of order σ ≈ (upper − lower)²/(4μᵢ) in value units, the error of
+//! the variance is of order (upper − lower)²/(μ·n) (and O(√(variance)·(upper − lower)/(μn)) for
+//! m̃₁), so for n ≫ 1/μ it falls as 1/n at fixed ε.
+//!
+//! lower = upper: every clamped value is the same, and 0 is returned without noise.
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Float64Array};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::{Result, ScalarValue};
+use datafusion::logical_expr::AggregateUDF;
+
+use super::accumulator::{Finalise, Partial, Shape};
+use super::adapter::{DpFunction, DpUdaf, Spec};
+use super::common::DataArg;
+use super::exact::{FixedPoint, SquareGrid, pow2, release_exact};
+use super::params::{MeanParams, representable};
+use crate::mechanisms::GaussianMechanism;
+use crate::noise::SecureRng;
+use crate::privacy::{Event, PrivacyError, gaussian_mu};
+
+/// `dp_variance(value, lower, upper, epsilon, delta, neighbours)`: the parameters of `dp_mean`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VarianceParams(pub MeanParams);
+
+/// `dp_stddev(value, lower, upper, epsilon, delta, neighbours)`: the parameters of `dp_mean`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StddevParams(pub MeanParams);
+
+impl VarianceParams {
+    pub const NAMES: [&'static str; 5] = ["lower", "upper", "epsilon", "delta", "neighbours"];
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        MeanParams::gaussian_from_literals(args).map(Self)
+    }
+    /// One μ-GDP release (module docs). Builds the release too, so the accountant refuses
+    /// exactly what the planner refuses.
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        VarianceRelease::new(&self.0, false)?;
+        Ok(vec![Event::Gaussian {
+            mu: gaussian_mu(self.0.epsilon, self.0.delta)?,
+        }])
+    }
+}
+
+impl StddevParams {
+    pub const NAMES: [&'static str; 5] = ["lower", "upper", "epsilon", "delta", "neighbours"];
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        MeanParams::gaussian_from_literals(args).map(Self)
+    }
+    /// As [`VarianceParams::cost`]: the square root is post-processing.
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        VarianceParams(self.0).cost()
+    }
+}
+
+/// The `dp_variance` UDAF.
+pub type DpVariance = DpUdaf<VarianceParams>;
+/// The `dp_stddev` UDAF.
+pub type DpStddev = DpUdaf<StddevParams>;
+
+/// `dp_variance` as an [`AggregateUDF`].
+pub fn dp_variance_udaf() -> AggregateUDF {
+    DpVariance::udaf()
+}
+
+/// `dp_stddev` as an [`AggregateUDF`].
+pub fn dp_stddev_udaf() -> AggregateUDF {
+    DpStddev::udaf()
+}
+
+impl DpFunction for VarianceParams {
+    const NAME: &'static str = "dp_variance";
+    fn spec() -> &'static Spec {
+        &VARIANCE_SPEC
+    }
+}
+
+impl DpFunction for StddevParams {
+    const NAME: &'static str = "dp_stddev";
+    fn spec() -> &'static Spec {
+        &STDDEV_SPEC
+    }
+}
+
+const SHAPE: Shape = Shape {
+    sum: true,
+    sum_sq: true,
+    count: true,
+    rows: false,
+};
+
+const HOW: &str = "From three Gaussian releases sharing the call's μ = gaussian_mu(epsilon, delta) \
+     (one μ-GDP release, so the call is (epsilon, delta)-DP): a noisy count of the non-NULL \
+     values, a noisy sum of (clamped value − midpoint) and a noisy sum of its squares, on exact \
+     fixed-point grids (the same result for any partitioning). variance = mean of squares − \
+     mean², clamped to [0, (upper − lower)²/4] (Google's BoundedVariance). NULL and NaN values \
+     are skipped; ±infinity is clamped. Bounds or an epsilon whose noise is not representable \
+     fail at planning with the range that works.";
+
+static VARIANCE_SPEC: Spec = Spec {
+    data: DataArg::Numeric,
+    returns: DataType::Float64,
+    shape: SHAPE,
+    release: |lits| {
+        Ok(Arc::new(VarianceRelease::new(
+            &VarianceParams::from_literals(lits)?.0,
+            false,
+        )?))
+    },
+    description: HOW,
+    example: "SELECT job, dp_variance(salary, 0, 200000, 1.0, 1e-6) FROM salaries GROUP BY job;",
+    related: &["dp_stddev", "dp_mean"],
+};
+
+static STDDEV_SPEC: Spec = Spec {
+    data: DataArg::Numeric,
+    returns: DataType::Float64,
+    shape: SHAPE,
+    release: |lits| {
+        Ok(Arc::new(VarianceRelease::new(
+            &StddevParams::from_literals(lits)?.0,
+            true,
+        )?))
+    },
+    description: HOW,
+    example: "SELECT job, dp_stddev(salary, 0, 200000, 1.0, 1e-6) FROM salaries GROUP BY job;",
+    related: &["dp_variance", "dp_mean"],
+};
+
+/// Calibrations are rounded outward: each μ share is shrunk by this factor so that
+/// μ₁² + μ₂² + μ_c² ≤ μ² despite floating-point rounding.
+const SPLIT_SHRINK: f64 = 1.0 - 1e-12;
+
+/// The three releases of a `dp_variance` / `dp_stddev` call (`None` when lower = upper).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mechs {
+    /// S₁ = Σ y, in half-units.
+    pub sum: GaussianMechanism,
+    /// S₂ = Σ s(y), in square-grid units.
+    pub sum_sq: GaussianMechanism,
+    /// n.
+    pub count: GaussianMechanism,
+}
+
+/// The release of a `dp_variance` or `dp_stddev` call.
+#[derive(Debug, Clone)]
+pub(crate) struct VarianceRelease {
+    pub fp: FixedPoint,
+    pub sq: SquareGrid,
+    pub mechs: Option<Mechs>,
+    /// √ of the variance (`dp_stddev`).
+    pub stddev: bool,
+}
+
+impl VarianceRelease {
+    /// The calibration (module docs); also called by the parameter structs' `cost`.
+    pub fn new(p: &MeanParams, stddev: bool) -> Result<Self, PrivacyError> {
+        let bounds = format!("{} (lower {})", p.upper, p.lower);
+        representable(p.epsilon, ("upper", &bounds), |epsilon| {
+            // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
+            Self::at(
+                p,
+                p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?),
+                stddev,
+            )
+        })
+    }
+
+    fn at(p: &MeanParams, mu: f64, stddev: bool) -> Result<Self, PrivacyError> {
+        let fp = FixedPoint::new(p.lower, p.upper);
+        let sq = SquareGrid::new(&fp);
+        let w = fp.width();
+        let mut mechs = None;
+        if w > 0 {
+            let nb = p.neighbours;
+            // Δ₁ = w (add_remove, units) or 2w (replace modes); weights √aᵢ (module docs).
+            let (d1, r1) = if nb.is_replace() {
+                (2.0 * w as f64, 4.0)
+            } else {
+                (w as f64, 2.0)
+            };
+            let total = r1 + 2.0;
+            let share = |r: f64| mu * (r / total).sqrt() * SPLIT_SHRINK;
+            // Rounding slack: two grid steps on S₁ when a row can move between groups.
+            let slack = if nb.moves_between_groups() { 2.0 } else { 1.0 };
+            mechs = Some(Mechs {
+                sum: GaussianMechanism::from_mu_with_slack(share(r1), d1, slack)?,
+                sum_sq: GaussianMechanism::from_mu(share(1.0), sq.max as f64)?,
+                count: GaussianMechanism::from_mu(share(1.0), 1.0)?,
+            });
+        }
+        Ok(Self {
+            fp,
+            sq,
+            mechs,
+            stddev,
+        })
+    }
+
+    /// The normalised variance v ∈ [0, 1] of one group (module docs, "Post-processing").
+    fn normalised(&self, m: &Mechs, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
+        let w = self.fp.width() as f64;
+        let mid = self.sq.mid as i128;
+        let centred = p
+            .sum
+            .saturating_mul(2)
+            .saturating_sub(mid.saturating_mul(p.count as i128));
+        let s1 = release_exact(&m.sum, rng, centred, 0)?;
+        let s2 = release_exact(&m.sum_sq, rng, p.sum_sq, 0)?;
+        let n = release_exact(&m.count, rng, p.count as i128, 0)?.max(1.0);
+        let m1 = (s1 / w / n).clamp(-1.0, 1.0);
+        let m2 = (s2 * pow2(self.sq.shift as i32) / w / w / n).clamp(0.0, 1.0);
+        Ok((m2 - m1 * m1).clamp(0.0, 1.0))
+    }
+
+    fn release_one(&self, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
+        let Some(m) = &self.mechs else {
+            return Ok(0.0);
+        };
+        let v = self.normalised(m, rng, p)?;
+        // h = w·q/2 ≥ (upper − lower)/2; the results are clamped to the nominal bounds.
+        let half = pow2(self.fp.exp - 1);
+        let w = self.fp.width() as f64;
+        let h_nominal = self.fp.upper / 2.0 - self.fp.lower / 2.0;
+        let sd = (v.sqrt() * w * half).min(h_nominal);
+        Ok(if self.stddev {
+            sd
+        } else {
+            (sd * sd).min(f64::MAX)
+        })
+    }
+}
+
+impl Finalise for VarianceRelease {
+    fn shape(&self) -> Shape {
+        SHAPE
+    }
+    fn fixed_point(&self) -> Option<FixedPoint> {
+        Some(self.fp)
+    }
+    fn square_grid(&self) -> Option<SquareGrid> {
+        Some(self.sq)
+    }
+    fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef> {
+        let out = partials
+            .iter()
+            .map(|p| self.release_one(rng, p))
+            .collect::<Result<Vec<f64>>>()?;
+        Ok(Arc::new(Float64Array::from(out)))
+    }
+}
