@@ -64,6 +64,8 @@ pub struct DpCall {
     /// On a unit-level table: the contribution bounds the call is calibrated for (for EXPLAIN
     /// PRIVACY), e.g. `unit customer_id: ≤ 3 groups, ≤ 5 rows per group`.
     pub bounds: Option<String>,
+    /// The noise its release gets, from its literals (EXPLAIN PRIVACY), e.g. `Gaussian σ = 5.3`.
+    pub noise: Option<String>,
 }
 
 /// A checked plan, ready to run, and the DP calls it makes.
@@ -914,6 +916,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             delta: if pure { 0.0 } else { delta },
             events,
             bounds: bounds.as_ref().zip(how).map(|(b, h)| b.describe(h)),
+            noise: dpfusion_udfs::aggregates::dp_call_noise(&name, &with_mode),
         });
         let mut args = f.params.args[..data_args]
             .iter()
@@ -1027,6 +1030,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         bounds: bounds
             .as_ref()
             .map(|b| b.describe(units::Contribution::Once)),
+        noise: dpfusion_udfs::aggregates::dp_call_noise(PARTITION_SELECT, &sel_params),
     });
     charge_joined_tables(cx, cx.calls.len() - 1, &below.also);
     let mut aggr = new_aggr;

@@ -119,8 +119,10 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
     let mut filter: Vec<Option<String>> = Vec::new();
     let mut limit: Vec<Option<String>> = Vec::new();
     let mut bounds: Vec<Option<String>> = Vec::new();
+    let mut noise: Vec<Option<String>> = Vec::new();
     for c in calls {
         bounds.push(c.bounds.clone());
+        noise.push(c.noise.clone());
         table.push(c.table.name.clone());
         release.push(c.display.clone());
         eps.push(Some(c.epsilon));
@@ -149,6 +151,7 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         filter.push(Some(p.filter.to_string()));
         limit.push(p.limit.as_ref().map(|l| l.to_string()));
         bounds.push(None);
+        noise.push(None);
     }
     let opt = |v: Vec<Option<f64>>| Arc::new(Float64Array::from(v)) as ArrayRef;
     let opt_str = |v: Vec<Option<String>>| Arc::new(StringArray::from(v)) as ArrayRef;
@@ -166,6 +169,7 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         ("filter", opt_str(filter)),
         ("limit", opt_str(limit)),
         ("bounds", opt_str(bounds)),
+        ("noise", opt_str(noise)),
     ])
 }
 

@@ -103,6 +103,29 @@ pub(crate) trait Finalise: Debug + Send + Sync {
     }
     /// One release per partial, in order, as an array of the function's return type.
     fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef>;
+    /// The noise each release gets, in the units of the released statistic (EXPLAIN PRIVACY),
+    /// e.g. `Gaussian σ = 5.302`. Public: a function of the literals alone.
+    fn noise(&self) -> Option<String> {
+        None
+    }
+}
+
+/// `x` with 4 significant digits (noise scales in EXPLAIN PRIVACY).
+pub(crate) fn short(x: f64) -> String {
+    if !x.is_finite() || x == 0.0 {
+        return format!("{x}");
+    }
+    let mag = x.abs().log10().floor() as i32;
+    if !(-3..6).contains(&mag) {
+        return format!("{x:.3e}");
+    }
+    let decimals = (3 - mag).max(0) as usize;
+    let s = format!("{x:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
 }
 
 /// The rows of a batch that pass the FILTER clause (`None` = all rows).

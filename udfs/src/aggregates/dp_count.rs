@@ -117,4 +117,10 @@ impl Finalise for CountRelease {
             .collect::<Result<Vec<i64>>>()?;
         Ok(Arc::new(Int64Array::from(out)))
     }
+    fn noise(&self) -> Option<String> {
+        Some(format!(
+            "Gaussian σ = {}",
+            super::accumulator::short(self.mech.sigma)
+        ))
+    }
 }

@@ -224,4 +224,16 @@ impl Finalise for MeanRelease {
             .collect::<Result<Vec<Option<f64>>>>()?;
         Ok(Arc::new(Float64Array::from(out)))
     }
+    fn noise(&self) -> Option<String> {
+        let s = super::accumulator::short;
+        Some(match (&self.sum_mech, &self.count_mech) {
+            (Some(a), Some(b)) => format!(
+                "Gaussian σ = {} on the sum of (value − midpoint), σ = {} on the count",
+                s(a.sigma),
+                s(b.sigma)
+            ),
+            (Some(a), None) => format!("Gaussian σ = {} on the sum (public row count)", s(a.sigma)),
+            _ => "none (lower = upper)".into(),
+        })
+    }
 }

@@ -151,4 +151,10 @@ impl Finalise for SumRelease {
             .collect::<Result<Vec<f64>>>()?;
         Ok(Arc::new(Float64Array::from(out)))
     }
+    fn noise(&self) -> Option<String> {
+        Some(match &self.mech {
+            Some(m) => format!("Gaussian σ = {}", super::accumulator::short(m.sigma)),
+            None => "none (lower = upper = 0)".into(),
+        })
+    }
 }

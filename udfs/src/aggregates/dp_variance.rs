@@ -301,4 +301,14 @@ impl Finalise for VarianceRelease {
             .collect::<Result<Vec<f64>>>()?;
         Ok(Arc::new(Float64Array::from(out)))
     }
+    fn noise(&self) -> Option<String> {
+        Some(match &self.mechs {
+            Some(m) => format!(
+                "Gaussian σ = {} on the count (and on the sums of the centred values and their \
+                 squares, sharing μ)",
+                super::accumulator::short(m.count.sigma)
+            ),
+            None => "none (lower = upper)".into(),
+        })
+    }
 }

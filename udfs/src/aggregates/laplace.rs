@@ -91,6 +91,12 @@ impl Finalise for LaplaceCount {
             .collect::<Result<Vec<i64>>>()?;
         Ok(Arc::new(Int64Array::from(out)))
     }
+    fn noise(&self) -> Option<String> {
+        Some(format!(
+            "Laplace b = {}",
+            super::accumulator::short(self.mech.scale)
+        ))
+    }
 }
 
 /// `dp_sum(…, mechanism => 'laplace')`.
@@ -149,6 +155,12 @@ impl Finalise for LaplaceSum {
             })
             .collect::<Result<Vec<f64>>>()?;
         Ok(Arc::new(Float64Array::from(out)))
+    }
+    fn noise(&self) -> Option<String> {
+        Some(match &self.mech {
+            Some(m) => format!("Laplace b = {}", super::accumulator::short(m.scale)),
+            None => "none (lower = upper = 0)".into(),
+        })
     }
 }
 
@@ -266,5 +278,17 @@ impl Finalise for LaplaceMean {
             .map(|p| self.release_one(rng, p))
             .collect::<Result<Vec<Option<f64>>>>()?;
         Ok(Arc::new(Float64Array::from(out)))
+    }
+    fn noise(&self) -> Option<String> {
+        let s = super::accumulator::short;
+        Some(match (&self.sum_mech, &self.count_mech) {
+            (Some(a), Some(b)) => format!(
+                "Laplace b = {} on the sum of (value − midpoint), b = {} on the count",
+                s(a.scale),
+                s(b.scale)
+            ),
+            (Some(a), None) => format!("Laplace b = {} on the sum (public row count)", s(a.scale)),
+            _ => "none (lower = upper)".into(),
+        })
     }
 }

@@ -90,6 +90,12 @@ pub fn dp_call_cost(
     registry::get(name).map(|a| (a.cost)(&[], params))
 }
 
+/// The noise of a call's release, from its literal parameters (for EXPLAIN PRIVACY), e.g.
+/// `Gaussian σ = 5.302`. `None`: not a DP aggregate, or one that does not describe its noise.
+pub fn dp_call_noise(name: &str, params: &[ScalarValue]) -> Option<String> {
+    registry::get(name).and_then(|a| (a.noise)(params))
+}
+
 /// Like [`dp_call_cost`], for a call whose cost may also depend on the *shape* of its data
 /// arguments as written in the query (never on data): the feature count of `dp_linreg_gd` with
 /// mechanism 'rgm', read from `[x1, …, xd]` / `make_array(…)`. `data` are the call's logical

@@ -178,4 +178,12 @@ impl Finalise for SelectRelease {
             .collect::<Result<Vec<bool>>>()?;
         Ok(Arc::new(BooleanArray::from(out)))
     }
+    fn noise(&self) -> Option<String> {
+        let s = super::accumulator::short;
+        Some(format!(
+            "Gaussian σ = {} on the count, kept when ≥ {}",
+            s(self.mech.sigma),
+            s(self.threshold)
+        ))
+    }
 }

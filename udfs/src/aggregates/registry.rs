@@ -125,6 +125,22 @@ pub struct Aggregate {
     /// The privacy events of a call, from the shape of its data arguments as written (never
     /// data) and its literal parameters in positional order. Never reads data.
     pub cost: CostFn,
+    /// The noise a call's release gets, from its literal parameters (EXPLAIN PRIVACY), when the
+    /// function says (`None`: not described).
+    pub noise: NoiseFn,
+}
+
+/// What noise a call's release gets, from its literal parameters in positional order.
+pub type NoiseFn = fn(&[ScalarValue]) -> Option<String>;
+
+/// [`NoiseFn`] of an aggregate served by the adapter: its release's own description.
+fn spec_noise<P: super::adapter::DpFunction>(params: &[ScalarValue]) -> Option<String> {
+    (P::spec().release)(params).ok()?.noise()
+}
+
+/// [`NoiseFn`] of a function that does not describe its noise (yet).
+fn no_noise(_: &[ScalarValue]) -> Option<String> {
+    None
 }
 
 impl Aggregate {
@@ -239,6 +255,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_count_udaf,
         cost: |_, p| no_data(CountParams::from_literals, CountParams::cost, p),
+        noise: spec_noise::<CountParams>,
     },
     Aggregate {
         name: "dp_count_distinct",
@@ -259,6 +276,7 @@ pub static AGGREGATES: &[Aggregate] = &[
                 p,
             )
         },
+        noise: spec_noise::<CountDistinctParams>,
     },
     Aggregate {
         name: "dp_sum",
@@ -270,6 +288,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_sum_udaf,
         cost: |_, p| no_data(SumParams::from_literals, SumParams::cost, p),
+        noise: spec_noise::<SumParams>,
     },
     Aggregate {
         name: "dp_mean",
@@ -281,6 +300,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_mean_udaf,
         cost: |_, p| no_data(MeanParams::from_literals, MeanParams::cost, p),
+        noise: spec_noise::<MeanParams>,
     },
     Aggregate {
         name: "dp_variance",
@@ -293,6 +313,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_variance_udaf,
         cost: |_, p| no_data(VarianceParams::from_literals, VarianceParams::cost, p),
+        noise: spec_noise::<VarianceParams>,
     },
     Aggregate {
         name: "dp_stddev",
@@ -305,6 +326,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_stddev_udaf,
         cost: |_, p| no_data(StddevParams::from_literals, StddevParams::cost, p),
+        noise: spec_noise::<StddevParams>,
     },
     Aggregate {
         name: "dp_quantile",
@@ -327,6 +349,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_quantile_udaf,
         cost: |_, p| quantile_cost(QuantileKind::Quantile, p),
+        noise: no_noise,
     },
     Aggregate {
         name: "dp_median",
@@ -339,6 +362,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_median_udaf,
         cost: |_, p| quantile_cost(QuantileKind::Median, p),
+        noise: no_noise,
     },
     Aggregate {
         name: "dp_quantiles",
@@ -362,6 +386,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_quantiles_udaf,
         cost: |_, p| quantile_cost(QuantileKind::Quantiles, p),
+        noise: no_noise,
     },
     Aggregate {
         name: "dp_partition_select",
@@ -379,6 +404,7 @@ pub static AGGREGATES: &[Aggregate] = &[
                 p,
             )
         },
+        noise: spec_noise::<PartitionSelectParams>,
     },
     Aggregate {
         name: "dp_linreg_gd",
@@ -425,6 +451,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_linreg_gd_udaf,
         cost: dp_linreg_gd::linreg_cost,
+        noise: no_noise,
     },
     Aggregate {
         name: "dp_logreg_agd",
@@ -464,6 +491,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_logreg_agd_udaf,
         cost: |_, p| no_data(AgdParams::from_literals, AgdParams::cost, p),
+        noise: no_noise,
     },
     Aggregate {
         name: "rgm_mean_by",
@@ -498,6 +526,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: rgm_mean_by_udaf,
         cost: |_, p| no_data(RgmMeanParams::from_literals, RgmMeanParams::cost, p),
+        noise: no_noise,
     },
 ];
 
