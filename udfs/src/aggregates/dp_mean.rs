@@ -181,33 +181,56 @@ impl MeanRelease {
         })
     }
 
-    /// The centre c on the grid: (lo + hi)·q/2.
-    pub fn centre(&self) -> f64 {
-        (self.fp.lo + self.fp.hi) as f64 * pow2(self.fp.exp - 1)
-    }
-
     fn release_one(&self, rng: &mut SecureRng, p: &Partial) -> Result<Option<f64>> {
-        let public_n = self.neighbours == Neighbours::ReplacePublicN;
-        if public_n && p.rows == 0 {
-            return Ok(None);
-        }
-        let (lower, upper) = (self.fp.lower, self.fp.upper);
-        let c = self.centre();
-        let Some(sum_mech) = &self.sum_mech else {
-            return Ok(Some(c.clamp(lower, upper)));
-        };
-        let mid = (self.fp.lo + self.fp.hi) as i128;
-        let centred = p
-            .sum
-            .saturating_mul(2)
-            .saturating_sub(mid.saturating_mul(p.count as i128));
-        let s = release_exact(sum_mech, rng, centred, self.fp.exp - 1)?;
-        let denom = match &self.count_mech {
-            Some(m) => release_exact(m, rng, p.count as i128, 0)?.max(1.0),
-            None => p.rows as f64,
-        };
-        Ok(Some((c + s / denom).clamp(lower, upper)))
+        mean_of(
+            &self.fp,
+            self.neighbours,
+            (self.sum_mech.as_ref(), self.count_mech.as_ref()),
+            release_exact,
+            rng,
+            p,
+        )
     }
+}
+
+/// The centre c on the grid: (lo + hi)·q/2.
+pub(crate) fn centre(fp: &FixedPoint) -> f64 {
+    (fp.lo + fp.hi) as f64 * pow2(fp.exp - 1)
+}
+
+/// One group's mean from its exact partials, with the noise of `release` (the Gaussian or the
+/// Laplace sampler on the grid; the module docs give the calibration): the midpoint plus the
+/// noisy centred sum Σ(x − c) over the noisy count, at least 1 (or the public row count under
+/// `replace_public_n`, NULL when it is 0), clamped to [lower, upper]. Without a sum mechanism
+/// (lower = upper) the midpoint.
+pub(crate) fn mean_of<M>(
+    fp: &FixedPoint,
+    neighbours: Neighbours,
+    (sum_mech, count_mech): (Option<&M>, Option<&M>),
+    release: fn(&M, &mut SecureRng, i128, i32) -> Result<f64>,
+    rng: &mut SecureRng,
+    p: &Partial,
+) -> Result<Option<f64>> {
+    let public_n = neighbours == Neighbours::ReplacePublicN;
+    if public_n && p.rows == 0 {
+        return Ok(None);
+    }
+    let (lower, upper) = (fp.lower, fp.upper);
+    let c = centre(fp);
+    let Some(sum_mech) = sum_mech else {
+        return Ok(Some(c.clamp(lower, upper)));
+    };
+    let mid = (fp.lo + fp.hi) as i128;
+    let centred = p
+        .sum
+        .saturating_mul(2)
+        .saturating_sub(mid.saturating_mul(p.count as i128));
+    let s = release(sum_mech, rng, centred, fp.exp - 1)?;
+    let denom = match count_mech {
+        Some(m) => release(m, rng, p.count as i128, 0)?.max(1.0),
+        None => p.rows as f64,
+    };
+    Ok(Some((c + s / denom).clamp(lower, upper)))
 }
 
 impl Finalise for MeanRelease {

@@ -232,31 +232,15 @@ impl LaplaceMean {
         })
     }
 
-    fn centre(&self) -> f64 {
-        (self.fp.lo + self.fp.hi) as f64 * pow2(self.fp.exp - 1)
-    }
-
     fn release_one(&self, rng: &mut SecureRng, p: &Partial) -> Result<Option<f64>> {
-        let public_n = self.neighbours == Neighbours::ReplacePublicN;
-        if public_n && p.rows == 0 {
-            return Ok(None);
-        }
-        let (lower, upper) = (self.fp.lower, self.fp.upper);
-        let c = self.centre();
-        let Some(sum_mech) = &self.sum_mech else {
-            return Ok(Some(c.clamp(lower, upper)));
-        };
-        let mid = (self.fp.lo + self.fp.hi) as i128;
-        let centred = p
-            .sum
-            .saturating_mul(2)
-            .saturating_sub(mid.saturating_mul(p.count as i128));
-        let s = release_exact_laplace(sum_mech, rng, centred, self.fp.exp - 1)?;
-        let denom = match &self.count_mech {
-            Some(m) => release_exact_laplace(m, rng, p.count as i128, 0)?.max(1.0),
-            None => p.rows as f64,
-        };
-        Ok(Some((c + s / denom).clamp(lower, upper)))
+        super::dp_mean::mean_of(
+            &self.fp,
+            self.neighbours,
+            (self.sum_mech.as_ref(), self.count_mech.as_ref()),
+            release_exact_laplace,
+            rng,
+            p,
+        )
     }
 }
 
