@@ -165,6 +165,7 @@ fn sum_sigma() -> f64 {
         epsilon: 1.0,
         delta: 1e-6,
         neighbours: dpfusion::dpfusion_udfs::aggregates::Neighbours::ReplacePublicN,
+        mechanism: dpfusion::dpfusion_udfs::aggregates::Mechanism::Gaussian,
     };
     let fp = FixedPoint::new(p.lower, p.upper);
     let units = fp.width().max(fp.max_abs());
