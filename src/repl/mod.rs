@@ -341,6 +341,8 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
             ""
         } else if info.is_public_column(f.name()) {
             "  (public)"
+        } else if info.unit.as_ref().is_some_and(|u| &u.column == f.name()) {
+            "  (private; the privacy unit)"
         } else {
             "  (private)"
         };
