@@ -118,6 +118,10 @@
 //! q_o·ℕ (q_o = 2^(⌊log₂ C_obj⌋ − 32)), an integer in [0, U], U = ⌊C_obj/q_o⌋; F_k is the exact
 //! integer sum. Under add/remove, F_k(D ∪ {r}) = F_k(D) + c_k with c_k ∈ [0, U] for every k:
 //! the scores are **monotone** (they all move the same way). Under replace, c_k ∈ [−U, U].
+//! ℓ is a floating-point evaluation of the loss: on the fit's candidate grid αₖ = k·h, a row's
+//! 21 values of e^{±tₖ} come from one `exp` and a running product (`score_row_recurrence`;
+//! within one grid unit of `exp` per candidate, tested). Any deterministic per-row value
+//! clipped to [0, U] gives the bounds above, so this changes no sensitivity.
 //!
 //! **Step selection.** The exponential mechanism P(k) ∝ exp(−F_k/T) (McSherry and Talwar 2007),
 //! sampled exactly: draw k uniformly, accept with probability exp(−(F_k − min F)/T) by the
@@ -744,10 +748,16 @@ impl Kernels<'_, '_> {
         let c = plan.config.clip_obj;
         let q = plan.obj_q;
         let cap = plan.obj_units;
+        let h = grid_step(steps);
         for i in rows {
             let zi = z[i];
             let b = dot(u, self.data.row(i), fi);
             let pos = self.data.positive[i];
+            if let Some(h) = h
+                && score_row_recurrence(zi, b, pos, h, steps, c, q, cap, out)
+            {
+                continue;
+            }
             for (o, &a) in out.iter_mut().zip(steps) {
                 let t = zi - a * b;
                 // ℓ ≥ max(±t, 0): skip the transcendental functions when it is clipped anyway.
@@ -766,6 +776,84 @@ impl Kernels<'_, '_> {
             }
         }
     }
+}
+
+/// h when `steps` is the arithmetic grid k·h, k = 0, 1, … (to 1e-12 relative; the fit's
+/// candidates always are), else `None`.
+fn grid_step(steps: &[f64]) -> Option<f64> {
+    let m = steps.len().checked_sub(1).filter(|&m| m > 0)?;
+    let last = steps[m];
+    let h = last / m as f64;
+    let ok = h.is_finite()
+        && steps
+            .iter()
+            .enumerate()
+            .all(|(k, &a)| (a - k as f64 * h).abs() <= 1e-12 * last.abs());
+    ok.then_some(h)
+}
+
+/// |s| up to which e^s is formed by the recurrence (far from overflow and underflow).
+const RECURRENCE_RANGE: f64 = 600.0;
+
+/// One row's clipped, floored candidate losses added to `out`, with **one** `exp` for the row
+/// instead of one per candidate (issue 19). The softplus argument is sₖ = ±(z − αₖ·b), linear
+/// in k on the grid αₖ = k·h, so e^{sₖ} = e^{s₀}·(e^{∓h·b})ᵏ: each candidate costs a multiply
+/// and one `ln_1p` (softplus(s) = ln_1p(e^s) for s ≤ 0, s + ln_1p(1/e^s) above). The product
+/// carries a relative error of at most about k·2⁻⁵² (k ≤ 20) against `exp(sₖ)`, far below the
+/// score grid's relative step 2⁻³²·C_obj/ℓ for any loss that is not floored to 0 anyway, so a
+/// row's floored loss moves by at most one grid unit, rarely (test
+/// `recurrence_scores_match_direct`). The skip for losses clipped anyway (sₖ ≥ C_obj) and the
+/// clipping to [0, U] are the direct code's, so every row still adds an integer in [0, U] to
+/// each score: the sensitivity argument (module docs, "Scores") is unchanged, and the sums stay
+/// exact integers, the same for any split of the rows. Returns false (nothing added) when the
+/// recurrence's range does not hold for the row (|s| > [`RECURRENCE_RANGE`] at either end, or
+/// non-finite values): the caller computes the row directly.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn score_row_recurrence(
+    zi: f64,
+    b: f64,
+    pos: bool,
+    h: f64,
+    steps: &[f64],
+    c: f64,
+    q: f64,
+    cap: u64,
+    out: &mut [u128],
+) -> bool {
+    let arg = |a: f64| {
+        let t = zi - a * b;
+        if pos { -t } else { t }
+    };
+    let (s0, s1) = (arg(steps[0]), arg(steps[steps.len() - 1]));
+    let inside = s0.abs() <= RECURRENCE_RANGE && s1.abs() <= RECURRENCE_RANGE;
+    if !inside {
+        return false;
+    }
+    let hb = h * b;
+    let ratio = (if pos { hb } else { -hb }).exp();
+    let mut e = s0.exp();
+    for (o, &a) in out.iter_mut().zip(steps) {
+        let s = arg(a);
+        let units = if s >= c {
+            cap
+        } else {
+            let l = if s > 0.0 {
+                s + (1.0 / e).ln_1p()
+            } else {
+                e.ln_1p()
+            }
+            .min(c);
+            if l >= 0.0 {
+                ((l / q).floor() as u64).min(cap)
+            } else {
+                cap // NaN: saturate (as the direct code)
+            }
+        };
+        *o += units as u128;
+        e *= ratio;
+    }
+    true
 }
 
 /// Exponential mechanism P(k) ∝ exp(−F_k/T), sampled exactly (module docs, "Step selection").
@@ -1378,6 +1466,60 @@ mod tests {
         let mut sc = vec![0u128; CANDIDATES + 1];
         k.scores(&z, &u, &steps, &mut sc);
         assert_eq!(k.score_rows(&z, &u, &steps, 0..rows.n()), sc);
+    }
+
+    /// The candidate losses from one `exp` per row (`score_row_recurrence`) against the direct
+    /// `exp` per candidate: every row's floored loss within one grid unit, and almost always
+    /// equal; rows outside the recurrence's range are refused (the caller goes direct).
+    #[test]
+    fn recurrence_scores_match_direct() {
+        let mut g = SecureRng::insecure_from_seed(41);
+        let (mut rows_seen, mut differ) = (0u64, 0u64);
+        for trial in 0..20_000 {
+            let c = [0.5, 3.0, 40.0, 700.0][trial % 4];
+            let q = pow2_floor(c) * (2f64).powi(-32);
+            let cap = (c / q).floor() as u64;
+            let amax = [0.01, 0.5, 2.0, 30.0][(trial / 4) % 4];
+            let steps: Vec<f64> = (0..=CANDIDATES)
+                .map(|i| i as f64 * amax / CANDIDATES as f64)
+                .collect();
+            let h = grid_step(&steps).expect("the fit's grid");
+            let zi = (g.uniform_f64() - 0.5) * [1.0, 10.0, 100.0, 2000.0][trial % 4];
+            let b = (g.uniform_f64() - 0.5) * [0.1, 3.0, 50.0][trial % 3];
+            let pos = g.coin();
+            let mut rec = vec![0u128; steps.len()];
+            if !score_row_recurrence(zi, b, pos, h, &steps, c, q, cap, &mut rec) {
+                continue;
+            }
+            rows_seen += 1;
+            for (k, &a) in steps.iter().enumerate() {
+                let t = zi - a * b;
+                let lower = if pos { -t } else { t };
+                let direct = if lower >= c {
+                    cap
+                } else {
+                    ((logistic_loss(t, pos).min(c) / q).floor() as u64).min(cap)
+                };
+                let r = rec[k] as u64;
+                assert!(r.abs_diff(direct) <= 1, "{zi} {b} {a} {r} {direct}");
+                differ += u64::from(r != direct);
+            }
+        }
+        assert!(rows_seen > 10_000, "{rows_seen}");
+        // At most a few in a thousand candidate losses move by one unit of 2⁻³²·C_obj.
+        assert!(
+            differ * 200 < rows_seen * 21,
+            "{differ} of {}",
+            rows_seen * 21
+        );
+        // Not a grid: no recurrence. Out of range: refused.
+        assert!(grid_step(&[0.0, 0.1, 0.3]).is_none());
+        let steps: Vec<f64> = (0..=CANDIDATES).map(|i| i as f64).collect();
+        let mut o = vec![0u128; steps.len()];
+        assert!(!score_row_recurrence(
+            0.0, 100.0, true, 1.0, &steps, 3.0, 1e-9, 10, &mut o
+        ));
+        assert!(o.iter().all(|&v| v == 0));
     }
 
     /// Exact sums: the same rows in another order (another partitioning) give the same model.

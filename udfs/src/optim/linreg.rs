@@ -126,6 +126,7 @@
 //! accountant uses γ_acc = (1 + γ)(1 + 2⁻⁴⁰) + 2^{−k} − 1 ≥ the true ratio bound − 1.
 use datafusion::common::{DataFusionError, Result};
 
+use super::kernel::{self, RowPath};
 use super::units::{Units, clip_int};
 use crate::aggregates::exact::{exact_log2, pow2, release_exact};
 use crate::mechanisms::GaussianMechanism;
@@ -155,7 +156,7 @@ fn pow2_floor(x: f64) -> i32 {
 /// x rounded to the nearest integer (ties away from zero), saturating at the i64 range; NaN
 /// gives 0. Native instructions only (`f64::round` is a libm call on baseline x86-64).
 #[inline]
-fn round_i64(x: f64) -> i64 {
+pub(crate) fn round_i64(x: f64) -> i64 {
     let t = x as i64; // truncation toward zero, saturating
     let r = x - t as f64;
     // Branch-free: the comparisons are unpredictable in the kernels' loops.
@@ -235,6 +236,18 @@ pub struct Clipper {
 }
 
 impl Clipper {
+    /// The float target norm (see the field).
+    #[inline]
+    pub(crate) fn target(&self) -> f64 {
+        self.target
+    }
+
+    /// 1/q = 2^−exp.
+    #[inline]
+    pub(crate) fn inv_q(&self) -> f64 {
+        self.inv_q
+    }
+
     /// For a bound `clip` > 0, a grid 2^exp ≤ 2⁻¹⁰·clip and p coordinates.
     pub fn new(clip: f64, exp: i32, p: usize) -> Self {
         let q = pow2(exp);
@@ -513,10 +526,22 @@ impl GaussianGd {
         units: Option<&Units>,
         theta: &[f64],
     ) -> Result<Vec<i128>> {
+        self.gradient_sum_with(rows, units, theta, RowPath::Auto)
+    }
+
+    /// [`Self::gradient_sum`] through a chosen implementation of the row pass
+    /// ([`super::kernel`]): every [`RowPath`] gives the same integers (exactness tests).
+    pub fn gradient_sum_with(
+        &self,
+        rows: &super::rows::Rows,
+        units: Option<&Units>,
+        theta: &[f64],
+        path: RowPath,
+    ) -> Result<Vec<i128>> {
         let design = Design::new(rows, self.fit_intercept);
         let clipper = self.clipper(design.p())?;
         let norms: Vec<f64> = (0..design.n()).map(|i| design.norm(i)).collect();
-        Ok(self.sums(&design, &norms, &clipper, theta, units))
+        Ok(self.sums(&design, &norms, &clipper, theta, units, path))
     }
 
     /// One noisy gradient release at `theta`, as each iteration of the fit draws it: the
@@ -549,18 +574,74 @@ impl GaussianGd {
         clipper: &Clipper,
         theta: &[f64],
         units: Option<&Units>,
+        path: RowPath,
     ) -> Vec<i128> {
         let p = design.p();
         let mut sums = vec![0i128; p];
         // Exact integer sums, on several threads for large n (the same integers in any split:
         // `super::par_ranges`); by units, each thread takes whole units.
-        let parts = match units {
-            None => super::par_ranges(design.n(), |rows| {
-                self.gradient_sums(design, norms, clipper, theta, rows)
-            }),
-            Some(u) => super::par_ranges(u.count(), |us| {
-                self.unit_gradient_sums(design, norms, clipper, theta, u, us)
-            }),
+        let parts = if kernel::eligible(clipper, p) {
+            // The blocked pass (`super::kernel`): the same integers as the row-at-a-time code.
+            let pass = kernel::Pass {
+                d: design.d,
+                intercept: self.fit_intercept,
+                x: &design.x,
+                y: &design.y,
+                norms,
+                theta,
+                clipper,
+            };
+            match units {
+                None => super::par_ranges(design.n(), |rows| {
+                    let mut out = vec![0i128; p];
+                    let mut part = vec![0i64; p];
+                    let mut start = rows.start;
+                    while start < rows.end {
+                        let end = rows.end.min(start + kernel::FLUSH_ROWS);
+                        pass.add_rows(start..end, &mut part, path);
+                        for (o, a) in out.iter_mut().zip(part.iter_mut()) {
+                            *o += *a as i128;
+                            *a = 0;
+                        }
+                        start = end;
+                    }
+                    out
+                }),
+                Some(u) => super::par_ranges(u.count(), |us| {
+                    let mut out = vec![0i128; p];
+                    let mut unit = vec![0i128; p];
+                    let mut part = vec![0i64; p];
+                    for k in us {
+                        unit.iter_mut().for_each(|a| *a = 0);
+                        let rows = u.range(k);
+                        let mut start = rows.start;
+                        while start < rows.end {
+                            let end = rows.end.min(start + kernel::FLUSH_ROWS);
+                            pass.add_rows(start..end, &mut part, path);
+                            for (o, a) in unit.iter_mut().zip(part.iter_mut()) {
+                                *o += *a as i128;
+                                *a = 0;
+                            }
+                            start = end;
+                        }
+                        // Per-unit clipping, as in `unit_gradient_sums`.
+                        clip_int(&mut unit, clipper.c_int);
+                        for (o, &a) in out.iter_mut().zip(&unit) {
+                            *o += a;
+                        }
+                    }
+                    out
+                }),
+            }
+        } else {
+            match units {
+                None => super::par_ranges(design.n(), |rows| {
+                    self.gradient_sums(design, norms, clipper, theta, rows)
+                }),
+                Some(u) => super::par_ranges(u.count(), |us| {
+                    self.unit_gradient_sums(design, norms, clipper, theta, u, us)
+                }),
+            }
         };
         for part in parts {
             for (s, v) in sums.iter_mut().zip(part) {
@@ -605,7 +686,7 @@ impl GaussianGd {
             if progress::cancelled(started) {
                 return Err(progress::cancelled_error(PROGRESS));
             }
-            let sums = self.sums(&design, &norms, &clipper, &theta, units);
+            let sums = self.sums(&design, &norms, &clipper, &theta, units, RowPath::Auto);
             for j in 0..p {
                 let noisy = release_exact(&self.grad_mech, rng, sums[j], clipper.exp)?;
                 let reg = if j < d { self.l2 * theta[j] } else { 0.0 };
