@@ -480,7 +480,36 @@ pub async fn run(cli: Cli) -> ExitCode {
         return crate::repl::run_repl(session, format, cli.quiet).await;
     }
     crate::repl::install_progress();
-    for script in &cli.scripts {
+    run_scripts(&cli.scripts, async |sql: &str| {
+        match session.sql(sql).await {
+            Ok(r) => match crate::repl::print_result(&r, format, cli.quiet) {
+                Ok(()) => Ran::Shown,
+                Err(e) => Ran::Unprintable(e),
+            },
+            Err(e) => {
+                crate::repl::clear_progress();
+                Ran::Failed(crate::statements::error_block(sql, &e))
+            }
+        }
+    })
+    .await
+}
+
+/// What one statement of a script did.
+pub enum Ran {
+    /// It ran and its result was printed.
+    Shown,
+    /// It ran but its result could not be printed (the message).
+    Unprintable(String),
+    /// It failed (the error block to show).
+    Failed(String),
+}
+
+/// Runs the `-c` and `-f` scripts in order, statement by statement, through `exec` (a local
+/// session or `--connect`'s server). Stops at the first failure, unless the statement is marked
+/// `-- @expect-error`, whose error goes to stdout; a marked statement that succeeds is a failure.
+pub async fn run_scripts(scripts: &[Script], mut exec: impl AsyncFnMut(&str) -> Ran) -> ExitCode {
+    for script in scripts {
         let text = match script {
             Script::Command(c) => c.clone(),
             Script::File(p) => match std::fs::read_to_string(p) {
@@ -492,27 +521,22 @@ pub async fn run(cli: Cli) -> ExitCode {
             },
         };
         for stmt in split_script(&text) {
-            match session.sql(&stmt.sql).await {
-                Ok(r) => {
-                    if let Err(e) = crate::repl::print_result(&r, format, cli.quiet) {
-                        eprintln!("dpfusion: {e}");
-                        return ExitCode::from(1);
-                    }
-                    if stmt.expect_error {
-                        eprintln!(
-                            "dpfusion: this statement was marked '-- @expect-error' but succeeded: {}",
-                            stmt.sql
-                        );
-                        return ExitCode::from(1);
-                    }
+            match exec(&stmt.sql).await {
+                Ran::Shown if stmt.expect_error => {
+                    eprintln!(
+                        "dpfusion: this statement was marked '-- @expect-error' but succeeded: {}",
+                        stmt.sql
+                    );
+                    return ExitCode::from(1);
                 }
-                Err(e) if stmt.expect_error => {
-                    crate::repl::clear_progress();
-                    crate::repl::out(&crate::statements::error_block(&stmt.sql, &e));
+                Ran::Shown => {}
+                Ran::Unprintable(e) => {
+                    eprintln!("dpfusion: {e}");
+                    return ExitCode::from(1);
                 }
-                Err(e) => {
-                    crate::repl::clear_progress();
-                    eprintln!("{}", crate::statements::error_block(&stmt.sql, &e));
+                Ran::Failed(block) if stmt.expect_error => crate::repl::out(&block),
+                Ran::Failed(block) => {
+                    eprintln!("{block}");
                     return ExitCode::from(1);
                 }
             }

@@ -177,16 +177,10 @@ impl Repl {
     }
 
     async fn meta(&mut self, line: &str) -> Flow {
-        let line = line.trim().trim_end_matches(';').trim();
-        let (cmd, arg) = match line.split_once(char::is_whitespace) {
-            Some((c, a)) => (c, a.trim()),
-            None => (line, ""),
-        };
-        match cmd {
-            "\\q" | "\\quit" => return Flow::Quit,
-            "\\?" | "\\h" | "\\help" => println!("{META_HELP}"),
-            "\\budget" => self.show_batch(budget_batch(&self.session.budget())),
-            "\\ledger" => {
+        match Meta::parse(line, &mut self.format, &mut self.timing) {
+            Meta::Quit => return Flow::Quit,
+            Meta::Budget => self.show_batch(budget_batch(&self.session.budget())),
+            Meta::Ledger => {
                 // On screen the events (`profile`) are left out: `\format json` or
                 // `SELECT * FROM dp_ledger()` show them.
                 let b = ledger_batch(&self.session.ledger()).and_then(|b| {
@@ -200,30 +194,61 @@ impl Repl {
                 });
                 self.show_batch(b)
             }
+            Meta::Explain(query) => self.run_sql(&format!("EXPLAIN PRIVACY {query}")).await,
+            Meta::Describe(table) => println!("{}", describe(&self.session, table)),
+            Meta::Done => {}
+        }
+        Flow::Continue
+    }
+}
+
+/// A meta-command (`\budget`, `\d t`, …) that needs the backend. Both REPLs, the local one and
+/// `--connect`'s, read their input through [`Meta::parse`]: only what they do with these differs.
+pub enum Meta<'a> {
+    Quit,
+    Budget,
+    Ledger,
+    /// `\explain QUERY` (never empty).
+    Explain(&'a str),
+    /// `\d [TABLE]` (empty: every table).
+    Describe(&'a str),
+    /// Carried out already (`\?`, `\format`, `\timing`), or a mistake already reported.
+    Done,
+}
+
+impl<'a> Meta<'a> {
+    /// Parses one meta-command line, carrying out at once what needs no backend: `\?`,
+    /// `\format` (on `format`), `\timing` (on `timing`), and the messages for mistakes.
+    pub fn parse(line: &'a str, format: &mut OutputFormat, timing: &mut bool) -> Meta<'a> {
+        let line = line.trim().trim_end_matches(';').trim();
+        let (cmd, arg) = match line.split_once(char::is_whitespace) {
+            Some((c, a)) => (c, a.trim()),
+            None => (line, ""),
+        };
+        match cmd {
+            "\\q" | "\\quit" => return Meta::Quit,
+            "\\budget" => return Meta::Budget,
+            "\\ledger" => return Meta::Ledger,
+            "\\d" => return Meta::Describe(arg),
+            "\\explain" if !arg.is_empty() => return Meta::Explain(arg),
             "\\explain" => {
-                if arg.is_empty() {
-                    eprintln!(
-                        "\\explain needs a query, e.g. \\explain SELECT dp_count(x, 0.1) FROM t"
-                    );
-                } else {
-                    self.run_sql(&format!("EXPLAIN PRIVACY {arg}")).await;
-                }
+                eprintln!("\\explain needs a query, e.g. \\explain SELECT dp_count(x, 0.1) FROM t")
             }
-            "\\d" => println!("{}", describe(&self.session, arg)),
+            "\\?" | "\\h" | "\\help" => println!("{META_HELP}"),
             "\\format" => match arg.parse::<OutputFormat>() {
                 Ok(f) => {
-                    self.format = f;
+                    *format = f;
                     println!("output format: {}", arg.to_ascii_lowercase());
                 }
                 Err(e) => eprintln!("{e}"),
             },
             "\\timing" => {
-                self.timing = !self.timing;
-                println!("timing is {}", if self.timing { "on" } else { "off" });
+                *timing = !*timing;
+                println!("timing is {}", if *timing { "on" } else { "off" });
             }
             other => eprintln!("unknown command {other}: \\? lists the commands"),
         }
-        Flow::Continue
+        Meta::Done
     }
 }
 

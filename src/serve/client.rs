@@ -19,7 +19,8 @@ use rustyline::{Config, Editor};
 use tonic::transport::Channel;
 
 use super::StatementMetadata;
-use crate::cli::{Script, split_script};
+use crate::cli::{Ran, Script};
+use crate::repl::Meta;
 use crate::repl::format::{OutputFormat, render};
 use crate::repl::helper::SqlHelper;
 
@@ -251,41 +252,14 @@ pub async fn run(
     if scripts.is_empty() {
         return repl(remote, format, quiet).await;
     }
-    for script in scripts {
-        let text = match script {
-            Script::Command(c) => c.clone(),
-            Script::File(p) => match std::fs::read_to_string(p) {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("dpfusion: cannot read {}: {e}", p.display());
-                    return ExitCode::from(1);
-                }
-            },
-        };
-        for stmt in split_script(&text) {
-            match remote.sql(&stmt.sql).await {
-                Ok(r) => {
-                    if let Err(e) = print(&r, format, quiet) {
-                        eprintln!("dpfusion: {e}");
-                        return ExitCode::from(1);
-                    }
-                    if stmt.expect_error {
-                        eprintln!(
-                            "dpfusion: this statement was marked '-- @expect-error' but succeeded: {}",
-                            stmt.sql
-                        );
-                        return ExitCode::from(1);
-                    }
-                }
-                Err(e) if stmt.expect_error => crate::repl::out(&error_block(&stmt.sql, &e)),
-                Err(e) => {
-                    eprintln!("{}", error_block(&stmt.sql, &e));
-                    return ExitCode::from(1);
-                }
-            }
-        }
-    }
-    ExitCode::SUCCESS
+    crate::cli::run_scripts(scripts, async |sql: &str| match remote.sql(sql).await {
+        Ok(r) => match print(&r, format, quiet) {
+            Ok(()) => Ran::Shown,
+            Err(e) => Ran::Unprintable(e),
+        },
+        Err(e) => Ran::Failed(error_block(sql, &e)),
+    })
+    .await
 }
 
 struct State {
@@ -384,39 +358,19 @@ impl State {
 
     /// Returns false on `\q`.
     async fn meta(&mut self, line: &str) -> bool {
-        let line = line.trim().trim_end_matches(';').trim();
-        let (cmd, arg) = match line.split_once(char::is_whitespace) {
-            Some((c, a)) => (c, a.trim()),
-            None => (line, ""),
-        };
-        match cmd {
-            "\\q" | "\\quit" => return false,
-            "\\?" | "\\h" | "\\help" => println!("{}", crate::repl::META_HELP),
-            "\\budget" => self.run_sql("SHOW BUDGET").await,
-            "\\ledger" => {
+        match Meta::parse(line, &mut self.format, &mut self.timing) {
+            Meta::Quit => return false,
+            Meta::Budget => self.run_sql("SHOW BUDGET").await,
+            Meta::Ledger => {
                 self.run_sql("SELECT seq, time, query, \"table\", epsilon, delta FROM dp_ledger()")
                     .await
             }
-            "\\explain" if arg.is_empty() => {
-                eprintln!("\\explain needs a query, e.g. \\explain SELECT dp_count(x, 0.1) FROM t")
-            }
-            "\\explain" => self.run_sql(&format!("EXPLAIN PRIVACY {arg}")).await,
-            "\\d" => {
-                let d = self.describe(arg).await;
+            Meta::Explain(query) => self.run_sql(&format!("EXPLAIN PRIVACY {query}")).await,
+            Meta::Describe(table) => {
+                let d = self.describe(table).await;
                 println!("{d}");
             }
-            "\\format" => match arg.parse::<OutputFormat>() {
-                Ok(f) => {
-                    self.format = f;
-                    println!("output format: {}", arg.to_ascii_lowercase());
-                }
-                Err(e) => eprintln!("{e}"),
-            },
-            "\\timing" => {
-                self.timing = !self.timing;
-                println!("timing is {}", if self.timing { "on" } else { "off" });
-            }
-            other => eprintln!("unknown command {other}: \\? lists the commands"),
+            Meta::Done => {}
         }
         true
     }
