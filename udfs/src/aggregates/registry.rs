@@ -42,12 +42,14 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use super::dp_quantile::{
-    QuantileKind, cost_of as quantile_cost, dp_median_udaf, dp_quantile_udaf, dp_quantiles_udaf,
+    QuantileKind, cost_of as quantile_cost, noise_of as quantile_noise, dp_median_udaf, dp_quantile_udaf, dp_quantiles_udaf,
 };
+use super::interval::{ci_cost, ci_noise};
 use super::{
     AgdParams, CountDistinctParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams,
-    StddevParams, SumParams, VarianceParams, dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd,
-    dp_linreg_gd_udaf, dp_logreg_agd_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_udaf,
+    StddevParams, SumParams, VarianceParams, dp_count_ci_udaf, dp_count_distinct_ci_udaf,
+    dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf, dp_logreg_agd_udaf,
+    dp_mean_ci_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_udaf, dp_sum_ci_udaf,
     dp_sum_udaf, dp_variance_udaf, rgm_mean_by_udaf,
 };
 use crate::privacy::{Event, PrivacyError};
@@ -138,10 +140,6 @@ fn spec_noise<P: super::adapter::DpFunction>(params: &[ScalarValue]) -> Option<S
     (P::spec().release)(params).ok()?.noise()
 }
 
-/// [`NoiseFn`] of a function that does not describe its noise (yet).
-fn no_noise(_: &[ScalarValue]) -> Option<String> {
-    None
-}
 
 impl Aggregate {
     /// The parameters users may write (the hidden neighbour mode left out).
@@ -199,6 +197,12 @@ const MECHANISM: Param = Param {
     default: Default::Text("gaussian"),
     doc: "'gaussian' ((ε, δ)-DP, the default) or 'laplace' (pure ε-DP: δ is not used)",
 };
+/// The `_ci` variants' interval level ([`super::interval`]), just before `neighbours`.
+const CONFIDENCE: Param = number(
+    "confidence",
+    Default::Number("0.95"),
+    "the interval's coverage, in (0, 1); the interval is post-processing: no extra charge",
+);
 const NEIGHBOURS: Param = Param {
     name: "neighbours",
     kind: Kind::Text,
@@ -303,6 +307,58 @@ pub static AGGREGATES: &[Aggregate] = &[
         noise: spec_noise::<MeanParams>,
     },
     Aggregate {
+        name: "dp_count_ci",
+        summary: "dp_count's release with its confidence interval: \
+                  Struct{value, lower, upper, confidence, stddev}",
+        data: &[COUNTED],
+        params: &[EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_count_ci_udaf,
+        cost: ci_cost::<CountParams>,
+        noise: ci_noise::<CountParams>,
+    },
+    Aggregate {
+        name: "dp_count_distinct_ci",
+        summary: "dp_count_distinct's release with its confidence interval",
+        data: &[DataArg {
+            name: "unit",
+            doc: "the table's privacy unit column",
+        }],
+        params: &[EPSILON, DELTA, CONFIDENCE, NEIGHBOURS],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_count_distinct_ci_udaf,
+        cost: ci_cost::<CountDistinctParams>,
+        noise: ci_noise::<CountDistinctParams>,
+    },
+    Aggregate {
+        name: "dp_sum_ci",
+        summary: "dp_sum's release with its confidence interval",
+        data: &[VALUE],
+        params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_sum_ci_udaf,
+        cost: ci_cost::<SumParams>,
+        noise: ci_noise::<SumParams>,
+    },
+    Aggregate {
+        name: "dp_mean_ci",
+        summary: "dp_mean's release with its confidence interval",
+        data: &[VALUE],
+        params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_mean_ci_udaf,
+        cost: ci_cost::<MeanParams>,
+        noise: ci_noise::<MeanParams>,
+    },
+    Aggregate {
         name: "dp_variance",
         summary: "noisy population variance of the values clamped to [lower, upper], within \
                   [0, (upper − lower)²/4]",
@@ -349,7 +405,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_quantile_udaf,
         cost: |_, p| quantile_cost(QuantileKind::Quantile, p),
-        noise: no_noise,
+        noise: |p| quantile_noise(QuantileKind::Quantile, p),
     },
     Aggregate {
         name: "dp_median",
@@ -362,7 +418,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_median_udaf,
         cost: |_, p| quantile_cost(QuantileKind::Median, p),
-        noise: no_noise,
+        noise: |p| quantile_noise(QuantileKind::Median, p),
     },
     Aggregate {
         name: "dp_quantiles",
@@ -386,7 +442,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_quantiles_udaf,
         cost: |_, p| quantile_cost(QuantileKind::Quantiles, p),
-        noise: no_noise,
+        noise: |p| quantile_noise(QuantileKind::Quantiles, p),
     },
     Aggregate {
         name: "dp_partition_select",
@@ -451,7 +507,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_linreg_gd_udaf,
         cost: dp_linreg_gd::linreg_cost,
-        noise: no_noise,
+        noise: dp_linreg_gd::linreg_noise,
     },
     Aggregate {
         name: "dp_logreg_agd",
@@ -491,7 +547,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_logreg_agd_udaf,
         cost: |_, p| no_data(AgdParams::from_literals, AgdParams::cost, p),
-        noise: no_noise,
+        noise: super::dp_logreg_agd::agd_noise,
     },
     Aggregate {
         name: "rgm_mean_by",
@@ -526,7 +582,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: rgm_mean_by_udaf,
         cost: |_, p| no_data(RgmMeanParams::from_literals, RgmMeanParams::cost, p),
-        noise: no_noise,
+        noise: super::rgm_mean_by::rgm_noise,
     },
 ];
 
@@ -535,6 +591,20 @@ pub fn get(name: &str) -> Option<&'static Aggregate> {
     AGGREGATES
         .iter()
         .find(|a| a.name.eq_ignore_ascii_case(name))
+}
+
+/// The base function of a `_ci` variant (`dp_mean_ci` → `dp_mean`, [`super::interval`]); the
+/// declaration of `name` itself otherwise. The guard reads how a call contributes (unit-level
+/// tables) from the base function.
+pub fn base_of(name: &str) -> Option<&'static Aggregate> {
+    let a = get(name)?;
+    Some(
+        a.name
+            .strip_suffix("_ci")
+            .and_then(get)
+            .filter(|b| b.params.iter().all(|p| a.position(p.name).is_some()))
+            .unwrap_or(a),
+    )
 }
 
 /// The DP aggregate that replaces the SQL aggregate `name` (e.g. `count` → `dp_count`).
