@@ -131,7 +131,13 @@ impl Finalise for CountRelease {
         confidence: f64,
     ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
         let release = |rng: &mut SecureRng, c: i128| release_exact(&self.mech, rng, c, 0);
-        count_intervals(Noise::Gaussian(self.mech), release, rng, partials, confidence)
+        count_intervals(
+            Noise::Gaussian(self.mech),
+            release,
+            rng,
+            partials,
+            confidence,
+        )
     }
 }
 

@@ -78,8 +78,8 @@ use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::AggregateOrderSensitivity;
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, GroupsAccumulator,
-    Signature, Volatility,
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, GroupsAccumulator, Signature,
+    Volatility,
 };
 
 use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
@@ -209,7 +209,13 @@ pub(crate) fn laplace_sum_quantile(b1: f64, b2: f64, level: f64) -> f64 {
 
 /// Fieller's interval for d = m − c from S̃ = nd + Z_s, C̃ = n + Z_c (module docs); `None` when
 /// the set is unbounded.
-pub(crate) fn fieller(s: f64, count: f64, sigma_s: f64, sigma_c: f64, z: f64) -> Option<(f64, f64)> {
+pub(crate) fn fieller(
+    s: f64,
+    count: f64,
+    sigma_s: f64,
+    sigma_c: f64,
+    z: f64,
+) -> Option<(f64, f64)> {
     let a = count * count - z * z * sigma_c * sigma_c;
     if a.is_nan() || a <= 0.0 {
         return None;
@@ -293,9 +299,17 @@ pub(crate) fn mean_intervals(
         let value = d.value(lower, upper);
         values.push(value);
         out.push(match (d, value, sum_noise) {
-            (MeanDraw::Noisy { c, s, count, rows }, Some(v), Some(sn)) => {
-                Some(mean_interval(c, s, count, rows, v, sn, count_noise, level, fp))
-            }
+            (MeanDraw::Noisy { c, s, count, rows }, Some(v), Some(sn)) => Some(mean_interval(
+                c,
+                s,
+                count,
+                rows,
+                v,
+                sn,
+                count_noise,
+                level,
+                fp,
+            )),
             (_, Some(v), _) => Some(Interval {
                 lower: v,
                 upper: v,

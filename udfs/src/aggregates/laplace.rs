@@ -105,7 +105,13 @@ impl Finalise for LaplaceCount {
         confidence: f64,
     ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
         let release = |rng: &mut SecureRng, c: i128| release_exact_laplace(&self.mech, rng, c, 0);
-        count_intervals(Noise::Laplace(self.mech), release, rng, partials, confidence)
+        count_intervals(
+            Noise::Laplace(self.mech),
+            release,
+            rng,
+            partials,
+            confidence,
+        )
     }
 }
 

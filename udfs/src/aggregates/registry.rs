@@ -42,7 +42,8 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use super::dp_quantile::{
-    QuantileKind, cost_of as quantile_cost, noise_of as quantile_noise, dp_median_udaf, dp_quantile_udaf, dp_quantiles_udaf,
+    QuantileKind, cost_of as quantile_cost, dp_median_udaf, dp_quantile_udaf, dp_quantiles_udaf,
+    noise_of as quantile_noise,
 };
 use super::interval::{ci_cost, ci_noise};
 use super::{
@@ -139,7 +140,6 @@ pub type NoiseFn = fn(&[ScalarValue]) -> Option<String>;
 fn spec_noise<P: super::adapter::DpFunction>(params: &[ScalarValue]) -> Option<String> {
     (P::spec().release)(params).ok()?.noise()
 }
-
 
 impl Aggregate {
     /// The parameters users may write (the hidden neighbour mode left out).
@@ -338,7 +338,9 @@ pub static AGGREGATES: &[Aggregate] = &[
         name: "dp_sum_ci",
         summary: "dp_sum's release with its confidence interval",
         data: &[VALUE],
-        params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS],
+        params: &[
+            LOWER, UPPER, EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS,
+        ],
         requirements: &[],
         replaces: &[],
         internal: false,
@@ -350,7 +352,9 @@ pub static AGGREGATES: &[Aggregate] = &[
         name: "dp_mean_ci",
         summary: "dp_mean's release with its confidence interval",
         data: &[VALUE],
-        params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS],
+        params: &[
+            LOWER, UPPER, EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS,
+        ],
         requirements: &[],
         replaces: &[],
         internal: false,
@@ -645,6 +649,73 @@ mod tests {
         assert_eq!(
             get("dp_sum").unwrap().usage(),
             "dp_sum(value, lower, upper, epsilon[, delta][, mechanism])"
+        );
+    }
+
+    /// Every user-facing call describes its noise in EXPLAIN PRIVACY, from literals alone.
+    #[test]
+    fn every_aggregate_describes_its_noise() {
+        use datafusion::arrow::array::{Float64Array, ListArray};
+        use datafusion::arrow::datatypes::Float64Type;
+        use std::sync::Arc;
+        let f = |v: f64| ScalarValue::Float64(Some(v));
+        let s = |v: &str| ScalarValue::Utf8(Some(v.into()));
+        let qs = ScalarValue::List(Arc::new(
+            ListArray::from_iter_primitive::<Float64Type, _, _>(vec![Some(vec![
+                Some(0.25),
+                Some(0.75),
+            ])]),
+        ));
+        let _ = Float64Array::from(vec![0.0]);
+        let lits = |name: &str| -> Vec<ScalarValue> {
+            match name {
+                "dp_count" | "dp_count_ci" | "dp_partition_select" => vec![f(1.0), f(1e-6)],
+                "dp_count_distinct" => vec![f(1.0), f(1e-6), s("units:2:1")],
+                "dp_count_distinct_ci" => vec![f(1.0), f(1e-6), f(0.9), s("units:2:1")],
+                "dp_quantile" => vec![f(0.0), f(100.0), f(0.5), f(1.0)],
+                "dp_median" => vec![f(0.0), f(100.0), f(1.0)],
+                "dp_quantiles" => vec![f(0.0), f(100.0), qs.clone(), f(1.0)],
+                "dp_linreg_gd" | "dp_logreg_agd" => vec![f(1.0), f(1e-6)],
+                "rgm_mean_by" => vec![f(2.0), f(1.0), f(1e-6), f(1000.0), s("replace_public_n")],
+                _ => vec![f(0.0), f(100.0), f(1.0), f(1e-6)],
+            }
+        };
+        for a in AGGREGATES {
+            let n = (a.noise)(&lits(a.name));
+            assert!(
+                n.as_ref().is_some_and(|n| !n.is_empty()),
+                "{}: {n:?}",
+                a.name
+            );
+        }
+        let noise = |name: &str, l: Vec<ScalarValue>| (get(name).unwrap().noise)(&l).unwrap();
+        // dp_quantiles: 1024 bins of width 100/1024, ε/2 each.
+        assert_eq!(
+            noise("dp_quantiles", lits("dp_quantiles")),
+            "exponential mechanism over 1024 bins of width 0.09766, ε = 0.5 for each of 2 \
+             quantiles (rank score, sensitivity 1)"
+        );
+        // dp_variance, add_remove: μ₁² = μ²/2 on the centred sum (sensitivity h = 50 in value
+        // units), μ_c² = μ²/4 on the count (sensitivity 1): σ₁ = 50/(μ/√2), σ_c = 1/(μ/2), with
+        // μ = gaussian_mu(1, 1e-6) (module docs), up to the grid's 2^-20 relative.
+        let mu = crate::privacy::gaussian_mu(1.0, 1e-6).unwrap();
+        let text = noise("dp_variance", lits("dp_variance"));
+        let short = super::super::accumulator::short;
+        assert!(
+            text.contains(&format!("σ = {} on the count", short(2.0 / mu))),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "σ = {} on the sum of (value",
+                short(50.0 * 2f64.sqrt() / mu)
+            )),
+            "{text}"
+        );
+        // A `_ci` call describes its base call's noise.
+        assert_eq!(
+            noise("dp_mean_ci", lits("dp_mean_ci")),
+            noise("dp_mean", lits("dp_mean"))
         );
     }
 

@@ -36,7 +36,12 @@ fn release<P: DpFunction>(lits: &[ScalarValue]) -> Fin {
 }
 
 /// Values (as f64) and intervals of `N` releases of the same partial, from seed `seed`.
-fn draws(fin: &Fin, p: Partial, level: f64, seed: u64) -> (Vec<Option<f64>>, Vec<Option<Interval>>) {
+fn draws(
+    fin: &Fin,
+    p: Partial,
+    level: f64,
+    seed: u64,
+) -> (Vec<Option<f64>>, Vec<Option<Interval>>) {
     let mut rng = SecureRng::insecure_from_seed(seed);
     let (values, iv) = fin
         .finalise_with_intervals(&mut rng, &vec![p; N], level)
@@ -72,7 +77,10 @@ fn check_coverage(label: &str, fin: &Fin, p: Partial, truth: f64) -> Vec<Option<
         iv[0]
     );
     let (values50, iv50) = draws(fin, p, 0.5, 11);
-    assert_eq!(values, values50, "{label}: the level does not change the draws");
+    assert_eq!(
+        values, values50,
+        "{label}: the level does not change the draws"
+    );
     let c50 = coverage(&iv50, truth);
     assert!(
         (0.475..=0.525).contains(&c50),
@@ -123,7 +131,10 @@ fn gaussian_half_steps_are_the_normal_quantile_rounded_up() {
     };
     let k = Noise::Gaussian(m).half_steps(0.95);
     let exact = 1.959963984540054 * 1048576.0;
-    assert!(k as f64 >= exact && (k as f64) < exact + 2.0, "{k} vs {exact}");
+    assert!(
+        k as f64 >= exact && (k as f64) < exact + 2.0,
+        "{k} vs {exact}"
+    );
     // A small scale, against the exact discrete Gaussian pmf summed directly: the bound's k
     // covers at least the level, and is at most one step above the exact smallest k.
     let s = 5.0f64;
@@ -136,8 +147,15 @@ fn gaussian_half_steps_are_the_normal_quantile_rounded_up() {
     let cover = |k: i64| (-k..=k).map(pmf).sum::<f64>() / norm;
     for level in [0.5, 0.9, 0.95, 0.99] {
         let k = Noise::Gaussian(m).half_steps(level) as i64;
-        assert!(cover(k) >= level, "level {level}: k {k} covers {}", cover(k));
-        assert!(cover(k - 2) < level, "level {level}: k {k} is not the smallest + 1");
+        assert!(
+            cover(k) >= level,
+            "level {level}: k {k} covers {}",
+            cover(k)
+        );
+        assert!(
+            cover(k - 2) < level,
+            "level {level}: k {k} is not the smallest + 1"
+        );
     }
 }
 
@@ -155,7 +173,10 @@ fn laplace_half_steps_are_exact() {
     for level in [0.5, 0.9, 0.95, 0.99] {
         let k = Noise::Laplace(m).half_steps(level) as i64;
         assert!(cover(k) >= level, "level {level}: {k}");
-        assert!(cover(k - 1) < level, "level {level}: {k} is not the smallest");
+        assert!(
+            cover(k - 1) < level,
+            "level {level}: {k} is not the smallest"
+        );
     }
     // The standard deviation g·√(2a)/(1 − a), against the pmf's second moment.
     let var: f64 = (-2000..=2000).map(|y| pmf(y) * (y * y) as f64).sum();
@@ -166,7 +187,13 @@ fn laplace_half_steps_are_exact() {
 fn laplace_sum_quantile_matches_numerical_convolution() {
     // P(|L₁ + L₂| > x) = 2∫ f₁(u)·P(L₂ > x − u) du by the trapezoid rule (independent of the
     // closed form), at the returned x.
-    for (b1, b2) in [(1.0, 0.0), (1.0, 0.5), (1.0, 1.0), (2.0, 3.0), (1.0, 0.99999)] {
+    for (b1, b2) in [
+        (1.0, 0.0),
+        (1.0, 0.5),
+        (1.0, 1.0),
+        (2.0, 3.0),
+        (1.0, 0.99999),
+    ] {
         for level in [0.5, 0.95] {
             let x = laplace_sum_quantile(b1, b2, level);
             let surv2 = |v: f64| {
@@ -305,10 +332,17 @@ fn mean_coverage_gaussian_and_laplace() {
 fn ci_values_are_the_base_values_for_the_same_seed() {
     let fp = FixedPoint::new(0.0, 10.0);
     let x = fp.quantise(3.0) as i128;
-    let ps = vec![partial(x * 40, 40, 41), partial(0, 0, 0), partial(x * 7, 7, 7)];
+    let ps = vec![
+        partial(x * 40, 40, 41),
+        partial(0, 0, 0),
+        partial(x * 7, 7, 7),
+    ];
     let cases: Vec<(&str, Fin)> = vec![
         ("count g", release::<CountParams>(&[f(1.0)])),
-        ("count l", release::<CountParams>(&[f(1.0), f(1e-7), s("laplace")])),
+        (
+            "count l",
+            release::<CountParams>(&[f(1.0), f(1e-7), s("laplace")]),
+        ),
         (
             "count_distinct",
             release::<CountDistinctParams>(&[f(1.0), f(1e-7), s("units:2:1")]),
@@ -335,7 +369,10 @@ fn ci_values_are_the_base_values_for_the_same_seed() {
                 s("replace_public_n"),
             ]),
         ),
-        ("mean exact", release::<MeanParams>(&[f(4.0), f(4.0), f(1.0)])),
+        (
+            "mean exact",
+            release::<MeanParams>(&[f(4.0), f(4.0), f(1.0)]),
+        ),
     ];
     for (label, fin) in cases {
         let mut a = SecureRng::insecure_from_seed(42);
@@ -353,8 +390,16 @@ fn ci_values_are_the_base_values_for_the_same_seed() {
 #[test]
 fn ci_costs_and_noise_are_the_base_ones() {
     for (ci, base, lits) in [
-        ("dp_count_ci", "dp_count", vec![f(0.5), f(1e-6), s("gaussian")]),
-        ("dp_count_ci", "dp_count", vec![f(0.5), f(1e-6), s("laplace")]),
+        (
+            "dp_count_ci",
+            "dp_count",
+            vec![f(0.5), f(1e-6), s("gaussian")],
+        ),
+        (
+            "dp_count_ci",
+            "dp_count",
+            vec![f(0.5), f(1e-6), s("laplace")],
+        ),
         (
             "dp_sum_ci",
             "dp_sum",
@@ -365,7 +410,11 @@ fn ci_costs_and_noise_are_the_base_ones() {
             "dp_mean",
             vec![f(0.0), f(1.0), f(0.5), f(1e-6), s("laplace")],
         ),
-        ("dp_count_distinct_ci", "dp_count_distinct", vec![f(0.5), f(1e-6)]),
+        (
+            "dp_count_distinct_ci",
+            "dp_count_distinct",
+            vec![f(0.5), f(1e-6)],
+        ),
     ] {
         let (c, b) = (registry::get(ci).unwrap(), registry::get(base).unwrap());
         let mode = if base == "dp_count_distinct" {
@@ -397,9 +446,12 @@ fn ci_costs_and_noise_are_the_base_ones() {
             .to_string();
         assert!(e.contains("'confidence'"), "{e}");
     }
-    let e = split_confidence("dp_count", &[f(1.0), f(1e-6), s("gaussian"), f(0.9), s("x"), f(1.0)])
-        .unwrap_err()
-        .to_string();
+    let e = split_confidence(
+        "dp_count",
+        &[f(1.0), f(1e-6), s("gaussian"), f(0.9), s("x"), f(1.0)],
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("at most 5"), "{e}");
     assert_eq!(
         split_confidence("dp_count", &[f(1.0)]).unwrap(),
@@ -439,8 +491,12 @@ async fn sql_struct_and_same_value_as_base() {
     assert_eq!(base, ci);
     let lower = one("SELECT r['lower'] FROM (SELECT dp_mean_ci(x, 0, 10, 1.0, 1e-7, 'gaussian', 0.9) AS r FROM t)").await;
     let upper = one("SELECT dp_mean_ci(x, 0, 10, 1.0)['upper'] FROM t").await;
-    assert!(lower <= base && base <= upper && upper - lower < 1.0, "{lower} {base} {upper}");
-    let conf = one("SELECT dp_mean_ci(x, 0, 10, 1.0, 1e-7, 'gaussian', 0.8)['confidence'] FROM t").await;
+    assert!(
+        lower <= base && base <= upper && upper - lower < 1.0,
+        "{lower} {base} {upper}"
+    );
+    let conf =
+        one("SELECT dp_mean_ci(x, 0, 10, 1.0, 1e-7, 'gaussian', 0.8)['confidence'] FROM t").await;
     assert_eq!(conf, 0.8);
     assert_eq!(
         one("SELECT dp_count(x, 1.0) FROM t").await,
@@ -455,15 +511,29 @@ async fn sql_struct_and_same_value_as_base() {
         .await
         .unwrap();
     let st = b[0].column(0).as_struct();
-    assert!(st.column_by_name("value").unwrap().as_any().is::<Int64Array>());
+    assert!(
+        st.column_by_name("value")
+            .unwrap()
+            .as_any()
+            .is::<Int64Array>()
+    );
     assert_eq!(
-        st.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>(),
+        st.fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>(),
         ["value", "lower", "upper", "confidence", "stddev"]
     );
     // Refusals at planning.
     for (sql, want) in [
-        ("SELECT dp_mean_ci(x, 0, 10, 1.0, 1e-7, 'gaussian', 1.0) FROM t", "confidence"),
-        ("SELECT dp_mean_ci(x, 0, 10, 1.0, 1e-7, 'gaussian', x) FROM t", "literal"),
+        (
+            "SELECT dp_mean_ci(x, 0, 10, 1.0, 1e-7, 'gaussian', 1.0) FROM t",
+            "confidence",
+        ),
+        (
+            "SELECT dp_mean_ci(x, 0, 10, 1.0, 1e-7, 'gaussian', x) FROM t",
+            "literal",
+        ),
     ] {
         let e = match ctx.sql(sql).await {
             Ok(df) => df.collect().await.unwrap_err().to_string(),
