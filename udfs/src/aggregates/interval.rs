@@ -493,6 +493,38 @@ impl Finalise for IntervalRelease {
     }
 }
 
+/// The documentation example of a `_ci` variant, from the base function's first example
+/// (`SELECT job, dp_count(salary, 0.3) FROM salaries GROUP BY job;`): its call, renamed, read
+/// field by field.
+fn ci_example(example: &str, base: &str, ci: &str) -> String {
+    let line = example.lines().next().unwrap_or_default();
+    let call = line.find(base).and_then(|start| {
+        let mut depth = 0;
+        for (i, ch) in line[start..].char_indices() {
+            match ch {
+                '(' => depth += 1,
+                ')' if depth == 1 => return Some(&line[start..=start + i]),
+                ')' => depth -= 1,
+                _ => {}
+            }
+        }
+        None
+    });
+    let table = line
+        .split(" FROM ")
+        .nth(1)
+        .and_then(|rest| rest.split([' ', ';']).next())
+        .unwrap_or("t");
+    match call {
+        Some(call) => format!(
+            "SELECT r['value'], r['lower'], r['upper'], r['stddev'] FROM (SELECT {} AS r FROM \
+             {table});",
+            call.replacen(base, ci, 1)
+        ),
+        None => format!("SELECT {ci}(...)['lower'] FROM {table};"),
+    }
+}
+
 /// The UDAF of the `_ci` variant of the DP aggregate whose parameter struct is `P`.
 pub struct DpCiUdaf<P> {
     signature: Signature,
@@ -520,17 +552,7 @@ impl<P: DpInterval> DpCiUdaf<P> {
             P::CI_NAME,
             spec.description
         );
-        let example = format!(
-            "SELECT r['value'], r['lower'], r['upper'] FROM (SELECT {} AS r FROM t);",
-            spec.example
-                .lines()
-                .next()
-                .and_then(|l| l.split_once("SELECT "))
-                .and_then(|(_, rest)| rest.split_once(" FROM"))
-                .map(|(call, _)| call.rsplit(", ").next().unwrap_or(call).to_string())
-                .unwrap_or_default()
-                .replacen(P::NAME, P::CI_NAME, 1)
-        );
+        let example = ci_example(spec.example, P::NAME, P::CI_NAME);
         Self {
             signature: Signature::user_defined(Volatility::Volatile)
                 .with_parameter_names(names)

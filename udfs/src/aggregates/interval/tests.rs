@@ -388,6 +388,32 @@ fn ci_values_are_the_base_values_for_the_same_seed() {
 }
 
 #[test]
+fn documentation_examples() {
+    assert_eq!(
+        ci_example(
+            "SELECT job, dp_count(salary, 0.3) FROM salaries GROUP BY job;\nSELECT 1",
+            "dp_count",
+            "dp_count_ci"
+        ),
+        "SELECT r['value'], r['lower'], r['upper'], r['stddev'] FROM (SELECT \
+         dp_count_ci(salary, 0.3) AS r FROM salaries);"
+    );
+    for u in [
+        AggregateUDF::from(crate::aggregates::DpMeanCi::new()),
+        AggregateUDF::from(crate::aggregates::DpCountDistinctCi::new()),
+    ] {
+        let doc = u.documentation().unwrap();
+        let ex = doc.sql_example.as_deref().unwrap();
+        assert!(ex.contains(&format!("{}(", u.name())), "{ex}");
+        assert!(
+            doc.syntax_example.contains("confidence"),
+            "{}",
+            doc.syntax_example
+        );
+    }
+}
+
+#[test]
 fn ci_costs_and_noise_are_the_base_ones() {
     for (ci, base, lits) in [
         (
