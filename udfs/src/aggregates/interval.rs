@@ -10,7 +10,7 @@
 //! so a seeded `_ci` call returns the seeded base call's value), `[lower, upper]` the interval,
 //! `stddev` the noise's standard deviation in the statistic's units. The wrapper
 //! ([`DpCiUdaf`]) strips `confidence` and builds the base release from the remaining literals;
-//! the release's [`Finalise::finalise_with_intervals`] draws and post-processes. The cost is the
+//! the release's `Finalise::finalise_with_intervals` draws and post-processes. The cost is the
 //! base call's: the interval is a function of the noisy values and of the public calibration
 //! (post-processing; Dwork and Roth 2014, Prop. 2.1), so no privacy is spent on it.
 //!

@@ -30,6 +30,13 @@
 //! 3. Document it in README.md ("Functions") and docs/SQL.md; the test
 //!    `every_aggregate_is_documented` in this file checks that both name it.
 //!
+//! Error bars ([`super::interval`]): to give an adapter function a `_ci` variant, implement
+//! `Finalise::finalise_with_intervals` on its release(s) (drawing exactly as `finalise` does),
+//! `impl DpInterval for <Params>` (the `_ci` name) with `pub fn <name>_ci_udaf()` returning
+//! `DpCiUdaf::<Params>::udaf()`, and declare it below with the base parameters, then
+//! `CONFIDENCE`, then `NEIGHBOURS`, `cost: ci_cost::<Params>` and `noise: ci_noise::<Params>`.
+//! The guard reads a `_ci` call's contribution (unit-level tables) from its base ([`base_of`]).
+//!
 //! An aggregate with its own accumulator (the models `dp_linreg_gd`, `dp_logreg_agd`, which
 //! buffer rows, and `rgm_mean_by`) writes its own `AggregateUDFImpl` instead of step 1's `Spec`
 //! (see `dp_logreg_agd.rs`); steps 2 and 3 are the same.

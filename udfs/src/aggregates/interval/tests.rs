@@ -82,10 +82,37 @@ fn check_coverage(label: &str, fin: &Fin, p: Partial, truth: f64) -> Vec<Option<
         "{label}: the level does not change the draws"
     );
     let c50 = coverage(&iv50, truth);
+    // Shown with `cargo test -p dpfusion-udfs interval -- --nocapture`.
+    eprintln!("{label}: coverage {c95} at 95%, {c50} at 50% ({N} releases)");
     assert!(
         (0.475..=0.525).contains(&c50),
         "{label}: 50% coverage {c50}"
     );
+    // The test's power: the same intervals 10% narrower or wider (about their centres) fail it,
+    // at 95% or at 50%.
+    let scaled = |iv: &[Option<Interval>], f: f64| -> Vec<Option<Interval>> {
+        iv.iter()
+            .map(|i| {
+                let i = i.unwrap();
+                let (c, h) = ((i.lower + i.upper) / 2.0, (i.upper - i.lower) / 2.0 * f);
+                Some(Interval {
+                    lower: c - h,
+                    upper: c + h,
+                    stddev: i.stddev,
+                })
+            })
+            .collect()
+    };
+    for f in [0.9, 1.1] {
+        let (a, b) = (
+            coverage(&scaled(&iv, f), truth),
+            coverage(&scaled(&iv50, f), truth),
+        );
+        assert!(
+            !(0.935..=0.965).contains(&a) || !(0.475..=0.525).contains(&b),
+            "{label}: a half-width ×{f} still passes ({a}, {b})"
+        );
+    }
     // Every release lies in its interval's feasible range and the interval contains it unless
     // the clamped value left it (counts): lower ≤ upper always.
     assert!(iv.iter().all(|i| i.unwrap().lower <= i.unwrap().upper));
@@ -243,11 +270,12 @@ fn fieller_set_matches_a_scan() {
 
 #[test]
 fn count_coverage_gaussian_and_laplace() {
-    // ε = 0.1: σ ≈ 50 (Gaussian), b = 10 (Laplace), so the integer rounding of the half-width
-    // moves coverage by at most ~0.2%.
+    // σ ≈ 50 (Gaussian, ε = 0.1), b = 50 (Laplace, ε = 0.02), so rounding the half-width up to
+    // an integer W raises the coverage by at most ~0.2% at 95% and ~0.8% at 50% (at b = 10 the
+    // Laplace 50% interval would cover P(|L| < 7.5) = 52.8%).
     let truth = 1000;
-    for mech in ["gaussian", "laplace"] {
-        let fin = release::<CountParams>(&[f(0.1), f(1e-7), s(mech)]);
+    for (mech, eps) in [("gaussian", 0.1), ("laplace", 0.02)] {
+        let fin = release::<CountParams>(&[f(eps), f(1e-7), s(mech)]);
         let p = partial(0, truth, truth);
         let values = check_coverage(&format!("count {mech}"), &fin, p, truth as f64);
         let (_, iv) = draws(&fin, p, 0.95, 11);
