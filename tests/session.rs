@@ -547,3 +547,57 @@ async fn the_example_catalog_and_analyst_session_run() {
         }
     }
 }
+
+/// Error bars (`_ci` variants): the charge in the ledger is the base call's, GROUP BY with
+/// partition selection and field access above the aggregate pass the guard, and the value lies
+/// in its interval.
+#[tokio::test]
+async fn ci_variants_cost_the_base_call_and_read_fields() {
+    let (s, _dir) = guard_session().await;
+    let charge = |s: &PrivateSession| {
+        let l = s.ledger();
+        let t = &l.last().unwrap().tables[0];
+        (t.epsilon, t.delta, t.events.clone())
+    };
+    for (base, ci) in [
+        (
+            "SELECT dp_mean(age, 0, 100, 0.5) FROM people",
+            "SELECT dp_mean_ci(age, 0, 100, 0.5, confidence => 0.9)['lower'] FROM people",
+        ),
+        (
+            "SELECT dp_count(age, 0.3, 1e-6) FROM people",
+            "SELECT r['upper'] - r['lower'] FROM (SELECT dp_count_ci(age, 0.3, 1e-6) AS r FROM people)",
+        ),
+        (
+            "SELECT dept, dp_sum(salary, 0, 200000, 0.5) FROM people GROUP BY dept",
+            "SELECT dept, dp_sum_ci(salary, 0, 200000, 0.5)['value'] FROM people GROUP BY dept",
+        ),
+        (
+            "SELECT dept, dp_mean(salary, 0, 200000, 0.5) FROM staff GROUP BY dept",
+            "SELECT dept, dp_mean_ci(salary, 0, 200000, 0.5) AS r FROM staff GROUP BY dept",
+        ),
+    ] {
+        s.sql(base).await.unwrap_or_else(|e| panic!("{base}: {e}"));
+        let b = charge(&s);
+        s.sql(ci).await.unwrap_or_else(|e| panic!("{ci}: {e}"));
+        assert_eq!(charge(&s), b, "{ci}");
+    }
+    // lower ≤ value ≤ upper for a mean, whose value is clamped into [lower, upper] as well.
+    let r = s
+        .sql(
+            "SELECT r['lower'], r['value'], r['upper'], r['stddev'] \
+             FROM (SELECT dp_mean_ci(age, 0, 100, 1.0) AS r FROM people)",
+        )
+        .await
+        .unwrap();
+    let col = |i: usize| {
+        r.batches[0]
+            .column(i)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap()
+            .value(0)
+    };
+    assert!(0.0 <= col(0) && col(0) <= col(1) && col(1) <= col(2) && col(2) <= 100.0);
+    assert!(col(3) > 0.0);
+}

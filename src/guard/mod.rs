@@ -879,7 +879,9 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
                 &table,
             )?),
             None => {
-                if name == units::COUNT_DISTINCT {
+                if dpfusion_udfs::aggregates::registry::base_of(&name)
+                    .is_some_and(|a| a.name == units::COUNT_DISTINCT)
+                {
                     return Err(units::count_distinct_needs_unit(&table));
                 }
                 None
@@ -1081,6 +1083,7 @@ fn feature_count_known(e: &Expr, schema: &DFSchema) -> bool {
 /// delta => 1e-7)` (column names unqualified, every parameter named, defaults filled in).
 fn display_call(name: &str, data: &[Expr], params: &[ScalarValue]) -> String {
     let spec = crate::statements::named_args::dp_function_params(name).unwrap_or(&[]);
+    let base = dpfusion_udfs::aggregates::registry::base_of(name).map_or(name, |a| a.name);
     let mut parts: Vec<String> = data
         .iter()
         .map(|e| match e {
@@ -1104,7 +1107,7 @@ fn display_call(name: &str, data: &[Expr], params: &[ScalarValue]) -> String {
         match spec.get(data.len() + i) {
             // The default mechanism is not shown (the call reads as it was written).
             Some(p)
-                if matches!(name, "dp_count" | "dp_sum" | "dp_mean")
+                if matches!(base, "dp_count" | "dp_sum" | "dp_mean")
                     && p.name == "mechanism"
                     && value.eq_ignore_ascii_case("'gaussian'") => {}
             Some(p) => parts.push(format!("{} => {value}", p.name)),

@@ -127,6 +127,8 @@ pub fn contribution(
     table: &TableInfo,
 ) -> Result<Contribution> {
     let unit = table.unit.as_ref().map(|u| u.column.as_str()).unwrap_or("");
+    // A `_ci` variant contributes as its base function (`dp_mean_ci` as `dp_mean`).
+    let name = dpfusion_udfs::aggregates::registry::base_of(name).map_or(name, |a| a.name);
     match name {
         "dp_count" | "dp_mean" | "dp_variance" | "dp_stddev" | "dp_quantile" | "dp_median"
         | "dp_quantiles" => Ok(Contribution::Rows),

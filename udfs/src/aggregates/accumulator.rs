@@ -108,6 +108,22 @@ pub(crate) trait Finalise: Debug + Send + Sync {
     fn noise(&self) -> Option<String> {
         None
     }
+    /// What [`Self::finalise`] releases, drawn identically (the same noise from the same RNG
+    /// state, so the same values), together with each release's confidence interval at level
+    /// `confidence` ∈ (0, 1): post-processing of the noisy quantities the release draws and of
+    /// its public calibration ([`super::interval`]). `None` for a NULL release. Functions
+    /// without a `_ci` variant keep this default, an internal error.
+    fn finalise_with_intervals(
+        &self,
+        rng: &mut SecureRng,
+        partials: &[Partial],
+        confidence: f64,
+    ) -> Result<(ArrayRef, Vec<Option<super::interval::Interval>>)> {
+        let _ = (rng, partials, confidence);
+        Err(DataFusionError::Internal(
+            "this DP aggregate has no confidence interval".into(),
+        ))
+    }
 }
 
 /// `x` with 4 significant digits (noise scales in EXPLAIN PRIVACY).

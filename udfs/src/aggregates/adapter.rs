@@ -108,8 +108,20 @@ fn declaration(name: &str) -> &'static Aggregate {
 /// The documentation: description and example from the spec, syntax and arguments from the
 /// registry entry.
 fn documentation(spec: &Spec, a: &Aggregate) -> Documentation {
-    let mut b = Documentation::builder(DOC_SECTION_DP, spec.description, a.usage());
-    let kind = match spec.data {
+    documentation_for(spec.data, spec.description, spec.example, spec.related, a)
+}
+
+/// The documentation of a function served from a release's [`Spec`] (also the `_ci` variants,
+/// [`super::interval`]).
+pub(crate) fn documentation_for(
+    data: DataArg,
+    description: &str,
+    example: &str,
+    related: &[&str],
+    a: &Aggregate,
+) -> Documentation {
+    let mut b = Documentation::builder(DOC_SECTION_DP, description, a.usage());
+    let kind = match data {
         DataArg::Numeric => "Numeric column (integers, floats, decimals; cast to Float64)",
         DataArg::Any => "Column of any type",
     };
@@ -123,8 +135,8 @@ fn documentation(spec: &Spec, a: &Aggregate) -> Documentation {
         };
         b = b.with_argument(p.name, text);
     }
-    b = b.with_sql_example(spec.example);
-    for r in spec.related {
+    b = b.with_sql_example(example);
+    for r in related {
         b = b.with_related_udf(*r);
     }
     b.build()

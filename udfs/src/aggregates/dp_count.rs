@@ -26,6 +26,7 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::exact::{FixedPoint, release_exact};
+use super::interval::{DpCiUdaf, Interval, Noise, count_intervals};
 use super::laplace::LaplaceCount;
 use super::params::{CountParams, Mechanism, SQRT_2_UP, representable};
 use crate::mechanisms::GaussianMechanism;
@@ -123,4 +124,31 @@ impl Finalise for CountRelease {
             super::accumulator::short(self.mech.sigma)
         ))
     }
+    fn finalise_with_intervals(
+        &self,
+        rng: &mut SecureRng,
+        partials: &[Partial],
+        confidence: f64,
+    ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
+        let release = |rng: &mut SecureRng, c: i128| release_exact(&self.mech, rng, c, 0);
+        count_intervals(
+            Noise::Gaussian(self.mech),
+            release,
+            rng,
+            partials,
+            confidence,
+        )
+    }
+}
+
+impl super::interval::DpInterval for CountParams {
+    const CI_NAME: &'static str = "dp_count_ci";
+}
+
+/// The `dp_count_ci` UDAF ([`super::interval`]).
+pub type DpCountCi = DpCiUdaf<CountParams>;
+
+/// `dp_count_ci` as an [`AggregateUDF`].
+pub fn dp_count_ci_udaf() -> AggregateUDF {
+    DpCountCi::udaf()
 }

@@ -64,6 +64,18 @@ impl DpFunction for CountDistinctParams {
     }
 }
 
+impl super::interval::DpInterval for CountDistinctParams {
+    const CI_NAME: &'static str = "dp_count_distinct_ci";
+}
+
+/// The `dp_count_distinct_ci` UDAF ([`super::interval`]).
+pub type DpCountDistinctCi = super::interval::DpCiUdaf<CountDistinctParams>;
+
+/// `dp_count_distinct_ci` as an [`AggregateUDF`].
+pub fn dp_count_distinct_ci_udaf() -> AggregateUDF {
+    DpCountDistinctCi::udaf()
+}
+
 static SPEC: Spec = Spec {
     data: DataArg::Any,
     returns: DataType::Int64,

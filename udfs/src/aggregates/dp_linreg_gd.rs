@@ -348,6 +348,35 @@ pub fn linreg_cost(data: &[Expr], params: &[ScalarValue]) -> Result<Vec<Event>, 
     LinregParams::from_literals(params)?.cost(dims)
 }
 
+/// What EXPLAIN PRIVACY shows as a `dp_linreg_gd` call's noise, from its literals alone: the
+/// Gaussian σ on each iteration's clipped gradient sum and on the row count (`'gaussian'`), or
+/// the relative Gaussian mechanism (`'rgm'`, whose σ also depends on the feature count).
+pub fn linreg_noise(params: &[ScalarValue]) -> Option<String> {
+    let p = LinregParams::from_literals(params).ok()?;
+    let short = super::accumulator::short;
+    match p.mechanism {
+        LinregMechanism::Gaussian => {
+            let k = p.gaussian().ok()?;
+            let count = match k.divisor {
+                crate::optim::linreg::Divisor::NoisyCount(m) => {
+                    format!(", σ = {} on the row count (once)", short(m.sigma))
+                }
+                crate::optim::linreg::Divisor::Public => " (public row count)".into(),
+            };
+            Some(format!(
+                "Gaussian σ = {} on each of {} iterations' clipped gradient sums{count}",
+                short(k.grad_mech.sigma),
+                p.iterations
+            ))
+        }
+        LinregMechanism::Rgm => Some(format!(
+            "relative Gaussian mechanism on the ridge gradient, {} iterations (σ depends on the \
+             feature count)",
+            p.iterations
+        )),
+    }
+}
+
 /// The kernel a call runs.
 #[derive(Debug, Clone)]
 enum Kernel {

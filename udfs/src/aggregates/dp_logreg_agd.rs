@@ -224,6 +224,26 @@ impl AgdParams {
     }
 }
 
+/// What EXPLAIN PRIVACY shows as a `dp_logreg_agd` call's noise, from its literals alone: the
+/// Gaussian σ on the clipped gradient sum at the initial per-step budget ρ_ng (σ =
+/// factor·clip_grad/√(2ρ_ng), the zCDP Gaussian mechanism, Bun and Steinke 2016, Prop. 1.6;
+/// AGD raises ρ_ng after a rejected direction, so later steps get less noise) and the
+/// exponential mechanism's per-selection ρ_nm.
+pub fn agd_noise(params: &[ScalarValue]) -> Option<String> {
+    let plan = AgdParams::from_literals(params).ok()?.plan().ok()?;
+    let short = super::accumulator::short;
+    let sigma = plan.factor() * plan.config.clip_grad / (2.0 * plan.rho_ng).sqrt();
+    Some(format!(
+        "Gaussian σ = {} on the clipped gradient sum at the first step (ρ = {} per gradient, \
+         less noise after a rejected step), step sizes by the exponential mechanism (ρ = {} \
+         each); at most {} iterations",
+        short(sigma),
+        short(plan.rho_ng),
+        short(plan.rho_nm),
+        plan.max_iterations
+    ))
+}
+
 /// The `dp_logreg_agd` UDAF.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct DpLogregAgd {

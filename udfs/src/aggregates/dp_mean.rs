@@ -61,6 +61,7 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::exact::{FixedPoint, pow2, release_exact};
+use super::interval::{DpCiUdaf, Interval, Noise, mean_intervals};
 use super::laplace::LaplaceMean;
 use super::params::{MeanParams, Mechanism, Neighbours, representable};
 use crate::mechanisms::GaussianMechanism;
@@ -198,6 +199,44 @@ pub(crate) fn centre(fp: &FixedPoint) -> f64 {
     (fp.lo + fp.hi) as f64 * pow2(fp.exp - 1)
 }
 
+/// The noisy quantities behind one group's mean ([`draw_mean`]), before post-processing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum MeanDraw {
+    /// `replace_public_n` with n = 0: NULL.
+    Null,
+    /// lower = upper: the bound, exactly (no noise).
+    Exact(f64),
+    /// The centre c, the raw noisy centred sum S̃ (value units), and the divisor: the raw noisy
+    /// count C̃ (`Some`, before `max(·, 1)`) or the public row count n (`None`, `rows`).
+    Noisy {
+        c: f64,
+        s: f64,
+        count: Option<f64>,
+        rows: i64,
+    },
+}
+
+impl MeanDraw {
+    /// The released mean: c + S̃ / max(C̃, 1) (or S̃/n), clamped to [lower, upper].
+    pub fn value(&self, lower: f64, upper: f64) -> Option<f64> {
+        match *self {
+            MeanDraw::Null => None,
+            MeanDraw::Exact(v) => Some(v),
+            MeanDraw::Noisy { c, s, count, rows } => {
+                Some((c + s / Self::divisor(count, rows)).clamp(lower, upper))
+            }
+        }
+    }
+
+    /// max(C̃, 1), or the public n.
+    pub fn divisor(count: Option<f64>, rows: i64) -> f64 {
+        match count {
+            Some(c) => c.max(1.0),
+            None => rows as f64,
+        }
+    }
+}
+
 /// One group's mean from its exact partials, with the noise of `release` (the Gaussian or the
 /// Laplace sampler on the grid; the module docs give the calibration): the midpoint plus the
 /// noisy centred sum Σ(x − c) over the noisy count, at least 1 (or the public row count under
@@ -206,19 +245,31 @@ pub(crate) fn centre(fp: &FixedPoint) -> f64 {
 pub(crate) fn mean_of<M>(
     fp: &FixedPoint,
     neighbours: Neighbours,
-    (sum_mech, count_mech): (Option<&M>, Option<&M>),
+    mechs: (Option<&M>, Option<&M>),
     release: fn(&M, &mut SecureRng, i128, i32) -> Result<f64>,
     rng: &mut SecureRng,
     p: &Partial,
 ) -> Result<Option<f64>> {
+    Ok(draw_mean(fp, neighbours, mechs, release, rng, p)?.value(fp.lower, fp.upper))
+}
+
+/// The noisy releases behind [`mean_of`], drawn in its order (the sum, then the count).
+pub(crate) fn draw_mean<M>(
+    fp: &FixedPoint,
+    neighbours: Neighbours,
+    (sum_mech, count_mech): (Option<&M>, Option<&M>),
+    release: fn(&M, &mut SecureRng, i128, i32) -> Result<f64>,
+    rng: &mut SecureRng,
+    p: &Partial,
+) -> Result<MeanDraw> {
     let public_n = neighbours == Neighbours::ReplacePublicN;
     if public_n && p.rows == 0 {
-        return Ok(None);
+        return Ok(MeanDraw::Null);
     }
     let (lower, upper) = (fp.lower, fp.upper);
     let c = centre(fp);
     let Some(sum_mech) = sum_mech else {
-        return Ok(Some(c.clamp(lower, upper)));
+        return Ok(MeanDraw::Exact(c.clamp(lower, upper)));
     };
     let mid = (fp.lo + fp.hi) as i128;
     let centred = p
@@ -226,11 +277,16 @@ pub(crate) fn mean_of<M>(
         .saturating_mul(2)
         .saturating_sub(mid.saturating_mul(p.count as i128));
     let s = release(sum_mech, rng, centred, fp.exp - 1)?;
-    let denom = match count_mech {
-        Some(m) => release(m, rng, p.count as i128, 0)?.max(1.0),
-        None => p.rows as f64,
+    let count = match count_mech {
+        Some(m) => Some(release(m, rng, p.count as i128, 0)?),
+        None => None,
     };
-    Ok(Some((c + s / denom).clamp(lower, upper)))
+    Ok(MeanDraw::Noisy {
+        c,
+        s,
+        count,
+        rows: p.rows,
+    })
 }
 
 impl Finalise for MeanRelease {
@@ -259,4 +315,32 @@ impl Finalise for MeanRelease {
             _ => "none (lower = upper)".into(),
         })
     }
+    fn finalise_with_intervals(
+        &self,
+        rng: &mut SecureRng,
+        partials: &[Partial],
+        confidence: f64,
+    ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
+        let mechs = (self.sum_mech.as_ref(), self.count_mech.as_ref());
+        let draw = |rng: &mut SecureRng, p: &Partial| {
+            draw_mean(&self.fp, self.neighbours, mechs, release_exact, rng, p)
+        };
+        let noises = (
+            self.sum_mech.map(Noise::Gaussian),
+            self.count_mech.map(Noise::Gaussian),
+        );
+        mean_intervals(&self.fp, noises, draw, rng, partials, confidence)
+    }
+}
+
+impl super::interval::DpInterval for MeanParams {
+    const CI_NAME: &'static str = "dp_mean_ci";
+}
+
+/// The `dp_mean_ci` UDAF ([`super::interval`]).
+pub type DpMeanCi = DpCiUdaf<MeanParams>;
+
+/// `dp_mean_ci` as an [`AggregateUDF`].
+pub fn dp_mean_ci_udaf() -> AggregateUDF {
+    DpMeanCi::udaf()
 }

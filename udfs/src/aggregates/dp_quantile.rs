@@ -575,3 +575,26 @@ impl Accumulator for QuantileAccumulator {
 pub fn cost_of(kind: QuantileKind, params: &[ScalarValue]) -> Result<Vec<Event>, PrivacyError> {
     QuantileParams::from_literals(kind, params)?.cost()
 }
+
+/// What EXPLAIN PRIVACY shows as a quantile call's noise, from its literals alone: the
+/// exponential mechanism's bins and the ε each quantile's draw uses (module docs).
+pub fn noise_of(kind: QuantileKind, params: &[ScalarValue]) -> Option<String> {
+    let p = QuantileParams::from_literals(kind, params).ok()?;
+    let short = super::accumulator::short;
+    if p.lower == p.upper {
+        return Some("none (lower = upper)".into());
+    }
+    let k = p.qs.len();
+    let each = p.epsilon / k as f64 / p.neighbours.pure_factor();
+    let per = if k == 1 {
+        String::new()
+    } else {
+        format!(" for each of {k} quantiles")
+    };
+    Some(format!(
+        "exponential mechanism over {BINS} bins of width {}, ε = {}{per} (rank score, \
+         sensitivity 1)",
+        short((p.upper - p.lower) / BINS as f64),
+        short(each)
+    ))
+}

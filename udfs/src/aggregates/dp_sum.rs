@@ -33,6 +33,7 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::exact::{FixedPoint, release_exact};
+use super::interval::{DpCiUdaf, Interval, Noise, sum_intervals};
 use super::laplace::LaplaceSum;
 use super::params::{Mechanism, Neighbours, SQRT_2_UP, SumParams, representable};
 use crate::mechanisms::GaussianMechanism;
@@ -157,4 +158,30 @@ impl Finalise for SumRelease {
             None => "none (lower = upper = 0)".into(),
         })
     }
+    fn finalise_with_intervals(
+        &self,
+        rng: &mut SecureRng,
+        partials: &[Partial],
+        confidence: f64,
+    ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
+        let exp = self.fp.exp;
+        let release = |rng: &mut SecureRng, s: i128| match &self.mech {
+            Some(m) => release_exact(m, rng, s, exp),
+            None => Ok(0.0),
+        };
+        let noise = self.mech.map(Noise::Gaussian);
+        sum_intervals(noise, release, rng, partials, confidence)
+    }
+}
+
+impl super::interval::DpInterval for SumParams {
+    const CI_NAME: &'static str = "dp_sum_ci";
+}
+
+/// The `dp_sum_ci` UDAF ([`super::interval`]).
+pub type DpSumCi = DpCiUdaf<SumParams>;
+
+/// `dp_sum_ci` as an [`AggregateUDF`].
+pub fn dp_sum_ci_udaf() -> AggregateUDF {
+    DpSumCi::udaf()
 }

@@ -303,11 +303,19 @@ impl Finalise for VarianceRelease {
     }
     fn noise(&self) -> Option<String> {
         Some(match &self.mechs {
-            Some(m) => format!(
-                "Gaussian σ = {} on the count (and on the sums of the centred values and their \
-                 squares, sharing μ)",
-                super::accumulator::short(m.count.sigma)
-            ),
+            Some(m) => {
+                // In value units: S₁ is in half-units q/2, S₂ in units 2^shift·(q/2)².
+                let half = pow2(self.fp.exp - 1);
+                let sq_unit = pow2(self.sq.shift as i32) * half * half;
+                let s = super::accumulator::short;
+                format!(
+                    "Gaussian σ = {} on the count, σ = {} on the sum of (value − midpoint), \
+                     σ = {} on the sum of its squares",
+                    s(m.count.sigma),
+                    s(m.sum.sigma * half),
+                    s(m.sum_sq.sigma * sq_unit)
+                )
+            }
             None => "none (lower = upper)".into(),
         })
     }

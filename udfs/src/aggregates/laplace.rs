@@ -40,6 +40,7 @@ use datafusion::common::Result;
 
 use super::accumulator::{Finalise, Partial, Shape};
 use super::exact::{FixedPoint, pow2, release_exact_laplace};
+use super::interval::{Interval, Noise, count_intervals, mean_intervals, sum_intervals};
 use super::params::{CountParams, MeanParams, Neighbours, SumParams, representable};
 use crate::mechanisms::LaplaceMechanism;
 use crate::noise::SecureRng;
@@ -96,6 +97,21 @@ impl Finalise for LaplaceCount {
             "Laplace b = {}",
             super::accumulator::short(self.mech.scale)
         ))
+    }
+    fn finalise_with_intervals(
+        &self,
+        rng: &mut SecureRng,
+        partials: &[Partial],
+        confidence: f64,
+    ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
+        let release = |rng: &mut SecureRng, c: i128| release_exact_laplace(&self.mech, rng, c, 0);
+        count_intervals(
+            Noise::Laplace(self.mech),
+            release,
+            rng,
+            partials,
+            confidence,
+        )
     }
 }
 
@@ -161,6 +177,20 @@ impl Finalise for LaplaceSum {
             Some(m) => format!("Laplace b = {}", super::accumulator::short(m.scale)),
             None => "none (lower = upper = 0)".into(),
         })
+    }
+    fn finalise_with_intervals(
+        &self,
+        rng: &mut SecureRng,
+        partials: &[Partial],
+        confidence: f64,
+    ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
+        let exp = self.fp.exp;
+        let release = |rng: &mut SecureRng, s: i128| match &self.mech {
+            Some(m) => release_exact_laplace(m, rng, s, exp),
+            None => Ok(0.0),
+        };
+        let noise = self.mech.map(Noise::Laplace);
+        sum_intervals(noise, release, rng, partials, confidence)
     }
 }
 
@@ -274,5 +304,28 @@ impl Finalise for LaplaceMean {
             (Some(a), None) => format!("Laplace b = {} on the sum (public row count)", s(a.scale)),
             _ => "none (lower = upper)".into(),
         })
+    }
+    fn finalise_with_intervals(
+        &self,
+        rng: &mut SecureRng,
+        partials: &[Partial],
+        confidence: f64,
+    ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
+        let mechs = (self.sum_mech.as_ref(), self.count_mech.as_ref());
+        let draw = |rng: &mut SecureRng, p: &Partial| {
+            super::dp_mean::draw_mean(
+                &self.fp,
+                self.neighbours,
+                mechs,
+                release_exact_laplace,
+                rng,
+                p,
+            )
+        };
+        let noises = (
+            self.sum_mech.map(Noise::Laplace),
+            self.count_mech.map(Noise::Laplace),
+        );
+        mean_intervals(&self.fp, noises, draw, rng, partials, confidence)
     }
 }

@@ -11,6 +11,7 @@
 //! | `dp_quantile(value, …)` | lower, upper, q, epsilon, neighbours | Float64 in [lower, upper] |
 //! | `dp_median(value, …)` | lower, upper, epsilon, neighbours | Float64 in [lower, upper] |
 //! | `dp_quantiles(value, …)` | lower, upper, quantiles (a list), epsilon, neighbours | List<Float64> |
+//! | `dp_count_ci`, `dp_count_distinct_ci`, `dp_sum_ci`, `dp_mean_ci` | the base function's, then confidence, neighbours | Struct{value, lower, upper, confidence, stddev} ([`interval`]) |
 //! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
 //! | `rgm_mean_by(value, by, …)` | max_ratio, epsilon, delta, min_group_size, neighbours | List<Struct<group, mean, n>> |
 //!
@@ -44,6 +45,7 @@ pub mod dp_quantile;
 pub mod dp_sum;
 pub mod dp_variance;
 pub mod exact;
+pub mod interval;
 pub mod laplace;
 pub mod params;
 pub mod partition_select;
@@ -51,16 +53,19 @@ pub mod registry;
 pub mod rgm_mean_by;
 
 pub use accumulator::Partial;
-pub use dp_count::{DpCount, dp_count_udaf};
-pub use dp_count_distinct::{CountDistinctParams, DpCountDistinct, dp_count_distinct_udaf};
+pub use dp_count::{DpCount, DpCountCi, dp_count_ci_udaf, dp_count_udaf};
+pub use dp_count_distinct::{
+    CountDistinctParams, DpCountDistinct, DpCountDistinctCi, dp_count_distinct_ci_udaf,
+    dp_count_distinct_udaf,
+};
 pub use dp_linreg_gd::{DpLinregGd, LinregParams, dp_linreg_gd_udaf};
 pub use dp_logreg_agd::{AgdParams, DpLogregAgd, dp_logreg_agd_udaf};
-pub use dp_mean::{DpMean, dp_mean_udaf};
+pub use dp_mean::{DpMean, DpMeanCi, dp_mean_ci_udaf, dp_mean_udaf};
 pub use dp_quantile::{
     DpQuantileUdaf, QuantileKind, QuantileParams, dp_median_udaf, dp_quantile_udaf,
     dp_quantiles_udaf,
 };
-pub use dp_sum::{DpSum, dp_sum_udaf};
+pub use dp_sum::{DpSum, DpSumCi, dp_sum_ci_udaf, dp_sum_udaf};
 pub use dp_variance::{
     DpStddev, DpVariance, StddevParams, VarianceParams, dp_stddev_udaf, dp_variance_udaf,
 };

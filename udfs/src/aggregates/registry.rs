@@ -30,6 +30,13 @@
 //! 3. Document it in README.md ("Functions") and docs/SQL.md; the test
 //!    `every_aggregate_is_documented` in this file checks that both name it.
 //!
+//! Error bars ([`super::interval`]): to give an adapter function a `_ci` variant, implement
+//! `Finalise::finalise_with_intervals` on its release(s) (drawing exactly as `finalise` does),
+//! `impl DpInterval for <Params>` (the `_ci` name) with `pub fn <name>_ci_udaf()` returning
+//! `DpCiUdaf::<Params>::udaf()`, and declare it below with the base parameters, then
+//! `CONFIDENCE`, then `NEIGHBOURS`, `cost: ci_cost::<Params>` and `noise: ci_noise::<Params>`.
+//! The guard reads a `_ci` call's contribution (unit-level tables) from its base ([`base_of`]).
+//!
 //! An aggregate with its own accumulator (the models `dp_linreg_gd`, `dp_logreg_agd`, which
 //! buffer rows, and `rgm_mean_by`) writes its own `AggregateUDFImpl` instead of step 1's `Spec`
 //! (see `dp_logreg_agd.rs`); steps 2 and 3 are the same.
@@ -43,11 +50,14 @@ use datafusion::logical_expr::{AggregateUDF, Expr};
 
 use super::dp_quantile::{
     QuantileKind, cost_of as quantile_cost, dp_median_udaf, dp_quantile_udaf, dp_quantiles_udaf,
+    noise_of as quantile_noise,
 };
+use super::interval::{ci_cost, ci_noise};
 use super::{
     AgdParams, CountDistinctParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams,
-    StddevParams, SumParams, VarianceParams, dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd,
-    dp_linreg_gd_udaf, dp_logreg_agd_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_udaf,
+    StddevParams, SumParams, VarianceParams, dp_count_ci_udaf, dp_count_distinct_ci_udaf,
+    dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf, dp_logreg_agd_udaf,
+    dp_mean_ci_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_udaf, dp_sum_ci_udaf,
     dp_sum_udaf, dp_variance_udaf, rgm_mean_by_udaf,
 };
 use crate::privacy::{Event, PrivacyError};
@@ -138,11 +148,6 @@ fn spec_noise<P: super::adapter::DpFunction>(params: &[ScalarValue]) -> Option<S
     (P::spec().release)(params).ok()?.noise()
 }
 
-/// [`NoiseFn`] of a function that does not describe its noise (yet).
-fn no_noise(_: &[ScalarValue]) -> Option<String> {
-    None
-}
-
 impl Aggregate {
     /// The parameters users may write (the hidden neighbour mode left out).
     pub fn user_params(&self) -> impl Iterator<Item = &'static Param> {
@@ -199,6 +204,12 @@ const MECHANISM: Param = Param {
     default: Default::Text("gaussian"),
     doc: "'gaussian' ((ε, δ)-DP, the default) or 'laplace' (pure ε-DP: δ is not used)",
 };
+/// The `_ci` variants' interval level ([`super::interval`]), just before `neighbours`.
+const CONFIDENCE: Param = number(
+    "confidence",
+    Default::Number("0.95"),
+    "the interval's coverage, in (0, 1); the interval is post-processing: no extra charge",
+);
 const NEIGHBOURS: Param = Param {
     name: "neighbours",
     kind: Kind::Text,
@@ -303,6 +314,62 @@ pub static AGGREGATES: &[Aggregate] = &[
         noise: spec_noise::<MeanParams>,
     },
     Aggregate {
+        name: "dp_count_ci",
+        summary: "dp_count's release with its confidence interval: \
+                  Struct{value, lower, upper, confidence, stddev}",
+        data: &[COUNTED],
+        params: &[EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_count_ci_udaf,
+        cost: ci_cost::<CountParams>,
+        noise: ci_noise::<CountParams>,
+    },
+    Aggregate {
+        name: "dp_count_distinct_ci",
+        summary: "dp_count_distinct's release with its confidence interval",
+        data: &[DataArg {
+            name: "unit",
+            doc: "the table's privacy unit column",
+        }],
+        params: &[EPSILON, DELTA, CONFIDENCE, NEIGHBOURS],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_count_distinct_ci_udaf,
+        cost: ci_cost::<CountDistinctParams>,
+        noise: ci_noise::<CountDistinctParams>,
+    },
+    Aggregate {
+        name: "dp_sum_ci",
+        summary: "dp_sum's release with its confidence interval",
+        data: &[VALUE],
+        params: &[
+            LOWER, UPPER, EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_sum_ci_udaf,
+        cost: ci_cost::<SumParams>,
+        noise: ci_noise::<SumParams>,
+    },
+    Aggregate {
+        name: "dp_mean_ci",
+        summary: "dp_mean's release with its confidence interval",
+        data: &[VALUE],
+        params: &[
+            LOWER, UPPER, EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_mean_ci_udaf,
+        cost: ci_cost::<MeanParams>,
+        noise: ci_noise::<MeanParams>,
+    },
+    Aggregate {
         name: "dp_variance",
         summary: "noisy population variance of the values clamped to [lower, upper], within \
                   [0, (upper − lower)²/4]",
@@ -349,7 +416,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_quantile_udaf,
         cost: |_, p| quantile_cost(QuantileKind::Quantile, p),
-        noise: no_noise,
+        noise: |p| quantile_noise(QuantileKind::Quantile, p),
     },
     Aggregate {
         name: "dp_median",
@@ -362,7 +429,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_median_udaf,
         cost: |_, p| quantile_cost(QuantileKind::Median, p),
-        noise: no_noise,
+        noise: |p| quantile_noise(QuantileKind::Median, p),
     },
     Aggregate {
         name: "dp_quantiles",
@@ -386,7 +453,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_quantiles_udaf,
         cost: |_, p| quantile_cost(QuantileKind::Quantiles, p),
-        noise: no_noise,
+        noise: |p| quantile_noise(QuantileKind::Quantiles, p),
     },
     Aggregate {
         name: "dp_partition_select",
@@ -451,7 +518,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_linreg_gd_udaf,
         cost: dp_linreg_gd::linreg_cost,
-        noise: no_noise,
+        noise: dp_linreg_gd::linreg_noise,
     },
     Aggregate {
         name: "dp_logreg_agd",
@@ -491,7 +558,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: dp_logreg_agd_udaf,
         cost: |_, p| no_data(AgdParams::from_literals, AgdParams::cost, p),
-        noise: no_noise,
+        noise: super::dp_logreg_agd::agd_noise,
     },
     Aggregate {
         name: "rgm_mean_by",
@@ -526,7 +593,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         internal: false,
         udaf: rgm_mean_by_udaf,
         cost: |_, p| no_data(RgmMeanParams::from_literals, RgmMeanParams::cost, p),
-        noise: no_noise,
+        noise: super::rgm_mean_by::rgm_noise,
     },
 ];
 
@@ -535,6 +602,20 @@ pub fn get(name: &str) -> Option<&'static Aggregate> {
     AGGREGATES
         .iter()
         .find(|a| a.name.eq_ignore_ascii_case(name))
+}
+
+/// The base function of a `_ci` variant (`dp_mean_ci` → `dp_mean`, [`super::interval`]); the
+/// declaration of `name` itself otherwise. The guard reads how a call contributes (unit-level
+/// tables) from the base function.
+pub fn base_of(name: &str) -> Option<&'static Aggregate> {
+    let a = get(name)?;
+    Some(
+        a.name
+            .strip_suffix("_ci")
+            .and_then(get)
+            .filter(|b| b.params.iter().all(|p| a.position(p.name).is_some()))
+            .unwrap_or(a),
+    )
 }
 
 /// The DP aggregate that replaces the SQL aggregate `name` (e.g. `count` → `dp_count`).
@@ -575,6 +656,73 @@ mod tests {
         assert_eq!(
             get("dp_sum").unwrap().usage(),
             "dp_sum(value, lower, upper, epsilon[, delta][, mechanism])"
+        );
+    }
+
+    /// Every user-facing call describes its noise in EXPLAIN PRIVACY, from literals alone.
+    #[test]
+    fn every_aggregate_describes_its_noise() {
+        use datafusion::arrow::array::{Float64Array, ListArray};
+        use datafusion::arrow::datatypes::Float64Type;
+        use std::sync::Arc;
+        let f = |v: f64| ScalarValue::Float64(Some(v));
+        let s = |v: &str| ScalarValue::Utf8(Some(v.into()));
+        let qs = ScalarValue::List(Arc::new(
+            ListArray::from_iter_primitive::<Float64Type, _, _>(vec![Some(vec![
+                Some(0.25),
+                Some(0.75),
+            ])]),
+        ));
+        let _ = Float64Array::from(vec![0.0]);
+        let lits = |name: &str| -> Vec<ScalarValue> {
+            match name {
+                "dp_count" | "dp_count_ci" | "dp_partition_select" => vec![f(1.0), f(1e-6)],
+                "dp_count_distinct" => vec![f(1.0), f(1e-6), s("units:2:1")],
+                "dp_count_distinct_ci" => vec![f(1.0), f(1e-6), f(0.9), s("units:2:1")],
+                "dp_quantile" => vec![f(0.0), f(100.0), f(0.5), f(1.0)],
+                "dp_median" => vec![f(0.0), f(100.0), f(1.0)],
+                "dp_quantiles" => vec![f(0.0), f(100.0), qs.clone(), f(1.0)],
+                "dp_linreg_gd" | "dp_logreg_agd" => vec![f(1.0), f(1e-6)],
+                "rgm_mean_by" => vec![f(2.0), f(1.0), f(1e-6), f(1000.0), s("replace_public_n")],
+                _ => vec![f(0.0), f(100.0), f(1.0), f(1e-6)],
+            }
+        };
+        for a in AGGREGATES {
+            let n = (a.noise)(&lits(a.name));
+            assert!(
+                n.as_ref().is_some_and(|n| !n.is_empty()),
+                "{}: {n:?}",
+                a.name
+            );
+        }
+        let noise = |name: &str, l: Vec<ScalarValue>| (get(name).unwrap().noise)(&l).unwrap();
+        // dp_quantiles: 1024 bins of width 100/1024, ε/2 each.
+        assert_eq!(
+            noise("dp_quantiles", lits("dp_quantiles")),
+            "exponential mechanism over 1024 bins of width 0.09766, ε = 0.5 for each of 2 \
+             quantiles (rank score, sensitivity 1)"
+        );
+        // dp_variance, add_remove: μ₁² = μ²/2 on the centred sum (sensitivity h = 50 in value
+        // units), μ_c² = μ²/4 on the count (sensitivity 1): σ₁ = 50/(μ/√2), σ_c = 1/(μ/2), with
+        // μ = gaussian_mu(1, 1e-6) (module docs), up to the grid's 2^-20 relative.
+        let mu = crate::privacy::gaussian_mu(1.0, 1e-6).unwrap();
+        let text = noise("dp_variance", lits("dp_variance"));
+        let short = super::super::accumulator::short;
+        assert!(
+            text.contains(&format!("σ = {} on the count", short(2.0 / mu))),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "σ = {} on the sum of (value",
+                short(50.0 * 2f64.sqrt() / mu)
+            )),
+            "{text}"
+        );
+        // A `_ci` call describes its base call's noise.
+        assert_eq!(
+            noise("dp_mean_ci", lits("dp_mean_ci")),
+            noise("dp_mean", lits("dp_mean"))
         );
     }
 

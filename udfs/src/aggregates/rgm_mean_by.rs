@@ -234,6 +234,21 @@ impl RgmMeanParams {
     }
 }
 
+/// What EXPLAIN PRIVACY shows as an `rgm_mean_by` call's noise, from its literals alone: the
+/// relative noise σ·γ_g of a group of `min_group_size` rows (the largest; module docs).
+pub fn rgm_noise(params: &[ScalarValue]) -> Option<String> {
+    let p = RgmMeanParams::from_literals(params).ok()?;
+    let c = p.calibration().ok()?;
+    let g = crate::mechanisms::rgm::noise_gamma(p.max_ratio, p.min_group_size);
+    Some(format!(
+        "relative Gaussian: sd = {} × the group's mean for a group of {} rows (σ = {}; less for \
+         larger groups)",
+        super::accumulator::short(c.sigma * g),
+        p.min_group_size,
+        super::accumulator::short(c.sigma)
+    ))
+}
+
 /// The `rgm_mean_by` UDAF.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct RgmMeanBy {
