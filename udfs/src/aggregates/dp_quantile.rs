@@ -26,7 +26,8 @@
 //! score |(1 − α)·#{x < c} − α·#{x > c}| has sensitivity max(α, 1 − α)). Replacing one value
 //! (n fixed) moves each r_j by at most 1 and q·n not at all: Δu = 1 under `replace` and
 //! `replace_public_n` (a value turning NULL is a removal, max(q, 1 − q) ≤ 1). The exponential
-//! mechanism P(b) ∝ exp(ε·u_b/(2Δu)) is ε-DP (McSherry and Talwar 2007, Theorem 6).
+//! mechanism P(b) ∝ exp(ε·u_b/(2Δu)) is ε-DP (McSherry and Talwar 2007, Theorem 6), and so is
+//! permute-and-flip with the same exponent, which is what is sampled (below).
 //!
 //! Neighbour modes: one group's release is ε'-DP for a change of its score by Δu. Under
 //! `replace_private_keys` a row can leave group a and join group b (each changed as by
@@ -38,7 +39,7 @@
 //! ([`super::params::Neighbours::pure_factor`]). `dp_quantiles` uses the largest max(q, 1 − q)
 //! of its quantiles for all of them (one rate; valid for each).
 //!
-//! `dp_quantiles` with k quantiles draws k independent exponential mechanisms from the same
+//! `dp_quantiles` with k quantiles draws k independent selections from the same
 //! histogram, each at ε/k (basic composition of pure DP: total ε); the released values are then
 //! sorted so that they are non-decreasing in q (post-processing). The joint exponential
 //! mechanism of Gillenwater, Joseph, Kulesza ("Differentially Private Quantiles", ICML 2021) is
@@ -51,11 +52,17 @@
 //! 2^20 under replace. The exponent is then (ε'/(2Δ_D))·D_b, whose rate is rounded **down** to a
 //! dyadic A/2^60
 //! ([`rate_down`]: less ε used than charged, never more), and the bin is drawn by
-//! [`sample_exponential`]: uniform proposals accepted by exact Bernoulli(exp(−x)) trials, no
-//! floating-point exponential. At most ~B = 1024 proposals per release in expectation.
+//! permute-and-flip ([`sample_permute_and_flip`], McKenna and Sheldon 2020: the bins in a
+//! uniformly random order, each accepted by an exact Bernoulli(exp(−A·(D_b − D_min)/2^60))
+//! trial, no floating-point exponential; at most B = 1024 trials per release). It is ε-DP at the
+//! exponential mechanism's calibration and its expected loss is never larger (ibid., Theorems 1
+//! and 2); OpenDP's quantile (report-noisy-max with exponential noise) is the same mechanism.
+//! It is markedly more accurate when a few bins are close to the target: docs/UTILITY.md,
+//! "Against the peers".
 //!
 //! # Error
-//! By McSherry and Talwar's utility bound, with probability ≥ 1 − e^{−t} the chosen bin's
+//! By McSherry and Talwar's utility bound for the exponential mechanism (permute-and-flip's
+//! expected loss is never larger), with probability ≥ 1 − e^{−t} the chosen bin's
 //! distance to rank q·n is at most 2Δu(ln 1024 + t)/ε' ≈ (13.9 + 2t)·Δu/ε' ranks, i.e. a rank error
 //! of order 1/(εn) relative to n, independent of n in absolute ranks; plus half a bin,
 //! (upper − lower)/2048, in value. With ε = 1 and n = 10,000 the median's rank error is below
@@ -80,7 +87,7 @@ use super::params::{
     Neighbours, bounds_at, check_count, epsilon_at, neighbours_at, number, plan_error,
 };
 use super::registry::{self, Default as ParamDefault};
-use crate::mechanisms::exponential::{rate_down, sample_exponential};
+use crate::mechanisms::exponential::{rate_down, sample_permute_and_flip};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError};
 
@@ -283,7 +290,13 @@ impl QuantileRelease {
         let mut vals: Vec<f64> = self
             .q_fixed
             .iter()
-            .map(|&q| self.midpoint(sample_exponential(rng, &Self::losses(counts, q), self.rate)))
+            .map(|&q| {
+                self.midpoint(sample_permute_and_flip(
+                    rng,
+                    &Self::losses(counts, q),
+                    self.rate,
+                ))
+            })
             .collect();
         // Sorted so that the releases are monotone in q (post-processing).
         vals.sort_by(f64::total_cmp);
@@ -360,9 +373,10 @@ pub fn dp_quantiles_udaf() -> AggregateUDF {
 }
 
 const HOW: &str = "Differentially private quantile(s) of the values clamped to [lower, upper], by \
-     the exponential mechanism over 1024 equal bins of [lower, upper] (score: minus the distance \
-     from the target rank q·n to the ranks the bin covers, sensitivity 1; McSherry and Talwar \
-     2007, Smith 2011), sampled exactly (no floating-point exponential). Pure epsilon-DP (no \
+     the exponential mechanism's calibration over 1024 equal bins of [lower, upper] (score: \
+     minus the distance from the target rank q·n to the ranks the bin covers, sensitivity \
+     max(q, 1 − q), 1 on replace tables; McSherry and Talwar 2007, Smith 2011), drawn by \
+     permute-and-flip (McKenna and Sheldon 2020), exactly (no floating-point exponential). Pure epsilon-DP (no \
      delta). The result is the chosen bin's midpoint: resolution (upper − lower)/1024. \
      dp_quantiles spends epsilon/k on each of its k quantiles and returns them sorted. NULL and \
      NaN values are skipped; ±infinity is clamped. On a table whose privacy filter is 'gdp' the \

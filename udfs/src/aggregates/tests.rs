@@ -1658,62 +1658,54 @@ fn qlist(qs: &[f64]) -> ScalarValue {
     ))
 }
 
-/// Seeded, statistical: the exact selection probabilities of the exponential mechanism on a tiny
-/// dataset. Bounds [0, 1024] (bins of width 1), values {3, 3, 5, 700}, median, ε = 2. The bins
-/// at rank distance 0 from q·n = 2 are 3, 4, 5 (3 bins); at distance 1, 6..=700 (695 bins); at
-/// distance 2, 0..=2 and 701..=1023 (326 bins): P(distance d) = m_d·e^{−εd/(2Δu)}/Σ with the
-/// median's add/remove sensitivity Δu = max(q, 1 − q) = 1/2 (computed here from ε,
-/// independently of the sampler's integer rate). 40,000 draws: each class within 5 binomial
-/// sd, and a chi-square (2 d.o.f.) below 18.4 (p = 10⁻⁴); a 10% error in ε, or the former
-/// Δu = 1, gives a chi-square above 18.4 on the same draws.
+/// Seeded, statistical: the exact selection probabilities of permute-and-flip on a tiny dataset.
+/// Bounds [0, 1024] (bins of width 1), two values in bin 1023, median (q·n = 1), ε = 6: bin 1023
+/// has rank distance 0, the other m − 1 = 1023 bins distance 1, each accepted with probability
+/// p = e^{−ε·1/(2Δu)} = e^{−6} (add/remove Δu = max(q, 1 − q) = 1/2). The best bin is at a
+/// uniform position k of the random order and is chosen iff the k bins before it are all
+/// rejected: P(best) = (1/m)·Σ_k (1 − p)^k = (1 − (1 − p)^m)/(m·p) = 0.363 (closed form, computed
+/// here from ε, independently of the sampler). 2,000 draws (each up to 1024 exact trials: kept
+/// few for the debug-profile test time): within 5 binomial sd (±0.054); a 10% error in ε (0.214
+/// or 0.540), the exponential mechanism at the same ε (0.282) or the former Δu = 1 (0.020) all
+/// lie outside. (`permute_and_flip_matches_exact_probabilities` checks the sampler itself on
+/// 60,000 draws.)
 #[test]
-fn quantile_selection_probabilities_match_the_exponential_mechanism() {
+fn quantile_selection_probabilities_match_permute_and_flip() {
     let start = Instant::now();
-    let p = qparams(QuantileKind::Median, &[f(0.0), f(1024.0), f(2.0)]);
+    let p = qparams(QuantileKind::Median, &[f(0.0), f(1024.0), f(6.0)]);
     let rel = QuantileRelease::new(&p).unwrap();
     let mut acc = QuantileAccumulator::for_tests(rel.clone(), 91);
-    acc.update_batch(&[col(&[Some(3.0), Some(3.0), None, Some(5.0), Some(700.2)])])
+    acc.update_batch(&[col(&[Some(1023.2), None, Some(1023.9)])])
         .unwrap();
-    let n = 40_000;
-    let mut counts = [0usize; 3];
+    let n = 2_000;
+    let mut best = 0usize;
     for _ in 0..n {
         let ScalarValue::Float64(Some(x)) = acc.evaluate().unwrap() else {
             panic!()
         };
         assert_eq!(x.fract(), 0.5, "a bin midpoint");
-        let b = x.floor() as usize;
-        let d = match b {
-            3..=5 => 0,
-            6..=700 => 1,
-            _ => 2,
-        };
-        counts[d] += 1;
+        if x == 1023.5 {
+            best += 1;
+        }
     }
-    let probs = |eps: f64| {
-        // e^{−ε·d/(2·1/2)} = e^{−ε·d}
-        let w = [3.0, 695.0 * (-eps).exp(), 326.0 * (-2.0 * eps).exp()];
-        let z: f64 = w.iter().sum();
-        w.map(|x| x / z)
+    let m = BINS as f64;
+    let pf = |eps: f64| {
+        let p = (-eps).exp();
+        (1.0 - (1.0 - p).powf(m)) / (m * p)
     };
-    let chi2 = |p: [f64; 3]| {
-        p.iter()
-            .zip(&counts)
-            .map(|(&p, &c)| (c as f64 - n as f64 * p).powi(2) / (n as f64 * p))
-            .sum::<f64>()
-    };
-    let p = probs(2.0);
-    for (d, (&pd, &c)) in p.iter().zip(&counts).enumerate() {
-        let sd = (n as f64 * pd * (1.0 - pd)).sqrt();
-        assert!(
-            (c as f64 - n as f64 * pd).abs() <= 5.0 * sd,
-            "distance {d}: {c} vs {}",
-            n as f64 * pd
-        );
+    let em = |eps: f64| 1.0 / (1.0 + (m - 1.0) * (-eps).exp());
+    let want = pf(6.0);
+    assert!((want - 0.363).abs() < 0.001, "{want}");
+    let tol = 5.0 * (want * (1.0 - want) / n as f64).sqrt();
+    let got = best as f64 / n as f64;
+    assert!((got - want).abs() <= tol, "P(best) {got} vs {want} ± {tol}");
+    for other in [pf(6.6), pf(5.4), em(6.0), pf(3.0)] {
+        assert!((got - other).abs() > tol, "cannot tell {want} from {other}");
     }
-    assert!(chi2(p) < 18.4, "chi2 {} ({counts:?})", chi2(p));
-    assert!(chi2(probs(2.2)) > 18.4 && chi2(probs(1.8)) > 18.4);
-    assert!(chi2(probs(1.0)) > 18.4, "Δu = 1 would pass");
-    eprintln!("quantile selection: {counts:?}, {:?}", start.elapsed());
+    eprintln!(
+        "quantile selection: P(best) {got} vs {want}, {:?}",
+        start.elapsed()
+    );
 }
 
 /// The rate of the exponent: ε/(2·2^20·Δu) per unit of D (module docs), with Δu = 1 under
