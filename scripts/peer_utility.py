@@ -6,9 +6,9 @@ same data, the same bounds and the same ε.
 Needs: the project's venv with opendp and diffprivlib (`scripts/setup-venv.sh` installs the pinned
 versions; it needs PyPI), and a dpfusion binary (`cargo build --bin dpfusion`; a dev build is
 enough). Not part of `cargo nextest`.
-Takes: about 10 minutes on 2 cores with the dev (opt-level 0) binary (dpfusion: one process
-running 600 statements over a 100k-row CSV; the peers: about 2 minutes, mostly OpenDP's
-quantile scoring).
+Takes: about 12 minutes on a shared 2-core machine with the dev (opt-level 0) binary (dpfusion:
+one process running 900 statements over the CSVs, about 4 minutes; the peers about 8 minutes,
+mostly OpenDP's quantile scoring with 8192 candidates).
 
     scripts/setup-venv.sh
     CARGO_TARGET_DIR=... cargo build --bin dpfusion
