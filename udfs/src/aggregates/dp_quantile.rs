@@ -19,20 +19,27 @@
 //! interval form, "Privacy-preserving statistical estimation with optimal convergence rates",
 //! STOC 2011, §3, and OpenDP's `make_quantile_score_candidates`):
 //!   u_b = −dist(q·n, [r_b, r_{b+1}]) = −max(0, r_b − q·n, q·n − r_{b+1}).
-//! Sensitivity 1 in every row-level mode: adding (removing) one value raises (lowers) each r_j
-//! by 0 or 1 and q·n by q, so each of r_b − q·n and q·n − r_{b+1} moves by at most
-//! max(q, 1 − q) ≤ 1, and so does their maximum with 0; replacing one value (n fixed) moves each
-//! r_j by at most 1. The exponential mechanism P(b) ∝ exp(ε·u_b/(2Δu)) with Δu = 1 is ε-DP
-//! (McSherry and Talwar 2007, Theorem 6).
+//! Sensitivity: adding (removing) one value raises (lowers) each r_j by 0 or 1 and q·n by q, so
+//! each of r_b − q·n and q·n − r_{b+1} moves by 1 − q or −q, at most max(q, 1 − q) in absolute
+//! value, and so does their maximum with 0: Δu = max(q, 1 − q) under add/remove (1/2 for the
+//! median; the same constant as OpenDP's unknown-size `make_quantile_score_candidates`, whose
+//! score |(1 − α)·#{x < c} − α·#{x > c}| has sensitivity max(α, 1 − α)). Replacing one value
+//! (n fixed) moves each r_j by at most 1 and q·n not at all: Δu = 1 under `replace` and
+//! `replace_public_n` (a value turning NULL is a removal, max(q, 1 − q) ≤ 1). The exponential
+//! mechanism P(b) ∝ exp(ε·u_b/(2Δu)) is ε-DP (McSherry and Talwar 2007, Theorem 6), and so is
+//! permute-and-flip with the same exponent, which is what is sampled (below).
 //!
 //! Neighbour modes: one group's release is ε'-DP for a change of its score by Δu. Under
 //! `replace_private_keys` a row can leave group a and join group b (each changed as by
-//! add/remove, Δu = 1): two ε'-DP releases, so ε' = ε/2. Under `units:K:C` a unit changes up
-//! to C rows in each of at most K groups: Δu = C in each, and K releases compose, so each group
-//! uses ε/K with Δu = C, i.e. the exponent ε/(K·C)·u_b/2
-//! ([`super::params::Neighbours::pure_factor`]).
+//! add/remove, Δu = max(q, 1 − q)): two ε'-DP releases, so ε' = ε/2; a row that stays in its
+//! group changes only that group's score, by ≤ 1 ≤ 2·max(q, 1 − q), which the exponent
+//! ε/2·u_b/(2·max(q, 1 − q)) also covers (ε/2·1/max(q, 1 − q) ≤ ε). Under `units:K:C` a unit
+//! changes up to C rows in each of at most K groups: Δu = C·max(q, 1 − q) in each, and K
+//! releases compose, so each group uses ε/K, i.e. the exponent ε/(K·C)·u_b/(2·max(q, 1 − q))
+//! ([`super::params::Neighbours::pure_factor`]). `dp_quantiles` uses the largest max(q, 1 − q)
+//! of its quantiles for all of them (one rate; valid for each).
 //!
-//! `dp_quantiles` with k quantiles draws k independent exponential mechanisms from the same
+//! `dp_quantiles` with k quantiles draws k independent selections from the same
 //! histogram, each at ε/k (basic composition of pure DP: total ε); the released values are then
 //! sorted so that they are non-decreasing in q (post-processing). The joint exponential
 //! mechanism of Gillenwater, Joseph, Kulesza ("Differentially Private Quantiles", ICML 2021) is
@@ -40,18 +47,26 @@
 //!
 //! # Exact sampling
 //! q is rounded to Q/2^20 (a public literal: the rounding changes the target, not the privacy)
-//! and u_b·2^20 = −D_b with the integer D_b = max(0, 2^20·r_b − Q·n, Q·n − 2^20·r_{b+1}). The
-//! exponent is then (ε'/2^21)·D_b, whose rate is rounded **down** to a dyadic A/2^60
+//! and u_b·2^20 = −D_b with the integer D_b = max(0, 2^20·r_b − Q·n, Q·n − 2^20·r_{b+1}), of
+//! sensitivity Δ_D = 2^20·Δu: max(Q, 2^20 − Q) under add/remove (exactly, for the rounded Q),
+//! 2^20 under replace. The exponent is then (ε'/(2Δ_D))·D_b, whose rate is rounded **down** to a
+//! dyadic A/2^60
 //! ([`rate_down`]: less ε used than charged, never more), and the bin is drawn by
-//! [`sample_exponential`]: uniform proposals accepted by exact Bernoulli(exp(−x)) trials, no
-//! floating-point exponential. At most ~B = 1024 proposals per release in expectation.
+//! permute-and-flip ([`sample_permute_and_flip`], McKenna and Sheldon 2020: the bins in a
+//! uniformly random order, each accepted by an exact Bernoulli(exp(−A·(D_b − D_min)/2^60))
+//! trial, no floating-point exponential; at most B = 1024 trials per release). It is ε-DP at the
+//! exponential mechanism's calibration and its expected loss is never larger (ibid., Theorems 1
+//! and 2); OpenDP's quantile (report-noisy-max with exponential noise) is the same mechanism.
+//! It is markedly more accurate when a few bins are close to the target: docs/UTILITY.md,
+//! "Against the peers".
 //!
 //! # Error
-//! By McSherry and Talwar's utility bound, with probability ≥ 1 − e^{−t} the chosen bin's
-//! distance to rank q·n is at most 2(ln 1024 + t)/ε' ≈ (13.9 + 2t)/ε' ranks, i.e. a rank error
+//! By McSherry and Talwar's utility bound for the exponential mechanism (permute-and-flip's
+//! expected loss is never larger), with probability ≥ 1 − e^{−t} the chosen bin's
+//! distance to rank q·n is at most 2Δu(ln 1024 + t)/ε' ≈ (13.9 + 2t)·Δu/ε' ranks, i.e. a rank error
 //! of order 1/(εn) relative to n, independent of n in absolute ranks; plus half a bin,
-//! (upper − lower)/2048, in value. With ε = 1 and n = 10,000 the rank error is below 0.2% of n
-//! with probability 0.99.
+//! (upper − lower)/2048, in value. With ε = 1 and n = 10,000 the median's rank error is below
+//! 0.12% of n with probability 0.99 (0.23% for q near 0 or 1, or under `replace`).
 //!
 //! lower = upper: every clamped value equals the bound, and it is returned exactly.
 use std::hash::{Hash, Hasher};
@@ -72,7 +87,7 @@ use super::params::{
     Neighbours, bounds_at, check_count, epsilon_at, neighbours_at, number, plan_error,
 };
 use super::registry::{self, Default as ParamDefault};
-use crate::mechanisms::exponential::{rate_down, sample_exponential};
+use crate::mechanisms::exponential::{rate_down, sample_permute_and_flip};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError};
 
@@ -206,14 +221,25 @@ pub(crate) struct QuantileRelease {
 impl QuantileRelease {
     pub fn new(p: &QuantileParams) -> Result<Self, PrivacyError> {
         let k = p.qs.len() as f64;
-        // ε' = ε/k/factor, each division lowered by one ulp (never more ε than charged); the
-        // exponent per unit of D is ε'/2^21 (module docs), an exact power-of-two scaling.
-        let eps_each = ((p.epsilon / k).next_down() / p.neighbours.pure_factor()).next_down();
-        let rate = rate_down(eps_each * 2f64.powi(-(Q_BITS as i32) - 1));
-        let q_fixed =
+        let q_fixed: Vec<u128> =
             p.qs.iter()
                 .map(|&q| (q * (1u64 << Q_BITS) as f64).round() as u128)
                 .collect();
+        // ε' = ε/k/factor, each division lowered by one ulp (never more ε than charged); the
+        // exponent per unit of D is ε'/(2·Δ_D) (module docs, "Score and sensitivity"), rounded
+        // down: Δ_D = 2^20 under `replace`/`replace_public_n`, max(Q, 2^20 − Q) otherwise (the
+        // largest over the call's quantiles: one rate for all of them).
+        let eps_each = ((p.epsilon / k).next_down() / p.neighbours.pure_factor()).next_down();
+        let delta_d = match p.neighbours {
+            Neighbours::Replace | Neighbours::ReplacePublicN => 1u128 << Q_BITS,
+            _ => q_fixed
+                .iter()
+                .map(|&q| q.max((1u128 << Q_BITS) - q))
+                .max()
+                .unwrap_or(1u128 << Q_BITS),
+        };
+        // Δ_D ≤ 2^20 is exact in f64; the division rounds to nearest, hence next_down.
+        let rate = rate_down((eps_each / (2.0 * delta_d as f64)).next_down());
         Ok(Self {
             fp: FixedPoint::new(p.lower, p.upper),
             kind: p.kind,
@@ -264,7 +290,13 @@ impl QuantileRelease {
         let mut vals: Vec<f64> = self
             .q_fixed
             .iter()
-            .map(|&q| self.midpoint(sample_exponential(rng, &Self::losses(counts, q), self.rate)))
+            .map(|&q| {
+                self.midpoint(sample_permute_and_flip(
+                    rng,
+                    &Self::losses(counts, q),
+                    self.rate,
+                ))
+            })
             .collect();
         // Sorted so that the releases are monotone in q (post-processing).
         vals.sort_by(f64::total_cmp);
@@ -341,9 +373,10 @@ pub fn dp_quantiles_udaf() -> AggregateUDF {
 }
 
 const HOW: &str = "Differentially private quantile(s) of the values clamped to [lower, upper], by \
-     the exponential mechanism over 1024 equal bins of [lower, upper] (score: minus the distance \
-     from the target rank q·n to the ranks the bin covers, sensitivity 1; McSherry and Talwar \
-     2007, Smith 2011), sampled exactly (no floating-point exponential). Pure epsilon-DP (no \
+     the exponential mechanism's calibration over 1024 equal bins of [lower, upper] (score: \
+     minus the distance from the target rank q·n to the ranks the bin covers, sensitivity \
+     max(q, 1 − q), 1 on replace tables; McSherry and Talwar 2007, Smith 2011), drawn by \
+     permute-and-flip (McKenna and Sheldon 2020), exactly (no floating-point exponential). Pure epsilon-DP (no \
      delta). The result is the chosen bin's midpoint: resolution (upper − lower)/1024. \
      dp_quantiles spends epsilon/k on each of its k quantiles and returns them sorted. NULL and \
      NaN values are skipped; ±infinity is clamped. On a table whose privacy filter is 'gdp' the \

@@ -65,9 +65,10 @@ use datafusion::logical_expr::AggregateUDF;
 
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
-use super::common::DataArg;
+use super::common::{DataArg, Fin};
 use super::exact::{FixedPoint, SquareGrid, pow2, release_exact};
-use super::params::{MeanParams, representable};
+use super::laplace::LaplaceVariance;
+use super::params::{MeanParams, Mechanism, representable};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
@@ -81,13 +82,20 @@ pub struct VarianceParams(pub MeanParams);
 pub struct StddevParams(pub MeanParams);
 
 impl VarianceParams {
-    pub const NAMES: [&'static str; 5] = ["lower", "upper", "epsilon", "delta", "neighbours"];
+    pub const NAMES: [&'static str; 6] = MeanParams::NAMES;
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        MeanParams::gaussian_from_literals(args).map(Self)
+        MeanParams::from_literals(args).map(Self)
     }
-    /// One μ-GDP release (module docs). Builds the release too, so the accountant refuses
+    /// One μ-GDP release (module docs), or one pure ε-DP release under `mechanism => 'laplace'`
+    /// ([`super::laplace::LaplaceVariance`]). Builds the release too, so the accountant refuses
     /// exactly what the planner refuses.
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        if self.0.mechanism == Mechanism::Laplace {
+            LaplaceVariance::new(&self.0, false)?;
+            return Ok(vec![Event::PureDp {
+                epsilon: self.0.epsilon,
+            }]);
+        }
         VarianceRelease::new(&self.0, false)?;
         Ok(vec![Event::Gaussian {
             mu: gaussian_mu(self.0.epsilon, self.0.delta)?,
@@ -96,9 +104,9 @@ impl VarianceParams {
 }
 
 impl StddevParams {
-    pub const NAMES: [&'static str; 5] = ["lower", "upper", "epsilon", "delta", "neighbours"];
+    pub const NAMES: [&'static str; 6] = MeanParams::NAMES;
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        MeanParams::gaussian_from_literals(args).map(Self)
+        MeanParams::from_literals(args).map(Self)
     }
     /// As [`VarianceParams::cost`]: the square root is post-processing.
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
@@ -135,7 +143,7 @@ impl DpFunction for StddevParams {
     }
 }
 
-const SHAPE: Shape = Shape {
+pub(crate) const SHAPE: Shape = Shape {
     sum: true,
     sum_sq: true,
     count: true,
@@ -146,20 +154,16 @@ const HOW: &str = "From three Gaussian releases sharing the call's μ = gaussian
      (one μ-GDP release, so the call is (epsilon, delta)-DP): a noisy count of the non-NULL \
      values, a noisy sum of (clamped value − midpoint) and a noisy sum of its squares, on exact \
      fixed-point grids (the same result for any partitioning). variance = mean of squares − \
-     mean², clamped to [0, (upper − lower)²/4] (Google's BoundedVariance). NULL and NaN values \
-     are skipped; ±infinity is clamped. Bounds or an epsilon whose noise is not representable \
+     mean², clamped to [0, (upper − lower)²/4] (Google's BoundedVariance). With mechanism => \
+     'laplace': the same three sums with discrete Laplace noise splitting epsilon (pure \
+     epsilon-DP, delta unused). NULL and NaN values are skipped; ±infinity is clamped. Bounds or an epsilon whose noise is not representable \
      fail at planning with the range that works.";
 
 static VARIANCE_SPEC: Spec = Spec {
     data: DataArg::Numeric,
     returns: DataType::Float64,
     shape: SHAPE,
-    release: |lits| {
-        Ok(Arc::new(VarianceRelease::new(
-            &VarianceParams::from_literals(lits)?.0,
-            false,
-        )?))
-    },
+    release: |lits| release(&VarianceParams::from_literals(lits)?.0, false),
     description: HOW,
     example: "SELECT job, dp_variance(salary, 0, 200000, 1.0, 1e-6) FROM salaries GROUP BY job;",
     related: &["dp_stddev", "dp_mean"],
@@ -169,16 +173,20 @@ static STDDEV_SPEC: Spec = Spec {
     data: DataArg::Numeric,
     returns: DataType::Float64,
     shape: SHAPE,
-    release: |lits| {
-        Ok(Arc::new(VarianceRelease::new(
-            &StddevParams::from_literals(lits)?.0,
-            true,
-        )?))
-    },
+    release: |lits| release(&StddevParams::from_literals(lits)?.0, true),
     description: HOW,
     example: "SELECT job, dp_stddev(salary, 0, 200000, 1.0, 1e-6) FROM salaries GROUP BY job;",
     related: &["dp_variance", "dp_mean"],
 };
+
+/// The release of one call: Gaussian (module docs) or, under `mechanism => 'laplace'`,
+/// [`LaplaceVariance`].
+fn release(p: &MeanParams, stddev: bool) -> Result<Fin, PrivacyError> {
+    Ok(match p.mechanism {
+        Mechanism::Laplace => Arc::new(LaplaceVariance::new(p, stddev)?),
+        Mechanism::Gaussian => Arc::new(VarianceRelease::new(p, stddev)?),
+    })
+}
 
 /// Calibrations are rounded outward: each μ share is shrunk by this factor so that
 /// μ₁² + μ₂² + μ_c² ≤ μ² despite floating-point rounding.
@@ -252,18 +260,10 @@ impl VarianceRelease {
 
     /// The normalised variance v ∈ [0, 1] of one group (module docs, "Post-processing").
     fn normalised(&self, m: &Mechs, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
-        let w = self.fp.width() as f64;
-        let mid = self.sq.mid as i128;
-        let centred = p
-            .sum
-            .saturating_mul(2)
-            .saturating_sub(mid.saturating_mul(p.count as i128));
-        let s1 = release_exact(&m.sum, rng, centred, 0)?;
+        let s1 = release_exact(&m.sum, rng, centred_sum(&self.sq, p), 0)?;
         let s2 = release_exact(&m.sum_sq, rng, p.sum_sq, 0)?;
-        let n = release_exact(&m.count, rng, p.count as i128, 0)?.max(1.0);
-        let m1 = (s1 / w / n).clamp(-1.0, 1.0);
-        let m2 = (s2 * pow2(self.sq.shift as i32) / w / w / n).clamp(0.0, 1.0);
-        Ok((m2 - m1 * m1).clamp(0.0, 1.0))
+        let n = release_exact(&m.count, rng, p.count as i128, 0)?;
+        Ok(normalised_variance(&self.fp, &self.sq, s1, s2, n))
     }
 
     fn release_one(&self, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
@@ -271,17 +271,42 @@ impl VarianceRelease {
             return Ok(0.0);
         };
         let v = self.normalised(m, rng, p)?;
-        // h = w·q/2 ≥ (upper − lower)/2; the results are clamped to the nominal bounds.
-        let half = pow2(self.fp.exp - 1);
-        let w = self.fp.width() as f64;
-        let h_nominal = self.fp.upper / 2.0 - self.fp.lower / 2.0;
-        let sd = (v.sqrt() * w * half).min(h_nominal);
-        Ok(if self.stddev {
-            sd
-        } else {
-            (sd * sd).min(f64::MAX)
-        })
+        Ok(variance_output(&self.fp, v, self.stddev))
     }
+}
+
+/// S₁ = Σ y = 2·Σx − (lo + hi)·n, in half-units (module docs, "Exact partials").
+pub(crate) fn centred_sum(sq: &SquareGrid, p: &Partial) -> i128 {
+    let mid = sq.mid as i128;
+    p.sum
+        .saturating_mul(2)
+        .saturating_sub(mid.saturating_mul(p.count as i128))
+}
+
+/// v ∈ [0, 1] from the noisy S̃₁ (half-units), S̃₂ (square-grid units) and ñ (module docs,
+/// "Post-processing"; post-processing of the releases, whichever noise they carry).
+pub(crate) fn normalised_variance(
+    fp: &FixedPoint,
+    sq: &SquareGrid,
+    s1: f64,
+    s2: f64,
+    n: f64,
+) -> f64 {
+    let w = fp.width() as f64;
+    let n = n.max(1.0);
+    let m1 = (s1 / w / n).clamp(-1.0, 1.0);
+    let m2 = (s2 * pow2(sq.shift as i32) / w / w / n).clamp(0.0, 1.0);
+    (m2 - m1 * m1).clamp(0.0, 1.0)
+}
+
+/// The variance (or, with `stddev`, its square root) in value units from v.
+pub(crate) fn variance_output(fp: &FixedPoint, v: f64, stddev: bool) -> f64 {
+    // h = w·q/2 ≥ (upper − lower)/2; the results are clamped to the nominal bounds.
+    let half = pow2(fp.exp - 1);
+    let w = fp.width() as f64;
+    let h_nominal = fp.upper / 2.0 - fp.lower / 2.0;
+    let sd = (v.sqrt() * w * half).min(h_nominal);
+    if stddev { sd } else { (sd * sd).min(f64::MAX) }
 }
 
 impl Finalise for VarianceRelease {

@@ -1,4 +1,5 @@
-//! `mechanism => 'laplace'` for `dp_count`, `dp_sum` and `dp_mean`: the same exact partials as
+//! `mechanism => 'laplace'` for `dp_count`, `dp_sum`, `dp_mean`, `dp_variance` and `dp_stddev`
+//! ([`LaplaceVariance`] has its own sensitivities and split): the same exact partials as
 //! the Gaussian releases ([`super::accumulator`]), released with the exact discrete Laplace
 //! (Canonne, Kamath, Steinke 2020, Algorithm 2; [`crate::mechanisms::LaplaceMechanism`]) so
 //! that the call is pure ε-DP (δ = 0). Charged as `Event::PureDp { ε }` (params.rs,
@@ -39,7 +40,8 @@ use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array};
 use datafusion::common::Result;
 
 use super::accumulator::{Finalise, Partial, Shape};
-use super::exact::{FixedPoint, pow2, release_exact_laplace};
+use super::dp_variance::{centred_sum, normalised_variance, variance_output};
+use super::exact::{FixedPoint, SquareGrid, pow2, release_exact_laplace};
 use super::interval::{Interval, Noise, count_intervals, mean_intervals, sum_intervals};
 use super::params::{CountParams, MeanParams, Neighbours, SumParams, representable};
 use crate::mechanisms::LaplaceMechanism;
@@ -327,5 +329,139 @@ impl Finalise for LaplaceMean {
             self.count_mech.map(Noise::Laplace),
         );
         mean_intervals(&self.fp, noises, draw, rng, partials, confidence)
+    }
+}
+
+/// 16^{1/3} = 2.5198…: the `replace` weight of S₁ in the variance split (module docs of
+/// [`LaplaceVariance`]), rounded (any split with ε₁ + ε₂ + ε_c ≤ ε is private).
+const CBRT_16: f64 = 2.519_842_099_789_746_3;
+
+/// The three releases of a Laplace `dp_variance` / `dp_stddev` call.
+#[derive(Debug, Clone)]
+pub(crate) struct LaplaceVarianceMechs {
+    /// S₁ = Σ y, in half-units.
+    pub sum: LaplaceMechanism,
+    /// S₂ = Σ s(y), in square-grid units.
+    pub sum_sq: LaplaceMechanism,
+    /// n.
+    pub count: LaplaceMechanism,
+}
+
+/// `dp_variance(…, mechanism => 'laplace')` and `dp_stddev(…, mechanism => 'laplace')`: the
+/// Gaussian release's exact partials and post-processing ([`super::dp_variance`]: the centred
+/// sum S₁ ∈ [−w, w] per row in half-units, the square sum S₂ ∈ [0, M] per row on its grid, the
+/// count n; variance = mean of squares − mean², clamped), with three discrete Laplace noises
+/// whose ε's add up to the call's ε (basic composition of pure DP, Dwork and Roth 2014,
+/// Theorem 3.16), so the call is pure ε-DP, charged as `Event::PureDp { ε }`.
+///
+/// # L1 sensitivities (derived here; integer units, as the Gaussian's)
+/// - `add_remove`: a row in or out moves S₁ by ≤ w, S₂ by ≤ M, n by 1: (Δ₁, Δ₂, Δ_c) = (w, M, 1);
+///   `units:K:C`: K·C times each (up to C rows in each of K groups), slack K·C grid steps.
+/// - `replace`, `replace_public_n` (calibrated as `replace`, the public n is not used): a value
+///   change moves S₁ by ≤ 2w and S₂ by ≤ M, n not at all; a change to or from NULL moves S₁ by
+///   ≤ w, S₂ by ≤ M, n by 1: with (2w, M, 1) the loss is ≤ max(ε₁ + ε₂, ε₁/2 + ε₂ + ε_c) ≤ ε.
+/// - `replace_private_keys`: also a row moving from group a to group b, which moves each of the
+///   two groups' S₁ by ≤ w, S₂ by ≤ M, n by 1: (2w, 2M, 2) with two grid steps of slack each
+///   covers both that (2w/(2w/ε₁) + 2M/(2M/ε₂) + 2/(2/ε_c) = ε) and a change within a group.
+///
+/// # Split of ε (minimax, derived as the Gaussian's)
+/// To first order the error of the normalised variance is (Z₂ − 2m₁Z₁ − (m₂ − 2m₁²)Z_c)/n, of
+/// variance 2(b₂'² + 4m₁²b₁'² + (m₂ − 2m₁²)²b_c²)/n² (Laplace variance 2b²; b' in normalised
+/// units), worst over data at m₁ = ±1, m₂ = 1: weights a = (1, 4, 1) on (Z₂, Z₁, Z_c). Minimising
+/// Σ aᵢΔᵢ'²/εᵢ² subject to Σ εᵢ = ε (Lagrange: aᵢΔᵢ'²/εᵢ³ constant) gives εᵢ ∝ (aᵢΔᵢ'²)^{1/3}
+/// with the normalised sensitivities Δ' = Δ/(M, w, 1): ε₂ : ε₁ : ε_c = 1 : 4^{1/3} : 1 under
+/// `add_remove`, `units` and `replace_private_keys` (Δ' = (1, 1, 1), or all ×2, or all ×K·C),
+/// and 1 : 16^{1/3} : 1 under `replace` (Δ₁' = 2). E.g. add_remove: ε₂ = ε/3.587, so the
+/// error of the variance is about 3.587·(upper − lower)²/(4εn) = 0.90·(upper − lower)²/(εn)
+/// when the data sit near the middle of the bounds (m₁ ≈ 0).
+#[derive(Debug, Clone)]
+pub(crate) struct LaplaceVariance {
+    pub fp: FixedPoint,
+    pub sq: SquareGrid,
+    /// `None` when lower = upper.
+    pub mechs: Option<LaplaceVarianceMechs>,
+    /// √ of the variance (`dp_stddev`).
+    pub stddev: bool,
+}
+
+impl LaplaceVariance {
+    pub fn new(p: &MeanParams, stddev: bool) -> Result<Self, PrivacyError> {
+        let bounds = format!("{} (lower {})", p.upper, p.lower);
+        representable(p.epsilon, ("upper", &bounds), |epsilon| {
+            Self::at(p, epsilon, stddev)
+        })
+    }
+
+    fn at(p: &MeanParams, epsilon: f64, stddev: bool) -> Result<Self, PrivacyError> {
+        let fp = FixedPoint::new(p.lower, p.upper);
+        let sq = SquareGrid::new(&fp);
+        let (w, m) = (fp.width() as f64, sq.max as f64);
+        let nb = p.neighbours;
+        let mut mechs = None;
+        if w > 0.0 {
+            // (scale factor of all three Δ's, slack, S₁'s extra factor, S₁'s split weight)
+            let (f, slack, d1, r1) = match nb {
+                Neighbours::Replace | Neighbours::ReplacePublicN => (1.0, 1.0, 2.0, CBRT_16),
+                Neighbours::ReplacePrivateKeys => (2.0, 2.0, 1.0, CBRT_4),
+                _ => (units_factor(nb), units_factor(nb), 1.0, CBRT_4),
+            };
+            // ε₁ + ε₂ + ε_c ≤ ε: each share lowered by an ulp.
+            let eps1 = (epsilon * r1 / (r1 + 2.0)).next_down();
+            let eps2 = ((epsilon - eps1) / 2.0).next_down();
+            let build = |eps: f64, delta: f64| {
+                LaplaceMechanism::from_epsilon_with_slack(eps, delta.next_up(), slack)
+            };
+            mechs = Some(LaplaceVarianceMechs {
+                sum: build(eps1, f * d1 * w)?,
+                sum_sq: build(eps2, f * m)?,
+                count: build(eps2, f)?,
+            });
+        }
+        Ok(Self {
+            fp,
+            sq,
+            mechs,
+            stddev,
+        })
+    }
+
+    fn release_one(&self, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
+        let Some(m) = &self.mechs else {
+            return Ok(0.0);
+        };
+        let s1 = release_exact_laplace(&m.sum, rng, centred_sum(&self.sq, p), 0)?;
+        let s2 = release_exact_laplace(&m.sum_sq, rng, p.sum_sq, 0)?;
+        let n = release_exact_laplace(&m.count, rng, p.count as i128, 0)?;
+        let v = normalised_variance(&self.fp, &self.sq, s1, s2, n);
+        Ok(variance_output(&self.fp, v, self.stddev))
+    }
+}
+
+impl Finalise for LaplaceVariance {
+    fn shape(&self) -> Shape {
+        super::dp_variance::SHAPE
+    }
+    fn fixed_point(&self) -> Option<FixedPoint> {
+        Some(self.fp)
+    }
+    fn square_grid(&self) -> Option<SquareGrid> {
+        Some(self.sq)
+    }
+    fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef> {
+        let out = partials
+            .iter()
+            .map(|p| self.release_one(rng, p))
+            .collect::<Result<Vec<f64>>>()?;
+        Ok(Arc::new(Float64Array::from(out)))
+    }
+    fn noise(&self) -> Option<String> {
+        Some(match &self.mechs {
+            Some(m) => format!(
+                "Laplace b = {} on the count (and on the sums of the centred values and their \
+                 squares, splitting ε)",
+                super::accumulator::short(m.count.scale)
+            ),
+            None => "none (lower = upper)".into(),
+        })
     }
 }

@@ -374,7 +374,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         summary: "noisy population variance of the values clamped to [lower, upper], within \
                   [0, (upper − lower)²/4]",
         data: &[VALUE],
-        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
         requirements: &[],
         replaces: &["var_pop", "var", "var_samp", "variance"],
         internal: false,
@@ -387,7 +387,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         summary: "noisy population standard deviation of the values clamped to [lower, upper], \
                   within [0, (upper − lower)/2]",
         data: &[VALUE],
-        params: &[LOWER, UPPER, EPSILON, DELTA, NEIGHBOURS],
+        params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
         requirements: &[],
         replaces: &["stddev_pop", "stddev", "stddev_samp"],
         internal: false,
