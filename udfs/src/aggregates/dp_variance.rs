@@ -67,6 +67,7 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::{DataArg, Fin};
 use super::exact::{FixedPoint, SquareGrid, pow2, release_exact};
+use super::interval::{DpCiUdaf, Interval, Noise, variance_intervals};
 use super::laplace::LaplaceVariance;
 use super::params::{MeanParams, Mechanism, representable};
 use crate::mechanisms::GaussianMechanism;
@@ -260,9 +261,7 @@ impl VarianceRelease {
 
     /// The normalised variance v ∈ [0, 1] of one group (module docs, "Post-processing").
     fn normalised(&self, m: &Mechs, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
-        let s1 = release_exact(&m.sum, rng, centred_sum(&self.sq, p), 0)?;
-        let s2 = release_exact(&m.sum_sq, rng, p.sum_sq, 0)?;
-        let n = release_exact(&m.count, rng, p.count as i128, 0)?;
+        let (s1, s2, n) = self.draws(m, rng, p)?;
         Ok(normalised_variance(&self.fp, &self.sq, s1, s2, n))
     }
 
@@ -272,6 +271,14 @@ impl VarianceRelease {
         };
         let v = self.normalised(m, rng, p)?;
         Ok(variance_output(&self.fp, v, self.stddev))
+    }
+
+    /// The three draws (S̃₁, S̃₂, ñ), in the order [`Self::normalised`] makes them.
+    fn draws(&self, m: &Mechs, rng: &mut SecureRng, p: &Partial) -> Result<(f64, f64, f64)> {
+        let s1 = release_exact(&m.sum, rng, centred_sum(&self.sq, p), 0)?;
+        let s2 = release_exact(&m.sum_sq, rng, p.sum_sq, 0)?;
+        let n = release_exact(&m.count, rng, p.count as i128, 0)?;
+        Ok((s1, s2, n))
     }
 }
 
@@ -344,4 +351,54 @@ impl Finalise for VarianceRelease {
             None => "none (lower = upper)".into(),
         })
     }
+    fn finalise_with_intervals(
+        &self,
+        rng: &mut SecureRng,
+        partials: &[Partial],
+        confidence: f64,
+    ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
+        let noises = self.mechs.map(|m| {
+            [
+                Noise::Gaussian(m.sum),
+                Noise::Gaussian(m.sum_sq),
+                Noise::Gaussian(m.count),
+            ]
+        });
+        let draw = |rng: &mut SecureRng, p: &Partial| match &self.mechs {
+            Some(m) => self.draws(m, rng, p),
+            None => Ok((0.0, 0.0, 0.0)),
+        };
+        variance_intervals(
+            (&self.fp, &self.sq),
+            noises,
+            draw,
+            self.stddev,
+            rng,
+            partials,
+            confidence,
+        )
+    }
+}
+
+impl super::interval::DpInterval for VarianceParams {
+    const CI_NAME: &'static str = "dp_variance_ci";
+}
+
+impl super::interval::DpInterval for StddevParams {
+    const CI_NAME: &'static str = "dp_stddev_ci";
+}
+
+/// The `dp_variance_ci` UDAF ([`super::interval`]).
+pub type DpVarianceCi = DpCiUdaf<VarianceParams>;
+/// The `dp_stddev_ci` UDAF ([`super::interval`]).
+pub type DpStddevCi = DpCiUdaf<StddevParams>;
+
+/// `dp_variance_ci` as an [`AggregateUDF`].
+pub fn dp_variance_ci_udaf() -> AggregateUDF {
+    DpVarianceCi::udaf()
+}
+
+/// `dp_stddev_ci` as an [`AggregateUDF`].
+pub fn dp_stddev_ci_udaf() -> AggregateUDF {
+    DpStddevCi::udaf()
 }

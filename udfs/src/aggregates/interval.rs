@@ -207,6 +207,53 @@ pub(crate) fn laplace_sum_quantile(b1: f64, b2: f64, level: f64) -> f64 {
     hi
 }
 
+/// x with P(|L₁ + … + L_k| > x) ≤ 1 − level, the Lᵢ independent Laplace of scales bᵢ ≥ 0
+/// (module docs, `dp_variance`), by bisection, rounded up. With the scales made distinct
+/// (raised, never lowered), the characteristic function Π 1/(1 + bᵢ²u²) has the partial
+/// fractions Σ cᵢ/(1 + bᵢ²u²), cᵢ = Π_{j≠i} bᵢ²/(bᵢ² − bⱼ²), so the density is the mixture
+/// Σ cᵢ·Laplace(bᵢ) with signed weights and P(|X| > x) = Σ cᵢ e^{−x/bᵢ} exactly (for k = 2 the
+/// formula of [`laplace_sum_quantile`]).
+pub(crate) fn laplace_combination_quantile(scales: &[f64], level: f64) -> f64 {
+    let mut b: Vec<f64> = scales.iter().copied().filter(|&b| b > 0.0).collect();
+    if b.is_empty() {
+        return 0.0;
+    }
+    b.sort_by(|x, y| y.total_cmp(x));
+    // Scales within a relative 1e-3 of each other are raised apart, from the smallest up: a
+    // larger scale only widens (|L₁ + cL₂| grows stochastically with c, Anderson 1955), and the
+    // weights cᵢ stay below ~1e6 (no cancellation beyond 1e-10 in f64).
+    const SEP: f64 = 1.0 + 1e-3;
+    for i in (1..b.len()).rev() {
+        if b[i - 1] < b[i] * SEP {
+            b[i - 1] = b[i] * SEP;
+        }
+    }
+    let c: Vec<f64> = (0..b.len())
+        .map(|i| {
+            (0..b.len())
+                .filter(|&j| j != i)
+                .map(|j| b[i] * b[i] / (b[i] * b[i] - b[j] * b[j]))
+                .product()
+        })
+        .collect();
+    let tail = |x: f64| -> f64 { b.iter().zip(&c).map(|(b, c)| c * (-x / b).exp()).sum() };
+    let alpha = 1.0 - level;
+    // Union bound: P(|ΣLᵢ| > t·Σbᵢ) ≤ Σ P(|Lᵢ| > t·bᵢ) = k·e^{−t}, so hi is feasible.
+    let (mut lo, mut hi) = (0.0, b.iter().sum::<f64>() * (b.len() as f64 / alpha).ln());
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if tail(mid) <= alpha {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+        if hi - lo <= hi * 1e-13 {
+            break;
+        }
+    }
+    hi
+}
+
 /// Fieller's interval for d = m − c from S̃ = nd + Z_s, C̃ = n + Z_c (module docs); `None` when
 /// the set is unbounded.
 pub(crate) fn fieller(
@@ -373,6 +420,123 @@ fn mean_interval(
         lower: lo,
         upper: hi,
         stddev,
+    }
+}
+
+/// The value and interval of a variance or standard deviation (`dp_variance`, `dp_stddev`,
+/// both mechanisms) from the draws (S̃₁, S̃₂, ñ) made exactly as the base release makes them
+/// (module docs). `noises` are those of (S₁, S₂, n), `None` when lower = upper (0, no noise).
+pub(crate) fn variance_intervals(
+    (fp, sq): (&FixedPoint, &SquareGrid),
+    noises: Option<[Noise; 3]>,
+    draw: impl Fn(&mut SecureRng, &Partial) -> Result<(f64, f64, f64)>,
+    stddev: bool,
+    rng: &mut SecureRng,
+    partials: &[Partial],
+    level: f64,
+) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
+    use super::dp_variance::variance_output;
+    let mut values = Vec::with_capacity(partials.len());
+    let mut out = Vec::with_capacity(partials.len());
+    let Some(noises) = noises else {
+        for _ in partials {
+            values.push(0.0);
+            out.push(Some(Interval {
+                lower: 0.0,
+                upper: 0.0,
+                stddev: 0.0,
+            }));
+        }
+        return Ok((Arc::new(Float64Array::from(values)), out));
+    };
+    let w = fp.width() as f64;
+    // Value units per normalised unit of variance: h² = (w·q/2)².
+    let h = w * super::exact::pow2(fp.exp - 1);
+    let h_nominal = fp.upper / 2.0 - fp.lower / 2.0;
+    for p in partials {
+        let (s1, s2, n) = draw(rng, p)?;
+        let v = variance_normalised_interval((fp, sq), (s1, s2, n), &noises, level);
+        let value = variance_output(fp, v.value, stddev);
+        let sd_var = v.sd * h * h;
+        let sd = if stddev {
+            // Delta method for √: sd(V)/(2√V), capped by √sd(V) (the scale of √|V̂| near V = 0)
+            // and by the range's half-width.
+            (sd_var / (2.0 * value)).min(sd_var.sqrt()).min(h_nominal)
+        } else {
+            sd_var
+        };
+        values.push(value);
+        out.push(Some(Interval {
+            lower: variance_output(fp, v.lower, stddev),
+            upper: variance_output(fp, v.upper, stddev),
+            stddev: sd,
+        }));
+    }
+    Ok((Arc::new(Float64Array::from(values)), out))
+}
+
+/// A variance interval in normalised units (v ∈ [0, 1]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct NormalisedInterval {
+    /// The release's v (as [`super::dp_variance::normalised_variance`]).
+    pub value: f64,
+    pub lower: f64,
+    pub upper: f64,
+    /// The delta-method standard deviation of v̂.
+    pub sd: f64,
+}
+
+/// The delta-method interval of v = m₂ − m₁² from S̃₁ (half-units), S̃₂ (square-grid units,
+/// 2^shift), ñ (module docs, `dp_variance`).
+pub(crate) fn variance_normalised_interval(
+    (fp, sq): (&FixedPoint, &SquareGrid),
+    (s1, s2, n): (f64, f64, f64),
+    [n1, n2, nc]: &[Noise; 3],
+    level: f64,
+) -> NormalisedInterval {
+    // The release's own post-processing, bit for bit.
+    let value = super::dp_variance::normalised_variance(fp, sq, s1, s2, n);
+    let w = fp.width() as f64;
+    let n = n.max(1.0);
+    let k2 = super::exact::pow2(sq.shift as i32) / (w * w);
+    let m1 = (s1 / w / n).clamp(-1.0, 1.0);
+    let m2 = (s2 * k2 / n).clamp(0.0, 1.0);
+    let centre = m2 - m1 * m1;
+    // ∂v/∂S₂ = k2/n, ∂v/∂S₁ = −2m₁/(w·n), ∂v/∂n = −(m₂ − 2m₁²)/n (integer units of each release).
+    let a = [
+        2.0 * m1.abs() / (w * n),
+        k2 / n,
+        (m2 - 2.0 * m1 * m1).abs() / n,
+    ];
+    let noise = [n1, n2, nc];
+    let sd = a
+        .iter()
+        .zip(noise)
+        .map(|(a, m)| (a * m.stddev()).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    // One grid step per release for the rounding of the exact sums to their grids.
+    let rounding: f64 = a.iter().zip(noise).map(|(a, m)| a * m.granularity()).sum();
+    let x = match n1 {
+        Noise::Gaussian(_) => -phi_inv((1.0 - level) / 2.0) * sd,
+        Noise::Laplace(_) => {
+            let scales: Vec<f64> = a
+                .iter()
+                .zip(noise)
+                .map(|(a, m)| match m {
+                    Noise::Laplace(l) => a * l.scale,
+                    Noise::Gaussian(g) => a * g.sigma,
+                })
+                .collect();
+            laplace_combination_quantile(&scales, level)
+        }
+    } * (1.0 + pow2_neg18())
+        + rounding;
+    NormalisedInterval {
+        value,
+        lower: (centre - x).clamp(0.0, 1.0).min(value),
+        upper: (centre + x).clamp(0.0, 1.0).max(value),
+        sd,
     }
 }
 

@@ -42,7 +42,9 @@ use datafusion::common::Result;
 use super::accumulator::{Finalise, Partial, Shape};
 use super::dp_variance::{centred_sum, normalised_variance, variance_output};
 use super::exact::{FixedPoint, SquareGrid, pow2, release_exact_laplace};
-use super::interval::{Interval, Noise, count_intervals, mean_intervals, sum_intervals};
+use super::interval::{
+    Interval, Noise, count_intervals, mean_intervals, sum_intervals, variance_intervals,
+};
 use super::params::{CountParams, MeanParams, Neighbours, SumParams, representable};
 use crate::mechanisms::LaplaceMechanism;
 use crate::noise::SecureRng;
@@ -429,11 +431,22 @@ impl LaplaceVariance {
         let Some(m) = &self.mechs else {
             return Ok(0.0);
         };
+        let (s1, s2, n) = self.draws(m, rng, p)?;
+        let v = normalised_variance(&self.fp, &self.sq, s1, s2, n);
+        Ok(variance_output(&self.fp, v, self.stddev))
+    }
+
+    /// The three draws (S̃₁, S̃₂, ñ), in the order the release makes them.
+    fn draws(
+        &self,
+        m: &LaplaceVarianceMechs,
+        rng: &mut SecureRng,
+        p: &Partial,
+    ) -> Result<(f64, f64, f64)> {
         let s1 = release_exact_laplace(&m.sum, rng, centred_sum(&self.sq, p), 0)?;
         let s2 = release_exact_laplace(&m.sum_sq, rng, p.sum_sq, 0)?;
         let n = release_exact_laplace(&m.count, rng, p.count as i128, 0)?;
-        let v = normalised_variance(&self.fp, &self.sq, s1, s2, n);
-        Ok(variance_output(&self.fp, v, self.stddev))
+        Ok((s1, s2, n))
     }
 }
 
@@ -463,5 +476,32 @@ impl Finalise for LaplaceVariance {
             ),
             None => "none (lower = upper)".into(),
         })
+    }
+    fn finalise_with_intervals(
+        &self,
+        rng: &mut SecureRng,
+        partials: &[Partial],
+        confidence: f64,
+    ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
+        let noises = self.mechs.as_ref().map(|m| {
+            [
+                Noise::Laplace(m.sum),
+                Noise::Laplace(m.sum_sq),
+                Noise::Laplace(m.count),
+            ]
+        });
+        let draw = |rng: &mut SecureRng, p: &Partial| match &self.mechs {
+            Some(m) => self.draws(m, rng, p),
+            None => Ok((0.0, 0.0, 0.0)),
+        };
+        variance_intervals(
+            (&self.fp, &self.sq),
+            noises,
+            draw,
+            self.stddev,
+            rng,
+            partials,
+            confidence,
+        )
     }
 }

@@ -11,7 +11,7 @@
 //! | `dp_quantile(value, …)` | lower, upper, q, epsilon, neighbours | Float64 in [lower, upper] |
 //! | `dp_median(value, …)` | lower, upper, epsilon, neighbours | Float64 in [lower, upper] |
 //! | `dp_quantiles(value, …)` | lower, upper, quantiles (a list), epsilon, neighbours | List<Float64> |
-//! | `dp_count_ci`, `dp_count_distinct_ci`, `dp_sum_ci`, `dp_mean_ci` | the base function's, then confidence, neighbours | Struct{value, lower, upper, confidence, stddev} ([`interval`]) |
+//! | `dp_count_ci`, `dp_count_distinct_ci`, `dp_sum_ci`, `dp_mean_ci`, `dp_variance_ci`, `dp_stddev_ci` | the base function's, then confidence, neighbours | Struct{value, lower, upper, confidence, stddev} ([`interval`]) |
 //! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
 //! | `rgm_mean_by(value, by, …)` | max_ratio, epsilon, delta, min_group_size, neighbours | List<Struct<group, mean, n>> |
 //!
@@ -67,7 +67,8 @@ pub use dp_quantile::{
 };
 pub use dp_sum::{DpSum, DpSumCi, dp_sum_ci_udaf, dp_sum_udaf};
 pub use dp_variance::{
-    DpStddev, DpVariance, StddevParams, VarianceParams, dp_stddev_udaf, dp_variance_udaf,
+    DpStddev, DpStddevCi, DpVariance, DpVarianceCi, StddevParams, VarianceParams,
+    dp_stddev_ci_udaf, dp_stddev_udaf, dp_variance_ci_udaf, dp_variance_udaf,
 };
 pub use params::{
     CountParams, DEFAULT_DELTA, MeanParams, Mechanism, Neighbours, PartitionSelectParams, SumParams,

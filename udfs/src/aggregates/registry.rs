@@ -57,8 +57,8 @@ use super::{
     AgdParams, CountDistinctParams, CountParams, MeanParams, PartitionSelectParams, RgmMeanParams,
     StddevParams, SumParams, VarianceParams, dp_count_ci_udaf, dp_count_distinct_ci_udaf,
     dp_count_distinct_udaf, dp_count_udaf, dp_linreg_gd, dp_linreg_gd_udaf, dp_logreg_agd_udaf,
-    dp_mean_ci_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_udaf, dp_sum_ci_udaf,
-    dp_sum_udaf, dp_variance_udaf, rgm_mean_by_udaf,
+    dp_mean_ci_udaf, dp_mean_udaf, dp_partition_select_udaf, dp_stddev_ci_udaf, dp_stddev_udaf,
+    dp_sum_ci_udaf, dp_sum_udaf, dp_variance_ci_udaf, dp_variance_udaf, rgm_mean_by_udaf,
 };
 use crate::privacy::{Event, PrivacyError};
 
@@ -394,6 +394,34 @@ pub static AGGREGATES: &[Aggregate] = &[
         udaf: dp_stddev_udaf,
         cost: |_, p| no_data(StddevParams::from_literals, StddevParams::cost, p),
         noise: spec_noise::<StddevParams>,
+    },
+    Aggregate {
+        name: "dp_variance_ci",
+        summary: "dp_variance's release with its confidence interval (delta method)",
+        data: &[VALUE],
+        params: &[
+            LOWER, UPPER, EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_variance_ci_udaf,
+        cost: ci_cost::<VarianceParams>,
+        noise: ci_noise::<VarianceParams>,
+    },
+    Aggregate {
+        name: "dp_stddev_ci",
+        summary: "dp_stddev's release with its confidence interval (√ of the variance's)",
+        data: &[VALUE],
+        params: &[
+            LOWER, UPPER, EPSILON, DELTA, MECHANISM, CONFIDENCE, NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: dp_stddev_ci_udaf,
+        cost: ci_cost::<StddevParams>,
+        noise: ci_noise::<StddevParams>,
     },
     Aggregate {
         name: "dp_quantile",

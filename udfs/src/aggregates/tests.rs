@@ -309,6 +309,8 @@ fn udafs_are_registered_with_docs_and_names() {
             "dp_mean_ci",
             "dp_variance",
             "dp_stddev",
+            "dp_variance_ci",
+            "dp_stddev_ci",
             "dp_quantile",
             "dp_median",
             "dp_quantiles",
