@@ -1,6 +1,6 @@
-//! Error bars: the `_ci` variants `dp_count_ci`, `dp_count_distinct_ci`, `dp_sum_ci` and
-//! `dp_mean_ci`, which release exactly what the base function releases together with the
-//! noise's standard deviation and a confidence interval.
+//! Error bars: the `_ci` variants `dp_count_ci`, `dp_count_distinct_ci`, `dp_sum_ci`,
+//! `dp_mean_ci`, `dp_variance_ci` and `dp_stddev_ci`, which release exactly what the base
+//! function releases together with the noise's standard deviation and a confidence interval.
 //!
 //! # Design
 //! `dp_mean_ci(value, lower, upper, epsilon[, delta][, mechanism][, confidence])` takes the base
@@ -65,6 +65,27 @@
 //! - The `stddev` of a noisy-count mean is the delta-method standard deviation
 //!   √(σ_s² + d̂²σ_c²)/max(C̃, 1) (Casella and Berger 2002, §5.5.4), approximate; σ_s/n with a
 //!   public n.
+//! - `dp_variance`, `dp_stddev` (both mechanisms; [`super::dp_variance`]): the delta method
+//!   (Casella and Berger 2002, §5.5.4) on the three noisy sums S̃₁ (centred, half-units), S̃₂
+//!   (squares) and ñ, whose noise variances are known exactly. In normalised units
+//!   (m₁ = S₁/(wn), m₂ = S₂·2^shift/(w²n), v = m₂ − m₁²) the gradient is ∂v/∂S₂ = 2^shift/(w²n),
+//!   ∂v/∂S₁ = −2m₁/(wn), ∂v/∂n = −(m₂ − 2m₁²)/n, evaluated at the released (clamped) m̃₁, m̃₂ and
+//!   ñ' = max(ñ, 1); v̂ − v ≈ Σ aᵢZᵢ. Gaussian: the combination is exactly normal, half-width
+//!   z·√(Σ aᵢ²σᵢ²). Laplace: the exact quantile of Σ aᵢLᵢ, three independent Laplace variables,
+//!   from the partial fractions of Π 1/(1 + bᵢ²u²) (as for the mean: P(|X| > x) = Σ cᵢe^{−x/bᵢ},
+//!   cᵢ = Π_{j≠i} bᵢ²/(bᵢ² − bⱼ²); [`laplace_combination_quantile`]). Both raised by 2^−18 and by
+//!   one grid step per release (aᵢ·gᵢ), around v̂ = m̃₂ − m̃₁² before its clamping, then
+//!   intersected with the feasible range [0, 1] (i.e. [0, (upper − lower)²/4] in value units;
+//!   the true v lies in it, so coverage is kept, and the released value is always inside).
+//!   Approximate (first order): the neglected terms are of relative order σ_c/n and
+//!   σ₁'²/(n·σ₂') (the bias of m̃₁²), so it is accurate when n·μ or n·ε ≫ 1. Measured
+//!   (`variance_coverage_by_n`, 2,000 releases, values in [0, 10]): 94.9–95.7% at n·ε ≥ 100 (n =
+//!   200 at ε = 1, n = 1,000 at ε = 0.1), conservative below (99.3% at n = 50, ε = 1; 99.9% at
+//!   n = 200, ε = 0.1: the clamping at 0 and 1 only widens). `stddev` = √(Σ aᵢ² Var(Zᵢ))·h²,
+//!   h = (upper − lower)/2.
+//!   `dp_stddev`: the square roots of the variance interval's endpoints, a monotone transform of
+//!   an interval for v, so the coverage is the same; its `stddev` is the delta method's
+//!   sd(V̂)/(2·value), capped by √sd(V̂) (its scale when the variance is near 0) and by h.
 //!
 //! Coverage is tested on 2,000 seeded releases per case (`tests` below).
 use std::fmt;
