@@ -91,8 +91,13 @@ use crate::mechanisms::exponential::{rate_down, sample_permute_and_flip};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError};
 
-/// Bins of the histogram (module docs).
+/// Bins of the histogram by default (module docs); a call's `bins` may ask for any power of two
+/// in [[`MIN_BINS`], [`MAX_BINS`]].
 pub const BINS: usize = 1024;
+/// The fewest bins a call may ask for.
+pub const MIN_BINS: usize = 2;
+/// The most bins a call may ask for: 512 KiB of `u64` counts per group.
+pub const MAX_BINS: usize = 65536;
 /// q is rounded to a multiple of 2^−Q_BITS.
 const Q_BITS: u32 = 20;
 /// The most quantiles one `dp_quantiles` call may ask for.
@@ -117,9 +122,16 @@ impl QuantileKind {
     /// Parameter names after the data column, in positional order.
     pub fn names(self) -> &'static [&'static str] {
         match self {
-            QuantileKind::Quantile => &["lower", "upper", "q", "epsilon", "neighbours"],
-            QuantileKind::Median => &["lower", "upper", "epsilon", "neighbours"],
-            QuantileKind::Quantiles => &["lower", "upper", "quantiles", "epsilon", "neighbours"],
+            QuantileKind::Quantile => &["lower", "upper", "q", "epsilon", "bins", "neighbours"],
+            QuantileKind::Median => &["lower", "upper", "epsilon", "bins", "neighbours"],
+            QuantileKind::Quantiles => &[
+                "lower",
+                "upper",
+                "quantiles",
+                "epsilon",
+                "bins",
+                "neighbours",
+            ],
         }
     }
 }
@@ -133,7 +145,26 @@ pub struct QuantileParams {
     /// The quantiles asked for, each in [0, 1] (0.5 for `dp_median`).
     pub qs: Vec<f64>,
     pub epsilon: f64,
+    /// The histogram's bins: a power of two in [`MIN_BINS`, `MAX_BINS`] (public: it changes the
+    /// resolution and the state's size, not the cost).
+    pub bins: usize,
     pub neighbours: Neighbours,
+}
+
+/// The `bins` literal: a power of two in [`MIN_BINS`, `MAX_BINS`], [`BINS`] when absent.
+fn bins_at(args: &[ScalarValue], i: usize) -> Result<usize, PrivacyError> {
+    let expected = format!("a power of two in [{MIN_BINS}, {MAX_BINS}], e.g. 1024 or 8192");
+    match number(args, i, "bins")? {
+        None => Ok(BINS),
+        Some(b)
+            if b.fract() == 0.0
+                && (MIN_BINS as f64..=MAX_BINS as f64).contains(&b)
+                && (b as usize).is_power_of_two() =>
+        {
+            Ok(b as usize)
+        }
+        Some(b) => Err(PrivacyError::invalid("bins", b, &expected)),
+    }
 }
 
 fn check_q(name: &str, q: f64) -> Result<f64, PrivacyError> {
@@ -191,7 +222,8 @@ impl QuantileParams {
             upper,
             qs,
             epsilon: epsilon_at(args, next)?,
-            neighbours: neighbours_at(args, next + 1)?,
+            bins: bins_at(args, next + 1)?,
+            neighbours: neighbours_at(args, next + 2)?,
         })
     }
 
@@ -216,6 +248,8 @@ pub(crate) struct QuantileRelease {
     pub q_fixed: Vec<u128>,
     /// The exponential mechanism's rate A (exponent A·D_b/2^60), per quantile.
     pub rate: u128,
+    /// The histogram's bins (a power of two).
+    pub bins: usize,
 }
 
 impl QuantileRelease {
@@ -247,6 +281,7 @@ impl QuantileRelease {
             upper: p.upper,
             q_fixed,
             rate,
+            bins: p.bins,
         })
     }
 
@@ -257,16 +292,16 @@ impl QuantileRelease {
         if w <= 0 {
             return 0;
         }
-        (((x - self.fp.lo) as i128 * BINS as i128 / w) as usize).min(BINS - 1)
+        (((x - self.fp.lo) as i128 * self.bins as i128 / w) as usize).min(self.bins - 1)
     }
 
-    /// The losses D_b of the B bins for the target Q (module docs).
-    pub fn losses(counts: &[u64], q: u128) -> Vec<u128> {
+    /// The losses D_b of the B = `bins` bins for the target Q (module docs).
+    pub fn losses(counts: &[u64], q: u128, bins: usize) -> Vec<u128> {
         let n: u128 = counts.iter().map(|&c| c as u128).sum();
         let target = q * n; // ≤ 2^20·2^64
         let mut below: u128 = 0;
-        let mut out = Vec::with_capacity(BINS);
-        for b in 0..BINS {
+        let mut out = Vec::with_capacity(bins);
+        for b in 0..bins {
             let c = counts.get(b).copied().unwrap_or(0) as u128;
             let lo = below << Q_BITS;
             let hi = (below + c) << Q_BITS;
@@ -278,7 +313,7 @@ impl QuantileRelease {
 
     /// The midpoint of bin b, within [lower, upper].
     pub fn midpoint(&self, b: usize) -> f64 {
-        let t = (b as f64 + 0.5) / BINS as f64;
+        let t = (b as f64 + 0.5) / self.bins as f64;
         (self.lower * (1.0 - t) + self.upper * t).clamp(self.lower, self.upper)
     }
 
@@ -293,7 +328,7 @@ impl QuantileRelease {
             .map(|&q| {
                 self.midpoint(sample_permute_and_flip(
                     rng,
-                    &Self::losses(counts, q),
+                    &Self::losses(counts, q, self.bins),
                     self.rate,
                 ))
             })
@@ -373,11 +408,13 @@ pub fn dp_quantiles_udaf() -> AggregateUDF {
 }
 
 const HOW: &str = "Differentially private quantile(s) of the values clamped to [lower, upper], by \
-     the exponential mechanism's calibration over 1024 equal bins of [lower, upper] (score: \
+     the exponential mechanism's calibration over `bins` equal bins of [lower, upper] (a power \
+     of two in [2, 65536], default 1024; public: it does not change the cost; the state is \
+     8·bins bytes per group) (score: \
      minus the distance from the target rank q·n to the ranks the bin covers, sensitivity \
      max(q, 1 − q), 1 on replace tables; McSherry and Talwar 2007, Smith 2011), drawn by \
      permute-and-flip (McKenna and Sheldon 2020), exactly (no floating-point exponential). Pure epsilon-DP (no \
-     delta). The result is the chosen bin's midpoint: resolution (upper − lower)/1024. \
+     delta). The result is the chosen bin's midpoint: resolution (upper − lower)/bins. \
      dp_quantiles spends epsilon/k on each of its k quantiles and returns them sorted. NULL and \
      NaN values are skipped; ±infinity is clamped. On a table whose privacy filter is 'gdp' the \
      call is refused (choose 'zcdp' or 'rdp').";
@@ -487,7 +524,7 @@ impl AggregateUDFImpl for DpQuantileUdaf {
     }
 }
 
-/// One group's histogram ([`BINS`] counts, allocated at the first value).
+/// One group's histogram (`bins` counts, allocated at the first value).
 #[derive(Debug)]
 pub(crate) struct QuantileAccumulator {
     pub rel: QuantileRelease,
@@ -509,7 +546,7 @@ impl QuantileAccumulator {
 
     fn counts_mut(&mut self) -> &mut Vec<u64> {
         if self.counts.is_empty() {
-            self.counts = vec![0; BINS];
+            self.counts = vec![0; self.rel.bins];
         }
         &mut self.counts
     }
@@ -554,10 +591,11 @@ impl Accumulator for QuantileAccumulator {
             if c.is_empty() {
                 continue;
             }
-            if c.len() != BINS {
+            if c.len() != self.rel.bins {
                 return Err(DataFusionError::Internal(format!(
-                    "dp quantile: histogram of {} bins, expected {BINS}",
-                    c.len()
+                    "dp quantile: histogram of {} bins, expected {}",
+                    c.len(),
+                    self.rel.bins
                 )));
             }
             let counts = self.counts_mut();
@@ -625,9 +663,10 @@ pub fn noise_of(kind: QuantileKind, params: &[ScalarValue]) -> Option<String> {
         format!(" for each of {k} quantiles")
     };
     Some(format!(
-        "exponential mechanism over {BINS} bins of width {}, ε = {}{per} (rank score, \
+        "exponential mechanism over {} bins of width {}, ε = {}{per} (rank score, \
          sensitivity 1)",
-        short((p.upper - p.lower) / BINS as f64),
+        p.bins,
+        short((p.upper - p.lower) / p.bins as f64),
         short(each)
     ))
 }

@@ -210,6 +210,13 @@ const CONFIDENCE: Param = number(
     Default::Number("0.95"),
     "the interval's coverage, in (0, 1); the interval is post-processing: no extra charge",
 );
+/// The quantiles' histogram resolution ([`super::dp_quantile`]), just before `neighbours`.
+const BINS: Param = number(
+    "bins",
+    Default::Number("1024"),
+    "the histogram's bins, a power of two in [2, 65536]: the resolution is (upper − lower)/bins; \
+     public, no extra cost; the state is 8·bins bytes per group and each release O(bins)",
+);
 const NEIGHBOURS: Param = Param {
     name: "neighbours",
     kind: Kind::Text,
@@ -433,6 +440,7 @@ pub static AGGREGATES: &[Aggregate] = &[
             UPPER,
             number("q", Default::Required, "the quantile, in [0, 1]"),
             PURE_EPSILON,
+            BINS,
             NEIGHBOURS,
         ],
         requirements: &[],
@@ -451,7 +459,7 @@ pub static AGGREGATES: &[Aggregate] = &[
         summary: "noisy median of the values clamped to [lower, upper] (exponential mechanism, \
                   pure ε-DP)",
         data: &[VALUE],
-        params: &[LOWER, UPPER, PURE_EPSILON, NEIGHBOURS],
+        params: &[LOWER, UPPER, PURE_EPSILON, BINS, NEIGHBOURS],
         requirements: &[],
         replaces: &["median", "approx_median"],
         internal: false,
@@ -474,6 +482,7 @@ pub static AGGREGATES: &[Aggregate] = &[
                 doc: "a list of 1 to 100 quantiles in [0, 1], e.g. [0.25, 0.5, 0.75]",
             },
             PURE_EPSILON,
+            BINS,
             NEIGHBOURS,
         ],
         requirements: &[],
