@@ -4,13 +4,16 @@
 //!
 //! # State: a fixed histogram (bounded memory, exact merges)
 //! Each non-NULL, non-NaN value is clamped and put on the fixed-point grid
-//! ([`super::exact::FixedPoint`]: x ∈ [lo, hi]), then into one of [`BINS`] = 1024 equal bins,
+//! ([`super::exact::FixedPoint`]: x ∈ [lo, hi]), then into one of B equal bins (the literal
+//! `bins`, a power of two in [[`MIN_BINS`], [`MAX_BINS`]], default [`BINS`] = 1024),
 //! b(x) = ⌊(x − lo)·B/(hi − lo)⌋ (at most B − 1; integer arithmetic, so a value's bin is a
-//! function of the value alone). Per group the state is the B counts (`u64`): 8 KiB per group
-//! whatever the number of rows, merged by exact integer addition, so the release is the same
-//! for every partitioning of the plan. Buffering the values would give the exact interval form
-//! (Smith 2011) but memory growing with the group; the histogram bounds memory at the cost of a
-//! resolution of (upper − lower)/1024 (the released value is the chosen bin's midpoint).
+//! function of the value alone). Per group the state is the B counts (`u64`): 8·B bytes per group
+//! (8 KiB at 1024, 512 KiB at 65536) whatever the number of rows, merged by exact integer
+//! addition, so the release is the same for every partitioning of the plan. Buffering the values
+//! would give the exact interval form (Smith 2011) but memory growing with the group; the
+//! histogram bounds memory at the cost of a resolution of (upper − lower)/B (the released value
+//! is the chosen bin's midpoint). B is public (a literal): the score, its sensitivity and the
+//! exponent below do not depend on it, so neither does the cost.
 //!
 //! # Score and sensitivity (derived here)
 //! Let r_b = #{values in bins < b} (r_0 = 0, r_B = n). A point inside bin b can have any rank in
@@ -54,7 +57,8 @@
 //! ([`rate_down`]: less ε used than charged, never more), and the bin is drawn by
 //! permute-and-flip ([`sample_permute_and_flip`], McKenna and Sheldon 2020: the bins in a
 //! uniformly random order, each accepted by an exact Bernoulli(exp(−A·(D_b − D_min)/2^60))
-//! trial, no floating-point exponential; at most B = 1024 trials per release). It is ε-DP at the
+//! trial, no floating-point exponential; at most B trials per release, and B losses to compute:
+//! O(B) time per release). It is ε-DP at the
 //! exponential mechanism's calibration and its expected loss is never larger (ibid., Theorems 1
 //! and 2); OpenDP's quantile (report-noisy-max with exponential noise) is the same mechanism.
 //! It is markedly more accurate when a few bins are close to the target: docs/UTILITY.md,
@@ -63,9 +67,9 @@
 //! # Error
 //! By McSherry and Talwar's utility bound for the exponential mechanism (permute-and-flip's
 //! expected loss is never larger), with probability ≥ 1 − e^{−t} the chosen bin's
-//! distance to rank q·n is at most 2Δu(ln 1024 + t)/ε' ≈ (13.9 + 2t)·Δu/ε' ranks, i.e. a rank error
-//! of order 1/(εn) relative to n, independent of n in absolute ranks; plus half a bin,
-//! (upper − lower)/2048, in value. With ε = 1 and n = 10,000 the median's rank error is below
+//! distance to rank q·n is at most 2Δu(ln B + t)/ε' (≈ (13.9 + 2t)·Δu/ε' ranks at B = 1024),
+//! i.e. a rank error of order 1/(εn) relative to n, independent of n in absolute ranks; plus
+//! half a bin, (upper − lower)/(2B), in value. With ε = 1 and n = 10,000 the median's rank error is below
 //! 0.12% of n with probability 0.99 (0.23% for q near 0 or 1, or under `replace`).
 //!
 //! lower = upper: every clamped value equals the bound, and it is returned exactly.

@@ -8,9 +8,9 @@
 //! | `dp_mean(value, …)` | lower, upper, epsilon, delta, mechanism, neighbours | Float64 in [lower, upper] |
 //! | `dp_variance(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)²/4] |
 //! | `dp_stddev(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)/2] |
-//! | `dp_quantile(value, …)` | lower, upper, q, epsilon, neighbours | Float64 in [lower, upper] |
-//! | `dp_median(value, …)` | lower, upper, epsilon, neighbours | Float64 in [lower, upper] |
-//! | `dp_quantiles(value, …)` | lower, upper, quantiles (a list), epsilon, neighbours | List<Float64> |
+//! | `dp_quantile(value, …)` | lower, upper, q, epsilon, bins, neighbours | Float64 in [lower, upper] |
+//! | `dp_median(value, …)` | lower, upper, epsilon, bins, neighbours | Float64 in [lower, upper] |
+//! | `dp_quantiles(value, …)` | lower, upper, quantiles (a list), epsilon, bins, neighbours | List<Float64> |
 //! | `dp_count_ci`, `dp_count_distinct_ci`, `dp_sum_ci`, `dp_mean_ci`, `dp_variance_ci`, `dp_stddev_ci` | the base function's, then confidence, neighbours | Struct{value, lower, upper, confidence, stddev} ([`interval`]) |
 //! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
 //! | `rgm_mean_by(value, by, …)` | max_ratio, epsilon, delta, min_group_size, neighbours | List<Struct<group, mean, n>> |
