@@ -176,7 +176,7 @@ use crate::noise::discrete::{bernoulli_exp, discrete_gaussian_int};
 use crate::privacy::PrivacyError;
 use crate::progress;
 
-use super::kernel::{self, LANES, RECURRENCE_RANGE, RowPath};
+use super::kernel::{self, LANES, RECURRENCE_RANGE, RowPath, Simd};
 use super::rows::Rows;
 use super::units::{Units, clip_int};
 
@@ -600,7 +600,8 @@ impl Kernels<'_, '_> {
 
     /// [`Self::gradient_rows`] through a chosen implementation ([`RowPath`]; issue 19):
     /// `Reference` is the row-at-a-time pass of before, `Portable` the blocked pass built for
-    /// baseline x86-64, `Auto` the blocked pass in its AVX2 build when the CPU has AVX2. Every
+    /// baseline x86-64, `Auto` the blocked pass in its AVX-512 or AVX2 build when the CPU has
+    /// them ([`kernel::simd`]). Every
     /// path gives the same z (bit for bit) and the same integers (test
     /// `gradient_paths_are_identical`).
     fn gradient_rows_with(
@@ -614,10 +615,18 @@ impl Kernels<'_, '_> {
             return self.gradient_rows_reference(w, start, z);
         }
         #[cfg(target_arch = "x86_64")]
-        if kernel::use_avx2(path) {
-            // SAFETY: `use_avx2` checked that the CPU has AVX2.
-            return unsafe { self.gradient_rows_avx2(w, start, z) };
+        match kernel::simd(path) {
+            // SAFETY: `simd` checked that the CPU has these features.
+            Simd::Avx512 => return unsafe { self.gradient_rows_avx512(w, start, z) },
+            Simd::Avx2 => return unsafe { self.gradient_rows_avx2(w, start, z) },
+            Simd::Baseline => {}
         }
+        self.gradient_rows_blocked(w, start, z)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw")]
+    unsafe fn gradient_rows_avx512(&self, w: &[f64], start: usize, z: &mut [f64]) -> Vec<i128> {
         self.gradient_rows_blocked(w, start, z)
     }
 
@@ -899,8 +908,8 @@ impl Kernels<'_, '_> {
     /// [`Self::score_rows_into`] through a chosen implementation ([`RowPath`]; issue 19):
     /// `Reference` is the row-at-a-time pass of before (one `exp` per row, libm's `ln_1p` per
     /// candidate: `score_row_recurrence`), `Portable` the blocked pass
-    /// ([`kernel::ScoreGrid`]) built for baseline x86-64, `Auto` its AVX2 build when the CPU
-    /// has AVX2. `Portable` and `Auto` give the same integers; against `Reference`, a row's
+    /// ([`kernel::ScoreGrid`]) built for baseline x86-64, `Auto` its AVX-512 or AVX2 build when
+    /// the CPU has them. `Portable` and `Auto` give the same integers; against `Reference`, a row's
     /// floored loss may differ by one grid unit, rarely (libm's `ln_1p` against
     /// [`kernel::ln_1p_unit`]; tests `score_paths` and `lane_scores_match_direct`).
     fn score_rows_with(
@@ -917,10 +926,26 @@ impl Kernels<'_, '_> {
             return self.score_rows_reference(z, u, steps, rows, out);
         };
         #[cfg(target_arch = "x86_64")]
-        if kernel::use_avx2(path) {
-            // SAFETY: `use_avx2` checked that the CPU has AVX2.
-            return unsafe { self.score_rows_avx2(z, u, steps, h, rows, out) };
+        match kernel::simd(path) {
+            // SAFETY: `simd` checked that the CPU has these features.
+            Simd::Avx512 => return unsafe { self.score_rows_avx512(z, u, steps, h, rows, out) },
+            Simd::Avx2 => return unsafe { self.score_rows_avx2(z, u, steps, h, rows, out) },
+            Simd::Baseline => {}
         }
+        self.score_rows_blocked(z, u, steps, h, rows, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw")]
+    unsafe fn score_rows_avx512(
+        &self,
+        z: &[f64],
+        u: &[f64],
+        steps: &[f64],
+        h: f64,
+        rows: std::ops::Range<usize>,
+        out: &mut [u128],
+    ) {
         self.score_rows_blocked(z, u, steps, h, rows, out)
     }
 

@@ -19,11 +19,12 @@
 //!   terms only grow), and the row is added under a mask. A row is taken by this fast path
 //!   only when |f/q|·‖x̃ᵢ‖ ≤ 2⁵⁰ (so every |f·xⱼ/q| < 2⁵¹) and f/q is finite; any other row
 //!   (huge residuals, non-finite norms) goes through `Clipper::contribution` itself.
-//! - **Runtime dispatch.** The same source is compiled twice: once for baseline x86-64 and once
-//!   inside a `#[target_feature(enable = "avx2")]` function, chosen with
-//!   `is_x86_feature_detected!("avx2")` at each pass. No `-C target-cpu` is needed. FMA is
-//!   deliberately not enabled: the residual must round after each multiply, as the scalar code
-//!   does.
+//! - **Runtime dispatch.** The same source is compiled three times: for baseline x86-64, inside
+//!   a `#[target_feature(enable = "avx2")]` function, and inside one with AVX-512 (F, DQ, VL,
+//!   BW), chosen with `is_x86_feature_detected!` at each pass (the widest the CPU has). No
+//!   `-C target-cpu` is needed. No fused multiply-add is ever formed (Rust does not contract
+//!   `a * b + c`, whatever the target features): the residual rounds after each multiply, as
+//!   the scalar code does.
 //!
 //! **Exactness.** Every per-row integer vector equals the one `Clipper::contribution` computes
 //! for the same row (the residual is bit-identical; the rounding and the check are equivalent
@@ -54,7 +55,7 @@ pub const FLUSH_ROWS: usize = 1 << 30;
 /// choice exists for the exactness tests and the benchmark).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowPath {
-    /// The blocked pass, AVX2 when the CPU has it (what the fits use).
+    /// The blocked pass, in its AVX-512 or AVX2 build when the CPU has them (what the fits use).
     Auto,
     /// The blocked pass compiled for baseline x86-64 (the dispatch fallback), forced.
     Portable,
@@ -63,6 +64,21 @@ pub enum RowPath {
 }
 
 impl RowPath {
+    /// Whether `Auto` runs the AVX-512 build (AVX-512 F, DQ, VL and BW) on this CPU.
+    pub fn avx512_available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
     /// Whether the AVX2 variant is the one `Auto` runs on this CPU.
     pub fn avx2_available() -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -111,16 +127,26 @@ impl Pass<'_> {
         }
     }
 
-    /// The AVX2 build when the CPU has AVX2, else the baseline build.
+    /// The AVX-512 build, else the AVX2 build, when the CPU has them; else the baseline build.
     fn add_rows_auto(&self, rows: std::ops::Range<usize>, part: &mut [i64]) -> u64 {
         #[cfg(target_arch = "x86_64")]
         {
+            if RowPath::avx512_available() {
+                // SAFETY: the CPU supports these AVX-512 subsets (checked just above).
+                return unsafe { self.add_rows_avx512(rows, part) };
+            }
             if RowPath::avx2_available() {
                 // SAFETY: the CPU supports AVX2 (checked just above).
                 return unsafe { self.add_rows_avx2(rows, part) };
             }
         }
         self.add_rows_generic::<false>(rows, part)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw")]
+    unsafe fn add_rows_avx512(&self, rows: std::ops::Range<usize>, part: &mut [i64]) -> u64 {
+        self.add_rows_generic::<true>(rows, part)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -305,10 +331,26 @@ pub(crate) fn dot_block(w: &[f64], xb: &[f64], d: usize, intercept: bool) -> [f6
     acc
 }
 
-/// Whether the AVX2 build of the AGD kernels runs (`Auto` on an AVX2 CPU).
+/// Which build of the AGD kernels runs: `Auto` takes the AVX-512 build, else the AVX2 build,
+/// when the CPU has them; `Portable` (and a CPU without either) the baseline x86-64 build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Simd {
+    Avx512,
+    Avx2,
+    Baseline,
+}
+
 #[inline]
-pub(crate) fn use_avx2(path: RowPath) -> bool {
-    path == RowPath::Auto && RowPath::avx2_available()
+pub(crate) fn simd(path: RowPath) -> Simd {
+    if path != RowPath::Auto {
+        Simd::Baseline
+    } else if RowPath::avx512_available() {
+        Simd::Avx512
+    } else if RowPath::avx2_available() {
+        Simd::Avx2
+    } else {
+        Simd::Baseline
+    }
 }
 
 /// 2⁵²: y + 2⁵² − 2⁵² rounds 0 ≤ y < 2⁵² to an integer, exactly.
