@@ -1,7 +1,8 @@
 //! Exactness of the blocked, runtime-dispatched row pass of `dp_linreg_gd` (issue 19,
 //! `udfs/src/optim/kernel.rs`): on random data, the exact integer gradient sums are the same on
-//! every path — the AVX2 build chosen at run time (`Auto`), the baseline x86-64 build that is the
-//! dispatch fallback (`Portable`, forced), and the row-at-a-time reference (`Reference`) — with
+//! every path — the widest build chosen at run time (`Auto`: AVX-512 or AVX2), the AVX2 build
+//! (`Avx2`, forced), the baseline x86-64 build that is the dispatch fallback (`Portable`, forced),
+//! and the row-at-a-time reference (`Reference`) — with
 //! and without privacy units, for many shapes, at parameters that send rows through the fast
 //! path's fallback (huge residuals, ±1e150 values, non-finite norms), and for any split of the
 //! rows (the sum over two halves equals the sum over all).
@@ -79,6 +80,8 @@ fn same_on_every_path(k: &GaussianGd, rows: &Rows, units: Option<&Units>, th: &[
         RowPath::avx2_available()
     );
     assert_eq!(portable, reference, "Portable");
+    let avx2 = k.gradient_sum_with(rows, units, th, RowPath::Avx2).unwrap();
+    assert_eq!(avx2, reference, "Avx2");
     assert_eq!(k.gradient_sum(rows, units, th).unwrap(), reference);
     reference
 }
@@ -186,7 +189,12 @@ fn any_split_gives_the_same_sum() {
         x: rows.x[a * d..b * d].to_vec(),
     };
     let (lo, hi) = (half(0, cut), half(cut, n));
-    for path in [RowPath::Auto, RowPath::Portable, RowPath::Reference] {
+    for path in [
+        RowPath::Auto,
+        RowPath::Avx2,
+        RowPath::Portable,
+        RowPath::Reference,
+    ] {
         let a = k.gradient_sum_with(&lo, None, &th, path).unwrap();
         let b = k.gradient_sum_with(&hi, None, &th, path).unwrap();
         let sum: Vec<i128> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
@@ -243,10 +251,22 @@ fn agd_paths(plan: &AgdPlan, rows: &Rows, w: &[f64], u: &[f64], steps: &[f64]) -
     let (ga, sa, za) = agd::row_passes_with(plan, rows, w, u, steps, RowPath::Auto);
     let (gp, sp, zp) = agd::row_passes_with(plan, rows, w, u, steps, RowPath::Portable);
     let (gr, sr, zr) = agd::row_passes_with(plan, rows, w, u, steps, RowPath::Reference);
+    let (g2, s2, z2) = agd::row_passes_with(plan, rows, w, u, steps, RowPath::Avx2);
+    assert_eq!(g2, gr, "gradient, Avx2");
+    assert_eq!(s2, sp, "scores, Avx2 against Portable");
+    assert_eq!(
+        z2.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        zr.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
     let bits = |z: &[f64]| z.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&za), bits(&zr), "z, Auto");
     assert_eq!(bits(&zp), bits(&zr), "z, Portable");
-    assert_eq!(ga, gr, "gradient, Auto (avx2: {})", RowPath::avx2_available());
+    assert_eq!(
+        ga,
+        gr,
+        "gradient, Auto (avx2: {})",
+        RowPath::avx2_available()
+    );
     assert_eq!(gp, gr, "gradient, Portable");
     assert_eq!(sa, sp, "scores, Auto against Portable");
     let n = rows.n() as u128;
@@ -264,7 +284,15 @@ fn agd_passes_on_every_path() {
     let mut g = SecureRng::insecure_from_seed(47);
     let mut compared = 0u128;
     let mut differ = 0u128;
-    for &(n, d) in &[(1, 1), (7, 3), (8, 16), (9, 16), (1000, 16), (517, 31), (64, 0)] {
+    for &(n, d) in &[
+        (1, 1),
+        (7, 3),
+        (8, 16),
+        (9, 16),
+        (1000, 16),
+        (517, 31),
+        (64, 0),
+    ] {
         for intercept in [true, false] {
             for wild in [false, true] {
                 let rows = agd_data(n, d, wild, &mut g);
@@ -307,7 +335,11 @@ fn agd_scores_row_by_row() {
         differ += agd_paths(&plan, &rows, &w, &u, &grid([0.05, 2.0, 20.0][trial % 3]));
         rows_seen += 1;
     }
-    assert!(differ * 200 < rows_seen * 21, "{differ} of {}", rows_seen * 21);
+    assert!(
+        differ * 200 < rows_seen * 21,
+        "{differ} of {}",
+        rows_seen * 21
+    );
 }
 
 /// Large enough for the fit's passes to run on several threads (`agd::exact_sums`); the passes
@@ -329,7 +361,12 @@ fn agd_any_split_gives_the_same_sums() {
         x: rows.x[a * d..b * d].to_vec(),
     };
     let (lo, hi) = (half(0, cut), half(cut, n));
-    for path in [RowPath::Auto, RowPath::Portable, RowPath::Reference] {
+    for path in [
+        RowPath::Auto,
+        RowPath::Avx2,
+        RowPath::Portable,
+        RowPath::Reference,
+    ] {
         let (g1, s1, _) = agd::row_passes_with(&plan, &lo, &w, &u, &steps, path);
         let (g2, s2, _) = agd::row_passes_with(&plan, &hi, &w, &u, &steps, path);
         let (ga, sa, _) = agd::row_passes_with(&plan, &rows, &w, &u, &steps, path);

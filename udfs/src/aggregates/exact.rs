@@ -478,8 +478,13 @@ mod tests {
     #[test]
     fn quantise_select_equals_quantise() {
         let mut rng = crate::noise::SecureRng::insecure_from_seed(4);
-        for (lower, upper) in [(-3.0, 1e6), (0.0, 1000.0), (-1e-300, 0.0), (-0.0, 0.0), (5.0, 5.0)]
-        {
+        for (lower, upper) in [
+            (-3.0, 1e6),
+            (0.0, 1000.0),
+            (-1e-300, 0.0),
+            (-0.0, 0.0),
+            (5.0, 5.0),
+        ] {
             let fp = FixedPoint::new(lower, upper);
             let mut vals = vec![
                 0.0,
@@ -496,7 +501,11 @@ mod tests {
                 vals.push((rng.uniform_f64() - 0.3) * m);
             }
             for &v in &vals {
-                assert_eq!(fp.quantise_select(v), fp.quantise(v), "{v} in [{lower}, {upper}]");
+                assert_eq!(
+                    fp.quantise_select(v),
+                    fp.quantise(v),
+                    "{v} in [{lower}, {upper}]"
+                );
             }
             assert_eq!(fp.quantise_select(f64::NAN), fp.lo);
             assert_eq!(fp.sum_quantised(&vals), fp.sum_quantised_generic(&vals));

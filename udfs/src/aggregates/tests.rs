@@ -2070,7 +2070,9 @@ fn groups_fused_pass_equals_per_field_passes() {
                     .map(|_| rng.uniform_below(groups as u128) as usize)
                     .collect();
                 let all = BooleanArray::from(vec![true; n]);
-                fused.update_batch(&[col(&vals)], &gi, None, groups).unwrap();
+                fused
+                    .update_batch(&[col(&vals)], &gi, None, groups)
+                    .unwrap();
                 fields
                     .update_batch(&[col(&vals)], &gi, Some(&all), groups)
                     .unwrap();

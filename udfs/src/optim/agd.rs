@@ -981,13 +981,8 @@ impl Kernels<'_, '_> {
     ) {
         let plan = self.plan;
         let fi = plan.config.fit_intercept;
-        let grid = kernel::ScoreGrid::new(
-            steps,
-            h,
-            plan.config.clip_obj,
-            plan.obj_q,
-            plan.obj_units,
-        );
+        let grid =
+            kernel::ScoreGrid::new(steps, h, plan.config.clip_obj, plan.obj_q, plan.obj_units);
         let d = self.data.d;
         let x: &[f64] = &self.data.x;
         let mut acc = [[0u64; LANES]; MAX_STEPS];
@@ -1104,7 +1099,6 @@ fn grid_step(steps: &[f64]) -> Option<f64> {
             .all(|(k, &a)| (a - k as f64 * h).abs() <= 1e-12 * last.abs());
     ok.then_some(h)
 }
-
 
 /// One row's clipped, floored candidate losses added to `out`, with **one** `exp` for the row
 /// instead of one per candidate (issue 19). The softplus argument is sₖ = ±(z − αₖ·b), linear

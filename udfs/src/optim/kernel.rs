@@ -59,6 +59,9 @@ pub enum RowPath {
     Auto,
     /// The blocked pass compiled for baseline x86-64 (the dispatch fallback), forced.
     Portable,
+    /// The blocked pass in its AVX2 build, forced (the baseline build on a CPU without AVX2):
+    /// for the exactness tests on a CPU where `Auto` runs the AVX-512 build.
+    Avx2,
     /// The row-at-a-time pass (`Clipper::contribution` per row): the reference.
     Reference,
 }
@@ -123,6 +126,14 @@ impl Pass<'_> {
         match path {
             RowPath::Auto => self.add_rows_auto(rows, part),
             RowPath::Portable => self.add_rows_generic::<false>(rows, part),
+            RowPath::Avx2 => {
+                #[cfg(target_arch = "x86_64")]
+                if RowPath::avx2_available() {
+                    // SAFETY: the CPU supports AVX2 (checked just above).
+                    return unsafe { self.add_rows_avx2(rows, part) };
+                }
+                self.add_rows_generic::<false>(rows, part)
+            }
             RowPath::Reference => self.add_rows_reference(rows, part),
         }
     }
@@ -342,7 +353,9 @@ pub(crate) enum Simd {
 
 #[inline]
 pub(crate) fn simd(path: RowPath) -> Simd {
-    if path != RowPath::Auto {
+    if path == RowPath::Avx2 && RowPath::avx2_available() {
+        Simd::Avx2
+    } else if path != RowPath::Auto {
         Simd::Baseline
     } else if RowPath::avx512_available() {
         Simd::Avx512
