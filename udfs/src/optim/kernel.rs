@@ -336,7 +336,7 @@ pub(crate) fn dot_block(w: &[f64], xb: &[f64], d: usize, intercept: bool) -> [f6
     }
     if intercept {
         for a in &mut acc {
-            *a = w[0] + *a;
+            *a += w[0]; // = w₀ + a (IEEE addition commutes)
         }
     }
     acc
@@ -438,7 +438,7 @@ pub(crate) fn ln_1p_unit(v: f64) -> f64 {
         k * LN2_HI - ((hfsq - (s * (hfsq + r) + (k * LN2_LO + c))) - f)
     };
     // fdlibm's |f| < 2⁻²⁰ branch (k = 1 here: u/2 ∈ [1, 1 + 2⁻²⁰)).
-    let short_r = hfsq * (1.0 - 0.666_666_666_666_666_66 * f);
+    let short_r = hfsq * (1.0 - (2.0 / 3.0) * f); // fdlibm: 0.66666666666666666, the same f64
     let short = LN2_HI - ((short_r - (LN2_LO + c)) - f);
     // fdlibm tests the high word of the normalised u: zero for u/2 ∈ [1, 1 + 2⁻²⁰), and, after
     // its shift (0x100000 − hu) >> 2, for u ∈ [2 − 3·2⁻²⁰, 2).
@@ -563,7 +563,7 @@ impl<'a> ScoreGrid<'a> {
                 let loss = if above { s + lp } else { lp };
                 let lc = loss.min(c);
                 let y = per_q(lc);
-                let units = if s >= c || !(lc >= 0.0) {
+                let units = if s >= c || lc.is_nan() || lc < 0.0 {
                     capf
                 } else {
                     floor_small(y).min(capf)
