@@ -60,6 +60,8 @@ def dpfusion_sql(runs):
                 (f"dp_mean(income, 0, 200, epsilon => {eps}, mechanism => 'laplace')", ("mean_ar", eps)),
                 (f"dp_median(income, 0, 200, {eps})", ("q0.5_ar", eps)),
                 (f"dp_quantile(income, 0, 200, 0.9, {eps})", ("q0.9_ar", eps)),
+                (f"dp_median(income, 0, 200, {eps}, bins => 8192)", ("q0.5_ar_fine", eps)),
+                (f"dp_quantile(income, 0, 200, 0.9, {eps}, bins => 8192)", ("q0.9_ar_fine", eps)),
                 (f"dp_variance(income, 0, 200, epsilon => {eps})", ("var_gauss_ar", eps)),
                 (f"dp_variance(income, 0, 200, epsilon => {eps}, mechanism => 'laplace')", ("var_lap_ar", eps)),
             ]
@@ -258,6 +260,8 @@ def main():
         ("q0.9", "dp_quantile q = 0.9, add/remove", "q0.9_ar", "OpenDP make_private_quantile α = 0.9, 1024 candidates", "opendp_q0.9"),
         ("q0.5", "dp_median, add/remove", "q0.5_ar", "OpenDP make_private_quantile α = 0.5, 8192 candidates", "opendp_q0.5_fine"),
         ("q0.9", "dp_quantile q = 0.9, add/remove", "q0.9_ar", "OpenDP make_private_quantile α = 0.9, 8192 candidates", "opendp_q0.9_fine"),
+        ("q0.5", "dp_median, add/remove, bins => 8192", "q0.5_ar_fine", "OpenDP make_private_quantile α = 0.5, 8192 candidates", "opendp_q0.5_fine"),
+        ("q0.9", "dp_quantile q = 0.9, add/remove, bins => 8192", "q0.9_ar_fine", "OpenDP make_private_quantile α = 0.9, 8192 candidates", "opendp_q0.9_fine"),
         ("q0.5 (n small)", f"dp_median, add/remove, n = {a.n_small:,}", "q0.5_small", "OpenDP make_private_quantile α = 0.5, 1024 candidates", "opendp_q0.5_small"),
         ("q0.9 (n small)", f"dp_quantile q = 0.9, add/remove, n = {a.n_small:,}", "q0.9_small", "OpenDP make_private_quantile α = 0.9, 1024 candidates", "opendp_q0.9_small"),
         ("var", "dp_variance laplace, add/remove (noisy n)", "var_lap_ar", "diffprivlib tools.var (Laplace, known n)", "dpl_var"),

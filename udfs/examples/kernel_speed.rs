@@ -3,9 +3,10 @@
 //! parameters and numpy script as `benches/models.rs` (issue 19).
 //!
 //! Run: `cargo run --release -p dpfusion-udfs --example kernel_speed [-- N]` (default N = 1M).
-//! Prints the `dp_linreg_gd` row pass per path ([`RowPath`]: `Reference` is the row-at-a-time
-//! pass of before issue 19, `Portable` the blocked pass without AVX2, `Auto` the dispatched
-//! one), the full fits, and numpy's times for the same work (default BLAS threads, then 1).
+//! Prints the `dp_linreg_gd` row pass and `dp_logreg_agd`'s gradient + selection passes per path
+//! ([`RowPath`]: `Reference` is the row-at-a-time pass of before issue 19, `Portable` the blocked
+//! pass for baseline x86-64, `Avx2` its AVX2 build, `Auto` the dispatched one: AVX-512 where the
+//! CPU has it), the full fits, and numpy's times for the same work (default BLAS threads, then 1).
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -86,8 +87,9 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000_000);
     println!(
-        "n = {n}, d = {D}, fit_intercept; AVX2 available: {}",
-        RowPath::avx2_available()
+        "n = {n}, d = {D}, fit_intercept; AVX2 available: {}, AVX-512 available: {}",
+        RowPath::avx2_available(),
+        RowPath::avx512_available()
     );
     let dir = std::env::temp_dir().join(format!("dpfusion-kspeed-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -96,7 +98,12 @@ fn main() {
     let lp = LinregParams::from_literals(&[f(1.0), f(1e-6), f(T as f64)]).unwrap();
     let gd = lp.gaussian().unwrap();
     let theta: Vec<f64> = (0..=D).map(|j| 0.1 * j as f64).collect();
-    for path in [RowPath::Reference, RowPath::Portable, RowPath::Auto] {
+    for path in [
+        RowPath::Reference,
+        RowPath::Portable,
+        RowPath::Avx2,
+        RowPath::Auto,
+    ] {
         let t = best(5, || {
             std::hint::black_box(gd.gradient_sum_with(&lin, None, &theta, path).unwrap());
         });
@@ -124,6 +131,30 @@ fn main() {
         .unwrap()
         .plan()
         .unwrap();
+    // One gradient pass and one 21-candidate selection pass, on one thread, per implementation
+    // (`Reference`: the row-at-a-time passes of before issue 19).
+    let w: Vec<f64> = (0..=D).map(|j| 0.05 * j as f64 - 0.3).collect();
+    let u: Vec<f64> = (0..=D)
+        .map(|j| if j % 2 == 0 { 0.2 } else { -0.2 })
+        .collect();
+    let steps: Vec<f64> = (0..=agd::CANDIDATES)
+        .map(|i| i as f64 * 2.0 / agd::CANDIDATES as f64)
+        .collect();
+    for path in [
+        RowPath::Reference,
+        RowPath::Portable,
+        RowPath::Avx2,
+        RowPath::Auto,
+    ] {
+        let t = best(3, || {
+            std::hint::black_box(agd::row_passes_with(&plan, &log, &w, &u, &steps, path));
+        });
+        println!(
+            "dp_logreg_agd gradient + selection pass (one thread) {path:?}: {:.1} ms, {:.1} ns per row",
+            t.as_secs_f64() * 1e3,
+            t.as_secs_f64() * 1e9 / n as f64
+        );
+    }
     let mut rng = SecureRng::from_os_entropy();
     let t0 = Instant::now();
     let fit = agd::fit(&plan, &log, &mut rng);

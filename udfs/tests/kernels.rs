@@ -1,7 +1,8 @@
 //! Exactness of the blocked, runtime-dispatched row pass of `dp_linreg_gd` (issue 19,
 //! `udfs/src/optim/kernel.rs`): on random data, the exact integer gradient sums are the same on
-//! every path — the AVX2 build chosen at run time (`Auto`), the baseline x86-64 build that is the
-//! dispatch fallback (`Portable`, forced), and the row-at-a-time reference (`Reference`) — with
+//! every path — the widest build chosen at run time (`Auto`: AVX-512 or AVX2), the AVX2 build
+//! (`Avx2`, forced), the baseline x86-64 build that is the dispatch fallback (`Portable`, forced),
+//! and the row-at-a-time reference (`Reference`) — with
 //! and without privacy units, for many shapes, at parameters that send rows through the fast
 //! path's fallback (huge residuals, ±1e150 values, non-finite norms), and for any split of the
 //! rows (the sum over two halves equals the sum over all).
@@ -79,6 +80,8 @@ fn same_on_every_path(k: &GaussianGd, rows: &Rows, units: Option<&Units>, th: &[
         RowPath::avx2_available()
     );
     assert_eq!(portable, reference, "Portable");
+    let avx2 = k.gradient_sum_with(rows, units, th, RowPath::Avx2).unwrap();
+    assert_eq!(avx2, reference, "Avx2");
     assert_eq!(k.gradient_sum(rows, units, th).unwrap(), reference);
     reference
 }
@@ -186,10 +189,195 @@ fn any_split_gives_the_same_sum() {
         x: rows.x[a * d..b * d].to_vec(),
     };
     let (lo, hi) = (half(0, cut), half(cut, n));
-    for path in [RowPath::Auto, RowPath::Portable, RowPath::Reference] {
+    for path in [
+        RowPath::Auto,
+        RowPath::Avx2,
+        RowPath::Portable,
+        RowPath::Reference,
+    ] {
         let a = k.gradient_sum_with(&lo, None, &th, path).unwrap();
         let b = k.gradient_sum_with(&hi, None, &th, path).unwrap();
         let sum: Vec<i128> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
         assert_eq!(sum, all, "{path:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dp_logreg_agd's row passes (issue 19; `agd::row_passes_with`): the blocked gradient pass gives
+// the reference's z and integers bit for bit on every path; the blocked selection pass gives the
+// same integers on the AVX2 and baseline builds, and each row's floored candidate loss within one
+// grid unit of the reference's (libm's `ln_1p` against `kernel::ln_1p_unit`), rarely different.
+
+use dpfusion_udfs::optim::agd::{self, AgdConfig, AgdPlan};
+
+fn agd_plan(clip_obj: f64, intercept: bool, replace: bool) -> AgdPlan {
+    AgdPlan::new(AgdConfig {
+        rho: 0.5,
+        neighbours: if replace {
+            Neighbours::Replace
+        } else {
+            Neighbours::AddRemove
+        },
+        clip_grad: 3.0,
+        clip_obj,
+        splits: 20.0,
+        gamma: 0.1,
+        l2: 1e-3,
+        fit_intercept: intercept,
+        max_step: 2.0,
+    })
+    .unwrap()
+}
+
+/// Labels 0/1 (AGD's), features as [`data`].
+fn agd_data(n: usize, d: usize, wild: bool, g: &mut SecureRng) -> Rows {
+    let mut rows = data(n, d, wild, g);
+    for y in &mut rows.labels {
+        *y = f64::from(g.coin());
+    }
+    rows
+}
+
+fn grid(amax: f64) -> Vec<f64> {
+    (0..=agd::CANDIDATES)
+        .map(|i| i as f64 * amax / agd::CANDIDATES as f64)
+        .collect()
+}
+
+/// The three paths on `rows`: gradient and z identical; scores identical between the two
+/// blocked builds, and within one unit per row and candidate of the reference. Returns the
+/// number of (row, candidate) pairs that differ from the reference (0 when the rows are one).
+fn agd_paths(plan: &AgdPlan, rows: &Rows, w: &[f64], u: &[f64], steps: &[f64]) -> u128 {
+    let (ga, sa, za) = agd::row_passes_with(plan, rows, w, u, steps, RowPath::Auto);
+    let (gp, sp, zp) = agd::row_passes_with(plan, rows, w, u, steps, RowPath::Portable);
+    let (gr, sr, zr) = agd::row_passes_with(plan, rows, w, u, steps, RowPath::Reference);
+    let (g2, s2, z2) = agd::row_passes_with(plan, rows, w, u, steps, RowPath::Avx2);
+    assert_eq!(g2, gr, "gradient, Avx2");
+    assert_eq!(s2, sp, "scores, Avx2 against Portable");
+    assert_eq!(
+        z2.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        zr.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    let bits = |z: &[f64]| z.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&za), bits(&zr), "z, Auto");
+    assert_eq!(bits(&zp), bits(&zr), "z, Portable");
+    assert_eq!(
+        ga,
+        gr,
+        "gradient, Auto (avx2: {})",
+        RowPath::avx2_available()
+    );
+    assert_eq!(gp, gr, "gradient, Portable");
+    assert_eq!(sa, sp, "scores, Auto against Portable");
+    let n = rows.n() as u128;
+    let mut differ = 0;
+    for (a, r) in sa.iter().zip(&sr) {
+        // Each row moves a score by at most one unit.
+        assert!(a.abs_diff(*r) <= n, "{a} {r} (n = {n})");
+        differ += a.abs_diff(*r);
+    }
+    differ
+}
+
+#[test]
+fn agd_passes_on_every_path() {
+    let mut g = SecureRng::insecure_from_seed(47);
+    let mut compared = 0u128;
+    let mut differ = 0u128;
+    for &(n, d) in &[
+        (1, 1),
+        (7, 3),
+        (8, 16),
+        (9, 16),
+        (1000, 16),
+        (517, 31),
+        (64, 0),
+    ] {
+        for intercept in [true, false] {
+            for wild in [false, true] {
+                let rows = agd_data(n, d, wild, &mut g);
+                let p = d + usize::from(intercept);
+                // C_obj: the default, large, and tiny enough that 1/q_o is not a normal number
+                // (the selection pass then divides instead of multiplying).
+                for &(clip_obj, replace) in &[(3.0, false), (700.0, true), (1e-305, false)] {
+                    let plan = agd_plan(clip_obj, intercept, replace);
+                    for (scale, amax) in [(1e-2, 0.1), (0.5, 2.0), (5.0, 30.0), (1e200, 2.0)] {
+                        let w = theta(p, scale, &mut g);
+                        let u = theta(p, 1.0, &mut g);
+                        differ += agd_paths(&plan, &rows, &w, &u, &grid(amax));
+                        compared += (n * (agd::CANDIDATES + 1)) as u128;
+                    }
+                }
+            }
+        }
+    }
+    // A floored loss differs by one unit of 2⁻³²·C_obj in at most a few per thousand
+    // (row, candidate) pairs.
+    assert!(differ * 200 < compared, "{differ} of {compared}");
+}
+
+/// Row by row (one-row inputs): every row's 21 integers within one unit of the reference.
+#[test]
+fn agd_scores_row_by_row() {
+    let mut g = SecureRng::insecure_from_seed(53);
+    let plan = agd_plan(3.0, true, false);
+    let (mut rows_seen, mut differ) = (0u128, 0u128);
+    for trial in 0..3000 {
+        let d = 4;
+        let mut rows = agd_data(1, d, trial % 5 == 0, &mut g);
+        // Rows whose scores lie in the recurrence's range, and beyond it.
+        let spread = [1.0, 30.0, 300.0, 3000.0][trial % 4];
+        for v in &mut rows.x {
+            *v *= spread;
+        }
+        let w = theta(d + 1, 1.0, &mut g);
+        let u = theta(d + 1, 1.0, &mut g);
+        differ += agd_paths(&plan, &rows, &w, &u, &grid([0.05, 2.0, 20.0][trial % 3]));
+        rows_seen += 1;
+    }
+    assert!(
+        differ * 200 < rows_seen * 21,
+        "{differ} of {}",
+        rows_seen * 21
+    );
+}
+
+/// Large enough for the fit's passes to run on several threads (`agd::exact_sums`); the passes
+/// over two halves of the rows add up to the pass over all, on every path.
+#[test]
+fn agd_any_split_gives_the_same_sums() {
+    let mut g = SecureRng::insecure_from_seed(59);
+    let (n, d) = (70_001, 16);
+    let rows = agd_data(n, d, true, &mut g);
+    let plan = agd_plan(3.0, true, false);
+    let w = theta(d + 1, 0.5, &mut g);
+    let u = theta(d + 1, 1.0, &mut g);
+    let steps = grid(2.0);
+    let (gt, st) = agd::exact_sums(&plan, &rows, None, &w, &u, &steps);
+    let cut = 12_347;
+    let half = |a: usize, b: usize| Rows {
+        d,
+        labels: rows.labels[a..b].to_vec(),
+        x: rows.x[a * d..b * d].to_vec(),
+    };
+    let (lo, hi) = (half(0, cut), half(cut, n));
+    for path in [
+        RowPath::Auto,
+        RowPath::Avx2,
+        RowPath::Portable,
+        RowPath::Reference,
+    ] {
+        let (g1, s1, _) = agd::row_passes_with(&plan, &lo, &w, &u, &steps, path);
+        let (g2, s2, _) = agd::row_passes_with(&plan, &hi, &w, &u, &steps, path);
+        let (ga, sa, _) = agd::row_passes_with(&plan, &rows, &w, &u, &steps, path);
+        let gsum: Vec<i128> = g1.iter().zip(&g2).map(|(x, y)| x + y).collect();
+        let ssum: Vec<u128> = s1.iter().zip(&s2).map(|(x, y)| x + y).collect();
+        assert_eq!(gsum, ga, "{path:?}");
+        assert_eq!(ssum, sa, "{path:?}");
+        if path == RowPath::Auto {
+            // The fit's threaded passes: the same integers as one sequential pass.
+            assert_eq!(gt, ga);
+            assert_eq!(st, sa);
+        }
     }
 }

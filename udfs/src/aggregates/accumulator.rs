@@ -232,6 +232,9 @@ pub(crate) struct DpGroups {
     sums_sq: Vec<i128>,
     counts: Vec<i64>,
     rows: Vec<i64>,
+    /// Scratch `i64` partial sums of one batch ([`Self::update_fused`]); all zero between
+    /// batches.
+    part: Vec<i64>,
     insecure_seed: Option<u64>,
     rng: Option<SecureRng>,
 }
@@ -260,6 +263,7 @@ impl DpGroups {
             sums_sq: vec![],
             counts: vec![],
             rows: vec![],
+            part: vec![],
             insecure_seed,
             rng: None,
         })
@@ -337,10 +341,71 @@ impl DpGroups {
         out
     }
 
+    /// [`GroupsAccumulator::update_batch`] when every row counts (no FILTER, NULL or NaN) and
+    /// the shape is `sum` with or without `count` and `rows` (`dp_sum`, `dp_mean`): one pass
+    /// over the rows instead of one per field (issue 19). The quantised values are summed per
+    /// group in `i64` partials (|x| ≤ 2⁴⁰, so fewer than 2²³ values stay below 2⁶³), added to
+    /// the `i128` sums after the batch, when the batch has at least as many rows as there are
+    /// groups (else that flush would cost more than the pass; then the `i128` sums are added
+    /// directly, still in one pass). Integer sums: the same totals as the per-field passes.
+    fn update_fused(&mut self, fp: &FixedPoint, v: &[f64], gi: &[usize], groups: usize) {
+        const CHUNK: usize = 1 << 22;
+        let (count, rows) = (self.shape.count, self.shape.rows);
+        for (v, gi) in v.chunks(CHUNK).zip(gi.chunks(CHUNK)) {
+            if groups <= gi.len() {
+                if self.part.len() < groups {
+                    self.part.resize(groups, 0);
+                }
+                let part = &mut self.part[..groups];
+                match (count, rows) {
+                    (true, true) => {
+                        let (c, r) = (&mut self.counts[..groups], &mut self.rows[..groups]);
+                        for (&x, &g) in v.iter().zip(gi) {
+                            part[g] += fp.quantise_select(x);
+                            c[g] += 1;
+                            r[g] += 1;
+                        }
+                    }
+                    _ => {
+                        for (&x, &g) in v.iter().zip(gi) {
+                            part[g] += fp.quantise_select(x);
+                        }
+                        if count {
+                            let c = &mut self.counts[..groups];
+                            gi.iter().for_each(|&g| c[g] += 1);
+                        }
+                        if rows {
+                            let r = &mut self.rows[..groups];
+                            gi.iter().for_each(|&g| r[g] += 1);
+                        }
+                    }
+                }
+                for (s, p) in self.sums[..groups].iter_mut().zip(part.iter_mut()) {
+                    *s = s.saturating_add(*p as i128);
+                    *p = 0;
+                }
+            } else {
+                let sums = &mut self.sums[..groups];
+                for (&x, &g) in v.iter().zip(gi) {
+                    sums[g] = sums[g].saturating_add(fp.quantise_select(x) as i128);
+                }
+                if count {
+                    let c = &mut self.counts[..groups];
+                    gi.iter().for_each(|&g| c[g] += 1);
+                }
+                if rows {
+                    let r = &mut self.rows[..groups];
+                    gi.iter().for_each(|&g| r[g] += 1);
+                }
+            }
+        }
+    }
+
     fn memory(&self) -> usize {
         size_of::<Self>()
             + (self.sums.capacity() + self.sums_sq.capacity()) * size_of::<i128>()
-            + (self.counts.capacity() + self.rows.capacity()) * size_of::<i64>()
+            + (self.counts.capacity() + self.rows.capacity() + self.part.capacity())
+                * size_of::<i64>()
     }
 }
 
@@ -356,6 +421,12 @@ impl GroupsAccumulator for DpGroups {
         let arr = &values[0];
         let n = group_indices.len();
         let (valid, filter) = self.selections(arr, opt_filter);
+        if valid.is_none() && self.shape.sum && !self.shape.sum_sq {
+            // No FILTER, no NULL, no NaN: every row counts (the common case).
+            let fp = self.fp.expect("checked in new");
+            self.update_fused(&fp, as_f64(arr)?.values(), group_indices, total_num_groups);
+            return Ok(());
+        }
         if self.shape.rows {
             let rows = &mut self.rows;
             for_each_selected(n, &filter, |i| rows[group_indices[i]] += 1);

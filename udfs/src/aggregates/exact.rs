@@ -161,19 +161,56 @@ impl FixedPoint {
     /// must skip those rows and sum again). Summed in `i64` chunks of 2^20 values
     /// (|chunk sum| ≤ 2^60: no overflow) and then in `i128`, so the loop vectorises; the result
     /// equals the `i128` sum of the quantised values in any order.
+    ///
+    /// Runtime dispatch (issue 19): the loop is compiled for baseline x86-64 and, inside a
+    /// `#[target_feature(enable = "avx2")]` function, for AVX2 (chosen by
+    /// `is_x86_feature_detected!`; no `-C target-cpu`). Integer sums are exact, so both give the
+    /// same result.
     pub fn sum_quantised(&self, values: &[f64]) -> (i128, usize) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { self.sum_quantised_avx2(values) };
+        }
+        self.sum_quantised_generic(values)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sum_quantised_avx2(&self, values: &[f64]) -> (i128, usize) {
+        self.sum_quantised_generic(values)
+    }
+
+    /// [`Self::sum_quantised`] on the baseline build (the dispatch fallback; tests).
+    #[inline(always)]
+    pub fn sum_quantised_generic(&self, values: &[f64]) -> (i128, usize) {
         const CHUNK: usize = 1 << 20;
         let (mut total, mut nans) = (0i128, 0usize);
         for c in values.chunks(CHUNK) {
             let (mut s, mut k) = (0i64, 0i64);
             for &v in c {
-                s = s.wrapping_add(self.quantise(v));
+                s = s.wrapping_add(self.quantise_select(v));
                 k += i64::from(v.is_nan());
             }
             total = total.saturating_add(s as i128);
             nans += k as usize;
         }
         (total, nans)
+    }
+
+    /// [`Self::quantise`] with the clamp written as comparisons (`v > lower ? v : lower`, then
+    /// `y < upper ? y : upper`), which compile to single `maxpd`/`minpd` instructions where
+    /// `f64::max`/`min` need extra NaN fix-ups on baseline x86-64. The same integer for every
+    /// non-NaN v (the clamped value is the same number; ±0 both give 0); a NaN gives `lo`, as
+    /// in [`Self::quantise`].
+    #[inline(always)]
+    pub fn quantise_select(&self, v: f64) -> i64 {
+        /// 1.5·2^52.
+        const M: f64 = 6_755_399_441_055_744.0;
+        let a = if v > self.lower { v } else { self.lower };
+        let b = if a < self.upper { a } else { self.upper };
+        let y = b * self.inv_q;
+        (y + M).to_bits() as i64 - M.to_bits() as i64
     }
 
     /// The add/remove sensitivity of the sum, in grid units: max(|lo|, |hi|) (exact: every
@@ -428,9 +465,51 @@ mod tests {
             want += r as i128;
         }
         assert_eq!(fp.sum_quantised(&vals), (want, 0));
+        assert_eq!(fp.sum_quantised_generic(&vals), (want, 0));
         let mut with_nan = vals.clone();
         with_nan[7] = f64::NAN;
         assert_eq!(fp.sum_quantised(&with_nan).1, 1);
+        assert_eq!(fp.sum_quantised_generic(&with_nan).1, 1);
+    }
+
+    /// The clamp by comparisons (the vectorised sums' form) gives `quantise`'s integer for
+    /// every value, the bounds, ±0, ±∞ and NaN (→ lo) included; the dispatched (AVX2) sum and
+    /// the baseline build agree.
+    #[test]
+    fn quantise_select_equals_quantise() {
+        let mut rng = crate::noise::SecureRng::insecure_from_seed(4);
+        for (lower, upper) in [
+            (-3.0, 1e6),
+            (0.0, 1000.0),
+            (-1e-300, 0.0),
+            (-0.0, 0.0),
+            (5.0, 5.0),
+        ] {
+            let fp = FixedPoint::new(lower, upper);
+            let mut vals = vec![
+                0.0,
+                -0.0,
+                lower,
+                upper,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                f64::MIN_POSITIVE,
+                -f64::MIN_POSITIVE,
+            ];
+            for i in 0..50_000 {
+                let m = [1e-300, 1e-9, 1.0, 1e3, 1e7, 1e300][i % 6];
+                vals.push((rng.uniform_f64() - 0.3) * m);
+            }
+            for &v in &vals {
+                assert_eq!(
+                    fp.quantise_select(v),
+                    fp.quantise(v),
+                    "{v} in [{lower}, {upper}]"
+                );
+            }
+            assert_eq!(fp.quantise_select(f64::NAN), fp.lo);
+            assert_eq!(fp.sum_quantised(&vals), fp.sum_quantised_generic(&vals));
+        }
     }
 
     #[test]

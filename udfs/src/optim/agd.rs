@@ -119,9 +119,14 @@
 //! integer sum. Under add/remove, F_k(D ∪ {r}) = F_k(D) + c_k with c_k ∈ [0, U] for every k:
 //! the scores are **monotone** (they all move the same way). Under replace, c_k ∈ [−U, U].
 //! ℓ is a floating-point evaluation of the loss: on the fit's candidate grid αₖ = k·h, a row's
-//! 21 values of e^{±tₖ} come from one `exp` and a running product (`score_row_recurrence`;
-//! within one grid unit of `exp` per candidate, tested). Any deterministic per-row value
-//! clipped to [0, U] gives the bounds above, so this changes no sensitivity.
+//! 21 values of e^{±tₖ} come from one `exp` and a running product, and ln(1 + ·) from
+//! [`kernel::ln_1p_unit`] (fdlibm's `log1p`, branch-free, + − × ÷ only), for 8 rows at a time
+//! in SIMD lanes ([`kernel::ScoreGrid`]; issue 19). A row's value is a function of that row
+//! alone (not of its lane, block, thread or the CPU's AVX2), so the sums are the same for any
+//! split of the rows; it is within one grid unit of an `exp` and a libm `ln_1p` per candidate,
+//! and rarely differs (tests `recurrence_scores_match_direct`, `tests/kernels.rs`). Any
+//! deterministic per-row value clipped to [0, U] gives the bounds above, so this changes no
+//! sensitivity.
 //!
 //! **Step selection.** The exponential mechanism P(k) ∝ exp(−F_k/T) (McSherry and Talwar 2007),
 //! sampled exactly: draw k uniformly, accept with probability exp(−(F_k − min F)/T) by the
@@ -171,6 +176,7 @@ use crate::noise::discrete::{bernoulli_exp, discrete_gaussian_int};
 use crate::privacy::PrivacyError;
 use crate::progress;
 
+use super::kernel::{self, LANES, RECURRENCE_RANGE, RowPath, Simd};
 use super::rows::Rows;
 use super::units::{Units, clip_int};
 
@@ -507,6 +513,9 @@ struct Data<'a> {
     d: usize,
     x: Cow<'a, [f64]>,
     positive: Vec<bool>,
+    /// Σⱼ xᵢⱼ² per row (the gradient clipping's ‖x̃ᵢ‖² without the intercept's 1), computed
+    /// once per fit, by the same operations the row pass used per row and iteration.
+    sq: Vec<f64>,
 }
 
 impl<'a> Data<'a> {
@@ -531,11 +540,16 @@ impl<'a> Data<'a> {
         } else {
             Cow::Borrowed(rows.x.as_slice())
         };
+        let d = rows.d;
+        let sq = (0..rows.n())
+            .map(|i| x[i * d..(i + 1) * d].iter().map(|v| v * v).sum::<f64>())
+            .collect();
         Self {
             n: rows.n(),
-            d: rows.d,
+            d,
             x,
             positive: rows.labels.iter().map(|&y| y > 0.5).collect(),
+            sq,
         }
     }
     #[inline]
@@ -581,6 +595,97 @@ impl Kernels<'_, '_> {
 
     /// [`Self::gradient`] over the rows `start..start + z.len()`: fills z, returns the sum.
     fn gradient_rows(&self, w: &[f64], start: usize, z: &mut [f64]) -> Vec<i128> {
+        self.gradient_rows_with(w, start, z, RowPath::Auto)
+    }
+
+    /// [`Self::gradient_rows`] through a chosen implementation ([`RowPath`]; issue 19):
+    /// `Reference` is the row-at-a-time pass of before, `Portable` the blocked pass built for
+    /// baseline x86-64, `Auto` the blocked pass in its AVX-512 or AVX2 build when the CPU has
+    /// them ([`kernel::simd`]). Every
+    /// path gives the same z (bit for bit) and the same integers (test
+    /// `gradient_paths_are_identical`).
+    fn gradient_rows_with(
+        &self,
+        w: &[f64],
+        start: usize,
+        z: &mut [f64],
+        path: RowPath,
+    ) -> Vec<i128> {
+        if path == RowPath::Reference {
+            return self.gradient_rows_reference(w, start, z);
+        }
+        #[cfg(target_arch = "x86_64")]
+        match kernel::simd(path) {
+            // SAFETY: `simd` checked that the CPU has these features.
+            Simd::Avx512 => return unsafe { self.gradient_rows_avx512(w, start, z) },
+            Simd::Avx2 => return unsafe { self.gradient_rows_avx2(w, start, z) },
+            Simd::Baseline => {}
+        }
+        self.gradient_rows_blocked(w, start, z)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw")]
+    unsafe fn gradient_rows_avx512(&self, w: &[f64], start: usize, z: &mut [f64]) -> Vec<i128> {
+        self.gradient_rows_blocked(w, start, z)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn gradient_rows_avx2(&self, w: &[f64], start: usize, z: &mut [f64]) -> Vec<i128> {
+        self.gradient_rows_blocked(w, start, z)
+    }
+
+    /// The blocked gradient pass: z for [`LANES`] rows at a time ([`kernel::dot_block`], the
+    /// bits of [`dot`]), each row's integer gradient by [`Self::row_gradient`] (the integers of
+    /// the reference's `row_gradient_reference`), summed in `i64` partials (|kⱼ| ≤ B ≤ 2³⁰, so
+    /// 2³² rows stay below 2⁶³) flushed to `i128`.
+    #[inline(always)]
+    fn gradient_rows_blocked(&self, w: &[f64], start: usize, z: &mut [f64]) -> Vec<i128> {
+        const FLUSH: usize = 1 << 32;
+        let (p, d) = (self.p, self.data.d);
+        let fi = self.plan.config.fit_intercept;
+        let x: &[f64] = &self.data.x;
+        let mut sum = vec![0i128; p];
+        let mut part = vec![0i64; p];
+        let mut k = vec![0i64; p];
+        let mut since = 0usize;
+        for (blk, zc) in z.chunks_mut(LANES).enumerate() {
+            let i0 = start + blk * LANES;
+            let zb = if zc.len() == LANES {
+                kernel::dot_block(w, &x[i0 * d..(i0 + LANES) * d], d, fi)
+            } else {
+                let mut zb = [0.0; LANES];
+                for (l, v) in zb.iter_mut().enumerate().take(zc.len()) {
+                    *v = dot(w, self.data.row(i0 + l), fi);
+                }
+                zb
+            };
+            for (l, zi) in zc.iter_mut().enumerate() {
+                *zi = zb[l];
+                if self.row_gradient(i0 + l, zb[l], &mut k) {
+                    for (s, &kj) in part.iter_mut().zip(&k) {
+                        *s += kj;
+                    }
+                }
+            }
+            since += zc.len();
+            if since >= FLUSH {
+                for (s, a) in sum.iter_mut().zip(part.iter_mut()) {
+                    *s = s.saturating_add(*a as i128);
+                    *a = 0;
+                }
+                since = 0;
+            }
+        }
+        for (s, a) in sum.iter_mut().zip(&part) {
+            *s = s.saturating_add(*a as i128);
+        }
+        sum
+    }
+
+    /// The row-at-a-time gradient pass (before issue 19): the reference of the exactness tests.
+    fn gradient_rows_reference(&self, w: &[f64], start: usize, z: &mut [f64]) -> Vec<i128> {
         let mut sum = vec![0i128; self.p];
         let fi = self.plan.config.fit_intercept;
         let mut k = vec![0i64; self.p];
@@ -588,7 +693,7 @@ impl Kernels<'_, '_> {
             let i = start + off;
             let zz = dot(w, self.data.row(i), fi);
             *zi = zz;
-            if self.row_gradient(i, zz, &mut k) {
+            if self.row_gradient_reference(i, zz, &mut k) {
                 for (s, &kj) in sum.iter_mut().zip(&k) {
                     *s = s.saturating_add(kj as i128);
                 }
@@ -599,8 +704,62 @@ impl Kernels<'_, '_> {
 
     /// Row i's clipped, truncated gradient at z_i = `zz` into `k` (module docs, "Noisy
     /// gradient"): ‖k‖² ≤ B² exactly. Returns false (k unspecified) when the row contributes 0.
-    #[inline]
+    /// The integers of [`Self::row_gradient_reference`], with ‖x̃ᵢ‖² from the per-fit
+    /// `Data::sq` (the same sum) and `(f·xⱼ) as i64` for `(f·xⱼ).trunc() as i64` (`as`
+    /// truncates toward zero: the same integer).
+    #[inline(always)]
     fn row_gradient(&self, i: usize, zz: f64, k: &mut [i64]) -> bool {
+        let plan = self.plan;
+        let fi = plan.config.fit_intercept;
+        let q = plan.grad_q;
+        let b = plan.grad_units;
+        let target = b as f64 * q * CLIP_SHRINK; // clip to just under B grid units
+        let x = self.data.row(i);
+        let y = if self.data.positive[i] { 1.0 } else { 0.0 };
+        let r = sigmoid(zz) - y; // ∇ℓ = (σ(z) − y)·x̃ (dpagd.md §1.5)
+        if r == 0.0 || !r.is_finite() {
+            return false;
+        }
+        let xn2 = if fi { 1.0 } else { 0.0 } + self.data.sq[i];
+        let norm = r.abs() * xn2.sqrt();
+        let scale = if norm > target { target / norm } else { 1.0 };
+        let f = r * scale / q;
+        if fi {
+            k[0] = f as i64;
+            for (kj, xj) in k[1..].iter_mut().zip(x) {
+                *kj = (f * xj) as i64;
+            }
+        } else {
+            for (kj, xj) in k.iter_mut().zip(x) {
+                *kj = (f * xj) as i64;
+            }
+        }
+        // Exact check ‖k‖² ≤ B² (module docs); shrink otherwise.
+        let b2 = (b as i128) * (b as i128);
+        let n2: i128 = k.iter().map(|&v| (v as i128) * (v as i128)).sum();
+        if n2 > b2 {
+            return self.shrink(k, n2);
+        }
+        true
+    }
+
+    /// Shrinks `k` (‖k‖² = `n2` > B²) until ‖k‖² ≤ B² (module docs, "Noisy gradient"); true.
+    #[cold]
+    fn shrink(&self, k: &mut [i64], mut n2: i128) -> bool {
+        let b = self.plan.grad_units;
+        let b2 = (b as i128) * (b as i128);
+        while n2 > b2 {
+            let s = (b as f64 / (n2 as f64).sqrt()) * (1.0 - 1e-6);
+            for kj in k.iter_mut() {
+                *kj = (*kj as f64 * s).trunc() as i64;
+            }
+            n2 = k.iter().map(|&v| (v as i128) * (v as i128)).sum();
+        }
+        true
+    }
+
+    /// Row i's gradient as the row-at-a-time pass computed it before issue 19 (the reference).
+    fn row_gradient_reference(&self, i: usize, zz: f64, k: &mut [i64]) -> bool {
         let plan = self.plan;
         let fi = plan.config.fit_intercept;
         let q = plan.grad_q;
@@ -743,11 +902,139 @@ impl Kernels<'_, '_> {
         rows: std::ops::Range<usize>,
         out: &mut [u128],
     ) {
+        self.score_rows_with(z, u, steps, rows, out, RowPath::Auto)
+    }
+
+    /// [`Self::score_rows_into`] through a chosen implementation ([`RowPath`]; issue 19):
+    /// `Reference` is the row-at-a-time pass of before (one `exp` per row, libm's `ln_1p` per
+    /// candidate: `score_row_recurrence`), `Portable` the blocked pass
+    /// ([`kernel::ScoreGrid`]) built for baseline x86-64, `Auto` its AVX-512 or AVX2 build when
+    /// the CPU has them. `Portable` and `Auto` give the same integers; against `Reference`, a row's
+    /// floored loss may differ by one grid unit, rarely (libm's `ln_1p` against
+    /// [`kernel::ln_1p_unit`]; tests `score_paths` and `lane_scores_match_direct`).
+    fn score_rows_with(
+        &self,
+        z: &[f64],
+        u: &[f64],
+        steps: &[f64],
+        rows: std::ops::Range<usize>,
+        out: &mut [u128],
+        path: RowPath,
+    ) {
+        let blocked = path != RowPath::Reference && steps.len() <= MAX_STEPS;
+        let Some(h) = grid_step(steps).filter(|_| blocked) else {
+            return self.score_rows_reference(z, u, steps, rows, out);
+        };
+        #[cfg(target_arch = "x86_64")]
+        match kernel::simd(path) {
+            // SAFETY: `simd` checked that the CPU has these features.
+            Simd::Avx512 => return unsafe { self.score_rows_avx512(z, u, steps, h, rows, out) },
+            Simd::Avx2 => return unsafe { self.score_rows_avx2(z, u, steps, h, rows, out) },
+            Simd::Baseline => {}
+        }
+        self.score_rows_blocked(z, u, steps, h, rows, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw")]
+    unsafe fn score_rows_avx512(
+        &self,
+        z: &[f64],
+        u: &[f64],
+        steps: &[f64],
+        h: f64,
+        rows: std::ops::Range<usize>,
+        out: &mut [u128],
+    ) {
+        self.score_rows_blocked(z, u, steps, h, rows, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn score_rows_avx2(
+        &self,
+        z: &[f64],
+        u: &[f64],
+        steps: &[f64],
+        h: f64,
+        rows: std::ops::Range<usize>,
+        out: &mut [u128],
+    ) {
+        self.score_rows_blocked(z, u, steps, h, rows, out)
+    }
+
+    /// The blocked selection pass (issue 19): bᵢ = u·x̃ᵢ for [`LANES`] rows at a time
+    /// ([`kernel::dot_block`], the bits of [`dot`]), then the rows' candidate losses in lanes
+    /// ([`kernel::ScoreGrid::add_lanes`]), summed in `u64` partials per candidate and lane
+    /// flushed to `u128`. A row outside the recurrence's range goes through
+    /// [`Self::score_row_direct`]. Every row (in a full block, or in a last block padded with
+    /// idle lanes) gets the same integers, so the sums do not depend on the split of the rows.
+    #[inline(always)]
+    fn score_rows_blocked(
+        &self,
+        z: &[f64],
+        u: &[f64],
+        steps: &[f64],
+        h: f64,
+        rows: std::ops::Range<usize>,
+        out: &mut [u128],
+    ) {
         let plan = self.plan;
         let fi = plan.config.fit_intercept;
-        let c = plan.config.clip_obj;
-        let q = plan.obj_q;
-        let cap = plan.obj_units;
+        let grid =
+            kernel::ScoreGrid::new(steps, h, plan.config.clip_obj, plan.obj_q, plan.obj_units);
+        let d = self.data.d;
+        let x: &[f64] = &self.data.x;
+        let mut acc = [[0u64; LANES]; MAX_STEPS];
+        let acc = &mut acc[..steps.len()];
+        let mut since = 0usize;
+        let mut i = rows.start;
+        while i < rows.end {
+            let len = LANES.min(rows.end - i);
+            let mut b = [0.0; LANES];
+            if len == LANES {
+                b = kernel::dot_block(u, &x[i * d..(i + LANES) * d], d, fi);
+            } else {
+                for (l, v) in b.iter_mut().enumerate().take(len) {
+                    *v = dot(u, self.data.row(i + l), fi);
+                }
+            }
+            let (mut zl, mut pos, mut live) = ([0.0; LANES], [false; LANES], [false; LANES]);
+            for l in 0..len {
+                zl[l] = z[i + l];
+                pos[l] = self.data.positive[i + l];
+                live[l] = true;
+            }
+            let done = grid.add_lanes(&zl, &b, &pos, &live, acc);
+            for l in 0..len {
+                if !done[l] {
+                    score_row_direct(&grid_params(plan), zl[l], b[l], pos[l], steps, out);
+                }
+            }
+            i += len;
+            since += len;
+            if since >= kernel::SCORE_FLUSH_ROWS || i >= rows.end {
+                for (o, a) in out.iter_mut().zip(acc.iter_mut()) {
+                    *o += a.iter().map(|&v| v as u128).sum::<u128>();
+                    *a = [0; LANES];
+                }
+                since = 0;
+            }
+        }
+    }
+
+    /// The row-at-a-time selection pass (before issue 19): the reference of the tests.
+    fn score_rows_reference(
+        &self,
+        z: &[f64],
+        u: &[f64],
+        steps: &[f64],
+        rows: std::ops::Range<usize>,
+        out: &mut [u128],
+    ) {
+        let plan = self.plan;
+        let fi = plan.config.fit_intercept;
+        let (c, q, cap) = grid_params(plan);
         let h = grid_step(steps);
         for i in rows {
             let zi = z[i];
@@ -758,23 +1045,44 @@ impl Kernels<'_, '_> {
             {
                 continue;
             }
-            for (o, &a) in out.iter_mut().zip(steps) {
-                let t = zi - a * b;
-                // ℓ ≥ max(±t, 0): skip the transcendental functions when it is clipped anyway.
-                let lower = if pos { -t } else { t };
-                let units = if lower >= c {
-                    cap
-                } else {
-                    let l = logistic_loss(t, pos).min(c);
-                    if l >= 0.0 {
-                        ((l / q).floor() as u64).min(cap)
-                    } else {
-                        cap // NaN: saturate (never produced with finite inputs)
-                    }
-                };
-                *o += units as u128;
-            }
+            score_row_direct(&(c, q, cap), zi, b, pos, steps, out);
         }
+    }
+}
+
+/// Most candidates the blocked selection pass takes (the fit uses [`CANDIDATES`] + 1).
+const MAX_STEPS: usize = 32;
+
+/// (C_obj, q_o, U) of a plan.
+fn grid_params(plan: &AgdPlan) -> (f64, f64, u64) {
+    (plan.config.clip_obj, plan.obj_q, plan.obj_units)
+}
+
+/// One row's clipped, floored candidate losses added to `out`, an `exp` and a `ln_1p` per
+/// candidate (module docs, "Scores"): the direct form, for rows outside the recurrence's range.
+fn score_row_direct(
+    &(c, q, cap): &(f64, f64, u64),
+    zi: f64,
+    b: f64,
+    pos: bool,
+    steps: &[f64],
+    out: &mut [u128],
+) {
+    for (o, &a) in out.iter_mut().zip(steps) {
+        let t = zi - a * b;
+        // ℓ ≥ max(±t, 0): skip the transcendental functions when it is clipped anyway.
+        let lower = if pos { -t } else { t };
+        let units = if lower >= c {
+            cap
+        } else {
+            let l = logistic_loss(t, pos).min(c);
+            if l >= 0.0 {
+                ((l / q).floor() as u64).min(cap)
+            } else {
+                cap // NaN: saturate (never produced with finite inputs)
+            }
+        };
+        *o += units as u128;
     }
 }
 
@@ -791,9 +1099,6 @@ fn grid_step(steps: &[f64]) -> Option<f64> {
             .all(|(k, &a)| (a - k as f64 * h).abs() <= 1e-12 * last.abs());
     ok.then_some(h)
 }
-
-/// |s| up to which e^s is formed by the recurrence (far from overflow and underflow).
-const RECURRENCE_RANGE: f64 = 600.0;
 
 /// One row's clipped, floored candidate losses added to `out`, with **one** `exp` for the row
 /// instead of one per candidate (issue 19). The softplus argument is sₖ = ±(z − αₖ·b), linear
@@ -940,6 +1245,32 @@ pub fn exact_sums(
     let mut s = vec![0u128; steps.len()];
     k.scores(&z, u, steps, &mut s);
     (g, s)
+}
+
+/// [`exact_sums`] without units, on one thread, through a chosen implementation of the two row
+/// passes ([`RowPath`]; issue 19): for the exactness tests (`tests/kernels.rs`) and the
+/// benchmark (`examples/kernel_speed.rs`). Also returns z = w·x̃ per row.
+#[doc(hidden)]
+pub fn row_passes_with(
+    plan: &AgdPlan,
+    rows: &Rows,
+    w: &[f64],
+    u: &[f64],
+    steps: &[f64],
+    path: RowPath,
+) -> (Vec<i128>, Vec<u128>, Vec<f64>) {
+    let p = rows.d + usize::from(plan.config.fit_intercept);
+    let k = Kernels {
+        plan,
+        data: Data::new(rows),
+        p,
+        units: None,
+    };
+    let mut z = vec![0.0; rows.n()];
+    let g = k.gradient_rows_with(w, 0, &mut z, path);
+    let mut s = vec![0u128; steps.len()];
+    k.score_rows_with(&z, u, steps, 0..rows.n(), &mut s, path);
+    (g, s, z)
 }
 
 fn fit_inner(plan: &AgdPlan, rows: &Rows, units: Option<&Units>, rng: &mut SecureRng) -> AgdFit {
