@@ -310,8 +310,7 @@ fn main() -> Result<(), String> {
             (_, None, Some(k)) => format!("{k}·√ρ"),
             _ => "default (agd::default_splits)".to_string(),
         },
-        o.momentum
-            .map_or("default".to_string(), |m| m.to_string()),
+        o.momentum.map_or("default".to_string(), |m| m.to_string()),
         if o.validate {
             "; VALIDATION mode (inner 80/20 split of the training folds; test folds unused)"
         } else {
