@@ -8,9 +8,18 @@
 //! (whitespace-separated, label last; the files are not in this repository). Options:
 //! - `--eps 0.1,0.4,1.6` (default; `--eps all` for the paper's grid 0.05 … 1.6);
 //! - `--runs R` runs per fold (default 2) and `--folds F` (default 5): R·F fits per cell;
-//! - `--splits S` (default: the SQL default), `--split paper` for the paper's budget split
-//!   (ε_nm = ε/(2·60), ρ_nm = ε_nm²/2, ρ_ng = ε_nm²/(4 ln(1.25/δ))) instead of ours;
+//! - `--splits S` (default: the SQL default, a function of ε and δ: `agd::default_splits`),
+//!   `--split paper` for the paper's budget split (ε_nm = ε/(2·60), ρ_nm = ε_nm²/2,
+//!   ρ_ng = ε_nm²/(4 ln(1.25/δ))) instead of ours;
+//! - `--splits-scale K`: splits = clamp(K·√ρ) instead of the default constant (tuning);
+//! - `--momentum B`: β_max of the heavy ball (default: the SQL default; 0 turns it off);
+//! - `--validate`: tuning mode. The test folds are never read: each training fold is split
+//!   again 80/20 (a fixed shuffle), the fit sees the 80% and is scored on the 20%;
 //! - `--datasets BANK,IPUMS-BR`.
+//!
+//! Every parameter not given is the SQL function's default (`AgdParams::from_literals` with
+//! only ε and δ), so the default run measures exactly what `dp_logreg_agd(y, x, ε, 1e-8)` fits.
+//! Reported per cell: test accuracy and AUC (mean ± sd over the fits), accepted steps.
 //!
 //! Protocol of research/dpagd.md §3.2: min-max scaling to [0, 1] on the full file (as the
 //! authors do; not private, and outside what the SQL function does), a bias column
@@ -21,10 +30,11 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use dpfusion_udfs::aggregates::Neighbours;
+use datafusion::common::ScalarValue;
+use dpfusion_udfs::aggregates::dp_logreg_agd::AgdParams;
 use dpfusion_udfs::noise::SecureRng;
 use dpfusion_udfs::optim::Rows;
-use dpfusion_udfs::optim::agd::{AgdConfig, AgdPlan, fit};
+use dpfusion_udfs::optim::agd::{AgdPlan, SPLITS_MAX, SPLITS_MIN, fit};
 use dpfusion_udfs::privacy::zcdp_rho;
 
 /// research/dpagd.md §3.2, "fixed" accuracy rows (ε = 0.05, 0.1, 0.2, 0.4, 0.8, 1.6).
@@ -100,6 +110,32 @@ fn accuracy(w0: f64, w: &[f64], rows: &Rows) -> f64 {
         .filter(|&i| (z(w0, w, rows.row(i)) >= 0.0) == (rows.labels[i] > 0.5))
         .count();
     100.0 * ok as f64 / rows.n() as f64
+}
+
+/// Area under the ROC curve of the scores z = w·x̃ (Mann–Whitney U with midranks for ties).
+fn auc(w0: f64, w: &[f64], rows: &Rows) -> f64 {
+    let mut s: Vec<(f64, bool)> = (0..rows.n())
+        .map(|i| (z(w0, w, rows.row(i)), rows.labels[i] > 0.5))
+        .collect();
+    s.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (mut rank_sum, mut npos) = (0.0, 0.0);
+    let mut i = 0;
+    while i < s.len() {
+        let mut j = i;
+        while j < s.len() && s[j].0 == s[i].0 {
+            j += 1;
+        }
+        let mid = (i + j + 1) as f64 / 2.0; // ranks i+1..=j
+        for e in &s[i..j] {
+            if e.1 {
+                rank_sum += mid;
+                npos += 1.0;
+            }
+        }
+        i = j;
+    }
+    let nneg = s.len() as f64 - npos;
+    (rank_sum - npos * (npos + 1.0) / 2.0) / (npos * nneg)
 }
 
 /// Mean unclipped logistic loss.
@@ -184,6 +220,9 @@ struct Opts {
     runs: usize,
     folds: usize,
     splits: Option<f64>,
+    splits_scale: Option<f64>,
+    momentum: Option<f64>,
+    validate: bool,
     paper_split: bool,
     datasets: Vec<String>,
 }
@@ -195,6 +234,9 @@ fn parse_args() -> Result<Opts, String> {
         runs: 2,
         folds: 5,
         splits: None,
+        splits_scale: None,
+        momentum: None,
+        validate: false,
         paper_split: false,
         datasets: vec!["BANK".into(), "IPUMS-BR".into()],
     };
@@ -216,6 +258,13 @@ fn parse_args() -> Result<Opts, String> {
             "--folds" => o.folds = val()?.parse().map_err(|e| format!("--folds: {e}"))?,
             "--splits" => o.splits = Some(val()?.parse().map_err(|e| format!("--splits: {e}"))?),
             "--split" => o.paper_split = val()? == "paper",
+            "--splits-scale" => {
+                o.splits_scale = Some(val()?.parse().map_err(|e| format!("--splits-scale: {e}"))?)
+            }
+            "--momentum" => {
+                o.momentum = Some(val()?.parse().map_err(|e| format!("--momentum: {e}"))?)
+            }
+            "--validate" => o.validate = true,
             "--datasets" => o.datasets = val()?.split(',').map(String::from).collect(),
             s if !s.starts_with("--") => o.dir = s.into(),
             s => return Err(format!("unknown option {s}")),
@@ -224,13 +273,30 @@ fn parse_args() -> Result<Opts, String> {
     Ok(o)
 }
 
+/// Mean and sample standard deviation.
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() as f64 - 1.0).max(1.0);
+    (m, var.sqrt())
+}
+
+/// One cell of the table.
+struct Cell {
+    eps: f64,
+    acc: (f64, f64),
+    auc: (f64, f64),
+    reference: f64,
+    majority: f64,
+    obj: f64,
+    iterations: f64,
+    splits: f64,
+}
+
 fn main() -> Result<(), String> {
     let o = parse_args()?;
-    let splits = o
-        .splits
-        .unwrap_or(dpfusion_udfs::aggregates::dp_logreg_agd::DEFAULT_SPLITS);
     println!(
-        "DP-AGD benchmark: δ = {DELTA:e}, {} folds × {} runs, split = {}, splits = {}",
+        "DP-AGD benchmark: δ = {DELTA:e}, {} folds × {} runs, split = {}, splits = {}, momentum \
+         = {}{}",
         o.folds,
         o.runs,
         if o.paper_split {
@@ -238,11 +304,20 @@ fn main() -> Result<(), String> {
         } else {
             "equal-ρ (ours)"
         },
-        if o.paper_split { 60.0 } else { splits }
+        match (o.paper_split, o.splits, o.splits_scale) {
+            (true, _, _) => "60 (paper)".to_string(),
+            (_, Some(s), _) => s.to_string(),
+            (_, None, Some(k)) => format!("{k}·√ρ"),
+            _ => "default (agd::default_splits)".to_string(),
+        },
+        o.momentum.map_or("default".to_string(), |m| m.to_string()),
+        if o.validate {
+            "; VALIDATION mode (inner 80/20 split of the training folds; test folds unused)"
+        } else {
+            ""
+        }
     );
-    /// Per dataset and ε: (ε, mean accuracy, its sd, reference accuracy, majority, objective).
-    type Row = (f64, f64, f64, f64, f64, f64);
-    let mut table: BTreeMap<String, Vec<Row>> = BTreeMap::new();
+    let mut table: BTreeMap<String, Vec<Cell>> = BTreeMap::new();
     for name in &o.datasets {
         let rows = load(&o.dir.join(format!("{name}.dat")))?;
         let n = rows.n();
@@ -251,26 +326,34 @@ fn main() -> Result<(), String> {
         let (b0, b) = newton(&rows);
         println!(
             "\n{name}: n = {n}, d = {}, majority {majority:.2}%, non-private LR (Newton, all \
-             rows) {:.2}%, obj {:.3}",
+             rows) {:.2}%, AUC {:.4}, obj {:.3}",
             rows.d,
             accuracy(b0, &b, &rows),
+            auc(b0, &b, &rows),
             objective(b0, &b, &rows)
         );
         for &eps in &o.eps {
             let started = Instant::now();
             let rho = zcdp_rho(eps, DELTA).map_err(|e| e.to_string())?;
-            let config = AgdConfig {
-                rho,
-                neighbours: Neighbours::AddRemove,
-                clip_grad: 3.0,
-                clip_obj: 3.0,
-                splits,
-                gamma: 0.1,
-                l2: 1e-3,
-                fit_intercept: true,
-                max_step: 2.0,
-            };
+            // The SQL function's defaults: only ε and δ given.
+            let params = AgdParams::from_literals(&[
+                ScalarValue::Float64(Some(eps)),
+                ScalarValue::Float64(Some(DELTA)),
+            ])
+            .map_err(|e| e.to_string())?;
+            let mut config = params.config().map_err(|e| e.to_string())?;
+            assert_eq!(config.rho, rho);
+            if let Some(k) = o.splits_scale {
+                config.splits = (k * rho.sqrt()).round().clamp(SPLITS_MIN, SPLITS_MAX);
+            }
+            if let Some(s) = o.splits {
+                config.splits = s;
+            }
+            if let Some(m) = o.momentum {
+                config.momentum = m;
+            }
             let plan = if o.paper_split {
+                config.splits = 60.0;
                 let e_nm = eps / (2.0 * 60.0);
                 let rho_nm = e_nm * e_nm / 2.0;
                 let rho_ng = e_nm * e_nm / (4.0 * (1.25 / DELTA).ln());
@@ -279,7 +362,8 @@ fn main() -> Result<(), String> {
                 AgdPlan::new(config)
             }
             .map_err(|e| e.to_string())?;
-            let (mut accs, mut objs, mut iters) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut accs, mut aucs, mut objs, mut iters) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for run in 0..o.runs {
                 let mut perm: Vec<usize> = (0..n).collect();
                 let mut sm = SplitMix64(0xA6D0 + run as u64);
@@ -294,51 +378,77 @@ fn main() -> Result<(), String> {
                             .map(|(_, &i)| i)
                             .collect()
                     };
-                    let (test_idx, train_idx) = (fold(true), fold(false));
+                    let (mut test_idx, mut train_idx) = (fold(true), fold(false));
+                    if o.validate {
+                        // Tuning never sees the test fold: split the training fold 80/20.
+                        let mut sm = SplitMix64(0x7A11 + (run * 100 + f) as u64);
+                        for i in (1..train_idx.len()).rev() {
+                            train_idx.swap(i, (sm.next() % (i as u64 + 1)) as usize);
+                        }
+                        let cut = train_idx.len() * 4 / 5;
+                        test_idx = train_idx.split_off(cut);
+                    }
                     let (tr, te) = (subset(&rows, &train_idx), subset(&rows, &test_idx));
                     let seed = (eps.to_bits() ^ (run as u64) << 8 ^ f as u64).wrapping_mul(31);
                     let mut rng = SecureRng::insecure_from_seed(seed);
                     let m = fit(&plan, &tr, &mut rng);
                     assert!(m.spent <= rho);
                     accs.push(accuracy(m.intercept, &m.coefficients, &te));
+                    aucs.push(auc(m.intercept, &m.coefficients, &te));
                     objs.push(objective(m.intercept, &m.coefficients, &tr));
                     iters.push(m.iterations as f64);
                 }
             }
-            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-            let sd = |v: &[f64]| {
-                let m = mean(v);
-                (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() as f64 - 1.0)).sqrt()
-            };
             let refv = REFERENCE
                 .iter()
                 .find(|(d, _)| d == name)
                 .and_then(|(_, r)| EPS_GRID.iter().position(|&e| e == eps).map(|k| r[k]))
                 .unwrap_or(f64::NAN);
+            let cell = Cell {
+                eps,
+                acc: mean_sd(&accs),
+                auc: mean_sd(&aucs),
+                reference: refv,
+                majority,
+                obj: mean_sd(&objs).0,
+                iterations: mean_sd(&iters).0,
+                splits: plan.config.splits,
+            };
             println!(
-                "  ε = {eps:<5} acc {:.2} ± {:.2}  (reference fixed {refv:.2}, majority \
-                 {majority:.2})  obj {:.3}  iterations {:.0}  [{:.1}s]",
-                mean(&accs),
-                sd(&accs),
-                mean(&objs),
-                mean(&iters),
+                "  ε = {eps:<5} acc {:.2} ± {:.2}  AUC {:.4} ± {:.4}  (reference fixed {refv:.2}, \
+                 majority {majority:.2})  obj {:.3}  splits {}  iterations {:.0}  [{:.1}s]",
+                cell.acc.0,
+                cell.acc.1,
+                cell.auc.0,
+                cell.auc.1,
+                cell.obj,
+                cell.splits,
+                cell.iterations,
                 started.elapsed().as_secs_f64()
             );
-            table.entry(name.clone()).or_default().push((
-                eps,
-                mean(&accs),
-                sd(&accs),
-                refv,
-                majority,
-                mean(&objs),
-            ));
+            table.entry(name.clone()).or_default().push(cell);
         }
     }
-    println!("\n| dataset | ε | accuracy % (mean ± sd) | reference `fixed` % | majority % | obj |");
-    println!("|---|---|---|---|---|---|");
-    for (name, rows) in &table {
-        for (eps, acc, sd, r, maj, obj) in rows {
-            println!("| {name} | {eps} | {acc:.2} ± {sd:.2} | {r:.2} | {maj:.2} | {obj:.3} |");
+    println!(
+        "\n| dataset | ε | accuracy % (mean ± sd) | AUC (mean ± sd) | reference `fixed` % | \
+         majority % | obj | splits | steps |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (name, cells) in &table {
+        for c in cells {
+            println!(
+                "| {name} | {} | {:.2} ± {:.2} | {:.3} ± {:.3} | {:.2} | {:.2} | {:.3} | {} | {:.0} |",
+                c.eps,
+                c.acc.0,
+                c.acc.1,
+                c.auc.0,
+                c.auc.1,
+                c.reference,
+                c.majority,
+                c.obj,
+                c.splits,
+                c.iterations
+            );
         }
     }
     Ok(())

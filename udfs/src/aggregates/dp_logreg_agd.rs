@@ -54,9 +54,12 @@ use crate::privacy::{Event, PrivacyError, zcdp_rho};
 pub const DEFAULT_CLIP_GRAD: f64 = 3.0;
 /// Default C_obj (dpagd.md §2: 3).
 pub const DEFAULT_CLIP_OBJ: f64 = 3.0;
-/// Default `splits`: the iterations the budget pays for at the initial per-step rates
-/// ([`crate::optim::agd`], "Budget split").
-pub const DEFAULT_SPLITS: f64 = 20.0;
+/// Default `splits`: 0, meaning automatic, i.e. a function of the call's ρ (of ε and δ only):
+/// [`default_splits`] ([`crate::optim::agd`], "Schedule"). `splits` is the number of iterations
+/// the budget pays for at the initial per-step rates ("Budget split"). The session fills this
+/// literal for omitted arguments, so the automatic value needs a literal of its own.
+pub const DEFAULT_SPLITS: f64 = 0.0;
+pub use crate::optim::agd::default_splits;
 /// Default γ (paper and code: 0.1).
 pub const DEFAULT_GAMMA: f64 = 0.1;
 /// Default ridge coefficient (the authors' logistic-regression experiments: 1e-3).
@@ -135,13 +138,19 @@ impl AgdParams {
             positive,
             "a finite number > 0 (at most 1e100)",
         )?;
+        // 0 (the default) is automatic: a function of ε and δ only (agd.rs, "Schedule").
         let splits = in_range(
             "splits",
             number(args, 4, "splits")?,
             DEFAULT_SPLITS,
-            |x| (1.0..=1e5).contains(&x) && x.fract() == 0.0,
-            "an integer in [1, 100000]",
+            |x| (x == 0.0 || (1.0..=1e5).contains(&x)) && x.fract() == 0.0,
+            "0 (automatic) or an integer in [1, 100000]",
         )?;
+        let splits = if splits == 0.0 {
+            default_splits(zcdp_rho(epsilon, delta)?)
+        } else {
+            splits
+        };
         let gamma = in_range(
             "gamma",
             number(args, 5, "gamma")?,
@@ -216,6 +225,7 @@ impl AgdParams {
             l2: self.l2,
             fit_intercept: self.fit_intercept,
             max_step: self.max_step,
+            momentum: crate::optim::agd::default_momentum(self.rho()?, self.splits),
         })
     }
 
@@ -466,8 +476,10 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     )
     .with_argument(
         "splits",
-        "Integer in [1, 100000] (default 20): iterations the budget pays for at the initial \
-         per-step rates; each gets rho/splits, half for the gradient, half for the selection.",
+        "Integer in [1, 100000], or 0 (the default) for round(1384·sqrt(rho)) clamped to \
+         [10, 1000] (20 at epsilon = 0.1, 284 at 1.6, delta = 1e-8): iterations the budget pays \
+         for at the initial per-step rates; each gets rho/splits, half for the gradient, half \
+         for the selection.",
     )
     .with_argument(
         "gamma",

@@ -568,8 +568,8 @@ pub static AGGREGATES: &[Aggregate] = &[
             number("clip_obj", Default::Number("3"), "objective clipping"),
             number(
                 "splits",
-                Default::Number("20"),
-                "budget splits (iterations)",
+                Default::Number("0"),
+                "budget splits (iterations); 0: a function of ε and δ",
             ),
             number(
                 "gamma",
