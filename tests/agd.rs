@@ -128,12 +128,12 @@ async fn seeded_ctx(seed: u64) -> SessionContext {
     ctx
 }
 
-/// Accuracy of 10 seeded fits (each fit evaluated in SQL with `logreg_predict_proba`), and
-/// the models.
-async fn seeded_fits(epsilon: f64) -> (f64, Vec<Model>) {
+/// Mean accuracy of `fits` seeded fits (each fit evaluated in SQL with `logreg_predict_proba`),
+/// and the models.
+async fn seeded_fits(epsilon: f64, fits: u64) -> (f64, Vec<Model>) {
     let mut accs = Vec::new();
     let mut models = Vec::new();
-    for seed in 0..10 {
+    for seed in 0..fits {
         let ctx = seeded_ctx(1000 + seed).await;
         let q = format!(
             "WITH m AS (SELECT dp_logreg_agd(disease, {FEATURES}, {epsilon}, 1e-6) AS model \
@@ -153,9 +153,10 @@ async fn seeded_fits(epsilon: f64) -> (f64, Vec<Model>) {
     (accs.iter().sum::<f64>() / accs.len() as f64, models)
 }
 
-/// Issue 7 acceptance: at ε = 1, δ = 1e-6 the mean accuracy of 10 fits is within 2 points of
-/// the non-private logistic regression on the same data; at ε = 0.1 it beats the majority
-/// class.
+/// Issue 7 acceptance: at ε = 1, δ = 1e-6 the mean accuracy of the fits is within 2 points of
+/// the non-private logistic regression on the same data; at ε = 0.1 (10 fits) it beats the
+/// majority class. At ε = 1 the automatic schedule (issue 19) pays for 216 iterations, ~10× the
+/// former 20, so 4 fits keep the test's time at opt-level 0 as it was.
 #[tokio::test]
 async fn patients_utility_against_newton_and_majority() {
     let (x, y) = patient_rows();
@@ -163,7 +164,7 @@ async fn patients_utility_against_newton_and_majority() {
     let reference = accuracy(b0, &b, &x, &y);
     let pos = y.iter().sum::<f64>() / y.len() as f64;
     let majority = pos.max(1.0 - pos);
-    let (acc1, models) = seeded_fits(1.0).await;
+    let (acc1, models) = seeded_fits(1.0, 4).await;
     for m in &models {
         assert_eq!(m.coefficients.len(), 5);
         assert_eq!(m.mechanism, "agd");
@@ -176,7 +177,7 @@ async fn patients_utility_against_newton_and_majority() {
         acc1 >= reference - 0.02,
         "ε = 1: mean accuracy {acc1:.4} vs non-private {reference:.4}"
     );
-    let (acc01, _) = seeded_fits(0.1).await;
+    let (acc01, _) = seeded_fits(0.1, 10).await;
     assert!(
         acc01 > majority,
         "ε = 0.1: mean accuracy {acc01:.4} vs majority {majority:.4}"

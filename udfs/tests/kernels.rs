@@ -225,6 +225,7 @@ fn agd_plan(clip_obj: f64, intercept: bool, replace: bool) -> AgdPlan {
         l2: 1e-3,
         fit_intercept: intercept,
         max_step: 2.0,
+        momentum: 0.0,
     })
     .unwrap()
 }

@@ -574,7 +574,7 @@ pub static AGGREGATES: &[Aggregate] = &[
             number(
                 "gamma",
                 Default::Number("0.1"),
-                "share of ρ for the step selection",
+                "relative increase of the gradient's ρ after a rejected direction (step 0 selected)",
             ),
             number("l2", Default::Number("0.001"), "ridge penalty"),
             Param {
