@@ -31,46 +31,6 @@ const D: usize = 16;
 const T: u32 = 100;
 const REPS: usize = 3;
 
-/// A small deterministic generator (data, not noise).
-struct Lcg(u64);
-impl Lcg {
-    fn uniform(&mut self) -> f64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// n rows, d features uniform in [−1, 1]/√d (so ‖x‖ ≤ 1); `logistic`: 0/1 labels from a logistic
-/// model, else y = w·x + 0.3 + noise.
-fn synthetic(n: usize, d: usize, logistic: bool, seed: u64) -> Rows {
-    let mut g = Lcg(seed);
-    let w: Vec<f64> = (0..d).map(|j| 2.0 / (1 + j) as f64).collect();
-    let s = 1.0 / (d as f64).sqrt();
-    let mut rows = Rows {
-        d,
-        labels: Vec::with_capacity(n),
-        x: Vec::with_capacity(n * d),
-    };
-    for _ in 0..n {
-        let mut z = 0.3;
-        for wj in &w {
-            let v = (2.0 * g.uniform() - 1.0) * s;
-            z += wj * v;
-            rows.x.push(v);
-        }
-        let y = if logistic {
-            f64::from(g.uniform() < 1.0 / (1.0 + (-3.0 * z).exp()))
-        } else {
-            z + 0.1 * (g.uniform() - 0.5)
-        };
-        rows.labels.push(y);
-    }
-    rows
-}
-
 fn write_raw(path: &Path, rows: &Rows) {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     for v in rows.x.iter().chain(&rows.labels) {
@@ -166,7 +126,7 @@ async fn main() {
     std::fs::create_dir_all(&dir).unwrap();
 
     // --- dp_linreg_gd ('gaussian', ε = 1, δ = 1e-6, T = 100, default clip and step).
-    let lin = synthetic(n, D, false, 11);
+    let lin = Rows::synthetic(n, D, false, 11);
     let lp = LinregParams::from_literals(&[f(1.0), f(1e-6), f(T as f64)]).unwrap();
     let gd = lp.gaussian().unwrap();
     let lin_kernel = best(REPS, || {
@@ -205,7 +165,7 @@ async fn main() {
     drop(lin);
 
     // --- dp_logreg_agd (ε = 1, δ = 1e-6, defaults).
-    let log = synthetic(n, D, true, 12);
+    let log = Rows::synthetic(n, D, true, 12);
     let plan = AgdParams::from_literals(&[f(1.0), f(1e-6)])
         .unwrap()
         .plan()

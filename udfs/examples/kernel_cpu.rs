@@ -14,44 +14,6 @@ use dpfusion_udfs::optim::Rows;
 use dpfusion_udfs::optim::agd;
 use dpfusion_udfs::optim::kernel::RowPath;
 
-struct Lcg(u64);
-impl Lcg {
-    fn uniform(&mut self) -> f64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// The rows of `kernel_speed` and `benches/models.rs` (same generator).
-fn synthetic(n: usize, d: usize, logistic: bool, seed: u64) -> Rows {
-    let mut g = Lcg(seed);
-    let w: Vec<f64> = (0..d).map(|j| 2.0 / (1 + j) as f64).collect();
-    let s = 1.0 / (d as f64).sqrt();
-    let mut rows = Rows {
-        d,
-        labels: Vec::with_capacity(n),
-        x: Vec::with_capacity(n * d),
-    };
-    for _ in 0..n {
-        let mut z = 0.3;
-        for wj in &w {
-            let v = (2.0 * g.uniform() - 1.0) * s;
-            z += wj * v;
-            rows.x.push(v);
-        }
-        let y = if logistic {
-            f64::from(g.uniform() < 1.0 / (1.0 + (-3.0 * z).exp()))
-        } else {
-            z + 0.1 * (g.uniform() - 0.5)
-        };
-        rows.labels.push(y);
-    }
-    rows
-}
-
 fn f(x: f64) -> ScalarValue {
     ScalarValue::Float64(Some(x))
 }
@@ -75,7 +37,7 @@ fn main() {
     };
     let (n, d, reps) = (60_000, 16, 40);
     if what == "linfit" {
-        let lin = synthetic(n, d, false, 11);
+        let lin = Rows::synthetic(n, d, false, 11);
         let gd = LinregParams::from_literals(&[f(1.0), f(1e-6), f(100.0)])
             .unwrap()
             .gaussian()
@@ -87,7 +49,7 @@ fn main() {
         println!("dp_linreg_gd fit (Auto): {ns:.1} ns per row and iteration (CPU)");
         return;
     }
-    let log = synthetic(n, d, true, 12);
+    let log = Rows::synthetic(n, d, true, 12);
     let plan = AgdParams::from_literals(&[f(1.0), f(1e-6)])
         .unwrap()
         .plan()

@@ -68,6 +68,44 @@ pub struct Rows {
 }
 
 impl Rows {
+    /// Deterministic benchmark data (not noise; shared by `benches/models.rs` and the kernel
+    /// examples so that they time the same rows): n rows, d features uniform in [−1, 1]/√d (so
+    /// ‖x‖ ≤ 1); `logistic`: 0/1 labels from a logistic model, else y = w·x + 0.3 + noise, with
+    /// w_j = 2/(1 + j).
+    #[doc(hidden)]
+    pub fn synthetic(n: usize, d: usize, logistic: bool, seed: u64) -> Rows {
+        // A 64-bit LCG (Knuth's MMIX constants): data, not noise.
+        let mut state = seed;
+        let mut uniform = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let w: Vec<f64> = (0..d).map(|j| 2.0 / (1 + j) as f64).collect();
+        let s = 1.0 / (d as f64).sqrt();
+        let mut rows = Rows {
+            d,
+            labels: Vec::with_capacity(n),
+            x: Vec::with_capacity(n * d),
+        };
+        for _ in 0..n {
+            let mut z = 0.3;
+            for wj in &w {
+                let v = (2.0 * uniform() - 1.0) * s;
+                z += wj * v;
+                rows.x.push(v);
+            }
+            let y = if logistic {
+                f64::from(uniform() < 1.0 / (1.0 + (-3.0 * z).exp()))
+            } else {
+                z + 0.1 * (uniform() - 0.5)
+            };
+            rows.labels.push(y);
+        }
+        rows
+    }
+
     /// Number of rows.
     pub fn n(&self) -> usize {
         self.labels.len()
