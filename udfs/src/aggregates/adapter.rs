@@ -101,9 +101,58 @@ impl<P: DpFunction> DpUdaf<P> {
 }
 
 /// The registry entry of `name` (every adapter function is declared there).
-fn declaration(name: &str) -> &'static Aggregate {
+pub(crate) fn declaration(name: &str) -> &'static Aggregate {
     registry::get(name).expect("every DP aggregate is declared in registry::AGGREGATES")
 }
+
+/// The coercion of a declared function's arguments: its data arguments of kind `data`, then the
+/// literal parameters of its registry entry (names, and how many are required).
+pub(crate) fn coerce_declared(
+    name: &str,
+    data: DataArg,
+    arg_types: &[DataType],
+) -> Result<Vec<DataType>> {
+    let a = declaration(name);
+    let names: Vec<&str> = a.params.iter().map(|p| p.name).collect();
+    let required = a
+        .params
+        .iter()
+        .filter(|p| p.default == ParamDefault::Required)
+        .count();
+    coerce_args(name, data, &names, required, arg_types)
+}
+
+/// `Debug`, `PartialEq`, `Eq` and `Hash` for a UDAF struct `$t<P>` with fields `signature` and
+/// `insecure_seed`: equal when the function and the seed are, so a seeded UDAF never equals the
+/// real one.
+macro_rules! identity_by_signature_and_seed {
+    ($t:ident) => {
+        impl<P> fmt::Debug for $t<P> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($t))
+                    .field("signature", &self.signature)
+                    .field("insecure_seed", &self.insecure_seed)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl<P> PartialEq for $t<P> {
+            fn eq(&self, other: &Self) -> bool {
+                self.signature == other.signature && self.insecure_seed == other.insecure_seed
+            }
+        }
+
+        impl<P> Eq for $t<P> {}
+
+        impl<P> Hash for $t<P> {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                self.signature.hash(state);
+                self.insecure_seed.hash(state);
+            }
+        }
+    };
+}
+pub(crate) use identity_by_signature_and_seed;
 
 /// The documentation: description and example from the spec, syntax and arguments from the
 /// registry entry.
@@ -148,30 +197,7 @@ impl<P: DpFunction> Default for DpUdaf<P> {
     }
 }
 
-impl<P> fmt::Debug for DpUdaf<P> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DpUdaf")
-            .field("signature", &self.signature)
-            .field("insecure_seed", &self.insecure_seed)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Equal when the function and the seed are: a seeded UDAF never equals the real one.
-impl<P> PartialEq for DpUdaf<P> {
-    fn eq(&self, other: &Self) -> bool {
-        self.signature == other.signature && self.insecure_seed == other.insecure_seed
-    }
-}
-
-impl<P> Eq for DpUdaf<P> {}
-
-impl<P> Hash for DpUdaf<P> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.signature.hash(state);
-        self.insecure_seed.hash(state);
-    }
-}
+identity_by_signature_and_seed!(DpUdaf);
 
 impl<P: DpFunction> AggregateUDFImpl for DpUdaf<P> {
     fn name(&self) -> &str {
@@ -181,14 +207,7 @@ impl<P: DpFunction> AggregateUDFImpl for DpUdaf<P> {
         &self.signature
     }
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        let a = declaration(P::NAME);
-        let names: Vec<&str> = a.params.iter().map(|p| p.name).collect();
-        let required = a
-            .params
-            .iter()
-            .filter(|p| p.default == ParamDefault::Required)
-            .count();
-        coerce_args(P::NAME, P::spec().data, &names, required, arg_types)
+        coerce_declared(P::NAME, P::spec().data, arg_types)
     }
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(P::spec().returns.clone())

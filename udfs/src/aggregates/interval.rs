@@ -104,12 +104,13 @@ use datafusion::logical_expr::{
 };
 
 use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
-use super::adapter::{DpFunction, documentation_for};
-use super::common::{Fin, call_literals, coerce_args};
+use super::adapter::{
+    DpFunction, coerce_declared, declaration, documentation_for, identity_by_signature_and_seed,
+};
+use super::common::{Fin, call_literals};
 use super::dp_mean::MeanDraw;
 use super::exact::{FixedPoint, SquareGrid};
 use super::params::{number, plan_error};
-use super::registry::{self, Aggregate, Default as ParamDefault};
 use crate::mechanisms::{GaussianMechanism, LaplaceMechanism};
 use crate::noise::SecureRng;
 use crate::noise::discrete::steps_for;
@@ -617,10 +618,6 @@ pub(crate) fn ci_noise<P: DpInterval>(lits: &[ScalarValue]) -> Option<String> {
     (declaration(P::NAME).noise)(&base)
 }
 
-fn declaration(name: &str) -> &'static Aggregate {
-    registry::get(name).expect("every DP aggregate is declared in registry::AGGREGATES")
-}
-
 /// The struct a `_ci` call returns, for a base release of type `value`.
 pub fn interval_fields(value: &DataType) -> Fields {
     Fields::from(vec![
@@ -786,29 +783,7 @@ impl<P: DpInterval> Default for DpCiUdaf<P> {
     }
 }
 
-impl<P> fmt::Debug for DpCiUdaf<P> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DpCiUdaf")
-            .field("signature", &self.signature)
-            .field("insecure_seed", &self.insecure_seed)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<P> PartialEq for DpCiUdaf<P> {
-    fn eq(&self, other: &Self) -> bool {
-        self.signature == other.signature && self.insecure_seed == other.insecure_seed
-    }
-}
-
-impl<P> Eq for DpCiUdaf<P> {}
-
-impl<P> Hash for DpCiUdaf<P> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.signature.hash(state);
-        self.insecure_seed.hash(state);
-    }
-}
+identity_by_signature_and_seed!(DpCiUdaf);
 
 impl<P: DpInterval> AggregateUDFImpl for DpCiUdaf<P> {
     fn name(&self) -> &str {
@@ -818,14 +793,7 @@ impl<P: DpInterval> AggregateUDFImpl for DpCiUdaf<P> {
         &self.signature
     }
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        let a = declaration(P::CI_NAME);
-        let names: Vec<&str> = a.params.iter().map(|p| p.name).collect();
-        let required = a
-            .params
-            .iter()
-            .filter(|p| p.default == ParamDefault::Required)
-            .count();
-        coerce_args(P::CI_NAME, P::spec().data, &names, required, arg_types)
+        coerce_declared(P::CI_NAME, P::spec().data, arg_types)
     }
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(DataType::Struct(interval_fields(&P::spec().returns)))
