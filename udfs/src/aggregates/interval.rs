@@ -570,7 +570,7 @@ fn pow2_neg18() -> f64 {
 
 /// A DP aggregate with a `_ci` variant ([`DpCiUdaf`]).
 pub trait DpInterval: DpFunction {
-    /// The `_ci` variant's SQL name, declared in [`registry::AGGREGATES`].
+    /// The `_ci` variant's SQL name, declared in [`super::registry::AGGREGATES`].
     const CI_NAME: &'static str;
 }
 
@@ -602,7 +602,7 @@ pub fn split_confidence(
     Ok((base_lits, confidence))
 }
 
-/// [`registry::CostFn`] of a `_ci` variant: the base call's cost (confidence checked, then
+/// [`super::registry::CostFn`] of a `_ci` variant: the base call's cost (confidence checked, then
 /// stripped).
 pub(crate) fn ci_cost<P: DpInterval>(
     data: &[Expr],
@@ -612,7 +612,7 @@ pub(crate) fn ci_cost<P: DpInterval>(
     (declaration(P::NAME).cost)(data, &base)
 }
 
-/// [`registry::NoiseFn`] of a `_ci` variant: the base call's noise.
+/// [`super::registry::NoiseFn`] of a `_ci` variant: the base call's noise.
 pub(crate) fn ci_noise<P: DpInterval>(lits: &[ScalarValue]) -> Option<String> {
     let (base, _) = split_confidence(P::NAME, lits).ok()?;
     (declaration(P::NAME).noise)(&base)
