@@ -252,6 +252,30 @@ const REFUSED: &[(&str, &str)] = &[
         "SELECT dp_count(salary, 1.0, 1e-7, 'replace') FROM people",
         "argument",
     ),
+    // error bars and quantile resolution (issue 18): every parameter is a literal, and `bins`
+    // is capped, so neither the cost nor a group's memory follows the data or an open number
+    (
+        "SELECT dp_mean_ci(salary, 0, 100000, 1.0, \
+         confidence => (SELECT max(age) / 100.0 FROM people)) FROM people",
+        "must be a literal number",
+    ),
+    (
+        "SELECT dp_mean_ci(salary, 0, 100000, 1.0, confidence => 1.0) FROM people",
+        "'confidence'",
+    ),
+    (
+        "SELECT dp_median(salary, 0, 100000, 1.0, bins => (SELECT count(*) FROM people)) \
+         FROM people",
+        "must be a literal number",
+    ),
+    (
+        "SELECT dp_median(salary, 0, 100000, 1.0, bins => 16384) FROM people",
+        "a power of two in [2, 8192]",
+    ),
+    (
+        "SELECT dp_count(salary, 1.0, confidence => 0.9) FROM people",
+        "no parameter named 'confidence'",
+    ),
     // statements
     (
         "EXPLAIN ANALYZE SELECT dp_count(age, 1.0) FROM people",

@@ -8,7 +8,7 @@
 //! `bins`, a power of two in [[`MIN_BINS`], [`MAX_BINS`]], default [`BINS`] = 1024),
 //! b(x) = ⌊(x − lo)·B/(hi − lo)⌋ (at most B − 1; integer arithmetic, so a value's bin is a
 //! function of the value alone). Per group the state is the B counts (`u64`): 8·B bytes per group
-//! (8 KiB at 1024, 512 KiB at 65536) whatever the number of rows, merged by exact integer
+//! (8 KiB at 1024, 64 KiB at 8192) whatever the number of rows, merged by exact integer
 //! addition, so the release is the same for every partitioning of the plan. Buffering the values
 //! would give the exact interval form (Smith 2011) but memory growing with the group; the
 //! histogram bounds memory at the cost of a resolution of (upper − lower)/B (the released value
@@ -100,8 +100,10 @@ use crate::privacy::{Event, PrivacyError};
 pub const BINS: usize = 1024;
 /// The fewest bins a call may ask for.
 pub const MIN_BINS: usize = 2;
-/// The most bins a call may ask for: 512 KiB of `u64` counts per group.
-pub const MAX_BINS: usize = 65536;
+/// The most bins a call may ask for: 64 KiB of `u64` counts per group. The state is allocated
+/// per group, so its size is bounded by a constant (8× the default's), never by a number the
+/// analyst picks freely: a larger cap would let one literal multiply a GROUP BY's memory.
+pub const MAX_BINS: usize = 8192;
 /// q is rounded to a multiple of 2^−Q_BITS.
 const Q_BITS: u32 = 20;
 /// The most quantiles one `dp_quantiles` call may ask for.
@@ -413,7 +415,7 @@ pub fn dp_quantiles_udaf() -> AggregateUDF {
 
 const HOW: &str = "Differentially private quantile(s) of the values clamped to [lower, upper], by \
      the exponential mechanism's calibration over `bins` equal bins of [lower, upper] (a power \
-     of two in [2, 65536], default 1024; public: it does not change the cost; the state is \
+     of two in [2, 8192], default 1024; public: it does not change the cost; the state is \
      8·bins bytes per group) (score: \
      minus the distance from the target rank q·n to the ranks the bin covers, sensitivity \
      max(q, 1 − q), 1 on replace tables; McSherry and Talwar 2007, Smith 2011), drawn by \

@@ -214,7 +214,7 @@ const CONFIDENCE: Param = number(
 const BINS: Param = number(
     "bins",
     Default::Number("1024"),
-    "the histogram's bins, a power of two in [2, 65536]: the resolution is (upper − lower)/bins; \
+    "the histogram's bins, a power of two in [2, 8192]: the resolution is (upper − lower)/bins; \
      public, no extra cost; the state is 8·bins bytes per group and each release O(bins)",
 );
 const NEIGHBOURS: Param = Param {
