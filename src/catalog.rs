@@ -67,6 +67,10 @@ pub struct ServerSection {
 pub struct SessionSection {
     /// The ledger (default `.dpfusion/ledger.jsonl` beside the catalog).
     pub ledger: Option<PathBuf>,
+    /// The ledger's witness (docs/LEDGER.md), outside the ledger's directory. Default:
+    /// `<catalog file>.witness` beside the catalog; when that is the ledger's directory, the
+    /// default without a catalog (`<ledger dir>.witness/<ledger file>.witness`).
+    pub ledger_witness: Option<PathBuf>,
     /// The only directory `COPY ... TO` may write into (default none: COPY is refused).
     pub output_dir: Option<PathBuf>,
     /// Directories whose files analyst SQL may register as public tables (default none).
@@ -253,6 +257,19 @@ impl Catalog {
                     .unwrap_or(Path::new(".dpfusion/ledger.jsonl")),
             ),
         );
+        o.ledger_witness = match &s.ledger_witness {
+            Some(w) => Some(self.resolve(w)),
+            None => {
+                let mut name = self.path.file_name().unwrap_or_default().to_os_string();
+                name.push(".witness");
+                let beside = self.dir().join(name);
+                let dir = |p: &Path| {
+                    std::path::absolute(p.parent().unwrap_or(Path::new("."))).unwrap_or_default()
+                };
+                // Never in the ledger's own directory: then the default without a catalog.
+                (dir(&beside) != dir(&o.ledger_path)).then_some(beside)
+            }
+        };
         if let Some(d) = &s.output_dir {
             o = o.with_output_dir(self.resolve(d));
         }
@@ -499,6 +516,19 @@ mod tests {
         assert_eq!(
             o.owner_paths,
             vec![PathBuf::from("/srv/owner/dpfusion.toml")]
+        );
+        // The witness: beside the catalog by default, never in the ledger's directory, or
+        // where the owner says.
+        assert_eq!(
+            o.ledger_witness.as_deref(),
+            Some(Path::new("/srv/owner/dpfusion.toml.witness"))
+        );
+        let beside = parse("[session]\nledger = \"l.jsonl\"").unwrap();
+        assert_eq!(beside.session_options().ledger_witness, None);
+        let named = parse("[session]\nledger_witness = \"/srv/w/l.witness\"").unwrap();
+        assert_eq!(
+            named.session_options().ledger_witness.as_deref(),
+            Some(Path::new("/srv/w/l.witness"))
         );
         let r = c.registration(&c.tables[0]).unwrap();
         assert_eq!(r.neighbours, Neighbours::Replace);

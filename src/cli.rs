@@ -13,6 +13,8 @@ pub struct Cli {
     pub epsilon: Option<f64>,
     pub delta: Option<f64>,
     pub ledger: Option<PathBuf>,
+    /// `--ledger-witness FILE`: the ledger's witness (docs/LEDGER.md).
+    pub ledger_witness: Option<PathBuf>,
     pub private: Vec<(String, PathBuf)>,
     pub public: Vec<(String, PathBuf)>,
     /// The privacy filter of the `--private` tables (default: the ledger's, else gdp).
@@ -87,6 +89,9 @@ OWNER FLAGS (single-user mode only):
         --epsilon E          Default per-table budget ε for tables registered here (default 1)
         --delta D            Default per-table budget δ (default 1e-6)
         --ledger PATH        The privacy ledger (default ./.dpfusion/ledger.jsonl)
+        --ledger-witness FILE
+                             The ledger's witness, outside the ledger's directory (default
+                             <ledger dir>.witness/<ledger file>.witness; docs/LEDGER.md)
         --private NAME=PATH  Register a CSV or Parquet file as a private table; may be repeated
         --public NAME=PATH   Register a CSV or Parquet file as a public table; may be repeated
         --filter KIND        Privacy filter of the --private tables, fixed in the ledger when a
@@ -182,6 +187,7 @@ impl Cli {
                 "--epsilon" => cli.epsilon = Some(parse_f64(&value(&mut i)?, flag)?),
                 "--delta" => cli.delta = Some(parse_f64(&value(&mut i)?, flag)?),
                 "--ledger" => cli.ledger = Some(PathBuf::from(value(&mut i)?)),
+                "--ledger-witness" => cli.ledger_witness = Some(PathBuf::from(value(&mut i)?)),
                 "--private" => cli.private.push(parse_table(&value(&mut i)?, flag)?),
                 "--public" => cli.public.push(parse_table(&value(&mut i)?, flag)?),
                 "--filter" => cli.filter = Some(value(&mut i)?.parse()?),
@@ -259,6 +265,7 @@ impl Cli {
                 ("--epsilon", cli.epsilon.is_some()),
                 ("--delta", cli.delta.is_some()),
                 ("--ledger", cli.ledger.is_some()),
+                ("--ledger-witness", cli.ledger_witness.is_some()),
                 ("--private", !cli.private.is_empty()),
                 ("--public", !cli.public.is_empty()),
                 ("--filter", cli.filter.is_some()),
@@ -278,6 +285,7 @@ impl Cli {
                 ("--epsilon", cli.epsilon.is_some()),
                 ("--delta", cli.delta.is_some()),
                 ("--ledger", cli.ledger.is_some()),
+                ("--ledger-witness", cli.ledger_witness.is_some()),
                 ("--private", !cli.private.is_empty()),
                 ("--public", !cli.public.is_empty()),
                 ("--filter", cli.filter.is_some()),
@@ -317,6 +325,7 @@ impl Cli {
         if let Some(l) = &self.ledger {
             o.ledger_path = l.clone();
         }
+        o.ledger_witness = self.ledger_witness.clone();
         if let Some(e) = self.epsilon {
             o.default_budget.epsilon = e;
         }

@@ -8,19 +8,24 @@ pub const HELP: &str = "\
 dpfusion ledger — check and maintain a privacy ledger (docs/LEDGER.md)
 
 USAGE:
-    dpfusion ledger verify [PATH]
-    dpfusion ledger reseal PATH
-    dpfusion ledger migrate PATH
+    dpfusion ledger verify [PATH] [--ledger-witness FILE | --catalog FILE]
+    dpfusion ledger reseal PATH [--ledger-witness FILE | --catalog FILE]
+    dpfusion ledger migrate PATH [--ledger-witness FILE | --catalog FILE]
 
-PATH defaults to ./.dpfusion/ledger.jsonl. The sidecar PATH.head lives beside the ledger.
+PATH defaults to the catalog's ledger with --catalog, else ./.dpfusion/ledger.jsonl. The
+sidecar PATH.head lives beside the ledger. The witness (outside the ledger's directory) is
+FILE, else the catalog's (its ledger_witness, by default beside the catalog), else
+<ledger dir>.witness/<ledger file>.witness: give the one the sessions on this ledger use.
 
 COMMANDS:
     verify     Check the ledger without changing it: the header, the hash chain of every line,
-               the sidecar (no line cut from the end, the last line unedited) and every record.
-               Prints records, tables, charges and the ε spent per table.
+               the sidecar (no line cut from the end, the last line unedited), the witness (the
+               ledger and its sidecar not rolled back together) and every record. Prints
+               records, tables, charges and the ε spent per table.
     reseal     Data owner only: write a new sidecar for the ledger as it is, after its chain is
                checked (e.g. a ledger restored from a backup without its .head). This accepts
-               the ledger as complete: a cut to a shorter ledger is no longer detectable.
+               the ledger as complete: a cut to a shorter ledger is no longer detectable. It
+               rewrites the witness too.
     migrate    Convert a ledger written by an earlier dpfusion (format 1: no header, no hash
                chain) to the current format. Stop every session on it first. The original is
                kept as PATH.v1.bak.
@@ -44,16 +49,63 @@ pub fn run(args: &[String]) -> ExitCode {
         };
     }
     let (cmd, rest) = (args[0], &args[1..]);
-    if rest.len() > 1 || rest.first().is_some_and(|a| a.starts_with('-')) {
-        return usage(&format!("unexpected argument '{}'", rest[rest.len() - 1]));
+    let (mut path, mut witness, mut catalog) = (None, None, None);
+    let mut i = 0;
+    while i < rest.len() {
+        let a = rest[i];
+        let slot = match a {
+            "--ledger-witness" => &mut witness,
+            "--catalog" => &mut catalog,
+            _ if a.starts_with('-') || path.is_some() => {
+                return usage(&format!("unexpected argument '{a}'"));
+            }
+            _ => {
+                path = Some(PathBuf::from(a));
+                i += 1;
+                continue;
+            }
+        };
+        match rest.get(i + 1) {
+            Some(v) if slot.is_none() => *slot = Some(PathBuf::from(*v)),
+            _ => return usage(&format!("{a} needs one value")),
+        }
+        i += 2;
     }
-    let path = rest.first().map(PathBuf::from);
-    match (cmd, path) {
-        ("verify", p) => verify(&p.unwrap_or_else(|| PathBuf::from(DEFAULT))),
-        ("reseal", Some(p)) => reseal(&p),
-        ("migrate", Some(p)) => migrate(&p),
-        ("reseal" | "migrate", None) => usage(&format!("'ledger {cmd}' needs the ledger's PATH")),
-        (other, _) => usage(&format!("unknown ledger command '{other}'")),
+    if witness.is_some() && catalog.is_some() {
+        return usage("give --ledger-witness or --catalog, not both");
+    }
+    let mut from_catalog = None;
+    if let Some(c) = &catalog {
+        match dpfusion::catalog::Catalog::load(c) {
+            Ok(c) => from_catalog = Some(c.session_options()),
+            Err(e) => return fail(cmd, e),
+        }
+    }
+    if path.is_none() && cmd == "verify" {
+        path = Some(
+            from_catalog
+                .as_ref()
+                .map_or_else(|| PathBuf::from(DEFAULT), |o| o.ledger_path.clone()),
+        );
+    }
+    let Some(path) = path else {
+        if matches!(cmd, "reseal" | "migrate") {
+            return usage(&format!("'ledger {cmd}' needs the ledger's PATH"));
+        }
+        return usage(&format!("unknown ledger command '{cmd}'"));
+    };
+    let witness = match witness.or_else(|| from_catalog.and_then(|o| o.ledger_witness)) {
+        Some(w) => w,
+        None => match accounting::default_witness(&path) {
+            Ok(w) => w,
+            Err(e) => return fail(cmd, e),
+        },
+    };
+    match cmd {
+        "verify" => verify(&path, &witness),
+        "reseal" => reseal(&path, &witness),
+        "migrate" => migrate(&path, &witness),
+        other => usage(&format!("unknown ledger command '{other}'")),
     }
 }
 
@@ -67,13 +119,14 @@ fn fail(cmd: &str, e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
-fn verify(path: &Path) -> ExitCode {
-    match accounting::verify(path) {
+fn verify(path: &Path, witness: &Path) -> ExitCode {
+    match accounting::verify_with(path, Some(witness)) {
         Ok(r) => {
             println!(
-                "ledger {}: OK (format {LEDGER_FORMAT}, chain and sidecar verified)",
+                "ledger {}: OK (format {LEDGER_FORMAT}, chain, sidecar and witness verified)",
                 path.display()
             );
+            println!("witness: {}", witness.display());
             print_report(&r);
             ExitCode::SUCCESS
         }
@@ -81,13 +134,14 @@ fn verify(path: &Path) -> ExitCode {
     }
 }
 
-fn reseal(path: &Path) -> ExitCode {
-    match accounting::reseal(path) {
+fn reseal(path: &Path, witness: &Path) -> ExitCode {
+    match accounting::reseal(path, Some(witness)) {
         Ok(r) => {
             println!(
-                "ledger {}: chain verified; wrote a new sidecar {} for {} lines",
+                "ledger {}: chain verified; wrote a new sidecar {} and witness {} for {} lines",
                 path.display(),
                 accounting::head_path(path).display(),
+                witness.display(),
                 r.lines
             );
             print_report(&r);
@@ -97,8 +151,8 @@ fn reseal(path: &Path) -> ExitCode {
     }
 }
 
-fn migrate(path: &Path) -> ExitCode {
-    match accounting::migrate(path) {
+fn migrate(path: &Path, witness: &Path) -> ExitCode {
+    match accounting::migrate(path, Some(witness)) {
         Ok(m) => {
             println!(
                 "ledger {}: migrated {} records to format {LEDGER_FORMAT}; the original is kept \
@@ -114,7 +168,7 @@ fn migrate(path: &Path) -> ExitCode {
                     m.torn
                 );
             }
-            verify(path)
+            verify(path, witness)
         }
         Err(e) => fail("migrate", e),
     }

@@ -42,6 +42,12 @@ tokio::task_local! {
     static ANALYST: Arc<str>;
 }
 
+/// The analyst the current statement runs for ([`PrivateSession::sql_as`]); None for the data
+/// owner's own statements (the CLI, the Rust API).
+pub(crate) fn current_analyst() -> Option<Arc<str>> {
+    ANALYST.try_with(Arc::clone).ok()
+}
+
 /// How a session is opened.
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
@@ -70,6 +76,10 @@ pub struct SessionOptions {
     /// the guard, accountant and ledger stay here). See `crate::distributed`.
     #[cfg(feature = "distributed")]
     pub cluster: Option<crate::distributed::Cluster>,
+    /// The ledger's witness file (docs/LEDGER.md, "The witness"), outside the ledger's
+    /// directory. None: `<ledger dir>.witness/<ledger file>.witness`
+    /// ([`crate::accounting::default_witness`]); a catalog sets it beside itself.
+    pub ledger_witness: Option<PathBuf>,
 }
 
 impl Default for SessionOptions {
@@ -88,6 +98,7 @@ impl Default for SessionOptions {
             owner_paths: vec![],
             #[cfg(feature = "distributed")]
             cluster: None,
+            ledger_witness: None,
         }
     }
 }
@@ -360,7 +371,12 @@ impl PrivateSession {
     pub async fn open(options: SessionOptions) -> Result<Self> {
         crate::accounting::check_new_budget(&options.default_budget)
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
-        let accountant = Arc::new(Accountant::open(&options.ledger_path).map_err(external)?);
+        let witness = match &options.ledger_witness {
+            Some(w) => w.clone(),
+            None => crate::accounting::default_witness(&options.ledger_path).map_err(external)?,
+        };
+        let accountant =
+            Arc::new(Accountant::open_witnessed(&options.ledger_path, &witness).map_err(external)?);
         let mut config = SessionConfig::new().with_information_schema(false);
         if let Some(n) = options.target_partitions {
             config = config.with_target_partitions(n);
@@ -383,7 +399,13 @@ impl PrivateSession {
         dpfusion_udfs::register_all(&ctx);
         let protection = Arc::new(Protection::new(
             accountant.clone(),
-            options.owner_paths.clone(),
+            // The witness is the owner's too.
+            options
+                .owner_paths
+                .iter()
+                .cloned()
+                .chain([witness])
+                .collect(),
         ));
         if let Some(dir) = &options.output_dir {
             // The output directory must hold no private file and none of the owner's.

@@ -10,6 +10,9 @@ fn bin() -> &'static str {
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("dpfusion-cli-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
+    // The default witness of `d/ledger.jsonl` (docs/LEDGER.md) is beside `d`: a stale one (a
+    // reused process id) would refuse the new ledger.
+    let _ = std::fs::remove_dir_all(d.with_extension("witness"));
     std::fs::create_dir_all(&d).unwrap();
     d
 }

@@ -191,3 +191,200 @@ fn concurrent_processes_on_one_ledger_never_overspend() {
     assert_eq!(report.charges as usize, released);
     assert!(report.notes.is_empty(), "{:?}", report.notes);
 }
+
+// ---- Issue 27: SIGKILL of `dpfusion serve` during charges ----
+
+mod server_kill {
+    use std::collections::HashMap;
+    use std::io::{BufRead, BufReader};
+    use std::net::SocketAddr;
+    use std::path::Path;
+    use std::process::{Command, Stdio};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use arrow_flight::sql::client::FlightSqlServiceClient;
+    use dpfusion::serve::auth::TokenHash;
+    use futures::StreamExt;
+    use tonic::transport::Channel;
+
+    use super::common::*;
+    use super::splitmix;
+
+    const TOKEN: &str = "alice-0123456789abcdef0123456789abcdef";
+
+    /// Starts `dpfusion serve` on `catalog`; returns the child and its address (from the first
+    /// line it prints).
+    fn start(catalog: &Path) -> (std::process::Child, SocketAddr) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .args(["serve", "--catalog"])
+            .arg(catalog)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            for _ in lines {}
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("the server did not start")
+            });
+        let addr = line
+            .split("://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .parse()
+            .unwrap();
+        (child, addr)
+    }
+
+    /// Sends numbered DP queries until one fails (the server was killed); returns the numbers
+    /// whose result was received in full (released).
+    async fn client_loop(
+        addr: SocketAddr,
+        round: u32,
+        lane: u32,
+        stop: Arc<AtomicBool>,
+    ) -> Vec<String> {
+        let mut released = Vec::new();
+        let Ok(ch) = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+        else {
+            return released;
+        };
+        let mut c = FlightSqlServiceClient::new(ch);
+        c.set_token(TOKEN.to_string());
+        for i in 0.. {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let tag = format!("r{round}l{lane}q{i}");
+            let sql = format!("SELECT dp_count(id, 0.01, 1e-9) AS n FROM people -- {tag}");
+            let Ok(info) = c.execute(sql, None).await else {
+                break;
+            };
+            let mut rows = 0;
+            let mut ok = true;
+            for ep in info.endpoint {
+                let Some(t) = ep.ticket else {
+                    ok = false;
+                    break;
+                };
+                match c.do_get(t).await {
+                    Ok(mut s) => {
+                        while let Some(b) = s.next().await {
+                            match b {
+                                Ok(b) => rows += b.num_rows(),
+                                Err(_) => ok = false,
+                            }
+                        }
+                    }
+                    Err(_) => ok = false,
+                }
+            }
+            if !ok || rows != 1 {
+                break;
+            }
+            released.push(tag);
+        }
+        released
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigkill_of_the_server_during_charges_loses_none_and_counts_none_twice() {
+        let started = Instant::now();
+        let dir = temp_dir("serve-kill");
+        let catalog = dir.join("dpfusion.toml");
+        std::fs::write(
+            &catalog,
+            format!(
+                "[session]\nledger = \"ledger/ledger.jsonl\"\n\n[[table]]\nname = \"people\"\n\
+                 path = \"{}\"\nepsilon = 1000.0\ndelta = 1e-6\n\n[[analyst]]\nname = \
+                 \"alice\"\ntoken_hash = \"{}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\n",
+                people_csv().display(),
+                TokenHash::new(TOKEN)
+            ),
+        )
+        .unwrap();
+        let ledger = dir.join("ledger").join("ledger.jsonl");
+        // The catalog's default witness: beside the catalog, outside the ledger's directory.
+        let witness = dir.join("dpfusion.toml.witness");
+        let mut seed = 0x27_u64;
+        let mut released: Vec<String> = Vec::new();
+        let mut killed_mid_stream = 0;
+        for round in 0..20u32 {
+            let (mut child, addr) = start(&catalog);
+            let stop = Arc::new(AtomicBool::new(false));
+            let lanes: Vec<_> = (0..2)
+                .map(|lane| tokio::spawn(client_loop(addr, round, lane, stop.clone())))
+                .collect();
+            // SIGKILL after 20–320 ms of queries: before, during or after an append, its
+            // sidecar or its witness, or a result's transfer.
+            let delay = 20 + splitmix(&mut seed) % 300;
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let _ = child.kill();
+            let _ = child.wait();
+            stop.store(true, Ordering::SeqCst);
+            let before = released.len();
+            for l in lanes {
+                released.extend(l.await.unwrap());
+            }
+            if released.len() > before {
+                killed_mid_stream += 1;
+            }
+            // The ledger, its sidecar and the witness verify (a kill leaves at most a torn
+            // last line, a lagging sidecar or witness: repaired by the next server).
+            let report = dpfusion::accounting::verify_with(&ledger, Some(&witness))
+                .unwrap_or_else(|e| panic!("round {round}: ledger does not verify: {e}"));
+            let acc = dpfusion::accounting::Accountant::open_witnessed(&ledger, &witness)
+                .unwrap_or_else(|e| panic!("round {round}: refused after SIGKILL: {e}"));
+            let entries = acc.ledger_entries();
+            assert_eq!(report.charges as usize, entries.len());
+            // Every released result's charge is there exactly once, and no query is charged
+            // twice.
+            let mut count: HashMap<&str, usize> = HashMap::new();
+            for e in &entries {
+                let tag = e.query.rsplit("-- ").next().unwrap_or("");
+                *count.entry(tag).or_default() += 1;
+            }
+            assert!(
+                count.values().all(|&n| n == 1),
+                "round {round}: a charge twice"
+            );
+            for t in &released {
+                assert_eq!(
+                    count.get(t.as_str()),
+                    Some(&1),
+                    "round {round}: {t} not charged"
+                );
+            }
+            assert!(entries.len() >= released.len());
+        }
+        assert!(
+            !released.is_empty() && killed_mid_stream > 0,
+            "{released:?}"
+        );
+        let w: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&witness).unwrap()).unwrap();
+        assert!(w["lines"].as_u64().unwrap() >= 2);
+        eprintln!(
+            "{} results released over 20 kills in {:?}",
+            released.len(),
+            started.elapsed()
+        );
+    }
+}

@@ -322,3 +322,146 @@ fn ledger_subcommand_usage() {
     assert!(run(&["ledger", "verify", p]).status.success());
     assert!(dir.join("old.jsonl.v1.bak").exists());
 }
+
+// ---- Issue 27: the witness, the replaced-file check, the capped SQL, dp_ledger() per analyst ----
+
+use dpfusion::{PrivateSession, Registration, SessionOptions};
+
+/// A session on `dir/ledger/ledger.jsonl` (the default witness: `dir/ledger.witness/…`) with
+/// the private `people` table.
+async fn people_session(dir: &Path) -> PrivateSession {
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger").join("ledger.jsonl"))
+            .with_default_budget(100.0, 1e-6)
+            .with_target_partitions(2),
+    )
+    .await
+    .unwrap();
+    s.register_csv("people", &people_csv(), Registration::private())
+        .await
+        .unwrap();
+    s
+}
+
+const DP: &str = "SELECT dp_count(id, 0.1) AS n FROM people";
+
+#[tokio::test]
+async fn a_ledger_rolled_back_with_its_sidecar_is_refused_by_the_witness() {
+    let dir = temp_dir("witness");
+    let ledger = dir.join("ledger").join("ledger.jsonl");
+    let s = people_session(&dir).await;
+    s.sql(DP).await.unwrap();
+    // What an analyst who can write the ledger's directory keeps: a consistent older pair.
+    let old = snapshot(&ledger);
+    s.sql(DP).await.unwrap();
+    s.sql(DP).await.unwrap();
+    drop(s);
+    std::fs::write(&ledger, old.0.unwrap()).unwrap();
+    std::fs::write(head_path(&ledger), old.1.unwrap()).unwrap();
+    // The pair alone verifies (the sidecar cannot tell)…
+    assert!(dpfusion::accounting::verify(&ledger).is_ok());
+    // …but the witness can: the session refuses to open, and so does `ledger verify` (with
+    // the default witness, as the session used).
+    let err = PrivateSession::open(SessionOptions::default().with_ledger(&ledger))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("but its witness") && err.contains("rolled back"),
+        "{err}"
+    );
+    let out = verify_cli(&ledger);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("witness"), "{stderr}");
+    let witness = dpfusion::accounting::default_witness(&ledger).unwrap();
+    assert!(witness.starts_with(std::fs::canonicalize(&dir).unwrap().join("ledger.witness")));
+    assert!(!witness.starts_with(std::fs::canonicalize(dir.join("ledger")).unwrap()));
+}
+
+#[tokio::test]
+async fn a_replaced_ledger_path_stops_admission() {
+    let dir = temp_dir("replaced");
+    let ledger = dir.join("ledger").join("ledger.jsonl");
+    let s = people_session(&dir).await;
+    s.sql(DP).await.unwrap();
+    // Replaced by a copy (same bytes, another file): charges written now would go nowhere the
+    // next process reads.
+    let copy = ledger.with_file_name("copy");
+    std::fs::copy(&ledger, &copy).unwrap();
+    std::fs::rename(&copy, &ledger).unwrap();
+    let before = snapshot(&ledger);
+    let err = s.sql(DP).await.unwrap_err().to_string();
+    assert!(err.contains("was replaced"), "{err}");
+    assert!(s.sql(DP).await.is_err(), "for good");
+    assert_eq!(snapshot(&ledger), before, "nothing was charged");
+}
+
+#[tokio::test]
+async fn a_1_mib_comment_adds_at_most_4_4_kib_to_the_ledger() {
+    let dir = temp_dir("cap");
+    let ledger = dir.join("ledger").join("ledger.jsonl");
+    let s = people_session(&dir).await;
+    let q = format!(
+        "SELECT dp_count(id, 0.01) AS n FROM people -- {}",
+        "\u{1b}".repeat(1 << 20)
+    );
+    let before = std::fs::metadata(&ledger).unwrap().len();
+    s.sql(&q).await.unwrap();
+    let added = std::fs::metadata(&ledger).unwrap().len() - before;
+    assert!(added <= 4500, "{added} bytes");
+    let e = s.ledger().pop().unwrap();
+    assert!(e.query.len() <= dpfusion::accounting::QUERY_CAP);
+    assert_eq!(e.query_bytes, Some(q.len() as u64));
+    assert!(dpfusion::accounting::verify(&ledger).is_ok());
+}
+
+#[tokio::test]
+async fn dp_ledger_shows_an_analyst_their_own_sql_and_others_as_a_hash() {
+    use datafusion::arrow::array::{Array, AsArray};
+    let dir = temp_dir("visibility");
+    let s = people_session(&dir).await;
+    let alice_q = "SELECT dp_count(id, 0.1) AS n FROM people -- alice's secret";
+    let bob_q = "SELECT dp_count(id, 0.1) AS n FROM people -- bob's secret";
+    s.sql_as("alice", alice_q).await.unwrap();
+    s.sql_as("bob", bob_q).await.unwrap();
+    s.sql("SELECT dp_count(id, 0.1) AS n FROM people -- the owner's")
+        .await
+        .unwrap();
+    let view = |r: dpfusion::QueryResult| -> Vec<(Option<String>, String)> {
+        let mut out = Vec::new();
+        for b in &r.batches {
+            let q = b.column_by_name("query").unwrap().as_string::<i32>();
+            let h = b.column_by_name("query_sha256").unwrap().as_string::<i32>();
+            for i in 0..b.num_rows() {
+                out.push((
+                    q.is_valid(i).then(|| q.value(i).to_string()),
+                    h.value(i).to_string(),
+                ));
+            }
+        }
+        out
+    };
+    let sha = |t: &str| {
+        use sha2::Digest;
+        hex_of(&sha2::Sha256::digest(t.as_bytes()))
+    };
+    const LEDGER: &str = "SELECT query, query_sha256 FROM dp_ledger() ORDER BY seq";
+    let alice = view(s.sql_as("alice", LEDGER).await.unwrap());
+    assert_eq!(alice.len(), 3);
+    assert_eq!(alice[0], (Some(alice_q.to_string()), sha(alice_q)));
+    assert_eq!(alice[1], (None, sha(bob_q)));
+    assert_eq!(alice[2].0, None);
+    let bob = view(s.sql_as("bob", LEDGER).await.unwrap());
+    assert_eq!(bob[0], (None, sha(alice_q)));
+    assert_eq!(bob[1], (Some(bob_q.to_string()), sha(bob_q)));
+    // The owner's own view (no analyst) shows every text.
+    let owner = view(s.sql(LEDGER).await.unwrap());
+    assert!(owner.iter().all(|(q, _)| q.is_some()));
+    assert_eq!(owner[1].0.as_deref(), Some(bob_q));
+}
+
+fn hex_of(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -6,9 +6,14 @@
 //! (without its newline); line 1 is a `header` (format, random ledger id) whose `prev` is the
 //! genesis value of that id. After every fsync'd append the sidecar `<ledger>.head` is replaced
 //! (atomically) by the line count and the hash of the last line, so a cut to a shorter prefix,
-//! an edited last line or a replaced file are detected too. Replay refuses, without changing a
-//! byte, anything that does not verify; the one exception is a last line without its newline
-//! (an interrupted append), which is cut away.
+//! an edited last line or a replaced file are detected too. The witness (a copy of the same seal
+//! kept by the data owner outside the ledger's directory, [`Witness`]) is updated after the
+//! sidecar, so that a ledger rolled back together with its sidecar is detected as well. Replay
+//! refuses, without changing a byte, anything that does not verify; the one exception is a last
+//! line without its newline (an interrupted append), which is cut away.
+//!
+//! A charge stores at most [`QUERY_CAP`] bytes of its SQL text (and the SHA-256 of the whole),
+//! in the file and in memory.
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -22,6 +27,54 @@ use sha2::{Digest, Sha256};
 use super::{
     AccountingError, Budget, LedgerEntry, TableKey, TablePolicy, Visibility, check_budget, io_error,
 };
+
+/// The most bytes of a statement's SQL text a charge stores: the JSON text of its `query` field
+/// (the escaped string, so quotes and control characters count as written). The SHA-256 of the
+/// whole text and its length are stored beside it.
+pub const QUERY_CAP: usize = 4096;
+
+/// Bytes `c` takes in a JSON string as serde_json writes it.
+fn json_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\u{8}' | '\u{c}' | '\n' | '\r' | '\t' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// What a charge stores of the SQL text `sql`: the longest prefix (cut at a character boundary)
+/// whose JSON text is at most [`QUERY_CAP`] bytes, the hex SHA-256 of the whole text, and the
+/// whole text's length in bytes.
+pub fn capped_query(sql: &str) -> (String, String, u64) {
+    let mut used = 0;
+    let mut end = sql.len();
+    for (i, c) in sql.char_indices() {
+        used += json_len(c);
+        if used > QUERY_CAP {
+            end = i;
+            break;
+        }
+    }
+    (
+        sql[..end].to_string(),
+        hex(&sha256(sql.as_bytes())),
+        sql.len() as u64,
+    )
+}
+
+/// Bounds a replayed charge in memory like a new one: a ledger written before the cap may hold
+/// long texts; their hash and length are computed from the whole text before it is cut.
+fn bound_query(entry: &mut LedgerEntry) {
+    if entry.query_sha256.is_some() && entry.query.len() <= QUERY_CAP {
+        return;
+    }
+    let (prefix, hash, bytes) = capped_query(&entry.query);
+    if entry.query_sha256.is_none() {
+        entry.query_sha256 = Some(hash);
+        entry.query_bytes = Some(bytes);
+    }
+    entry.query = prefix;
+}
 
 /// The ledger format this version writes and reads: a header line, then records chained by
 /// `prev`. Format 1 is the unchained format of earlier versions (no header, no `prev`); it is
@@ -81,6 +134,23 @@ struct Head {
     format: u32,
     ledger_id: String,
     lines: u64,
+    hash: String,
+}
+
+/// The witness: the sidecar's seal (line count, hash of that line) plus the ledger's length in
+/// bytes, kept by the data owner in a file outside the ledger's directory and updated after the
+/// sidecar with every append (docs/LEDGER.md, "The witness"). A ledger and sidecar rolled back
+/// together to an older, self-consistent pair are shorter than it, or diverge from it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Witness {
+    format: u32,
+    /// The ledger it witnesses, as a path (informational: where it was when written).
+    ledger: String,
+    ledger_id: String,
+    lines: u64,
+    /// The ledger's length in bytes after line `lines`.
+    bytes: u64,
     hash: String,
 }
 
@@ -154,7 +224,8 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
             st.policies.insert(p.key.clone(), p);
             st.owner_records += 1;
         }
-        Record::Charge(entry) => {
+        Record::Charge(mut entry) => {
+            bound_query(&mut entry);
             for t in &entry.tables {
                 let spend = st.tables.entry(t.key.clone()).or_insert_with(|| Spend {
                     events: Vec::new(),
@@ -196,6 +267,47 @@ fn new_ledger_id() -> String {
 /// `<ledger>.head`, beside the ledger.
 pub fn head_path(path: &Path) -> PathBuf {
     sibling(path, ".head")
+}
+
+/// The default place of a ledger's witness when the data owner names none and there is no
+/// catalog: `<D>.witness/<ledger file name>.witness`, where `<D>` is the ledger's directory
+/// (canonical when it exists), i.e. in a sibling directory of the ledger's, outside it.
+pub fn default_witness(ledger: &Path) -> Result<PathBuf, AccountingError> {
+    let abs = std::path::absolute(ledger).map_err(io_error(ledger))?;
+    let dir = canonical_prefix(abs.parent().unwrap_or(Path::new("/")));
+    let (Some(up), Some(name), Some(file)) = (dir.parent(), dir.file_name(), abs.file_name())
+    else {
+        return Err(unverifiable(
+            ledger,
+            "its directory has no parent in which to keep the ledger's witness; name the \
+             witness's file with the ledger_witness catalog key or --ledger-witness"
+                .to_string(),
+        ));
+    };
+    let mut d = name.to_os_string();
+    d.push(".witness");
+    let mut f = file.to_os_string();
+    f.push(".witness");
+    Ok(up.join(d).join(f))
+}
+
+/// `p` with its longest existing prefix canonicalised (symbolic links resolved): the same path
+/// whether or not its last components exist yet.
+fn canonical_prefix(p: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = p;
+    loop {
+        if let Ok(c) = fs::canonicalize(cur) {
+            return rest.iter().rev().fold(c, |acc: PathBuf, n| acc.join(n));
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(up), Some(name)) => {
+                rest.push(name.to_os_string());
+                cur = up;
+            }
+            _ => return p.to_path_buf(),
+        }
+    }
 }
 
 fn sibling(path: &Path, suffix: &str) -> PathBuf {
@@ -433,6 +545,151 @@ fn write_head(path: &Path, st: &State) -> Result<(), AccountingError> {
     fs::rename(&tmp, &hp).map_err(io_error(&hp))
 }
 
+fn read_witness(path: &Path, wp: &Path) -> Result<Option<Witness>, AccountingError> {
+    match fs::read(wp) {
+        Ok(bytes) => serde_json::from_slice::<Witness>(bytes.trim_ascii())
+            .ok()
+            .filter(|w| w.format == FORMAT && w.lines > 0)
+            .map(Some)
+            .ok_or_else(|| {
+                unverifiable(
+                    path,
+                    format!(
+                        "its witness {} is not a valid ledger witness (it was overwritten). \
+                         {RESTORE}",
+                        wp.display()
+                    ),
+                )
+            }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error(wp)(e)),
+    }
+}
+
+/// Creates the directory of a witness (mode 0700) when it is missing.
+pub(super) fn make_witness_dir(wp: &Path) -> Result<(), AccountingError> {
+    if let Some(dir) = wp.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let mut b = fs::DirBuilder::new();
+        b.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        b.create(dir).map_err(io_error(wp))?;
+    }
+    Ok(())
+}
+
+/// Replaces the witness with the state's seal, like the sidecar (a temporary file, fsync'd,
+/// renamed over it), then fsyncs its directory so that the rename is durable. Only under the
+/// exclusive lock, after the sidecar.
+fn write_witness(path: &Path, wp: &Path, st: &State) -> Result<(), AccountingError> {
+    let (Some(id), Some(last)) = (&st.ledger_id, st.hashes.last()) else {
+        return Err(other(
+            path,
+            "internal error: no header to witness".to_string(),
+        ));
+    };
+    let w = Witness {
+        format: FORMAT,
+        ledger: path.display().to_string(),
+        ledger_id: id.clone(),
+        lines: st.lines,
+        bytes: st.offset,
+        hash: hex(last),
+    };
+    make_witness_dir(wp)?;
+    let tmp = sibling(wp, ".tmp");
+    let mut text = serde_json::to_string(&w).map_err(|e| other(path, e.to_string()))?;
+    text.push('\n');
+    let mut f = private_options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(io_error(&tmp))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(io_error(&tmp))?;
+    fs::rename(&tmp, wp).map_err(io_error(wp))?;
+    if let Some(dir) = wp.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// What the witness says about the lines read so far plus `scan`: `Ok(None)` when it matches
+/// the last line, `Ok(Some(n))` when it matches an earlier line `n` (a writer died between the
+/// sidecar and the witness, or another process with another witness appended).
+fn check_witness(
+    path: &Path,
+    wp: &Path,
+    st: &State,
+    scan: &Scan,
+    w: &Witness,
+) -> Result<Option<u64>, AccountingError> {
+    let total = st.lines + scan.lines.len() as u64;
+    let wd = wp.display();
+    let advice = "The ledger and its sidecar were rolled back, replaced or cut (e.g. restored \
+                  from an older backup or copied over by someone who can write the ledger's \
+                  directory): charges recorded since are missing, and their budget would be \
+                  refunded. Nothing was changed. Restore the newest ledger and .head (`dpfusion \
+                  ledger verify PATH --ledger-witness WITNESS` checks a copy); only if the data \
+                  owner decides that the missing charges are gone for good, move the witness \
+                  aside";
+    if total == 0 {
+        return Err(unverifiable(
+            path,
+            format!(
+                "the ledger holds no complete line but its witness {wd} recorded {} lines. \
+                 {advice}",
+                w.lines
+            ),
+        ));
+    }
+    if scan.ledger_id.as_deref() != Some(w.ledger_id.as_str()) {
+        return Err(unverifiable(
+            path,
+            format!(
+                "its witness {wd} belongs to another ledger (id {}, the ledger's is {}): the \
+                 ledger was replaced, or the witness is another ledger's. {advice}",
+                w.ledger_id,
+                scan.ledger_id.as_deref().unwrap_or("?")
+            ),
+        ));
+    }
+    if w.lines > total {
+        return Err(unverifiable(
+            path,
+            format!(
+                "the ledger ends after {total} complete lines but its witness {wd} recorded {}. \
+                 {advice}",
+                w.lines
+            ),
+        ));
+    }
+    if hex(&hash_at(st, scan, w.lines)) != w.hash {
+        return Err(unverifiable(
+            path,
+            format!(
+                "line {} differs from the one its witness {wd} recorded: the ledger diverges \
+                 from the one witnessed. {advice}",
+                w.lines
+            ),
+        ));
+    }
+    Ok((w.lines < total).then_some(w.lines))
+}
+
+/// The hash of line `n` (1-based) of the lines in `st` followed by `scan`.
+fn hash_at(st: &State, scan: &Scan, n: u64) -> Hash {
+    if n <= st.lines {
+        st.hashes[(n - 1) as usize]
+    } else {
+        scan.lines[(n - st.lines - 1) as usize].1
+    }
+}
+
 /// What the sidecar says about the lines read so far plus `scan`.
 enum HeadState {
     /// It matches the last line.
@@ -452,13 +709,6 @@ fn check_head(
     head: Option<&Head>,
 ) -> Result<HeadState, AccountingError> {
     let total = st.lines + scan.lines.len() as u64;
-    let hash_at = |n: u64| -> Hash {
-        if n <= st.lines {
-            st.hashes[(n - 1) as usize]
-        } else {
-            scan.lines[(n - st.lines - 1) as usize].1
-        }
-    };
     let hp = head_path(path);
     let Some(h) = head else {
         return match total {
@@ -512,7 +762,7 @@ fn check_head(
             ),
         ));
     }
-    if hex(&hash_at(h.lines)) != h.hash {
+    if hex(&hash_at(st, scan, h.lines)) != h.hash {
         return Err(corrupt(
             path,
             h.lines,
@@ -547,12 +797,22 @@ struct Leftover {
     head_behind: Option<u64>,
     head_missing: bool,
     new: bool,
+    /// The witness matched this earlier line.
+    witness_behind: Option<u64>,
+    /// There is no witness yet (its first use, e.g. a ledger of an earlier version).
+    witness_missing: bool,
 }
 
 /// Verifies, then applies, every complete line after `st.offset`; in [`Mode::Repair`] also cuts
 /// a torn last line, brings the sidecar up to date and initialises a new ledger. Nothing is
 /// changed (in the file or in `st`) unless the new lines and the sidecar verify.
-fn read(file: &File, path: &Path, st: &mut State, mode: Mode) -> Result<Leftover, AccountingError> {
+fn read(
+    file: &File,
+    path: &Path,
+    witness: Option<&Path>,
+    st: &mut State,
+    mode: Mode,
+) -> Result<Leftover, AccountingError> {
     let len = file.metadata().map_err(io_error(path))?.len();
     if len < st.offset {
         return Err(corrupt(
@@ -574,6 +834,13 @@ fn read(file: &File, path: &Path, st: &mut State, mode: Mode) -> Result<Leftover
     }
     let scanned = scan(path, st, &buf)?;
     let head_state = check_head(path, st, &scanned, head.as_ref())?;
+    let (witness_behind, witness_missing) = match witness {
+        Some(wp) => match read_witness(path, wp)? {
+            Some(w) => (check_witness(path, wp, st, &scanned, &w)?, false),
+            None => (None, true),
+        },
+        None => (None, false),
+    };
     for (rec, hash, n) in scanned.lines {
         let line_no = st.lines + 1;
         apply(st, rec).map_err(|m| corrupt(path, line_no, m))?;
@@ -583,6 +850,8 @@ fn read(file: &File, path: &Path, st: &mut State, mode: Mode) -> Result<Leftover
     }
     let mut left = Leftover {
         torn: scanned.torn,
+        witness_behind,
+        witness_missing,
         ..Leftover::default()
     };
     match head_state {
@@ -607,25 +876,40 @@ fn read(file: &File, path: &Path, st: &mut State, mode: Mode) -> Result<Leftover
             ledger_id: new_ledger_id(),
             created: now_rfc3339(),
         });
-        append(file, path, st, header)?;
-    } else if left.head_behind.is_some() || left.head_missing {
+        // Writes the sidecar and the witness too.
+        append(file, path, witness, st, header)?;
+        return Ok(Leftover::default());
+    }
+    if left.head_behind.is_some() || left.head_missing {
         write_head(path, st)?;
+    }
+    if let Some(wp) = witness
+        && st.lines > 0
+        && (left.witness_behind.is_some() || left.witness_missing)
+    {
+        write_witness(path, wp, st)?;
     }
     Ok(Leftover::default())
 }
 
 /// Reads and applies what other processes appended since the last read, repairing what an
 /// interrupted writer left. Must be called with the exclusive file lock held.
-pub(super) fn catch_up(file: &File, path: &Path, st: &mut State) -> Result<(), AccountingError> {
-    read(file, path, st, Mode::Repair).map(|_| ())
+pub(super) fn catch_up(
+    file: &File,
+    path: &Path,
+    witness: Option<&Path>,
+    st: &mut State,
+) -> Result<(), AccountingError> {
+    read(file, path, witness, st, Mode::Repair).map(|_| ())
 }
 
 /// Appends one record (one `write_all` of the whole line), fsyncs it, applies it to the state,
-/// then updates the sidecar. Must be called with the exclusive file lock held, right after
-/// [`catch_up`].
+/// then updates the sidecar, then the witness. Must be called with the exclusive file lock held,
+/// right after [`catch_up`].
 pub(super) fn append(
     file: &File,
     path: &Path,
+    witness: Option<&Path>,
     st: &mut State,
     rec: Record,
 ) -> Result<(), AccountingError> {
@@ -644,9 +928,13 @@ pub(super) fn append(
     st.hashes.push(hash);
     let line_no = st.lines;
     apply(st, rec).map_err(|m| corrupt(path, line_no, m))?;
-    // The charge is durable; if the sidecar cannot follow, the caller is told (and releases
-    // nothing), and the next session brings the sidecar up to date.
-    write_head(path, st)
+    // The charge is durable; if the sidecar or the witness cannot follow, the caller is told
+    // (and releases nothing), and the next session brings them up to date.
+    write_head(path, st)?;
+    match witness {
+        Some(wp) => write_witness(path, wp, st),
+        None => Ok(()),
+    }
 }
 
 /// `OpenOptions` that create files readable and writable by their owner only (Unix).
@@ -661,7 +949,7 @@ fn private_options() -> OpenOptions {
 /// Opens the ledger for reading and appending, never truncating it: a new file is created
 /// exclusively (`create_new`, mode 0600, in new directories of mode 0700); an existing one is
 /// opened as it is. The header is written by the first [`catch_up`].
-pub(super) fn open_file(path: &Path) -> Result<File, AccountingError> {
+pub(super) fn open_file(path: &Path, witness: Option<&Path>) -> Result<File, AccountingError> {
     let parent = path.parent().filter(|d| !d.as_os_str().is_empty());
     if let Some(dir) = parent {
         let mut b = fs::DirBuilder::new();
@@ -679,6 +967,20 @@ pub(super) fn open_file(path: &Path) -> Result<File, AccountingError> {
                 "the ledger does not exist but its sidecar {} does: it was deleted or moved. \
                  {RESTORE}",
                 hp.display()
+            ),
+        ));
+    }
+    if let Some(wp) = witness
+        && !path.exists()
+        && wp.exists()
+    {
+        return Err(unverifiable(
+            path,
+            format!(
+                "the ledger does not exist but its witness {} does: it was deleted or moved. \
+                 {RESTORE}; if the data owner decides to start a new ledger, move the witness \
+                 aside too",
+                wp.display()
             ),
         ));
     }
@@ -732,9 +1034,11 @@ pub struct LedgerReport {
     pub tables: Vec<TableReport>,
     /// Things an interrupted writer left, which the next session repairs.
     pub notes: Vec<String>,
+    /// The witness checked (None: none was given).
+    pub witness: Option<PathBuf>,
 }
 
-fn report(path: &Path, st: &State, notes: Vec<String>) -> LedgerReport {
+fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -> LedgerReport {
     let mut keys: Vec<&TableKey> = st.policies.keys().chain(st.tables.keys()).collect();
     keys.sort();
     keys.dedup();
@@ -780,16 +1084,23 @@ fn report(path: &Path, st: &State, notes: Vec<String>) -> LedgerReport {
         charges: st.entries.len() as u64,
         tables,
         notes,
+        witness: witness.map(Path::to_path_buf),
     }
 }
 
 /// Checks a ledger without changing it (under a shared lock, so no session appends meanwhile):
 /// the chain, the header, the sidecar and every record. `Err` says what is wrong and where.
+/// [`verify_with`] checks the witness too.
 pub fn verify(path: &Path) -> Result<LedgerReport, AccountingError> {
+    verify_with(path, None)
+}
+
+/// [`verify`], and the witness when one is given (`dpfusion ledger verify`).
+pub fn verify_with(path: &Path, witness: Option<&Path>) -> Result<LedgerReport, AccountingError> {
     let file = File::open(path).map_err(io_error(path))?;
     let _lock = FileLock::shared(&file).map_err(io_error(path))?;
     let mut st = State::default();
-    let left = read(&file, path, &mut st, Mode::ReadOnly)?;
+    let left = read(&file, path, witness, &mut st, Mode::ReadOnly)?;
     let mut notes = Vec::new();
     if left.new {
         notes.push(
@@ -819,13 +1130,29 @@ pub fn verify(path: &Path) -> Result<LedgerReport, AccountingError> {
                 .to_string(),
         );
     }
-    Ok(report(path, &st, notes))
+    if let Some(n) = left.witness_behind {
+        notes.push(format!(
+            "the witness recorded {n} lines of {} (a session died between the sidecar and the \
+             witness update, or a session with another witness appended); the next session \
+             updates it",
+            st.lines
+        ));
+    }
+    if let (Some(wp), true) = (witness, left.witness_missing) {
+        notes.push(format!(
+            "there is no witness at {}: a rollback of the ledger with its sidecar cannot be \
+             ruled out. The next session with this witness writes it",
+            wp.display()
+        ));
+    }
+    Ok(report(path, witness, &st, notes))
 }
 
 /// Re-seals a ledger whose chain verifies but whose sidecar is missing or stale: writes a new
 /// sidecar for the ledger as it is. This accepts the ledger as complete: a data-owner action,
-/// for after restoring a ledger without its sidecar.
-pub fn reseal(path: &Path) -> Result<LedgerReport, AccountingError> {
+/// for after restoring a ledger without its sidecar. The witness, when given, is rewritten too
+/// (so a ledger shorter than it is accepted: the owner's decision).
+pub fn reseal(path: &Path, witness: Option<&Path>) -> Result<LedgerReport, AccountingError> {
     let file = OpenOptions::new()
         .read(true)
         .append(true)
@@ -850,6 +1177,9 @@ pub fn reseal(path: &Path) -> Result<LedgerReport, AccountingError> {
         st.hashes.push(hash);
     }
     write_head(path, &st)?;
+    if let Some(wp) = witness {
+        write_witness(path, wp, &st)?;
+    }
     let mut notes = Vec::new();
     if scanned.torn > 0 {
         notes.push(format!(
@@ -857,7 +1187,7 @@ pub fn reseal(path: &Path) -> Result<LedgerReport, AccountingError> {
             scanned.torn
         ));
     }
-    Ok(report(path, &st, notes))
+    Ok(report(path, witness, &st, notes))
 }
 
 /// What [`migrate`] did.
@@ -875,8 +1205,9 @@ pub struct Migration {
 /// checked and carried over in order after a new header, the original is kept as
 /// `<ledger>.v1.bak`, the new file replaces the ledger by a rename, and a sidecar is written.
 /// Every session on the ledger must be stopped first (earlier versions do not read the new
-/// format, and keep appending to the file they opened).
-pub fn migrate(path: &Path) -> Result<Migration, AccountingError> {
+/// format, and keep appending to the file they opened). The witness, when given, is written for
+/// the new ledger.
+pub fn migrate(path: &Path, witness: Option<&Path>) -> Result<Migration, AccountingError> {
     let file = OpenOptions::new()
         .read(true)
         .append(true)
@@ -995,6 +1326,9 @@ pub fn migrate(path: &Path) -> Result<Migration, AccountingError> {
         .and_then(|()| f.sync_all())
         .map_err(io_error(&tmp))?;
     write_head(path, &st)?;
+    if let Some(wp) = witness {
+        write_witness(path, wp, &st)?;
+    }
     fs::rename(&tmp, path).map_err(io_error(path))?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && let Ok(d) = File::open(dir)

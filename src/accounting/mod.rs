@@ -17,6 +17,7 @@ mod policy;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use dpfusion_udfs::privacy::Event;
@@ -26,8 +27,8 @@ use serde::{Deserialize, Serialize};
 pub use filter::{DEFAULT_DELTA_SHARE, Filter, FilterKind, Limit, Usage};
 
 pub use ledger::{
-    FORMAT as LEDGER_FORMAT, LedgerReport, Migration, TableReport, head_path, migrate, reseal,
-    verify,
+    FORMAT as LEDGER_FORMAT, LedgerReport, Migration, QUERY_CAP, TableReport, capped_query,
+    default_witness, head_path, migrate, reseal, verify, verify_with,
 };
 use ledger::{FileLock, Record, State};
 
@@ -338,7 +339,17 @@ pub struct LedgerEntry {
     pub seq: u64,
     /// UTC, RFC 3339 with milliseconds.
     pub time: String,
+    /// The statement's SQL text: at most its first [`QUERY_CAP`] bytes (of JSON text, cut at a
+    /// character boundary) in charges written since the cap; ledgers written before it replay
+    /// with their whole texts, which are cut the same way in memory.
     pub query: String,
+    /// The hex SHA-256 of the whole SQL text. Absent in charges written before the cap (replay
+    /// computes it in memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_sha256: Option<String>,
+    /// The length in bytes of the whole SQL text (larger than `query` when it was cut).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_bytes: Option<u64>,
     pub tables: Vec<LedgerTable>,
     /// The analyst who spent it (`dpfusion serve`: the authenticated analyst). Absent in
     /// charges made without a server, and in ledgers written before it existed (they replay and
@@ -512,9 +523,13 @@ fn io_error(path: &Path) -> impl Fn(std::io::Error) -> AccountingError + '_ {
 /// `&self`.
 pub struct Accountant {
     path: PathBuf,
+    /// The witness file (docs/LEDGER.md), outside the ledger's directory; None: no witness.
+    witness: Option<PathBuf>,
     /// Opened read + append; only touched while `state` is locked.
     file: File,
     state: Mutex<State>,
+    /// Set when the ledger's path no longer names the open file: nothing is admitted any more.
+    replaced: AtomicBool,
 }
 
 impl fmt::Debug for Accountant {
@@ -559,13 +574,49 @@ impl Accountant {
     /// verifying its hash chain and sidecar (docs/LEDGER.md). Only a last line without its
     /// newline (a torn write) is cut; anything else that does not verify is an error and the file
     /// is left as it is.
+    ///
+    /// This opens the ledger without a witness; [`Accountant::open_witnessed`] (what a
+    /// `PrivateSession` uses) also keeps one.
     pub fn open(path: &Path) -> Result<Accountant, AccountingError> {
+        Self::open_with(path, None)
+    }
+
+    /// [`Accountant::open`], checking and keeping the ledger's witness at `witness`
+    /// (docs/LEDGER.md, "The witness"): a ledger shorter than the witness, or diverging from
+    /// it, is refused; the witness is updated after every append. It must be outside the
+    /// ledger's directory (its directory is created, mode 0700, when missing).
+    pub fn open_witnessed(path: &Path, witness: &Path) -> Result<Accountant, AccountingError> {
+        Self::open_with(path, Some(witness))
+    }
+
+    fn open_with(path: &Path, witness: Option<&Path>) -> Result<Accountant, AccountingError> {
         // Never truncated: created with `create_new` when missing, else opened to append.
-        let file = ledger::open_file(path)?;
+        let file = ledger::open_file(path, witness)?;
+        if let Some(wp) = witness {
+            ledger::make_witness_dir(wp)?;
+            let dir = |p: &Path| {
+                let d = p.parent().filter(|d| !d.as_os_str().is_empty());
+                std::fs::canonicalize(d.unwrap_or(Path::new(".")))
+            };
+            if dir(wp).map_err(io_error(wp))? == dir(path).map_err(io_error(path))? {
+                return Err(AccountingError::Unverifiable {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "its witness {} is in the ledger's own directory, where whoever can \
+                         roll back the ledger can roll back the witness too; the data owner \
+                         keeps it elsewhere (the ledger_witness catalog key, or \
+                         --ledger-witness)",
+                        wp.display()
+                    ),
+                });
+            }
+        }
         let acc = Accountant {
             path: path.to_path_buf(),
+            witness: witness.map(Path::to_path_buf),
             file,
             state: Mutex::new(State::default()),
+            replaced: AtomicBool::new(false),
         };
         {
             let mut st = acc.state();
@@ -578,16 +629,51 @@ impl Accountant {
         &self.path
     }
 
+    /// The witness file, if the ledger has one.
+    pub fn witness(&self) -> Option<&Path> {
+        self.witness.as_deref()
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // State is only changed by whole-record application, so a poisoned lock is consistent.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Takes the exclusive file lock and reads what other processes appended since our last read.
+    /// First checks that the ledger's path still names the open file.
     fn sync(&self, st: &mut State) -> Result<FileLock<'_>, AccountingError> {
+        self.check_not_replaced()?;
         let lock = FileLock::exclusive(&self.file).map_err(io_error(&self.path))?;
-        ledger::catch_up(&self.file, &self.path, st)?;
+        ledger::catch_up(&self.file, &self.path, self.witness.as_deref(), st)?;
         Ok(lock)
+    }
+
+    /// Compares the `(device, inode)` of the ledger's path (`stat`) with the open file's
+    /// (`fstat`). Once they differ (the file was replaced, moved or deleted: another file may
+    /// now receive the charges, or none), this accountant admits nothing more, for good.
+    fn check_not_replaced(&self) -> Result<(), AccountingError> {
+        #[cfg(unix)]
+        if !self.replaced.load(Ordering::SeqCst) {
+            use std::os::unix::fs::MetadataExt;
+            let open = self.file.metadata().map_err(io_error(&self.path))?;
+            let same = std::fs::metadata(&self.path)
+                .is_ok_and(|now| (now.dev(), now.ino()) == (open.dev(), open.ino()));
+            if !same {
+                self.replaced.store(true, Ordering::SeqCst);
+            }
+        }
+        if self.replaced.load(Ordering::SeqCst) {
+            return Err(AccountingError::Unverifiable {
+                path: self.path.clone(),
+                message: "the ledger file was replaced, moved or deleted while this process had \
+                          it open (its path no longer names the file this process appends to), \
+                          so this process admits nothing more. Nothing was charged. The data \
+                          owner must find out what happened, check the ledger with `dpfusion \
+                          ledger verify`, and restart"
+                    .to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// Registers a table (or re-registers it in a new session), its filter and δ share stated.
@@ -667,6 +753,7 @@ impl Accountant {
                 ledger::append(
                     &self.file,
                     &self.path,
+                    self.witness.as_deref(),
                     &mut st,
                     Record::Policy(policy.clone()),
                 )?;
@@ -714,7 +801,13 @@ impl Accountant {
         changes: &[policy::Change],
     ) -> Result<TablePolicy, AccountingError> {
         policy.relaxed = Some(policy::relaxation_note(reason.trim(), changes));
-        ledger::append(&self.file, &self.path, st, Record::Owner(policy.clone()))?;
+        ledger::append(
+            &self.file,
+            &self.path,
+            self.witness.as_deref(),
+            st,
+            Record::Owner(policy.clone()),
+        )?;
         Ok(policy)
     }
 
@@ -773,10 +866,13 @@ impl Accountant {
         if evals.is_empty() {
             return Ok(Receipt { tables: Vec::new() });
         }
+        let (query, query_sha256, query_bytes) = capped_query(query);
         let entry = LedgerEntry {
             seq: st.next_seq,
             time: ledger::now_rfc3339(),
-            query: query.to_string(),
+            query,
+            query_sha256: Some(query_sha256),
+            query_bytes: Some(query_bytes),
             analyst: analyst.map(str::to_string),
             tables: evals
                 .iter()
@@ -789,7 +885,13 @@ impl Accountant {
                 })
                 .collect(),
         };
-        ledger::append(&self.file, &self.path, &mut st, Record::Charge(entry))?;
+        ledger::append(
+            &self.file,
+            &self.path,
+            self.witness.as_deref(),
+            &mut st,
+            Record::Charge(entry),
+        )?;
         Ok(Receipt {
             tables: evals
                 .iter()

@@ -654,13 +654,13 @@ fn format_1_ledger_is_refused_then_migrated() {
         old,
         "refused, unchanged"
     );
-    let m = migrate(&path).unwrap();
+    let m = migrate(&path, None).unwrap();
     assert_eq!(m.records, 2);
     assert_eq!(fs::read_to_string(&m.backup).unwrap(), old);
     let acc = Accountant::open(&path).unwrap();
     assert_eq!(acc.ledger_entries().len(), 1);
     assert_eq!(acc.budget_rows()[0].queries, 1);
-    assert!(migrate(&path).is_err(), "already migrated");
+    assert!(migrate(&path, None).is_err(), "already migrated");
 }
 
 #[test]
@@ -768,4 +768,253 @@ fn both_halves_of_the_budget_are_reported() {
     let err = acc.admit("q3", &zcdp).unwrap_err().to_string();
     assert!(err.contains("does not accept this query"), "{err}");
     assert_eq!(acc.ledger_entries().len(), 1);
+}
+
+// ---- Issue 27: the stored SQL is capped, the witness, the replaced-file check ----
+
+#[test]
+fn stored_sql_is_capped_with_the_hash_of_the_whole() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    acc.register_table(private("demo:t", "t", 1e6)).unwrap();
+    // 1 MiB of comment, plain and as control characters (6 bytes each in JSON), and multibyte.
+    for filler in ["x", "\u{1}", "\"", "é", "𝄞"] {
+        let q = format!(
+            "SELECT dp_count(x, 1e-9) FROM t -- {}",
+            filler.repeat((1 << 20) / filler.len())
+        );
+        let before = file_len(&path);
+        acc.admit(&q, &gauss("demo:t", 1e-9)).unwrap();
+        let added = file_len(&path) - before;
+        assert!(added <= 4500, "{filler:?}: {added} bytes");
+        let e = acc.ledger_entries().pop().unwrap();
+        assert!(q.starts_with(&e.query) && !e.query.is_empty());
+        assert!(serde_json::to_string(&e.query).unwrap().len() - 2 <= QUERY_CAP);
+        assert!(serde_json::to_string(&e.query).unwrap().len() - 2 > QUERY_CAP - 8);
+        assert_eq!(
+            e.query_sha256.as_deref(),
+            Some(&*sha256_hex_for_test(q.as_bytes()))
+        );
+        assert_eq!(e.query_bytes, Some(q.len() as u64));
+    }
+    // A short text is stored whole, with its hash.
+    acc.admit("q", &gauss("demo:t", 1e-9)).unwrap();
+    let e = acc.ledger_entries().pop().unwrap();
+    assert_eq!((e.query.as_str(), e.query_bytes), ("q", Some(1)));
+    // Replay gives the same entries.
+    let again = Accountant::open(&path).unwrap();
+    assert_eq!(again.ledger_entries(), acc.ledger_entries());
+    assert!(verify(&path).is_ok());
+}
+
+/// A format-2 ledger as a version before the cap wrote it (a charge with a long query and no
+/// hash), sealed by its sidecar. Returns the whole query.
+fn write_ledger_before_the_cap(path: &Path) -> String {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let id = "00112233445566778899aabbccddeeff";
+    let header = format!(
+        r#"{{"record":"header","format":2,"ledger_id":"{id}","created":"2026-01-01T00:00:00.000Z","prev":"{}"}}"#,
+        ledger_genesis_for_test(id)
+    );
+    let policy = format!(
+        r#"{{"record":"policy","key":"demo:t","name":"t","visibility":"private","neighbours":"add_remove","public_columns":[],"budget":{{"epsilon":5.0,"delta":1e-6}},"prev":"{}"}}"#,
+        sha256_hex_for_test(header.as_bytes())
+    );
+    let query = format!("SELECT dp_count(x, 0.1) FROM t -- {}", "y".repeat(10_000));
+    let charge = format!(
+        r#"{{"record":"charge","seq":0,"time":"2026-01-01T00:00:00.000Z","query":"{query}","tables":[{{"name":"t","key":"demo:t","epsilon":0.5,"delta":1e-6,"events":[{{"kind":"gaussian","mu":0.1}}]}}],"prev":"{}"}}"#,
+        sha256_hex_for_test(policy.as_bytes())
+    );
+    fs::write(path, format!("{header}\n{policy}\n{charge}\n")).unwrap();
+    fs::write(
+        head_path(path),
+        format!(
+            r#"{{"format":2,"ledger_id":"{id}","lines":3,"hash":"{}"}}"#,
+            sha256_hex_for_test(charge.as_bytes())
+        ),
+    )
+    .unwrap();
+    query
+}
+
+#[test]
+fn a_ledger_written_before_the_cap_replays_bounded_in_memory() {
+    let path = temp_ledger();
+    let query = write_ledger_before_the_cap(&path);
+    let bytes = fs::read(&path).unwrap();
+    let r = verify(&path).unwrap();
+    assert_eq!((r.lines, r.charges), (3, 1));
+    let acc = Accountant::open(&path).unwrap();
+    let e = &acc.ledger_entries()[0];
+    assert!(e.query.len() <= QUERY_CAP && query.starts_with(&e.query));
+    assert_eq!(
+        e.query_sha256.as_deref(),
+        Some(&*sha256_hex_for_test(query.as_bytes()))
+    );
+    assert_eq!(e.query_bytes, Some(query.len() as u64));
+    assert_eq!(acc.budget_rows()[0].queries, 1);
+    // Its lines are not rewritten; new charges chain after them.
+    acc.admit("q2", &gauss("demo:t", 0.1)).unwrap();
+    assert!(fs::read(&path).unwrap().starts_with(&bytes));
+    assert_eq!(verify(&path).unwrap().charges, 2);
+}
+
+fn witness_for(path: &Path) -> PathBuf {
+    path.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("owner")
+        .join("w.witness")
+}
+
+#[test]
+fn witness_refuses_a_ledger_rolled_back_with_its_sidecar() {
+    let path = temp_ledger();
+    let w = witness_for(&path);
+    let acc = Accountant::open_witnessed(&path, &w).unwrap();
+    acc.register_table(private("demo:t", "t", 5.0)).unwrap();
+    acc.admit("q1", &gauss("demo:t", 0.1)).unwrap();
+    let old = (
+        fs::read(&path).unwrap(),
+        fs::read(head_path(&path)).unwrap(),
+    );
+    acc.admit("q2", &gauss("demo:t", 0.1)).unwrap();
+    let seal: serde_json::Value = serde_json::from_slice(&fs::read(&w).unwrap()).unwrap();
+    assert_eq!(seal["lines"], 4);
+    assert_eq!(seal["bytes"], file_len(&path));
+    drop(acc);
+    // The older ledger and its older sidecar, together: consistent, and without the witness
+    // it would be accepted (a refund of q2).
+    fs::write(&path, &old.0).unwrap();
+    fs::write(head_path(&path), &old.1).unwrap();
+    assert!(verify(&path).is_ok());
+    let msg = Accountant::open_witnessed(&path, &w)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("ends after 3 complete lines but its witness") && msg.contains("rolled back"),
+        "{msg}"
+    );
+    assert!(verify_with(&path, Some(&w)).is_err());
+    assert_eq!(fs::read(&path).unwrap(), old.0, "refused, unchanged");
+    // A deleted ledger, another ledger, an emptied one.
+    fs::remove_file(&path).unwrap();
+    fs::remove_file(head_path(&path)).unwrap();
+    let msg = Accountant::open_witnessed(&path, &w)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("does not exist but its witness"), "{msg}");
+    assert!(!path.exists(), "nothing created");
+    let other = Accountant::open(&path).unwrap();
+    other.register_table(private("demo:t", "t", 5.0)).unwrap();
+    drop(other);
+    let msg = Accountant::open_witnessed(&path, &w)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("belongs to another ledger"), "{msg}");
+    fs::write(&path, b"").unwrap();
+    fs::remove_file(head_path(&path)).unwrap();
+    let msg = Accountant::open_witnessed(&path, &w)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("holds no complete line but its witness"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn witness_diverging_at_its_line_is_refused() {
+    let path = temp_ledger();
+    let w = witness_for(&path);
+    let acc = Accountant::open_witnessed(&path, &w).unwrap();
+    acc.register_table(private("demo:t", "t", 5.0)).unwrap();
+    acc.admit("q1", &gauss("demo:t", 0.1)).unwrap();
+    drop(acc);
+    // Someone rewrote the last line (and recomputed the sidecar, which has no secret): the
+    // witness still holds the hash of the line it saw.
+    let mut seal: serde_json::Value = serde_json::from_slice(&fs::read(&w).unwrap()).unwrap();
+    seal["hash"] = serde_json::Value::String("00".repeat(32));
+    fs::write(&w, seal.to_string()).unwrap();
+    let msg = Accountant::open_witnessed(&path, &w)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("differs from the one its witness"), "{msg}");
+}
+
+#[test]
+fn witness_accepts_what_a_crash_leaves_and_its_first_use() {
+    let path = temp_ledger();
+    let w = witness_for(&path);
+    // First use on an existing ledger (an earlier version, or no witness before): written.
+    let acc = Accountant::open(&path).unwrap();
+    acc.register_table(private("demo:t", "t", 5.0)).unwrap();
+    drop(acc);
+    assert!(verify_with(&path, Some(&w)).unwrap().notes[0].contains("no witness"));
+    let acc = Accountant::open_witnessed(&path, &w).unwrap();
+    assert!(w.exists());
+    let behind = fs::read(&w).unwrap();
+    acc.admit("q1", &gauss("demo:t", 0.1)).unwrap();
+    drop(acc);
+    // A crash between the sidecar and the witness: the witness is one line behind.
+    fs::write(&w, &behind).unwrap();
+    let r = verify_with(&path, Some(&w)).unwrap();
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("the witness recorded 2 lines of 3"))
+    );
+    let acc = Accountant::open_witnessed(&path, &w).unwrap();
+    assert_eq!(acc.ledger_entries().len(), 1);
+    let seal: serde_json::Value = serde_json::from_slice(&fs::read(&w).unwrap()).unwrap();
+    assert_eq!(seal["lines"], 3, "brought up to date");
+    assert!(verify_with(&path, Some(&w)).unwrap().notes.is_empty());
+    drop(acc);
+    // Never in the ledger's own directory.
+    let inside = path.with_file_name("w.witness");
+    let msg = Accountant::open_witnessed(&path, &inside)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("in the ledger's own directory"), "{msg}");
+    // The default: a sibling directory of the ledger's.
+    let d = default_witness(&path).unwrap();
+    let dir = fs::canonicalize(path.parent().unwrap()).unwrap();
+    assert_eq!(
+        d,
+        dir.with_file_name("sub.witness")
+            .join("ledger.jsonl.witness")
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_replaced_ledger_path_stops_admission() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    acc.register_table(private("demo:t", "t", 5.0)).unwrap();
+    acc.admit("q1", &gauss("demo:t", 0.1)).unwrap();
+    // A copy renamed over the path: same bytes, another file.
+    let copy = path.with_file_name("copy");
+    fs::copy(&path, &copy).unwrap();
+    fs::rename(&copy, &path).unwrap();
+    let msg = acc
+        .admit("q2", &gauss("demo:t", 0.1))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("was replaced") && msg.contains("restart"),
+        "{msg}"
+    );
+    let replaced = fs::read(&path).unwrap();
+    // For good: also when the path is put right again.
+    assert!(acc.admit("q3", &gauss("demo:t", 0.1)).is_err());
+    assert_eq!(fs::read(&path).unwrap(), replaced);
+    // A fresh process (here: a fresh accountant) opens the file now at the path.
+    let fresh = Accountant::open(&path).unwrap();
+    fresh.admit("q4", &gauss("demo:t", 0.1)).unwrap();
+    // Deleted: refused too.
+    let acc = Accountant::open(&path).unwrap();
+    fs::remove_file(&path).unwrap();
+    assert!(acc.admit("q5", &gauss("demo:t", 0.1)).is_err());
 }

@@ -1,4 +1,8 @@
-//! Output formats for query results: an aligned table, CSV or JSON (an array of objects).
+//! Output formats for query results: an aligned table, CSV or JSON (an array of objects), and
+//! [`terminal_safe`], the one escaping of control characters for everything the REPL and the
+//! remote client print (cells, messages, receipts, table names).
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
@@ -32,8 +36,65 @@ impl std::str::FromStr for OutputFormat {
     }
 }
 
+/// Whether [`terminal_safe`] keeps line breaks and tabs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Escape {
+    /// A table cell: `\n` and `\t` are escaped too (a cell never spans lines or moves columns).
+    Cell,
+    /// A message or a whole rendered output: `\n` and `\t` are kept, everything else escaped.
+    Text,
+}
+
+/// `s` with every character that a terminal could act on written as visible text, so that
+/// text chosen by someone else (another analyst's table cells, a server's message) cannot move
+/// the cursor, clear the screen, set the window title, hide or reorder text:
+/// C0 controls (U+0000–U+001F, ESC included; `\n`/`\t` kept in [`Escape::Text`]) and DEL as
+/// `\xHH`, `\r` as `\r`; C1 controls (U+0080–U+009F, e.g. the one-character CSI U+009B) and the
+/// bidirectional overrides and isolates (U+202A–U+202E, U+2066–U+2069) as `\u{HHHH}`. Text
+/// without them is returned as it is.
+pub fn terminal_safe(s: &str, mode: Escape) -> Cow<'_, str> {
+    let unsafe_char = |c: char| match c {
+        '\n' | '\t' => mode == Escape::Cell,
+        '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' => true,
+        '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => true,
+        _ => false,
+    };
+    if !s.chars().any(unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if !unsafe_char(c) {
+            out.push(c);
+            continue;
+        }
+        let _ = match c {
+            '\n' => write!(out, "\\n"),
+            '\t' => write!(out, "\\t"),
+            '\r' => write!(out, "\\r"),
+            '\u{0}'..='\u{1f}' | '\u{7f}' => write!(out, "\\x{:02x}", c as u32),
+            c => write!(out, "\\u{{{:04x}}}", c as u32),
+        };
+    }
+    Cow::Owned(out)
+}
+
 /// Renders `batches` in `format`. An empty result still prints its header (table, CSV) or `[]`.
+/// The text is safe to print on a terminal ([`terminal_safe`]): in the table format every text
+/// cell is escaped ([`Escape::Cell`]), and the whole output is escaped ([`Escape::Text`]) in
+/// every format, so no control character of the data reaches the terminal.
 pub fn render(
+    batches: &[RecordBatch],
+    schema: &datafusion::arrow::datatypes::SchemaRef,
+    format: OutputFormat,
+) -> Result<String, ArrowError> {
+    render_raw(batches, schema, format).map(|s| match terminal_safe(&s, Escape::Text) {
+        Cow::Borrowed(_) => s,
+        Cow::Owned(o) => o,
+    })
+}
+
+fn render_raw(
     batches: &[RecordBatch],
     schema: &datafusion::arrow::datatypes::SchemaRef,
     format: OutputFormat,
@@ -254,9 +315,10 @@ fn expanded(batches: &[RecordBatch]) -> Result<String, ArrowError> {
 }
 
 /// The table format's view of a batch: floats at [`DISPLAY_DIGITS`] significant digits, text
-/// cut at `text_limit` characters.
+/// escaped ([`Escape::Cell`]) and cut at `text_limit` characters.
 fn for_display(batch: &RecordBatch, text_limit: usize) -> Result<RecordBatch, ArrowError> {
     use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::compute::cast;
     use datafusion::arrow::datatypes::{Float32Type, Float64Type};
     let mut fields = Vec::new();
     let mut cols: Vec<ArrayRef> = Vec::new();
@@ -278,27 +340,24 @@ fn for_display(batch: &RecordBatch, text_limit: usize) -> Result<RecordBatch, Ar
                         .collect(),
                 )
             }
-            DataType::Utf8 => {
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+                let c = cast(c, &DataType::Utf8)?;
                 let a = c.as_string::<i32>();
-                if (0..a.len()).any(|i| a.is_valid(i) && a.value(i).chars().count() > text_limit) {
-                    Some(
-                        (0..a.len())
-                            .map(|i| {
-                                a.is_valid(i).then(|| {
-                                    let v = a.value(i);
-                                    if v.chars().count() > text_limit {
-                                        let cut: String = v.chars().take(text_limit - 1).collect();
-                                        format!("{cut}…")
-                                    } else {
-                                        v.to_string()
-                                    }
-                                })
+                Some(
+                    (0..a.len())
+                        .map(|i| {
+                            a.is_valid(i).then(|| {
+                                let v = terminal_safe(a.value(i), Escape::Cell);
+                                if v.chars().count() > text_limit {
+                                    let cut: String = v.chars().take(text_limit - 1).collect();
+                                    format!("{cut}…")
+                                } else {
+                                    v.into_owned()
+                                }
                             })
-                            .collect(),
-                    )
-                } else {
-                    None
-                }
+                        })
+                        .collect(),
+                )
             }
             _ => None,
         };
@@ -347,6 +406,45 @@ mod display_tests {
         .unwrap();
         let out = render(std::slice::from_ref(&b), &b.schema(), OutputFormat::Table).unwrap();
         assert!(out.starts_with('+'), "{out}");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_in_every_format() {
+        assert_eq!(terminal_safe("plain ü", Escape::Cell), "plain ü");
+        assert!(matches!(
+            terminal_safe("a\nb", Escape::Text),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(terminal_safe("a\nb\tc", Escape::Cell), "a\\nb\\tc");
+        assert_eq!(
+            terminal_safe("\x1b[2J\r\x07\x7f", Escape::Text),
+            "\\x1b[2J\\r\\x07\\x7f"
+        );
+        assert_eq!(
+            terminal_safe("\u{9b}31m\u{202e}abc\u{2066}", Escape::Text),
+            "\\u{009b}31m\\u{202e}abc\\u{2066}"
+        );
+        // A batch holding a screen-clearing cell (and the title-setting OSC) prints no ESC byte,
+        // and no other control character, in any format.
+        let evil = "\x1b[2J\x1b]0;pwned\x07\u{9b}1m\u{202e}x\ry";
+        let b = RecordBatch::try_from_iter(vec![
+            ("name", Arc::new(StringArray::from(vec![evil])) as ArrayRef),
+            (
+                "v",
+                Arc::new(datafusion::arrow::array::StringViewArray::from(vec![evil])) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        for f in [OutputFormat::Table, OutputFormat::Csv, OutputFormat::Json] {
+            let out = render(std::slice::from_ref(&b), &b.schema(), f).unwrap();
+            assert!(
+                !out.chars()
+                    .any(|c| (c.is_control() && c != '\n' && c != '\t')
+                        || ('\u{202a}'..='\u{202e}').contains(&c)),
+                "{f:?}: {out:?}"
+            );
+            assert!(out.contains("[2J") && !out.contains('\x1b'), "{f:?}: {out}");
+        }
     }
 
     #[test]

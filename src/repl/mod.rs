@@ -63,9 +63,11 @@ pub fn print_result(r: &QueryResult, format: OutputFormat, quiet: bool) -> Resul
     }
 }
 
-/// Prints a line to stdout; a closed pipe (`dpfusion … | head`) ends the program quietly.
+/// Prints a line to stdout, made safe for a terminal ([`format::terminal_safe`]); a closed pipe
+/// (`dpfusion … | head`) ends the program quietly.
 pub fn out(s: &str) {
     use std::io::Write;
+    let s = format::terminal_safe(s, format::Escape::Text);
     let mut o = std::io::stdout().lock();
     if let Err(e) = writeln!(o, "{s}").and_then(|_| o.flush()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -183,7 +185,7 @@ impl Repl {
             Meta::Ledger => {
                 // On screen the events (`profile`) are left out: `\format json` or
                 // `SELECT * FROM dp_ledger()` show them.
-                let b = ledger_batch(&self.session.ledger()).and_then(|b| {
+                let b = ledger_batch(&self.session.ledger(), None).and_then(|b| {
                     if self.format != OutputFormat::Table {
                         return Ok(b);
                     }

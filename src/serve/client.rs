@@ -21,8 +21,9 @@ use tonic::transport::Channel;
 use super::StatementMetadata;
 use crate::cli::{Ran, Script};
 use crate::repl::Meta;
-use crate::repl::format::{OutputFormat, render};
+use crate::repl::format::{Escape, OutputFormat, render, terminal_safe};
 use crate::repl::helper::SqlHelper;
+use crate::statements::error_text as error_block;
 
 /// A connection to a `dpfusion serve`.
 pub struct Remote {
@@ -210,25 +211,20 @@ impl Remote {
     }
 }
 
-fn error_block(sql: &str, msg: &str) -> String {
-    let first = sql.lines().next().unwrap_or("").trim();
-    let shown = if first.chars().count() > 70 {
-        format!("{}…", first.chars().take(70).collect::<String>())
-    } else {
-        first.to_string()
-    };
-    format!("ERROR in: {shown}\n  {msg}")
+/// Text from the server (a message, a receipt, a table's name), safe to print on a terminal.
+fn safe(s: &str) -> std::borrow::Cow<'_, str> {
+    terminal_safe(s, Escape::Text)
 }
 
 fn print(r: &RemoteResult, format: OutputFormat, quiet: bool) -> Result<(), String> {
     if !(r.schema.fields().is_empty() && r.batches.is_empty()) {
         let s = render(&r.batches, &r.schema, format)
             .or_else(|_| render(&r.batches, &r.schema, OutputFormat::Json))
-            .map_err(|e| format!("the result cannot be printed: {e}"))?;
+            .map_err(|e| format!("the result cannot be printed: {}", safe(&e.to_string())))?;
         crate::repl::out(&s);
     }
     if !quiet && let Some(line) = &r.meta.receipt {
-        eprintln!("{line}");
+        eprintln!("{}", safe(line));
     }
     Ok(())
 }
@@ -245,7 +241,7 @@ pub async fn run(
     let mut remote = match Remote::connect(url, token_file, tls_ca).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("dpfusion: {e}");
+            eprintln!("dpfusion: {}", safe(&e.to_string()));
             return ExitCode::from(1);
         }
     };
@@ -280,7 +276,7 @@ impl State {
             .last_tables
             .iter()
             .filter_map(|t| rows.iter().find(|r| r.0 == *t))
-            .map(|(t, e, rem)| format!("{t} ε {rem:.2}/{e:.2}"))
+            .map(|(t, e, rem)| format!("{} ε {rem:.2}/{e:.2}", terminal_safe(t, Escape::Cell)))
             .collect();
         if parts.is_empty() {
             "dpfusion> ".to_string()
@@ -368,7 +364,7 @@ impl State {
             Meta::Explain(query) => self.run_sql(&format!("EXPLAIN PRIVACY {query}")).await,
             Meta::Describe(table) => {
                 let d = self.describe(table).await;
-                println!("{d}");
+                println!("{}", safe(&d));
             }
             Meta::Done => {}
         }
@@ -406,7 +402,7 @@ async fn repl(remote: Remote, format: OutputFormat, quiet: bool) -> ExitCode {
         st.remote.url
     );
     let d = st.describe("").await;
-    println!("{d}");
+    println!("{}", safe(&d));
     loop {
         let prompt = st.prompt().await;
         let read = tokio::task::block_in_place(|| rl.readline(&prompt));

@@ -66,7 +66,12 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
 }
 
 /// `dp_ledger()`: every charge, oldest first, one row per (charge, table).
-pub fn ledger_batch(entries: &[LedgerEntry]) -> Result<RecordBatch> {
+///
+/// `viewer` is the analyst who asks (`dpfusion serve`); they see the SQL text of their own
+/// charges only, every other charge's as its SHA-256 alone (`query` NULL). The data owner's own
+/// view (`viewer` None: the CLI, the Rust API) shows every text. `query` holds what the ledger
+/// stores: at most the first 4 KiB of the text; `query_sha256` is the hash of the whole.
+pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<RecordBatch> {
     let mut seq = Vec::new();
     let mut time = Vec::new();
     let mut query = Vec::new();
@@ -75,12 +80,15 @@ pub fn ledger_batch(entries: &[LedgerEntry]) -> Result<RecordBatch> {
     let mut delta = Vec::new();
     let mut profile = Vec::new();
     let mut analyst: Vec<Option<String>> = Vec::new();
+    let mut hash: Vec<Option<String>> = Vec::new();
     for e in entries {
+        let shown = viewer.is_none() || e.analyst.as_deref() == viewer;
         for t in &e.tables {
             analyst.push(e.analyst.clone());
             seq.push(e.seq);
             time.push(e.time.clone());
-            query.push(e.query.clone());
+            query.push(shown.then(|| e.query.clone()));
+            hash.push(e.query_sha256.clone());
             table.push(t.name.clone());
             eps.push(t.epsilon);
             delta.push(t.delta);
@@ -90,13 +98,18 @@ pub fn ledger_batch(entries: &[LedgerEntry]) -> Result<RecordBatch> {
     batch(vec![
         ("seq", Arc::new(UInt64Array::from(seq)) as ArrayRef),
         ("time", strings(time)),
-        ("query", strings(query)),
+        ("query", Arc::new(StringArray::from(query)) as ArrayRef),
         ("table", strings(table)),
         ("epsilon", floats(eps)),
         ("delta", floats(delta)),
         ("profile", strings(profile)),
         // Who spent it (`dpfusion serve`: the authenticated analyst; NULL otherwise).
         ("analyst", Arc::new(StringArray::from(analyst)) as ArrayRef),
+        // SHA-256 of the whole SQL text (others' charges: the only trace of it an analyst sees).
+        (
+            "query_sha256",
+            Arc::new(StringArray::from(hash)) as ArrayRef,
+        ),
     ])
 }
 
@@ -283,13 +296,25 @@ pub fn error_block(stmt: &str, e: &DataFusionError) -> String {
         .or_else(|| msg.strip_prefix("External error: "))
         .unwrap_or(&msg)
         .to_string();
+    error_text(stmt, &msg)
+}
+
+/// `ERROR in: <first line of the statement>` then the message, both made safe to print on a
+/// terminal ([`crate::repl::format::terminal_safe`]: a message can quote text chosen by
+/// someone else). The REPL's and the remote client's error output.
+pub fn error_text(stmt: &str, msg: &str) -> String {
+    use crate::repl::format::{Escape, terminal_safe};
     let first = stmt.lines().next().unwrap_or("").trim();
     let shown = if first.chars().count() > 70 {
         format!("{}…", first.chars().take(70).collect::<String>())
     } else {
         first.to_string()
     };
-    format!("ERROR in: {shown}\n  {msg}")
+    format!(
+        "ERROR in: {}\n  {}",
+        terminal_safe(&shown, Escape::Cell),
+        terminal_safe(msg, Escape::Text)
+    )
 }
 
 #[derive(Debug)]
@@ -321,7 +346,11 @@ impl TableFunctionImpl for BudgetFn {
 
 impl TableFunctionImpl for LedgerFn {
     fn call_with_args(&self, _args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
-        system_table("dp_ledger", ledger_batch(&self.0.ledger_entries())?)
+        let viewer = crate::session::current_analyst();
+        system_table(
+            "dp_ledger",
+            ledger_batch(&self.0.ledger_entries(), viewer.as_deref())?,
+        )
     }
 }
 
