@@ -22,8 +22,13 @@ fn splitmix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The two SIGKILL tests run one at a time: their kill delays are meant to land while the child
+/// is working, which a machine saturated by the other would move past the child's startup.
+static KILLS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[test]
 fn sigkill_never_loses_a_charge_for_a_released_result() {
+    let _serial = KILLS.blocking_lock();
     let dir = temp_dir("kill");
     let ledger = dir.join("ledger.jsonl");
     let script = dir.join("many.sql");
@@ -306,6 +311,7 @@ mod server_kill {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sigkill_of_the_server_during_charges_loses_none_and_counts_none_twice() {
+        let _serial = super::KILLS.lock().await;
         let started = Instant::now();
         let dir = temp_dir("serve-kill");
         let catalog = dir.join("dpfusion.toml");
@@ -332,9 +338,9 @@ mod server_kill {
             let lanes: Vec<_> = (0..2)
                 .map(|lane| tokio::spawn(client_loop(addr, round, lane, stop.clone())))
                 .collect();
-            // SIGKILL after 20–320 ms of queries: before, during or after an append, its
+            // SIGKILL after 50–650 ms of queries: before, during or after an append, its
             // sidecar or its witness, or a result's transfer.
-            let delay = 20 + splitmix(&mut seed) % 300;
+            let delay = 50 + splitmix(&mut seed) % 600;
             tokio::time::sleep(Duration::from_millis(delay)).await;
             let _ = child.kill();
             let _ = child.wait();
