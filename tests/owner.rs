@@ -1393,7 +1393,7 @@ fn copy_racing_a_swapper_never_writes_outside_the_output_directory() {
                 for name in ["race.csv", "ledger.jsonl"] {
                     let t = out.join(name);
                     let _ = std::fs::remove_file(&t);
-                    let to = if i % 2 == 0 {
+                    let to = if i.is_multiple_of(2) {
                         ledger.clone()
                     } else {
                         ledger_dir.join(name)
@@ -1402,7 +1402,7 @@ fn copy_racing_a_swapper_never_writes_outside_the_output_directory() {
                     std::thread::yield_now();
                     let _ = std::fs::remove_file(&t);
                 }
-                if i % 8 == 0 && std::fs::rename(&out, &aside).is_ok() {
+                if i.is_multiple_of(8) && std::fs::rename(&out, &aside).is_ok() {
                     let _ = std::os::unix::fs::symlink(&ledger_dir, &out);
                     std::thread::yield_now();
                     let _ = std::fs::remove_file(&out);

@@ -871,3 +871,122 @@ impl PinnedFs {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("dpfusion-store-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("pub/sub")).unwrap();
+        std::fs::create_dir_all(d.join("priv")).unwrap();
+        std::fs::write(d.join("pub/a.csv"), "a\n1\n").unwrap();
+        std::fs::write(d.join("pub/sub/b.csv"), "a\n2\n").unwrap();
+        std::fs::write(d.join("priv/p.csv"), "a\n3\n").unwrap();
+        std::fs::canonicalize(d).unwrap()
+    }
+
+    fn pinned(d: &Path) -> Arc<PinnedFs> {
+        let fs = PinnedFs::new();
+        let set = |p: &Path| super::super::resolve(&p.to_string_lossy(), Path::new("/")).unwrap();
+        fs.pin("pub", &set(&d.join("pub")), false).unwrap();
+        fs.pin("p", &set(&d.join("priv/p.csv")), true).unwrap();
+        fs
+    }
+
+    #[test]
+    fn no_link_is_followed_anywhere_on_the_way() {
+        let d = tmp("nofollow");
+        symlink(d.join("priv"), d.join("pub/dirlink")).unwrap();
+        symlink(d.join("priv/p.csv"), d.join("pub/filelink.csv")).unwrap();
+        assert!(open_nofollow(&d.join("pub/a.csv")).is_ok());
+        for p in ["pub/dirlink/p.csv", "pub/filelink.csv", "pub/../priv/p.csv"] {
+            assert!(open_nofollow(&d.join(p)).is_err(), "{p}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn reads_check_what_was_opened_against_the_pins() {
+        let d = tmp("reads");
+        let fs = pinned(&d);
+        assert!(fs.open_read(&d.join("pub/a.csv")).is_ok());
+        assert!(fs.open_read(&d.join("pub/sub/b.csv")).is_ok());
+        assert!(fs.open_read(&d.join("priv/p.csv")).is_ok());
+        // Not registered.
+        std::fs::write(d.join("other.csv"), "x").unwrap();
+        assert!(matches!(
+            fs.open_read(&d.join("other.csv")),
+            Err(Refused::NotRegistered(_))
+        ));
+        // A hard link to the private file in the public directory.
+        std::fs::hard_link(d.join("priv/p.csv"), d.join("pub/h.csv")).unwrap();
+        let e = fs.open_read(&d.join("pub/h.csv")).unwrap_err().to_string();
+        assert!(e.contains("hard link"), "{e}");
+        // The private file swapped for a link, then for another file.
+        std::fs::rename(d.join("priv/p.csv"), d.join("priv/p.orig")).unwrap();
+        symlink(d.join("pub/a.csv"), d.join("priv/p.csv")).unwrap();
+        let e = fs.open_read(&d.join("priv/p.csv")).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        std::fs::remove_file(d.join("priv/p.csv")).unwrap();
+        std::fs::write(d.join("priv/p.csv"), "a\n3\n").unwrap();
+        let e = fs.open_read(&d.join("priv/p.csv")).unwrap_err().to_string();
+        assert!(
+            e.contains("not the file or directory that was registered"),
+            "{e}"
+        );
+        // The public directory swapped for another directory.
+        std::fs::rename(d.join("pub"), d.join("pub.orig")).unwrap();
+        std::fs::create_dir(d.join("pub")).unwrap();
+        std::fs::write(d.join("pub/a.csv"), "a\n1\n").unwrap();
+        assert!(fs.open_read(&d.join("pub/a.csv")).is_err());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn listing_refuses_a_link_instead_of_skipping_it() {
+        let d = tmp("list");
+        let fs = pinned(&d);
+        let (objects, prefixes) = fs.list_dir(&d.join("pub"), true).unwrap();
+        assert_eq!(objects.len(), 2);
+        assert_eq!(prefixes.len(), 1);
+        symlink(d.join("nowhere"), d.join("pub/sub/dangling.csv")).unwrap();
+        assert!(fs.list_dir(&d.join("pub"), true).is_err());
+        assert!(
+            fs.list_dir(&d.join("priv"), true).is_err(),
+            "not a pinned directory"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn output_files_are_new_and_directly_in_the_pinned_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tmp("out");
+        let out = d.join("out");
+        std::fs::create_dir_all(out.join("sub")).unwrap();
+        let fs = PinnedFs::new();
+        assert!(
+            fs.create_output(&out.join("x.csv")).is_err(),
+            "no output directory"
+        );
+        fs.set_output_dir(&out).unwrap();
+        assert!(fs.create_output(&out.join("x.csv")).is_ok());
+        for bad in ["x.csv", "sub/y.csv"] {
+            assert!(fs.create_output(&out.join(bad)).is_err(), "{bad}");
+        }
+        assert!(fs.create_output(&d.join("z.csv")).is_err());
+        symlink(d.join("priv/p.csv"), out.join("l.csv")).unwrap();
+        assert!(fs.create_output(&out.join("l.csv")).is_err());
+        assert_eq!(std::fs::read(d.join("priv/p.csv")).unwrap(), b"a\n3\n");
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(fs.create_output(&out.join("w.csv")).is_err());
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let other = PinnedFs::new();
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o757)).unwrap();
+        assert!(other.set_output_dir(&out).is_err());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
