@@ -1044,6 +1044,11 @@ async fn a_forged_budget_in_a_policy_line_does_not_open_a_session() {
 /// A private value of people.csv (row 1's salary): never in any result or message below.
 const PRIVATE_VALUE: &str = "85857.76";
 
+/// A private file of depts.csv's shape (dept, floor): 4 rows of secrets.
+fn shaped_rows() -> &'static str {
+    "dept,floor\nSECRET-a,1\nSECRET-b,2\nSECRET-c,3\nSECRET-d,4\n"
+}
+
 /// Replaces `path` atomically (rename) with a symbolic link to `target`; returns the original,
 /// kept aside under `path.orig`.
 fn swap_for_link(path: &Path, target: &Path) -> PathBuf {
@@ -1064,7 +1069,10 @@ fn swap_back(path: &Path, orig: &Path) {
 /// `sql` fails, and neither its message nor anything else shows a private value.
 async fn refused_no_data(s: &PrivateSession, ledger: &Path, sql: &str, needle: &str) {
     let e = refused(s, ledger, sql, needle).await;
-    assert!(!e.contains(PRIVATE_VALUE), "{sql}: {e}");
+    assert!(
+        !e.contains(PRIVATE_VALUE) && !e.contains("SECRET"),
+        "{sql}: {e}"
+    );
     assert!(!e.contains("sha256:"), "{sql}: {e}");
 }
 
@@ -1186,6 +1194,11 @@ async fn a_public_file_swapped_for_a_link_or_another_file_is_refused() {
     s.register_csv("p", &st.p, Registration::private().budget(10.0, 1e-6))
         .await
         .unwrap();
+    let shaped = st.d.join("shaped.csv");
+    std::fs::write(&shaped, shaped_rows()).unwrap();
+    s.register_csv("shaped", &shaped, Registration::private())
+        .await
+        .unwrap();
     // The owner's public table, in a directory analysts may write (as the example catalog's
     // `jobs`), and an analyst's public table.
     s.register_csv("jobs", &jobs, Registration::public())
@@ -1207,6 +1220,7 @@ async fn a_public_file_swapped_for_a_link_or_another_file_is_refused() {
         // A symbolic link to the private file, the catalog, the ledger or its sidecar.
         for target in [
             st.p.clone(),
+            shaped.clone(),
             catalog.clone(),
             st.ledger.clone(),
             head_path(&st.ledger),
@@ -1221,11 +1235,11 @@ async fn a_public_file_swapped_for_a_link_or_another_file_is_refused() {
         }
         // A hard link to the private file, and a new copy of the same rows: not the file
         // that was registered.
-        for replacement in [&st.p, &depts_csv()] {
+        for replacement in [&st.p, &shaped, &depts_csv()] {
             let orig = file.with_extension("orig");
             std::fs::rename(&file, &orig).unwrap();
             let tmp = file.with_extension("new");
-            if replacement == &st.p {
+            if replacement != &depts_csv() {
                 std::fs::hard_link(replacement, &tmp).unwrap();
             } else {
                 std::fs::copy(replacement, &tmp).unwrap();
@@ -1233,7 +1247,7 @@ async fn a_public_file_swapped_for_a_link_or_another_file_is_refused() {
             std::fs::rename(&tmp, &file).unwrap();
             // (An analyst's table is refused by the check before every scan when the file
             // is a private one's, by the store otherwise.)
-            let needle = if replacement == &st.p && table == "mine" {
+            let needle = if replacement != &depts_csv() && table == "mine" {
                 "refused"
             } else {
                 "not the file or directory that was registered"
@@ -1438,5 +1452,98 @@ fn copy_racing_a_swapper_never_writes_outside_the_output_directory() {
         "nothing new in the ledger's directory"
     );
     assert!(out.is_dir() && !out.is_symlink());
+    let _ = std::fs::remove_dir_all(&st.dir);
+}
+
+#[test]
+fn reads_racing_a_swapper_never_see_a_private_row() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let st = setup("read-race");
+    let public = st.dir.join("public");
+    let pubd = public.join("d");
+    std::fs::create_dir_all(&pubd).unwrap();
+    let jobs = public.join("jobs.csv");
+    std::fs::copy(depts_csv(), &jobs).unwrap();
+    std::fs::copy(depts_csv(), pubd.join("one.csv")).unwrap();
+    // A private table of the public tables' shape: read through a followed link, its rows
+    // would fit their schema.
+    let shaped = st.d.join("shaped.csv");
+    std::fs::write(&shaped, shaped_rows()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt.block_on(async {
+        let s = owner_session(&st, AnalystFiles::None).await;
+        s.register_csv("shaped", &shaped, Registration::private())
+            .await
+            .unwrap();
+        s.register_csv("jobs", &jobs, Registration::public())
+            .await
+            .unwrap();
+        s.register_csv("pubd", &pubd, Registration::public())
+            .await
+            .unwrap();
+        s
+    });
+    // The swapper keeps each original (a hard link aside) and flips the name between it and a
+    // link to the private file, as fast as it can.
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (stop, files, private) = (
+            stop.clone(),
+            vec![jobs.clone(), pubd.join("one.csv")],
+            shaped.clone(),
+        );
+        std::thread::spawn(move || {
+            for f in &files {
+                std::fs::hard_link(f, f.with_extension("keep")).unwrap();
+            }
+            let mut flips = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for f in &files {
+                    let tmp = f.with_extension("tmp");
+                    let _ = std::fs::remove_file(&tmp);
+                    std::os::unix::fs::symlink(&private, &tmp).unwrap();
+                    std::fs::rename(&tmp, f).unwrap();
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                    std::fs::hard_link(f.with_extension("keep"), &tmp).unwrap();
+                    std::fs::rename(&tmp, f).unwrap();
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                    flips += 1;
+                }
+            }
+            flips
+        })
+    };
+    let started = std::time::Instant::now();
+    let (mut answered, mut refused) = (0, 0);
+    rt.block_on(async {
+        while started.elapsed() < std::time::Duration::from_secs(2) {
+            for sql in ["SELECT * FROM jobs", "SELECT * FROM pubd"] {
+                match s.sql(sql).await {
+                    Ok(r) => {
+                        let rs = rows(&r);
+                        assert_eq!(rs.len(), 4, "{sql}: {rs:?}");
+                        for row in &rs {
+                            assert!(row.contains_key("dept") && row.contains_key("floor"));
+                            assert!(!row.values().any(|v| v.contains("SECRET")), "{row:?}");
+                        }
+                        answered += 1;
+                    }
+                    Err(e) => {
+                        assert!(!e.to_string().contains("SECRET"), "{sql}: {e}");
+                        refused += 1;
+                    }
+                }
+            }
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    let flips = swapper.join().unwrap();
+    println!("{answered} reads answered with the public rows, {refused} refused, {flips} swaps");
+    assert!(flips > 0);
+    assert_eq!(s.scans("shaped"), 0);
     let _ = std::fs::remove_dir_all(&st.dir);
 }
