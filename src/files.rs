@@ -5,10 +5,18 @@
 //! file below it, now and later. Two sets intersect when they may read a common file; an analyst
 //! registration whose set intersects a private table's is refused (crate::owner::Protection).
 //!
+//! An entry that cannot be resolved (a dangling link, a loop, a target whose canonical path is
+//! too long for `realpath`) is an error, never skipped: what cannot be named cannot be checked.
+//! What DataFusion then reads goes through [`store::PinnedFs`], which opens without following
+//! links and compares what it opened with what was pinned at registration.
+//!
 //! The sets are a superset of what DataFusion's listing reads (hidden files, other extensions
 //! and subdirectories all count): on this side, a refusal too many is safe, a read too many is
 //! not.
 use std::path::{Component, Path, PathBuf};
+
+pub mod store;
+pub use store::{PinId, PinnedFs};
 
 /// The most files one location may name (a larger walk is refused).
 pub const MAX_FILES: usize = 100_000;
@@ -81,6 +89,16 @@ pub enum FileError {
     #[error("'{location}' cannot be read: {source}")]
     Io {
         location: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "'{location}': the entry {entry} cannot be resolved ({source}); a dangling or looping \
+         link, or one whose target cannot be named, is refused, never skipped"
+    )]
+    Unresolvable {
+        location: String,
+        entry: String,
         #[source]
         source: std::io::Error,
     },
@@ -197,8 +215,8 @@ pub fn resolve(location: &str, base: &Path) -> Result<FileSet, FileError> {
         set.files.push(FileId::of(root, &meta));
         return Ok(set);
     }
-    // Walk the directory: every entry, symbolic links followed to their canonical target
-    // (a loop or a dangling link is skipped), each directory visited once.
+    // Walk the directory: every entry, symbolic links followed to their canonical target (an
+    // entry that cannot be resolved is refused), each directory visited once.
     let mut seen = std::collections::HashSet::new();
     let mut stack = vec![(root.clone(), root.clone(), 0usize)];
     let opts = glob::MatchOptions {
@@ -220,12 +238,13 @@ pub fn resolve(location: &str, base: &Path) -> Result<FileSet, FileError> {
             let entry = entry.map_err(io(location))?;
             // The path as the listing would see it (for glob matching), and its target.
             let listed = shown.join(entry.file_name());
-            let Ok(target) = std::fs::canonicalize(entry.path()) else {
-                continue;
+            let unresolvable = |source| FileError::Unresolvable {
+                location: location.to_string(),
+                entry: entry.path().display().to_string(),
+                source,
             };
-            let Ok(tm) = std::fs::metadata(&target) else {
-                continue;
-            };
+            let target = std::fs::canonicalize(entry.path()).map_err(unresolvable)?;
+            let tm = std::fs::metadata(&target).map_err(unresolvable)?;
             if tm.is_dir() {
                 stack.push((target, listed, depth + 1));
             } else {

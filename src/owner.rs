@@ -113,10 +113,12 @@ pub fn unpin(cols: &[PinnedColumn]) -> Result<SchemaRef> {
     Ok(Arc::new(Schema::new(fields)))
 }
 
-/// The owner's CSV provider: read with `format`, with the pinned `schema` when there is one
+/// The owner's CSV provider (built in `tmp`, a context whose files go through the session's
+/// pins, crate::files::store): read with `format`, with the pinned `schema` when there is one
 /// (no inference), else with the schema inferred now (the owner's registration; it is then
 /// pinned).
 pub async fn csv_provider(
+    tmp: &SessionContext,
     root: &Path,
     format: &CsvFormat,
     schema: Option<&Schema>,
@@ -139,14 +141,16 @@ pub async fn csv_provider(
     if let Some(s) = schema {
         opts = opts.schema(s);
     }
-    let tmp = SessionContext::new();
     tmp.register_csv("t", &root.to_string_lossy(), opts).await?;
-    tmp.table_provider("t").await
+    let provider = tmp.table_provider("t").await;
+    tmp.deregister_table("t")?;
+    provider
 }
 
 /// The owner's Parquet provider (a file, or a directory of `.parquet` files), with the pinned
 /// schema when there is one.
 pub async fn parquet_provider(
+    tmp: &SessionContext,
     root: &Path,
     schema: Option<&Schema>,
 ) -> Result<Arc<dyn TableProvider>> {
@@ -161,10 +165,11 @@ pub async fn parquet_provider(
     if let Some(s) = schema {
         opts = opts.schema(s);
     }
-    let tmp = SessionContext::new();
     tmp.register_parquet("t", &root.to_string_lossy(), opts)
         .await?;
-    tmp.table_provider("t").await
+    let provider = tmp.table_provider("t").await;
+    tmp.deregister_table("t")?;
+    provider
 }
 
 /// The files analyst SQL may never register, read or write.

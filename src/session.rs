@@ -352,6 +352,8 @@ pub struct PrivateSession {
     /// them).
     owned: Mutex<std::collections::HashSet<String>>,
     protection: Arc<Protection>,
+    /// The file system door: what each table may read, and the output directory.
+    fs: Arc<crate::files::PinnedFs>,
 }
 
 impl std::fmt::Debug for PrivateSession {
@@ -389,6 +391,10 @@ impl PrivateSession {
         let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
             .with_memory_limit(options.memory_limit, 1.0)
             .build_arc()?;
+        // Every file the context reads or writes goes through the pins (crate::files::store):
+        // opened without following links and compared with what was registered.
+        let fs = crate::files::PinnedFs::new();
+        fs.install(&runtime);
         #[cfg(feature = "distributed")]
         let ctx = match &options.cluster {
             Some(cluster) => crate::distributed::connect(cluster, config).await?,
@@ -408,7 +414,8 @@ impl PrivateSession {
                 .collect(),
         ));
         if let Some(dir) = &options.output_dir {
-            // The output directory must hold no private file and none of the owner's.
+            // The output directory must hold no private file and none of the owner's, and be
+            // writable by its owner only; it is pinned now (COPY writes only directly in it).
             let set =
                 crate::files::resolve(&dir.to_string_lossy(), Path::new(".")).map_err(|e| {
                     DataFusionError::Plan(format!(
@@ -425,6 +432,9 @@ impl PrivateSession {
                         dir.display()
                     ))
                 })?;
+            fs.set_output_dir(dir).map_err(|e| {
+                DataFusionError::Plan(format!("the output directory cannot be used: {e}"))
+            })?;
         }
         let session = Self {
             ctx,
@@ -435,6 +445,7 @@ impl PrivateSession {
             tables: Mutex::new(HashMap::new()),
             owned: Mutex::new(Default::default()),
             protection,
+            fs,
         };
         statements::register_table_functions(&session.ctx, session.accountant.clone());
         Ok(session)
@@ -507,32 +518,61 @@ impl PrivateSession {
                      ledger or the catalog; a file belongs to one table ({e})"
                 ))
             })?;
-        let pinned = self.accountant.policy(&key).and_then(|p| p.schema);
-        let schema = match (&reg.schema, &pinned) {
-            (Some(s), _) => Some(s.clone()),
-            (None, Some(p)) => Some(crate::owner::unpin(p)?),
-            (None, None) => None,
-        };
-        let provider = match format {
-            FileFormat::Csv => {
-                crate::owner::csv_provider(&set.root, &reg.csv, schema.as_deref()).await?
-            }
-            FileFormat::Parquet => {
-                crate::owner::parquet_provider(&set.root, schema.as_deref()).await?
-            }
-        };
-        if provider.schema().fields().is_empty() {
+        // The output directory (where analysts' COPY writes) holds no table's file, and lies
+        // in no table's directory.
+        if let Some(out) = self.fs.output_dir()
+            && set.intersects(&crate::files::FileSet::path_only(&out))
+        {
             return plan_err!(
-                "table '{name}': '{location}' has no columns (an empty file?). A CSV file needs \
-                 a header line, or declare the columns in the catalog ([[table.columns]])"
+                "table '{name}': '{location}' and the output directory {} overlap; analysts' \
+                 COPY writes there, so no table's file may lie in it (choose another output \
+                 directory, or move the table's files)",
+                out.display()
             );
         }
-        reg.schema = Some(provider.schema());
-        let format_text = match format {
-            FileFormat::Csv => reg.csv.describe(),
-            FileFormat::Parquet => "parquet".to_string(),
-        };
-        self.register_owned(name, provider, key, reg, Some(format_text))
+        // Pinned now: from here on the table reads these files only (crate::files::store).
+        let table = name.to_ascii_lowercase();
+        let pin = self
+            .fs
+            .pin(&table, &set, reg.visibility == Visibility::Private)
+            .map_err(|e| DataFusionError::Plan(format!("table '{name}': {e}")))?;
+        let registered = async {
+            let pinned = self.accountant.policy(&key).and_then(|p| p.schema);
+            let schema = match (&reg.schema, &pinned) {
+                (Some(s), _) => Some(s.clone()),
+                (None, Some(p)) => Some(crate::owner::unpin(p)?),
+                (None, None) => None,
+            };
+            let scratch = self.fs.scratch_context()?;
+            let provider = match format {
+                FileFormat::Csv => {
+                    crate::owner::csv_provider(&scratch, &set.root, &reg.csv, schema.as_deref())
+                        .await?
+                }
+                FileFormat::Parquet => {
+                    crate::owner::parquet_provider(&scratch, &set.root, schema.as_deref()).await?
+                }
+            };
+            if provider.schema().fields().is_empty() {
+                return plan_err!(
+                    "table '{name}': '{location}' has no columns (an empty file?). A CSV file \
+                     needs a header line, or declare the columns in the catalog \
+                     ([[table.columns]])"
+                );
+            }
+            reg.schema = Some(provider.schema());
+            let format_text = match format {
+                FileFormat::Csv => reg.csv.describe(),
+                FileFormat::Parquet => "parquet".to_string(),
+            };
+            self.register_owned(name, provider, key, reg, Some(format_text))
+        }
+        .await;
+        match &registered {
+            Ok(_) => self.fs.retain_table(&table, &[pin]),
+            Err(_) => self.fs.unpin(pin),
+        }
+        registered
     }
 
     /// Registers in-memory batches as a table (ledger identity `mem:<name>`).
@@ -591,7 +631,7 @@ impl PrivateSession {
         for c in &reg.public_columns {
             check_column(&name, &schema, c, "public column")?;
         }
-        check_ratio_bounds(&name, &provider, &reg)?;
+        check_ratio_bounds(&name, &provider, &reg, &self.fs)?;
         let unit = check_unit(&name, &schema, &reg)?;
         let policy = TablePolicy {
             key: key.clone(),
@@ -973,11 +1013,14 @@ impl PrivateSession {
         })
     }
 
-    /// Where a `COPY … TO` may write: only a plain file name (or relative path without `..`)
-    /// inside the output directory the data owner configured ([`SessionOptions::output_dir`]),
-    /// never a symbolic link, the ledger, or a registered table's file.
+    /// Where a `COPY … TO` may write: only a new file, by a plain file name, directly in the
+    /// output directory the data owner configured ([`SessionOptions::output_dir`], pinned when
+    /// the session opened). The checks here give the messages; the write itself goes through
+    /// [`crate::files::PinnedFs::create_output`], which opens the pinned directory without
+    /// following links and creates the file with `O_CREAT | O_EXCL | O_NOFOLLOW`, so nothing
+    /// swapped in after these checks can redirect it.
     fn output_target(&self, url: &str) -> Result<String> {
-        let Some(dir) = &self.options.output_dir else {
+        let Some(dir) = self.fs.output_dir() else {
             return plan_err!(
                 "dpfusion refused the query: COPY ... TO writes files, and this session has no \
                  output directory (the data owner sets one with --output-dir, or \
@@ -1000,37 +1043,26 @@ impl PrivateSession {
                 dir.display()
             );
         }
-        let dir = std::fs::canonicalize(dir).map_err(|e| {
-            DataFusionError::Plan(format!(
-                "the output directory {} cannot be used: {e}",
-                dir.display()
-            ))
-        })?;
+        self.fs
+            .check_output()
+            .map_err(|e| DataFusionError::Plan(format!("dpfusion refused the query: {e}")))?;
         let target = dir.join(rel);
-        // Every existing component below the directory must be a real directory (or, last, a
-        // regular file): no symbolic link may lead the write elsewhere.
+        // No symbolic link on the way (the message; the write refuses them anyway).
         let mut p = dir.clone();
         for c in rel.components() {
             p.push(c);
-            match std::fs::symlink_metadata(&p) {
-                Ok(m) if m.file_type().is_symlink() => {
-                    return plan_err!(
-                        "dpfusion refused the query: COPY ... TO '{url}' goes through a symbolic \
-                         link"
-                    );
-                }
-                Ok(m) if p != target && !m.is_dir() => {
-                    return plan_err!(
-                        "dpfusion refused the query: COPY ... TO '{url}': not a directory on the way"
-                    );
-                }
-                Ok(m) if p == target && !m.is_file() => {
-                    return plan_err!(
-                        "dpfusion refused the query: COPY ... TO '{url}' is not a regular file"
-                    );
-                }
-                _ => {}
+            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                return plan_err!(
+                    "dpfusion refused the query: COPY ... TO '{url}' goes through a symbolic link"
+                );
             }
+        }
+        if rel.components().count() != 1 {
+            return plan_err!(
+                "dpfusion refused the query: COPY ... TO '{url}': COPY writes one new file \
+                 directly in the output directory {} (no sub-directory)",
+                dir.display()
+            );
         }
         // Never the ledger's directory, the owner's files or a private table's files (any the
         // ledger knows), nor a file of a table registered in this session.
@@ -1048,6 +1080,20 @@ impl PrivateSession {
                 "dpfusion refused the query: COPY ... TO '{url}' would write over a registered \
                  table's file"
             );
+        }
+        match std::fs::symlink_metadata(&target) {
+            Ok(m) if !m.is_file() => {
+                return plan_err!(
+                    "dpfusion refused the query: COPY ... TO '{url}' is not a regular file"
+                );
+            }
+            Ok(_) => {
+                return plan_err!(
+                    "dpfusion refused the query: COPY ... TO '{url}': the file exists; COPY only \
+                     creates new files (choose a new name)"
+                );
+            }
+            Err(_) => {}
         }
         Ok(target.to_string_lossy().to_string())
     }
@@ -1200,39 +1246,67 @@ impl PrivateSession {
         for location in &c.locations {
             sets.push(self.analyst_file_set(location)?);
         }
-        let tmp = SessionContext::new();
-        let plan = tmp
-            .state()
-            .statement_to_plan(DFStatement::CreateExternalTable(c.clone()))
-            .await?;
-        tmp.execute_logical_plan(plan).await?;
-        let provider = tmp.table_provider(name.as_str()).await?;
-        // The provider lists its files again at every scan: check them again then, so a file
-        // that appears later under the location cannot be a private one.
-        let protection = self.protection.clone();
-        let allowed = self.options.analyst_files.clone();
-        let locations = c.locations.clone();
-        let recheck: crate::guard::table::Recheck = Arc::new(move || {
-            for location in &locations {
-                analyst_file_set(location, &allowed, &protection)?;
+        // DataFusion reads the canonical spelling the pins know (crate::files::store), and
+        // only what is pinned now.
+        let mut c = c;
+        for location in c.locations.iter_mut() {
+            let canon =
+                crate::files::canonical_location(location, Path::new(".")).map_err(|e| {
+                    DataFusionError::Plan(format!("dpfusion refused the registration: {e}"))
+                })?;
+            *location = canon.to_string_lossy().to_string();
+        }
+        let mut pins = Vec::new();
+        for set in &sets {
+            match self.fs.pin(&name, set, false) {
+                Ok(p) => pins.push(p),
+                Err(e) => {
+                    pins.iter().for_each(|p| self.fs.unpin(*p));
+                    return plan_err!("dpfusion refused the registration: {e}");
+                }
             }
-            Ok(())
-        });
-        let key = TableKey::from(format!(
-            "analyst:{}",
-            sets.iter()
-                .map(|s| s.root.to_string_lossy().to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        ));
-        let policy = self.install(
-            &name,
-            provider,
-            key,
-            Registration::public(),
-            None,
-            Some(recheck),
-        )?;
+        }
+        let registered = async {
+            let tmp = self.fs.scratch_context()?;
+            let plan = tmp
+                .state()
+                .statement_to_plan(DFStatement::CreateExternalTable(c.clone()))
+                .await?;
+            tmp.execute_logical_plan(plan).await?;
+            let provider = tmp.table_provider(name.as_str()).await?;
+            // The provider lists its files again at every scan: check them again then, so a
+            // file that appears later under the location cannot be a private one.
+            let protection = self.protection.clone();
+            let allowed = self.options.analyst_files.clone();
+            let locations = c.locations.clone();
+            let recheck: crate::guard::table::Recheck = Arc::new(move || {
+                for location in &locations {
+                    analyst_file_set(location, &allowed, &protection)?;
+                }
+                Ok(())
+            });
+            let key = TableKey::from(format!(
+                "analyst:{}",
+                sets.iter()
+                    .map(|s| s.root.to_string_lossy().to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ));
+            self.install(
+                &name,
+                provider,
+                key,
+                Registration::public(),
+                None,
+                Some(recheck),
+            )
+        }
+        .await;
+        match &registered {
+            Ok(_) => self.fs.retain_table(&name, &pins),
+            Err(_) => pins.iter().for_each(|p| self.fs.unpin(*p)),
+        }
+        let policy = registered?;
         let batch = statements::registration_batch(&policy)?;
         Ok(QueryResult::of(vec![batch.clone()], batch.schema()))
     }
@@ -1409,6 +1483,7 @@ fn check_ratio_bounds(
     table: &str,
     provider: &Arc<dyn TableProvider>,
     reg: &Registration,
+    fs: &Arc<crate::files::PinnedFs>,
 ) -> Result<()> {
     if reg.ratio_bounds.is_empty() {
         return Ok(());
@@ -1438,13 +1513,15 @@ fn check_ratio_bounds(
     let provider = provider.clone();
     let bounds = reg.ratio_bounds.clone();
     let table = table.to_string();
+    let fs = Arc::clone(fs);
     let run = move || -> Result<()> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         rt.block_on(async move {
-            let ctx = SessionContext::new();
+            // The files are read through the session's pins, as every scan.
+            let ctx = fs.scratch_context()?;
             ctx.register_table("t", provider)?;
             for b in &bounds {
                 let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));

@@ -1033,3 +1033,517 @@ async fn a_forged_budget_in_a_policy_line_does_not_open_a_session() {
     open_refused(&st, &["line 2"]).await;
     let _ = std::fs::remove_dir_all(&st.dir);
 }
+
+// ---------------------------------------------------------------------------------------------
+// 7. Issue 27: open what was registered. Every file DataFusion reads or writes goes through the
+//    session's pins (src/files/store.rs): opened without following links, its device and inode
+//    compared with what was registered; COPY creates a new file directly in the output
+//    directory, or nothing.
+// ---------------------------------------------------------------------------------------------
+
+/// A private value of people.csv (row 1's salary): never in any result or message below.
+const PRIVATE_VALUE: &str = "85857.76";
+
+/// A private file of depts.csv's shape (dept, floor): 4 rows of secrets.
+fn shaped_rows() -> &'static str {
+    "dept,floor\nSECRET-a,1\nSECRET-b,2\nSECRET-c,3\nSECRET-d,4\n"
+}
+
+/// Replaces `path` atomically (rename) with a symbolic link to `target`; returns the original,
+/// kept aside under `path.orig`.
+fn swap_for_link(path: &Path, target: &Path) -> PathBuf {
+    let orig = path.with_extension("orig");
+    std::fs::rename(path, &orig).unwrap();
+    let tmp = path.with_extension("swap");
+    let _ = std::fs::remove_file(&tmp);
+    symlink(target, &tmp);
+    std::fs::rename(&tmp, path).unwrap();
+    orig
+}
+
+/// Undoes [`swap_for_link`]: the very same file (same inode) is back.
+fn swap_back(path: &Path, orig: &Path) {
+    std::fs::rename(orig, path).unwrap();
+}
+
+/// `sql` fails, and neither its message nor anything else shows a private value.
+async fn refused_no_data(s: &PrivateSession, ledger: &Path, sql: &str, needle: &str) {
+    let e = refused(s, ledger, sql, needle).await;
+    assert!(
+        !e.contains(PRIVATE_VALUE) && !e.contains("SECRET"),
+        "{sql}: {e}"
+    );
+    assert!(!e.contains("sha256:"), "{sql}: {e}");
+}
+
+/// A directory whose canonical path is longer than PATH_MAX, built through short links, and a
+/// link (`target` of at most 4,095 bytes) that reaches `leaf` through it: the kernel follows it,
+/// `realpath` fails with ENAMETOOLONG.
+fn too_long_for_realpath(base: &Path, link: &Path, leaf: &Path) {
+    let a = "a".repeat(250);
+    let level = |n: usize| vec![a.as_str(); n].join("/");
+    let deep = base.join("deep");
+    std::fs::create_dir_all(deep.join(level(8))).unwrap();
+    let s1 = base.join("s1");
+    symlink(&deep.join(level(8)), &s1);
+    std::fs::create_dir_all(s1.join(level(8))).unwrap();
+    let s2 = base.join("s2");
+    symlink(&s1.join(level(8)), &s2);
+    std::fs::create_dir_all(s2.join(level(2))).unwrap();
+    // Level 18 holds `x` → leaf; level 16 holds `y` → two levels down to `x`.
+    symlink(leaf, &s2.join(level(2)).join("x"));
+    std::os::unix::fs::symlink(format!("{}/x", level(2)), s2.join("y")).unwrap();
+    // `link` → ../deep/<16 levels>/y (relative to the link's directory, one below `base`).
+    let rel = format!("../deep/{}/y", level(16));
+    assert!(rel.len() < 4096, "{}", rel.len());
+    std::os::unix::fs::symlink(&rel, link).unwrap();
+    let e = std::fs::canonicalize(link).expect_err("realpath must fail");
+    assert_eq!(e.raw_os_error(), Some(36), "ENAMETOOLONG expected: {e}");
+    assert_eq!(
+        std::fs::read(link).unwrap(),
+        std::fs::read(leaf).unwrap(),
+        "the kernel follows the link"
+    );
+}
+
+#[tokio::test]
+async fn links_that_cannot_be_resolved_are_refused_never_skipped() {
+    let st = setup("unresolvable");
+    let public = st.dir.join("public");
+    std::fs::create_dir_all(&public).unwrap();
+    std::fs::copy(depts_csv(), public.join("depts.csv")).unwrap();
+    let s = owner_session(&st, AnalystFiles::Under(vec![public.clone()])).await;
+    let before = snapshot(&st.ledger);
+    let pubs = public.to_string_lossy().to_string();
+    let long = public.join("long.csv");
+    too_long_for_realpath(&st.dir, &long, &st.p);
+    let dangling = public.join("dangling.csv");
+    symlink(&st.dir.join("no-such-file.csv"), &dangling);
+    // A loop: public/loop1.csv → other/loop2.csv → public/loop1.csv.
+    let (l1, l2) = (public.join("loop1.csv"), st.dir.join("other/loop2.csv"));
+    symlink(&l2, &l1);
+    symlink(&l1, &l2);
+    let all = [long.clone(), dangling.clone(), l1.clone()];
+    // Each bad link alone, then all of them: the directory and the link are refused.
+    for bad in &all {
+        for other in all.iter().filter(|o| *o != bad) {
+            let _ = std::fs::rename(other, other.with_extension("off"));
+        }
+        for location in [format!("{pubs}/"), bad.to_string_lossy().to_string()] {
+            let sql = format!("CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '{location}'");
+            refused_no_data(&s, &st.ledger, &sql, "refused").await;
+        }
+        for other in all.iter().filter(|o| *o != bad) {
+            let _ = std::fs::rename(other.with_extension("off"), other);
+        }
+    }
+    // Without them the directory registers; when one appears later, the next scan is refused
+    // (by the check before every scan, and by the store, which follows no link).
+    let moved: Vec<PathBuf> = all
+        .iter()
+        .map(|b| {
+            let to = st.dir.join("other").join(b.file_name().unwrap());
+            std::fs::rename(b, &to).unwrap();
+            to
+        })
+        .collect();
+    ok(
+        &s,
+        &format!("CREATE EXTERNAL TABLE a STORED AS CSV LOCATION '{pubs}/'"),
+    )
+    .await;
+    assert_eq!(
+        rows(&ok(&s, "SELECT count(*) AS c FROM a").await)[0]["c"],
+        "4"
+    );
+    for (b, m) in all.iter().zip(&moved) {
+        std::fs::rename(m, b).unwrap();
+        for sql in ["SELECT count(*) AS c FROM a", "SELECT * FROM a"] {
+            refused_no_data(&s, &st.ledger, sql, "refused").await;
+        }
+        std::fs::rename(b, m).unwrap();
+    }
+    assert_eq!(
+        rows(&ok(&s, "SELECT count(*) AS c FROM a").await)[0]["c"],
+        "4"
+    );
+    assert_eq!(snapshot(&st.ledger), before);
+    assert_eq!(s.scans("p"), 0);
+    let _ = std::fs::remove_dir_all(&st.dir);
+}
+
+#[tokio::test]
+async fn a_public_file_swapped_for_a_link_or_another_file_is_refused() {
+    let st = setup("swap-public");
+    let public = st.dir.join("public");
+    std::fs::create_dir_all(&public).unwrap();
+    let jobs = public.join("jobs.csv");
+    let mine = public.join("mine.csv");
+    std::fs::copy(depts_csv(), &jobs).unwrap();
+    std::fs::copy(depts_csv(), &mine).unwrap();
+    // The owner's catalog, with an analyst's token hash in it.
+    let catalog = st.dir.join("dpfusion.toml");
+    std::fs::write(
+        &catalog,
+        "[[analyst]]\nname = \"ann\"\ntoken_hash = \"sha256:00:11\"\n",
+    )
+    .unwrap();
+    let mut o = options(&st, AnalystFiles::Under(vec![public.clone()]));
+    o.owner_paths = vec![catalog.clone()];
+    let s = PrivateSession::open(o).await.unwrap();
+    s.register_csv("p", &st.p, Registration::private().budget(10.0, 1e-6))
+        .await
+        .unwrap();
+    let shaped = st.d.join("shaped.csv");
+    std::fs::write(&shaped, shaped_rows()).unwrap();
+    s.register_csv("shaped", &shaped, Registration::private())
+        .await
+        .unwrap();
+    // The owner's public table, in a directory analysts may write (as the example catalog's
+    // `jobs`), and an analyst's public table.
+    s.register_csv("jobs", &jobs, Registration::public())
+        .await
+        .unwrap();
+    ok(
+        &s,
+        &format!(
+            "CREATE EXTERNAL TABLE mine STORED AS CSV LOCATION '{}'",
+            mine.display()
+        ),
+    )
+    .await;
+    for table in ["jobs", "mine"] {
+        let file = public.join(format!("{table}.csv"));
+        let count = format!("SELECT count(*) AS c FROM {table}");
+        let all = format!("SELECT * FROM {table}");
+        assert_eq!(rows(&ok(&s, &count).await)[0]["c"], "4");
+        // A symbolic link to the private file, the catalog, the ledger or its sidecar.
+        for target in [
+            st.p.clone(),
+            shaped.clone(),
+            catalog.clone(),
+            st.ledger.clone(),
+            head_path(&st.ledger),
+        ] {
+            let orig = swap_for_link(&file, &target);
+            for sql in [&count, &all] {
+                refused_no_data(&s, &st.ledger, sql, "refused").await;
+            }
+            std::fs::remove_file(&file).unwrap();
+            swap_back(&file, &orig);
+            assert_eq!(rows(&ok(&s, &count).await)[0]["c"], "4", "{table} is back");
+        }
+        // A hard link to the private file, and a new copy of the same rows: not the file
+        // that was registered.
+        for replacement in [&st.p, &shaped, &depts_csv()] {
+            let orig = file.with_extension("orig");
+            std::fs::rename(&file, &orig).unwrap();
+            let tmp = file.with_extension("new");
+            if replacement != &depts_csv() {
+                std::fs::hard_link(replacement, &tmp).unwrap();
+            } else {
+                std::fs::copy(replacement, &tmp).unwrap();
+            }
+            std::fs::rename(&tmp, &file).unwrap();
+            // (An analyst's table is refused by the check before every scan when the file
+            // is a private one's, by the store otherwise.)
+            let needle = if replacement != &depts_csv() && table == "mine" {
+                "refused"
+            } else {
+                "not the file or directory that was registered"
+            };
+            for sql in [&count, &all] {
+                refused_no_data(&s, &st.ledger, sql, needle).await;
+            }
+            std::fs::remove_file(&file).unwrap();
+            swap_back(&file, &orig);
+        }
+        assert_eq!(rows(&ok(&s, &count).await)[0]["c"], "4");
+    }
+    // A private table's file swapped for a link to another file is refused too (with the
+    // fixed message of a private read once admitted, or before).
+    let orig = swap_for_link(&st.p, &jobs);
+    let e = s
+        .sql("SELECT dp_count(id, 1.0) AS n FROM p")
+        .await
+        .expect_err("a swapped private file is refused");
+    assert!(!e.to_string().contains(PRIVATE_VALUE));
+    std::fs::remove_file(&st.p).unwrap();
+    swap_back(&st.p, &orig);
+    ok(&s, "SELECT dp_count(id, 1.0) AS n FROM p").await;
+    let _ = std::fs::remove_dir_all(&st.dir);
+}
+
+#[tokio::test]
+async fn an_output_directory_writable_by_others_or_holding_the_owner_s_files_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let st = setup("out-rules");
+    let out = st.dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let catalog = st.dir.join("other/dpfusion.toml");
+    std::fs::write(&catalog, "").unwrap();
+    let open_with = |dir: &Path| {
+        let mut o = options(&st, AnalystFiles::None).with_output_dir(dir);
+        o.owner_paths = vec![catalog.clone()];
+        PrivateSession::open(o)
+    };
+    for mode in [0o777, 0o1777, 0o757] {
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(mode)).unwrap();
+        let e = open_with(&out)
+            .await
+            .expect_err("writable by others")
+            .to_string();
+        assert!(e.contains("writable by others"), "{mode:o}: {e}");
+    }
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The ledger's directory, the catalog's: refused.
+    for bad in [st.ledger.parent().unwrap(), catalog.parent().unwrap()] {
+        let e = open_with(bad).await.expect_err("owner's files").to_string();
+        assert!(e.contains("choose a directory of its own"), "{e}");
+    }
+    // No table's file, private or public, may lie in the output directory.
+    let s = open_with(&out).await.unwrap();
+    std::fs::copy(depts_csv(), out.join("pub.csv")).unwrap();
+    std::fs::copy(people_csv(), out.join("priv.csv")).unwrap();
+    for (name, reg) in [
+        ("pubt", Registration::public()),
+        ("privt", Registration::private()),
+    ] {
+        let file = out.join(if name == "pubt" {
+            "pub.csv"
+        } else {
+            "priv.csv"
+        });
+        let e = s
+            .register_csv(name, &file, reg)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overlap"), "{e}");
+    }
+    let e = s
+        .register_csv("outdir", &out, Registration::public())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("overlap"), "{e}");
+    // A directory that became writable by others after the session opened: COPY refuses.
+    ok(&s, "COPY (SELECT 1 AS a) TO 'one.csv' STORED AS CSV").await;
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+    refused(
+        &s,
+        &st.ledger,
+        "COPY (SELECT 1 AS a) TO 'two.csv' STORED AS CSV",
+        "writable by others",
+    )
+    .await;
+    assert!(!out.join("two.csv").exists());
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // COPY creates new files only.
+    refused(
+        &s,
+        &st.ledger,
+        "COPY (SELECT 1 AS a) TO 'one.csv' STORED AS CSV",
+        "creates new files",
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&st.dir);
+}
+
+#[test]
+fn copy_racing_a_swapper_never_writes_outside_the_output_directory() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let st = setup("copy-race");
+    let out = st.dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let ledger_dir = st.ledger.parent().unwrap().to_path_buf();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt.block_on(async {
+        let s = PrivateSession::open(options(&st, AnalystFiles::None).with_output_dir(&out))
+            .await
+            .unwrap();
+        s.register_csv("p", &st.p, Registration::private().budget(10.0, 1e-6))
+            .await
+            .unwrap();
+        s
+    });
+    let before = snapshot(&st.ledger);
+    let listing = |d: &Path| {
+        let mut v: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        v.sort();
+        v
+    };
+    let ledger_files = listing(&ledger_dir);
+    let stop = Arc::new(AtomicBool::new(false));
+    // The swapper: `out/sub` a real directory, then a link to the ledger's directory; the
+    // target name a link to the ledger's directory and to the ledger; the output directory
+    // itself swapped for a link to the ledger's directory and back.
+    let swapper = {
+        let (stop, out, ledger_dir, ledger) = (
+            stop.clone(),
+            out.clone(),
+            ledger_dir.clone(),
+            st.ledger.clone(),
+        );
+        std::thread::spawn(move || {
+            let aside = out.with_extension("aside");
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let sub = out.join("sub");
+                let _ = std::fs::remove_dir_all(&sub);
+                let _ = std::fs::remove_file(&sub);
+                let _ = std::fs::create_dir(&sub);
+                std::thread::yield_now();
+                let _ = std::fs::remove_dir(&sub);
+                let _ = std::os::unix::fs::symlink(&ledger_dir, &sub);
+                for name in ["race.csv", "ledger.jsonl"] {
+                    let t = out.join(name);
+                    let _ = std::fs::remove_file(&t);
+                    let to = if i.is_multiple_of(2) {
+                        ledger.clone()
+                    } else {
+                        ledger_dir.join(name)
+                    };
+                    let _ = std::os::unix::fs::symlink(&to, &t);
+                    std::thread::yield_now();
+                    let _ = std::fs::remove_file(&t);
+                }
+                if i.is_multiple_of(8) && std::fs::rename(&out, &aside).is_ok() {
+                    let _ = std::os::unix::fs::symlink(&ledger_dir, &out);
+                    std::thread::yield_now();
+                    let _ = std::fs::remove_file(&out);
+                    std::fs::rename(&aside, &out).unwrap();
+                }
+            }
+        })
+    };
+    let started = std::time::Instant::now();
+    let (mut tries, mut written) = (0, 0);
+    rt.block_on(async {
+        while started.elapsed() < std::time::Duration::from_secs(3) && tries < 4000 {
+            for target in ["sub/ledger.jsonl", "race.csv", "ledger.jsonl"] {
+                tries += 1;
+                let sql = format!("COPY (SELECT 1 AS a) TO '{target}' STORED AS CSV");
+                if s.sql(&sql).await.is_ok() {
+                    written += 1;
+                }
+            }
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    println!("{tries} COPYs raced the swapper, {written} wrote a file into the output directory");
+    assert_eq!(
+        snapshot(&st.ledger),
+        before,
+        "the ledger and its sidecar are intact"
+    );
+    assert_eq!(
+        listing(&ledger_dir),
+        ledger_files,
+        "nothing new in the ledger's directory"
+    );
+    assert!(out.is_dir() && !out.is_symlink());
+    let _ = std::fs::remove_dir_all(&st.dir);
+}
+
+#[test]
+fn reads_racing_a_swapper_never_see_a_private_row() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let st = setup("read-race");
+    let public = st.dir.join("public");
+    let pubd = public.join("d");
+    std::fs::create_dir_all(&pubd).unwrap();
+    let jobs = public.join("jobs.csv");
+    std::fs::copy(depts_csv(), &jobs).unwrap();
+    std::fs::copy(depts_csv(), pubd.join("one.csv")).unwrap();
+    // A private table of the public tables' shape: read through a followed link, its rows
+    // would fit their schema.
+    let shaped = st.d.join("shaped.csv");
+    std::fs::write(&shaped, shaped_rows()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt.block_on(async {
+        let s = owner_session(&st, AnalystFiles::None).await;
+        s.register_csv("shaped", &shaped, Registration::private())
+            .await
+            .unwrap();
+        s.register_csv("jobs", &jobs, Registration::public())
+            .await
+            .unwrap();
+        s.register_csv("pubd", &pubd, Registration::public())
+            .await
+            .unwrap();
+        s
+    });
+    // The swapper keeps each original (a hard link aside) and flips the name between it and a
+    // link to the private file, as fast as it can.
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (stop, files, private) = (
+            stop.clone(),
+            vec![jobs.clone(), pubd.join("one.csv")],
+            shaped.clone(),
+        );
+        std::thread::spawn(move || {
+            for f in &files {
+                std::fs::hard_link(f, f.with_extension("keep")).unwrap();
+            }
+            let mut flips = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for f in &files {
+                    let tmp = f.with_extension("tmp");
+                    let _ = std::fs::remove_file(&tmp);
+                    std::os::unix::fs::symlink(&private, &tmp).unwrap();
+                    std::fs::rename(&tmp, f).unwrap();
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                    std::fs::hard_link(f.with_extension("keep"), &tmp).unwrap();
+                    std::fs::rename(&tmp, f).unwrap();
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                    flips += 1;
+                }
+            }
+            flips
+        })
+    };
+    let started = std::time::Instant::now();
+    let (mut answered, mut refused) = (0, 0);
+    rt.block_on(async {
+        while started.elapsed() < std::time::Duration::from_secs(2) {
+            for sql in ["SELECT * FROM jobs", "SELECT * FROM pubd"] {
+                match s.sql(sql).await {
+                    Ok(r) => {
+                        let rs = rows(&r);
+                        assert_eq!(rs.len(), 4, "{sql}: {rs:?}");
+                        for row in &rs {
+                            assert!(row.contains_key("dept") && row.contains_key("floor"));
+                            assert!(!row.values().any(|v| v.contains("SECRET")), "{row:?}");
+                        }
+                        answered += 1;
+                    }
+                    Err(e) => {
+                        assert!(!e.to_string().contains("SECRET"), "{sql}: {e}");
+                        refused += 1;
+                    }
+                }
+            }
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    let flips = swapper.join().unwrap();
+    println!("{answered} reads answered with the public rows, {refused} refused, {flips} swaps");
+    assert!(flips > 0);
+    assert_eq!(s.scans("shaped"), 0);
+    let _ = std::fs::remove_dir_all(&st.dir);
+}
