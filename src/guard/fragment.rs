@@ -287,6 +287,13 @@ fn literal_len(v: &ScalarValue) -> usize {
         | ScalarValue::LargeBinary(Some(b))
         | ScalarValue::BinaryView(Some(b))
         | ScalarValue::FixedSizeBinary(_, Some(b)) => b.len(),
+        // A list or struct literal (e.g. a make_array of literals, folded by the optimizer): its
+        // memory, since it is copied once per row like any literal.
+        ScalarValue::List(_)
+        | ScalarValue::LargeList(_)
+        | ScalarValue::FixedSizeList(_)
+        | ScalarValue::Struct(_)
+        | ScalarValue::Map(_) => v.size().saturating_sub(std::mem::size_of::<ScalarValue>()),
         _ => 0,
     }
 }
