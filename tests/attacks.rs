@@ -555,7 +555,8 @@ async fn review3_class2_allocations_chosen_by_the_query_are_refused_at_planning(
         Ok(_) => wrong.push("ADMITTED: make_array of 100 KB per row".into()),
         // (The optimizer may fold it into one list literal, refused for its size.)
         Err(e)
-            if !e.to_string().contains("bytes per row") && !e.to_string().contains("a literal of") =>
+            if !e.to_string().contains("bytes per row")
+                && !e.to_string().contains("a literal of") =>
         {
             wrong.push(format!("make_array: {e}"))
         }

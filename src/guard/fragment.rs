@@ -182,7 +182,8 @@ pub const FUNCTIONS: &[Function] = &[
     f("reverse", &[Str], First, Infallible),
     f("right", &[Str, Int], First, Infallible),
     f("rtrim", &[Str, Str], First, Infallible),
-    lf("split_part", &[Str, Str, Int], &[2], First, Infallible),
+    // position 0 fails: rewritten to CASE WHEN n <> 0 THEN split_part(…) END at planning
+    f("split_part", &[Str, Str, Int], First, Infallible),
     f("starts_with", &[Str, Str], Fixed, Infallible),
     f("strpos", &[Str, Str], Fixed, Infallible),
     f("substr", &[Str, Int, Int], First, Fallback),

@@ -77,6 +77,7 @@ fn trivially_total(e: &Expr, schema: &DFSchema) -> bool {
 /// measurably slower, a timing signal):
 /// - `CAST(x AS t)` and `arrow_cast(x, 't')` become `TRY_CAST(x AS t)` (NULL where x does not
 ///   convert; the target was checked at planning: fragment::cast_target);
+/// - `split_part(s, d, n)` becomes `CASE WHEN n <> 0 THEN split_part(s, d, n) END`;
 /// - integer and decimal `a / b`, `a % b`, `a DIV b` become `CASE WHEN b <> 0 [AND NOT (b = -1
 ///   AND a = MIN)] THEN a op b END` (NULL on a zero divisor and on the one signed overflow; the
 ///   CASE evaluates the division only on the rows its condition selects). Float division never
@@ -97,6 +98,14 @@ pub fn total_form(e: Expr, schema: &DFSchema) -> Result<Expr> {
                 Box::new(f.args[0].clone()),
                 t,
             ))))
+        }
+        // split_part(s, d, 0) fails (positions count from 1, or from -1 at the end).
+        Expr::ScalarFunction(f) if f.func.name() == "split_part" && f.args.len() == 3 => {
+            let n = f.args[2].clone();
+            let zero = ScalarValue::new_zero(&n.get_type(schema)?)?;
+            Ok(Transformed::yes(
+                when(n.not_eq(lit(zero)), x.clone()).end()?,
+            ))
         }
         Expr::BinaryExpr(BinaryExpr { left, op, right })
             if matches!(
