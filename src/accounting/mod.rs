@@ -734,7 +734,11 @@ impl Accountant {
         // anything is written.
         policy.filter = policy.compiled_filter()?.kind;
         let existing = st.policies.get(&policy.key).cloned();
-        let decision = match policy::reconcile(existing.as_ref(), &policy, &self.path) {
+        let charged = st
+            .tables
+            .get(&policy.key)
+            .is_some_and(|s| !s.events.is_empty());
+        let decision = match policy::reconcile(existing.as_ref(), &policy, charged, &self.path) {
             Err(AccountingError::PolicyConflict(_))
                 if relax.is_some_and(|r| !r.trim().is_empty()) =>
             {

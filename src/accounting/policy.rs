@@ -10,7 +10,10 @@
 //! declared where the unit was one row (add/remove of all of a unit's rows protects more than
 //! add/remove of one). Changing the default contribution bounds is recorded freely: any bounds
 //! are valid (they trade bias for noise). Removing or changing the unit column or domain needs
-//! a relaxation. The privacy filter
+//! a relaxation. A change of the neighbour relation (`replace` ↔ `add_remove`, row ↔ unit, the
+//! unit column or domain), even a stricter one, is allowed without a relaxation only while the
+//! table has no charges: the charges already made were calibrated for the old relation, and
+//! their ε under the new one is unbounded (issue 26, class 7). The privacy filter
 //! (kind and order) and the δ share are neither: changing them changes how past charges are
 //! counted, so it needs an explicit relaxation. Lowering a budget stops later admissions earlier;
 //! it does not make earlier admissions cheaper (docs/ACCOUNTING.md).
@@ -30,6 +33,12 @@ pub(super) enum Decision {
 pub(super) struct Change {
     pub what: String,
     pub stricter: bool,
+    /// A change of the neighbour relation (neighbours, row → unit, the unit column or domain):
+    /// the ε of the charges already made, counted under the new relation, is unbounded (a
+    /// charge for one row says nothing about all of a unit's rows, one for a `replace` neighbour
+    /// nothing about adding a row). So even when the new relation is stricter, it is allowed
+    /// without the owner's `relax` only on a table with no charges yet.
+    pub voids_charges: bool,
 }
 
 impl Change {
@@ -37,7 +46,22 @@ impl Change {
         Self {
             what: what.into(),
             stricter,
+            voids_charges: false,
         }
+    }
+
+    /// A change of the neighbour relation ([`Change::voids_charges`]).
+    fn relation(what: impl Into<String>, stricter: bool) -> Self {
+        Self {
+            voids_charges: true,
+            ..Self::new(what, stricter)
+        }
+    }
+
+    /// May this change be recorded without the owner's relaxation, on a table that has
+    /// (`charged`) or has not charges in the ledger?
+    fn allowed(&self, charged: bool) -> bool {
+        self.stricter && !(charged && self.voids_charges)
     }
 }
 
@@ -91,23 +115,23 @@ pub(super) fn changes(e: &TablePolicy, req: &TablePolicy) -> Vec<Change> {
             ));
         }
         if e.neighbours != req.neighbours {
-            out.push(Change::new(
+            out.push(Change::relation(
                 format!("neighbours {} → {}", e.neighbours, req.neighbours),
                 req.neighbours == Neighbours::AddRemove,
             ));
         }
         match (&e.unit, &req.unit) {
-            (None, Some(u)) => out.push(Change::new(
+            (None, Some(u)) => out.push(Change::relation(
                 format!("privacy unit: row → {}", u.column),
                 // A unit of several rows protects more than one row under add/remove.
                 req.neighbours == Neighbours::AddRemove,
             )),
-            (Some(u), None) => out.push(Change::new(
+            (Some(u), None) => out.push(Change::relation(
                 format!("privacy unit: {} → row", u.column),
                 false,
             )),
             (Some(a), Some(b)) if a.column != b.column || a.domain != b.domain => {
-                out.push(Change::new(
+                out.push(Change::relation(
                     format!(
                         "privacy unit {} (domain {}) → {} (domain {})",
                         a.column, a.domain, b.column, b.domain
@@ -172,15 +196,19 @@ pub(super) fn changes(e: &TablePolicy, req: &TablePolicy) -> Vec<Change> {
     out
 }
 
-/// True when `req` may replace `e` without an owner relaxation (every change is stricter).
+/// True when `req` may replace `e` in a `policy` record on replay (every change is stricter).
+/// Replay keeps the rule under which the record was written; a relation change on a charged
+/// table is refused before it is written ([`reconcile`]).
 pub(super) fn no_weaker(e: &TablePolicy, req: &TablePolicy) -> bool {
     changes(e, req).iter().all(|c| c.stricter)
 }
 
-/// Decides what an owner registration `req` does, given the ledger's policy `existing`.
+/// Decides what an owner registration `req` does, given the ledger's policy `existing` and
+/// whether the ledger holds charges to the table (`charged`).
 pub(super) fn reconcile(
     existing: Option<&TablePolicy>,
     req: &TablePolicy,
+    charged: bool,
     ledger: &Path,
 ) -> Result<Decision, AccountingError> {
     let Some(e) = existing else {
@@ -193,11 +221,11 @@ pub(super) fn reconcile(
             ..e.clone()
         })));
     }
-    if changes.iter().all(|c| c.stricter) {
+    if changes.iter().all(|c| c.allowed(charged)) {
         return Ok(Decision::Record);
     }
     Err(AccountingError::PolicyConflict(conflict_message(
-        e, req, &changes, ledger,
+        e, req, &changes, charged, ledger,
     )))
 }
 
@@ -205,12 +233,23 @@ fn conflict_message(
     e: &TablePolicy,
     req: &TablePolicy,
     changes: &[Change],
+    charged: bool,
     ledger: &Path,
 ) -> String {
-    let weaker: Vec<&str> = changes
+    let weaker: Vec<String> = changes
         .iter()
-        .filter(|c| !c.stricter)
-        .map(|c| c.what.as_str())
+        .filter(|c| !c.allowed(charged))
+        .map(|c| {
+            if c.stricter {
+                format!(
+                    "{} (a change of the neighbour relation on a table that has charges: their ε \
+                     under the new relation is unbounded)",
+                    c.what
+                )
+            } else {
+                c.what.clone()
+            }
+        })
         .collect();
     format!(
         "table '{}' (file {}) is registered in ledger {} with a policy that this registration \
@@ -229,4 +268,97 @@ fn conflict_message(
 pub(super) fn relaxation_note(reason: &str, changes: &[Change]) -> String {
     let what: Vec<&str> = changes.iter().map(|c| c.what.as_str()).collect();
     format!("{reason} [{}]", what.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Budget, DEFAULT_DELTA_SHARE, PrivacyUnit, TableKey};
+    use super::*;
+
+    fn policy() -> TablePolicy {
+        TablePolicy {
+            key: TableKey::from("demo:t"),
+            name: "t".into(),
+            visibility: Visibility::Private,
+            neighbours: Neighbours::Replace,
+            public_columns: Vec::new(),
+            budget: Budget {
+                epsilon: 1.0,
+                delta: 1e-6,
+            },
+            filter: FilterKind::Gdp,
+            delta_share: DEFAULT_DELTA_SHARE,
+            schema: None,
+            format: None,
+            relaxed: None,
+            unit: None,
+        }
+    }
+
+    fn unit(column: &str, domain: &str) -> Option<PrivacyUnit> {
+        Some(PrivacyUnit {
+            column: column.into(),
+            domain: domain.into(),
+            max_groups_contributed: 1,
+            max_rows_contributed: 1,
+        })
+    }
+
+    /// Issue 26, class 7: every change of the neighbour relation voids past charges. Without
+    /// charges a stricter one is recorded; with charges it needs the owner's relaxation.
+    #[test]
+    fn a_relation_change_is_free_only_on_a_table_without_charges() {
+        let ledger = Path::new("/nowhere/ledger.jsonl");
+        let e = policy();
+        let mut add_remove = e.clone();
+        add_remove.neighbours = Neighbours::AddRemove;
+        let mut with_unit = add_remove.clone();
+        with_unit.unit = unit("customer", "people");
+        let mut other_column = with_unit.clone();
+        other_column.unit = unit("account", "people");
+        let mut other_domain = with_unit.clone();
+        other_domain.unit = unit("customer", "accounts");
+        for (from, to) in [
+            (&e, &add_remove),
+            (&add_remove, &with_unit),
+            (&with_unit, &other_column),
+            (&with_unit, &other_domain),
+            (&with_unit, &add_remove),
+            (&add_remove, &e),
+        ] {
+            let cs = changes(from, to);
+            assert!(cs.iter().any(|c| c.voids_charges), "{cs:?}");
+            match reconcile(Some(from), to, true, ledger) {
+                Err(AccountingError::PolicyConflict(m)) => {
+                    assert!(m.contains("relax"), "{m}");
+                }
+                other => panic!("a charged table: {:?}", other.map(|_| ())),
+            }
+        }
+        // Without charges: the stricter ones (replace → add_remove, row → unit) are recorded;
+        // the weaker ones still need a relaxation.
+        for (from, to) in [(&e, &add_remove), (&add_remove, &with_unit)] {
+            assert!(matches!(
+                reconcile(Some(from), to, false, ledger),
+                Ok(Decision::Record)
+            ));
+        }
+        for (from, to) in [
+            (&with_unit, &other_column),
+            (&with_unit, &add_remove),
+            (&add_remove, &e),
+        ] {
+            assert!(reconcile(Some(from), to, false, ledger).is_err());
+        }
+        // A charged table may still be made stricter in its budget, and its bounds changed.
+        let mut smaller = with_unit.clone();
+        smaller.budget.epsilon = 0.5;
+        smaller.unit.as_mut().unwrap().max_groups_contributed = 3;
+        assert!(matches!(
+            reconcile(Some(&with_unit), &smaller, true, ledger),
+            Ok(Decision::Record)
+        ));
+        // Replay keeps the rule the record was written under.
+        assert!(no_weaker(&e, &add_remove));
+    }
 }

@@ -1018,3 +1018,72 @@ fn a_replaced_ledger_path_stops_admission() {
     fs::remove_file(&path).unwrap();
     assert!(acc.admit("q5", &gauss("demo:t", 0.1)).is_err());
 }
+/// Issue 26, class 7: `replace` → `add_remove` or row → unit on a table that has charges needs
+/// the owner's relaxation (the past charges' ε under the new relation is unbounded); on a table
+/// without charges it is recorded as stricter.
+#[test]
+fn a_relation_change_on_a_charged_table_needs_a_relaxation() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let mut replace = private("demo:rel", "rel", 1.0);
+    replace.neighbours = Neighbours::Replace;
+    acc.register_table(replace.clone()).unwrap();
+    // No charges yet: replace → add_remove is recorded.
+    acc.register_table(private("demo:rel", "rel", 1.0)).unwrap();
+    assert_eq!(
+        acc.policy(&TableKey::from("demo:rel")).unwrap().neighbours,
+        Neighbours::AddRemove
+    );
+    acc.owner_set_policy(replace.clone(), "back to replace for the test")
+        .unwrap();
+    acc.admit("q", &gauss("demo:rel", 0.1)).unwrap();
+    let before = file_len(&path);
+    for to in [private("demo:rel", "rel", 1.0), {
+        let mut u = replace.clone();
+        u.unit = Some(PrivacyUnit {
+            column: "customer".into(),
+            domain: "people".into(),
+            max_groups_contributed: 1,
+            max_rows_contributed: 1,
+        });
+        u.neighbours = Neighbours::AddRemove;
+        u
+    }] {
+        match acc.register_table(to.clone()) {
+            Err(AccountingError::PolicyConflict(m)) => {
+                assert!(m.contains("has charges") && m.contains("relax"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(file_len(&path), before, "nothing written");
+    }
+    assert_eq!(
+        acc.policy(&TableKey::from("demo:rel")).unwrap().neighbours,
+        Neighbours::Replace
+    );
+    // With the owner's reason it is recorded, with the change.
+    let relaxed = acc
+        .register_table_with(
+            private("demo:rel", "rel", 1.0),
+            FilterChoice {
+                kind: true,
+                delta_share: true,
+                budget: true,
+            },
+            Some("new release protects every row's presence"),
+        )
+        .unwrap();
+    assert!(
+        relaxed
+            .relaxed
+            .as_deref()
+            .is_some_and(|r| r.contains("neighbours replace → add_remove")),
+        "{relaxed:?}"
+    );
+    drop(acc);
+    let acc = Accountant::open(&path).unwrap();
+    assert_eq!(
+        acc.policy(&TableKey::from("demo:rel")).unwrap().neighbours,
+        Neighbours::AddRemove
+    );
+}

@@ -30,9 +30,14 @@
 //! Everything else (other joins of two private tables, a join that can repeat a private row, `FULL`
 //! joins, a join without equality keys) stays refused.
 //!
-//! Under `replace` neighbours an inner or semi/anti join on a private key drops rows by their
-//! private values: like a WHERE on a private column, it makes the row count private (so the
-//! guard then adds partition selection and refuses `rgm_mean_by`).
+//! Under `replace` neighbours a join whose condition reads a private column anywhere (a key of
+//! the private side, or the ON condition besides the keys, whatever the join type) makes the
+//! join's output private: an inner or semi/anti join drops rows by it, and a LEFT JOIN decides by
+//! it which public values each private row carries. Like a WHERE on a private column, it makes
+//! the group set and sizes private (so the guard then adds partition selection, and refuses
+//! `rgm_mean_by`); a public column of the other side traces to every private column of the
+//! condition ([`condition_columns`]). Every key and condition is made total ([`super::total`]),
+//! in a join with a public table and in a join of two unit tables alike.
 use std::sync::Arc;
 
 use datafusion::common::{Column, JoinType, Result};
@@ -72,10 +77,10 @@ pub(super) fn region_join(
     };
     use JoinType::*;
     let key_set = matches!((j.join_type, private_left), (Right, true) | (Left, false));
-    let (preserving, filtering) = match (j.join_type, private_left) {
-        (Inner, _) | (Left, true) | (Right, false) => (true, false),
-        (LeftSemi | LeftAnti, true) | (RightSemi | RightAnti, false) => (false, true),
-        _ if key_set => (true, false),
+    let preserving = match (j.join_type, private_left) {
+        (Inner, _) | (Left, true) | (Right, false) => true,
+        (LeftSemi | LeftAnti, true) | (RightSemi | RightAnti, false) => false,
+        _ if key_set => true,
         (jt, _) => {
             return Err(not_in_fragment(
                 &format!(
@@ -101,11 +106,11 @@ pub(super) fn region_join(
         (&j.right, &j.left)
     };
     for (l, r) in &j.on {
-        check_fragment(l, "the JOIN keys", table)?;
-        check_fragment(r, "the JOIN keys", table)?;
+        check_fragment(l, j.left.schema(), "the JOIN keys", table)?;
+        check_fragment(r, j.right.schema(), "the JOIN keys", table)?;
     }
     if let Some(f) = &j.filter {
-        check_fragment(f, "the JOIN condition", table)?;
+        check_fragment(f, &j.schema, "the JOIN condition", table)?;
     }
     let private_plan = super::region(private, out, cx, table)?;
     if out.key_set {
@@ -115,26 +120,27 @@ pub(super) fn region_join(
     }
     // The public side is a query of its own: guarded as one (it reads no private table).
     let public_plan = super::visit(public.as_ref().clone(), cx)?;
-    let (private_keys, public_keys): (Vec<&Expr>, Vec<&Expr>) = if private_left {
-        j.on.iter().map(|(l, r)| (l, r)).unzip()
-    } else {
-        j.on.iter().map(|(l, r)| (r, l)).unzip()
-    };
-    // Rows dropped by a private key make the row count private (replace neighbours).
-    let keys_public = out.table.as_ref().is_some_and(|info| {
-        private_keys.iter().all(|k| {
-            base_columns(k, private)
-                .is_some_and(|cols| cols.iter().all(|c| info.is_public_column(c)))
-        })
-    });
+    let public_keys: Vec<&Expr> =
+        j.on.iter()
+            .map(|(l, r)| if private_left { r } else { l })
+            .collect();
     if key_set && j.filter.is_some() {
         return Err(not_in_fragment(
             "a join condition besides the equality keys in a RIGHT JOIN onto a public key table",
             table,
         ));
     }
-    let drops_rows = filtering || key_set || j.join_type == Inner || j.filter.is_some();
-    if drops_rows && !keys_public {
+    // A private column anywhere in the join's condition (the private side's equality keys, or
+    // the ON condition besides them, on either side) makes the join's output private: an inner
+    // or semi/anti join drops rows by it, and even a LEFT JOIN keeping every private row decides
+    // by it which public values each row carries (hence the groups and their sizes when grouped
+    // by them). Under `replace` neighbours the guard then adds partition selection and no longer
+    // treats group sizes as public (issue 26, class 3).
+    let condition_public = out.table.as_ref().is_some_and(|info| {
+        condition_columns(j, private_left)
+            .is_some_and(|cols| cols.iter().all(|c| info.is_public_column(c)))
+    });
+    if !condition_public {
         out.private_filter = true;
     }
     if preserving {
@@ -167,15 +173,7 @@ pub(super) fn region_join(
         Some(f) => Some(super::total::wrap(f.clone(), &j.schema)?),
         None => None,
     };
-    let on =
-        j.on.iter()
-            .map(|(l, r)| {
-                Ok((
-                    super::total::wrap(l.clone(), j.left.schema())?,
-                    super::total::wrap(r.clone(), j.right.schema())?,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
+    let on = total_keys(j)?;
     Ok(LogicalPlan::Join(Join::try_new(
         Arc::new(left),
         Arc::new(right),
@@ -186,6 +184,32 @@ pub(super) fn region_join(
         j.null_equality,
         j.null_aware,
     )?))
+}
+
+/// The base columns of the private side that the condition of `j` (one side private, the
+/// other public) reads: its keys on the private side, and the private side's columns in its
+/// ON condition besides the keys (the public side's columns there are public, and a function of
+/// the private side's keys). None when a column cannot be traced (treated as private).
+pub(super) fn condition_columns(
+    j: &Join,
+    private_left: bool,
+) -> Option<std::collections::BTreeSet<String>> {
+    let private = if private_left { &j.left } else { &j.right };
+    let mut out = std::collections::BTreeSet::new();
+    for (l, r) in &j.on {
+        let k = if private_left { l } else { r };
+        out.extend(base_columns(k, private)?);
+    }
+    if let Some(f) = &j.filter {
+        for c in f.column_refs() {
+            if private.schema().has_column(c) {
+                out.extend(super::trace_column(c, private)?);
+            } else if !j.schema.has_column(c) {
+                return None;
+            }
+        }
+    }
+    Some(out)
 }
 
 /// Two private tables joined on their privacy unit columns: both declare a unit of the same
@@ -243,11 +267,11 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
         )));
     }
     for (l, r) in &j.on {
-        check_fragment(l, "the JOIN keys", table)?;
-        check_fragment(r, "the JOIN keys", table)?;
+        check_fragment(l, j.left.schema(), "the JOIN keys", table)?;
+        check_fragment(r, j.right.schema(), "the JOIN keys", table)?;
     }
     if let Some(f) = &j.filter {
-        check_fragment(f, "the JOIN condition", table)?;
+        check_fragment(f, &j.schema, "the JOIN condition", table)?;
     }
     out.table = Some(lt);
     out.also.push(rt);
@@ -258,16 +282,31 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
         Some(f) => Some(super::total::wrap(f.clone(), &j.schema)?),
         None => None,
     };
+    // The keys made total too: a key that fails on one row must not fail the query (issue 26,
+    // class 4); a NULL key matches nothing.
+    let on = total_keys(j)?;
     Ok(LogicalPlan::Join(Join::try_new(
         Arc::new(left_plan),
         Arc::new(right_plan),
-        j.on.clone(),
+        on,
         filter,
         j.join_type,
         j.join_constraint,
         j.null_equality,
         j.null_aware,
     )?))
+}
+
+/// The equality keys of `j`, each made total over its side's schema.
+fn total_keys(j: &Join) -> Result<Vec<(Expr, Expr)>> {
+    j.on.iter()
+        .map(|(l, r)| {
+            Ok((
+                super::total::wrap(l.clone(), j.left.schema())?,
+                super::total::wrap(r.clone(), j.right.schema())?,
+            ))
+        })
+        .collect()
 }
 
 /// The refusal of anything but projections above a public key set.

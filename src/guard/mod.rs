@@ -110,7 +110,7 @@ pub fn guard_with(plan: LogicalPlan, opts: GuardOptions) -> Result<Guarded> {
         opts,
         public_sides: Vec::new(),
     };
-    let plan = visit(plan, &mut cx)?;
+    let plan = order_release(visit(plan, &mut cx)?)?;
     Ok(Guarded {
         plan,
         calls: cx.calls,
@@ -414,8 +414,9 @@ fn not_in_fragment(what: &str, table: &str) -> DataFusionError {
     ))
 }
 
-fn check_fragment(e: &Expr, place: &str, table: &str) -> Result<()> {
-    match fragment::check_expr(e) {
+/// Checks `e`, an expression over `schema` (its node's input), against the typed fragment.
+fn check_fragment(e: &Expr, schema: &DFSchema, place: &str, table: &str) -> Result<()> {
+    match fragment::check_expr_typed(e, schema) {
         None => Ok(()),
         Some(why) => Err(not_in_fragment(&format!("{why} in {place}"), table)),
     }
@@ -466,7 +467,7 @@ fn region(plan: &LogicalPlan, out: &mut Region, cx: &mut Cx, table: &str) -> Res
         LogicalPlan::Projection(p) => {
             let t = table_name();
             for e in &p.expr {
-                check_fragment(e, "SELECT", &t)?;
+                check_fragment(e, p.input.schema(), "SELECT", &t)?;
             }
             let input = region(&p.input, out, cx, table)?;
             let exprs = p
@@ -485,7 +486,7 @@ fn region(plan: &LogicalPlan, out: &mut Region, cx: &mut Cx, table: &str) -> Res
         }
         LogicalPlan::Filter(f) => {
             let t = table_name();
-            check_fragment(&f.predicate, "WHERE", &t)?;
+            check_fragment(&f.predicate, f.input.schema(), "WHERE", &t)?;
             let input = region(&f.input, out, cx, table)?;
             if out.key_set {
                 return Err(not_in_fragment(
@@ -571,12 +572,9 @@ fn trace_column(c: &Column, plan: &LogicalPlan) -> Option<BTreeSet<String>> {
             if !public.schema().has_column(c) {
                 return None;
             }
-            let mut out = BTreeSet::new();
-            for (l, r) in &j.on {
-                let k = if private_left { l } else { r };
-                out.extend(base_columns(k, private)?);
-            }
-            Some(out)
+            // Which public row a private row carries is decided by the whole join condition:
+            // its keys and its ON condition besides them (issue 26, class 3).
+            join::condition_columns(j, private_left)
         }
         _ => None,
     }
@@ -696,7 +694,12 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         }
         let data_args = dp_aggregate_data_args(name).unwrap_or(1);
         for a in f.params.args.iter().take(data_args) {
-            check_fragment(a, &format!("the arguments of {name}"), &t)?;
+            check_fragment(
+                a,
+                agg.input.schema(),
+                &format!("the arguments of {name}"),
+                &t,
+            )?;
         }
         // A model's feature count must be known before any row is read: rows whose list has
         // another length are skipped, so a length chosen per row would decide, from the data,
@@ -716,7 +719,12 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             }
         }
         if let Some(filter) = &f.params.filter {
-            check_fragment(filter, &format!("the FILTER clause of {name}"), &t)?;
+            check_fragment(
+                filter,
+                agg.input.schema(),
+                &format!("the FILTER clause of {name}"),
+                &t,
+            )?;
         }
     }
     // 2. what stands between the aggregate and the scan, checked and made total
@@ -760,7 +768,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
                 table.name
             )));
         }
-        check_fragment(g, "GROUP BY", &table.name)?;
+        check_fragment(g, agg.input.schema(), "GROUP BY", &table.name)?;
         match base_columns(g, &agg.input) {
             Some(cols) if cols.iter().all(|c| table.is_public_column(c)) => {}
             _ => keys_public = false,
@@ -970,7 +978,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     charge_joined_tables(cx, first_call, &below.also);
     if !needs_selection {
         let new = Aggregate::try_new(input, group_expr, new_aggr)?;
-        return guard_subqueries(LogicalPlan::Aggregate(new), cx);
+        return sort_by_group_keys(guard_subqueries(LogicalPlan::Aggregate(new), cx)?, n_group);
     }
     // 5. partition selection: keep a group only if its noisy count passes a threshold (on a
     //    unit-level table: its noisy count of distinct units, each unit in at most K groups).
@@ -1048,7 +1056,112 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         .map(|(q, f)| Expr::Column(Column::new(q.cloned(), f.name())))
         .collect();
     let proj = Projection::try_new(cols, Arc::new(LogicalPlan::Filter(filter)))?;
-    Ok(LogicalPlan::Projection(proj))
+    sort_by_group_keys(LogicalPlan::Projection(proj), n_group)
+}
+
+// ---- the order of released rows (issue 26, class 6) --------------------------------------------
+
+/// Can DataFusion sort by a column of type `t` (every kernel it may use: arrow's single-column
+/// sort and its lexicographic comparator)? Scalars, strings, binaries and lists of them.
+fn orderable(t: &datafusion::arrow::datatypes::DataType) -> bool {
+    use datafusion::arrow::datatypes::DataType::*;
+    match t {
+        List(f) | LargeList(f) | FixedSizeList(f, _) => orderable(f.data_type()),
+        Dictionary(_, v) => orderable(v),
+        Struct(_) | Map(..) | Union(..) | RunEndEncoded(..) | ListView(_) | LargeListView(_) => {
+            false
+        }
+        _ => true,
+    }
+}
+
+/// Ascending, NULLs first, by each orderable column among the first `take` of `schema`.
+fn sort_exprs(schema: &DFSchema, take: usize) -> Vec<datafusion::logical_expr::SortExpr> {
+    schema
+        .iter()
+        .take(take)
+        .filter(|(_, f)| orderable(f.data_type()))
+        .map(|(q, f)| Expr::Column(Column::new(q.cloned(), f.name())).sort(true, true))
+        .collect()
+}
+
+/// `release` (a DP aggregate after partition selection, its first `n_group` columns the group
+/// keys) sorted by its group keys. Hash aggregation emits groups in the order it first met them,
+/// an order that depends on the private rows; sorted by the released keys, the order is a
+/// function of the released set alone (post-processing). The keys of one release are distinct,
+/// so the order is total. Above it, projections, filters and limits keep this order.
+fn sort_by_group_keys(release: LogicalPlan, n_group: usize) -> Result<LogicalPlan> {
+    let keys = sort_exprs(release.schema(), n_group);
+    if keys.is_empty() {
+        return Ok(release);
+    }
+    Ok(LogicalPlan::Sort(datafusion::logical_expr::Sort {
+        expr: keys,
+        input: Arc::new(release),
+        fetch: None,
+    }))
+}
+
+/// The final order of a query that reads a private table: its rows sorted by every released
+/// (orderable) column, after the query's own ORDER BY if it has one (then the columns only break
+/// its ties). Whatever stands above the DP releases (joins, unions of releases, repartitioning)
+/// may emit rows in an order that depends on timing or on the private rows behind the releases;
+/// sorted by the output itself, the order is a function of the released values alone
+/// (docs/PRIVACY.md, "The order of released rows"). Plans that are not queries are returned as
+/// they are.
+pub fn order_release(plan: LogicalPlan) -> Result<LogicalPlan> {
+    match &plan {
+        LogicalPlan::Explain(_)
+        | LogicalPlan::Analyze(_)
+        | LogicalPlan::Dml(_)
+        | LogicalPlan::Ddl(_)
+        | LogicalPlan::Copy(_)
+        | LogicalPlan::Statement(_)
+        | LogicalPlan::DescribeTable(_)
+        | LogicalPlan::Extension(_)
+        | LogicalPlan::EmptyRelation(_) => return Ok(plan),
+        _ if !reads_private(&plan) => return Ok(plan),
+        _ => {}
+    }
+    if let Some(ordered) = tie_break_own_order(&plan)? {
+        return Ok(ordered);
+    }
+    let keys = sort_exprs(plan.schema(), usize::MAX);
+    if keys.is_empty() {
+        return Ok(plan);
+    }
+    Ok(LogicalPlan::Sort(datafusion::logical_expr::Sort {
+        expr: keys,
+        input: Arc::new(plan),
+        fetch: None,
+    }))
+}
+
+/// `plan` with its own ORDER BY's ties broken, if a Sort stands at its top below only nodes that
+/// keep the order of their input (projections, aliases, limits). None otherwise.
+fn tie_break_own_order(plan: &LogicalPlan) -> Result<Option<LogicalPlan>> {
+    match plan {
+        LogicalPlan::Sort(s) => Ok(Some(LogicalPlan::Sort(break_ties(s.clone())?))),
+        LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Limit(_) => {
+            let input = plan.inputs()[0];
+            match tie_break_own_order(input)? {
+                Some(new) => Ok(Some(plan.with_new_exprs(plan.expressions(), vec![new])?)),
+                None => Ok(None),
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The query's own ORDER BY `s`, with every orderable column of its input added as a tie-break.
+fn break_ties(s: datafusion::logical_expr::Sort) -> Result<datafusion::logical_expr::Sort> {
+    let mut expr = s.expr;
+    for k in sort_exprs(s.input.schema(), usize::MAX) {
+        if !expr.iter().any(|e| e.expr == k.expr) {
+            expr.push(k);
+        }
+    }
+    Ok(datafusion::logical_expr::Sort { expr, ..s })
 }
 
 /// The calls from `from` on, charged also to the other private tables of a join on the unit

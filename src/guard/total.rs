@@ -18,7 +18,7 @@ use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Column, DFSchema, Result};
+use datafusion::common::{Column, DFSchema, Result, ScalarValue};
 use datafusion::execution::context::ExecutionProps;
 use datafusion::logical_expr::{
     ColumnarValue, Expr, ExprSchemable, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
@@ -60,10 +60,11 @@ fn trivially_total(e: &Expr, schema: &DFSchema) -> bool {
     match e {
         Expr::Column(_) | Expr::Literal(..) => true,
         Expr::Alias(a) => trivially_total(&a.expr, schema),
-        Expr::Cast(c) => {
-            matches!(c.field.data_type(), DataType::Float64 | DataType::Float32)
-                && matches!(c.expr.as_ref(), Expr::Column(_))
-                && c.expr
+        Expr::Cast(datafusion::logical_expr::Cast { expr, field })
+        | Expr::TryCast(datafusion::logical_expr::TryCast { expr, field }) => {
+            matches!(field.data_type(), DataType::Float64 | DataType::Float32)
+                && matches!(expr.as_ref(), Expr::Column(_))
+                && expr
                     .get_type(schema)
                     .is_ok_and(|t| t.is_numeric() || t == DataType::Boolean)
         }
@@ -71,8 +72,82 @@ fn trivially_total(e: &Expr, schema: &DFSchema) -> bool {
     }
 }
 
+/// `e` rewritten at planning into forms that cannot fail, so that the last-resort wrapper's
+/// row-by-row fallback is never taken for them (issue 26, class 2: a batch that fails runs
+/// measurably slower, a timing signal):
+/// - `CAST(x AS t)` and `arrow_cast(x, 't')` become `TRY_CAST(x AS t)` (NULL where x does not
+///   convert; the target was checked at planning: fragment::cast_target);
+/// - `split_part(s, d, n)` becomes `CASE WHEN n <> 0 THEN split_part(s, d, n) END`;
+/// - integer and decimal `a / b`, `a % b`, `a DIV b` become `CASE WHEN b <> 0 [AND NOT (b = -1
+///   AND a = MIN)] THEN a op b END` (NULL on a zero divisor and on the one signed overflow; the
+///   CASE evaluates the division only on the rows its condition selects). Float division never
+///   fails (±inf, NaN).
+///
+/// Everything else that may fail on some value stays behind the wrapper ([`wrap`]);
+/// docs/PRIVACY.md lists which functions those are.
+pub fn total_form(e: Expr, schema: &DFSchema) -> Result<Expr> {
+    use datafusion::logical_expr::{BinaryExpr, Operator, TryCast, lit, when};
+    Ok(e.transform_up(|x| match &x {
+        Expr::Cast(c) => Ok(Transformed::yes(Expr::TryCast(TryCast::new_from_field(
+            c.expr.clone(),
+            c.field.clone(),
+        )))),
+        Expr::ScalarFunction(f) if f.func.name() == "arrow_cast" && !f.args.is_empty() => {
+            let t = x.get_type(schema)?;
+            Ok(Transformed::yes(Expr::TryCast(TryCast::new(
+                Box::new(f.args[0].clone()),
+                t,
+            ))))
+        }
+        // split_part(s, d, 0) fails (positions count from 1, or from -1 at the end).
+        Expr::ScalarFunction(f) if f.func.name() == "split_part" && f.args.len() == 3 => {
+            let n = f.args[2].clone();
+            let zero = ScalarValue::new_zero(&n.get_type(schema)?)?;
+            Ok(Transformed::yes(
+                when(n.not_eq(lit(zero)), x.clone()).end()?,
+            ))
+        }
+        Expr::BinaryExpr(BinaryExpr { left, op, right })
+            if matches!(
+                op,
+                Operator::Divide | Operator::Modulo | Operator::IntegerDivide
+            ) =>
+        {
+            let t = x.get_type(schema)?;
+            let rt = right.get_type(schema)?;
+            if !(t.is_integer() || t.is_decimal()) {
+                return Ok(Transformed::no(x));
+            }
+            let zero = ScalarValue::new_zero(&rt)?;
+            let mut safe = right.as_ref().clone().not_eq(lit(zero));
+            if rt.is_signed_integer() {
+                let lt = left.get_type(schema)?;
+                if let (Ok(minus_one), Some(min)) =
+                    (ScalarValue::new_negative_one(&rt), ScalarValue::min(&lt))
+                {
+                    let overflow = right
+                        .as_ref()
+                        .clone()
+                        .eq(lit(minus_one))
+                        .and(left.as_ref().clone().eq(lit(min)));
+                    safe = safe.and(!overflow);
+                }
+            }
+            Ok(Transformed::yes(when(safe, x.clone()).end()?))
+        }
+        _ => Ok(Transformed::no(x)),
+    })?
+    .data)
+}
+
 /// `e` (an expression over `schema`), made total. Returns `e` itself when it cannot fail.
+/// Rewritten first into its total form ([`total_form`]); the wrapper is the last resort for
+/// what may still fail.
 pub fn wrap(e: Expr, schema: &DFSchema) -> Result<Expr> {
+    if trivially_total(&e, schema) {
+        return Ok(e);
+    }
+    let e = total_form(e, schema)?;
     if trivially_total(&e, schema) {
         return Ok(e);
     }
@@ -288,6 +363,47 @@ mod tests {
         assert_eq!(
             a.iter().collect::<Vec<_>>(),
             vec![Some(i64::MIN), Some(i64::MAX), Some(i64::MIN + 1)]
+        );
+    }
+
+    /// Issue 26, class 2: casts and integer divisions are rewritten into total forms, so a batch
+    /// with failing rows evaluates at once (the row-by-row fallback is not taken).
+    #[test]
+    fn total_forms_evaluate_without_error() {
+        let b = RecordBatch::try_from_iter([
+            (
+                "s",
+                Arc::new(StringArray::from(vec!["1", "x", "3"])) as ArrayRef,
+            ),
+            ("i", Arc::new(Int64Array::from(vec![1, 0, -1])) as ArrayRef),
+        ])
+        .unwrap();
+        let df = DFSchema::try_from(b.schema().as_ref().clone()).unwrap();
+        let eval = |e: Expr| {
+            let t = total_form(e, &df).unwrap();
+            let p =
+                create_physical_expr(&t, &df, &ExecutionProps::new(), &Default::default()).unwrap();
+            let a = p.evaluate(&b).expect("no error").into_array(3).unwrap();
+            a.as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .iter()
+                .collect::<Vec<_>>()
+        };
+        assert!(matches!(
+            total_form(cast(col("s"), DataType::Int64), &df).unwrap(),
+            Expr::TryCast(_)
+        ));
+        assert_eq!(
+            eval(cast(col("s"), DataType::Int64)),
+            vec![Some(1), None, Some(3)]
+        );
+        assert_eq!(eval(lit(10i64) / col("i")), vec![Some(10), None, Some(-10)]);
+        assert_eq!(eval(lit(10i64) % col("i")), vec![Some(0), None, Some(0)]);
+        // i64::MIN / -1 overflows: NULL on that row only.
+        assert_eq!(
+            eval(lit(i64::MIN) / col("i")),
+            vec![Some(i64::MIN), None, None]
         );
     }
 
