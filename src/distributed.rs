@@ -11,11 +11,17 @@
 //!   shuffle, and run the final aggregation, where `evaluate` draws the noise: once per release,
 //!   never per partition or per executor.
 //!
-//! The plan is submitted with the guard's table wrappers removed (a Ballista codec cannot encode
-//! them, and they only carry the policy the client has already enforced): file tables travel as
-//! DataFusion listing scans, read by the executors from the same path. A plan that reads no file
-//! table (in-memory batches, `dp_ledger()`, results of `CREATE TABLE AS`, no table at all) runs in
-//! the client, whose rows they are; a plan that mixes both is refused.
+//! Only a [`CheckedPlan`] is submitted, as it was checked: [`admissible`] runs before admission
+//! and refuses (nothing charged) a plan with a piece Ballista's codec cannot carry: the guard's
+//! total-evaluation wrappers (`dp_total`, a `ScalarUDF` that holds its expression and is not
+//! registered by name anywhere, so no `LogicalExtensionCodec::try_decode_udf` on the scheduler
+//! could rebuild it from a name) are such a piece. Removing them would run a different plan (a
+//! failing row would fail the query instead of giving NULL), so such a query is refused on a
+//! cluster, with the reason; it runs in a session without a cluster. The guard's table wrappers
+//! are removed (they only carry the policy the client has already enforced): file tables travel
+//! as DataFusion listing scans, read by the executors from the same path. A plan that reads no
+//! file table (in-memory batches, `dp_ledger()`, results of `CREATE TABLE AS`, no table at all)
+//! runs in the client, whose rows they are; a plan that mixes both is refused.
 //!
 //! The scheduler and executors are trusted like the client's own DataFusion: they read raw rows,
 //! and partial states cross the shuffle un-noised. Only what the final aggregation releases is
@@ -39,12 +45,12 @@ use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::execution::context::{QueryPlanner, SessionContext};
 use datafusion::execution::{FunctionRegistry, SessionState, SessionStateBuilder};
-use datafusion::logical_expr::{LogicalPlan, TableScan};
+use datafusion::logical_expr::{Expr, LogicalPlan, TableScan};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
 
-use crate::guard::GuardedTable;
+use crate::guard::{CheckedPlan, GuardedTable};
 use crate::session::SessionOptions;
 
 /// Which Ballista cluster a session submits its queries to.
@@ -181,18 +187,51 @@ fn placement(plan: &LogicalPlan) -> Result<Placement> {
     }
 }
 
-/// The plan as the cluster receives it: each guarded table scan reads the provider it wraps, and
-/// the guard's total-evaluation wrappers are removed (the Ballista codec resolves functions by
-/// name and cannot carry them). On a cluster, an expression over private rows that fails on a
-/// row therefore fails the query (with the fixed message, and the charge stands) instead of
-/// giving NULL: README, "Beyond one machine", says so.
+/// Can `checked` run where it would run (the cluster or this client) exactly as it was checked?
+/// Called before admission: a refusal charges nothing.
+pub(crate) fn admissible(checked: &CheckedPlan) -> Result<()> {
+    if placement(checked.plan())? == Placement::Cluster {
+        crosses(checked.plan())?;
+    }
+    Ok(())
+}
+
+/// Refuses a plan with a piece Ballista's codec cannot carry as it is: the guard's
+/// total-evaluation wrappers (see the module documentation).
+fn crosses(plan: &LogicalPlan) -> Result<()> {
+    let mut wrapped = None;
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|x| {
+                if let Expr::ScalarFunction(f) = x
+                    && f.func.name() == crate::guard::total::TOTAL
+                {
+                    wrapped = Some(crate::guard::total::unwrap(x.clone())?.to_string());
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    match wrapped {
+        None => Ok(()),
+        Some(e) => plan_err!(
+            "dpfusion refused the query on the Ballista cluster: the expression {e} over private \
+             rows could fail on a row, so the guard made it total (NULL where it fails), and that \
+             wrapper cannot cross Ballista's codec; running it unwrapped would run another plan \
+             than the one checked. Write row expressions that cannot fail (columns, literals, \
+             CAST of numbers to DOUBLE), or run the query in a session without a cluster. \
+             Nothing was charged."
+        ),
+    }
+}
+
+/// The plan as the cluster receives it: each guarded table scan reads the provider it wraps
+/// (everything else as checked; [`crosses`] refused what the codec cannot carry).
 fn unwrap_guarded(plan: &LogicalPlan) -> Result<LogicalPlan> {
+    crosses(plan)?;
     plan.clone()
         .transform_up_with_subqueries(|node| {
-            let node = node
-                .map_expressions(|e| crate::guard::total::unwrap(e).map(Transformed::yes))?
-                .data;
-            let node = node.recompute_schema()?;
             let LogicalPlan::TableScan(scan) = &node else {
                 return Ok(Transformed::yes(node));
             };

@@ -738,10 +738,17 @@ impl PrivateSession {
 
     /// Runs one SQL statement. Errors that dpfusion decides are typed: [`crate::Error::of`]
     /// tells a refusal, a budget refusal, invalid input and a failed execution apart.
+    /// A panic anywhere in the statement never leaves this call: after admission it is the one
+    /// fixed message [`EXECUTION_FAILED`], elsewhere [`STATEMENT_PANICKED`].
     pub async fn sql(&self, sql: &str) -> Result<QueryResult> {
-        self.sql_statement(sql)
+        use futures::FutureExt;
+        match std::panic::AssertUnwindSafe(self.sql_statement(sql))
+            .catch_unwind()
             .await
-            .map_err(crate::error::Error::classify)
+        {
+            Ok(r) => r.map_err(crate::error::Error::classify),
+            Err(_) => Err(DataFusionError::Execution(STATEMENT_PANICKED.to_string())),
+        }
     }
 
     /// [`PrivateSession::sql`] on behalf of a named analyst (`dpfusion serve`): the ledger's
@@ -789,27 +796,24 @@ impl PrivateSession {
         Ok(stmt)
     }
 
-    /// Plans, optimizes and guards a query without running it or charging anything: the checked
-    /// plan that would run (with the guard's rewrites) and the DP calls it would make.
-    pub async fn check(&self, sql: &str) -> Result<guard::Guarded> {
+    /// Plans and checks a query without running it or charging anything: the [`guard::CheckedPlan`]
+    /// that would run (with the guard's rewrites, its joins' public sides settled) and the DP
+    /// calls it would make.
+    pub async fn check(&self, sql: &str) -> Result<guard::CheckedPlan> {
         let trimmed = sql.trim().trim_end_matches(';').trim();
         let run = async {
             check_complexity(trimmed)?;
-            Ok(self.plan_query(trimmed).await?.0)
+            self.plan_query(trimmed).await
         };
         run.await.map_err(crate::error::Error::classify)
     }
 
-    /// Plans (and optimizes and guards) a query without running it.
-    async fn plan_query(&self, sql: &str) -> Result<(guard::Guarded, SchemaRef)> {
+    /// Plans and checks a query without running it.
+    async fn plan_query(&self, sql: &str) -> Result<guard::CheckedPlan> {
         let stmt = self.parse(sql)?;
-        let plan = self.ctx.state().statement_to_plan(stmt).await?;
         let state = self.ctx.state();
-        let optimized = state.optimize(&plan)?;
-        let schema: SchemaRef = Arc::new(optimized.schema().as_arrow().clone());
-        let mut guarded = guard::guard_with(optimized, self.guard_options())?;
-        self.settle_public_joins(&mut guarded).await?;
-        Ok((guarded, schema))
+        let plan = state.statement_to_plan(stmt).await?;
+        guard::check(&state, &plan, self.guard_options()).await
     }
 
     async fn run_plan(&self, sql: &str, plan: LogicalPlan) -> Result<QueryResult> {
@@ -864,20 +868,9 @@ impl PrivateSession {
                     );
                 }
                 let target = self.output_target(&c.output_url)?;
-                let mut c = c.clone();
-                c.output_url = target;
-                let input = c.input.clone();
                 let state = self.ctx.state();
-                let optimized = state.optimize(&input)?;
-                let mut guarded = guard::guard_with(optimized, self.guard_options())?;
-                self.settle_public_joins(&mut guarded).await?;
-                c.input = Arc::new(guarded.plan);
-                let guarded = guard::Guarded {
-                    plan: LogicalPlan::Copy(c),
-                    calls: guarded.calls,
-                    public_sides: guarded.public_sides,
-                };
-                return self.execute_guarded(sql, guarded).await;
+                let checked = guard::check_copy(&state, c, target, self.guard_options()).await?;
+                return self.execute_guarded(sql, checked).await;
             }
             _ => {}
         }
@@ -886,130 +879,39 @@ impl PrivateSession {
             return Err(guard::explain_refusal(&t));
         }
         let state = self.ctx.state();
-        let optimized = state.optimize(&plan)?;
-        let mut guarded = guard::guard_with(optimized, self.guard_options())?;
-        self.settle_public_joins(&mut guarded).await?;
-        self.execute_guarded(sql, guarded).await
+        let checked = guard::check(&state, &plan, self.guard_options()).await?;
+        self.execute_guarded(sql, checked).await
     }
 
-    /// The public sides of joins in private regions (guard/join.rs): each runs now (public data
-    /// only), its join keys are checked unique, and the plan is given the very rows that were
-    /// checked, so a public file that changes before execution cannot add a second match.
-    /// Refuses a duplicated key, naming it (public information). Runs before admission.
-    async fn settle_public_joins(&self, guarded: &mut guard::Guarded) -> Result<()> {
-        use datafusion::arrow::datatypes::Field;
-        use datafusion::common::Column;
-        use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-        use datafusion::datasource::provider_as_source;
-        use datafusion::logical_expr::{Expr, LogicalPlanBuilder, Projection, col, lit};
-        if guarded.public_sides.is_empty() {
-            return Ok(());
+    /// Admits (charges durably) and runs a checked plan, the only kind of plan a query runs as.
+    /// Once a query that reads a private table is admitted, any error or panic of its planning or
+    /// execution reaches the analyst as the one fixed message [`EXECUTION_FAILED`]: it may depend
+    /// on the data (docs/PRIVACY.md).
+    async fn execute_guarded(&self, sql: &str, checked: guard::CheckedPlan) -> Result<QueryResult> {
+        // On a cluster, a plan that cannot cross Ballista's codec as checked is refused before
+        // anything is charged (crate::distributed).
+        #[cfg(feature = "distributed")]
+        if self.options.cluster.is_some() {
+            crate::distributed::admissible(&checked)?;
         }
+        let receipt = self.admit(sql, checked.calls())?;
+        let private = checked.reads_private();
+        let schema = checked.schema();
         let state = self.ctx.state();
-        let mut replacements: Vec<(LogicalPlan, LogicalPlan)> = vec![];
-        for (i, side) in guarded.public_sides.iter().enumerate() {
-            let physical = state
-                .query_planner()
-                .create_physical_plan(&side.plan, &state)
-                .await?;
-            let batches = datafusion::physical_plan::collect(physical, self.ctx.task_ctx()).await?;
-            // The rows under plain column names, then the side's own (qualified) names on top.
-            let schema = side.plan.schema();
-            let fields: Vec<Field> = schema
-                .fields()
-                .iter()
-                .enumerate()
-                .map(|(j, f)| {
-                    Field::new(format!("c{j}"), f.data_type().clone(), f.is_nullable())
-                        .with_metadata(f.metadata().clone())
-                })
-                .collect();
-            let arrow_schema = Arc::new(Schema::new(fields));
-            let batches = batches
-                .into_iter()
-                .map(|b| RecordBatch::try_new(arrow_schema.clone(), b.columns().to_vec()))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let name = format!("__dpfusion_public_{i}");
-            let mem = MemTable::try_new(arrow_schema, vec![batches])?;
-            let scan =
-                LogicalPlanBuilder::scan(name.as_str(), provider_as_source(Arc::new(mem)), None)?
-                    .build()?;
-            let exprs: Vec<Expr> = schema
-                .iter()
-                .enumerate()
-                .map(|(j, (q, f))| {
-                    Expr::Column(Column::new(Some(name.as_str()), format!("c{j}")))
-                        .alias_qualified(q.cloned(), f.name())
-                })
-                .collect();
-            let rows = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(scan))?);
-            let dup = LogicalPlanBuilder::from(rows.clone())
-                .aggregate(
-                    side.keys.clone(),
-                    vec![datafusion::functions_aggregate::expr_fn::count(lit(1)).alias("n")],
-                )?
-                .filter(col("n").gt(lit(1i64)))?
-                .limit(0, Some(1))?
-                .build()?;
-            let found = self.ctx.execute_logical_plan(dup).await?.collect().await?;
-            if let Some(b) = found.iter().find(|b| b.num_rows() > 0) {
-                let show = |k: usize| {
-                    datafusion::arrow::util::display::array_value_to_string(b.column(k), 0)
-                        .unwrap_or_default()
-                };
-                let keys: Vec<String> = side.keys.iter().map(|k| k.to_string()).collect();
-                let values: Vec<String> = (0..side.keys.len()).map(show).collect();
-                return plan_err!(
-                    "dpfusion refused the query: the join key ({}) is not unique in the public \
-                     side joined with private table '{}': ({}) appears {} times, so a private \
-                     row would count once per match. Join on a key that is unique in the public \
-                     table (or make it unique first, e.g. with SELECT DISTINCT or GROUP BY in a \
-                     subquery).",
-                    keys.join(", "),
-                    side.private_table,
-                    values.join(", "),
-                    show(side.keys.len())
-                );
-            }
-            replacements.push((side.plan.clone(), rows));
-        }
-        guarded.plan = guarded
-            .plan
-            .clone()
-            .transform_down(|node| {
-                for (from, to) in &replacements {
-                    if &node == from {
-                        return Ok(Transformed::new(to.clone(), true, TreeNodeRecursion::Jump));
-                    }
-                }
-                Ok(Transformed::no(node))
-            })?
-            .data;
-        Ok(())
-    }
-
-    /// Admits (charges durably) and runs a checked plan. Once a query that reads a private table
-    /// is admitted, any error or panic of its planning or execution reaches the analyst as the
-    /// one fixed message [`EXECUTION_FAILED`]: it may depend on the data (docs/PRIVACY.md).
-    async fn execute_guarded(&self, sql: &str, guarded: guard::Guarded) -> Result<QueryResult> {
-        let receipt = self.admit(sql, &guarded.calls)?;
-        let tables = tables_of(&guarded.calls);
-        let private = !guarded.calls.is_empty() || guard::reads_private(&guarded.plan);
-        let schema: SchemaRef = Arc::new(guarded.plan.schema().as_arrow().clone());
-        let state = self.ctx.state();
+        let task = self.ctx.task_ctx();
         let run = async {
             let physical = state
                 .query_planner()
-                .create_physical_plan(&guarded.plan, &state)
+                .create_physical_plan(checked.plan(), &state)
                 .await?;
-            datafusion::physical_plan::collect(physical, self.ctx.task_ctx()).await
+            datafusion::physical_plan::collect(physical, task).await
         };
         let batches = sanitise(private, run).await?;
         Ok(QueryResult {
             schema,
             batches,
             receipt,
-            tables,
+            tables: checked.tables().to_vec(),
         })
     }
 
@@ -1113,15 +1015,15 @@ impl PrivateSession {
     }
 
     async fn explain_privacy(&self, sql: &str) -> Result<QueryResult> {
-        let (guarded, _) = self.plan_query(sql).await?;
-        let charges = charges_of(&guarded.calls);
+        let checked = self.plan_query(sql).await?;
+        let charges = charges_of(checked.calls());
         let preview = self
             .accountant
             .preview(&charges)
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
-        let batch = statements::explain_privacy_batch(&guarded.calls, &preview)?;
+        let batch = statements::explain_privacy_batch(checked.calls(), &preview)?;
         let mut r = QueryResult::of(vec![batch.clone()], batch.schema());
-        r.tables = tables_of(&guarded.calls);
+        r.tables = checked.tables().to_vec();
         Ok(r)
     }
 
@@ -1132,10 +1034,8 @@ impl PrivateSession {
         input: &LogicalPlan,
     ) -> Result<QueryResult> {
         let state = self.ctx.state();
-        let optimized = state.optimize(input)?;
-        let mut guarded = guard::guard_with(optimized, self.guard_options())?;
-        self.settle_public_joins(&mut guarded).await?;
-        let result = self.execute_guarded(sql, guarded).await?;
+        let checked = guard::check(&state, input, self.guard_options()).await?;
+        let result = self.execute_guarded(sql, checked).await?;
         let receipt = result.receipt;
         let provider = Arc::new(MemTable::try_new(result.schema, vec![result.batches])?);
         // The result of a DP query is public (post-processing).
@@ -1588,7 +1488,9 @@ pub const EXECUTION_FAILED: &str = "dpfusion: the query failed while it ran. Its
 failure can depend on the data, so it is not refunded), and the error is not shown because it \
 could reveal private values. Check the query's types and functions against docs/SQL.md.";
 
-/// Runs `fut`; when `private`, any error or panic becomes [`EXECUTION_FAILED`].
+/// Runs `fut`; when `private`, any error or panic becomes [`EXECUTION_FAILED`]. A panic never
+/// leaves it (a panic of a query must not take down an embedding process or the server): on a
+/// query that reads no private table it becomes an error naming the panic (public work).
 async fn sanitise<T>(
     private: bool,
     fut: impl std::future::Future<Output = Result<T>>,
@@ -1598,12 +1500,30 @@ async fn sanitise<T>(
     match out {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) if !private => Err(e),
-        Err(panic) if !private => std::panic::resume_unwind(panic),
+        Err(panic) if !private => Err(DataFusionError::Execution(format!(
+            "the query stopped on an internal error (a panic: {})",
+            panic_text(panic.as_ref())
+        ))),
         _ => Err(DataFusionError::External(Box::new(
             crate::error::Error::ExecutionFailed,
         ))),
     }
 }
+
+/// The text of a panic's payload (a `&str` or `String`, else a placeholder).
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
+}
+
+/// The message of a statement that panicked outside [`sanitise`] (parsing, planning, the guard,
+/// admission). It shows nothing of the panic, which could come from anywhere.
+pub const STATEMENT_PANICKED: &str = "dpfusion: the statement stopped on an internal error (a \
+panic) before or around its execution; the error is not shown because it could reveal private \
+values. If the statement was admitted, its charge stands (see SHOW BUDGET). Please report it.";
 
 /// Limits on one statement's text, checked before parsing: a statement that could exhaust the
 /// stack while it is parsed, planned, evaluated or dropped is refused with a message, never a
@@ -1772,15 +1692,35 @@ fn charges_of(calls: &[DpCall]) -> Vec<TableCharge> {
     out
 }
 
-fn tables_of(calls: &[DpCall]) -> Vec<String> {
-    let mut v: Vec<String> = calls.iter().map(|c| c.table.name.clone()).collect();
-    v.sort();
-    v.dedup();
-    v
-}
-
 #[allow(dead_code)]
 fn _assert_send_sync() {
     fn f<T: Send + Sync>() {}
     f::<PrivateSession>();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Class 5 of issue 26's review: a panic of an admitted query is caught (the fixed message,
+    /// nothing of the panic); a public query's panic becomes an error, never an unwind into the
+    /// embedding process.
+    #[tokio::test]
+    async fn a_panic_never_leaves_sanitise() {
+        let private = sanitise::<()>(true, async { panic!("salary 98024.77") })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                crate::error::Error::of(&private),
+                Some(crate::error::Error::ExecutionFailed)
+            ),
+            "{private}"
+        );
+        assert!(!private.to_string().contains("98024"), "{private}");
+        let public = sanitise::<()>(false, async { panic!("public boom") })
+            .await
+            .unwrap_err();
+        assert!(public.to_string().contains("public boom"), "{public}");
+    }
 }

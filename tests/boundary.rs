@@ -176,7 +176,7 @@ async fn judge(s: &PrivateSession, c: &Case, raw: &[String]) -> Vec<String> {
                 wrong.push(format!("check() charged or read: {short}"));
             }
             let mut got: Vec<(String, String)> = checked
-                .calls
+                .calls()
                 .iter()
                 .map(|c| (c.function.clone(), format!("{:.6}", c.epsilon)))
                 .collect();
@@ -197,8 +197,11 @@ async fn judge(s: &PrivateSession, c: &Case, raw: &[String]) -> Vec<String> {
                 }
             };
             let after = s.ledger();
-            let mut names: Vec<String> =
-                checked.calls.iter().map(|c| c.table.name.clone()).collect();
+            let mut names: Vec<String> = checked
+                .calls()
+                .iter()
+                .map(|c| c.table.name.clone())
+                .collect();
             names.sort();
             names.dedup();
             if names.join(",") != *tables {
@@ -220,7 +223,7 @@ async fn judge(s: &PrivateSession, c: &Case, raw: &[String]) -> Vec<String> {
                 let entry = after.last().unwrap();
                 for t in &entry.tables {
                     let expected: Vec<_> = checked
-                        .calls
+                        .calls()
                         .iter()
                         .filter(|c| c.table.key == t.key)
                         .flat_map(|c| c.events.iter().cloned())
@@ -1428,7 +1431,11 @@ async fn f_copy_outside_the_output_directory_is_refused_and_files_are_unchanged(
     {
         Ok(r) => {
             let l = s.ledger();
-            let events: Vec<_> = inner.calls.iter().flat_map(|c| c.events.clone()).collect();
+            let events: Vec<_> = inner
+                .calls()
+                .iter()
+                .flat_map(|c| c.events.clone())
+                .collect();
             if l.len() != n + 1 || l[n].tables.len() != 1 || l[n].tables[0].events != events {
                 wrong.push(format!("COPY of a DP result charged {:?}", &l[n..]));
             }
@@ -1577,7 +1584,7 @@ async fn g_a_private_column_that_differs_only_in_case_is_not_public() {
         .check("SELECT \"JOB\", dp_count(pay, 1.0) FROM jobs GROUP BY \"JOB\"")
         .await
         .unwrap();
-    let plan = format!("{}", g.plan.display_indent());
+    let plan = format!("{}", g.plan().display_indent());
     if !plan.contains("replace_private_keys") {
         wrong.push(format!(
             "GROUP BY \"JOB\" is not 'replace_private_keys':\n{plan}"
@@ -1953,4 +1960,200 @@ fn probe_one_statement_child() {
         .unwrap()
         .join()
         .unwrap();
+}
+
+// ---- review 3 (issue 26): check the plan that runs, not the plan that was written ---------------
+//
+// Class 1 of that review: a scalar subquery over a private table placed where the guard's walk
+// never looked (a join's keys and ON condition, the public side's key, a unit-level call's
+// argument and FILTER, which the unit bounding moves into a window, the GROUP BY keys the
+// bounding windows copy), or run before admission (the public side of a join, settled to check
+// its keys). Each is refused by the final audit of the plan that would run (src/guard/checked.rs)
+// or before the public side runs: nothing read, nothing charged, no salary in the message.
+
+/// A scalar subquery that reads every salary of `people` and fails on them: run anywhere, its
+/// error would print them all.
+const LEAK: &str = "(SELECT CAST(string_agg(CAST(salary AS VARCHAR), ',') AS BIGINT) FROM people)";
+/// One bit of `people` per query, as a number that never fails.
+const BIT: &str = "(SELECT CASE WHEN max(salary) > 100000 THEN 1 ELSE 0 END FROM people)";
+const REVIEW3_REFUSED: &str = PRIV_ANY;
+
+/// [`session`] plus two unit-level tables of one unit domain: `purchases` (customer, store,
+/// amount) and `visits`, a copy.
+async fn review3_session(dir: &Path) -> PrivateSession {
+    let s = session(dir, SessionOptions::default()).await;
+    let unit = || {
+        Registration::private()
+            .privacy_unit("customer")
+            .unit_domain("customer")
+            .contribution_bounds(2, 3)
+    };
+    s.register_csv("purchases", purchases_csv(), unit())
+        .await
+        .unwrap();
+    let visits = dir.join("visits.csv");
+    std::fs::copy(purchases_csv(), &visits).unwrap();
+    s.register_csv("visits", &visits, unit()).await.unwrap();
+    s
+}
+
+/// [`run_cases`] on refusals, and besides: no table at all scanned (the unit tables and the
+/// public side of every join included), the budget unchanged.
+async fn review3_run(s: &PrivateSession, cases: &[Case]) -> Vec<String> {
+    let tables = ["people", "purchases", "visits", "depts"];
+    let scanned = || tables.map(|t| s.scans(t));
+    let budget = || format!("{:?}", s.budget());
+    let (before, spent) = (scanned(), budget());
+    let mut wrong = run_cases(s, cases).await;
+    if scanned() != before {
+        wrong.push(format!(
+            "a table was scanned (people, purchases, visits, depts: {before:?} -> {:?})",
+            scanned()
+        ));
+    }
+    if budget() != spent {
+        wrong.push("the budget changed".into());
+    }
+    wrong
+}
+
+fn review3_join_cases() -> Vec<Case> {
+    let r = |sql: String| refused(sql, REVIEW3_REFUSED);
+    let mut cases = vec![];
+    for x in [LEAK, BIT] {
+        cases.extend([
+            // private ⋈ public VALUES: the public side's key, the private side's key, ON.
+            r(format!(
+                "SELECT dp_count(p.age, 1.0) FROM people p JOIN (VALUES (1), (2)) v(k) ON p.id = v.k + {x}"
+            )),
+            r(format!(
+                "SELECT dp_count(p.age, 1.0) FROM people p JOIN (VALUES (1), (2)) v(k) ON p.id + {x} = v.k"
+            )),
+            r(format!(
+                "SELECT dp_count(p.age, 1.0) FROM people p JOIN (VALUES (1), (2)) v(k) ON p.id = v.k AND p.age > {x}"
+            )),
+            r(format!(
+                "SELECT dp_count(p.age, 1.0) FROM people p LEFT JOIN (VALUES (1), (2)) v(k) ON p.id = v.k AND v.k < {x}"
+            )),
+            // private ⋈ public CSV
+            r(format!(
+                "SELECT dp_count(p.age, 1.0) FROM people p JOIN depts d ON p.dept = d.dept AND d.floor + {x} > 0"
+            )),
+            r(format!(
+                "SELECT dp_count(p.age, 1.0) FROM people p JOIN depts d ON length(p.dept) + {x} = d.floor"
+            )),
+            r(format!(
+                "SELECT dp_count(p.age, 1.0) FROM people p JOIN depts d ON p.age = d.floor + {x}"
+            )),
+            // two unit tables of one domain
+            r(format!(
+                "SELECT dp_count(a.amount, 1.0) FROM purchases a JOIN visits b ON a.customer = b.customer AND a.store = b.store + {x}"
+            )),
+            r(format!(
+                "SELECT dp_count(a.amount, 1.0) FROM purchases a JOIN visits b ON a.customer + {x} = b.customer"
+            )),
+            // a unit table ⋈ a public table: the public side's key
+            r(format!(
+                "SELECT dp_count(a.amount, 1.0) FROM purchases a JOIN depts d ON a.store = d.floor + {x}"
+            )),
+        ]);
+    }
+    cases
+}
+
+fn review3_unit_cases() -> Vec<Case> {
+    let r = |sql: String| refused(sql, REVIEW3_REFUSED);
+    let mut cases = vec![];
+    for x in [LEAK, BIT] {
+        cases.extend([
+            // a unit-level dp_sum's argument and FILTER (moved into a bounding window)
+            r(format!("SELECT dp_sum(amount + {x}, 0, 200, 1.0) FROM purchases")),
+            r(format!(
+                "SELECT dp_sum(amount, 0, 200, 1.0) FILTER (WHERE amount > {x}) FROM purchases"
+            )),
+            r(format!(
+                "SELECT dp_sum(CASE WHEN {x} > 0 THEN amount ELSE 0 END, 0, 200, 1.0) FROM purchases"
+            )),
+            r(format!("SELECT dp_count(amount + {x}, 1.0) FROM purchases")),
+            // GROUP BY keys (copied into the bounding windows)
+            r(format!(
+                "SELECT store + {x} AS s, dp_count(amount, 1.0, delta => 1e-6) FROM purchases GROUP BY store + {x}"
+            )),
+            r(format!(
+                "SELECT store, dp_sum(amount, 0, 200, 1.0, delta => 1e-6) FROM purchases GROUP BY store, {x}"
+            )),
+            // and on a row-level table
+            r(format!(
+                "SELECT dp_sum(salary, 0, 1e6, 1.0) FILTER (WHERE age > {x}) FROM staff"
+            )),
+        ]);
+    }
+    cases
+}
+
+#[tokio::test]
+async fn review3_subqueries_over_a_private_table_in_join_keys_and_conditions_are_refused() {
+    let dir = temp_dir("r3-joins");
+    let s = review3_session(&dir).await;
+    let cases = review3_join_cases();
+    let wrong = review3_run(&s, &cases).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[tokio::test]
+async fn review3_subqueries_in_unit_level_arguments_filters_and_group_keys_are_refused() {
+    let dir = temp_dir("r3-units");
+    let s = review3_session(&dir).await;
+    let cases = review3_unit_cases();
+    let wrong = review3_run(&s, &cases).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// EXPLAIN PRIVACY (a dry run: plans, checks, settles the joins' public sides) of every query
+/// above: refused the same way, nothing read, nothing charged.
+#[tokio::test]
+async fn review3_explain_privacy_of_such_queries_is_refused() {
+    let dir = temp_dir("r3-explain");
+    let s = review3_session(&dir).await;
+    let cases: Vec<Case> = review3_join_cases()
+        .into_iter()
+        .chain(review3_unit_cases())
+        .map(|c| refused(format!("EXPLAIN PRIVACY {}", c.sql), REVIEW3_REFUSED))
+        .collect();
+    let wrong = review3_run(&s, &cases).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The public side of a join is run before admission (to check its keys unique) only once it is
+/// proven public: with a private subquery in it or in its key, it never runs (the public CSV is
+/// not scanned), and the error says nothing the subquery would have computed.
+#[tokio::test]
+async fn review3_the_public_side_of_a_join_with_a_private_subquery_never_runs() {
+    let dir = temp_dir("r3-public-side");
+    let s = review3_session(&dir).await;
+    let cases: Vec<Case> = [
+        format!(
+            "SELECT dp_count(p.age, 1.0) FROM people p JOIN (SELECT dept, floor FROM depts WHERE floor < {LEAK}) d ON p.dept = d.dept"
+        ),
+        format!(
+            "SELECT dp_count(p.age, 1.0) FROM people p JOIN (SELECT dept, floor + {LEAK} AS f FROM depts) d ON p.age = d.f"
+        ),
+        format!(
+            "SELECT dp_count(p.age, 1.0) FROM people p JOIN depts d ON p.dept = concat(d.dept, CAST({LEAK} AS VARCHAR))"
+        ),
+        format!(
+            "SELECT dp_count(p.age, 1.0) FROM people p JOIN (SELECT {BIT} AS k FROM depts) d ON p.id = d.k"
+        ),
+    ]
+    .into_iter()
+    .map(|sql| refused(sql, REVIEW3_REFUSED))
+    .collect();
+    let wrong = review3_run(&s, &cases).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // A join whose public side is public is still settled and admitted.
+    let sql = "SELECT dp_count(p.age, 1.0) FROM people p JOIN depts d ON p.dept = d.dept";
+    let before = s.scans("depts");
+    let wrong = run_cases(&s, &[admitted(sql, COUNT, "people")]).await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(s.scans("depts") > before);
 }

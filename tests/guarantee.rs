@@ -154,8 +154,11 @@ async fn the_guard_picks_the_neighbour_mode_and_partition_selection_from_the_pla
         let s = &s;
         async move {
             let g = s.check(q).await.unwrap_or_else(|e| panic!("{q}: {e}"));
-            let text = format!("{}", g.plan.display_indent());
-            let selected = g.calls.iter().any(|c| c.function == "dp_partition_select");
+            let text = format!("{}", g.plan().display_indent());
+            let selected = g
+                .calls()
+                .iter()
+                .any(|c| c.function == "dp_partition_select");
             (text, selected)
         }
     };
@@ -200,7 +203,9 @@ async fn public_columns_are_case_sensitive() {
         .await
         .unwrap();
     assert!(
-        g.calls.iter().any(|c| c.function == "dp_partition_select"),
+        g.calls()
+            .iter()
+            .any(|c| c.function == "dp_partition_select"),
         "a private \"JOB\" is not the public job"
     );
     // A declaration that matches only another spelling is refused.

@@ -64,7 +64,8 @@ fn unit_level() -> Registration {
 async fn run_seeded(s: &PrivateSession, sql: &str, seed: u64) -> Vec<RecordBatch> {
     let guarded = s.check(sql).await.unwrap();
     let plan = guarded
-        .plan
+        .plan()
+        .clone()
         .transform_up(|node: LogicalPlan| {
             node.map_expressions(|e| {
                 e.transform(|e| match e {
@@ -492,7 +493,11 @@ async fn a_public_key_set_gives_exactly_its_groups() {
         let sql = "SELECT k.name, dp_count(t.amount, epsilon => 1) AS n \
                    FROM t RIGHT JOIN k ON t.g = k.g GROUP BY k.name ORDER BY k.name";
         let checked = s.check(sql).await.unwrap();
-        let functions: Vec<&str> = checked.calls.iter().map(|c| c.function.as_str()).collect();
+        let functions: Vec<&str> = checked
+            .calls()
+            .iter()
+            .map(|c| c.function.as_str())
+            .collect();
         assert_eq!(
             functions,
             ["dp_count"],
@@ -572,7 +577,7 @@ async fn the_checked_public_rows_are_the_rows_the_query_joins() {
         .check(sql)
         .await
         .unwrap()
-        .plan
+        .plan()
         .display_indent()
         .to_string();
     assert!(plan.contains("TableScan: __dpfusion_public_0"), "{plan}");

@@ -17,6 +17,7 @@
 //!   grouping column is public and no filter on a private column stands below, a noisy-count
 //!   threshold (partition selection) is added and charged;
 //! - anything above the DP aggregates, or over public tables only, is post-processing and free.
+pub mod checked;
 pub mod fragment;
 pub mod join;
 pub mod table;
@@ -37,6 +38,7 @@ use dpfusion_udfs::aggregates::{dp_aggregate_data_args, dp_call_cost, dp_call_co
 use dpfusion_udfs::privacy::Event;
 
 use crate::accounting::Neighbours;
+pub use checked::{CheckedPlan, check, check_copy};
 /// The neighbour mode a call is calibrated for (one type with the udfs crate's calibrations).
 use dpfusion_udfs::aggregates::Neighbours as Mode;
 pub use join::PublicSide;
@@ -68,14 +70,15 @@ pub struct DpCall {
     pub noise: Option<String>,
 }
 
-/// A checked plan, ready to run, and the DP calls it makes.
+/// The guard's walk's result: the rewritten plan and the DP calls it makes, not yet settled nor
+/// audited. Never leaves the guard: [`checked::check`] turns it into a [`CheckedPlan`].
 #[derive(Debug)]
-pub struct Guarded {
-    pub plan: LogicalPlan,
-    pub calls: Vec<DpCall>,
-    /// Public sides of joins in private regions, whose keys must be unique: the session checks
-    /// them (and materialises them) before admission ([`join`]).
-    pub public_sides: Vec<PublicSide>,
+struct Guarded {
+    plan: LogicalPlan,
+    calls: Vec<DpCall>,
+    /// Public sides of joins in private regions, whose keys must be unique: settled (checked
+    /// public, run, materialised) inside [`checked::check`] before the final audit ([`join`]).
+    public_sides: Vec<PublicSide>,
 }
 
 fn refuse(msg: impl Into<String>) -> DataFusionError {
@@ -98,13 +101,9 @@ struct Cx {
     public_sides: Vec<PublicSide>,
 }
 
-/// Checks `plan` (already optimized) and rewrites its DP aggregates.
-pub fn guard(plan: LogicalPlan) -> Result<Guarded> {
-    guard_with(plan, GuardOptions::default())
-}
-
-/// [`guard`] with the session's settings.
-pub fn guard_with(plan: LogicalPlan, opts: GuardOptions) -> Result<Guarded> {
+/// Checks `plan` (already optimized) and rewrites its DP aggregates, with the session's settings
+/// (the first step of [`checked::check`]).
+fn guard_with(plan: LogicalPlan, opts: GuardOptions) -> Result<Guarded> {
     let mut cx = Cx {
         calls: Vec::new(),
         opts,

@@ -55,13 +55,13 @@ use super::{TableInfo, bare_column, refuse};
 /// The unit-level count of distinct units.
 pub const COUNT_DISTINCT: &str = "dp_count_distinct";
 
-const UNIT: &str = "__dpfusion_unit";
-const R1: &str = "__dpfusion_r1";
-const R2: &str = "__dpfusion_r2";
-const RN: &str = "__dpfusion_rn";
-const GK: &str = "__dpfusion_gk";
-const GR: &str = "__dpfusion_gr";
-const TOTAL: &str = "__dpfusion_total_";
+pub(super) const UNIT: &str = "__dpfusion_unit";
+pub(super) const R1: &str = "__dpfusion_r1";
+pub(super) const R2: &str = "__dpfusion_r2";
+pub(super) const RN: &str = "__dpfusion_rn";
+pub(super) const GK: &str = "__dpfusion_gk";
+pub(super) const GR: &str = "__dpfusion_gr";
+pub(super) const TOTAL: &str = "__dpfusion_total_";
 
 /// The bounds in force for one query on a unit-level table.
 #[derive(Debug, Clone)]

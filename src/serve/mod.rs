@@ -853,7 +853,7 @@ impl FlightSqlService for DpFlightSql {
             )));
         }
         let schema = match self.0.session.check(&query.query).await {
-            Ok(g) => g.plan.schema().as_arrow().clone(),
+            Ok(g) => g.schema().as_ref().clone(),
             Err(_) => Schema::empty(),
         };
         let message: IpcMessage = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())

@@ -34,3 +34,8 @@ pub fn lines(path: &std::path::Path) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// The unit-level test table (customer, store, amount): 669 purchases of customers.
+pub fn purchases_csv() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/purchases.csv")
+}
