@@ -122,8 +122,13 @@ fn fail(cmd: &str, e: impl std::fmt::Display) -> ExitCode {
 fn verify(path: &Path, witness: &Path) -> ExitCode {
     match accounting::verify_with(path, Some(witness)) {
         Ok(r) => {
+            let what = if r.witness.is_some() {
+                "chain, sidecar and witness verified"
+            } else {
+                "chain and sidecar verified; no witness yet"
+            };
             println!(
-                "ledger {}: OK (format {LEDGER_FORMAT}, chain, sidecar and witness verified)",
+                "ledger {}: OK (format {LEDGER_FORMAT}, {what})",
                 path.display()
             );
             println!("witness: {}", witness.display());

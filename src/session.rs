@@ -104,8 +104,12 @@ impl Default for SessionOptions {
 }
 
 impl SessionOptions {
+    /// The ledger. A witness set before (e.g. a catalog's, beside the catalog) belonged to the
+    /// previous ledger and is dropped: the new ledger gets the default witness unless one is set
+    /// after this.
     pub fn with_ledger(mut self, path: impl Into<PathBuf>) -> Self {
         self.ledger_path = path.into();
+        self.ledger_witness = None;
         self
     }
     pub fn with_default_budget(mut self, epsilon: f64, delta: f64) -> Self {

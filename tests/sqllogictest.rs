@@ -95,6 +95,9 @@ async fn sql_contract() {
             file.file_stem().unwrap().to_string_lossy()
         ));
         let _ = std::fs::remove_dir_all(&dir);
+        // The ledger's default witness, beside `dir` (a stale one would refuse the new ledger).
+        let witness_dir = dir.with_extension("witness");
+        let _ = std::fs::remove_dir_all(&witness_dir);
         let ledger = dir.join("ledger.jsonl");
         let own = file.with_extension("toml");
         let catalog_path = if own.exists() {
@@ -125,6 +128,7 @@ async fn sql_contract() {
             failures.push(format!("{}: {e}", file.display()));
         }
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&witness_dir);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -1034,7 +1034,7 @@ pub struct LedgerReport {
     pub tables: Vec<TableReport>,
     /// Things an interrupted writer left, which the next session repairs.
     pub notes: Vec<String>,
-    /// The witness checked (None: none was given).
+    /// The witness checked (None: none was given, or there is none yet).
     pub witness: Option<PathBuf>,
 }
 
@@ -1145,7 +1145,8 @@ pub fn verify_with(path: &Path, witness: Option<&Path>) -> Result<LedgerReport, 
             wp.display()
         ));
     }
-    Ok(report(path, witness, &st, notes))
+    let checked = witness.filter(|_| !left.witness_missing);
+    Ok(report(path, checked, &st, notes))
 }
 
 /// Re-seals a ledger whose chain verifies but whose sidecar is missing or stale: writes a new

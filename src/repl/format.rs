@@ -448,6 +448,21 @@ mod display_tests {
     }
 
     #[test]
+    fn error_messages_are_escaped_for_the_repl_and_the_client() {
+        // The REPL's and `dpfusion --connect`'s error block (the client's messages come from
+        // the server, and can quote another analyst's text).
+        let b = crate::statements::error_text(
+            "SELECT '\x1b]0;t\x07' FROM x",
+            "no table '\x1b[2J\u{202e}evil'\nsecond line",
+        );
+        assert!(
+            !b.contains('\x1b') && !b.contains('\x07') && !b.contains('\u{202e}'),
+            "{b}"
+        );
+        assert!(b.contains("\\x1b[2J") && b.contains("\nsecond line"), "{b}");
+    }
+
+    #[test]
     fn floats_show_six_significant_digits() {
         assert_eq!(sig(88463.3500375), "88463.4");
         assert_eq!(sig(0.4444197144819428), "0.44442");
