@@ -943,7 +943,7 @@ fn tls_file(name: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_when_the_owner_gives_a_certificate_and_key() {
     let extra = format!(
-        "tls_cert = {:?}\ntls_key = {:?}",
+        "tls_cert = {:?}\ntls_key = {:?}\nhandshake_timeout_secs = 1",
         tls_file("server.crt"),
         tls_file("server.key")
     );
@@ -968,6 +968,8 @@ async fn tls_when_the_owner_gives_a_certificate_and_key() {
     assert_eq!(rows(&b), 1);
     let e = query(&mut c, "SELECT age FROM people").await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
+    // Over TLS too, an authenticated connection outlives the handshake timeout.
+    outlives_the_handshake_timeout(&mut c, Duration::from_secs(1)).await;
     // A plaintext client gets no answer, only a transport error; the server goes on.
     let plain = Channel::from_shared(format!("http://{}", s.addr))
         .unwrap()
@@ -1119,6 +1121,36 @@ async fn serving_within(addr: SocketAddr, limit: Duration) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A result read slowly, across `timeout` (the server's handshake timeout), on a connection
+/// whose calls are authenticated: the connection is not closed under it.
+async fn outlives_the_handshake_timeout(
+    c: &mut FlightSqlServiceClient<Channel>,
+    timeout: Duration,
+) {
+    let info = c
+        .execute(
+            "SELECT value FROM generate_series(1, 2000000)".to_string(),
+            None,
+        )
+        .await
+        .unwrap();
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let mut stream = c.do_get(ticket).await.unwrap();
+    let mut n = stream.next().await.unwrap().unwrap().num_rows();
+    tokio::time::sleep(timeout + Duration::from_millis(800)).await;
+    while let Some(b) = stream.next().await {
+        n += b.unwrap().num_rows();
+    }
+    assert_eq!(n, 2_000_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticated_connection_outlives_the_handshake_timeout() {
+    let s = serve_here("serve-authenticated", 1.0, "handshake_timeout_secs = 1").await;
+    let mut c = client(s.addr, Some(ALICE)).await;
+    outlives_the_handshake_timeout(&mut c, Duration::from_secs(1)).await;
 }
 
 /// Opens `n` TCP connections that never send a byte.

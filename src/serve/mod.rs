@@ -204,9 +204,12 @@ struct QueryRuntime(Option<tokio::runtime::Runtime>);
 
 impl QueryRuntime {
     fn new() -> std::io::Result<Self> {
+        // At least two threads: a statement busy inside one poll past its deadline (its turn
+        // given back) leaves another thread for the next.
         let threads = std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(2);
+            .unwrap_or(2)
+            .max(2);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("dpfusion-query")
@@ -1102,6 +1105,48 @@ pub fn flight_service(bound: &Bound) -> FlightServiceServer<DpFlightSql> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Class 5 of issue 27: a statement whose task is busy inside one poll (here: blocked on a
+    /// channel) gives its turn back at its deadline, so the next statement runs while the
+    /// first is still busy.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_turn_is_given_back_at_the_deadline_even_inside_one_poll() {
+        let dir = std::env::temp_dir().join(format!(
+            "dpfusion-turns-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let session = PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        let analysts = Analysts::new(vec![("a".into(), auth::TokenHash::new("a-token"))]);
+        let options = ServeOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            max_concurrent_queries: 1,
+            query_timeout: Duration::from_millis(300),
+            ..ServeOptions::default()
+        };
+        let bound = bind(Arc::new(session), analysts, options).await.unwrap();
+        let svc = bound.service.clone();
+        let (release, blocked) = std::sync::mpsc::channel::<()>();
+        let busy = svc
+            .limited("a", async move {
+                // Never yields: the whole wait is inside this one poll.
+                let _ = blocked.recv();
+                Ok(())
+            })
+            .await;
+        assert_eq!(busy.unwrap_err().code(), tonic::Code::DeadlineExceeded);
+        // The first task still holds its thread; its turn is free.
+        let next =
+            tokio::time::timeout(Duration::from_secs(30), svc.limited("a", async { Ok(42) }))
+                .await
+                .expect("the turn was given back at the deadline");
+        assert_eq!(next.unwrap(), 42);
+        release.send(()).unwrap();
+    }
 
     #[test]
     fn long_messages_are_cut_at_a_character_boundary() {
