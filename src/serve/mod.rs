@@ -697,7 +697,7 @@ impl DpFlightSql {
                              server: one session serves every analyst, and a statement that \
                              changes it or writes would reach the others. The server runs \
                              queries (SELECT, WITH, VALUES, dp_budget(), dp_ledger()), EXPLAIN, \
-                             EXPLAIN PRIVACY, SHOW BUDGET, SHOW TABLES and DESCRIBE. Give \
+                             EXPLAIN PRIVACY, SHOW BUDGET and SHOW TABLES. Give \
                              delta => … in each DP call instead of SET dpfusion.default_delta, \
                              and keep results on your side (the data owner declares tables and \
                              default contribution bounds in the catalog)"

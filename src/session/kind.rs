@@ -32,7 +32,8 @@ pub enum StatementKind {
     ShowBudget,
     /// `SHOW TABLES`.
     ShowTables,
-    /// `DESCRIBE <table>`.
+    /// `DESCRIBE <table>` (a kind that changes nothing; the guard decides whether it runs, and
+    /// today refuses it, as in the REPL).
     Describe,
     /// Anything else, named by what it would do: writes a table or a file, changes a setting,
     /// prepares a statement, starts a transaction, runs a plan (`EXPLAIN ANALYZE`), …
