@@ -94,7 +94,8 @@ pub struct ServeOptions {
     pub max_concurrent_queries: usize,
     /// The longest SQL text accepted, in bytes.
     pub max_sql_bytes: usize,
-    /// How many statements (and prepares) of one analyst run at once.
+    /// How many statements (and prepares) of one analyst run at once; 0: half of
+    /// `max_concurrent_queries`, rounded up ([`ServeOptions::queries_per_analyst`]).
     pub max_queries_per_analyst: usize,
     /// How long a result waits to be fetched (`DoGet`) before it is dropped.
     pub result_ttl: Duration,
