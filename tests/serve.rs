@@ -1046,6 +1046,39 @@ fn the_catalog_checks_analysts_and_server_keys() {
     assert!(e.contains("listen_on"), "{e}");
 }
 
+#[tokio::test]
+async fn the_servers_bounds_come_from_the_catalog_and_are_checked() {
+    use dpfusion::catalog::Catalog;
+    let c = Catalog::parse(
+        "[server]\nmax_connections = 8\nmax_result_bytes = 1024\nmax_pending_results = 3\n\
+         max_pending_bytes = 4096\nmax_queries_per_analyst = 1\nresult_ttl_secs = 60\n\
+         handshake_timeout_secs = 1.5\nidle_timeout_secs = 900\n",
+        Path::new("/srv/owner/dpfusion.toml"),
+    )
+    .unwrap();
+    assert_eq!(c.server.max_connections, Some(8));
+    assert_eq!(c.server.max_result_bytes, Some(1024));
+    assert_eq!(c.server.handshake_timeout_secs, Some(1.5));
+    // An idle timeout shorter than a statement's time limit would close waiting connections.
+    let dir = common::temp_dir("serve-bounds");
+    let catalog = write_catalog(
+        &dir,
+        1.0,
+        "query_timeout_secs = 700\nidle_timeout_secs = 600",
+    );
+    let e = dpfusion::serve::cmd::bind_catalog(&catalog, None)
+        .await
+        .err()
+        .expect("refused");
+    assert!(e.contains("idle_timeout_secs"), "{e}");
+    let catalog = write_catalog(&dir, 1.0, "max_connections = 0");
+    let e = dpfusion::serve::cmd::bind_catalog(&catalog, None)
+        .await
+        .err()
+        .expect("refused");
+    assert!(e.contains("max_connections"), "{e}");
+}
+
 // Issue 27, classes 4–8: the server is the trust boundary. Each test runs a real server on a
 // loopback port and bounds its own time.
 
