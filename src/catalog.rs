@@ -55,6 +55,25 @@ pub struct ServerSection {
     /// On SIGTERM, how long statements under way may take to finish before they are cancelled,
     /// in seconds (default 10).
     pub shutdown_grace_secs: Option<f64>,
+    /// How many statements (and prepares) of one analyst run at once (default: half of
+    /// `max_concurrent_queries`, rounded up).
+    pub max_queries_per_analyst: Option<usize>,
+    /// How many results of one analyst may wait to be fetched, statements under way included;
+    /// checked before admission (default 64).
+    pub max_pending_results: Option<usize>,
+    /// How many bytes of one analyst's results may wait to be fetched (default 1 GiB).
+    pub max_pending_bytes: Option<usize>,
+    /// The largest result of one statement, in bytes (default 256 MiB).
+    pub max_result_bytes: Option<usize>,
+    /// How long a result waits to be fetched before it is dropped, in seconds (default 600).
+    pub result_ttl_secs: Option<f64>,
+    /// How many connections may be open at once (default 256).
+    pub max_connections: Option<usize>,
+    /// How long a new connection may take to make its first authenticated call, in seconds
+    /// (default 10).
+    pub handshake_timeout_secs: Option<f64>,
+    /// How long a connection may go without an authenticated call, in seconds (default 600).
+    pub idle_timeout_secs: Option<f64>,
     /// Serve over TLS: the certificate chain and the private key (PEM; relative to the
     /// catalog). Both or neither.
     pub tls_cert: Option<PathBuf>,

@@ -36,6 +36,9 @@ pub const DEFAULT_MEMORY_LIMIT: usize = 4 << 30;
 /// The default `delta` of a DP call that gives none (SQL.md: 1e-7 unless changed).
 pub const DEFAULT_CALL_DELTA: f64 = 1e-7;
 
+mod kind;
+pub use kind::StatementKind;
+
 tokio::task_local! {
     /// The analyst a statement runs for ([`PrivateSession::sql_as`]); admission runs in the
     /// statement's own task, so the charge it writes can name them.

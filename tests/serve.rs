@@ -71,11 +71,17 @@ async fn serve_here(tag: &str, epsilon: f64, extra: &str) -> InProcess {
 /// Writes a catalog (people private with budget `epsilon`, depts public, analysts alice and
 /// bob, listening on a free loopback port) plus `extra` TOML in `[server]`.
 fn write_catalog(dir: &Path, epsilon: f64, extra: &str) -> PathBuf {
+    write_catalog_with(dir, epsilon, "", extra)
+}
+
+/// [`write_catalog`] with `session` TOML in `[session]` too.
+fn write_catalog_with(dir: &Path, epsilon: f64, session: &str, extra: &str) -> PathBuf {
     let catalog = dir.join("dpfusion.toml");
     let text = format!(
         r#"
 [session]
 ledger = "ledger.jsonl"
+{session}
 
 [[table]]
 name = "people"
@@ -111,9 +117,33 @@ listen = "127.0.0.1:0"
 
 /// Starts the built binary, `dpfusion serve`, on [`write_catalog`]'s catalog.
 fn start(tag: &str, epsilon: f64, extra: &str) -> Server {
+    start_with(tag, epsilon, "", extra, None)
+}
+
+/// [`start`] with `session` TOML in `[session]`, and at most `max_files` open files (the
+/// server's `ulimit -n`) when given.
+fn start_with(
+    tag: &str,
+    epsilon: f64,
+    session: &str,
+    extra: &str,
+    max_files: Option<u32>,
+) -> Server {
     let dir = common::temp_dir(tag);
-    let catalog = write_catalog(&dir, epsilon, extra);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+    let catalog = write_catalog_with(&dir, epsilon, session, extra);
+    let mut command = match max_files {
+        None => Command::new(env!("CARGO_BIN_EXE_dpfusion")),
+        Some(n) => {
+            let mut c = Command::new("sh");
+            c.args([
+                "-c",
+                &format!("ulimit -n {n} && exec \"$0\" \"$@\""),
+                env!("CARGO_BIN_EXE_dpfusion"),
+            ]);
+            c
+        }
+    };
+    let mut child = command
         .args(["serve", "--catalog"])
         .arg(&catalog)
         .stdout(Stdio::piped())
@@ -913,7 +943,7 @@ fn tls_file(name: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_when_the_owner_gives_a_certificate_and_key() {
     let extra = format!(
-        "tls_cert = {:?}\ntls_key = {:?}",
+        "tls_cert = {:?}\ntls_key = {:?}\nhandshake_timeout_secs = 1",
         tls_file("server.crt"),
         tls_file("server.key")
     );
@@ -938,6 +968,8 @@ async fn tls_when_the_owner_gives_a_certificate_and_key() {
     assert_eq!(rows(&b), 1);
     let e = query(&mut c, "SELECT age FROM people").await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
+    // Over TLS too, an authenticated connection outlives the handshake timeout.
+    outlives_the_handshake_timeout(&mut c, Duration::from_secs(1)).await;
     // A plaintext client gets no answer, only a transport error; the server goes on.
     let plain = Channel::from_shared(format!("http://{}", s.addr))
         .unwrap()
@@ -1012,4 +1044,579 @@ fn the_catalog_checks_analysts_and_server_keys() {
     assert!(e.contains("declared twice"), "{e}");
     let e = err("[server]\nlisten_on = \"127.0.0.1:1\"\n");
     assert!(e.contains("listen_on"), "{e}");
+}
+
+#[tokio::test]
+async fn the_servers_bounds_come_from_the_catalog_and_are_checked() {
+    use dpfusion::catalog::Catalog;
+    let c = Catalog::parse(
+        "[server]\nmax_connections = 8\nmax_result_bytes = 1024\nmax_pending_results = 3\n\
+         max_pending_bytes = 4096\nmax_queries_per_analyst = 1\nresult_ttl_secs = 60\n\
+         handshake_timeout_secs = 1.5\nidle_timeout_secs = 900\n",
+        Path::new("/srv/owner/dpfusion.toml"),
+    )
+    .unwrap();
+    assert_eq!(c.server.max_connections, Some(8));
+    assert_eq!(c.server.max_result_bytes, Some(1024));
+    assert_eq!(c.server.handshake_timeout_secs, Some(1.5));
+    // An idle timeout shorter than a statement's time limit would close waiting connections.
+    let dir = common::temp_dir("serve-bounds");
+    let catalog = write_catalog(
+        &dir,
+        1.0,
+        "query_timeout_secs = 700\nidle_timeout_secs = 600",
+    );
+    let e = dpfusion::serve::cmd::bind_catalog(&catalog, None)
+        .await
+        .err()
+        .expect("refused");
+    assert!(e.contains("idle_timeout_secs"), "{e}");
+    let catalog = write_catalog(&dir, 1.0, "max_connections = 0");
+    let e = dpfusion::serve::cmd::bind_catalog(&catalog, None)
+        .await
+        .err()
+        .expect("refused");
+    assert!(e.contains("max_connections"), "{e}");
+}
+
+// Issue 27, classes 4–8: the server is the trust boundary. Each test runs a real server on a
+// loopback port and bounds its own time.
+
+const DP: &str = "SELECT dp_count(id, 0.01) AS n FROM people";
+
+/// How many charges in the ledger name `analyst`.
+fn charges_of(ledger: &Path, analyst: &str) -> usize {
+    std::fs::read_to_string(ledger)
+        .unwrap_or_default()
+        .matches(&format!(r#""analyst":"{analyst}""#))
+        .count()
+}
+
+/// The CPU time a process has used (user and system), from /proc/<pid>/stat.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    let hz: u64 = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100);
+    Duration::from_secs_f64(ticks as f64 / hz as f64)
+}
+
+/// The share of one core a process uses over `over`.
+fn cpu_share(pid: u32, over: Duration) -> f64 {
+    let before = cpu_time(pid);
+    std::thread::sleep(over);
+    (cpu_time(pid) - before).as_secs_f64() / over.as_secs_f64()
+}
+
+/// The open file descriptors of a process.
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A process's peak resident memory (VmHWM), in bytes.
+fn peak_memory(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .expect("VmHWM");
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb * 1024
+}
+
+/// The server answers a trivial statement within `limit` (connecting again as needed).
+async fn serving_within(addr: SocketAddr, limit: Duration) {
+    let until = Instant::now() + limit;
+    loop {
+        let attempt = async {
+            let ch = Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect_timeout(Duration::from_secs(5))
+                .connect()
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            let mut c = FlightSqlServiceClient::new(ch);
+            c.set_token(ALICE.to_string());
+            query(&mut c, "SELECT 1 AS one").await
+        };
+        match tokio::time::timeout(Duration::from_secs(10), attempt).await {
+            Ok(Ok(b)) if rows(&b) == 1 => return,
+            other => assert!(Instant::now() < until, "not served in {limit:?}: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A result read slowly, across `timeout` (the server's handshake timeout), on a connection
+/// whose calls are authenticated: the connection is not closed under it.
+async fn outlives_the_handshake_timeout(
+    c: &mut FlightSqlServiceClient<Channel>,
+    timeout: Duration,
+) {
+    let info = c
+        .execute(
+            "SELECT value FROM generate_series(1, 2000000)".to_string(),
+            None,
+        )
+        .await
+        .unwrap();
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let mut stream = c.do_get(ticket).await.unwrap();
+    let mut n = stream.next().await.unwrap().unwrap().num_rows();
+    tokio::time::sleep(timeout + Duration::from_millis(800)).await;
+    while let Some(b) = stream.next().await {
+        n += b.unwrap().num_rows();
+    }
+    assert_eq!(n, 2_000_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticated_connection_outlives_the_handshake_timeout() {
+    let s = serve_here("serve-authenticated", 1.0, "handshake_timeout_secs = 1").await;
+    let mut c = client(s.addr, Some(ALICE)).await;
+    outlives_the_handshake_timeout(&mut c, Duration::from_secs(1)).await;
+}
+
+/// Opens `n` TCP connections that never send a byte.
+fn idle_connections(addr: SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+    (0..n)
+        .filter_map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok())
+        .collect()
+}
+
+/// Class 4: `SELECT … INTO` (and every other statement that would change the shared session or
+/// write) is refused by its plan's kind, whatever its first keyword; nothing is created or
+/// charged; the read-only kinds run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn select_into_and_every_state_changing_statement_are_refused_by_plan_kind() {
+    let s = serve_here("serve-kinds", 10.0, "").await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let mut bob = client(s.addr, Some(BOB)).await;
+    for sql in [
+        "SELECT dept INTO kept FROM depts",
+        "SELECT dp_count(id, 0.1) AS n INTO kept FROM people",
+        "select * into temporary kept from depts",
+        "/* a comment */ SELECT dept INTO depts FROM depts",
+        "WITH d AS (SELECT dept FROM depts) SELECT dept INTO kept FROM d",
+        "(SELECT dept INTO kept FROM depts)",
+        "CREATE TABLE kept AS SELECT dept FROM depts",
+        "CREATE TABLE kept (a INT)",
+        "CREATE VIEW kept AS SELECT dept FROM depts",
+        "CREATE EXTERNAL TABLE kept STORED AS CSV LOCATION '/etc/hostname'",
+        "DROP TABLE depts",
+        "INSERT INTO depts VALUES ('x', 1)",
+        "COPY depts TO '/tmp/kept.csv'",
+        "SET dpfusion.default_delta = 1e-9",
+        "SET datafusion.execution.batch_size = 1",
+        "RESET datafusion.execution.batch_size",
+        "PREPARE kept AS SELECT dept FROM depts",
+        "EXPLAIN ANALYZE SELECT dept FROM depts",
+        "EXPLAIN SELECT dept INTO kept FROM depts",
+    ] {
+        let e = query(&mut alice, sql).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{sql}: {e:?}");
+    }
+    let e = query(&mut alice, "SELECT dept INTO kept FROM depts")
+        .await
+        .unwrap_err();
+    assert!(
+        e.message().contains("SELECT … INTO") && e.message().contains("over the server"),
+        "{}",
+        e.message()
+    );
+    // A prepared statement is the same statement: refused when it runs.
+    let mut p = alice
+        .prepare("SELECT dept INTO kept FROM depts".to_string(), None)
+        .await
+        .unwrap();
+    let e = p.execute().await.map_err(status).unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // Nothing was created (for anyone), nothing was charged.
+    let e = query(&mut bob, "SELECT * FROM kept").await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let b = query(&mut bob, "SHOW TABLES").await.unwrap();
+    assert_eq!(rows(&b), 2);
+    assert_eq!(charges_of(&s.ledger, "alice"), 0);
+    // The read-only kinds run (DESCRIBE passes the server's list, then the session's guard
+    // decides, as in the REPL).
+    for sql in [
+        "SELECT dept FROM depts",
+        "VALUES (1)",
+        "WITH d AS (SELECT dept FROM depts) SELECT count(*) FROM d",
+        "EXPLAIN SELECT dept FROM depts",
+        "EXPLAIN PRIVACY SELECT dp_count(id, 0.1) FROM people",
+        "SHOW BUDGET",
+        "SHOW TABLES",
+        "SELECT * FROM dp_budget()",
+        "SELECT * FROM dp_ledger()",
+        DP,
+    ] {
+        query(&mut bob, sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+    assert_eq!(charges_of(&s.ledger, "bob"), 1);
+}
+
+/// A prepare whose planning runs a long public side of a join (settled before admission).
+const HEAVY_PREPARE: &str = "SELECT dp_count(p.id, 0.01) AS n FROM people p JOIN (SELECT d.dept \
+     FROM depts d CROSS JOIN generate_series(1, 3000000000) g WHERE g.value < 0) x ON p.dept = \
+     x.dept";
+
+/// Class 5: a flood of CreatePreparedStatement (each planning long work) takes turns like
+/// statements, within their time limit: the server does not freeze, and another analyst's DP
+/// queries are answered and charged once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepare_flood_neither_freezes_the_server_nor_starves_other_analysts() {
+    let s = serve_here(
+        "serve-prepare-flood",
+        100.0,
+        "max_concurrent_queries = 2\nquery_timeout_secs = 2",
+    )
+    .await;
+    let addr = s.addr;
+    let flood: Vec<_> = (0..48)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut c = client(addr, Some(BOB)).await;
+                let _ = c.prepare(HEAVY_PREPARE.to_string(), None).await;
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let mut alice = client(addr, Some(ALICE)).await;
+    for _ in 0..5 {
+        let b = tokio::time::timeout(Duration::from_secs(20), query(&mut alice, DP))
+            .await
+            .expect("a DP query is answered during the flood")
+            .unwrap();
+        assert_eq!(rows(&b), 1);
+    }
+    let during = started.elapsed();
+    for f in flood {
+        tokio::time::timeout(Duration::from_secs(120), f)
+            .await
+            .expect("every prepare ends within its time limit")
+            .unwrap();
+    }
+    assert_eq!(charges_of(&s.ledger, "alice"), 5);
+    eprintln!("5 DP queries answered during a flood of 48 prepares in {during:?}");
+    still_serving(addr).await;
+}
+
+/// Class 6, before authentication: more idle connections than the server has file
+/// descriptors do not make the accept loop spin, and it serves again; beyond the connection
+/// limit, idle strangers are closed to make room, so an analyst gets in at once, and the
+/// server's descriptors stay bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_before_authentication_neither_exhaust_files_nor_spin_nor_block() {
+    // Out of file descriptors (ulimit -n 64, far below the connection limit).
+    let s = start_with(
+        "serve-idle-fds",
+        10.0,
+        "",
+        "handshake_timeout_secs = 2",
+        Some(64),
+    );
+    let pid = s.child.id();
+    still_serving(s.addr).await;
+    let idle = idle_connections(s.addr, 200);
+    assert!(idle.len() >= 150, "{}", idle.len());
+    std::thread::sleep(Duration::from_millis(500));
+    let share = cpu_share(pid, Duration::from_secs(2));
+    eprintln!(
+        "out of descriptors: {} idle connections, the server used {:.1}% of a core, {} files \
+         open",
+        idle.len(),
+        share * 100.0,
+        open_files(pid)
+    );
+    assert!(
+        share < 0.3,
+        "the accept loop spins: {:.0}% of a core",
+        share * 100.0
+    );
+    assert!(open_files(pid) <= 64 + 2, "{}", open_files(pid));
+    // Idle strangers are closed after the handshake timeout; a client gets in again.
+    serving_within(s.addr, Duration::from_secs(60)).await;
+    drop(idle);
+    drop(s);
+
+    // At the connection limit: the oldest stranger makes room at once.
+    let s = start_with(
+        "serve-idle-limit",
+        10.0,
+        "",
+        "max_connections = 16\nhandshake_timeout_secs = 60",
+        None,
+    );
+    let pid = s.child.id();
+    still_serving(s.addr).await;
+    let base = open_files(pid);
+    let idle = idle_connections(s.addr, 100);
+    std::thread::sleep(Duration::from_millis(500));
+    let share = cpu_share(pid, Duration::from_secs(2));
+    let files = open_files(pid);
+    let started = Instant::now();
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let b = tokio::time::timeout(Duration::from_secs(10), query(&mut alice, DP))
+        .await
+        .expect("an analyst gets in beside 100 idle strangers")
+        .unwrap();
+    assert_eq!(rows(&b), 1);
+    eprintln!(
+        "at the limit of 16: {} idle connections, {:.1}% of a core, {files} files open ({base} \
+         before), an analyst answered in {:?}",
+        idle.len(),
+        share * 100.0,
+        started.elapsed()
+    );
+    assert!(share < 0.3, "{:.0}% of a core", share * 100.0);
+    assert!(files <= base + 16 + 2, "{files} files open, {base} before");
+    assert_eq!(charges_of(&s.ledger, "alice"), 1);
+    drop(idle);
+}
+
+/// Class 7: a public query whose result would pass `max_result_bytes` stops there with a clear
+/// message, the server alive and its memory bounded; smaller results are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_public_result_is_refused_at_the_maximum_size() {
+    let s = start_with(
+        "serve-huge",
+        10.0,
+        "memory_limit = 268435456",
+        "max_result_bytes = 8388608",
+        None,
+    );
+    let mut c = client(s.addr, Some(ALICE)).await;
+    let e = tokio::time::timeout(
+        Duration::from_secs(60),
+        query(
+            &mut c,
+            "SELECT value FROM generate_series(1, 1000000000000)",
+        ),
+    )
+    .await
+    .expect("refused in time")
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("max_result_bytes"), "{}", e.message());
+    let b = query(&mut c, "SELECT value FROM generate_series(1, 100000)")
+        .await
+        .unwrap();
+    assert_eq!(rows(&b), 100_000);
+    let peak = peak_memory(s.child.id());
+    eprintln!(
+        "peak memory after a refused huge result: {} MiB",
+        peak >> 20
+    );
+    assert!(peak < 512 << 20, "{} MiB", peak >> 20);
+    still_serving(s.addr).await;
+}
+
+/// Class 8: one analyst's unfetched results fill their own quota, checked before admission
+/// (nothing charged); another analyst's DP queries are admitted, answered and charged once
+/// each; a ticket is fetched only in its analyst's namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_analysts_pending_flood_hits_their_own_quota_before_admission() {
+    let s = serve_here("serve-pending", 100.0, "max_pending_results = 8").await;
+    let mut bob = client(s.addr, Some(BOB)).await;
+    let mut kept = Vec::new();
+    for _ in 0..8 {
+        kept.push(bob.execute(DP.to_string(), None).await.unwrap());
+    }
+    assert_eq!(charges_of(&s.ledger, "bob"), 8);
+    for _ in 0..3 {
+        let e = bob
+            .execute(DP.to_string(), None)
+            .await
+            .map_err(status)
+            .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(
+            e.message().contains("nothing was charged")
+                && e.message().contains("max_pending_results"),
+            "{}",
+            e.message()
+        );
+    }
+    assert_eq!(charges_of(&s.ledger, "bob"), 8, "refused before admission");
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    for _ in 0..20 {
+        let b = query(&mut alice, DP).await.unwrap();
+        assert_eq!(rows(&b), 1);
+    }
+    assert_eq!(charges_of(&s.ledger, "alice"), 20);
+    // Bob's ticket is not alice's to fetch.
+    let ticket = kept[0].endpoint[0].ticket.clone().unwrap();
+    let e = query_ticket(&mut alice, &ticket.ticket).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    // Bob fetches one result: one more statement may run.
+    let b = fetch(&mut bob, kept.remove(0)).await.unwrap();
+    assert_eq!(rows(&b), 1);
+    let info = bob.execute(DP.to_string(), None).await.unwrap();
+    assert_eq!(rows(&fetch(&mut bob, info).await.unwrap()), 1);
+    assert_eq!(charges_of(&s.ledger, "bob"), 9);
+}
+
+/// Bad clients beside good ones (issue 27's acceptance): idle connections beyond the limit,
+/// prepare floods, huge results, a pending flood and large statements from bob, while alice's
+/// clients run DP queries. Every one of alice's queries is admitted, answered and charged
+/// exactly once; the server's memory stays under its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_bad_clients_beside_good_ones_good_queries_answered_and_charged_once() {
+    const RUN: Duration = Duration::from_secs(15);
+    const MEMORY_LIMIT: u64 = 256 << 20;
+    let s = start_with(
+        "serve-load-bad",
+        1e6,
+        &format!("memory_limit = {MEMORY_LIMIT}"),
+        "max_connections = 48\nhandshake_timeout_secs = 2\nmax_concurrent_queries = 4\n\
+         query_timeout_secs = 5\nmax_pending_results = 8\nmax_result_bytes = 16777216",
+        None,
+    );
+    let addr = s.addr;
+    let pid = s.child.id();
+    let started = Instant::now();
+    let until = started + RUN;
+    let mut bad = Vec::new();
+    // Idle strangers, topped up past the connection limit.
+    bad.push(tokio::task::spawn_blocking(move || {
+        let (mut held, mut opened) = (Vec::new(), 0);
+        while Instant::now() < until {
+            let new = idle_connections(addr, 20);
+            opened += new.len();
+            held.extend(new);
+            if held.len() > 150 {
+                held.drain(..20);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        opened
+    }));
+    // Prepare floods: 16 at once, again and again.
+    for _ in 0..16 {
+        bad.push(tokio::spawn(async move {
+            let mut n = 0;
+            while Instant::now() < until {
+                let mut c = client(addr, Some(BOB)).await;
+                let _ = c.prepare(HEAVY_PREPARE.to_string(), None).await;
+                n += 1;
+            }
+            n
+        }));
+    }
+    // Huge results.
+    for _ in 0..2 {
+        bad.push(tokio::spawn(async move {
+            let mut c = client(addr, Some(BOB)).await;
+            let mut n = 0;
+            while Instant::now() < until {
+                let e = query(
+                    &mut c,
+                    "SELECT value FROM generate_series(1, 1000000000000)",
+                )
+                .await
+                .unwrap_err();
+                assert!(
+                    matches!(
+                        e.code(),
+                        Code::InvalidArgument | Code::ResourceExhausted | Code::DeadlineExceeded
+                    ),
+                    "{e:?}"
+                );
+                n += 1;
+            }
+            n
+        }));
+    }
+    // A pending flood: DP statements whose results are never fetched.
+    bad.push(tokio::spawn(async move {
+        let mut c = client(addr, Some(BOB)).await;
+        let mut n = 0;
+        while Instant::now() < until {
+            let _ = c.execute(DP.to_string(), None).await;
+            n += 1;
+        }
+        n
+    }));
+    // Large statements: just under and over the SQL limit.
+    bad.push(tokio::spawn(async move {
+        let mut c = client(addr, Some(BOB)).await;
+        let mut n = 0;
+        while Instant::now() < until {
+            for size in [(1 << 20) - 64, 2 << 20] {
+                let sql = format!("SELECT 1 /* {} */", "x".repeat(size));
+                let _ = query(&mut c, &sql).await;
+                n += 1;
+            }
+        }
+        n
+    }));
+    // The good clients.
+    let good: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut c = client(addr, Some(ALICE)).await;
+                let (mut answered, mut slowest) = (0usize, Duration::ZERO);
+                while Instant::now() < until {
+                    let t = Instant::now();
+                    let b = tokio::time::timeout(Duration::from_secs(30), query(&mut c, DP))
+                        .await
+                        .expect("a good query is answered in time")
+                        .expect("a good query is answered");
+                    assert_eq!(rows(&b), 1);
+                    slowest = slowest.max(t.elapsed());
+                    answered += 1;
+                }
+                (answered, slowest)
+            })
+        })
+        .collect();
+    let (mut answered, mut slowest) = (0, Duration::ZERO);
+    for g in good {
+        let (a, s) = tokio::time::timeout(Duration::from_secs(60), g)
+            .await
+            .expect("the good clients finish")
+            .unwrap();
+        answered += a;
+        slowest = slowest.max(s);
+    }
+    let mut bad_calls = 0;
+    for b in bad {
+        bad_calls += tokio::time::timeout(Duration::from_secs(60), b)
+            .await
+            .expect("the bad clients finish")
+            .unwrap();
+    }
+    let elapsed = started.elapsed();
+    let peak = peak_memory(pid);
+    let charged = charges_of(&s.ledger, "alice");
+    eprintln!(
+        "load with bad clients, {elapsed:?}: alice's 4 clients had {answered} DP queries \
+         answered (slowest {slowest:?}), {charged} charged; bob made {bad_calls} bad calls; \
+         the server's peak memory {} MiB (memory_limit {} MiB)",
+        peak >> 20,
+        MEMORY_LIMIT >> 20
+    );
+    assert!(answered >= 4, "{answered}");
+    assert_eq!(charged, answered, "each good query charged exactly once");
+    assert!(peak < MEMORY_LIMIT + (256 << 20), "{} MiB", peak >> 20);
+    still_serving(addr).await;
+    let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        .args(["ledger", "verify"])
+        .arg(&s.ledger)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
 }

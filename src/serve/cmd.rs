@@ -13,13 +13,19 @@ dpfusion serve — an Arrow Flight SQL server for analysts (README, \"Serving an
 
 USAGE:
     dpfusion serve --catalog FILE [--listen ADDR] [--tls-cert FILE --tls-key FILE]
-                   [--query-timeout SECS] [--max-concurrent-queries N] [--insecure-listen-any]
+                   [--query-timeout SECS] [--max-concurrent-queries N] [--max-connections N]
+                   [--max-result-bytes N] [--insecure-listen-any]
 
 Every statement runs as in the REPL (guard, admission, ledger, execution), for the analyst
 whose bearer token it carries ([[analyst]] in the catalog, docs/CATALOG.md). Stops on SIGTERM
 or Ctrl-C: no new call is accepted; statements under way get [server] shutdown_grace_secs (10)
 to finish, then are cancelled (an admitted charge stands: it is in the ledger before any row is
 read).
+
+Every resource is bounded (README, \"Serving analysts\"; docs/CATALOG.md, [server]): connections,
+and the time a connection may take to authenticate or stay idle; statements at once, per analyst
+and in all; a statement's time, SQL and result size; each analyst's results waiting to be
+fetched (checked before admission).
 
 OPTIONS:
         --catalog FILE               The data owner's catalog (required): tables, analysts, [server]
@@ -29,6 +35,10 @@ OPTIONS:
                                      query_timeout_secs, else 300)
         --max-concurrent-queries N   Statements running at once (default: [server]
                                      max_concurrent_queries, else the number of cores)
+        --max-connections N          Connections open at once (default: [server]
+                                     max_connections, else 256)
+        --max-result-bytes N         The largest result of one statement (default: [server]
+                                     max_result_bytes, else 268435456, 256 MiB)
         --tls-cert FILE              Serve over TLS with this certificate chain (PEM; default:
                                      [server] tls_cert). Clients connect to grpc+tls://
         --tls-key FILE               ... and its private key (PEM; default: [server] tls_key)
@@ -53,6 +63,8 @@ struct ServeArgs {
     listen: Option<String>,
     query_timeout: Option<f64>,
     max_concurrent: Option<usize>,
+    max_connections: Option<usize>,
+    max_result_bytes: Option<usize>,
     insecure_listen_any: bool,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -98,6 +110,19 @@ fn parse_serve(args: &[String]) -> Result<Option<ServeArgs>, String> {
                 })?;
                 a.max_concurrent = Some(n);
             }
+            "--max-connections" | "--max-result-bytes" => {
+                let v = value()?;
+                let n: usize = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("{flag} must be a whole number > 0, got '{v}'"))?;
+                if flag == "--max-connections" {
+                    a.max_connections = Some(n);
+                } else {
+                    a.max_result_bytes = Some(n);
+                }
+            }
             "--insecure-listen-any" => a.insecure_listen_any = true,
             "--tls-cert" => a.tls_cert = Some(PathBuf::from(value()?)),
             "--tls-key" => a.tls_key = Some(PathBuf::from(value()?)),
@@ -138,6 +163,55 @@ fn options(a: &ServeArgs, c: &Catalog) -> Result<ServeOptions, String> {
     }
     if let Some(n) = s.max_sql_bytes {
         o.max_sql_bytes = n;
+    }
+    let at_least_one = |n: Option<usize>, key: &str| match n {
+        Some(0) => Err(format!("{key} must be at least 1")),
+        n => Ok(n),
+    };
+    let seconds = |t: Option<f64>, key: &str| match t {
+        Some(t) if !(t.is_finite() && t > 0.0) => Err(format!("{key} must be > 0, got {t}")),
+        t => Ok(t.map(Duration::from_secs_f64)),
+    };
+    if let Some(n) = at_least_one(s.max_queries_per_analyst, "max_queries_per_analyst")? {
+        o.max_queries_per_analyst = n;
+    }
+    if let Some(n) = at_least_one(s.max_pending_results, "max_pending_results")? {
+        o.max_pending_results = n;
+    }
+    if let Some(n) = at_least_one(s.max_pending_bytes, "max_pending_bytes")? {
+        o.max_pending_bytes = n;
+    }
+    if let Some(n) = at_least_one(
+        a.max_result_bytes.or(s.max_result_bytes),
+        "max_result_bytes",
+    )? {
+        o.max_result_bytes = n;
+    }
+    if let Some(n) = at_least_one(a.max_connections.or(s.max_connections), "max_connections")? {
+        o.max_connections = n;
+    }
+    if let Some(t) = seconds(s.result_ttl_secs, "result_ttl_secs")? {
+        o.result_ttl = t;
+    }
+    if let Some(t) = seconds(s.handshake_timeout_secs, "handshake_timeout_secs")? {
+        o.handshake_timeout = t;
+    }
+    match seconds(s.idle_timeout_secs, "idle_timeout_secs")? {
+        Some(t) => o.idle_timeout = t,
+        // The default outlasts a statement's time limit.
+        None => {
+            o.idle_timeout = o
+                .idle_timeout
+                .max(o.query_timeout + Duration::from_secs(60))
+        }
+    }
+    if o.idle_timeout <= o.query_timeout {
+        return Err(format!(
+            "idle_timeout_secs ({} s) must be longer than query_timeout_secs ({} s): a \
+             connection waiting for its statement would be closed",
+            o.idle_timeout.as_secs_f64(),
+            o.query_timeout.as_secs_f64()
+        ));
     }
     if let Some(t) = s.shutdown_grace_secs {
         if !(t.is_finite() && t >= 0.0) {
@@ -328,5 +402,19 @@ mod tests {
         assert!(parse_serve(&args(&[])).unwrap_err().contains("--catalog"));
         assert!(parse_serve(&args(&["--catalog", "c", "--query-timeout", "0"])).is_err());
         assert!(parse_serve(&args(&["--catalog", "c", "--bogus"])).is_err());
+        let a = parse_serve(&args(&[
+            "--catalog",
+            "c",
+            "--max-connections=5",
+            "--max-result-bytes",
+            "1024",
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (a.max_connections, a.max_result_bytes),
+            (Some(5), Some(1024))
+        );
+        assert!(parse_serve(&args(&["--catalog", "c", "--max-connections", "0"])).is_err());
     }
 }

@@ -1,25 +1,40 @@
 //! `dpfusion serve`: an Arrow Flight SQL server over one [`PrivateSession`] (docs/SQL.md,
 //! README "Serving analysts").
 //!
-//! Every statement an analyst sends runs through [`PrivateSession::sql_as`], the path the REPL
-//! uses: parse, guard, admission (atomic and durable in the accountant, the charge naming the
-//! analyst), then execution. Only then is a result kept for the analyst to fetch: the statement
-//! runs in `GetFlightInfo` (so refusals and budget errors come back there), and the `DoGet` of
-//! its ticket streams the result's batches, once.
+//! Every statement an analyst sends runs through [`PrivateSession::sql_as_bounded`], the
+//! REPL's path ([`PrivateSession::sql_as`]: parse, guard, admission, atomic and durable in the
+//! accountant, the charge naming the analyst, then execution) with a bounded result. Only then
+//! is a result kept for the analyst to fetch: the statement runs in `GetFlightInfo` (so
+//! refusals and budget errors come back there), and the `DoGet` of its ticket streams the
+//! result's batches, once.
 //!
+//! The server is the trust boundary (docs/PRIVACY.md, issue 27):
 //! - **Authentication**: every call carries `authorization: Bearer <token>`; the catalog holds
 //!   each analyst's salted token hash ([`auth`]).
-//! - **One session for all analysts.** Statements that would change it (`SET`, `CREATE`, `DROP`,
-//!   `COPY`, …) are refused over the server, so no analyst's setting or table reaches another.
-//! - **Limits**: a statement's time limit (admission and execution; the query is cancelled
-//!   when it passes, its charge stands), a bound on statements running at once (they share the
-//!   session's memory limit), and on the SQL's size. A client that goes away cancels its query
-//!   (the charge stands).
+//! - **Statements are admitted by their plan** ([`StatementKind`], a positive list): queries,
+//!   `EXPLAIN`, `EXPLAIN PRIVACY`, `SHOW BUDGET`, `SHOW TABLES`, `DESCRIBE`. Anything that
+//!   would change the one session every analyst shares or write (`SELECT … INTO`, `CREATE`,
+//!   `DROP`, `COPY`, `SET`, `PREPARE`, DML, …) is refused by its plan kind, so the server keeps
+//!   no temporary tables or settings of anyone.
+//! - **Analysts are isolated**: each analyst's results waiting to be fetched live in their own
+//!   namespace, with their own quotas (count and bytes), checked *before* admission: a full
+//!   quota refuses the new statement with nothing charged, and never drops anyone's charged
+//!   result. Each analyst has their own turns (`max_queries_per_analyst`) within the server's.
+//!   Prepared statements keep no state: a handle is its SQL, held by the client.
+//! - **Every resource is bounded**, before and after authentication: connections
+//!   ([`conn`]: a limit, a handshake and an idle timeout, an accept loop that backs off); every
+//!   call that plans or runs (prepare included) waits for its turns and ends at the statement's
+//!   time limit, its turns given back at the deadline even if its task is busy (the query is
+//!   cancelled at its next await point; an admitted charge stands); results are counted in the
+//!   session's memory limit as they are computed and bounded by `max_result_bytes`; the SQL's
+//!   size is bounded. A client that goes away cancels its query (the charge stands).
 //! - **Errors** are the REPL's messages, as Flight status codes: `InvalidArgument` for a
-//!   refusal or invalid input, `ResourceExhausted` for a budget refusal, `Unauthenticated`.
+//!   refusal or invalid input, `ResourceExhausted` for a budget refusal or a full quota,
+//!   `Unauthenticated`, `DeadlineExceeded`.
 pub mod auth;
 pub mod client;
 pub mod cmd;
+pub mod conn;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -46,17 +61,21 @@ use datafusion::arrow::array::{RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::common::DataFusionError;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use futures::{Stream, TryStreamExt};
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::Error;
-use crate::session::{PrivateSession, QueryResult};
+use crate::session::{PrivateSession, QueryResult, StatementKind};
 use auth::Analysts;
 
 /// The catalog and schema names the server reports (DataFusion's defaults).
 pub const CATALOG_NAME: &str = "datafusion";
 pub const SCHEMA_NAME: &str = "public";
+
+/// How many calls one connection may carry at once.
+const MAX_STREAMS_PER_CONNECTION: u32 = 64;
 
 /// The longest status message sent (a gRPC status travels in a header, which clients bound).
 const MAX_MESSAGE: usize = 4096;
@@ -75,12 +94,25 @@ pub struct ServeOptions {
     pub max_concurrent_queries: usize,
     /// The longest SQL text accepted, in bytes.
     pub max_sql_bytes: usize,
+    /// How many statements (and prepares) of one analyst run at once; 0: half of
+    /// `max_concurrent_queries`, rounded up ([`ServeOptions::queries_per_analyst`]).
+    pub max_queries_per_analyst: usize,
     /// How long a result waits to be fetched (`DoGet`) before it is dropped.
     pub result_ttl: Duration,
-    /// How many results may wait to be fetched, all analysts together.
+    /// How many results of one analyst may wait to be fetched (statements under way count):
+    /// checked before admission, so no charged result is ever dropped for room.
     pub max_pending_results: usize,
-    /// How many bytes of results may wait to be fetched, all analysts together.
+    /// How many bytes of one analyst's results may wait to be fetched: a statement starts
+    /// only while the analyst's waiting results are below it.
     pub max_pending_bytes: usize,
+    /// The largest result of one statement, in bytes (counted as it is computed).
+    pub max_result_bytes: usize,
+    /// How many connections may be open at once ([`conn`]).
+    pub max_connections: usize,
+    /// How long a new connection may take to make its first authenticated call.
+    pub handshake_timeout: Duration,
+    /// How long a connection may go without an authenticated call.
+    pub idle_timeout: Duration,
     /// Serve over TLS with this certificate chain and key (PEM files).
     pub tls: Option<TlsFiles>,
     /// After the shutdown signal, how long calls under way may take to finish before they are
@@ -98,6 +130,20 @@ pub struct TlsFiles {
 /// The default address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 
+/// The default largest result of one statement (256 MiB).
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 256 << 20;
+
+impl ServeOptions {
+    /// [`ServeOptions::max_queries_per_analyst`], 0 meaning the default: half the statements
+    /// that run at once (rounded up), so that one analyst never holds every turn.
+    pub fn queries_per_analyst(&self) -> usize {
+        match self.max_queries_per_analyst {
+            0 => self.max_concurrent_queries.max(1).div_ceil(2),
+            n => n.min(self.max_concurrent_queries.max(1)),
+        }
+    }
+}
+
 impl Default for ServeOptions {
     fn default() -> Self {
         Self {
@@ -108,9 +154,14 @@ impl Default for ServeOptions {
                 .map(|n| n.get())
                 .unwrap_or(2),
             max_sql_bytes: 1 << 20,
+            max_queries_per_analyst: 0,
             result_ttl: Duration::from_secs(600),
-            max_pending_results: 4096,
+            max_pending_results: 64,
             max_pending_bytes: 1 << 30,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            max_connections: 256,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(600),
             tls: None,
             shutdown_grace: Duration::from_secs(10),
         }
@@ -154,9 +205,12 @@ struct QueryRuntime(Option<tokio::runtime::Runtime>);
 
 impl QueryRuntime {
     fn new() -> std::io::Result<Self> {
+        // At least two threads: a statement busy inside one poll past its deadline (its turn
+        // given back) leaves another thread for the next.
         let threads = std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(2);
+            .unwrap_or(2)
+            .max(2);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("dpfusion-query")
@@ -194,18 +248,61 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A result waiting for its `DoGet`.
+/// A result waiting for its `DoGet`, its bytes counted in the memory limit until it is sent.
 struct Pending {
-    analyst: String,
     result: QueryResult,
+    bytes: usize,
+    reservation: MemoryReservation,
     at: Instant,
+}
+
+/// One analyst's own state on the server: nothing here is reachable by another analyst.
+/// (Prepared statements keep no state: a handle is its SQL, held by the client.)
+struct Namespace {
+    /// Results waiting for their `DoGet`, by ticket handle.
+    pending: HashMap<Vec<u8>, Pending>,
+    /// Statements admitted to run whose result is not yet kept (each holds a place).
+    reserved: usize,
+    /// The analyst's turns ([`ServeOptions::max_queries_per_analyst`]).
+    turns: Arc<tokio::sync::Semaphore>,
+}
+
+impl Namespace {
+    fn pending_bytes(&self) -> usize {
+        self.pending.values().map(|p| p.bytes).sum()
+    }
+
+    fn expire(&mut self, ttl: Duration) {
+        self.pending.retain(|_, p| p.at.elapsed() < ttl);
+    }
+}
+
+/// A place for one result in an analyst's namespace, taken before the statement runs
+/// ([`DpFlightSql::reserve`]); given back when dropped unless the result was kept.
+struct Place {
+    shared: Arc<Shared>,
+    analyst: String,
+    kept: bool,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        let mut spaces = self.shared.spaces.lock().expect("lock");
+        if let Some(ns) = spaces.get_mut(&self.analyst) {
+            ns.reserved = ns.reserved.saturating_sub(1);
+        }
+    }
 }
 
 struct Shared {
     session: Arc<PrivateSession>,
     analysts: Analysts,
     options: ServeOptions,
-    pending: Mutex<HashMap<Vec<u8>, Pending>>,
+    /// Each analyst's namespace, by name.
+    spaces: Mutex<HashMap<String, Namespace>>,
     running: Arc<tokio::sync::Semaphore>,
     queries: QueryRuntime,
     /// Set when the server cancels the statements under way (shutdown after its grace).
@@ -271,13 +368,29 @@ impl Bound {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
-        let limit = (self.service.0.options.max_sql_bytes + (1 << 20)).max(4 << 20);
+        let o = self.service.0.options.clone();
+        let limit = (o.max_sql_bytes + (1 << 20)).max(4 << 20);
         let svc = FlightServiceServer::new(self.service)
             .max_decoding_message_size(limit)
             .max_encoding_message_size(64 << 20);
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(self.listener).with_nodelay(Some(true));
-        let mut builder = tonic::transport::Server::builder();
+        let incoming = conn::incoming(
+            self.listener,
+            conn::ConnLimits {
+                max_connections: o.max_connections,
+                handshake_timeout: o.handshake_timeout,
+                idle_timeout: o.idle_timeout,
+            },
+        );
+        // HTTP/2's own bounds: pings find dead peers; a connection carries a bounded number of
+        // calls, headers and reset streams; a call's response (not its streamed body) comes
+        // within the statement's time limit and a margin.
+        let mut builder = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(60)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+            .http2_max_header_list_size(Some(64 << 10))
+            .http2_max_pending_accept_reset_streams(Some(64))
+            .timeout(o.query_timeout + Duration::from_secs(30));
         if let Some(identity) = self.tls {
             builder = builder
                 .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
@@ -339,7 +452,7 @@ pub async fn bind(
         session,
         analysts,
         options,
-        pending: Mutex::new(HashMap::new()),
+        spaces: Mutex::new(HashMap::new()),
         running,
         queries,
         cancel: tokio::sync::watch::Sender::new(false),
@@ -389,31 +502,6 @@ fn refusal(msg: impl Into<String>) -> Status {
     Status::invalid_argument(cut(msg.into()))
 }
 
-/// The first keyword of every statement in `sql` (after whitespace, comments and empty
-/// statements), upper case. The parser skips leading `;`, so `; SET …` is a `SET`.
-fn statement_keywords(sql: &str) -> Vec<String> {
-    use datafusion::sql::sqlparser::dialect::GenericDialect;
-    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
-    let dialect = GenericDialect {};
-    let Ok(tokens) = Tokenizer::new(&dialect, sql).tokenize() else {
-        return vec![];
-    };
-    let mut out = Vec::new();
-    let mut at_start = true;
-    for t in tokens {
-        match t {
-            Token::Whitespace(_) => {}
-            Token::SemiColon => at_start = true,
-            Token::Word(w) if at_start => {
-                out.push(w.value.to_ascii_uppercase());
-                at_start = false;
-            }
-            _ => at_start = false,
-        }
-    }
-    out
-}
-
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>;
 
 fn batches_stream(schema: SchemaRef, batches: Vec<RecordBatch>) -> DoGetStream {
@@ -438,8 +526,17 @@ fn info_for(
 }
 
 impl DpFlightSql {
-    /// The analyst a call comes from: its bearer token must be one of the catalog's.
+    /// The analyst a call comes from: its bearer token must be one of the catalog's. Marks the
+    /// call's connection authenticated ([`conn`]).
     fn analyst<T>(&self, request: &Request<T>) -> Result<String, Status> {
+        let name = self.authenticate(request)?;
+        if let Some(c) = conn::conn_of(request) {
+            c.authenticated();
+        }
+        Ok(name)
+    }
+
+    fn authenticate<T>(&self, request: &Request<T>) -> Result<String, Status> {
         let Some(value) = request.metadata().get("authorization") else {
             return Err(Status::unauthenticated(
                 "no token: send the header 'authorization: Bearer <token>' with the token the \
@@ -472,53 +569,36 @@ impl DpFlightSql {
             })
     }
 
-    /// Runs one statement for `analyst`, within the server's limits.
-    async fn run(&self, analyst: &str, sql: &str) -> Result<QueryResult, Status> {
-        let o = &self.0.options;
-        if sql.len() > o.max_sql_bytes {
-            return Err(refusal(format!(
-                "dpfusion refused the query: its SQL text is {} bytes, and this server accepts \
-                 at most {} (the data owner's [server] max_sql_bytes)",
-                sql.len(),
-                o.max_sql_bytes
-            )));
-        }
-        // A positive list: queries and the read-only session statements. Anything else (SET,
-        // CREATE, DROP, COPY, DML, …) would change the one session every analyst shares.
-        if let Some(k) = statement_keywords(sql).into_iter().find(|k| {
-            !matches!(
-                k.as_str(),
-                "SELECT" | "WITH" | "SHOW" | "EXPLAIN" | "DESCRIBE" | "DESC" | "VALUES"
-            )
-        }) {
-            return Err(refusal(format!(
-                "dpfusion refused the query: {k} is not available over the server: one session \
-                 serves every analyst, and a statement that changes it would reach the others \
-                 (the server runs SELECT, WITH, VALUES, SHOW, DESCRIBE and EXPLAIN). Give delta \
-                 => … in each DP call instead of SET dpfusion.default_delta, and keep results on \
-                 your side (the data owner declares tables and default contribution bounds in \
-                 the catalog)"
-            )));
-        }
-        let timeout = o.query_timeout;
+    /// Runs `work` for `analyst` within the server's limits: the analyst's turn and the
+    /// server's, then the work on the query runtime, all within the statement's time limit.
+    /// The turns belong to this call, not to the work's task: when the time limit passes (or
+    /// the client goes away) they are given back at once, even if the task is busy inside one
+    /// poll; the task is aborted at its next await point (an admitted charge stands).
+    async fn limited<T, F>(&self, analyst: &str, work: F) -> Result<T, Status>
+    where
+        F: std::future::Future<Output = Result<T, Status>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let timeout = self.0.options.query_timeout;
+        let mine = {
+            let mut spaces = self.0.spaces.lock().expect("lock");
+            Arc::clone(&self.namespace(&mut spaces, analyst).turns)
+        };
         let run = async {
-            let turn = Arc::clone(&self.0.running)
+            let _mine = mine
                 .acquire_owned()
                 .await
                 .map_err(|_| Status::unavailable("the server is shutting down"))?;
-            // The statement runs on the query runtime, so that a long scan or model fit never
-            // holds up the calls of other clients; its turn ends when its task does.
-            let session = Arc::clone(&self.0.session);
-            let (analyst, sql) = (analyst.to_string(), sql.to_string());
-            let task = self.0.queries.spawn(async move {
-                let _turn = turn;
-                session.sql_as(&analyst, &sql).await
-            });
-            // Dropping this call (client gone, time limit) aborts the task: the query stops at
-            // its next await point; an admitted charge stands.
+            let _turn = Arc::clone(&self.0.running)
+                .acquire_owned()
+                .await
+                .map_err(|_| Status::unavailable("the server is shutting down"))?;
+            // The work runs on the query runtime, so that a long scan or model fit never
+            // holds up the calls of other clients.
+            let task = self.0.queries.spawn(work);
             let _abort = AbortOnDrop(task.abort_handle());
             match task.await {
-                Ok(r) => r.map_err(|e| status_of(&e)),
+                Ok(r) => r,
                 Err(_) => Err(Status::internal(
                     "dpfusion: the statement failed (an internal error). No detail is shown: it \
                      could quote private data. If it was admitted, its charge stands",
@@ -543,36 +623,121 @@ impl DpFlightSql {
         }
     }
 
-    /// Keeps a result for its `DoGet`; returns the ticket's handle.
-    fn keep(&self, analyst: &str, result: QueryResult) -> Result<Vec<u8>, Status> {
-        use rand::RngCore;
-        let mut pending = self.0.pending.lock().expect("lock");
-        let ttl = self.0.options.result_ttl;
-        pending.retain(|_, p| p.at.elapsed() < ttl);
-        let size = |r: &QueryResult| -> usize {
-            r.batches.iter().map(|b| b.get_array_memory_size()).sum()
-        };
-        let waiting: usize = pending.values().map(|p| size(&p.result)).sum();
-        if pending.len() >= self.0.options.max_pending_results
-            || waiting + size(&result) > self.0.options.max_pending_bytes
+    /// `analyst`'s namespace (made at their first call).
+    fn namespace<'a>(
+        &self,
+        spaces: &'a mut HashMap<String, Namespace>,
+        analyst: &str,
+    ) -> &'a mut Namespace {
+        let per = self.0.options.queries_per_analyst();
+        spaces
+            .entry(analyst.to_string())
+            .or_insert_with(|| Namespace {
+                pending: HashMap::new(),
+                reserved: 0,
+                turns: Arc::new(tokio::sync::Semaphore::new(per)),
+            })
+    }
+
+    /// Takes a place for one more result of `analyst`, before their statement is admitted:
+    /// refused, with nothing charged, when their results waiting to be fetched (and their
+    /// statements under way) fill their quota. Other analysts' quotas are their own.
+    fn reserve(&self, analyst: &str) -> Result<Place, Status> {
+        let o = &self.0.options;
+        let mut spaces = self.0.spaces.lock().expect("lock");
+        let ns = self.namespace(&mut spaces, analyst);
+        ns.expire(o.result_ttl);
+        if ns.pending.len() + ns.reserved >= o.max_pending_results
+            || ns.pending_bytes() >= o.max_pending_bytes
         {
-            return Err(Status::unavailable(
-                "too many results (or too large ones) are waiting to be fetched; fetch (DoGet) \
-                 the results of your earlier statements, select fewer rows, or try again later. \
-                 If this statement was charged, its charge stands",
-            ));
+            return Err(Status::resource_exhausted(format!(
+                "dpfusion refused the statement before admission (nothing was charged): you have \
+                 {} results waiting to be fetched or under way ({} bytes), and this server keeps \
+                 at most {} (and {} bytes) per analyst (the data owner's [server] \
+                 max_pending_results and max_pending_bytes). Fetch (DoGet) the results of your \
+                 earlier statements, or wait {} s for them to expire",
+                ns.pending.len() + ns.reserved,
+                ns.pending_bytes(),
+                o.max_pending_results,
+                o.max_pending_bytes,
+                o.result_ttl.as_secs()
+            )));
         }
+        ns.reserved += 1;
+        Ok(Place {
+            shared: Arc::clone(&self.0),
+            analyst: analyst.to_string(),
+            kept: false,
+        })
+    }
+
+    /// Runs one statement for `analyst`, within the server's limits: admitted by its plan
+    /// kind, its result's place reserved before admission, its result bounded.
+    async fn run(&self, analyst: &str, sql: &str) -> Result<(Place, Pending), Status> {
+        let o = &self.0.options;
+        if sql.len() > o.max_sql_bytes {
+            return Err(refusal(format!(
+                "dpfusion refused the query: its SQL text is {} bytes, and this server accepts \
+                 at most {} (the data owner's [server] max_sql_bytes)",
+                sql.len(),
+                o.max_sql_bytes
+            )));
+        }
+        let place = self.reserve(analyst)?;
+        let session = Arc::clone(&self.0.session);
+        let (who, text, max) = (analyst.to_string(), sql.to_string(), o.max_result_bytes);
+        let pending = self
+            .limited(analyst, async move {
+                // A positive list of plan kinds: queries and the read-only statements.
+                // Anything else (SELECT … INTO, CREATE, DROP, COPY, SET, PREPARE, DML, …)
+                // would change the one session every analyst shares, or write.
+                let kind = match session.statement_kind(&text).await {
+                    Ok(StatementKind::Other(what)) => {
+                        return Err(refusal(format!(
+                            "dpfusion refused the query: {what} is not available over the \
+                             server: one session serves every analyst, and a statement that \
+                             changes it or writes would reach the others. The server runs \
+                             queries (SELECT, WITH, VALUES, dp_budget(), dp_ledger()), EXPLAIN, \
+                             EXPLAIN PRIVACY, SHOW BUDGET and SHOW TABLES. Give \
+                             delta => … in each DP call instead of SET dpfusion.default_delta, \
+                             and keep results on your side (the data owner declares tables and \
+                             default contribution bounds in the catalog)"
+                        )));
+                    }
+                    Ok(kind) => kind,
+                    Err(e) => return Err(status_of(&e)),
+                };
+                let mut reservation =
+                    MemoryConsumer::new(format!("dpfusion serve result of {who}"))
+                        .register(&session.memory_pool());
+                let result = session
+                    .sql_as_bounded(&who, &text, &kind, &mut reservation, max)
+                    .await
+                    .map_err(|e| status_of(&e))?;
+                let bytes = reservation.size();
+                Ok(Pending {
+                    result,
+                    bytes,
+                    reservation,
+                    at: Instant::now(),
+                })
+            })
+            .await?;
+        Ok((place, pending))
+    }
+
+    /// Keeps a result for its `DoGet` in its analyst's namespace, in the place reserved for
+    /// it; returns the ticket's handle.
+    fn keep(&self, mut place: Place, pending: Pending) -> Vec<u8> {
+        use rand::RngCore;
         let mut handle = vec![0u8; 16];
         rand::rng().fill_bytes(&mut handle);
-        pending.insert(
-            handle.clone(),
-            Pending {
-                analyst: analyst.to_string(),
-                result,
-                at: Instant::now(),
-            },
-        );
-        Ok(handle)
+        let mut spaces = self.0.spaces.lock().expect("lock");
+        let ns = self.namespace(&mut spaces, &place.analyst);
+        ns.pending.insert(handle.clone(), pending);
+        ns.reserved = ns.reserved.saturating_sub(1);
+        place.kept = true;
+        handle
     }
 
     async fn statement_info(
@@ -581,7 +746,8 @@ impl DpFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let analyst = self.analyst(&request)?;
-        let result = self.run(&analyst, sql).await?;
+        let (place, pending) = self.run(&analyst, sql).await?;
+        let result = &pending.result;
         let schema = result.schema.clone();
         let rows: usize = result.batches.iter().map(|b| b.num_rows()).sum();
         let meta = StatementMetadata {
@@ -589,7 +755,7 @@ impl DpFlightSql {
             tables: result.tables.clone(),
         };
         let meta = serde_json::to_vec(&meta).map_err(|e| Status::internal(e.to_string()))?;
-        let handle = self.keep(&analyst, result)?;
+        let handle = self.keep(place, pending);
         let ticket = TicketStatementQuery {
             statement_handle: handle.into(),
         };
@@ -676,23 +842,32 @@ impl FlightSqlService for DpFlightSql {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         let analyst = self.analyst(&request)?;
-        let mut pending = self.0.pending.lock().expect("lock");
         let handle = ticket.statement_handle.to_vec();
-        let mine = pending
-            .get(&handle)
-            .is_some_and(|p| p.analyst == analyst && p.at.elapsed() < self.0.options.result_ttl);
-        let Some(p) = mine.then(|| pending.remove(&handle)).flatten() else {
+        let found = {
+            let mut spaces = self.0.spaces.lock().expect("lock");
+            let ns = self.namespace(&mut spaces, &analyst);
+            ns.expire(self.0.options.result_ttl);
+            ns.pending.remove(&handle)
+        };
+        let Some(p) = found else {
             return Err(Status::not_found(
                 "no result for this ticket: a result is fetched once, by the analyst who ran \
                  the statement, within the server's result time limit. Run the statement again \
                  (a DP query is charged again)",
             ));
         };
-        drop(pending);
-        Ok(Response::new(batches_stream(
-            p.result.schema,
-            p.result.batches,
-        )))
+        // The result's bytes stay counted in the memory limit until the stream is done.
+        let Pending {
+            result,
+            reservation,
+            ..
+        } = p;
+        let stream = batches_stream(result.schema, result.batches);
+        let stream = futures::StreamExt::map(stream, move |item| {
+            let _counted = &reservation;
+            item
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn do_get_prepared_statement(
@@ -838,7 +1013,7 @@ impl FlightSqlService for DpFlightSql {
         query: ActionCreatePreparedStatementRequest,
         request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        self.analyst(&request)?;
+        let analyst = self.analyst(&request)?;
         if query.transaction_id.is_some() {
             return Err(refusal(
                 "dpfusion does not support transactions: prepare statements without one",
@@ -852,10 +1027,21 @@ impl FlightSqlService for DpFlightSql {
                 self.0.options.max_sql_bytes
             )));
         }
-        let schema = match self.0.session.check(&query.query).await {
-            Ok(g) => g.schema().as_ref().clone(),
-            Err(_) => Schema::empty(),
-        };
+        // Planning can be long work too (a public join side runs): it takes a turn, within
+        // the time limit, like a statement.
+        let session = Arc::clone(&self.0.session);
+        let sql = query.query.clone();
+        let schema = self
+            .limited(&analyst, async move {
+                if session.statement_kind(&sql).await.ok() != Some(StatementKind::Query) {
+                    return Ok(Schema::empty());
+                }
+                Ok(match session.check(&sql).await {
+                    Ok(g) => g.schema().as_ref().clone(),
+                    Err(_) => Schema::empty(),
+                })
+            })
+            .await?;
         let message: IpcMessage = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(|e: datafusion::arrow::error::ArrowError| Status::internal(e.to_string()))?;
@@ -921,15 +1107,46 @@ pub fn flight_service(bound: &Bound) -> FlightServiceServer<DpFlightSql> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn statement_keywords_skip_comments_and_empty_statements() {
-        let k = |s: &str| statement_keywords(s);
-        assert_eq!(k("  -- x\n/* y */ set a = 1"), vec!["SET"]);
-        assert_eq!(k("; ;SET a = 1"), vec!["SET"]);
-        assert_eq!(k("SELECT 1; drop table t"), vec!["SELECT", "DROP"]);
-        assert_eq!(k("SELECT 'SET'"), vec!["SELECT"]);
-        assert!(k("(SELECT 1)").is_empty());
-        assert!(k("").is_empty());
+    /// Class 5 of issue 27: a statement whose task is busy inside one poll (here: blocked on a
+    /// channel) gives its turn back at its deadline, so the next statement runs while the
+    /// first is still busy.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_turn_is_given_back_at_the_deadline_even_inside_one_poll() {
+        let dir = std::env::temp_dir().join(format!(
+            "dpfusion-turns-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let session = PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        let analysts = Analysts::new(vec![("a".into(), auth::TokenHash::new("a-token"))]);
+        let options = ServeOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            max_concurrent_queries: 1,
+            query_timeout: Duration::from_millis(300),
+            ..ServeOptions::default()
+        };
+        let bound = bind(Arc::new(session), analysts, options).await.unwrap();
+        let svc = bound.service.clone();
+        let (release, blocked) = std::sync::mpsc::channel::<()>();
+        let busy = svc
+            .limited("a", async move {
+                // Never yields: the whole wait is inside this one poll.
+                let _ = blocked.recv();
+                Ok(())
+            })
+            .await;
+        assert_eq!(busy.unwrap_err().code(), tonic::Code::DeadlineExceeded);
+        // The first task still holds its thread; its turn is free.
+        let next =
+            tokio::time::timeout(Duration::from_secs(30), svc.limited("a", async { Ok(42) }))
+                .await
+                .expect("the turn was given back at the deadline");
+        assert_eq!(next.unwrap(), 42);
+        release.send(()).unwrap();
     }
 
     #[test]

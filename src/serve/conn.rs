@@ -1,0 +1,295 @@
+//! The server's connections, bounded before any token is checked (issue 27, class 6).
+//!
+//! - **A connection limit**: each accepted connection holds one permit of a semaphore of
+//!   [`ConnLimits::max_connections`]. At the limit, the accept loop closes the oldest
+//!   connection that has not yet made an authenticated call, then waits for its permit; when
+//!   every connection is authenticated, it waits (new connections queue in the kernel's
+//!   backlog). File descriptors stay bounded, and idle strangers cannot keep analysts out.
+//! - **A handshake timeout**: a connection that has made no authenticated call within
+//!   [`ConnLimits::handshake_timeout`] of being accepted is closed (TLS and HTTP/2 handshakes
+//!   included: they read through this connection).
+//! - **An idle timeout**: a connection with no authenticated call for
+//!   [`ConnLimits::idle_timeout`] is closed (clients reconnect at their next call).
+//! - **No spinning**: an accept error (`EMFILE`, `ENFILE`, `ENOBUFS`, …) is retried after a
+//!   back-off that doubles from 5 ms to 1 s, never at once.
+//!
+//! Calls find their connection's [`Conn`] in the request's extensions ([`conn_of`]) and mark it
+//! authenticated ([`Conn::authenticated`]).
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tonic::transport::server::Connected;
+
+/// The bounds of connections.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    pub max_connections: usize,
+    pub handshake_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+/// One connection's state, shared by its I/O and the calls it carries.
+#[derive(Debug)]
+pub struct Conn {
+    accepted: Instant,
+    /// Milliseconds after `accepted` of the last authenticated call (0: none yet).
+    last_call_ms: AtomicU64,
+    authenticated: AtomicBool,
+    closed: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Conn {
+    fn new() -> Self {
+        Self {
+            accepted: Instant::now(),
+            last_call_ms: AtomicU64::new(0),
+            authenticated: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            waker: Mutex::new(None),
+        }
+    }
+
+    /// Records an authenticated call on this connection.
+    pub fn authenticated(&self) {
+        let ms = self.accepted.elapsed().as_millis() as u64;
+        self.last_call_ms.fetch_max(ms, Ordering::Relaxed);
+        self.authenticated.store(true, Ordering::Release);
+    }
+
+    fn is_authenticated(&self) -> bool {
+        self.authenticated.load(Ordering::Acquire)
+    }
+
+    /// Closes the connection: its next read fails, and the server drops it.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        if let Some(w) = self.waker.lock().expect("lock").take() {
+            w.wake();
+        }
+    }
+
+    /// When the connection times out, as it stands.
+    fn deadline(&self, limits: &ConnLimits) -> Instant {
+        if self.is_authenticated() {
+            let last = Duration::from_millis(self.last_call_ms.load(Ordering::Relaxed));
+            self.accepted + last + limits.idle_timeout
+        } else {
+            self.accepted + limits.handshake_timeout
+        }
+    }
+}
+
+/// What a call knows of its connection (the request extension tonic fills from
+/// [`Connected::connect_info`]).
+#[derive(Debug, Clone)]
+pub struct ConnInfo(pub Arc<Conn>);
+
+/// The connection a request came on, if it came through [`incoming`].
+pub fn conn_of<T>(request: &tonic::Request<T>) -> Option<&Arc<Conn>> {
+    let ext = request.extensions();
+    ext.get::<ConnInfo>()
+        .or_else(|| {
+            ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+                .map(|t| t.get_ref())
+        })
+        .map(|c| &c.0)
+}
+
+/// An accepted connection: the socket, its permit and its timeouts.
+pub struct LimitedIo {
+    tcp: TcpStream,
+    conn: Arc<Conn>,
+    limits: ConnLimits,
+    timer: Pin<Box<Sleep>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl LimitedIo {
+    /// `Err` when the connection is closed or has timed out; else arms the timer.
+    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if self.conn.closed.load(Ordering::Acquire) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed to make room for another connection",
+            ));
+        }
+        *self.conn.waker.lock().expect("lock") = Some(cx.waker().clone());
+        let deadline = self.conn.deadline(&self.limits);
+        if Instant::now() >= deadline {
+            self.conn.closed.store(true, Ordering::Release);
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection timed out",
+            ));
+        }
+        let deadline = tokio::time::Instant::from_std(deadline);
+        if self.timer.deadline() != deadline {
+            self.timer.as_mut().reset(deadline);
+        }
+        // Registers the wake-up at the deadline (then the next poll re-checks).
+        let _ = self.timer.as_mut().poll(cx);
+        Ok(())
+    }
+}
+
+impl Connected for LimitedIo {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        ConnInfo(Arc::clone(&self.conn))
+    }
+}
+
+impl AsyncRead for LimitedIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Err(e) = this.check(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for LimitedIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+}
+
+/// The accept loop's state.
+struct Acceptor {
+    listener: TcpListener,
+    limits: ConnLimits,
+    permits: Arc<Semaphore>,
+    /// Open connections, oldest first (dead ones are pruned as they are met).
+    open: Arc<Mutex<VecDeque<Weak<Conn>>>>,
+    backoff: Duration,
+}
+
+const MIN_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+impl Acceptor {
+    /// Closes the oldest connection that has made no authenticated call; whether there was one.
+    fn evict_a_stranger(&self) -> bool {
+        let mut open = self.open.lock().expect("lock");
+        open.retain(|w| w.strong_count() > 0);
+        for w in open.iter() {
+            if let Some(c) = w.upgrade()
+                && !c.is_authenticated()
+                && !c.closed.load(Ordering::Acquire)
+            {
+                c.close();
+                return true;
+            }
+        }
+        false
+    }
+
+    async fn next(&mut self) -> LimitedIo {
+        loop {
+            let tcp = match self.listener.accept().await {
+                Ok((tcp, _)) => {
+                    self.backoff = MIN_BACKOFF;
+                    tcp
+                }
+                Err(_) => {
+                    // Out of descriptors or buffers, or a connection reset before it was
+                    // accepted: wait, never spin.
+                    tokio::time::sleep(self.backoff).await;
+                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            };
+            let permit = match Arc::clone(&self.permits).try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    self.evict_a_stranger();
+                    match tokio::time::timeout(
+                        self.limits.handshake_timeout,
+                        Arc::clone(&self.permits).acquire_owned(),
+                    )
+                    .await
+                    {
+                        Ok(Ok(p)) => p,
+                        // Nothing freed in time (every connection busy with authenticated
+                        // calls): this one is closed.
+                        _ => continue,
+                    }
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let conn = Arc::new(Conn::new());
+            {
+                let mut open = self.open.lock().expect("lock");
+                open.retain(|w| w.strong_count() > 0);
+                open.push_back(Arc::downgrade(&conn));
+            }
+            let deadline = tokio::time::Instant::from_std(conn.deadline(&self.limits));
+            return LimitedIo {
+                tcp,
+                conn,
+                limits: self.limits,
+                timer: Box::pin(tokio::time::sleep_until(deadline)),
+                _permit: permit,
+            };
+        }
+    }
+}
+
+/// The server's connections from `listener`, within `limits`.
+pub fn incoming(
+    listener: TcpListener,
+    limits: ConnLimits,
+) -> impl Stream<Item = Result<LimitedIo, io::Error>> + Send + 'static {
+    let acceptor = Acceptor {
+        listener,
+        permits: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+        limits,
+        open: Arc::new(Mutex::new(VecDeque::new())),
+        backoff: MIN_BACKOFF,
+    };
+    futures::stream::unfold(acceptor, |mut a| async move {
+        let io = a.next().await;
+        Some((Ok::<_, io::Error>(io), a))
+    })
+}

@@ -1,0 +1,292 @@
+//! What a statement is, from its plan, and a statement run with a bounded result: the two
+//! things `dpfusion serve` needs beside [`PrivateSession::sql_as`] (issue 27).
+//!
+//! The server admits statements by their *plan kind*, a positive list ([`StatementKind`]),
+//! never by their first keyword: `SELECT … INTO t` is a query to a keyword list but a
+//! `CREATE TABLE AS` to the planner.
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::memory_pool::{MemoryPool, MemoryReservation};
+use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+use datafusion::sql::parser::Statement as DFStatement;
+use futures::StreamExt;
+
+use super::{ANALYST, PrivateSession, QueryResult, check_complexity, strip_prefix_ci};
+use crate::guard;
+
+/// What a statement does, from its plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatementKind {
+    /// A query: every node of its plan (subqueries included) reads and computes, none writes
+    /// or changes the session (`SELECT`, `WITH`, `VALUES`, `SHOW` of a setting, table
+    /// functions such as `dp_budget()` and `dp_ledger()`).
+    Query,
+    /// `EXPLAIN` of a query (not `EXPLAIN ANALYZE`, which runs it).
+    Explain,
+    /// `EXPLAIN PRIVACY <query>`.
+    ExplainPrivacy,
+    /// `SHOW BUDGET`.
+    ShowBudget,
+    /// `SHOW TABLES`.
+    ShowTables,
+    /// `DESCRIBE <table>` (a kind that changes nothing; the guard decides whether it runs, and
+    /// today refuses it, as in the REPL).
+    Describe,
+    /// Anything else, named by what it would do: writes a table or a file, changes a setting,
+    /// prepares a statement, starts a transaction, runs a plan (`EXPLAIN ANALYZE`), …
+    Other(String),
+}
+
+impl StatementKind {
+    /// Whether the statement reads only: it changes neither the session nor any file.
+    pub fn reads_only(&self) -> bool {
+        !matches!(self, Self::Other(_))
+    }
+}
+
+/// Whether every node of `plan`, and of every subquery in its expressions, is a relational
+/// operator that reads and computes (a positive list).
+fn query_only(plan: &LogicalPlan) -> bool {
+    let mut ok = true;
+    let _ = plan.apply_with_subqueries(|node| {
+        ok = matches!(
+            node,
+            LogicalPlan::Projection(_)
+                | LogicalPlan::Filter(_)
+                | LogicalPlan::Window(_)
+                | LogicalPlan::Aggregate(_)
+                | LogicalPlan::Sort(_)
+                | LogicalPlan::Join(_)
+                | LogicalPlan::Repartition(_)
+                | LogicalPlan::Union(_)
+                | LogicalPlan::TableScan(_)
+                | LogicalPlan::EmptyRelation(_)
+                | LogicalPlan::Subquery(_)
+                | LogicalPlan::SubqueryAlias(_)
+                | LogicalPlan::Limit(_)
+                | LogicalPlan::Values(_)
+                | LogicalPlan::Distinct(_)
+                | LogicalPlan::Unnest(_)
+                | LogicalPlan::RecursiveQuery(_)
+        );
+        Ok(if ok {
+            TreeNodeRecursion::Continue
+        } else {
+            TreeNodeRecursion::Stop
+        })
+    });
+    ok
+}
+
+/// The kind of a planned statement.
+fn kind_of(plan: &LogicalPlan) -> StatementKind {
+    match plan {
+        LogicalPlan::Explain(e) if query_only(&e.plan) => StatementKind::Explain,
+        LogicalPlan::DescribeTable(_) => StatementKind::Describe,
+        p if query_only(p) => StatementKind::Query,
+        LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(_)) => {
+            StatementKind::Other("CREATE TABLE (or SELECT … INTO)".into())
+        }
+        LogicalPlan::Ddl(d) => StatementKind::Other(d.name().into()),
+        LogicalPlan::Dml(d) => StatementKind::Other(d.op.to_string()),
+        LogicalPlan::Copy(_) => StatementKind::Other("COPY".into()),
+        LogicalPlan::Statement(datafusion::logical_expr::Statement::SetVariable(_)) => {
+            StatementKind::Other("SET".into())
+        }
+        LogicalPlan::Statement(s) => StatementKind::Other(s.name().into()),
+        LogicalPlan::Analyze(_) => StatementKind::Other("EXPLAIN ANALYZE".into()),
+        LogicalPlan::Explain(_) => StatementKind::Other("EXPLAIN of a statement".into()),
+        other => StatementKind::Other(other.display().to_string()),
+    }
+}
+
+/// A statement's result grew past `max_result_bytes`.
+fn too_large(max: usize) -> DataFusionError {
+    DataFusionError::External(Box::new(crate::error::Error::Refused(format!(
+        "dpfusion refused the query: its result is larger than this server's limit of {max} \
+         bytes (the data owner's [server] max_result_bytes). Select fewer rows or columns, or \
+         aggregate"
+    ))))
+}
+
+impl PrivateSession {
+    /// The kind of statement `sql` is, from its plan: planned, never run, nothing charged.
+    pub async fn statement_kind(&self, sql: &str) -> Result<StatementKind> {
+        let trimmed = sql.trim().trim_end_matches(';').trim();
+        let run = async {
+            check_complexity(trimmed)?;
+            if strip_prefix_ci(trimmed, &["EXPLAIN", "PRIVACY"]).is_some() {
+                return Ok(StatementKind::ExplainPrivacy);
+            }
+            if strip_prefix_ci(trimmed, &["SHOW", "BUDGET"]).is_some_and(|r| r.is_empty()) {
+                return Ok(StatementKind::ShowBudget);
+            }
+            if strip_prefix_ci(trimmed, &["SHOW", "TABLES"]).is_some_and(|r| r.is_empty()) {
+                return Ok(StatementKind::ShowTables);
+            }
+            let stmt = match self.parse(trimmed)? {
+                s @ (DFStatement::Statement(_) | DFStatement::Explain(_)) => s,
+                DFStatement::CreateExternalTable(_) => {
+                    return Ok(StatementKind::Other("CREATE EXTERNAL TABLE".into()));
+                }
+                DFStatement::CopyTo(_) => return Ok(StatementKind::Other("COPY".into())),
+                DFStatement::Reset(_) => return Ok(StatementKind::Other("RESET".into())),
+            };
+            let plan = self.ctx.state().statement_to_plan(stmt).await?;
+            Ok(kind_of(&plan))
+        };
+        run.await.map_err(crate::error::Error::classify)
+    }
+
+    /// The memory pool of the session's runtime (the data owner's `memory_limit`).
+    pub fn memory_pool(&self) -> Arc<dyn MemoryPool> {
+        Arc::clone(&self.ctx.runtime_env().memory_pool)
+    }
+
+    /// [`PrivateSession::sql_as`] with a bounded result, for a statement of `kind`
+    /// ([`PrivateSession::statement_kind`]). A query that reads no private
+    /// table and makes no DP call runs as a stream whose batches are counted, one by one, in
+    /// `reservation` (the session's memory limit) and against `max_result_bytes`; past either
+    /// it stops with a clear message. Any other statement runs as [`PrivateSession::sql_as`]
+    /// (its result, a DP release, is small); its result is counted in `reservation` without
+    /// refusal, and one larger than `max_result_bytes` fails with the one fixed message (its
+    /// charge stands).
+    pub async fn sql_as_bounded(
+        &self,
+        analyst: &str,
+        sql: &str,
+        kind: &StatementKind,
+        reservation: &mut MemoryReservation,
+        max_result_bytes: usize,
+    ) -> Result<QueryResult> {
+        let run = async {
+            if *kind == StatementKind::Query {
+                let checked = self.check(sql).await?;
+                if checked.calls().is_empty() && !checked.reads_private() {
+                    return self
+                        .public_bounded(&checked, reservation, max_result_bytes)
+                        .await
+                        .map_err(crate::error::Error::classify);
+                }
+            }
+            let r = self.sql(sql).await?;
+            let size: usize = r.batches.iter().map(|b| b.get_array_memory_size()).sum();
+            reservation.grow(size);
+            if size > max_result_bytes {
+                return Err(DataFusionError::External(Box::new(
+                    crate::error::Error::ExecutionFailed,
+                )));
+            }
+            Ok(r)
+        };
+        ANALYST.scope(Arc::from(analyst), run).await
+    }
+
+    /// Runs a public plan as a stream, collecting at most `max` bytes, each batch reserved
+    /// first.
+    async fn public_bounded(
+        &self,
+        checked: &guard::CheckedPlan,
+        reservation: &mut MemoryReservation,
+        max: usize,
+    ) -> Result<QueryResult> {
+        let plan = checked.plan();
+        let state = self.ctx.state();
+        let schema: SchemaRef = checked.schema();
+        let physical = state
+            .query_planner()
+            .create_physical_plan(plan, &state)
+            .await?;
+        let mut stream = datafusion::physical_plan::execute_stream(physical, self.ctx.task_ctx())?;
+        let (mut batches, mut total) = (Vec::new(), 0usize);
+        while let Some(b) = stream.next().await {
+            let b = b?;
+            let size = b.get_array_memory_size();
+            total = total.saturating_add(size);
+            if total > max {
+                return Err(too_large(max));
+            }
+            reservation.try_grow(size).map_err(|_| {
+                DataFusionError::External(Box::new(crate::error::Error::Refused(format!(
+                    "dpfusion refused the query: its result ({total} bytes so far) does not \
+                     fit in the server's memory limit beside the results waiting to be \
+                     fetched (the data owner's [session] memory_limit). Select fewer rows, or \
+                     fetch your earlier results first"
+                ))))
+            })?;
+            batches.push(b);
+        }
+        Ok(QueryResult {
+            schema,
+            batches,
+            receipt: None,
+            tables: vec![],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn kind(sql: &str) -> std::result::Result<StatementKind, String> {
+        let dir = std::env::temp_dir().join(format!(
+            "dpfusion-kind-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let s = PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        let b = datafusion::arrow::array::RecordBatch::try_from_iter(vec![(
+            "a",
+            Arc::new(datafusion::arrow::array::Int64Array::from(vec![1, 2]))
+                as datafusion::arrow::array::ArrayRef,
+        )])
+        .unwrap();
+        s.register_batches("t", vec![b], crate::Registration::public())
+            .unwrap();
+        s.statement_kind(sql).await.map_err(|e| e.to_string())
+    }
+
+    #[tokio::test]
+    async fn statements_are_told_apart_by_their_plan() {
+        use StatementKind::*;
+        for (sql, want) in [
+            ("SELECT a FROM t", Query),
+            ("WITH x AS (SELECT a FROM t) SELECT * FROM x", Query),
+            ("VALUES (1)", Query),
+            ("SELECT a FROM t WHERE a IN (SELECT a FROM t)", Query),
+            ("EXPLAIN SELECT a FROM t", Explain),
+            ("explain privacy SELECT a FROM t", ExplainPrivacy),
+            ("SHOW BUDGET", ShowBudget),
+            ("show tables;", ShowTables),
+            ("DESCRIBE t", Describe),
+        ] {
+            assert_eq!(kind(sql).await.unwrap(), want, "{sql}");
+        }
+        for sql in [
+            "SELECT a INTO u FROM t",
+            "SELECT * INTO TEMPORARY u FROM t",
+            "CREATE TABLE u AS SELECT a FROM t",
+            "CREATE VIEW v AS SELECT a FROM t",
+            "DROP TABLE t",
+            "INSERT INTO t VALUES (3)",
+            "SET datafusion.execution.batch_size = 1",
+            "RESET datafusion.execution.batch_size",
+            "COPY t TO '/tmp/x.csv'",
+            "CREATE EXTERNAL TABLE e STORED AS CSV LOCATION '/tmp/x.csv'",
+            "PREPARE p AS SELECT a FROM t",
+            "EXPLAIN ANALYZE SELECT a FROM t",
+            "EXPLAIN CREATE TABLE u AS SELECT a FROM t",
+        ] {
+            let k = kind(sql).await.unwrap();
+            assert!(!k.reads_only(), "{sql}: {k:?}");
+        }
+    }
+}
