@@ -616,9 +616,9 @@ async fn review3_class3_a_private_join_condition_makes_groups_private() {
          ON p.dept = d.dept AND d.floor > p.age / 10 GROUP BY d.floor",
     ] {
         let g = s.check(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let plan = g.plan.display_indent().to_string();
+        let plan = g.plan().display_indent().to_string();
         assert!(
-            g.calls.iter().any(|c| c.function == "dp_partition_select"),
+            g.calls().iter().any(|c| c.function == "dp_partition_select"),
             "{sql}: no partition selection\n{plan}"
         );
         assert!(!plan.contains("replace_public_n"), "{sql}\n{plan}");
@@ -633,9 +633,9 @@ async fn review3_class3_a_private_join_condition_makes_groups_private() {
         .await
         .unwrap();
     assert!(
-        !g.calls.iter().any(|c| c.function == "dp_partition_select"),
+        !g.calls().iter().any(|c| c.function == "dp_partition_select"),
         "{:?}",
-        g.calls
+        g.calls()
     );
 }
 
