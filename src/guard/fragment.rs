@@ -252,7 +252,7 @@ pub const LIMITS: Limits = Limits {
     literal_bytes: 1024,
     in_list: 10_000,
     row_copies: 32,
-    constant_bytes: 64 * 1024,
+    constant_bytes: 16 * 1024,
 };
 
 /// Binary operators allowed over private rows (all total once wrapped, constant cost per row,

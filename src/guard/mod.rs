@@ -16,7 +16,9 @@
 //! - GROUP BY releases the set of groups: unless the table has `replace` neighbours, every
 //!   grouping column is public and no filter on a private column stands below, a noisy-count
 //!   threshold (partition selection) is added and charged;
-//! - anything above the DP aggregates, or over public tables only, is post-processing and free.
+//! - anything above the DP aggregates, or over public tables only, is post-processing and free;
+//! - every DP release is sorted by its group keys, and the output of a query that reads a private
+//!   table by its released columns ([`order_release`]): no row order depends on the data.
 pub mod checked;
 pub mod fragment;
 pub mod join;

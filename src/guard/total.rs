@@ -107,12 +107,11 @@ pub fn total_form(e: Expr, schema: &DFSchema) -> Result<Expr> {
                 when(n.not_eq(lit(zero)), x.clone()).end()?,
             ))
         }
-        Expr::BinaryExpr(BinaryExpr { left, op, right })
-            if matches!(
-                op,
-                Operator::Divide | Operator::Modulo | Operator::IntegerDivide
-            ) =>
-        {
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::Divide | Operator::Modulo | Operator::IntegerDivide,
+            right,
+        }) => {
             let t = x.get_type(schema)?;
             let rt = right.get_type(schema)?;
             if !(t.is_integer() || t.is_decimal()) {
