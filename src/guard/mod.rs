@@ -17,6 +17,9 @@
 //!   grouping column is public and no filter on a private column stands below, a noisy-count
 //!   threshold (partition selection) is added and charged;
 //! - anything above the DP aggregates, or over public tables only, is post-processing and free.
+//!
+//! The walk below is the first step of [`checked::check`], which also settles the public sides
+//! of joins and audits the final plan, and alone builds the [`CheckedPlan`] that runs.
 pub mod checked;
 pub mod fragment;
 pub mod join;
