@@ -39,7 +39,7 @@ use ballista_scheduler::cluster::BallistaCluster;
 use ballista_scheduler::config::SchedulerConfig;
 use ballista_scheduler::scheduler_process::start_server;
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result, plan_err};
 use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::{provider_as_source, source_as_provider};

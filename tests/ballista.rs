@@ -403,3 +403,29 @@ async fn in_memory_tables_run_in_the_client() {
         .unwrap_err();
     assert!(err.to_string().contains("cannot read both"), "{err}");
 }
+
+/// A checked plan runs on a cluster exactly as it was checked, or not at all (issue 26): the
+/// guard's total-evaluation wrapper (an expression over private rows that could fail on a row)
+/// cannot cross Ballista's codec, so such a query is refused on a cluster before admission:
+/// nothing read, nothing charged. It runs in a session without a cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_that_cannot_cross_as_checked_is_refused_on_a_cluster() {
+    let dir = data_dir("crossing");
+    let cluster = open(
+        &dir,
+        "ledger.jsonl",
+        SessionOptions::default().with_ballista_standalone(),
+    )
+    .await;
+    let sql = "SELECT dp_sum(v * 2, 0, 1, epsilon => 1.0) AS s FROM t";
+    let scans = cluster.scans("t");
+    let err = cluster.sql(sql).await.unwrap_err();
+    assert!(
+        err.to_string().contains("cannot cross Ballista's codec"),
+        "{err}"
+    );
+    assert_eq!(cluster.scans("t"), scans, "a refused query reads nothing");
+    assert!(cluster.ledger().is_empty(), "nothing charged");
+    let local = open(&dir, "local.jsonl", SessionOptions::default()).await;
+    assert!(local.sql(sql).await.unwrap().receipt.is_some());
+}

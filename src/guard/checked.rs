@@ -20,7 +20,7 @@
 //! that changes them, so no code after the check can rewrite the plan: execution (local, on a
 //! Ballista cluster, `EXPLAIN PRIVACY`'s dry run, the server) takes a `CheckedPlan` and reads it.
 //!
-//! ```compile_fail
+//! ```compile_fail,E0451
 //! // A CheckedPlan cannot be built outside the guard: its fields are private.
 //! use dpfusion::datafusion::logical_expr::LogicalPlan;
 //! fn forge(plan: LogicalPlan) -> dpfusion::guard::CheckedPlan {
@@ -28,7 +28,7 @@
 //! }
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0616
 //! // Nor changed after the check: there is no mutable access to its plan.
 //! use dpfusion::datafusion::logical_expr::LogicalPlan;
 //! fn rewrite(checked: &mut dpfusion::guard::CheckedPlan, other: LogicalPlan) {

@@ -19,6 +19,9 @@
 //! - anything above the DP aggregates, or over public tables only, is post-processing and free;
 //! - every DP release is sorted by its group keys, and the output of a query that reads a private
 //!   table by its released columns ([`order_release`]): no row order depends on the data.
+//!
+//! The walk below is the first step of [`checked::check`], which also settles the public sides
+//! of joins and audits the final plan, and alone builds the [`CheckedPlan`] that runs.
 pub mod checked;
 pub mod fragment;
 pub mod join;
