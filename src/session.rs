@@ -596,7 +596,10 @@ impl PrivateSession {
         self.register_provider(name, provider, TableKey::from(format!("mem:{name}")), reg)
     }
 
-    /// The data owner registers any provider under `key` (its identity in the ledger).
+    /// The data owner registers any provider under `key` (its identity in the ledger). A
+    /// provider that reads local files through the session's `file://` object store reads only
+    /// files pinned by a registration ([`crate::files::PinnedFs`]): register files with
+    /// [`PrivateSession::register_csv`] or [`PrivateSession::register_parquet`].
     pub fn register_provider(
         &self,
         name: &str,

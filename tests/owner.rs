@@ -1394,7 +1394,7 @@ fn copy_racing_a_swapper_never_writes_outside_the_output_directory() {
         );
         std::thread::spawn(move || {
             let aside = out.with_extension("aside");
-            let mut i = 0u64;
+            let (mut i, mut recreated) = (0u64, 0u64);
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
                 let sub = out.join("sub");
@@ -1420,9 +1420,16 @@ fn copy_racing_a_swapper_never_writes_outside_the_output_directory() {
                     let _ = std::os::unix::fs::symlink(&ledger_dir, &out);
                     std::thread::yield_now();
                     let _ = std::fs::remove_file(&out);
-                    std::fs::rename(&aside, &out).unwrap();
+                    if std::fs::rename(&aside, &out).is_err() {
+                        // Something created `out` while it was swapped away: a write that did
+                        // not go through the pinned directory.
+                        let _ = std::fs::remove_dir_all(&out);
+                        std::fs::rename(&aside, &out).unwrap();
+                        recreated += 1;
+                    }
                 }
             }
+            recreated
         })
     };
     let started = std::time::Instant::now();
@@ -1439,8 +1446,12 @@ fn copy_racing_a_swapper_never_writes_outside_the_output_directory() {
         }
     });
     stop.store(true, Ordering::Relaxed);
-    swapper.join().unwrap();
+    let recreated = swapper.join().unwrap();
     println!("{tries} COPYs raced the swapper, {written} wrote a file into the output directory");
+    assert_eq!(
+        recreated, 0,
+        "a COPY created the output directory while it was swapped away"
+    );
     assert_eq!(
         snapshot(&st.ledger),
         before,
