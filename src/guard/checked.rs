@@ -48,7 +48,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DataFusionError, Result};
+use datafusion::common::{Column, DFSchema, DataFusionError, Result};
 use datafusion::datasource::{MemTable, provider_as_source};
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::dml::CopyTo;
@@ -324,7 +324,7 @@ fn audit_refusal(what: impl std::fmt::Display) -> DataFusionError {
 ///     bounding windows included) nor in any join's keys or condition.
 /// (c) Between a private scan and its DP aggregate stand only the fragment's nodes and the exact
 ///     window, projection and filter shapes the guard generates (unit bounding, marked by their
-///     internal column names), every expression in the fragment (`fragment::check_expr`) or a
+///     internal column names), every expression in the typed fragment (`fragment::check_expr_typed`) or a
 ///     guard-generated total-evaluation wrapper of such an expression.
 pub(super) fn audit(plan: &LogicalPlan) -> Result<()> {
     audit_node(plan)
@@ -428,7 +428,7 @@ fn audit_join_exprs_public(j: &Join) -> Result<()> {
 
 /// An expression that stands over private rows, in `place`: no subquery reading a private table
 /// ((b)); in the fragment once the guard's total-evaluation wrappers are looked through ((c)).
-fn region_expr(e: &Expr, place: &str) -> Result<()> {
+fn region_expr(e: &Expr, schema: &DFSchema, place: &str) -> Result<()> {
     if let Some(t) = subquery_reading_private(e) {
         return Err(audit_refusal(format_args!(
             "a subquery that reads private table '{}' in {place}, over private rows",
@@ -447,7 +447,7 @@ fn region_expr(e: &Expr, place: &str) -> Result<()> {
         audit_node(&s)?;
     }
     let inner = total::unwrap(e.clone())?;
-    match fragment::check_expr(&inner) {
+    match fragment::check_expr_typed(&inner, schema) {
         None => Ok(()),
         Some(why) => Err(audit_refusal(format_args!("{why} in {place}"))),
     }
@@ -456,7 +456,7 @@ fn region_expr(e: &Expr, place: &str) -> Result<()> {
 /// A DP aggregate over private rows: its calls, arguments, FILTER and GROUP BY, then its region.
 fn audit_dp_aggregate(a: &Aggregate) -> Result<()> {
     for g in &a.group_expr {
-        region_expr(g, "GROUP BY")?;
+        region_expr(g, a.input.schema(), "GROUP BY")?;
     }
     for e in &a.aggr_expr {
         let Some(f) = aggregate_function(e) else {
@@ -477,10 +477,14 @@ fn audit_dp_aggregate(a: &Aggregate) -> Result<()> {
         }
         let place = format!("the arguments of {name}");
         for arg in &f.params.args {
-            region_expr(arg, &place)?;
+            region_expr(arg, a.input.schema(), &place)?;
         }
         if let Some(filter) = &f.params.filter {
-            region_expr(filter, &format!("the FILTER clause of {name}"))?;
+            region_expr(
+                filter,
+                a.input.schema(),
+                &format!("the FILTER clause of {name}"),
+            )?;
         }
     }
     audit_region(&a.input)
@@ -517,19 +521,19 @@ fn audit_region(plan: &LogicalPlan) -> Result<()> {
         LogicalPlan::Projection(p) => {
             for e in &p.expr {
                 if !is_bounding_random(e) {
-                    region_expr(e, "SELECT")?;
+                    region_expr(e, p.input.schema(), "SELECT")?;
                 }
             }
             audit_region(&p.input)
         }
         LogicalPlan::Filter(f) => {
-            region_expr(&f.predicate, "WHERE")?;
+            region_expr(&f.predicate, f.input.schema(), "WHERE")?;
             audit_region(&f.input)
         }
         LogicalPlan::SubqueryAlias(s) => audit_region(&s.input),
         LogicalPlan::Window(w) => {
             for e in &w.window_expr {
-                audit_bounding_window(e)?;
+                audit_bounding_window(e, w.input.schema())?;
             }
             audit_region(&w.input)
         }
@@ -560,11 +564,11 @@ fn audit_region_join(j: &Join) -> Result<()> {
         )));
     }
     for (l, r) in &j.on {
-        region_expr(l, "the JOIN keys")?;
-        region_expr(r, "the JOIN keys")?;
+        region_expr(l, j.left.schema(), "the JOIN keys")?;
+        region_expr(r, j.right.schema(), "the JOIN keys")?;
     }
     if let Some(f) = &j.filter {
-        region_expr(f, "the JOIN condition")?;
+        region_expr(f, &j.schema, "the JOIN condition")?;
     }
     let left = any_private_table(&j.left).is_some();
     let right = any_private_table(&j.right).is_some();
@@ -593,7 +597,7 @@ fn audit_region_join(j: &Join) -> Result<()> {
 /// - `first_value(__dpfusion_r2) OVER (PARTITION BY unit, g… ORDER BY __dpfusion_r1)`;
 /// - `sum(v) OVER (PARTITION BY unit, g…)`, `v` a call's argument (and FILTER) in the fragment;
 /// - `dense_rank() OVER (PARTITION BY unit ORDER BY __dpfusion_gk, g…)`.
-fn audit_bounding_window(e: &Expr) -> Result<()> {
+fn audit_bounding_window(e: &Expr, schema: &DFSchema) -> Result<()> {
     let bad = || audit_refusal(format_args!("the window function {e} over private rows"));
     let Expr::WindowFunction(w) = e else {
         return Err(bad());
@@ -607,7 +611,7 @@ fn audit_bounding_window(e: &Expr) -> Result<()> {
         return Err(bad());
     }
     for p in &params.partition_by[1..] {
-        region_expr(p, "the GROUP BY keys of the unit bounding")?;
+        region_expr(p, schema, "the GROUP BY keys of the unit bounding")?;
     }
     let order: Vec<&Expr> = params.order_by.iter().map(|s| &s.expr).collect();
     let by_r1 = order.len() == 1 && is_col(order[0], R1);
@@ -618,7 +622,7 @@ fn audit_bounding_window(e: &Expr) -> Result<()> {
             if params.partition_by.len() == 1 && order.first().is_some_and(|o| is_col(o, GK)) =>
         {
             for o in &order[1..] {
-                region_expr(o, "the GROUP BY keys of the unit bounding")?;
+                region_expr(o, schema, "the GROUP BY keys of the unit bounding")?;
             }
             Ok(())
         }
@@ -628,12 +632,12 @@ fn audit_bounding_window(e: &Expr) -> Result<()> {
             match v {
                 Expr::Case(c) if c.expr.is_none() && c.else_expr.is_none() => {
                     for (w, t) in &c.when_then_expr {
-                        region_expr(w, "the FILTER clause of dp_sum (unit bounding)")?;
-                        region_expr(t, "the argument of dp_sum (unit bounding)")?;
+                        region_expr(w, schema, "the FILTER clause of dp_sum (unit bounding)")?;
+                        region_expr(t, schema, "the argument of dp_sum (unit bounding)")?;
                     }
                     Ok(())
                 }
-                v => region_expr(v, "the argument of dp_sum (unit bounding)"),
+                v => region_expr(v, schema, "the argument of dp_sum (unit bounding)"),
             }
         }
         _ => Err(bad()),
