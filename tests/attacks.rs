@@ -618,7 +618,9 @@ async fn review3_class3_a_private_join_condition_makes_groups_private() {
         let g = s.check(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
         let plan = g.plan().display_indent().to_string();
         assert!(
-            g.calls().iter().any(|c| c.function == "dp_partition_select"),
+            g.calls()
+                .iter()
+                .any(|c| c.function == "dp_partition_select"),
             "{sql}: no partition selection\n{plan}"
         );
         assert!(!plan.contains("replace_public_n"), "{sql}\n{plan}");
@@ -633,7 +635,9 @@ async fn review3_class3_a_private_join_condition_makes_groups_private() {
         .await
         .unwrap();
     assert!(
-        !g.calls().iter().any(|c| c.function == "dp_partition_select"),
+        !g.calls()
+            .iter()
+            .any(|c| c.function == "dp_partition_select"),
         "{:?}",
         g.calls()
     );
