@@ -323,3 +323,46 @@ impl SchemaProvider for MineSchema {
         crate::session::current_analyst().is_some_and(|a| self.0.table(&a, name).is_some())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(table: &str) -> CommandStatementIngest {
+        CommandStatementIngest {
+            table: table.to_string(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_ingest_names_a_simple_table_in_mine_without_a_transaction() {
+        let (name, exists, not_exists) = target(&command("Bonus_2")).unwrap();
+        assert_eq!(name, "bonus_2");
+        assert_eq!(exists, TableExistsOption::Unspecified);
+        assert_eq!(not_exists, TableNotExistOption::Create);
+        for bad in ["", "1t", "a.b", "public.t", "t;DROP", "é", &"x".repeat(129)] {
+            assert!(target(&command(bad)).is_err(), "{bad:?}");
+        }
+        let mut c = command("t");
+        c.schema = Some("MINE".into());
+        assert!(target(&c).is_ok());
+        c.schema = Some("public".into());
+        assert!(target(&c).is_err());
+        let mut c = command("t");
+        c.catalog = Some("other".into());
+        assert!(target(&c).is_err());
+        let mut c = command("t");
+        c.transaction_id = Some(vec![1u8].into());
+        assert!(target(&c).is_err());
+    }
+
+    #[tokio::test]
+    async fn mine_is_empty_without_an_analyst() {
+        let uploads = Arc::new(Uploads::default());
+        let schema = MineSchema(Arc::clone(&uploads));
+        assert!(schema.table_names().is_empty());
+        assert!(schema.table("t").await.unwrap().is_none());
+        assert!(!schema.table_exist("t"));
+    }
+}

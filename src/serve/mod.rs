@@ -16,6 +16,9 @@
 //!   would change the one session every analyst shares or write (`SELECT … INTO`, `CREATE`,
 //!   `DROP`, `COPY`, `SET`, `PREPARE`, DML, …) is refused by its plan kind, so the server keeps
 //!   no temporary tables or settings of anyone.
+//! - **No analyst paths**: analysts bring their own public data over the wire, by bulk ingest
+//!   (`DoPut`, `CommandStatementIngest`) into their own schema `mine` ([`ingest`]), within a
+//!   byte quota; every call that plans runs as its analyst, who alone sees their `mine`.
 //! - **Analysts are isolated**: each analyst's results waiting to be fetched live in their own
 //!   namespace, with their own quotas (count and bytes), checked *before* admission: a full
 //!   quota refuses the new statement with nothing charged, and never drops anyone's charged
