@@ -1740,6 +1740,40 @@ async fn analysts_ingest_their_own_public_tables_seen_by_them_only_within_a_quot
     );
     let b = query(&mut alice, "SELECT dept FROM mine.t").await.unwrap();
     assert_eq!(rows(&b), 2);
+    // Appended to with rows of the same columns; other columns are refused.
+    assert_eq!(
+        ingest(&mut alice, "t", Exists::Append, vec![bonus_batch(&["ops"])])
+            .await
+            .unwrap(),
+        1
+    );
+    let b = query(&mut alice, "SELECT dept FROM mine.t").await.unwrap();
+    assert_eq!(rows(&b), 3);
+    let other = RecordBatch::try_new(
+        Arc::new(dpfusion::arrow::datatypes::Schema::new(vec![
+            dpfusion::arrow::datatypes::Field::new(
+                "x",
+                dpfusion::arrow::datatypes::DataType::Float64,
+                false,
+            ),
+        ])),
+        vec![Arc::new(Float64Array::from(vec![1.0]))],
+    )
+    .unwrap();
+    let e = ingest(&mut alice, "t", Exists::Append, vec![other])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let b = query(&mut alice, "SELECT dept FROM mine.t").await.unwrap();
+    assert_eq!(rows(&b), 3);
+    ingest(
+        &mut alice,
+        "t",
+        Exists::Replace,
+        vec![bonus_batch(&["eng", "hr"])],
+    )
+    .await
+    .unwrap();
     // Bob's own table of the same name is his, alice's stays hers.
     ingest(&mut bob, "t", Exists::Fail, vec![t.clone()])
         .await

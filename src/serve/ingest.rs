@@ -44,6 +44,9 @@ pub const SCHEMA: &str = "mine";
 /// The default byte quota of one analyst's ingested tables (256 MiB).
 pub const DEFAULT_MAX_INGEST_BYTES: usize = 256 << 20;
 
+/// The bytes counted for each batch kept, beside its arrays' (its `RecordBatch` and schema).
+const BATCH_OVERHEAD: usize = 256;
+
 /// The longest table name accepted.
 const MAX_NAME: usize = 128;
 
@@ -161,7 +164,12 @@ impl Uploads {
                     "the uploaded data could not be read as Arrow record batches: {other}"
                 )),
             })?;
-            let size = batch.get_array_memory_size();
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            // Each kept batch costs its arrays and a fixed overhead (rounded outward), so a flood
+            // of tiny batches is bounded by the quota too.
+            let size = batch.get_array_memory_size() + BATCH_OVERHEAD;
             if others + bytes + size > max_bytes {
                 return Err(Status::resource_exhausted(format!(
                     "dpfusion refused the upload (nothing was stored): your ingested tables \
