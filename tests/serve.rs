@@ -1715,6 +1715,15 @@ async fn analysts_ingest_their_own_public_tables_seen_by_them_only_within_a_quot
         none.message().replace("mine.nothing", "mine.t"),
         "{theirs:?}"
     );
+    // GetTables lists one's own tables in `mine`, nobody else's.
+    let mine = CommandGetTables {
+        db_schema_filter_pattern: Some("mine".into()),
+        ..Default::default()
+    };
+    let info = alice.get_tables(mine.clone()).await.unwrap();
+    assert_eq!(rows(&fetch(&mut alice, info).await.unwrap()), 1);
+    let info = bob.get_tables(mine).await.unwrap();
+    assert_eq!(rows(&fetch(&mut bob, info).await.unwrap()), 0);
     // Prepare plans as the analyst too.
     let p = alice
         .prepare("SELECT dept FROM mine.t".to_string(), None)

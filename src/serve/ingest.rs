@@ -365,6 +365,48 @@ mod tests {
         assert!(target(&c).is_err());
     }
 
+    fn data(rows: usize) -> impl Stream<Item = Result<arrow_flight::FlightData, Status>> {
+        use datafusion::arrow::array::Float64Array;
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, false)]));
+        let x = Float64Array::from((0..rows).map(|i| i as f64).collect::<Vec<_>>());
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(x)]).unwrap();
+        arrow_flight::encode::FlightDataEncoderBuilder::new()
+            .build(futures::stream::iter(vec![Ok(batch)]))
+            .map_err(|e| Status::internal(e.to_string()))
+    }
+
+    #[tokio::test]
+    async fn past_the_memory_limit_nothing_is_stored_and_a_table_is_its_analysts_only() {
+        use crate::session::PrivateSession;
+        use datafusion::execution::memory_pool::GreedyMemoryPool;
+        let uploads = Uploads::default();
+        let small: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1024));
+        let e = uploads
+            .ingest("a", &command("t"), data(10_000), &small, usize::MAX)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("memory_limit"), "{}", e.message());
+        assert!(uploads.schemas("a").is_empty());
+        assert_eq!(small.reserved(), 0);
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+        let n = uploads
+            .ingest("a", &command("t"), data(10_000), &pool, usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(n, 10_000);
+        assert!(pool.reserved() >= 80_000, "{}", pool.reserved());
+        let mine = MineSchema(Arc::new(uploads));
+        let seen = |who: &'static str| {
+            let mine = &mine;
+            PrivateSession::as_analyst(who, async move { mine.table("T").await.unwrap() })
+        };
+        assert!(seen("a").await.is_some());
+        assert!(seen("b").await.is_none());
+        assert!(mine.table("t").await.unwrap().is_none());
+    }
+
     #[tokio::test]
     async fn mine_is_empty_without_an_analyst() {
         let uploads = Arc::new(Uploads::default());
