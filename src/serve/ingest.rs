@@ -171,12 +171,7 @@ impl Uploads {
             // of tiny batches is bounded by the quota too.
             let size = batch.get_array_memory_size() + BATCH_OVERHEAD;
             if others + bytes + size > max_bytes {
-                return Err(Status::resource_exhausted(format!(
-                    "dpfusion refused the upload (nothing was stored): your ingested tables \
-                     would take more than {max_bytes} bytes, this server's quota per analyst \
-                     (the data owner's [server] max_ingest_bytes_per_analyst). Upload less, or \
-                     replace a table you no longer need"
-                )));
+                return Err(over_quota(max_bytes));
             }
             reservation.try_grow(size).map_err(|_| memory_full())?;
             bytes += size;
@@ -206,9 +201,20 @@ impl Uploads {
                  columns and types, or replace the table"
             )));
         }
-        let schema = old_schema
-            .filter(|_| exists == TableExistsOption::Append)
-            .unwrap_or(schema);
+        let schema = match old_schema.filter(|_| exists == TableExistsOption::Append) {
+            Some(old) => old,
+            None => {
+                // A new schema is counted too (its names and metadata), rounded outward by its
+                // printed length.
+                let cost = format!("{schema:?}").len() + BATCH_OVERHEAD;
+                if others + bytes + cost > max_bytes {
+                    return Err(over_quota(max_bytes));
+                }
+                reservation.try_grow(cost).map_err(|_| memory_full())?;
+                bytes += cost;
+                schema
+            }
+        };
         let batches: Vec<RecordBatch> = batches
             .into_iter()
             .map(|b| RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec()))
@@ -242,15 +248,19 @@ impl Uploads {
             .map(|(_, u)| u.bytes)
             .sum();
         if others + bytes > max_bytes {
-            return Err(Status::resource_exhausted(format!(
-                "dpfusion refused the upload (nothing was stored): your ingested tables would \
-                 take more than {max_bytes} bytes, this server's quota per analyst (the data \
-                 owner's [server] max_ingest_bytes_per_analyst)"
-            )));
+            return Err(over_quota(max_bytes));
         }
         mine.insert(name, upload);
         Ok(rows)
     }
+}
+
+fn over_quota(max_bytes: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "dpfusion refused the upload (nothing was stored): your ingested tables would take more \
+         than {max_bytes} bytes, this server's quota per analyst (the data owner's [server] \
+         max_ingest_bytes_per_analyst). Upload less, or replace a table you no longer need"
+    ))
 }
 
 fn memory_full() -> Status {
