@@ -15,7 +15,7 @@
 //!   `EXPLAIN`, `EXPLAIN PRIVACY`, `SHOW BUDGET`, `SHOW TABLES`, `DESCRIBE`. Anything that
 //!   would change the one session every analyst shares or write (`SELECT … INTO`, `CREATE`,
 //!   `DROP`, `COPY`, `SET`, `PREPARE`, DML, …) is refused by its plan kind, so the server keeps
-//!   no temporary tables or settings of anyone.
+//!   no temporary tables or settings of anyone (beyond each analyst's own uploads, below).
 //! - **No analyst paths**: analysts bring their own public data over the wire, by bulk ingest
 //!   (`DoPut`, `CommandStatementIngest`) into their own schema `mine` ([`ingest`]), within a
 //!   byte quota; every call that plans runs as its analyst, who alone sees their `mine`.
