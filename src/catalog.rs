@@ -65,6 +65,9 @@ pub struct ServerSection {
     pub max_pending_bytes: Option<usize>,
     /// The largest result of one statement, in bytes (default 256 MiB).
     pub max_result_bytes: Option<usize>,
+    /// The bytes of the tables one analyst may ingest over Flight SQL into their own schema
+    /// `mine` (default 256 MiB).
+    pub max_ingest_bytes_per_analyst: Option<usize>,
     /// How long a result waits to be fetched before it is dropped, in seconds (default 600).
     pub result_ttl_secs: Option<f64>,
     /// How many connections may be open at once (default 256).

@@ -396,7 +396,7 @@ async fn flight_sql_client_queries_refusals_budget_auth_and_bad_requests() {
         .await
         .unwrap();
     let b = fetch(&mut alice, info).await.unwrap();
-    assert_eq!(rows(&b), 1);
+    assert_eq!(rows(&b), 2, "public and mine");
     let info = alice
         .get_tables(CommandGetTables {
             include_schema: true,
@@ -1619,4 +1619,202 @@ async fn load_bad_clients_beside_good_ones_good_queries_answered_and_charged_onc
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+}
+
+/// An ingest of `batches` into `mine.<table>` with the given table definition options.
+async fn ingest(
+    c: &mut FlightSqlServiceClient<Channel>,
+    table: &str,
+    exists: arrow_flight::sql::TableExistsOption,
+    batches: Vec<RecordBatch>,
+) -> Result<i64, Status> {
+    use arrow_flight::sql::{CommandStatementIngest, TableDefinitionOptions, TableNotExistOption};
+    let command = CommandStatementIngest {
+        table: table.to_string(),
+        table_definition_options: Some(TableDefinitionOptions {
+            if_not_exist: TableNotExistOption::Create as i32,
+            if_exists: exists as i32,
+        }),
+        ..Default::default()
+    };
+    c.execute_ingest(command, futures::stream::iter(batches.into_iter().map(Ok)))
+        .await
+        .map_err(status)
+}
+
+/// A table of departments and a bonus each (unique departments: a public join side).
+fn bonus_batch(depts: &[&str]) -> RecordBatch {
+    use dpfusion::arrow::datatypes::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("dept", DataType::Utf8, false),
+        Field::new("bonus", DataType::Float64, false),
+    ]));
+    let bonus: Vec<f64> = (0..depts.len()).map(|i| i as f64).collect();
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(StringArray::from(depts.to_vec())),
+            Arc::new(Float64Array::from(bonus)),
+        ],
+    )
+    .unwrap()
+}
+
+/// Issue 27, no analyst paths on the server: an analyst ingests their own public data over
+/// Flight SQL (DoPut, CommandStatementIngest) into their own schema `mine`, queries it, joins
+/// it with a private table under a DP aggregate (charged to them), and replaces it; another
+/// analyst cannot see it (the message of a table that does not exist, planning and prepare
+/// alike); a quota overflow is refused with nothing stored; an ingest without a token is
+/// unauthenticated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn analysts_ingest_their_own_public_tables_seen_by_them_only_within_a_quota() {
+    use arrow_flight::sql::TableExistsOption as Exists;
+    let s = serve_here("serve-ingest", 10.0, "max_ingest_bytes_per_analyst = 65536").await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let mut bob = client(s.addr, Some(BOB)).await;
+    let t = bonus_batch(&["eng", "hr", "ops", "sales"]);
+    assert_eq!(
+        ingest(&mut alice, "t", Exists::Fail, vec![t.clone()])
+            .await
+            .unwrap(),
+        4
+    );
+    let b = query(&mut alice, "SELECT dept, bonus FROM mine.t ORDER BY dept")
+        .await
+        .unwrap();
+    assert_eq!(rows(&b), 4);
+    // The owner's tables are not shadowed: `depts` is still the owner's.
+    let b = query(&mut alice, "SELECT dept FROM depts").await.unwrap();
+    assert!(rows(&b) > 0);
+    // Joined with a private table: a DP aggregate is admitted and charged to alice; raw
+    // private rows are refused as always.
+    let before = charges_of(&s.ledger, "alice");
+    let b = query(
+        &mut alice,
+        "SELECT dp_count(p.id, 0.1) AS n FROM people p JOIN mine.t t ON p.dept = t.dept",
+    )
+    .await
+    .unwrap();
+    assert_eq!(rows(&b), 1);
+    assert_eq!(charges_of(&s.ledger, "alice"), before + 1);
+    let e = query(
+        &mut alice,
+        "SELECT p.salary FROM people p JOIN mine.t t ON p.dept = t.dept",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // Bob does not see alice's table: exactly what a table that does not exist gives.
+    let theirs = query(&mut bob, "SELECT * FROM mine.t").await.unwrap_err();
+    let none = query(&mut alice, "SELECT * FROM mine.nothing")
+        .await
+        .unwrap_err();
+    assert_eq!(theirs.code(), none.code());
+    assert_eq!(
+        theirs.message(),
+        none.message().replace("mine.nothing", "mine.t"),
+        "{theirs:?}"
+    );
+    // GetTables lists one's own tables in `mine`, nobody else's.
+    let mine = CommandGetTables {
+        db_schema_filter_pattern: Some("mine".into()),
+        ..Default::default()
+    };
+    let info = alice.get_tables(mine.clone()).await.unwrap();
+    assert_eq!(rows(&fetch(&mut alice, info).await.unwrap()), 1);
+    let info = bob.get_tables(mine).await.unwrap();
+    assert_eq!(rows(&fetch(&mut bob, info).await.unwrap()), 0);
+    // Prepare plans as the analyst too.
+    let p = alice
+        .prepare("SELECT dept FROM mine.t".to_string(), None)
+        .await
+        .unwrap();
+    assert_eq!(p.dataset_schema().unwrap().fields().len(), 1);
+    let p = bob
+        .prepare("SELECT dept FROM mine.t".to_string(), None)
+        .await
+        .unwrap();
+    assert_eq!(p.dataset_schema().unwrap().fields().len(), 0);
+    // An existing table: refused unless replaced.
+    let e = ingest(&mut alice, "t", Exists::Fail, vec![t.clone()])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    let two = bonus_batch(&["eng", "hr"]);
+    assert_eq!(
+        ingest(&mut alice, "t", Exists::Replace, vec![two])
+            .await
+            .unwrap(),
+        2
+    );
+    let b = query(&mut alice, "SELECT dept FROM mine.t").await.unwrap();
+    assert_eq!(rows(&b), 2);
+    // Appended to with rows of the same columns; other columns are refused.
+    assert_eq!(
+        ingest(&mut alice, "t", Exists::Append, vec![bonus_batch(&["ops"])])
+            .await
+            .unwrap(),
+        1
+    );
+    let b = query(&mut alice, "SELECT dept FROM mine.t").await.unwrap();
+    assert_eq!(rows(&b), 3);
+    let other = RecordBatch::try_new(
+        Arc::new(dpfusion::arrow::datatypes::Schema::new(vec![
+            dpfusion::arrow::datatypes::Field::new(
+                "x",
+                dpfusion::arrow::datatypes::DataType::Float64,
+                false,
+            ),
+        ])),
+        vec![Arc::new(Float64Array::from(vec![1.0]))],
+    )
+    .unwrap();
+    let e = ingest(&mut alice, "t", Exists::Append, vec![other])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let b = query(&mut alice, "SELECT dept FROM mine.t").await.unwrap();
+    assert_eq!(rows(&b), 3);
+    ingest(
+        &mut alice,
+        "t",
+        Exists::Replace,
+        vec![bonus_batch(&["eng", "hr"])],
+    )
+    .await
+    .unwrap();
+    // Bob's own table of the same name is his, alice's stays hers.
+    ingest(&mut bob, "t", Exists::Fail, vec![t.clone()])
+        .await
+        .unwrap();
+    let b = query(&mut bob, "SELECT dept FROM mine.t").await.unwrap();
+    assert_eq!(rows(&b), 4);
+    let b = query(&mut alice, "SELECT dept FROM mine.t").await.unwrap();
+    assert_eq!(rows(&b), 2);
+    // Past the quota (64 KiB): refused, nothing stored.
+    let depts: Vec<String> = (0..20_000).map(|i| format!("d{i}")).collect();
+    let depts: Vec<&str> = depts.iter().map(String::as_str).collect();
+    let big = bonus_batch(&depts);
+    let e = ingest(&mut alice, "big", Exists::Fail, vec![big])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("max_ingest_bytes_per_analyst"),
+        "{}",
+        e.message()
+    );
+    let e = query(&mut alice, "SELECT * FROM mine.big")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), none.code());
+    let b = query(&mut alice, "SELECT dept FROM mine.t").await.unwrap();
+    assert_eq!(rows(&b), 2);
+    // No token: unauthenticated, nothing stored.
+    let mut stranger = client(s.addr, None).await;
+    let e = ingest(&mut stranger, "x", Exists::Fail, vec![t])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    still_serving(s.addr).await;
 }

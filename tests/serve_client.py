@@ -4,7 +4,8 @@
 
 With CA.crt the URL is grpc+tls://localhost:PORT and the script trusts that authority.
 
-Runs a DP query, a refused query, SHOW BUDGET, then the same DP query until the budget runs out;
+Runs a DP query, a refused query, SHOW BUDGET, a bulk ingest into the analyst's schema `mine`
+(queried, then replaced), then the same DP query until the budget runs out;
 prints "all ok" when every check passes.
 """
 import os
@@ -55,6 +56,18 @@ cur.execute("SHOW BUDGET")
 t = cur.fetch_arrow_table()
 assert t.num_rows >= 1, t
 print("budget:", t.to_pylist())
+
+# Bulk ingest: the analyst's own public data, into their schema `mine` (no path on the server).
+import pyarrow as pa
+bonus = pa.table({"dept": ["ops", "sales"], "bonus": [1.0, 2.0]})
+assert cur.adbc_ingest("bonus", bonus, mode="create") in (2, -1)
+cur.execute("SELECT dept, bonus FROM mine.bonus ORDER BY dept")
+t = cur.fetch_arrow_table()
+assert t.to_pylist() == [{"dept": "ops", "bonus": 1.0}, {"dept": "sales", "bonus": 2.0}], t
+cur.adbc_ingest("bonus", bonus.slice(0, 1), mode="replace")
+cur.execute("SELECT dept FROM mine.bonus")
+assert cur.fetch_arrow_table().num_rows == 1
+print("ingest: ok")
 
 # Budget exhaustion.
 for i in range(50):

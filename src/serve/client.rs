@@ -173,11 +173,21 @@ impl Remote {
             let (Some(names), Some(schemas)) = (names, schemas) else {
                 return Err("the server's table list has no table_name/table_schema".into());
             };
+            // The analyst's own tables (schema `mine`) are named with their schema.
+            let db_schemas = b
+                .column_by_name("db_schema_name")
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>());
             for i in 0..names.len() {
                 let schema =
                     datafusion::arrow::ipc::convert::try_schema_from_ipc_buffer(schemas.value(i))
                         .map_err(|e| format!("the server sent a bad table schema: {e}"))?;
-                out.push((names.value(i).to_string(), std::sync::Arc::new(schema)));
+                let name = match db_schemas {
+                    Some(d) if !d.is_null(i) && d.value(i) != super::SCHEMA_NAME => {
+                        format!("{}.{}", d.value(i), names.value(i))
+                    }
+                    _ => names.value(i).to_string(),
+                };
+                out.push((name, std::sync::Arc::new(schema)));
             }
         }
         Ok(out)

@@ -190,6 +190,12 @@ fn options(a: &ServeArgs, c: &Catalog) -> Result<ServeOptions, String> {
     if let Some(n) = at_least_one(a.max_connections.or(s.max_connections), "max_connections")? {
         o.max_connections = n;
     }
+    if let Some(n) = at_least_one(
+        s.max_ingest_bytes_per_analyst,
+        "max_ingest_bytes_per_analyst",
+    )? {
+        o.max_ingest_bytes_per_analyst = n;
+    }
     if let Some(t) = seconds(s.result_ttl_secs, "result_ttl_secs")? {
         o.result_ttl = t;
     }

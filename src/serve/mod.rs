@@ -15,7 +15,10 @@
 //!   `EXPLAIN`, `EXPLAIN PRIVACY`, `SHOW BUDGET`, `SHOW TABLES`, `DESCRIBE`. Anything that
 //!   would change the one session every analyst shares or write (`SELECT … INTO`, `CREATE`,
 //!   `DROP`, `COPY`, `SET`, `PREPARE`, DML, …) is refused by its plan kind, so the server keeps
-//!   no temporary tables or settings of anyone.
+//!   no temporary tables or settings of anyone (beyond each analyst's own uploads, below).
+//! - **No analyst paths**: analysts bring their own public data over the wire, by bulk ingest
+//!   (`DoPut`, `CommandStatementIngest`) into their own schema `mine` ([`ingest`]), within a
+//!   byte quota; every call that plans runs as its analyst, who alone sees their `mine`.
 //! - **Analysts are isolated**: each analyst's results waiting to be fetched live in their own
 //!   namespace, with their own quotas (count and bytes), checked *before* admission: a full
 //!   quota refuses the new statement with nothing charged, and never drops anyone's charged
@@ -35,6 +38,7 @@ pub mod auth;
 pub mod client;
 pub mod cmd;
 pub mod conn;
+pub mod ingest;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -50,8 +54,8 @@ use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
     ActionCreatePreparedStatementResult, Any, CommandGetCatalogs, CommandGetDbSchemas,
     CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandPreparedStatementQuery,
-    CommandStatementQuery, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
-    TicketStatementQuery,
+    CommandStatementIngest, CommandStatementQuery, DoPutPreparedStatementResult, ProstMessageExt,
+    SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
     FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse,
@@ -109,6 +113,9 @@ pub struct ServeOptions {
     pub max_result_bytes: usize,
     /// How many connections may be open at once ([`conn`]).
     pub max_connections: usize,
+    /// How many bytes of tables one analyst may ingest into their own schema `mine`
+    /// ([`ingest`]), counted in the memory limit too.
+    pub max_ingest_bytes_per_analyst: usize,
     /// How long a new connection may take to make its first authenticated call.
     pub handshake_timeout: Duration,
     /// How long a connection may go without an authenticated call.
@@ -160,6 +167,7 @@ impl Default for ServeOptions {
             max_pending_bytes: 1 << 30,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             max_connections: 256,
+            max_ingest_bytes_per_analyst: ingest::DEFAULT_MAX_INGEST_BYTES,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(600),
             tls: None,
@@ -189,6 +197,8 @@ pub enum ServeError {
     Bind(SocketAddr, std::io::Error),
     #[error("the server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("cannot add the analysts' own schema: {0}")]
+    Schema(String),
 }
 
 /// A statement's `FlightInfo.app_metadata` (JSON): its charge receipt, as the REPL prints it,
@@ -308,6 +318,8 @@ struct Shared {
     /// Set when the server cancels the statements under way (shutdown after its grace).
     cancel: tokio::sync::watch::Sender<bool>,
     sql_info: SqlInfoData,
+    /// Every analyst's ingested tables (their schema `mine`, [`ingest`]).
+    uploads: Arc<ingest::Uploads>,
 }
 
 /// The Flight SQL service (cheap to clone: it shares one state).
@@ -429,6 +441,13 @@ pub async fn bind(
     if analysts.is_empty() {
         return Err(ServeError::NoAnalyst);
     }
+    let uploads = Arc::new(ingest::Uploads::default());
+    session
+        .register_schema(
+            ingest::SCHEMA,
+            Arc::new(ingest::MineSchema(Arc::clone(&uploads))),
+        )
+        .map_err(|e| ServeError::Schema(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .map_err(|e| ServeError::Bind(options.listen, e))?;
@@ -439,7 +458,9 @@ pub async fn bind(
     info.append(SqlInfo::FlightSqlServerName, "dpfusion");
     info.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
     info.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
-    info.append(SqlInfo::FlightSqlServerReadOnly, true);
+    // Analysts write only into their own schema `mine`, by bulk ingest ([`ingest`]).
+    info.append(SqlInfo::FlightSqlServerReadOnly, false);
+    info.append(SqlInfo::FlightSqlServerBulkIngestion, true);
     let sql_info = info
         .build()
         .map_err(|e| ServeError::Bind(addr, std::io::Error::other(e.to_string())))?;
@@ -457,6 +478,7 @@ pub async fn bind(
         queries,
         cancel: tokio::sync::watch::Sender::new(false),
         sql_info,
+        uploads,
     }));
     Ok(Bound {
         listener,
@@ -691,10 +713,11 @@ impl DpFlightSql {
                 // A positive list of plan kinds: queries and the read-only statements.
                 // Anything else (SELECT … INTO, CREATE, DROP, COPY, SET, PREPARE, DML, …)
                 // would change the one session every analyst shares, or write.
-                let kind = match session.statement_kind(&text).await {
-                    Ok(StatementKind::Other(what)) => {
-                        return Err(refusal(format!(
-                            "dpfusion refused the query: {what} is not available over the \
+                let kind =
+                    match PrivateSession::as_analyst(&who, session.statement_kind(&text)).await {
+                        Ok(StatementKind::Other(what)) => {
+                            return Err(refusal(format!(
+                                "dpfusion refused the query: {what} is not available over the \
                              server: one session serves every analyst, and a statement that \
                              changes it or writes would reach the others. The server runs \
                              queries (SELECT, WITH, VALUES, dp_budget(), dp_ledger()), EXPLAIN, \
@@ -702,11 +725,11 @@ impl DpFlightSql {
                              delta => … in each DP call instead of SET dpfusion.default_delta, \
                              and keep results on your side (the data owner declares tables and \
                              default contribution bounds in the catalog)"
-                        )));
-                    }
-                    Ok(kind) => kind,
-                    Err(e) => return Err(status_of(&e)),
-                };
+                            )));
+                        }
+                        Ok(kind) => kind,
+                        Err(e) => return Err(status_of(&e)),
+                    };
                 let mut reservation =
                     MemoryConsumer::new(format!("dpfusion serve result of {who}"))
                         .register(&session.memory_pool());
@@ -766,11 +789,17 @@ impl DpFlightSql {
         Ok(Response::new(info))
     }
 
-    fn tables_batch(&self, query: CommandGetTables) -> Result<RecordBatch, Status> {
+    /// The owner's tables, and the analyst's own (schema `mine`).
+    fn tables_batch(&self, analyst: &str, query: CommandGetTables) -> Result<RecordBatch, Status> {
         let mut builder = query.into_builder();
         for (name, _, schema) in self.0.session.tables() {
             builder
                 .append(CATALOG_NAME, SCHEMA_NAME, &name, "TABLE", &schema)
+                .map_err(Status::from)?;
+        }
+        for (name, schema) in self.0.uploads.schemas(analyst) {
+            builder
+                .append(CATALOG_NAME, ingest::SCHEMA, &name, "TABLE", &schema)
                 .map_err(Status::from)?;
         }
         builder.build().map_err(Status::from)
@@ -928,6 +957,7 @@ impl FlightSqlService for DpFlightSql {
         self.analyst(&request)?;
         let mut builder = query.into_builder();
         builder.append(CATALOG_NAME, SCHEMA_NAME);
+        builder.append(CATALOG_NAME, ingest::SCHEMA);
         one_batch(builder.build().map_err(Status::from))
     }
 
@@ -950,8 +980,8 @@ impl FlightSqlService for DpFlightSql {
         query: CommandGetTables,
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        self.analyst(&request)?;
-        one_batch(self.tables_batch(query))
+        let analyst = self.analyst(&request)?;
+        one_batch(self.tables_batch(&analyst, query))
     }
 
     async fn get_flight_info_table_types(
@@ -1031,15 +1061,20 @@ impl FlightSqlService for DpFlightSql {
         // the time limit, like a statement.
         let session = Arc::clone(&self.0.session);
         let sql = query.query.clone();
+        let who = analyst.clone();
         let schema = self
             .limited(&analyst, async move {
-                if session.statement_kind(&sql).await.ok() != Some(StatementKind::Query) {
-                    return Ok(Schema::empty());
-                }
-                Ok(match session.check(&sql).await {
-                    Ok(g) => g.schema().as_ref().clone(),
-                    Err(_) => Schema::empty(),
+                // Planned as the analyst, who sees their own schema `mine`.
+                PrivateSession::as_analyst(&who, async {
+                    if session.statement_kind(&sql).await.ok() != Some(StatementKind::Query) {
+                        return Ok(Schema::empty());
+                    }
+                    Ok(match session.check(&sql).await {
+                        Ok(g) => g.schema().as_ref().clone(),
+                        Err(_) => Schema::empty(),
+                    })
                 })
+                .await
             })
             .await?;
         let message: IpcMessage = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
@@ -1083,6 +1118,25 @@ impl FlightSqlService for DpFlightSql {
             "dpfusion serve does not support this request ({})",
             message.type_url
         )))
+    }
+
+    /// Bulk ingest into the analyst's own schema `mine` ([`ingest`]), within their turn and
+    /// the statement's time limit, bounded by their byte quota and the memory limit.
+    async fn do_put_statement_ingest(
+        &self,
+        command: CommandStatementIngest,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let analyst = self.analyst(&request)?;
+        let uploads = Arc::clone(&self.0.uploads);
+        let pool = self.0.session.memory_pool();
+        let max = self.0.options.max_ingest_bytes_per_analyst;
+        let data = request.into_inner().into_peekable();
+        let who = analyst.clone();
+        self.limited(&analyst, async move {
+            uploads.ingest(&who, &command, data, &pool, max).await
+        })
+        .await
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}

@@ -141,6 +141,33 @@ impl PrivateSession {
         run.await.map_err(crate::error::Error::classify)
     }
 
+    /// Runs `work` on behalf of `analyst`: planning inside it sees the analyst's own schema
+    /// (`dpfusion serve`'s `mine`, [`crate::serve::ingest`]) and a charge names them.
+    pub async fn as_analyst<F: std::future::Future>(analyst: &str, work: F) -> F::Output {
+        ANALYST.scope(Arc::from(analyst), work).await
+    }
+
+    /// Adds `schema` to the session's default catalog under `name` (the server's per-analyst
+    /// schema `mine`); refused if a schema of that name exists.
+    pub fn register_schema(
+        &self,
+        name: &str,
+        schema: Arc<dyn datafusion::catalog::SchemaProvider>,
+    ) -> Result<()> {
+        let state = self.ctx.state();
+        let default = state.config().options().catalog.default_catalog.clone();
+        let catalog = self.ctx.catalog(&default).ok_or_else(|| {
+            DataFusionError::Plan(format!("the default catalog {default} is missing"))
+        })?;
+        if catalog.schema(name).is_some() {
+            return Err(DataFusionError::Plan(format!(
+                "a schema named {name} exists already"
+            )));
+        }
+        catalog.register_schema(name, schema)?;
+        Ok(())
+    }
+
     /// The memory pool of the session's runtime (the data owner's `memory_limit`).
     pub fn memory_pool(&self) -> Arc<dyn MemoryPool> {
         Arc::clone(&self.ctx.runtime_env().memory_pool)

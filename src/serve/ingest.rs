@@ -1,0 +1,428 @@
+//! Flight SQL ingest (`CommandStatementIngest`, `DoPut`): analysts bring their own public data
+//! over the wire, into their own in-memory namespace (issue 27: no analyst paths on the
+//! server).
+//!
+//! - **The namespace** is the schema `mine` of the default catalog ([`MineSchema`]): its
+//!   tables are those of the analyst the statement runs for (the `ANALYST` task-local,
+//!   [`crate::session::current_analyst`]; every path that plans a statement on the server runs
+//!   in it). Another analyst's table is not found, with the message of a table that does not
+//!   exist; with no analyst (the owner's CLI, the Rust API) the schema is empty. An owner's
+//!   table is never shadowed: owner tables live in `public`, and nothing can be registered in
+//!   `mine` by SQL (the schema refuses `register_table`).
+//! - **Ingested data is public**: it is the analyst's own. Each table is a [`GuardedTable`]
+//!   with public [`TableInfo`] (`mine.<name>`), so the guard treats it as any public table: it
+//!   can be queried as is, and joined with private tables under the usual rules (the public
+//!   side of a join).
+//! - **A byte quota** per analyst (the owner's `[server] max_ingest_bytes_per_analyst`): the
+//!   batches are counted (`get_array_memory_size`) as they arrive, and in the session's memory
+//!   pool (`memory_limit`) for as long as the table is kept; past either the upload is
+//!   refused with `ResourceExhausted` and nothing is stored.
+//! - **Table definition options**: a new table is created unless the client asks to fail;
+//!   an existing one is replaced or appended to when asked, else the upload fails.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::error::FlightError;
+use arrow_flight::sql::{CommandStatementIngest, TableExistsOption, TableNotExistOption};
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{SchemaProvider, TableProvider};
+use datafusion::common::DataFusionError;
+use datafusion::datasource::MemTable;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
+use futures::{Stream, StreamExt, TryStreamExt};
+use tonic::Status;
+
+use crate::accounting::{Neighbours, TableKey};
+use crate::guard::{GuardedTable, TableInfo};
+
+/// The schema of the analyst's own tables.
+pub const SCHEMA: &str = "mine";
+
+/// The default byte quota of one analyst's ingested tables (256 MiB).
+pub const DEFAULT_MAX_INGEST_BYTES: usize = 256 << 20;
+
+/// The bytes counted for each batch kept, beside its arrays' (its `RecordBatch` and schema).
+const BATCH_OVERHEAD: usize = 256;
+
+/// The longest table name accepted.
+const MAX_NAME: usize = 128;
+
+/// One ingested table, its bytes counted in the memory pool for as long as it is kept.
+struct Upload {
+    table: Arc<GuardedTable>,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    bytes: usize,
+    _reservation: MemoryReservation,
+}
+
+/// Every analyst's ingested tables: analyst → table name (lower case) → table.
+#[derive(Default)]
+pub struct Uploads {
+    by_analyst: Mutex<HashMap<String, HashMap<String, Upload>>>,
+}
+
+impl std::fmt::Debug for Uploads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Uploads").finish_non_exhaustive()
+    }
+}
+
+impl Uploads {
+    fn table(&self, analyst: &str, name: &str) -> Option<Arc<dyn TableProvider>> {
+        let all = self.by_analyst.lock().expect("lock");
+        let t = all.get(analyst)?.get(&name.to_ascii_lowercase())?;
+        Some(Arc::clone(&t.table) as Arc<dyn TableProvider>)
+    }
+
+    /// `analyst`'s tables and their schemas, by name.
+    pub fn schemas(&self, analyst: &str) -> Vec<(String, SchemaRef)> {
+        let all = self.by_analyst.lock().expect("lock");
+        let mut v: Vec<(String, SchemaRef)> = all
+            .get(analyst)
+            .map(|m| {
+                m.iter()
+                    .map(|(n, u)| (n.clone(), Arc::clone(&u.schema)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// The bytes `analyst` keeps, the table `except` left out.
+    fn bytes(&self, analyst: &str, except: Option<&str>) -> usize {
+        let all = self.by_analyst.lock().expect("lock");
+        all.get(analyst)
+            .map(|m| {
+                m.iter()
+                    .filter(|(n, _)| Some(n.as_str()) != except)
+                    .map(|(_, u)| u.bytes)
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Reads one upload of `analyst` from `data` and keeps it as `mine.<table>`: the rows
+    /// ingested.
+    pub async fn ingest<S>(
+        &self,
+        analyst: &str,
+        command: &CommandStatementIngest,
+        data: S,
+        pool: &Arc<dyn MemoryPool>,
+        max_bytes: usize,
+    ) -> Result<i64, Status>
+    where
+        S: Stream<Item = Result<arrow_flight::FlightData, Status>> + Send + 'static,
+    {
+        let (name, exists, not_exists) = target(command)?;
+        let current = self
+            .by_analyst
+            .lock()
+            .expect("lock")
+            .get(analyst)
+            .and_then(|m| {
+                m.get(&name)
+                    .map(|u| (Arc::clone(&u.schema), u.batches.clone(), u.bytes))
+            });
+        match (&current, exists, not_exists) {
+            (None, _, TableNotExistOption::Fail) => {
+                return Err(Status::not_found(format!(
+                    "the table {SCHEMA}.{name} does not exist, and the ingest asked not to \
+                     create it"
+                )));
+            }
+            (Some(_), TableExistsOption::Fail | TableExistsOption::Unspecified, _) => {
+                return Err(Status::already_exists(format!(
+                    "the table {SCHEMA}.{name} exists: ingest with the option to replace it \
+                     or to append to it, or choose another name"
+                )));
+            }
+            _ => {}
+        }
+        // The table being replaced or appended to is counted once, with what is kept of it.
+        let others = self.bytes(analyst, Some(&name));
+        let reservation =
+            MemoryConsumer::new(format!("dpfusion serve ingest of {analyst}")).register(pool);
+        let (mut batches, mut bytes) = match (&current, exists) {
+            (Some((_, b, n)), TableExistsOption::Append) => (b.clone(), *n),
+            _ => (Vec::new(), 0),
+        };
+        let old_schema = current.as_ref().map(|c| Arc::clone(&c.0));
+        reservation.try_grow(bytes).map_err(|_| memory_full())?;
+        let mut stream =
+            FlightRecordBatchStream::new_from_flight_data(data.map_err(FlightError::from));
+        let mut rows: i64 = 0;
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(|e| match e {
+                FlightError::Tonic(s) => *s,
+                other => Status::invalid_argument(format!(
+                    "the uploaded data could not be read as Arrow record batches: {other}"
+                )),
+            })?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            // Each kept batch costs its arrays and a fixed overhead (rounded outward), so a flood
+            // of tiny batches is bounded by the quota too.
+            let size = batch.get_array_memory_size() + BATCH_OVERHEAD;
+            if others + bytes + size > max_bytes {
+                return Err(over_quota(max_bytes));
+            }
+            reservation.try_grow(size).map_err(|_| memory_full())?;
+            bytes += size;
+            rows += batch.num_rows() as i64;
+            batches.push(batch);
+        }
+        let schema = match (stream.schema(), &old_schema) {
+            (Some(s), _) => Arc::clone(s),
+            (None, Some(s)) if exists == TableExistsOption::Append => Arc::clone(s),
+            (None, _) => {
+                return Err(Status::invalid_argument(
+                    "the upload holds no schema: send the table's schema (an empty table is a \
+                     schema with no batches)",
+                ));
+            }
+        };
+        if exists == TableExistsOption::Append
+            && let Some(old) = &old_schema
+            && !old
+                .fields()
+                .iter()
+                .map(|f| (f.name(), f.data_type()))
+                .eq(schema.fields().iter().map(|f| (f.name(), f.data_type())))
+        {
+            return Err(Status::invalid_argument(format!(
+                "the upload's columns are not those of {SCHEMA}.{name}: append rows of the same \
+                 columns and types, or replace the table"
+            )));
+        }
+        let schema = match old_schema.filter(|_| exists == TableExistsOption::Append) {
+            Some(old) => old,
+            None => {
+                // A new schema is counted too (its names and metadata), rounded outward by its
+                // printed length.
+                let cost = format!("{schema:?}").len() + BATCH_OVERHEAD;
+                if others + bytes + cost > max_bytes {
+                    return Err(over_quota(max_bytes));
+                }
+                reservation.try_grow(cost).map_err(|_| memory_full())?;
+                bytes += cost;
+                schema
+            }
+        };
+        let batches: Vec<RecordBatch> = batches
+            .into_iter()
+            .map(|b| RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Status::invalid_argument(format!("the upload is not one table: {e}")))?;
+        let mem = MemTable::try_new(Arc::clone(&schema), vec![batches.clone()])
+            .map_err(|e| Status::invalid_argument(format!("the upload is not one table: {e}")))?;
+        let info = TableInfo {
+            name: format!("{SCHEMA}.{name}"),
+            key: TableKey::from(format!("{SCHEMA}:{name}")),
+            private: false,
+            neighbours: Neighbours::AddRemove,
+            public_columns: vec![],
+            ratio_bounds: vec![],
+            unit: None,
+        };
+        let upload = Upload {
+            table: Arc::new(GuardedTable::new(Arc::new(mem), info)),
+            schema,
+            batches,
+            bytes,
+            _reservation: reservation,
+        };
+        // Checked again under the lock: another upload of the same analyst may have been kept
+        // meanwhile.
+        let mut all = self.by_analyst.lock().expect("lock");
+        let mine = all.entry(analyst.to_string()).or_default();
+        let others: usize = mine
+            .iter()
+            .filter(|(n, _)| **n != name)
+            .map(|(_, u)| u.bytes)
+            .sum();
+        if others + bytes > max_bytes {
+            return Err(over_quota(max_bytes));
+        }
+        mine.insert(name, upload);
+        Ok(rows)
+    }
+}
+
+fn over_quota(max_bytes: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "dpfusion refused the upload (nothing was stored): your ingested tables would take more \
+         than {max_bytes} bytes, this server's quota per analyst (the data owner's [server] \
+         max_ingest_bytes_per_analyst). Upload less, or replace a table you no longer need"
+    ))
+}
+
+fn memory_full() -> Status {
+    Status::resource_exhausted(
+        "dpfusion refused the upload (nothing was stored): the server's memory limit is reached \
+         (the data owner's memory_limit). Upload less, or try again later",
+    )
+}
+
+/// The table an ingest names (lower case) and what to do if it exists or not.
+fn target(
+    c: &CommandStatementIngest,
+) -> Result<(String, TableExistsOption, TableNotExistOption), Status> {
+    if c.transaction_id.is_some() {
+        return Err(Status::invalid_argument(
+            "dpfusion does not support transactions: ingest without one",
+        ));
+    }
+    if let Some(catalog) = c.catalog.as_deref().filter(|s| !s.is_empty())
+        && catalog != super::CATALOG_NAME
+    {
+        return Err(Status::invalid_argument(format!(
+            "ingested tables go to the catalog {} (schema {SCHEMA}), not {catalog:?}",
+            super::CATALOG_NAME
+        )));
+    }
+    if let Some(schema) = c.schema.as_deref().filter(|s| !s.is_empty())
+        && !schema.eq_ignore_ascii_case(SCHEMA)
+    {
+        return Err(Status::invalid_argument(format!(
+            "ingested tables go to your own schema {SCHEMA} (query them as {SCHEMA}.<table>), \
+             not {schema:?}: leave the schema out or name {SCHEMA}"
+        )));
+    }
+    let name = c.table.as_str();
+    let simple = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= MAX_NAME;
+    if !simple {
+        return Err(Status::invalid_argument(format!(
+            "the table name must be letters, digits and '_' (not starting with a digit), at \
+             most {MAX_NAME} characters; got {:?}",
+            super::cut(name.to_string())
+        )));
+    }
+    let (exists, not_exists) = match &c.table_definition_options {
+        Some(o) => (
+            TableExistsOption::try_from(o.if_exists).unwrap_or(TableExistsOption::Unspecified),
+            TableNotExistOption::try_from(o.if_not_exist)
+                .unwrap_or(TableNotExistOption::Unspecified),
+        ),
+        None => (TableExistsOption::Unspecified, TableNotExistOption::Create),
+    };
+    Ok((name.to_ascii_lowercase(), exists, not_exists))
+}
+
+/// The schema `mine`: the current analyst's ingested tables, and nobody else's.
+#[derive(Debug)]
+pub struct MineSchema(pub Arc<Uploads>);
+
+#[async_trait]
+impl SchemaProvider for MineSchema {
+    fn table_names(&self) -> Vec<String> {
+        match crate::session::current_analyst() {
+            Some(a) => self.0.schemas(&a).into_iter().map(|(n, _)| n).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, DataFusionError> {
+        Ok(crate::session::current_analyst().and_then(|a| self.0.table(&a, name)))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        crate::session::current_analyst().is_some_and(|a| self.0.table(&a, name).is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(table: &str) -> CommandStatementIngest {
+        CommandStatementIngest {
+            table: table.to_string(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_ingest_names_a_simple_table_in_mine_without_a_transaction() {
+        let (name, exists, not_exists) = target(&command("Bonus_2")).unwrap();
+        assert_eq!(name, "bonus_2");
+        assert_eq!(exists, TableExistsOption::Unspecified);
+        assert_eq!(not_exists, TableNotExistOption::Create);
+        for bad in ["", "1t", "a.b", "public.t", "t;DROP", "é", &"x".repeat(129)] {
+            assert!(target(&command(bad)).is_err(), "{bad:?}");
+        }
+        let mut c = command("t");
+        c.schema = Some("MINE".into());
+        assert!(target(&c).is_ok());
+        c.schema = Some("public".into());
+        assert!(target(&c).is_err());
+        let mut c = command("t");
+        c.catalog = Some("other".into());
+        assert!(target(&c).is_err());
+        let mut c = command("t");
+        c.transaction_id = Some(vec![1u8].into());
+        assert!(target(&c).is_err());
+    }
+
+    fn data(rows: usize) -> impl Stream<Item = Result<arrow_flight::FlightData, Status>> {
+        use datafusion::arrow::array::Float64Array;
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, false)]));
+        let x = Float64Array::from((0..rows).map(|i| i as f64).collect::<Vec<_>>());
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(x)]).unwrap();
+        arrow_flight::encode::FlightDataEncoderBuilder::new()
+            .build(futures::stream::iter(vec![Ok(batch)]))
+            .map_err(|e| Status::internal(e.to_string()))
+    }
+
+    #[tokio::test]
+    async fn past_the_memory_limit_nothing_is_stored_and_a_table_is_its_analysts_only() {
+        use crate::session::PrivateSession;
+        use datafusion::execution::memory_pool::GreedyMemoryPool;
+        let uploads = Uploads::default();
+        let small: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1024));
+        let e = uploads
+            .ingest("a", &command("t"), data(10_000), &small, usize::MAX)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("memory_limit"), "{}", e.message());
+        assert!(uploads.schemas("a").is_empty());
+        assert_eq!(small.reserved(), 0);
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+        let n = uploads
+            .ingest("a", &command("t"), data(10_000), &pool, usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(n, 10_000);
+        assert!(pool.reserved() >= 80_000, "{}", pool.reserved());
+        let mine = MineSchema(Arc::new(uploads));
+        let seen = |who: &'static str| {
+            let mine = &mine;
+            PrivateSession::as_analyst(who, async move { mine.table("T").await.unwrap() })
+        };
+        assert!(seen("a").await.is_some());
+        assert!(seen("b").await.is_none());
+        assert!(mine.table("t").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn mine_is_empty_without_an_analyst() {
+        let uploads = Arc::new(Uploads::default());
+        let schema = MineSchema(Arc::clone(&uploads));
+        assert!(schema.table_names().is_empty());
+        assert!(schema.table("t").await.unwrap().is_none());
+        assert!(!schema.table_exist("t"));
+    }
+}
