@@ -70,6 +70,9 @@ pub struct SessionOptions {
     /// the guard, accountant and ledger stay here). See `crate::distributed`.
     #[cfg(feature = "distributed")]
     pub cluster: Option<crate::distributed::Cluster>,
+    /// INSECURE, tests only: a fixed seed for every DP function's noise
+    /// ([`SessionOptions::with_insecure_noise_seed`]). Private: only the Rust API sets it.
+    insecure_noise_seed: Option<u64>,
 }
 
 impl Default for SessionOptions {
@@ -88,6 +91,7 @@ impl Default for SessionOptions {
             owner_paths: vec![],
             #[cfg(feature = "distributed")]
             cluster: None,
+            insecure_noise_seed: None,
         }
     }
 }
@@ -118,6 +122,15 @@ impl SessionOptions {
     /// Which files analyst SQL may register as public tables.
     pub fn with_analyst_files(mut self, files: AnalystFiles) -> Self {
         self.analyst_files = files;
+        self
+    }
+    /// INSECURE, for reproducible tests only (the differential fuzzer, tests/fuzz.rs): every DP
+    /// function of the session draws its noise from a generator seeded with `seed`, so the noise
+    /// is known to whoever knows the seed and the releases are not private. Never set this in a
+    /// session that serves real queries; SQL, the CLI, the catalog and the server cannot set it.
+    /// (Partition selection the guard inserts keeps OS-seeded noise.)
+    pub fn with_insecure_noise_seed(mut self, seed: u64) -> Self {
+        self.insecure_noise_seed = Some(seed);
         self
     }
 }
@@ -381,6 +394,11 @@ impl PrivateSession {
         #[cfg(not(feature = "distributed"))]
         let ctx = SessionContext::new_with_config_rt(config, runtime);
         dpfusion_udfs::register_all(&ctx);
+        if let Some(seed) = options.insecure_noise_seed {
+            for udaf in dpfusion_udfs::aggregates::all_udafs_insecure_seeded(seed) {
+                ctx.register_udaf(udaf);
+            }
+        }
         let protection = Arc::new(Protection::new(
             accountant.clone(),
             options.owner_paths.clone(),
