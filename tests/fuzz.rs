@@ -62,13 +62,90 @@ struct Open {
     aborts: bool,
 }
 
-const KNOWN_OPEN: &[Open] = &[Open {
-    class: "arrow_cast_alloc",
-    reason: "issue 26 class 2: arrow_cast to a type whose per-row size the analyst chooses aborts \
-             the process on allocation (fixed by the typed fragment)",
-    matches: |_, _| false,
-    aborts: true,
-}];
+const KNOWN_OPEN: &[Open] = &[
+    Open {
+        class: "arrow_cast_alloc",
+        reason: "issue 26 class 2: arrow_cast to a type whose per-row size the analyst chooses \
+                 aborts the process on allocation (fixed by the typed fragment)",
+        matches: |_, _| false,
+        aborts: true,
+    },
+    Open {
+        class: "subquery_unseen",
+        reason: "issue 26 class 1: a scalar subquery over a private table in a join's key or ON \
+                 condition (run with the public side before admission, its error printed), or \
+                 in a unit table's query (moved into the bounding windows) is never guarded",
+        matches: |c, f| {
+            let sql = last_or(c, f);
+            matches!(
+                f.kind,
+                Kind::RefusedButScanned
+                    | Kind::MessageDiffers
+                    | Kind::PlantedLeak
+                    | Kind::ExplainDiffers
+                    | Kind::OutcomeDiffers
+                    | Kind::ReleasedUncharged
+            ) && sql.contains("(SELECT")
+                && (on_clause(sql).contains("(SELECT") || reads_units(sql))
+        },
+        aborts: false,
+    },
+    Open {
+        class: "outer_join_private_on",
+        reason: "issue 26 class 3: a private condition in an outer join's ON is not traced, so \
+                 the group set counts as public (no partition selection)",
+        matches: |c, f| {
+            let sql = last_or(c, f).to_ascii_uppercase();
+            matches!(
+                f.kind,
+                Kind::GroupsDiffer | Kind::OrderDiffers | Kind::OutcomeDiffers
+            ) && ["LEFT JOIN", "RIGHT JOIN", "FULL JOIN"]
+                .iter()
+                .any(|j| sql.contains(j))
+                && (on_clause(&sql).contains(" AND ") || on_clause(&sql).contains(" OR "))
+        },
+        aborts: false,
+    },
+    Open {
+        class: "unit_join_keys_not_total",
+        reason: "issue 26 class 4: the keys of a join between two unit tables are not evaluated \
+                 totally: a key that fails on one row fails the query",
+        matches: |c, f| {
+            let sql = last_or(c, f);
+            matches!(f.kind, Kind::OutcomeDiffers | Kind::MessageDiffers)
+                && sql.contains("orders")
+                && sql.contains("visits")
+                && sql.to_ascii_uppercase().contains("JOIN")
+        },
+        aborts: false,
+    },
+    Open {
+        class: "release_order",
+        reason: "issue 26 class 6: released groups come in hash aggregation's first-seen order",
+        matches: |_, f| f.kind == Kind::OrderDiffers,
+        aborts: false,
+    },
+];
+
+/// The statement a finding is about.
+fn last_or<'a>(c: &'a Case, f: &Finding) -> &'a str {
+    c.statements
+        .get(f.statement)
+        .or(c.statements.last())
+        .map(String::as_str)
+        .unwrap_or("")
+}
+
+/// The text of a statement from its first join condition on (empty without one).
+fn on_clause(sql: &str) -> &str {
+    let u = sql.to_ascii_uppercase();
+    u.find(" ON ").map(|i| &sql[i..]).unwrap_or("")
+}
+
+/// Whether a statement reads a table with a privacy unit.
+fn reads_units(sql: &str) -> bool {
+    sql.contains("orders") || sql.contains("visits")
+}
 
 fn open_class(case: &Case, f: &Finding) -> Option<&'static str> {
     KNOWN_OPEN
@@ -343,10 +420,10 @@ async fn open(plant: Plant, neighbour: bool, seed: u64) -> (PrivateSession, Path
     let mut visits = visits_rows();
     if neighbour {
         match plant {
-            Plant::PeopleRow => people.insert(
-                17,
-                planted_person(Some(61), Some("eng"), Some(PLANT_SALARY)),
-            ),
+            // First: hash aggregation's first-seen group order would change.
+            Plant::PeopleRow => {
+                people.insert(0, planted_person(Some(61), Some("eng"), Some(PLANT_SALARY)))
+            }
             Plant::PeopleNewGroup => people.push(planted_person(
                 Some(44),
                 Some("ZQXPLANT"),
@@ -518,6 +595,9 @@ struct Gen<'r> {
     flags: Flags,
     /// The planted table (preferred).
     plant: Plant,
+    /// Wild cases use every construct and garbage freely; tame ones mostly stay in (or near)
+    /// the private fragment, so that many get admitted and run.
+    wild: bool,
 }
 
 const SANE_EPS: &[&str] = &["0.1", "0.5", "1", "0.25"];
@@ -557,6 +637,11 @@ const GARBAGE: &[&str] = &[
 ];
 
 impl Gen<'_> {
+    /// True with probability `pct` percent in a wild case, never in a tame one.
+    fn wild(&mut self, pct: u64) -> bool {
+        self.wild && self.rng.pct(pct)
+    }
+
     fn col(&mut self, kind: char) -> String {
         let mut cands = vec![];
         for (q, t) in &self.scope {
@@ -597,6 +682,45 @@ impl Gen<'_> {
                 "(SELECT 1 FROM people WHERE age = 0)",
                 "(SELECT age FROM people LIMIT 1)",
                 "(SELECT floor FROM depts)",
+            ])
+            .to_string()
+    }
+
+    /// An attacker's predicate aimed at the planted row or unit (distinctive values).
+    fn targeted(&mut self) -> String {
+        let (q, t) = self.scope[self
+            .rng
+            .below(self.scope.len().max(1))
+            .min(self.scope.len().saturating_sub(1))]
+        .clone();
+        if self.rng.pct(50) && !t.strs.is_empty() {
+            let c = t.strs[self.rng.below(t.strs.len())];
+            let v = self
+                .rng
+                .pick(&["= 'ZQXPLANT'", "IS NULL", "LIKE 'zqx%'", "<> 'ZQXPLANT'"]);
+            format!("{q}.{c} {v}")
+        } else {
+            let c = t.nums[self.rng.below(t.nums.len())];
+            let v = self
+                .rng
+                .pick(&["> 900000", "= 0", "= 987654", "= 63", "<> 0"]);
+            format!("{q}.{c} {v}")
+        }
+    }
+
+    /// A scalar subquery that reads a private table raw (an attack on the guard), of a type
+    /// that fits the position.
+    fn private_probe(&mut self) -> String {
+        self.rng
+            .pick(&[
+                "(SELECT CAST(string_agg(name, ',') AS BIGINT) FROM people)",
+                "(SELECT count(*) FROM people WHERE name = 'ZQXPLANT')",
+                "(SELECT max(age) FROM staff)",
+                "(SELECT CAST(max(item) AS BIGINT) FROM orders)",
+                "(SELECT count(*) FROM orders WHERE customer = 987654)",
+                "(SELECT min(pages) FROM visits)",
+                "(SELECT 1 / min(age) FROM people)",
+                "(SELECT CAST(min(name) AS VARCHAR) FROM people)",
             ])
             .to_string()
     }
@@ -659,6 +783,9 @@ impl Gen<'_> {
     }
 
     fn num(&mut self, d: u32) -> String {
+        if !self.wild && self.rng.pct(55) {
+            return self.col('n');
+        }
         if d == 0 {
             return match self.rng.below(10) {
                 0..=5 => self.col('n'),
@@ -753,6 +880,9 @@ impl Gen<'_> {
     }
 
     fn str_(&mut self, d: u32) -> String {
+        if !self.wild && self.rng.pct(60) {
+            return self.col('s');
+        }
         if d == 0 {
             return match self.rng.below(6) {
                 0..=3 => self.col('s'),
@@ -802,6 +932,22 @@ impl Gen<'_> {
 
     fn pred(&mut self, d: u32) -> String {
         let d = d.saturating_sub(1);
+        if !self.wild && self.rng.pct(50) {
+            let op = self.rng.pick(&["<", ">", "=", "<>"]);
+            return match self.rng.below(4) {
+                3 => self.targeted(),
+                0 => format!(
+                    "{} = {}",
+                    self.col('s'),
+                    self.rng.pick(&["'eng'", "'hr'", "'book'"])
+                ),
+                _ => format!(
+                    "{} {op} {}",
+                    self.col('n'),
+                    self.rng.pick(&["30", "40", "50000", "10"])
+                ),
+            };
+        }
         match self.rng.below(24) {
             0..=4 => {
                 let op = self.rng.pick(&["<", ">", "=", "<>", "<=", ">="]);
@@ -875,6 +1021,8 @@ impl Gen<'_> {
             18 => format!("{} > {}", self.num(d), self.scalar_subquery()),
             19 => format!("{} IS NOT DISTINCT FROM {}", self.num(d), self.num(d)),
             20 => format!("{} IN (1, 2, 3, 0)", self.num(d)),
+            21 => self.targeted(),
+            22 => format!("{} > {}", self.col('n'), self.private_probe()),
             _ => {
                 let op = self.rng.pick(&["<", ">", "="]);
                 format!("{} {op} {}", self.col('n'), self.lit_num())
@@ -883,7 +1031,7 @@ impl Gen<'_> {
     }
 
     fn param_value(&mut self, name: &str) -> String {
-        if self.rng.pct(12) {
+        if self.rng.pct(if self.wild { 12 } else { 1 }) {
             return self.rng.pick(GARBAGE).to_string();
         }
         match name {
@@ -904,8 +1052,9 @@ impl Gen<'_> {
         .to_string()
     }
 
-    /// A call of a DP (or non-DP) aggregate over the scope.
-    fn agg(&mut self, unit: bool) -> String {
+    /// A call of a DP (or non-DP) aggregate over the scope, and whether it is a number (so
+    /// that post-processing arithmetic applies).
+    fn agg(&mut self, unit: bool) -> (String, bool) {
         type Spec = (
             &'static str,
             &'static [&'static str],
@@ -1000,7 +1149,7 @@ impl Gen<'_> {
             ("dp_logreg_agd", &["n", "f"], &["epsilon", "delta"]),
             ("dp_partition_select", &["n"], &["epsilon", "delta"]),
         ];
-        if self.rng.pct(7) {
+        if self.wild(7) {
             let f = self.rng.pick(&[
                 "count",
                 "sum",
@@ -1015,12 +1164,23 @@ impl Gen<'_> {
                 "first_value",
             ]);
             let v = self.num(1);
-            return format!("{f}({v})");
+            return (format!("{f}({v})"), false);
         }
-        if self.rng.pct(2) {
-            return format!("string_agg({}, ',')", self.str_(1));
+        if self.wild(2) {
+            return (format!("string_agg({}, ',')", self.str_(1)), false);
         }
-        let (name, data, params) = SPECS[self.rng.below(SPECS.len())];
+        let (name, data, params) = loop {
+            let spec = SPECS[self.rng.below(SPECS.len())];
+            let tame_ok = match spec.0 {
+                "dp_count_distinct" | "dp_count_distinct_ci" => unit,
+                "dp_partition_select" => false,
+                "rgm_mean_by" | "dp_linreg_gd" | "dp_logreg_agd" => self.rng.pct(30),
+                _ => true,
+            };
+            if self.wild || tame_ok {
+                break spec;
+            }
+        };
         let mut args: Vec<String> = vec![];
         for k in data.iter() {
             args.push(match *k {
@@ -1053,12 +1213,18 @@ impl Gen<'_> {
             if optional && self.rng.pct(55) {
                 continue;
             }
-            if !optional && self.rng.pct(2) {
+            if !optional && self.wild(2) {
                 continue; // a required parameter left out
             }
             given.push((p.to_string(), self.param_value(p)));
         }
-        if self.rng.pct(4) {
+        // How many given parameters are, from the first, in their positional places.
+        let in_place = given
+            .iter()
+            .zip(params.iter())
+            .take_while(|((n, _), p)| n == *p)
+            .count();
+        if self.wild(4) {
             let extra = self.rng.pick(&[
                 "neighbours",
                 "foo",
@@ -1074,6 +1240,16 @@ impl Gen<'_> {
         }
         // Positional for a prefix, then named (in any order), or all named, or all positional.
         match self.rng.below(4) {
+            _ if !self.wild => {
+                let cut = self.rng.below(in_place + 1);
+                let mut named: Vec<_> = given.split_off(cut);
+                for i in (1..named.len()).rev() {
+                    let j = self.rng.below(i + 1);
+                    named.swap(i, j);
+                }
+                args.extend(given.into_iter().map(|(_, v)| v));
+                args.extend(named.into_iter().map(|(n, v)| format!("{n} => {v}")));
+            }
             0 => args.extend(given.into_iter().map(|(_, v)| v)),
             1 => {
                 for i in (1..given.len()).rev() {
@@ -1089,26 +1265,34 @@ impl Gen<'_> {
                 }
             }
         }
-        let distinct = if self.rng.pct(3) { "DISTINCT " } else { "" };
+        let distinct = if self.wild(3) { "DISTINCT " } else { "" };
         let mut call = format!("{name}({distinct}{})", args.join(", "));
         if self.rng.pct(15) {
             call.push_str(&format!(" FILTER (WHERE {})", self.pred(2)));
         }
-        if self.rng.pct(3) {
+        if self.wild(3) {
             call.push_str(" OVER ()");
         }
-        if name.ends_with("_ci") && self.rng.pct(60) {
+        let mut number = !matches!(
+            name,
+            "dp_quantiles" | "rgm_mean_by" | "dp_linreg_gd" | "dp_logreg_agd"
+        ) && !name.ends_with("_ci");
+        if name.ends_with("_ci") && (!self.wild || self.rng.pct(60)) {
             let f = self
                 .rng
                 .pick(&["value", "lower", "upper", "stddev", "confidence"]);
             call = format!("{call}['{f}']");
+            number = true;
         }
-        call
+        (call, number)
     }
 
     /// A value over released aggregates (post-processing), named `v{i}`.
     fn value(&mut self, i: usize, unit: bool) -> String {
-        let a = self.agg(unit);
+        let (a, number) = self.agg(unit);
+        if !number && !self.wild {
+            return format!("{a} AS v{i}");
+        }
         let e = match self.rng.below(12) {
             0 => format!("round({a}, 2)"),
             1 => format!("{a} + 1"),
@@ -1134,7 +1318,13 @@ impl Gen<'_> {
         let unit = matches!(base.name, "orders" | "visits");
         self.scope = vec![("t".into(), base.clone())];
         let b = base.name;
-        let f = match self.rng.below(20) {
+        // Joins are where the guard's checks meet the most rewrites: more of them.
+        let branch = if self.rng.pct(30) {
+            9 + self.rng.below(4)
+        } else {
+            self.rng.below(20)
+        };
+        let f = match branch {
             0..=7 => format!("{b} t"),
             8 => {
                 let p = self.pred(2);
@@ -1175,9 +1365,12 @@ impl Gen<'_> {
                 if !semi_left {
                     self.scope.push((key.into(), T_DEPTS));
                 }
-                let on = match self.rng.below(9) {
+                let on = match self.rng.below(12) {
                     0..=3 => "t.dept = r.dept".to_string(),
                     4 => format!("t.dept = r.dept AND {}", self.pred(1)),
+                    9 => format!("t.dept = r.dept AND {}", self.targeted()),
+                    10 => format!("t.dept = r.dept || {}", self.private_probe()),
+                    11 => format!("t.age = r.floor + {}", self.private_probe()),
                     5 => "upper(t.dept) = upper(r.dept)".to_string(),
                     6 => format!("t.dept = r.dept AND t.age > {}", self.scalar_subquery()),
                     7 => "t.age = r.floor".to_string(),
@@ -1205,8 +1398,12 @@ impl Gen<'_> {
                         "FULL JOIN",
                         "LEFT SEMI JOIN",
                     ]);
-                    let on = match self.rng.below(8) {
+                    let on = match self.rng.below(12) {
                         0..=3 => "t.customer = v.customer".to_string(),
+                        8 => "t.customer = v.customer + 0 * (1 / v.pages)".to_string(),
+                        9 => "t.customer + CAST(t.item AS BIGINT) * 0 = v.customer".to_string(),
+                        10 => format!("t.customer = v.customer AND {}", self.targeted()),
+                        11 => format!("t.customer = v.customer + {}", self.private_probe()),
                         4 => "t.customer + 0 = v.customer".to_string(),
                         5 => {
                             "CAST(t.customer AS VARCHAR) = CAST(v.customer AS VARCHAR)".to_string()
@@ -1273,6 +1470,10 @@ impl Gen<'_> {
 
     /// A grouping key expression over the scope.
     fn key(&mut self) -> String {
+        if !self.wild && self.rng.pct(60) {
+            let kind = if self.rng.pct(85) { 's' } else { 'b' };
+            return self.col(kind);
+        }
         match self.rng.below(12) {
             0..=5 => self.col('s'),
             6 => self.col('b'),
@@ -1300,7 +1501,7 @@ impl Gen<'_> {
                 keys.push(k);
             }
         }
-        if self.rng.pct(4) {
+        if self.wild(8) {
             items.push(format!("{} AS raw", self.num(1)));
         }
         for i in 0..1 + self.rng.below(3) {
@@ -1335,13 +1536,20 @@ impl Gen<'_> {
                 self.flags.noisy_order = true;
             }
             3 => q.push_str(" ORDER BY 1"),
+            4 if self.rng.pct(30) => {
+                let p = self.private_probe();
+                q.push_str(&format!(" ORDER BY {p}"));
+            }
             _ => {}
         }
         if self.rng.pct(8) {
-            q.push_str(
-                self.rng
-                    .pick(&[" LIMIT 2", " LIMIT 1 OFFSET 1", " LIMIT 0"]),
-            );
+            q.push_str(self.rng.pick(&[
+                " LIMIT 2",
+                " LIMIT 1 OFFSET 1",
+                " LIMIT 0",
+                " LIMIT (SELECT count(*) FROM people WHERE name = 'ZQXPLANT')",
+                " LIMIT 1 OFFSET (SELECT min(age) FROM staff)",
+            ]));
             self.flags.noisy_rows = true;
         }
         q
@@ -1364,7 +1572,7 @@ impl Gen<'_> {
                 let b = self.select();
                 self.flags.noisy_order = true;
                 self.flags.noisy_rows = true;
-                format!("{a} UNION ALL {b}")
+                format!("({a}) UNION ALL ({b})")
             }
             3 => {
                 let inner = self.select();
@@ -1503,7 +1711,9 @@ fn generate(seed: u64) -> Case {
         scope: vec![],
         flags: Flags::default(),
         plant,
+        wild: false,
     };
+    g.wild = g.rng.pct(35);
     let statements = g.case();
     let flags = g.flags;
     Case {
@@ -1888,7 +2098,12 @@ fn compare(case: &Case, i: usize, a: &Obs, b: &Obs, out: &mut Vec<Finding>) {
     }
     let noiseless = a.charges.is_empty() && b.charges.is_empty();
     if noiseless && !sql.to_ascii_uppercase().contains("RANDOM()") {
-        if a.rows != b.rows {
+        // Row order of a result that read no private row is DataFusion's (hash order): compare
+        // as multisets.
+        let (mut ra, mut rb) = (a.rows.clone(), b.rows.clone());
+        ra.sort();
+        rb.sort();
+        if ra != rb {
             f(
                 Kind::NoiselessDiffers,
                 format!("D: {:?}\nD': {:?}", a.rows, b.rows),
@@ -2052,7 +2267,7 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// The default (CI) number of cases.
-const CI_CASES: u64 = 600;
+const CI_CASES: u64 = 450;
 const CI_SEED: u64 = 0x26_f022;
 
 fn report_case(case: &Case, f: &Finding) -> String {
