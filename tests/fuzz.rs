@@ -2274,7 +2274,7 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// The default (CI) number of cases.
-const CI_CASES: u64 = 450;
+const CI_CASES: u64 = 1500;
 const CI_SEED: u64 = 0x26_f022;
 
 fn report_case(case: &Case, f: &Finding) -> String {
