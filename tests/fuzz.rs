@@ -30,7 +30,8 @@
 //! on 2 cores). `scripts/fuzz.sh --minutes N [--seed S]` runs the same test with
 //! `DPFUSION_FUZZ_MINUTES` / `DPFUSION_FUZZ_SEED` set, for as long as asked, and writes shrunk
 //! findings to `DPFUSION_FUZZ_OUT` (default `target/fuzz-findings.sql`). `DPFUSION_FUZZ_CASES`
-//! overrides the number of cases, `DPFUSION_FUZZ_VERBOSE=1` prints every statement and outcome.
+//! overrides the number of cases, `DPFUSION_FUZZ_VERBOSE=1` prints every statement and outcome,
+//! `DPFUSION_FUZZ_SHRINK_OPEN=1` shrinks the first example of each known open class too.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -2299,6 +2300,7 @@ async fn differential_fuzz() {
     });
     let until = minutes.map(|m| Instant::now() + Duration::from_secs(60 * m));
     let current = std::env::var("DPFUSION_FUZZ_CURRENT").ok();
+    let shrink_open = std::env::var("DPFUSION_FUZZ_SHRINK_OPEN").is_ok();
     let start = Instant::now();
     let mut rng = Rng(seed);
     let mut new: Vec<String> = vec![];
@@ -2331,9 +2333,15 @@ async fn differential_fuzz() {
         for f in &findings {
             if let Some(class) = open_class(&case, f) {
                 *open_counts.entry(class).or_default() += 1;
-                open_examples
-                    .entry(class)
-                    .or_insert_with(|| report_case(&case, f));
+                if !open_examples.contains_key(class) {
+                    // Long mode: shrink the first example of each open class too.
+                    let example = if shrink_open {
+                        shrink(&case, f.kind).await
+                    } else {
+                        case.clone()
+                    };
+                    open_examples.insert(class, report_case(&example, f));
+                }
                 continue;
             }
             // One shrunk example per kind and statement shape.

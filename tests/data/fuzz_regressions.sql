@@ -24,6 +24,8 @@ SELECT r.dept AS k0, dp_stddev_ci(t.salary, -10, 1000000, epsilon => 0.5)['stdde
 -- with the public side before admission; its error (all names) is printed, a scan is planned.
 SELECT dp_count(id, epsilon => 0.5) AS v0 FROM people p JOIN (VALUES (1),(2)) v(k) ON p.id = v.k + (SELECT CAST(string_agg(name, ',') AS BIGINT) FROM people)
 SELECT t.name AS k0, dp_count(t.name, epsilon => 0.25) AS v0 FROM depts r RIGHT JOIN people t ON t.age = r.floor + (SELECT max(age) FROM staff) GROUP BY t.name
+-- (shrunk by the fuzzer from a 300-character case: a raw multi-row subquery runs before admission)
+SELECT dp_count_ci(t.id, 1, mechanism => 'gaussian') FROM people t JOIN depts r ON t.age = r.floor + (SELECT 1 /(age) FROM people) ORDER BY 1
 -- outer_join_private_on (issue 26 class 3): a private condition in a LEFT JOIN's ON under
 -- `replace`: the NULL-extended group set is released without partition selection; D′ (the
 -- changed row is 'ZQXPLANT') releases group 'eng', D does not.
