@@ -18,11 +18,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 target="${CARGO_TARGET_DIR:-target}"
+case "$target" in /*) ;; *) target="$PWD/$target" ;; esac
 mkdir -p "$target"
 echo "fuzzing for $minutes minute(s) from seed $seed"
-DPFUSION_FUZZ_MINUTES="$minutes" DPFUSION_FUZZ_SEED="$seed" \
-DPFUSION_FUZZ_OUT="${DPFUSION_FUZZ_OUT:-$PWD/$target/fuzz-findings.sql}" \
-DPFUSION_FUZZ_CURRENT="$PWD/$target/fuzz-current.sql" \
+DPFUSION_FUZZ_MINUTES="$minutes" DPFUSION_FUZZ_SEED="$seed" DPFUSION_FUZZ_SHRINK_OPEN=1 \
+DPFUSION_FUZZ_OUT="${DPFUSION_FUZZ_OUT:-$target/fuzz-findings.sql}" \
+DPFUSION_FUZZ_CURRENT="$target/fuzz-current.sql" \
     cargo test --test fuzz -- differential_fuzz --nocapture || {
     status=$?
     echo "the fuzzer failed (status $status); the case under way: $target/fuzz-current.sql" >&2
