@@ -83,6 +83,9 @@ pub struct SessionOptions {
     /// directory. None: `<ledger dir>.witness/<ledger file>.witness`
     /// ([`crate::accounting::default_witness`]); a catalog sets it beside itself.
     pub ledger_witness: Option<PathBuf>,
+    /// INSECURE, tests only: a fixed seed for every DP function's noise
+    /// ([`SessionOptions::with_insecure_noise_seed`]). Private: only the Rust API sets it.
+    insecure_noise_seed: Option<u64>,
 }
 
 impl Default for SessionOptions {
@@ -102,6 +105,7 @@ impl Default for SessionOptions {
             #[cfg(feature = "distributed")]
             cluster: None,
             ledger_witness: None,
+            insecure_noise_seed: None,
         }
     }
 }
@@ -136,6 +140,15 @@ impl SessionOptions {
     /// Which files analyst SQL may register as public tables.
     pub fn with_analyst_files(mut self, files: AnalystFiles) -> Self {
         self.analyst_files = files;
+        self
+    }
+    /// INSECURE, for reproducible tests only (the differential fuzzer, tests/fuzz.rs): every DP
+    /// function of the session draws its noise from a generator seeded with `seed`, so the noise
+    /// is known to whoever knows the seed and the releases are not private. Never set this in a
+    /// session that serves real queries; SQL, the CLI, the catalog and the server cannot set it.
+    /// (Partition selection the guard inserts keeps OS-seeded noise.)
+    pub fn with_insecure_noise_seed(mut self, seed: u64) -> Self {
+        self.insecure_noise_seed = Some(seed);
         self
     }
 }
@@ -410,6 +423,11 @@ impl PrivateSession {
         #[cfg(not(feature = "distributed"))]
         let ctx = SessionContext::new_with_config_rt(config, runtime);
         dpfusion_udfs::register_all(&ctx);
+        if let Some(seed) = options.insecure_noise_seed {
+            for udaf in dpfusion_udfs::aggregates::all_udafs_insecure_seeded(seed) {
+                ctx.register_udaf(udaf);
+            }
+        }
         let protection = Arc::new(Protection::new(
             accountant.clone(),
             // The witness is the owner's too.

@@ -1,11 +1,170 @@
-//! Bounded, seeded fuzzing of the session (issue 10): random SQL assembled from fragments an
-//! analyst (or attacker) would use, with random DP parameters, including garbage. Properties:
-//! the session never panics, and never returns a result that read a private table without a
-//! charge in the ledger.
+//! The differential fuzzer (issue 26): a grammar-based generator of SQL over the private fragment
+//! and far beyond it, run against **neighbouring datasets** D and D′ — one planted row added or
+//! changed, or one planted unit added, per the table's relation — in two fresh sessions with
+//! separate ledgers and the same insecure noise seed. The oracle is "nothing observable differs
+//! except the noise":
+//!
+//! - the same outcome on D and D′: success, the one fixed failure message, or the same refusal
+//!   text (error text equality is the strongest general oracle: it covers every refusal, every
+//!   planning error and every message that could carry a value);
+//! - no panic, no hang;
+//! - no planted value (`ZQXPLANT`, `987654.32…`, id 987654) in an output cell or message of D′
+//!   that D does not show too (the query text itself may name them);
+//! - the same result schema; the same ledger delta (tables, ε, δ, events) on D and D′, equal to
+//!   the cost `EXPLAIN PRIVACY` declared; `EXPLAIN PRIVACY` itself identical on D and D′;
+//! - the released groups: the same set and order when no partition selection was charged (the
+//!   groups are public), and the same relative order of the common groups always (columns the
+//!   generator names `k0`, `k1`, …), unless the query itself orders or filters by noisy values;
+//! - a result that involved no noise at all (nothing charged) identical cell by cell;
+//! - a refused statement charged nothing and planned no scan of a private table; a statement that
+//!   scanned a private table and succeeded has a charge; the fixed failure message comes only
+//!   with a charge.
+//!
+//! Failing cases are shrunk (token-level delta debugging while the same kind of finding
+//! persists) and kept in `tests/data/fuzz_regressions.sql`, which [`regressions_replay`] runs
+//! under every planted neighbour. Classes known to be open (being fixed on other branches) are
+//! listed in [`KNOWN_OPEN`]: their findings are counted and printed, not failed, and the
+//! constructs that abort the whole process are not generated while their class is open.
+//!
+//! Modes: the default (CI) runs a fixed seed and a fixed number of cases (about a minute or two
+//! on 2 cores). `scripts/fuzz.sh --minutes N [--seed S]` runs the same test with
+//! `DPFUSION_FUZZ_MINUTES` / `DPFUSION_FUZZ_SEED` set, for as long as asked, and writes shrunk
+//! findings to `DPFUSION_FUZZ_OUT` (default `target/fuzz-findings.sql`). `DPFUSION_FUZZ_CASES`
+//! overrides the number of cases, `DPFUSION_FUZZ_VERBOSE=1` prints every statement and outcome,
+//! `DPFUSION_FUZZ_SHRINK_OPEN=1` shrinks the first example of each known open class too.
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use dpfusion::arrow::array::{
+    ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
+};
+use dpfusion::arrow::datatypes::{DataType, Field, Schema};
+use dpfusion::arrow::util::display::array_value_to_string;
+use dpfusion::session::EXECUTION_FAILED;
 use dpfusion::{PrivateSession, Registration, SessionOptions};
+use futures::FutureExt;
 
+// ---------------------------------------------------------------------------------------------
+// Known open classes
+// ---------------------------------------------------------------------------------------------
+
+/// A class of findings known to be open (fixed on another branch): the CI oracle counts its
+/// findings instead of failing. The coordinator removes an entry once its fix is merged.
+struct Open {
+    class: &'static str,
+    reason: &'static str,
+    /// Whether a finding belongs to the class.
+    matches: fn(&Case, &Finding) -> bool,
+    /// Constructs of this class abort the process (no catch is possible): they are generated
+    /// only once the entry is removed (or with `DPFUSION_FUZZ_ABORTS=1`).
+    aborts: bool,
+}
+
+const KNOWN_OPEN: &[Open] = &[
+    Open {
+        class: "arrow_cast_alloc",
+        reason: "issue 26 class 2: arrow_cast to a type whose per-row size the analyst chooses \
+                 aborts the process on allocation (fixed by the typed fragment)",
+        matches: |_, _| false,
+        aborts: true,
+    },
+    Open {
+        class: "subquery_unseen",
+        reason: "issue 26 class 1: a scalar subquery over a private table in a join's key or ON \
+                 condition (run with the public side before admission, its error printed), or \
+                 in a unit table's query (moved into the bounding windows) is never guarded",
+        matches: |c, f| {
+            let sql = last_or(c, f);
+            matches!(
+                f.kind,
+                Kind::RefusedButScanned
+                    | Kind::MessageDiffers
+                    | Kind::PlantedLeak
+                    | Kind::ExplainDiffers
+                    | Kind::OutcomeDiffers
+                    | Kind::ReleasedUncharged
+            ) && sql.contains("(SELECT")
+                && (on_clause(sql).contains("(SELECT") || reads_units(sql))
+        },
+        aborts: false,
+    },
+    Open {
+        class: "outer_join_private_on",
+        reason: "issue 26 class 3: a private condition in an outer join's ON is not traced, so \
+                 the group set counts as public (no partition selection)",
+        matches: |c, f| {
+            let sql = last_or(c, f).to_ascii_uppercase();
+            matches!(
+                f.kind,
+                Kind::GroupsDiffer | Kind::OrderDiffers | Kind::OutcomeDiffers
+            ) && ["LEFT JOIN", "RIGHT JOIN", "FULL JOIN"]
+                .iter()
+                .any(|j| sql.contains(j))
+                && (on_clause(&sql).contains(" AND ") || on_clause(&sql).contains(" OR "))
+        },
+        aborts: false,
+    },
+    Open {
+        class: "unit_join_keys_not_total",
+        reason: "issue 26 class 4: the keys of a join between two unit tables are not evaluated \
+                 totally: a key that fails on one row fails the query",
+        matches: |c, f| {
+            let sql = last_or(c, f);
+            matches!(f.kind, Kind::OutcomeDiffers | Kind::MessageDiffers)
+                && sql.contains("orders")
+                && sql.contains("visits")
+                && sql.to_ascii_uppercase().contains("JOIN")
+        },
+        aborts: false,
+    },
+    Open {
+        class: "release_order",
+        reason: "issue 26 class 6: released groups come in hash aggregation's first-seen order",
+        matches: |_, f| f.kind == Kind::OrderDiffers,
+        aborts: false,
+    },
+];
+
+/// The statement a finding is about.
+fn last_or<'a>(c: &'a Case, f: &Finding) -> &'a str {
+    c.statements
+        .get(f.statement)
+        .or(c.statements.last())
+        .map(String::as_str)
+        .unwrap_or("")
+}
+
+/// The text of a statement from its first join condition on (empty without one).
+fn on_clause(sql: &str) -> &str {
+    let u = sql.to_ascii_uppercase();
+    u.find(" ON ").map(|i| &sql[i..]).unwrap_or("")
+}
+
+/// Whether a statement reads a table with a privacy unit.
+fn reads_units(sql: &str) -> bool {
+    sql.contains("orders") || sql.contains("visits")
+}
+
+fn open_class(case: &Case, f: &Finding) -> Option<&'static str> {
+    KNOWN_OPEN
+        .iter()
+        .find(|o| (o.matches)(case, f))
+        .map(|o| o.class)
+}
+
+fn class_is_open(class: &str) -> bool {
+    std::env::var("DPFUSION_FUZZ_ABORTS").is_err()
+        && KNOWN_OPEN.iter().any(|o| o.class == class && o.aborts)
+}
+
+// ---------------------------------------------------------------------------------------------
+// RNG
+// ---------------------------------------------------------------------------------------------
+
+/// SplitMix64: small, seeded, good enough to pick grammar branches.
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -15,205 +174,2283 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    /// True with probability `pct` percent.
+    fn pct(&mut self, pct: u64) -> bool {
+        self.next() % 100 < pct
+    }
     fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
-        xs[(self.next() % xs.len() as u64) as usize]
+        xs[self.below(xs.len())]
     }
 }
 
-const NUMBERS: &[&str] = &[
-    "0",
-    "1",
-    "0.5",
-    "-1",
-    "1e-300",
-    "1e300",
-    "1e7",
-    "2",
-    "0.001",
-    "NULL",
-    "'x'",
-    "1e-7",
-    "1e-6",
-    "CAST('NaN' AS DOUBLE)",
-    "CAST('inf' AS DOUBLE)",
-    "age",
-    "(SELECT 1)",
-    "0.1 + 0.2",
-    "100",
-    "99999999999999999999",
-    "-0.0",
-    "1.0",
-];
-const COLUMNS: &[&str] = &[
-    "age",
-    "salary",
-    "id",
-    "dept",
-    "remote",
-    "CAST(age AS DOUBLE)",
-    "age * 2 + 1",
-    "CASE WHEN remote THEN salary ELSE 0 END",
-    "length(dept)",
-    "NULL",
-    "1",
-];
-const AGGS: &[&str] = &[
-    "dp_count({c}, {n})",
-    "dp_count({c}, {n})",
-    "dp_mean({c}, 0, {n}, {n})",
-    "dp_count({c}, {n}, {n})",
-    "dp_sum({c}, {n}, {n}, {n})",
-    "dp_mean({c}, {n}, {n}, {n}, {n})",
-    "dp_mean({c}, lower => {n}, upper => {n}, epsilon => {n})",
-    "dp_sum({c}, epsilon => {n}, upper => {n}, lower => {n})",
-    "count({c})",
-    "sum({c})",
-    "max({c})",
-    "{c}",
-    "dp_count(DISTINCT {c}, {n})",
-    "dp_count({c}, {n}) OVER ()",
-];
-const FROMS: &[&str] = &[
-    "people",
-    "people",
-    "staff",
-    "staff",
-    "depts",
-    "(SELECT * FROM people WHERE age > {n}) t",
-    "(SELECT * FROM people LIMIT 3) t",
-    "people p JOIN depts d ON p.dept = d.dept",
-    "(SELECT age, salary, id, dept, remote FROM people UNION ALL SELECT age, salary, id, dept, remote FROM staff) t",
-    "people, depts",
-];
-const TAILS: &[&str] = &[
-    "",
-    " WHERE age > 30",
-    " WHERE remote",
-    " GROUP BY dept",
-    " GROUP BY age",
-    " GROUP BY dept HAVING 1 = 1",
-    " ORDER BY 1",
-    " LIMIT 1",
-    " WHERE salary > (SELECT 1)",
-];
-const PREFIXES: &[&str] = &[
-    "",
-    "",
-    "",
-    "EXPLAIN ",
-    "EXPLAIN PRIVACY ",
-    "EXPLAIN ANALYZE ",
-    "CREATE TABLE r{i} AS ",
-];
+// ---------------------------------------------------------------------------------------------
+// Data: D and its neighbours
+// ---------------------------------------------------------------------------------------------
 
-fn query(rng: &mut Rng, i: usize) -> String {
-    let mut sel = Vec::new();
-    let dp_only = rng.next().is_multiple_of(2);
-    for _ in 0..1 + rng.next() % 3 {
-        let a = if dp_only {
-            rng.pick(&AGGS[..7])
-        } else {
-            rng.pick(AGGS)
-        };
-        sel.push(a.to_string());
-    }
-    let mut q = format!(
-        "{}SELECT {} FROM {}{}",
-        rng.pick(PREFIXES).replace("{i}", &i.to_string()),
-        sel.join(", "),
-        rng.pick(FROMS),
-        rng.pick(TAILS)
-    );
-    while let Some(p) = q.find("{c}") {
-        let c = rng.pick(COLUMNS);
-        q.replace_range(p..p + 3, c);
-    }
-    while let Some(p) = q.find("{n}") {
-        // Mostly sensible numbers (so that many queries get through to execution), some garbage.
-        let n = if rng.next() % 10 < 7 {
-            rng.pick(&["0.5", "1", "0.1", "100", "0"])
-        } else {
-            rng.pick(NUMBERS)
-        };
-        q.replace_range(p..p + 3, n);
-    }
-    q
+const PLANT_ID: i64 = 987_654;
+const PLANT_SALARY: f64 = 987_654.321;
+/// What, seen in D′'s output or messages and not in D's, shows that a planted value leaked.
+const MARKERS: &[&str] = &["zqxplant", "987654.32", "987654"];
+
+/// How D′ differs from D.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plant {
+    /// `people` (add_remove): one more row, of an existing department.
+    PeopleRow,
+    /// `people`: one more row, of a department no other row has (a new group).
+    PeopleNewGroup,
+    /// `people`: one more row made to fail: age 0 (division by zero), salary and dept NULL.
+    PeopleFailing,
+    /// `staff` (replace, `dept` public): row 3's private values changed.
+    StaffChanged,
+    /// `staff`: row 3 changed into a failing one (age 0, salary NULL).
+    StaffFailing,
+    /// `orders`/`visits` (unit `customer`, one domain): one more unit with rows in both.
+    Unit,
+    /// One more unit whose rows fail (amount 0, pages 0, NULL item) and that has many rows.
+    UnitFailing,
 }
 
-fn temp_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dpfusion-fuzz-{}", std::process::id()));
+const PLANTS: &[Plant] = &[
+    Plant::PeopleRow,
+    Plant::PeopleNewGroup,
+    Plant::PeopleFailing,
+    Plant::StaffChanged,
+    Plant::StaffFailing,
+    Plant::Unit,
+    Plant::UnitFailing,
+];
+
+impl Plant {
+    /// The private table the change is in (the generator prefers it).
+    fn table(self) -> &'static str {
+        match self {
+            Plant::PeopleRow | Plant::PeopleNewGroup | Plant::PeopleFailing => "people",
+            Plant::StaffChanged | Plant::StaffFailing => "staff",
+            Plant::Unit | Plant::UnitFailing => "orders",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Person {
+    id: Option<i64>,
+    age: Option<i64>,
+    dept: Option<String>,
+    salary: Option<f64>,
+    remote: Option<bool>,
+    name: Option<String>,
+}
+
+const DEPTS: &[&str] = &["eng", "hr", "ops", "sales"];
+
+fn persons(n: i64, mult: i64) -> Vec<Person> {
+    (1..=n)
+        .map(|i| Person {
+            id: Some(i),
+            age: Some(20 + (i * mult) % 45),
+            dept: Some(DEPTS[((i * mult) % 4) as usize].to_string()),
+            salary: Some(30_000.0 + ((i * 7919 * mult) % 90_000) as f64 + 0.25),
+            remote: if i % 11 == 0 { None } else { Some(i % 3 == 0) },
+            name: Some(format!("n{i}")),
+        })
+        .collect()
+}
+
+fn planted_person(age: Option<i64>, dept: Option<&str>, salary: Option<f64>) -> Person {
+    Person {
+        id: Some(PLANT_ID),
+        age,
+        dept: dept.map(str::to_string),
+        salary,
+        remote: Some(true),
+        name: Some("ZQXPLANT".to_string()),
+    }
+}
+
+fn person_batch(rows: &[Person]) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("age", DataType::Int64, true),
+        Field::new("dept", DataType::Utf8, true),
+        Field::new("salary", DataType::Float64, true),
+        Field::new("remote", DataType::Boolean, true),
+        Field::new("name", DataType::Utf8, true),
+    ]));
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(
+            rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        )),
+        Arc::new(Int64Array::from(
+            rows.iter().map(|r| r.age).collect::<Vec<_>>(),
+        )),
+        Arc::new(StringArray::from(
+            rows.iter().map(|r| r.dept.clone()).collect::<Vec<_>>(),
+        )),
+        Arc::new(Float64Array::from(
+            rows.iter().map(|r| r.salary).collect::<Vec<_>>(),
+        )),
+        Arc::new(BooleanArray::from(
+            rows.iter().map(|r| r.remote).collect::<Vec<_>>(),
+        )),
+        Arc::new(StringArray::from(
+            rows.iter().map(|r| r.name.clone()).collect::<Vec<_>>(),
+        )),
+    ];
+    RecordBatch::try_new(schema, cols).unwrap()
+}
+
+/// (customer, number, text) rows of `orders` (amount, item) or `visits` (pages, site).
+type UnitRow = (Option<i64>, Option<f64>, Option<String>);
+
+fn unit_batch(rows: &[UnitRow], num: &str, num_type: DataType, text: &str) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("customer", DataType::Int64, true),
+        Field::new(num, num_type.clone(), true),
+        Field::new(text, DataType::Utf8, true),
+    ]));
+    let n: ArrayRef = match num_type {
+        DataType::Int64 => Arc::new(Int64Array::from(
+            rows.iter()
+                .map(|r| r.1.map(|x| x as i64))
+                .collect::<Vec<_>>(),
+        )),
+        _ => Arc::new(Float64Array::from(
+            rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+        )),
+    };
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+            )),
+            n,
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.2.clone()).collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+fn orders_rows() -> Vec<UnitRow> {
+    let items = ["book", "pen", "cup"];
+    let mut v = vec![];
+    for c in 1..=20i64 {
+        for j in 0..(1 + c % 4) {
+            v.push((
+                Some(c),
+                Some(5.0 + ((c * 13 + j * 7) % 50) as f64),
+                Some(items[((c + j) % 3) as usize].to_string()),
+            ));
+        }
+    }
+    v
+}
+
+fn visits_rows() -> Vec<UnitRow> {
+    let sites = ["a.com", "b.com"];
+    let mut v = vec![];
+    for c in 1..=25i64 {
+        for j in 0..(1 + c % 3) {
+            v.push((
+                Some(c),
+                Some((1 + (c * 5 + j) % 9) as f64),
+                Some(sites[((c + j) % 2) as usize].to_string()),
+            ));
+        }
+    }
+    v
+}
+
+fn strings_batch(cols: &[(&str, Vec<&str>)], ints: &[(&str, Vec<i64>)]) -> RecordBatch {
+    let mut fields = vec![];
+    let mut arrays: Vec<ArrayRef> = vec![];
+    for (n, v) in cols {
+        fields.push(Field::new(*n, DataType::Utf8, true));
+        arrays.push(Arc::new(StringArray::from(v.clone())));
+    }
+    for (n, v) in ints {
+        fields.push(Field::new(*n, DataType::Int64, true));
+        arrays.push(Arc::new(Int64Array::from(v.clone())));
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+}
+
+/// A fresh directory for one session's ledger (on tmpfs when there is one: the ledger syncs).
+fn session_dir() -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let d = base.join(format!(
+        "dpfusion-fuzz-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
 }
 
-#[tokio::test]
-async fn random_queries_never_panic_and_never_release_uncharged() {
-    let dir = temp_dir();
-    let people = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv");
+/// The private tables (their scan counters are the oracle's "nothing executed").
+const PRIVATE: &[&str] = &["people", "staff", "orders", "visits"];
+
+/// Opens a fresh session on D (`neighbour` false) or on D′.
+async fn open(plant: Plant, neighbour: bool, seed: u64) -> (PrivateSession, PathBuf) {
+    let dir = session_dir();
     let s = PrivateSession::open(
         SessionOptions::default()
             .with_ledger(dir.join("ledger.jsonl"))
-            .with_default_budget(1e6, 1e-6)
-            .with_target_partitions(2),
+            .with_default_budget(1e6, 1e-3)
+            .with_target_partitions(2)
+            .with_memory_limit(1 << 30)
+            .with_insecure_noise_seed(seed),
     )
     .await
     .unwrap();
-    s.register_csv("people", &people, Registration::private())
-        .await
-        .unwrap();
-    let staff = dir.join("staff.csv");
-    std::fs::copy(&people, &staff).unwrap();
-    s.register_csv(
-        "staff",
-        &staff,
-        Registration::private().replace().public_columns(["dept"]),
-    )
-    .await
-    .unwrap();
-    s.register_csv(
-        "depts",
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/depts.csv"),
-        Registration::public(),
-    )
-    .await
-    .unwrap();
-    let mut rng = Rng(0xf022);
-    let (mut ok, mut refused) = (0, 0);
-    for i in 0..600 {
-        let q = query(&mut rng, i);
-        let scans_before = s.scans("people") + s.scans("staff");
-        let ledger_before = s.ledger().len();
-        // A panic inside sql() fails this test (tokio propagates it).
-        match s.sql(&q).await {
-            Ok(r) => {
-                ok += 1;
-                // Plain EXPLAIN plans the scan (the counter counts planned scans) but reads no
-                // rows and shows no statistics (guarded tables report none).
-                let plain_explain = q.starts_with("EXPLAIN ") && !q.starts_with("EXPLAIN PRIVACY");
-                let read = !plain_explain && s.scans("people") + s.scans("staff") > scans_before;
-                if read {
-                    assert!(
-                        r.receipt.is_some() && s.ledger().len() == ledger_before + 1,
-                        "released without a charge: {q}"
+    let mut people = persons(60, 7);
+    let mut staff = persons(40, 11);
+    let mut orders = orders_rows();
+    let mut visits = visits_rows();
+    if neighbour {
+        match plant {
+            // First: hash aggregation's first-seen group order would change.
+            Plant::PeopleRow => {
+                people.insert(0, planted_person(Some(61), Some("eng"), Some(PLANT_SALARY)))
+            }
+            Plant::PeopleNewGroup => people.push(planted_person(
+                Some(44),
+                Some("ZQXPLANT"),
+                Some(PLANT_SALARY),
+            )),
+            Plant::PeopleFailing => people.insert(0, planted_person(Some(0), None, None)),
+            Plant::StaffChanged | Plant::StaffFailing => {
+                let dept = staff[3].dept.clone();
+                let (age, salary) = if plant == Plant::StaffChanged {
+                    (Some(63), Some(PLANT_SALARY))
+                } else {
+                    (Some(0), None)
+                };
+                staff[3] = Person {
+                    dept,
+                    ..planted_person(age, None, salary)
+                };
+            }
+            Plant::Unit => {
+                for j in 0..3 {
+                    orders.insert(
+                        5 * j,
+                        (Some(PLANT_ID), Some(PLANT_SALARY), Some("ZQXPLANT".into())),
                     );
                 }
+                visits.push((Some(PLANT_ID), Some(7.0), Some("ZQXPLANT".into())));
             }
-            Err(e) => {
-                refused += 1;
-                if std::env::var("FUZZ_DEBUG").is_ok() {
-                    eprintln!("{q}\n   -> {e}");
+            Plant::UnitFailing => {
+                for j in 0..40 {
+                    orders.insert(j, (Some(PLANT_ID), Some(0.0), None));
                 }
-                let m = e.to_string();
-                assert!(!m.contains("panicked"), "{q}: {m}");
-                assert_eq!(
-                    s.scans("people") + s.scans("staff"),
-                    scans_before,
-                    "a refused query read data: {q}"
-                );
+                visits.insert(0, (Some(PLANT_ID), Some(0.0), Some("zqxplant.com".into())));
             }
         }
     }
-    eprintln!("fuzz: {ok} admitted or public, {refused} refused");
-    assert!(ok > 20 && refused > 100, "{ok} {refused}");
+    s.register_batches(
+        "people",
+        vec![person_batch(&people)],
+        Registration::private(),
+    )
+    .unwrap();
+    s.register_batches(
+        "staff",
+        vec![person_batch(&staff)],
+        Registration::private().replace().public_columns(["dept"]),
+    )
+    .unwrap();
+    let unit = || {
+        Registration::private()
+            .privacy_unit("customer")
+            .unit_domain("cust")
+    };
+    s.register_batches(
+        "orders",
+        vec![unit_batch(&orders, "amount", DataType::Float64, "item")],
+        unit(),
+    )
+    .unwrap();
+    s.register_batches(
+        "visits",
+        vec![unit_batch(&visits, "pages", DataType::Int64, "site")],
+        unit(),
+    )
+    .unwrap();
+    s.register_batches(
+        "depts",
+        vec![strings_batch(
+            &[("dept", vec!["eng", "hr", "ops", "sales", "legal"])],
+            &[("floor", vec![3, 1, 2, 1, 4])],
+        )],
+        Registration::public(),
+    )
+    .unwrap();
+    s.register_batches(
+        "rooms",
+        vec![strings_batch(
+            &[
+                ("dept", vec!["eng", "eng", "hr"]),
+                ("room", vec!["r1", "r2", "r3"]),
+            ],
+            &[],
+        )],
+        Registration::public(),
+    )
+    .unwrap();
+    s.register_batches(
+        "items",
+        vec![strings_batch(
+            &[("item", vec!["book", "pen", "cup", "lamp"])],
+            &[("price", vec![12, 2, 5, 30])],
+        )],
+        Registration::public(),
+    )
+    .unwrap();
+    (s, dir)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The generator
+// ---------------------------------------------------------------------------------------------
+
+/// One table in scope: its alias and columns by type.
+#[derive(Clone)]
+struct Tbl {
+    name: &'static str,
+    nums: &'static [&'static str],
+    strs: &'static [&'static str],
+    bools: &'static [&'static str],
+}
+
+const T_PEOPLE: Tbl = Tbl {
+    name: "people",
+    nums: &["id", "age", "salary"],
+    strs: &["dept", "name"],
+    bools: &["remote"],
+};
+const T_STAFF: Tbl = Tbl {
+    name: "staff",
+    ..T_PEOPLE
+};
+const T_ORDERS: Tbl = Tbl {
+    name: "orders",
+    nums: &["customer", "amount"],
+    strs: &["item"],
+    bools: &[],
+};
+const T_VISITS: Tbl = Tbl {
+    name: "visits",
+    nums: &["customer", "pages"],
+    strs: &["site"],
+    bools: &[],
+};
+const T_DEPTS: Tbl = Tbl {
+    name: "depts",
+    nums: &["floor"],
+    strs: &["dept"],
+    bools: &[],
+};
+const T_ITEMS: Tbl = Tbl {
+    name: "items",
+    nums: &["price"],
+    strs: &["item"],
+    bools: &[],
+};
+
+/// What the generator knows about the released rows of a query.
+#[derive(Clone, Copy, Debug, Default)]
+struct Flags {
+    /// The rows kept depend on noisy values (HAVING/WHERE on a release, LIMIT after a noisy
+    /// ORDER BY, …): the set of released keys is not compared.
+    noisy_rows: bool,
+    /// The rows are ordered by noisy values: their order is not compared.
+    noisy_order: bool,
+}
+
+/// One fuzz case: a plant and a few statements run in order on D and on D′.
+#[derive(Clone, Debug)]
+struct Case {
+    plant: Plant,
+    seed: u64,
+    statements: Vec<String>,
+    flags: Flags,
+}
+
+struct Gen<'r> {
+    rng: &'r mut Rng,
+    /// Tables in scope of the current SELECT: (qualifier, table).
+    scope: Vec<(String, Tbl)>,
+    flags: Flags,
+    /// The planted table (preferred).
+    plant: Plant,
+    /// Wild cases use every construct and garbage freely; tame ones mostly stay in (or near)
+    /// the private fragment, so that many get admitted and run.
+    wild: bool,
+}
+
+const SANE_EPS: &[&str] = &["0.1", "0.5", "1", "0.25"];
+const SANE_DELTA: &[&str] = &["1e-7", "1e-8", "1e-6"];
+const GARBAGE: &[&str] = &[
+    "0",
+    "-1",
+    "NULL",
+    "'x'",
+    "CAST('NaN' AS DOUBLE)",
+    "CAST('inf' AS DOUBLE)",
+    "1e300",
+    "1e-300",
+    "age",
+    "(SELECT 1)",
+    "(SELECT max(salary) FROM people)",
+    "(SELECT dp_count(id, epsilon => 0.1) FROM people)",
+    "arrow_cast(1, 'Float16')",
+    "99999999999999999999",
+    "3",
+    "'gaussian'",
+    "'laplace'",
+    "'units:1:1'",
+    "'replace'",
+    "'add_remove'",
+    "true",
+    "[1, 2]",
+    "2147483648",
+    "0.5 + 0.5",
+    "-0.0",
+    "1e7",
+    "1e-7",
+    "0.1 + 0.2",
+    "CAST(1 AS DECIMAL(38, 37))",
+    "''",
+    "now()",
+];
+
+impl Gen<'_> {
+    /// True with probability `pct` percent in a wild case, never in a tame one.
+    fn wild(&mut self, pct: u64) -> bool {
+        self.wild && self.rng.pct(pct)
+    }
+
+    fn col(&mut self, kind: char) -> String {
+        let mut cands = vec![];
+        for (q, t) in &self.scope {
+            let cols = match kind {
+                'n' => t.nums,
+                's' => t.strs,
+                _ => t.bools,
+            };
+            for c in cols {
+                cands.push(format!("{q}.{c}"));
+            }
+        }
+        if cands.is_empty() {
+            return match kind {
+                'n' => "1".into(),
+                's' => "'eng'".into(),
+                _ => "true".into(),
+            };
+        }
+        cands.swap_remove(self.rng.below(cands.len()))
+    }
+
+    fn scalar_subquery(&mut self) -> String {
+        self.rng
+            .pick(&[
+                "(SELECT 1)",
+                "(SELECT count(*) FROM depts)",
+                "(SELECT max(floor) FROM depts)",
+                "(SELECT min(price) FROM items WHERE item = 'pen')",
+                "(SELECT dp_count(id, epsilon => 0.1) FROM people)",
+                "(SELECT dp_sum(amount, 0, 10, epsilon => 0.1) FROM orders)",
+                "(SELECT max(salary) FROM people)",
+                "(SELECT count(*) FROM people WHERE name = 'ZQXPLANT')",
+                "(SELECT CAST(string_agg(name, ',') AS BIGINT) FROM people)",
+                "(SELECT CAST(min(name) AS BIGINT) FROM staff)",
+                "(SELECT sum(amount) FROM orders)",
+                "(SELECT count(*) FROM visits WHERE pages = 0)",
+                "(SELECT 1 FROM people WHERE age = 0)",
+                "(SELECT age FROM people LIMIT 1)",
+                "(SELECT floor FROM depts)",
+            ])
+            .to_string()
+    }
+
+    /// An attacker's predicate aimed at the planted row or unit (distinctive values).
+    fn targeted(&mut self) -> String {
+        let (q, t) = self.scope[self
+            .rng
+            .below(self.scope.len().max(1))
+            .min(self.scope.len().saturating_sub(1))]
+        .clone();
+        if self.rng.pct(50) && !t.strs.is_empty() {
+            let c = t.strs[self.rng.below(t.strs.len())];
+            let v = self
+                .rng
+                .pick(&["= 'ZQXPLANT'", "IS NULL", "LIKE 'zqx%'", "<> 'ZQXPLANT'"]);
+            format!("{q}.{c} {v}")
+        } else {
+            let c = t.nums[self.rng.below(t.nums.len())];
+            let v = self
+                .rng
+                .pick(&["> 900000", "= 0", "= 987654", "= 63", "<> 0"]);
+            format!("{q}.{c} {v}")
+        }
+    }
+
+    /// A scalar subquery that reads a private table raw (an attack on the guard), of a type
+    /// that fits the position.
+    fn private_probe(&mut self) -> String {
+        self.rng
+            .pick(&[
+                "(SELECT CAST(string_agg(name, ',') AS BIGINT) FROM people)",
+                "(SELECT count(*) FROM people WHERE name = 'ZQXPLANT')",
+                "(SELECT max(age) FROM staff)",
+                "(SELECT CAST(max(item) AS BIGINT) FROM orders)",
+                "(SELECT count(*) FROM orders WHERE customer = 987654)",
+                "(SELECT min(pages) FROM visits)",
+                "(SELECT 1 / min(age) FROM people)",
+                "(SELECT CAST(min(name) AS VARCHAR) FROM people)",
+            ])
+            .to_string()
+    }
+
+    fn lit_num(&mut self) -> String {
+        self.rng
+            .pick(&[
+                "0",
+                "1",
+                "2",
+                "-1",
+                "0.5",
+                "100",
+                "1e308",
+                "2147483647",
+                "9223372036854775807",
+                "NULL",
+                "1e-300",
+                "3",
+                "50000",
+            ])
+            .to_string()
+    }
+
+    fn arrow_type(&mut self) -> String {
+        let mut types = vec![
+            "Int8",
+            "Int16",
+            "Int64",
+            "UInt8",
+            "Float16",
+            "Float32",
+            "Float64",
+            "Decimal128(38, 10)",
+            "Decimal128(3, 2)",
+            "Decimal256(76, 0)",
+            "Utf8",
+            "LargeUtf8",
+            "Utf8View",
+            "Boolean",
+            "Timestamp(Nanosecond, None)",
+            "Duration(Second)",
+            "Date32",
+            "Dictionary(Int8, Utf8)",
+            "Interval(MonthDayNano)",
+            "Binary",
+            "Null",
+            "List(Int64)",
+            "FixedSizeBinary(3)",
+            "Struct(\"a\": Int64)",
+        ];
+        if !class_is_open("arrow_cast_alloc") {
+            types.extend([
+                "FixedSizeList(2147483647, Int64)",
+                "FixedSizeBinary(2147483647)",
+                "FixedSizeList(100000000, Decimal256(76, 0))",
+            ]);
+        }
+        types[self.rng.below(types.len())].to_string()
+    }
+
+    fn num(&mut self, d: u32) -> String {
+        if !self.wild && self.rng.pct(55) {
+            return self.col('n');
+        }
+        if d == 0 {
+            return match self.rng.below(10) {
+                0..=5 => self.col('n'),
+                6..=8 => self.lit_num(),
+                _ => self.scalar_subquery(),
+            };
+        }
+        let d = d - 1;
+        match self.rng.below(30) {
+            0..=5 => self.col('n'),
+            6 => self.lit_num(),
+            7 => {
+                let op = self.rng.pick(&["+", "-", "*", "/", "%"]);
+                format!("({} {op} {})", self.num(d), self.num(d))
+            }
+            8 => format!("(1 / {})", self.col('n')),
+            9 => format!("-{}", self.num(d)),
+            10 => {
+                let f = self.rng.pick(&[
+                    "abs", "round", "sqrt", "ln", "exp", "floor", "ceil", "signum", "cbrt", "log10",
+                ]);
+                format!("{f}({})", self.num(d))
+            }
+            11 => format!(
+                "power({}, {})",
+                self.num(d),
+                self.rng.pick(&["2", "0.5", "1000"])
+            ),
+            12 => format!("coalesce({}, {})", self.num(d), self.lit_num()),
+            13 => format!("nullif({}, {})", self.num(d), self.lit_num()),
+            14 => format!(
+                "CASE WHEN {} THEN {} ELSE {} END",
+                self.pred(d),
+                self.num(d),
+                self.num(d)
+            ),
+            15 => format!(
+                "{}({} AS {})",
+                self.rng.pick(&["CAST", "TRY_CAST"]),
+                self.str_(d),
+                self.rng
+                    .pick(&["BIGINT", "DOUBLE", "INT", "DECIMAL(10, 2)", "SMALLINT"])
+            ),
+            16 => format!(
+                "CAST({} AS {})",
+                self.num(d),
+                self.rng
+                    .pick(&["INT", "SMALLINT", "DECIMAL(5, 2)", "DOUBLE", "BIGINT"])
+            ),
+            17 => format!("arrow_cast({}, '{}')", self.num(d), self.arrow_type()),
+            18 => format!(
+                "{}({})",
+                self.rng.pick(&[
+                    "length",
+                    "char_length",
+                    "ascii",
+                    "bit_length",
+                    "octet_length"
+                ]),
+                self.str_(d)
+            ),
+            19 => format!("strpos({}, 'e')", self.str_(d)),
+            20 => self.scalar_subquery(),
+            21 => format!(
+                "{}({}, {})",
+                self.rng.pick(&["greatest", "least"]),
+                self.num(d),
+                self.num(d)
+            ),
+            22 => self
+                .rng
+                .pick(&[
+                    "count(*) OVER ()",
+                    "row_number() OVER (ORDER BY 1)",
+                    "random()",
+                    "sum(1) OVER ()",
+                ])
+                .to_string(),
+            23 => format!(
+                "CASE {} WHEN 'eng' THEN 1 WHEN 'ZQXPLANT' THEN 2 ELSE 0 END",
+                self.str_(d)
+            ),
+            24 => format!("{} << 2", self.num(d)),
+            25 => format!(
+                "date_part('year', to_timestamp({}))",
+                self.rng.pick(&["0", "1e15", "-1e18"])
+            ),
+            26 => format!("array_length([{}, 2])", self.num(d)),
+            27 => format!("{}({})", self.rng.pick(&["isnan", "iszero"]), self.num(d)),
+            _ => self.col('n'),
+        }
+    }
+
+    fn str_(&mut self, d: u32) -> String {
+        if !self.wild && self.rng.pct(60) {
+            return self.col('s');
+        }
+        if d == 0 {
+            return match self.rng.below(6) {
+                0..=3 => self.col('s'),
+                _ => self.rng.pick(&["'eng'", "'x'", "''", "'ZQX'"]).to_string(),
+            };
+        }
+        let d = d - 1;
+        match self.rng.below(22) {
+            0..=5 => self.col('s'),
+            6 => self
+                .rng
+                .pick(&["'eng'", "'x'", "''", "'ZQXPLANT'"])
+                .to_string(),
+            7 => format!(
+                "{}({})",
+                self.rng
+                    .pick(&["upper", "lower", "trim", "reverse", "md5", "initcap"]),
+                self.str_(d)
+            ),
+            8 => format!("concat({}, {})", self.str_(d), self.str_(d)),
+            9 => format!("({} || {})", self.str_(d), self.str_(d)),
+            10 => format!("substr({}, 1, 2)", self.str_(d)),
+            11 => format!("CAST({} AS VARCHAR)", self.num(d)),
+            12 => format!("arrow_cast({}, '{}')", self.str_(d), self.arrow_type()),
+            13 => format!("coalesce({}, 'none')", self.str_(d)),
+            14 => format!(
+                "CASE WHEN {} THEN {} ELSE {} END",
+                self.pred(d),
+                self.str_(d),
+                self.str_(d)
+            ),
+            15 => match self.rng.below(6) {
+                0 => format!("repeat({}, 100000)", self.str_(d)),
+                1 => format!("lpad({}, 5, 'x')", self.str_(d)),
+                2 => format!("regexp_replace({}, 'e', 'E')", self.str_(d)),
+                3 => format!("split_part({}, 'e', 1)", self.str_(d)),
+                4 => format!("to_hex({})", self.num(d)),
+                _ => format!("replace({}, 'e', 'ee')", self.str_(d)),
+            },
+            16 => "(SELECT max(dept) FROM depts)".to_string(),
+            17 => "(SELECT min(name) FROM people)".to_string(),
+            18 => format!("left({}, 1)", self.str_(d)),
+            19 => format!("arrow_typeof({})", self.num(d)),
+            _ => self.col('s'),
+        }
+    }
+
+    fn pred(&mut self, d: u32) -> String {
+        let d = d.saturating_sub(1);
+        if !self.wild && self.rng.pct(50) {
+            let op = self.rng.pick(&["<", ">", "=", "<>"]);
+            return match self.rng.below(4) {
+                3 => self.targeted(),
+                0 => format!(
+                    "{} = {}",
+                    self.col('s'),
+                    self.rng.pick(&["'eng'", "'hr'", "'book'"])
+                ),
+                _ => format!(
+                    "{} {op} {}",
+                    self.col('n'),
+                    self.rng.pick(&["30", "40", "50000", "10"])
+                ),
+            };
+        }
+        match self.rng.below(24) {
+            0..=4 => {
+                let op = self.rng.pick(&["<", ">", "=", "<>", "<=", ">="]);
+                format!("{} {op} {}", self.num(d), self.num(d))
+            }
+            5 => format!("{} = {}", self.str_(d), self.str_(d)),
+            6 => format!(
+                "{} LIKE '{}'",
+                self.str_(d),
+                self.rng.pick(&["e%", "%Q%", "_", "ZQX%"])
+            ),
+            7 => format!(
+                "{} BETWEEN {} AND {}",
+                self.num(d),
+                self.lit_num(),
+                self.lit_num()
+            ),
+            8 => format!("({} AND {})", self.pred(d), self.pred(d)),
+            9 => format!("({} OR {})", self.pred(d), self.pred(d)),
+            10 => format!("NOT ({})", self.pred(d)),
+            11 => format!(
+                "{} IS {}NULL",
+                self.num(d),
+                if self.rng.pct(50) { "NOT " } else { "" }
+            ),
+            12 => format!("{} IN ('eng', 'hr', 'ZQXPLANT')", self.str_(d)),
+            13 => {
+                if self.scope.iter().any(|(_, t)| !t.bools.is_empty()) {
+                    self.col('b')
+                } else {
+                    "true".into()
+                }
+            }
+            14 => self
+                .rng
+                .pick(&[
+                    "EXISTS (SELECT 1 FROM depts WHERE floor > 2)",
+                    "EXISTS (SELECT 1 FROM people WHERE name = 'ZQXPLANT')",
+                    "NOT EXISTS (SELECT 1 FROM staff WHERE age = 0)",
+                    "EXISTS (SELECT dp_count(id, epsilon => 0.1) FROM people)",
+                ])
+                .to_string(),
+            15 => {
+                let sub = self.rng.pick(&[
+                    "SELECT dept FROM depts",
+                    "SELECT dept FROM depts WHERE floor = 1",
+                    "SELECT dept FROM people WHERE salary > 900000",
+                    "SELECT dept FROM rooms",
+                    "SELECT dept FROM (VALUES ('eng'), ('ops')) v(dept)",
+                ]);
+                format!(
+                    "{} {}IN ({sub})",
+                    self.str_(0),
+                    if self.rng.pct(30) { "NOT " } else { "" }
+                )
+            }
+            16 => {
+                // A correlated subquery over a public table (a semi join).
+                match self.scope.iter().find(|(_, t)| t.strs.contains(&"dept")) {
+                    Some((q, _)) => format!(
+                        "EXISTS (SELECT 1 FROM depts d2 WHERE d2.dept = {q}.dept AND d2.floor > 1)"
+                    ),
+                    None => "true".into(),
+                }
+            }
+            17 => format!(
+                "{} ~ '{}'",
+                self.str_(d),
+                self.rng.pick(&["^e", "Q.*T", "(a|b)+"])
+            ),
+            18 => format!("{} > {}", self.num(d), self.scalar_subquery()),
+            19 => format!("{} IS NOT DISTINCT FROM {}", self.num(d), self.num(d)),
+            20 => format!("{} IN (1, 2, 3, 0)", self.num(d)),
+            21 => self.targeted(),
+            22 => format!("{} > {}", self.col('n'), self.private_probe()),
+            _ => {
+                let op = self.rng.pick(&["<", ">", "="]);
+                format!("{} {op} {}", self.col('n'), self.lit_num())
+            }
+        }
+    }
+
+    fn param_value(&mut self, name: &str) -> String {
+        if self.rng.pct(if self.wild { 12 } else { 1 }) {
+            return self.rng.pick(GARBAGE).to_string();
+        }
+        match name {
+            "epsilon" => self.rng.pick(SANE_EPS),
+            "delta" => self.rng.pick(SANE_DELTA),
+            "mechanism" => self.rng.pick(&["'gaussian'", "'laplace'"]),
+            "lower" => self.rng.pick(&["0", "-10", "20", "0"]),
+            "upper" => self.rng.pick(&["100", "100000", "1000000", "60"]),
+            "q" => self.rng.pick(&["0.5", "0.9", "0.1"]),
+            "quantiles" => self.rng.pick(&["[0.25, 0.5, 0.75]", "[0.5]"]),
+            "bins" => self.rng.pick(&["64", "1024", "8"]),
+            "confidence" => self.rng.pick(&["0.9", "0.95", "0.5"]),
+            "max_ratio" => "2",
+            "min_group_size" => "2",
+            "iterations" => "5",
+            _ => "1",
+        }
+        .to_string()
+    }
+
+    /// A call of a DP (or non-DP) aggregate over the scope, and whether it is a number (so
+    /// that post-processing arithmetic applies).
+    fn agg(&mut self, unit: bool) -> (String, bool) {
+        type Spec = (
+            &'static str,
+            &'static [&'static str],
+            &'static [&'static str],
+        );
+        // name, data kinds ('n' number, 's' text, 'u' unit column, 'f' features), parameters.
+        const SPECS: &[Spec] = &[
+            ("dp_count", &["n"], &["epsilon", "delta", "mechanism"]),
+            ("dp_count", &["s"], &["epsilon", "delta"]),
+            ("dp_count_distinct", &["u"], &["epsilon", "delta"]),
+            (
+                "dp_sum",
+                &["n"],
+                &["lower", "upper", "epsilon", "delta", "mechanism"],
+            ),
+            (
+                "dp_mean",
+                &["n"],
+                &["lower", "upper", "epsilon", "delta", "mechanism"],
+            ),
+            (
+                "dp_variance",
+                &["n"],
+                &["lower", "upper", "epsilon", "delta"],
+            ),
+            ("dp_stddev", &["n"], &["lower", "upper", "epsilon", "delta"]),
+            (
+                "dp_quantile",
+                &["n"],
+                &["lower", "upper", "q", "epsilon", "bins"],
+            ),
+            ("dp_median", &["n"], &["lower", "upper", "epsilon", "bins"]),
+            (
+                "dp_quantiles",
+                &["n"],
+                &["lower", "upper", "quantiles", "epsilon", "bins"],
+            ),
+            (
+                "dp_count_ci",
+                &["n"],
+                &["epsilon", "delta", "mechanism", "confidence"],
+            ),
+            (
+                "dp_count_distinct_ci",
+                &["u"],
+                &["epsilon", "delta", "confidence"],
+            ),
+            (
+                "dp_sum_ci",
+                &["n"],
+                &[
+                    "lower",
+                    "upper",
+                    "epsilon",
+                    "delta",
+                    "mechanism",
+                    "confidence",
+                ],
+            ),
+            (
+                "dp_mean_ci",
+                &["n"],
+                &[
+                    "lower",
+                    "upper",
+                    "epsilon",
+                    "delta",
+                    "mechanism",
+                    "confidence",
+                ],
+            ),
+            (
+                "dp_variance_ci",
+                &["n"],
+                &["lower", "upper", "epsilon", "delta", "confidence"],
+            ),
+            (
+                "dp_stddev_ci",
+                &["n"],
+                &["lower", "upper", "epsilon", "delta", "confidence"],
+            ),
+            (
+                "rgm_mean_by",
+                &["n", "s"],
+                &["max_ratio", "epsilon", "delta", "min_group_size"],
+            ),
+            (
+                "dp_linreg_gd",
+                &["n", "f"],
+                &["epsilon", "delta", "iterations"],
+            ),
+            ("dp_logreg_agd", &["n", "f"], &["epsilon", "delta"]),
+            ("dp_partition_select", &["n"], &["epsilon", "delta"]),
+        ];
+        if self.wild(7) {
+            let f = self.rng.pick(&[
+                "count",
+                "sum",
+                "avg",
+                "min",
+                "max",
+                "median",
+                "stddev",
+                "approx_distinct",
+                "bit_xor",
+                "array_agg",
+                "first_value",
+            ]);
+            let v = self.num(1);
+            return (format!("{f}({v})"), false);
+        }
+        if self.wild(2) {
+            return (format!("string_agg({}, ',')", self.str_(1)), false);
+        }
+        let (name, data, params) = loop {
+            let spec = SPECS[self.rng.below(SPECS.len())];
+            let tame_ok = match spec.0 {
+                "dp_count_distinct" | "dp_count_distinct_ci" => unit,
+                "dp_partition_select" => false,
+                "rgm_mean_by" | "dp_linreg_gd" | "dp_logreg_agd" => self.rng.pct(30),
+                _ => true,
+            };
+            if self.wild || tame_ok {
+                break spec;
+            }
+        };
+        let mut args: Vec<String> = vec![];
+        for k in data.iter() {
+            args.push(match *k {
+                "n" => {
+                    let d = self.rng.below(3) as u32;
+                    self.num(d)
+                }
+                "s" => self.str_(1),
+                "u" => {
+                    if unit && self.rng.pct(80) {
+                        self.scope
+                            .iter()
+                            .find(|(_, t)| t.nums.contains(&"customer"))
+                            .map(|(q, _)| format!("{q}.customer"))
+                            .unwrap_or_else(|| "customer".into())
+                    } else {
+                        self.num(1)
+                    }
+                }
+                _ => format!("[{}, {}]", self.num(0), self.num(0)),
+            });
+        }
+        // Which parameters are given: all required, optional ones at random, sometimes few.
+        let mut given: Vec<(String, String)> = vec![];
+        for p in params.iter() {
+            let optional = matches!(
+                *p,
+                "delta" | "mechanism" | "bins" | "confidence" | "min_group_size" | "iterations"
+            );
+            if optional && self.rng.pct(55) {
+                continue;
+            }
+            if !optional && self.wild(2) {
+                continue; // a required parameter left out
+            }
+            given.push((p.to_string(), self.param_value(p)));
+        }
+        // How many given parameters are, from the first, in their positional places.
+        let in_place = given
+            .iter()
+            .zip(params.iter())
+            .take_while(|((n, _), p)| n == *p)
+            .count();
+        if self.wild(4) {
+            let extra = self.rng.pick(&[
+                "neighbours",
+                "foo",
+                "epsilon",
+                "delta",
+                "max_groups_contributed",
+                "seed",
+            ]);
+            let v = self
+                .rng
+                .pick(&["'replace'", "'units:1:1'", "1", "0.5", "'add_remove'"]);
+            given.push((extra.to_string(), v.to_string()));
+        }
+        // Positional for a prefix, then named (in any order), or all named, or all positional.
+        match self.rng.below(4) {
+            _ if !self.wild => {
+                let cut = self.rng.below(in_place + 1);
+                let mut named: Vec<_> = given.split_off(cut);
+                for i in (1..named.len()).rev() {
+                    let j = self.rng.below(i + 1);
+                    named.swap(i, j);
+                }
+                args.extend(given.into_iter().map(|(_, v)| v));
+                args.extend(named.into_iter().map(|(n, v)| format!("{n} => {v}")));
+            }
+            0 => args.extend(given.into_iter().map(|(_, v)| v)),
+            1 => {
+                for i in (1..given.len()).rev() {
+                    let j = self.rng.below(i + 1);
+                    given.swap(i, j);
+                }
+                args.extend(given.into_iter().map(|(n, v)| format!("{n} => {v}")));
+            }
+            _ => {
+                let cut = self.rng.below(given.len() + 1);
+                for (i, (n, v)) in given.into_iter().enumerate() {
+                    args.push(if i < cut { v } else { format!("{n} => {v}") });
+                }
+            }
+        }
+        let distinct = if self.wild(3) { "DISTINCT " } else { "" };
+        let mut call = format!("{name}({distinct}{})", args.join(", "));
+        if self.rng.pct(15) {
+            call.push_str(&format!(" FILTER (WHERE {})", self.pred(2)));
+        }
+        if self.wild(3) {
+            call.push_str(" OVER ()");
+        }
+        let mut number = !matches!(
+            name,
+            "dp_quantiles" | "rgm_mean_by" | "dp_linreg_gd" | "dp_logreg_agd"
+        ) && !name.ends_with("_ci");
+        if name.ends_with("_ci") && (!self.wild || self.rng.pct(60)) {
+            let f = self
+                .rng
+                .pick(&["value", "lower", "upper", "stddev", "confidence"]);
+            call = format!("{call}['{f}']");
+            number = true;
+        }
+        (call, number)
+    }
+
+    /// A value over released aggregates (post-processing), named `v{i}`.
+    fn value(&mut self, i: usize, unit: bool) -> String {
+        let (a, number) = self.agg(unit);
+        if !number && !self.wild {
+            return format!("{a} AS v{i}");
+        }
+        let e = match self.rng.below(12) {
+            0 => format!("round({a}, 2)"),
+            1 => format!("{a} + 1"),
+            2 => format!("CASE WHEN {a} > 10 THEN 'big' ELSE 'small' END"),
+            3 => format!("{a} * {}", self.scalar_subquery()),
+            _ => a,
+        };
+        format!("{e} AS v{i}")
+    }
+
+    /// A FROM clause; sets the scope. Returns (from, private unit tables involved).
+    fn from(&mut self) -> (String, bool) {
+        let planted = match self.plant.table() {
+            "people" => T_PEOPLE,
+            "staff" => T_STAFF,
+            _ => T_ORDERS,
+        };
+        let base = if self.rng.pct(65) {
+            planted
+        } else {
+            [T_PEOPLE, T_STAFF, T_ORDERS, T_VISITS, T_DEPTS][self.rng.below(5)].clone()
+        };
+        let unit = matches!(base.name, "orders" | "visits");
+        self.scope = vec![("t".into(), base.clone())];
+        let b = base.name;
+        // Joins are where the guard's checks meet the most rewrites: more of them.
+        let branch = if self.rng.pct(30) {
+            9 + self.rng.below(4)
+        } else {
+            self.rng.below(20)
+        };
+        let f = match branch {
+            0..=7 => format!("{b} t"),
+            8 => {
+                let p = self.pred(2);
+                let tail = self
+                    .rng
+                    .pick(&["", "", " ORDER BY 1", " LIMIT 3", " OFFSET 1"]);
+                format!("(SELECT * FROM {b} t WHERE {p}{tail}) t")
+            }
+            9..=12 if !unit => {
+                // A private table joined with a public one.
+                let kind = self.rng.pick(&[
+                    "JOIN",
+                    "INNER JOIN",
+                    "LEFT JOIN",
+                    "RIGHT JOIN",
+                    "FULL JOIN",
+                    "LEFT SEMI JOIN",
+                    "LEFT ANTI JOIN",
+                    "RIGHT SEMI JOIN",
+                    "RIGHT ANTI JOIN",
+                    "CROSS JOIN",
+                    "JOIN",
+                    "LEFT JOIN",
+                ]);
+                let (other, key) = match self.rng.below(5) {
+                    0 => ("rooms r", "r"),
+                    1 => (
+                        "(VALUES ('eng', 1), ('hr', 2), ('ops', 3)) r(dept, floor)",
+                        "r",
+                    ),
+                    _ => ("depts r", "r"),
+                };
+                let semi_right = kind.starts_with("RIGHT SEMI") || kind.starts_with("RIGHT ANTI");
+                let semi_left = kind.starts_with("LEFT SEMI") || kind.starts_with("LEFT ANTI");
+                if semi_right {
+                    self.scope = vec![];
+                }
+                if !semi_left {
+                    self.scope.push((key.into(), T_DEPTS));
+                }
+                let on = match self.rng.below(12) {
+                    0..=3 => "t.dept = r.dept".to_string(),
+                    4 => format!("t.dept = r.dept AND {}", self.pred(1)),
+                    9 => format!("t.dept = r.dept AND {}", self.targeted()),
+                    10 => format!("t.dept = r.dept || {}", self.private_probe()),
+                    11 => format!("t.age = r.floor + {}", self.private_probe()),
+                    5 => "upper(t.dept) = upper(r.dept)".to_string(),
+                    6 => format!("t.dept = r.dept AND t.age > {}", self.scalar_subquery()),
+                    7 => "t.age = r.floor".to_string(),
+                    _ => format!("t.dept = r.dept OR {}", self.pred(1)),
+                };
+                if kind == "CROSS JOIN" {
+                    format!("{b} t CROSS JOIN {other}")
+                } else if self.rng.pct(20) {
+                    // The public side first.
+                    format!("{other} {kind} {b} t ON {on}")
+                } else {
+                    format!("{b} t {kind} {other} ON {on}")
+                }
+            }
+            9..=12 => {
+                // Units: two unit tables of one domain, or a unit table and a public one.
+                if self.rng.pct(60) {
+                    self.scope = vec![("t".into(), T_ORDERS), ("v".into(), T_VISITS)];
+                    let kind = self.rng.pick(&[
+                        "JOIN",
+                        "JOIN",
+                        "JOIN",
+                        "LEFT JOIN",
+                        "RIGHT JOIN",
+                        "FULL JOIN",
+                        "LEFT SEMI JOIN",
+                    ]);
+                    let on = match self.rng.below(12) {
+                        0..=3 => "t.customer = v.customer".to_string(),
+                        8 => "t.customer = v.customer + 0 * (1 / v.pages)".to_string(),
+                        9 => "t.customer + CAST(t.item AS BIGINT) * 0 = v.customer".to_string(),
+                        10 => format!("t.customer = v.customer AND {}", self.targeted()),
+                        11 => format!("t.customer = v.customer + {}", self.private_probe()),
+                        4 => "t.customer + 0 = v.customer".to_string(),
+                        5 => {
+                            "CAST(t.customer AS VARCHAR) = CAST(v.customer AS VARCHAR)".to_string()
+                        }
+                        6 => format!("t.customer = v.customer AND {}", self.pred(1)),
+                        _ => format!("t.customer = v.customer + {}", self.scalar_subquery()),
+                    };
+                    if kind == "LEFT SEMI JOIN" {
+                        self.scope.pop();
+                    }
+                    format!("orders t {kind} visits v ON {on}")
+                } else {
+                    self.scope = vec![("t".into(), T_ORDERS), ("i".into(), T_ITEMS)];
+                    let kind = self.rng.pick(&["JOIN", "LEFT JOIN", "RIGHT JOIN"]);
+                    let on = match self.rng.below(4) {
+                        0..=1 => "t.item = i.item".to_string(),
+                        2 => format!("t.item = i.item AND {}", self.pred(1)),
+                        _ => format!("t.item = i.item AND i.price < {}", self.scalar_subquery()),
+                    };
+                    format!("orders t {kind} items i ON {on}")
+                }
+            }
+            13 => {
+                // Two private tables that are not one unit domain.
+                self.scope = vec![("t".into(), T_PEOPLE), ("s".into(), T_STAFF)];
+                let on = self
+                    .rng
+                    .pick(&["t.id = s.id", "t.dept = s.dept", "t.name = s.name"]);
+                format!("people t JOIN staff s ON {on}")
+            }
+            14 if !unit => {
+                self.scope = vec![("t".into(), T_PEOPLE)];
+                format!(
+                    "(SELECT id, age, dept, salary, remote, name FROM people UNION {}SELECT id, \
+                     age, dept, salary, remote, name FROM staff) t",
+                    if self.rng.pct(70) { "ALL " } else { "" }
+                )
+            }
+            15 => {
+                let p = self.pred(1);
+                format!(
+                    "(SELECT *, {} AS extra FROM {b} t WHERE {p}) t",
+                    self.num(1)
+                )
+            }
+            16 => format!("{b} t, depts d2"),
+            17 if !unit => {
+                // A public key set: the public table's rows, each once.
+                self.scope = vec![("t".into(), base.clone()), ("r".into(), T_DEPTS)];
+                if self.rng.pct(50) {
+                    format!("{b} t RIGHT JOIN depts r ON t.dept = r.dept")
+                } else {
+                    format!("depts r LEFT JOIN {b} t ON r.dept = t.dept")
+                }
+            }
+            _ => format!("{b} t"),
+        };
+        let unit = self
+            .scope
+            .iter()
+            .any(|(_, t)| matches!(t.name, "orders" | "visits"));
+        (f, unit)
+    }
+
+    /// A grouping key expression over the scope.
+    fn key(&mut self) -> String {
+        if !self.wild && self.rng.pct(60) {
+            let kind = if self.rng.pct(85) { 's' } else { 'b' };
+            return self.col(kind);
+        }
+        match self.rng.below(12) {
+            0..=5 => self.col('s'),
+            6 => self.col('b'),
+            7 => format!("{} % 3", self.col('n')),
+            8 => format!("upper({})", self.col('s')),
+            9 => format!(
+                "CASE WHEN {} > 50000 THEN 'hi' ELSE 'lo' END",
+                self.col('n')
+            ),
+            10 => format!("{} + {}", self.col('n'), self.scalar_subquery()),
+            _ => self.str_(1),
+        }
+    }
+
+    /// A SELECT over the private data (or not), with keys `k*` and releases `v*`.
+    fn select(&mut self) -> String {
+        let (from, unit) = self.from();
+        let grouped = self.rng.pct(55);
+        let mut items = vec![];
+        let mut keys = vec![];
+        if grouped {
+            for i in 0..1 + self.rng.below(2) {
+                let k = self.key();
+                items.push(format!("{k} AS k{i}"));
+                keys.push(k);
+            }
+        }
+        if self.wild(8) {
+            items.push(format!("{} AS raw", self.num(1)));
+        }
+        for i in 0..1 + self.rng.below(3) {
+            items.push(self.value(i, unit));
+        }
+        let mut q = format!("SELECT {} FROM {from}", items.join(", "));
+        if self.rng.pct(35) {
+            q.push_str(&format!(" WHERE {}", self.pred(3)));
+        }
+        if grouped {
+            if self.rng.pct(25) {
+                let pos: Vec<String> = (1..=keys.len()).map(|i| i.to_string()).collect();
+                q.push_str(&format!(" GROUP BY {}", pos.join(", ")));
+            } else {
+                q.push_str(&format!(" GROUP BY {}", keys.join(", ")));
+            }
+            if self.rng.pct(8) {
+                q.push_str(self.rng.pick(&[
+                    " HAVING v0 > 5",
+                    " HAVING 1 = 1",
+                    " HAVING count(*) > 2",
+                ]));
+                self.flags.noisy_rows = true;
+            }
+        } else if self.rng.pct(4) {
+            q.push_str(" GROUP BY ()");
+        }
+        match self.rng.below(10) {
+            0 | 1 if grouped => q.push_str(" ORDER BY k0"),
+            2 => {
+                q.push_str(" ORDER BY v0 DESC");
+                self.flags.noisy_order = true;
+            }
+            3 => q.push_str(" ORDER BY 1"),
+            4 if self.rng.pct(30) => {
+                let p = self.private_probe();
+                q.push_str(&format!(" ORDER BY {p}"));
+            }
+            _ => {}
+        }
+        if self.rng.pct(8) {
+            q.push_str(self.rng.pick(&[
+                " LIMIT 2",
+                " LIMIT 1 OFFSET 1",
+                " LIMIT 0",
+                " LIMIT (SELECT count(*) FROM people WHERE name = 'ZQXPLANT')",
+                " LIMIT 1 OFFSET (SELECT min(age) FROM staff)",
+            ]));
+            self.flags.noisy_rows = true;
+        }
+        q
+    }
+
+    /// A full query: a SELECT, maybe in a CTE, a wrapper, a union, a window.
+    fn query(&mut self) -> String {
+        match self.rng.below(20) {
+            0 => {
+                let inner = self.select();
+                self.flags.noisy_rows = true;
+                format!("SELECT * FROM ({inner}) r WHERE r.v0 > 0")
+            }
+            1 => {
+                let inner = self.select();
+                format!("SELECT count(*) AS n FROM ({inner}) r")
+            }
+            2 => {
+                let a = self.select();
+                let b = self.select();
+                self.flags.noisy_order = true;
+                self.flags.noisy_rows = true;
+                format!("({a}) UNION ALL ({b})")
+            }
+            3 => {
+                let inner = self.select();
+                self.flags.noisy_order = true;
+                format!("SELECT *, rank() OVER (ORDER BY v0) AS rk FROM ({inner}) r")
+            }
+            4 => {
+                let b = self.rng.pick(&["people", "staff", "orders"]);
+                let p = {
+                    self.scope = vec![(
+                        "c".into(),
+                        match b {
+                            "people" => T_PEOPLE,
+                            "staff" => T_STAFF,
+                            _ => T_ORDERS,
+                        },
+                    )];
+                    self.pred(2)
+                };
+                let v = self.value(0, b == "orders");
+                format!("WITH c AS (SELECT * FROM {b} c WHERE {p}) SELECT {v} FROM c")
+            }
+            5 => {
+                let inner = self.select();
+                format!("WITH r AS ({inner}) SELECT * FROM r")
+            }
+            6 => {
+                // Raw rows or a VALUES list.
+                let b = self.rng.pick(&["people", "staff", "orders", "depts"]);
+                self.rng
+                    .pick(&[
+                        "SELECT * FROM {b}",
+                        "SELECT * FROM {b} LIMIT 1",
+                        "SELECT count(*) FROM {b}",
+                        "SELECT DISTINCT 1 FROM {b}",
+                        "VALUES (1), ((SELECT count(*) FROM {b}))",
+                        "SELECT * FROM (VALUES (1, 'a')) v(x, y)",
+                        "SELECT 1 WHERE EXISTS (SELECT 1 FROM {b})",
+                    ])
+                    .replace("{b}", b)
+            }
+            _ => self.select(),
+        }
+    }
+
+    /// One case: optional setup statement(s), then the statement under test.
+    fn case(&mut self) -> Vec<String> {
+        let mut st = vec![];
+        match self.rng.below(100) {
+            0..=3 => st.push(
+                self.rng
+                    .pick(&[
+                        "SET dpfusion.max_groups_contributed = 3",
+                        "SET dpfusion.max_rows_contributed = 2",
+                        "SET dpfusion.max_groups_contributed = 0",
+                        "SET dpfusion.max_groups_contributed = 1000001",
+                        "SET dpfusion.max_rows_contributed = 'x'",
+                        "SET dpfusion.max_groups_contributed = DEFAULT",
+                    ])
+                    .to_string(),
+            ),
+            4..=5 => st.push(
+                self.rng
+                    .pick(&[
+                        "SET dpfusion.default_delta = 1e-8",
+                        "SET dpfusion.default_delta = 0",
+                        "SET dpfusion.default_delta = 1",
+                        "SET dpfusion.neighbours = 'replace'",
+                        "SET datafusion.execution.target_partitions = 1",
+                        "SET datafusion.optimizer.enable_dynamic_filter_pushdown = true",
+                        "SET datafusion.execution.batch_size = 1",
+                    ])
+                    .to_string(),
+            ),
+            6..=7 => {
+                let q = self.query();
+                st.push(format!("CREATE TABLE res AS {q}"));
+                st.push("SELECT * FROM res".to_string());
+                return st;
+            }
+            8 => {
+                st.push(
+                    self.rng
+                        .pick(&[
+                            "CREATE VIEW w AS SELECT * FROM people",
+                            "CREATE TABLE w AS SELECT * FROM people",
+                            "CREATE TABLE w AS SELECT dept FROM staff",
+                            "DROP TABLE people",
+                            "DESCRIBE people",
+                            "SHOW TABLES",
+                            "SHOW BUDGET",
+                            "COPY (SELECT * FROM people) TO 'x.csv' STORED AS CSV",
+                            "INSERT INTO people VALUES (1, 2, 'eng', 3.0, true, 'x')",
+                            "CREATE EXTERNAL TABLE w STORED AS CSV LOCATION '/etc/passwd'",
+                            "PREPARE p AS SELECT dp_count(id, epsilon => $1) FROM people",
+                            "CREATE FUNCTION f(x INT) RETURNS INT RETURN x",
+                            "SELECT * FROM dp_ledger()",
+                            "SELECT * FROM dp_budget()",
+                        ])
+                        .to_string(),
+                );
+                if self.rng.pct(50) {
+                    st.push(
+                        self.rng
+                            .pick(&[
+                                "SELECT dp_count(id, epsilon => 0.1) FROM w",
+                                "SELECT * FROM w",
+                                "EXECUTE p(0.5)",
+                                "SELECT * FROM people",
+                            ])
+                            .to_string(),
+                    );
+                }
+                return st;
+            }
+            _ => {}
+        }
+        let q = self.query();
+        let prefix = match self.rng.below(100) {
+            0..=7 => "EXPLAIN PRIVACY ",
+            8..=10 => "EXPLAIN ",
+            11..=12 => "EXPLAIN ANALYZE ",
+            13 => "EXPLAIN VERBOSE ",
+            _ => "",
+        };
+        st.push(format!("{prefix}{q}"));
+        st
+    }
+}
+
+fn generate(seed: u64) -> Case {
+    let mut rng = Rng(seed);
+    let plant = PLANTS[rng.below(PLANTS.len())];
+    let mut g = Gen {
+        rng: &mut rng,
+        scope: vec![],
+        flags: Flags::default(),
+        plant,
+        wild: false,
+    };
+    g.wild = g.rng.pct(35);
+    let statements = g.case();
+    let flags = g.flags;
+    Case {
+        plant,
+        seed,
+        statements,
+        flags,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Observation and oracle
+// ---------------------------------------------------------------------------------------------
+
+/// EXPLAIN PRIVACY of a statement: its rendered rows and, per table, (cost ε, admitted); or the
+/// error.
+type Explained = Result<(Vec<Vec<String>>, BTreeMap<String, (Option<f64>, bool)>), String>;
+
+/// What an analyst observes of one statement.
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Ok,
+    /// The one fixed message of a failed admitted query.
+    Failed,
+    /// Any other error (a refusal, a planning error): its normalised text.
+    Error(String),
+    Panic(String),
+    Timeout,
+}
+
+#[derive(Debug, Clone)]
+struct Obs {
+    outcome: Outcome,
+    columns: Vec<(String, String)>,
+    rows: Vec<Vec<String>>,
+    /// The charges the statement added to the ledger: (table, ε, δ, events).
+    charges: Vec<(String, f64, f64, String)>,
+    /// Planned scans of private tables.
+    scans: u64,
+    /// EXPLAIN PRIVACY of the statement, run just before it: per table (cost ε, admitted), or
+    /// the error.
+    explain: Option<Explained>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Kind {
+    Panic,
+    Timeout,
+    OutcomeDiffers,
+    MessageDiffers,
+    PlantedLeak,
+    ExplainDiffers,
+    SchemaDiffers,
+    ChargeDiffers,
+    ChargeNotDeclared,
+    RefusedButCharged,
+    RefusedButScanned,
+    ReleasedUncharged,
+    FailedUncharged,
+    GroupsDiffer,
+    OrderDiffers,
+    NoiselessDiffers,
+}
+
+#[derive(Debug, Clone)]
+struct Finding {
+    kind: Kind,
+    /// Which statement of the case (0-based).
+    statement: usize,
+    detail: String,
+}
+
+fn normalise(msg: &str, dirs: &[&Path]) -> String {
+    let mut m = msg.to_string();
+    for d in dirs {
+        m = m.replace(&*d.to_string_lossy(), "<dir>");
+    }
+    m
+}
+
+fn render(batches: &[RecordBatch]) -> (Vec<(String, String)>, Vec<Vec<String>>) {
+    let mut columns = vec![];
+    let mut rows = vec![];
+    if let Some(b) = batches.first() {
+        columns = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| (f.name().clone(), f.data_type().to_string()))
+            .collect();
+    }
+    for b in batches {
+        for r in 0..b.num_rows() {
+            rows.push(
+                b.columns()
+                    .iter()
+                    .map(|c| array_value_to_string(c, r).unwrap_or_else(|e| format!("<{e}>")))
+                    .collect(),
+            );
+        }
+    }
+    (columns, rows)
+}
+
+fn verbose() -> bool {
+    std::env::var("DPFUSION_FUZZ_VERBOSE").is_ok()
+}
+
+/// Runs one statement, catching panics and hangs.
+async fn run_sql(
+    s: &PrivateSession,
+    sql: &str,
+    dirs: &[&Path],
+) -> (Outcome, Vec<(String, String)>, Vec<Vec<String>>) {
+    let fut = std::panic::AssertUnwindSafe(s.sql(sql)).catch_unwind();
+    match tokio::time::timeout(Duration::from_secs(60), fut).await {
+        Err(_) => (Outcome::Timeout, vec![], vec![]),
+        Ok(Err(p)) => {
+            let m = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            (Outcome::Panic(m), vec![], vec![])
+        }
+        Ok(Ok(Ok(r))) => {
+            let (c, rows) = render(&r.batches);
+            let c = if c.is_empty() {
+                r.schema
+                    .fields()
+                    .iter()
+                    .map(|f| (f.name().clone(), f.data_type().to_string()))
+                    .collect()
+            } else {
+                c
+            };
+            (Outcome::Ok, c, rows)
+        }
+        Ok(Ok(Err(e))) => {
+            let m = e.to_string();
+            if m.contains(EXECUTION_FAILED) {
+                (Outcome::Failed, vec![], vec![])
+            } else {
+                (Outcome::Error(normalise(&m, dirs)), vec![], vec![])
+            }
+        }
+    }
+}
+
+fn private_scans(s: &PrivateSession) -> u64 {
+    PRIVATE.iter().map(|t| s.scans(t)).sum()
+}
+
+/// Whether EXPLAIN PRIVACY applies to a statement (a query, not already an EXPLAIN).
+fn explainable(sql: &str) -> bool {
+    let u = sql.trim_start().to_ascii_uppercase();
+    (u.starts_with("SELECT") || u.starts_with("WITH")) && !u.contains("DP_LEDGER")
+}
+
+/// Runs every statement of `case` on one fresh session (D or D′).
+async fn observe(case: &Case, neighbour: bool) -> Vec<Obs> {
+    let (s, dir) = open(case.plant, neighbour, case.seed).await;
+    let dirs = [dir.as_path()];
+    let mut out = vec![];
+    for sql in &case.statements {
+        let explain = if explainable(sql) {
+            let (o, _, rows) = run_sql(&s, &format!("EXPLAIN PRIVACY {sql}"), &dirs).await;
+            Some(match o {
+                Outcome::Ok => {
+                    let mut per_table = BTreeMap::new();
+                    for r in &rows {
+                        // table, release, epsilon, delta, cost_epsilon, spent, remaining, admitted
+                        if r.len() > 7 && r[1].starts_with("total for table") {
+                            per_table.insert(r[0].clone(), (r[4].parse().ok(), r[7] == "true"));
+                        }
+                    }
+                    Ok((rows, per_table))
+                }
+                o => Err(format!("{o:?}")),
+            })
+        } else {
+            None
+        };
+        let ledger_before = s.ledger().len();
+        let scans_before = private_scans(&s);
+        let (outcome, columns, rows) = run_sql(&s, sql, &dirs).await;
+        let charges = s.ledger()[ledger_before..]
+            .iter()
+            .flat_map(|e| e.tables.iter())
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.epsilon,
+                    t.delta,
+                    format!("{:?}", t.events),
+                )
+            })
+            .collect();
+        if verbose() {
+            eprintln!(
+                "[{}] {sql}\n    -> {outcome:?} {} rows",
+                if neighbour { "D'" } else { "D " },
+                rows.len()
+            );
+        }
+        out.push(Obs {
+            outcome,
+            columns,
+            rows,
+            charges,
+            scans: private_scans(&s) - scans_before,
+            explain,
+        });
+    }
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+fn markers(o: &Obs) -> usize {
+    let mut text = String::new();
+    if let Outcome::Error(m) | Outcome::Panic(m) = &o.outcome {
+        text.push_str(m);
+    }
+    for r in &o.rows {
+        for c in r {
+            text.push_str(c);
+            text.push('|');
+        }
+    }
+    if let Some(e) = &o.explain {
+        match e {
+            Ok((rows, _)) => rows.iter().flatten().for_each(|c| {
+                text.push_str(c);
+                text.push('|');
+            }),
+            Err(m) => text.push_str(m),
+        }
+    }
+    let text = text.to_ascii_lowercase();
+    MARKERS.iter().map(|m| text.matches(m).count()).sum()
+}
+
+fn keys(o: &Obs) -> Option<Vec<Vec<String>>> {
+    let idx: Vec<usize> = o
+        .columns
+        .iter()
+        .enumerate()
+        .filter(|(_, (n, _))| {
+            n.len() >= 2 && n.starts_with('k') && n[1..].chars().all(|c| c.is_ascii_digit())
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if idx.is_empty() {
+        return None;
+    }
+    Some(
+        o.rows
+            .iter()
+            .map(|r| idx.iter().map(|&i| r[i].clone()).collect())
+            .collect(),
+    )
+}
+
+fn is_refusal(o: &Outcome) -> bool {
+    matches!(o, Outcome::Error(_))
+}
+
+/// The oracle for one statement observed on D (`a`) and D′ (`b`).
+/// `noise_before`: an earlier statement of the case released noise (a stored result can carry it).
+fn compare(case: &Case, i: usize, a: &Obs, b: &Obs, noise_before: bool, out: &mut Vec<Finding>) {
+    let mut f = |kind: Kind, detail: String| {
+        out.push(Finding {
+            kind,
+            statement: i,
+            detail,
+        })
+    };
+    let sql = &case.statements[i];
+    for (side, o) in [("D", a), ("D'", b)] {
+        match &o.outcome {
+            Outcome::Panic(m) => f(Kind::Panic, format!("{side}: {m}")),
+            Outcome::Timeout => f(Kind::Timeout, side.to_string()),
+            Outcome::Error(m) if m.contains("panicked") => f(Kind::Panic, format!("{side}: {m}")),
+            _ => {}
+        }
+        if is_refusal(&o.outcome) {
+            if !o.charges.is_empty() {
+                f(Kind::RefusedButCharged, format!("{side}: {:?}", o.charges));
+            }
+            if o.scans > 0 {
+                f(
+                    Kind::RefusedButScanned,
+                    format!("{side}: {} scans", o.scans),
+                );
+            }
+        }
+        let plain_explain = {
+            let u = sql.to_ascii_uppercase();
+            u.starts_with("EXPLAIN ") && !u.starts_with("EXPLAIN PRIVACY")
+        };
+        if o.outcome == Outcome::Ok && o.scans > 0 && o.charges.is_empty() && !plain_explain {
+            f(
+                Kind::ReleasedUncharged,
+                format!("{side}: {} private scans, no charge", o.scans),
+            );
+        }
+        if o.outcome == Outcome::Failed && o.charges.is_empty() {
+            f(Kind::FailedUncharged, side.to_string());
+        }
+        // The charge is the declared cost.
+        if !o.charges.is_empty() {
+            match &o.explain {
+                Some(Ok((_, per_table))) => {
+                    for (t, eps, _, _) in &o.charges {
+                        match per_table.get(t) {
+                            Some((Some(c), admitted)) => {
+                                if (c - eps).abs() > 1e-9 * c.abs().max(1.0) || !admitted {
+                                    f(
+                                        Kind::ChargeNotDeclared,
+                                        format!(
+                                            "{side}: {t} charged {eps}, declared {c} (admitted {admitted})"
+                                        ),
+                                    );
+                                }
+                            }
+                            _ => f(
+                                Kind::ChargeNotDeclared,
+                                format!("{side}: {t} charged {eps}, EXPLAIN PRIVACY names no cost"),
+                            ),
+                        }
+                    }
+                }
+                Some(Err(e)) => f(
+                    Kind::ChargeNotDeclared,
+                    format!("{side}: charged, but EXPLAIN PRIVACY gave {e}"),
+                ),
+                None => {}
+            }
+        }
+    }
+    // D against D′.
+    let same_kind = std::mem::discriminant(&a.outcome) == std::mem::discriminant(&b.outcome);
+    if !same_kind {
+        f(
+            Kind::OutcomeDiffers,
+            format!("D: {:?}\nD': {:?}", a.outcome, b.outcome),
+        );
+    } else if let (Outcome::Error(x), Outcome::Error(y)) = (&a.outcome, &b.outcome)
+        && x != y
+    {
+        f(Kind::MessageDiffers, format!("D: {x}\nD': {y}"));
+    }
+    let (ma, mb) = (markers(a), markers(b));
+    if mb > ma {
+        f(
+            Kind::PlantedLeak,
+            format!(
+                "D′ shows {mb} planted markers, D {ma}: {:?} {:?}",
+                b.outcome,
+                b.rows.iter().take(5).collect::<Vec<_>>()
+            ),
+        );
+    }
+    if let (Some(x), Some(y)) = (&a.explain, &b.explain) {
+        let x = x.as_ref().map(|v| &v.0);
+        let y = y.as_ref().map(|v| &v.0);
+        if x != y {
+            f(Kind::ExplainDiffers, format!("D: {x:?}\nD': {y:?}"));
+        }
+    }
+    if a.charges != b.charges {
+        f(
+            Kind::ChargeDiffers,
+            format!("D: {:?}\nD': {:?}", a.charges, b.charges),
+        );
+    }
+    if a.outcome != Outcome::Ok || b.outcome != Outcome::Ok {
+        return;
+    }
+    if a.columns != b.columns {
+        f(
+            Kind::SchemaDiffers,
+            format!("D: {:?}\nD': {:?}", a.columns, b.columns),
+        );
+        return;
+    }
+    let noiseless = a.charges.is_empty() && b.charges.is_empty() && !noise_before;
+    if noiseless && !sql.to_ascii_uppercase().contains("RANDOM()") {
+        // Row order of a result that read no private row is DataFusion's (hash order): compare
+        // as multisets.
+        let (mut ra, mut rb) = (a.rows.clone(), b.rows.clone());
+        ra.sort();
+        rb.sort();
+        if ra != rb {
+            f(
+                Kind::NoiselessDiffers,
+                format!("D: {:?}\nD': {:?}", a.rows, b.rows),
+            );
+        }
+        return;
+    }
+    let selected = a
+        .charges
+        .iter()
+        .chain(&b.charges)
+        .any(|c| c.3.contains("Delta"));
+    let flags = case.flags;
+    if let (Some(ka), Some(kb)) = (keys(a), keys(b)) {
+        if !selected && !flags.noisy_rows {
+            let (sa, sb): (BTreeSet<_>, BTreeSet<_>) = (ka.iter().collect(), kb.iter().collect());
+            if sa != sb {
+                f(Kind::GroupsDiffer, format!("D: {ka:?}\nD': {kb:?}"));
+                return;
+            }
+        }
+        if !flags.noisy_order {
+            let common: BTreeSet<_> = ka.iter().filter(|k| kb.contains(k)).collect();
+            let oa: Vec<_> = ka.iter().filter(|k| common.contains(k)).collect();
+            let ob: Vec<_> = kb.iter().filter(|k| common.contains(k)).collect();
+            if oa != ob {
+                f(Kind::OrderDiffers, format!("D: {ka:?}\nD': {kb:?}"));
+            }
+        }
+    } else if !selected && !flags.noisy_rows && a.rows.len() != b.rows.len() {
+        f(
+            Kind::GroupsDiffer,
+            format!("D: {} rows\nD': {} rows", a.rows.len(), b.rows.len()),
+        );
+    }
+}
+
+/// Runs a case on D and D′ and applies the oracle.
+async fn check(case: &Case) -> Vec<Finding> {
+    check_counting(case, &mut BTreeMap::new()).await
+}
+
+/// [`check`], counting the outcomes on D of the last statement (charged, failed, refused…).
+async fn check_counting(case: &Case, counts: &mut BTreeMap<&'static str, usize>) -> Vec<Finding> {
+    let a = observe(case, false).await;
+    let b = observe(case, true).await;
+    let mut out = vec![];
+    let mut noise_before = false;
+    for i in 0..case.statements.len() {
+        compare(case, i, &a[i], &b[i], noise_before, &mut out);
+        noise_before |= !a[i].charges.is_empty() || !b[i].charges.is_empty();
+    }
+    if let Some(last) = a.last() {
+        let k = match &last.outcome {
+            Outcome::Ok if !last.charges.is_empty() => "charged",
+            Outcome::Ok => "free",
+            Outcome::Failed => "failed",
+            Outcome::Error(_) => "refused",
+            Outcome::Panic(_) => "panic",
+            Outcome::Timeout => "timeout",
+        };
+        *counts.entry(k).or_default() += 1;
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shrinking
+// ---------------------------------------------------------------------------------------------
+
+/// Tokens of a statement: quoted strings, words, numbers and single punctuation characters
+/// (with the whitespace before each kept).
+fn tokens(sql: &str) -> Vec<String> {
+    let mut out = vec![];
+    let cs: Vec<char> = sql.chars().collect();
+    let mut i = 0;
+    while i < cs.len() {
+        let start = i;
+        while i < cs.len() && cs[i].is_whitespace() {
+            i += 1;
+        }
+        if i >= cs.len() {
+            break;
+        }
+        if cs[i] == '\'' || cs[i] == '"' {
+            let q = cs[i];
+            i += 1;
+            while i < cs.len() && cs[i] != q {
+                i += 1;
+            }
+            i = (i + 1).min(cs.len());
+        } else if cs[i].is_alphanumeric() || cs[i] == '_' || cs[i] == '.' {
+            while i < cs.len() && (cs[i].is_alphanumeric() || cs[i] == '_' || cs[i] == '.') {
+                i += 1;
+            }
+        } else if i + 1 < cs.len()
+            && matches!(
+                (cs[i], cs[i + 1]),
+                ('=', '>') | ('<', '>') | ('<', '=') | ('>', '=') | ('|', '|')
+            )
+        {
+            i += 2;
+        } else {
+            i += 1;
+        }
+        out.push(cs[start..i].iter().collect());
+    }
+    out
+}
+
+/// Shrinks the last statement of a failing case by token-level delta debugging (and drops
+/// earlier statements) while a finding of the same kind persists. Bounded in tries and time.
+async fn shrink(case: &Case, kind: Kind) -> Case {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut best = case.clone();
+    let holds = |c: Case| async move { check(&c).await.iter().any(|f| f.kind == kind) };
+    // Earlier statements.
+    let mut i = 0;
+    while i + 1 < best.statements.len() {
+        let mut c = best.clone();
+        c.statements.remove(i);
+        if holds(c.clone()).await {
+            best = c;
+        } else {
+            i += 1;
+        }
+    }
+    let last = best.statements.len() - 1;
+    let mut toks = tokens(&best.statements[last]);
+    let mut chunk = toks.len() / 2;
+    let mut tries = 0;
+    while chunk >= 1 && Instant::now() < deadline && tries < 600 {
+        let mut start = 0;
+        let mut progressed = false;
+        while start < toks.len() && Instant::now() < deadline && tries < 600 {
+            let end = (start + chunk).min(toks.len());
+            let cand: Vec<String> = toks[..start].iter().chain(&toks[end..]).cloned().collect();
+            let sql = cand.concat().trim().to_string();
+            tries += 1;
+            let mut c = best.clone();
+            c.statements[last] = sql;
+            if !c.statements[last].is_empty() && holds(c.clone()).await {
+                best = c;
+                toks = cand;
+                progressed = true;
+            } else {
+                start += chunk;
+            }
+        }
+        if !progressed {
+            chunk /= 2;
+        }
+    }
+    best
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driver
+// ---------------------------------------------------------------------------------------------
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// The default (CI) number of cases.
+const CI_CASES: u64 = 1500;
+const CI_SEED: u64 = 0x26_f022;
+
+fn report_case(case: &Case, f: &Finding) -> String {
+    format!(
+        "-- {:?} (plant {:?}, seed {}): {}\n{}\n",
+        f.kind,
+        case.plant,
+        case.seed,
+        f.detail.replace('\n', "\n--   "),
+        case.statements.join(";\n")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_fuzz() {
+    let minutes = env_u64("DPFUSION_FUZZ_MINUTES");
+    let seed = env_u64("DPFUSION_FUZZ_SEED").unwrap_or(CI_SEED);
+    let cases = env_u64("DPFUSION_FUZZ_CASES").unwrap_or(if minutes.is_some() {
+        u64::MAX
+    } else {
+        CI_CASES
+    });
+    let until = minutes.map(|m| Instant::now() + Duration::from_secs(60 * m));
+    let current = std::env::var("DPFUSION_FUZZ_CURRENT").ok();
+    let shrink_open = std::env::var("DPFUSION_FUZZ_SHRINK_OPEN").is_ok();
+    let start = Instant::now();
+    let mut rng = Rng(seed);
+    let mut new: Vec<String> = vec![];
+    let mut new_kinds: BTreeSet<(Kind, usize)> = BTreeSet::new();
+    let mut open_counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut open_examples: BTreeMap<&str, String> = BTreeMap::new();
+    let mut outcomes: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut n = 0u64;
+    while n < cases && until.is_none_or(|u| Instant::now() < u) {
+        let case = generate(rng.next());
+        n += 1;
+        if let Some(p) = &current {
+            // The case under way, for a process abort (no catch is possible).
+            let _ = std::fs::write(
+                p,
+                report_case(
+                    &case,
+                    &Finding {
+                        kind: Kind::Panic,
+                        statement: 0,
+                        detail: "running".into(),
+                    },
+                ),
+            );
+        }
+        let findings = check_counting(&case, &mut outcomes).await;
+        if !findings.is_empty() {
+            *outcomes.entry("with findings").or_default() += 1;
+        }
+        for f in &findings {
+            if let Some(class) = open_class(&case, f) {
+                *open_counts.entry(class).or_default() += 1;
+                if !open_examples.contains_key(class) {
+                    // Long mode: shrink the first example of each open class too.
+                    let example = if shrink_open {
+                        shrink(&case, f.kind).await
+                    } else {
+                        case.clone()
+                    };
+                    open_examples.insert(class, report_case(&example, f));
+                }
+                continue;
+            }
+            // One shrunk example per kind and statement shape.
+            if !new_kinds.insert((f.kind, case.statements.len())) && new.len() >= 3 {
+                continue;
+            }
+            let small = shrink(&case, f.kind).await;
+            let text = report_case(&small, f);
+            eprintln!("NEW FINDING\n{text}");
+            new.push(text);
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    eprintln!(
+        "fuzz: seed {seed}, {n} cases in {elapsed:.1} s ({:.0} cases/min), {outcomes:?}",
+        n as f64 * 60.0 / elapsed
+    );
+    for (class, c) in &open_counts {
+        let reason = KNOWN_OPEN
+            .iter()
+            .find(|o| o.class == *class)
+            .map(|o| o.reason)
+            .unwrap_or_default();
+        eprintln!(
+            "known open {class} ({reason}): {c} findings, e.g.\n{}",
+            open_examples[class]
+        );
+    }
+    if !new.is_empty() {
+        let out = std::env::var("DPFUSION_FUZZ_OUT")
+            .unwrap_or_else(|_| format!("{}/target/fuzz-findings.sql", env!("CARGO_MANIFEST_DIR")));
+        let _ = std::fs::write(&out, new.join("\n"));
+        panic!(
+            "{} new findings (written to {out}):\n{}",
+            new.len(),
+            new.join("\n")
+        );
+    }
+}
+
+/// The flags of a query read back from its text (regression lines carry no generator state).
+fn infer_flags(statements: &[String]) -> Flags {
+    let u = statements.join(" ").to_ascii_uppercase();
+    let noisy_order =
+        u.contains("ORDER BY V") || u.contains("OVER (ORDER BY V") || u.contains("UNION");
+    Flags {
+        noisy_order,
+        noisy_rows: noisy_order
+            || u.contains("HAVING")
+            || u.contains("LIMIT")
+            || u.contains("OFFSET")
+            || u.contains("WHERE R.V"),
+    }
+}
+
+/// Splits a regression line into statements (`;` outside quotes).
+fn split_statements(line: &str) -> Vec<String> {
+    let mut out = vec![];
+    let mut cur = String::new();
+    let mut quote = None;
+    for c in line.chars() {
+        match (quote, c) {
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            (None, ';') => {
+                out.push(std::mem::take(&mut cur).trim().to_string());
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    out.push(cur.trim().to_string());
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+/// Every shrunk case of `tests/data/fuzz_regressions.sql` (one per line, statements separated by
+/// `;`), under every planted neighbour: no finding outside [`KNOWN_OPEN`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regressions_replay() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz_regressions.sql");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut failures = vec![];
+    let mut open = 0;
+    let mut lines = 0;
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with("--") {
+            continue;
+        }
+        lines += 1;
+        for &plant in PLANTS {
+            let statements = split_statements(line);
+            let case = Case {
+                plant,
+                seed: 1,
+                flags: infer_flags(&statements),
+                statements,
+            };
+            for f in check(&case).await {
+                if open_class(&case, &f).is_some() {
+                    open += 1;
+                } else {
+                    failures.push(report_case(&case, &f));
+                }
+            }
+        }
+    }
+    eprintln!("regressions: {lines} cases, {open} findings of known open classes");
+    assert!(lines > 0);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -81,6 +81,45 @@ pub fn all_udafs() -> Vec<AggregateUDF> {
     registry::AGGREGATES.iter().map(|a| (a.udaf)()).collect()
 }
 
+/// INSECURE, for reproducible tests only: every dpfusion DP aggregate, as [`all_udafs`], but
+/// drawing its noise from a generator seeded with `seed` instead of the operating system. Reached
+/// only through the Rust API (`SessionOptions::with_insecure_noise_seed`), never from SQL, the
+/// CLI, the catalog or the server.
+pub fn all_udafs_insecure_seeded(seed: u64) -> Vec<AggregateUDF> {
+    registry::AGGREGATES
+        .iter()
+        .map(|a| insecure_seeded(a.name, seed).unwrap_or_else(|| (a.udaf)()))
+        .collect()
+}
+
+/// The UDAF `name` with a fixed noise seed (`None`: no such aggregate).
+fn insecure_seeded(name: &str, seed: u64) -> Option<AggregateUDF> {
+    use interval::DpCiUdaf;
+    let u = match name {
+        "dp_count" => DpCount::with_insecure_seed(seed).into(),
+        "dp_count_distinct" => DpCountDistinct::with_insecure_seed(seed).into(),
+        "dp_sum" => DpSum::with_insecure_seed(seed).into(),
+        "dp_mean" => DpMean::with_insecure_seed(seed).into(),
+        "dp_variance" => DpVariance::with_insecure_seed(seed).into(),
+        "dp_stddev" => DpStddev::with_insecure_seed(seed).into(),
+        "dp_partition_select" => DpPartitionSelect::with_insecure_seed(seed).into(),
+        "dp_count_ci" => DpCiUdaf::<CountParams>::with_insecure_seed(seed).into(),
+        "dp_count_distinct_ci" => DpCiUdaf::<CountDistinctParams>::with_insecure_seed(seed).into(),
+        "dp_sum_ci" => DpCiUdaf::<SumParams>::with_insecure_seed(seed).into(),
+        "dp_mean_ci" => DpCiUdaf::<MeanParams>::with_insecure_seed(seed).into(),
+        "dp_variance_ci" => DpCiUdaf::<VarianceParams>::with_insecure_seed(seed).into(),
+        "dp_stddev_ci" => DpCiUdaf::<StddevParams>::with_insecure_seed(seed).into(),
+        "dp_quantile" => DpQuantileUdaf::with_insecure_seed(QuantileKind::Quantile, seed).into(),
+        "dp_median" => DpQuantileUdaf::with_insecure_seed(QuantileKind::Median, seed).into(),
+        "dp_quantiles" => DpQuantileUdaf::with_insecure_seed(QuantileKind::Quantiles, seed).into(),
+        "dp_linreg_gd" => DpLinregGd::with_insecure_seed(seed).into(),
+        "dp_logreg_agd" => DpLogregAgd::with_insecure_seed(seed).into(),
+        "rgm_mean_by" => RgmMeanBy::with_insecure_seed(seed).into(),
+        _ => return None,
+    };
+    Some(u)
+}
+
 /// How many leading data arguments a dpfusion DP aggregate takes (`None`: not one).
 pub fn dp_aggregate_data_args(name: &str) -> Option<usize> {
     registry::get(name).map(|a| a.data.len())

@@ -2287,3 +2287,15 @@ fn groups_fused_pass_equals_per_field_passes() {
         }
     }
 }
+
+/// The insecure seeded set covers every declared aggregate, under its own name, and differs from
+/// the secure one (a seeded UDAF never equals an unseeded one).
+#[test]
+fn every_aggregate_has_an_insecure_seeded_form() {
+    for a in registry::AGGREGATES {
+        let seeded = insecure_seeded(a.name, 7).unwrap_or_else(|| panic!("{} unseeded", a.name));
+        assert_eq!(seeded.name(), a.name);
+        assert_ne!(seeded, (a.udaf)(), "{}", a.name);
+    }
+    assert_eq!(all_udafs_insecure_seeded(7).len(), all_udafs().len());
+}

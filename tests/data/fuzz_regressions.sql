@@ -1,0 +1,32 @@
+-- Shrunk cases of the differential fuzzer (tests/fuzz.rs), replayed by `regressions_replay`
+-- under every planted neighbour (D and D′ must not differ except in the noise). One case per
+-- line; several statements of a case are separated by `;`. A comment above a case names the
+-- class it found; classes still open are listed in KNOWN_OPEN in tests/fuzz.rs.
+--
+-- Coverage kept from the older, non-differential fuzzer (issue 10).
+SELECT dp_count(age, 0.5) FROM people GROUP BY dept HAVING 1 = 1
+SELECT dp_mean(salary, lower => 0, upper => 100000, epsilon => 0.5) FROM people WHERE salary > (SELECT 1)
+SELECT dp_count(DISTINCT age, 0.5) FROM people
+SELECT dp_count(age, 0.5) OVER () FROM people
+SELECT dp_sum(salary, 0, 1e300, 1) FROM staff GROUP BY dept
+CREATE TABLE r0 AS SELECT dp_count(id, 0.5) AS v0 FROM people; SELECT * FROM r0
+SELECT dp_count(id, 0.5) FROM people p JOIN depts d ON p.dept = d.dept
+SELECT dp_count(id, 0.5) FROM (SELECT * FROM people LIMIT 3) t
+SELECT dp_count(id, 0.5) FROM people, depts
+EXPLAIN ANALYZE SELECT dp_count(id, 0.5) FROM people
+--
+-- Found by the differential fuzzer on the code of issue 26 (open classes: KNOWN_OPEN).
+-- release_order (issue 26 class 6): released groups come in hash aggregation's first-seen order;
+-- D′ (one more 'eng' row, first) gives another order.
+SELECT dept AS k0, dp_count(id, epsilon => 0.5) AS v0 FROM people GROUP BY dept
+SELECT r.dept AS k0, dp_stddev_ci(t.salary, -10, 1000000, epsilon => 0.5)['stddev'] AS v0 FROM staff t JOIN depts r ON t.dept = r.dept AND t.dept <> 'ZQXPLANT' GROUP BY r.dept
+-- subquery_unseen (issue 26 class 1): a raw subquery over a private table in a join key runs
+-- with the public side before admission; its error (all names) is printed, a scan is planned.
+SELECT dp_count(id, epsilon => 0.5) AS v0 FROM people p JOIN (VALUES (1),(2)) v(k) ON p.id = v.k + (SELECT CAST(string_agg(name, ',') AS BIGINT) FROM people)
+SELECT t.name AS k0, dp_count(t.name, epsilon => 0.25) AS v0 FROM depts r RIGHT JOIN people t ON t.age = r.floor + (SELECT max(age) FROM staff) GROUP BY t.name
+-- (shrunk by the fuzzer from a 300-character case: a raw multi-row subquery runs before admission)
+SELECT dp_count_ci(t.id, 1, mechanism => 'gaussian') FROM people t JOIN depts r ON t.age = r.floor + (SELECT 1 /(age) FROM people) ORDER BY 1
+-- outer_join_private_on (issue 26 class 3): a private condition in a LEFT JOIN's ON under
+-- `replace`: the NULL-extended group set is released without partition selection; D′ (the
+-- changed row is 'ZQXPLANT') releases group 'eng', D does not.
+SELECT r.dept AS k0, dp_count(t.id, epsilon => 0.5) AS v0 FROM staff t LEFT JOIN depts r ON t.dept = r.dept AND t.name = 'ZQXPLANT' GROUP BY r.dept
