@@ -529,20 +529,29 @@ fn write_head(path: &Path, st: &State) -> Result<(), AccountingError> {
         lines: st.lines,
         hash: hex(last),
     };
-    let hp = head_path(path);
-    let tmp = sibling(path, ".head.tmp");
-    let mut text = serde_json::to_string(&head).map_err(|e| other(path, e.to_string()))?;
+    replace_json(path, &head, &sibling(path, ".head.tmp"), &head_path(path))
+}
+
+/// Replaces `target` with `value` as one JSON line: written to `tmp`, fsync'd, then renamed over
+/// `target` (the sidecar and the witness are written so; `path` is the ledger, for errors).
+fn replace_json(
+    path: &Path,
+    value: &impl Serialize,
+    tmp: &Path,
+    target: &Path,
+) -> Result<(), AccountingError> {
+    let mut text = serde_json::to_string(value).map_err(|e| other(path, e.to_string()))?;
     text.push('\n');
     let mut f = private_options()
         .write(true)
         .create(true)
         .truncate(true)
-        .open(&tmp)
-        .map_err(io_error(&tmp))?;
+        .open(tmp)
+        .map_err(io_error(tmp))?;
     f.write_all(text.as_bytes())
         .and_then(|()| f.sync_all())
-        .map_err(io_error(&tmp))?;
-    fs::rename(&tmp, &hp).map_err(io_error(&hp))
+        .map_err(io_error(tmp))?;
+    fs::rename(tmp, target).map_err(io_error(target))
 }
 
 fn read_witness(path: &Path, wp: &Path) -> Result<Option<Witness>, AccountingError> {
@@ -597,19 +606,7 @@ fn write_witness(path: &Path, wp: &Path, st: &State) -> Result<(), AccountingErr
         hash: hex(last),
     };
     make_witness_dir(wp)?;
-    let tmp = sibling(wp, ".tmp");
-    let mut text = serde_json::to_string(&w).map_err(|e| other(path, e.to_string()))?;
-    text.push('\n');
-    let mut f = private_options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(io_error(&tmp))?;
-    f.write_all(text.as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(io_error(&tmp))?;
-    fs::rename(&tmp, wp).map_err(io_error(wp))?;
+    replace_json(path, &w, &sibling(wp, ".tmp"), wp)?;
     if let Some(dir) = wp.parent().filter(|d| !d.as_os_str().is_empty())
         && let Ok(d) = File::open(dir)
     {

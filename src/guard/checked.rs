@@ -62,8 +62,8 @@ use super::table::{GuardedTable, TableInfo};
 use super::units::{GK, R1, R2, UNIT};
 use super::{
     DpCall, GuardOptions, PARTITION_SELECT, aggregate_function, any_private_table, construct_name,
-    explain_refusal, fragment, is_dp_aggregate, is_dp_function, raw_private_table, refuse,
-    table_info, total, unknown_table,
+    explain_refusal, fragment, is_dp_aggregate, is_dp_function, is_statement_node,
+    raw_private_table, refuse, table_info, total, unknown_table,
 };
 
 /// A plan the guard checked, with the DP calls it makes: the only thing dpfusion executes. Built
@@ -366,12 +366,7 @@ fn audit_node(plan: &LogicalPlan) -> Result<()> {
                 )));
             }
         }
-        LogicalPlan::Extension(_)
-        | LogicalPlan::Dml(_)
-        | LogicalPlan::Ddl(_)
-        | LogicalPlan::Copy(_)
-        | LogicalPlan::Statement(_)
-        | LogicalPlan::DescribeTable(_) => {
+        p if is_statement_node(p) => {
             return Err(audit_refusal(format_args!(
                 "{} inside a query",
                 plan.display()

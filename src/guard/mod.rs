@@ -261,6 +261,20 @@ fn uses_dp_function(e: &Expr) -> bool {
     found
 }
 
+/// A node that is a statement of its own, never part of a query: refused inside one (by the
+/// guard's walk and again by the final audit).
+pub(crate) fn is_statement_node(plan: &LogicalPlan) -> bool {
+    matches!(
+        plan,
+        LogicalPlan::Extension(_)
+            | LogicalPlan::Dml(_)
+            | LogicalPlan::Ddl(_)
+            | LogicalPlan::Copy(_)
+            | LogicalPlan::Statement(_)
+            | LogicalPlan::DescribeTable(_)
+    )
+}
+
 /// The whole plan, top-down. A node that reads no private row other than through a DP aggregate
 /// is post-processing or public and may be anything DataFusion plans; its subqueries and inputs
 /// are visited in turn. A DP aggregate over private rows goes through [`rewrite_dp_aggregate`],
@@ -342,12 +356,7 @@ fn visit(plan: LogicalPlan, cx: &mut Cx) -> Result<LogicalPlan> {
                 return Err(explain_refusal(&t.name));
             }
         }
-        LogicalPlan::Extension(_)
-        | LogicalPlan::Dml(_)
-        | LogicalPlan::Ddl(_)
-        | LogicalPlan::Copy(_)
-        | LogicalPlan::Statement(_)
-        | LogicalPlan::DescribeTable(_) => {
+        p if is_statement_node(p) => {
             return Err(refuse(format!(
                 "{} is not allowed inside a query",
                 plan.display()
