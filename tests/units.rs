@@ -688,6 +688,10 @@ async fn keys_equal_for_the_join_are_duplicates() {
         "SELECT dp_count(t.unit, epsilon => 1) FROM t JOIN zeros z ON t.amount = z.k",
         "SELECT dp_count(t.unit, epsilon => 1) FROM t JOIN nans z ON t.amount = z.k",
         "SELECT dp_count(t.unit, epsilon => 1) FROM t JOIN big z ON t.amount = z.k",
+        // The same public key twice (found by the fuzzer: the duplicate check's aggregate keeps
+        // it once, and the message read the count from the wrong column and panicked).
+        "SELECT dp_count(t.unit, epsilon => 1) FROM t JOIN zeros z ON t.amount = z.k \
+         AND t.unit = z.k",
     ] {
         let e = s.sql(sql).await.unwrap_err().to_string();
         assert!(e.contains("is not unique in the public side"), "{sql}: {e}");

@@ -278,8 +278,10 @@ async fn settle(
                 datafusion::arrow::util::display::array_value_to_string(b.column(k), 0)
                     .unwrap_or_default()
             };
+            // The keys' columns, then the count (the aggregate keeps a key written twice once).
+            let n = b.num_columns() - 1;
             let keys: Vec<String> = side.keys.iter().map(|k| k.to_string()).collect();
-            let values: Vec<String> = (0..side.keys.len()).map(show).collect();
+            let values: Vec<String> = (0..n).map(show).collect();
             return Err(refuse(format!(
                 "the join key ({}) is not unique in the public side joined with private table \
                  '{}': ({}) appears {} times, so a private row would count once per match. Join \
@@ -288,7 +290,7 @@ async fn settle(
                 keys.join(", "),
                 side.private_table,
                 values.join(", "),
-                show(side.keys.len())
+                show(n)
             )));
         }
         replacements.push((side.plan.clone(), rows));
