@@ -370,3 +370,86 @@ async fn a_fit_past_the_memory_limit_fails_with_the_fixed_message() {
     );
     assert_eq!(s.budget()[0].queries, 1, "the charge stands");
 }
+
+/// Issue 28: a feature list of bare columns is bounded by the schema, not by the query. A table
+/// of 52 features (IPUMS-BR's width) fits through SQL with both models; a list past
+/// `FEATURE_WIDTH` and a wide list of computed expressions stay refused, charging nothing.
+#[tokio::test]
+async fn models_of_52_features_fit_through_sql() {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    const WIDTH: usize = 52;
+    let dir = temp_dir("wide");
+    let s = session(&dir).await;
+    let n = 2_000usize;
+    // x_j(i) in [-1, 1] from a fixed hash; y = 1 when x0 + x1 > 0 (the label), t = x0 − x1.
+    let x = |i: usize, j: usize| {
+        let h = (i as u64 * 0x9e37_79b9 + j as u64 * 0x85eb_ca6b) % 2_001;
+        h as f64 / 1_000.0 - 1.0
+    };
+    let mut fields = vec![
+        Field::new("y", DataType::Int64, false),
+        Field::new("t", DataType::Float64, false),
+    ];
+    let mut cols: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from_iter_values(
+            (0..n).map(|i| i64::from(x(i, 0) + x(i, 1) > 0.0)),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            (0..n).map(|i| x(i, 0) - x(i, 1)),
+        )),
+    ];
+    for j in 0..WIDTH {
+        fields.push(Field::new(format!("x{j}"), DataType::Float64, false));
+        cols.push(Arc::new(Float64Array::from_iter_values(
+            (0..n).map(|i| x(i, j)),
+        )));
+    }
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
+    // dp_logreg_agd's zCDP steps: a table accounted with the rdp filter.
+    let rdp = Registration::private().filter(dpfusion::accounting::FilterKind::Rdp { order: None });
+    s.register_batches("wide", vec![batch], rdp).unwrap();
+    let list = |k: usize| {
+        (0..k)
+            .map(|j| format!("x{}", j % WIDTH))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let features = format!("[{}]", list(WIDTH));
+    for (sql, fit) in [
+        (
+            format!("SELECT dp_logreg_agd(y, {features}, epsilon => 1.6) FROM wide"),
+            "dp_logreg_agd",
+        ),
+        (
+            format!(
+                "SELECT dp_linreg_gd(t, make_array({}), epsilon => 1, iterations => 20) FROM wide",
+                list(WIDTH)
+            ),
+            "dp_linreg_gd",
+        ),
+    ] {
+        let before = s.ledger().len();
+        let r = s.sql(&sql).await.unwrap_or_else(|e| panic!("{fit}: {e}"));
+        let m = Model::from_struct_array(r.batches[0].column(0).as_struct(), 0).unwrap();
+        assert_eq!(m.coefficients.len(), WIDTH, "{fit}");
+        assert_eq!(s.ledger().len(), before + 1, "{fit}: charged once");
+    }
+    // Past the width, and a wide list of computed expressions: refused, nothing charged.
+    let before = s.ledger().len();
+    let too_wide = format!(
+        "SELECT dp_logreg_agd(y, [{}], epsilon => 1) FROM wide",
+        list(1025)
+    );
+    let e = s.sql(&too_wide).await.unwrap_err().to_string();
+    assert!(e.contains("feature list of 1025 columns"), "{e}");
+    let computed = format!(
+        "SELECT dp_logreg_agd(y, [{}], epsilon => 1) FROM wide",
+        (0..40)
+            .map(|j| format!("x{j} * 2"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let e = s.sql(&computed).await.unwrap_err().to_string();
+    assert!(e.contains("column references"), "{e}");
+    assert_eq!(s.ledger().len(), before);
+}

@@ -255,6 +255,35 @@ pub const LIMITS: Limits = Limits {
     constant_bytes: 16 * 1024,
 };
 
+/// The most items of a feature list of bare columns (`[x0, …, xN]`, `make_array(…)`,
+/// `make_list(…)`) over private rows. Its value takes the items' fixed widths per row (8 KiB for
+/// 1,024 `DOUBLE`s), which the typed check bounds like any other expression's.
+pub const FEATURE_WIDTH: usize = 1024;
+
+/// The width of `e` if it is a feature list of bare columns: `make_array`/`make_list` whose every
+/// item is a column, or a column cast to a fixed-width scalar (the casts type coercion adds, or
+/// their total form). Such a list copies each cell of its row once, so its size is bounded by the
+/// schema, whatever its width.
+pub fn bare_feature_list(e: &Expr) -> Option<usize> {
+    let Expr::ScalarFunction(f) = e else {
+        return None;
+    };
+    if !matches!(f.func.name(), "make_array" | "make_list") || f.args.is_empty() {
+        return None;
+    }
+    let bare = |a: &Expr| match a {
+        Expr::Column(_) => true,
+        Expr::Cast(c) => {
+            matches!(c.expr.as_ref(), Expr::Column(_)) && fixed_scalar(c.field.data_type())
+        }
+        Expr::TryCast(c) => {
+            matches!(c.expr.as_ref(), Expr::Column(_)) && fixed_scalar(c.field.data_type())
+        }
+        _ => false,
+    };
+    f.args.iter().all(bare).then_some(f.args.len())
+}
+
 /// Binary operators allowed over private rows (all total once wrapped, constant cost per row,
 /// output no larger than the operands). Regular expressions only with a literal pattern.
 pub fn operator_ok(op: &Operator, right: &Expr) -> bool {
@@ -318,6 +347,18 @@ pub fn check_expr(e: &Expr) -> Option<String> {
     });
     let _ = e.apply(|x| {
         nodes += 1;
+        // A feature list of bare columns is bounded by the schema, not by the query: one node
+        // and one column reference, up to FEATURE_WIDTH items (issue 28).
+        if let Some(width) = bare_feature_list(x) {
+            if width > FEATURE_WIDTH {
+                why = Some(format!(
+                    "a feature list of {width} columns (at most {FEATURE_WIDTH} over private rows)"
+                ));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            columns += 1;
+            return Ok(TreeNodeRecursion::Jump);
+        }
         let bad: Option<String> = match x {
             Expr::Column(_) => {
                 columns += 1;
