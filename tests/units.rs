@@ -697,3 +697,30 @@ async fn keys_equal_for_the_join_are_duplicates() {
         assert!(e.contains("is not unique in the public side"), "{sql}: {e}");
     }
 }
+
+/// Issue 28: several calls on the same value of a unit table — two `dp_sum`s, or `dp_sum` beside
+/// `dp_sum_ci`, the natural way to get a value and its error bars — share one bounding window
+/// (DataFusion refused two window expressions of the same name: "Windows require unique
+/// expression names"); calls on different values or FILTERs keep their own.
+#[tokio::test]
+async fn several_sums_of_one_value_on_a_unit_table() {
+    let s = session("units-many-sums").await;
+    let rows: Vec<(i64, i64, f64)> = (0..300).map(|i| (i % 3, i % 50, (i % 7) as f64)).collect();
+    s.register_batches("t", vec![batch(&rows)], unit_level())
+        .unwrap();
+    for sql in [
+        "SELECT dp_sum(amount, 0, 10, epsilon => 1) AS a, dp_sum(amount, 0, 10, epsilon => 1) AS b \
+         FROM t",
+        "SELECT g, dp_sum(amount, 0, 10, epsilon => 1) AS a, \
+         dp_sum_ci(amount, 0, 10, epsilon => 1)['lower'] AS lo FROM t GROUP BY g",
+        "SELECT dp_sum(amount, 0, 10, epsilon => 1) AS a, \
+         dp_sum(amount, 0, 10, epsilon => 1) FILTER (WHERE g = 1) AS b, \
+         dp_sum(amount * 2, 0, 10, epsilon => 1) AS c, dp_mean(amount, 0, 10, epsilon => 1) AS d \
+         FROM t",
+    ] {
+        // Admitted and run (the grouped query's groups may all fall below the selection
+        // threshold: 50 units, one group each).
+        let r = s.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert!(r.receipt.is_some(), "{sql}: charged");
+    }
+}

@@ -271,7 +271,6 @@ impl Bounding {
                     Some(f) => when(f, value).end()?,
                     None => value,
                 };
-                let name = format!("{TOTAL}{}", self.totals.len());
                 let total = Expr::WindowFunction(Box::new(WindowFunction::new(
                     WindowFunctionDefinition::AggregateUDF(
                         datafusion::functions_aggregate::sum::sum_udaf(),
@@ -280,7 +279,17 @@ impl Bounding {
                 )))
                 .partition_by(self.unit_and_groups())
                 .build()?;
-                self.totals.push((total, name.clone()));
+                // Calls on the same value and FILTER (dp_sum beside dp_sum_ci, say) share one
+                // window: the same per-unit totals, each call drawing its own noise. (A window
+                // plan refuses two expressions of the same name.)
+                let name = match self.totals.iter().find(|(e, _)| e == &total) {
+                    Some((_, name)) => name.clone(),
+                    None => {
+                        let name = format!("{TOTAL}{}", self.totals.len());
+                        self.totals.push((total, name.clone()));
+                        name
+                    }
+                };
                 (vec![col(name)], Some(first_row_of_unit()))
             }
             Contribution::Once => (args, Some(first_row_of_unit())),
