@@ -201,7 +201,7 @@ fn concurrent_processes_on_one_ledger_never_overspend() {
 
 mod server_kill {
     use std::collections::HashMap;
-    use std::io::{BufRead, BufReader};
+
     use std::net::SocketAddr;
     use std::path::Path;
     use std::process::{Command, Stdio};
@@ -229,28 +229,7 @@ mod server_kill {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(l)) = lines.next() {
-                let _ = tx.send(l);
-            }
-            for _ in lines {}
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| {
-                let _ = child.kill();
-                panic!("the server did not start")
-            });
-        let addr = line
-            .split("://")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .parse()
-            .unwrap();
+        let addr = crate::common::server_address(&mut child, Duration::from_secs(30));
         (child, addr)
     }
 

@@ -3,7 +3,6 @@
 //! Flight SQL driver (Python, tests/serve_client.py).
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -150,33 +149,7 @@ fn start_with(
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(l)) = lines.next() {
-            let _ = tx.send(l);
-        }
-        for _ in lines {} // keep the pipe drained
-    });
-    let line = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(l) => l,
-        Err(_) => {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "the server did not start: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    };
-    let addr = line
-        .split("://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .parse()
-        .unwrap();
+    let addr = common::server_address(&mut child, Duration::from_secs(60));
     Server {
         child,
         addr,

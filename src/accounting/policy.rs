@@ -272,26 +272,14 @@ pub(super) fn relaxation_note(reason: &str, changes: &[Change]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Budget, DEFAULT_DELTA_SHARE, PrivacyUnit, TableKey};
+    use super::super::PrivacyUnit;
     use super::*;
 
+    /// The shared test policy, with `replace` neighbours.
     fn policy() -> TablePolicy {
         TablePolicy {
-            key: TableKey::from("demo:t"),
-            name: "t".into(),
-            visibility: Visibility::Private,
             neighbours: Neighbours::Replace,
-            public_columns: Vec::new(),
-            budget: Budget {
-                epsilon: 1.0,
-                delta: 1e-6,
-            },
-            filter: FilterKind::Gdp,
-            delta_share: DEFAULT_DELTA_SHARE,
-            schema: None,
-            format: None,
-            relaxed: None,
-            unit: None,
+            ..super::super::tests::private("demo:t", "t", 1.0)
         }
     }
 

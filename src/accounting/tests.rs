@@ -18,7 +18,8 @@ fn temp_ledger() -> PathBuf {
     dir.join("sub").join("ledger.jsonl")
 }
 
-fn private(key: &str, name: &str, epsilon: f64) -> TablePolicy {
+/// A private add/remove policy with a gdp filter (shared with the policy module's tests).
+pub(super) fn private(key: &str, name: &str, epsilon: f64) -> TablePolicy {
     TablePolicy {
         key: TableKey::from(key),
         name: name.to_string(),

@@ -39,3 +39,37 @@ pub fn lines(path: &std::path::Path) -> Vec<String> {
 pub fn purchases_csv() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/purchases.csv")
 }
+
+/// The address a `dpfusion serve` child prints on its first line (`… grpc://ADDR …`), waited for
+/// at most `wait`; its stdout stays drained. Kills the child and panics (with its stderr when
+/// piped) if it does not start.
+pub fn server_address(
+    child: &mut std::process::Child,
+    wait: std::time::Duration,
+) -> std::net::SocketAddr {
+    use std::io::{BufRead, BufReader, Read};
+    let stdout = child.stdout.take().expect("the server's stdout is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(l)) = lines.next() {
+            let _ = tx.send(l);
+        }
+        for _ in lines {} // keep the pipe drained
+    });
+    let Ok(line) = rx.recv_timeout(wait) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        panic!("the server did not start: {err}");
+    };
+    line.split("://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .parse()
+        .unwrap()
+}
