@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The differential fuzzer's long mode (tests/fuzz.rs): run before each release.
+# The differential fuzzer's long mode (tests/it/fuzz.rs): run before each release.
 #   scripts/fuzz.sh --minutes N [--seed S]
 # Runs the same test binary as CI for N minutes from seed S (default: the time), and writes the
 # shrunk new findings to target/fuzz-findings.sql (kept cases go to
@@ -24,7 +24,7 @@ echo "fuzzing for $minutes minute(s) from seed $seed"
 DPFUSION_FUZZ_MINUTES="$minutes" DPFUSION_FUZZ_SEED="$seed" DPFUSION_FUZZ_SHRINK_OPEN=1 \
 DPFUSION_FUZZ_OUT="${DPFUSION_FUZZ_OUT:-$target/fuzz-findings.sql}" \
 DPFUSION_FUZZ_CURRENT="$target/fuzz-current.sql" \
-    cargo test --test fuzz -- differential_fuzz --nocapture || {
+    cargo test --test it -- fuzz::differential_fuzz --nocapture || {
     status=$?
     echo "the fuzzer failed (status $status); the case under way: $target/fuzz-current.sql" >&2
     exit $status

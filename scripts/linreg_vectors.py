@@ -2,7 +2,7 @@
 """Test vectors for dp_linreg_gd's calibration (issue 6), computed independently of the Rust code.
 
 Writes JSON to stdout; the committed output is udfs/tests/data/linreg_vectors.json, read by
-udfs/tests/linreg.rs.
+udfs/tests/it/linreg.rs.
 
     scripts/setup-venv.sh            # or: python3 -m venv .venv && .venv/bin/pip install dp-accounting
     .venv/bin/python scripts/linreg_vectors.py > udfs/tests/data/linreg_vectors.json
@@ -19,7 +19,7 @@ udfs/tests/linreg.rs.
     pld_epsilon at delta, which must be <= eps and close to it.
 
 'rgm' mechanism: dp-accounting has no relative Gaussian mechanism, so the RDP curve of
-rgm.md eq. (5*) is implemented again here, composed T times, and converted to (eps, delta) with
+docs/research/rgm.md eq. (5*) is implemented again here, composed T times, and converted to (eps, delta) with
 the conversion of Canonne, Kamath and Steinke 2020 (Prop. 12), minimised over alpha with a fine
 grid plus golden-section refinement (the Rust accountant minimises over its fixed 901-order grid,
 so its epsilon is >= this one by at most ~1e-4 relative). sigma is found by bisection.
@@ -64,7 +64,7 @@ def gaussian_case(eps, delta, T, neighbours):
 
 
 def rgm_rdp(alpha, sigma, gamma, d):
-    """rgm.md eq. (5*): tight RDP of one RGM call; +inf beyond the order cap."""
+    """docs/research/rgm.md eq. (5*): tight RDP of one RGM call; +inf beyond the order cap."""
     u = gamma * (2.0 + gamma)
     am1 = alpha - 1.0
     if am1 * u >= 1.0:

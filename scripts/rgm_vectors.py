@@ -2,7 +2,7 @@
 """Test vectors for rgm_mean_by's accountant (issue 5), from the reference accountant.
 
 Writes JSON to stdout; the committed output is udfs/tests/data/rgm_vectors.json, read by
-udfs/tests/rgm.rs, which checks that the Rust port of the reference (Mironov conversion on the
+udfs/tests/it/rgm.rs, which checks that the Rust port of the reference (Mironov conversion on the
 reference's order list, geometric bisection) reproduces every number to 1e-6 relative.
 
     python3 scripts/rgm_vectors.py > udfs/tests/data/rgm_vectors.json
@@ -24,7 +24,7 @@ CASES = [
     (1.2, 100, 1.0, 1e-6),
     (1.2, 100, 0.5, 1e-6),
     (1.2, 20, 1.0, 1e-6),
-    (1.2, 20, 0.5, 1e-6),   # infeasible (rgm.md 7(a) table)
+    (1.2, 20, 0.5, 1e-6),   # infeasible (docs/research/rgm.md 7(a) table)
     (1.5, 50, 1.0, 1e-6),
     (2.0, 10, 1.0, 1e-6),   # infeasible
     (1.5, 500, 1.0, 1e-6),  # the demo salaries table with min_group_size 500

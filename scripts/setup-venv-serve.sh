@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates the Python environment of `dpfusion serve`'s third-party client test (tests/serve.rs,
+# Creates the Python environment of `dpfusion serve`'s third-party client test (tests/it/serve.rs,
 # tests/serve_client.py): pyarrow and the ADBC Flight SQL driver. A sibling of setup-venv.sh,
 # kept apart so the test installs only what it needs. Idempotent; prints the venv's python.
 #

@@ -12,7 +12,7 @@ then rows scaled so that ‖x‖ ≤ 1):
 - demo `patients` (disease: logistic; cost: linear), exported from the binary's demo table;
 - BANK and IPUMS-BR, the DP-AGD paper's preprocessed data (the directory in $AGD_DATA, not in this
   repository; skipped if absent),
-  also in the reference setup of research/dpagd.md §3.2 beside that document's reproduced
+  also in the reference setup of docs/research/dpagd.md §3.2 beside that document's reproduced
   accuracies (the paper's own figures are not available, §3.1);
 - scikit-learn's bundled breast cancer (classification) and diabetes (regression) datasets.
 
@@ -191,16 +191,16 @@ def dp_scores(function, kind, path, d, Xte, yte, eps, runs, extra="", delta=DELT
 
 
 def reference_setup(lines, tmp):
-    """BANK / IPUMS-BR in dpagd.md §3.2's own setup, beside its reproduced numbers."""
+    """BANK / IPUMS-BR in docs/research/dpagd.md §3.2's own setup, beside its reproduced numbers."""
     eps_grid = [0.1, 0.4, 1.6] if not os.environ.get("UTILITY_REF_FULL") else PAPER_EPS
     runs = int(os.environ.get("UTILITY_REF_RUNS", 5))
-    lines += ["## BANK and IPUMS-BR in the reference setup (dpagd.md §3.2)", "",
+    lines += ["## BANK and IPUMS-BR in the reference setup (docs/research/dpagd.md §3.2)", "",
               "Same preprocessing and parameters as the reference reproduction: min-max scaling to [0, 1] "
               "on the full data, no row normalisation, δ = 1e-8, C_grad = C_obj = 3, γ = 0.1, "
               "splits = 60, l2 = 1e-3; our split is one 70/30 split with "
               f"{runs} runs per cell (the reference: 5-fold CV × 2 runs). Accuracy in %. "
-              "The paper's own figures could not be retrieved (dpagd.md §3.1); \"code\" is the authors' "
-              "published code (its step selector leaks, dpagd.md §4.1), \"fixed\" the corrected algorithm "
+              "The paper's own figures could not be retrieved (docs/research/dpagd.md §3.1); \"code\" is the authors' "
+              "published code (its step selector leaks, docs/research/dpagd.md §4.1), \"fixed\" the corrected algorithm "
               "dpfusion implements.", ""]
     for name in ["BANK", "IPUMS-BR"]:
         p = os.path.join(SHARED, f"{name}.dat")
@@ -222,7 +222,7 @@ def reference_setup(lines, tmp):
                               extra=", splits => 60", delta=1e-8)
             lines.append(f"| {eps} | {100 * m:.2f} ± {100 * sd:.2f} | {ref['fixed'][eps]:.2f} | {ref['code'][eps]:.2f} |")
             print("reference setup", name, eps, m, sd, flush=True)
-        lines += ["", f"Majority {ref['majority']:.2f}%, non-private LR {ref['non-private']:.2f}% (dpagd.md §3.2).", ""]
+        lines += ["", f"Majority {ref['majority']:.2f}%, non-private LR {ref['non-private']:.2f}% (docs/research/dpagd.md §3.2).", ""]
 
 
 def salaries_study(lines, tmp, plt):

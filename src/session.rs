@@ -142,7 +142,7 @@ impl SessionOptions {
         self.analyst_files = files;
         self
     }
-    /// INSECURE, for reproducible tests only (the differential fuzzer, tests/fuzz.rs): every DP
+    /// INSECURE, for reproducible tests only (the differential fuzzer, tests/it/fuzz.rs): every DP
     /// function of the session draws its noise from a generator seeded with `seed`, so the noise
     /// is known to whoever knows the seed and the releases are not private. Never set this in a
     /// session that serves real queries; SQL, the CLI, the catalog and the server cannot set it.

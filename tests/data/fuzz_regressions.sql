@@ -1,7 +1,7 @@
--- Shrunk cases of the differential fuzzer (tests/fuzz.rs), replayed by `regressions_replay`
+-- Shrunk cases of the differential fuzzer (tests/it/fuzz.rs), replayed by `regressions_replay`
 -- under every planted neighbour (D and D′ must not differ except in the noise). One case per
 -- line; several statements of a case are separated by `;`. A comment above a case names the
--- class it found; classes still open are listed in KNOWN_OPEN in tests/fuzz.rs.
+-- class it found; classes still open are listed in KNOWN_OPEN in tests/it/fuzz.rs.
 --
 -- Coverage kept from the older, non-differential fuzzer (issue 10).
 SELECT dp_count(age, 0.5) FROM people GROUP BY dept HAVING 1 = 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Drives `dpfusion --connect` (the REPL as a client of `dpfusion serve`) in a pseudo-terminal.
-Used by tests/serve.rs (`the_repl_connects_to_a_server_in_a_pseudo_terminal`).
+Used by tests/it/serve.rs (`the_repl_connects_to_a_server_in_a_pseudo_terminal`).
 
 usage: remote_session.py BINARY URL TOKEN_FILE HISTORY
 Exits 0 on success; on failure prints the transcript and the failed expectation, exits 1.

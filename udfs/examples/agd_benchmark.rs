@@ -1,5 +1,5 @@
 //! DP-AGD (`dp_logreg_agd`'s kernel) on the paper's datasets BANK and IPUMS-BR, against the
-//! corrected reference `dpagd_port.py` (mode `fixed`; research/dpagd.md §3.2).
+//! corrected reference `dpagd_port.py` (mode `fixed`; docs/research/dpagd.md §3.2).
 //!
 //! ```text
 //! cargo run --release -p dpfusion-udfs --example agd_benchmark -- [DATA_DIR] [options]
@@ -21,7 +21,7 @@
 //! only ε and δ), so the default run measures exactly what `dp_logreg_agd(y, x, ε, 1e-8)` fits.
 //! Reported per cell: test accuracy and AUC (mean ± sd over the fits), accepted steps.
 //!
-//! Protocol of research/dpagd.md §3.2: min-max scaling to [0, 1] on the full file (as the
+//! Protocol of docs/research/dpagd.md §3.2: min-max scaling to [0, 1] on the full file (as the
 //! authors do; not private, and outside what the SQL function does), a bias column
 //! (`fit_intercept`), δ = 1e-8, C_grad = C_obj = 3, γ = 0.1, l2 = 1e-3, max_step = 2,
 //! k-fold cross-validation with shuffling; accuracy on the test fold, objective = unclipped mean
@@ -37,7 +37,7 @@ use dpfusion_udfs::optim::Rows;
 use dpfusion_udfs::optim::agd::{AgdPlan, SPLITS_MAX, SPLITS_MIN, fit};
 use dpfusion_udfs::privacy::zcdp_rho;
 
-/// research/dpagd.md §3.2, "fixed" accuracy rows (ε = 0.05, 0.1, 0.2, 0.4, 0.8, 1.6).
+/// docs/research/dpagd.md §3.2, "fixed" accuracy rows (ε = 0.05, 0.1, 0.2, 0.4, 0.8, 1.6).
 const REFERENCE: [(&str, [f64; 6]); 2] = [
     ("BANK", [80.74, 85.08, 84.45, 87.61, 89.03, 89.34]),
     ("IPUMS-BR", [62.34, 67.51, 70.22, 73.79, 75.31, 76.19]),

@@ -1,6 +1,6 @@
 //! Statistical privacy audits (distinguishing tests): the 95% lower confidence bound on ε from
 //! releases of a mechanism on two neighbouring datasets. Used by the audits of this crate
-//! (`udfs/tests/audit.rs`, `udfs/tests/units.rs`) and of the session (`tests/units.rs`).
+//! (`udfs/tests/it/audit.rs`, `udfs/tests/it/units.rs`) and of the session (`tests/it/units.rs`).
 //!
 //! Method (Ding, Wang, Wang, Zhang, Kifer, "Detecting Violations of Differential Privacy", CCS
 //! 2018; Jagielski, Ullman, Oprea, "Auditing Differentially Private Machine Learning", NeurIPS

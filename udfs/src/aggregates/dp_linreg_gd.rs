@@ -415,7 +415,7 @@ impl DpLinregGd {
     /// INSECURE: noise from a fixed seed, for reproducible tests. Never register this in a
     /// session that serves real queries. Every fit (each group of a GROUP BY) starts from this
     /// same seed, so groups with equal rows get equal models: to draw many independent fits,
-    /// call the kernel in `crate::optim` with distinct seeds (as `tests/audit.rs` does).
+    /// call the kernel in `crate::optim` with distinct seeds (as `tests/it/audit.rs` does).
     pub fn with_insecure_seed(seed: u64) -> Self {
         Self {
             insecure_seed: Some(seed),

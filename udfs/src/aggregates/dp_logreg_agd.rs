@@ -1,6 +1,6 @@
 //! `dp_logreg_agd(label, features, epsilon[, delta[, clip_grad[, clip_obj[, splits[, gamma[, l2
 //! [, fit_intercept[, max_step]]]]]]]])`: logistic regression by DP-AGD (Lee and Kifer, KDD
-//! 2018) with the corrections of research/dpagd.md §4–5; the algorithm and its privacy argument
+//! 2018) with the corrections of docs/research/dpagd.md §4–5; the algorithm and its privacy argument
 //! are in [`crate::optim::agd`].
 //!
 //! - `label`: 0/1 (any numeric type) or Boolean. A row whose label is anything else, NULL or NaN
@@ -50,9 +50,9 @@ use crate::optim::rows::{LabelKind, RowBuffer};
 use crate::optim::units::{check_key_type, check_unit_key, split_unit_key};
 use crate::privacy::{Event, PrivacyError, zcdp_rho};
 
-/// Default C_grad (the authors' experiments: 3; dpagd.md §2).
+/// Default C_grad (the authors' experiments: 3; docs/research/dpagd.md §2).
 pub const DEFAULT_CLIP_GRAD: f64 = 3.0;
-/// Default C_obj (dpagd.md §2: 3).
+/// Default C_obj (docs/research/dpagd.md §2: 3).
 pub const DEFAULT_CLIP_OBJ: f64 = 3.0;
 /// Default `splits`: 0, meaning automatic, i.e. a function of the call's ρ (of ε and δ only):
 /// [`default_splits`] ([`crate::optim::agd`], "Schedule"). `splits` is the number of iterations
@@ -285,7 +285,7 @@ impl DpLogregAgd {
     /// INSECURE: noise from a fixed seed, for reproducible tests. Never register this in a
     /// session that serves real queries. Every fit (each group of a GROUP BY) starts from this
     /// same seed, so groups with equal rows get equal models: to draw many independent fits,
-    /// call the kernel in `crate::optim` with distinct seeds (as `tests/audit.rs` does).
+    /// call the kernel in `crate::optim` with distinct seeds (as `tests/it/audit.rs` does).
     pub fn with_insecure_seed(seed: u64) -> Self {
         Self {
             insecure_seed: Some(seed),

@@ -20,7 +20,7 @@
 //! sets `'replace_public_n'` only in that case), every person is in one outer group and one group
 //! of `by`, and each outer group gets its own list.
 //!
-//! # The declared contract (a domain restriction, rgm.md §7(a) "Requirement")
+//! # The declared contract (a domain restriction, docs/research/rgm.md §7(a) "Requirement")
 //! Every value is non-NULL, finite and > 0, and inside each group of `by` the largest value is at
 //! most `max_ratio` = K times the smallest. It cannot be enforced by clipping without a public
 //! per-group anchor, and cannot be tested privately; it is checked during execution, and a
@@ -31,9 +31,9 @@
 //! (`dp_mean` imputes its midpoint instead, which has no analogue without bounds). Rows whose
 //! `by` is NULL are skipped: `by` is public.
 //!
-//! # The release (rgm.md §7(a) "Calibration"; mechanism: [`crate::mechanisms::rgm`])
+//! # The release (docs/research/rgm.md §7(a) "Calibration"; mechanism: [`crate::mechanisms::rgm`])
 //! For a group of n_g ≥ `min_group_size` rows with exact mean m_g:
-//! - γ_g = (K² − 1)/(K(n_g − 1) + 1), A = 0 (rgm.md §7(a), tight), plus rounding slack
+//! - γ_g = (K² − 1)/(K(n_g − 1) + 1), A = 0 (docs/research/rgm.md §7(a), tight), plus rounding slack
 //!   ([`noise_gamma`], [`accounted_gamma`]);
 //! - one σ for all groups, the smallest meeting (ε, δ) for the worst admissible group,
 //!   n = `min_group_size` (γ decreases with n), by the accountant's conversion
@@ -44,11 +44,11 @@
 //! Groups smaller than `min_group_size` are left out (their sizes are public, so leaving them out
 //! reveals nothing; n_g = 1 has unbounded relative sensitivity). Parallel composition: a
 //! neighbour changes one value in one group and every other group's output has the same
-//! distribution, so the call's RDP curve is the maximum over groups (rgm.md §7(a) "Total cost"),
+//! distribution, so the call's RDP curve is the maximum over groups (docs/research/rgm.md §7(a) "Total cost"),
 //! reached by the smallest admissible group. Recorded cost:
 //! `Rgm { sigma: σ, gamma: γ*(min_group_size), dims: 1, steps: 1 }`.
 //!
-//! Infeasible targets (RGM has an ε floor, rgm.md §3) fail at planning with the floor and the
+//! Infeasible targets (RGM has an ε floor, docs/research/rgm.md §3) fail at planning with the floor and the
 //! smallest `min_group_size` that would work.
 //!
 //! # State

@@ -6,11 +6,11 @@
 //! derive them (section numbers below refer to those notes; the results are stated here), and
 //! `scripts/rgm_accountant.py` is the pure-Python reference accountant.
 //!
-//! # The mechanism (rgm.md §2, Definition 3)
+//! # The mechanism (docs/research/rgm.md §2, Definition 3)
 //! RGM_{σ,A,γ}(x) = f(x) + N(0, σ²(A + γ‖f(x)‖)² I_d). For a group mean (d = 1, A = 0) that is
 //! m + σ·γ·m·Z with Z standard normal: the noise is proportional to the released value.
 //!
-//! # Its privacy (rgm.md §3, Theorem 1, eq. (5*))
+//! # Its privacy (docs/research/rgm.md §3, Theorem 1, eq. (5*))
 //! If ‖f(x) − f(y)‖ ≤ A + γ·min(‖f(x)‖, ‖f(y)‖) for all neighbours, then with u = γ(2 + γ) and
 //! 1 < α < 1 + 1/u, ε(α) = α/(2σ²(1 − (α−1)u)) + d·[−ln(1+γ) − ln(1 − (α−1)u)/(2(α−1))], and
 //! +∞ beyond (no finite RDP at large orders). This is [`crate::privacy::profile::rgm_rdp`],
@@ -19,7 +19,7 @@
 //! (ii) their centres differ by at most min(s(x), s(y))/σ (Lemma 1 and the first term of (5*)).
 //! The curve is increasing in γ, so any upper bound on γ gives a valid (larger) curve.
 //!
-//! # Relative sensitivity of a group mean (rgm.md §7(a))
+//! # Relative sensitivity of a group mean (docs/research/rgm.md §7(a))
 //! Replace one of n values, all > 0 and within a factor K of each other (before and after):
 //! γ = (K² − 1)/(K(n − 1) + 1), A = 0, tight ([`mean_sensitivity`]).
 //!
@@ -32,11 +32,11 @@
 //! ε = min_α ε(α) + ln(1/δ)/(α − 1), on its own order list. At every order the CKS bound is
 //! smaller by ln(α/(α−1)) + ln(α)/(α−1) > 0, so our σ is smaller for the same target (e.g.
 //! K = 1.2, n = 100, ε = 1, δ = 1e-6: σ = 4.91 here against 5.97 in the reference, measured in
-//! `udfs/tests/rgm.rs`), and the ε floor is lower. [`reference`] ports the Python exactly
+//! `udfs/tests/it/rgm.rs`), and the ε floor is lower. [`reference`] ports the Python exactly
 //! (conversion, order list and bisection) so that tests can compare numbers to 1e-6.
 //!
 //! Infeasibility: ε(σ) decreases to a floor > 0 as σ → ∞ (the α cap and the σ-free
-//! "privacy-loss" term, rgm.md §3 "Practical floor"). A target is called infeasible, as in the
+//! "privacy-loss" term, docs/research/rgm.md §3 "Practical floor"). A target is called infeasible, as in the
 //! reference, when even σ = [`MAX_SIGMA`] = 10⁶ does not meet it.
 //!
 //! # Release on a computer ([`release_relative`])
@@ -106,7 +106,7 @@ const DITHER_BITS: u64 = 128;
 const SCALE_BITS: i64 = 26;
 
 /// The relative L2 sensitivity γ of the mean of `n` values, all > 0 and within a factor
-/// `max_ratio` = K of each other, under replacement of one value (rgm.md §7(a)):
+/// `max_ratio` = K of each other, under replacement of one value (docs/research/rgm.md §7(a)):
 /// γ = (K² − 1)/(K(n − 1) + 1). Computed with K(1 + 2^−50) (the contract is checked in floating
 /// point, module docs) and rounded up. `n` ≥ 2; K ≥ 1 finite.
 pub fn mean_sensitivity(max_ratio: f64, n: u64) -> f64 {
@@ -144,7 +144,7 @@ pub fn rgm_epsilon(sigma: f64, gamma: f64, dims: u32, steps: u32, delta: f64) ->
     .epsilon(delta)
 }
 
-/// The ε floor: the limit of [`rgm_epsilon`] as σ → ∞ (rgm.md §3, "Practical floor").
+/// The ε floor: the limit of [`rgm_epsilon`] as σ → ∞ (docs/research/rgm.md §3, "Practical floor").
 pub fn rgm_epsilon_floor(gamma: f64, dims: u32, steps: u32, delta: f64) -> f64 {
     rgm_epsilon(f64::INFINITY, gamma, dims, steps, delta)
 }
@@ -365,7 +365,7 @@ pub mod reference {
     });
 
     /// `h_loss`: the per-dimension privacy-loss term at the worse of the two variance ratios
-    /// (1+γ)^{±2} (rgm.md §3, Lemma 2 in variance-ratio form).
+    /// (1+γ)^{±2} (docs/research/rgm.md §3, Lemma 2 in variance-ratio form).
     pub fn h_loss(alpha: f64, gamma: f64) -> f64 {
         let u = gamma * (2.0 + gamma);
         if (alpha - 1.0) * u >= 1.0 {
@@ -376,7 +376,7 @@ pub mod reference {
         h((1.0 + gamma).powi(2)).max(h((1.0 + gamma).powi(-2)))
     }
 
-    /// `rgm_rdp`: eq. (5*) of rgm.md §3.
+    /// `rgm_rdp`: eq. (5*) of docs/research/rgm.md §3.
     pub fn rgm_rdp(alpha: f64, sigma: f64, gamma: f64, d: f64) -> f64 {
         let u = gamma * (2.0 + gamma);
         if alpha <= 1.0 || (alpha - 1.0) * u >= 1.0 {
@@ -427,7 +427,7 @@ mod tests {
 
     #[test]
     fn gammas_are_ordered_and_tight() {
-        // K = 1.2, n = 100: γ = 0.44/119.8 (rgm.md §7(a) table: 0.0037).
+        // K = 1.2, n = 100: γ = 0.44/119.8 (docs/research/rgm.md §7(a) table: 0.0037).
         let g = mean_sensitivity(1.2, 100);
         let exact = 0.44 / 119.8;
         assert!(g >= exact && g <= exact * (1.0 + 1e-12), "{g}");

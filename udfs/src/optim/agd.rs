@@ -6,12 +6,12 @@
 //! # The algorithm (paper Algorithm 2, corrected)
 //! Rows are (x ∈ ℝᵈ, y ∈ {0, 1}); with `fit_intercept` a constant 1 is prepended, so the model
 //! is w ∈ ℝᵖ (p = d or d + 1) and z = w·x̃. The loss is the logistic loss
-//! ℓ(w; x, y) = log(1 + e^z) − y·z (paper §5.1; dpagd.md §1.5), computed stably as softplus(z)
+//! ℓ(w; x, y) = log(1 + e^z) − y·z (paper §5.1; docs/research/dpagd.md §1.5), computed stably as softplus(z)
 //! for y = 0 and softplus(−z) for y = 1.
 //!
 //! 1. **Budget.** ρ = `zcdp_rho(ε, δ)`, the largest ρ whose CKS conversion (Canonne, Kamath,
 //!    Steinke 2020, Prop. 12, minimised over α) is at most ε at δ. The paper (Lemma 3.8, Eq. 5;
-//!    dpagd.md §1.1) solves ε = ρ + 2√(ρ·ln(1/δ)) (Bun and Steinke 2016, Prop. 1.3) instead; that
+//!    docs/research/dpagd.md §1.1) solves ε = ρ + 2√(ρ·ln(1/δ)) (Bun and Steinke 2016, Prop. 1.3) instead; that
 //!    bound is looser, so the tight inverse gives 1.26× (ε = 1.6) to 1.63× (ε = 0.05) more ρ at
 //!    δ = 1e-8 for the same (ε, δ) guarantee.
 //! 2. **Initial per-step budgets** (see "Budget split" and "Schedule" below): ρ_ng (noisy
@@ -20,12 +20,12 @@
 //!    - g = Σᵢ clip(∇ℓ(w; xᵢ, yᵢ), C_grad) (paper Alg. 2 line 5): a **sum**, not a mean;
 //!    - S̃ = g + N(0, Δ_g²/(2ρ_ng)·I) (line 6; Lemma 3.6), charged ρ_ng (line 7);
 //!    - direction u = v + `l2`·w (coefficients only; the authors' code adds the ridge gradient
-//!      after normalising; dpagd.md §1.3 step 5 and §4.13), where v = S̃/‖S̃‖ (line 8) when the
+//!      after normalising; docs/research/dpagd.md §1.3 step 5 and §4.13), where v = S̃/‖S̃‖ (line 8) when the
 //!      heavy-ball weight β is 0, and otherwise v = (S̃/‖S̃‖ + β·v_prev)/‖·‖ with v_prev the last
 //!      accepted v (see "Schedule");
 //!    - candidates w − α·u for α ∈ Φ = {k·α_max/20 : k = 0..20} (paper §4.2, m = 20; the grid
 //!      includes 0); scores F_k = Σᵢ min(ℓ(w − α_k·u; xᵢ, yᵢ), C_obj) (line 10 with the per-example
-//!      clipping of the code, dpagd.md §1.5);
+//!      clipping of the code, docs/research/dpagd.md §1.5);
 //!    - selection k* by the exponential mechanism, charged ρ_nm (lines 11–12, with a valid
 //!      selector: see "Step selection");
 //!    - if k* > 0: w ← w − α_{k*}·u (line 14, with the **selected** step);
@@ -37,7 +37,7 @@
 //!      η = 0.1 (paper §4.2: r = 10, η = 0.1, α_max = 2 initially).
 //! 4. The result is the last w (intercept w₀ when `fit_intercept`).
 //!
-//! # What is the paper's and what is corrected (dpagd.md §4)
+//! # What is the paper's and what is corrected (docs/research/dpagd.md §4)
 //! - **Step selector** (§4.1): the authors' code computes argmin_k(F_k + E_k) with one-sided
 //!   exponential noise E_k ≥ 0 added to the loss being minimised; one call leaks up to m·ε_nmax
 //!   (≈ 20× its charge, `nm_check.py`). The paper's Algorithm 1 (report-noisy-max with Laplace
@@ -57,7 +57,7 @@
 //!   `units:K:C` each unit's contribution is clipped and the factor is √K·C ("Privacy units").
 //! - **Budget split**: ours is derived in ρ (below), not from the classical Gaussian formula.
 //! - **Regulariser**: `l2`·w is added to the direction on the coefficients only (the code also
-//!   shrinks the bias). The scores never include it (dpagd.md §4.13), so it costs nothing.
+//!   shrinks the bias). The scores never include it (docs/research/dpagd.md §4.13), so it costs nothing.
 //! - **Fixed-point sums**: all sums over rows are exact integer sums (PRIVACY.md, "Numbers on a
 //!   computer"; Casacuberta et al. 2022), so sensitivities hold exactly and the result does not
 //!   depend on partitioning.
@@ -126,7 +126,7 @@
 //! in SIMD lanes ([`kernel::ScoreGrid`]; issue 19). A row's value is a function of that row
 //! alone (not of its lane, block, thread or the CPU's AVX2), so the sums are the same for any
 //! split of the rows; it is within one grid unit of an `exp` and a libm `ln_1p` per candidate,
-//! and rarely differs (tests `recurrence_scores_match_direct`, `tests/kernels.rs`). Any
+//! and rarely differs (tests `recurrence_scores_match_direct`, `tests/it/kernels.rs`). Any
 //! deterministic per-row value clipped to [0, U] gives the bounds above, so this changes no
 //! sensitivity.
 //!
@@ -158,7 +158,7 @@
 //!
 //! # Budget split
 //! The paper (and its code) sets ε_nm = ε/(2·splits), ρ_nm = ε_nm²/2 and ρ_ng from the classical
-//! Gaussian formula with ε_nm (dpagd.md §1.2). That makes ρ_ng/ρ_nm = 1/(2 ln(1.25/δ)) (1/37 at
+//! Gaussian formula with ε_nm (docs/research/dpagd.md §1.2). That makes ρ_ng/ρ_nm = 1/(2 ln(1.25/δ)) (1/37 at
 //! δ = 1e-8): an artefact of a calibration valid only for ε < 1, and a run length of about
 //! 2·splits²/ln(1/δ) iterations whatever ε. The paper's intent is an equal split between the two
 //! mechanisms; in zCDP, where costs add, "equal" means equal ρ. So here `splits` is the number
@@ -808,7 +808,7 @@ impl Kernels<'_, '_> {
         let target = b as f64 * q * CLIP_SHRINK; // clip to just under B grid units
         let x = self.data.row(i);
         let y = if self.data.positive[i] { 1.0 } else { 0.0 };
-        let r = sigmoid(zz) - y; // ∇ℓ = (σ(z) − y)·x̃ (dpagd.md §1.5)
+        let r = sigmoid(zz) - y; // ∇ℓ = (σ(z) − y)·x̃ (docs/research/dpagd.md §1.5)
         if r == 0.0 || !r.is_finite() {
             return false;
         }
@@ -860,7 +860,7 @@ impl Kernels<'_, '_> {
         let b2 = (b as i128) * (b as i128);
         let x = self.data.row(i);
         let y = if self.data.positive[i] { 1.0 } else { 0.0 };
-        let r = sigmoid(zz) - y; // ∇ℓ = (σ(z) − y)·x̃ (dpagd.md §1.5)
+        let r = sigmoid(zz) - y; // ∇ℓ = (σ(z) − y)·x̃ (docs/research/dpagd.md §1.5)
         if r == 0.0 || !r.is_finite() {
             return false;
         }
@@ -1355,7 +1355,7 @@ pub fn exact_sums(
 }
 
 /// [`exact_sums`] without units, on one thread, through a chosen implementation of the two row
-/// passes ([`RowPath`]; issue 19): for the exactness tests (`tests/kernels.rs`) and the
+/// passes ([`RowPath`]; issue 19): for the exactness tests (`tests/it/kernels.rs`) and the
 /// benchmark (`examples/kernel_speed.rs`). Also returns z = w·x̃ per row.
 #[doc(hidden)]
 pub fn row_passes_with(
@@ -1409,7 +1409,7 @@ fn fit_inner(plan: &AgdPlan, rows: &Rows, units: Option<&Units>, rng: &mut Secur
         if progress::cancelled(started) {
             break Stop::Cancelled;
         }
-        // Filter: a gradient is measured only if it and one selection fit (dpagd.md §5).
+        // Filter: a gradient is measured only if it and one selection fit (docs/research/dpagd.md §5).
         if !filter.can_pay(rho_ng + rho_nm) {
             break Stop::BeforeGradient;
         }

@@ -31,7 +31,7 @@
 //! for the rows the fast path takes, as argued above), so the sums equal the row-at-a-time sums
 //! bit for bit, on every path, for every partitioning: the released values and the sensitivity
 //! argument are unchanged. The tests `blocked_pass_equals_reference` (here) and
-//! `tests/kernels.rs` compare the paths on random data, including the forced portable fallback.
+//! `tests/it/kernels.rs` compare the paths on random data, including the forced portable fallback.
 //!
 //! The fast path needs c = ⌊clip/q⌋ < 2²⁹ and p ≤ 32 (so that Σ vⱼ² < 2⁶³ in `u64` whenever
 //! every |vⱼ| ≤ c); the grid makes c ≈ 2²⁰–2²¹ in practice. Otherwise the caller keeps the

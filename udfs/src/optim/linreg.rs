@@ -94,24 +94,24 @@
 //! that cuts the stationary noise of constant-step GD; chosen by measurement, see the README).
 //!
 //! # `'rgm'`: relative Gaussian mechanism on the ridge objective ([`RgmGd`])
-//! Hendrikx, Mangold, Bellet (AISTATS 2024), as reconstructed in research/rgm.md §7(b):
+//! Hendrikx, Mangold, Bellet (AISTATS 2024), as reconstructed in docs/research/rgm.md §7(b):
 //! 1. rows clipped: x̃ᵢ = (xᵢ·min(1, C_x/‖xᵢ‖), 1) (the constant 1 with an intercept), so
 //!    ‖x̃ᵢ‖ ≤ C := √(C_x² + 1) (or C_x), and ỹᵢ = clamp(yᵢ, ±C_y);
 //! 2. the full gradient of f(θ) = (1/2n)Σᵢ(θ·x̃ᵢ − ỹᵢ)² + (λ/2)‖θ‖² (intercept included in the
-//!    penalty, which makes the Hessian H ⪰ λI: rgm.md eq. (9)) is
+//!    penalty, which makes the Hessian H ⪰ λI: docs/research/rgm.md eq. (9)) is
 //!    gₜ = (1/n)Σᵢ x̃ᵢ(x̃ᵢ·θₜ − ỹᵢ) + λθₜ, with n the public row count;
 //! 3. g̃ₜ = gₜ + N(0, σ²(A + γ‖gₜ‖)² I), with the data-independent relative-sensitivity
-//!    constants of rgm.md §7(b) step 2 (from eqs. (10)–(11)):
+//!    constants of docs/research/rgm.md §7(b) step 2 (from eqs. (10)–(11)):
 //!    γ = 2C²/(nλ),  A = (2C/n)(C·R + C_y),  R = min(C·C_y/λ, C_y/√λ) ≥ ‖θ*‖;
-//!    rgm.md uses R = C·C_y/λ, i.e. A = (2C·C_y/n)(1 + C²/λ); the second bound C_y/√λ is ours
+//!    docs/research/rgm.md uses R = C·C_y/λ, i.e. A = (2C·C_y/n)(1 + C²/λ); the second bound C_y/√λ is ours
 //!    (from optimality, see [`RgmGd::radius`]) and cuts A by up to √λ/C;
 //! 4. θ ← Π(θ − η'·g̃ₜ), Π the projection on the ball ‖θ‖ ≤ R, which holds the ridge solution
 //!    (seed 003 Algorithm 2 projects the same way), and
-//!    η' = η/(1 + 2pσ²γ²) (rgm.md §5 Theorem 2* / §7(b) step 3; see [`RgmGd::step`]).
+//!    η' = η/(1 + 2pσ²γ²) (docs/research/rgm.md §5 Theorem 2* / §7(b) step 3; see [`RgmGd::step`]).
 //!
 //! **Privacy.** Each iteration is an RGM with (σ, A, γ) on a replace-one neighbour relation with
-//! n public: its RDP curve is rgm.md eq. (5*) ([`crate::privacy::profile::rgm_rdp`]), and T
-//! iterations compose by adding curves (Mironov 2017, Prop. 1; rgm.md §7(b) step 4). σ is the
+//! n public: its RDP curve is docs/research/rgm.md eq. (5*) ([`crate::privacy::profile::rgm_rdp`]), and T
+//! iterations compose by adding curves (Mironov 2017, Prop. 1; docs/research/rgm.md §7(b) step 4). σ is the
 //! smallest noise multiplier whose composed curve converts (CKS 2020) to ≤ ε at δ, found by
 //! bisection ([`rgm_sigma`]). The curve is increasing in γ, and γ decreases with n, so the cost
 //! is fixed at planning with γ at the smallest accepted row count `min_rows` (a literal); a group
@@ -858,9 +858,9 @@ pub fn rgm_sigma(
 /// Rounding argument behind A_e (module docs, "Exactness"): the released mean is
 /// ĝ = F·q/n with F = Σᵢ round(x̃ᵢ(x̃ᵢ·θ − ỹᵢ)/q) + round(nλθ/q) exact integers, so ĝ = g + E
 /// with ‖E‖ ≤ √p·q/2·(1 + 1/n), and E − E′ comes from the replaced row only: ‖E − E′‖ ≤ √p·q/n
-/// (the λθ term is the same for both neighbours). With ‖g − g′‖ ≤ A + γ‖g‖ (rgm.md eq. (10)),
+/// (the λθ term is the same for both neighbours). With ‖g − g′‖ ≤ A + γ‖g‖ (docs/research/rgm.md eq. (10)),
 /// ‖ĝ − ĝ′‖ ≤ A + γ(‖ĝ‖ + ‖E‖) + √p·q/n ≤ A_e + γ‖ĝ‖. The noise std is
-/// σ·s with s ≥ A_e + γ‖ĝ‖ (rounded up), which is the RGM's requirement (rgm.md Definition 2,
+/// σ·s with s ≥ A_e + γ‖ĝ‖ (rounded up), which is the RGM's requirement (docs/research/rgm.md Definition 2,
 /// Lemma 1, in its min-form by symmetry).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RgmGd {
@@ -892,20 +892,20 @@ impl RgmGd {
     pub fn p(&self) -> u32 {
         self.dims + u32::from(self.fit_intercept)
     }
-    /// γ = 2C²/(nλ) (rgm.md §7(b) step 2).
+    /// γ = 2C²/(nλ) (docs/research/rgm.md §7(b) step 2).
     pub fn gamma(&self, n: u64) -> f64 {
         let c = self.c();
         2.0 * c * c / (n as f64 * self.l2)
     }
     /// A = (2C/n)(C·R + C_y) with R = min(C·C_y/λ, C_y/√λ) the bound on ‖θ*‖ ([`Self::radius`]):
-    /// rgm.md §7(b) step 2 (A = sup‖∇f′(θ*)‖ ≤ (2/n)·C·(C‖θ*‖ + C_y)), which with rgm.md's
+    /// docs/research/rgm.md §7(b) step 2 (A = sup‖∇f′(θ*)‖ ≤ (2/n)·C·(C‖θ*‖ + C_y)), which with rgm.md's
     /// ‖θ*‖ ≤ C·C_y/λ is (2C·C_y/n)(1 + C²/λ).
     pub fn a(&self, n: u64) -> f64 {
         let c = self.c();
         2.0 * c / n as f64 * (c * self.radius() + self.label_bound)
     }
     /// R = min(C·C_y/λ, C_y/√λ), a data-independent bound on the ridge solution ‖θ*‖:
-    /// ‖θ*‖ = ‖H⁻¹b‖ ≤ ‖b‖/λ ≤ C·C_y/λ (rgm.md §7(b) step 2), and, ours, from optimality
+    /// ‖θ*‖ = ‖H⁻¹b‖ ≤ ‖b‖/λ ≤ C·C_y/λ (docs/research/rgm.md §7(b) step 2), and, ours, from optimality
     /// (λ/2)‖θ*‖² ≤ f(θ*) ≤ f(0) = (1/2n)Σỹᵢ² ≤ C_y²/2, so ‖θ*‖ ≤ C_y/√λ (smaller whenever
     /// λ < C²; e.g. 10× smaller at C² = 11, λ = 0.1). Also the projection radius.
     pub fn radius(&self) -> f64 {
@@ -935,7 +935,7 @@ impl RgmGd {
             steps: self.iterations,
         }
     }
-    /// The step size actually used: η/(1 + 2pσ²γ²). rgm.md §5 Theorem 2* (and §7(b) step 3)
+    /// The step size actually used: η/(1 + 2pσ²γ²). docs/research/rgm.md §5 Theorem 2* (and §7(b) step 3)
     /// takes η ≤ 1/(L(1 + 2pσ²γ²)): the relative part of the noise, whose variance grows with
     /// ‖g‖², shrinks the stable step by that factor. The smoothness part 1/L is left to
     /// `learning_rate`, as for 'gaussian' (the data-independent bound L ≤ C² + λ is far above

@@ -127,7 +127,7 @@ fn cost_is_one_rgm_event_for_the_worst_group() {
     };
     assert_eq!((dims, steps, ev.len()), (1, 1, 1));
     assert_eq!(gamma, accounted_gamma(1.5, 500));
-    // γ = 1.25/749.5 (rgm.md §7(a)), plus the slack 2^−24(1 + γ)
+    // γ = 1.25/749.5 (docs/research/rgm.md §7(a)), plus the slack 2^−24(1 + γ)
     assert!((gamma / (1.25 / 749.5) - 1.0).abs() < 1e-4);
     // The call is (1, 1e-6)-DP by the accountant's conversion, and tightly so.
     let e = rgm_epsilon(sigma, gamma, 1, 1, 1e-6);

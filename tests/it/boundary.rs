@@ -97,8 +97,7 @@ enum Expect {
 }
 use Expect::*;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -1261,7 +1260,7 @@ fn e_statements_too_complex_to_parse_are_refused_without_a_crash() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "e_stack_probe_child",
+            "boundary::e_stack_probe_child",
             "--nocapture",
             "--test-threads",
             "1",

@@ -7,7 +7,7 @@
 //! path's fallback (huge residuals, ±1e150 values, non-finite norms), and for any split of the
 //! rows (the sum over two halves equals the sum over all).
 //!
-//! Run: `cargo nextest run -p dpfusion-udfs --release --test kernels` (all seeded).
+//! Run: `cargo nextest run -p dpfusion-udfs --release --test it kernels::` (all seeded).
 use dpfusion_udfs::aggregates::Neighbours;
 use dpfusion_udfs::noise::SecureRng;
 use dpfusion_udfs::optim::kernel::RowPath;

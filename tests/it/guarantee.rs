@@ -1,6 +1,6 @@
 //! The boundary of issue 14 at the session level: EXPLAIN, failures, COPY, the neighbour modes
 //! the guard chooses, case-sensitive public columns, and rgm_mean_by's owner-declared contract.
-//! (The attack corpus is tests/boundary.rs.)
+//! (The attack corpus is tests/it/boundary.rs.)
 use std::path::Path;
 use std::sync::Arc;
 
@@ -10,8 +10,7 @@ use dpfusion::accounting::FilterKind;
 use dpfusion::session::EXECUTION_FAILED;
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
-mod common;
-use common::*;
+use crate::common::*;
 
 async fn open(dir: &Path, opts: SessionOptions) -> PrivateSession {
     PrivateSession::open(

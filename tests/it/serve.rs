@@ -1,7 +1,6 @@
 //! `dpfusion serve` (issue 17): the built binary serves a catalog on a loopback port, and clients
 //! speak Arrow Flight SQL to it: arrow-flight's `FlightSqlServiceClient` (Rust) and the ADBC
 //! Flight SQL driver (Python, tests/serve_client.py).
-mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -49,7 +48,7 @@ struct InProcess {
 
 /// [`start`], in this process.
 async fn serve_here(tag: &str, epsilon: f64, extra: &str) -> InProcess {
-    let dir = common::temp_dir(tag);
+    let dir = crate::common::temp_dir(tag);
     let catalog = write_catalog(&dir, epsilon, extra);
     let bound = dpfusion::serve::cmd::bind_catalog(&catalog, None)
         .await
@@ -105,8 +104,8 @@ token_hash = "{bob}"
 listen = "127.0.0.1:0"
 {extra}
 "#,
-        people = common::people_csv().display(),
-        depts = common::depts_csv().display(),
+        people = crate::common::people_csv().display(),
+        depts = crate::common::depts_csv().display(),
         alice = TokenHash::new(ALICE),
         bob = TokenHash::new(BOB),
     );
@@ -128,7 +127,7 @@ fn start_with(
     extra: &str,
     max_files: Option<u32>,
 ) -> Server {
-    let dir = common::temp_dir(tag);
+    let dir = crate::common::temp_dir(tag);
     let catalog = write_catalog_with(&dir, epsilon, session, extra);
     let mut command = match max_files {
         None => Command::new(env!("CARGO_BIN_EXE_dpfusion")),
@@ -149,7 +148,7 @@ fn start_with(
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let addr = common::server_address(&mut child, Duration::from_secs(60));
+    let addr = crate::common::server_address(&mut child, Duration::from_secs(60));
     Server {
         child,
         addr,
@@ -470,7 +469,7 @@ async fn query_ticket(
 /// How many `sql` the accountant admits on a fresh ledger for `people` at budget ε = `epsilon`,
 /// one after the other.
 async fn admissible(epsilon: f64, sql: &str) -> usize {
-    let dir = common::temp_dir("serve-expected");
+    let dir = crate::common::temp_dir("serve-expected");
     let s = dpfusion::PrivateSession::open(
         dpfusion::SessionOptions::default().with_ledger(dir.join("l.jsonl")),
     )
@@ -478,7 +477,7 @@ async fn admissible(epsilon: f64, sql: &str) -> usize {
     .unwrap();
     s.register_csv(
         "people",
-        common::people_csv(),
+        crate::common::people_csv(),
         dpfusion::Registration::private().budget(epsilon, 1e-6),
     )
     .await
@@ -624,7 +623,7 @@ async fn sigterm_stops_the_server_with_the_ledger_intact() {
 
 #[test]
 fn serve_refuses_a_public_address_without_the_explicit_flag_and_a_catalog_without_analysts() {
-    let dir = common::temp_dir("serve-refuse");
+    let dir = crate::common::temp_dir("serve-refuse");
     let catalog = dir.join("c.toml");
     std::fs::write(
         &catalog,
@@ -830,14 +829,14 @@ async fn a_client_that_goes_away_or_a_time_limit_cancels_the_statement() {
 
 #[tokio::test]
 async fn charges_without_an_analyst_keep_their_old_bytes_and_verify_with_new_ones() {
-    let dir = common::temp_dir("serve-ledger-compat");
+    let dir = crate::common::temp_dir("serve-ledger-compat");
     let path = dir.join("l.jsonl");
     let s = dpfusion::PrivateSession::open(dpfusion::SessionOptions::default().with_ledger(&path))
         .await
         .unwrap();
     s.register_csv(
         "people",
-        common::people_csv(),
+        crate::common::people_csv(),
         dpfusion::Registration::private().budget(1.0, 1e-6),
     )
     .await
@@ -845,7 +844,7 @@ async fn charges_without_an_analyst_keep_their_old_bytes_and_verify_with_new_one
     let q = "SELECT dp_count(id, 0.1) AS n FROM people";
     s.sql(q).await.unwrap();
     s.sql_as("carol", q).await.unwrap();
-    let lines = common::lines(&path);
+    let lines = crate::common::lines(&path);
     let charges: Vec<&String> = lines
         .iter()
         .filter(|l| l.contains(r#""record":"charge""#))
@@ -1033,7 +1032,7 @@ async fn the_servers_bounds_come_from_the_catalog_and_are_checked() {
     assert_eq!(c.server.max_result_bytes, Some(1024));
     assert_eq!(c.server.handshake_timeout_secs, Some(1.5));
     // An idle timeout shorter than a statement's time limit would close waiting connections.
-    let dir = common::temp_dir("serve-bounds");
+    let dir = crate::common::temp_dir("serve-bounds");
     let catalog = write_catalog(
         &dir,
         1.0,

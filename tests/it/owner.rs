@@ -14,8 +14,7 @@ use dpfusion::accounting::head_path;
 use dpfusion::owner::CsvFormat;
 use dpfusion::{AnalystFiles, PrivateSession, QueryResult, Registration, SessionOptions};
 
-mod common;
-use common::*;
+use crate::common::*;
 
 /// The columns of people.csv, in order.
 const PEOPLE_COLUMNS: [&str; 5] = ["id", "age", "dept", "salary", "remote"];

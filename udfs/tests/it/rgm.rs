@@ -14,7 +14,7 @@ use dpfusion_udfs::mechanisms::rgm::{
 use dpfusion_udfs::privacy::profile::rgm_rdp;
 
 fn vectors() -> serde_json::Value {
-    serde_json::from_str(include_str!("data/rgm_vectors.json")).expect("rgm_vectors.json")
+    serde_json::from_str(include_str!("../data/rgm_vectors.json")).expect("rgm_vectors.json")
 }
 
 fn close(got: f64, want: f64, tol: f64) -> bool {
@@ -34,7 +34,7 @@ fn reference_port_matches_python_to_1e_6() {
         let delta = c["delta"].as_f64().unwrap();
         let gamma = c["gamma"].as_f64().unwrap();
         let label = format!("K={k} n={n} eps={eps} delta={delta}");
-        // γ = (K² − 1)/(K(n − 1) + 1) (rgm.md §7(a)); ours is rounded up by < 1e-12 relative.
+        // γ = (K² − 1)/(K(n − 1) + 1) (docs/research/rgm.md §7(a)); ours is rounded up by < 1e-12 relative.
         let ours = mean_sensitivity(k, n);
         assert!(
             ours >= gamma && close(ours, gamma, 1e-12),

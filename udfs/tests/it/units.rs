@@ -2,7 +2,7 @@
 //! privacy-unit key): the call's interface, partition merges with keys, the per-unit sensitivity
 //! bound, the noise scale under K > 1, and utility on unit-level data.
 //!
-//! Run: `cargo nextest run -p dpfusion-udfs --test units` (all seeded).
+//! Run: `cargo nextest run -p dpfusion-udfs --test it units::` (all seeded).
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch};

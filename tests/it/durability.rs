@@ -10,8 +10,7 @@ use std::time::Duration;
 use dpfusion::accounting::Accountant;
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
-mod common;
-use common::*;
+use crate::common::*;
 
 /// SplitMix64: the seeded kill delays.
 fn splitmix(state: &mut u64) -> u64 {
@@ -20,6 +19,11 @@ fn splitmix(state: &mut u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// A released value line of the child's CSV output (header lines are "n").
+fn is_value(line: &str) -> bool {
+    line.trim().parse::<i64>().is_ok()
 }
 
 /// The two SIGKILL tests run one at a time: their kill delays are meant to land while the child
@@ -54,23 +58,37 @@ fn sigkill_never_loses_a_charge_for_a_released_result() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        // Kill after 0–300 ms: before the first admission, between, or during a query.
+        // Stdout is read on a thread, so that odd rounds can wait for the first release and
+        // kill 0–300 ms after it (mid-script however slow the machine is), while even rounds
+        // kill 0–300 ms after the start (before the first admission, between, or during one).
+        let mut stdout = child.stdout.take().unwrap();
+        let (first_tx, first_rx) = std::sync::mpsc::channel::<()>();
+        let reader = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let mut buf = [0u8; 4096];
+            let mut signalled = false;
+            loop {
+                match stdout.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
+                }
+                if !signalled && String::from_utf8_lossy(&out).lines().any(is_value) {
+                    signalled = true;
+                    let _ = first_tx.send(());
+                }
+            }
+            String::from_utf8_lossy(&out).into_owned()
+        });
         let delay = splitmix(&mut seed) % 300;
+        if round % 2 == 1 {
+            let _ = first_rx.recv_timeout(Duration::from_secs(120));
+        }
         std::thread::sleep(Duration::from_millis(delay));
         let _ = child.kill(); // SIGKILL on Unix
         let _ = child.wait();
-        let mut out = String::new();
-        child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut out)
-            .unwrap();
+        let out = reader.join().unwrap();
         // Count released values (every line that is a number; header lines are "n").
-        let released = out
-            .lines()
-            .filter(|l| l.trim().parse::<i64>().is_ok())
-            .count();
+        let released = out.lines().filter(|l| is_value(l)).count();
         released_total += released;
         if released < 60 {
             interrupted += 1;
@@ -214,8 +232,8 @@ mod server_kill {
     use futures::StreamExt;
     use tonic::transport::Channel;
 
-    use super::common::*;
     use super::splitmix;
+    use crate::common::*;
 
     const TOKEN: &str = "alice-0123456789abcdef0123456789abcdef";
 

@@ -7,12 +7,11 @@
 //!   1), while on the same data registered with row-level neighbours they differ by 10,000 times
 //!   as much.
 //! - `unit_level_audit_passes_with_bounding_and_fails_without`: the distinguishing audit of
-//!   udfs/tests/audit.rs (Ding et al. 2018; Jagielski et al. 2020) on the whole rewritten plan:
+//!   udfs/tests/it/audit.rs (Ding et al. 2018; Jagielski et al. 2020) on the whole rewritten plan:
 //!   G releases of dp_sum on D and on D′ = D plus one heavy unit in each of G groups; the 95%
 //!   lower confidence bound on ε stays below the claimed ε with bounding, and exceeds it when the
 //!   same data is registered with row-level neighbours (no bounding).
 //! - the SQL surface: settings, refusals, EXPLAIN PRIVACY.
-mod common;
 
 use std::sync::Arc;
 
@@ -27,7 +26,7 @@ use dpfusion::dpfusion_udfs::aggregates::{
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
 async fn session(tag: &str) -> PrivateSession {
-    let dir = common::temp_dir(tag);
+    let dir = crate::common::temp_dir(tag);
     PrivateSession::open(SessionOptions::default().with_ledger(dir.join("ledger.jsonl")))
         .await
         .unwrap()
@@ -559,7 +558,7 @@ async fn a_public_key_set_gives_exactly_its_groups() {
 /// file an analyst can write cannot gain a duplicate key between the check and the run).
 #[tokio::test]
 async fn the_checked_public_rows_are_the_rows_the_query_joins() {
-    let dir = common::temp_dir("units-toctou");
+    let dir = crate::common::temp_dir("units-toctou");
     let s = PrivateSession::open(SessionOptions::default().with_ledger(dir.join("ledger.jsonl")))
         .await
         .unwrap();

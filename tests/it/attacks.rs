@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
-mod common;
-use common::*;
+use crate::common::*;
 
 async fn session(dir: &Path) -> PrivateSession {
     let s = PrivateSession::open(
@@ -153,7 +152,7 @@ const REFUSED: &[(&str, &str)] = &[
         "SELECT dp_mean(m, 0, 1e6, 1.0) FROM (SELECT dept, MAX(salary) AS m FROM people GROUP BY dept) t",
         "a second aggregation",
     ),
-    // (A DP aggregate over DP releases is post-processing: tests/boundary.rs charges it.)
+    // (A DP aggregate over DP releases is post-processing: tests/it/boundary.rs charges it.)
     // window functions
     (
         "SELECT salary, rank() OVER (ORDER BY salary) FROM people",

@@ -10,8 +10,7 @@ use dpfusion::accounting::{
 };
 use dpfusion::dpfusion_udfs::privacy::Event;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 /// Built from JSON, as the ledger stores it, so that fields added to `TablePolicy` later (with
 /// their serde defaults, which old ledgers need anyway) do not break this test.

@@ -111,7 +111,7 @@ fn s(x: &str) -> ScalarValue {
 }
 
 fn vectors() -> serde_json::Value {
-    serde_json::from_str(include_str!("data/linreg_vectors.json")).unwrap()
+    serde_json::from_str(include_str!("../data/linreg_vectors.json")).unwrap()
 }
 
 /// The 'gaussian' noise: σ per gradient release and for the count, against dp-accounting
@@ -644,7 +644,7 @@ fn patients_like(n: usize, seed: u64) -> (Rows, Vec<f64>) {
 /// The sweep used to choose the defaults (README "Linear regression", "How the defaults were
 /// chosen"): median over seeds of ‖θ − θ*‖/‖θ*‖ (θ = coefficients and intercept) on the two
 /// synthetic families, for each (iterations, clip, learning_rate, averaged tail). Run with
-/// `cargo test -p dpfusion-udfs --test linreg -- --ignored measure_defaults --nocapture`:
+/// `cargo test -p dpfusion-udfs --test it -- --ignored linreg::measure_defaults --nocapture`:
 /// LINREG_SWEEP=full is the whole grid on n = 1000 and 10000; otherwise the finalists on n up
 /// to 100,000. (Faster with `--config 'profile.test.package.dpfusion-udfs.opt-level=3'`.)
 #[test]
@@ -714,7 +714,7 @@ fn measure_defaults() {
 }
 
 /// 'rgm' against 'gaussian' on a table with a public n (README "Linear regression").
-/// `cargo test -p dpfusion-udfs --test linreg -- --ignored measure_rgm --nocapture`
+/// `cargo test -p dpfusion-udfs --test it -- --ignored linreg::measure_rgm --nocapture`
 #[test]
 #[ignore]
 fn measure_rgm() {
@@ -777,7 +777,7 @@ fn measure_rgm() {
 }
 
 /// Wall time of one default fit on n = 100,000, d = 10 (kernel only, and through SQL).
-/// `cargo test -p dpfusion-udfs --test linreg -- --ignored time_fit --nocapture`
+/// `cargo test -p dpfusion-udfs --test it -- --ignored linreg::time_fit --nocapture`
 #[tokio::test]
 #[ignore]
 async fn time_fit() {

@@ -1,0 +1,9 @@
+//! All integration tests of this crate in one binary: each test binary links DataFusion, so one
+//! binary instead of one per file saves most of the test build's link time. Add a test file as a
+//! module here.
+mod aggregates;
+mod audit;
+mod kernels;
+mod linreg;
+mod rgm;
+mod units;
