@@ -23,7 +23,9 @@
 //!   namespace, with their own quotas (count and bytes), checked *before* admission: a full
 //!   quota refuses the new statement with nothing charged, and never drops anyone's charged
 //!   result. Each analyst has their own turns (`max_queries_per_analyst`) within the server's.
-//!   Prepared statements keep no state: a handle is its SQL, held by the client.
+//!   Prepared statements keep no state: a handle is its SQL (and, once parameters are bound,
+//!   the bound SQL: [`params`]), held by the client. Transactions group nothing: a charge is
+//!   durable when its statement is admitted.
 //! - **Every resource is bounded**, before and after authentication: connections
 //!   ([`conn`]: a limit, a handshake and an idle timeout, an accept loop that backs off); every
 //!   call that plans or runs (prepare included) waits for its turns and ends at the statement's
@@ -32,8 +34,9 @@
 //!   session's memory limit as they are computed and bounded by `max_result_bytes`; the SQL's
 //!   size is bounded. A client that goes away cancels its query (the charge stands).
 //! - **Errors** are the REPL's messages, as Flight status codes: `InvalidArgument` for a
-//!   refusal or invalid input, `ResourceExhausted` for a budget refusal or a full quota,
-//!   `Unauthenticated`, `DeadlineExceeded`.
+//!   refusal or invalid input, `FailedPrecondition` for a budget refusal, `ResourceExhausted`
+//!   for a full quota, `Unauthenticated`, `DeadlineExceeded`; a statement's error carries its
+//!   machine-readable code, and each result its receipt ([`wire`]).
 pub mod auth;
 pub mod client;
 pub mod cmd;
