@@ -649,9 +649,12 @@ impl DpFlightSql {
             let _abort = AbortOnDrop(task.abort_handle());
             match task.await {
                 Ok(r) => r,
-                Err(_) => Err(Status::internal(
+                Err(_) => Err(wire::coded(
+                    Code::Internal,
+                    ErrorCode::ExecutionFailed,
                     "dpfusion: the statement failed (an internal error). No detail is shown: it \
-                     could quote private data. If it was admitted, its charge stands",
+                     could quote private data. If it was admitted, its charge stands"
+                        .to_string(),
                 )),
             }
         };
@@ -1352,6 +1355,31 @@ mod tests {
                 .expect("the turn was given back at the deadline");
         assert_eq!(next.unwrap(), 42);
         release.send(()).unwrap();
+    }
+
+    /// Each kind of statement error reaches the client with its code, and a budget refusal
+    /// never with a crash's gRPC code.
+    #[test]
+    fn each_error_kind_has_its_code_and_a_budget_refusal_is_not_internal() {
+        let of = |e: Error| status_of(&DataFusionError::External(Box::new(e)));
+        let s = of(Error::Refused("dpfusion refused the query: no".into()));
+        assert_eq!(
+            (s.code(), wire::code_of(&s)),
+            (Code::InvalidArgument, Some(ErrorCode::Refused))
+        );
+        let s = of(Error::Invalid("no such column".into()));
+        assert_eq!(
+            (s.code(), wire::code_of(&s)),
+            (Code::InvalidArgument, Some(ErrorCode::Invalid))
+        );
+        let s = of(Error::ExecutionFailed);
+        assert_eq!(
+            (s.code(), wire::code_of(&s)),
+            (Code::Internal, Some(ErrorCode::ExecutionFailed))
+        );
+        let s = status_of(&DataFusionError::Plan("x".into()));
+        assert_eq!(wire::code_of(&s), Some(ErrorCode::ExecutionFailed));
+        assert_eq!(ErrorCode::BudgetExceeded.grpc(), Code::FailedPrecondition);
     }
 
     #[test]
