@@ -1861,6 +1861,25 @@ async fn receipts_error_codes_and_parameters_over_flight_sql() {
     let in_schema: StatementMetadata =
         serde_json::from_str(&schema.metadata()[RECEIPT_KEY]).unwrap();
     assert_eq!(in_schema.receipt.unwrap(), receipt);
+    // The stream's first message carries the document in its app_metadata too.
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let mut raw = FlightServiceClient::new(channel(s.addr).await);
+    let mut req = tonic::Request::new(ticket);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let mut stream = raw.do_get(req).await.unwrap().into_inner();
+    let first = stream.next().await.unwrap().unwrap();
+    let in_stream: StatementMetadata = serde_json::from_slice(&first.app_metadata).unwrap();
+    assert_eq!(in_stream.receipt.unwrap(), receipt);
+    while let Some(m) = stream.next().await {
+        m.unwrap();
+    }
+    // A result decoded by a Flight SQL client keeps it in its schema.
+    let info = alice
+        .execute("SELECT dp_count(id, 0.01) AS n FROM people".into(), None)
+        .await
+        .map_err(status)
+        .unwrap();
     let b = fetch(&mut alice, info).await.unwrap();
     assert!(b[0].schema().metadata().contains_key(RECEIPT_KEY));
     // Nothing charged: no receipt.
