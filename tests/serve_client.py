@@ -4,9 +4,12 @@
 
 With CA.crt the URL is grpc+tls://localhost:PORT and the script trusts that authority.
 
-Runs a DP query, a refused query, SHOW BUDGET, a bulk ingest into the analyst's schema `mine`
-(queried, then replaced), then the same DP query until the budget runs out;
-prints "all ok" when every check passes.
+Connects with no warning (the server answers the driver's transaction questions), runs a DP
+query (its receipt in the result's schema metadata), a refused query (its code in the error's
+details), SHOW BUDGET, `?` parameters and executemany, a bulk ingest into the analyst's schema
+`mine` (queried, then replaced), then the same DP query until the budget runs out (an
+OperationalError with the code budget_exceeded, not an InternalError); prints "all ok" when every
+check passes.
 """
 import os
 import sys
@@ -16,9 +19,9 @@ import signal
 # Bounded: a client that hangs fails the test instead of holding it up.
 signal.alarm(120)
 
-# The driver warns that Flight SQL connections cannot leave autocommit mode; dpfusion has no
-# transactions.
-warnings.simplefilter("ignore")
+# Any warning fails the test: the driver used to warn on connect that it could not leave
+# autocommit mode.
+warnings.simplefilter("error")
 
 import adbc_driver_flightsql.dbapi as flight_sql
 from adbc_driver_flightsql import DatabaseOptions
@@ -33,11 +36,31 @@ if len(sys.argv) > 2:
 conn = flight_sql.connect(uri, db_kwargs=options)
 cur = conn.cursor()
 
-# A DP query.
+
+def code(e):
+    """The dpfusion code of an ADBC error: the response metadata x-dpfusion-code, which the
+    driver lists in e.details (the gRPC status details are there too)."""
+    found = [bytes(v).decode() for k, v in e.details if k in ("x-dpfusion-code", b"x-dpfusion-code")]
+    assert any(k in ("grpc-status-details-bin", b"grpc-status-details-bin") for k, _ in e.details), e.details
+    return found[0] if found else None
+
+
+import json
+
+# A DP query, its receipt in the schema metadata.
 cur.execute("SELECT dp_count(id, 0.5) AS n FROM people")
 t = cur.fetch_arrow_table()
 assert t.num_rows == 1 and t.column_names == ["n"], t
-print("dp query:", t.to_pylist())
+doc = json.loads(t.schema.metadata[b"dpfusion.receipt"])
+assert doc["receipt"]["tables"][0]["name"] == "people", doc
+print("dp query:", t.to_pylist(), doc["receipt_text"])
+
+# `?` parameters, and executemany (one run, and one charge, per row).
+cur.execute("SELECT dp_count(id, ?) AS n FROM people WHERE dept = ?", (0.01, "ops"))
+assert cur.fetch_arrow_table().num_rows == 1
+cur.executemany("SELECT dp_count(id, ?) AS n FROM people", [(0.01,), (0.01,)])
+assert cur.rowcount == 2, cur.rowcount
+conn.commit()
 
 # A refused query, with its message.
 try:
@@ -49,6 +72,7 @@ except flight_sql.Error as e:
     assert "refused" in msg and "people" in msg, msg
     # The ADBC driver maps the gRPC code to an ADBC status and names it in the message.
     assert "(InvalidArgument;" in msg and isinstance(e, flight_sql.ProgrammingError), (type(e), msg)
+    assert code(e) == "refused", e.details
     print("refused:", type(e).__name__, msg.splitlines()[0][:200])
 
 # SHOW BUDGET.
@@ -77,7 +101,11 @@ for i in range(50):
     except flight_sql.Error as e:
         msg = str(e)
         assert "budget" in msg, msg
-        assert "(ResourceExhausted;" in msg, msg
+        # FailedPrecondition: an OperationalError in Python, never the InternalError of a crash.
+        assert "(FailedPrecondition;" in msg, msg
+        assert isinstance(e, flight_sql.OperationalError), type(e)
+        assert not isinstance(e, flight_sql.InternalError), type(e)
+        assert code(e) == "budget_exceeded", e.details
         print("exhausted after", i + 1, "more queries:", type(e).__name__, msg.splitlines()[0][:200])
         break
 else:

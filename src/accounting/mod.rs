@@ -273,15 +273,18 @@ pub struct TableCharge {
     pub events: Vec<Event>,
 }
 
-/// What an admitted query was charged (private tables only).
-#[derive(Clone, Debug)]
+/// What an admitted query was charged (private tables only). Serialised as JSON for clients of
+/// `dpfusion serve` (docs/SQL.md, "Receipts and error codes over Flight SQL").
+#[derive(Clone, Debug, Serialize)]
 pub struct Receipt {
     pub tables: Vec<ReceiptTable>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 pub struct ReceiptTable {
     pub name: String,
+    /// Not sent to clients: a file table's key is a path on the data owner's machine.
+    #[serde(skip)]
     pub key: TableKey,
     /// ε of this charge alone under the table's filter (at δ_g).
     pub cost: f64,

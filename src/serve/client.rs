@@ -233,7 +233,7 @@ fn print(r: &RemoteResult, format: OutputFormat, quiet: bool) -> Result<(), Stri
             .map_err(|e| format!("the result cannot be printed: {}", safe(&e.to_string())))?;
         crate::repl::out(&s);
     }
-    if !quiet && let Some(line) = &r.meta.receipt {
+    if !quiet && let Some(line) = &r.meta.receipt_text {
         eprintln!("{}", safe(line));
     }
     Ok(())

@@ -256,7 +256,7 @@ impl Uploads {
 }
 
 fn over_quota(max_bytes: usize) -> Status {
-    Status::resource_exhausted(format!(
+    super::quota_refusal(format!(
         "dpfusion refused the upload (nothing was stored): your ingested tables would take more \
          than {max_bytes} bytes, this server's quota per analyst (the data owner's [server] \
          max_ingest_bytes_per_analyst). Upload less, or replace a table you no longer need"
@@ -264,7 +264,7 @@ fn over_quota(max_bytes: usize) -> Status {
 }
 
 fn memory_full() -> Status {
-    Status::resource_exhausted(
+    super::quota_refusal(
         "dpfusion refused the upload (nothing was stored): the server's memory limit is reached \
          (the data owner's memory_limit). Upload less, or try again later",
     )
@@ -274,11 +274,8 @@ fn memory_full() -> Status {
 fn target(
     c: &CommandStatementIngest,
 ) -> Result<(String, TableExistsOption, TableNotExistOption), Status> {
-    if c.transaction_id.is_some() {
-        return Err(Status::invalid_argument(
-            "dpfusion does not support transactions: ingest without one",
-        ));
-    }
+    // A transaction changes nothing: the upload is kept at once (DpFlightSql's
+    // do_action_begin_transaction).
     if let Some(catalog) = c.catalog.as_deref().filter(|s| !s.is_empty())
         && catalog != super::CATALOG_NAME
     {
@@ -354,7 +351,7 @@ mod tests {
     }
 
     #[test]
-    fn an_ingest_names_a_simple_table_in_mine_without_a_transaction() {
+    fn an_ingest_names_a_simple_table_in_mine() {
         let (name, exists, not_exists) = target(&command("Bonus_2")).unwrap();
         assert_eq!(name, "bonus_2");
         assert_eq!(exists, TableExistsOption::Unspecified);
@@ -372,7 +369,7 @@ mod tests {
         assert!(target(&c).is_err());
         let mut c = command("t");
         c.transaction_id = Some(vec![1u8].into());
-        assert!(target(&c).is_err());
+        assert!(target(&c).is_ok());
     }
 
     fn data(rows: usize) -> impl Stream<Item = Result<arrow_flight::FlightData, Status>> {

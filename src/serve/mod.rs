@@ -23,7 +23,9 @@
 //!   namespace, with their own quotas (count and bytes), checked *before* admission: a full
 //!   quota refuses the new statement with nothing charged, and never drops anyone's charged
 //!   result. Each analyst has their own turns (`max_queries_per_analyst`) within the server's.
-//!   Prepared statements keep no state: a handle is its SQL, held by the client.
+//!   Prepared statements keep no state: a handle is its SQL (and, once parameters are bound,
+//!   the bound SQL: [`params`]), held by the client. Transactions group nothing: a charge is
+//!   durable when its statement is admitted.
 //! - **Every resource is bounded**, before and after authentication: connections
 //!   ([`conn`]: a limit, a handshake and an idle timeout, an accept loop that backs off); every
 //!   call that plans or runs (prepare included) waits for its turns and ends at the statement's
@@ -32,13 +34,16 @@
 //!   session's memory limit as they are computed and bounded by `max_result_bytes`; the SQL's
 //!   size is bounded. A client that goes away cancels its query (the charge stands).
 //! - **Errors** are the REPL's messages, as Flight status codes: `InvalidArgument` for a
-//!   refusal or invalid input, `ResourceExhausted` for a budget refusal or a full quota,
-//!   `Unauthenticated`, `DeadlineExceeded`.
+//!   refusal or invalid input, `FailedPrecondition` for a budget refusal, `ResourceExhausted`
+//!   for a full quota, `Unauthenticated`, `DeadlineExceeded`; a statement's error carries its
+//!   machine-readable code, and each result its receipt ([`wire`]).
 pub mod auth;
 pub mod client;
 pub mod cmd;
 pub mod conn;
 pub mod ingest;
+pub mod params;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -51,11 +56,13 @@ use arrow_flight::flight_service_server::FlightServiceServer;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
+    ActionBeginTransactionRequest, ActionBeginTransactionResult,
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
-    ActionCreatePreparedStatementResult, Any, CommandGetCatalogs, CommandGetDbSchemas,
-    CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandPreparedStatementQuery,
-    CommandStatementIngest, CommandStatementQuery, DoPutPreparedStatementResult, ProstMessageExt,
-    SqlInfo, TicketStatementQuery,
+    ActionCreatePreparedStatementResult, ActionEndTransactionRequest, Any, CommandGetCatalogs,
+    CommandGetDbSchemas, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
+    CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementIngest,
+    CommandStatementQuery, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
+    TicketStatementQuery,
 };
 use arrow_flight::{
     FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse,
@@ -68,7 +75,7 @@ use datafusion::common::DataFusionError;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use futures::{Stream, TryStreamExt};
 use prost::Message;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::error::Error;
 use crate::session::{PrivateSession, QueryResult, StatementKind};
@@ -201,13 +208,7 @@ pub enum ServeError {
     Schema(String),
 }
 
-/// A statement's `FlightInfo.app_metadata` (JSON): its charge receipt, as the REPL prints it,
-/// and the private tables it used.
-#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct StatementMetadata {
-    pub receipt: Option<String>,
-    pub tables: Vec<String>,
-}
+pub use wire::{ErrorCode, StatementMetadata};
 
 /// The runtime statements run on, apart from the one serving calls. Shut down in the
 /// background when the server goes (it may be dropped inside an async context).
@@ -264,6 +265,8 @@ struct Pending {
     bytes: usize,
     reservation: MemoryReservation,
     at: Instant,
+    /// The statement's [`StatementMetadata`] (JSON), sent on the result stream's first message.
+    app_metadata: Option<bytes::Bytes>,
 }
 
 /// One analyst's own state on the server: nothing here is reachable by another analyst.
@@ -461,6 +464,13 @@ pub async fn bind(
     // Analysts write only into their own schema `mine`, by bulk ingest ([`ingest`]).
     info.append(SqlInfo::FlightSqlServerReadOnly, false);
     info.append(SqlInfo::FlightSqlServerBulkIngestion, true);
+    // Transactions that group nothing (`do_action_begin_transaction`): what a DB-API client
+    // asks for to leave autocommit mode.
+    info.append(
+        SqlInfo::FlightSqlServerTransaction,
+        arrow_flight::sql::SqlSupportedTransaction::Transaction as i32,
+    );
+    info.append(SqlInfo::SqlTransactionsSupported, true);
     let sql_info = info
         .build()
         .map_err(|e| ServeError::Bind(addr, std::io::Error::other(e.to_string())))?;
@@ -501,8 +511,8 @@ fn cut(mut m: String) -> String {
     m
 }
 
-/// The status a client gets for a statement's error: the REPL's message, with its kind as the
-/// code.
+/// The status a client gets for a statement's error: the REPL's message, its kind as the gRPC
+/// code and as the machine-readable [`ErrorCode`] in the details ([`wire`]).
 pub fn status_of(e: &DataFusionError) -> Status {
     let full = e.to_string();
     let msg = full
@@ -511,24 +521,42 @@ pub fn status_of(e: &DataFusionError) -> Status {
         .unwrap_or(&full)
         .to_string();
     let msg = cut(msg);
-    match Error::of(e) {
-        Some(Error::BudgetExceeded { .. }) => Status::resource_exhausted(msg),
-        Some(Error::Refused(_) | Error::Invalid(_) | Error::Policy(_)) => {
-            Status::invalid_argument(msg)
-        }
-        Some(Error::ExecutionFailed) | None => Status::internal(msg),
-    }
+    let code = match Error::of(e) {
+        Some(Error::BudgetExceeded { .. }) => ErrorCode::BudgetExceeded,
+        Some(Error::Refused(_) | Error::Policy(_)) => ErrorCode::Refused,
+        Some(Error::Invalid(_)) => ErrorCode::Invalid,
+        Some(Error::ExecutionFailed) | None => ErrorCode::ExecutionFailed,
+    };
+    wire::coded(code.grpc(), code, msg)
 }
 
+/// The server's own refusal of a request (nothing charged): `InvalidArgument`, code `refused`.
 fn refusal(msg: impl Into<String>) -> Status {
-    Status::invalid_argument(cut(msg.into()))
+    wire::coded(Code::InvalidArgument, ErrorCode::Refused, cut(msg.into()))
+}
+
+/// A refusal for a full quota (nothing charged): `ResourceExhausted`, code `refused`.
+pub(crate) fn quota_refusal(msg: impl Into<String>) -> Status {
+    wire::coded(Code::ResourceExhausted, ErrorCode::Refused, cut(msg.into()))
 }
 
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>;
 
 fn batches_stream(schema: SchemaRef, batches: Vec<RecordBatch>) -> DoGetStream {
-    let stream = FlightDataEncoderBuilder::new()
-        .with_schema(schema)
+    batches_stream_with(schema, batches, None)
+}
+
+/// [`batches_stream`], with `app_metadata` on the first (schema) message.
+fn batches_stream_with(
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    app_metadata: Option<bytes::Bytes>,
+) -> DoGetStream {
+    let mut builder = FlightDataEncoderBuilder::new().with_schema(schema);
+    if let Some(m) = app_metadata {
+        builder = builder.with_metadata(m);
+    }
+    let stream = builder
         .build(futures::stream::iter(batches.into_iter().map(Ok)))
         .map_err(Status::from);
     Box::pin(stream)
@@ -621,9 +649,12 @@ impl DpFlightSql {
             let _abort = AbortOnDrop(task.abort_handle());
             match task.await {
                 Ok(r) => r,
-                Err(_) => Err(Status::internal(
+                Err(_) => Err(wire::coded(
+                    Code::Internal,
+                    ErrorCode::ExecutionFailed,
                     "dpfusion: the statement failed (an internal error). No detail is shown: it \
-                     could quote private data. If it was admitted, its charge stands",
+                     could quote private data. If it was admitted, its charge stands"
+                        .to_string(),
                 )),
             }
         };
@@ -672,7 +703,7 @@ impl DpFlightSql {
         if ns.pending.len() + ns.reserved >= o.max_pending_results
             || ns.pending_bytes() >= o.max_pending_bytes
         {
-            return Err(Status::resource_exhausted(format!(
+            return Err(quota_refusal(format!(
                 "dpfusion refused the statement before admission (nothing was charged): you have \
                  {} results waiting to be fetched or under way ({} bytes), and this server keeps \
                  at most {} (and {} bytes) per analyst (the data owner's [server] \
@@ -743,6 +774,7 @@ impl DpFlightSql {
                     bytes,
                     reservation,
                     at: Instant::now(),
+                    app_metadata: None,
                 })
             })
             .await?;
@@ -769,15 +801,17 @@ impl DpFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let analyst = self.analyst(&request)?;
-        let (place, pending) = self.run(&analyst, sql).await?;
-        let result = &pending.result;
+        let (place, mut pending) = self.run(&analyst, sql).await?;
+        // The receipt travels with the result ([`wire`]): in the FlightInfo, in the stream's
+        // first message, and in the result's schema metadata.
+        let meta = StatementMetadata::of(&pending.result).to_json();
+        let result = &mut pending.result;
+        let mut with_meta = result.schema.metadata().clone();
+        with_meta.insert(wire::RECEIPT_KEY.to_string(), meta.clone());
+        result.schema = Arc::new(result.schema.as_ref().clone().with_metadata(with_meta));
         let schema = result.schema.clone();
         let rows: usize = result.batches.iter().map(|b| b.num_rows()).sum();
-        let meta = StatementMetadata {
-            receipt: result.receipt.as_ref().map(crate::statements::receipt_line),
-            tables: result.tables.clone(),
-        };
-        let meta = serde_json::to_vec(&meta).map_err(|e| Status::internal(e.to_string()))?;
+        pending.app_metadata = Some(meta.clone().into_bytes().into());
         let handle = self.keep(place, pending);
         let ticket = TicketStatementQuery {
             statement_handle: handle.into(),
@@ -785,8 +819,55 @@ impl DpFlightSql {
         let info = info_for(&ticket, &schema, request.into_inner())?
             .with_total_records(rows as i64)
             .with_ordered(true)
-            .with_app_metadata(meta);
+            .with_app_metadata(meta.into_bytes());
         Ok(Response::new(info))
+    }
+
+    /// The parameter rows a `DoPut` sends (one batch; None when it sends none), their encoded
+    /// size bounded by the SQL text's limit.
+    async fn parameters(
+        &self,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<Option<RecordBatch>, Status> {
+        use arrow_flight::decode::FlightRecordBatchStream;
+        use arrow_flight::error::FlightError;
+        let max = self.0.options.max_sql_bytes;
+        let mut seen = 0usize;
+        let data = request.into_inner().into_peekable().and_then(move |d| {
+            seen = seen.saturating_add(d.data_header.len() + d.data_body.len());
+            let over = seen > max;
+            async move {
+                if over {
+                    Err(invalid(format!(
+                        "the parameters take more than {max} bytes, this server's limit for a \
+                         statement (the data owner's [server] max_sql_bytes)"
+                    )))
+                } else {
+                    Ok(d)
+                }
+            }
+        });
+        let mut stream =
+            FlightRecordBatchStream::new_from_flight_data(data.map_err(FlightError::from));
+        let mut batches = Vec::new();
+        while let Some(b) = futures::StreamExt::next(&mut stream).await {
+            batches.push(b.map_err(|e| match e {
+                FlightError::Tonic(s) => *s,
+                other => invalid(format!(
+                    "the parameters are not Arrow record batches: {other}"
+                )),
+            })?);
+        }
+        let Some(schema) = stream
+            .schema()
+            .cloned()
+            .or_else(|| batches.first().map(|b| b.schema()))
+        else {
+            return Ok(None);
+        };
+        datafusion::arrow::compute::concat_batches(&schema, &batches)
+            .map(Some)
+            .map_err(|e| invalid(format!("the parameters are not one table: {e}")))
     }
 
     /// The owner's tables, and the analyst's own (schema `mine`).
@@ -806,9 +887,9 @@ impl DpFlightSql {
     }
 }
 
-fn utf8(bytes: &[u8], what: &str) -> Result<String, Status> {
-    String::from_utf8(bytes.to_vec())
-        .map_err(|_| refusal(format!("the {what} is not UTF-8 text; send SQL text")))
+/// Invalid input from the analyst (nothing charged): `InvalidArgument`, code `invalid`.
+fn invalid(msg: impl Into<String>) -> Status {
+    wire::coded(Code::InvalidArgument, ErrorCode::Invalid, cut(msg.into()))
 }
 
 fn one_batch(batch: Result<RecordBatch, Status>) -> Result<Response<DoGetStream>, Status> {
@@ -847,12 +928,7 @@ impl FlightSqlService for DpFlightSql {
         query: CommandStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        if query.transaction_id.is_some() {
-            self.analyst(&request)?;
-            return Err(refusal(
-                "dpfusion does not support transactions: send statements without one",
-            ));
-        }
+        // A transaction changes nothing ([`DpFlightSql::do_action_begin_transaction`]).
         self.statement_info(&query.query, request).await
     }
 
@@ -861,8 +937,8 @@ impl FlightSqlService for DpFlightSql {
         cmd: CommandPreparedStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let sql = utf8(&cmd.prepared_statement_handle, "prepared statement handle")?;
-        self.statement_info(&sql, request).await
+        let handle = params::Handle::decode(&cmd.prepared_statement_handle).map_err(refusal)?;
+        self.statement_info(handle.runs(), request).await
     }
 
     async fn do_get_statement(
@@ -889,9 +965,10 @@ impl FlightSqlService for DpFlightSql {
         let Pending {
             result,
             reservation,
+            app_metadata,
             ..
         } = p;
-        let stream = batches_stream(result.schema, result.batches);
+        let stream = batches_stream_with(result.schema, result.batches, app_metadata);
         let stream = futures::StreamExt::map(stream, move |item| {
             let _counted = &reservation;
             item
@@ -1044,11 +1121,6 @@ impl FlightSqlService for DpFlightSql {
         request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let analyst = self.analyst(&request)?;
-        if query.transaction_id.is_some() {
-            return Err(refusal(
-                "dpfusion does not support transactions: prepare statements without one",
-            ));
-        }
         if query.query.len() > self.0.options.max_sql_bytes {
             return Err(refusal(format!(
                 "dpfusion refused the query: its SQL text is {} bytes, and this server accepts \
@@ -1096,16 +1168,69 @@ impl FlightSqlService for DpFlightSql {
         Ok(())
     }
 
+    /// Binds one row of parameters into the statement's SQL ([`params`]); the bound SQL is the
+    /// new handle, which runs (guarded and charged as typed) at its `GetFlightInfo`.
     async fn do_put_prepared_statement_query(
         &self,
-        _query: CommandPreparedStatementQuery,
+        query: CommandPreparedStatementQuery,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
         self.analyst(&request)?;
-        Err(refusal(
-            "dpfusion does not support parameters in prepared statements: write the values into \
-             the SQL text",
-        ))
+        let handle = params::Handle::decode(&query.prepared_statement_handle).map_err(refusal)?;
+        let sql = handle.sql;
+        let values = self.parameters(request).await?;
+        let rows = values.as_ref().map_or(0, RecordBatch::num_rows);
+        let bound = match (&values, rows) {
+            (_, 0) if params::count(&sql).map_err(invalid)? == 0 => sql.clone(),
+            (Some(v), 1) => params::bind(&sql, v, 0).map_err(invalid)?,
+            _ => {
+                return Err(invalid(format!(
+                    "a query runs with one row of parameters, and {rows} were sent: execute it \
+                     once per row (each run is a query, charged if it is a DP query)"
+                )));
+            }
+        };
+        if bound.len() > self.0.options.max_sql_bytes {
+            return Err(refusal(format!(
+                "dpfusion refused the query: with its parameters bound, its SQL text is {} \
+                 bytes, and this server accepts at most {} (the data owner's [server] \
+                 max_sql_bytes)",
+                bound.len(),
+                self.0.options.max_sql_bytes
+            )));
+        }
+        let handle = params::Handle {
+            sql,
+            bound: Some(bound),
+        };
+        Ok(DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(handle.encode().into()),
+        })
+    }
+
+    /// `executemany`: the statement runs once per row of parameters, in order, each run
+    /// admitted and charged as a statement of its own, its result dropped; stops at the first
+    /// error. Returns the number of runs.
+    async fn do_put_prepared_statement_update(
+        &self,
+        query: CommandPreparedStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let analyst = self.analyst(&request)?;
+        let handle = params::Handle::decode(&query.prepared_statement_handle).map_err(refusal)?;
+        let values = self.parameters(request).await?;
+        let runs: Vec<String> = match &values {
+            None => vec![handle.runs().to_string()],
+            Some(v) => (0..v.num_rows())
+                .map(|row| params::bind(&handle.sql, v, row))
+                .collect::<Result<_, _>>()
+                .map_err(invalid)?,
+        };
+        for bound in &runs {
+            // Each run keeps no result: its place is given back when it is dropped.
+            let (_place, _result) = self.run(&analyst, bound).await?;
+        }
+        Ok(runs.len() as i64)
     }
 
     async fn do_get_fallback(
@@ -1137,6 +1262,35 @@ impl FlightSqlService for DpFlightSql {
             uploads.ingest(&who, &command, data, &pool, max).await
         })
         .await
+    }
+
+    /// Transactions exist so that DB-API clients (ADBC) can leave autocommit mode without a
+    /// warning; they group nothing. A statement's charge is durable when it is admitted, with or
+    /// without a transaction (like a sequence in PostgreSQL), and an upload into `mine` is kept
+    /// at once. A transaction is its random id; the server keeps no state of it.
+    async fn do_action_begin_transaction(
+        &self,
+        _query: ActionBeginTransactionRequest,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<ActionBeginTransactionResult, Status> {
+        use rand::RngCore;
+        self.analyst(&request)?;
+        let mut id = vec![0u8; 16];
+        rand::rng().fill_bytes(&mut id);
+        Ok(ActionBeginTransactionResult {
+            transaction_id: id.into(),
+        })
+    }
+
+    /// Commit: nothing to do. Rollback: nothing is undone (a charge, once admitted, stands);
+    /// accepted, so that a client's routine rollback (closing a connection, a pool) works.
+    async fn do_action_end_transaction(
+        &self,
+        _query: ActionEndTransactionRequest,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<(), Status> {
+        self.analyst(&request)?;
+        Ok(())
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
@@ -1201,6 +1355,31 @@ mod tests {
                 .expect("the turn was given back at the deadline");
         assert_eq!(next.unwrap(), 42);
         release.send(()).unwrap();
+    }
+
+    /// Each kind of statement error reaches the client with its code, and a budget refusal
+    /// never with a crash's gRPC code.
+    #[test]
+    fn each_error_kind_has_its_code_and_a_budget_refusal_is_not_internal() {
+        let of = |e: Error| status_of(&DataFusionError::External(Box::new(e)));
+        let s = of(Error::Refused("dpfusion refused the query: no".into()));
+        assert_eq!(
+            (s.code(), wire::code_of(&s)),
+            (Code::InvalidArgument, Some(ErrorCode::Refused))
+        );
+        let s = of(Error::Invalid("no such column".into()));
+        assert_eq!(
+            (s.code(), wire::code_of(&s)),
+            (Code::InvalidArgument, Some(ErrorCode::Invalid))
+        );
+        let s = of(Error::ExecutionFailed);
+        assert_eq!(
+            (s.code(), wire::code_of(&s)),
+            (Code::Internal, Some(ErrorCode::ExecutionFailed))
+        );
+        let s = status_of(&DataFusionError::Plan("x".into()));
+        assert_eq!(wire::code_of(&s), Some(ErrorCode::ExecutionFailed));
+        assert_eq!(ErrorCode::BudgetExceeded.grpc(), Code::FailedPrecondition);
     }
 
     #[test]

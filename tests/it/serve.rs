@@ -15,6 +15,7 @@ use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables};
 use arrow_flight::{FlightDescriptor, FlightInfo, Ticket};
 use dpfusion::arrow::array::{Array, Float64Array, RecordBatch, StringArray};
 use dpfusion::serve::auth::TokenHash;
+use dpfusion::serve::wire::{ErrorCode, RECEIPT_KEY, StatementMetadata, code_of};
 use futures::StreamExt;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -287,7 +288,8 @@ async fn flight_sql_client_queries_refusals_budget_auth_and_bad_requests() {
         .unwrap();
     assert_eq!(rows(&b), 1);
 
-    // Budget exhaustion: ResourceExhausted, with the message.
+    // Budget exhaustion: FailedPrecondition (never Internal, a crash's code), with the message
+    // and the code `budget_exceeded`.
     let bob_first = {
         let mut bob = client(addr, Some(BOB)).await;
         let mut first = None;
@@ -302,7 +304,12 @@ async fn flight_sql_client_queries_refusals_budget_auth_and_bad_requests() {
         }
         first.expect("the budget runs out")
     };
-    assert_eq!(bob_first.code(), Code::ResourceExhausted, "{bob_first:?}");
+    assert_eq!(bob_first.code(), Code::FailedPrecondition, "{bob_first:?}");
+    assert_eq!(
+        code_of(&bob_first),
+        Some(ErrorCode::BudgetExceeded),
+        "{bob_first:?}"
+    );
     assert!(
         bob_first.message().contains("budget"),
         "{}",
@@ -538,7 +545,7 @@ async fn load_32_clients_1000_queries_admit_exactly_the_budget() {
                         admitted += 1;
                     }
                     Err(e) => {
-                        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+                        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
                         assert!(!e.message().contains("nope_c"), "{}", e.message());
                         exhausted += 1;
                     }
@@ -732,6 +739,36 @@ async fn python_adbc_client_runs_queries_refusals_budget_and_exhaustion() {
         assert!(stdout.contains("all ok"), "{stdout}");
         dpfusion::accounting::verify(&s.ledger).unwrap();
     }
+}
+
+/// The Python package (python/, installed into the venv by scripts/setup-venv-serve.sh as
+/// `pip install ./python`) against this server: receipts, DataFrames, parameters, and a budget
+/// refusal told apart from a crash (python/tests/test_client.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_package_reads_receipts_and_tells_a_budget_refusal_from_a_crash() {
+    let python = match python_venv() {
+        Ok(p) => p,
+        Err(why) if std::env::var_os("CI").is_none() => {
+            eprintln!("SKIPPED: the Python package test needs Python 3 and PyPI: {why}");
+            return;
+        }
+        Err(why) => panic!("CI must run the Python package test: {why}"),
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/tests/test_client.py");
+    let s = serve_here("serve-pypkg", 1.0, "").await;
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script)
+        .arg(format!("grpc://{}", s.addr))
+        .env("DPFUSION_TOKEN", ALICE);
+    let out = tokio::task::block_in_place(|| cmd.output().unwrap());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("all ok"), "{stdout}");
+    dpfusion::accounting::verify(&s.ledger).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1789,4 +1826,145 @@ async fn analysts_ingest_their_own_public_tables_seen_by_them_only_within_a_quot
         .unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     still_serving(s.addr).await;
+}
+
+/// Issues 29 and 33 over Flight SQL: each result carries its receipt (JSON: the FlightInfo's
+/// app_metadata and the result's schema metadata), each error its machine-readable code, and
+/// `?` parameters are bound into the SQL before the guard sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_error_codes_and_parameters_over_flight_sql() {
+    let s = serve_here("serve-wire", 1.0, "").await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let info = alice
+        .execute("SELECT dp_count(id, 0.25) AS n FROM people".into(), None)
+        .await
+        .map_err(status)
+        .unwrap();
+    let meta: StatementMetadata = serde_json::from_slice(&info.app_metadata).unwrap();
+    let receipt = meta.receipt.expect("a receipt");
+    let table = &receipt["tables"][0];
+    assert_eq!(table["name"], "people");
+    // The fields are the accountant's (serialised whole): some positive cost is among them.
+    assert!(
+        table
+            .as_object()
+            .unwrap()
+            .values()
+            .any(|v| v.as_f64().is_some_and(|x| x > 0.0)),
+        "{receipt}"
+    );
+    assert!(table.get("key").is_none(), "no server path: {receipt}");
+    assert!(meta.receipt_text.unwrap().contains("people"));
+    assert_eq!(meta.tables, vec!["people".to_string()]);
+    let schema = info.clone().try_decode_schema().unwrap();
+    let in_schema: StatementMetadata =
+        serde_json::from_str(&schema.metadata()[RECEIPT_KEY]).unwrap();
+    assert_eq!(in_schema.receipt.unwrap(), receipt);
+    // The stream's first message carries the document in its app_metadata too.
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let mut raw = FlightServiceClient::new(channel(s.addr).await);
+    let mut req = tonic::Request::new(ticket);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    let mut stream = raw.do_get(req).await.unwrap().into_inner();
+    let first = stream.next().await.unwrap().unwrap();
+    let in_stream: StatementMetadata = serde_json::from_slice(&first.app_metadata).unwrap();
+    assert_eq!(in_stream.receipt.unwrap(), receipt);
+    while let Some(m) = stream.next().await {
+        m.unwrap();
+    }
+    // A result decoded by a Flight SQL client keeps it in its schema.
+    let info = alice
+        .execute("SELECT dp_count(id, 0.01) AS n FROM people".into(), None)
+        .await
+        .map_err(status)
+        .unwrap();
+    let b = fetch(&mut alice, info).await.unwrap();
+    assert!(b[0].schema().metadata().contains_key(RECEIPT_KEY));
+    // Nothing charged: no receipt.
+    let info = alice
+        .execute("SELECT dept FROM depts".into(), None)
+        .await
+        .map_err(status)
+        .unwrap();
+    let meta: StatementMetadata = serde_json::from_slice(&info.app_metadata).unwrap();
+    assert!(meta.receipt.is_none() && meta.receipt_text.is_none());
+
+    // Error codes.
+    let e = query(&mut alice, "SELECT age FROM people")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code(), code_of(&e)),
+        (Code::InvalidArgument, Some(ErrorCode::Refused))
+    );
+    let e = query(&mut alice, "SELECT nosuch FROM depts")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code(), code_of(&e)),
+        (Code::InvalidArgument, Some(ErrorCode::Invalid))
+    );
+
+    // Parameters: bound as literals, then guarded and charged like typed SQL.
+    let mut p = alice
+        .prepare(
+            "SELECT dp_count(id, ?) AS n FROM people WHERE dept = ?".into(),
+            None,
+        )
+        .await
+        .unwrap();
+    let params = RecordBatch::try_from_iter([
+        (
+            "eps",
+            Arc::new(Float64Array::from(vec![0.25])) as Arc<dyn Array>,
+        ),
+        ("dept", Arc::new(StringArray::from(vec!["ops"])) as _),
+    ])
+    .unwrap();
+    p.set_parameters(params.clone()).unwrap();
+    let info = p.execute().await.map_err(status).unwrap();
+    let meta: StatementMetadata = serde_json::from_slice(&info.app_metadata).unwrap();
+    assert_eq!(meta.receipt.unwrap()["tables"][0]["name"], "people");
+    assert_eq!(rows(&fetch(&mut alice, info).await.unwrap()), 1);
+    // Bound again with other values (the handle keeps its placeholders).
+    let raw = RecordBatch::try_from_iter([
+        (
+            "eps",
+            Arc::new(Float64Array::from(vec![0.25])) as Arc<dyn Array>,
+        ),
+        (
+            "dept",
+            Arc::new(StringArray::from(vec!["x' OR 'a'='a"])) as _,
+        ),
+    ])
+    .unwrap();
+    p.set_parameters(raw).unwrap();
+    let info = p.execute().await.map_err(status).unwrap();
+    assert_eq!(rows(&fetch(&mut alice, info).await.unwrap()), 1);
+    // A parameter cannot make a raw read: the guard sees the bound SQL.
+    let mut raw = alice
+        .prepare("SELECT age FROM people WHERE id = ?".into(), None)
+        .await
+        .unwrap();
+    raw.set_parameters(
+        RecordBatch::try_from_iter([("id", Arc::new(Float64Array::from(vec![1.0])) as _)]).unwrap(),
+    )
+    .unwrap();
+    let e = raw.execute().await.map_err(status).unwrap_err();
+    assert_eq!(code_of(&e), Some(ErrorCode::Refused), "{e:?}");
+    // A wrong number of values.
+    let mut one = alice
+        .prepare("SELECT ? AS a, ? AS b".into(), None)
+        .await
+        .unwrap();
+    one.set_parameters(
+        RecordBatch::try_from_iter([("a", Arc::new(Float64Array::from(vec![1.0])) as _)]).unwrap(),
+    )
+    .unwrap();
+    let e = one.execute().await.map_err(status).unwrap_err();
+    assert_eq!(code_of(&e), Some(ErrorCode::Invalid), "{e:?}");
+    // (executemany, one run and one charge per row, is checked with the ADBC driver in
+    // tests/serve_client.py: arrow-flight's client binds rows as a query first.)
+    dpfusion::accounting::verify(&s.ledger).unwrap();
 }
