@@ -196,6 +196,9 @@ pub fn mechanism_name(e: &Event) -> String {
         Event::Laplace { .. } => "Laplace (laplace)".into(),
         Event::PureDp { .. } => "pure DP (pure_dp)".into(),
         Event::Rgm { .. } => "relative Gaussian mechanism (rgm, rgm_mean_by)".into(),
+        Event::SubsampledGaussian { .. } => {
+            "Poisson-subsampled Gaussian (subsampled_gaussian, DP-SGD)".into()
+        }
         Event::Delta { .. } => "partition selection δ (delta)".into(),
     }
 }
@@ -339,7 +342,6 @@ impl Filter {
             (_, Event::Delta { .. }) => Ok(0.0),
             // Smith and Thakurta 2022: the currency of the GDP filter is μ².
             (MainBudget::Gdp { .. }, Event::Gaussian { mu }) => Ok(checked(mu, mu * mu)),
-            (MainBudget::Gdp { .. }, _) => Err(()),
             // A μ-GDP Gaussian mechanism is μ²/2-zCDP, exactly (Bun and Steinke 2016, Prop. 1.6).
             (MainBudget::Zcdp { .. }, Event::Gaussian { mu }) => Ok(checked(mu, mu * mu / 2.0)),
             // Recorded as is (no arithmetic, nothing to round).
@@ -353,6 +355,30 @@ impl Filter {
             }
             // No finite zCDP bound (its RDP curve is infinite beyond a finite order).
             (MainBudget::Zcdp { .. }, Event::Rgm { .. }) => Err(()),
+            // DP-SGD without amplification: each step's pair of output distributions is a
+            // post-processing of the unsampled Gaussian's pair (keep the sampled row's term with
+            // probability q, else replace it by a fresh draw of the rest), so one step is
+            // (1/z)-GDP and 1/(2z²)-zCDP; `steps` of them compose to μ² = steps/z² and
+            // ρ = steps/(2z²) (docs/ACCOUNTING.md, "DP-SGD accounting"). Only the rdp filter
+            // credits the sampling.
+            (
+                MainBudget::Gdp { .. } | MainBudget::Zcdp { .. },
+                Event::SubsampledGaussian {
+                    sample_rate,
+                    noise_multiplier: z,
+                    steps,
+                },
+            ) => {
+                if !(sample_rate > 0.0 && sample_rate <= 1.0) || z.is_nan() || z <= 0.0 {
+                    return Ok(f64::INFINITY);
+                }
+                let mu_sq = up(up(steps as f64 / z) / z);
+                Ok(match self.main {
+                    MainBudget::Gdp { .. } => mu_sq,
+                    _ => up(mu_sq / 2.0),
+                })
+            }
+            (MainBudget::Gdp { .. }, _) => Err(()),
             // The event's RDP curve (profile.rs, `Event::rdp`, with its sources) at α*, rounded
             // outward.
             (MainBudget::Rdp { order: a, .. }, ev) => Ok(up(ev.rdp(a))),
