@@ -682,4 +682,38 @@ mod tests {
             f64::INFINITY
         );
     }
+    /// DP-SGD (issue 30): the rdp filter charges the amplified curve at α*; gdp and zcdp charge
+    /// the unamplified Gaussian (μ² = steps/z², ρ = steps/(2z²)), never less.
+    #[test]
+    fn subsampled_gaussian_in_each_filter() {
+        let b = budget(5.0, 1e-6);
+        let ev = Event::SubsampledGaussian {
+            sample_rate: 0.01,
+            noise_multiplier: 2.0,
+            steps: 100,
+        };
+        let rdp = Filter::new(&b, FilterKind::Rdp { order: None }, 0.5).unwrap();
+        let MainBudget::Rdp { order, .. } = rdp.main else {
+            panic!()
+        };
+        let u = rdp.usage(std::slice::from_ref(&ev));
+        assert!(u.main >= ev.rdp(order) && u.main <= ev.rdp(order) * (1.0 + 1e-12));
+        assert!(
+            u.main < 100.0 * order / 8.0,
+            "amplified below the Gaussian curve"
+        );
+        let gdp = Filter::new(&b, FilterKind::Gdp, 0.5).unwrap();
+        let u = gdp.usage(std::slice::from_ref(&ev));
+        assert!(u.refused.is_none() && u.main >= 25.0 && u.main <= 25.0 * (1.0 + 1e-12));
+        let zcdp = Filter::new(&b, FilterKind::Zcdp, 0.5).unwrap();
+        let u = zcdp.usage(std::slice::from_ref(&ev));
+        assert!(u.refused.is_none() && u.main >= 12.5 && u.main <= 12.5 * (1.0 + 1e-12));
+        let bad = Event::SubsampledGaussian {
+            sample_rate: f64::NAN,
+            noise_multiplier: 2.0,
+            steps: 1,
+        };
+        assert_eq!(gdp.usage(std::slice::from_ref(&bad)).main, f64::INFINITY);
+        assert_eq!(rdp.usage(&[bad]).main, f64::INFINITY);
+    }
 }

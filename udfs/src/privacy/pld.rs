@@ -5,9 +5,9 @@
 //! One step releases (Σ clipped gradients of a Poisson sample of rate q) + N(0, σ²·clip²). With
 //! sensitivity 1 and σ = the noise multiplier, the two neighbouring relations of add/remove give
 //! two pairs of one-dimensional distributions (Koskela, Jälkö, Honkela 2020, "Computing tight
-//! differential privacy guarantees using FFT", AISTATS, §3; Zhu, Dong, Wang 2022, "Optimal
-//! accounting of differential privacy via characteristic function", AISTATS, Prop. 30: these
-//! pairs dominate the subsampled Gaussian under composition):
+//! differential privacy guarantees using FFT", AISTATS; Zhu, Dong, Wang 2022, "Optimal
+//! accounting of differential privacy via characteristic function", AISTATS: these pairs are
+//! dominating pairs of the subsampled Gaussian, which composition preserves):
 //!
 //! - remove: P = (1−q)·N(0, σ²) + q·N(−1, σ²) against Q = N(0, σ²);
 //! - add: P = N(0, σ²) against Q = (1−q)·N(0, σ²) + q·N(1, σ²).
@@ -17,7 +17,7 @@
 //! evaluated on the grid ε_i = i·h and turned into a discrete PLD on that grid whose curve is
 //! the piecewise-linear interpolation of the points (e^{ε_i}, δ(ε_i)) — above the true convex
 //! curve, hence pessimistic ("connect the dots", Doroshenko, Ghazi, Kamath, Kumar, Manurangsi
-//! 2022, PETS, Algorithm 1 and Theorem 4.2; the fixed-gap formulas of Google's `dp_accounting`,
+//! 2022, PETS, Algorithm 1; the fixed-gap formulas of Google's `dp_accounting`,
 //! `pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap`). The noise tails beyond
 //! `e^{-50}/2` each side become losses at the grid ends, and the mass above the top at +∞.
 //! T steps compose by the T-th convolution power, computed by FFT on a window whose outside mass
@@ -247,21 +247,17 @@ fn convolution_bounds(probs: &[f64], t: f64) -> (f64, f64) {
     let len = probs.len() as f64;
     let mut hi = (len - 1.0) * t;
     let mut lo = 0.0f64;
-    let logs: Vec<(f64, f64)> = probs
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| **p > 0.0)
-        .map(|(j, p)| (j as f64, p.ln()))
-        .collect();
     for k in (-20i32..=20).filter(|k| *k != 0) {
         let order = k as f64 / len;
-        let m = logs
-            .iter()
-            .map(|(j, lp)| j * order + lp)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let s: f64 = logs.iter().map(|(j, lp)| (j * order + lp - m).exp()).sum();
-        let log_mgf = m + s.ln();
-        let bound = (t * log_mgf + (2.0 / TAIL_MASS_TRUNCATION).ln()) / order;
+        // M(λ) = Σ p_j e^{λj}, with e^{λj} as a running product (|λ|·len ≤ 20: no overflow).
+        let r = order.exp();
+        let mut w = 1.0f64;
+        let mut mgf = 0.0f64;
+        for &p in probs {
+            mgf += p * w;
+            w *= r;
+        }
+        let bound = (t * mgf.ln() + (2.0 / TAIL_MASS_TRUNCATION).ln()) / order;
         if !bound.is_finite() {
             continue;
         }

@@ -126,16 +126,18 @@ pub fn noise_multiplier(
         iterations += 1;
         let (a, b) = (lo.ln(), hi.ln());
         let guard = TOL / 4.0;
-        let mut x = if iterations <= 20 && g_lo.is_finite() && g_hi.is_finite() && g_lo > g_hi {
+        let secant = if iterations <= 20 && g_lo.is_finite() && g_hi.is_finite() && g_lo > g_hi {
             a + (b - a) * g_lo / (g_lo - g_hi)
         } else {
             0.5 * (a + b)
         };
-        // Keep the probe strictly inside, so that every step narrows the bracket.
-        x = x.clamp(a + guard, b - guard);
-        if !(a + guard < b - guard) {
-            x = 0.5 * (a + b);
-        }
+        // Keep the probe strictly inside, so that every step narrows the bracket (clamp needs
+        // min ≤ max: when the guard band is empty, bisect).
+        let x = if a + guard < b - guard {
+            secant.clamp(a + guard, b - guard)
+        } else {
+            0.5 * (a + b)
+        };
         let z = x.exp();
         let v = g(z)?;
         if v <= 0.0 {
@@ -158,7 +160,7 @@ pub fn noise_multiplier(
 /// RDP ε(α) of ONE Poisson-subsampled Gaussian step (Mironov, Talwar, Zhang 2019), an upper bound.
 ///
 /// At an integer order α (Mironov, Talwar, Zhang 2019, "Rényi differential privacy of the
-/// sampled Gaussian mechanism", §3.3, eq. for A_α and Theorem 5 for the other direction):
+/// sampled Gaussian mechanism", the quantity A_α, and their proof that the other direction is no larger):
 /// ε(α) = ln A_α/(α−1), A_α = Σ_{k=0}^{α} C(α,k) (1−q)^{α−k} q^k e^{(k²−k)/(2σ²)}, summed in
 /// the log domain. Between integers n < α < n+1, (α−1)·ε(α) is convex in α (van Erven and
 /// Harremoës 2014, "Rényi divergence and Kullback-Leibler divergence", Cor. 2), so it is at most
