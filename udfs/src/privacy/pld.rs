@@ -273,7 +273,13 @@ fn convolution_bounds(probs: &[f64], t: f64) -> (f64, f64) {
 /// ε at δ of `steps` Poisson-subsampled Gaussian steps, both directions, at grid step `h`
 /// (doubled while a length exceeds [`MAX_LEN`]); None if no grid step up to 1 fits.
 pub fn composed_epsilon(q: f64, sigma: f64, steps: u64, delta: f64) -> Option<f64> {
-    let mut h = DISCRETISATION;
+    composed_epsilon_from(q, sigma, steps, delta, DISCRETISATION)
+}
+
+/// [`composed_epsilon`] starting from grid step `h0` (calibration locates σ on a coarser grid
+/// first; every grid step gives an upper bound).
+pub fn composed_epsilon_from(q: f64, sigma: f64, steps: u64, delta: f64, h0: f64) -> Option<f64> {
+    let mut h = h0;
     while h <= 1.0 {
         // With q = 1 the two pairs are mirror images with the same PLD.
         let dirs: &[Direction] = if q == 1.0 {

@@ -60,72 +60,107 @@ pub fn epsilon(
     let z = check_positive("noise_multiplier", noise_multiplier)?;
     let t = check_steps(steps)?;
     let d = check_delta("delta", delta)?;
-    if let Some(e) = pld::composed_epsilon(q, z, t, d) {
-        return Ok(e);
+    Ok(epsilon_from(q, z, t, d, pld::DISCRETISATION))
+}
+
+/// [`epsilon`] of checked arguments with the PLD grid step starting at `h0`.
+fn epsilon_from(q: f64, z: f64, t: u64, d: f64, h0: f64) -> f64 {
+    if let Some(e) = pld::composed_epsilon_from(q, z, t, d, h0) {
+        return e;
     }
     let curve: Vec<f64> = ORDERS.iter().map(|&a| t as f64 * rdp(q, z, a)).collect();
-    Ok(cks_epsilon(&curve, d).0 * (1.0 + 1e-12))
+    cks_epsilon(&curve, d).0 * (1.0 + 1e-12)
 }
 
 /// The smallest noise multiplier (rounded toward more noise) whose `epsilon(...)` is ≤ `epsilon`.
 ///
-/// A bracket [lo, hi] with ε(lo) > target ≥ ε(hi) (ε decreases as σ grows), narrowed by regula
-/// falsi on ln ε against ln σ with the Illinois modification (Dowell and Jarratt 1971) and a
-/// bisection fallback, to a relative width of 1e-5; the returned value is the bracket's upper
-/// end, whose ε was computed and is ≤ `epsilon`.
+/// First located with the accountant on a 10× coarser grid (to a relative width of 1e-3), then
+/// with [`epsilon`] itself: a bracket [lo, hi] with ε(lo) > target ≥ ε(hi) (ε decreases as σ
+/// grows) around the coarse answer, narrowed by regula falsi on ln ε against ln σ with the
+/// Illinois modification (Dowell and Jarratt 1971) and a bisection fallback, to a relative width
+/// of 1e-5. The returned value is the bracket's upper end, whose [`epsilon`] was computed and is
+/// ≤ `epsilon`.
 pub fn noise_multiplier(
     sample_rate: f64,
     steps: u64,
     epsilon: f64,
     delta: f64,
 ) -> Result<f64, PrivacyError> {
-    const TOL: f64 = 1e-5;
     let q = check_rate(sample_rate)?;
     let t = check_steps(steps)?;
     let target = super::error::check_epsilon("epsilon", epsilon)?;
     let d = check_delta("delta", delta)?;
-    // g(σ) = ln ε(σ) − ln target: > 0 fails, ≤ 0 satisfies.
-    let g = |z: f64| -> Result<f64, PrivacyError> {
-        Ok(self::epsilon(q, z, t, d)?.max(1e-300).ln() - target.ln())
+    let infeasible = || {
+        PrivacyError::Infeasible(format!(
+            "no noise multiplier up to 1e8 gives ε ≤ {target} at δ = {d:e} with sample_rate {q} \
+             and {t} steps"
+        ))
     };
-    let (mut lo, mut hi) = (0.5f64, 1.0f64);
-    let mut g_lo: f64;
-    let mut g_hi = g(hi)?;
+    // g(σ) = ln ε(σ) − ln target: > 0 fails, ≤ 0 satisfies.
+    let g_at = |h0: f64| move |z: f64| epsilon_from(q, z, t, d, h0).max(1e-300).ln() - target.ln();
+    let coarse = g_at(10.0 * pld::DISCRETISATION);
+    let start = match bracket(&coarse, 1.0, 2.0).ok_or_else(infeasible)? {
+        Bracket::Done(z) => z,
+        Bracket::Found(b) => narrow(&coarse, b, 1e-3),
+    };
+    let fine = g_at(pld::DISCRETISATION);
+    // The two grids agree to about 0.3% on σ (measured on the calibration vectors).
+    match bracket(&fine, start, 1.003).ok_or_else(infeasible)? {
+        Bracket::Done(z) => Ok(z),
+        Bracket::Found(b) => Ok(narrow(&fine, b, 1e-5)),
+    }
+}
+
+/// (lo, g(lo), hi, g(hi)) with g(lo) > 0 ≥ g(hi).
+type Ends = (f64, f64, f64, f64);
+
+enum Bracket {
+    Found(Ends),
+    /// Even σ below 1e-6 meets the target: the answer.
+    Done(f64),
+}
+
+/// A bracket of the root of the decreasing `g`, from `start` outward by `factor`, the factor
+/// squared at each step; None when σ = 1e8 does not meet the target.
+fn bracket(g: &impl Fn(f64) -> f64, start: f64, mut factor: f64) -> Option<Bracket> {
+    let (mut hi, mut g_hi) = (start, g(start));
     if g_hi <= 0.0 {
         loop {
-            let v = g(lo)?;
+            let lo = hi / factor;
+            if lo < 1e-6 {
+                return Some(Bracket::Done(hi));
+            }
+            let v = g(lo);
             if v > 0.0 {
-                g_lo = v;
-                break;
+                return Some(Bracket::Found((lo, v, hi, g_hi)));
             }
             (hi, g_hi) = (lo, v);
-            lo /= 2.0;
-            if lo < 1e-6 {
-                return Ok(hi);
-            }
-        }
-    } else {
-        loop {
-            (lo, g_lo) = (hi, g_hi);
-            hi *= 2.0;
-            if hi > 1e8 {
-                return Err(PrivacyError::Infeasible(format!(
-                    "no noise multiplier up to 1e8 gives ε ≤ {target} at δ = {d:e} with \
-                     sample_rate {q} and {t} steps"
-                )));
-            }
-            g_hi = g(hi)?;
-            if g_hi <= 0.0 {
-                break;
-            }
+            factor *= factor;
         }
     }
+    loop {
+        let (lo, g_lo) = (hi, g_hi);
+        hi *= factor;
+        if hi > 1e8 {
+            return None;
+        }
+        g_hi = g(hi);
+        if g_hi <= 0.0 {
+            return Some(Bracket::Found((lo, g_lo, hi, g_hi)));
+        }
+        factor *= factor;
+    }
+}
+
+/// Narrows a bracket to a relative width `tol` (Illinois regula falsi in ln σ, bisection after
+/// 20 steps or on non-finite values); returns its upper end.
+fn narrow(g: &impl Fn(f64) -> f64, (mut lo, mut g_lo, mut hi, mut g_hi): Ends, tol: f64) -> f64 {
     let mut side = 0i8;
     let mut iterations = 0;
-    while hi - lo > TOL * hi {
+    while hi - lo > tol * hi {
         iterations += 1;
         let (a, b) = (lo.ln(), hi.ln());
-        let guard = TOL / 4.0;
+        let guard = tol / 4.0;
         let secant = if iterations <= 20 && g_lo.is_finite() && g_hi.is_finite() && g_lo > g_hi {
             a + (b - a) * g_lo / (g_lo - g_hi)
         } else {
@@ -139,7 +174,7 @@ pub fn noise_multiplier(
             0.5 * (a + b)
         };
         let z = x.exp();
-        let v = g(z)?;
+        let v = g(z);
         if v <= 0.0 {
             (hi, g_hi) = (z, v);
             if side == -1 {
@@ -154,7 +189,7 @@ pub fn noise_multiplier(
             side = 1;
         }
     }
-    Ok(hi)
+    hi
 }
 
 /// RDP ε(α) of ONE Poisson-subsampled Gaussian step (Mironov, Talwar, Zhang 2019), an upper bound.
