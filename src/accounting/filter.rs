@@ -196,6 +196,9 @@ pub fn mechanism_name(e: &Event) -> String {
         Event::Laplace { .. } => "Laplace (laplace)".into(),
         Event::PureDp { .. } => "pure DP (pure_dp)".into(),
         Event::Rgm { .. } => "relative Gaussian mechanism (rgm, rgm_mean_by)".into(),
+        Event::SubsampledGaussian { .. } => {
+            "Poisson-subsampled Gaussian (subsampled_gaussian, DP-SGD)".into()
+        }
         Event::Delta { .. } => "partition selection δ (delta)".into(),
     }
 }
@@ -339,7 +342,6 @@ impl Filter {
             (_, Event::Delta { .. }) => Ok(0.0),
             // Smith and Thakurta 2022: the currency of the GDP filter is μ².
             (MainBudget::Gdp { .. }, Event::Gaussian { mu }) => Ok(checked(mu, mu * mu)),
-            (MainBudget::Gdp { .. }, _) => Err(()),
             // A μ-GDP Gaussian mechanism is μ²/2-zCDP, exactly (Bun and Steinke 2016, Prop. 1.6).
             (MainBudget::Zcdp { .. }, Event::Gaussian { mu }) => Ok(checked(mu, mu * mu / 2.0)),
             // Recorded as is (no arithmetic, nothing to round).
@@ -353,6 +355,30 @@ impl Filter {
             }
             // No finite zCDP bound (its RDP curve is infinite beyond a finite order).
             (MainBudget::Zcdp { .. }, Event::Rgm { .. }) => Err(()),
+            // DP-SGD without amplification: each step's pair of output distributions is a
+            // post-processing of the unsampled Gaussian's pair (keep the sampled row's term with
+            // probability q, else replace it by a fresh draw of the rest), so one step is
+            // (1/z)-GDP and 1/(2z²)-zCDP; `steps` of them compose to μ² = steps/z² and
+            // ρ = steps/(2z²) (docs/ACCOUNTING.md, "DP-SGD accounting"). Only the rdp filter
+            // credits the sampling.
+            (
+                MainBudget::Gdp { .. } | MainBudget::Zcdp { .. },
+                Event::SubsampledGaussian {
+                    sample_rate,
+                    noise_multiplier: z,
+                    steps,
+                },
+            ) => {
+                if !(sample_rate > 0.0 && sample_rate <= 1.0) || z.is_nan() || z <= 0.0 {
+                    return Ok(f64::INFINITY);
+                }
+                let mu_sq = up(up(steps as f64 / z) / z);
+                Ok(match self.main {
+                    MainBudget::Gdp { .. } => mu_sq,
+                    _ => up(mu_sq / 2.0),
+                })
+            }
+            (MainBudget::Gdp { .. }, _) => Err(()),
             // The event's RDP curve (profile.rs, `Event::rdp`, with its sources) at α*, rounded
             // outward.
             (MainBudget::Rdp { order: a, .. }, ev) => Ok(up(ev.rdp(a))),
@@ -655,5 +681,39 @@ mod tests {
             f.usage(&[Event::Gaussian { mu: f64::NAN }]).main,
             f64::INFINITY
         );
+    }
+    /// DP-SGD (issue 30): the rdp filter charges the amplified curve at α*; gdp and zcdp charge
+    /// the unamplified Gaussian (μ² = steps/z², ρ = steps/(2z²)), never less.
+    #[test]
+    fn subsampled_gaussian_in_each_filter() {
+        let b = budget(5.0, 1e-6);
+        let ev = Event::SubsampledGaussian {
+            sample_rate: 0.01,
+            noise_multiplier: 2.0,
+            steps: 100,
+        };
+        let rdp = Filter::new(&b, FilterKind::Rdp { order: None }, 0.5).unwrap();
+        let MainBudget::Rdp { order, .. } = rdp.main else {
+            panic!()
+        };
+        let u = rdp.usage(std::slice::from_ref(&ev));
+        assert!(u.main >= ev.rdp(order) && u.main <= ev.rdp(order) * (1.0 + 1e-12));
+        assert!(
+            u.main < 100.0 * order / 8.0,
+            "amplified below the Gaussian curve"
+        );
+        let gdp = Filter::new(&b, FilterKind::Gdp, 0.5).unwrap();
+        let u = gdp.usage(std::slice::from_ref(&ev));
+        assert!(u.refused.is_none() && u.main >= 25.0 && u.main <= 25.0 * (1.0 + 1e-12));
+        let zcdp = Filter::new(&b, FilterKind::Zcdp, 0.5).unwrap();
+        let u = zcdp.usage(std::slice::from_ref(&ev));
+        assert!(u.refused.is_none() && u.main >= 12.5 && u.main <= 12.5 * (1.0 + 1e-12));
+        let bad = Event::SubsampledGaussian {
+            sample_rate: f64::NAN,
+            noise_multiplier: 2.0,
+            steps: 1,
+        };
+        assert_eq!(gdp.usage(std::slice::from_ref(&bad)).main, f64::INFINITY);
+        assert_eq!(rdp.usage(&[bad]).main, f64::INFINITY);
     }
 }

@@ -28,6 +28,16 @@ pub enum Event {
         dims: u32,
         steps: u32,
     },
+    /// `steps` Poisson-subsampled Gaussian steps (DP-SGD): each row joins each step's sample
+    /// independently with probability `sample_rate`, and the clipped sum gets Gaussian noise of
+    /// standard deviation `noise_multiplier` × clip. RDP curve `steps` × the one-step curve of
+    /// Mironov, Talwar, Zhang 2019 ([`super::sgd::rdp`]); no GDP part (docs/ACCOUNTING.md,
+    /// "DP-SGD accounting", for how each table filter charges it).
+    SubsampledGaussian {
+        sample_rate: f64,
+        noise_multiplier: f64,
+        steps: u64,
+    },
     /// An additive δ that no RDP curve captures (e.g. partition selection).
     Delta { delta: f64 },
 }
@@ -55,6 +65,13 @@ impl Event {
             } if !(bad(gamma) || sigma.is_nan() || sigma <= 0.0) => {
                 steps as f64 * rgm_rdp(alpha, sigma, gamma, dims as f64)
             }
+            // Mironov, Talwar, Zhang 2019 (sgd.rs), composed over the steps (Mironov 2017,
+            // Prop. 1); `sgd::rdp` gives +∞ for a rate outside (0, 1] or a bad multiplier.
+            Event::SubsampledGaussian {
+                sample_rate,
+                noise_multiplier,
+                steps,
+            } => steps as f64 * super::sgd::rdp(sample_rate, noise_multiplier, alpha),
             Event::Delta { delta } if !bad(delta) => 0.0,
             _ => f64::INFINITY,
         };
@@ -89,6 +106,15 @@ impl Profile {
             Event::Zcdp { rho } => bad(rho),
             Event::Laplace { epsilon } | Event::PureDp { epsilon } => bad(epsilon),
             Event::Rgm { sigma, gamma, .. } => bad(gamma) || sigma.is_nan() || sigma <= 0.0,
+            Event::SubsampledGaussian {
+                sample_rate,
+                noise_multiplier,
+                ..
+            } => {
+                !(sample_rate > 0.0 && sample_rate <= 1.0)
+                    || noise_multiplier.is_nan()
+                    || noise_multiplier <= 0.0
+            }
             Event::Delta { delta } => bad(delta),
         };
         if unbounded {

@@ -12,6 +12,8 @@ pub fn all_scalar_udfs() -> Vec<ScalarUDF> {
         PlanningHelper::udf(HelperKind::GaussianSigma),
         PlanningHelper::udf(HelperKind::GaussianEpsilon),
         PlanningHelper::udf(HelperKind::ZcdpEpsilon),
+        PlanningHelper::udf(HelperKind::SgdEpsilon),
+        PlanningHelper::udf(HelperKind::SgdSigma),
         Predict::udf(PredictKind::Linear),
         Predict::udf(PredictKind::LogisticProba),
     ]

@@ -1,4 +1,5 @@
-//! Planning helpers: `dp_gaussian_sigma`, `dp_gaussian_epsilon`, `dp_zcdp_epsilon`.
+//! Planning helpers: `dp_gaussian_sigma`, `dp_gaussian_epsilon`, `dp_zcdp_epsilon`,
+//! `dp_sgd_epsilon`, `dp_sgd_sigma`.
 //!
 //! They read no data and cost nothing: they answer "how much noise for this (ε, δ)?" and "what ε
 //! does this noise give?" with the same arithmetic the accountant uses. With literal arguments
@@ -26,6 +27,23 @@ pub enum HelperKind {
     GaussianEpsilon,
     /// `dp_zcdp_epsilon(rho, delta)`
     ZcdpEpsilon,
+    /// `dp_sgd_epsilon(sample_rate, noise_multiplier, steps, delta)`
+    SgdEpsilon,
+    /// `dp_sgd_sigma(sample_rate, steps, epsilon, delta)`
+    SgdSigma,
+}
+
+/// A `steps` argument: a whole number in [1, 10¹⁵].
+fn whole_steps(steps: f64) -> std::result::Result<u64, PrivacyError> {
+    if steps.is_finite() && steps >= 1.0 && steps.fract() == 0.0 && steps <= 1e15 {
+        Ok(steps as u64)
+    } else {
+        Err(PrivacyError::invalid(
+            "steps",
+            steps,
+            "a whole number between 1 and 1e15",
+        ))
+    }
 }
 
 impl HelperKind {
@@ -34,6 +52,8 @@ impl HelperKind {
             HelperKind::GaussianSigma => "dp_gaussian_sigma",
             HelperKind::GaussianEpsilon => "dp_gaussian_epsilon",
             HelperKind::ZcdpEpsilon => "dp_zcdp_epsilon",
+            HelperKind::SgdEpsilon => "dp_sgd_epsilon",
+            HelperKind::SgdSigma => "dp_sgd_sigma",
         }
     }
 
@@ -42,6 +62,8 @@ impl HelperKind {
             HelperKind::GaussianSigma => &["epsilon", "delta", "sensitivity"],
             HelperKind::GaussianEpsilon => &["noise_multiplier", "steps", "delta"],
             HelperKind::ZcdpEpsilon => &["rho", "delta"],
+            HelperKind::SgdEpsilon => &["sample_rate", "noise_multiplier", "steps", "delta"],
+            HelperKind::SgdSigma => &["sample_rate", "steps", "epsilon", "delta"],
         }
     }
 
@@ -50,17 +72,13 @@ impl HelperKind {
         match self {
             HelperKind::GaussianSigma => privacy::analytic_gaussian_sigma(a[0], a[1], a[2]),
             HelperKind::GaussianEpsilon => {
-                let steps = a[1];
-                if !(steps.is_finite() && steps >= 1.0 && steps.fract() == 0.0 && steps <= 1e15) {
-                    return Err(PrivacyError::invalid(
-                        "steps",
-                        steps,
-                        "a whole number between 1 and 1e15",
-                    ));
-                }
-                privacy::gaussian_epsilon(a[0], steps as u64, a[2])
+                privacy::gaussian_epsilon(a[0], whole_steps(a[1])?, a[2])
             }
             HelperKind::ZcdpEpsilon => privacy::zcdp_epsilon(a[0], a[1]),
+            HelperKind::SgdEpsilon => privacy::sgd::epsilon(a[0], a[1], whole_steps(a[2])?, a[3]),
+            HelperKind::SgdSigma => {
+                privacy::sgd::noise_multiplier(a[0], whole_steps(a[1])?, a[2], a[3])
+            }
         }
     }
 
@@ -105,10 +123,44 @@ impl HelperKind {
             .with_argument("delta", "δ in (0, 1)")
             .build()
         });
+        static SGD_EPS: LazyLock<Documentation> = LazyLock::new(|| {
+            Documentation::builder(
+                scalar_doc_sections::DOC_SECTION_MATH,
+                "Standalone ε at `delta` of `steps` DP-SGD steps: each row is in a step's sample \
+                 independently with probability `sample_rate` (Poisson sampling) and the clipped \
+                 sum gets Gaussian noise σ = `noise_multiplier` × clip. Privacy-loss-distribution \
+                 accountant (Koskela et al. 2020; Doroshenko et al. 2022), never below the true ε. \
+                 Reads no data and costs no budget.",
+                "dp_sgd_epsilon(sample_rate, noise_multiplier, steps, delta)",
+            )
+            .with_sql_example("SELECT dp_sgd_epsilon(0.01, 1.0, 1000, 1e-5); -- 1.9...")
+            .with_argument("sample_rate", "Poisson sampling probability q in (0, 1]")
+            .with_argument("noise_multiplier", "σ/clip > 0")
+            .with_argument("steps", "number of steps, a whole number ≥ 1")
+            .with_argument("delta", "δ in (0, 1)")
+            .build()
+        });
+        static SGD_SIGMA: LazyLock<Documentation> = LazyLock::new(|| {
+            Documentation::builder(
+                scalar_doc_sections::DOC_SECTION_MATH,
+                "The smallest noise multiplier σ/clip (rounded toward more noise) for which \
+                 `steps` DP-SGD steps at Poisson rate `sample_rate` are (epsilon, delta)-DP by \
+                 `dp_sgd_epsilon` (its inverse, by bisection). Reads no data and costs no budget.",
+                "dp_sgd_sigma(sample_rate, steps, epsilon, delta)",
+            )
+            .with_sql_example("SELECT dp_sgd_sigma(0.01, 1000, 1.0, 1e-5); -- 1.3...")
+            .with_argument("sample_rate", "Poisson sampling probability q in (0, 1]")
+            .with_argument("steps", "number of steps, a whole number ≥ 1")
+            .with_argument("epsilon", "ε > 0")
+            .with_argument("delta", "δ in (0, 1)")
+            .build()
+        });
         match self {
             HelperKind::GaussianSigma => &SIGMA,
             HelperKind::GaussianEpsilon => &EPS,
             HelperKind::ZcdpEpsilon => &ZCDP,
+            HelperKind::SgdEpsilon => &SGD_EPS,
+            HelperKind::SgdSigma => &SGD_SIGMA,
         }
     }
 }
@@ -281,6 +333,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn sgd_epsilon_and_its_inverse() {
+        // Equal to the Rust API's numbers (tested against dp_accounting in
+        // udfs/tests/sgd_accounting.rs), and dp_sgd_sigma inverts dp_sgd_epsilon.
+        let e = one("SELECT dp_sgd_epsilon(0.01, 1.0, 1000, 1e-5)")
+            .await
+            .unwrap();
+        assert_eq!(e, privacy::sgd::epsilon(0.01, 1.0, 1000, 1e-5).unwrap());
+        let z = one(
+            "SELECT dp_sgd_sigma(sample_rate => 0.01, steps => 1000, epsilon => 1.0, delta => 1e-5)",
+        )
+        .await
+        .unwrap();
+        assert!(privacy::sgd::epsilon(0.01, z, 1000, 1e-5).unwrap() <= 1.0);
+        assert!(privacy::sgd::epsilon(0.01, z * 0.999, 1000, 1e-5).unwrap() > 1.0);
+    }
+
+    #[tokio::test]
     async fn invalid_arguments_are_planning_errors_naming_the_argument() {
         let cases = [
             ("SELECT dp_gaussian_sigma(0, 1e-6, 1)", "'epsilon'"),
@@ -303,6 +372,16 @@ mod tests {
             ("SELECT dp_gaussian_epsilon(1, 10, 2)", "'delta'"),
             ("SELECT dp_zcdp_epsilon(0, 1e-6)", "'rho'"),
             ("SELECT dp_zcdp_epsilon(0.1, -1)", "'delta'"),
+            ("SELECT dp_sgd_epsilon(0, 1, 10, 1e-5)", "'sample_rate'"),
+            ("SELECT dp_sgd_epsilon(1.5, 1, 10, 1e-5)", "'sample_rate'"),
+            (
+                "SELECT dp_sgd_epsilon(0.1, 0, 10, 1e-5)",
+                "'noise_multiplier'",
+            ),
+            ("SELECT dp_sgd_epsilon(0.1, 1, 0.5, 1e-5)", "'steps'"),
+            ("SELECT dp_sgd_epsilon(0.1, 1, 10, 0)", "'delta'"),
+            ("SELECT dp_sgd_sigma(0.1, 10, -1, 1e-5)", "'epsilon'"),
+            ("SELECT dp_sgd_sigma(0.1, 10, 1, NULL)", "'delta'"),
         ];
         for (sql, needle) in cases {
             let err = one(sql).await.expect_err(sql).to_string();
