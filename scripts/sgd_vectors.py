@@ -2,7 +2,7 @@
 """Reference vectors for DP-SGD accounting (issue 30), from Google's dp_accounting.
 
 Writes JSON to stdout; the committed output is udfs/tests/data/sgd_vectors.json, read by
-udfs/tests/sgd_accounting.rs, which checks that dpfusion's PLD accountant
+udfs/tests/it/sgd_accounting.rs, which checks that dpfusion's PLD accountant
 (udfs/src/privacy/pld.rs, sgd.rs) is never below dp_accounting's PLD ε and at most 3% above it,
 that its calibration inverts it, and that its RDP curve of one Poisson-subsampled Gaussian step
 matches dp_accounting's at integer orders and is above it between them.

@@ -37,7 +37,7 @@ const TAIL_MASS_TRUNCATION: f64 = 1e-15;
 /// still pessimistic, only looser). Bounds time and memory: 2¹⁷ points (2 MiB of complex numbers). A composition that needs
 /// a wider window has a wide privacy-loss distribution (large ε), where a coarser grid costs
 /// little: the connect-the-dots error is of second order in h (measured against dp_accounting
-/// at h = 1e-4 over the grid of `udfs/tests/sgd_accounting.rs`: within 3%, docs/ACCOUNTING.md).
+/// at h = 1e-4 over the grid of `udfs/tests/it/sgd_accounting.rs`: within 3%, docs/ACCOUNTING.md).
 pub const MAX_LEN: usize = 1 << 17;
 /// The float error allowance added to ε (relative): FFT round-off is about 1e-13 of ε here.
 const FLOAT_SLACK: f64 = 1e-9;

@@ -335,7 +335,7 @@ mod tests {
     #[tokio::test]
     async fn sgd_epsilon_and_its_inverse() {
         // Equal to the Rust API's numbers (tested against dp_accounting in
-        // udfs/tests/sgd_accounting.rs), and dp_sgd_sigma inverts dp_sgd_epsilon.
+        // udfs/tests/it/sgd_accounting.rs), and dp_sgd_sigma inverts dp_sgd_epsilon.
         let e = one("SELECT dp_sgd_epsilon(0.01, 1.0, 1000, 1e-5)")
             .await
             .unwrap();

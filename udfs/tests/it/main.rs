@@ -6,4 +6,5 @@ mod audit;
 mod kernels;
 mod linreg;
 mod rgm;
+mod sgd_accounting;
 mod units;

@@ -7,7 +7,7 @@ use dpfusion_udfs::privacy::{Event, Profile};
 use serde_json::Value;
 
 fn vectors() -> Value {
-    serde_json::from_str(include_str!("data/sgd_vectors.json")).expect("sgd_vectors.json")
+    serde_json::from_str(include_str!("../data/sgd_vectors.json")).expect("sgd_vectors.json")
 }
 
 fn f(v: &Value, k: &str) -> f64 {
