@@ -1,0 +1,169 @@
+//! A new user's bad input (issue 33): a header-only CSV, `DESCRIBE`, wrong argument types,
+//! advice that names only surfaces that exist, and `HELP`.
+mod common;
+
+use std::sync::Arc;
+
+use common::{people_csv, temp_dir};
+use datafusion::arrow::array::{Array, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use dpfusion::{PrivateSession, Registration, SessionOptions};
+
+async fn session(dir: &std::path::Path) -> PrivateSession {
+    PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_default_budget(5.0, 1e-6)
+            .with_target_partitions(2),
+    )
+    .await
+    .unwrap()
+}
+
+/// The strings of column `col` of a result.
+fn column(r: &dpfusion::QueryResult, col: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in &r.batches {
+        let a = b
+            .column_by_name(col)
+            .unwrap()
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        for i in 0..a.len() {
+            out.push(a.value(i).to_string());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_header_only_csv_is_refused_until_its_columns_are_declared() {
+    let d = temp_dir("header-only");
+    let csv = d.join("h.csv");
+    std::fs::write(&csv, "age,income\n").unwrap();
+    let s = session(&d).await;
+    let e = s
+        .register_csv("h", &csv, Registration::private())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no type could be inferred for column(s) 'age', 'income'")
+            && e.contains("columns = [{ name = \"age\"")
+            && e.contains("Registration::schema"),
+        "{e}"
+    );
+    // Nothing was pinned: the same ledger takes the declared schema, and rows appended later
+    // read with their types.
+    assert!(s.ledger().is_empty());
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("age", DataType::Int64, true),
+        Field::new("income", DataType::Float64, true),
+    ]));
+    s.register_csv("h", &csv, Registration::private().schema(schema))
+        .await
+        .unwrap();
+    let r = s.sql("DESCRIBE h").await.unwrap();
+    assert_eq!(column(&r, "data_type"), ["Int64", "Float64"]);
+}
+
+#[tokio::test]
+async fn describe_shows_the_pinned_schema_of_every_table_and_charges_nothing() {
+    let d = temp_dir("describe");
+    let s = session(&d).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    s.register_csv("depts", common::depts_csv(), Registration::public())
+        .await
+        .unwrap();
+    let r = s.sql("DESCRIBE people").await.unwrap();
+    assert_eq!(
+        column(&r, "column_name"),
+        ["id", "age", "dept", "salary", "remote"]
+    );
+    assert_eq!(column(&r, "is_nullable").len(), 5);
+    assert!(r.receipt.is_none());
+    let r = s.sql("describe depts;").await.unwrap();
+    assert_eq!(column(&r, "column_name"), ["dept", "floor"]);
+    assert!(s.ledger().is_empty());
+    assert!(s.sql("DESCRIBE nosuch").await.is_err());
+}
+
+#[tokio::test]
+async fn a_wrong_argument_type_is_one_sentence_naming_the_argument() {
+    let d = temp_dir("argtype");
+    let s = session(&d).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    for (sql, arg) in [
+        (
+            "SELECT dp_mean(salary, 'a', 10, 1.0) FROM people",
+            "`lower`",
+        ),
+        ("SELECT dp_sum(dept, 0, 10, 1.0) FROM people", "`value`"),
+        ("SELECT dp_count(age, 'x') FROM people", "`epsilon`"),
+    ] {
+        let e = s.sql(sql).await.unwrap_err();
+        let m = e.to_string();
+        assert!(
+            matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Invalid(_))),
+            "{m}"
+        );
+        assert!(m.contains(arg) && m.contains("Usage: dp_"), "{m}");
+        for wrapper in [
+            "coercion",
+            "Error during planning",
+            "Execution error",
+            "Candidate",
+            "neighbours",
+        ] {
+            assert!(!m.contains(wrapper), "{wrapper} in: {m}");
+        }
+    }
+    assert!(s.ledger().is_empty());
+}
+
+#[tokio::test]
+async fn a_mechanism_refusal_advises_the_catalog_key_not_sql() {
+    let d = temp_dir("advice");
+    let s = session(&d).await;
+    // The default filter, gdp, accepts Gaussian mechanisms only; DP-AGD is zCDP.
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let m = s
+        .sql("SELECT dp_logreg_agd(remote, [age], epsilon => 0.5) FROM people")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        m.contains("filter = \"rdp\"") && m.contains("--filter") && !m.contains("dp.filter"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn help_documents_a_function_from_its_declaration() {
+    let d = temp_dir("help");
+    let s = session(&d).await;
+    let r = s.sql("HELP dp_mean").await.unwrap();
+    let text = column(&r, "help").join("\n");
+    assert!(
+        text.starts_with("dp_mean: ")
+            && text.contains("dp_mean(value, lower, upper, epsilon[, delta][, mechanism])")
+            && !text.contains("neighbour mode"),
+        "{text}"
+    );
+    let all = column(&s.sql("help;").await.unwrap(), "help").join("\n");
+    assert!(
+        all.contains("dp_quantile") && all.contains("dp_linreg_gd"),
+        "{all}"
+    );
+    assert_eq!(
+        s.statement_kind("HELP dp_mean").await.unwrap(),
+        dpfusion::session::StatementKind::Describe
+    );
+}
