@@ -167,3 +167,109 @@ async fn help_documents_a_function_from_its_declaration() {
         dpfusion::session::StatementKind::Describe
     );
 }
+
+/// Checks that `html` is well-formed XML (after its doctype): every element closed in order,
+/// attributes quoted, `&` only in entities, and returns the element names in document order.
+fn well_formed(html: &str) -> Vec<String> {
+    let body = html
+        .strip_prefix("<!DOCTYPE html>")
+        .expect("a doctype first");
+    let mut stack: Vec<String> = Vec::new();
+    let mut names = Vec::new();
+    let mut rest = body;
+    while let Some(lt) = rest.find('<') {
+        let text = &rest[..lt];
+        for (i, _) in text.match_indices('&') {
+            let ent = &text[i..text[i..].find(';').map_or(text.len(), |e| i + e + 1)];
+            assert!(
+                ["&amp;", "&lt;", "&gt;", "&quot;", "&#39;"].contains(&ent),
+                "bare & in text: {ent}"
+            );
+        }
+        assert!(!text.contains('>'), "bare > in text: {text}");
+        let gt = rest[lt..].find('>').expect("an unclosed tag") + lt;
+        let tag = &rest[lt + 1..gt];
+        assert_eq!(tag.matches('"').count() % 2, 0, "unbalanced quotes: {tag}");
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(stack.pop().as_deref(), Some(name), "misnested </{name}>");
+        } else {
+            let name = tag
+                .split(|c: char| c.is_whitespace() || c == '/')
+                .next()
+                .unwrap()
+                .to_string();
+            names.push(name.clone());
+            if !tag.ends_with('/') {
+                stack.push(name);
+            }
+        }
+        rest = &rest[gt + 1..];
+    }
+    assert!(stack.is_empty(), "unclosed: {stack:?}");
+    names
+}
+
+#[tokio::test]
+async fn ledger_report_is_one_self_contained_well_formed_page() {
+    let d = temp_dir("report");
+    let ledger = d.join("ledger.jsonl");
+    {
+        let s = session(&d).await;
+        s.register_csv("people", people_csv(), Registration::private())
+            .await
+            .unwrap();
+        s.sql_as("alice", "SELECT dp_count(id, 0.5) FROM people")
+            .await
+            .unwrap();
+        s.sql_as(
+            "bob <b>",
+            "SELECT dept, dp_mean(salary, 0, 200000, 0.5) FROM people WHERE age < 40 GROUP BY dept",
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let out = d.join("report.html");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        .args(["ledger", "report"])
+        .arg(&ledger)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let html = std::fs::read_to_string(&out).unwrap();
+    let names = well_formed(&html);
+    for want in ["html", "table", "svg", "path", "circle"] {
+        assert!(names.iter().any(|n| n == want), "no <{want}>");
+    }
+    // Self-contained: nothing is fetched, nothing runs.
+    for bad in ["<script", "<link", "<img", "http://", "https://"] {
+        let found = html
+            .match_indices(bad)
+            .any(|(i, _)| !html[..i].ends_with("xmlns=\""));
+        assert!(!found, "{bad} in the page");
+    }
+    // Per table: the budget, the analysts (escaped), the functions, every charge's SQL.
+    assert!(html.contains("Table people") && html.contains("budget ε 5.0000"));
+    assert!(html.contains("alice") && html.contains("bob &lt;b&gt;"));
+    assert!(html.contains("dp_count") && html.contains("dp_mean"));
+    assert!(html.contains("WHERE age &lt; 40"));
+    // A ledger that does not verify gets no report.
+    let mut text = std::fs::read_to_string(&ledger).unwrap();
+    text = text.replacen("alice", "mallory", 1);
+    std::fs::write(&ledger, text).unwrap();
+    let bad = d.join("bad.html");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        .args(["ledger", "report"])
+        .arg(&ledger)
+        .args(["-o", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!bad.exists());
+}
