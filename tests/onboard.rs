@@ -273,3 +273,22 @@ async fn ledger_report_is_one_self_contained_well_formed_page() {
     assert_eq!(o.status.code(), Some(1));
     assert!(!bad.exists());
 }
+
+/// The README's runnable shell blocks run as written, on the dev binary, and its recorded outputs
+/// still match (numbers masked): scripts/readme_check.py.
+#[test]
+fn readme_examples_run_as_written() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let o = std::process::Command::new("python3")
+        .arg(format!("{root}/scripts/readme_check.py"))
+        .args(["--bin", env!("CARGO_BIN_EXE_dpfusion")])
+        .output()
+        .expect("python3");
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("block(s) ran"));
+}
