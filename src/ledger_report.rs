@@ -235,10 +235,10 @@ fn page(path: &Path, report: &LedgerReport, tables: &[TableHistory]) -> String {
     } else {
         "hash chain and sidecar verified; no witness yet"
     };
-    let _ = write!(
+    let _ = writeln!(
         h,
         "<p>Ledger <code>{}</code>, id <code>{}</code>: {verified}. {} lines, {} charges, {} \
-         tables. Written {} UTC by dpfusion {}.</p>\n",
+         tables. Written {} UTC by dpfusion {}.</p>",
         esc(&path.display().to_string()),
         esc(report.ledger_id.as_deref().unwrap_or("(none yet)")),
         report.lines,
