@@ -127,6 +127,31 @@ async fn a_wrong_argument_type_is_one_sentence_naming_the_argument() {
 }
 
 #[tokio::test]
+async fn a_variance_whose_range_overflows_is_refused_with_the_range_that_works() {
+    let d = temp_dir("wide");
+    let s = session(&d).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    for f in ["dp_variance", "dp_stddev", "dp_variance_ci", "dp_stddev_ci"] {
+        let e = s
+            .sql(&format!("SELECT {f}(salary, 0, 1e300, 1.0) FROM people"))
+            .await
+            .unwrap_err();
+        let m = e.to_string();
+        assert!(
+            matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Invalid(_))),
+            "{m}"
+        );
+        assert!(m.contains("upper") && m.contains("6.7e153"), "{f}: {m}");
+    }
+    assert!(s.ledger().is_empty());
+    s.sql("SELECT dp_variance(salary, 0, 1e150, 1.0) FROM people")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn a_mechanism_refusal_advises_the_catalog_key_not_sql() {
     let d = temp_dir("advice");
     let s = session(&d).await;
