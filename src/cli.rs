@@ -61,7 +61,7 @@ USAGE:
                                                    (client mode)
     dpfusion serve --catalog FILE [--listen ADDR]  (see 'dpfusion serve --help')
     dpfusion token [--stdin]                       (an analyst's token and its catalog hash)
-    dpfusion ledger verify|reseal|migrate [PATH]   (see 'dpfusion ledger --help')
+    dpfusion ledger verify|reseal|migrate|report [PATH] (see 'dpfusion ledger --help')
 
 With no -c/-f, opens the interactive REPL. Two roles: the data owner declares tables and their
 policy; the analyst runs SQL. SQL is always the analyst's: it can never register a private

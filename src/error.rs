@@ -74,6 +74,9 @@ impl Error {
         if Self::of(&e).is_some() {
             return e;
         }
+        if let Some(m) = unwrap_coercion(&e.to_string()) {
+            return DataFusionError::External(Box::new(Error::Invalid(m)));
+        }
         let typed = match e {
             DataFusionError::Diagnostic(_, inner) => return Self::classify(*inner),
             DataFusionError::Plan(m) if m.starts_with("dpfusion refused") => Error::Refused(m),
@@ -113,6 +116,41 @@ impl Error {
     }
 }
 
+/// A function's argument error as DataFusion's planner wraps it ("Execution error: Function 'f'
+/// user-defined coercion failed with: Error during planning: f: `lower` must be … No function
+/// matches … Candidate functions: f(value, lower, …, neighbours)"), unwrapped to the one sentence
+/// the function wrote, followed by a DP aggregate's usage as users write it (the session's hidden
+/// `neighbours` argument left out). None: not such an error. Planning errors depend on the SQL
+/// text only, never on data.
+fn unwrap_coercion(msg: &str) -> Option<String> {
+    const WRAP: &str = "user-defined coercion failed with: ";
+    let at = msg.find(WRAP)?;
+    let mut inner = &msg[at + WRAP.len()..];
+    if let Some(end) = inner.find("No function matches the given name") {
+        inner = &inner[..end];
+    }
+    let mut inner = inner.trim();
+    while let Some(rest) = ["Error during planning: ", "Execution error: "]
+        .iter()
+        .find_map(|p| inner.strip_prefix(p))
+    {
+        inner = rest.trim();
+    }
+    let inner = inner.trim_end_matches('.');
+    let name = inner.split(':').next().unwrap_or("").trim();
+    let usage = dpfusion_udfs::aggregates::registry::get(name)
+        .filter(|a| !a.internal)
+        .map(|a| {
+            format!(
+                " Usage: {} (HELP {} shows each argument).",
+                a.usage(),
+                a.name
+            )
+        })
+        .unwrap_or_default();
+    Some(format!("{inner}.{usage}"))
+}
+
 /// The command line's panic hook: a panic's message could quote a value of a private row (an
 /// arrow kernel, a sampler), so the binary prints a fixed line instead of the payload and the
 /// location. (A library does not set hooks; an embedder chooses its own.)
@@ -122,4 +160,27 @@ pub fn install_panic_hook() {
             "dpfusion: internal error (a panic). No detail is shown: it could quote private data."
         );
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argument_errors_are_unwrapped_to_one_sentence_with_the_usage() {
+        let wrapped = "Execution error: Function 'dp_mean' user-defined coercion failed with: \
+            Error during planning: dp_mean: `lower` must be a number literal, got Utf8. No \
+            function matches the given name and argument types 'dp_mean(Float64, Utf8, Int64, \
+            Float64, Float64, Utf8)'. You might need to add explicit type casts.\n\tCandidate \
+            functions:\n\tdp_mean(value, lower, upper, epsilon, delta, mechanism, neighbours)";
+        let m = unwrap_coercion(wrapped).unwrap();
+        assert_eq!(
+            m,
+            "dp_mean: `lower` must be a number literal, got Utf8. Usage: dp_mean(value, lower, \
+             upper, epsilon[, delta][, mechanism]) (HELP dp_mean shows each argument)."
+        );
+        assert!(unwrap_coercion("Error during planning: table 't' not found").is_none());
+        let e = Error::classify(DataFusionError::Execution(wrapped.into()));
+        assert!(matches!(Error::of(&e), Some(Error::Invalid(_))), "{e}");
+    }
 }

@@ -11,6 +11,7 @@ USAGE:
     dpfusion ledger verify [PATH] [--ledger-witness FILE | --catalog FILE]
     dpfusion ledger reseal PATH [--ledger-witness FILE | --catalog FILE]
     dpfusion ledger migrate PATH [--ledger-witness FILE | --catalog FILE]
+    dpfusion ledger report [PATH] -o FILE.html [--ledger-witness FILE | --catalog FILE]
 
 PATH defaults to the catalog's ledger with --catalog, else ./.dpfusion/ledger.jsonl. The
 sidecar PATH.head lives beside the ledger. The witness (outside the ledger's directory) is
@@ -29,6 +30,11 @@ COMMANDS:
     migrate    Convert a ledger written by an earlier dpfusion (format 1: no header, no hash
                chain) to the current format. Stop every session on it first. The original is
                kept as PATH.v1.bak.
+    report     The data owner's view: verifies the ledger as verify does, then writes one
+               self-contained HTML page (inline SVG, no script, nothing fetched) with, per
+               private table, the ε spent over time, by analyst and by function, the share
+               left, and every charge with its SQL text. Give it to no analyst: it shows
+               everyone's queries.
 
 EXIT STATUS:
     0 when the ledger verifies (or the command succeeded); 1 when it does not (what is wrong
@@ -49,13 +55,14 @@ pub fn run(args: &[String]) -> ExitCode {
         };
     }
     let (cmd, rest) = (args[0], &args[1..]);
-    let (mut path, mut witness, mut catalog) = (None, None, None);
+    let (mut path, mut witness, mut catalog, mut output) = (None, None, None, None);
     let mut i = 0;
     while i < rest.len() {
         let a = rest[i];
         let slot = match a {
             "--ledger-witness" => &mut witness,
             "--catalog" => &mut catalog,
+            "-o" | "--output" if cmd == "report" => &mut output,
             _ if a.starts_with('-') || path.is_some() => {
                 return usage(&format!("unexpected argument '{a}'"));
             }
@@ -81,7 +88,7 @@ pub fn run(args: &[String]) -> ExitCode {
             Err(e) => return fail(cmd, e),
         }
     }
-    if path.is_none() && cmd == "verify" {
+    if path.is_none() && matches!(cmd, "verify" | "report") {
         path = Some(
             from_catalog
                 .as_ref()
@@ -105,6 +112,10 @@ pub fn run(args: &[String]) -> ExitCode {
         "verify" => verify(&path, &witness),
         "reseal" => reseal(&path, &witness),
         "migrate" => migrate(&path, &witness),
+        "report" => match output {
+            Some(out) => report(&path, &witness, &out),
+            None => usage("'ledger report' needs -o FILE.html"),
+        },
         other => usage(&format!("unknown ledger command '{other}'")),
     }
 }
@@ -136,6 +147,24 @@ fn verify(path: &Path, witness: &Path) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => fail("verify", e),
+    }
+}
+
+fn report(path: &Path, witness: &Path, out: &Path) -> ExitCode {
+    let html = match dpfusion::ledger_report::html_report(path, Some(witness)) {
+        Ok(h) => h,
+        Err(e) => return fail("report", e),
+    };
+    match std::fs::write(out, html) {
+        Ok(()) => {
+            println!(
+                "ledger {}: verified; report written to {}",
+                path.display(),
+                out.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail("report", format!("cannot write {}: {e}", out.display())),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod distributed;
 pub mod error;
 pub mod files;
 pub mod guard;
+pub mod ledger_report;
 pub mod owner;
 pub mod repl;
 pub mod serve;

@@ -374,6 +374,9 @@ pub struct PrivateSession {
     protection: Arc<Protection>,
     /// The file system door: what each table may read, and the output directory.
     fs: Arc<crate::files::PinnedFs>,
+    /// The receipt of the latest charge this session admitted: the REPL prints it for a query
+    /// cancelled after its charge (the charge stands; issue 33).
+    last_receipt: Mutex<Option<Receipt>>,
 }
 
 impl std::fmt::Debug for PrivateSession {
@@ -471,6 +474,7 @@ impl PrivateSession {
             owned: Mutex::new(Default::default()),
             protection,
             fs,
+            last_receipt: Mutex::new(None),
         };
         statements::register_table_functions(&session.ctx, session.accountant.clone());
         Ok(session)
@@ -656,6 +660,7 @@ impl PrivateSession {
     ) -> Result<TablePolicy> {
         let name = name.to_ascii_lowercase();
         let schema = provider.schema();
+        check_typed(&name, &schema)?;
         for c in &reg.public_columns {
             check_column(&name, &schema, c, "public column")?;
         }
@@ -759,6 +764,13 @@ impl PrivateSession {
         self.accountant.budget_rows()
     }
 
+    /// Takes the receipt of the latest charge this session admitted (None: none since the last
+    /// take). A front end that cancels a running statement reads it to show what the statement
+    /// was charged: clear it before the statement, take it after the cancellation.
+    pub fn take_last_receipt(&self) -> Option<Receipt> {
+        self.last_receipt.lock().expect("lock").take()
+    }
+
     /// Every charge, oldest first.
     pub fn ledger(&self) -> Vec<LedgerEntry> {
         self.accountant.ledger_entries()
@@ -797,6 +809,11 @@ impl PrivateSession {
         }
         if strip_prefix_ci(trimmed, &["SHOW", "TABLES"]).is_some_and(|r| r.is_empty()) {
             let batch = statements::tables_batch(&self.policies())?;
+            return Ok(QueryResult::of(vec![batch.clone()], batch.schema()));
+        }
+        // `HELP [function]`: the DP aggregates' documentation (statements::help).
+        if let Some(name) = strip_prefix_ci(trimmed, &["HELP"]) {
+            let batch = statements::help::help_batch(name)?;
             return Ok(QueryResult::of(vec![batch.clone()], batch.schema()));
         }
         let stmt = self.parse(trimmed)?;
@@ -887,6 +904,12 @@ impl PrivateSession {
             }
             LogicalPlan::Statement(s) => {
                 return self.statement(s);
+            }
+            // `DESCRIBE t`: the table's columns from its (pinned) schema; no row is read and
+            // nothing is charged, so it works for private tables too (issue 33).
+            LogicalPlan::DescribeTable(d) => {
+                let batch = statements::describe_batch(&d.schema)?;
+                return Ok(QueryResult::of(vec![batch.clone()], batch.schema()));
             }
             LogicalPlan::Copy(c) => {
                 if !c.partition_by.is_empty() {
@@ -1039,6 +1062,7 @@ impl PrivateSession {
             .accountant
             .admit_by(sql, &charges, analyst.as_deref())
             .map_err(crate::error::Error::from_accounting)?;
+        *self.last_receipt.lock().expect("lock") = Some(receipt.clone());
         Ok(Some(receipt))
     }
 
@@ -1402,6 +1426,34 @@ fn check_column(table: &str, schema: &Schema, column: &str, what: &str) -> Resul
             .map(|f| f.name().as_str())
             .collect::<Vec<_>>()
             .join(", ")
+    )
+}
+
+/// Every column of a table has a type: a column of Arrow type `Null` (a CSV file with a header
+/// and no data row infers one per column) would be pinned in the ledger for good, read every
+/// later row as NULL and let DP calls charge for nothing. Refused at registration, with what to
+/// declare instead (issue 33).
+fn check_typed(table: &str, schema: &Schema) -> Result<()> {
+    let untyped: Vec<&str> = schema
+        .fields()
+        .iter()
+        .filter(|f| f.data_type().is_null())
+        .map(|f| f.name().as_str())
+        .collect();
+    if untyped.is_empty() {
+        return Ok(());
+    }
+    let example = untyped
+        .iter()
+        .map(|c| format!("{{ name = \"{c}\", type = \"Float64\" }}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    plan_err!(
+        "table '{table}': no type could be inferred for column(s) '{}' (a file with a header \
+         and no data rows, or only empty values). Declare the columns' types: in the catalog, \
+         columns = [{example}] in the table's [[table]] section (docs/CATALOG.md); in the Rust \
+         API, Registration::schema; in CREATE EXTERNAL TABLE, a column list (name TYPE, ...)",
+        untyped.join("', '")
     )
 }
 

@@ -1,5 +1,5 @@
 -- An analyst's session on the catalog examples/catalog/dpfusion.toml:
---   cargo run --release -- --catalog examples/catalog/dpfusion.toml -f examples/catalog/analyst.sql
+--   dpfusion --catalog examples/catalog/dpfusion.toml -f examples/catalog/analyst.sql
 -- Statements marked '-- @expect-error' are refusals: their error is printed and the script goes on.
 
 -- The tables and the policy the data owner set.
@@ -20,9 +20,11 @@ ORDER BY j.title;
 
 -- Purchases protect each customer with all their purchases. Join the public shops (its key is
 -- unique) and group by region; a RIGHT JOIN onto shops releases every region, even one without
--- purchases ('central'), with no partition selection.
+-- purchases ('central'), with no partition selection. A noisy sum near zero can come out
+-- negative (the noise is what protects each customer); clamping it at 0 afterwards is
+-- post-processing: free, and never worse.
 SELECT s.region, dp_count_distinct(p.customer, epsilon => 0.5) AS customers,
-       dp_sum(p.amount, 0, 300, epsilon => 0.5) AS spent
+       GREATEST(dp_sum(p.amount, 0, 300, epsilon => 0.5), 0) AS spent
 FROM purchases p RIGHT JOIN shops s ON p.store = s.store
 GROUP BY s.region ORDER BY s.region;
 

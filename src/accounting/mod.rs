@@ -507,8 +507,9 @@ fn exceeded_message(
             format!(
                 "table '{table}' does not accept this query: it is accounted with the {} filter, \
                  which accepts {accepts}, and {what}. Nothing was charged. The data owner can \
-                 register the table with {advice}, e.g. OPTIONS ('dp.filter' 'rdp') or --filter \
-                 rdp.",
+                 register the table with {advice}: filter = \"rdp\" in the table's catalog \
+                 section, --filter rdp on the command line, or Registration::filter in the Rust \
+                 API (fixed when the ledger first records the table; docs/CATALOG.md).",
                 filter.name()
             )
         }

@@ -137,7 +137,8 @@ fn exceeded_message_format() {
     assert!(
         m.contains("accounted with the gdp filter")
             && m.contains("zCDP")
-            && m.contains("'dp.filter'")
+            && m.contains("filter = \"rdp\"")
+            && !m.contains("dp.filter")
             && m.contains("zcdp"),
         "{m}"
     );

@@ -27,6 +27,7 @@ Statements end with ';' and may span several lines.
   \\ledger           every charge so far, oldest first (= SELECT * FROM dp_ledger())
   \\explain SQL      what SQL would cost and whether it would be admitted (= EXPLAIN PRIVACY)
   \\d [TABLE]        the tables, or one table: columns, visibility, neighbours, budget
+  \\h [FUNCTION]     the DP aggregates, or one function's documentation (= HELP [FUNCTION])
   \\format FORMAT    table, csv or json
   \\timing           show how long each statement took (toggle)
   \\?                this help
@@ -125,6 +126,7 @@ impl Repl {
         let session = self.session.clone();
         let text = sql.to_string();
         QUERY_RUNNING.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = self.session.take_last_receipt();
         let mut task = tokio::spawn(async move { session.sql(&text).await });
         let outcome = tokio::select! {
             r = &mut task => Some(r.unwrap_or_else(|_| {
@@ -136,16 +138,28 @@ impl Repl {
                 // Stop a running model fit at its next iteration, and the scan with the task.
                 dpfusion_udfs::progress::cancel_running();
                 task.abort();
+                // A poll under way on another worker finishes first (an admission included):
+                // wait for it briefly, so that a charge made just now shows its receipt.
+                let _ = tokio::time::timeout(std::time::Duration::from_millis(500), &mut task).await;
                 None
             }
         };
         QUERY_RUNNING.store(false, std::sync::atomic::Ordering::SeqCst);
         clear_progress();
         match outcome {
-            None => eprintln!(
-                "query cancelled (if it was admitted, its charge stands: a failure or \
-                 cancellation can depend on the data)"
-            ),
+            None => {
+                eprintln!(
+                    "query cancelled (if it was admitted, its charge stands: a failure or \
+                     cancellation can depend on the data)"
+                );
+                // Admitted before the cancellation: its receipt, as for a finished query.
+                if let Some(rcpt) = self.session.take_last_receipt() {
+                    if !self.quiet {
+                        eprintln!("{}", receipt_line(&rcpt));
+                    }
+                    self.last_tables = rcpt.tables.iter().map(|t| t.name.clone()).collect();
+                }
+            }
             Some(Ok(r)) => {
                 if !r.tables.is_empty() {
                     self.last_tables = r.tables.clone();
@@ -236,7 +250,9 @@ impl<'a> Meta<'a> {
             "\\explain" => {
                 eprintln!("\\explain needs a query, e.g. \\explain SELECT dp_count(x, 0.1) FROM t")
             }
-            "\\?" | "\\h" | "\\help" => println!("{META_HELP}"),
+            "\\?" | "\\help" if arg.is_empty() => println!("{META_HELP}"),
+            // `\h` lists the DP aggregates, `\h NAME` documents one (statements::help).
+            "\\h" | "\\help" => println!("{}", crate::statements::help::help_text(arg)),
             "\\format" => match arg.parse::<OutputFormat>() {
                 Ok(f) => {
                     *format = f;

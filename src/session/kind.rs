@@ -32,8 +32,9 @@ pub enum StatementKind {
     ShowBudget,
     /// `SHOW TABLES`.
     ShowTables,
-    /// `DESCRIBE <table>` (a kind that changes nothing; the guard decides whether it runs, and
-    /// today refuses it, as in the REPL).
+    /// `DESCRIBE <table>`: the table's columns and types from its pinned schema; reads no row
+    /// and charges nothing, for every table (as in the REPL). Also `HELP [function]`, which
+    /// describes the DP aggregates.
     Describe,
     /// Anything else, named by what it would do: writes a table or a file, changes a setting,
     /// prepares a statement, starts a transaction, runs a plan (`EXPLAIN ANALYZE`), …
@@ -126,6 +127,9 @@ impl PrivateSession {
             }
             if strip_prefix_ci(trimmed, &["SHOW", "TABLES"]).is_some_and(|r| r.is_empty()) {
                 return Ok(StatementKind::ShowTables);
+            }
+            if strip_prefix_ci(trimmed, &["HELP"]).is_some() {
+                return Ok(StatementKind::Describe);
             }
             let stmt = match self.parse(trimmed)? {
                 s @ (DFStatement::Statement(_) | DFStatement::Explain(_)) => s,
@@ -294,6 +298,7 @@ mod tests {
             ("SHOW BUDGET", ShowBudget),
             ("show tables;", ShowTables),
             ("DESCRIBE t", Describe),
+            ("HELP dp_mean", Describe),
         ] {
             assert_eq!(kind(sql).await.unwrap(), want, "{sql}");
         }

@@ -1,5 +1,6 @@
 //! Session statements and their result tables: `SHOW BUDGET` / `dp_budget()`, `dp_ledger()`,
 //! `EXPLAIN PRIVACY`, the registration summary, and how refusals and receipts are printed.
+pub mod help;
 pub mod named_args;
 
 use std::sync::Arc;
@@ -62,6 +63,30 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
         ("spent_delta", floats(rows.iter().map(|r| r.delta_spent))),
         ("remaining_delta", floats(rows.iter().map(|r| r.delta_left))),
         ("filter", strings(rows.iter().map(|r| r.filter.to_string()))),
+    ])
+}
+
+/// `DESCRIBE t`: one row per column of the table's schema (the pinned one for an owner's table),
+/// as DataFusion prints it: `column_name`, `data_type`, `is_nullable` (`YES`/`NO`). Reads no row.
+pub fn describe_batch(schema: &Schema) -> Result<RecordBatch> {
+    let fields = schema.fields();
+    batch(vec![
+        (
+            "column_name",
+            strings(fields.iter().map(|f| f.name().clone())),
+        ),
+        (
+            "data_type",
+            strings(fields.iter().map(|f| f.data_type().to_string())),
+        ),
+        (
+            "is_nullable",
+            strings(
+                fields
+                    .iter()
+                    .map(|f| if f.is_nullable() { "YES" } else { "NO" }),
+            ),
+        ),
     ])
 }
 

@@ -110,8 +110,8 @@ fn rows(r: &QueryResult) -> Vec<HashMap<String, String>> {
 const PEOPLE_SCHEMA: &str = "(id Int64, age Int64, dept Utf8, salary Float64, remote Boolean)";
 
 /// The column names a table is read with in the session, after checking that `SHOW TABLES`
-/// shows the same pinned schema. (`DESCRIBE` is refused by the guard in this version, so the
-/// schema is read through the API and `SHOW TABLES`.)
+/// shows the same pinned schema (read through the API and `SHOW TABLES`; `DESCRIBE` shows it
+/// too, tests/it/onboard.rs).
 async fn columns(s: &PrivateSession, table: &str) -> Vec<String> {
     let names: Vec<String> = s
         .tables()

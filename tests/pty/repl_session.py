@@ -86,6 +86,8 @@ read_until(r"dp_linreg_gd: iteration \d+/100000", timeout=120)
 sent = time.time()
 send("\x03")
 out = read_until(r"query cancelled[\s\S]*dpfusion\[salaries[^\n]*\]> \s*$", timeout=5)
+# The cancelled fit was charged: its receipt is printed, as for a finished query.
+assert re.search(r"query cancelled[\s\S]*charged salaries: ε", out), out
 took = time.time() - sent
 assert took < 1.0, f"the prompt came back after {took:.2f} s"
 send("\\budget\r")
@@ -102,6 +104,12 @@ last = raw.rfind("iteration ")
 table = raw.find("+", last if last >= 0 else 0)
 assert last >= 0, "no progress was shown: " + repr(raw[:300])
 assert "\r\x1b[2K" in raw[last:table], "the progress line was not erased: " + repr(raw[last:table + 40])
+# \h NAME documents a function from the registry; \h alone lists them.
+send("\\h dp_mean\r")
+out = read_until(r"Arguments:[\s\S]*Example:[\s\S]*\]> \s*$")
+assert "dp_mean(value, lower, upper, epsilon" in out and "neighbour mode" not in out, out
+send("\\h\r")
+out = read_until(r"DP aggregates[\s\S]*rgm_mean_by[\s\S]*\]> \s*$")
 send("\\q\r")
 _, status = os.waitpid(pid, 0)
 if os.waitstatus_to_exitcode(status) != 0:

@@ -48,7 +48,8 @@
 //! # Post-processing
 //! ñ' = max(ñ, 1); m̃₁ = clamp(S̃₁/(w·ñ'), −1, 1); m̃₂ = clamp(S̃₂·2^shift/(w²·ñ'), 0, 1);
 //! v = clamp(m̃₂ − m̃₁², 0, 1); variance = v·(w·q/2)², at most (upper − lower)²/4 (and at most
-//! `f64::MAX`: bounds wider than about ±6.7e153 saturate there); stddev = √v·(w·q/2), at most
+//! `f64::MAX`: bounds wider than about ±6.7e153 would saturate there, so an upper − lower above
+//! 2^511 ≈ 6.7e153 is refused at planning, [`MAX_WIDTH`]); stddev = √v·(w·q/2), at most
 //! (upper − lower)/2. All of it is post-processing of the three releases.
 //!
 //! Error: with all three noises of order σ ≈ (upper − lower)²/(4μᵢ) in value units, the error of
@@ -82,10 +83,32 @@ pub struct VarianceParams(pub MeanParams);
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StddevParams(pub MeanParams);
 
+/// The widest `upper − lower` whose variance bound (upper − lower)²/4 is a finite `f64` with
+/// room to spare: 2^511 ≈ 6.7e153 ((2^511)²/4 = 2^1020 < `f64::MAX` ≈ 2^1024). Wider bounds would
+/// release a variance saturated at `f64::MAX` (or 0 after rounding) whatever the data: a
+/// meaningless release, refused at planning with this range (issue 33).
+pub const MAX_WIDTH: f64 = 6.703903964971299e153;
+
+/// `MeanParams::from_literals` plus the width check ([`MAX_WIDTH`]) of `dp_variance`,
+/// `dp_stddev` and their `_ci` variants.
+fn variance_literals(args: &[ScalarValue]) -> Result<MeanParams, PrivacyError> {
+    let p = MeanParams::from_literals(args)?;
+    if p.upper - p.lower > MAX_WIDTH {
+        return Err(PrivacyError::invalid(
+            "upper",
+            format!("{:e} (lower {:e})", p.upper, p.lower),
+            "upper − lower ≤ 2^511 ≈ 6.7e153, so that the variance's range (upper − lower)²/4 \
+             is a finite number (wider bounds release f64::MAX or 0 whatever the data); give \
+             bounds that enclose the values closely: the noise grows with upper − lower",
+        ));
+    }
+    Ok(p)
+}
+
 impl VarianceParams {
     pub const NAMES: [&'static str; 6] = MeanParams::NAMES;
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        MeanParams::from_literals(args).map(Self)
+        variance_literals(args).map(Self)
     }
     /// One μ-GDP release (module docs), or one pure ε-DP release under `mechanism => 'laplace'`
     /// ([`super::laplace::LaplaceVariance`]). Builds the release too, so the accountant refuses
@@ -107,7 +130,7 @@ impl VarianceParams {
 impl StddevParams {
     pub const NAMES: [&'static str; 6] = MeanParams::NAMES;
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        MeanParams::from_literals(args).map(Self)
+        variance_literals(args).map(Self)
     }
     /// As [`VarianceParams::cost`]: the square root is post-processing.
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
@@ -401,4 +424,29 @@ pub fn dp_variance_ci_udaf() -> AggregateUDF {
 /// `dp_stddev_ci` as an [`AggregateUDF`].
 pub fn dp_stddev_ci_udaf() -> AggregateUDF {
     DpStddevCi::udaf()
+}
+
+#[cfg(test)]
+mod width_tests {
+    use super::*;
+
+    #[test]
+    fn bounds_too_wide_for_a_finite_variance_are_refused_with_the_range() {
+        let f = |x: f64| ScalarValue::Float64(Some(x));
+        let args = |u: f64| [f(0.0), f(u), f(1.0), f(1e-6)];
+        // (2^511)²/4 = 2^1020 is finite: the widest range admitted.
+        assert!((MAX_WIDTH / 2.0).powi(2).is_finite());
+        assert_eq!(MAX_WIDTH, pow2(511));
+        assert!(VarianceParams::from_literals(&args(MAX_WIDTH)).is_ok());
+        assert!(StddevParams::from_literals(&args(1e150)).is_ok());
+        for u in [MAX_WIDTH.next_up(), 1e200, 1e300] {
+            for e in [
+                VarianceParams::from_literals(&args(u)).unwrap_err(),
+                StddevParams::from_literals(&args(u)).unwrap_err(),
+            ] {
+                let m = e.to_string();
+                assert!(m.contains("upper") && m.contains("6.7e153"), "{m}");
+            }
+        }
+    }
 }
