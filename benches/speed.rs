@@ -1,13 +1,15 @@
 //! Speed of the DP aggregates against DataFusion's own aggregates, measured in the same process
 //! (issue 8). Run: `cargo bench --bench speed` (release profile). Prints a Markdown table of
-//! best-of-5 wall times and the ratio DP / baseline for each pair; `--quick` uses 1M rows.
+//! best-of-5 wall times and the ratio DP / baseline for each pair; `--quick` uses 1M rows;
+//! `--ledger` runs the ledger part alone.
 //!
 //! Pairs (same data, same plan shape, same partitions):
 //! - `dp_mean(x, 0, 1000, 1.0)` vs `avg(x)`; `dp_sum` vs `sum`; `dp_count` vs `count`;
 //!   without GROUP BY and with GROUP BY over 1,000 groups (public keys: no partition selection,
 //!   the aggregate alone is measured); in memory and from Parquet.
-//! - Admission with 10,000 ledger entries already present (the accountant directly: the check,
-//!   and the check with its fsync'd ledger append).
+//! - The ledger (the accountant directly): opening a 10,000-entry ledger (from its checkpoint)
+//!   against a 10-entry one; admission with 10,000 entries present (the check, and the check
+//!   with its fsync'd append); admission with its fsync (on disk) and without (tmpfs).
 //! - Growth with n (1e5, 1e6, 1e7) and with partitions (1, 2).
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,6 +66,46 @@ async fn best_of(ctx: &SessionContext, sql: &str, reps: usize) -> Duration {
     best
 }
 
+/// A ledger in `dir` with one private table and `n` charges; returns its path.
+fn filled_ledger(dir: &std::path::Path, n: usize, charge: &[TableCharge]) -> std::path::PathBuf {
+    let ledger = dir.join("ledger.jsonl");
+    let acc = Accountant::open(&ledger).unwrap();
+    acc.register_table(TablePolicy {
+        key: charge[0].key.clone(),
+        name: "t".into(),
+        visibility: Visibility::Private,
+        neighbours: Neighbours::AddRemove,
+        public_columns: vec![],
+        budget: Budget {
+            epsilon: 1e6,
+            delta: 1e-6,
+        },
+        filter: dpfusion::accounting::FilterKind::Gdp,
+        delta_share: dpfusion::accounting::DEFAULT_DELTA_SHARE,
+        schema: None,
+        format: None,
+        relaxed: None,
+        unit: None,
+    })
+    .unwrap();
+    for _ in 0..n {
+        acc.admit("SELECT dp_count(x, 0.01) FROM t", charge)
+            .unwrap();
+    }
+    ledger
+}
+
+/// Best of 20 opens of the ledger (a session's start: replay from the checkpoint, or line 1).
+fn best_open(ledger: &std::path::Path) -> Duration {
+    let mut best = Duration::MAX;
+    for _ in 0..20 {
+        let t = Instant::now();
+        std::hint::black_box(Accountant::open(ledger).unwrap());
+        best = best.min(t.elapsed());
+    }
+    best
+}
+
 fn ctx_with(partitions: usize) -> SessionContext {
     let ctx =
         SessionContext::new_with_config(SessionConfig::new().with_target_partitions(partitions));
@@ -84,6 +126,12 @@ const PAIRS: &[(&str, &str, &str)] = &[
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "--ledger") {
+        let dir = std::env::temp_dir().join(format!("dpfusion-bench-{}", std::process::id()));
+        ledger_bench(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let n = if quick { 1_000_000 } else { 10_000_000 };
     let reps = 5;
     let partitions = std::thread::available_parallelism()
@@ -176,43 +224,29 @@ async fn main() {
         }
     }
 
-    // Admission with 10,000 ledger entries.
-    println!("\n## Admission\n");
-    let ledger = dir.join("ledger.jsonl");
-    let acc = Accountant::open(&ledger).unwrap();
-    let key = dpfusion::accounting::TableKey::from("bench:t".to_string());
-    acc.register_table(TablePolicy {
-        key: key.clone(),
-        name: "t".into(),
-        visibility: Visibility::Private,
-        neighbours: Neighbours::AddRemove,
-        public_columns: vec![],
-        budget: Budget {
-            epsilon: 1e6,
-            delta: 1e-6,
-        },
-        filter: dpfusion::accounting::FilterKind::Gdp,
-        delta_share: dpfusion::accounting::DEFAULT_DELTA_SHARE,
-        schema: None,
-        format: None,
-        relaxed: None,
-        unit: None,
-    })
-    .unwrap();
+    ledger_bench(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Admission and opening (the ledger: docs/LEDGER.md, "Checkpoints", "One fsync per charge").
+/// `--ledger` runs this part alone.
+fn ledger_bench(dir: &std::path::Path) {
+    println!("\n## Ledger: opening and admission\n");
     let charge = [TableCharge {
-        key: key.clone(),
+        key: dpfusion::accounting::TableKey::from("bench:t".to_string()),
         events: vec![Event::Gaussian { mu: 1e-3 }],
     }];
+    let small = filled_ledger(&dir.join("small"), 10, &charge);
     let t = Instant::now();
-    for _ in 0..10_000 {
-        acc.admit("SELECT dp_count(x, 0.01) FROM t", &charge)
-            .unwrap();
-    }
+    let large = filled_ledger(&dir.join("large"), 10_000, &charge);
     let fill = t.elapsed();
-    drop(acc);
+    // The first open after the 10,000 charges replays them all and writes the checkpoint.
     let t = Instant::now();
-    let acc = Accountant::open(&ledger).unwrap();
-    let reopen = t.elapsed();
+    drop(Accountant::open(&large).unwrap());
+    let first = t.elapsed();
+    let open_small = best_open(&small);
+    let open_large = best_open(&large);
+    let acc = Accountant::open(&large).unwrap();
     let mut best = Duration::MAX;
     for _ in 0..20 {
         let t = Instant::now();
@@ -226,21 +260,73 @@ async fn main() {
         std::hint::black_box(acc.preview(&charge).unwrap());
         best_preview = best_preview.min(t.elapsed());
     }
+    drop(acc);
+    // Without fsync: the same ledger on tmpfs (/dev/shm), where fsync returns at once.
+    let shm =
+        std::path::Path::new("/dev/shm").join(format!("dpfusion-bench-{}", std::process::id()));
+    let no_fsync = std::path::Path::new("/dev/shm").is_dir().then(|| {
+        let l = filled_ledger(&shm, 10, &charge);
+        let acc = Accountant::open(&l).unwrap();
+        let mut best = Duration::MAX;
+        for _ in 0..20 {
+            let t = Instant::now();
+            acc.admit("SELECT dp_count(x, 0.01) FROM t", &charge)
+                .unwrap();
+            best = best.min(t.elapsed());
+        }
+        best
+    });
+    let _ = std::fs::remove_dir_all(&shm);
+    let with_fsync = {
+        let acc = Accountant::open(&small).unwrap();
+        let mut best = Duration::MAX;
+        for _ in 0..20 {
+            let t = Instant::now();
+            acc.admit("SELECT dp_count(x, 0.01) FROM t", &charge)
+                .unwrap();
+            best = best.min(t.elapsed());
+        }
+        best
+    };
+    let ms3 = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
     println!("| step | time |");
     println!("|---|---|");
     println!(
-        "| 10,000 admissions (each fsync'd) | {} ms total, {:.3} ms each |",
+        "| 10,000 admissions (each fsync'd once) | {} ms total, {:.3} ms each |",
         ms(fill),
         fill.as_secs_f64() * 1e3 / 1e4
     );
-    println!("| reopen (replay 10,000 entries) | {} ms |", ms(reopen));
     println!(
-        "| admission check + durable charge, 10,000 entries present (best of 20) | {:.3} ms |",
-        best.as_secs_f64() * 1e3
+        "| first open after them (replay of 10,000 charges, writes the checkpoint) | {} ms |",
+        ms3(first)
     );
     println!(
-        "| admission check alone (EXPLAIN PRIVACY's preview, best of 20) | {:.3} ms |",
-        best_preview.as_secs_f64() * 1e3
+        "| open, 10-entry ledger (best of 20) | {} ms |",
+        ms3(open_small)
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "| open, 10,000-entry ledger with its checkpoint (best of 20) | {} ms (+{} ms) |",
+        ms3(open_large),
+        ms3(open_large.saturating_sub(open_small))
+    );
+    println!(
+        "| admission check + durable charge, 10,000 entries present (best of 20) | {} ms |",
+        ms3(best)
+    );
+    println!(
+        "| admission check alone (EXPLAIN PRIVACY's preview, best of 20) | {} ms |",
+        ms3(best_preview)
+    );
+    println!(
+        "| admission, 10 entries, ledger on disk (one fsync; best of 20) | {} ms |",
+        ms3(with_fsync)
+    );
+    match no_fsync {
+        Some(d) => println!(
+            "| admission, 10 entries, ledger on tmpfs (fsync free; best of 20) | {} ms (fsync: +{} ms) |",
+            ms3(d),
+            ms3(with_fsync.saturating_sub(d))
+        ),
+        None => println!("| admission on tmpfs | /dev/shm missing |"),
+    }
 }

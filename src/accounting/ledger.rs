@@ -24,6 +24,7 @@ use dpfusion_udfs::privacy::{Event, Profile};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::checkpoint::{self, CheckpointRecord};
 use super::{
     AccountingError, Budget, LedgerEntry, TableKey, TablePolicy, Visibility, check_budget, io_error,
 };
@@ -84,7 +85,7 @@ pub const FORMAT: u32 = 2;
 /// Hashed with the ledger id into the `prev` of the header line.
 const GENESIS_TAG: &[u8] = b"dpfusion ledger genesis v2\n";
 
-type Hash = [u8; 32];
+pub(super) type Hash = [u8; 32];
 
 /// The first line of a ledger.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -108,6 +109,9 @@ pub(super) enum Record {
     Owner(TablePolicy),
     /// An admitted query.
     Charge(LedgerEntry),
+    /// A checkpoint: the digest of the state replayed from the lines before it, whose state is
+    /// kept in `<ledger>.checkpoint` (module `checkpoint`).
+    Checkpoint(CheckpointRecord),
 }
 
 /// A line as written: the record, then the hash of the previous line.
@@ -120,10 +124,10 @@ struct LineOut<'a> {
 
 /// A line as read.
 #[derive(Deserialize)]
-struct LineIn {
+pub(super) struct LineIn {
     #[serde(flatten)]
-    record: Record,
-    prev: String,
+    pub record: Record,
+    pub prev: String,
 }
 
 /// The sidecar `<ledger>.head`: how many lines the ledger had after the last append, and the
@@ -156,7 +160,8 @@ struct Witness {
 
 /// What one table has been charged: every event, their composed profile, and the number of
 /// charges.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct Spend {
     pub events: Vec<Event>,
     pub profile: Profile,
@@ -164,20 +169,41 @@ pub(super) struct Spend {
 }
 
 /// The replayed ledger, plus how far the file has been read.
-#[derive(Debug, Default)]
+///
+/// The fields not marked `serde(skip)` are the accountant's state: what replay produces, stored
+/// as a whole in a checkpoint (module `checkpoint`; a change to their serialised form must bump
+/// `checkpoint::LAYOUT`). The skipped ones say where the file was read to, and the log.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct State {
     /// Byte offset of the end of the last record read (always the end of a complete line).
+    #[serde(skip)]
     pub offset: u64,
     /// Number of complete lines read (the header included).
+    #[serde(skip)]
     pub lines: u64,
+    /// Lines whose hash is not in `hashes` (those before the checkpoint this state was loaded
+    /// from; 0 after a replay from line 1): `hashes[i]` is the hash of line `hash_base + i + 1`.
+    #[serde(skip)]
+    pub hash_base: u64,
+    /// The line of the last checkpoint record read or written (0: none).
+    #[serde(skip)]
+    pub checkpoint_line: u64,
+    /// Loaded from a checkpoint: the charges before it are not in `entries` until
+    /// [`load_prefix`] reads them.
+    #[serde(skip)]
+    pub prefix: Option<Prefix>,
     pub next_seq: u64,
     pub policies: HashMap<TableKey, TablePolicy>,
     /// Charges by key; a key may have charges before (or without) a policy in this session.
     pub tables: HashMap<TableKey, Spend>,
+    #[serde(skip)]
     pub entries: Vec<LedgerEntry>,
     /// From the header (line 1).
     pub ledger_id: Option<String>,
-    /// SHA-256 of every line read or written, in order: the chain, checked against the sidecar.
+    /// SHA-256 of every line read or written since `hash_base`, in order: the chain, checked
+    /// against the sidecar and the witness.
+    #[serde(skip)]
     pub hashes: Vec<Hash>,
     /// Per private table, the largest ε budget any policy record gave it: its guarantee, since
     /// admissions made under a budget that was later lowered were checked against the larger one
@@ -186,6 +212,17 @@ pub(super) struct State {
     /// Number of `policy` and `owner` records.
     pub policy_records: u64,
     pub owner_records: u64,
+}
+
+/// The part of a ledger before the checkpoint a [`State`] was loaded from.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Prefix {
+    /// Its length in bytes (the checkpoint record starts there).
+    pub offset: u64,
+    /// Its number of lines.
+    pub lines: u64,
+    /// The hash of its last line (the checkpoint record's `prev`).
+    pub last: Hash,
 }
 
 fn note_largest(st: &mut State, p: &TablePolicy) {
@@ -239,15 +276,19 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
             st.next_seq = st.next_seq.max(entry.seq.saturating_add(1));
             st.entries.push(entry);
         }
+        Record::Checkpoint(c) => {
+            checkpoint::check_record(st, &c)?;
+            st.checkpoint_line = st.lines + 1;
+        }
     }
     Ok(())
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn sha256(bytes: &[u8]) -> Hash {
+pub(super) fn sha256(bytes: &[u8]) -> Hash {
     let mut h = [0u8; 32];
     h.copy_from_slice(&Sha256::digest(bytes));
     h
@@ -310,7 +351,7 @@ fn canonical_prefix(p: &Path) -> PathBuf {
     }
 }
 
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
+pub(super) fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(suffix);
     path.with_file_name(name)
@@ -349,7 +390,7 @@ fn old_format(path: &Path) -> AccountingError {
     )
 }
 
-fn other(path: &Path, message: String) -> AccountingError {
+pub(super) fn other(path: &Path, message: String) -> AccountingError {
     io_error(path)(io::Error::other(message))
 }
 
@@ -384,7 +425,7 @@ fn encode(path: &Path, st: &State, rec: &Record) -> Result<(String, Hash), Accou
 
 /// Checks one complete line (without its newline) as line `line_no`, after a line of hash
 /// `prev`; returns its record. `id` is the ledger id, set by line 1.
-fn check_line(
+pub(super) fn check_line(
     path: &Path,
     line_no: u64,
     line: &[u8],
@@ -517,9 +558,18 @@ fn read_head(path: &Path) -> Result<Option<Head>, AccountingError> {
     }
 }
 
-/// Replaces the sidecar with the state's line count and last hash: a temporary file, fsync'd,
-/// then renamed over it. Only under the exclusive lock.
-fn write_head(path: &Path, st: &State) -> Result<(), AccountingError> {
+/// Whether a seal (sidecar, witness) is fsync'd before its rename. An append does not: its one
+/// fsync is the ledger's (docs/LEDGER.md, "One fsync per charge"). The data owner's commands
+/// (`reseal`, `migrate`) do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sync {
+    Fsync,
+    NoFsync,
+}
+
+/// Replaces the sidecar with the state's line count and last hash: a temporary file (fsync'd
+/// when `sync` says so), then renamed over it. Only under the exclusive lock.
+fn write_head(path: &Path, st: &State, sync: Sync) -> Result<(), AccountingError> {
     let (Some(id), Some(last)) = (&st.ledger_id, st.hashes.last()) else {
         return Err(other(path, "internal error: no header to seal".to_string()));
     };
@@ -529,27 +579,49 @@ fn write_head(path: &Path, st: &State) -> Result<(), AccountingError> {
         lines: st.lines,
         hash: hex(last),
     };
-    replace_json(path, &head, &sibling(path, ".head.tmp"), &head_path(path))
+    replace_json(
+        path,
+        &head,
+        &sibling(path, ".head.tmp"),
+        &head_path(path),
+        sync,
+    )
 }
 
-/// Replaces `target` with `value` as one JSON line: written to `tmp`, fsync'd, then renamed over
-/// `target` (the sidecar and the witness are written so; `path` is the ledger, for errors).
+/// Replaces `target` with `value` as one JSON line: written to `tmp`, fsync'd (with
+/// [`Sync::Fsync`]), then renamed over `target` (the sidecar and the witness are written so;
+/// `path` is the ledger, for errors).
 fn replace_json(
     path: &Path,
     value: &impl Serialize,
     tmp: &Path,
     target: &Path,
+    sync: Sync,
 ) -> Result<(), AccountingError> {
     let mut text = serde_json::to_string(value).map_err(|e| other(path, e.to_string()))?;
     text.push('\n');
+    replace_bytes(text.as_bytes(), tmp, target, sync)
+}
+
+/// Replaces `target` with `bytes`: written to `tmp` (fsync'd with [`Sync::Fsync`]), then renamed
+/// over `target`, so a reader sees the old or the new content, never a part.
+pub(super) fn replace_bytes(
+    bytes: &[u8],
+    tmp: &Path,
+    target: &Path,
+    sync: Sync,
+) -> Result<(), AccountingError> {
     let mut f = private_options()
         .write(true)
         .create(true)
         .truncate(true)
         .open(tmp)
         .map_err(io_error(tmp))?;
-    f.write_all(text.as_bytes())
-        .and_then(|()| f.sync_all())
+    f.write_all(bytes)
+        .and_then(|()| match sync {
+            Sync::Fsync => f.sync_all(),
+            Sync::NoFsync => Ok(()),
+        })
         .map_err(io_error(tmp))?;
     fs::rename(tmp, target).map_err(io_error(target))
 }
@@ -587,10 +659,10 @@ pub(super) fn make_witness_dir(wp: &Path) -> Result<(), AccountingError> {
     Ok(())
 }
 
-/// Replaces the witness with the state's seal, like the sidecar (a temporary file, fsync'd,
-/// renamed over it), then fsyncs its directory so that the rename is durable. Only under the
-/// exclusive lock, after the sidecar.
-fn write_witness(path: &Path, wp: &Path, st: &State) -> Result<(), AccountingError> {
+/// Replaces the witness with the state's seal, like the sidecar (a temporary file renamed over
+/// it); with [`Sync::Fsync`] the file and then its directory are fsync'd, so that the rename is
+/// durable. Only under the exclusive lock, after the sidecar.
+fn write_witness(path: &Path, wp: &Path, st: &State, sync: Sync) -> Result<(), AccountingError> {
     let (Some(id), Some(last)) = (&st.ledger_id, st.hashes.last()) else {
         return Err(other(
             path,
@@ -606,8 +678,9 @@ fn write_witness(path: &Path, wp: &Path, st: &State) -> Result<(), AccountingErr
         hash: hex(last),
     };
     make_witness_dir(wp)?;
-    replace_json(path, &w, &sibling(wp, ".tmp"), wp)?;
-    if let Some(dir) = wp.parent().filter(|d| !d.as_os_str().is_empty())
+    replace_json(path, &w, &sibling(wp, ".tmp"), wp, sync)?;
+    if sync == Sync::Fsync
+        && let Some(dir) = wp.parent().filter(|d| !d.as_os_str().is_empty())
         && let Ok(d) = File::open(dir)
     {
         let _ = d.sync_all();
@@ -665,7 +738,7 @@ fn check_witness(
             ),
         ));
     }
-    if hex(&hash_at(st, scan, w.lines)) != w.hash {
+    if hex(&hash_at(path, st, scan, w.lines)?) != w.hash {
         return Err(unverifiable(
             path,
             format!(
@@ -678,13 +751,26 @@ fn check_witness(
     Ok((w.lines < total).then_some(w.lines))
 }
 
-/// The hash of line `n` (1-based) of the lines in `st` followed by `scan`.
-fn hash_at(st: &State, scan: &Scan, n: u64) -> Hash {
-    if n <= st.lines {
-        st.hashes[(n - 1) as usize]
+/// The hash of line `n` (1-based, at least 1, at most the lines of `st` and `scan`) of the lines
+/// in `st` followed by `scan`. A line before the checkpoint `st` was loaded from has no hash in
+/// memory: an error (when a session opens, it then replays the ledger from line 1).
+fn hash_at(path: &Path, st: &State, scan: &Scan, n: u64) -> Result<Hash, AccountingError> {
+    if n <= st.hash_base {
+        return Err(unverifiable(
+            path,
+            format!(
+                "a seal (sidecar or witness) names line {n}, before the checkpoint at line {} \
+                 this session started from; start the session again (it replays the ledger from \
+                 its first line when a seal is older than its checkpoint)",
+                st.hash_base + 1
+            ),
+        ));
+    }
+    Ok(if n <= st.lines {
+        st.hashes[(n - st.hash_base - 1) as usize]
     } else {
         scan.lines[(n - st.lines - 1) as usize].1
-    }
+    })
 }
 
 /// What the sidecar says about the lines read so far plus `scan`.
@@ -759,7 +845,7 @@ fn check_head(
             ),
         ));
     }
-    if hex(&hash_at(st, scan, h.lines)) != h.hash {
+    if hex(&hash_at(path, st, scan, h.lines)?) != h.hash {
         return Err(corrupt(
             path,
             h.lines,
@@ -878,13 +964,13 @@ fn read(
         return Ok(Leftover::default());
     }
     if left.head_behind.is_some() || left.head_missing {
-        write_head(path, st)?;
+        write_head(path, st, Sync::NoFsync)?;
     }
     if let Some(wp) = witness
         && st.lines > 0
         && (left.witness_behind.is_some() || left.witness_missing)
     {
-        write_witness(path, wp, st)?;
+        write_witness(path, wp, st, Sync::NoFsync)?;
     }
     Ok(Leftover::default())
 }
@@ -900,9 +986,10 @@ pub(super) fn catch_up(
     read(file, path, witness, st, Mode::Repair).map(|_| ())
 }
 
-/// Appends one record (one `write_all` of the whole line), fsyncs it, applies it to the state,
-/// then updates the sidecar, then the witness. Must be called with the exclusive file lock held,
-/// right after [`catch_up`].
+/// Appends one record (one `write_all` of the whole line), fsyncs it (the one fsync of an
+/// append), applies it to the state, then replaces the sidecar, then the witness, without
+/// fsyncing them (docs/LEDGER.md, "One fsync per charge"). Must be called with the exclusive
+/// file lock held, right after [`catch_up`].
 pub(super) fn append(
     file: &File,
     path: &Path,
@@ -920,18 +1007,57 @@ pub(super) fn append(
         let _ = file.set_len(st.offset);
         return Err(io_error(path)(e));
     }
+    // Applied with `st.lines` still the lines before it, as replay applies it.
+    apply(st, rec).map_err(|m| corrupt(path, st.lines + 1, m))?;
     st.offset += line.len() as u64;
     st.lines += 1;
     st.hashes.push(hash);
-    let line_no = st.lines;
-    apply(st, rec).map_err(|m| corrupt(path, line_no, m))?;
     // The charge is durable; if the sidecar or the witness cannot follow, the caller is told
     // (and releases nothing), and the next session brings them up to date.
-    write_head(path, st)?;
+    write_head(path, st, Sync::NoFsync)?;
     match witness {
-        Some(wp) => write_witness(path, wp, st),
+        Some(wp) => write_witness(path, wp, st, Sync::NoFsync),
         None => Ok(()),
     }
+}
+
+/// Reads the charges of the part of the ledger before the checkpoint `st` was loaded from (a
+/// session started from a checkpoint reads them only when they are listed: `dp_ledger()`),
+/// checking that part's chain up to the checkpoint record. Nothing is changed on error.
+pub(super) fn load_prefix(file: &File, path: &Path, st: &mut State) -> Result<(), AccountingError> {
+    let Some(p) = st.prefix else {
+        return Ok(());
+    };
+    let mut buf = vec![0u8; p.offset as usize];
+    let mut reader = file;
+    reader
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| reader.read_exact(&mut buf))
+        .map_err(io_error(path))?;
+    let scanned = scan(path, &State::default(), &buf)?;
+    if scanned.torn != 0
+        || scanned.lines.len() as u64 != p.lines
+        || scanned.lines.last().map(|l| l.1) != Some(p.last)
+    {
+        return Err(corrupt(
+            path,
+            p.lines + 1,
+            "the checkpoint record's `prev` is not the hash of the line before it: lines before \
+             the checkpoint were edited"
+                .to_string(),
+        ));
+    }
+    let mut entries = Vec::new();
+    for (rec, _, _) in scanned.lines {
+        if let Record::Charge(mut e) = rec {
+            bound_query(&mut e);
+            entries.push(e);
+        }
+    }
+    entries.append(&mut st.entries);
+    st.entries = entries;
+    st.prefix = None;
+    Ok(())
 }
 
 /// `OpenOptions` that create files readable and writable by their owner only (Unix).
@@ -1174,9 +1300,9 @@ pub fn reseal(path: &Path, witness: Option<&Path>) -> Result<LedgerReport, Accou
         st.lines += 1;
         st.hashes.push(hash);
     }
-    write_head(path, &st)?;
+    write_head(path, &st, Sync::Fsync)?;
     if let Some(wp) = witness {
-        write_witness(path, wp, &st)?;
+        write_witness(path, wp, &st, Sync::Fsync)?;
     }
     let mut notes = Vec::new();
     if scanned.torn > 0 {
@@ -1323,9 +1449,9 @@ pub fn migrate(path: &Path, witness: Option<&Path>) -> Result<Migration, Account
     f.write_all(out.as_bytes())
         .and_then(|()| f.sync_all())
         .map_err(io_error(&tmp))?;
-    write_head(path, &st)?;
+    write_head(path, &st, Sync::Fsync)?;
     if let Some(wp) = witness {
-        write_witness(path, wp, &st)?;
+        write_witness(path, wp, &st, Sync::Fsync)?;
     }
     fs::rename(&tmp, path).map_err(io_error(path))?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())

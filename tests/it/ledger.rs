@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use dpfusion::accounting::{
-    Accountant, AccountingError, TableCharge, TableKey, TablePolicy, head_path,
+    Accountant, AccountingError, TableCharge, TableKey, TablePolicy, checkpoint_path, head_path,
 };
 use dpfusion::dpfusion_udfs::privacy::Event;
 
@@ -477,4 +477,62 @@ async fn dp_ledger_shows_an_analyst_their_own_sql_and_others_as_a_hash() {
 
 fn hex_of(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A ledger long enough for a checkpoint (docs/LEDGER.md, "Checkpoints"), kept with `witness`.
+fn checkpointed(path: &Path, witness: &Path) {
+    let acc = Accountant::open_witnessed(path, witness).unwrap();
+    acc.register_table(policy(1e6)).unwrap();
+    for i in 0..300 {
+        acc.admit(&format!("q{i}"), &charge(0.01)).unwrap();
+    }
+    drop(acc);
+    // The next session replays it from line 1 and writes the checkpoint.
+    drop(Accountant::open_witnessed(path, witness).unwrap());
+    assert!(checkpoint_path(path).exists());
+}
+
+#[test]
+fn the_witness_still_detects_a_rolled_back_or_replaced_ledger_with_a_checkpoint() {
+    let dir = temp_dir("cp-witness");
+    let path = dir.join("l").join("ledger.jsonl");
+    let wp = dir.join("w").join("ledger.jsonl.witness");
+    checkpointed(&path, &wp);
+    let files = [path.clone(), head_path(&path), checkpoint_path(&path)];
+    let old: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    let acc = Accountant::open_witnessed(&path, &wp).unwrap();
+    let spent = acc.budget_rows()[0].spent;
+    acc.admit("later", &charge(0.01)).unwrap();
+    drop(acc);
+    // Started from the checkpoint: the same budget as the session that replayed everything.
+    let acc = Accountant::open_witnessed(&path, &wp).unwrap();
+    assert!(acc.budget_rows()[0].spent > spent);
+    assert_eq!(acc.ledger_entries().len(), 301);
+    drop(acc);
+    // Rolled back with its sidecar and its checkpoint to a consistent older triple: refused.
+    for (f, b) in files.iter().zip(&old) {
+        std::fs::write(f, b).unwrap();
+    }
+    let err = Accountant::open_witnessed(&path, &wp)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("but its witness") && err.contains("rolled back"),
+        "{err}"
+    );
+    // Replaced by another ledger with its own checkpoint: refused.
+    let other = dir.join("o").join("ledger.jsonl");
+    checkpointed(&other, &dir.join("ow").join("x.witness"));
+    for (f, o) in files
+        .iter()
+        .zip([other.clone(), head_path(&other), checkpoint_path(&other)])
+    {
+        std::fs::copy(o, f).unwrap();
+    }
+    let err = Accountant::open_witnessed(&path, &wp)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("belongs to another ledger"), "{err}");
 }

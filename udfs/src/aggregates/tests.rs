@@ -2299,3 +2299,63 @@ fn every_aggregate_has_an_insecure_seeded_form() {
     }
     assert_eq!(all_udafs_insecure_seeded(7).len(), all_udafs().len());
 }
+
+/// The fixed-point sums, and so the seeded releases, are the same for every partitioning and
+/// batch size (issue 32; the sensitivity argument rests on it): 1, 2, 16 and 64 partitions,
+/// batches of 1, 7 and 8,192 rows, through DataFusion's partial/final plans and the
+/// runtime-dispatched conversion (`FixedPoint::sum_quantised`), with values whose float sum
+/// depends on the order, NaN, −0 and values outside the bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sums_are_identical_for_every_partitioning_and_batch_size() {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::datasource::MemTable;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+    let mut rng = SecureRng::insecure_from_seed(5);
+    let xs: Vec<Option<f64>> = (0..3000)
+        .map(|i| match i % 97 {
+            0 => Some(1e300),
+            1 => Some(-0.0),
+            2 => Some(f64::NAN),
+            3 => None,
+            _ => Some((rng.uniform_f64() - 0.4) * 2500.0),
+        })
+        .collect();
+    let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, true)]));
+    let sql = "SELECT dp_sum(x, -1000, 1000, 1.0) AS s, dp_mean(x, -1000, 1000, 1.0) AS m, \
+               dp_sum(x, 0, 1024, 0.5) AS s2, dp_count(x, 1.0) AS c FROM t";
+    let mut first: Option<(usize, usize, String)> = None;
+    for parts in [1usize, 2, 16, 64] {
+        for batch in [1usize, 7, 8192] {
+            let mut split: Vec<Vec<RecordBatch>> = vec![Vec::new(); parts];
+            for (i, c) in xs.chunks(batch).enumerate() {
+                let b = RecordBatch::try_new(schema.clone(), vec![col(c)]).unwrap();
+                split[i % parts].push(b);
+            }
+            let ctx = SessionContext::new_with_config(
+                SessionConfig::new()
+                    .with_target_partitions(parts)
+                    .with_batch_size(batch),
+            );
+            for u in all_udafs_insecure_seeded(42) {
+                ctx.register_udaf(u);
+            }
+            let table = MemTable::try_new(schema.clone(), split).unwrap();
+            ctx.register_table("t", Arc::new(table)).unwrap();
+            let out = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+            let row: Vec<String> = out[0]
+                .columns()
+                .iter()
+                .map(|a| format!("{:?}", ScalarValue::try_from_array(a, 0).unwrap()))
+                .collect();
+            let row = row.join(", ");
+            match &first {
+                None => first = Some((parts, batch, row)),
+                Some((p, b, want)) => assert_eq!(
+                    &row, want,
+                    "{parts} partitions, batches of {batch} differ from {p} partitions, {b}"
+                ),
+            }
+        }
+    }
+}

@@ -214,6 +214,46 @@ impl Profile {
     }
 }
 
+/// A profile as bit patterns (`f64::to_bits`): exact, and ±∞ survive (JSON numbers would
+/// neither). The ledger's checkpoint stores the accountant's state with it (docs/LEDGER.md,
+/// "Checkpoints").
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProfileBits {
+    rdp: Vec<u64>,
+    gdp_mu_sq: Option<u64>,
+    delta: u64,
+}
+
+impl Serialize for Profile {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        ProfileBits {
+            rdp: self.rdp.iter().map(|x| x.to_bits()).collect(),
+            gdp_mu_sq: self.gdp_mu_sq.map(f64::to_bits),
+            delta: self.delta.to_bits(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Profile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let b = ProfileBits::deserialize(d)?;
+        if b.rdp.len() != ORDERS.len() {
+            return Err(serde::de::Error::custom(format!(
+                "a profile of {} orders, not {}",
+                b.rdp.len(),
+                ORDERS.len()
+            )));
+        }
+        Ok(Profile {
+            rdp: b.rdp.into_iter().map(f64::from_bits).collect(),
+            gdp_mu_sq: b.gdp_mu_sq.map(f64::from_bits),
+            delta: f64::from_bits(b.delta),
+        })
+    }
+}
+
 fn nan_to_inf(x: f64) -> f64 {
     if x.is_nan() { f64::INFINITY } else { x }
 }

@@ -1,0 +1,525 @@
+//! Checkpoints: the accountant's state at a line of the ledger, so that opening a session reads
+//! the lines since the last checkpoint, not the whole ledger (docs/LEDGER.md, "Checkpoints").
+//!
+//! A checkpoint is two things:
+//! - a `checkpoint` record in the ledger, hash-chained like every line: the number of lines
+//!   before it, the layout of the state, and the SHA-256 of the state replayed from those lines
+//!   (in the canonical form below);
+//! - the file `<ledger>.checkpoint`: one JSON line naming the ledger, the record's line and byte
+//!   offset, the layout and the same digest, then the state itself in that canonical form.
+//!
+//! The state is the ledger's [`State`] as a whole (every field replay fills that is not marked
+//! `serde(skip)`), never a hand-listed copy of some of its fields. Canonical form: the state as a
+//! `serde_json::Value` (maps sorted by key), every floating-point number written as its bit
+//! pattern and every string prefixed, so that reading it back gives the same bits (JSON's
+//! decimal text does not round-trip through serde_json's default float parser).
+//!
+//! Opening a session uses the checkpoint only when the file's digest, the record's digest, the
+//! record's position and the ledger's id agree; it then replays the lines after the record as
+//! usual (chain, sidecar, witness). Anything else (no file, another layout, a file that does not
+//! match its record, a seal older than the checkpoint) replays the ledger from line 1: the same
+//! state as the full replay, since that *is* the full replay. `dpfusion ledger verify`,
+//! `reseal` and every full replay check each checkpoint record of the current layout against the
+//! state replayed up to it, so a checkpoint whose state differs from its lines is reported as
+//! corruption.
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::AccountingError;
+use super::ledger::{
+    self, FORMAT, Hash, LineIn, Prefix, Record, State, Sync, check_line, hex, other, sha256,
+    sibling,
+};
+
+/// A new checkpoint is written when a session opens a ledger with at least this many lines
+/// after the last one (or after line 1): opening then reads at most this many lines (plus the
+/// checkpoint), whatever the ledger's length.
+pub(super) const EVERY: u64 = 256;
+
+/// The serialised form of [`State`]. Bump it when a field of `State`, `Spend` or anything they
+/// contain changes its serialised form (the test `layout_is_pinned` fails then): checkpoints of
+/// another layout are not used (a full replay instead) and their records are not compared.
+pub(super) const LAYOUT: u32 = 1;
+
+/// The `checkpoint` record of the ledger.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(super) struct CheckpointRecord {
+    /// Lines before this record: the state is the replay of lines 1..=`lines`.
+    pub lines: u64,
+    pub layout: u32,
+    /// Hex SHA-256 of the state in canonical form.
+    pub state_sha256: String,
+}
+
+/// The first line of `<ledger>.checkpoint`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileHead {
+    format: u32,
+    ledger_id: String,
+    /// The line of the checkpoint record (1-based).
+    line: u64,
+    /// Its byte offset in the ledger.
+    offset: u64,
+    layout: u32,
+    state_sha256: String,
+}
+
+/// `<ledger>.checkpoint`, beside the ledger.
+pub fn checkpoint_path(ledger: &Path) -> PathBuf {
+    sibling(ledger, ".checkpoint")
+}
+
+fn encode(v: Value) -> Value {
+    match v {
+        Value::Number(n) if n.is_f64() => Value::String(format!(
+            "f{:016x}",
+            n.as_f64().unwrap_or(f64::NAN).to_bits()
+        )),
+        Value::String(s) => Value::String(format!("s{s}")),
+        Value::Array(a) => Value::Array(a.into_iter().map(encode).collect()),
+        Value::Object(m) => Value::Object(m.into_iter().map(|(k, v)| (k, encode(v))).collect()),
+        v => v,
+    }
+}
+
+fn decode(v: Value) -> Result<Value, String> {
+    Ok(match v {
+        Value::String(s) => {
+            if let Some(bits) = s.strip_prefix('f') {
+                let x = u64::from_str_radix(bits, 16)
+                    .map(f64::from_bits)
+                    .map_err(|e| e.to_string())?;
+                Value::Number(
+                    serde_json::Number::from_f64(x).ok_or("a non-finite number".to_string())?,
+                )
+            } else if let Some(t) = s.strip_prefix('s') {
+                Value::String(t.to_string())
+            } else {
+                return Err(format!("an unprefixed string {s:?}"));
+            }
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(decode).collect::<Result<_, _>>()?),
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| decode(v).map(|v| (k, v)))
+                .collect::<Result<_, _>>()?,
+        ),
+        v => v,
+    })
+}
+
+/// The state in canonical form (see the module's documentation).
+pub(super) fn state_bytes(st: &State) -> Result<Vec<u8>, String> {
+    let v = serde_json::to_value(st).map_err(|e| e.to_string())?;
+    serde_json::to_vec(&encode(v)).map_err(|e| e.to_string())
+}
+
+/// Reads a state written by [`state_bytes`] (its positional fields empty).
+pub(super) fn parse_state(bytes: &[u8]) -> Result<State, String> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    serde_json::from_value(decode(v)?).map_err(|e| e.to_string())
+}
+
+/// The hex SHA-256 of the state in canonical form.
+pub(super) fn state_digest(st: &State) -> Result<String, String> {
+    state_bytes(st).map(|b| hex(&sha256(&b)))
+}
+
+/// Applying a `checkpoint` record after the lines of `st`: it must follow exactly the lines it
+/// names, and (in the current layout) name the digest of the state replayed from them.
+pub(super) fn check_record(st: &State, c: &CheckpointRecord) -> Result<(), String> {
+    if c.lines != st.lines {
+        return Err(format!(
+            "a checkpoint record for the first {} lines at line {}: lines were deleted, inserted \
+             or reordered",
+            c.lines,
+            st.lines + 1
+        ));
+    }
+    if c.layout == LAYOUT && state_digest(st)? != c.state_sha256 {
+        return Err(
+            "a checkpoint record whose state digest is not the digest of the state replayed \
+             from the lines before it: the checkpoint was forged, or lines before it were \
+             edited"
+                .to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// Reads the complete line starting at byte `offset` of the ledger (without its newline).
+fn line_at(file: &fs::File, offset: u64) -> Option<Vec<u8>> {
+    let mut reader = file;
+    reader.seek(SeekFrom::Start(offset)).ok()?;
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = reader.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        if let Some(i) = chunk[..n].iter().position(|&b| b == b'\n') {
+            out.extend_from_slice(&chunk[..i]);
+            return Some(out);
+        }
+        out.extend_from_slice(&chunk[..n]);
+        if out.len() > 1 << 20 {
+            return None;
+        }
+    }
+}
+
+/// The state at the ledger's checkpoint, positioned after its record, when the checkpoint file
+/// and the record agree (see the module's documentation); else `None` (replay from line 1).
+pub(super) fn load(file: &fs::File, path: &Path) -> Option<State> {
+    let bytes = fs::read(checkpoint_path(path)).ok()?;
+    let nl = bytes.iter().position(|&b| b == b'\n')?;
+    let head: FileHead = serde_json::from_slice(&bytes[..nl]).ok()?;
+    let raw = &bytes[nl + 1..];
+    if head.format != FORMAT
+        || head.layout != LAYOUT
+        || head.line < 2
+        || hex(&sha256(raw)) != head.state_sha256
+    {
+        return None;
+    }
+    // The ledger's header names the same ledger.
+    let first = line_at(file, 0)?;
+    let mut id = None;
+    check_line(path, 1, &first, &mut id, None).ok()?;
+    if id.as_deref() != Some(head.ledger_id.as_str()) {
+        return None;
+    }
+    // The record at the offset is this checkpoint's.
+    let line = line_at(file, head.offset)?;
+    let parsed: LineIn = serde_json::from_slice(&line).ok()?;
+    let Record::Checkpoint(c) = parsed.record else {
+        return None;
+    };
+    if c.lines + 1 != head.line || c.layout != LAYOUT || c.state_sha256 != head.state_sha256 {
+        return None;
+    }
+    let mut last: Hash = [0; 32];
+    if parsed.prev.len() != 64 {
+        return None;
+    }
+    for (i, b) in last.iter_mut().enumerate() {
+        *b = u8::from_str_radix(parsed.prev.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    let mut st = parse_state(raw).ok()?;
+    if st.ledger_id.as_deref() != Some(head.ledger_id.as_str()) {
+        return None;
+    }
+    st.offset = head.offset + line.len() as u64 + 1;
+    st.lines = head.line;
+    st.hash_base = head.line - 1;
+    st.hashes = vec![sha256(&line)];
+    st.checkpoint_line = head.line;
+    st.prefix = Some(Prefix {
+        offset: head.offset,
+        lines: head.line - 1,
+        last,
+    });
+    Some(st)
+}
+
+/// Writes a checkpoint of `st` (a state replayed from the ledger, nothing else applied): the
+/// file first (replaced by a rename, not fsync'd: a lost or stale file only means a longer
+/// replay), then the record, appended like any record. Under the exclusive lock.
+fn write(
+    file: &fs::File,
+    path: &Path,
+    witness: Option<&Path>,
+    st: &mut State,
+) -> Result<(), AccountingError> {
+    let Some(id) = st.ledger_id.clone() else {
+        return Ok(());
+    };
+    let raw = state_bytes(st).map_err(|m| other(path, m))?;
+    let digest = hex(&sha256(&raw));
+    let head = FileHead {
+        format: FORMAT,
+        ledger_id: id,
+        line: st.lines + 1,
+        offset: st.offset,
+        layout: LAYOUT,
+        state_sha256: digest.clone(),
+    };
+    let mut bytes = serde_json::to_vec(&head).map_err(|e| other(path, e.to_string()))?;
+    bytes.push(b'\n');
+    bytes.extend_from_slice(&raw);
+    let target = checkpoint_path(path);
+    ledger::replace_bytes(&bytes, &sibling(&target, ".tmp"), &target, Sync::NoFsync)?;
+    ledger::append(
+        file,
+        path,
+        witness,
+        st,
+        Record::Checkpoint(CheckpointRecord {
+            lines: st.lines,
+            layout: LAYOUT,
+            state_sha256: digest,
+        }),
+    )
+}
+
+/// Replays the ledger when a session opens it (under the exclusive lock, `st` empty): from its
+/// checkpoint when that verifies, else from line 1; then writes a new checkpoint when at least
+/// [`EVERY`] lines follow the last one.
+pub(super) fn open_replay(
+    file: &fs::File,
+    path: &Path,
+    witness: Option<&Path>,
+    st: &mut State,
+) -> Result<(), AccountingError> {
+    let mut done = false;
+    if let Some(loaded) = load(file, path) {
+        *st = loaded;
+        done = ledger::catch_up(file, path, witness, st).is_ok();
+    }
+    if !done {
+        // No usable checkpoint, or the lines after it (or a seal older than it) did not verify
+        // from it: the full replay decides.
+        *st = State::default();
+        ledger::catch_up(file, path, witness, st)?;
+    }
+    if st.lines >= st.checkpoint_line.max(1) + EVERY {
+        write(file, path, witness, st)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::tests::private;
+    use crate::accounting::{Accountant, TableCharge, TableKey};
+    use dpfusion_udfs::privacy::Event;
+
+    fn temp_ledger(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "dpfusion-checkpoint-{tag}-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        dir.join("ledger.jsonl")
+    }
+
+    /// A ledger with two private tables and `n` charges of mixed events (a Gaussian
+    /// with an additive δ, a plain Gaussian), long enough for a checkpoint when `n` ≥ [`EVERY`].
+    fn filled(tag: &str, n: usize) -> PathBuf {
+        let path = temp_ledger(tag);
+        let acc = Accountant::open(&path).unwrap();
+        acc.register_table(private("demo:a", "a", 1e6)).unwrap();
+        acc.register_table(private("demo:b", "b", 1e6)).unwrap();
+        for i in 0..n {
+            let mu = 0.1 + i as f64 / 7.0;
+            let charges = [
+                TableCharge {
+                    key: TableKey::from("demo:a"),
+                    events: vec![Event::Gaussian { mu }, Event::Delta { delta: 1e-9 }],
+                },
+                TableCharge {
+                    key: TableKey::from("demo:b"),
+                    events: vec![Event::Gaussian { mu: mu / 3.0 }],
+                },
+            ];
+            acc.admit(&format!("SELECT {i}"), &charges[..1 + i % 2])
+                .unwrap();
+        }
+        path
+    }
+
+    /// What SHOW BUDGET shows (every field, exact).
+    fn rows(path: &Path) -> String {
+        format!("{:?}", Accountant::open(path).unwrap().budget_rows())
+    }
+
+    fn full_replay(path: &Path) -> State {
+        let file = fs::File::open(path).unwrap();
+        let mut st = State::default();
+        ledger::catch_up(&file, path, None, &mut st).unwrap();
+        st
+    }
+
+    #[test]
+    fn a_checkpointed_ledger_replays_to_the_state_of_a_full_replay() {
+        let path = filled("same", EVERY as usize + 10);
+        assert!(!checkpoint_path(&path).exists());
+        // Opening writes the checkpoint (more than EVERY lines since line 1)…
+        drop(Accountant::open(&path).unwrap());
+        assert!(checkpoint_path(&path).exists());
+        // …then more charges, another session.
+        let acc = Accountant::open(&path).unwrap();
+        for i in 0..5 {
+            let c = [TableCharge {
+                key: TableKey::from("demo:b"),
+                events: vec![Event::Gaussian {
+                    mu: 0.01 * i as f64,
+                }],
+            }];
+            acc.admit("SELECT more", &c).unwrap();
+        }
+        drop(acc);
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let mut cp = load(&file, &path).expect("the checkpoint is used");
+        assert!(cp.hash_base > 0 && cp.entries.is_empty());
+        ledger::catch_up(&file, &path, None, &mut cp).unwrap();
+        let full = full_replay(&path);
+        assert_eq!(state_bytes(&cp).unwrap(), state_bytes(&full).unwrap());
+        assert_eq!(
+            (cp.offset, cp.lines, cp.hashes.last()),
+            (full.offset, full.lines, full.hashes.last())
+        );
+        assert_eq!(cp.entries.len(), 5);
+        ledger::load_prefix(&file, &path, &mut cp).unwrap();
+        assert_eq!(cp.entries, full.entries);
+        // The profiles are bit for bit the same (the canonical form carries bits).
+        for (k, s) in &full.tables {
+            assert_eq!(cp.tables[k].profile, s.profile);
+            assert_eq!(cp.tables[k].events, s.events);
+        }
+        assert!(crate::accounting::verify(&path).is_ok());
+    }
+
+    #[test]
+    fn a_forged_checkpoint_file_is_not_used_and_a_forged_record_is_refused() {
+        let path = filled("forged", EVERY as usize + 2);
+        drop(Accountant::open(&path).unwrap());
+        let spent = rows(&path);
+        // The state edited (a table's charges emptied) without its digest: not used.
+        let cp = checkpoint_path(&path);
+        let text = fs::read_to_string(&cp).unwrap();
+        let (head, state) = text.split_once('\n').unwrap();
+        let mut v: Value = serde_json::from_str(state).unwrap();
+        v["tables"]["demo:a"]["events"] = Value::Array(vec![]);
+        let forged = serde_json::to_string(&v).unwrap();
+        fs::write(&cp, format!("{head}\n{forged}")).unwrap();
+        let file = fs::File::open(&path).unwrap();
+        assert!(load(&file, &path).is_none());
+        assert_eq!(rows(&path), spent);
+        // With its digest recomputed in the file: still not used (the record disagrees).
+        let mut h: Value = serde_json::from_str(head).unwrap();
+        h["state_sha256"] = Value::String(hex(&sha256(forged.as_bytes())));
+        fs::write(&cp, format!("{h}\n{forged}")).unwrap();
+        assert!(load(&file, &path).is_none());
+        assert_eq!(rows(&path), spent);
+        // And with the record's digest forged too (chain and sidecar recomputed, as someone who
+        // can write the ledger's directory could): the full replay refuses it.
+        let mut lines: Vec<String> = fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let at = lines
+            .iter()
+            .position(|l| l.contains("\"record\":\"checkpoint\""))
+            .unwrap();
+        lines.truncate(at + 1);
+        let mut rec: Value = serde_json::from_str(&lines[at]).unwrap();
+        rec["state_sha256"] = h["state_sha256"].clone();
+        lines[at] = serde_json::to_string(&rec).unwrap();
+        fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let id = h["ledger_id"].as_str().unwrap();
+        let seal = serde_json::json!({"format": 2, "ledger_id": id, "lines": at + 1,
+            "hash": hex(&sha256(lines[at].as_bytes()))});
+        fs::write(ledger::head_path(&path), seal.to_string()).unwrap();
+        let err = crate::accounting::verify(&path).unwrap_err().to_string();
+        assert!(err.contains("state digest"), "{err}");
+        // A session started from the (consistent) forged pair would trust it: that is what the
+        // witness is for (tests/it/ledger.rs); verify and every full replay refuse it.
+        fs::remove_file(&cp).unwrap();
+        let err = Accountant::open(&path).err().unwrap().to_string();
+        assert!(err.contains("state digest"), "{err}");
+    }
+
+    #[test]
+    fn a_stale_checkpoint_replays_from_its_line() {
+        let path = filled("stale", EVERY as usize + 2);
+        drop(Accountant::open(&path).unwrap());
+        let old = fs::read(checkpoint_path(&path)).unwrap();
+        let acc = Accountant::open(&path).unwrap();
+        for _ in 0..EVERY + 1 {
+            let c = [TableCharge {
+                key: TableKey::from("demo:a"),
+                events: vec![Event::Gaussian { mu: 0.01 }],
+            }];
+            acc.admit("SELECT again", &c).unwrap();
+        }
+        drop(acc);
+        drop(Accountant::open(&path).unwrap()); // the second checkpoint
+        let want = rows(&path);
+        fs::write(checkpoint_path(&path), old).unwrap();
+        let file = fs::File::open(&path).unwrap();
+        let mut st = load(&file, &path).expect("an older checkpoint still names its record");
+        assert!(st.lines < 2 * EVERY);
+        drop(file);
+        assert_eq!(rows(&path), want);
+        let file = fs::File::open(&path).unwrap();
+        ledger::catch_up(&file, &path, None, &mut st).unwrap();
+        assert_eq!(
+            state_bytes(&st).unwrap(),
+            state_bytes(&full_replay(&path)).unwrap()
+        );
+    }
+
+    /// The canonical form of a fixed state: if this changes, so does the layout of every
+    /// checkpoint; bump [`LAYOUT`] and the digest below.
+    #[test]
+    fn layout_is_pinned() {
+        let mut st = State {
+            next_seq: 3,
+            ledger_id: Some("00ff".to_string()),
+            policy_records: 1,
+            ..State::default()
+        };
+        let p = private("demo:a", "a", 2.5);
+        st.largest_epsilon.insert(p.key.clone(), 2.5);
+        st.policies.insert(p.key.clone(), p);
+        let events = vec![Event::Gaussian { mu: 0.5 }, Event::Delta { delta: 1e-9 }];
+        st.tables.insert(
+            TableKey::from("demo:a"),
+            ledger::Spend {
+                profile: dpfusion_udfs::privacy::Profile::from_events(&events),
+                events,
+                queries: 2,
+            },
+        );
+        let bytes = state_bytes(&st).unwrap();
+        let back = parse_state(&bytes).unwrap();
+        assert_eq!(state_bytes(&back).unwrap(), bytes);
+        assert_eq!(
+            (LAYOUT, hex(&sha256(&bytes)).as_str()),
+            (
+                1,
+                "41aba54321e5525848575a0f3319ab863dc0b2624c162b9394b78e34830cb70e"
+            ),
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+
+    #[test]
+    fn floats_and_strings_round_trip_exactly() {
+        let v = serde_json::json!({"a": [0.1, 1e-300, 0.30000000000000004, 5e-324],
+                                   "s": "f00", "n": 3, "m": {"k": "x"}});
+        let back = decode(
+            serde_json::from_slice(&serde_json::to_vec(&encode(v.clone())).unwrap()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(back, v);
+        let bits = |v: &Value| v["a"][2].as_f64().unwrap().to_bits();
+        assert_eq!(bits(&back), 0.30000000000000004f64.to_bits());
+        assert!(decode(Value::String("x".into())).is_err());
+    }
+}
