@@ -370,6 +370,35 @@ fn rewrite_items(items: &mut [SelectItem], clause: &DpClause) -> Result<(), Stri
              PERCENTILE_CONT)",
         ));
     }
+    // Unaliased items are named as written, each aggregate without its named arguments
+    // (`AVG(salary)`, `COUNT(*)`, `PERCENTILE_CONT(age, 0.5)`), unique within the SELECT.
+    let mut taken: Vec<String> = items
+        .iter()
+        .filter_map(|i| match i {
+            SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
+            _ => None,
+        })
+        .collect();
+    for item in items.iter_mut() {
+        let SelectItem::UnnamedExpr(e) = item else {
+            continue;
+        };
+        if matches!(e, Expr::Identifier(_) | Expr::CompoundIdentifier(_)) {
+            continue;
+        }
+        let mut short = e.clone();
+        let _ = short.visit(&mut Shorten);
+        let short = short.to_string();
+        let name = std::iter::once(short.clone())
+            .chain((2..).map(|k| format!("{short} #{k}")))
+            .find(|n| !taken.contains(n))
+            .expect("an unused name");
+        taken.push(name.clone());
+        *item = SelectItem::ExprWithAlias {
+            expr: e.clone(),
+            alias: Ident::with_quote('"', name),
+        };
+    }
     // Second pass: rewrite, each aggregate with ε/n and δ/n.
     for item in items.iter_mut() {
         let expr = match item {
@@ -389,6 +418,25 @@ fn rewrite_items(items: &mut [SelectItem], clause: &DpClause) -> Result<(), Stri
         }
     }
     Ok(())
+}
+
+/// Drops the named arguments of the BigQuery aggregates (their output names).
+struct Shorten;
+
+impl VisitorMut for Shorten {
+    type Break = ();
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        if let Expr::Function(f) = expr
+            && f.name.0.len() == 1
+            && MAPPING
+                .iter()
+                .any(|(b, _)| f.name.to_string().eq_ignore_ascii_case(b))
+            && let FunctionArguments::List(list) = &mut f.args
+        {
+            list.args.retain(|a| matches!(a, FunctionArg::Unnamed(_)));
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 /// Checks (and with `rewrite`, rewrites) the aggregate calls of one select item.
@@ -628,10 +676,11 @@ mod tests {
         );
         assert_eq!(
             sql,
-            "SELECT k, dp_mean(x, lower => 0, upper => 100, epsilon => 0.25, delta => 2.5e-7), \
-             dp_count(1, epsilon => 0.25, delta => 2.5e-7), dp_sum(x, lower => 0, upper => 10, \
-             epsilon => 0.25, delta => 2.5e-7), dp_quantile(x, lower => 0, upper => 100, q => \
-             0.5, epsilon => 0.25) FROM t GROUP BY k"
+            "SELECT k, dp_mean(x, lower => 0, upper => 100, epsilon => 0.25, delta => 2.5e-7) AS \
+             \"AVG(x)\", dp_count(1, epsilon => 0.25, delta => 2.5e-7) AS \"COUNT(*)\", \
+             dp_sum(x, lower => 0, upper => 10, epsilon => 0.25, delta => 2.5e-7) AS \"SUM(x)\", \
+             dp_quantile(x, lower => 0, upper => 100, q => 0.5, epsilon => 0.25) AS \
+             \"PERCENTILE_CONT(x, 0.5)\" FROM t GROUP BY k"
         );
     }
 
