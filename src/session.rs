@@ -43,6 +43,10 @@ tokio::task_local! {
     /// The analyst a statement runs for ([`PrivateSession::sql_as`]); admission runs in the
     /// statement's own task, so the charge it writes can name them.
     static ANALYST: Arc<str>;
+    /// The L0 bound a statement's BigQuery DIFFERENTIAL_PRIVACY clause set
+    /// ([`statements::bigquery`]): read by [`PrivateSession::guard_options`] while the
+    /// statement runs.
+    static STATEMENT_L0: std::cell::Cell<Option<u32>>;
 }
 
 /// The analyst the current statement runs for ([`PrivateSession::sql_as`]); None for the data
@@ -782,10 +786,8 @@ impl PrivateSession {
     /// fixed message [`EXECUTION_FAILED`], elsewhere [`STATEMENT_PANICKED`].
     pub async fn sql(&self, sql: &str) -> Result<QueryResult> {
         use futures::FutureExt;
-        match std::panic::AssertUnwindSafe(self.sql_statement(sql))
-            .catch_unwind()
-            .await
-        {
+        let statement = STATEMENT_L0.scope(std::cell::Cell::new(None), self.sql_statement(sql));
+        match std::panic::AssertUnwindSafe(statement).catch_unwind().await {
             Ok(r) => r.map_err(crate::error::Error::classify),
             Err(_) => Err(DataFusionError::Execution(STATEMENT_PANICKED.to_string())),
         }
@@ -828,6 +830,8 @@ impl PrivateSession {
     }
 
     fn parse(&self, sql: &str) -> Result<DFStatement> {
+        let clause = statements::bigquery::strip_dp_clause(sql).map_err(DataFusionError::Plan)?;
+        let sql = clause.as_ref().map_or(sql, |(s, _)| s.as_str());
         let mut stmts = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
         if stmts.len() != 1 {
             return plan_err!(
@@ -836,6 +840,9 @@ impl PrivateSession {
             );
         }
         let mut stmt = stmts.pop_front().expect("one");
+        if let Some((_, c)) = &clause {
+            self.apply_dp_clause(&mut stmt, c)?;
+        }
         let delta = self.default_delta();
         resolve_df_statement(&mut stmt, delta).map_err(DataFusionError::Plan)?;
         Ok(stmt)
@@ -850,7 +857,10 @@ impl PrivateSession {
             check_complexity(trimmed)?;
             self.plan_query(trimmed).await
         };
-        run.await.map_err(crate::error::Error::classify)
+        STATEMENT_L0
+            .scope(std::cell::Cell::new(None), run)
+            .await
+            .map_err(crate::error::Error::classify)
     }
 
     /// Plans and checks a query without running it.
@@ -1107,7 +1117,90 @@ impl PrivateSession {
 
     /// The query-level settings the guard applies (contribution bounds).
     pub fn guard_options(&self) -> guard::GuardOptions {
-        *self.bounds.read().expect("lock")
+        let mut o = *self.bounds.read().expect("lock");
+        if let Ok(Some(k)) = STATEMENT_L0.try_with(|c| c.get()) {
+            o.max_groups_contributed = Some(k);
+        }
+        o
+    }
+
+    /// Rewrites the SELECT of a BigQuery DIFFERENTIAL_PRIVACY clause to dp_* calls
+    /// ([`statements::bigquery`]) after checking that its unit options keep the data owner's
+    /// policy: `privacy_unit_column` must be the registered unit column, `max_groups_contributed`
+    /// at most the registered (or `SET`) bound, of every table with a unit the statement reads.
+    /// A tighter bound applies to this statement only.
+    fn apply_dp_clause(
+        &self,
+        stmt: &mut DFStatement,
+        c: &statements::bigquery::DpClause,
+    ) -> Result<()> {
+        use datafusion::sql::sqlparser::ast::visit_relations;
+        let refuse = |m: String| {
+            DataFusionError::Plan(format!(
+                "dpfusion refused the query: WITH DIFFERENTIAL_PRIVACY: {m}"
+            ))
+        };
+        let inner: &mut datafusion::sql::sqlparser::ast::Statement = match stmt {
+            DFStatement::Statement(s) => s.as_mut(),
+            DFStatement::Explain(e) => match e.statement.as_mut() {
+                DFStatement::Statement(s) => s.as_mut(),
+                _ => return Err(refuse("the clause opens a SELECT".into())),
+            },
+            _ => return Err(refuse("the clause opens a SELECT".into())),
+        };
+        let mut names: Vec<String> = Vec::new();
+        let _ = visit_relations(&*inner, |r| {
+            if let Some(last) = r.0.last() {
+                names.push(last.to_string().trim_matches('"').to_ascii_lowercase());
+            }
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        let session_l0 = self.bounds.read().expect("lock").max_groups_contributed;
+        let units: Vec<(String, PrivacyUnit)> = {
+            let tables = self.tables.lock().expect("lock");
+            names
+                .iter()
+                .filter_map(|n| {
+                    let t = tables.get(n)?;
+                    Some((n.clone(), t.info().unit.clone()?))
+                })
+                .collect()
+        };
+        if let Some(col) = &c.privacy_unit_column {
+            if units.is_empty() {
+                return Err(refuse(format!(
+                    "privacy_unit_column = {col}: no table of the query has a privacy unit \
+                     column; the data owner declares units (privacy_unit in the catalog); drop \
+                     the option"
+                )));
+            }
+            for (t, u) in &units {
+                if &u.column != col {
+                    return Err(refuse(format!(
+                        "privacy_unit_column = {col}, but table '{t}' has the privacy unit \
+                         column '{}', set by its data owner; drop the option or name '{}'",
+                        u.column, u.column
+                    )));
+                }
+            }
+        }
+        if let Some(k) = c.max_groups_contributed {
+            for (t, u) in &units {
+                let bound = session_l0.unwrap_or(u.max_groups_contributed);
+                if k > bound {
+                    return Err(refuse(format!(
+                        "max_groups_contributed = {k} is larger than the bound {bound} of table \
+                         '{t}' (its data owner's policy); use max_groups_contributed <= {bound} \
+                         or omit it"
+                    )));
+                }
+            }
+            // Only tables with a unit bound groups per unit; elsewhere a unit is one row.
+            if !units.is_empty() {
+                let _ = STATEMENT_L0.try_with(|cell| cell.set(Some(k)));
+            }
+        }
+        statements::bigquery::rewrite_dp_select(inner, c).map_err(DataFusionError::Plan)
     }
 
     fn statement(&self, s: &datafusion::logical_expr::Statement) -> Result<QueryResult> {
@@ -1747,11 +1840,18 @@ fn strip_prefix_ci<'a>(s: &'a str, words: &[&str]) -> Option<&'a str> {
 }
 
 fn resolve_df_statement(stmt: &mut DFStatement, delta: f64) -> std::result::Result<(), String> {
+    use statements::readable_names::name_dp_columns;
     match stmt {
-        DFStatement::Statement(s) => resolve_named_arguments(s.as_mut(), delta),
+        DFStatement::Statement(s) => {
+            name_dp_columns(s.as_mut());
+            resolve_named_arguments(s.as_mut(), delta)
+        }
         DFStatement::Explain(e) => resolve_df_statement(&mut e.statement, delta),
         DFStatement::CopyTo(c) => match &mut c.source {
-            CopyToSource::Query(q) => resolve_named_arguments(q.as_mut(), delta),
+            CopyToSource::Query(q) => {
+                name_dp_columns(q.as_mut());
+                resolve_named_arguments(q.as_mut(), delta)
+            }
             CopyToSource::Relation(_) => Ok(()),
         },
         _ => Ok(()),

@@ -281,37 +281,119 @@ pub fn sig(x: f64) -> String {
 }
 
 /// Rows as records: `-[ RECORD n ]-` then `column | value` for each non-NULL value, every line
-/// within [`DISPLAY_WIDTH`] (values cut with '…').
+/// within [`DISPLAY_WIDTH`] (values cut with '…'). A struct (a model, a `_ci` interval) shows one
+/// line per field, `column.field | value`.
 fn expanded(batches: &[RecordBatch]) -> Result<String, ArrowError> {
-    use datafusion::arrow::util::display::array_value_to_string;
+    use datafusion::arrow::array::{Array, AsArray};
     let mut out = String::new();
     let mut n = 0;
     for b in batches {
         let shown = for_display(b, DISPLAY_WIDTH)?;
-        let schema = shown.schema();
-        let width = schema
-            .fields()
+        let schema = b.schema();
+        // One (name, column, display column) per line of a record: struct fields flattened.
+        let mut lines: Vec<(String, ArrayRef, Option<ArrayRef>)> = Vec::new();
+        fn flatten(
+            name: String,
+            c: &ArrayRef,
+            shown: Option<&ArrayRef>,
+            lines: &mut Vec<(String, ArrayRef, Option<ArrayRef>)>,
+        ) {
+            if let DataType::Struct(fields) = c.data_type() {
+                let s = c.as_struct();
+                for (f, child) in fields.iter().zip(s.columns()) {
+                    // A NULL struct shows no fields; its children are masked by its nulls.
+                    let masked = match s.nulls() {
+                        Some(nulls) => {
+                            let data = child
+                                .to_data()
+                                .into_builder()
+                                .nulls(Some(match child.nulls() {
+                                    Some(own) => datafusion::arrow::buffer::NullBuffer::union(
+                                        Some(nulls),
+                                        Some(own),
+                                    )
+                                    .expect("two"),
+                                    None => nulls.clone(),
+                                }))
+                                .build();
+                            match data {
+                                Ok(d) => datafusion::arrow::array::make_array(d),
+                                Err(_) => child.clone(),
+                            }
+                        }
+                        None => child.clone(),
+                    };
+                    flatten(format!("{name}.{}", f.name()), &masked, None, lines);
+                }
+            } else {
+                lines.push((name, c.clone(), shown.cloned()));
+            }
+        }
+        for ((f, c), sc) in schema.fields().iter().zip(b.columns()).zip(shown.columns()) {
+            flatten(f.name().clone(), c, Some(sc), &mut lines);
+        }
+        let width = lines
             .iter()
-            .map(|f| f.name().chars().count())
+            .map(|(name, _, _)| name.chars().count())
             .max()
             .unwrap_or(0);
         let room = DISPLAY_WIDTH.saturating_sub(width + 3).max(8);
-        for row in 0..shown.num_rows() {
+        for row in 0..b.num_rows() {
             n += 1;
             out.push_str(&format!("-[ RECORD {n} ]-\n"));
-            for (f, c) in schema.fields().iter().zip(shown.columns()) {
+            for (name, c, sc) in &lines {
                 if c.is_null(row) {
                     continue;
                 }
-                let mut v = array_value_to_string(c, row)?;
+                let mut v = match sc {
+                    Some(sc) => datafusion::arrow::util::display::array_value_to_string(sc, row)?,
+                    None => nested_text(c, row)?,
+                };
                 if v.chars().count() > room {
                     v = v.chars().take(room - 1).collect::<String>() + "…";
                 }
-                out.push_str(&format!("{:<width$} | {v}\n", f.name()));
+                out.push_str(&format!("{name:<width$} | {v}\n"));
             }
         }
     }
     Ok(out.trim_end().to_string())
+}
+
+/// One value of `c` (any type, nested or not) as the table format shows it: floats at
+/// [`DISPLAY_DIGITS`] significant digits ([`sig`]), structs as `{field: value, …}`, lists as
+/// `[value, …]`, text escaped ([`Escape::Cell`]), NULL as `NULL`.
+fn nested_text(c: &ArrayRef, row: usize) -> Result<String, ArrowError> {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::{Float32Type, Float64Type};
+    if c.is_null(row) {
+        return Ok("NULL".to_string());
+    }
+    let list = |values: ArrayRef| -> Result<String, ArrowError> {
+        let items: Vec<String> = (0..values.len())
+            .map(|i| nested_text(&values, i))
+            .collect::<Result<_, _>>()?;
+        Ok(format!("[{}]", items.join(", ")))
+    };
+    Ok(match c.data_type() {
+        DataType::Float64 => sig(c.as_primitive::<Float64Type>().value(row)),
+        DataType::Float32 => sig(c.as_primitive::<Float32Type>().value(row) as f64),
+        DataType::Struct(fields) => {
+            let s = c.as_struct();
+            let parts: Vec<String> = fields
+                .iter()
+                .zip(s.columns())
+                .map(|(f, child)| Ok(format!("{}: {}", f.name(), nested_text(child, row)?)))
+                .collect::<Result<_, ArrowError>>()?;
+            format!("{{{}}}", parts.join(", "))
+        }
+        DataType::List(_) => list(c.as_list::<i32>().value(row))?,
+        DataType::LargeList(_) => list(c.as_list::<i64>().value(row))?,
+        DataType::FixedSizeList(..) => list(c.as_fixed_size_list().value(row))?,
+        _ => {
+            let v = datafusion::arrow::util::display::array_value_to_string(c, row)?;
+            terminal_safe(&v, Escape::Cell).into_owned()
+        }
+    })
 }
 
 /// The table format's view of a batch: floats at [`DISPLAY_DIGITS`] significant digits, text
@@ -340,6 +422,11 @@ fn for_display(batch: &RecordBatch, text_limit: usize) -> Result<RecordBatch, Ar
                         .collect(),
                 )
             }
+            t if is_nested(t) => Some(
+                (0..c.len())
+                    .map(|i| c.is_valid(i).then(|| nested_text(c, i)).transpose())
+                    .collect::<Result<_, _>>()?,
+            ),
             DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
                 let c = cast(c, &DataType::Utf8)?;
                 let a = c.as_string::<i32>();
@@ -460,6 +547,81 @@ mod display_tests {
             "{b}"
         );
         assert!(b.contains("\\x1b[2J") && b.contains("\nsecond line"), "{b}");
+    }
+
+    #[test]
+    fn nested_values_are_readable_in_the_table_format() {
+        use datafusion::arrow::array::{Array, Float64Array, Int64Array, ListArray, StructArray};
+        use datafusion::arrow::datatypes::Float64Type;
+        let coefficients = ListArray::from_iter_primitive::<Float64Type, _, _>(vec![Some(vec![
+            Some(0.123456789),
+            Some(-2.0),
+        ])]);
+        let model = StructArray::from(vec![
+            (
+                Arc::new(Field::new(
+                    "coefficients",
+                    coefficients.data_type().clone(),
+                    true,
+                )),
+                Arc::new(coefficients) as ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("intercept", DataType::Float64, true)),
+                Arc::new(Float64Array::from(vec![88463.3500375])) as ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("iterations", DataType::Int64, true)),
+                Arc::new(Int64Array::from(vec![100])) as ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("epsilon", DataType::Float64, true)),
+                Arc::new(Float64Array::from(vec![0.30000000000000004])) as ArrayRef,
+            ),
+        ]);
+        let b = RecordBatch::try_from_iter(vec![("model", Arc::new(model) as ArrayRef)]).unwrap();
+        let out = render(std::slice::from_ref(&b), &b.schema(), OutputFormat::Table).unwrap();
+        assert!(
+            out.contains(
+                "{coefficients: [0.123457, -2], intercept: 88463.4, iterations: 100, epsilon: 0.3}"
+            ),
+            "{out}"
+        );
+        // CSV and JSON keep every digit.
+        let csv = render(std::slice::from_ref(&b), &b.schema(), OutputFormat::Csv).unwrap();
+        assert!(
+            csv.contains("0.123456789") && csv.contains("0.30000000000000004"),
+            "{csv}"
+        );
+        let json = render(std::slice::from_ref(&b), &b.schema(), OutputFormat::Json).unwrap();
+        assert!(json.contains("0.30000000000000004"), "{json}");
+        // Too wide for a table (52 coefficients): records with one line per field, so the
+        // fields after a long list still show.
+        let long = ListArray::from_iter_primitive::<Float64Type, _, _>(vec![Some(
+            (0..52).map(|i| Some(i as f64 / 7.0)).collect::<Vec<_>>(),
+        )]);
+        let model = StructArray::from(vec![
+            (
+                Arc::new(Field::new("coefficients", long.data_type().clone(), true)),
+                Arc::new(long) as ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("iterations", DataType::Int64, true)),
+                Arc::new(Int64Array::from(vec![100])) as ArrayRef,
+            ),
+        ]);
+        let b = RecordBatch::try_from_iter(vec![("model", Arc::new(model) as ArrayRef)]).unwrap();
+        let out = render(std::slice::from_ref(&b), &b.schema(), OutputFormat::Table).unwrap();
+        assert!(out.starts_with("-[ RECORD 1 ]-"), "{out}");
+        assert!(
+            out.contains("model.coefficients | [0, 0.142857, 0.285714"),
+            "{out}"
+        );
+        assert!(out.contains("model.iterations   | 100"), "{out}");
+        assert!(
+            out.lines().all(|l| l.chars().count() <= DISPLAY_WIDTH),
+            "{out}"
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Session statements and their result tables: `SHOW BUDGET` / `dp_budget()`, `dp_ledger()`,
 //! `EXPLAIN PRIVACY`, the registration summary, and how refusals and receipts are printed.
 pub mod help;
+pub mod bigquery;
 pub mod named_args;
+pub mod readable_names;
 
 use std::sync::Arc;
 

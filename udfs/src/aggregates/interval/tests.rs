@@ -255,57 +255,6 @@ fn laplace_sum_quantile_matches_numerical_convolution() {
 }
 
 #[test]
-fn laplace_combination_quantile_matches_numerical_convolution() {
-    // P(|L₁ + L₂ + L₃| > x) = ∫∫ f₁(u) f₂(v) P(|L₃ + u + v| > x) du dv by the midpoint rule on
-    // a 1,500² grid over ±25 scales (independent of the partial fractions), at the returned x.
-    let surv = |b: f64, v: f64| {
-        // P(L > v), L Laplace(b).
-        if v >= 0.0 {
-            0.5 * (-v / b).exp()
-        } else {
-            1.0 - 0.5 * (v / b).exp()
-        }
-    };
-    for scales in [
-        [1.0, 0.5, 0.2],
-        [1.0, 1.0, 1.0],
-        [3.0, 0.4, 2.0],
-        [1.0, 0.9995, 0.3],
-    ] {
-        for level in [0.5, 0.95] {
-            let x = laplace_combination_quantile(&scales, level);
-            let [b1, b2, b3] = scales;
-            let steps = 1500;
-            let (r1, r2) = (25.0 * b1, 25.0 * b2);
-            let (h1, h2) = (2.0 * r1 / steps as f64, 2.0 * r2 / steps as f64);
-            let mut tail = 0.0;
-            for i in 0..steps {
-                let u = -r1 + (i as f64 + 0.5) * h1;
-                let fu = 0.5 / b1 * (-u.abs() / b1).exp() * h1;
-                for j in 0..steps {
-                    let v = -r2 + (j as f64 + 0.5) * h2;
-                    let fv = 0.5 / b2 * (-v.abs() / b2).exp() * h2;
-                    tail += fu * fv * (surv(b3, x - u - v) + 1.0 - surv(b3, -x - u - v));
-                }
-            }
-            assert!(
-                (tail - (1.0 - level)).abs() < 1e-3,
-                "{scales:?} level {level}: x {x}, tail {tail}"
-            );
-        }
-    }
-    // Two scales (and a zero): the two-variable closed form.
-    for level in [0.5, 0.95] {
-        let a = laplace_combination_quantile(&[2.0, 0.0, 3.0], level);
-        let b = laplace_sum_quantile(2.0, 3.0, level);
-        assert!((a / b - 1.0).abs() < 1e-9, "{a} {b}");
-        // One scale: b·ln(1/α).
-        let one = laplace_combination_quantile(&[2.0], level);
-        assert!((one - 2.0 * (1.0 / (1.0 - level)).ln()).abs() < 1e-9);
-    }
-}
-
-#[test]
 fn fieller_set_matches_a_scan() {
     // The accepted d's of (S̃ − dC̃)² ≤ z²(σ_s² + d²σ_c²), scanned on a fine grid.
     let (s, c, ss, sc, z) = (150.0, 95.0, 20.0, 4.0, 1.96);
@@ -457,8 +406,12 @@ fn variance_and_stddev_coverage_gaussian_and_laplace() {
             let want = if stddev { 2.0 } else { 4.0 };
             assert!((truth - want).abs() < 1e-9, "{label}: truth {truth}");
             let label = format!("{label} {mech}");
-            let values = check_coverage(&label, &fin, p, truth);
-            let (_, iv) = draws(&fin, p, 0.95, 11);
+            // Conservative (Bonferroni over the three noises, module docs): at least the level.
+            let (values, iv) = draws(&fin, p, 0.95, 11);
+            let c = coverage(&iv, truth);
+            assert!(c >= 0.95, "{label}: 95% coverage {c}");
+            let (_, iv50) = draws(&fin, p, 0.5, 11);
+            assert!(coverage(&iv50, truth) >= 0.5, "{label}: 50% coverage");
             check_sd(&label, &values, &iv);
             // Within the feasible range [0, (upper − lower)²/4] (resp. [0, (upper − lower)/2]).
             let top = if stddev { 5.0 } else { 25.0 };
@@ -482,8 +435,9 @@ fn variance_and_stddev_coverage_gaussian_and_laplace() {
     }
 }
 
-/// How the delta-method coverage degrades with few rows (printed, not asserted: `cargo test -p
-/// dpfusion-udfs variance_coverage_by_n -- --nocapture`); the module docs quote it.
+/// The variance intervals' coverage by n (printed: `cargo test -p dpfusion-udfs
+/// variance_coverage_by_n -- --nocapture`; the module docs quote it): at least the level at
+/// every n.
 #[test]
 fn variance_coverage_by_n() {
     let cases = [(50, 1.0), (200, 1.0), (1000, 1.0), (200, 0.1), (1000, 0.1)];
@@ -499,7 +453,7 @@ fn variance_coverage_by_n() {
             let (_, iv) = draws(&fin, p, 0.95, 13);
             let c = coverage(&iv, truth);
             eprintln!("variance {mech}, values {a}/{b}, n = {n}, ε = {eps}: 95% coverage {c}");
-            assert!(c >= 0.85, "{mech} n {n} ε {eps}: {c}");
+            assert!(c >= 0.95, "{mech} n {n} ε {eps}: {c}");
         }
     }
 }
@@ -780,4 +734,76 @@ async fn sql_struct_and_same_value_as_base() {
         assert!(e.contains(want), "{sql}: {e}");
     }
     let _ = Float64Array::from(vec![0.0]).len();
+}
+
+// ------------------------------------------------------------ every n: at least the level
+
+/// Coverage at least `level` for every n (issue 29): small n with large count noise, where the
+/// count's noise is comparable to n. The first-order (plug-in) Laplace mean interval covered
+/// 82–90% here and the delta-method variance interval less than 95%; the constructions now are
+/// conservative (module docs), so coverage ≥ 95% up to the sampling error of 2,000 releases
+/// (0.49%; the bound 94% is 2 sd below 95%).
+#[test]
+fn small_n_large_count_noise_still_covers() {
+    let fp = FixedPoint::new(0.0, 10.0);
+    let mut low: Vec<String> = Vec::new();
+    for (n, value, eps) in [
+        (3, 9.5, 1.0),
+        (5, 9.5, 0.5),
+        (10, 9.0, 0.2),
+        (30, 10.0, 0.1),
+        (20, 10.0, 0.2),
+        (8, 0.0, 0.5),
+    ] {
+        let x = fp.quantise(value) as i128;
+        let p = partial(x * n as i128, n, n);
+        let fin = release::<MeanParams>(&[f(0.0), f(10.0), f(eps), f(1e-7), s("laplace")]);
+        for seed in [5, 6] {
+            let (values, iv) = draws(&fin, p, 0.95, seed);
+            let c = coverage(&iv, value);
+            eprintln!("mean laplace n = {n}, value {value}, ε = {eps}: 95% coverage {c}");
+            if c < 0.94 {
+                low.push(format!("mean laplace n {n} ε {eps}: {c}"));
+            }
+            // The release is inside its interval, within [lower, upper].
+            assert!(iv.iter().zip(&values).all(|(i, v)| {
+                let (i, v) = (i.unwrap(), v.unwrap());
+                0.0 <= i.lower && i.lower <= v && v <= i.upper && i.upper <= 10.0
+            }));
+        }
+    }
+    for (n, eps, (a, b)) in [
+        (10, 1.0, (9.0, 10.0)),
+        (20, 0.5, (0.0, 10.0)),
+        (20, 1.0, (9.5, 10.0)),
+        (100, 0.2, (0.0, 1.0)),
+        (50, 1.0, (2.0, 6.0)),
+        (200, 0.1, (1.0, 9.0)),
+    ] {
+        let xs: Vec<f64> = (0..n).map(|i| if i % 2 == 0 { a } else { b }).collect();
+        let p = variance_partial(0.0, 10.0, &xs);
+        for stddev in [false, true] {
+            let truth = variance_truth(0.0, 10.0, &p, stddev);
+            for mech in ["gaussian", "laplace"] {
+                let lits = [f(0.0), f(10.0), f(eps), f(1e-7), s(mech)];
+                let fin = if stddev {
+                    release::<StddevParams>(&lits)
+                } else {
+                    release::<VarianceParams>(&lits)
+                };
+                let (_, iv) = draws(&fin, p, 0.95, 17);
+                let c = coverage(&iv, truth);
+                eprintln!(
+                    "variance {mech} (stddev {stddev}), {a}/{b}, n = {n}, ε = {eps}: 95% \
+                     coverage {c}"
+                );
+                if c < 0.94 {
+                    low.push(format!(
+                        "variance {mech} (stddev {stddev}) n {n} ε {eps}: {c}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(low.is_empty(), "below the level: {low:?}");
 }
