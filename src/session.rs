@@ -465,7 +465,10 @@ impl PrivateSession {
             ctx,
             accountant,
             default_delta: RwLock::new(options.default_delta),
-            bounds: RwLock::new(guard::GuardOptions::default()),
+            bounds: RwLock::new(guard::GuardOptions {
+                insecure_seed: options.insecure_noise_seed,
+                ..guard::GuardOptions::default()
+            }),
             options,
             tables: Mutex::new(HashMap::new()),
             owned: Mutex::new(Default::default()),
