@@ -123,7 +123,7 @@ async fn main() {
             let reg = Registration::private()
                 .privacy_unit("unit")
                 .contribution_bounds(4, 3)
-                .budget(1e9, 1e-3);
+                .budget(1e6, 1e-3);
             s.register_batches("t", batches.clone(), reg).unwrap();
             let ctx =
                 SessionContext::new_with_config(SessionConfig::new().with_target_partitions(p));
