@@ -790,3 +790,99 @@ fn expose(plan: &LogicalPlan, column: &str, table: &TableInfo) -> Result<(Logica
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+
+    #[test]
+    fn the_group_key_is_never_printed() {
+        let key = [0x0123_4567_89ab_cdef_u64, 0x0fed_cba9_8765_4321];
+        let f = ScalarUDF::from(GroupKey::new(key));
+        let e = f.call(vec![col(UNIT), col("g")]);
+        let shown = format!("{e} {e:?} {f:?} {}", e.schema_name());
+        for k in key {
+            assert!(!shown.contains(&k.to_string()), "{shown}");
+            assert!(!shown.contains(&format!("{k:x}")), "{shown}");
+        }
+    }
+
+    #[test]
+    fn the_group_key_is_a_keyed_function_of_the_values() {
+        let arrays: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![1, 1, 2])),
+            Arc::new(Int64Array::from(vec![7, 7, 7])),
+        ];
+        let hash = |key| {
+            let args = ScalarFunctionArgs {
+                args: arrays.iter().cloned().map(ColumnarValue::Array).collect(),
+                arg_fields: (0..2)
+                    .map(|_| Arc::new(Field::new("a", DataType::Int64, false)))
+                    .collect(),
+                number_rows: 3,
+                return_field: Arc::new(Field::new("h", DataType::UInt64, false)),
+                config_options: Arc::new(Default::default()),
+            };
+            let ColumnarValue::Array(a) = GroupKey::new(key).invoke_with_args(args).unwrap() else {
+                panic!("an array")
+            };
+            a.as_primitive::<UInt64Type>().values().to_vec()
+        };
+        let h = hash([1, 2]);
+        assert_eq!(h[0], h[1], "the same (unit, group): the same hash");
+        assert_ne!(h[0], h[2]);
+        assert_eq!(h, hash([1, 2]), "deterministic under a key");
+        assert_ne!(h, hash([3, 4]), "another key, other hashes");
+    }
+
+    #[test]
+    fn the_sample_keeps_at_most_c_rows_and_merges_to_c() {
+        let new = || SampleAccumulator {
+            cap: 3,
+            types: vec![DataType::Int64],
+            rows: vec![],
+            bytes: 0,
+            threshold: u64::MAX,
+        };
+        let batch = |lo: i64| -> Vec<ArrayRef> {
+            vec![
+                Arc::new(UInt64Array::from(vec![3u64; 500])),
+                Arc::new(Int64Array::from_iter_values(lo..lo + 500)),
+            ]
+        };
+        let (mut a, mut b) = (new(), new());
+        a.update_batch(&batch(0)).unwrap();
+        b.update_batch(&batch(1000)).unwrap();
+        let state = b.state().unwrap()[0].to_array().unwrap();
+        a.merge_batch(&[state]).unwrap();
+        let ScalarValue::List(list) = a.evaluate().unwrap() else {
+            panic!("a list")
+        };
+        let rows = list.value(0);
+        let rows = rows.as_struct();
+        assert_eq!(rows.len(), 3);
+        let pos = rows.column(0).as_primitive::<UInt64Type>();
+        assert_eq!(pos.values().to_vec(), vec![1, 2, 3]);
+        // Every row is a row of one of the two inputs, none twice.
+        let mut v = rows
+            .column(1)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+            .values()
+            .to_vec();
+        v.sort_unstable();
+        v.dedup();
+        assert_eq!(v.len(), 3);
+        assert!(
+            v.iter()
+                .all(|x| (0..500).contains(x) || (1000..1500).contains(x))
+        );
+        // 0 = every row (a model).
+        let mut all = SampleAccumulator { cap: 0, ..new() };
+        all.update_batch(&batch(0)).unwrap();
+        let ScalarValue::List(list) = all.evaluate().unwrap() else {
+            panic!("a list")
+        };
+        assert_eq!(list.value(0).len(), 500);
+    }
+}
