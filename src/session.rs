@@ -415,8 +415,20 @@ impl PrivateSession {
             .options_mut()
             .optimizer
             .enable_dynamic_filter_pushdown = false;
+        // A fair pool: with many partitions each spilling operator (hash aggregates, sorts) gets
+        // its share and spills there, instead of the first ones taking all (a greedy pool fails
+        // a query that could spill: issue 28). The merge reserve of each sort is a share too.
+        let partitions = config.target_partitions().max(1);
+        let reserve = options.memory_limit / (8 * partitions);
+        let execution = &mut config.options_mut().execution;
+        execution.sort_spill_reservation_bytes =
+            execution.sort_spill_reservation_bytes.min(reserve);
+        let pool = datafusion::execution::memory_pool::TrackConsumersPool::new(
+            datafusion::execution::memory_pool::FairSpillPool::new(options.memory_limit),
+            std::num::NonZeroUsize::new(5).expect("5 > 0"),
+        );
         let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
-            .with_memory_limit(options.memory_limit, 1.0)
+            .with_memory_pool(Arc::new(pool))
             .build_arc()?;
         // Every file the context reads or writes goes through the pins (crate::files::store):
         // opened without following links and compared with what was registered.
@@ -472,7 +484,10 @@ impl PrivateSession {
             ctx,
             accountant,
             default_delta: RwLock::new(options.default_delta),
-            bounds: RwLock::new(guard::GuardOptions::default()),
+            bounds: RwLock::new(guard::GuardOptions {
+                insecure_seed: options.insecure_noise_seed,
+                ..guard::GuardOptions::default()
+            }),
             options,
             tables: Mutex::new(HashMap::new()),
             owned: Mutex::new(Default::default()),

@@ -59,7 +59,7 @@ use datafusion::logical_expr::{
 
 use super::join::PublicSide;
 use super::table::{GuardedTable, TableInfo};
-use super::units::{GK, R1, R2, UNIT};
+use super::units::{GROUP_KEY_FN, GroupKey, SAMPLE, SAMPLE_FN, Sample, TOTAL, UNIT};
 use super::{
     DpCall, GuardOptions, PARTITION_SELECT, aggregate_function, any_private_table, construct_name,
     explain_refusal, fragment, is_dp_aggregate, is_dp_function, is_statement_node,
@@ -325,8 +325,8 @@ fn audit_refusal(what: impl std::fmt::Display) -> DataFusionError {
 ///     and its DP aggregate, the aggregate's own arguments, FILTER and GROUP BY included, the
 ///     bounding windows included) nor in any join's keys or condition.
 /// (c) Between a private scan and its DP aggregate stand only the fragment's nodes and the exact
-///     window, projection and filter shapes the guard generates (unit bounding, marked by their
-///     internal column names), every expression in the typed fragment (`fragment::check_expr_typed`) or a
+///     aggregate, window, unnest, projection and filter shapes the guard generates (unit
+///     bounding, marked by their internal column names and functions), every expression in the typed fragment (`fragment::check_expr_typed`) or a
 ///     guard-generated total-evaluation wrapper of such an expression.
 pub(super) fn audit(plan: &LogicalPlan) -> Result<()> {
     audit_node(plan)
@@ -487,13 +487,6 @@ fn audit_dp_aggregate(a: &Aggregate) -> Result<()> {
     audit_region(&a.input)
 }
 
-/// Is `e` the guard's `random() AS __dpfusion_r1|r2` (unit bounding's sample order)?
-fn is_bounding_random(e: &Expr) -> bool {
-    matches!(e, Expr::Alias(a)
-        if (a.name == R1 || a.name == R2)
-            && matches!(a.expr.as_ref(), Expr::ScalarFunction(f) if f.name() == "random" && f.args.is_empty()))
-}
-
 /// The private region below a DP aggregate: the fragment's nodes, the guard's bounding shapes,
 /// joins of the allowed forms.
 fn audit_region(plan: &LogicalPlan) -> Result<()> {
@@ -517,11 +510,17 @@ fn audit_region(plan: &LogicalPlan) -> Result<()> {
         }
         LogicalPlan::Projection(p) => {
             for e in &p.expr {
-                if !is_bounding_random(e) {
-                    region_expr(e, p.input.schema(), "SELECT")?;
-                }
+                region_expr(e, p.input.schema(), "SELECT")?;
             }
             audit_region(&p.input)
+        }
+        LogicalPlan::Aggregate(a) => {
+            audit_bounding_aggregate(a)?;
+            audit_region(&a.input)
+        }
+        // The unit bounding's sample of rows back as rows (units.rs), and nothing else.
+        LogicalPlan::Unnest(u) if u.exec_columns.iter().all(|c| c.name == SAMPLE) => {
+            audit_region(&u.input)
         }
         LogicalPlan::Filter(f) => {
             region_expr(&f.predicate, f.input.schema(), "WHERE")?;
@@ -588,57 +587,102 @@ fn audit_region_join(j: &Join) -> Result<()> {
     }
 }
 
-/// A window over private rows: only the unit-bounding shapes of units.rs, each partitioned by the
-/// unit first (`__dpfusion_unit`):
-/// - `row_number() OVER (PARTITION BY unit, g… ORDER BY __dpfusion_r1)`;
-/// - `first_value(__dpfusion_r2) OVER (PARTITION BY unit, g… ORDER BY __dpfusion_r1)`;
-/// - `sum(v) OVER (PARTITION BY unit, g…)`, `v` a call's argument (and FILTER) in the fragment;
-/// - `dense_rank() OVER (PARTITION BY unit ORDER BY __dpfusion_gk, g…)`.
+/// A window over private rows: only unit bounding's group choice (units.rs) over the (unit,
+/// group) rows, `row_number() OVER (PARTITION BY __dpfusion_unit ORDER BY
+/// __dpfusion_unit_group_key(__dpfusion_unit, g…))`, the keys in the fragment.
 fn audit_bounding_window(e: &Expr, schema: &DFSchema) -> Result<()> {
     let bad = || audit_refusal(format_args!("the window function {e} over private rows"));
     let Expr::WindowFunction(w) = e else {
         return Err(bad());
     };
     let WindowFunction { fun, params } = w.as_ref();
-    let is_col = |x: &Expr, name: &str| matches!(x, Expr::Column(c) if c.name == name);
-    if params.filter.is_some() || params.null_treatment.is_some() || params.distinct {
+    if params.filter.is_some()
+        || params.null_treatment.is_some()
+        || params.distinct
+        || fun.name() != "row_number"
+        || !params.args.is_empty()
+        || params.partition_by.len() != 1
+        || !is_col(&params.partition_by[0], UNIT)
+        || params.order_by.len() != 1
+    {
         return Err(bad());
     }
-    if !params.partition_by.first().is_some_and(|p| is_col(p, UNIT)) {
-        return Err(bad());
-    }
-    for p in &params.partition_by[1..] {
-        region_expr(p, schema, "the GROUP BY keys of the unit bounding")?;
-    }
-    let order: Vec<&Expr> = params.order_by.iter().map(|s| &s.expr).collect();
-    let by_r1 = order.len() == 1 && is_col(order[0], R1);
-    match (fun.name(), params.args.as_slice()) {
-        ("row_number", []) if by_r1 => Ok(()),
-        ("first_value", [a]) if by_r1 && is_col(a, R2) => Ok(()),
-        ("dense_rank", [])
-            if params.partition_by.len() == 1 && order.first().is_some_and(|o| is_col(o, GK)) =>
+    match &params.order_by[0].expr {
+        Expr::ScalarFunction(f)
+            if f.name() == GROUP_KEY_FN
+                && (f.func.inner().as_ref() as &dyn std::any::Any).is::<GroupKey>()
+                && f.args.first().is_some_and(|a| is_col(a, UNIT)) =>
         {
-            for o in &order[1..] {
-                region_expr(o, schema, "the GROUP BY keys of the unit bounding")?;
+            for g in &f.args[1..] {
+                region_expr(g, schema, "the GROUP BY keys of the unit bounding")?;
             }
             Ok(())
         }
-        ("sum", [v]) if order.is_empty() => {
-            // CASE WHEN filter THEN value END, both in the fragment (checked apart, as the guard
-            // checked the call's argument and FILTER apart).
-            match v {
+        _ => Err(bad()),
+    }
+}
+
+fn is_col(x: &Expr, name: &str) -> bool {
+    matches!(x, Expr::Column(c) if c.name == name)
+}
+
+/// An aggregate over private rows below a DP aggregate: only unit bounding's per-(unit, group)
+/// aggregate (units.rs): GROUP BY `unit AS __dpfusion_unit`, g…; each aggregate either
+/// `sum(v) AS __dpfusion_total_i` (`v` a dp_sum call's argument, under its FILTER, in the
+/// fragment) or `__dpfusion_unit_sample(C, columns…) AS __dpfusion_sample`.
+fn audit_bounding_aggregate(a: &Aggregate) -> Result<()> {
+    let schema = a.input.schema();
+    let unit_first = matches!(a.group_expr.first(), Some(Expr::Alias(al)) if al.name == UNIT);
+    if !unit_first {
+        return Err(audit_refusal(
+            "an aggregate (other than a DP aggregate) between a private table and a DP aggregate",
+        ));
+    }
+    for (i, g) in a.group_expr.iter().enumerate() {
+        let g = match g {
+            Expr::Alias(al) if i == 0 => al.expr.as_ref(),
+            g => g,
+        };
+        region_expr(g, schema, "the GROUP BY keys of the unit bounding")?;
+    }
+    for e in &a.aggr_expr {
+        let bad = || audit_refusal(format_args!("the aggregate {e} in the unit bounding"));
+        let Expr::Alias(al) = e else {
+            return Err(bad());
+        };
+        let Expr::AggregateFunction(f) = al.expr.as_ref() else {
+            return Err(bad());
+        };
+        let p = &f.params;
+        if p.distinct || p.filter.is_some() || !p.order_by.is_empty() || p.null_treatment.is_some()
+        {
+            return Err(bad());
+        }
+        match (f.func.name(), p.args.as_slice()) {
+            ("sum", [v]) if al.name.starts_with(TOTAL) => match v {
+                // CASE WHEN filter THEN value END, both in the fragment (checked apart, as the
+                // guard checked the call's argument and FILTER apart).
                 Expr::Case(c) if c.expr.is_none() && c.else_expr.is_none() => {
                     for (w, t) in &c.when_then_expr {
                         region_expr(w, schema, "the FILTER clause of dp_sum (unit bounding)")?;
                         region_expr(t, schema, "the argument of dp_sum (unit bounding)")?;
                     }
-                    Ok(())
                 }
-                v => region_expr(v, schema, "the argument of dp_sum (unit bounding)"),
+                v => region_expr(v, schema, "the argument of dp_sum (unit bounding)")?,
+            },
+            (SAMPLE_FN, [Expr::Literal(..), cols @ ..])
+                if al.name == SAMPLE
+                    && (f.func.inner().as_ref() as &dyn std::any::Any).is::<Sample>()
+                    && cols.iter().all(|c| matches!(c, Expr::Column(_))) =>
+            {
+                for c in cols {
+                    region_expr(c, schema, "the rows sampled by the unit bounding")?;
+                }
             }
+            _ => return Err(bad()),
         }
-        _ => Err(bad()),
     }
+    Ok(())
 }
 
 #[cfg(test)]

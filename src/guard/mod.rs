@@ -97,6 +97,9 @@ pub struct GuardOptions {
     pub max_groups_contributed: Option<u32>,
     /// `SET dpfusion.max_rows_contributed`: overrides the tables' default L∞ bound.
     pub max_rows_contributed: Option<u32>,
+    /// The session's insecure test seed ([`crate::SessionOptions::with_insecure_noise_seed`]):
+    /// then the unit bounding's secret key is drawn from it (reproducible), else from the OS.
+    pub(crate) insecure_seed: Option<u64>,
 }
 
 /// The guard's state while it walks one plan.
@@ -846,7 +849,13 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     // The bounding plan of a unit-level table: the unit column carried up from the scan, the
     // per-(unit, group) sample order and totals, at most K groups per unit.
     let mut bounding = match &bounds {
-        Some(b) => Some(units::Bounding::new(b, &input, &agg.group_expr, &table)?),
+        Some(b) => Some(units::Bounding::new(
+            b,
+            &input,
+            &agg.group_expr,
+            &table,
+            units::query_key(cx.opts.insecure_seed),
+        )?),
         None => None,
     };
 
@@ -975,8 +984,13 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     let group_expr = agg
         .group_expr
         .iter()
-        .map(|g| {
-            let w = total::wrap(g.clone(), in_schema)?;
+        .enumerate()
+        .map(|(i, g)| {
+            // Over the bounding's (unit, group) rows, the key is the column computed there.
+            let w = match &bounding {
+                Some(b) => b.group_ref(i),
+                None => total::wrap(g.clone(), in_schema)?,
+            };
             Ok(if &w == g {
                 w
             } else {

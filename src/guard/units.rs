@@ -8,47 +8,61 @@
 //!
 //! ```text
 //! Aggregate  GROUP BY g: the DP calls, each with the FILTER of its contribution kind
-//!   Filter   __dpfusion_gr <= K                                  (L0; only with GROUP BY)
-//!     Window dense_rank() OVER (PARTITION BY unit ORDER BY __dpfusion_gk, g) AS __dpfusion_gr
-//!       Window row_number() OVER (PARTITION BY unit, g ORDER BY __dpfusion_r1) AS __dpfusion_rn,
-//!              first_value(__dpfusion_r2) OVER (same) AS __dpfusion_gk,
-//!              sum(value) OVER (PARTITION BY unit, g) AS __dpfusion_total_i   (per dp_sum call)
-//!         Projection  *, unit AS __dpfusion_unit, random() AS __dpfusion_r1, random() AS __dpfusion_r2
-//!           the private region (scan, WHERE, projections, joins), the unit column carried up
+//!   Projection  unit, g, totals, __dpfusion_rn, the sampled columns under their own names
+//!     Unnest  __dpfusion_sample (list, then struct)              (only if a call reads rows)
+//!       Filter  __dpfusion_gr <= K OR unit IS NULL               (L0; only with GROUP BY)
+//!         Window  row_number() OVER (PARTITION BY unit
+//!                   ORDER BY __dpfusion_unit_group_key(unit, g)) AS __dpfusion_gr
+//!           Aggregate  GROUP BY unit AS __dpfusion_unit, g:
+//!                      sum(value) AS __dpfusion_total_i           (per dp_sum value and FILTER)
+//!                      __dpfusion_unit_sample(C, x…) AS __dpfusion_sample (if a call reads rows)
+//!             the private region (scan, WHERE, projections, joins), the unit column carried up
 //! ```
 //!
-//! - **L0** (Wilson et al., "Differentially Private SQL with Bounded User Contribution", PoPETs
-//!   2020, §3 "contribution bounding"): each unit keeps at most K of its groups, chosen
-//!   uniformly at random per query: every (unit, group) gets a uniform key (`__dpfusion_gk`, the
-//!   second random number of a row that is first in an independent random order, so independent
-//!   of the group's size), and a unit keeps its K groups of smallest key (ties broken by the
-//!   group value, so never more than K).
-//! - **L∞** per call, by what the call needs:
-//!   - [`Contribution::Rows`] (`dp_count`, `dp_mean`): at most C rows of each (unit, group), the
-//!     first C in a uniformly random order (`__dpfusion_rn <= C`);
-//!   - [`Contribution::Total`] (`dp_sum`): the unit's total per group, one value (`SUM(value)
-//!     OVER (PARTITION BY unit, g)` on the unit's first row), which `dp_sum` clamps to [lower,
-//!     upper] like any value: the per-unit pre-aggregation of ZetaSQL's `ANON_SUM`;
-//!   - [`Contribution::Once`] (`dp_count_distinct`, partition selection): one per (unit, group);
-//!   - [`Contribution::PerUnit`] (the models): every row, with the unit key passed to the model,
-//!     which clips each unit's summed gradient (McMahan et al. 2018).
+//! Nothing sorts the table's rows: the first step is DataFusion's hash aggregate (parallel, and
+//! it spills to disk under the memory pool), and the window ranks the (unit, group) rows only.
 //!
-//! Each selection depends only on the unit's own rows and on randomness, so after it one unit
-//! changes at most K groups, and each by at most C rows (or one value): the sensitivity bounds of
-//! `units:K:C` hold for every data set. Rows whose unit is NULL belong to no unit: every call's
-//! FILTER leaves them out (they stay in the plan only so that the NULL-extended row of a public
-//! key set keeps its group, join.rs). The random numbers come from DataFusion's `random()`, a per-thread ChaCha generator seeded
-//! by the operating system; privacy does not rest on them (any selection rule that reads only the
-//! unit's own rows keeps the bounds), only the absence of bias does.
+//! - **L0** (Wilson et al., "Differentially Private SQL with Bounded User Contribution", PoPETs
+//!   2020, §3 "contribution bounding"; the per-unit sampling of PipelineDP and ZetaSQL): each
+//!   unit keeps at most K of its groups, chosen uniformly at random per query: each (unit,
+//!   group) gets a keyed hash ([`GroupKey`], a PRF under a secret per-query key from the
+//!   CSPRNG), and a unit keeps its K groups of smallest hash (`row_number`: never more than K).
+//! - **L∞** per call, by what the call needs:
+//!   - [`Contribution::Rows`] (`dp_count`, `dp_mean`, …): at most C rows of each (unit, group),
+//!     a uniform sample ([`Sample`]) carried through the aggregate and unnested
+//!     (`__dpfusion_rn <= C`);
+//!   - [`Contribution::Total`] (`dp_sum`): the unit's total per group, one value (`sum(value)`
+//!     of the (unit, group)), which `dp_sum` clamps to [lower, upper] like any value: the
+//!     per-unit pre-aggregation of ZetaSQL's `ANON_SUM`;
+//!   - [`Contribution::Once`] (`dp_count_distinct`, partition selection): one per (unit, group)
+//!     (`__dpfusion_rn = 1`);
+//!   - [`Contribution::PerUnit`] (the models): every row (the sample keeps all), with the unit
+//!     key passed to the model, which clips each unit's summed gradient (McMahan et al. 2018).
+//!
+//! Each selection depends only on the unit's own rows, the key and randomness, so after it one
+//! unit changes at most K groups, and each by at most C rows (or one value): the sensitivity
+//! bounds of `units:K:C` hold for every data set. Rows whose unit is NULL belong to no unit:
+//! every call's FILTER leaves them out (they stay in the plan only so that the NULL-extended
+//! row of a public key set keeps its group, join.rs). Any number of calls on any columns share
+//! the one aggregate (calls on the same value and FILTER share one total).
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::DataType;
-use datafusion::common::{Column, DataFusionError, Result};
-use datafusion::logical_expr::expr::WindowFunction;
-use datafusion::logical_expr::{
-    Expr, ExprFunctionExt, Filter, Join, LogicalPlan, LogicalPlanBuilder, Projection,
-    SubqueryAlias, TableScanBuilder, WindowFunctionDefinition, cast, col, lit, when,
+use std::hash::Hasher;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, ListArray, StructArray, UInt64Array, new_empty_array,
 };
+use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, UInt64Type};
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::{Column, DataFusionError, Result, ScalarValue};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::{
+    Accumulator, Aggregate, AggregateUDF, AggregateUDFImpl, ColumnarValue, Expr, ExprFunctionExt,
+    Filter, Join, LogicalPlan, LogicalPlanBuilder, Projection, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, SubqueryAlias, TableScanBuilder, Volatility, cast, col, lit, when,
+};
+use dpfusion_udfs::noise::rng::SecureRng;
 
 use super::{TableInfo, bare_column, refuse};
 
@@ -56,12 +70,14 @@ use super::{TableInfo, bare_column, refuse};
 pub const COUNT_DISTINCT: &str = "dp_count_distinct";
 
 pub(super) const UNIT: &str = "__dpfusion_unit";
-pub(super) const R1: &str = "__dpfusion_r1";
-pub(super) const R2: &str = "__dpfusion_r2";
 pub(super) const RN: &str = "__dpfusion_rn";
-pub(super) const GK: &str = "__dpfusion_gk";
 pub(super) const GR: &str = "__dpfusion_gr";
 pub(super) const TOTAL: &str = "__dpfusion_total_";
+pub(super) const SAMPLE: &str = "__dpfusion_sample";
+/// The keyed hash of (unit, group) ([`GroupKey`]).
+pub(super) const GROUP_KEY_FN: &str = "__dpfusion_unit_group_key";
+/// The row sample of a (unit, group) ([`Sample`]).
+pub(super) const SAMPLE_FN: &str = "__dpfusion_unit_sample";
 
 /// The bounds in force for one query on a unit-level table.
 #[derive(Debug, Clone)]
@@ -176,8 +192,8 @@ pub fn count_distinct_needs_unit(table: &TableInfo) -> DataFusionError {
     ))
 }
 
-/// `__dpfusion_rn = 1` of a row with a unit: the first row of each (unit, group) in the random
-/// order (partition selection counts these: one per unit and group).
+/// `__dpfusion_rn = 1` of a row with a unit: the first row of each (unit, group) (partition
+/// selection counts these: one per unit and group).
 pub fn first_row_of_unit() -> Expr {
     has_unit().and(col(RN).eq(lit(1u64)))
 }
@@ -187,49 +203,54 @@ fn has_unit() -> Expr {
     col(UNIT).is_not_null()
 }
 
-/// The bounding plan being built for one DP aggregate.
+/// The bounding plan being built for one DP aggregate (module docs).
 pub struct Bounding {
-    /// The region with the unit carried up, NULL units left out, and the random numbers.
-    plan: LogicalPlan,
+    /// The checked region with the unit column carried up to its output.
+    region: LogicalPlan,
+    /// The expression that reads the unit in `region`.
+    unit: Expr,
+    /// The GROUP BY keys over `region` (made total).
     groups: Vec<Expr>,
     bounds: Bounds,
-    grouped: bool,
     /// The per-(unit, group) totals of the `dp_sum` calls, with their column names.
     totals: Vec<(Expr, String)>,
+    /// The columns of `region` that row-level calls read (their arguments and FILTERs).
+    sampled: Vec<Column>,
+    /// Does a call read rows (then each (unit, group) keeps a sample of its rows)?
+    rows: bool,
+    /// Does a call read every row of its unit (a model)?
+    every_row: bool,
+    /// The per-query secret key of the group choice.
+    key: [u64; 2],
 }
 
 impl Bounding {
-    /// Starts from the checked private region `input` (what stands below the aggregate).
+    /// Starts from the checked private region `input` (what stands below the aggregate); `key`
+    /// is the query's secret key ([`query_key`]).
     pub fn new(
         bounds: &Bounds,
         input: &LogicalPlan,
         group_expr: &[Expr],
         table: &TableInfo,
+        key: [u64; 2],
     ) -> Result<Self> {
         // Rows whose unit is NULL stay in the plan (a group of a public key set may consist of
         // the NULL-extended row alone) but reach no DP call: every call's FILTER requires a unit.
-        let (plan, unit) = expose(input, &bounds.column, table)?;
-        let mut exprs: Vec<Expr> = plan
-            .schema()
-            .columns()
-            .into_iter()
-            .filter(|c| c.name != UNIT)
-            .map(Expr::Column)
-            .collect();
-        exprs.push(unit.alias(UNIT));
-        exprs.push(datafusion::functions::math::expr_fn::random().alias(R1));
-        exprs.push(datafusion::functions::math::expr_fn::random().alias(R2));
-        let plan = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(plan))?);
+        let (region, unit) = expose(input, &bounds.column, table)?;
         let groups = group_expr
             .iter()
             .map(|g| super::total::wrap(g.clone(), input.schema()))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            plan,
-            grouped: !groups.is_empty(),
+            region,
+            unit,
             groups,
             bounds: bounds.clone(),
             totals: vec![],
+            sampled: vec![],
+            rows: false,
+            every_row: false,
+            key,
         })
     }
 
@@ -238,10 +259,29 @@ impl Bounding {
         col(UNIT)
     }
 
-    fn unit_and_groups(&self) -> Vec<Expr> {
-        let mut v = vec![col(UNIT)];
-        v.extend(self.groups.iter().cloned());
-        v
+    /// The GROUP BY key `i` as the DP aggregate reads it: the column the per-(unit, group)
+    /// aggregate outputs for it.
+    pub fn group_ref(&self, i: usize) -> Expr {
+        match &self.groups[i] {
+            c @ Expr::Column(_) => c.clone(),
+            g => Expr::Column(Column::from_name(g.schema_name().to_string())),
+        }
+    }
+
+    fn group_refs(&self) -> Vec<Expr> {
+        (0..self.groups.len()).map(|i| self.group_ref(i)).collect()
+    }
+
+    /// Row-level calls read these expressions' columns: carried in the sample.
+    fn sample(&mut self, exprs: &[Expr], filter: Option<&Expr>) {
+        self.rows = true;
+        for e in exprs.iter().chain(filter) {
+            for c in e.column_refs() {
+                if !self.sampled.contains(c) {
+                    self.sampled.push(c.clone());
+                }
+            }
+        }
     }
 
     /// A call's data arguments and FILTER, bounded as `how` says.
@@ -257,6 +297,7 @@ impl Bounding {
         };
         Ok(match how {
             Contribution::Rows => {
+                self.sample(&args, filter.as_ref());
                 let cond = col(RN).lt_eq(lit(self.bounds.rows as u64));
                 (args, Some(and(cond, filter)))
             }
@@ -271,17 +312,9 @@ impl Bounding {
                     Some(f) => when(f, value).end()?,
                     None => value,
                 };
-                let total = Expr::WindowFunction(Box::new(WindowFunction::new(
-                    WindowFunctionDefinition::AggregateUDF(
-                        datafusion::functions_aggregate::sum::sum_udaf(),
-                    ),
-                    vec![value],
-                )))
-                .partition_by(self.unit_and_groups())
-                .build()?;
+                let total = datafusion::functions_aggregate::expr_fn::sum(value);
                 // Calls on the same value and FILTER (dp_sum beside dp_sum_ci, say) share one
-                // window: the same per-unit totals, each call drawing its own noise. (A window
-                // plan refuses two expressions of the same name.)
+                // total: each call draws its own noise.
                 let name = match self.totals.iter().find(|(e, _)| e == &total) {
                     Some((_, name)) => name.clone(),
                     None => {
@@ -292,48 +325,97 @@ impl Bounding {
                 };
                 (vec![col(name)], Some(first_row_of_unit()))
             }
-            Contribution::Once => (args, Some(first_row_of_unit())),
-            Contribution::PerUnit => (args, Some(and(lit(true), filter))),
+            // One per (unit, group): the unit key itself (never NULL under the FILTER).
+            Contribution::Once => (vec![col(UNIT)], Some(first_row_of_unit())),
+            Contribution::PerUnit => {
+                self.sample(&args, filter.as_ref());
+                self.every_row = true;
+                (args, Some(and(lit(true), filter)))
+            }
         })
     }
 
-    /// The bounded input of the DP aggregate.
+    /// The bounded input of the DP aggregate (module docs).
     pub fn plan(self) -> Result<LogicalPlan> {
-        use datafusion::functions_window::expr_fn::{dense_rank, first_value, row_number};
-        let order = vec![col(R1).sort(true, false)];
-        let mut w1 = vec![(
-            row_number()
-                .partition_by(self.unit_and_groups())
-                .order_by(order.clone())
-                .build()?,
-            RN.to_string(),
-        )];
-        if self.grouped {
-            w1.push((
-                first_value(col(R2))
-                    .partition_by(self.unit_and_groups())
-                    .order_by(order)
-                    .build()?,
-                GK.to_string(),
-            ));
+        // 1. one row per (unit, group): DataFusion's hash aggregate (parallel, spills).
+        let mut group = vec![self.unit.clone().alias(UNIT)];
+        group.extend(self.groups.iter().cloned());
+        let mut aggr: Vec<Expr> = self
+            .totals
+            .iter()
+            .map(|(e, name)| e.clone().alias(name))
+            .collect();
+        let cap = if self.every_row {
+            0
+        } else {
+            u64::from(self.bounds.rows)
+        };
+        if self.rows {
+            let mut args = vec![lit(cap)];
+            args.extend(self.sampled.iter().cloned().map(Expr::Column));
+            aggr.push(sample_udaf(cap).call(args).alias(SAMPLE));
         }
-        w1.extend(self.totals);
-        let plan = windowed(self.plan, w1)?;
-        if !self.grouped {
-            return Ok(plan);
+        let mut plan = LogicalPlan::Aggregate(Aggregate::try_new(
+            Arc::new(self.region.clone()),
+            group,
+            aggr,
+        )?);
+        // 2. L0: each unit keeps its K groups of smallest keyed hash (only with GROUP BY). A
+        //    window over the (unit, group) rows, not over the rows of the table.
+        if !self.groups.is_empty() {
+            let mut keyed = vec![col(UNIT)];
+            keyed.extend(self.group_refs());
+            let order = ScalarUDF::from(GroupKey::new(self.key))
+                .call(keyed)
+                .sort(true, false);
+            let rank = datafusion::functions_window::expr_fn::row_number()
+                .partition_by(vec![col(UNIT)])
+                .order_by(vec![order])
+                .build()?;
+            plan = windowed(plan, vec![(rank, GR.to_string())])?;
+            // Rows without a unit are kept (they reach no call; see `new`).
+            plan = LogicalPlan::Filter(Filter::try_new(
+                col(GR)
+                    .lt_eq(lit(u64::from(self.bounds.groups)))
+                    .or(col(UNIT).is_null()),
+                Arc::new(plan),
+            )?);
         }
-        let mut by = vec![col(GK).sort(true, false)];
-        by.extend(self.groups.iter().map(|g| g.clone().sort(true, false)));
-        let rank = dense_rank()
-            .partition_by(vec![col(UNIT)])
-            .order_by(by)
+        // 3. the sampled rows back as rows (at most C of each (unit, group), or every row for a
+        //    model), under their own names; `__dpfusion_rn` numbers them from 1.
+        let mut cols: Vec<Expr> = plan
+            .schema()
+            .columns()
+            .into_iter()
+            .filter(|c| c.name != SAMPLE && c.name != GR)
+            .map(Expr::Column)
+            .collect();
+        if !self.rows {
+            cols.push(lit(1u64).alias(RN));
+            return Ok(LogicalPlan::Projection(Projection::try_new(
+                cols,
+                Arc::new(plan),
+            )?));
+        }
+        let plan = LogicalPlanBuilder::from(plan)
+            .unnest_column(Column::from_name(SAMPLE))?
+            .unnest_column(Column::from_name(SAMPLE))?
             .build()?;
-        let plan = windowed(plan, vec![(rank, GR.to_string())])?;
-        // Rows without a unit are kept (they reach no call; see `new`).
-        Ok(LogicalPlan::Filter(Filter::try_new(
-            col(GR)
-                .lt_eq(lit(self.bounds.groups as u64))
-                .or(col(UNIT).is_null()),
+        let field = |name: &str| Expr::Column(Column::from_name(format!("{SAMPLE}.{name}")));
+        cols.push(field("pos").alias(RN));
+        let outputs: Vec<Expr> = cols.clone();
+        for (j, c) in self.sampled.iter().enumerate() {
+            // A sampled column that is also a GROUP BY key is that key's column already.
+            if outputs
+                .iter()
+                .any(|o| matches!(o, Expr::Column(x) if x == c))
+            {
+                continue;
+            }
+            cols.push(field(&format!("c{j}")).alias_qualified(c.relation.clone(), &c.name));
+        }
+        Ok(LogicalPlan::Projection(Projection::try_new(
+            cols,
             Arc::new(plan),
         )?))
     }
@@ -355,6 +437,278 @@ fn windowed(plan: LogicalPlan, exprs: Vec<(Expr, String)>) -> Result<LogicalPlan
         cols,
         Arc::new(plan),
     )?))
+}
+
+/// The secret key of one query's group choice: two words of the CSPRNG (seeded by the operating
+/// system, or by the session's insecure test seed, then the same for every query).
+pub fn query_key(insecure_seed: Option<u64>) -> [u64; 2] {
+    let mut rng = match insecure_seed {
+        Some(seed) => SecureRng::insecure_from_seed(seed),
+        None => SecureRng::from_os_entropy(),
+    };
+    [rng.next_u64(), rng.next_u64()]
+}
+
+// ---- the group choice: a keyed hash of (unit, group) ---------------------------------------------
+
+/// `__dpfusion_unit_group_key(unit, g…)`: SipHash-2-4 (Aumasson and Bernstein, "SipHash: a fast
+/// short-input PRF", INDOCRYPT 2012) under the query's secret key of the row encoding of (unit,
+/// g…). A PRF: to anyone without the key the values of distinct (unit, group) pairs are
+/// independent and uniform, so a unit's K smallest are a uniform choice of K of its groups. The
+/// key is held here and never printed (not in the expression's name nor its `Debug`).
+#[derive(PartialEq, Eq, Hash)]
+pub(super) struct GroupKey {
+    key: [u64; 2],
+    signature: Signature,
+}
+
+impl GroupKey {
+    fn new(key: [u64; 2]) -> Self {
+        Self {
+            key,
+            signature: Signature::variadic_any(Volatility::Immutable),
+        }
+    }
+}
+
+impl std::fmt::Debug for GroupKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GroupKey { key: <secret> }")
+    }
+}
+
+impl ScalarUDFImpl for GroupKey {
+    fn name(&self) -> &str {
+        GROUP_KEY_FN
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::UInt64)
+    }
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let fields = arrays
+            .iter()
+            .map(|a| SortField::new(a.data_type().clone()))
+            .collect();
+        let rows = RowConverter::new(fields)?.convert_columns(&arrays)?;
+        let out: UInt64Array = (0..args.number_rows)
+            .map(|i| {
+                #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
+                let mut h = std::hash::SipHasher::new_with_keys(self.key[0], self.key[1]);
+                h.write(rows.row(i).as_ref());
+                h.finish()
+            })
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(out)))
+    }
+}
+
+// ---- the row sample: at most C rows of each (unit, group) ----------------------------------------
+
+/// `__dpfusion_unit_sample(C, x…)`: at most C of the rows (x…) of its group, each row drawn with a
+/// uniform random 64-bit key and the C smallest kept (0: every row), as a list of structs
+/// `{pos, c0, c1, …}` with `pos` = 1, 2, … in key order. The C smallest of independent uniform
+/// keys are a uniform sample without replacement, whatever the partitioning (partial states keep
+/// their C smallest; merging keeps the C smallest of the union). The keys come from the thread's
+/// ChaCha generator (seeded by the operating system): privacy does not rest on them (any choice
+/// that reads only the unit's own rows keeps the bounds), only the absence of bias does.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(super) struct Sample {
+    cap: u64,
+    signature: Signature,
+}
+
+fn sample_udaf(cap: u64) -> AggregateUDF {
+    AggregateUDF::from(Sample {
+        cap,
+        signature: Signature::variadic_any(Volatility::Volatile),
+    })
+}
+
+/// The struct of a sample's rows: `first` (`pos` or `key`), then `c0, c1, …` of `types`.
+fn sample_fields(first: &str, types: &[DataType]) -> Fields {
+    std::iter::once(Field::new(first, DataType::UInt64, true))
+        .chain(
+            types
+                .iter()
+                .enumerate()
+                .map(|(j, t)| Field::new(format!("c{j}"), t.clone(), true)),
+        )
+        .collect()
+}
+
+fn list_of(fields: Fields) -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(
+        DataType::Struct(fields),
+        true,
+    )))
+}
+
+impl AggregateUDFImpl for Sample {
+    fn name(&self) -> &str {
+        SAMPLE_FN
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        Ok(list_of(sample_fields("pos", &arg_types[1..])))
+    }
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        let types: Vec<DataType> = args.input_fields[1..]
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect();
+        Ok(vec![Arc::new(Field::new(
+            format!("{}[sample]", args.name),
+            list_of(sample_fields("key", &types)),
+            true,
+        ))])
+    }
+    fn accumulator(&self, acc_args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        let types = acc_args.exprs[1..]
+            .iter()
+            .map(|e| e.data_type(acc_args.schema))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(SampleAccumulator {
+            cap: usize::try_from(self.cap).unwrap_or(usize::MAX),
+            types,
+            rows: vec![],
+            bytes: 0,
+            threshold: u64::MAX,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct SampleAccumulator {
+    /// C (0: every row).
+    cap: usize,
+    types: Vec<DataType>,
+    /// (key, row) pairs: the C smallest keys seen (up to 2C between trims).
+    rows: Vec<(u64, Vec<ScalarValue>)>,
+    /// The rows' heap size (approximate).
+    bytes: usize,
+    /// The largest kept key once C rows are kept (a larger key is never kept).
+    threshold: u64,
+}
+
+impl SampleAccumulator {
+    fn push(&mut self, key: u64, row: Vec<ScalarValue>) {
+        self.bytes += row.iter().map(ScalarValue::size).sum::<usize>();
+        self.rows.push((key, row));
+        if self.cap > 0 && self.rows.len() >= 2 * self.cap.max(8) {
+            self.trim();
+        }
+    }
+
+    /// Keeps the C smallest keys.
+    fn trim(&mut self) {
+        if self.cap > 0 && self.rows.len() > self.cap {
+            self.rows.select_nth_unstable_by_key(self.cap, |r| r.0);
+            self.rows.truncate(self.cap);
+            self.threshold = self.rows.iter().map(|r| r.0).max().unwrap_or(u64::MAX);
+            self.bytes = self
+                .rows
+                .iter()
+                .flat_map(|r| &r.1)
+                .map(ScalarValue::size)
+                .sum();
+        }
+    }
+
+    /// The rows as a one-element list of structs (`first` then the columns).
+    fn to_list(
+        &self,
+        first: &str,
+        firsts: Vec<u64>,
+        rows: &[&Vec<ScalarValue>],
+    ) -> Result<ScalarValue> {
+        let fields = sample_fields(first, &self.types);
+        let mut arrays: Vec<ArrayRef> = vec![Arc::new(UInt64Array::from(firsts))];
+        for (j, t) in self.types.iter().enumerate() {
+            arrays.push(if rows.is_empty() {
+                new_empty_array(t)
+            } else {
+                ScalarValue::iter_to_array(rows.iter().map(|r| r[j].clone()))?
+            });
+        }
+        let values = StructArray::try_new(fields.clone(), arrays, None)?;
+        let field = Arc::new(Field::new_list_field(DataType::Struct(fields), true));
+        let list = ListArray::try_new(
+            field,
+            OffsetBuffer::from_lengths([values.len()]),
+            Arc::new(values),
+            None,
+        )?;
+        Ok(ScalarValue::List(Arc::new(list)))
+    }
+}
+
+impl Accumulator for SampleAccumulator {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let n = values.first().map_or(0, |a| a.len());
+        for i in 0..n {
+            let key = rand::random::<u64>();
+            // Not among the C smallest keys already kept.
+            if key >= self.threshold {
+                continue;
+            }
+            let row = values[1..]
+                .iter()
+                .map(|a| ScalarValue::try_from_array(a, i))
+                .collect::<Result<Vec<_>>>()?;
+            self.push(key, row);
+        }
+        Ok(())
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        let lists = states[0].as_list::<i32>();
+        for i in 0..lists.len() {
+            if lists.is_null(i) {
+                continue;
+            }
+            let value = lists.value(i);
+            let s = value.as_struct();
+            let keys = s.column(0).as_primitive::<UInt64Type>();
+            for r in 0..s.len() {
+                if keys.value(r) >= self.threshold {
+                    continue;
+                }
+                let row = s.columns()[1..]
+                    .iter()
+                    .map(|a| ScalarValue::try_from_array(a, r))
+                    .collect::<Result<Vec<_>>>()?;
+                self.push(keys.value(r), row);
+            }
+        }
+        Ok(())
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        self.trim();
+        let keys = self.rows.iter().map(|r| r.0).collect();
+        let rows: Vec<&Vec<ScalarValue>> = self.rows.iter().map(|r| &r.1).collect();
+        Ok(vec![self.to_list("key", keys, &rows)?])
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        self.trim();
+        self.rows.sort_unstable_by_key(|r| r.0);
+        let pos = (1..=self.rows.len() as u64).collect();
+        let rows: Vec<&Vec<ScalarValue>> = self.rows.iter().map(|r| &r.1).collect();
+        self.to_list("pos", pos, &rows)
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self)
+            + self.rows.capacity() * std::mem::size_of::<(u64, Vec<ScalarValue>)>()
+            + self.bytes
+    }
 }
 
 /// `plan` (a checked private region) with the unit column carried up to its output, and the
@@ -434,5 +788,101 @@ fn expose(plan: &LogicalPlan, column: &str, table: &TableInfo) -> Result<(Logica
             super::construct_name(other),
             table.name
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+
+    #[test]
+    fn the_group_key_is_never_printed() {
+        let key = [0x0123_4567_89ab_cdef_u64, 0x0fed_cba9_8765_4321];
+        let f = ScalarUDF::from(GroupKey::new(key));
+        let e = f.call(vec![col(UNIT), col("g")]);
+        let shown = format!("{e} {e:?} {f:?} {}", e.schema_name());
+        for k in key {
+            assert!(!shown.contains(&k.to_string()), "{shown}");
+            assert!(!shown.contains(&format!("{k:x}")), "{shown}");
+        }
+    }
+
+    #[test]
+    fn the_group_key_is_a_keyed_function_of_the_values() {
+        let arrays: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![1, 1, 2])),
+            Arc::new(Int64Array::from(vec![7, 7, 7])),
+        ];
+        let hash = |key| {
+            let args = ScalarFunctionArgs {
+                args: arrays.iter().cloned().map(ColumnarValue::Array).collect(),
+                arg_fields: (0..2)
+                    .map(|_| Arc::new(Field::new("a", DataType::Int64, false)))
+                    .collect(),
+                number_rows: 3,
+                return_field: Arc::new(Field::new("h", DataType::UInt64, false)),
+                config_options: Arc::new(Default::default()),
+            };
+            let ColumnarValue::Array(a) = GroupKey::new(key).invoke_with_args(args).unwrap() else {
+                panic!("an array")
+            };
+            a.as_primitive::<UInt64Type>().values().to_vec()
+        };
+        let h = hash([1, 2]);
+        assert_eq!(h[0], h[1], "the same (unit, group): the same hash");
+        assert_ne!(h[0], h[2]);
+        assert_eq!(h, hash([1, 2]), "deterministic under a key");
+        assert_ne!(h, hash([3, 4]), "another key, other hashes");
+    }
+
+    #[test]
+    fn the_sample_keeps_at_most_c_rows_and_merges_to_c() {
+        let new = || SampleAccumulator {
+            cap: 3,
+            types: vec![DataType::Int64],
+            rows: vec![],
+            bytes: 0,
+            threshold: u64::MAX,
+        };
+        let batch = |lo: i64| -> Vec<ArrayRef> {
+            vec![
+                Arc::new(UInt64Array::from(vec![3u64; 500])),
+                Arc::new(Int64Array::from_iter_values(lo..lo + 500)),
+            ]
+        };
+        let (mut a, mut b) = (new(), new());
+        a.update_batch(&batch(0)).unwrap();
+        b.update_batch(&batch(1000)).unwrap();
+        let state = b.state().unwrap()[0].to_array().unwrap();
+        a.merge_batch(&[state]).unwrap();
+        let ScalarValue::List(list) = a.evaluate().unwrap() else {
+            panic!("a list")
+        };
+        let rows = list.value(0);
+        let rows = rows.as_struct();
+        assert_eq!(rows.len(), 3);
+        let pos = rows.column(0).as_primitive::<UInt64Type>();
+        assert_eq!(pos.values().to_vec(), vec![1, 2, 3]);
+        // Every row is a row of one of the two inputs, none twice.
+        let mut v = rows
+            .column(1)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+            .values()
+            .to_vec();
+        v.sort_unstable();
+        v.dedup();
+        assert_eq!(v.len(), 3);
+        assert!(
+            v.iter()
+                .all(|x| (0..500).contains(x) || (1000..1500).contains(x))
+        );
+        // 0 = every row (a model).
+        let mut all = SampleAccumulator { cap: 0, ..new() };
+        all.update_batch(&batch(0)).unwrap();
+        let ScalarValue::List(list) = all.evaluate().unwrap() else {
+            panic!("a list")
+        };
+        assert_eq!(list.value(0).len(), 500);
     }
 }

@@ -453,3 +453,98 @@ async fn models_of_52_features_fit_through_sql() {
     assert!(e.contains("column references"), "{e}");
     assert_eq!(s.ledger().len(), before);
 }
+
+/// Issue 28: IPUMS-BR (the DP-AGD paper's data set, n = 38,000, d = 52) fitted **through SQL** at
+/// ε = 1.6, δ = 1e-8, against docs/UTILITY.md (the kernel at ε = 1.6, 5-fold protocol: 76.84 ±
+/// 0.50 % accuracy; the reference "fixed" algorithm 76.19 %; majority 50.63 %, non-private
+/// 77.14 %). The protocol of docs/UTILITY.md: min-max scaling to [0, 1] on the whole file, the
+/// label last; here one seeded 70/30 split and three fits. The data is not in the repository:
+/// the test reads `$DPFUSION_DATA_DIR/IPUMS-BR.dat` and is skipped, with a note, when the
+/// variable is unset. Run: `DPFUSION_DATA_DIR=/path/to/data cargo nextest run --test models -E
+/// 'test(ipums)' --no-capture`.
+#[tokio::test]
+async fn ipums_br_accuracy_through_sql() {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let Some(dir) = std::env::var_os("DPFUSION_DATA_DIR") else {
+        eprintln!(
+            "ipums_br_accuracy_through_sql: skipped (set DPFUSION_DATA_DIR to a directory with IPUMS-BR.dat)"
+        );
+        return;
+    };
+    let text = std::fs::read_to_string(Path::new(&dir).join("IPUMS-BR.dat")).unwrap();
+    let mut rows: Vec<Vec<f64>> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .collect();
+    let d = rows[0].len() - 1;
+    assert_eq!(d, 52);
+    for j in 0..d {
+        let lo = rows.iter().map(|r| r[j]).fold(f64::INFINITY, f64::min);
+        let hi = rows.iter().map(|r| r[j]).fold(f64::NEG_INFINITY, f64::max);
+        for r in rows.iter_mut() {
+            r[j] = if hi > lo {
+                (r[j] - lo) / (hi - lo)
+            } else {
+                0.0
+            };
+        }
+    }
+    // A seeded shuffle (SplitMix64), then 70 % to fit and 30 % to test.
+    let mut state = 0x1234_5678_9abc_def0_u64;
+    for i in (1..rows.len()).rev() {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        rows.swap(i, ((z ^ (z >> 31)) % (i as u64 + 1)) as usize);
+    }
+    let (train, test) = rows.split_at(rows.len() * 7 / 10);
+    let mut fields = vec![Field::new("y", DataType::Int64, false)];
+    let mut cols: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(
+        train.iter().map(|r| i64::from(r[d] > 0.5)),
+    ))];
+    for j in 0..d {
+        fields.push(Field::new(format!("x{j}"), DataType::Float64, false));
+        cols.push(Arc::new(Float64Array::from_iter_values(
+            train.iter().map(|r| r[j]),
+        )));
+    }
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
+    let s = session(&temp_dir("ipums")).await;
+    let reg = Registration::private()
+        .filter(dpfusion::accounting::FilterKind::Rdp { order: None })
+        .budget(100.0, 1e-6);
+    s.register_batches("ipums", vec![batch], reg).unwrap();
+    let features = (0..d)
+        .map(|j| format!("x{j}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql =
+        format!("SELECT dp_logreg_agd(y, [{features}], epsilon => 1.6, delta => 1e-8) FROM ipums");
+    let mut acc = vec![];
+    for _ in 0..3 {
+        let r = s.sql(&sql).await.unwrap();
+        let m = Model::from_struct_array(r.batches[0].column(0).as_struct(), 0).unwrap();
+        let ok = test
+            .iter()
+            .filter(|r| {
+                let z = m.intercept
+                    + m.coefficients
+                        .iter()
+                        .zip(r.iter())
+                        .map(|(w, x)| w * x)
+                        .sum::<f64>();
+                (z >= 0.0) == (r[d] > 0.5)
+            })
+            .count();
+        acc.push(100.0 * ok as f64 / test.len() as f64);
+    }
+    let mean = acc.iter().sum::<f64>() / acc.len() as f64;
+    eprintln!(
+        "IPUMS-BR through SQL, ε = 1.6: accuracy {acc:?} %, mean {mean:.2} % (docs/UTILITY.md: 76.84 ± 0.50)"
+    );
+    // Within noise of the kernel's 76.84 ± 0.50 (a 70/30 split, three fits: 2 points of slack),
+    // far above the majority class (50.63 %).
+    assert!(mean > 74.8, "mean accuracy {mean:.2} %");
+}

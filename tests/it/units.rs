@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use dpfusion::datafusion::arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch};
 use dpfusion::datafusion::arrow::datatypes::{DataType, Field, Schema};
-use dpfusion::datafusion::common::tree_node::{Transformed, TreeNode};
+use dpfusion::datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use dpfusion::datafusion::logical_expr::{AggregateUDF, Expr, LogicalPlan};
 use dpfusion::datafusion::prelude::SessionContext;
 use dpfusion::dpfusion_udfs::aggregates::{
@@ -722,4 +722,110 @@ async fn several_sums_of_one_value_on_a_unit_table() {
         let r = s.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
         assert!(r.receipt.is_some(), "{sql}: charged");
     }
+}
+
+/// Issue 28: any number of calls on any columns in one query on a unit table (`dp_sum` beside
+/// `dp_sum_ci`, `dp_mean`, `dp_count_distinct`), with and without GROUP BY; and the bounding
+/// sorts no row of the table: its only window ranks the per-(unit, group) rows of an aggregate.
+#[tokio::test]
+async fn every_kind_of_call_in_one_unit_query() {
+    let s = session("units-every-call").await;
+    // 400 units with 5 rows each, every unit in all 4 groups; amounts 0..9.
+    let rows: Vec<(i64, i64, f64)> = (0..2000).map(|i| (i % 4, i / 5, (i % 10) as f64)).collect();
+    s.register_batches("t", vec![batch(&rows)], unit_level())
+        .unwrap();
+    let calls = "dp_sum(amount, 0, 50, epsilon => 1) AS s, \
+                 dp_sum_ci(amount, 0, 50, epsilon => 1) AS ci, \
+                 dp_mean(amount, 0, 10, epsilon => 1) AS m, \
+                 dp_count_distinct(unit, epsilon => 1) AS n";
+    for sql in [
+        format!("SELECT {calls} FROM t"),
+        format!("SELECT g, {calls} FROM t GROUP BY g"),
+    ] {
+        let plan = s.check(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        plan.plan()
+            .apply(|node| {
+                if let LogicalPlan::Window(w) = node {
+                    let mut below = w.input.as_ref();
+                    while let LogicalPlan::Projection(p) = below {
+                        below = p.input.as_ref();
+                    }
+                    assert!(
+                        matches!(below, LogicalPlan::Aggregate(_)),
+                        "a window over rows, not over the (unit, group) aggregate: {}",
+                        plan.plan().display_indent()
+                    );
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+            .unwrap();
+        let r = s.sql(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert!(r.receipt.is_some(), "{sql}: charged");
+        let b = &r.batches[0];
+        let n = b.num_columns();
+        let rows: usize = r.batches.iter().map(|b| b.num_rows()).sum();
+        // Ungrouped: one row. Grouped: 400 units in each group, far above the threshold.
+        assert_eq!(rows, if sql.contains("GROUP BY") { 4 } else { 1 }, "{sql}");
+        // The mean of at most 3 rows per unit and group stays in [0, 10]. Without GROUP BY all
+        // 400 units count; with it each unit keeps K = 1 of its 4 groups, chosen uniformly:
+        // about 100 per group (binomial sd 8.7, noise sd ≈ 4).
+        let m = column_f64(&r.batches, n - 2);
+        let units = column_f64(&r.batches, n - 1);
+        assert!(m.iter().all(|m| (0.0..=10.0).contains(m)), "{sql}: {m:?}");
+        let expected = if rows == 4 { 100.0 } else { 400.0 };
+        assert!(
+            units.iter().all(|u| (u - expected).abs() < 40.0),
+            "{sql}: {units:?}"
+        );
+    }
+}
+
+/// Issue 28: a unit query at `target_partitions = 16` under a tight memory pool (128 MiB: about
+/// 1 MiB per spilling operator of the plan's 16 partitions; at 48 MiB it fails now and then, as
+/// DataFusion 55's operators need ~0.7 MiB to take one batch) completes, and its bounded values are exactly those with ample memory
+/// (1 GiB), under a fixed insecure seed (the group choice's key comes from it; the per-(unit,
+/// group) totals are exact sums of small integers). The releases are compared rounded at an ε
+/// that makes the noise < 0.5: the seeded noise itself follows the order in which the final
+/// aggregate meets its groups, which spilling changes.
+#[tokio::test]
+async fn a_unit_query_spills_at_16_partitions_and_releases_the_same() {
+    // 240,000 rows, 40,000 units, each in 6 of 50 groups (K = 2 keeps 2 of them).
+    let rows: Vec<(i64, i64, f64)> = (0..240_000)
+        .map(|i| ((i * 7 + i / 6) % 50, i / 6, (i % 10) as f64))
+        .collect();
+    // ε large enough that the noise is below 0.5: the rounded releases are the bounded values.
+    let sql = "SELECT g, round(dp_sum(amount, 0, 20, epsilon => 1e4, delta => 1e-6)) AS s, \
+               round(dp_count_distinct(unit, epsilon => 1e4, delta => 1e-6)) AS n \
+               FROM t GROUP BY g";
+    let mut out = vec![];
+    for (limit, tag) in [(1usize << 30, "units-ample"), (128 << 20, "units-spill")] {
+        let dir = common::temp_dir(tag);
+        let s = PrivateSession::open(
+            SessionOptions::default()
+                .with_ledger(dir.join("ledger.jsonl"))
+                .with_target_partitions(16)
+                .with_memory_limit(limit)
+                .with_insecure_noise_seed(5),
+        )
+        .await
+        .unwrap();
+        let reg = Registration::private()
+            .privacy_unit("unit")
+            .contribution_bounds(2, 3)
+            .budget(1e6, 1e-5);
+        // Many small batches, as a scan delivers them.
+        let batches = rows.chunks(8192).map(batch).collect();
+        s.register_batches("t", batches, reg).unwrap();
+        let r = s.sql(sql).await.unwrap_or_else(|e| panic!("{tag}: {e}"));
+        out.push(
+            (0..3)
+                .map(|i| column_f64(&r.batches, i))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(out[0][0].len(), 50, "every group kept");
+    // Each unit keeps K = 2 of its groups: 80,000 (unit, group) pairs in all.
+    let units: f64 = out[0][2].iter().sum();
+    assert!((units - 80_000.0).abs() < 50.0, "{units}");
+    assert_eq!(out[0], out[1], "the same release with and without spilling");
 }

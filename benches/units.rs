@@ -1,0 +1,170 @@
+//! Privacy units at engine speed (issue 28): a unit-level query against the same query without a
+//! unit, on the same data, in the same process. Run:
+//!
+//! ```text
+//! DPFUSION_BENCH_ROWS=1000000,10000000 DPFUSION_BENCH_PARTITIONS=2,16 cargo bench --bench units
+//! ```
+//!
+//! (defaults: 200,000 rows, 2 partitions, best of 1 after no warm-up; `DPFUSION_BENCH_REPS` sets
+//! the repetitions). Data: n rows of (g, unit, x), 1,000 groups, n/6 units, each unit's rows
+//! spread over groups. Pairs, each printed with its ratio:
+//! - `SELECT g, dp_sum(x, 0, 100, …) FROM t GROUP BY g` on a unit-level table (K = 4, C = 3: the
+//!   per-(unit, group) aggregate, the keyed group choice, partition selection) vs
+//!   `SELECT g, sum(x) FROM t GROUP BY g` in plain DataFusion;
+//! - `SELECT dp_count_distinct(unit, …) FROM t` vs `SELECT count(DISTINCT unit) FROM t`.
+//!
+//! The DP side runs through `PrivateSession::sql`: the guard, admission (a ledger append with its
+//! fsync) and the release are included.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use dpfusion::{PrivateSession, Registration, SessionOptions};
+
+fn data(n: usize) -> Vec<RecordBatch> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("g", DataType::Int64, false),
+        Field::new("unit", DataType::Int64, false),
+        Field::new("x", DataType::Float64, false),
+    ]));
+    let units = (n / 6).max(1) as u64;
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        state >> 11
+    };
+    let mut out = vec![];
+    let mut i = 0;
+    while i < n {
+        let m = 65_536.min(n - i);
+        let (mut g, mut u, mut x) = (vec![], vec![], vec![]);
+        for _ in 0..m {
+            g.push((next() % 1000) as i64);
+            u.push((next() % units) as i64);
+            x.push((next() % 1000) as f64 / 10.0);
+        }
+        out.push(
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(g)) as ArrayRef,
+                    Arc::new(Int64Array::from(u)),
+                    Arc::new(Float64Array::from(x)),
+                ],
+            )
+            .unwrap(),
+        );
+        i += m;
+    }
+    out
+}
+
+fn env_list(name: &str, default: &str) -> Vec<usize> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_string())
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("a comma-separated list of integers")
+        })
+        .collect()
+}
+
+async fn best<F, Fut>(reps: usize, mut run: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut best = Duration::MAX;
+    for _ in 0..reps {
+        let t = Instant::now();
+        run().await;
+        best = best.min(t.elapsed());
+    }
+    best
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1e3)
+}
+
+#[tokio::main]
+async fn main() {
+    let rows = env_list("DPFUSION_BENCH_ROWS", "200000");
+    let partitions = env_list("DPFUSION_BENCH_PARTITIONS", "2");
+    let reps = env_list("DPFUSION_BENCH_REPS", "1")[0].max(1);
+    println!("# dpfusion privacy-units benchmark (best of {reps}; ms)\n");
+    println!(
+        "| rows | partitions | unit dp_sum per group | plain sum per group | ratio | \
+         dp_count_distinct | count(DISTINCT) | ratio |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &n in &rows {
+        let batches = data(n);
+        for &p in &partitions {
+            let dir = std::env::temp_dir().join(format!(
+                "dpfusion-bench-units-{}-{n}-{p}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let s = PrivateSession::open(
+                SessionOptions::default()
+                    .with_ledger(dir.join("ledger.jsonl"))
+                    .with_target_partitions(p),
+            )
+            .await
+            .unwrap();
+            let reg = Registration::private()
+                .privacy_unit("unit")
+                .contribution_bounds(4, 3)
+                .budget(1e6, 1e-3);
+            s.register_batches("t", batches.clone(), reg).unwrap();
+            let ctx =
+                SessionContext::new_with_config(SessionConfig::new().with_target_partitions(p));
+            let mem = MemTable::try_new(batches[0].schema(), vec![batches.clone()]).unwrap();
+            ctx.register_table("t", Arc::new(mem)).unwrap();
+            let dp = |sql: &'static str| {
+                let s = &s;
+                move || async move {
+                    std::hint::black_box(s.sql(sql).await.unwrap());
+                }
+            };
+            let plain = |sql: &'static str| {
+                let ctx = &ctx;
+                move || async move {
+                    let r = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+                    std::hint::black_box(r);
+                }
+            };
+            let dp_sum = best(
+                reps,
+                dp("SELECT g, dp_sum(x, 0, 100, epsilon => 1, delta => 1e-7) FROM t GROUP BY g"),
+            )
+            .await;
+            let sum = best(reps, plain("SELECT g, sum(x) FROM t GROUP BY g")).await;
+            let dp_cd = best(
+                reps,
+                dp("SELECT dp_count_distinct(unit, epsilon => 1, delta => 1e-7) FROM t"),
+            )
+            .await;
+            let cd = best(reps, plain("SELECT count(DISTINCT unit) FROM t")).await;
+            println!(
+                "| {n} | {p} | {} | {} | {:.1} | {} | {} | {:.1} |",
+                ms(dp_sum),
+                ms(sum),
+                dp_sum.as_secs_f64() / sum.as_secs_f64(),
+                ms(dp_cd),
+                ms(cd),
+                dp_cd.as_secs_f64() / cd.as_secs_f64()
+            );
+            drop(s);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
