@@ -1,7 +1,7 @@
 //! Session statements and their result tables: `SHOW BUDGET` / `dp_budget()`, `dp_ledger()`,
 //! `EXPLAIN PRIVACY`, the registration summary, and how refusals and receipts are printed.
-pub mod help;
 pub mod bigquery;
+pub mod help;
 pub mod named_args;
 pub mod readable_names;
 

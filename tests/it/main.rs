@@ -1,11 +1,11 @@
 //! All integration tests of this crate in one binary: each test binary links DataFusion, so one
 //! binary instead of one per file saves most of the test build's link time. Add a test file as a
 //! module here.
-mod common;
 mod agd;
 mod attacks;
 mod boundary;
 mod cli;
+mod common;
 mod durability;
 mod fuzz;
 mod guarantee;
