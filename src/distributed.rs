@@ -17,7 +17,10 @@
 //! registered by name anywhere, so no `LogicalExtensionCodec::try_decode_udf` on the scheduler
 //! could rebuild it from a name) are such a piece. Removing them would run a different plan (a
 //! failing row would fail the query instead of giving NULL), so such a query is refused on a
-//! cluster, with the reason; it runs in a session without a cluster. The guard's table wrappers
+//! cluster, with the reason; it runs in a session without a cluster. So are the unit bounding's
+//! functions (`__dpfusion_unit_group_key`, whose secret per-query key lives in the instance, and
+//! the `__dpfusion_unit_sample` aggregate): a query on a table with a privacy unit runs in a
+//! session without a cluster. The guard's table wrappers
 //! are removed (they only carry the policy the client has already enforced): file tables travel
 //! as DataFusion listing scans, read by the executors from the same path. A plan that reads no
 //! file table (in-memory batches, `dp_ledger()`, results of `CREATE TABLE AS`, no table at all)
@@ -197,22 +200,45 @@ pub(crate) fn admissible(checked: &CheckedPlan) -> Result<()> {
 }
 
 /// Refuses a plan with a piece Ballista's codec cannot carry as it is: the guard's
-/// total-evaluation wrappers (see the module documentation).
+/// total-evaluation wrappers and the unit bounding's functions (see the module documentation).
 fn crosses(plan: &LogicalPlan) -> Result<()> {
     let mut wrapped = None;
+    let mut bounding = false;
     plan.apply_with_subqueries(|node| {
         node.apply_expressions(|e| {
             e.apply(|x| {
-                if let Expr::ScalarFunction(f) = x
-                    && f.func.name() == crate::guard::total::TOTAL
-                {
-                    wrapped = Some(crate::guard::total::unwrap(x.clone())?.to_string());
-                    return Ok(TreeNodeRecursion::Stop);
+                match x {
+                    Expr::ScalarFunction(f) if f.func.name() == crate::guard::total::TOTAL => {
+                        wrapped = Some(crate::guard::total::unwrap(x.clone())?.to_string());
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                    Expr::ScalarFunction(f)
+                        if crate::guard::units::is_bounding_fn(f.func.name()) =>
+                    {
+                        bounding = true;
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                    Expr::AggregateFunction(f)
+                        if crate::guard::units::is_bounding_fn(f.func.name()) =>
+                    {
+                        bounding = true;
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                    _ => {}
                 }
                 Ok(TreeNodeRecursion::Continue)
             })
         })
     })?;
+    if bounding {
+        return plan_err!(
+            "dpfusion refused the query on the Ballista cluster: it reads a table with a privacy \
+             unit, whose contribution bounding (a keyed per-query choice of each unit's groups and \
+             a sample of its rows) runs in functions that cannot cross Ballista's codec; running \
+             the plan without them would release more than one unit's bounded share. Run the \
+             query in a session without a cluster. Nothing was charged."
+        );
+    }
     match wrapped {
         None => Ok(()),
         Some(e) => plan_err!(

@@ -428,4 +428,23 @@ async fn a_plan_that_cannot_cross_as_checked_is_refused_on_a_cluster() {
     assert!(cluster.ledger().is_empty(), "nothing charged");
     let local = open(&dir, "local.jsonl", SessionOptions::default()).await;
     assert!(local.sql(sql).await.unwrap().receipt.is_some());
+
+    // A table with a privacy unit: its bounding's functions (the keyed group choice, the row
+    // sample) hold per-query state no codec carries, so it is refused the same way.
+    let units = Registration::private()
+        .privacy_unit("k")
+        .contribution_bounds(1, 10)
+        .budget(50.0, 1e-5);
+    let u = dir.join("data").join("u");
+    cluster
+        .register_parquet("pu", &u, units.clone())
+        .await
+        .unwrap();
+    let sql = "SELECT dp_count(v, 1.0) AS n FROM pu";
+    let err = cluster.sql(sql).await.unwrap_err();
+    assert!(err.to_string().contains("privacy unit"), "{err}");
+    assert_eq!(cluster.scans("pu"), 0, "a refused query reads nothing");
+    assert!(cluster.ledger().is_empty(), "nothing charged");
+    local.register_parquet("pu", &u, units).await.unwrap();
+    assert!(local.sql(sql).await.unwrap().receipt.is_some());
 }

@@ -79,6 +79,13 @@ pub(super) const GROUP_KEY_FN: &str = "__dpfusion_unit_group_key";
 /// The row sample of a (unit, group) ([`Sample`]).
 pub(super) const SAMPLE_FN: &str = "__dpfusion_unit_sample";
 
+/// Whether a function is one of the bounding's own (they hold per-query state, such as the
+/// secret group key, that no codec carries: the distributed path refuses plans with them).
+#[cfg_attr(not(feature = "distributed"), allow(dead_code))]
+pub(crate) fn is_bounding_fn(name: &str) -> bool {
+    name == GROUP_KEY_FN || name == SAMPLE_FN
+}
+
 /// The bounds in force for one query on a unit-level table.
 #[derive(Debug, Clone)]
 pub struct Bounds {

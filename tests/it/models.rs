@@ -460,7 +460,7 @@ async fn models_of_52_features_fit_through_sql() {
 /// 77.14 %). The protocol of docs/UTILITY.md: min-max scaling to [0, 1] on the whole file, the
 /// label last; here one seeded 70/30 split and three fits. The data is not in the repository:
 /// the test reads `$DPFUSION_DATA_DIR/IPUMS-BR.dat` and is skipped, with a note, when the
-/// variable is unset. Run: `DPFUSION_DATA_DIR=/path/to/data cargo nextest run --test models -E
+/// variable is unset. Run: `DPFUSION_DATA_DIR=/path/to/data cargo nextest run --test it -E
 /// 'test(ipums)' --no-capture`.
 #[tokio::test]
 async fn ipums_br_accuracy_through_sql() {
