@@ -197,6 +197,9 @@ pub fn mechanism_name(e: &Event) -> String {
         Event::PureDp { .. } => "pure DP (pure_dp)".into(),
         Event::Rgm { .. } => "relative Gaussian mechanism (rgm, rgm_mean_by)".into(),
         Event::Delta { .. } => "partition selection δ (delta)".into(),
+        Event::SubsampledGaussian { .. } => {
+            "subsampled Gaussian (subsampled_gaussian, DP-SGD)".into()
+        }
     }
 }
 
@@ -353,6 +356,10 @@ impl Filter {
             }
             // No finite zCDP bound (its RDP curve is infinite beyond a finite order).
             (MainBudget::Zcdp { .. }, Event::Rgm { .. }) => Err(()),
+            // No finite zCDP bound is proven here for the subsampled Gaussian (its RDP curve is
+            // not linear in α): refused; the owner's options are an `rdp` table, or `noise =>
+            // 'mf'` (a Gaussian event).
+            (MainBudget::Zcdp { .. }, Event::SubsampledGaussian { .. }) => Err(()),
             // The event's RDP curve (profile.rs, `Event::rdp`, with its sources) at α*, rounded
             // outward.
             (MainBudget::Rdp { order: a, .. }, ev) => Ok(up(ev.rdp(a))),

@@ -12,6 +12,7 @@ pub mod gdp;
 pub mod grid;
 pub mod normal;
 pub mod profile;
+pub mod sgd;
 
 pub use calibrate::{
     analytic_gaussian_sigma, gaussian_epsilon, gaussian_mu, gaussian_sigma_for_steps, zcdp_epsilon,
