@@ -642,3 +642,87 @@ static DOC_MLP: LazyLock<Documentation> = LazyLock::new(|| {
         "SELECT dp_mlp_sgd(digit, pixels, 1.0, 1e-6, classes => 10) AS net FROM images;",
     )
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(v: f64) -> ScalarValue {
+        ScalarValue::Float64(Some(v))
+    }
+    fn s(v: &str) -> ScalarValue {
+        ScalarValue::Utf8(Some(v.into()))
+    }
+
+    /// EXPLAIN PRIVACY of a Poisson fit: σ per step, q, T and the standalone ε (numbers from
+    /// the accountant, so checked against it here rather than in the .slt files).
+    #[test]
+    fn poisson_cost_and_explain_agree_with_the_accountant() {
+        // epsilon, delta, sample_rate, steps
+        let lits = [f(1.0), f(1e-6), f(0.05), f(200.0)];
+        let p = SgdParams::from_literals(SgdKind::Logistic, &lits).unwrap();
+        let z = crate::privacy::sgd::noise_multiplier(0.05, 200, 1.0, 1e-6).unwrap();
+        let ev = p.cost().unwrap();
+        assert_eq!(
+            ev,
+            vec![Event::SubsampledGaussian {
+                sample_rate: 0.05,
+                noise_multiplier: z,
+                steps: 200
+            }]
+        );
+        assert!(crate::privacy::sgd::epsilon(0.05, z, 200, 1e-6).unwrap() <= 1.0);
+        let plan = p.plan().unwrap();
+        // σ on the grid: at least z·clip, within a hair of it.
+        assert!(plan.sigma() >= z && plan.sigma() < z * 1.001);
+        let text = sgd_noise(SgdKind::Logistic, &lits).unwrap();
+        let short = crate::aggregates::accumulator::short;
+        assert!(
+            text.starts_with(&format!("Gaussian σ = {} per step", short(plan.sigma()))),
+            "{text}"
+        );
+        assert!(
+            text.contains("Poisson sample rate q = 0.05, 200 steps; standalone ε = "),
+            "{text}"
+        );
+        // epochs: T = ⌈epochs/q⌉.
+        let e = SgdParams::from_literals(
+            SgdKind::Logistic,
+            &[f(1.0), f(1e-6), f(0.05), f(0.0), f(3.0)],
+        )
+        .unwrap();
+        assert_eq!(e.steps, 60);
+    }
+
+    #[test]
+    fn refusals_name_the_argument() {
+        let err = |kind, lits: &[ScalarValue]| {
+            SgdParams::from_literals(kind, lits)
+                .unwrap_err()
+                .to_string()
+        };
+        // Replace neighbours: Poisson refused with the owner's options, 'mf' accepted.
+        let mut lits = vec![f(1.0), f(1e-6), f(0.01), f(0.0), f(0.0), f(1.0), f(0.5)];
+        lits.extend([s("independent"), s("replace")]);
+        assert!(err(SgdKind::Logistic, &lits).contains("noise => 'mf'"));
+        lits[7] = s("mf");
+        let mf = SgdParams::from_literals(SgdKind::Logistic, &lits).unwrap();
+        assert_eq!(mf.steps, DEFAULT_MF_STEPS);
+        assert_eq!(mf.plan().unwrap().sensitivity, 2.0);
+        assert!(err(SgdKind::Mlp, &[f(1.0), f(1e-6), f(32.0), f(1.0)]).contains("classes"));
+        assert!(err(SgdKind::Linear, &[f(1.0), f(1e-6), f(1.5)]).contains("sample_rate"));
+    }
+
+    /// 'mf': one Gaussian mechanism with μ = gaussian_mu(ε, δ) and σ ≥ clip·‖C e₁‖/μ.
+    #[test]
+    fn mf_is_one_gaussian_mechanism() {
+        let mut lits = vec![f(0.5), f(1e-6), f(0.01), f(50.0), f(0.0), f(1.0), f(0.5)];
+        lits.push(s("mf"));
+        let p = SgdParams::from_literals(SgdKind::Logistic, &lits).unwrap();
+        let mu = crate::privacy::gaussian_mu(0.5, 1e-6).unwrap();
+        assert_eq!(p.cost().unwrap(), vec![Event::Gaussian { mu }]);
+        let col = crate::optim::sgd::max_column_norm(50);
+        let sigma = p.plan().unwrap().sigma();
+        assert!(sigma >= col / mu && sigma < col / mu * 1.001, "{sigma}");
+    }
+}

@@ -166,9 +166,10 @@ mod tests {
             assert!((rdp(1.0, 2.0, a) - a / 8.0).abs() < 1e-9);
             assert!(rdp(0.01, 2.0, a) < rdp(1.0, 2.0, a));
         }
-        // Order 2, closed form: ln(1 − q + q·e^{1/z²}) (Mironov et al. 2019, §3.3, α = 2).
+        // Order 2, closed form: A₂ = (1−q)² + 2q(1−q) + q²e^{1/z²}, so ε(2) =
+        // ln(1 + q²(e^{1/z²} − 1)) (Mironov et al. 2019, §3.3, α = 2).
         let (q, z) = (0.1, 1.5f64);
-        let exact = (1.0 - q + q * (1.0 / (z * z)).exp()).ln();
+        let exact = (q * q * (1.0 / (z * z)).exp_m1()).ln_1p();
         assert!((rdp(q, z, 2.0) - exact).abs() < 1e-8 * exact);
     }
 
