@@ -185,3 +185,42 @@ fn audit_of_a_poisson_fit_finds_no_epsilon_above_the_claim() {
     // The audit sees the row (power): the two samples differ.
     assert!(lb > 0.0, "{lb}");
 }
+
+/// Both noise kinds learn a logistic model on separable-ish synthetic data at ε = 1 (the
+/// defaults' regime: standardised features), and 'mf' reads each row once.
+#[test]
+fn both_noise_kinds_learn_a_logistic_model() {
+    let mut g = Lcg(21);
+    let make = |g: &mut Lcg, n: usize| {
+        let mut rows = Rows {
+            d: 3,
+            labels: vec![],
+            x: vec![],
+        };
+        for _ in 0..n {
+            let x: Vec<f64> = (0..3)
+                .map(|_| (2.0 * g.uniform() - 1.0) * 3f64.sqrt())
+                .collect();
+            let z = 1.5 * x[0] - 1.0 * x[1] + 0.5;
+            rows.labels
+                .push(f64::from(g.uniform() < 1.0 / (1.0 + (-z).exp())));
+            rows.x.extend(x);
+        }
+        rows
+    };
+    let (train, test) = (make(&mut g, 20_000), make(&mut g, 5_000));
+    // The Bayes classifier's accuracy on the test rows.
+    let bayes = scores(&test, |x| 1.0 / (1.0 + (-(1.5 * x[0] - x[1] + 0.5)).exp())).0;
+    for (noise, steps) in [(NoiseKind::Independent, 1000), (NoiseKind::Mf, 100)] {
+        let mut rng = SecureRng::insecure_from_seed(9);
+        let fit = plan(Family::Logistic, noise, 1.0, 0.01, steps, 0.5)
+            .fit(&train, None, &mut rng, "test")
+            .unwrap();
+        let t = &fit.theta;
+        let (acc, _) = scores(&test, |x| {
+            1.0 / (1.0 + (-(t[3] + t[0] * x[0] + t[1] * x[1] + t[2] * x[2])).exp())
+        });
+        eprintln!("{noise:?}: accuracy {acc:.3} (Bayes {bayes:.3}), θ = {t:.3?}");
+        assert!(acc > bayes - 0.03, "{noise:?}: {acc} vs {bayes}");
+    }
+}
