@@ -224,3 +224,43 @@ fn both_noise_kinds_learn_a_logistic_model() {
         assert!(acc > bayes - 0.03, "{noise:?}: {acc} vs {bayes}");
     }
 }
+
+/// Per-unit clipping: one privacy unit with many rows moves a step's exact sum (gradient and
+/// count coordinates) by at most `clip` in L2, whatever its number of rows; each row alone is
+/// clipped likewise.
+#[test]
+fn a_unit_moves_a_step_by_at_most_clip() {
+    use dpfusion_udfs::optim::Units;
+    let n = 200;
+    let rows = Rows {
+        d: 2,
+        labels: vec![1.0; n],
+        x: (0..n).flat_map(|i| [3.0 + i as f64, -4.0]).collect(),
+    };
+    let units = Units::from_sizes(&[n]);
+    let p = SgdPlan::new(
+        Family::Mlp {
+            hidden: 4,
+            classes: 2,
+        },
+        NoiseKind::Independent,
+        1.0,
+        1e-6,
+        1.0, // q = 1: the unit is in the batch
+        10,
+        0.7,
+        0.5,
+        Neighbours::Units { groups: 1, rows: 1 },
+    )
+    .unwrap();
+    let theta = vec![0.3; 4 * 2 + 4 + 4 + 1];
+    let mut rng = SecureRng::insecure_from_seed(1);
+    for units in [Some(&units), None] {
+        let (exact, _) = p.poisson_step(&rows, units, &theta, &mut rng).unwrap();
+        let norm = exact.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let bound = if units.is_some() { 0.7 } else { 0.7 * n as f64 };
+        assert!(norm <= bound, "{norm} > {bound}");
+        // The unit's large gradient is clipped to (nearly) the bound, not to zero.
+        assert!(norm > 0.5, "{norm}");
+    }
+}
