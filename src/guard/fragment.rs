@@ -222,6 +222,8 @@ pub const FUNCTIONS: &[Function] = &[
     // released models applied to rows (free post-processing of a release)
     f("linreg_predict", &[Any, List], Fixed, Fallback),
     f("logreg_predict_proba", &[Any, List], Fixed, Fallback),
+    f("mlp_predict_proba", &[Any, List], Fixed, Fallback),
+    f("mlp_predict", &[Any, List], Fixed, Fallback),
 ];
 
 /// The fragment's entry for the scalar function `name`.
@@ -338,7 +340,10 @@ pub fn check_expr(e: &Expr) -> Option<String> {
     let mut models: Vec<&Expr> = Vec::new();
     let _ = e.apply(|x| {
         if let Expr::ScalarFunction(f) = x
-            && matches!(f.func.name(), "linreg_predict" | "logreg_predict_proba")
+            && matches!(
+                f.func.name(),
+                "linreg_predict" | "logreg_predict_proba" | "mlp_predict_proba" | "mlp_predict"
+            )
             && let Some(m) = f.args.first()
         {
             models.push(m);
@@ -433,7 +438,7 @@ pub fn check_expr(e: &Expr) -> Option<String> {
                     format!(
                         "a scalar subquery of type {t} (over private rows a subquery may give a \
                          number, a boolean or a date, or a released model as the first argument \
-                         of linreg_predict/logreg_predict_proba: a larger value would be copied \
+                         of linreg_predict/logreg_predict_proba/mlp_predict(_proba): a larger value would be copied \
                          once per row)"
                     )
                 })

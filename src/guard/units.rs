@@ -156,7 +156,9 @@ pub fn contribution(
         "dp_count" | "dp_mean" | "dp_variance" | "dp_stddev" | "dp_quantile" | "dp_median"
         | "dp_quantiles" => Ok(Contribution::Rows),
         "dp_sum" => Ok(Contribution::Total),
-        "dp_linreg_gd" | "dp_logreg_agd" => Ok(Contribution::PerUnit),
+        "dp_linreg_gd" | "dp_logreg_agd" | "dp_linreg_sgd" | "dp_logreg_sgd" | "dp_mlp_sgd" => {
+            Ok(Contribution::PerUnit)
+        }
         COUNT_DISTINCT => {
             let arg = data.first().and_then(|e| bare_column(e, input));
             if arg.as_deref() != Some(unit) {

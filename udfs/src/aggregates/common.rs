@@ -81,7 +81,7 @@ pub(crate) fn coerce_args(
 /// A wrong type is a planning error naming the argument.
 pub(crate) fn coerce_param(function: &str, name: &str, t: &DataType) -> Result<DataType> {
     Ok(match name {
-        "neighbours" | "mechanism" => match t {
+        "neighbours" | "mechanism" | "noise" => match t {
             DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => t.clone(),
             DataType::Null => DataType::Utf8,
             t if name == "neighbours" => {

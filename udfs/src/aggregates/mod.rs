@@ -41,6 +41,7 @@ pub mod dp_count_distinct;
 pub mod dp_linreg_gd;
 pub mod dp_logreg_agd;
 pub mod dp_mean;
+pub mod dp_models_sgd;
 pub mod dp_quantile;
 pub mod dp_sum;
 pub mod dp_variance;
@@ -61,6 +62,9 @@ pub use dp_count_distinct::{
 pub use dp_linreg_gd::{DpLinregGd, LinregParams, dp_linreg_gd_udaf};
 pub use dp_logreg_agd::{AgdParams, DpLogregAgd, dp_logreg_agd_udaf};
 pub use dp_mean::{DpMean, DpMeanCi, dp_mean_ci_udaf, dp_mean_udaf};
+pub use dp_models_sgd::{
+    DpSgd, SgdKind, SgdParams, dp_linreg_sgd_udaf, dp_logreg_sgd_udaf, dp_mlp_sgd_udaf,
+};
 pub use dp_quantile::{
     DpQuantileUdaf, QuantileKind, QuantileParams, dp_median_udaf, dp_quantile_udaf,
     dp_quantiles_udaf,
@@ -115,6 +119,9 @@ fn insecure_seeded(name: &str, seed: u64) -> Option<AggregateUDF> {
         "dp_linreg_gd" => DpLinregGd::with_insecure_seed(seed).into(),
         "dp_logreg_agd" => DpLogregAgd::with_insecure_seed(seed).into(),
         "rgm_mean_by" => RgmMeanBy::with_insecure_seed(seed).into(),
+        "dp_linreg_sgd" => DpSgd::with_insecure_seed(SgdKind::Linear, seed).into(),
+        "dp_logreg_sgd" => DpSgd::with_insecure_seed(SgdKind::Logistic, seed).into(),
+        "dp_mlp_sgd" => DpSgd::with_insecure_seed(SgdKind::Mlp, seed).into(),
         _ => return None,
     };
     Some(u)

@@ -48,6 +48,7 @@
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{AggregateUDF, Expr};
 
+use super::dp_models_sgd::{SgdKind, sgd_cost, sgd_noise};
 use super::dp_quantile::{
     QuantileKind, cost_of as quantile_cost, dp_median_udaf, dp_quantile_udaf, dp_quantiles_udaf,
     noise_of as quantile_noise,
@@ -230,6 +231,49 @@ const LOWER: Param = number(
 );
 const UPPER: Param = number("upper", Default::Required, "finite, ≥ lower");
 
+const SGD_SAMPLE_RATE: Param = number(
+    "sample_rate",
+    Default::Number("0.01"),
+    "Poisson sample rate q per step",
+);
+const SGD_STEPS: Param = number(
+    "steps",
+    Default::Number("0"),
+    "steps T; 0: 1000 ('independent') or 100 ('mf')",
+);
+const SGD_EPOCHS: Param = number(
+    "epochs",
+    Default::Number("0"),
+    "instead of steps: T = ceil(epochs/q); 0: unset",
+);
+const SGD_CLIP: Param = number(
+    "clip",
+    Default::Number("1"),
+    "L2 bound of each example's whole gradient",
+);
+const SGD_LEARNING_RATE: Param = number(
+    "learning_rate",
+    Default::Number("0.5"),
+    "step size on the mean clipped gradient",
+);
+const SGD_NOISE: Param = Param {
+    name: "noise",
+    kind: Kind::Text,
+    default: Default::Text("independent"),
+    doc: "'independent' (Poisson DP-SGD) or 'mf' (one pass, correlated noise)",
+};
+/// The parameters of `dp_linreg_sgd` and `dp_logreg_sgd` (`SgdParams::NAMES`).
+const SGD_PARAMS: &[Param] = &[
+    EPSILON,
+    DELTA,
+    SGD_SAMPLE_RATE,
+    SGD_STEPS,
+    SGD_EPOCHS,
+    SGD_CLIP,
+    SGD_LEARNING_RATE,
+    SGD_NOISE,
+    NEIGHBOURS,
+];
 const VALUE: DataArg = DataArg {
     name: "value",
     doc: "the column or row expression aggregated",
@@ -598,6 +642,58 @@ pub static AGGREGATES: &[Aggregate] = &[
         noise: super::dp_logreg_agd::agd_noise,
     },
     Aggregate {
+        name: "dp_linreg_sgd",
+        summary: "a linear model fitted by DP-SGD (Poisson sampling, or 'mf' correlated noise)",
+        data: MODEL_DATA,
+        params: SGD_PARAMS,
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: super::dp_models_sgd::dp_linreg_sgd_udaf,
+        cost: |_, p| sgd_cost(SgdKind::Linear, p),
+        noise: |p| sgd_noise(SgdKind::Linear, p),
+    },
+    Aggregate {
+        name: "dp_logreg_sgd",
+        summary: "a logistic model fitted by DP-SGD (Poisson sampling, or 'mf' correlated noise)",
+        data: MODEL_DATA,
+        params: SGD_PARAMS,
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: super::dp_models_sgd::dp_logreg_sgd_udaf,
+        cost: |_, p| sgd_cost(SgdKind::Logistic, p),
+        noise: |p| sgd_noise(SgdKind::Logistic, p),
+    },
+    Aggregate {
+        name: "dp_mlp_sgd",
+        summary: "a one-hidden-layer ReLU network fitted by DP-SGD",
+        data: MODEL_DATA,
+        params: &[
+            EPSILON,
+            DELTA,
+            number("hidden", Default::Number("32"), "hidden ReLU units"),
+            number(
+                "classes",
+                Default::Number("2"),
+                "number of classes (labels 0 … classes − 1)",
+            ),
+            SGD_SAMPLE_RATE,
+            SGD_STEPS,
+            SGD_EPOCHS,
+            SGD_CLIP,
+            SGD_LEARNING_RATE,
+            SGD_NOISE,
+            NEIGHBOURS,
+        ],
+        requirements: &[],
+        replaces: &[],
+        internal: false,
+        udaf: super::dp_models_sgd::dp_mlp_sgd_udaf,
+        cost: |_, p| sgd_cost(SgdKind::Mlp, p),
+        noise: |p| sgd_noise(SgdKind::Mlp, p),
+    },
+    Aggregate {
         name: "rgm_mean_by",
         summary: "per group of a public column, the mean with noise relative to it (RGM)",
         data: &[
@@ -685,6 +781,10 @@ mod tests {
         assert_eq!(names(get("dp_linreg_gd").unwrap()), LinregParams::NAMES);
         assert_eq!(names(get("dp_logreg_agd").unwrap()), AgdParams::NAMES);
         assert_eq!(names(get("rgm_mean_by").unwrap()), RgmMeanParams::NAMES);
+        use super::super::SgdParams;
+        assert_eq!(names(get("dp_logreg_sgd").unwrap()), SgdParams::NAMES);
+        assert_eq!(names(get("dp_linreg_sgd").unwrap()), SgdParams::NAMES);
+        assert_eq!(names(get("dp_mlp_sgd").unwrap()), SgdParams::MLP_NAMES);
         for a in AGGREGATES {
             assert_eq!((a.udaf)().name(), a.name);
             assert_eq!(a.params.last().map(|p| p.name), Some("neighbours"));
@@ -719,7 +819,8 @@ mod tests {
                 "dp_quantile" => vec![f(0.0), f(100.0), f(0.5), f(1.0)],
                 "dp_median" => vec![f(0.0), f(100.0), f(1.0)],
                 "dp_quantiles" => vec![f(0.0), f(100.0), qs.clone(), f(1.0)],
-                "dp_linreg_gd" | "dp_logreg_agd" => vec![f(1.0), f(1e-6)],
+                "dp_linreg_gd" | "dp_logreg_agd" | "dp_linreg_sgd" | "dp_logreg_sgd"
+                | "dp_mlp_sgd" => vec![f(1.0), f(1e-6)],
                 "rgm_mean_by" => vec![f(2.0), f(1.0), f(1e-6), f(1000.0), s("replace_public_n")],
                 _ => vec![f(0.0), f(100.0), f(1.0), f(1e-6)],
             }

@@ -317,6 +317,9 @@ fn udafs_are_registered_with_docs_and_names() {
             "dp_partition_select",
             "dp_linreg_gd",
             "dp_logreg_agd",
+            "dp_linreg_sgd",
+            "dp_logreg_sgd",
+            "dp_mlp_sgd",
             "rgm_mean_by"
         ]
     );

@@ -8,13 +8,19 @@
 //! - [`kernel`]: the blocked, runtime-dispatched (AVX2 or baseline) row passes of `dp_linreg_gd`
 //!   and `dp_logreg_agd`: exact integer sums, the same for any split of the rows.
 //! - [`agd`]: DP-AGD for logistic regression (`dp_logreg_agd`).
+//! - [`mlp`]: the networks of the DP-SGD aggregates (linear, logistic, one hidden ReLU layer)
+//!   and their per-example gradients.
+//! - [`sgd`]: DP-SGD (`dp_linreg_sgd`, `dp_logreg_sgd`, `dp_mlp_sgd`): Poisson-subsampled
+//!   per-example-clipped Gaussian steps, or one pass with matrix-factorised correlated noise.
 //! - [`units`]: privacy units (unit-level neighbours `units:K:C`): rows grouped by unit and the
 //!   exact per-unit clipping of user-level DP-SGD (McMahan et al., ICLR 2018, §3).
 pub mod agd;
 pub mod kernel;
 pub mod linreg;
+pub mod mlp;
 pub mod model;
 pub mod rows;
+pub mod sgd;
 pub mod units;
 
 pub use model::{Model, model_data_type};

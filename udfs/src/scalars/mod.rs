@@ -4,7 +4,7 @@ pub mod predict;
 
 use datafusion::logical_expr::ScalarUDF;
 use planning::{HelperKind, PlanningHelper};
-use predict::{Predict, PredictKind};
+use predict::{MlpPredict, Predict, PredictKind};
 
 /// Every dpfusion scalar function.
 pub fn all_scalar_udfs() -> Vec<ScalarUDF> {
@@ -16,5 +16,7 @@ pub fn all_scalar_udfs() -> Vec<ScalarUDF> {
         PlanningHelper::udf(HelperKind::SgdSigma),
         Predict::udf(PredictKind::Linear),
         Predict::udf(PredictKind::LogisticProba),
+        MlpPredict::udf(true),
+        MlpPredict::udf(false),
     ]
 }

@@ -33,8 +33,8 @@ const DOC_SECTION_MODELS: DocSection = DocSection {
     include: true,
     label: "Differential privacy: models",
     description: Some(
-        "Prediction with models released by dp_linreg_gd and dp_logreg_agd (post-processing, \
-         free).",
+        "Prediction with models released by dp_linreg_gd, dp_logreg_agd, the DP-SGD models and \
+         dp_mlp_sgd (post-processing, free).",
     ),
 };
 
@@ -317,6 +317,179 @@ fn same_row(s: &datafusion::arrow::array::StructArray, a: usize, b: usize) -> bo
     make_comparator(arr.as_ref(), arr.as_ref(), SortOptions::default())
         .map(|cmp| cmp(a, b).is_eq())
         .unwrap_or(false)
+}
+
+/// `mlp_predict_proba(model, features)` (List<Float64>: one probability per class, [1 − p, p]
+/// for two classes) and `mlp_predict(model, features)` (Int64: the most probable class, the
+/// smallest on ties), for networks released by `dp_mlp_sgd` ([`crate::optim::mlp::MlpModel`]).
+/// Post-processing, free. NULL model, list or feature gives NULL; a feature list of another
+/// length than the model's inputs is an error naming both lengths.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct MlpPredict {
+    proba: bool,
+    signature: Signature,
+}
+
+impl MlpPredict {
+    pub fn new(proba: bool) -> Self {
+        let signature = Signature::user_defined(Volatility::Immutable)
+            .with_parameter_names(vec!["model".to_string(), "features".to_string()])
+            .expect("two names for two parameters");
+        Self { proba, signature }
+    }
+
+    pub fn udf(proba: bool) -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self::new(proba))
+    }
+}
+
+impl ScalarUDFImpl for MlpPredict {
+    fn name(&self) -> &str {
+        if self.proba {
+            "mlp_predict_proba"
+        } else {
+            "mlp_predict"
+        }
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let name = self.name();
+        if arg_types.len() != 2 {
+            return plan_err!(
+                "{name} takes 2 arguments: {name}(model, features), got {}",
+                arg_types.len()
+            );
+        }
+        match &arg_types[0] {
+            DataType::Struct(f) if f.find("weights").is_some() && f.find("hidden").is_some() => {}
+            DataType::Null => {}
+            t => {
+                return plan_err!(
+                    "{name}: `model` must be a network struct (the result of a dp_mlp_sgd call),                      got {t}"
+                );
+            }
+        }
+        match &arg_types[1] {
+            t if list_item(t).is_some_and(is_number) => {}
+            DataType::Null => {}
+            t => {
+                return plan_err!(
+                    "{name}: `features` must be a list of numbers ([x1, x2] or make_array(x1, \
+                     x2)), got {t}"
+                );
+            }
+        }
+        Ok(arg_types.to_vec())
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(if self.proba {
+            DataType::List(Arc::new(
+                datafusion::arrow::datatypes::Field::new_list_field(DataType::Float64, true),
+            ))
+        } else {
+            DataType::Int64
+        })
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        use crate::optim::mlp::MlpModel;
+        use datafusion::arrow::array::{Float64Builder, Int64Array, ListBuilder};
+        let n = args.number_rows;
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let (model_arr, feat_arr) = (&arrays[0], &arrays[1]);
+        let (offsets, valid, values) = feature_rows(feat_arr)?;
+        let vals = values.values();
+        let models = match model_arr.data_type() {
+            DataType::Struct(_) => Some(model_arr.as_struct()),
+            _ => None,
+        };
+        let mut cache: Option<(usize, Option<MlpModel>)> = None;
+        let mut probs = ListBuilder::new(Float64Builder::new());
+        let mut classes = Vec::with_capacity(n);
+        for i in 0..n {
+            let model = match models {
+                None => None,
+                Some(models) => {
+                    let reuse =
+                        matches!(&cache, Some((j, _)) if *j + 1 == i && same_row(models, *j, i));
+                    if !reuse {
+                        cache = Some((i, MlpModel::from_struct_array(models, i)));
+                    } else if let Some((j, _)) = cache.as_mut() {
+                        *j = i;
+                    }
+                    cache.as_ref().and_then(|(_, m)| m.as_ref())
+                }
+            };
+            let (Some(m), true) = (model, valid[i]) else {
+                probs.append_null();
+                classes.push(None);
+                continue;
+            };
+            let x = &vals[offsets[i]..offsets[i + 1]];
+            if x.len() != m.inputs as usize {
+                return Err(DataFusionError::Execution(format!(
+                    "{}: the model has {} inputs but the feature list has {} values",
+                    self.name(),
+                    m.inputs,
+                    x.len()
+                )));
+            }
+            let p = m.predict_proba(x);
+            let best = p
+                .iter()
+                .enumerate()
+                .fold((0usize, f64::NEG_INFINITY), |b, (k, &v)| {
+                    if v > b.1 { (k, v) } else { b }
+                })
+                .0;
+            classes.push(Some(best as i64));
+            probs.append_value(p.into_iter().map(Some));
+        }
+        Ok(ColumnarValue::Array(if self.proba {
+            Arc::new(probs.finish())
+        } else {
+            Arc::new(Int64Array::from(classes))
+        }))
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        static PROBA: LazyLock<Documentation> = LazyLock::new(|| {
+            Documentation::builder(
+                DOC_SECTION_MODELS,
+                "Class probabilities of a network released by dp_mlp_sgd (one per class; \
+                 [1 − p, p] for two classes).",
+                "mlp_predict_proba(model, features)",
+            )
+            .with_argument("model", "Network struct returned by dp_mlp_sgd.")
+            .with_argument(
+                "features",
+                "List of numbers, as many as the model's inputs.",
+            )
+            .with_related_udf("dp_mlp_sgd")
+            .build()
+        });
+        static CLASS: LazyLock<Documentation> = LazyLock::new(|| {
+            Documentation::builder(
+                DOC_SECTION_MODELS,
+                "The most probable class (0 … classes − 1) under a network released by \
+                 dp_mlp_sgd.",
+                "mlp_predict(model, features)",
+            )
+            .with_argument("model", "Network struct returned by dp_mlp_sgd.")
+            .with_argument(
+                "features",
+                "List of numbers, as many as the model's inputs.",
+            )
+            .with_related_udf("dp_mlp_sgd")
+            .build()
+        });
+        Some(if self.proba { &PROBA } else { &CLASS })
+    }
 }
 
 #[cfg(test)]

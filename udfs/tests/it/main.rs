@@ -6,5 +6,6 @@ mod audit;
 mod kernels;
 mod linreg;
 mod rgm;
+mod sgd;
 mod sgd_accounting;
 mod units;
