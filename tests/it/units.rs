@@ -799,7 +799,7 @@ async fn a_unit_query_spills_at_16_partitions_and_releases_the_same() {
                FROM t GROUP BY g";
     let mut out = vec![];
     for (limit, tag) in [(1usize << 30, "units-ample"), (128 << 20, "units-spill")] {
-        let dir = common::temp_dir(tag);
+        let dir = crate::common::temp_dir(tag);
         let s = PrivateSession::open(
             SessionOptions::default()
                 .with_ledger(dir.join("ledger.jsonl"))

@@ -40,14 +40,6 @@ pub enum Event {
     },
     /// An additive δ that no RDP curve captures (e.g. partition selection).
     Delta { delta: f64 },
-    /// `steps` Poisson-subsampled Gaussian steps (DP-SGD: `dp_logreg_sgd` and friends), sample
-    /// rate q, noise multiplier z = σ/Δ: RDP curve steps × [`super::sgd::rdp`] (Mironov, Talwar
-    /// and Zhang 2019); no GDP part.
-    SubsampledGaussian {
-        sample_rate: f64,
-        noise_multiplier: f64,
-        steps: u64,
-    },
 }
 
 impl Event {
@@ -81,11 +73,6 @@ impl Event {
                 steps,
             } => steps as f64 * super::sgd::rdp(sample_rate, noise_multiplier, alpha),
             Event::Delta { delta } if !bad(delta) => 0.0,
-            Event::SubsampledGaussian {
-                sample_rate,
-                noise_multiplier,
-                steps,
-            } => steps as f64 * super::sgd::rdp(sample_rate, noise_multiplier, alpha),
             _ => f64::INFINITY,
         };
         nan_to_inf(v)
@@ -129,15 +116,6 @@ impl Profile {
                     || noise_multiplier <= 0.0
             }
             Event::Delta { delta } => bad(delta),
-            Event::SubsampledGaussian {
-                sample_rate,
-                noise_multiplier,
-                ..
-            } => {
-                !(sample_rate > 0.0 && sample_rate <= 1.0)
-                    || noise_multiplier.is_nan()
-                    || noise_multiplier <= 0.0
-            }
         };
         if unbounded {
             return Self::unbounded();
