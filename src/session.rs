@@ -694,6 +694,9 @@ impl PrivateSession {
             public_columns: policy.public_columns.clone(),
             ratio_bounds: reg.ratio_bounds.clone(),
             unit: policy.unit.clone(),
+            selection_delta: (policy.visibility == Visibility::Private)
+                .then(|| policy.compiled_filter().ok().map(|f| f.selection_delta()))
+                .flatten(),
         };
         let mut guarded = GuardedTable::new(provider, info);
         if let Some(r) = recheck {
@@ -1037,7 +1040,7 @@ impl PrivateSession {
         let analyst = ANALYST.try_with(Arc::clone).ok();
         let receipt = self
             .accountant
-            .admit_by(sql, &charges, analyst.as_deref())
+            .admit_requests(sql, &charges, &requests_of(calls), analyst.as_deref())
             .map_err(crate::error::Error::from_accounting)?;
         Ok(Some(receipt))
     }
@@ -1704,6 +1707,24 @@ fn resolve_df_statement(stmt: &mut DFStatement, delta: f64) -> std::result::Resu
         },
         _ => Ok(()),
     }
+}
+
+/// The calls as written, for the ledger, receipts and refusals (docs/ACCOUNTING.md).
+fn requests_of(calls: &[DpCall]) -> Vec<crate::accounting::CallRequest> {
+    calls
+        .iter()
+        .map(|c| crate::accounting::CallRequest {
+            key: c.table.key.clone(),
+            function: if c.function == guard::PARTITION_SELECT {
+                "partition_selection".to_string()
+            } else {
+                c.function.clone()
+            },
+            epsilon: c.epsilon.is_finite().then_some(c.epsilon),
+            delta: c.delta.is_finite().then_some(c.delta),
+            mechanism: crate::accounting::mechanism_of(&c.events),
+        })
+        .collect()
 }
 
 fn charges_of(calls: &[DpCall]) -> Vec<TableCharge> {

@@ -46,6 +46,13 @@ fn gauss(key: &str, mu: f64) -> Vec<TableCharge> {
     }]
 }
 
+fn rows_budget(epsilon: f64) -> Budget {
+    Budget {
+        epsilon,
+        delta: 1e-6,
+    }
+}
+
 fn file_len(p: &Path) -> u64 {
     fs::metadata(p).unwrap().len()
 }
@@ -70,6 +77,13 @@ fn exhaust(acc: &Accountant, key: &str, mu: f64) -> Vec<Receipt> {
 
 #[test]
 fn exceeded_message_format() {
+    let request = CallRequest {
+        key: TableKey::from("demo:salaries"),
+        function: "dp_mean".into(),
+        epsilon: Some(0.5),
+        delta: Some(1e-7),
+        mechanism: "gaussian".into(),
+    };
     let e = AccountingError::BudgetExceeded {
         table: "salaries".into(),
         key: TableKey::from("demo:salaries"),
@@ -89,13 +103,29 @@ fn exceeded_message_format() {
                 reserved: 5e-7,
                 delta_g: 5e-7,
             },
+            numbers: RefusalNumbers {
+                requests: vec![request.clone()],
+                native: NativeCost {
+                    unit: "μ²".into(),
+                    cost: 0.0123456789,
+                    used: 0.2,
+                    budget: 0.21,
+                    share: 58_789,
+                    used_share: 952_381,
+                },
+                next_epsilon: 0.1234567,
+                fix_epsilon: Some(0.2345678),
+            },
         }),
     };
     assert_eq!(
         e.to_string(),
-        "budget exceeded for table 'salaries': this query would cost ε = 0.3000 (at δ = 5e-7), \
-         0.9000 of 1.0000 is spent and 0.1000 remains (the ε part of its gdp filter). Lower \
-         epsilon in the query, or ask the data owner for a larger budget."
+        "budget exceeded for table 'salaries' (limit: the ε part of its gdp filter, ε = 1 at \
+         δ = 5e-7) (asked: dp_mean(ε 0.5, δ 1e-7, gaussian)): this query needs 5.8789% of the \
+         budget (μ² 0.0123457) and 4.7619% is left (0.2 of 0.21 used). Lower `epsilon =>` to at \
+         most 0.234567 (the most this call can use now), or ask the data owner for a larger \
+         budget (the catalog's `epsilon`/`delta` of the table, or --epsilon/--delta in \
+         single-user mode)."
     );
     let mk = |limit: Limit, filter: FilterKind| AccountingError::BudgetExceeded {
         table: "t".into(),
@@ -116,14 +146,16 @@ fn exceeded_message_format() {
                 reserved: 5e-7,
                 delta_g: 5e-7,
             },
+            numbers: RefusalNumbers::default(),
         }),
     };
     let d = mk(Limit::Delta, FilterKind::Gdp).to_string();
     assert!(
-        d.contains("the δ reserved for partition selection would be exceeded")
-            && d.contains("needs δ = 2e-7, 4e-7 of 5e-7 is spent")
+        d.contains("limit: the δ reserved for partition selection, 5e-7 of the table's δ = 1e-6")
+            && d.contains("needs δ = 2e-7, 4e-7 is spent and 1e-7 is left")
+            && d.contains("lower `delta =>` to 2e-7 or less")
             && d.contains("group by public columns")
-            && d.contains("larger delta budget"),
+            && d.contains("larger `delta_share`"),
         "{d}"
     );
     let m = mk(
@@ -134,11 +166,13 @@ fn exceeded_message_format() {
         FilterKind::Gdp,
     )
     .to_string();
+    // Only surfaces that exist: SQL cannot set a table's filter.
     assert!(
         m.contains("accounted with the gdp filter")
             && m.contains("zCDP")
-            && m.contains("'dp.filter'")
-            && m.contains("zcdp"),
+            && m.contains("`filter = \"zcdp\"` in the catalog")
+            && m.contains("--filter zcdp")
+            && !m.contains("dp.filter"),
         "{m}"
     );
 }
@@ -228,24 +262,24 @@ fn admit_until_exhausted_then_refuse() {
     }
     let msg = err.to_string();
     assert!(
-        msg.starts_with("budget exceeded for table 'salaries': this query would cost ε = "),
+        msg.starts_with(
+            "budget exceeded for table 'salaries' (limit: the ε part of its gdp filter, ε = 1 at \
+             δ = 5e-7): this query needs "
+        ),
         "{msg}"
     );
     assert!(
-        msg.contains("(at δ = 5e-7)") && msg.contains("of 1.0000 is spent"),
+        msg.contains("% of the budget (μ² 0.01)") && msg.contains("% is left"),
         "{msg}"
     );
-    assert!(
-        msg.ends_with("ask the data owner for a larger budget."),
-        "{msg}"
-    );
+    assert!(msg.contains("single-user mode)."), "{msg}");
 
     let alone = acc
         .admit("SELECT big", &gauss("demo:salaries", 5.0))
         .unwrap_err()
         .to_string();
     assert!(
-        alone.contains("alone costs more than the table's whole budget"),
+        alone.contains("this query alone needs more than the table's whole budget (μ² 25 "),
         "{alone}"
     );
 
@@ -418,7 +452,11 @@ fn policy_conflicts() {
     // The guarantee shown stays the largest budget in force so far; the lower one caps what
     // is left.
     assert_eq!(acc.budget_rows()[0].epsilon, 1.0);
-    assert!(acc.budget_rows()[0].remaining <= 0.8);
+    let lowered = Filter::new(&stricter.budget, FilterKind::Gdp, DEFAULT_DELTA_SHARE).unwrap();
+    assert!(
+        acc.budget_rows()[0].remaining
+            <= lowered.next_epsilon(&Usage::default(), DEFAULT_QUERY_DELTA)
+    );
     // A weaker one with the owner's reason is recorded with the reason and the changes.
     let relaxed = acc
         .register_table_with(
@@ -468,7 +506,8 @@ fn policy_conflicts() {
     assert_eq!(rows.len(), 1);
     // The guarantee shown is the largest budget the table ever had; 1.0 caps what is left.
     assert_eq!(rows[0].epsilon, 2.0);
-    assert!(rows[0].remaining <= 1.0);
+    let current = Filter::new(&rows_budget(1.0), FilterKind::Gdp, DEFAULT_DELTA_SHARE).unwrap();
+    assert!(rows[0].remaining <= current.next_epsilon(&Usage::default(), DEFAULT_QUERY_DELTA));
 
     // Unknown keys are refused; session-local policies are not written, their charges are.
     assert!(matches!(
@@ -787,7 +826,8 @@ fn stored_sql_is_capped_with_the_hash_of_the_whole() {
         let before = file_len(&path);
         acc.admit(&q, &gauss("demo:t", 1e-9)).unwrap();
         let added = file_len(&path) - before;
-        assert!(added <= 4500, "{filler:?}: {added} bytes");
+        // The cut text (4 KiB) plus the charge's other fields (hash, events, request, cost).
+        assert!(added <= 4700, "{filler:?}: {added} bytes");
         let e = acc.ledger_entries().pop().unwrap();
         assert!(q.starts_with(&e.query) && !e.query.is_empty());
         assert!(serde_json::to_string(&e.query).unwrap().len() - 2 <= QUERY_CAP);

@@ -189,6 +189,7 @@ fn unknown_table(name: &str) -> TableInfo {
         public_columns: vec![],
         ratio_bounds: vec![],
         unit: None,
+        selection_delta: None,
     }
 }
 
@@ -211,6 +212,7 @@ fn table_info(scan: &datafusion::logical_expr::TableScan) -> Option<TableInfo> {
             public_columns: vec![],
             ratio_bounds: vec![],
             unit: None,
+            selection_delta: None,
         });
     }
     None
@@ -998,6 +1000,14 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     // The smallest ε of the calls, and the smallest δ of the calls that have one: partition
     // selection is a Gaussian count with a tail δ, which pure-DP calls cannot supply.
     let (eps, _) = min_call.expect("at least one DP call");
+    // The selection's δ: the smallest δ of the calls, capped so that its additive δ (half of it)
+    // is at most the table's default share δ_sel/1000 (docs/ACCOUNTING.md, "Partition
+    // selection"): 1,000 GROUP BYs fit a table's lifetime unless the calls name a larger δ,
+    // which then still only lowers the threshold up to that cap.
+    let min_delta = min_delta.map(|d| match table.selection_delta {
+        Some(cap) if cap > 0.0 => d.min(2.0 * cap),
+        _ => d,
+    });
     let Some(delta) = min_delta else {
         return Err(refuse(
             "a GROUP BY on a private column needs partition selection (a noisy count per group, \
