@@ -381,10 +381,25 @@ impl Filter {
     }
 
     /// The largest additive δ one partition selection spends by default: δ_sel/1000 rounded
-    /// down, so that 1,000 of them fit δ_sel exactly. The selection is calibrated for twice
-    /// this (its additive δ is half its δ: `PartitionSelectParams::cost`).
+    /// down to six significant digits (5e-10 for the default budget), lowered further in the
+    /// rare case that 1,000 of them would not fit δ_sel in exact arithmetic. The selection is
+    /// calibrated for twice this (its additive δ is half its δ: `PartitionSelectParams::cost`).
     pub fn selection_delta(&self) -> f64 {
-        down(self.delta_sel / DEFAULT_SELECTIONS)
+        let exact = self.delta_sel / DEFAULT_SELECTIONS;
+        let mut d: f64 = super::display::num(exact, super::display::Round::Down)
+            .parse()
+            .unwrap_or(exact);
+        let fits = |d: f64| {
+            let mut sum = Vec::new();
+            for _ in 0..DEFAULT_SELECTIONS as usize {
+                sum = grow(&sum, d);
+            }
+            exact_le(&sum, self.delta_sel)
+        };
+        while d > 0.0 && !fits(d) {
+            d = d.next_down();
+        }
+        d
     }
 
     /// The fixed budget of the ε part, in the filter's currency.

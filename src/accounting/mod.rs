@@ -776,12 +776,19 @@ impl Evaluation {
     fn native(&self) -> NativeCost {
         let before = self.filter.share(&self.before);
         let after = self.filter.share(&self.after);
+        // Within the budget, a charge's share is the difference of the running shares (so the
+        // shares of the admitted charges add up exactly); beyond it (a refusal), its own.
+        let share = if self.after.main <= self.filter.main_budget() {
+            after.saturating_sub(before)
+        } else {
+            self.filter.share(&self.charge)
+        };
         NativeCost {
             unit: self.filter.unit(),
             cost: self.charge.main,
             used: self.after.main,
             budget: self.filter.main_budget(),
-            share: after.saturating_sub(before),
+            share,
             used_share: after,
         }
     }
@@ -801,7 +808,6 @@ impl Evaluation {
         let mut native = self.native();
         native.used = self.before.main;
         native.used_share = self.filter.share(&self.before);
-        native.share = self.filter.share(&self.charge);
         let gaussian_only = self
             .events
             .iter()

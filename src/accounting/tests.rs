@@ -1128,3 +1128,181 @@ fn a_relation_change_on_a_charged_table_needs_a_relaxation() {
         Neighbours::AddRemove
     );
 }
+
+/// Issue 29: the shares shown for a sequence of charges add up to the total shown, exactly
+/// (they are differences of the rounded-up running share), and the ledger records each
+/// charge's request and its cost in the filter's unit.
+#[test]
+fn shares_of_a_sequence_of_charges_add_up_to_the_total() {
+    for kind in [
+        FilterKind::Gdp,
+        FilterKind::Zcdp,
+        FilterKind::Rdp { order: None },
+    ] {
+        let path = temp_ledger();
+        let acc = Accountant::open(&path).unwrap();
+        let mut p = private("demo:s", "s", 3.0);
+        p.filter = kind;
+        acc.register_table(p).unwrap();
+        let mut receipts = Vec::new();
+        // Uneven charges (μ from 0.013 to 0.137), until refused.
+        for i in 0..200u32 {
+            let mu = 0.013 + f64::from(i % 7) * 0.0207;
+            let request = CallRequest {
+                key: TableKey::from("demo:s"),
+                function: "dp_sum".into(),
+                epsilon: Some(0.1 + f64::from(i % 7) / 10.0),
+                delta: Some(1e-7),
+                mechanism: "gaussian".into(),
+            };
+            match acc.admit_requests("q", &gauss("demo:s", mu), &[request.clone()], None) {
+                Ok(r) => {
+                    assert_eq!(
+                        r.tables[0].requests,
+                        vec![request],
+                        "the request as written"
+                    );
+                    receipts.push(r)
+                }
+                Err(AccountingError::BudgetExceeded { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(receipts.len() > 10, "{kind}: {}", receipts.len());
+        let total: u64 = receipts.iter().map(|r| r.tables[0].native.share).sum();
+        let last = &receipts.last().unwrap().tables[0];
+        assert_eq!(total, last.native.used_share, "{kind}");
+        assert_eq!(total + last.left_share, display::SHARE_SCALE, "{kind}");
+        let row = &acc.budget_rows()[0];
+        assert_eq!(row.native.used_share, total, "{kind}: SHOW BUDGET's total");
+        // The ledger holds the same shares, and they replay.
+        drop(acc);
+        let acc = Accountant::open(&path).unwrap();
+        let shares: u64 = acc
+            .ledger_entries()
+            .iter()
+            .map(|e| e.tables[0].native.as_ref().unwrap().share)
+            .sum();
+        assert_eq!(shares, total, "{kind}");
+        let e = &acc.ledger_entries()[0].tables[0];
+        assert_eq!(e.requests[0].function, "dp_sum");
+        assert_eq!(e.requests[0].epsilon, Some(0.1));
+        assert_eq!(
+            e.native.as_ref().unwrap().unit,
+            Filter::new(&rows_budget(3.0), kind, 0.5).unwrap().unit()
+        );
+        // The percentages as printed add up too (four decimals of a percent are exact).
+        let printed: f64 = receipts
+            .iter()
+            .map(|r| {
+                display::percent(r.tables[0].native.share)
+                    .trim_end_matches('%')
+                    .parse::<f64>()
+                    .unwrap()
+            })
+            .sum();
+        let shown_total: f64 = display::percent(total)
+            .trim_end_matches('%')
+            .parse()
+            .unwrap();
+        assert!(
+            (printed - shown_total).abs() < 1e-6,
+            "{printed} vs {shown_total}"
+        );
+    }
+}
+
+/// Issue 29: with the default budget (ε 1, δ 1e-6, half of δ reserved for partition
+/// selection), 1,000 private GROUP BYs fit: each selection spends at most δ_sel/1000 by default,
+/// and the δ side is compared in exact arithmetic, so the 1,000th is not refused by a rounding
+/// error; the 1,001st is refused on δ, with the fix.
+#[test]
+fn a_thousand_group_bys_fit_the_default_budget() {
+    let b = Budget {
+        epsilon: 1.0,
+        delta: 1e-6,
+    };
+    let f = Filter::new(&b, FilterKind::Gdp, DEFAULT_DELTA_SHARE).unwrap();
+    let cap = f.selection_delta();
+    assert!(cap <= 5e-10 && cap > 5e-10 * (1.0 - 1e-15), "{cap:e}");
+    // The arithmetic alone, on every budget δ of a grid of awkward values: 1,000 fit, exactly.
+    for delta in [1e-6, 3e-7, 7.1e-9, 1e-5, 2.3e-6, 9.99e-4] {
+        for share in [0.5, 0.1, 0.3, 0.77] {
+            let f = Filter::new(
+                &Budget {
+                    epsilon: 1.0,
+                    delta,
+                },
+                FilterKind::Gdp,
+                share,
+            )
+            .unwrap();
+            let one = f.usage(&[Event::Delta {
+                delta: f.selection_delta(),
+            }]);
+            let mut used = Usage::default();
+            for i in 0..1000 {
+                assert_eq!(f.check(&used, &one), None, "δ {delta:e} s {share}: #{i}");
+                used = used.plus(&one);
+            }
+            // A naive float sum of the same δs may exceed δ_sel: the exact one does not.
+            assert_eq!(f.check(&used, &Usage::default()), None);
+        }
+    }
+    // Through the accountant: the selection's Gaussian (ε 0.01 at δ 2·cap) and its additive δ,
+    // with a small call beside it, 1,000 times.
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let mut p = private("demo:g", "g", 1.0);
+    p.budget = b;
+    acc.register_table(p).unwrap();
+    let mu = dpfusion_udfs::privacy::gaussian_mu(0.01, 2.0 * cap).unwrap();
+    let call = dpfusion_udfs::privacy::gaussian_mu(0.01, 1e-7).unwrap();
+    let charge = vec![TableCharge {
+        key: TableKey::from("demo:g"),
+        events: vec![
+            Event::Gaussian { mu: call },
+            Event::Gaussian { mu },
+            Event::Delta { delta: cap },
+        ],
+    }];
+    for i in 0..1000 {
+        acc.admit("SELECT k, dp_count(*) … GROUP BY k", &charge)
+            .unwrap_or_else(|e| panic!("GROUP BY #{}: {e}", i + 1));
+    }
+    let row = &acc.budget_rows()[0];
+    assert_eq!(row.queries, 1000);
+    assert!(row.delta_left < cap, "{:e}", row.delta_left);
+    let err = acc.admit("one more", &charge).unwrap_err();
+    match &err {
+        AccountingError::BudgetExceeded { why, .. } => assert_eq!(why.limit, Limit::Delta),
+        e => panic!("{e}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("a lower epsilon does not help"), "{msg}");
+}
+
+/// What is left is also shown as the largest ε of one default query; a query at that ε (as
+/// printed, rounded down) is admitted, and one a little larger is refused.
+#[test]
+fn the_next_query_epsilon_is_admitted_and_tight() {
+    for kind in [
+        FilterKind::Gdp,
+        FilterKind::Zcdp,
+        FilterKind::Rdp { order: None },
+    ] {
+        let f = Filter::new(&rows_budget(2.0), kind, 0.5).unwrap();
+        let used = f.usage(&[Event::Gaussian { mu: 0.3 }]);
+        let e = f.next_epsilon(&used, DEFAULT_QUERY_DELTA);
+        let shown: f64 = display::num(e, display::Round::Down).parse().unwrap();
+        let at = |eps: f64| {
+            let mu = dpfusion_udfs::privacy::gaussian_mu(eps, DEFAULT_QUERY_DELTA).unwrap();
+            f.check(&used, &f.usage(&[Event::Gaussian { mu }]))
+        };
+        assert_eq!(at(shown), None, "{kind}: {shown}");
+        assert_eq!(at(e * 1.0001), Some(Limit::Epsilon), "{kind}: {e}");
+        // A single call at δ 1e-7 < δ_g may use a little more than what a conversion at δ_g
+        // would suggest, never more than twice the budget here.
+        assert!(e > 0.0 && e < 4.0, "{kind}: {e}");
+    }
+}

@@ -1054,7 +1054,9 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     cx.calls.push(DpCall {
         function: PARTITION_SELECT.to_string(),
         display: format!(
-            "partition selection of the GROUP BY keys ({what} ≥ threshold, ε = {eps}, δ = {delta})"
+            "partition selection of the GROUP BY keys ({what} ≥ threshold, ε = {}, δ = {})",
+            crate::accounting::display::n6(eps),
+            crate::accounting::display::n6(delta)
         ),
         table,
         epsilon: eps,
