@@ -89,10 +89,10 @@ pub fn n6(x: f64) -> String {
 /// The share `used / budget` in millionths, rounded up (what is used never looks smaller than
 /// it is); a full or overfull budget is [`SHARE_SCALE`], an unbounded use too.
 pub fn share_used(used: f64, budget: f64) -> u64 {
-    if used <= 0.0 || used.is_nan() && budget > 0.0 {
-        return if used.is_nan() { SHARE_SCALE } else { 0 };
+    if used <= 0.0 {
+        return 0;
     }
-    if !(budget > 0.0) || !used.is_finite() {
+    if used.is_nan() || budget.is_nan() || budget <= 0.0 || !used.is_finite() {
         return SHARE_SCALE;
     }
     let scale = SHARE_SCALE as f64;

@@ -1155,7 +1155,12 @@ fn shares_of_a_sequence_of_charges_add_up_to_the_total() {
                 delta: Some(1e-7),
                 mechanism: "gaussian".into(),
             };
-            match acc.admit_requests("q", &gauss("demo:s", mu), &[request.clone()], None) {
+            match acc.admit_requests(
+                "q",
+                &gauss("demo:s", mu),
+                std::slice::from_ref(&request),
+                None,
+            ) {
                 Ok(r) => {
                     assert_eq!(
                         r.tables[0].requests,
