@@ -1086,7 +1086,9 @@ impl PrivateSession {
 
     /// The query-level settings the guard applies (contribution bounds).
     pub fn guard_options(&self) -> guard::GuardOptions {
-        *self.bounds.read().expect("lock")
+        let mut o = *self.bounds.read().expect("lock");
+        o.default_delta_bits = Some(self.default_delta().to_bits());
+        o
     }
 
     fn statement(&self, s: &datafusion::logical_expr::Statement) -> Result<QueryResult> {

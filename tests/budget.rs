@@ -156,18 +156,39 @@ async fn group_bys_spend_the_default_selection_delta() {
 }
 
 #[tokio::test]
-async fn the_selection_delta_follows_the_tables_delta() {
+async fn the_selection_delta_follows_the_tables_delta_unless_a_call_names_one() {
     let dir = temp_dir("delta");
-    // δ_B = 1e-8: δ_sel = 5e-9, so a selection spends at most 5e-12 and is calibrated for
-    // 1e-11, even when the call names a larger δ.
+    // δ_B = 1e-8: δ_sel = 5e-9, so a default selection spends at most 5e-12 and is calibrated
+    // for 1e-11.
     let s = session(&dir, 50.0, 1e-8).await;
-    let q = "SELECT dept, dp_count(age, epsilon => 1, delta => 9e-9) FROM people GROUP BY dept";
-    let ex = s.sql(&format!("EXPLAIN PRIVACY {q}")).await.unwrap();
-    let text = format!(
-        "{}",
-        datafusion::arrow::util::pretty::pretty_format_batches(&ex.batches).unwrap()
-    );
+    let explain = |q: String| {
+        let s = &s;
+        async move {
+            let ex = s.sql(&format!("EXPLAIN PRIVACY {q}")).await.unwrap();
+            format!(
+                "{}",
+                datafusion::arrow::util::pretty::pretty_format_batches(&ex.batches).unwrap()
+            )
+        }
+    };
+    let q = "SELECT dept, dp_count(age, epsilon => 1) FROM people GROUP BY dept";
+    let text = explain(q.to_string()).await;
     assert!(text.contains("ε = 1, δ = 1e-11)"), "{text}");
     s.sql(q).await.unwrap();
     assert_eq!(s.budget()[0].delta_spent, 5e-12);
+    // A call that names its δ chooses the selection's δ (uncapped; it spends δ/2).
+    let named = "SELECT dept, dp_count(age, epsilon => 1, delta => 2e-9) FROM people GROUP BY dept";
+    let text = explain(named.to_string()).await;
+    assert!(text.contains("ε = 1, δ = 2e-9)"), "{text}");
+    // On δ: 5e-9 − 5e-12 is left, a selection at 2e-9 spends 1e-9: four fit, the fifth's
+    // refusal names the `delta =>` that fits.
+    for _ in 0..4 {
+        s.sql(named).await.unwrap();
+    }
+    let e = s.sql(named).await.unwrap_err().to_string();
+    assert!(
+        e.contains("limit: the δ reserved for partition selection")
+            && e.contains("lower `delta =>` to 1.9"),
+        "{e}"
+    );
 }

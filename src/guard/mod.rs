@@ -97,6 +97,10 @@ pub struct GuardOptions {
     pub max_groups_contributed: Option<u32>,
     /// `SET dpfusion.max_rows_contributed`: overrides the tables' default L∞ bound.
     pub max_rows_contributed: Option<u32>,
+    /// The session's default call δ (`dpfusion.default_delta`) as `f64::to_bits`: a call whose
+    /// δ differs from it names its δ, and then partition selection uses it uncapped
+    /// (docs/ACCOUNTING.md, "Partition selection"). None: every δ counts as a default.
+    pub default_delta_bits: Option<u64>,
 }
 
 /// The guard's state while it walks one plan.
@@ -859,6 +863,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     let mut new_aggr = Vec::with_capacity(agg.aggr_expr.len() + 1);
     let mut min_call: Option<(f64, f64)> = None;
     let mut min_delta: Option<f64> = None;
+    let mut named_delta = false;
     for (i, e) in agg.aggr_expr.iter().enumerate() {
         let f = aggregate_function(e).expect("checked above");
         let name = f.func.name().to_string();
@@ -931,6 +936,14 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         if delta.is_finite() && min_delta.is_none_or(|d0| delta < d0) {
             min_delta = Some(delta);
         }
+        if delta.is_finite()
+            && cx
+                .opts
+                .default_delta_bits
+                .is_some_and(|b| b != delta.to_bits())
+        {
+            named_delta = true;
+        }
         // A pure ε-DP call (mechanism 'laplace', the quantiles) spends no δ of its own.
         let pure = events.iter().all(|e| matches!(e, Event::PureDp { .. }));
         cx.calls.push(DpCall {
@@ -1000,12 +1013,12 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     // The smallest ε of the calls, and the smallest δ of the calls that have one: partition
     // selection is a Gaussian count with a tail δ, which pure-DP calls cannot supply.
     let (eps, _) = min_call.expect("at least one DP call");
-    // The selection's δ: the smallest δ of the calls, capped so that its additive δ (half of it)
-    // is at most the table's default share δ_sel/1000 (docs/ACCOUNTING.md, "Partition
-    // selection"): 1,000 GROUP BYs fit a table's lifetime unless the calls name a larger δ,
-    // which then still only lowers the threshold up to that cap.
+    // The selection's δ: the smallest δ of the calls; when no call names its δ (all at the
+    // session's default), capped so that its additive δ (half of it) is at most the table's
+    // default share δ_sel/1000 (docs/ACCOUNTING.md, "Partition selection"): 1,000 GROUP BYs fit
+    // a table's lifetime by default, and a call that names its `delta` chooses.
     let min_delta = min_delta.map(|d| match table.selection_delta {
-        Some(cap) if cap > 0.0 => d.min(2.0 * cap),
+        Some(cap) if cap > 0.0 && !named_delta => d.min(2.0 * cap),
         _ => d,
     });
     let Some(delta) = min_delta else {
