@@ -91,7 +91,7 @@ assert took < 1.0, f"the prompt came back after {took:.2f} s"
 send("\\budget\r")
 after = read_until(PROMPT_AFTER_TABLE)
 # The budget's numbers (a table or expanded records, depending on the terminal's width) change.
-numbers = lambda text: re.findall(r"\d+\.\d+", text.split("dpfusion[")[0])
+numbers = lambda text: re.findall(r"\d+\.\d+", text[text.find("table"):text.rfind("dpfusion[")])
 assert numbers(before) != numbers(after), (before, after)
 # A fit that ends (DP-AGD may stop before its last planned iteration): its progress line is
 # erased before the result, so the table and the receipt never start on a progress line.
