@@ -439,10 +439,30 @@ impl Filter {
                     .is_none()
             })
         };
-        let (mut lo, mut hi) = (0.0f64, self.budget.epsilon.max(1e-12));
-        if !fits(1e-9) {
+        if used.refused.is_some() || !fits(1e-9) {
             return 0.0;
         }
+        // Closed form first: a Gaussian of μ costs c·μ² in every currency (c = 1 for gdp, 1/2 for
+        // zcdp, α*/2 for rdp: profile.rs), so the largest μ that fits is √(room/c), and the
+        // largest ε for it at `delta` is ε_GDP(μ; δ) (Dong, Roth, Su 2019, Cor. 2.13); then
+        // inward until the admission rule itself agrees (outward rounding of the sums).
+        let c = match self.main {
+            MainBudget::Gdp { .. } => 1.0,
+            MainBudget::Zcdp { .. } => 0.5,
+            MainBudget::Rdp { order, .. } => order / 2.0,
+        };
+        let room = self.main_budget() - used.main;
+        let mut e = gdp_epsilon((room / c).sqrt(), delta).min(1e6);
+        if e.is_finite() && e > 0.0 {
+            for _ in 0..100 {
+                if fits(e) {
+                    return e * (1.0 - 1e-9);
+                }
+                e *= 1.0 - 1e-7;
+            }
+        }
+        // Otherwise by bisection on the admission rule.
+        let (mut lo, mut hi) = (0.0f64, self.budget.epsilon.max(1e-12));
         lo = lo.max(1e-9);
         // A call at a smaller δ than δ_g may use more than ε_B: widen until refused.
         while fits(hi) {
