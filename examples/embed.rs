@@ -40,10 +40,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .expect("a Float64 column")
         .value(0);
     println!("DP mean income: {mean:.0}");
+    // What is used is a share of the table's budget (docs/ACCOUNTING.md, "What the numbers
+    // mean"); what is left, also as the largest ε one default query could still use.
     for b in session.budget() {
         println!(
-            "{}: ε spent {:.3} of {:.3}, {:.3} left",
-            b.name, b.spent, b.epsilon, b.remaining
+            "{}: {} of the budget (ε {}) used, one more query could use ε ≤ {}",
+            b.name,
+            dpfusion::accounting::display::percent(b.native.used_share),
+            b.epsilon,
+            dpfusion::accounting::display::n6(b.remaining)
         );
     }
 
@@ -58,9 +63,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await
         .unwrap_err();
     match Error::of(&e) {
-        Some(Error::BudgetExceeded {
-            table, remaining, ..
-        }) => println!("budget exceeded on {table}: ε {remaining:.3} left"),
+        Some(Error::BudgetExceeded { table, message, .. }) => {
+            println!("budget exceeded on {table}: {message}")
+        }
         other => panic!("expected a budget refusal, got {other:?}"),
     }
     std::fs::remove_dir_all(&dir)?;

@@ -52,5 +52,6 @@ SELECT * FROM patients LIMIT 5;
 -- @expect-error
 SELECT dp_count(salary, epsilon => 10) FROM salaries;
 
--- 11. Every charge, oldest first.
-SELECT seq, "table", round(epsilon, 3) AS epsilon, query FROM dp_ledger();
+-- 11. Every charge, oldest first: the calls as written and each charge's share of its table's
+--     budget (the shares of a table add up to its used_pct in SHOW BUDGET).
+SELECT seq, "table", request, cost_pct, query FROM dp_ledger();

@@ -718,6 +718,9 @@ impl PrivateSession {
             public_columns: policy.public_columns.clone(),
             ratio_bounds: reg.ratio_bounds.clone(),
             unit: policy.unit.clone(),
+            selection_delta: (policy.visibility == Visibility::Private)
+                .then(|| policy.compiled_filter().ok().map(|f| f.selection_delta()))
+                .flatten(),
         };
         let mut guarded = GuardedTable::new(provider, info);
         if let Some(r) = recheck {
@@ -1085,7 +1088,7 @@ impl PrivateSession {
         let analyst = ANALYST.try_with(Arc::clone).ok();
         let receipt = self
             .accountant
-            .admit_by(sql, &charges, analyst.as_deref())
+            .admit_requests(sql, &charges, &requests_of(calls), analyst.as_deref())
             .map_err(crate::error::Error::from_accounting)?;
         *self.last_receipt.lock().expect("lock") = Some(receipt.clone());
         Ok(Some(receipt))
@@ -1133,6 +1136,7 @@ impl PrivateSession {
     /// The query-level settings the guard applies (contribution bounds).
     pub fn guard_options(&self) -> guard::GuardOptions {
         let mut o = *self.bounds.read().expect("lock");
+        o.default_delta_bits = Some(self.default_delta().to_bits());
         if let Ok(Some(k)) = STATEMENT_L0.try_with(|c| c.get()) {
             o.max_groups_contributed = Some(k);
         }
@@ -1871,6 +1875,24 @@ fn resolve_df_statement(stmt: &mut DFStatement, delta: f64) -> std::result::Resu
         },
         _ => Ok(()),
     }
+}
+
+/// The calls as written, for the ledger, receipts and refusals (docs/ACCOUNTING.md).
+fn requests_of(calls: &[DpCall]) -> Vec<crate::accounting::CallRequest> {
+    calls
+        .iter()
+        .map(|c| crate::accounting::CallRequest {
+            key: c.table.key.clone(),
+            function: if c.function == guard::PARTITION_SELECT {
+                "partition_selection".to_string()
+            } else {
+                c.function.clone()
+            },
+            epsilon: c.epsilon.is_finite().then_some(c.epsilon),
+            delta: c.delta.is_finite().then_some(c.delta),
+            mechanism: crate::accounting::mechanism_of(&c.events),
+        })
+        .collect()
 }
 
 fn charges_of(calls: &[DpCall]) -> Vec<TableCharge> {

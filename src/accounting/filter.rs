@@ -30,6 +30,11 @@ use serde::{Deserialize, Serialize};
 
 use super::Budget;
 
+/// How many private GROUP BYs the δ reserved for partition selection pays for by default: a
+/// selection's additive δ is at most δ_sel / [`DEFAULT_SELECTIONS`] unless its calls name a
+/// smaller δ (docs/ACCOUNTING.md, "Partition selection").
+pub const DEFAULT_SELECTIONS: f64 = 1000.0;
+
 /// The share of δ_B reserved for partition selection when the owner does not say.
 pub const DEFAULT_DELTA_SHARE: f64 = 0.5;
 
@@ -74,7 +79,9 @@ impl FilterKind {
 impl fmt::Display for FilterKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FilterKind::Rdp { order: Some(a) } => write!(f, "rdp:{a}"),
+            // Six significant digits (`rdp:6.37032`); parsing snaps such a number back to the
+            // grid order it names.
+            FilterKind::Rdp { order: Some(a) } => write!(f, "rdp:{}", super::display::n6(*a)),
             k => f.write_str(k.name()),
         }
     }
@@ -102,6 +109,12 @@ impl FromStr for FilterKind {
                 if !(order.is_finite() && order > 1.0) {
                     return Err(bad());
                 }
+                // A grid order as printed (six significant digits) names that grid order.
+                let order = ORDERS
+                    .iter()
+                    .copied()
+                    .find(|g| (g / order - 1.0).abs() < 5e-6)
+                    .unwrap_or(order);
                 Ok(FilterKind::Rdp { order: Some(order) })
             }
         }
@@ -138,16 +151,61 @@ pub struct Usage {
     pub main: f64,
     /// Σδ of [`Event::Delta`], rounded up.
     pub delta: f64,
+    /// The same Σδ exactly, as a nonoverlapping expansion (Shewchuk 1997, "Adaptive precision
+    /// floating-point arithmetic and fast robust geometric predicates", Grow-Expansion):
+    /// admission compares it with δ_sel exactly, so no charge is refused by a rounding error.
+    pub delta_exact: Vec<f64>,
     /// The first event kind the filter does not accept.
     pub refused: Option<String>,
+}
+
+/// a + b = s + e exactly (Knuth's Two-Sum; Shewchuk 1997, Thm 7).
+fn two_sum(a: f64, b: f64) -> (f64, f64) {
+    let s = a + b;
+    let bv = s - a;
+    let av = s - bv;
+    (s, (a - av) + (b - bv))
+}
+
+/// Adds `b` to the expansion `e` (components in increasing magnitude, zeros dropped): exact
+/// while no sum overflows (Shewchuk 1997, Grow-Expansion with zero elimination).
+fn grow(e: &[f64], b: f64) -> Vec<f64> {
+    let mut q = b;
+    let mut h = Vec::with_capacity(e.len() + 1);
+    for &x in e {
+        let (s, err) = two_sum(q, x);
+        if err != 0.0 {
+            h.push(err);
+        }
+        q = s;
+    }
+    if q != 0.0 || h.is_empty() {
+        h.push(q);
+    }
+    h
+}
+
+/// Whether the exact sum of the expansion `e` is ≤ `bound` (the sign of a nonoverlapping
+/// expansion is the sign of its largest component). Non-finite parts compare as +∞.
+fn exact_le(e: &[f64], bound: f64) -> bool {
+    if e.iter().any(|x| !x.is_finite()) {
+        return false;
+    }
+    let d = grow(e, -bound);
+    d.iter().rev().find(|x| **x != 0.0).is_none_or(|x| *x < 0.0)
 }
 
 impl Usage {
     /// The sums of `self` then `other` (rounded up).
     pub fn plus(&self, other: &Usage) -> Usage {
+        let mut exact = self.delta_exact.clone();
+        for &d in &other.delta_exact {
+            exact = grow(&exact, d);
+        }
         Usage {
             main: add_up(self.main, other.main),
             delta: add_up(self.delta, other.delta),
+            delta_exact: exact,
             refused: self.refused.clone().or_else(|| other.refused.clone()),
         }
     }
@@ -325,6 +383,28 @@ impl Filter {
         })
     }
 
+    /// The largest additive δ one partition selection spends by default: δ_sel/1000 rounded
+    /// down to six significant digits (5e-10 for the default budget), lowered further in the
+    /// rare case that 1,000 of them would not fit δ_sel in exact arithmetic. The selection is
+    /// calibrated for twice this (its additive δ is half its δ: `PartitionSelectParams::cost`).
+    pub fn selection_delta(&self) -> f64 {
+        let exact = self.delta_sel / DEFAULT_SELECTIONS;
+        let mut d: f64 = super::display::num(exact, super::display::Round::Down)
+            .parse()
+            .unwrap_or(exact);
+        let fits = |d: f64| {
+            let mut sum = Vec::new();
+            for _ in 0..DEFAULT_SELECTIONS as usize {
+                sum = grow(&sum, d);
+            }
+            exact_le(&sum, self.delta_sel)
+        };
+        while d > 0.0 && !fits(d) {
+            d = d.next_down();
+        }
+        d
+    }
+
     /// The fixed budget of the ε part, in the filter's currency.
     pub fn main_budget(&self) -> f64 {
         match self.main {
@@ -332,6 +412,82 @@ impl Filter {
             MainBudget::Zcdp { rho } => rho,
             MainBudget::Rdp { budget, .. } => budget,
         }
+    }
+
+    /// The name of the filter's currency: `μ²` (gdp), `ρ` (zcdp), `RDP ε(α=…)` (rdp, at α*).
+    pub fn unit(&self) -> String {
+        match self.main {
+            MainBudget::Gdp { .. } => "μ²".to_string(),
+            MainBudget::Zcdp { .. } => "ρ".to_string(),
+            MainBudget::Rdp { order, .. } => {
+                format!("RDP ε(α={})", super::display::n6(order))
+            }
+        }
+    }
+
+    /// The share of the ε part `u` uses, in millionths of the budget, rounded up.
+    pub fn share(&self, u: &Usage) -> u64 {
+        super::display::share_used(u.main, self.main_budget())
+    }
+
+    /// The largest ε one default query could still use after `used`: one Gaussian release at
+    /// `delta` (dp_mean's default mechanism and the session's default δ) admitted by this
+    /// filter, found by bisection on the admission rule itself ([`Filter::check`]), so a query
+    /// at the number shown (rounded down) is admitted. 0 when even a tiny one is refused or the
+    /// δ side is exhausted.
+    pub fn next_epsilon(&self, used: &Usage, delta: f64) -> f64 {
+        let fits = |eps: f64| {
+            gaussian_mu(eps, delta).is_ok_and(|mu| {
+                self.check(used, &self.usage(&[Event::Gaussian { mu }]))
+                    .is_none()
+            })
+        };
+        if used.refused.is_some() || !fits(1e-9) {
+            return 0.0;
+        }
+        // Closed form first: a Gaussian of μ costs c·μ² in every currency (c = 1 for gdp, 1/2 for
+        // zcdp, α*/2 for rdp: profile.rs), so the largest μ that fits is √(room/c), and the
+        // largest ε for it at `delta` is ε_GDP(μ; δ) (Dong, Roth, Su 2019, Cor. 2.13); then
+        // inward until the admission rule itself agrees (outward rounding of the sums).
+        let c = match self.main {
+            MainBudget::Gdp { .. } => 1.0,
+            MainBudget::Zcdp { .. } => 0.5,
+            MainBudget::Rdp { order, .. } => order / 2.0,
+        };
+        let room = self.main_budget() - used.main;
+        let mut e = gdp_epsilon((room / c).sqrt(), delta).min(1e6);
+        if e.is_finite() && e > 0.0 {
+            for _ in 0..100 {
+                if fits(e) {
+                    return e * (1.0 - 1e-9);
+                }
+                e *= 1.0 - 1e-7;
+            }
+        }
+        // Otherwise by bisection on the admission rule.
+        let (mut lo, mut hi) = (0.0f64, self.budget.epsilon.max(1e-12));
+        lo = lo.max(1e-9);
+        // A call at a smaller δ than δ_g may use more than ε_B: widen until refused.
+        while fits(hi) {
+            lo = hi;
+            hi *= 2.0;
+            if hi > 1e6 {
+                return lo;
+            }
+        }
+        for _ in 0..60 {
+            let mid = 0.5 * (lo + hi);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+            if hi - lo <= lo * 1e-9 {
+                break;
+            }
+        }
+        // Inward by a part in 1e9, so that the number shown (rounded down) is admitted.
+        lo * (1.0 - 1e-9)
     }
 
     /// What one event costs in the filter's currency; `Err` for a kind the filter refuses.
@@ -378,6 +534,7 @@ impl Filter {
                     delta
                 };
                 u.delta = add_up(u.delta, d);
+                u.delta_exact = grow(&u.delta_exact, d);
             }
             match self.cost(e) {
                 Ok(c) => u.main = add_up(u.main, c),
@@ -405,11 +562,12 @@ impl Filter {
             });
         }
         let after = before.plus(charge);
-        // Both checks are strict comparisons of rounded-up sums with rounded-down budgets.
+        // The ε part: a strict comparison of a rounded-up sum with a rounded-down budget.
         if after.main.is_nan() || after.main > self.main_budget() {
             return Some(Limit::Epsilon);
         }
-        if after.delta.is_nan() || after.delta > self.delta_sel {
+        // Σδ in exact arithmetic: a thousand selections of δ_sel/1000 fit exactly.
+        if after.delta.is_nan() || !exact_le(&after.delta_exact, self.delta_sel) {
             return Some(Limit::Delta);
         }
         None

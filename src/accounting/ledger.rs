@@ -209,6 +209,8 @@ pub(super) struct State {
     /// admissions made under a budget that was later lowered were checked against the larger one
     /// (docs/ACCOUNTING.md).
     pub largest_epsilon: HashMap<TableKey, f64>,
+    /// The same for δ: the δ of the guarantee is the largest δ budget in force (issue 29).
+    pub largest_delta: HashMap<TableKey, f64>,
     /// Number of `policy` and `owner` records.
     pub policy_records: u64,
     pub owner_records: u64,
@@ -229,6 +231,8 @@ fn note_largest(st: &mut State, p: &TablePolicy) {
     if p.visibility == Visibility::Private {
         let e = st.largest_epsilon.entry(p.key.clone()).or_insert(0.0);
         *e = e.max(p.budget.epsilon);
+        let d = st.largest_delta.entry(p.key.clone()).or_insert(0.0);
+        *d = d.max(p.budget.delta);
     }
 }
 

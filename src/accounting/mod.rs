@@ -11,6 +11,7 @@
 //! filter ([`filter`], docs/ACCOUNTING.md), refuse if any table would leave its filter's fixed
 //! budgets, otherwise append one `charge` record and fsync it before returning.
 mod checkpoint;
+pub mod display;
 pub mod filter;
 mod ledger;
 mod policy;
@@ -36,7 +37,7 @@ use ledger::{FileLock, Record, State};
 
 /// The identity of a table in the ledger: a canonical file path, or a session-local name with a
 /// prefix (`mem:`, `result:`, `system:`, `analyst:`, `demo:`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct TableKey(String);
 
@@ -275,6 +276,56 @@ pub struct TableCharge {
     pub events: Vec<Event>,
 }
 
+/// What one DP call of a query asked for, exactly as written (after defaults): its function,
+/// `epsilon`, `delta` (None for a pure ε-DP call) and mechanism. Recorded in the ledger with each
+/// charge and shown in receipts and refusals.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CallRequest {
+    /// The table it reads (not written in the ledger, which groups requests by table).
+    #[serde(skip)]
+    pub key: TableKey,
+    pub function: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f64>,
+    pub mechanism: String,
+}
+
+impl fmt::Display for CallRequest {
+    /// `dp_mean(ε 0.5, δ 1e-7, gaussian)`, six significant digits.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(e) = self.epsilon {
+            parts.push(format!("ε {}", display::n6(e)));
+        }
+        if let Some(d) = self.delta {
+            parts.push(format!("δ {}", display::n6(d)));
+        }
+        parts.push(self.mechanism.clone());
+        write!(f, "{}({})", self.function, parts.join(", "))
+    }
+}
+
+/// One charge's cost in the table filter's own currency (docs/ACCOUNTING.md, "What the numbers
+/// mean"), and its share of the table's budget in millionths. Shares are differences of the
+/// rounded-up running total, so the shares of a table's charges add up to its total exactly.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NativeCost {
+    /// `μ²`, `ρ` or `RDP ε(α=…)`.
+    pub unit: String,
+    /// This charge's sum in the unit (rounded up).
+    pub cost: f64,
+    /// The table's sum after this charge (rounded up).
+    pub used: f64,
+    /// The filter's budget in the unit (rounded down).
+    pub budget: f64,
+    /// This charge's share of the budget, millionths.
+    pub share: u64,
+    /// The share used after this charge, millionths.
+    pub used_share: u64,
+}
+
 /// What an admitted query was charged (private tables only). Serialised as JSON for clients of
 /// `dpfusion serve` (docs/SQL.md, "Receipts and error codes over Flight SQL").
 #[derive(Clone, Debug, Serialize)]
@@ -282,23 +333,45 @@ pub struct Receipt {
     pub tables: Vec<ReceiptTable>,
 }
 
+/// One table of a [`Receipt`]: what was asked, what it cost in the filter's unit and as a share
+/// of the budget, and what is left (docs/ACCOUNTING.md, "What the numbers mean").
 #[derive(Clone, Debug, Serialize)]
 pub struct ReceiptTable {
     pub name: String,
     /// Not sent to clients: a file table's key is a path on the data owner's machine.
     #[serde(skip)]
     pub key: TableKey,
-    /// ε of this charge alone under the table's filter (at δ_g).
+    /// The calls as written.
+    pub requests: Vec<CallRequest>,
+    /// The cost in the filter's unit and as a share of the budget.
+    pub native: NativeCost,
+    /// What is left of the budget after this charge, millionths (1,000,000 − `native.used_share`).
+    pub left_share: u64,
+    /// The largest ε one default query (one Gaussian call at δ = [`DEFAULT_QUERY_DELTA`]) could
+    /// still use.
+    pub next_epsilon: f64,
+    /// The ε of this charge alone under the table's filter (at δ_g). Not a guarantee and never
+    /// shown: one charge's conversion is not its share of the budget.
+    #[serde(skip)]
     pub cost: f64,
-    /// ε of all charges so far, this one included, under the table's filter (at δ_g).
+    /// The filter's conversion of all charges so far (at δ_g). Never shown (not an odometer).
+    #[serde(skip)]
     pub spent_after: f64,
+    /// `budget.epsilon − spent_after`, clamped at 0. Never shown.
+    #[serde(skip)]
     pub remaining_after: f64,
     pub budget: Budget,
-    /// Additive δ (partition selection) of all charges so far, and what is left of its share.
+    /// Additive δ (partition selection) of this charge, of all charges so far, and what is left
+    /// of its share.
+    pub delta_cost: f64,
     pub delta_spent_after: f64,
     pub delta_left_after: f64,
     pub filter: FilterKind,
 }
+
+/// The δ of the "default query" in which what is left is also shown as an ε: the session's
+/// default call δ (dpfusion.default_delta's default).
+pub const DEFAULT_QUERY_DELTA: f64 = crate::session::DEFAULT_CALL_DELTA;
 
 /// What a query would be charged, without charging it (`EXPLAIN PRIVACY`).
 #[derive(Clone, Debug)]
@@ -317,6 +390,12 @@ pub struct PreviewRow {
     pub admitted: bool,
     /// Why it would be refused (None when admitted).
     pub limit: Option<Limit>,
+    /// The cost in the filter's unit and shares (as if admitted).
+    pub native: NativeCost,
+    /// What would be left, millionths of the budget.
+    pub left_share: u64,
+    /// The largest ε one default query could use after this one (0 if refused and nothing fits).
+    pub next_epsilon: f64,
 }
 
 /// One private table's budget state (`SHOW BUDGET`).
@@ -325,12 +404,17 @@ pub struct BudgetRow {
     pub name: String,
     pub key: TableKey,
     /// The table's ε guarantee: the largest budget it has had in force (a lowered budget
-    /// caps `remaining`, never the guarantee shown).
+    /// caps what is left, never the guarantee shown).
     pub epsilon: f64,
+    /// The table's δ guarantee: the largest δ budget it has had in force.
     pub delta: f64,
-    /// ε spent under the table's filter (at δ_g).
+    /// The filter's conversion of the sum so far at δ_g. Not shown: under adaptive choice the
+    /// conversion of a running sum is not a guarantee (a valid odometer is the share used).
     pub spent: f64,
+    /// The largest ε one default query could still use (Gaussian, δ = [`DEFAULT_QUERY_DELTA`]).
     pub remaining: f64,
+    /// The sum in the filter's unit, its budget, and the share used (millionths).
+    pub native: NativeCost,
     pub queries: u64,
     /// Additive δ spent by partition selection, and what is left of its share s·δ.
     pub delta_spent: f64,
@@ -364,7 +448,9 @@ pub struct LedgerEntry {
 }
 
 /// One table of a charge: ε of this charge alone under the table's filter at δ (δ_g, the part
-/// of the budget δ not reserved for partition selection), and its events.
+/// of the budget δ not reserved for partition selection; kept for old readers, never shown),
+/// its events, and since issue 29 the calls as written and the cost in the filter's unit
+/// (absent in older ledgers, which replay unchanged).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LedgerTable {
     pub name: String,
@@ -372,6 +458,56 @@ pub struct LedgerTable {
     pub epsilon: f64,
     pub delta: f64,
     pub events: Vec<Event>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<CallRequest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<LedgerCost>,
+}
+
+/// A charge's cost as the ledger records it: the filter's unit, the cost in it (a decimal
+/// string that reads back to the same float), and its share and the share used after it, in
+/// millionths of the budget ([`NativeCost`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LedgerCost {
+    pub unit: String,
+    #[serde(with = "exact_f64")]
+    pub cost: f64,
+    pub share: u64,
+    pub used_share: u64,
+}
+
+impl From<&NativeCost> for LedgerCost {
+    fn from(n: &NativeCost) -> Self {
+        LedgerCost {
+            unit: n.unit.clone(),
+            cost: n.cost,
+            share: n.share,
+            used_share: n.used_share,
+        }
+    }
+}
+
+/// A float as the shortest decimal string that reads back to it exactly (the JSON reader's
+/// numbers are not exact to the last bit); a JSON number is read too.
+mod exact_f64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{x:?}"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Num {
+            S(String),
+            F(f64),
+        }
+        match Num::deserialize(d)? {
+            Num::S(s) => s.parse().map_err(serde::de::Error::custom),
+            Num::F(f) => Ok(f),
+        }
+    }
 }
 
 /// The δ side of a refusal: the refused charge's additive δ, what is spent, the share.
@@ -385,12 +521,25 @@ pub struct DeltaState {
     pub delta_g: f64,
 }
 
-/// Why a charge was refused: the table's filter, the binding limit, the δ side.
+/// Why a charge was refused: the table's filter, the binding limit, the δ side, the shares.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Refusal {
     pub filter: FilterKind,
     pub limit: Limit,
     pub delta: DeltaState,
+    pub numbers: RefusalNumbers,
+}
+
+/// The numbers of a refusal's text: what was asked, the shares, and the fixes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RefusalNumbers {
+    pub requests: Vec<CallRequest>,
+    /// The refused charge in the filter's unit and as a share (`used`/`used_share`: before it).
+    pub native: NativeCost,
+    /// The largest ε one default query could still use.
+    pub next_epsilon: f64,
+    /// For a query of one Gaussian call: the largest `epsilon =>` that call could use now.
+    pub fix_epsilon: Option<f64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -440,48 +589,98 @@ pub enum AccountingError {
 
 fn exceeded_message(
     table: &str,
-    cost: f64,
-    spent: f64,
-    remaining: f64,
+    _cost: f64,
+    _spent: f64,
+    _remaining: f64,
     b: &Budget,
     why: &Refusal,
 ) -> String {
-    let (filter, d) = (&why.filter, &why.delta);
+    use display::{Round, n6, num, percent};
+    let (filter, d, n) = (&why.filter, &why.delta, &why.numbers);
+    let asked = if n.requests.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (asked: {})",
+            n.requests
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let owner = "ask the data owner for a larger budget (the catalog's `epsilon`/`delta` of the \
+                 table, or --epsilon/--delta in single-user mode)";
     match &why.limit {
         Limit::Epsilon => {
-            let what = if cost > b.epsilon * (1.0 + 1e-12) {
+            let c = &n.native;
+            let left = display::SHARE_SCALE.saturating_sub(c.used_share);
+            let what = if c.share >= display::SHARE_SCALE {
                 format!(
-                    "this query alone costs more than the table's whole budget: ε = {cost:.4} (at \
-                     δ = {:e}) against a budget of ε = {:.4}; {spent:.4} is spent and \
-                     {remaining:.4} remains",
-                    d.delta_g, b.epsilon
+                    "this query alone needs more than the table's whole budget ({} {} against a \
+                     budget of {})",
+                    c.unit,
+                    num(c.cost, Round::Up),
+                    num(c.budget, Round::Down)
                 )
             } else {
                 format!(
-                    "this query would cost ε = {cost:.4} (at δ = {:e}), {spent:.4} of {:.4} is \
-                     spent and {remaining:.4} remains",
-                    d.delta_g, b.epsilon
+                    "this query needs {} of the budget ({} {}) and {} is left ({} of {} used)",
+                    percent(c.share),
+                    c.unit,
+                    num(c.cost, Round::Up),
+                    percent(left),
+                    num(c.used, Round::Up),
+                    num(c.budget, Round::Down)
                 )
             };
+            let fix = match (n.fix_epsilon, n.next_epsilon > 0.0) {
+                (Some(e), true) => format!(
+                    "Lower `epsilon =>` to at most {} (the most this call can use now), or ",
+                    num(e, Round::Down)
+                ),
+                (None, true) => format!(
+                    "Lower the calls' `epsilon =>` so that together they fit (one Gaussian call \
+                     at δ = {} could still use ε ≤ {}), or ",
+                    n6(DEFAULT_QUERY_DELTA),
+                    num(n.next_epsilon, Round::Down)
+                ),
+                (_, false) => "No query fits any more: ".to_string(),
+            };
             format!(
-                "budget exceeded for table '{table}': {what} (the ε part of its {} filter). \
-                 Lower epsilon in the query, or ask the data owner for a larger budget.",
-                filter.name()
+                "budget exceeded for table '{table}' (limit: the ε part of its {} filter, ε = {} \
+                 at δ = {}){asked}: {what}. {fix}{owner}.",
+                filter.name(),
+                n6(b.epsilon),
+                n6(d.delta_g)
             )
         }
-        Limit::Delta => format!(
-            "budget exceeded for table '{table}': the δ reserved for partition selection would be \
-             exceeded: this query needs δ = {:e}, {:e} of {:e} is spent and {:e} remains (the \
-             table's δ = {:e}). Every GROUP BY over private columns spends δ whatever its \
-             epsilon, and a lower epsilon does not help: run fewer such queries, group by public \
-             columns (declared by the data owner), or ask the data owner for a larger delta budget \
-             or delta share.",
-            d.cost,
-            d.spent,
-            d.reserved,
-            (d.reserved - d.spent).max(0.0),
-            b.delta
-        ),
+        Limit::Delta => {
+            let left = (d.reserved - d.spent).max(0.0);
+            // A selection's additive δ is half the δ it is calibrated for.
+            let fix = if left > 0.0 {
+                format!(
+                    "lower `delta =>` to {} or less (partition selection then needs δ/2 ≤ {} \
+                     and keeps fewer small groups), group by public columns (declared by the \
+                     data owner), or ",
+                    num(2.0 * left, Round::Down),
+                    num(left, Round::Down)
+                )
+            } else {
+                "group by public columns (declared by the data owner), or ".to_string()
+            };
+            format!(
+                "budget exceeded for table '{table}' (limit: the δ reserved for partition \
+                 selection, {} of the table's δ = {}){asked}: this query's GROUP BY needs \
+                 δ = {}, {} is spent and {} is left; a lower epsilon does not help. Fix: {fix}\
+                 {owner}, or a larger `delta_share`.",
+                n6(d.reserved),
+                n6(b.delta),
+                num(d.cost, Round::Up),
+                num(d.spent, Round::Up),
+                num(left, Round::Down),
+            )
+        }
         Limit::Mechanism { mechanism, earlier } => {
             let accepts = match filter {
                 FilterKind::Gdp => "only Gaussian mechanisms (and the δ of partition selection)",
@@ -499,19 +698,25 @@ fn exceeded_message(
             } else {
                 format!("this query uses a mechanism of the kind {mechanism}")
             };
-            let advice = match filter {
-                FilterKind::Gdp => {
+            let (advice, kind) = match filter {
+                FilterKind::Gdp => (
                     "the filter zcdp (Gaussian, zCDP, Laplace) or rdp (every mechanism, \
-                     rgm_mean_by included)"
-                }
-                _ => "the filter rdp (every mechanism, rgm_mean_by included)",
+                     rgm_mean_by included)",
+                    "zcdp",
+                ),
+                _ => (
+                    "the filter rdp (every mechanism, rgm_mean_by included)",
+                    "rdp",
+                ),
             };
+            // Only the data owner's surfaces set a filter (SQL cannot).
             format!(
-                "table '{table}' does not accept this query: it is accounted with the {} filter, \
-                 which accepts {accepts}, and {what}. Nothing was charged. The data owner can \
-                 register the table with {advice}: filter = \"rdp\" in the table's catalog \
-                 section, --filter rdp on the command line, or Registration::filter in the Rust \
-                 API (fixed when the ledger first records the table; docs/CATALOG.md).",
+                "table '{table}' does not accept this query{asked}: it is accounted with the {} \
+                 filter, which accepts {accepts}, and {what}. Nothing was charged. Fix: use a \
+                 Gaussian call (`mechanism => 'gaussian'`) where one exists, or the data owner \
+                 can register the table with {advice}: `filter = \"{kind}\"` in the catalog, \
+                 --filter {kind} in single-user mode, or Registration::filter in \
+                 the Rust API.",
                 filter.name()
             )
         }
@@ -572,6 +777,60 @@ impl Evaluation {
     }
     fn delta_left(&self, u: &Usage) -> f64 {
         (self.filter.delta_sel - u.delta).max(0.0)
+    }
+    /// The charge in the filter's unit, with the shares: `used`/`used_share` after the charge.
+    fn native(&self) -> NativeCost {
+        let before = self.filter.share(&self.before);
+        let after = self.filter.share(&self.after);
+        // Within the budget, a charge's share is the difference of the running shares (so the
+        // shares of the admitted charges add up exactly); beyond it (a refusal), its own.
+        let share = if self.after.main <= self.filter.main_budget() {
+            after.saturating_sub(before)
+        } else {
+            self.filter.share(&self.charge)
+        };
+        NativeCost {
+            unit: self.filter.unit(),
+            cost: self.charge.main,
+            used: self.after.main,
+            budget: self.filter.main_budget(),
+            share,
+            used_share: after,
+        }
+    }
+    fn left_share(&self) -> u64 {
+        display::SHARE_SCALE.saturating_sub(self.filter.share(&self.after))
+    }
+    fn requests(&self, requests: &[CallRequest]) -> Vec<CallRequest> {
+        requests
+            .iter()
+            .filter(|r| r.key == self.policy.key)
+            .cloned()
+            .collect()
+    }
+    /// The refusal's numbers: the charge against what was used before it, and the fixes.
+    fn refusal_numbers(&self, requests: &[CallRequest]) -> RefusalNumbers {
+        let requests = self.requests(requests);
+        let mut native = self.native();
+        native.used = self.before.main;
+        native.used_share = self.filter.share(&self.before);
+        let gaussian_only = self
+            .events
+            .iter()
+            .all(|e| matches!(e, Event::Gaussian { .. }));
+        let fix_epsilon = match (requests.as_slice(), gaussian_only) {
+            ([one], true) => one
+                .delta
+                .map(|d| self.filter.next_epsilon(&self.before, d))
+                .filter(|e| *e > 0.0),
+            _ => None,
+        };
+        RefusalNumbers {
+            requests,
+            native,
+            next_epsilon: self.filter.next_epsilon(&self.before, DEFAULT_QUERY_DELTA),
+            fix_epsilon,
+        }
     }
 }
 
@@ -853,6 +1112,18 @@ impl Accountant {
         charges: &[TableCharge],
         analyst: Option<&str>,
     ) -> Result<Receipt, AccountingError> {
+        self.admit_requests(query, charges, &[], analyst)
+    }
+
+    /// [`Accountant::admit_by`], with the calls as written (recorded in the charge, shown in
+    /// the receipt and in a refusal).
+    pub fn admit_requests(
+        &self,
+        query: &str,
+        charges: &[TableCharge],
+        requests: &[CallRequest],
+        analyst: Option<&str>,
+    ) -> Result<Receipt, AccountingError> {
         let mut st = self.state();
         let _lock = self.sync(&mut st)?;
         let evals = evaluate(&st, charges)?;
@@ -873,6 +1144,7 @@ impl Accountant {
                         reserved: e.filter.delta_sel,
                         delta_g: e.filter.delta_g,
                     },
+                    numbers: e.refusal_numbers(requests),
                 }),
             });
         }
@@ -895,6 +1167,8 @@ impl Accountant {
                     epsilon: e.cost,
                     delta: e.filter.delta_g,
                     events: e.events.clone(),
+                    requests: e.requests(requests),
+                    native: Some(LedgerCost::from(&e.native())),
                 })
                 .collect(),
         };
@@ -911,6 +1185,11 @@ impl Accountant {
                 .map(|e| ReceiptTable {
                     name: e.policy.name.clone(),
                     key: e.policy.key.clone(),
+                    requests: e.requests(requests),
+                    native: e.native(),
+                    left_share: e.left_share(),
+                    next_epsilon: e.filter.next_epsilon(&e.after, DEFAULT_QUERY_DELTA),
+                    delta_cost: e.charge.delta,
                     cost: e.cost,
                     spent_after: e.spent_after,
                     remaining_after: e.remaining_after(),
@@ -930,6 +1209,13 @@ impl Accountant {
         Ok(evaluate(&st, charges)?
             .into_iter()
             .map(|e| PreviewRow {
+                native: e.native(),
+                left_share: e.left_share(),
+                next_epsilon: if e.admitted() {
+                    e.filter.next_epsilon(&e.after, DEFAULT_QUERY_DELTA)
+                } else {
+                    e.filter.next_epsilon(&e.before, DEFAULT_QUERY_DELTA)
+                },
                 remaining_after: e.remaining_after(),
                 delta_spent_after: e.after.delta,
                 delta_left_after: e.delta_left(&e.after),
@@ -959,12 +1245,35 @@ impl Accountant {
                 let queries = spend.map_or(0, |t| t.queries);
                 // A policy in the ledger was validated when written; if it no longer compiles
                 // (a budget the filter cannot support), show it as exhausted.
-                let (spent, delta_spent, delta_left) = match p.compiled_filter() {
+                let (spent, delta_spent, delta_left, native, next) = match p.compiled_filter() {
                     Ok(f) => {
                         let u = spend.map_or_else(Usage::default, |t| f.usage(&t.events));
-                        (f.epsilon(&u), u.delta, (f.delta_sel - u.delta).max(0.0))
+                        let native = NativeCost {
+                            unit: f.unit(),
+                            cost: 0.0,
+                            used: u.main,
+                            budget: f.main_budget(),
+                            share: 0,
+                            used_share: f.share(&u),
+                        };
+                        (
+                            f.epsilon(&u),
+                            u.delta,
+                            (f.delta_sel - u.delta).max(0.0),
+                            native,
+                            f.next_epsilon(&u, DEFAULT_QUERY_DELTA),
+                        )
                     }
-                    Err(_) => (f64::INFINITY, 0.0, 0.0),
+                    Err(_) => (
+                        f64::INFINITY,
+                        0.0,
+                        0.0,
+                        NativeCost {
+                            used_share: display::SHARE_SCALE,
+                            ..NativeCost::default()
+                        },
+                        0.0,
+                    ),
                 };
                 // The guarantee is the largest budget the table has had; a lowered budget caps
                 // what is left (docs/ACCOUNTING.md).
@@ -972,13 +1281,18 @@ impl Accountant {
                     .largest_epsilon
                     .get(&p.key)
                     .map_or(p.budget.epsilon, |e| e.max(p.budget.epsilon));
+                let delta_guarantee = st
+                    .largest_delta
+                    .get(&p.key)
+                    .map_or(p.budget.delta, |d| d.max(p.budget.delta));
                 BudgetRow {
                     name: p.name.clone(),
                     key: p.key.clone(),
                     epsilon: guarantee,
-                    delta: p.budget.delta,
+                    delta: delta_guarantee,
                     spent,
-                    remaining: (p.budget.epsilon - spent).max(0.0),
+                    remaining: next,
+                    native,
                     queries,
                     delta_spent,
                     delta_left,
@@ -1000,6 +1314,29 @@ impl Accountant {
         }
         st.entries.clone()
     }
+}
+
+/// The mechanism of a call's events as a user writes it: `gaussian`, `laplace`, `zcdp`,
+/// `pure_dp`, `rgm`; a partition selection (Gaussian with a tail δ) is `gaussian threshold`.
+pub fn mechanism_of(events: &[Event]) -> String {
+    let sel = events.iter().any(|e| matches!(e, Event::Delta { .. }));
+    let mut names: Vec<&str> = Vec::new();
+    for e in events {
+        let n = match e {
+            Event::Gaussian { .. } if sel => "gaussian threshold",
+            Event::Gaussian { .. } => "gaussian",
+            Event::Zcdp { .. } => "zcdp",
+            Event::Laplace { .. } => "laplace",
+            Event::PureDp { .. } => "pure_dp",
+            Event::Rgm { .. } => "rgm",
+            Event::SubsampledGaussian { .. } => "subsampled_gaussian",
+            Event::Delta { .. } => continue,
+        };
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    names.join("+")
 }
 
 /// The ε spent on `events` under `policy`'s filter (for reports); +∞ if the policy's filter

@@ -46,6 +46,13 @@ fn gauss(key: &str, mu: f64) -> Vec<TableCharge> {
     }]
 }
 
+fn rows_budget(epsilon: f64) -> Budget {
+    Budget {
+        epsilon,
+        delta: 1e-6,
+    }
+}
+
 fn file_len(p: &Path) -> u64 {
     fs::metadata(p).unwrap().len()
 }
@@ -70,6 +77,13 @@ fn exhaust(acc: &Accountant, key: &str, mu: f64) -> Vec<Receipt> {
 
 #[test]
 fn exceeded_message_format() {
+    let request = CallRequest {
+        key: TableKey::from("demo:salaries"),
+        function: "dp_mean".into(),
+        epsilon: Some(0.5),
+        delta: Some(1e-7),
+        mechanism: "gaussian".into(),
+    };
     let e = AccountingError::BudgetExceeded {
         table: "salaries".into(),
         key: TableKey::from("demo:salaries"),
@@ -89,13 +103,29 @@ fn exceeded_message_format() {
                 reserved: 5e-7,
                 delta_g: 5e-7,
             },
+            numbers: RefusalNumbers {
+                requests: vec![request.clone()],
+                native: NativeCost {
+                    unit: "μ²".into(),
+                    cost: 0.0123456789,
+                    used: 0.2,
+                    budget: 0.21,
+                    share: 58_789,
+                    used_share: 952_381,
+                },
+                next_epsilon: 0.1234567,
+                fix_epsilon: Some(0.2345678),
+            },
         }),
     };
     assert_eq!(
         e.to_string(),
-        "budget exceeded for table 'salaries': this query would cost ε = 0.3000 (at δ = 5e-7), \
-         0.9000 of 1.0000 is spent and 0.1000 remains (the ε part of its gdp filter). Lower \
-         epsilon in the query, or ask the data owner for a larger budget."
+        "budget exceeded for table 'salaries' (limit: the ε part of its gdp filter, ε = 1 at \
+         δ = 5e-7) (asked: dp_mean(ε 0.5, δ 1e-7, gaussian)): this query needs 5.8789% of the \
+         budget (μ² 0.0123457) and 4.7619% is left (0.2 of 0.21 used). Lower `epsilon =>` to at \
+         most 0.234567 (the most this call can use now), or ask the data owner for a larger \
+         budget (the catalog's `epsilon`/`delta` of the table, or --epsilon/--delta in \
+         single-user mode)."
     );
     let mk = |limit: Limit, filter: FilterKind| AccountingError::BudgetExceeded {
         table: "t".into(),
@@ -116,14 +146,16 @@ fn exceeded_message_format() {
                 reserved: 5e-7,
                 delta_g: 5e-7,
             },
+            numbers: RefusalNumbers::default(),
         }),
     };
     let d = mk(Limit::Delta, FilterKind::Gdp).to_string();
     assert!(
-        d.contains("the δ reserved for partition selection would be exceeded")
-            && d.contains("needs δ = 2e-7, 4e-7 of 5e-7 is spent")
+        d.contains("limit: the δ reserved for partition selection, 5e-7 of the table's δ = 1e-6")
+            && d.contains("needs δ = 2e-7, 4e-7 is spent and 1e-7 is left")
+            && d.contains("lower `delta =>` to 2e-7 or less")
             && d.contains("group by public columns")
-            && d.contains("larger delta budget"),
+            && d.contains("larger `delta_share`"),
         "{d}"
     );
     let m = mk(
@@ -134,12 +166,13 @@ fn exceeded_message_format() {
         FilterKind::Gdp,
     )
     .to_string();
+    // Only surfaces that exist: SQL cannot set a table's filter.
     assert!(
         m.contains("accounted with the gdp filter")
             && m.contains("zCDP")
-            && m.contains("filter = \"rdp\"")
-            && !m.contains("dp.filter")
-            && m.contains("zcdp"),
+            && m.contains("`filter = \"zcdp\"` in the catalog")
+            && m.contains("--filter zcdp")
+            && !m.contains("dp.filter"),
         "{m}"
     );
 }
@@ -229,24 +262,24 @@ fn admit_until_exhausted_then_refuse() {
     }
     let msg = err.to_string();
     assert!(
-        msg.starts_with("budget exceeded for table 'salaries': this query would cost ε = "),
+        msg.starts_with(
+            "budget exceeded for table 'salaries' (limit: the ε part of its gdp filter, ε = 1 at \
+             δ = 5e-7): this query needs "
+        ),
         "{msg}"
     );
     assert!(
-        msg.contains("(at δ = 5e-7)") && msg.contains("of 1.0000 is spent"),
+        msg.contains("% of the budget (μ² 0.01)") && msg.contains("% is left"),
         "{msg}"
     );
-    assert!(
-        msg.ends_with("ask the data owner for a larger budget."),
-        "{msg}"
-    );
+    assert!(msg.contains("single-user mode)."), "{msg}");
 
     let alone = acc
         .admit("SELECT big", &gauss("demo:salaries", 5.0))
         .unwrap_err()
         .to_string();
     assert!(
-        alone.contains("alone costs more than the table's whole budget"),
+        alone.contains("this query alone needs more than the table's whole budget (μ² 25 "),
         "{alone}"
     );
 
@@ -419,7 +452,11 @@ fn policy_conflicts() {
     // The guarantee shown stays the largest budget in force so far; the lower one caps what
     // is left.
     assert_eq!(acc.budget_rows()[0].epsilon, 1.0);
-    assert!(acc.budget_rows()[0].remaining <= 0.8);
+    let lowered = Filter::new(&stricter.budget, FilterKind::Gdp, DEFAULT_DELTA_SHARE).unwrap();
+    assert!(
+        acc.budget_rows()[0].remaining
+            <= lowered.next_epsilon(&Usage::default(), DEFAULT_QUERY_DELTA)
+    );
     // A weaker one with the owner's reason is recorded with the reason and the changes.
     let relaxed = acc
         .register_table_with(
@@ -469,7 +506,8 @@ fn policy_conflicts() {
     assert_eq!(rows.len(), 1);
     // The guarantee shown is the largest budget the table ever had; 1.0 caps what is left.
     assert_eq!(rows[0].epsilon, 2.0);
-    assert!(rows[0].remaining <= 1.0);
+    let current = Filter::new(&rows_budget(1.0), FilterKind::Gdp, DEFAULT_DELTA_SHARE).unwrap();
+    assert!(rows[0].remaining <= current.next_epsilon(&Usage::default(), DEFAULT_QUERY_DELTA));
 
     // Unknown keys are refused; session-local policies are not written, their charges are.
     assert!(matches!(
@@ -788,7 +826,8 @@ fn stored_sql_is_capped_with_the_hash_of_the_whole() {
         let before = file_len(&path);
         acc.admit(&q, &gauss("demo:t", 1e-9)).unwrap();
         let added = file_len(&path) - before;
-        assert!(added <= 4500, "{filler:?}: {added} bytes");
+        // The cut text (4 KiB) plus the charge's other fields (hash, events, request, cost).
+        assert!(added <= 4700, "{filler:?}: {added} bytes");
         let e = acc.ledger_entries().pop().unwrap();
         assert!(q.starts_with(&e.query) && !e.query.is_empty());
         assert!(serde_json::to_string(&e.query).unwrap().len() - 2 <= QUERY_CAP);
@@ -1088,4 +1127,187 @@ fn a_relation_change_on_a_charged_table_needs_a_relaxation() {
         acc.policy(&TableKey::from("demo:rel")).unwrap().neighbours,
         Neighbours::AddRemove
     );
+}
+
+/// Issue 29: the shares shown for a sequence of charges add up to the total shown, exactly
+/// (they are differences of the rounded-up running share), and the ledger records each
+/// charge's request and its cost in the filter's unit.
+#[test]
+fn shares_of_a_sequence_of_charges_add_up_to_the_total() {
+    for kind in [
+        FilterKind::Gdp,
+        FilterKind::Zcdp,
+        FilterKind::Rdp { order: None },
+    ] {
+        let path = temp_ledger();
+        let acc = Accountant::open(&path).unwrap();
+        let mut p = private("demo:s", "s", 3.0);
+        p.filter = kind;
+        acc.register_table(p).unwrap();
+        let mut receipts = Vec::new();
+        // Uneven charges (μ from 0.013 to 0.137), until refused.
+        for i in 0..200u32 {
+            let mu = 0.013 + f64::from(i % 7) * 0.0207;
+            let request = CallRequest {
+                key: TableKey::from("demo:s"),
+                function: "dp_sum".into(),
+                epsilon: Some(0.1 + f64::from(i % 7) / 10.0),
+                delta: Some(1e-7),
+                mechanism: "gaussian".into(),
+            };
+            match acc.admit_requests(
+                "q",
+                &gauss("demo:s", mu),
+                std::slice::from_ref(&request),
+                None,
+            ) {
+                Ok(r) => {
+                    assert_eq!(
+                        r.tables[0].requests,
+                        vec![request],
+                        "the request as written"
+                    );
+                    receipts.push(r)
+                }
+                Err(AccountingError::BudgetExceeded { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(receipts.len() > 10, "{kind}: {}", receipts.len());
+        let total: u64 = receipts.iter().map(|r| r.tables[0].native.share).sum();
+        let last = &receipts.last().unwrap().tables[0];
+        assert_eq!(total, last.native.used_share, "{kind}");
+        assert_eq!(total + last.left_share, display::SHARE_SCALE, "{kind}");
+        let row = &acc.budget_rows()[0];
+        assert_eq!(row.native.used_share, total, "{kind}: SHOW BUDGET's total");
+        // The ledger holds the same shares, and they replay.
+        drop(acc);
+        let acc = Accountant::open(&path).unwrap();
+        let shares: u64 = acc
+            .ledger_entries()
+            .iter()
+            .map(|e| e.tables[0].native.as_ref().unwrap().share)
+            .sum();
+        assert_eq!(shares, total, "{kind}");
+        let e = &acc.ledger_entries()[0].tables[0];
+        assert_eq!(e.requests[0].function, "dp_sum");
+        assert_eq!(e.requests[0].epsilon, Some(0.1));
+        assert_eq!(
+            e.native.as_ref().unwrap().unit,
+            Filter::new(&rows_budget(3.0), kind, 0.5).unwrap().unit()
+        );
+        // The percentages as printed add up too (four decimals of a percent are exact).
+        let printed: f64 = receipts
+            .iter()
+            .map(|r| {
+                display::percent(r.tables[0].native.share)
+                    .trim_end_matches('%')
+                    .parse::<f64>()
+                    .unwrap()
+            })
+            .sum();
+        let shown_total: f64 = display::percent(total)
+            .trim_end_matches('%')
+            .parse()
+            .unwrap();
+        assert!(
+            (printed - shown_total).abs() < 1e-6,
+            "{printed} vs {shown_total}"
+        );
+    }
+}
+
+/// Issue 29: with the default budget (ε 1, δ 1e-6, half of δ reserved for partition
+/// selection), 1,000 private GROUP BYs fit: each selection spends at most δ_sel/1000 by default,
+/// and the δ side is compared in exact arithmetic, so the 1,000th is not refused by a rounding
+/// error; the 1,001st is refused on δ, with the fix.
+#[test]
+fn a_thousand_group_bys_fit_the_default_budget() {
+    let b = Budget {
+        epsilon: 1.0,
+        delta: 1e-6,
+    };
+    let f = Filter::new(&b, FilterKind::Gdp, DEFAULT_DELTA_SHARE).unwrap();
+    let cap = f.selection_delta();
+    assert!(cap <= 5e-10 && cap > 5e-10 * (1.0 - 1e-15), "{cap:e}");
+    // The arithmetic alone, on every budget δ of a grid of awkward values: 1,000 fit, exactly.
+    for delta in [1e-6, 3e-7, 7.1e-9, 1e-5, 2.3e-6, 9.99e-4] {
+        for share in [0.5, 0.1, 0.3, 0.77] {
+            let f = Filter::new(
+                &Budget {
+                    epsilon: 1.0,
+                    delta,
+                },
+                FilterKind::Gdp,
+                share,
+            )
+            .unwrap();
+            let one = f.usage(&[Event::Delta {
+                delta: f.selection_delta(),
+            }]);
+            let mut used = Usage::default();
+            for i in 0..1000 {
+                assert_eq!(f.check(&used, &one), None, "δ {delta:e} s {share}: #{i}");
+                used = used.plus(&one);
+            }
+            // A naive float sum of the same δs may exceed δ_sel: the exact one does not.
+            assert_eq!(f.check(&used, &Usage::default()), None);
+        }
+    }
+    // Through the accountant: the selection's Gaussian (ε 0.01 at δ 2·cap) and its additive δ,
+    // with a small call beside it, 1,000 times.
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let mut p = private("demo:g", "g", 1.0);
+    p.budget = b;
+    acc.register_table(p).unwrap();
+    let mu = dpfusion_udfs::privacy::gaussian_mu(0.01, 2.0 * cap).unwrap();
+    let call = dpfusion_udfs::privacy::gaussian_mu(0.01, 1e-7).unwrap();
+    let charge = vec![TableCharge {
+        key: TableKey::from("demo:g"),
+        events: vec![
+            Event::Gaussian { mu: call },
+            Event::Gaussian { mu },
+            Event::Delta { delta: cap },
+        ],
+    }];
+    for i in 0..1000 {
+        acc.admit("SELECT k, dp_count(*) … GROUP BY k", &charge)
+            .unwrap_or_else(|e| panic!("GROUP BY #{}: {e}", i + 1));
+    }
+    let row = &acc.budget_rows()[0];
+    assert_eq!(row.queries, 1000);
+    assert!(row.delta_left < cap, "{:e}", row.delta_left);
+    let err = acc.admit("one more", &charge).unwrap_err();
+    match &err {
+        AccountingError::BudgetExceeded { why, .. } => assert_eq!(why.limit, Limit::Delta),
+        e => panic!("{e}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("a lower epsilon does not help"), "{msg}");
+}
+
+/// What is left is also shown as the largest ε of one default query; a query at that ε (as
+/// printed, rounded down) is admitted, and one a little larger is refused.
+#[test]
+fn the_next_query_epsilon_is_admitted_and_tight() {
+    for kind in [
+        FilterKind::Gdp,
+        FilterKind::Zcdp,
+        FilterKind::Rdp { order: None },
+    ] {
+        let f = Filter::new(&rows_budget(2.0), kind, 0.5).unwrap();
+        let used = f.usage(&[Event::Gaussian { mu: 0.3 }]);
+        let e = f.next_epsilon(&used, DEFAULT_QUERY_DELTA);
+        let shown: f64 = display::num(e, display::Round::Down).parse().unwrap();
+        let at = |eps: f64| {
+            let mu = dpfusion_udfs::privacy::gaussian_mu(eps, DEFAULT_QUERY_DELTA).unwrap();
+            f.check(&used, &f.usage(&[Event::Gaussian { mu }]))
+        };
+        assert_eq!(at(shown), None, "{kind}: {shown}");
+        assert_eq!(at(e * 1.0001), Some(Limit::Epsilon), "{kind}: {e}");
+        // A single call at δ 1e-7 < δ_g may use a little more than what a conversion at δ_g
+        // would suggest, never more than twice the budget here.
+        assert!(e > 0.0 && e < 4.0, "{kind}: {e}");
+    }
 }

@@ -100,6 +100,10 @@ pub struct GuardOptions {
     /// The session's insecure test seed ([`crate::SessionOptions::with_insecure_noise_seed`]):
     /// then the unit bounding's secret key is drawn from it (reproducible), else from the OS.
     pub(crate) insecure_seed: Option<u64>,
+    /// The session's default call δ (`dpfusion.default_delta`) as `f64::to_bits`: a call whose
+    /// δ differs from it names its δ, and then partition selection uses it uncapped
+    /// (docs/ACCOUNTING.md, "Partition selection"). None: every δ counts as a default.
+    pub default_delta_bits: Option<u64>,
 }
 
 /// The guard's state while it walks one plan.
@@ -192,6 +196,7 @@ fn unknown_table(name: &str) -> TableInfo {
         public_columns: vec![],
         ratio_bounds: vec![],
         unit: None,
+        selection_delta: None,
     }
 }
 
@@ -214,6 +219,7 @@ fn table_info(scan: &datafusion::logical_expr::TableScan) -> Option<TableInfo> {
             public_columns: vec![],
             ratio_bounds: vec![],
             unit: None,
+            selection_delta: None,
         });
     }
     None
@@ -866,6 +872,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     let mut new_aggr = Vec::with_capacity(agg.aggr_expr.len() + 1);
     let mut min_call: Option<(f64, f64)> = None;
     let mut min_delta: Option<f64> = None;
+    let mut named_delta = false;
     for (i, e) in agg.aggr_expr.iter().enumerate() {
         let f = aggregate_function(e).expect("checked above");
         let name = f.func.name().to_string();
@@ -937,6 +944,14 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         // Pure ε-DP calls (dp_quantile, dp_median, dp_quantiles) have no δ (NaN here).
         if delta.is_finite() && min_delta.is_none_or(|d0| delta < d0) {
             min_delta = Some(delta);
+        }
+        if delta.is_finite()
+            && cx
+                .opts
+                .default_delta_bits
+                .is_some_and(|b| b != delta.to_bits())
+        {
+            named_delta = true;
         }
         // A pure ε-DP call (mechanism 'laplace', the quantiles) spends no δ of its own.
         let pure = events.iter().all(|e| matches!(e, Event::PureDp { .. }));
@@ -1012,6 +1027,14 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     // The smallest ε of the calls, and the smallest δ of the calls that have one: partition
     // selection is a Gaussian count with a tail δ, which pure-DP calls cannot supply.
     let (eps, _) = min_call.expect("at least one DP call");
+    // The selection's δ: the smallest δ of the calls; when no call names its δ (all at the
+    // session's default), capped so that its additive δ (half of it) is at most the table's
+    // default share δ_sel/1000 (docs/ACCOUNTING.md, "Partition selection"): 1,000 GROUP BYs fit
+    // a table's lifetime by default, and a call that names its `delta` chooses.
+    let min_delta = min_delta.map(|d| match table.selection_delta {
+        Some(cap) if cap > 0.0 && !named_delta => d.min(2.0 * cap),
+        _ => d,
+    });
     let Some(delta) = min_delta else {
         return Err(refuse(
             "a GROUP BY on a private column needs partition selection (a noisy count per group, \
@@ -1058,7 +1081,9 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     cx.calls.push(DpCall {
         function: PARTITION_SELECT.to_string(),
         display: format!(
-            "partition selection of the GROUP BY keys ({what} ≥ threshold, ε = {eps}, δ = {delta})"
+            "partition selection of the GROUP BY keys ({what} ≥ threshold, ε = {}, δ = {})",
+            crate::accounting::display::n6(eps),
+            crate::accounting::display::n6(delta)
         ),
         table,
         epsilon: eps,

@@ -34,6 +34,9 @@ pub struct TableInfo {
     pub ratio_bounds: Vec<RatioBound>,
     /// The privacy unit, when a unit is not one row (docs/PRIVACY.md, "Privacy units").
     pub unit: Option<PrivacyUnit>,
+    /// A private table's default cap on the additive δ of one partition selection (δ_sel/1000:
+    /// [`crate::accounting::Filter::selection_delta`]); None: no cap (public tables).
+    pub selection_delta: Option<f64>,
 }
 
 /// In every group of the public column `by`, the values of `value` are > 0 and within a factor

@@ -23,7 +23,7 @@ use helper::SqlHelper;
 /// The `\?` text.
 pub const META_HELP: &str = "\
 Statements end with ';' and may span several lines.
-  \\budget           per private table: budget, spent and remaining ε and δ, filter (= SHOW BUDGET)
+  \\budget           per private table: budget, share used and left, next query's ε, δ (= SHOW BUDGET)
   \\ledger           every charge so far, oldest first (= SELECT * FROM dp_ledger())
   \\explain SQL      what SQL would cost and whether it would be admitted (= EXPLAIN PRIVACY)
   \\d [TABLE]        the tables, or one table: columns, visibility, neighbours, budget
@@ -93,8 +93,10 @@ enum Flow {
 }
 
 impl Repl {
-    /// `dpfusion[salaries ε 2.50/5.00]> `: remaining/total ε of the tables the last query used,
-    /// and `δ 3e-7 left` for partition selection once any of it was spent.
+    /// `dpfusion[salaries 97.5% left, ε ≤ 4.1]> `: per table the last query used, the share
+    /// of its budget left and the largest ε one default query could still use
+    /// (docs/ACCOUNTING.md, "What the numbers mean"), and `δ 3e-7 left` for partition
+    /// selection once any of it was spent.
     fn prompt(&self) -> String {
         if self.last_tables.is_empty() {
             return "dpfusion> ".to_string();
@@ -105,9 +107,15 @@ impl Repl {
             .iter()
             .filter_map(|t| rows.iter().find(|r| r.name == *t))
             .map(|r| {
-                let mut p = format!("{} ε {:.2}/{:.2}", r.name, r.remaining, r.epsilon);
+                use crate::accounting::display::{Round, SHARE_SCALE, num, percent};
+                let mut p = format!(
+                    "{} {} left, ε ≤ {}",
+                    r.name,
+                    percent(SHARE_SCALE.saturating_sub(r.native.used_share)),
+                    num(r.remaining, Round::Down)
+                );
                 if r.delta_spent > 0.0 {
-                    p.push_str(&format!(" δ {:.1e} left", r.delta_left));
+                    p.push_str(&format!(" δ {} left", num(r.delta_left, Round::Down)));
                 }
                 p
             })
@@ -279,11 +287,21 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
             return "public".to_string();
         }
         match budget.iter().find(|b| b.name == name) {
-            Some(b) => format!(
-                "private, budget ε {:.2} at δ {:e}, spent {:.2}, remaining {:.2}; {} filter, \
-                 partition-selection δ {:e} spent, {:e} left",
-                b.epsilon, b.delta, b.spent, b.remaining, b.filter, b.delta_spent, b.delta_left
-            ),
+            Some(b) => {
+                use crate::accounting::display::{Round, SHARE_SCALE, n6, num, percent};
+                format!(
+                    "private, budget ε {} at δ {}; {} filter, {} used, {} left (one more query \
+                     could use ε ≤ {}); partition-selection δ {} spent, {} left",
+                    n6(b.epsilon),
+                    n6(b.delta),
+                    b.filter,
+                    percent(b.native.used_share),
+                    percent(SHARE_SCALE.saturating_sub(b.native.used_share)),
+                    num(b.remaining, Round::Down),
+                    num(b.delta_spent, Round::Up),
+                    num(b.delta_left, Round::Down)
+                )
+            }
             None => "private".to_string(),
         }
     };

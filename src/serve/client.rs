@@ -19,6 +19,7 @@ use rustyline::{Config, Editor};
 use tonic::transport::Channel;
 
 use super::StatementMetadata;
+use crate::accounting::display::{Round, n6, num};
 use crate::cli::{Ran, Script};
 use crate::repl::Meta;
 use crate::repl::format::{Escape, OutputFormat, render, terminal_safe};
@@ -193,28 +194,38 @@ impl Remote {
         Ok(out)
     }
 
-    /// `SHOW BUDGET`'s rows: (table, epsilon, remaining ε).
-    async fn budget(&mut self) -> Vec<(String, f64, f64)> {
+    /// `SHOW BUDGET`'s rows: (table, epsilon, share left in percent, the next query's largest
+    /// ε).
+    async fn budget(&mut self) -> Vec<(String, f64, f64, f64)> {
         let Ok(r) = self.sql("SHOW BUDGET").await else {
             return vec![];
         };
         let mut out = Vec::new();
         for b in &r.batches {
             let col = |n: &str| b.column_by_name(n).cloned();
-            let (Some(t), Some(e), Some(rem)) =
-                (col("table"), col("epsilon"), col("remaining_epsilon"))
-            else {
+            let (Some(t), Some(e), Some(left), Some(rem)) = (
+                col("table"),
+                col("epsilon"),
+                col("left_pct"),
+                col("remaining_epsilon"),
+            ) else {
                 continue;
             };
-            let (Some(t), Some(e), Some(rem)) = (
+            let (Some(t), Some(e), Some(left), Some(rem)) = (
                 t.as_any().downcast_ref::<StringArray>(),
                 e.as_any().downcast_ref::<Float64Array>(),
+                left.as_any().downcast_ref::<Float64Array>(),
                 rem.as_any().downcast_ref::<Float64Array>(),
             ) else {
                 continue;
             };
             for i in 0..t.len() {
-                out.push((t.value(i).to_string(), e.value(i), rem.value(i)));
+                out.push((
+                    t.value(i).to_string(),
+                    e.value(i),
+                    left.value(i),
+                    rem.value(i),
+                ));
             }
         }
         out
@@ -286,7 +297,15 @@ impl State {
             .last_tables
             .iter()
             .filter_map(|t| rows.iter().find(|r| r.0 == *t))
-            .map(|(t, e, rem)| format!("{} ε {rem:.2}/{e:.2}", terminal_safe(t, Escape::Cell)))
+            .map(|(t, _, left, rem)| {
+                // As the local prompt (docs/ACCOUNTING.md, "What the numbers mean").
+                format!(
+                    "{} {}% left, ε ≤ {}",
+                    terminal_safe(t, Escape::Cell),
+                    n6(*left),
+                    num(*rem, Round::Down)
+                )
+            })
             .collect();
         if parts.is_empty() {
             "dpfusion> ".to_string()
@@ -328,7 +347,12 @@ impl State {
         };
         let budget = self.remote.budget().await;
         let policy = |name: &str| match budget.iter().find(|b| b.0 == name) {
-            Some((_, e, rem)) => format!("private, budget ε {e:.2}, remaining {rem:.2}"),
+            Some((_, e, left, rem)) => format!(
+                "private, budget ε {}, {}% left (one more query could use ε ≤ {})",
+                n6(*e),
+                n6(*left),
+                num(*rem, Round::Down)
+            ),
             None => "public".to_string(),
         };
         if table.is_empty() {

@@ -230,6 +230,7 @@ impl Uploads {
             public_columns: vec![],
             ratio_bounds: vec![],
             unit: None,
+            selection_delta: None,
         };
         let upload = Upload {
             table: Arc::new(GuardedTable::new(Arc::new(mem), info)),

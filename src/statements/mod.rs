@@ -16,9 +16,10 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
+use crate::accounting::display::SHARE_SCALE;
 use crate::accounting::{
-    Accountant, BudgetRow, LedgerEntry, Neighbours, PreviewRow, Receipt, TableKey, TablePolicy,
-    Visibility,
+    Accountant, BudgetRow, DEFAULT_QUERY_DELTA, LedgerEntry, Neighbours, PreviewRow, Receipt,
+    TableKey, TablePolicy, Visibility,
 };
 use crate::guard::{DpCall, GuardedTable, TableInfo};
 
@@ -43,15 +44,38 @@ fn floats<I: IntoIterator<Item = f64>>(it: I) -> ArrayRef {
     Arc::new(Float64Array::from(it.into_iter().collect::<Vec<f64>>()))
 }
 
-/// `SHOW BUDGET` / `dp_budget()`: per private table, budget ε and δ, spent ε, remaining ε, the
-/// number of charged queries, then both halves of δ's use: the additive δ spent by partition
-/// selection and what is left of its share, and the table's privacy filter (docs/ACCOUNTING.md).
+/// A share in millionths as a percentage (full precision: CSV and JSON keep it; the table
+/// format prints six significant digits).
+fn pct(share: u64) -> f64 {
+    share as f64 / (SHARE_SCALE as f64 / 100.0)
+}
+
+/// `SHOW BUDGET` / `dp_budget()`: per private table, the guarantee (the largest ε and δ budgets
+/// in force), the filter and its unit, the sum used in that unit against its budget, the share
+/// used and left in percent, the largest ε one default query could still use
+/// (`remaining_epsilon`: one Gaussian call at δ 1e-7), the number of charged queries, and the
+/// additive δ of partition selection spent and left (docs/ACCOUNTING.md, "What the numbers
+/// mean").
 pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
     batch(vec![
         ("table", strings(rows.iter().map(|r| r.name.clone()))),
         ("epsilon", floats(rows.iter().map(|r| r.epsilon))),
         ("delta", floats(rows.iter().map(|r| r.delta))),
-        ("spent_epsilon", floats(rows.iter().map(|r| r.spent))),
+        ("filter", strings(rows.iter().map(|r| r.filter.to_string()))),
+        ("unit", strings(rows.iter().map(|r| r.native.unit.clone()))),
+        ("used", floats(rows.iter().map(|r| r.native.used))),
+        ("budget", floats(rows.iter().map(|r| r.native.budget))),
+        (
+            "used_pct",
+            floats(rows.iter().map(|r| pct(r.native.used_share))),
+        ),
+        (
+            "left_pct",
+            floats(
+                rows.iter()
+                    .map(|r| pct(SHARE_SCALE.saturating_sub(r.native.used_share))),
+            ),
+        ),
         (
             "remaining_epsilon",
             floats(rows.iter().map(|r| r.remaining)),
@@ -64,7 +88,6 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
         ),
         ("spent_delta", floats(rows.iter().map(|r| r.delta_spent))),
         ("remaining_delta", floats(rows.iter().map(|r| r.delta_left))),
-        ("filter", strings(rows.iter().map(|r| r.filter.to_string()))),
     ])
 }
 
@@ -103,7 +126,11 @@ pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<Rec
     let mut time = Vec::new();
     let mut query = Vec::new();
     let mut table = Vec::new();
-    let mut eps = Vec::new();
+    let mut request: Vec<Option<String>> = Vec::new();
+    let mut unit: Vec<Option<String>> = Vec::new();
+    let mut cost: Vec<Option<f64>> = Vec::new();
+    let mut cost_pct: Vec<Option<f64>> = Vec::new();
+    let mut used_pct: Vec<Option<f64>> = Vec::new();
     let mut delta = Vec::new();
     let mut profile = Vec::new();
     let mut analyst: Vec<Option<String>> = Vec::new();
@@ -117,7 +144,17 @@ pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<Rec
             query.push(shown.then(|| e.query.clone()));
             hash.push(e.query_sha256.clone());
             table.push(t.name.clone());
-            eps.push(t.epsilon);
+            request.push((!t.requests.is_empty()).then(|| {
+                t.requests
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }));
+            unit.push(t.native.as_ref().map(|n| n.unit.clone()));
+            cost.push(t.native.as_ref().map(|n| n.cost));
+            cost_pct.push(t.native.as_ref().map(|n| pct(n.share)));
+            used_pct.push(t.native.as_ref().map(|n| pct(n.used_share)));
             delta.push(t.delta);
             profile.push(serde_json::to_string(&t.events).unwrap_or_default());
         }
@@ -127,7 +164,20 @@ pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<Rec
         ("time", strings(time)),
         ("query", Arc::new(StringArray::from(query)) as ArrayRef),
         ("table", strings(table)),
-        ("epsilon", floats(eps)),
+        // The calls as written; the cost in the filter's unit and as a share of the budget, and
+        // the share used after the charge (NULL in charges written before issue 29).
+        ("request", Arc::new(StringArray::from(request)) as ArrayRef),
+        ("unit", Arc::new(StringArray::from(unit)) as ArrayRef),
+        ("cost", Arc::new(Float64Array::from(cost)) as ArrayRef),
+        (
+            "cost_pct",
+            Arc::new(Float64Array::from(cost_pct)) as ArrayRef,
+        ),
+        (
+            "used_pct",
+            Arc::new(Float64Array::from(used_pct)) as ArrayRef,
+        ),
+        // δ_g: the δ at which the filter converts its ε part.
         ("delta", floats(delta)),
         ("profile", strings(profile)),
         // Who spent it (`dpfusion serve`: the authenticated analyst; NULL otherwise).
@@ -140,19 +190,25 @@ pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<Rec
     ])
 }
 
-/// `EXPLAIN PRIVACY`: one row per DP release, then one summary row per table, with the ε and
-/// the additive δ (partition selection) spent and left after the query, the table's filter, and
-/// when it would be refused, the binding limit (`epsilon`, `delta for partition selection`, or
-/// the mechanism the filter does not accept). A spent ε the filter cannot bound is NULL, never
-/// `inf`: the limit column says why.
+/// `EXPLAIN PRIVACY`: one row per DP release (its `epsilon`, `delta` and mechanism as written),
+/// then one summary row per table: the cost in the filter's unit (`cost`, `unit`) and as a share
+/// of the budget (`cost_pct`), the shares used and left after the query, the largest ε one
+/// default query could use after it (`remaining_epsilon_after`), the additive δ (partition
+/// selection) spent and left after it, the table's filter, and when it would be refused, the
+/// binding limit (`epsilon`, `delta for partition selection`, or the mechanism the filter does
+/// not accept). A cost the filter cannot bound is NULL, never `inf`: the limit column says why.
 pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result<RecordBatch> {
     let mut table = Vec::new();
     let mut release = Vec::new();
     let mut eps = Vec::new();
     let mut delta = Vec::new();
+    let mut mechanism: Vec<Option<String>> = Vec::new();
     let mut cost = Vec::new();
-    let mut spent = Vec::new();
-    let mut remaining = Vec::new();
+    let mut unit: Vec<Option<String>> = Vec::new();
+    let mut cost_pct = Vec::new();
+    let mut used = Vec::new();
+    let mut left = Vec::new();
+    let mut next = Vec::new();
     let mut admitted: Vec<Option<bool>> = Vec::new();
     let mut spent_delta = Vec::new();
     let mut remaining_delta = Vec::new();
@@ -160,31 +216,40 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
     let mut limit: Vec<Option<String>> = Vec::new();
     let mut bounds: Vec<Option<String>> = Vec::new();
     let mut noise: Vec<Option<String>> = Vec::new();
+    let finite = |x: f64| x.is_finite().then_some(x);
     for c in calls {
         bounds.push(c.bounds.clone());
         noise.push(c.noise.clone());
         table.push(c.table.name.clone());
         release.push(c.display.clone());
-        eps.push(Some(c.epsilon));
-        delta.push(Some(c.delta));
+        eps.push(finite(c.epsilon));
+        delta.push(finite(c.delta));
+        mechanism.push(Some(crate::accounting::mechanism_of(&c.events)));
         cost.push(None);
-        spent.push(None);
-        remaining.push(None);
+        unit.push(None);
+        cost_pct.push(None);
+        used.push(None);
+        left.push(None);
+        next.push(None);
         admitted.push(None);
         spent_delta.push(None);
         remaining_delta.push(None);
         filter.push(None);
         limit.push(None);
     }
-    let finite = |x: f64| x.is_finite().then_some(x);
     for p in preview {
         table.push(p.name.clone());
         release.push(format!("total for table '{}'", p.name));
         eps.push(None);
         delta.push(Some(p.budget.delta));
-        cost.push(finite(p.cost));
-        spent.push(finite(p.spent_after));
-        remaining.push(Some(p.remaining_after));
+        mechanism.push(None);
+        let bounded = p.limit.is_none() || p.limit == Some(crate::accounting::Limit::Epsilon);
+        cost.push(finite(p.native.cost).filter(|_| bounded));
+        unit.push(Some(p.native.unit.clone()));
+        cost_pct.push(bounded.then(|| pct(p.native.share)));
+        used.push(bounded.then(|| pct(p.native.used_share)));
+        left.push(Some(pct(p.left_share)));
+        next.push(Some(p.next_epsilon));
         admitted.push(Some(p.admitted));
         spent_delta.push(Some(p.delta_spent_after));
         remaining_delta.push(Some(p.delta_left_after));
@@ -200,9 +265,9 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         ("release", strings(release)),
         ("epsilon", opt(eps)),
         ("delta", opt(delta)),
-        ("cost_epsilon", opt(cost)),
-        ("spent_after", opt(spent)),
-        ("remaining_after", opt(remaining)),
+        ("cost", opt(cost)),
+        ("used_after_pct", opt(used)),
+        ("left_after_pct", opt(left)),
         ("admitted", Arc::new(BooleanArray::from(admitted))),
         ("spent_delta_after", opt(spent_delta)),
         ("remaining_delta_after", opt(remaining_delta)),
@@ -210,6 +275,10 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         ("limit", opt_str(limit)),
         ("bounds", opt_str(bounds)),
         ("noise", opt_str(noise)),
+        ("mechanism", opt_str(mechanism)),
+        ("unit", opt_str(unit)),
+        ("cost_pct", opt(cost_pct)),
+        ("remaining_epsilon_after", opt(next)),
     ])
 }
 
@@ -293,22 +362,45 @@ pub fn tables_batch(rows: &[(TablePolicy, String)]) -> Result<RecordBatch> {
     ])
 }
 
-/// A one-line summary of what a query was charged.
+/// What a query was charged, one line per table: the calls as written, the cost as a share of
+/// the table's budget and in its filter's unit, what is left as a share and as the largest ε of
+/// one default query (docs/ACCOUNTING.md, "What the numbers mean"). Six significant digits.
 pub fn receipt_line(r: &Receipt) -> String {
+    use crate::accounting::display::{Round, num, percent};
     r.tables
         .iter()
         .map(|t| {
+            let asked = if t.requests.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " {}",
+                    t.requests
+                        .iter()
+                        .map(|q| q.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            let n = &t.native;
             let mut line = format!(
-                "charged {}: ε {:.4} (spent {:.4} of {:.4}, {:.4} left",
-                t.name, t.cost, t.spent_after, t.budget.epsilon, t.remaining_after
+                "charged {}:{asked} cost {} of the budget ({} {}); {} left, one more query \
+                 could use ε ≤ {} (Gaussian, δ {})",
+                t.name,
+                percent(n.share),
+                n.unit,
+                num(n.cost, Round::Up),
+                percent(t.left_share),
+                num(t.next_epsilon, Round::Down),
+                crate::accounting::display::n6(DEFAULT_QUERY_DELTA),
             );
             if t.delta_spent_after > 0.0 {
                 line.push_str(&format!(
-                    "; partition-selection δ {:e} spent, {:e} left",
-                    t.delta_spent_after, t.delta_left_after
+                    "; partition-selection δ {} spent, {} left",
+                    num(t.delta_spent_after, Round::Up),
+                    num(t.delta_left_after, Round::Down)
                 ));
             }
-            line.push(')');
             line
         })
         .collect::<Vec<_>>()
@@ -361,6 +453,7 @@ fn system_table(name: &str, b: RecordBatch) -> Result<Arc<dyn TableProvider>> {
             public_columns: vec![],
             ratio_bounds: vec![],
             unit: None,
+            selection_delta: None,
         },
     )))
 }

@@ -1816,7 +1816,7 @@ async fn observe(case: &Case, neighbour: bool) -> Vec<Obs> {
                 Outcome::Ok => {
                     let mut per_table = BTreeMap::new();
                     for r in &rows {
-                        // table, release, epsilon, delta, cost_epsilon, spent, remaining, admitted
+                        // table, release, epsilon, delta, cost, used %, left %, admitted
                         if r.len() > 7 && r[1].starts_with("total for table") {
                             per_table.insert(r[0].clone(), (r[4].parse().ok(), r[7] == "true"));
                         }
@@ -1837,7 +1837,8 @@ async fn observe(case: &Case, neighbour: bool) -> Vec<Obs> {
             .map(|t| {
                 (
                     t.name.clone(),
-                    t.epsilon,
+                    // The charge in the filter's unit (EXPLAIN PRIVACY's `cost`, issue 29).
+                    t.native.as_ref().map_or(f64::NAN, |n| n.cost),
                     t.delta,
                     format!("{:?}", t.events),
                 )

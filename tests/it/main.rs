@@ -4,6 +4,7 @@
 mod agd;
 mod attacks;
 mod boundary;
+mod budget;
 mod cli;
 mod common;
 mod durability;

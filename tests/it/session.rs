@@ -96,12 +96,16 @@ async fn exhaust_then_refuse(s: &PrivateSession, table: &str) {
     );
     assert!(err.contains("budget exceeded for table '"), "{err}");
     assert!(err.contains(table), "{err}");
+    // The request as written, the shares, and the fix with its number (issue 29).
     assert!(
-        err.contains("this query would cost ε = 0.3") && err.contains("(at δ = 5e-7)"),
+        err.contains("asked: dp_mean(ε 0.3, δ 1e-6, gaussian)") && err.contains("at δ = 5e-7)"),
         "{err}"
     );
-    assert!(err.contains("remains"), "{err}");
-    assert!(err.contains("Lower epsilon"), "{err}");
+    assert!(
+        err.contains("% of the budget") && err.contains("% is left"),
+        "{err}"
+    );
+    assert!(err.contains("Lower `epsilon =>` to at most 0.2"), "{err}");
     let spent = s.budget()[0].spent;
     assert!(spent <= 1.0 && spent > 0.9, "{spent}");
     // Refused again, and still nothing read.

@@ -56,7 +56,7 @@ out = read_until(r"connected to[\s\S]*people[\s\S]*dpfusion> \s*$")
 assert "private, budget" in out, out
 # A DP query: its result, the receipt, and the prompt with the remaining budget.
 send("SELECT dp_count(id, 0.25) AS n FROM people;\r")
-out = read_until(r"charged people[\s\S]*dpfusion\[people ε 0\.\d\d/1\.00\]> \s*$")
+out = read_until(r"charged people[\s\S]*dpfusion\[people \d+(\.\d+)?% left, ε ≤ [\d.]+\]> \s*$")
 assert re.search(r"\|\s*n\s*\|", out), out
 # A refusal: the server's message.
 send("SELECT age FROM people;\r")

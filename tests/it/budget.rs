@@ -1,0 +1,194 @@
+//! Issue 29, the budget's numbers through a session: a receipt shows the request as written
+//! (its ε is the call's ε), the cost as a share of the budget and what is left; every budget
+//! number is printed with at most six significant digits; a private GROUP BY spends the
+//! default selection δ (δ_sel/1000), so GROUP BYs fit by the thousand; a δ refusal names the
+//! `delta =>` that fits.
+use std::path::{Path, PathBuf};
+
+use dpfusion::accounting::display::SHARE_SCALE;
+use dpfusion::{PrivateSession, Registration, SessionOptions};
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "dpfusion-budget-{}-{}-{}",
+        tag,
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn people_csv() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
+}
+
+async fn session(dir: &Path, eps: f64, delta: f64) -> PrivateSession {
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_default_budget(eps, delta)
+            .with_target_partitions(2),
+    )
+    .await
+    .unwrap();
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    s
+}
+
+/// Every number in `text` has at most six significant digits.
+fn six_digits_at_most(text: &str) {
+    for token in text.split(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        let digits: String = token
+            .trim_start_matches(['0', '.'])
+            .chars()
+            .filter(char::is_ascii_digit)
+            .collect();
+        assert!(
+            digits.len() <= 6,
+            "{token}: more than six significant digits in: {text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_receipt_shows_the_request_and_the_share_used() {
+    let dir = temp_dir("receipt");
+    let s = session(&dir, 1.0, 1e-6).await;
+    let r = s
+        .sql("SELECT dp_mean(age, 0, 100, epsilon => 0.5) FROM people")
+        .await
+        .unwrap();
+    let receipt = r.receipt.expect("charged");
+    let t = &receipt.tables[0];
+    // The request as written: the ε is the call's, never a conversion.
+    assert_eq!(t.requests.len(), 1);
+    assert_eq!(t.requests[0].function, "dp_mean");
+    assert_eq!(t.requests[0].epsilon, Some(0.5));
+    assert_eq!(t.requests[0].delta, Some(1e-7));
+    assert_eq!(t.requests[0].mechanism, "gaussian");
+    assert_eq!(t.native.unit, "μ²");
+    assert!(t.native.share > 0 && t.native.share == t.native.used_share);
+    assert_eq!(t.left_share, SHARE_SCALE - t.native.share);
+    let line = dpfusion::statements::receipt_line(&receipt);
+    assert!(
+        line.starts_with("charged people: dp_mean(ε 0.5, δ 1e-7, gaussian) cost "),
+        "{line}"
+    );
+    assert!(line.contains("% of the budget (μ² ") && line.contains("% left"));
+    six_digits_at_most(&line);
+    // The same numbers in SHOW BUDGET and in the ledger.
+    let b = s.budget();
+    assert_eq!(b[0].native.used_share, t.native.used_share);
+    let l = s.ledger();
+    assert_eq!(l[0].tables[0].requests, t.requests);
+    assert_eq!(
+        l[0].tables[0].native.as_ref().unwrap().share,
+        t.native.share
+    );
+    // A refusal names the limit and the fix, in six digits.
+    let e = s
+        .sql("SELECT dp_mean(age, 0, 100, epsilon => 3) FROM people")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("limit: the ε part of its gdp filter")
+            && e.contains("asked: dp_mean(ε 3, δ 1e-7, gaussian)")
+            && e.contains("Lower `epsilon =>` to at most "),
+        "{e}"
+    );
+    six_digits_at_most(&e);
+    // The ε of the fix is admitted.
+    let fix: f64 = e
+        .split("Lower `epsilon =>` to at most ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let ok = s
+        .sql(&format!(
+            "SELECT dp_mean(age, 0, 100, epsilon => {fix}) FROM people"
+        ))
+        .await;
+    assert!(ok.is_ok(), "{fix}: {:?}", ok.err());
+}
+
+#[tokio::test]
+async fn group_bys_spend_the_default_selection_delta() {
+    let dir = temp_dir("groupby");
+    let s = session(&dir, 1.0, 1e-6).await;
+    // δ_sel = 5e-7: each selection is calibrated for δ = 1e-9 and spends 5e-10.
+    let q = "SELECT dept, dp_count(age, epsilon => 0.01) FROM people GROUP BY dept";
+    let ex = s.sql(&format!("EXPLAIN PRIVACY {q}")).await.unwrap();
+    let text = format!(
+        "{}",
+        datafusion::arrow::util::pretty::pretty_format_batches(&ex.batches).unwrap()
+    );
+    assert!(
+        text.contains(
+            "partition selection of the GROUP BY keys (noisy count ≥ threshold, ε = 0.01, δ = 1e-9)"
+        ),
+        "{text}"
+    );
+    for _ in 0..20 {
+        s.sql(q).await.unwrap();
+    }
+    let b = &s.budget()[0];
+    assert_eq!(b.queries, 20);
+    assert!(
+        (b.delta_spent - 20.0 * 5e-10).abs() < 1e-20,
+        "{:e}",
+        b.delta_spent
+    );
+    // 980 more would fit on the δ side (the accountant's unit test runs 1,000).
+    assert!(
+        b.delta_left >= 980.0 * 5e-10 * (1.0 - 1e-12),
+        "{:e}",
+        b.delta_left
+    );
+}
+
+#[tokio::test]
+async fn the_selection_delta_follows_the_tables_delta_unless_a_call_names_one() {
+    let dir = temp_dir("delta");
+    // δ_B = 1e-8: δ_sel = 5e-9, so a default selection spends at most 5e-12 and is calibrated
+    // for 1e-11.
+    let s = session(&dir, 50.0, 1e-8).await;
+    let explain = |q: String| {
+        let s = &s;
+        async move {
+            let ex = s.sql(&format!("EXPLAIN PRIVACY {q}")).await.unwrap();
+            format!(
+                "{}",
+                datafusion::arrow::util::pretty::pretty_format_batches(&ex.batches).unwrap()
+            )
+        }
+    };
+    let q = "SELECT dept, dp_count(age, epsilon => 1) FROM people GROUP BY dept";
+    let text = explain(q.to_string()).await;
+    assert!(text.contains("ε = 1, δ = 1e-11)"), "{text}");
+    s.sql(q).await.unwrap();
+    assert_eq!(s.budget()[0].delta_spent, 5e-12);
+    // A call that names its δ chooses the selection's δ (uncapped; it spends δ/2).
+    let named = "SELECT dept, dp_count(age, epsilon => 1, delta => 2e-9) FROM people GROUP BY dept";
+    let text = explain(named.to_string()).await;
+    assert!(text.contains("ε = 1, δ = 2e-9)"), "{text}");
+    // On δ: 5e-9 − 5e-12 is left, a selection at 2e-9 spends 1e-9: four fit, the fifth's
+    // refusal names the `delta =>` that fits.
+    for _ in 0..4 {
+        s.sql(named).await.unwrap();
+    }
+    let e = s.sql(named).await.unwrap_err().to_string();
+    assert!(
+        e.contains("limit: the δ reserved for partition selection")
+            && e.contains("lower `delta =>` to 1.9"),
+        "{e}"
+    );
+}
