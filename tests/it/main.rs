@@ -17,4 +17,5 @@ mod owner;
 mod serve;
 mod session;
 mod sqllogictest;
+mod tutorial;
 mod units;

@@ -676,7 +676,7 @@ fn serve_refuses_a_public_address_without_the_explicit_flag_and_a_catalog_withou
 }
 
 /// The Python interpreter of the serve venv (scripts/setup-venv-serve.sh), or why there is none.
-fn python_venv() -> Result<PathBuf, String> {
+pub(crate) fn python_venv() -> Result<PathBuf, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let have_python = Command::new("python3")
         .arg("--version")
