@@ -84,7 +84,7 @@ def run(label, query):
 #
 # `dp_mean_ci` releases the same noisy mean as `dp_mean` (same charge) together with a 90%
 # confidence interval for it. The bounds 0 and 400,000 are public and cover every salary
-# (surgeons earn up to about 330,000): a bound below the data would clamp it, and the interval
+# (surgeons earn up to about 333,000): a bound below the data would clamp it, and the interval
 # would cover the clamped mean, not the true one. `job` is a public column, so grouping by it
 # needs no partition selection.
 
@@ -125,10 +125,11 @@ assert len(regions) > 0, regions
 # ## 4. A model: logistic regression by DP-AGD
 #
 # Does an employee's salary tell their job? We fit the probability that someone is an engineer
-# or a surgeon (`job` is a public column, so the label costs nothing extra) from their salary
+# or a surgeon (`job` is a public column) from their salary
 # and age. `dp_logreg_agd` fits P(label = 1) = sigmoid(intercept + coefficients · features)
-# under zCDP, which the `salaries` table's `rdp` filter accounts for (a `gdp` or `zcdp` table
-# takes it too; when a filter does not accept a fit, the refusal names what does). Features
+# under zCDP, which the `salaries` table's `rdp` filter accounts for (a `zcdp` table takes it
+# too; a `gdp` table, like `purchases`, accepts Gaussian releases only and refuses the fit with
+# what the owner can do). Features
 # should have comparable scales set by public constants, never by the data: salary centred at
 # 100,000 in units of 50,000, age centred at 40 in units of 20. Rows with a NULL feature are
 # skipped.
@@ -148,6 +149,21 @@ coefficients, intercept = model["coefficients"], model["intercept"]
 print(f"coefficients {[round(c, 3) for c in coefficients]}, intercept {intercept:.3f}, "
       f"{model['iterations']} accepted steps")
 assert len(coefficients) == 2, model
+
+# %% [markdown]
+# The same fit on `purchases` (a `gdp` table) is refused before anything runs: nothing is
+# charged, and the message says what would work. Every error of a statement is a
+# `dpfusion.Error`; its `code` tells which kind.
+
+# %%
+try:
+    conn.sql(
+        "SELECT dp_logreg_agd(CASE WHEN amount > 50 THEN 1 ELSE 0 END, [amount / 100.0],"
+        " epsilon => 0.5) AS model FROM purchases"
+    )
+    raise SystemExit("a zCDP fit on a gdp table was not refused")
+except dpfusion.Error as e:
+    print(f"refused ({e.code}): {e.message[:300]}…")
 
 # %% [markdown]
 # The released model is public: applying it is post-processing, free. `logreg_predict_proba`
