@@ -149,7 +149,7 @@ def main():
             acc[name].append(100 * float(np.mean(clf.predict(Xte) == yte)))
     print(f"digits: {len(Xtr)} train / {len(Xte)} test images, 64 features in [0, 1], 10 classes; "
           f"ε = {EPS}, δ = {DELTA}; {a.runs} runs (split seeds {a.first} … {a.first + a.runs - 1})\n")
-    print("| model | test accuracy (%), mean ± sd | min | seconds per fit |")
+    print("| model | test accuracy (%), mean ± sd | min | seconds per run (all its queries) |")
     print("|---|---|---|---|")
     for n in names:
         v = np.asarray(acc[n])
