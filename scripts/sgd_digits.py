@@ -93,9 +93,7 @@ def ovr_predict(rows, X):
 def private_models():
     e, dl = EPS, DELTA
     mlp = f"dp_mlp_sgd(y, {FEATURES}, epsilon => {e}, delta => {dl}, classes => 10"
-    # One query per class: ten aggregates over the same feature list in one SELECT are refused
-    # (DataFusion's common-subexpression pass hoists the shared list into `__common_expr_1`, whose
-    # length the guard cannot see; reported in docs/UTILITY.md).
+    # One query per class (as measured in docs/UTILITY.md; one SELECT with the ten fits works too).
     ovr = [f"SELECT dp_logreg_sgd(y{k}, {FEATURES}, epsilon => {e / 10}, delta => {dl / 10}) AS m "
            "FROM train" for k in range(10)]
     return [

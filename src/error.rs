@@ -92,6 +92,14 @@ impl Error {
     /// The typed error of an accounting refusal.
     pub(crate) fn from_accounting(e: AccountingError) -> DataFusionError {
         let typed = match e {
+            // A mechanism the table's filter cannot account for is not a budget that ran out:
+            // no smaller request fits either, so it is a refusal (wire code `refused`), with the
+            // accountant's message (which names the owner's options).
+            AccountingError::BudgetExceeded { ref why, .. }
+                if matches!(why.limit, Limit::Mechanism { .. }) =>
+            {
+                Error::Refused(format!("dpfusion refused the query: {e}"))
+            }
             AccountingError::BudgetExceeded {
                 ref table,
                 cost,

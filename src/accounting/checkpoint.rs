@@ -502,7 +502,7 @@ mod tests {
             (LAYOUT, hex(&sha256(&bytes)).as_str()),
             (
                 1,
-                "41aba54321e5525848575a0f3319ab863dc0b2624c162b9394b78e34830cb70e"
+                "944f92ef0a4108f14f823a6f4de50f9d8c3706a0716bdbc0d9fc912ade6fdc04"
             ),
             "{}",
             String::from_utf8_lossy(&bytes)

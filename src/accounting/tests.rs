@@ -175,6 +175,27 @@ fn exceeded_message_format() {
             && !m.contains("dp.filter"),
         "{m}"
     );
+    // A mechanism the filter cannot account for is a refusal, not an exhausted budget (no
+    // smaller request fits either): typed `Refused` (wire code `refused`), same text; an ε limit
+    // stays `BudgetExceeded`.
+    let mech = mk(
+        Limit::Mechanism {
+            mechanism: filter::mechanism_name(&Event::Zcdp { rho: 0.1 }),
+            earlier: false,
+        },
+        FilterKind::Gdp,
+    );
+    let text = format!("dpfusion refused the query: {mech}");
+    let typed = crate::Error::from_accounting(mech);
+    assert!(
+        matches!(crate::Error::of(&typed), Some(crate::Error::Refused(t)) if *t == text),
+        "{typed}"
+    );
+    let eps = crate::Error::from_accounting(mk(Limit::Epsilon, FilterKind::Gdp));
+    assert!(matches!(
+        crate::Error::of(&eps),
+        Some(crate::Error::BudgetExceeded { .. })
+    ));
 }
 
 #[test]

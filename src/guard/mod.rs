@@ -733,7 +733,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             .iter()
             .zip(&f.params.args)
         {
-            if d.name == "features" && !feature_count_known(a, agg.input.schema()) {
+            if d.name == "features" && !feature_count_known(a, &agg.input) {
                 return Err(refuse(format!(
                     "the features of {name} must have a length fixed in the query: write them as \
                      [x1, x2, ...] or make_array(x1, x2, ...) (or a fixed-size list), not {a}"
@@ -1232,15 +1232,24 @@ fn charge_joined_tables(cx: &mut Cx, from: usize, also: &[TableInfo]) {
 }
 
 /// Is the length of a feature-list expression fixed by the query (a `make_array` of k
-/// arguments, or a fixed-size list type)?
-fn feature_count_known(e: &Expr, schema: &DFSchema) -> bool {
+/// arguments, or a fixed-size list type)? A column that a projection under the aggregate defines
+/// is looked through: DataFusion's common-subexpression pass moves a feature list shared by two
+/// calls into such a column (`__common_expr_1`).
+fn feature_count_known(e: &Expr, input: &LogicalPlan) -> bool {
     use datafusion::arrow::datatypes::DataType;
     use datafusion::logical_expr::ExprSchemable;
     match e {
-        Expr::Alias(a) => feature_count_known(&a.expr, schema),
-        Expr::Cast(c) if feature_count_known(&c.expr, schema) => true,
+        Expr::Alias(a) => feature_count_known(&a.expr, input),
+        Expr::Cast(c) if feature_count_known(&c.expr, input) => true,
         Expr::ScalarFunction(f) if matches!(f.func.name(), "make_array" | "make_list") => true,
-        e => matches!(e.get_type(schema), Ok(DataType::FixedSizeList(..))),
+        e => {
+            if let (Expr::Column(c), LogicalPlan::Projection(p)) = (e, input)
+                && let Ok(i) = p.schema.index_of_column(c)
+            {
+                return feature_count_known(&p.expr[i], &p.input);
+            }
+            matches!(e.get_type(input.schema()), Ok(DataType::FixedSizeList(..)))
+        }
     }
 }
 

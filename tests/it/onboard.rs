@@ -164,7 +164,7 @@ async fn a_mechanism_refusal_advises_the_catalog_key_not_sql() {
         .unwrap_err()
         .to_string();
     assert!(
-        m.contains("filter = \"rdp\"") && m.contains("--filter") && !m.contains("dp.filter"),
+        m.contains("filter = \"zcdp\"") && m.contains("--filter zcdp") && !m.contains("dp.filter"),
         "{m}"
     );
 }

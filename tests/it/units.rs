@@ -589,8 +589,10 @@ async fn the_checked_public_rows_are_the_rows_the_query_joins() {
 
 /// The bounding's windows partition by the group keys and the aggregate groups by them: both
 /// must agree on equality, or one unit could reach a group through two partitions (−0.0 and 0.0,
-/// NaNs with different payloads). With K = 1 and C = 1, the same noise draw on D and on D plus a
-/// unit with many rows in each such group moves the per-group counts by exactly 1 in total.
+/// NaNs with different payloads). With K = 1 and C = 1, a unit with many rows in each such group
+/// moves the per-group counts by exactly 1 in total. The noise is far below one count (ε = 5,000):
+/// under a fixed seed the draws follow the order in which the hash aggregate emits the groups,
+/// which adding a unit may change, so the same draw per group is not guaranteed.
 #[tokio::test]
 async fn float_group_keys_are_one_group_for_the_bounds_and_the_aggregate() {
     let odd_nan = f64::from_bits(0x7ff8_0000_0000_0001);
@@ -626,7 +628,7 @@ async fn float_group_keys_are_one_group_for_the_bounds_and_the_aggregate() {
         )
         .unwrap()
     };
-    let sql = "SELECT g, dp_count(amount, epsilon => 50) AS n FROM t GROUP BY g ORDER BY g";
+    let sql = "SELECT g, dp_count(amount, epsilon => 5000) AS n FROM t GROUP BY g ORDER BY g";
     let mut out = vec![];
     for heavy in [false, true] {
         let s = session("units-floatkeys").await;

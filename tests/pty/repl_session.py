@@ -87,7 +87,7 @@ sent = time.time()
 send("\x03")
 out = read_until(r"query cancelled[\s\S]*dpfusion\[salaries[^\n]*\]> \s*$", timeout=5)
 # The cancelled fit was charged: its receipt is printed, as for a finished query.
-assert re.search(r"query cancelled[\s\S]*charged salaries: ε", out), out
+assert re.search(r"query cancelled[\s\S]*charged salaries: dp_linreg_gd\(", out), out
 took = time.time() - sent
 assert took < 1.0, f"the prompt came back after {took:.2f} s"
 send("\\budget\r")
