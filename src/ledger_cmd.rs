@@ -214,12 +214,13 @@ fn print_report(r: &LedgerReport) {
         r.ledger_id.as_deref().unwrap_or("(none yet)")
     );
     println!(
-        "records: {} lines ({} header, {} policy, {} owner, {} charge)",
+        "records: {} lines ({} header, {} policy, {} owner, {} charge, {} checkpoint)",
         r.lines,
         u64::from(r.ledger_id.is_some()),
         r.policy_records,
         r.owner_records,
-        r.charges
+        r.charges,
+        r.checkpoint_records
     );
     println!("tables: {}", r.tables.len());
     if !r.tables.is_empty() {

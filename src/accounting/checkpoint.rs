@@ -389,7 +389,17 @@ mod tests {
             assert_eq!(cp.tables[k].profile, s.profile);
             assert_eq!(cp.tables[k].events, s.events);
         }
-        assert!(crate::accounting::verify(&path).is_ok());
+        // `dpfusion ledger verify`'s record counts add up to the lines, checkpoints included.
+        let r = crate::accounting::verify(&path).unwrap();
+        assert_eq!(r.checkpoint_records, 1);
+        assert_eq!(
+            r.lines,
+            u64::from(r.ledger_id.is_some())
+                + r.policy_records
+                + r.owner_records
+                + r.charges
+                + r.checkpoint_records
+        );
     }
 
     #[test]

@@ -214,6 +214,11 @@ pub(super) struct State {
     /// Number of `policy` and `owner` records.
     pub policy_records: u64,
     pub owner_records: u64,
+    /// Number of `checkpoint` records read: all of them on a full replay (`dpfusion ledger
+    /// verify`), those after the checkpoint a session started from otherwise. Not part of the
+    /// checkpointed state.
+    #[serde(skip)]
+    pub checkpoint_records: u64,
 }
 
 /// The part of a ledger before the checkpoint a [`State`] was loaded from.
@@ -283,6 +288,7 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
         Record::Checkpoint(c) => {
             checkpoint::check_record(st, &c)?;
             st.checkpoint_line = st.lines + 1;
+            st.checkpoint_records += 1;
         }
     }
     Ok(())
@@ -1157,6 +1163,7 @@ pub struct LedgerReport {
     pub lines: u64,
     pub policy_records: u64,
     pub owner_records: u64,
+    pub checkpoint_records: u64,
     pub charges: u64,
     pub tables: Vec<TableReport>,
     /// Things an interrupted writer left, which the next session repairs.
@@ -1208,6 +1215,7 @@ fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -
         lines: st.lines,
         policy_records: st.policy_records,
         owner_records: st.owner_records,
+        checkpoint_records: st.checkpoint_records,
         charges: st.entries.len() as u64,
         tables,
         notes,

@@ -101,7 +101,7 @@ fn intact_ledger_verifies_with_a_summary() {
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("OK"), "{stdout}");
     assert!(
-        stdout.contains("5 lines (1 header, 1 policy, 0 owner, 3 charge)"),
+        stdout.contains("5 lines (1 header, 1 policy, 0 owner, 3 charge, 0 checkpoint)"),
         "{stdout}"
     );
     assert!(stdout.contains("tables: 1"), "{stdout}");
