@@ -19,8 +19,10 @@
 //! failing row would fail the query instead of giving NULL), so such a query is refused on a
 //! cluster, with the reason; it runs in a session without a cluster. So are the unit bounding's
 //! functions (`__dpfusion_unit_group_key`, whose secret per-query key lives in the instance, and
-//! the `__dpfusion_unit_sample` aggregate): a query on a table with a privacy unit runs in a
-//! session without a cluster. The guard's table wrappers
+//! the `__dpfusion_unit_sample` aggregate): a query on a table with a privacy unit whose bounding
+//! uses them (a GROUP BY, or a call that reads rows such as `dp_count` or `dp_mean`) runs in a
+//! session without a cluster; one whose bounding is plain `sum`s and projections (ungrouped
+//! `dp_sum`, `dp_count_distinct`) crosses. The guard's table wrappers
 //! are removed (they only carry the policy the client has already enforced): file tables travel
 //! as DataFusion listing scans, read by the executors from the same path. A plan that reads no
 //! file table (in-memory batches, `dp_ledger()`, results of `CREATE TABLE AS`, no table at all)

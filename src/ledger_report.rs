@@ -16,6 +16,7 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
+use crate::accounting::display::{self, Round};
 use crate::accounting::{self, LedgerEntry, LedgerReport, TableKey, TablePolicy, Visibility};
 use dpfusion_udfs::aggregates::registry;
 
@@ -202,14 +203,13 @@ fn esc(s: &str) -> String {
     o
 }
 
-/// A number for display: 4 decimals, or scientific when tiny.
-fn num(x: f64) -> String {
-    if !x.is_finite() {
-        "—".into()
-    } else if x != 0.0 && x.abs() < 1e-3 {
-        format!("{x:.3e}")
+/// A number for display: six significant digits ([`display::num`]), rounded in the direction
+/// that never flatters the budget (spent up, left down); "—" when not finite.
+fn num(x: f64, round: Round) -> String {
+    if x.is_finite() {
+        display::num(x, round)
     } else {
-        format!("{x:.4}")
+        "—".into()
     }
 }
 
@@ -271,11 +271,11 @@ fn page(path: &Path, report: &LedgerReport, tables: &[TableHistory]) -> String {
              <td class=\"n\">{}</td></tr>",
             anchor(&t.key),
             esc(&t.name),
-            num(eps),
+            num(eps, Round::Nearest),
             delta.map_or("—".into(), |d| format!("{d:e}")),
             esc(&filter),
-            num(t.spent),
-            num(left),
+            num(t.spent, Round::Up),
+            num(left, Round::Down),
             share_bar(eps, t.spent),
             t.rows.len()
         );
@@ -323,7 +323,8 @@ fn share_bar(budget: f64, spent: f64) -> String {
          height=\"12\" fill=\"#4a8\"/><text x=\"{}\" y=\"11\">{pct:.1}%</text></svg>",
         left * w,
         w + 6.0,
-        pct = left * 100.0
+        // Rounded down: never more left than there is.
+        pct = (left * 1000.0).floor() / 10.0
     )
 }
 
@@ -336,11 +337,11 @@ fn table_section(h: &mut String, t: &TableHistory) {
         anchor(&t.key),
         esc(&t.name),
         esc(&t.key.to_string()),
-        num(eps),
+        num(eps, Round::Nearest),
         delta.map_or("—".into(), |d| format!("{d:e}")),
         esc(&filter),
-        num(t.spent),
-        num((eps - t.spent).max(0.0)),
+        num(t.spent, Round::Up),
+        num((eps - t.spent).max(0.0), Round::Down),
         t.rows.len()
     );
     if t.rows.is_empty() {
@@ -394,9 +395,9 @@ fn table_section(h: &mut String, t: &TableHistory) {
             r.seq,
             esc(&r.time),
             esc(&r.analyst),
-            num(r.epsilon),
+            num(r.epsilon, Round::Up),
             format_args!("{:e}", r.delta),
-            num(r.spent_after),
+            num(r.spent_after, Round::Up),
             esc(&r.functions.join(", ")),
             esc(&r.query)
         );
@@ -458,7 +459,7 @@ fn over_time(t: &TableHistory, budget: f64) -> String {
             py(y),
             l - 4.0,
             py(y) + 4.0,
-            num(y)
+            num(y, Round::Nearest)
         );
     }
     if budget.is_finite() {
@@ -472,7 +473,7 @@ fn over_time(t: &TableHistory, budget: f64) -> String {
             py(budget),
             w - r - 4.0,
             py(budget) - 4.0,
-            num(budget)
+            num(budget, Round::Nearest)
         );
     }
     let mut prev = py(0.0);
@@ -498,7 +499,7 @@ fn over_time(t: &TableHistory, budget: f64) -> String {
                 py(row.spent_after),
                 row.seq,
                 esc(&row.time),
-                num(row.spent_after)
+                num(row.spent_after, Round::Up)
             );
         }
     }
@@ -539,7 +540,7 @@ fn bars(what: &str, count: &str, rows: impl Iterator<Item = (String, (u64, f64))
              xmlns=\"http://www.w3.org/2000/svg\" width=\"250\" height=\"12\"><rect x=\"0\" \
              y=\"1\" width=\"{wpx:.1}\" height=\"10\" fill=\"#58a\"/></svg></td></tr>",
             esc(&k),
-            num(e)
+            num(e, Round::Up)
         );
     }
     s.push_str("</table>\n");

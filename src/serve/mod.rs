@@ -1219,18 +1219,18 @@ impl FlightSqlService for DpFlightSql {
         let analyst = self.analyst(&request)?;
         let handle = params::Handle::decode(&query.prepared_statement_handle).map_err(refusal)?;
         let values = self.parameters(request).await?;
-        let runs: Vec<String> = match &values {
-            None => vec![handle.runs().to_string()],
-            Some(v) => (0..v.num_rows())
-                .map(|row| params::bind(&handle.sql, v, row))
-                .collect::<Result<_, _>>()
-                .map_err(invalid)?,
+        let Some(v) = &values else {
+            let (_place, _result) = self.run(&analyst, handle.runs()).await?;
+            return Ok(1);
         };
-        for bound in &runs {
+        // One row at a time: each bound statement is built only when it runs, and `run` bounds
+        // its length (`max_sql_bytes`), takes the analyst's turn and ends at the time limit.
+        for row in 0..v.num_rows() {
+            let bound = params::bind(&handle.sql, v, row).map_err(invalid)?;
             // Each run keeps no result: its place is given back when it is dropped.
-            let (_place, _result) = self.run(&analyst, bound).await?;
+            let (_place, _result) = self.run(&analyst, &bound).await?;
         }
-        Ok(runs.len() as i64)
+        Ok(v.num_rows() as i64)
     }
 
     async fn do_get_fallback(

@@ -146,10 +146,13 @@ pub fn bind(sql: &str, params: &RecordBatch, row: usize) -> Result<String, BindE
             params.num_columns()
         ));
     }
-    let mut out = String::with_capacity(sql.len() + 16 * slots.len());
+    let mut out = String::with_capacity(sql.len() + 18 * slots.len());
     let mut at = 0;
     for s in &slots {
         out.push_str(&sql[at..s.start]);
+        // Spaces around the literal: it never fuses with the token before or after it (`E?`
+        // would otherwise read `E'…'`, an escape string; `1?` a longer number; `'a'?` one string).
+        out.push(' ');
         out.push_str(
             &literal(params.column(s.index).as_ref(), row).map_err(|why| {
                 format!(
@@ -159,6 +162,7 @@ pub fn bind(sql: &str, params: &RecordBatch, row: usize) -> Result<String, BindE
                 )
             })?,
         );
+        out.push(' ');
         at = s.end;
     }
     out.push_str(&sql[at..]);
@@ -284,7 +288,7 @@ mod tests {
         ]);
         assert_eq!(
             bind(sql, &b, 0).unwrap(),
-            "SELECT dp_count(id, 0.25) AS n, '?' AS q /* ? */ FROM t WHERE dept = 'it''s' -- ?\n AND x-(-5) > 0.25"
+            "SELECT dp_count(id,  0.25 ) AS n, '?' AS q /* ? */ FROM t WHERE dept =  'it''s'  -- ?\n AND x- (-5)  >  0.25 "
         );
     }
 

@@ -67,7 +67,10 @@ fn is_word(t: &Token, w: &str) -> bool {
 /// clause replaced by a marker item, and the OPTIONS; `None` when there is no clause. At most
 /// one clause per statement.
 pub fn strip_dp_clause(sql: &str) -> Result<Option<(String, DpClause)>, String> {
+    // Not unescaped: the statement is rebuilt from the tokens, and an unescaped 'O''Brien' would
+    // print back as 'O'Brien' (another statement).
     let tokens = Tokenizer::new(&GenericDialect {}, sql)
+        .with_unescape(false)
         .tokenize()
         .map_err(|e| format!("SQL error: {e}"))?;
     if !tokens.iter().any(|t| is_word(t, "DIFFERENTIAL_PRIVACY")) {
@@ -693,6 +696,19 @@ mod tests {
             None
         );
         assert_eq!(strip_dp_clause("SELECT avg(x) FROM t").unwrap(), None);
+    }
+
+    #[test]
+    fn quoted_text_is_kept_as_written() {
+        // A doubled quote stays doubled: the WHERE is the one the analyst wrote.
+        let (sql, _) = strip_dp_clause(
+            "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) COUNT(*) FROM t \
+             WHERE k = 'x'' OR ''1''=''1' AND \"a\"\"b\" = 1",
+        )
+        .unwrap()
+        .unwrap();
+        assert!(sql.contains("'x'' OR ''1''=''1'"), "{sql}");
+        assert!(sql.contains("\"a\"\"b\""), "{sql}");
     }
 
     #[test]

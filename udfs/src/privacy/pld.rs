@@ -296,7 +296,11 @@ pub fn composed_epsilon_from(q: f64, sigma: f64, steps: u64, delta: f64, h0: f64
             })
             .collect::<Option<Vec<f64>>>();
         if let Some(e) = eps {
-            let e = e.iter().cloned().fold(0.0, f64::max);
+            // A NaN (never expected) counts as unbounded loss: `f64::max` would drop it.
+            let e = e
+                .iter()
+                .map(|&x| if x.is_nan() { f64::INFINITY } else { x })
+                .fold(0.0, f64::max);
             // Round outward: the float error of the FFT (module constants).
             return Some(e + FLOAT_SLACK * e.max(1e-3));
         }

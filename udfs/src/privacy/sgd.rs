@@ -97,7 +97,17 @@ pub fn noise_multiplier(
         ))
     };
     // g(σ) = ln ε(σ) − ln target: > 0 fails, ≤ 0 satisfies.
-    let g_at = |h0: f64| move |z: f64| epsilon_from(q, z, t, d, h0).max(1e-300).ln() - target.ln();
+    // A NaN ε (never expected) fails the target: more noise, never less.
+    let g_at = |h0: f64| {
+        move |z: f64| {
+            let e = epsilon_from(q, z, t, d, h0);
+            if e.is_nan() {
+                f64::INFINITY
+            } else {
+                e.max(1e-300).ln() - target.ln()
+            }
+        }
+    };
     let coarse = g_at(10.0 * pld::DISCRETISATION);
     let start = match bracket(&coarse, 1.0, 2.0).ok_or_else(infeasible)? {
         Bracket::Done(z) => z,
