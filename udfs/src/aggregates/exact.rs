@@ -50,6 +50,51 @@ use crate::noise::SecureRng;
 /// Bits of fixed-point resolution below the bound: B/q ≤ 2^40.
 pub const FIXED_POINT_BITS: i32 = 40;
 
+/// Independent `i64` lanes of the vectorised sums (8: one AVX-512 register, two AVX2 ones).
+const LANES: usize = 8;
+
+/// Which build of the vectorised fixed-point loops runs ([`FixedPoint::sum_quantised`],
+/// [`FixedPoint::quantise_into`]). Every build computes the same integers; forcing one exists
+/// for the exactness tests and the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SumPath {
+    /// The widest build the CPU supports (what the aggregates use).
+    Auto,
+    /// Baseline x86-64 (SSE2), the dispatch fallback.
+    Portable,
+    /// The AVX2 build (falls back to `Portable` on a CPU without AVX2).
+    Avx2,
+    /// The AVX-512 (F, DQ, VL, BW) build (falls back to `Avx2`, then `Portable`).
+    Avx512,
+}
+
+impl SumPath {
+    /// The build that actually runs for this request on this CPU.
+    pub fn resolve(self) -> SumPath {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx512 = || {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+            };
+            let avx2 = || std::arch::is_x86_feature_detected!("avx2");
+            match self {
+                SumPath::Portable => SumPath::Portable,
+                SumPath::Auto | SumPath::Avx512 if avx512() => SumPath::Avx512,
+                SumPath::Auto | SumPath::Avx512 | SumPath::Avx2 if avx2() => SumPath::Avx2,
+                _ => SumPath::Portable,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = self;
+            SumPath::Portable
+        }
+    }
+}
+
 /// 2^e as an `f64`, exact for e ∈ [−1074, 1023]; 0 below, +∞ above.
 pub fn pow2(e: i32) -> f64 {
     if e > 1023 {
@@ -158,20 +203,36 @@ impl FixedPoint {
 
     /// (Σ quantise(vᵢ), number of NaN values) over `values`, in one pass. The sum is exact and
     /// meaningful only when there is no NaN (a NaN quantises to `lo` here; callers that find NaN
-    /// must skip those rows and sum again). Summed in `i64` chunks of 2^20 values
-    /// (|chunk sum| ≤ 2^60: no overflow) and then in `i128`, so the loop vectorises; the result
-    /// equals the `i128` sum of the quantised values in any order.
+    /// must skip those rows and sum again). Summed in [`LANES`] independent `i64` lanes over
+    /// chunks of 2^20 values (|lane sum| ≤ 2^60: no overflow), then in `i128`, so the loop
+    /// vectorises without a per-value branch; the result equals the `i128` sum of the quantised
+    /// values in any order.
     ///
-    /// Runtime dispatch (issue 19): the loop is compiled for baseline x86-64 and, inside a
-    /// `#[target_feature(enable = "avx2")]` function, for AVX2 (chosen by
-    /// `is_x86_feature_detected!`; no `-C target-cpu`). Integer sums are exact, so both give the
-    /// same result.
+    /// Runtime dispatch (issues 19, 32): the loop is compiled for baseline x86-64 and inside
+    /// `#[target_feature]` functions for AVX2 and AVX-512 (chosen by
+    /// `is_x86_feature_detected!`, the widest the CPU has; no `-C target-cpu`). Integer sums are
+    /// exact, so every build gives the same result ([`SumPath`] forces one, for the tests).
     pub fn sum_quantised(&self, values: &[f64]) -> (i128, usize) {
+        self.sum_quantised_on(values, SumPath::Auto)
+    }
+
+    /// [`Self::sum_quantised`] on the build `path` names (tests, benchmarks).
+    pub fn sum_quantised_on(&self, values: &[f64], path: SumPath) -> (i128, usize) {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { self.sum_quantised_avx2(values) };
+        match path.resolve() {
+            // SAFETY: `resolve` returns a SIMD path only when the CPU supports it.
+            SumPath::Avx512 => return unsafe { self.sum_quantised_avx512(values) },
+            // SAFETY: as above.
+            SumPath::Avx2 => return unsafe { self.sum_quantised_avx2(values) },
+            _ => {}
         }
+        let _ = path;
+        self.sum_quantised_generic(values)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw")]
+    unsafe fn sum_quantised_avx512(&self, values: &[f64]) -> (i128, usize) {
         self.sum_quantised_generic(values)
     }
 
@@ -187,15 +248,80 @@ impl FixedPoint {
         const CHUNK: usize = 1 << 20;
         let (mut total, mut nans) = (0i128, 0usize);
         for c in values.chunks(CHUNK) {
-            let (mut s, mut k) = (0i64, 0i64);
-            for &v in c {
-                s = s.wrapping_add(self.quantise_select(v));
-                k += i64::from(v.is_nan());
+            let mut s = [0i64; LANES];
+            let mut k = [0i64; LANES];
+            let blocks = c.chunks_exact(LANES);
+            let tail = blocks.remainder();
+            for b in blocks {
+                for j in 0..LANES {
+                    s[j] = s[j].wrapping_add(self.quantise_select(b[j]));
+                    k[j] += i64::from(b[j].is_nan());
+                }
             }
-            total = total.saturating_add(s as i128);
-            nans += k as usize;
+            for &v in tail {
+                s[0] = s[0].wrapping_add(self.quantise_select(v));
+                k[0] += i64::from(v.is_nan());
+            }
+            // Each lane holds at most 2^17 values of |x| ≤ 2^40: |lane| ≤ 2^57, no wrap.
+            total = s.iter().fold(total, |t, &x| t.saturating_add(x as i128));
+            nans += k.iter().sum::<i64>() as usize;
         }
         (total, nans)
+    }
+
+    /// Writes quantise(vᵢ) into `out[i]` (resized to `values.len()`; NaN gives `lo`, as
+    /// [`Self::quantise_select`]) and returns the number of NaN values: the per-row integers of
+    /// the GROUP BY pass, computed by a vectorised loop before the scatter into the groups.
+    /// Dispatched as [`Self::sum_quantised`]; every build writes the same integers.
+    pub fn quantise_into(&self, values: &[f64], out: &mut Vec<i64>) -> usize {
+        self.quantise_into_on(values, out, SumPath::Auto)
+    }
+
+    /// [`Self::quantise_into`] on the build `path` names (tests, benchmarks).
+    pub fn quantise_into_on(&self, values: &[f64], out: &mut Vec<i64>, path: SumPath) -> usize {
+        out.clear();
+        out.resize(values.len(), 0);
+        #[cfg(target_arch = "x86_64")]
+        match path.resolve() {
+            // SAFETY: `resolve` returns a SIMD path only when the CPU supports it.
+            SumPath::Avx512 => return unsafe { self.quantise_into_avx512(values, out) },
+            // SAFETY: as above.
+            SumPath::Avx2 => return unsafe { self.quantise_into_avx2(values, out) },
+            _ => {}
+        }
+        let _ = path;
+        self.quantise_into_generic(values, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw")]
+    unsafe fn quantise_into_avx512(&self, values: &[f64], out: &mut [i64]) -> usize {
+        self.quantise_into_generic(values, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn quantise_into_avx2(&self, values: &[f64], out: &mut [i64]) -> usize {
+        self.quantise_into_generic(values, out)
+    }
+
+    #[inline(always)]
+    fn quantise_into_generic(&self, values: &[f64], out: &mut [i64]) -> usize {
+        let mut k = [0i64; LANES];
+        let mut vb = values.chunks_exact(LANES);
+        let mut ob = out.chunks_exact_mut(LANES);
+        for (v, o) in (&mut vb).zip(&mut ob) {
+            for j in 0..LANES {
+                o[j] = self.quantise_select(v[j]);
+                k[j] += i64::from(v[j].is_nan());
+            }
+        }
+        let mut nans = k.iter().sum::<i64>() as usize;
+        for (&v, o) in vb.remainder().iter().zip(ob.into_remainder()) {
+            *o = self.quantise_select(v);
+            nans += usize::from(v.is_nan());
+        }
+        nans
     }
 
     /// [`Self::quantise`] with the clamp written as comparisons (`v > lower ? v : lower`, then
