@@ -7,7 +7,7 @@
 //! `--count` (adds `dp_count` vs `count`), `--quick` (1M rows, no ledger part), `--ledger` (the
 //! ledger part alone).
 //!
-//! - Kernels alone (10M values, one thread): Arrow's float `sum` against the exact fixed-point
+//! - Kernels alone (10M values, or the largest size if smaller; one thread): Arrow's float `sum` against the exact fixed-point
 //!   sum on each build (baseline, AVX2, AVX-512), the per-row conversion, and the GROUP BY
 //!   scatter loops of `avg` and of the DP aggregates: where the per-row time goes.
 //! - Pairs (same data, same plan shape, same partitions): `dp_mean(x, 0, 1000, 1.0)` vs
@@ -231,6 +231,24 @@ fn kernels(n: usize, reps: usize) {
         "| conversion + scatter i64 sum + count into 1,000 groups (DP's loop) | {} |",
         ns(d)
     );
+    let mut ri = vec![0i64; 1000];
+    let d = best(&mut || {
+        for (v, gc) in x.values().chunks(8192).zip(g.chunks(8192)) {
+            if v.iter().any(|y| y.is_nan()) {
+                continue;
+            }
+            for (&y, &k) in v.iter().zip(gc) {
+                si[k] += fp.quantise_select(y);
+                ci[k] += 1;
+                ri[k] += 1;
+            }
+        }
+        std::hint::black_box((&si, &ci, &ri));
+    });
+    println!(
+        "| before issue 32: NaN scan, then conversion inside the scatter, sum + count + rows | {} |",
+        ns(d)
+    );
 }
 
 #[tokio::main]
@@ -262,7 +280,10 @@ async fn main() {
          cores); best of {reps} interleaved pairs after one warm-up each; ratio = DP / DataFusion \
          baseline; batches of 8,192 rows\n"
     );
-    kernels(10_000_000, reps);
+    kernels(
+        sizes.iter().copied().max().unwrap_or(1).min(10_000_000),
+        reps,
+    );
     let dir = std::env::temp_dir().join(format!("dpfusion-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pairs: Vec<_> = PAIRS
