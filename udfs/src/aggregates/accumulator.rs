@@ -33,6 +33,10 @@ use crate::noise::SecureRng;
 /// Precision and scale of the `sum` state field.
 const SUM_PRECISION: u8 = 38;
 
+/// Rows whose quantised values may be pending in one `i64` partial: |x| ≤ 2⁴⁰, so at most
+/// 2⁶² in magnitude (no overflow).
+const PENDING_MAX: usize = 1 << 22;
+
 /// Which partial fields a function keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
@@ -232,12 +236,13 @@ pub(crate) struct DpGroups {
     sums_sq: Vec<i128>,
     counts: Vec<i64>,
     rows: Vec<i64>,
-    /// Scratch `i64` partial sums of one batch ([`Self::update_fused`]); all zero between
-    /// batches.
+    /// Pending `i64` partial sums per group ([`Self::update_fused`]); all zero after
+    /// [`Self::flush`].
     part: Vec<i64>,
-    /// Scratch per-group row counts of one batch ([`Self::update_fused`]); all zero between
-    /// batches.
+    /// Pending per-group row counts ([`Self::update_fused`]); all zero after [`Self::flush`].
     part_n: Vec<i64>,
+    /// Rows added to `part` since the last flush (at most [`PENDING_MAX`]).
+    pending: usize,
     /// Scratch: the quantised values of one batch; grown to the largest batch, then reused.
     quantised: Vec<i64>,
     insecure_seed: Option<u64>,
@@ -270,6 +275,7 @@ impl DpGroups {
             rows: vec![],
             part: vec![],
             part_n: vec![],
+            pending: 0,
             quantised: vec![],
             insecure_seed,
             rng: None,
@@ -299,8 +305,10 @@ impl DpGroups {
         })
     }
 
-    /// The partial of group `g` (not consumed).
+    /// The partial of group `g` (not consumed). Only on a flushed state (the no-GROUP-BY
+    /// accumulator and merges never leave rows pending).
     fn partial(&self, g: usize) -> Partial {
+        debug_assert_eq!(self.pending, 0, "read of a state with pending partials");
         Partial {
             sum: self.sums.get(g).copied().unwrap_or(0),
             sum_sq: self.sums_sq.get(g).copied().unwrap_or(0),
@@ -351,63 +359,63 @@ impl DpGroups {
     /// [`GroupsAccumulator::update_batch`] when every row counts (no FILTER, NULL or NaN) and
     /// the shape is `sum` with or without `count` and `rows` (`dp_sum`, `dp_mean`), given the
     /// batch's quantised values `q` (computed by the vectorised [`FixedPoint::quantise_into`],
-    /// which also found that there is no NaN). One scatter pass over the rows, as `avg`'s:
-    /// the integers are summed per group in `i64` partials (|x| ≤ 2⁴⁰, so fewer than 2²² values
-    /// stay below 2⁶²) and the rows counted per group once (here count = rows: every row
-    /// counts), both added to the exact state after the chunk, when the chunk has at least as
-    /// many rows as there are groups (else that flush would cost more than the pass; then the
-    /// `i128` sums are added directly, still in one pass). Integer sums: the same totals as the
-    /// per-field passes, in any order.
+    /// which also found that there is no NaN). One scatter pass over the rows, as `avg`'s: the
+    /// integers are summed per group in `i64` partials and the rows counted per group once
+    /// (here count = rows: every row counts). The partials are added to the exact state by
+    /// [`Self::flush`] only before [`PENDING_MAX`] rows could overflow them (|x| ≤ 2⁴⁰, so
+    /// 2²² values stay below 2⁶²) and before any read of the state, not after every batch (a
+    /// flush costs O(groups)). Integer sums: the same totals as the per-field passes, in any
+    /// order.
     fn update_fused(&mut self, q: &[i64], gi: &[usize], groups: usize) {
-        const CHUNK: usize = 1 << 22;
+        if self.part.len() < groups {
+            self.part.resize(groups, 0);
+        }
         let (count, rows) = (self.shape.count, self.shape.rows);
-        for (q, gi) in q.chunks(CHUNK).zip(gi.chunks(CHUNK)) {
-            if groups <= gi.len() {
-                if self.part.len() < groups {
-                    self.part.resize(groups, 0);
-                }
-                let part = &mut self.part[..groups];
-                if count || rows {
-                    if self.part_n.len() < groups {
-                        self.part_n.resize(groups, 0);
-                    }
-                    let n = &mut self.part_n[..groups];
-                    for (&x, &g) in q.iter().zip(gi) {
-                        part[g] += x;
-                        n[g] += 1;
-                    }
-                    for (dst, keep) in [(&mut self.counts, count), (&mut self.rows, rows)] {
-                        if keep {
-                            for (c, &k) in dst[..groups].iter_mut().zip(n.iter()) {
-                                *c += k;
-                            }
-                        }
-                    }
-                    n.fill(0);
-                } else {
-                    for (&x, &g) in q.iter().zip(gi) {
-                        part[g] += x;
-                    }
-                }
-                for (s, p) in self.sums[..groups].iter_mut().zip(part.iter_mut()) {
-                    *s = s.saturating_add(*p as i128);
-                    *p = 0;
+        if (count || rows) && self.part_n.len() < groups {
+            self.part_n.resize(groups, 0);
+        }
+        for (q, gi) in q.chunks(PENDING_MAX).zip(gi.chunks(PENDING_MAX)) {
+            if self.pending + q.len() > PENDING_MAX {
+                self.flush();
+            }
+            self.pending += q.len();
+            let part = &mut self.part[..groups];
+            if count || rows {
+                let n = &mut self.part_n[..groups];
+                for (&x, &g) in q.iter().zip(gi) {
+                    part[g] += x;
+                    n[g] += 1;
                 }
             } else {
-                let sums = &mut self.sums[..groups];
                 for (&x, &g) in q.iter().zip(gi) {
-                    sums[g] = sums[g].saturating_add(x as i128);
-                }
-                if count {
-                    let c = &mut self.counts[..groups];
-                    gi.iter().for_each(|&g| c[g] += 1);
-                }
-                if rows {
-                    let r = &mut self.rows[..groups];
-                    gi.iter().for_each(|&g| r[g] += 1);
+                    part[g] += x;
                 }
             }
         }
+    }
+
+    /// Adds the pending `i64` partials of [`Self::update_fused`] to the exact state and zeroes
+    /// them. Called before every read of the state (`evaluate`, `state`, [`Self::partial`]).
+    fn flush(&mut self) {
+        if self.pending == 0 {
+            return;
+        }
+        for (s, p) in self.sums.iter_mut().zip(self.part.iter_mut()) {
+            *s = s.saturating_add(*p as i128);
+            *p = 0;
+        }
+        for (dst, keep) in [
+            (&mut self.counts, self.shape.count),
+            (&mut self.rows, self.shape.rows),
+        ] {
+            if keep {
+                for (c, &k) in dst.iter_mut().zip(self.part_n.iter()) {
+                    *c += k;
+                }
+            }
+        }
+        self.part_n.fill(0);
+        self.pending = 0;
     }
 
     fn memory(&self) -> usize {
@@ -524,6 +532,7 @@ impl GroupsAccumulator for DpGroups {
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        self.flush();
         let n = match emit_to {
             EmitTo::All => self
                 .sums
@@ -567,6 +576,7 @@ impl GroupsAccumulator for DpGroups {
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        self.flush();
         let mut out: Vec<ArrayRef> = Vec::with_capacity(4);
         if self.shape.sum {
             out.push(sum_array(emit_to.take_needed(&mut self.sums))?);
@@ -975,6 +985,60 @@ mod tests {
         acc.update_batch(&[arr], &gi, Some(&filter), 1).unwrap();
         let kept: Vec<Option<f64>> = xs.iter().step_by(2).copied().collect();
         assert_eq!(acc.partial(0), reference(&fp, &kept, 1)[0]);
+    }
+
+    /// Pending `i64` partials are flushed before every read: states emitted in pieces
+    /// (`EmitTo::First`, as DataFusion does under memory pressure) between updates add up to
+    /// the row-by-row totals.
+    #[test]
+    fn emitting_in_pieces_flushes_pending_partials() {
+        let fp = FixedPoint::new(-1000.0, 1000.0);
+        let xs = values(5000, -1000.0, 1000.0, false);
+        let groups = 10;
+        let want = reference(&fp, &xs, groups);
+        let fin: Arc<dyn Finalise> = Arc::new(Exact(MEAN, fp));
+        let mut acc = DpGroups::new(fin, Some(1)).unwrap();
+        let mut got = vec![Partial::default(); groups];
+        let mut base = 0; // groups already emitted
+        for (k, c) in xs.chunks(1000).enumerate() {
+            let start = k * 1000;
+            let gi: Vec<usize> = (start..start + c.len())
+                .map(|i| (i % groups).saturating_sub(base))
+                .collect();
+            // rows of emitted groups are not fed again (their group is gone): skip them
+            let keep: Vec<usize> = (0..c.len())
+                .filter(|&i| (start + i) % groups >= base)
+                .collect();
+            let vals: Vec<Option<f64>> = keep.iter().map(|&i| c[i]).collect();
+            let gi: Vec<usize> = keep.iter().map(|&i| gi[i]).collect();
+            let arr: ArrayRef = Arc::new(Float64Array::from(vals));
+            acc.update_batch(&[arr], &gi, None, groups - base).unwrap();
+            if k == 1 {
+                let st = acc.state(EmitTo::First(3)).unwrap();
+                for g in 0..3 {
+                    got[g] = Partial {
+                        sum: st[0].as_primitive::<Decimal128Type>().value(g),
+                        sum_sq: 0,
+                        count: st[1].as_primitive::<Int64Type>().value(g),
+                        rows: st[2].as_primitive::<Int64Type>().value(g),
+                    };
+                }
+                base = 3;
+            }
+        }
+        let st = acc.state(EmitTo::All).unwrap();
+        for g in base..groups {
+            got[g] = Partial {
+                sum: st[0].as_primitive::<Decimal128Type>().value(g - base),
+                sum_sq: 0,
+                count: st[1].as_primitive::<Int64Type>().value(g - base),
+                rows: st[2].as_primitive::<Int64Type>().value(g - base),
+            };
+        }
+        // The emitted groups saw only the first two batches.
+        let early = reference(&fp, &xs[..2000], groups);
+        assert_eq!(&got[..3], &early[..3]);
+        assert_eq!(&got[3..], &want[3..]);
     }
 
     /// Every build of the vectorised conversion (baseline, AVX2, AVX-512 where the CPU has
