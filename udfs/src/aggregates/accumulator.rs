@@ -987,6 +987,16 @@ mod tests {
         assert_eq!(acc.partial(0), reference(&fp, &kept, 1)[0]);
     }
 
+    /// Row `i` of a `dp_mean`-shaped state (sum, count, rows).
+    fn from_state(st: &[ArrayRef], i: usize) -> Partial {
+        Partial {
+            sum: st[0].as_primitive::<Decimal128Type>().value(i),
+            sum_sq: 0,
+            count: st[1].as_primitive::<Int64Type>().value(i),
+            rows: st[2].as_primitive::<Int64Type>().value(i),
+        }
+    }
+
     /// Pending `i64` partials are flushed before every read: states emitted in pieces
     /// (`EmitTo::First`, as DataFusion does under memory pressure) between updates add up to
     /// the row-by-row totals.
@@ -1015,25 +1025,15 @@ mod tests {
             acc.update_batch(&[arr], &gi, None, groups - base).unwrap();
             if k == 1 {
                 let st = acc.state(EmitTo::First(3)).unwrap();
-                for g in 0..3 {
-                    got[g] = Partial {
-                        sum: st[0].as_primitive::<Decimal128Type>().value(g),
-                        sum_sq: 0,
-                        count: st[1].as_primitive::<Int64Type>().value(g),
-                        rows: st[2].as_primitive::<Int64Type>().value(g),
-                    };
+                for (g, p) in got.iter_mut().enumerate().take(3) {
+                    *p = from_state(&st, g);
                 }
                 base = 3;
             }
         }
         let st = acc.state(EmitTo::All).unwrap();
-        for g in base..groups {
-            got[g] = Partial {
-                sum: st[0].as_primitive::<Decimal128Type>().value(g - base),
-                sum_sq: 0,
-                count: st[1].as_primitive::<Int64Type>().value(g - base),
-                rows: st[2].as_primitive::<Int64Type>().value(g - base),
-            };
+        for (g, p) in got.iter_mut().enumerate().skip(base) {
+            *p = from_state(&st, g - base);
         }
         // The emitted groups saw only the first two batches.
         let early = reference(&fp, &xs[..2000], groups);
