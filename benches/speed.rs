@@ -242,7 +242,7 @@ fn arg(flag: &str) -> Option<String> {
 /// GROUP BY scatter of `avg` against the DP one. Best of `reps`, ns per value, one thread.
 fn kernels(n: usize, reps: usize) {
     use datafusion::arrow::compute::sum;
-    use dpfusion_udfs::aggregates::exact::{FixedPoint, SumPath};
+    use dpfusion_udfs::aggregates::exact::{FixedPoint, SumPath, count_nan};
     let (_, batches) = data(n, 1000, n);
     let x = batches[0]
         .column(1)
@@ -284,18 +284,13 @@ fn kernels(n: usize, reps: usize) {
             ns(d)
         );
     }
-    let mut q = Vec::with_capacity(8192);
-    for path in [SumPath::Portable, SumPath::Auto] {
-        let d = best(&mut || {
-            for c in x.values().chunks(8192) {
-                std::hint::black_box(fp.quantise_into_on(c, &mut q, path));
-            }
-        });
-        println!(
-            "| per-row conversion into a reused 8,192-row buffer, {path:?} | {} |",
-            ns(d)
-        );
-    }
+    let d = best(&mut || {
+        std::hint::black_box(count_nan(x.values()));
+    });
+    println!(
+        "| NaN count (`count_nan`, the GROUP BY fast path's check) | {} |",
+        ns(d)
+    );
     let (mut s, mut c) = (vec![0f64; 1000], vec![0i64; 1000]);
     let d = best(&mut || {
         for (&v, &k) in x.values().iter().zip(&g) {
@@ -308,37 +303,47 @@ fn kernels(n: usize, reps: usize) {
         "| scatter f64 sum + count into 1,000 groups (`avg`'s loop) | {} |",
         ns(d)
     );
+    // The DP GROUP BY loop (`DpGroups::update_fused`): NaN count, then the value quantised
+    // inside the scatter into i64 partials and one count per group, flushed once at the end.
     let (mut si, mut ci) = (vec![0i64; 1000], vec![0i64; 1000]);
     let d = best(&mut || {
         for (v, gc) in x.values().chunks(8192).zip(g.chunks(8192)) {
-            fp.quantise_into(v, &mut q);
-            for (&y, &k) in q.iter().zip(gc) {
-                si[k] += y;
+            if count_nan(v) != 0 {
+                continue;
+            }
+            for (&y, &k) in v.iter().zip(gc) {
+                si[k] += fp.quantise_select(y);
                 ci[k] += 1;
             }
         }
         std::hint::black_box((&si, &ci));
     });
     println!(
-        "| conversion + scatter i64 sum + count into 1,000 groups (DP's loop) | {} |",
+        "| NaN count, then quantise inside the scatter, i64 sum + count into 1,000 groups (DP's loop) | {} |",
         ns(d)
     );
-    let mut ri = vec![0i64; 1000];
+    // Before issue 32: an early-exit NaN scan, sum + count + rows per row, and the i64
+    // partials flushed into i128 sums after every batch.
+    let (mut ri, mut sw, mut part) = (vec![0i64; 1000], vec![0i128; 1000], vec![0i64; 1000]);
     let d = best(&mut || {
         for (v, gc) in x.values().chunks(8192).zip(g.chunks(8192)) {
             if v.iter().any(|y| y.is_nan()) {
                 continue;
             }
             for (&y, &k) in v.iter().zip(gc) {
-                si[k] += fp.quantise_select(y);
+                part[k] += fp.quantise_select(y);
                 ci[k] += 1;
                 ri[k] += 1;
             }
+            for (s, p) in sw.iter_mut().zip(part.iter_mut()) {
+                *s = s.saturating_add(*p as i128);
+                *p = 0;
+            }
         }
-        std::hint::black_box((&si, &ci, &ri));
+        std::hint::black_box((&sw, &ci, &ri));
     });
     println!(
-        "| before issue 32: NaN scan, then conversion inside the scatter, sum + count + rows | {} |",
+        "| before issue 32: NaN scan, sum + count + rows per row, flush after every batch | {} |",
         ns(d)
     );
 }

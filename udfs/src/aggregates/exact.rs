@@ -50,9 +50,9 @@ use crate::noise::SecureRng;
 /// Bits of fixed-point resolution below the bound: B/q ≤ 2^40.
 pub const FIXED_POINT_BITS: i32 = 40;
 
-/// Which build of the vectorised fixed-point loops runs ([`FixedPoint::sum_quantised`],
-/// [`FixedPoint::quantise_into`]). Every build computes the same integers; forcing one exists
-/// for the exactness tests and the benchmark.
+/// Which build of the vectorised fixed-point sum runs ([`FixedPoint::sum_quantised`]). Every
+/// build computes the same integers; forcing one exists for the exactness tests and the
+/// benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SumPath {
     /// The widest build the CPU supports (what the aggregates use).
@@ -90,6 +90,14 @@ impl SumPath {
             SumPath::Portable
         }
     }
+}
+
+/// The number of NaN values, branch-free (the loop vectorises; no early exit): whether a batch
+/// can take the aggregates' fast paths, which need every value to count.
+pub fn count_nan(values: &[f64]) -> usize {
+    values
+        .iter()
+        .fold(0usize, |k, v| k + usize::from(v.is_nan()))
 }
 
 /// 2^e as an `f64`, exact for e ∈ [−1074, 1023]; 0 below, +∞ above.
@@ -255,52 +263,6 @@ impl FixedPoint {
             nans += k as usize;
         }
         (total, nans)
-    }
-
-    /// Writes quantise(vᵢ) into `out[i]` (resized to `values.len()`; NaN gives `lo`, as
-    /// [`Self::quantise_select`]) and returns the number of NaN values: the per-row integers of
-    /// the GROUP BY pass, computed by a vectorised loop before the scatter into the groups.
-    /// Dispatched as [`Self::sum_quantised`]; every build writes the same integers.
-    pub fn quantise_into(&self, values: &[f64], out: &mut Vec<i64>) -> usize {
-        self.quantise_into_on(values, out, SumPath::Auto)
-    }
-
-    /// [`Self::quantise_into`] on the build `path` names (tests, benchmarks).
-    pub fn quantise_into_on(&self, values: &[f64], out: &mut Vec<i64>, path: SumPath) -> usize {
-        out.clear();
-        out.resize(values.len(), 0);
-        #[cfg(target_arch = "x86_64")]
-        match path.resolve() {
-            // SAFETY: `resolve` returns a SIMD path only when the CPU supports it.
-            SumPath::Avx512 => return unsafe { self.quantise_into_avx512(values, out) },
-            // SAFETY: as above.
-            SumPath::Avx2 => return unsafe { self.quantise_into_avx2(values, out) },
-            _ => {}
-        }
-        let _ = path;
-        self.quantise_into_generic(values, out)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw")]
-    unsafe fn quantise_into_avx512(&self, values: &[f64], out: &mut [i64]) -> usize {
-        self.quantise_into_generic(values, out)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn quantise_into_avx2(&self, values: &[f64], out: &mut [i64]) -> usize {
-        self.quantise_into_generic(values, out)
-    }
-
-    #[inline(always)]
-    fn quantise_into_generic(&self, values: &[f64], out: &mut [i64]) -> usize {
-        let mut nans = 0i64;
-        for (o, &v) in out.iter_mut().zip(values) {
-            *o = self.quantise_select(v);
-            nans += i64::from(v.is_nan());
-        }
-        nans as usize
     }
 
     /// [`Self::quantise`] with the clamp written as comparisons (`v > lower ? v : lower`, then

@@ -48,6 +48,8 @@ use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::utils::format_state_name;
 
+use crate::aggregates::exact::count_nan;
+
 /// What the label column holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LabelKind {
@@ -254,11 +256,6 @@ fn feature_lists(features: &ArrayRef) -> Result<FeatureLists> {
             "features must be a list of numbers ([x1, x2] or make_array(x1, x2)), got {t}"
         ))),
     }
-}
-
-/// The number of NaN values (a branch-free count: the loop vectorises).
-fn count_nan(v: &[f64]) -> usize {
-    v.iter().fold(0usize, |k, x| k + usize::from(x.is_nan()))
 }
 
 /// Labels as f64: NaN for NULL, and with [`LabelKind::Binary`] for anything but 0 and 1 (so
