@@ -372,6 +372,14 @@ async fn main() {
         .map(|p| p.get())
         .unwrap_or(2);
     println!("# dpfusion speed benchmark\n");
+    // Other work on the machine moves every time here: say how much there was.
+    if let Ok(l) = std::fs::read_to_string("/proc/loadavg") {
+        let l: Vec<&str> = l.split_whitespace().take(3).collect();
+        println!(
+            "load average at the start (1, 5, 15 min): {}\n",
+            l.join(" ")
+        );
+    }
     println!(
         "{cores} cores; target_partitions 2 and 16 (16 is emulated when the machine has fewer \
          cores); best of {reps} interleaved pairs after one warm-up each; ratio = DP / DataFusion \
