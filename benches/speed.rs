@@ -1,22 +1,37 @@
 //! Speed of the DP aggregates against DataFusion's own aggregates, measured in the same process
-//! (issue 8). Run: `cargo bench --bench speed` (release profile). Prints a Markdown table of
-//! best-of-5 wall times and the ratio DP / baseline for each pair; `--quick` uses 1M rows;
-//! `--ledger` runs the ledger part alone.
+//! (issues 8, 19, 32). Run: `cargo bench --bench speed` (release profile). Prints Markdown
+//! tables of best-of-5 wall times, DP and baseline run as interleaved pairs, and the ratio
+//! DP / baseline for each pair.
 //!
-//! Pairs (same data, same plan shape, same partitions):
-//! - `dp_mean(x, 0, 1000, 1.0)` vs `avg(x)`; `dp_sum` vs `sum`; `dp_count` vs `count`;
-//!   without GROUP BY and with GROUP BY over 1,000 groups (public keys: no partition selection,
-//!   the aggregate alone is measured); in memory and from Parquet.
+//! Flags: `--sizes 1,10,50` (millions of rows; default 1 and 10), `--reps N` (default 5),
+//! `--count` (adds `dp_count` vs `count`), `--quick` (1M rows, no ledger part), `--ledger` (the
+//! ledger part alone).
+//!
+//! - Kernels alone (10M values, or the largest size if smaller; one thread): Arrow's float `sum` against the exact fixed-point
+//!   sum on each build (baseline, AVX2, AVX-512), the per-row conversion, and the GROUP BY
+//!   scatter loops of `avg` and of the DP aggregates: where the per-row time goes.
+//! - Pairs (same data, same plan shape, same partitions): `dp_mean(x, 0, 1000, 1.0)` vs
+//!   `avg(x)` and `dp_sum` vs `sum`, without GROUP BY and with GROUP BY over 1,000 groups
+//!   (public keys: no partition selection, the aggregate alone is measured), in memory (as many
+//!   MemTable partitions as target partitions) and from one Parquet file, at
+//!   `target_partitions` 2 and 16 (16 is emulated on a machine with fewer cores).
+//! - The fixed cost of a query on tiny inputs (planning, accumulators, noise).
 //! - The ledger (the accountant directly): opening a 10,000-entry ledger (from its checkpoint)
 //!   against a 10-entry one; admission with 10,000 entries present (the check, and the check
 //!   with its fsync'd append); admission with its fsync (on disk) and without (tmpfs).
-//! - Growth with n (1e5, 1e6, 1e7) and with partitions (1, 2).
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema};
+use datafusion::common::{Result, ScalarValue};
 use datafusion::datasource::MemTable;
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, GroupsAccumulator, Signature, Volatility,
+};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Literal;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use dpfusion::accounting::{Accountant, Budget, Neighbours, TableCharge, TablePolicy, Visibility};
 use dpfusion_udfs::privacy::Event;
@@ -53,17 +68,6 @@ fn data(n: usize, groups: i64, batch: usize) -> (Arc<Schema>, Vec<RecordBatch>) 
         i += m;
     }
     (schema, out)
-}
-
-async fn best_of(ctx: &SessionContext, sql: &str, reps: usize) -> Duration {
-    let mut best = Duration::MAX;
-    for _ in 0..reps + 1 {
-        let t = Instant::now();
-        let r = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        std::hint::black_box(r);
-        best = best.min(t.elapsed());
-    }
-    best
 }
 
 /// A ledger in `dir` with one private table and `n` charges; returns its path.
@@ -110,7 +114,82 @@ fn ctx_with(partitions: usize) -> SessionContext {
     let ctx =
         SessionContext::new_with_config(SessionConfig::new().with_target_partitions(partitions));
     dpfusion_udfs::register_all(&ctx);
+    ctx.register_udaf(AggregateUDF::from(Bound::mean()));
     ctx
+}
+
+/// An experiment, not a dpfusion function: `dp_mean_bound(x)` is `dp_mean(x, 0, 1000, 1.0)`
+/// with its literal parameters bound into the UDAF instead of passed as arguments. DataFusion
+/// evaluates every argument of an aggregate into an array of the batch's length
+/// (`evaluate_expressions_to_arrays` → `into_array_of_size`), so each literal parameter costs
+/// an allocation and a fill of one value per row; this measures the DP aggregate without that
+/// cost (the same accumulators, built from the same literals).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Bound {
+    inner: AggregateUDF,
+    params: Vec<ScalarValue>,
+    signature: Signature,
+}
+
+impl Bound {
+    fn mean() -> Self {
+        Bound {
+            inner: dpfusion_udfs::aggregates::dp_mean_udaf(),
+            params: vec![
+                ScalarValue::Float64(Some(0.0)),
+                ScalarValue::Float64(Some(1000.0)),
+                ScalarValue::Float64(Some(1.0)),
+            ],
+            signature: Signature::exact(vec![DataType::Float64], Volatility::Volatile),
+        }
+    }
+
+    /// The data argument, then the bound parameters as literal expressions (what the
+    /// accumulators read their parameters from).
+    fn with_params<T>(
+        &self,
+        args: AccumulatorArgs,
+        f: impl FnOnce(AccumulatorArgs) -> Result<T>,
+    ) -> Result<T> {
+        let mut exprs: Vec<Arc<dyn PhysicalExpr>> = vec![Arc::clone(&args.exprs[0])];
+        let mut fields = vec![Arc::clone(&args.expr_fields[0])];
+        for (i, p) in self.params.iter().enumerate() {
+            exprs.push(Arc::new(Literal::new(p.clone())));
+            fields.push(Arc::new(Field::new(format!("p{i}"), p.data_type(), false)));
+        }
+        f(AccumulatorArgs {
+            exprs: &exprs,
+            expr_fields: &fields,
+            ..args
+        })
+    }
+}
+
+impl AggregateUDFImpl for Bound {
+    fn name(&self) -> &str {
+        "dp_mean_bound"
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float64)
+    }
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        self.with_params(args, |a| self.inner.inner().accumulator(a))
+    }
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        self.inner.inner().state_fields(args)
+    }
+    fn groups_accumulator_supported(&self, _: AccumulatorArgs) -> bool {
+        true
+    }
+    fn create_groups_accumulator(
+        &self,
+        args: AccumulatorArgs,
+    ) -> Result<Box<dyn GroupsAccumulator>> {
+        self.with_params(args, |a| self.inner.inner().create_groups_accumulator(a))
+    }
 }
 
 fn ms(d: Duration) -> String {
@@ -120,8 +199,154 @@ fn ms(d: Duration) -> String {
 const PAIRS: &[(&str, &str, &str)] = &[
     ("dp_mean", "dp_mean(x, 0, 1000, 1.0)", "avg(x)"),
     ("dp_sum", "dp_sum(x, 0, 1000, 1.0)", "sum(x)"),
+    (
+        "dp_mean, 6 parameters (as a session passes them)",
+        "dp_mean(x, 0, 1000, 1.0, 1e-6, 'gaussian', 'add_remove')",
+        "avg(x)",
+    ),
+    (
+        "dp_mean, parameters bound (experiment)",
+        "dp_mean_bound(x)",
+        "avg(x)",
+    ),
     ("dp_count", "dp_count(x, 1.0)", "count(x)"),
 ];
+
+/// Best-of-`reps` wall times of two queries, run interleaved (a, b, a, b, …) after one warm-up
+/// each, so that a change of machine load hits both alike.
+async fn pair(ctx: &SessionContext, a: &str, b: &str, reps: usize) -> (Duration, Duration) {
+    let (mut ba, mut bb) = (Duration::MAX, Duration::MAX);
+    for k in 0..reps + 1 {
+        for (sql, best) in [(a, &mut ba), (b, &mut bb)] {
+            let t = Instant::now();
+            let r = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+            std::hint::black_box(r);
+            if k > 0 {
+                *best = (*best).min(t.elapsed());
+            }
+        }
+    }
+    (ba, bb)
+}
+
+/// The argument after `flag`, if given.
+fn arg(flag: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+/// The exact-sum kernels alone on `n` in-memory values (no DataFusion): Arrow's float `sum`
+/// (what `avg`/`sum` run), the fixed-point sum and the per-row conversion on each build, and the
+/// GROUP BY scatter of `avg` against the DP one. Best of `reps`, ns per value, one thread.
+fn kernels(n: usize, reps: usize) {
+    use datafusion::arrow::compute::sum;
+    use dpfusion_udfs::aggregates::exact::{FixedPoint, SumPath, count_nan};
+    let (_, batches) = data(n, 1000, n);
+    let x = batches[0]
+        .column(1)
+        .as_any()
+        .downcast_ref::<Float64Array>()
+        .unwrap()
+        .clone();
+    let g: Vec<usize> = (0..n).map(|i| i % 1000).collect();
+    let fp = FixedPoint::new(0.0, 1000.0);
+    let ns = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e9 / n as f64);
+    let best = |f: &mut dyn FnMut()| {
+        let mut b = Duration::MAX;
+        for _ in 0..reps {
+            let t = Instant::now();
+            f();
+            b = b.min(t.elapsed());
+        }
+        b
+    };
+    println!(
+        "\n## Kernels alone ({n} values in memory, one thread, best of {reps}; ns per value)\n"
+    );
+    println!("| kernel | ns/value |");
+    println!("|---|---|");
+    let d = best(&mut || {
+        std::hint::black_box(sum(&x));
+    });
+    println!("| Arrow `sum` of f64 (the baseline's kernel) | {} |", ns(d));
+    for path in [SumPath::Portable, SumPath::Avx2, SumPath::Avx512] {
+        if path.resolve() != path {
+            println!("| exact sum, {path:?} build | not on this CPU |");
+            continue;
+        }
+        let d = best(&mut || {
+            std::hint::black_box(fp.sum_quantised_on(x.values(), path));
+        });
+        println!(
+            "| exact sum (clamp, round to the grid, i64 lanes), {path:?} build | {} |",
+            ns(d)
+        );
+    }
+    let d = best(&mut || {
+        std::hint::black_box(count_nan(x.values()));
+    });
+    println!(
+        "| NaN count (`count_nan`, the GROUP BY fast path's check) | {} |",
+        ns(d)
+    );
+    let (mut s, mut c) = (vec![0f64; 1000], vec![0i64; 1000]);
+    let d = best(&mut || {
+        for (&v, &k) in x.values().iter().zip(&g) {
+            s[k] += v;
+            c[k] += 1;
+        }
+        std::hint::black_box((&s, &c));
+    });
+    println!(
+        "| scatter f64 sum + count into 1,000 groups (`avg`'s loop) | {} |",
+        ns(d)
+    );
+    // The DP GROUP BY loop (`DpGroups::update_fused`): NaN count, then the value quantised
+    // inside the scatter into i64 partials and one count per group, flushed once at the end.
+    let (mut si, mut ci) = (vec![0i64; 1000], vec![0i64; 1000]);
+    let d = best(&mut || {
+        for (v, gc) in x.values().chunks(8192).zip(g.chunks(8192)) {
+            if count_nan(v) != 0 {
+                continue;
+            }
+            for (&y, &k) in v.iter().zip(gc) {
+                si[k] += fp.quantise_select(y);
+                ci[k] += 1;
+            }
+        }
+        std::hint::black_box((&si, &ci));
+    });
+    println!(
+        "| NaN count, then quantise inside the scatter, i64 sum + count into 1,000 groups (DP's loop) | {} |",
+        ns(d)
+    );
+    // Before issue 32: an early-exit NaN scan, sum + count + rows per row, and the i64
+    // partials flushed into i128 sums after every batch.
+    let (mut ri, mut sw, mut part) = (vec![0i64; 1000], vec![0i128; 1000], vec![0i64; 1000]);
+    let d = best(&mut || {
+        for (v, gc) in x.values().chunks(8192).zip(g.chunks(8192)) {
+            if v.iter().any(|y| y.is_nan()) {
+                continue;
+            }
+            for (&y, &k) in v.iter().zip(gc) {
+                part[k] += fp.quantise_select(y);
+                ci[k] += 1;
+                ri[k] += 1;
+            }
+            for (s, p) in sw.iter_mut().zip(part.iter_mut()) {
+                *s = s.saturating_add(*p as i128);
+                *p = 0;
+            }
+        }
+        std::hint::black_box((&sw, &ci, &ri));
+    });
+    println!(
+        "| before issue 32: NaN scan, sum + count + rows per row, flush after every batch | {} |",
+        ns(d)
+    );
+}
 
 #[tokio::main]
 async fn main() {
@@ -132,99 +357,138 @@ async fn main() {
         let _ = std::fs::remove_dir_all(&dir);
         return;
     }
-    let n = if quick { 1_000_000 } else { 10_000_000 };
-    let reps = 5;
-    let partitions = std::thread::available_parallelism()
+    // Sizes in millions of rows: `--sizes 1,10,50`; default 1 and 10 (`--quick`: 1).
+    let sizes: Vec<usize> = match arg("--sizes") {
+        Some(s) => s
+            .split(',')
+            .map(|m| (m.trim().parse::<f64>().unwrap() * 1e6) as usize)
+            .collect(),
+        None if quick => vec![1_000_000],
+        None => vec![1_000_000, 10_000_000],
+    };
+    let reps: usize = arg("--reps").map_or(5, |r| r.parse().unwrap());
+    let with_count = std::env::args().any(|a| a == "--count");
+    let cores = std::thread::available_parallelism()
         .map(|p| p.get())
         .unwrap_or(2);
     println!("# dpfusion speed benchmark\n");
-    println!(
-        "n = {n} rows, {partitions} partitions, best of {reps} after one warm-up; ratio = DP / DataFusion baseline\n"
-    );
-    let (schema, batches) = data(n, 1000, 65_536);
-    let ctx = ctx_with(partitions);
-    // Spread batches over partitions.
-    let mut parts: Vec<Vec<RecordBatch>> = vec![vec![]; partitions];
-    for (i, b) in batches.iter().enumerate() {
-        parts[i % partitions].push(b.clone());
+    // Other work on the machine moves every time here: say how much there was.
+    if let Ok(l) = std::fs::read_to_string("/proc/loadavg") {
+        let l: Vec<&str> = l.split_whitespace().take(3).collect();
+        println!(
+            "load average at the start (1, 5, 15 min): {}\n",
+            l.join(" ")
+        );
     }
-    ctx.register_table(
-        "t",
-        Arc::new(MemTable::try_new(schema.clone(), parts).unwrap()),
-    )
-    .unwrap();
+    println!(
+        "{cores} cores; target_partitions 2 and 16 (16 is emulated when the machine has fewer \
+         cores); best of {reps} interleaved pairs after one warm-up each; ratio = DP / DataFusion \
+         baseline; batches of 8,192 rows\n"
+    );
+    kernels(
+        sizes.iter().copied().max().unwrap_or(1).min(10_000_000),
+        reps,
+    );
     let dir = std::env::temp_dir().join(format!("dpfusion-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let pq = dir.join("t.parquet");
-    ctx.sql(&format!("COPY t TO '{}' STORED AS PARQUET", pq.display()))
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    ctx.register_parquet("p", pq.to_str().unwrap(), ParquetReadOptions::default())
-        .await
-        .unwrap();
-    println!("| function | source | GROUP BY | DP (ms) | baseline (ms) | ratio |");
-    println!("|---|---|---|---|---|---|");
-    for (name, dp, base) in PAIRS {
-        for table in ["t", "p"] {
-            for grouped in [false, true] {
-                let (sel, tail) = if grouped {
-                    ("g, ", " GROUP BY g")
-                } else {
-                    ("", "")
-                };
-                let a = best_of(&ctx, &format!("SELECT {sel}{dp} FROM {table}{tail}"), reps).await;
-                let b = best_of(
-                    &ctx,
-                    &format!("SELECT {sel}{base} FROM {table}{tail}"),
-                    reps,
-                )
-                .await;
-                println!(
-                    "| {name} | {} | {} | {} | {} | {:.2} |",
-                    if table == "t" { "memory" } else { "Parquet" },
-                    if grouped { "1,000 groups" } else { "none" },
-                    ms(a),
-                    ms(b),
-                    a.as_secs_f64() / b.as_secs_f64()
-                );
+    let pairs: Vec<_> = PAIRS
+        .iter()
+        .filter(|(name, _, _)| with_count || *name != "dp_count")
+        .collect();
+    println!("\n## Aggregates against DataFusion\n");
+    println!(
+        "| rows | target_partitions | function | source | GROUP BY | DP (ms) | baseline (ms) | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for &n in &sizes {
+        let (schema, batches) = data(n, 1000, 8192);
+        let pq = dir.join(format!("t{n}.parquet"));
+        for partitions in [2usize, 16] {
+            let ctx = ctx_with(partitions);
+            let mut parts: Vec<Vec<RecordBatch>> = vec![vec![]; partitions];
+            for (i, b) in batches.iter().enumerate() {
+                parts[i % partitions].push(b.clone());
+            }
+            ctx.register_table(
+                "t",
+                Arc::new(MemTable::try_new(schema.clone(), parts).unwrap()),
+            )
+            .unwrap();
+            if !pq.exists() {
+                ctx.sql(&format!("COPY t TO '{}' STORED AS PARQUET", pq.display()))
+                    .await
+                    .unwrap()
+                    .collect()
+                    .await
+                    .unwrap();
+            }
+            ctx.register_parquet("p", pq.to_str().unwrap(), ParquetReadOptions::default())
+                .await
+                .unwrap();
+            for (name, dp, base) in &pairs {
+                for table in ["t", "p"] {
+                    for grouped in [false, true] {
+                        let (sel, tail) = if grouped {
+                            ("g, ", " GROUP BY g")
+                        } else {
+                            ("", "")
+                        };
+                        let (a, b) = pair(
+                            &ctx,
+                            &format!("SELECT {sel}{dp} FROM {table}{tail}"),
+                            &format!("SELECT {sel}{base} FROM {table}{tail}"),
+                            reps,
+                        )
+                        .await;
+                        println!(
+                            "| {n} | {partitions} | {name} | {} | {} | {} | {} | {:.2} |",
+                            if table == "t" { "memory" } else { "Parquet" },
+                            if grouped { "1,000 groups" } else { "none" },
+                            ms(a),
+                            ms(b),
+                            a.as_secs_f64() / b.as_secs_f64()
+                        );
+                    }
+                }
             }
         }
+        let _ = std::fs::remove_file(&pq);
     }
 
-    // Growth with n and partitions (dp_mean vs avg, in memory, no GROUP BY).
-    println!("\n## Growth with n and partitions (dp_mean vs avg, memory)\n");
-    println!("| n | partitions | dp_mean (ms) | avg (ms) | ratio |");
+    // The fixed cost of a query (planning, accumulators, the release's noise), on 1 row and on
+    // 1,000 groups of 1 row.
+    println!("\n## Fixed cost per query (tiny inputs)\n");
+    println!("| target_partitions | input | dp_mean (ms) | avg (ms) | difference (ms) |");
     println!("|---|---|---|---|---|");
-    let sizes: &[usize] = if quick {
-        &[100_000, 1_000_000]
-    } else {
-        &[100_000, 1_000_000, 10_000_000]
-    };
-    for &m in sizes {
-        for p in [1usize, 2] {
-            let c = ctx_with(p);
-            let (s, b) = data(m, 1000, 65_536);
-            let mut parts: Vec<Vec<RecordBatch>> = vec![vec![]; p];
-            for (i, bb) in b.into_iter().enumerate() {
-                parts[i % p].push(bb);
-            }
-            c.register_table("t", Arc::new(MemTable::try_new(s, parts).unwrap()))
+    for partitions in [2usize, 16] {
+        for (rows, label) in [
+            (1usize, "1 row, no GROUP BY"),
+            (1000, "1,000 rows, 1,000 groups"),
+        ] {
+            let ctx = ctx_with(partitions);
+            let (s, b) = data(rows, 1000, 8192);
+            ctx.register_table("t", Arc::new(MemTable::try_new(s, vec![b]).unwrap()))
                 .unwrap();
-            let a = best_of(&c, "SELECT dp_mean(x, 0, 1000, 1.0) FROM t", reps).await;
-            let bl = best_of(&c, "SELECT avg(x) FROM t", reps).await;
+            let tail = if rows > 1 { " GROUP BY g" } else { "" };
+            let (a, bl) = pair(
+                &ctx,
+                &format!("SELECT dp_mean(x, 0, 1000, 1.0) FROM t{tail}"),
+                &format!("SELECT avg(x) FROM t{tail}"),
+                reps.max(10),
+            )
+            .await;
             println!(
-                "| {m} | {p} | {} | {} | {:.2} |",
-                ms(a),
-                ms(bl),
-                a.as_secs_f64() / bl.as_secs_f64()
+                "| {partitions} | {label} | {:.3} | {:.3} | {:.3} |",
+                a.as_secs_f64() * 1e3,
+                bl.as_secs_f64() * 1e3,
+                (a.as_secs_f64() - bl.as_secs_f64()) * 1e3
             );
         }
     }
 
-    ledger_bench(&dir);
+    if !quick {
+        ledger_bench(&dir);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -12,6 +12,8 @@ one JSON object on stdout:
   * "matvec": the clipped sum as X̃ᵀ(f) with f = r·min(1, clip/‖r·x̃‖) (one BLAS matvec; the
     fastest numpy form of the same sum);
   * "materialised": the n×p matrix of clipped per-example gradients formed, then summed.
+  * "matvec_with_load": the matvec form timed together with reading the raw file (the
+    counterpart of `dp_linreg_gd` from Parquet, which reads and decodes inside the query).
 - agd: `dp_logreg_agd` (udfs/src/optim/agd.rs): per gradient pass z = X̃w, r = σ(z) − y, the
   clipped gradient sum (matvec form) plus Gaussian noise; per selection pass b = X̃u and the
   clipped logistic loss min(ℓ(z − α_k·b), C_obj) summed for the 21 candidate steps α_k, then a
@@ -139,6 +141,11 @@ def main():
     for name, mat in [("linreg_matvec_s", False), ("linreg_materialised_s", True)]:
         out[name], _ = timed(
             lambda: linreg(Xt, y, a.iterations, a.clip, a.lr, a.sigma, a.sigma_count, rng, mat), a.reps)
+    # From the file: reading the raw rows and the fit (the counterpart of dpfusion's query from
+    # Parquet, which reads and decodes the file inside the timed query).
+    out["linreg_matvec_with_load_s"], _ = timed(
+        lambda: linreg(*load(a.data, a.n, a.d), a.iterations, a.clip, a.lr, a.sigma, a.sigma_count,
+                       rng, False), a.reps)
     if a.agd_data and a.agd_gradients > 0:
         Xt, y = load(a.agd_data, a.n, a.d)
         sels = max(a.agd_selections, a.agd_gradients)

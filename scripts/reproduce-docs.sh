@@ -22,9 +22,9 @@ scripts/setup-venv.sh
 cargo build --release --bins --benches --examples
 mkdir -p docs/bench
 if [ "$bench" = 1 ]; then
-    { echo "Machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/Mem:/{print $2}') GiB; $(date -u +%Y-%m-%d)"; echo; \
+    { echo "Machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/Mem:/{print $2}') GiB; $(date -u +%Y-%m-%d); load average $(cut -d' ' -f1-3 /proc/loadavg)"; echo; \
       cargo bench --bench speed -- $quick; } | tee docs/bench/speed.md
-    { echo "Machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/Mem:/{print $2}') GiB; $(date -u +%Y-%m-%d)"; echo; \
+    { echo "Machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/Mem:/{print $2}') GiB; $(date -u +%Y-%m-%d); load average $(cut -d' ' -f1-3 /proc/loadavg)"; echo; \
       cargo bench --bench models -- $quick; } | tee docs/bench/models.md
 fi
 if [ "$study" = 1 ]; then

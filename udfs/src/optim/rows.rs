@@ -48,6 +48,8 @@ use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::utils::format_state_name;
 
+use crate::aggregates::exact::count_nan;
+
 /// What the label column holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LabelKind {
@@ -411,6 +413,28 @@ impl RowBuffer {
             _ => None,
         };
         self.seen = self.seen.saturating_add(y.len() as u64);
+        // The common batch (issue 32): no unit keys, no NULL list or element, every list of one
+        // length d, no NaN label or feature. Then every row is kept, in order, exactly as the
+        // row-by-row loop below would keep it (d is the length that loop's first row would fix
+        // or check): one bulk copy, the NaN checks as vectorised counts. Any other batch takes
+        // the loop.
+        if encoded.is_none()
+            && f.valid.is_none()
+            && vnulls.is_none_or(|n| n.null_count() == 0)
+            && !y.is_empty()
+        {
+            let (start, end) = (f.offsets[0], f.offsets[y.len()]);
+            let d = f.offsets[1] - start;
+            if f.offsets.windows(2).all(|w| w[1] - w[0] == d)
+                && count_nan(&y) == 0
+                && count_nan(&vals[start..end]) == 0
+                && self.accepts(d)
+            {
+                self.rows.labels.extend_from_slice(&y);
+                self.rows.x.extend_from_slice(&vals[start..end]);
+                return Ok(());
+            }
+        }
         for i in 0..y.len() {
             if y[i].is_nan() || f.valid.as_ref().is_some_and(|v| !v[i]) {
                 continue;
@@ -667,6 +691,52 @@ mod tests {
 
     fn list(rows: Vec<Option<Vec<Option<f64>>>>) -> ArrayRef {
         Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(rows))
+    }
+
+    /// The bulk copy of a clean batch keeps exactly the rows the row-by-row loop keeps (the
+    /// same batch with one bad row appended takes the loop), fixes the same length, and keeps
+    /// nothing when the length was fixed to another one; a sliced fixed-size list is read from
+    /// its offset.
+    #[test]
+    fn bulk_copy_equals_the_row_loop() {
+        let n = 100;
+        let ys: Vec<f64> = (0..n).map(|i| i as f64 * 0.5 - 7.0).collect();
+        let xs: Vec<Vec<Option<f64>>> = (0..n)
+            .map(|i| (0..3).map(|j| Some((i * 3 + j) as f64 - 0.25)).collect())
+            .collect();
+        let mut fast = RowBuffer::new(LabelKind::Real);
+        let y: ArrayRef = Arc::new(Float64Array::from(ys.clone()));
+        fast.update(&y, &list(xs.iter().cloned().map(Some).collect()))
+            .unwrap();
+        let mut slow = RowBuffer::new(LabelKind::Real);
+        let mut ys2: Vec<f64> = ys.clone();
+        ys2.push(f64::NAN);
+        let mut xs2: Vec<Option<Vec<Option<f64>>>> = xs.iter().cloned().map(Some).collect();
+        xs2.push(Some(vec![Some(1.0); 3]));
+        let y2: ArrayRef = Arc::new(Float64Array::from(ys2));
+        slow.update(&y2, &list(xs2)).unwrap();
+        assert_eq!(fast.rows(), slow.rows());
+        assert_eq!((fast.seen(), slow.seen()), (n as u64, n as u64 + 1));
+        assert_eq!((fast.dims(), fast.rows().n()), (Some(3), n));
+
+        let mut fixed = RowBuffer::with_dims(LabelKind::Real, 4);
+        fixed
+            .update(&y, &list(xs.iter().cloned().map(Some).collect()))
+            .unwrap();
+        assert_eq!((fixed.rows().n(), fixed.seen()), (0, n as u64));
+
+        let flat: Vec<f64> = (0..3 * n).map(|v| v as f64).collect();
+        let fsl = FixedSizeListArray::new(
+            Arc::new(Field::new_list_field(DataType::Float64, true)),
+            3,
+            Arc::new(Float64Array::from(flat.clone())),
+            None,
+        );
+        let sliced: ArrayRef = Arc::new(fsl.slice(10, 20));
+        let mut b = RowBuffer::new(LabelKind::Real);
+        b.update(&y.slice(10, 20), &sliced).unwrap();
+        assert_eq!(b.rows().x, flat[30..90].to_vec());
+        assert_eq!(b.rows().labels, ys[10..30].to_vec());
     }
 
     #[test]
