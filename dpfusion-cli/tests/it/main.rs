@@ -8,6 +8,7 @@ mod cli;
 mod common;
 mod durability;
 mod ledger;
+mod library;
 mod models;
 mod onboard;
 mod serve;
