@@ -186,6 +186,36 @@ fn column<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> Option<&'a T> {
     b.column_by_name(name)?.as_any().downcast_ref::<T>()
 }
 
+/// The budgets in `SHOW BUDGET`'s batches (statements::budget_batch's columns).
+fn budget_rows(batches: &[RecordBatch]) -> Vec<TableBudget> {
+    let mut out = Vec::new();
+    for b in batches {
+        let (Some(t), Some(e), Some(left), Some(rem), Some(ds), Some(dl)) = (
+            column::<StringArray>(b, "table"),
+            column::<Float64Array>(b, "epsilon"),
+            column::<Float64Array>(b, "left_pct"),
+            column::<Float64Array>(b, "remaining_epsilon"),
+            column::<Float64Array>(b, "spent_delta"),
+            column::<Float64Array>(b, "remaining_delta"),
+        ) else {
+            continue;
+        };
+        for i in 0..t.len() {
+            out.push(TableBudget {
+                name: t.value(i).to_string(),
+                epsilon: e.value(i),
+                // `left_pct` is the share in millionths divided by 10⁴ (statements::budget_batch):
+                // back to millionths, exactly.
+                left_share: (left.value(i) * 1e4).round().max(0.0) as u64,
+                remaining: rem.value(i),
+                delta_spent: ds.value(i),
+                delta_left: dl.value(i),
+            });
+        }
+    }
+    out
+}
+
 impl Backend for Remote {
     fn greeting(&self) -> String {
         format!("connected to {}", self.url)
@@ -206,35 +236,10 @@ impl Backend for Remote {
 
     /// From `SHOW BUDGET`'s rows.
     async fn budget(&mut self) -> Vec<TableBudget> {
-        let Ok(r) = self.run("SHOW BUDGET").await else {
-            return vec![];
-        };
-        let mut out = Vec::new();
-        for b in &r.batches {
-            let (Some(t), Some(e), Some(left), Some(rem), Some(ds), Some(dl)) = (
-                column::<StringArray>(b, "table"),
-                column::<Float64Array>(b, "epsilon"),
-                column::<Float64Array>(b, "left_pct"),
-                column::<Float64Array>(b, "remaining_epsilon"),
-                column::<Float64Array>(b, "spent_delta"),
-                column::<Float64Array>(b, "remaining_delta"),
-            ) else {
-                continue;
-            };
-            for i in 0..t.len() {
-                out.push(TableBudget {
-                    name: t.value(i).to_string(),
-                    epsilon: e.value(i),
-                    // `left_pct` is the share in millionths divided by 10⁴ (statements::
-                    // budget_batch): back to millionths, exactly.
-                    left_share: (left.value(i) * 1e4).round().max(0.0) as u64,
-                    remaining: rem.value(i),
-                    delta_spent: ds.value(i),
-                    delta_left: dl.value(i),
-                });
-            }
+        match self.run("SHOW BUDGET").await {
+            Ok(r) => budget_rows(&r.batches),
+            Err(_) => vec![],
         }
-        out
     }
 
     async fn budget_table(&mut self) -> Result<Answer, String> {
@@ -294,5 +299,39 @@ impl Backend for Remote {
         }
         out.push_str("  (SHOW TABLES shows neighbours and public columns)");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// The prompt's numbers from the server's `SHOW BUDGET` are the local ones: the share left
+    /// back in millionths exactly (97.5% and 1/3 of a budget), δ spent and left as sent.
+    #[test]
+    fn show_budget_rows_give_the_local_prompts_numbers() {
+        use datafusion::arrow::array::ArrayRef;
+        let f = |v: Vec<f64>| Arc::new(Float64Array::from(v)) as ArrayRef;
+        let b = RecordBatch::try_from_iter(vec![
+            (
+                "table",
+                Arc::new(StringArray::from(vec!["a", "b"])) as ArrayRef,
+            ),
+            ("epsilon", f(vec![5.0, 1.0])),
+            ("left_pct", f(vec![975_000.0 / 1e4, 333_334.0 / 1e4])),
+            ("remaining_epsilon", f(vec![4.1, 0.2])),
+            ("spent_delta", f(vec![0.0, 3e-7])),
+            ("remaining_delta", f(vec![1e-6, 7e-7])),
+        ])
+        .unwrap();
+        let rows = budget_rows(&[b]);
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].name.as_str(), rows[0].left_share), ("a", 975_000));
+        assert_eq!(percent(rows[0].left_share), "97.5%");
+        assert_eq!(rows[1].left_share, 333_334);
+        assert_eq!(percent(rows[1].left_share), "33.3334%");
+        assert_eq!((rows[1].delta_spent, rows[1].delta_left), (3e-7, 7e-7));
+        assert_eq!(rows[1].epsilon, 1.0);
     }
 }
