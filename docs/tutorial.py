@@ -21,7 +21,7 @@
 # `python docs/tutorial.py`, or open it as a notebook (`jupytext --to notebook docs/tutorial.py`).
 # It needs `pip install './python[pandas]'` and a running server: the README's "Serving
 # analysts" section starts one on the example catalog. CI runs it against a fresh copy of the
-# catalog (tests/it/tutorial.rs).
+# catalog (dpfusion-cli/tests/it/tutorial.rs).
 #
 # Configuration, from the environment:
 #

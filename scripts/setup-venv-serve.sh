@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates the Python environment of `dpfusion serve`'s client tests (tests/it/serve.rs running
+# Creates the Python environment of `dpfusion serve`'s client tests (dpfusion-cli/tests/it/serve.rs running
 # tests/serve_client.py and python/tests/test_client.py): pyarrow, pandas, the ADBC Flight SQL
 # driver, and the project's own Python package (python/, `pip install ./python`), reinstalled
 # when its sources change. A sibling of setup-venv.sh, kept apart so the test installs only what

@@ -237,7 +237,7 @@ impl Catalog {
             if !analysts.insert(a.name.as_str()) {
                 return Err(err(path, format!("analyst '{}' is declared twice", a.name)));
             }
-            crate::serve::auth::TokenHash::parse(&a.token_hash)
+            crate::auth::TokenHash::parse(&a.token_hash)
                 .map_err(|e| err(path, format!("analyst '{}': {e}", a.name)))?;
         }
         let c = Catalog {

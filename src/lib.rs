@@ -9,18 +9,21 @@
 //! The smallest complete program (`examples/embed.rs`, run as this crate's doc test):
 //!
 #![doc = concat!("```rust\n", include_str!("../examples/embed.rs"), "\n```")]
+//!
+//! This crate is the library an embedder depends on: no terminal or gRPC dependency. The
+//! command line (`dpfusion`: the REPL, `--connect`, the ledger commands, the demo tables) is the
+//! workspace member `dpfusion-cli`; the Flight SQL server ([`serve`]) is behind the cargo
+//! feature `serve` (off by default; `dpfusion-cli` turns it on), Ballista behind `distributed`.
 pub mod accounting;
+pub mod auth;
 pub mod catalog;
-pub mod cli;
-pub mod demo;
 #[cfg(feature = "distributed")]
 pub mod distributed;
 pub mod error;
 pub mod files;
 pub mod guard;
-pub mod ledger_report;
 pub mod owner;
-pub mod repl;
+#[cfg(feature = "serve")]
 pub mod serve;
 pub mod session;
 pub mod statements;

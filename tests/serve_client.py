@@ -1,4 +1,4 @@
-"""A third-party client of `dpfusion serve`: the ADBC Flight SQL driver (driven by tests/it/serve.rs).
+"""A third-party client of `dpfusion serve`: the ADBC Flight SQL driver (driven by dpfusion-cli/tests/it/serve.rs).
 
     python tests/serve_client.py grpc://127.0.0.1:PORT [CA.crt]    (token in $DPFUSION_TOKEN)
 

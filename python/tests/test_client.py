@@ -1,4 +1,4 @@
-"""The dpfusion Python package against a real `dpfusion serve` (driven by tests/it/serve.rs).
+"""The dpfusion Python package against a real `dpfusion serve` (driven by dpfusion-cli/tests/it/serve.rs).
 
     python python/tests/test_client.py grpc://127.0.0.1:PORT    (token in $DPFUSION_TOKEN)
 

@@ -447,7 +447,7 @@ mod tests {
         let err = crate::accounting::verify(&path).unwrap_err().to_string();
         assert!(err.contains("state digest"), "{err}");
         // A session started from the (consistent) forged pair would trust it: that is what the
-        // witness is for (tests/it/ledger.rs); verify and every full replay refuse it.
+        // witness is for (dpfusion-cli/tests/it/ledger.rs); verify and every full replay refuse it.
         fs::remove_file(&cp).unwrap();
         let err = Accountant::open(&path).err().unwrap().to_string();
         assert!(err.contains("state digest"), "{err}");

@@ -1341,7 +1341,7 @@ pub fn mechanism_of(events: &[Event]) -> String {
 
 /// The ε spent on `events` under `policy`'s filter (for reports); +∞ if the policy's filter
 /// does not compile or cannot account for an event.
-pub(crate) fn spent_epsilon(policy: &TablePolicy, events: &[Event]) -> f64 {
+pub fn spent_epsilon(policy: &TablePolicy, events: &[Event]) -> f64 {
     policy
         .compiled_filter()
         .map_or(f64::INFINITY, |f| f.epsilon(&f.usage(events)))

@@ -37,8 +37,7 @@
 //!   refusal or invalid input, `FailedPrecondition` for a budget refusal, `ResourceExhausted`
 //!   for a full quota, `Unauthenticated`, `DeadlineExceeded`; a statement's error carries its
 //!   machine-readable code, and each result its receipt ([`wire`]).
-pub mod auth;
-pub mod client;
+pub use crate::auth;
 pub mod cmd;
 pub mod conn;
 pub mod ingest;

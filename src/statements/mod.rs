@@ -12,7 +12,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::Result;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
@@ -405,35 +405,6 @@ pub fn receipt_line(r: &Receipt) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// A refusal or error as one readable block: what, why, what to do. Never a stack trace.
-pub fn error_block(stmt: &str, e: &DataFusionError) -> String {
-    let msg = e.to_string();
-    let msg = msg
-        .strip_prefix("Error during planning: ")
-        .or_else(|| msg.strip_prefix("External error: "))
-        .unwrap_or(&msg)
-        .to_string();
-    error_text(stmt, &msg)
-}
-
-/// `ERROR in: <first line of the statement>` then the message, both made safe to print on a
-/// terminal ([`crate::repl::format::terminal_safe`]: a message can quote text chosen by
-/// someone else). The REPL's and the remote client's error output.
-pub fn error_text(stmt: &str, msg: &str) -> String {
-    use crate::repl::format::{Escape, terminal_safe};
-    let first = stmt.lines().next().unwrap_or("").trim();
-    let shown = if first.chars().count() > 70 {
-        format!("{}…", first.chars().take(70).collect::<String>())
-    } else {
-        first.to_string()
-    };
-    format!(
-        "ERROR in: {}\n  {}",
-        terminal_safe(&shown, Escape::Cell),
-        terminal_safe(msg, Escape::Text)
-    )
 }
 
 #[derive(Debug)]

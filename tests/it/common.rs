@@ -1,6 +1,19 @@
-//! Helpers shared by the integration tests (each test file includes this module).
+//! Helpers shared by the integration tests of both crates: `dpfusion`'s (tests/it) and
+//! `dpfusion-cli`'s (dpfusion-cli/tests/it includes this file with `#[path]`).
 #![allow(dead_code)]
 use std::path::{Path, PathBuf};
+
+/// The repository's root (the workspace: tests/data, examples/, docs/, scripts/), from either
+/// crate's tests.
+pub fn repo_root() -> &'static Path {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if here.join("Cargo.lock").exists() {
+        here
+    } else {
+        here.parent()
+            .expect("dpfusion-cli lies inside the workspace")
+    }
+}
 
 /// A fresh directory under the system's temp dir, unique per process, call and `tag`.
 pub fn temp_dir(tag: &str) -> PathBuf {
@@ -18,12 +31,12 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 
 /// The 200-row private test table: id, age, dept, salary, remote.
 pub fn people_csv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
+    repo_root().join("tests/data/people.csv")
 }
 
 /// The public departments table: dept, floor.
 pub fn depts_csv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/depts.csv")
+    repo_root().join("tests/data/depts.csv")
 }
 
 /// The lines of a text file (a ledger).
@@ -37,7 +50,7 @@ pub fn lines(path: &std::path::Path) -> Vec<String> {
 
 /// The unit-level test table (customer, store, amount): 669 purchases of customers.
 pub fn purchases_csv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/purchases.csv")
+    repo_root().join("tests/data/purchases.csv")
 }
 
 /// The address a `dpfusion serve` child prints on its first line (`… grpc://ADDR …`), waited for

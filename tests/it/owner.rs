@@ -111,7 +111,7 @@ const PEOPLE_SCHEMA: &str = "(id Int64, age Int64, dept Utf8, salary Float64, re
 
 /// The column names a table is read with in the session, after checking that `SHOW TABLES`
 /// shows the same pinned schema (read through the API and `SHOW TABLES`; `DESCRIBE` shows it
-/// too, tests/it/onboard.rs).
+/// too, dpfusion-cli/tests/it/onboard.rs).
 async fn columns(s: &PrivateSession, table: &str) -> Vec<String> {
     let names: Vec<String> = s
         .tables()

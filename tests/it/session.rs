@@ -517,41 +517,6 @@ async fn csv_directories_and_empty_files() {
     assert!(e.to_string().contains("has no columns"), "{e}");
 }
 
-/// The README's catalog example runs as written: every statement succeeds except the ones marked
-/// `-- @expect-error`, which are refused.
-#[tokio::test]
-async fn the_example_catalog_and_analyst_session_run() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = temp_dir("example");
-    let catalog =
-        dpfusion::catalog::Catalog::load(root.join("examples/catalog/dpfusion.toml")).unwrap();
-    let options = catalog
-        .session_options()
-        .with_ledger(dir.join("ledger/ledger.jsonl"))
-        .with_output_dir(dir.join("out"));
-    std::fs::create_dir_all(dir.join("out")).unwrap();
-    let s = PrivateSession::open(options).await.unwrap();
-    catalog.register(&s).await.unwrap();
-    // Analyst paths in the script are relative to the repository root.
-    std::env::set_current_dir(root).unwrap();
-    let text = std::fs::read_to_string(root.join("examples/catalog/analyst.sql")).unwrap();
-    let stmts = dpfusion::cli::split_script(&text);
-    assert!(stmts.iter().filter(|s| s.expect_error).count() >= 4);
-    for st in stmts {
-        let r = s.sql(&st.sql).await;
-        match (st.expect_error, r) {
-            (false, Err(e)) => panic!("{}: {e}", st.sql),
-            (true, Ok(_)) => panic!("{}: expected a refusal", st.sql),
-            (true, Err(e)) => assert!(
-                matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Refused(_))),
-                "{}: {e}",
-                st.sql
-            ),
-            (false, Ok(_)) => {}
-        }
-    }
-}
-
 /// Error bars (`_ci` variants): the charge in the ledger is the base call's, GROUP BY with
 /// partition selection and field access above the aggregate pass the guard, and the value lies
 /// in its interval.

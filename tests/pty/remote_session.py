@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Drives `dpfusion --connect` (the REPL as a client of `dpfusion serve`) in a pseudo-terminal.
-Used by tests/it/serve.rs (`the_repl_connects_to_a_server_in_a_pseudo_terminal`).
+Used by dpfusion-cli/tests/it/serve.rs (`the_repl_connects_to_a_server_in_a_pseudo_terminal`).
 
 usage: remote_session.py BINARY URL TOKEN_FILE HISTORY
 Exits 0 on success; on failure prints the transcript and the failed expectation, exits 1.
@@ -62,6 +62,10 @@ assert re.search(r"\|\s*n\s*\|", out), out
 send("SELECT age FROM people;\r")
 out = read_until(r"ERROR[\s\S]*dpfusion\[people")
 assert "refused" in out, out
+# Partition selection spends δ: the prompt shows what is left of it, as the local one does (one
+# REPL over both backends).
+send("SELECT dept, dp_count(id, 0.25) AS n FROM people GROUP BY dept;\r")
+out = read_until(r"charged people[\s\S]*dpfusion\[people [^\n]*ε ≤ [\d.]+ δ [^\s\]]+ left\]> \s*$")
 # Meta-commands.
 send("\\budget\r")
 out = read_until(r"remaining_epsilon[\s\S]*dpfusion\[people[^\n]*\]> \s*$")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Drives the real `dpfusion` binary in a pseudo-terminal (Python's standard `pty` module) and
-checks what the screen shows. Used by tests/it/cli.rs (`repl_in_a_pseudo_terminal`).
+checks what the screen shows. Used by dpfusion-cli/tests/it/cli.rs (`repl_in_a_pseudo_terminal`).
 
 usage: repl_session.py BINARY LEDGER HISTORY
 Exits 0 on success; on failure prints the transcript and the failed expectation, exits 1.

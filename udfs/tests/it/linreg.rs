@@ -615,7 +615,7 @@ fn ols(rows: &Rows) -> Vec<f64> {
     ridge(rows, 0.0)
 }
 
-/// Rows like the demo `patients` table (src/demo.rs): correlated features in [-1, 1], a 0/1
+/// Rows like the demo `patients` table (dpfusion-cli/src/demo.rs): correlated features in [-1, 1], a 0/1
 /// feature, intercept 3, residual std 0.5.
 fn patients_like(n: usize, seed: u64) -> (Rows, Vec<f64>) {
     let truth = [1.5, -0.7, 0.9, 0.4, 2.0, 3.0];

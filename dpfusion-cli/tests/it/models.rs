@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::Float64Type;
-use dpfusion::demo::{PATIENTS_LINEAR, patients};
 use dpfusion::{PrivateSession, Registration, SessionOptions};
+use dpfusion_cli::demo::{PATIENTS_LINEAR, patients};
 use dpfusion_udfs::optim::model::Model;
 use dpfusion_udfs::privacy::{Event, gaussian_mu};
 

@@ -9,8 +9,6 @@ use rustyline::hint::Hinter;
 use rustyline::validate::{ValidationContext, ValidationResult, Validator};
 use rustyline::{Context, Helper};
 
-use crate::session::PrivateSession;
-
 /// SQL keywords offered for completion and highlighted.
 pub const KEYWORDS: &[&str] = &[
     "SELECT", "FROM", "WHERE", "GROUP", "BY", "ORDER", "HAVING", "AS", "AND", "OR", "NOT", "CASE",
@@ -44,16 +42,6 @@ impl SqlHelper {
             names: Mutex::new(vec![]),
             colour,
         }
-    }
-
-    /// Reloads function, table and column names from the session.
-    pub fn refresh(&self, session: &PrivateSession) {
-        let tables: Vec<_> = session
-            .tables()
-            .into_iter()
-            .map(|(t, _, schema)| (t, schema))
-            .collect();
-        self.refresh_tables(&tables);
     }
 
     /// Reloads function names, and table and column names from `tables` (a server's tables
@@ -205,7 +193,7 @@ pub fn highlight_keywords(line: &str) -> String {
             out.push_str("\x1b[1;34m");
             out.push_str(word);
             out.push_str("\x1b[0m");
-        } else if crate::statements::named_args::dp_function_params(&word.to_ascii_lowercase())
+        } else if dpfusion::statements::named_args::dp_function_params(&word.to_ascii_lowercase())
             .is_some()
         {
             out.push_str("\x1b[32m");

@@ -6,8 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::args().nth(1).unwrap_or_else(|| ".".to_string());
     std::fs::create_dir_all(&dir)?;
     for (name, batch) in [
-        ("salaries", dpfusion::demo::salaries()?),
-        ("patients", dpfusion::demo::patients()?),
+        ("salaries", dpfusion_cli::demo::salaries()?),
+        ("patients", dpfusion_cli::demo::patients()?),
     ] {
         let path = std::path::Path::new(&dir).join(format!("{name}.csv"));
         let file = std::fs::File::create(&path)?;

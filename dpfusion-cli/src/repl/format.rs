@@ -538,7 +538,7 @@ mod display_tests {
     fn error_messages_are_escaped_for_the_repl_and_the_client() {
         // The REPL's and `dpfusion --connect`'s error block (the client's messages come from
         // the server, and can quote another analyst's text).
-        let b = crate::statements::error_text(
+        let b = crate::repl::error_text(
             "SELECT '\x1b]0;t\x07' FROM x",
             "no table '\x1b[2J\u{202e}evil'\nsecond line",
         );

@@ -9,8 +9,8 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Arra
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::AggregateUDF;
 use datafusion::prelude::SessionContext;
-use dpfusion::demo::{PATIENTS_ROWS, patients, register_demo};
 use dpfusion::{PrivateSession, SessionOptions};
+use dpfusion_cli::demo::{PATIENTS_ROWS, patients, register_demo};
 use dpfusion_udfs::aggregates::DpLogregAgd;
 use dpfusion_udfs::aggregates::dp_logreg_agd as defaults;
 use dpfusion_udfs::optim::Model;

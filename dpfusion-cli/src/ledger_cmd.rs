@@ -151,7 +151,7 @@ fn verify(path: &Path, witness: &Path) -> ExitCode {
 }
 
 fn report(path: &Path, witness: &Path, out: &Path) -> ExitCode {
-    let html = match dpfusion::ledger_report::html_report(path, Some(witness)) {
+    let html = match crate::ledger_report::html_report(path, Some(witness)) {
         Ok(h) => h,
         Err(e) => return fail("report", e),
     };

@@ -677,7 +677,7 @@ fn serve_refuses_a_public_address_without_the_explicit_flag_and_a_catalog_withou
 
 /// The Python interpreter of the serve venv (scripts/setup-venv-serve.sh), or why there is none.
 pub(crate) fn python_venv() -> Result<PathBuf, String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = crate::common::repo_root();
     let have_python = Command::new("python3")
         .arg("--version")
         .output()
@@ -710,7 +710,7 @@ async fn python_adbc_client_runs_queries_refusals_budget_and_exhaustion() {
         }
         Err(why) => panic!("CI must run the Python ADBC client test: {why}"),
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_client.py");
+    let script = crate::common::repo_root().join("tests/serve_client.py");
     let tls = format!(
         "tls_cert = {:?}\ntls_key = {:?}",
         tls_file("server.crt"),
@@ -754,7 +754,7 @@ async fn python_package_reads_receipts_and_tells_a_budget_refusal_from_a_crash()
         }
         Err(why) => panic!("CI must run the Python package test: {why}"),
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/tests/test_client.py");
+    let script = crate::common::repo_root().join("python/tests/test_client.py");
     let s = serve_here("serve-pypkg", 1.0, "").await;
     let mut cmd = Command::new(&python);
     cmd.arg(&script)
@@ -922,7 +922,10 @@ async fn the_repl_connects_to_a_server_in_a_pseudo_terminal() {
     let s = serve_here("serve-pty", 1.0, "").await;
     let token = s.dir.join("token");
     std::fs::write(&token, ALICE).unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pty/remote_session.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/pty/remote_session.py"
+    );
     let url = format!("grpc://{}", s.addr);
     let history = s.dir.join("history");
     let o = tokio::task::block_in_place(|| {
@@ -944,9 +947,7 @@ async fn the_repl_connects_to_a_server_in_a_pseudo_terminal() {
 }
 
 fn tls_file(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/tls")
-        .join(name)
+    crate::common::repo_root().join("tests/data/tls").join(name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

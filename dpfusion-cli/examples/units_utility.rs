@@ -17,8 +17,8 @@
 use std::collections::BTreeMap;
 
 use dpfusion::arrow::array::{Array, Float64Array, Int64Array, StringArray};
-use dpfusion::demo;
 use dpfusion::{PrivateSession, Registration, SessionOptions};
+use dpfusion_cli::demo;
 
 const RUNS: usize = 30;
 

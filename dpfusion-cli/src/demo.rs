@@ -25,8 +25,8 @@ use datafusion::arrow::array::{
 };
 use datafusion::common::Result;
 
-use crate::accounting::{FilterKind, TableKey};
-use crate::session::{PrivateSession, Registration};
+use dpfusion::accounting::{FilterKind, TableKey};
+use dpfusion::session::{PrivateSession, Registration};
 
 /// The jobs of `salaries` and their base pay (the median of the job's range).
 pub const JOBS: [(&str, f64); 12] = [

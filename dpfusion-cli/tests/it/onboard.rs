@@ -302,7 +302,7 @@ async fn ledger_report_is_one_self_contained_well_formed_page() {
 /// still match (numbers masked): scripts/readme_check.py.
 #[test]
 fn readme_examples_run_as_written() {
-    let root = env!("CARGO_MANIFEST_DIR");
+    let root = crate::common::repo_root().display();
     let o = std::process::Command::new("python3")
         .arg(format!("{root}/scripts/readme_check.py"))
         .args(["--bin", env!("CARGO_BIN_EXE_dpfusion")])

@@ -29,7 +29,7 @@ async fn the_tutorial_runs_from_the_example_catalog_to_a_budget_plot() {
         }
         Err(why) => panic!("CI must run the tutorial: {why}"),
     };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = crate::common::repo_root();
     let example = root.join("examples/catalog");
     // The example catalog as the owner wrote it, beside copies of its files, with a fresh
     // ledger, one analyst and a free loopback port.

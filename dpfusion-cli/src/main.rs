@@ -1,9 +1,8 @@
 //! The `dpfusion` command line. See `dpfusion --help`.
 use std::process::ExitCode;
 
-use dpfusion::cli::{Cli, run};
-
-mod ledger_cmd;
+use dpfusion_cli::cli::{Cli, run};
+use dpfusion_cli::ledger_cmd;
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -1,23 +1,28 @@
 //! The interactive REPL (rustyline): multi-line statements ending with `;`, history, completion of
 //! functions, tables and columns, keyword highlighting, meta-commands, and the remaining budget of
 //! the tables used last in the prompt.
+//!
+//! Written once over a [`Backend`]: a local [`PrivateSession`](dpfusion::PrivateSession)
+//! ([`local::Local`]) or a `dpfusion serve` reached with `--connect` ([`remote::Remote`]). The
+//! `-c`/`-f` scripts ([`crate::cli::run_scripts`]) run through the same backends.
 pub mod format;
 pub mod helper;
+pub mod local;
+pub mod remote;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 
-use datafusion::error::DataFusionError;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
 use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
 use rustyline::{Config, Editor};
 
-use crate::session::{PrivateSession, QueryResult};
-use crate::statements::{budget_batch, error_block, ledger_batch, receipt_line};
-use format::{OutputFormat, render};
+use dpfusion::accounting::display::{Round, num, percent};
+use format::{Escape, OutputFormat, render, terminal_safe};
 use helper::SqlHelper;
 
 /// The `\?` text.
@@ -34,10 +39,76 @@ Statements end with ';' and may span several lines.
   \\q                quit (or Ctrl-D)
 Ctrl-C cancels the current input, or the running query (a query already charged stays charged).";
 
-/// Prints one statement's result in `format` (stdout) and, unless `quiet`, its charge receipt
+/// One statement's answer, from either backend.
+pub struct Answer {
+    pub schema: SchemaRef,
+    pub batches: Vec<RecordBatch>,
+    /// The charge receipt's line (`charged people ε …`), if the statement was charged.
+    pub receipt: Option<String>,
+    /// The tables the statement read (the prompt shows their budget).
+    pub tables: Vec<String>,
+}
+
+impl Answer {
+    /// A table to show (no receipt, no tables read).
+    pub fn table(b: RecordBatch) -> Self {
+        Answer {
+            schema: b.schema(),
+            batches: vec![b],
+            receipt: None,
+            tables: vec![],
+        }
+    }
+}
+
+/// What an interruptible statement ([`Backend::sql_interruptible`]) did.
+pub enum Outcome {
+    Done(Result<Answer, String>),
+    /// Ctrl-C cancelled it; if it had been admitted before, its receipt line and tables.
+    Cancelled(Option<(String, Vec<String>)>),
+}
+
+/// One private table's budget, as the prompt and `\d` show it.
+pub struct TableBudget {
+    pub name: String,
+    /// The budget's ε.
+    pub epsilon: f64,
+    /// The share of the budget left, in millionths
+    /// ([`SHARE_SCALE`](dpfusion::accounting::display::SHARE_SCALE)).
+    pub left_share: u64,
+    /// The largest ε one default query could still use.
+    pub remaining: f64,
+    /// Partition selection's δ spent and left.
+    pub delta_spent: f64,
+    pub delta_left: f64,
+}
+
+/// Where the statements run: a local session or a server. The REPL and the scripts are written
+/// once over this.
+#[allow(async_fn_in_trait)] // used with concrete types inside this crate; never `dyn`
+pub trait Backend {
+    /// The banner's words after the version (`differentially private SQL`, `connected to URL`).
+    fn greeting(&self) -> String;
+    /// Runs one statement; an error is the message to show (see [`error_text`]).
+    async fn sql(&mut self, sql: &str) -> Result<Answer, String>;
+    /// As [`Backend::sql`], but Ctrl-C cancels it (a charge already made stands).
+    async fn sql_interruptible(&mut self, sql: &str) -> Outcome;
+    /// The private tables' budgets (for the prompt and `\d`).
+    async fn budget(&mut self) -> Vec<TableBudget>;
+    /// `\budget`: the `SHOW BUDGET` table.
+    async fn budget_table(&mut self) -> Result<Answer, String>;
+    /// `\ledger`: the charges, as `format` shows them best.
+    async fn ledger_table(&mut self, format: OutputFormat) -> Result<Answer, String>;
+    /// The tables and their schemas (for completion).
+    async fn tables(&mut self) -> Vec<(String, SchemaRef)>;
+    /// `\d` (empty `table`: every table) and `\d TABLE`.
+    async fn describe(&mut self, table: &str) -> String;
+}
+
+/// Prints one statement's answer in `format` (stdout) and, unless `quiet`, its charge receipt
 /// (stderr, whatever the format, so that stdout stays parseable). A statement with no rows to
 /// show (`CREATE TABLE ... AS SELECT <DP query>`) still prints its receipt.
-pub fn print_result(r: &QueryResult, format: OutputFormat, quiet: bool) -> Result<(), String> {
+pub fn print_answer(r: &Answer, format: OutputFormat, quiet: bool) -> Result<(), String> {
     clear_progress();
     let mut failed = None;
     if !(r.schema.fields().is_empty() && r.batches.is_empty()) {
@@ -55,13 +126,42 @@ pub fn print_result(r: &QueryResult, format: OutputFormat, quiet: bool) -> Resul
             out(&s);
         }
     }
-    if !quiet && let Some(rcpt) = &r.receipt {
-        eprintln!("{}", receipt_line(rcpt));
+    if !quiet && let Some(line) = &r.receipt {
+        eprintln!("{}", terminal_safe(line, Escape::Text));
     }
     match failed {
-        Some(e) => Err(format!("the result cannot be printed: {e}")),
+        Some(e) => Err(format!(
+            "the result cannot be printed: {}",
+            terminal_safe(&e, Escape::Text)
+        )),
         None => Ok(()),
     }
+}
+
+/// A DataFusion error's message as the analyst reads it (without DataFusion's prefixes).
+pub fn error_message(e: &datafusion::error::DataFusionError) -> String {
+    let msg = e.to_string();
+    msg.strip_prefix("Error during planning: ")
+        .or_else(|| msg.strip_prefix("External error: "))
+        .unwrap_or(&msg)
+        .to_string()
+}
+
+/// A refusal or error as one readable block: `ERROR in: <first line of the statement>` then the
+/// message (what, why, what to do; never a stack trace), both made safe to print on a terminal
+/// ([`terminal_safe`]: a message can quote text chosen by someone else).
+pub fn error_text(stmt: &str, msg: &str) -> String {
+    let first = stmt.lines().next().unwrap_or("").trim();
+    let shown = if first.chars().count() > 70 {
+        format!("{}…", first.chars().take(70).collect::<String>())
+    } else {
+        first.to_string()
+    };
+    format!(
+        "ERROR in: {}\n  {}",
+        terminal_safe(&shown, Escape::Cell),
+        terminal_safe(msg, Escape::Text)
+    )
 }
 
 /// Prints a line to stdout, made safe for a terminal ([`format::terminal_safe`]); a closed pipe
@@ -78,8 +178,8 @@ pub fn out(s: &str) {
     }
 }
 
-struct Repl {
-    session: Arc<PrivateSession>,
+struct Repl<B> {
+    backend: B,
     format: OutputFormat,
     quiet: bool,
     timing: bool,
@@ -92,26 +192,25 @@ enum Flow {
     Quit,
 }
 
-impl Repl {
+impl<B: Backend> Repl<B> {
     /// `dpfusion[salaries 97.5% left, ε ≤ 4.1]> `: per table the last query used, the share
     /// of its budget left and the largest ε one default query could still use
     /// (docs/ACCOUNTING.md, "What the numbers mean"), and `δ 3e-7 left` for partition
     /// selection once any of it was spent.
-    fn prompt(&self) -> String {
+    async fn prompt(&mut self) -> String {
         if self.last_tables.is_empty() {
             return "dpfusion> ".to_string();
         }
-        let rows = self.session.budget();
+        let rows = self.backend.budget().await;
         let parts: Vec<String> = self
             .last_tables
             .iter()
             .filter_map(|t| rows.iter().find(|r| r.name == *t))
             .map(|r| {
-                use crate::accounting::display::{Round, SHARE_SCALE, num, percent};
                 let mut p = format!(
                     "{} {} left, ε ≤ {}",
-                    r.name,
-                    percent(SHARE_SCALE.saturating_sub(r.native.used_share)),
+                    terminal_safe(&r.name, Escape::Cell),
+                    percent(r.left_share),
                     num(r.remaining, Round::Down)
                 );
                 if r.delta_spent > 0.0 {
@@ -129,97 +228,66 @@ impl Repl {
 
     async fn run_sql(&mut self, sql: &str) {
         let start = Instant::now();
-        // The query runs in its own task: a model fit is CPU work inside one poll of the query,
-        // and Ctrl-C must still be seen while it runs.
-        let session = self.session.clone();
-        let text = sql.to_string();
         QUERY_RUNNING.store(true, std::sync::atomic::Ordering::SeqCst);
-        let _ = self.session.take_last_receipt();
-        let mut task = tokio::spawn(async move { session.sql(&text).await });
-        let outcome = tokio::select! {
-            r = &mut task => Some(r.unwrap_or_else(|_| {
-                Err(datafusion::error::DataFusionError::External(Box::new(
-                    crate::error::Error::ExecutionFailed,
-                )))
-            })),
-            _ = tokio::signal::ctrl_c() => {
-                // Stop a running model fit at its next iteration, and the scan with the task.
-                dpfusion_udfs::progress::cancel_running();
-                task.abort();
-                // A poll under way on another worker finishes first (an admission included):
-                // wait for it briefly, so that a charge made just now shows its receipt.
-                let _ = tokio::time::timeout(std::time::Duration::from_millis(500), &mut task).await;
-                None
-            }
-        };
+        let outcome = self.backend.sql_interruptible(sql).await;
         QUERY_RUNNING.store(false, std::sync::atomic::Ordering::SeqCst);
         clear_progress();
         match outcome {
-            None => {
+            Outcome::Cancelled(admitted) => {
                 eprintln!(
                     "query cancelled (if it was admitted, its charge stands: a failure or \
                      cancellation can depend on the data)"
                 );
                 // Admitted before the cancellation: its receipt, as for a finished query.
-                if let Some(rcpt) = self.session.take_last_receipt() {
+                if let Some((receipt, tables)) = admitted {
                     if !self.quiet {
-                        eprintln!("{}", receipt_line(&rcpt));
+                        eprintln!("{}", terminal_safe(&receipt, Escape::Text));
                     }
-                    self.last_tables = rcpt.tables.iter().map(|t| t.name.clone()).collect();
+                    self.last_tables = tables;
                 }
             }
-            Some(Ok(r)) => {
+            Outcome::Done(Ok(r)) => {
                 if !r.tables.is_empty() {
                     self.last_tables = r.tables.clone();
                 }
-                if let Err(e) = print_result(&r, self.format, self.quiet) {
+                if let Err(e) = print_answer(&r, self.format, self.quiet) {
                     eprintln!("dpfusion: {e}");
                 }
             }
-            Some(Err(e)) => eprintln!("{}", error_block(sql, &e)),
+            Outcome::Done(Err(e)) => eprintln!("{}", error_text(sql, &e)),
         }
         if self.timing {
             eprintln!("Elapsed {:.3} s", start.elapsed().as_secs_f64());
         }
     }
 
-    fn show_batch(&self, b: datafusion::error::Result<datafusion::arrow::array::RecordBatch>) {
+    fn show(&self, b: Result<Answer, String>) {
         match b {
-            Ok(b) => {
-                let r = QueryResult {
-                    schema: b.schema(),
-                    batches: vec![b],
-                    receipt: None,
-                    tables: vec![],
-                };
-                if let Err(e) = print_result(&r, self.format, true) {
+            Ok(r) => {
+                if let Err(e) = print_answer(&r, self.format, true) {
                     eprintln!("dpfusion: {e}");
                 }
             }
-            Err(e) => eprintln!("{}", error_block("", &e)),
+            Err(e) => eprintln!("{}", error_text("", &e)),
         }
     }
 
     async fn meta(&mut self, line: &str) -> Flow {
         match Meta::parse(line, &mut self.format, &mut self.timing) {
             Meta::Quit => return Flow::Quit,
-            Meta::Budget => self.show_batch(budget_batch(&self.session.budget())),
+            Meta::Budget => {
+                let b = self.backend.budget_table().await;
+                self.show(b)
+            }
             Meta::Ledger => {
-                // On screen the events (`profile`) are left out: `\format json` or
-                // `SELECT * FROM dp_ledger()` show them.
-                let b = ledger_batch(&self.session.ledger(), None).and_then(|b| {
-                    if self.format != OutputFormat::Table {
-                        return Ok(b);
-                    }
-                    let keep: Vec<usize> = (0..b.num_columns())
-                        .filter(|&i| b.schema().field(i).name() != "profile")
-                        .collect();
-                    Ok(b.project(&keep)?)
-                });
-                self.show_batch(b)
+                let b = self.backend.ledger_table(self.format).await;
+                self.show(b)
             }
             Meta::Explain(query) => self.run_sql(&format!("EXPLAIN PRIVACY {query}")).await,
-            Meta::Describe(table) => println!("{}", describe(&self.session, table)),
+            Meta::Describe(table) => {
+                let d = self.backend.describe(table).await;
+                println!("{}", terminal_safe(&d, Escape::Text));
+            }
             Meta::Done => {}
         }
         Flow::Continue
@@ -260,7 +328,7 @@ impl<'a> Meta<'a> {
             }
             "\\?" | "\\help" if arg.is_empty() => println!("{META_HELP}"),
             // `\h` lists the DP aggregates, `\h NAME` documents one (statements::help).
-            "\\h" | "\\help" => println!("{}", crate::statements::help::help_text(arg)),
+            "\\h" | "\\help" => println!("{}", dpfusion::statements::help::help_text(arg)),
             "\\format" => match arg.parse::<OutputFormat>() {
                 Ok(f) => {
                     *format = f;
@@ -276,143 +344,6 @@ impl<'a> Meta<'a> {
         }
         Meta::Done
     }
-}
-
-/// `\d` and `\d TABLE`: what a user needs to know to query a table privately.
-pub fn describe(session: &PrivateSession, table: &str) -> String {
-    let tables = session.tables();
-    let budget = session.budget();
-    let policy = |name: &str, private: bool| -> String {
-        if !private {
-            return "public".to_string();
-        }
-        match budget.iter().find(|b| b.name == name) {
-            Some(b) => {
-                use crate::accounting::display::{Round, SHARE_SCALE, n6, num, percent};
-                format!(
-                    "private, budget ε {} at δ {}; {} filter, {} used, {} left (one more query \
-                     could use ε ≤ {}); partition-selection δ {} spent, {} left",
-                    n6(b.epsilon),
-                    n6(b.delta),
-                    b.filter,
-                    percent(b.native.used_share),
-                    percent(SHARE_SCALE.saturating_sub(b.native.used_share)),
-                    num(b.remaining, Round::Down),
-                    num(b.delta_spent, Round::Up),
-                    num(b.delta_left, Round::Down)
-                )
-            }
-            None => "private".to_string(),
-        }
-    };
-    let neighbours = |n: crate::accounting::Neighbours| match n {
-        crate::accounting::Neighbours::AddRemove => "add_remove",
-        crate::accounting::Neighbours::Replace => "replace",
-    };
-    if table.is_empty() {
-        if tables.is_empty() {
-            return "no tables: the data owner declares them (dpfusion --catalog FILE, or \
-                    --private NAME=PATH in single-user mode)"
-                .to_string();
-        }
-        let mut out = String::from("Tables:\n");
-        for (name, info, schema) in &tables {
-            out.push_str(&format!(
-                "  {name:<12} {} columns; {}{}\n",
-                schema.fields().len(),
-                policy(name, info.private),
-                match (&info.unit, info.private) {
-                    (Some(u), true) => format!("; privacy unit {}", u.column),
-                    (None, true) => format!("; neighbours {}", neighbours(info.neighbours)),
-                    _ => String::new(),
-                }
-            ));
-        }
-        out.push_str("\\d TABLE shows its columns.");
-        return out;
-    }
-    let want = table.to_ascii_lowercase();
-    let Some((name, info, schema)) = tables.iter().find(|(n, _, _)| *n == want) else {
-        return format!(
-            "no table '{table}' (tables: {})",
-            tables
-                .iter()
-                .map(|t| t.0.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    };
-    let mut out = format!("Table {name}: {}\n", policy(name, info.private));
-    if let Some((p, by)) = session
-        .policies()
-        .into_iter()
-        .find(|(p, _)| p.name == *name)
-    {
-        let who = match by.as_str() {
-            "owner" => "the data owner",
-            "analyst" => "analyst SQL",
-            _ => "a CREATE TABLE AS (a DP result)",
-        };
-        out.push_str(&format!(
-            "  registered by {who}: {}{}\n",
-            p.key,
-            p.format
-                .as_deref()
-                .map(|f| format!(", read as {f}"))
-                .unwrap_or_default()
-        ));
-        if by == "owner" && p.key.as_str().starts_with('/') {
-            out.push_str("  schema: pinned in the ledger at the owner's first registration\n");
-        }
-    }
-    if let (Some(u), true) = (&info.unit, info.private) {
-        out.push_str(&format!(
-            "  privacy unit: {} (domain {}): a neighbour adds or removes a unit with all its \
-             rows; a query bounds each unit to {} group(s) and {} row(s) per group (SET \
-             dpfusion.max_groups_contributed / max_rows_contributed)\n",
-            u.column, u.domain, u.max_groups_contributed, u.max_rows_contributed
-        ));
-    } else if info.private {
-        out.push_str(&format!(
-            "  neighbours: {} ({})\n",
-            neighbours(info.neighbours),
-            match info.neighbours {
-                crate::accounting::Neighbours::AddRemove =>
-                    "a neighbour adds or removes one row; the row count is private",
-                crate::accounting::Neighbours::Replace =>
-                    "a neighbour replaces one row; the row count is public",
-            }
-        ));
-        out.push_str(&format!(
-            "  public columns: {}\n",
-            if info.public_columns.is_empty() {
-                "none".to_string()
-            } else {
-                info.public_columns.join(", ")
-            }
-        ));
-        out.push_str(
-            "  read it only through DP aggregates (dp_count, dp_sum, dp_mean, ...); \
-             GROUP BY on a private column adds partition selection\n",
-        );
-    }
-    out.push_str("  columns:\n");
-    for f in schema.fields() {
-        let marker = if !info.private {
-            ""
-        } else if info.is_public_column(f.name()) {
-            "  (public)"
-        } else if info.unit.as_ref().is_some_and(|u| &u.column == f.name()) {
-            "  (private; the privacy unit)"
-        } else {
-            "  (private)"
-        };
-        out.push_str(&format!("    {:<14} {}{marker}\n", f.name(), f.data_type()));
-    }
-    if let Some(note) = crate::demo::describe_demo(name, &info.key) {
-        out.push_str(&format!("  about: {note}\n"));
-    }
-    out.trim_end().to_string()
 }
 
 /// On a terminal (stderr), long model fits report "iterations done/total" on one line that is
@@ -472,8 +403,8 @@ fn history_path() -> PathBuf {
     }
 }
 
-/// Runs the interactive REPL until `\q` or Ctrl-D.
-pub async fn run_repl(session: PrivateSession, format: OutputFormat, quiet: bool) -> ExitCode {
+/// Runs the interactive REPL on `backend` until `\q` or Ctrl-D.
+pub async fn run_repl<B: Backend>(backend: B, format: OutputFormat, quiet: bool) -> ExitCode {
     let config = Config::builder()
         .auto_add_history(false)
         .completion_type(rustyline::CompletionType::List)
@@ -486,26 +417,28 @@ pub async fn run_repl(session: PrivateSession, format: OutputFormat, quiet: bool
         }
     };
     install_progress();
-    let helper = SqlHelper::new(std::io::stdout().is_terminal());
-    helper.refresh(&session);
-    rl.set_helper(Some(helper));
-    let history = history_path();
-    let _ = rl.load_history(&history);
     let mut repl = Repl {
-        session: Arc::new(session),
+        backend,
         format,
         quiet,
         timing: false,
         last_tables: vec![],
     };
+    let helper = SqlHelper::new(std::io::stdout().is_terminal());
+    helper.refresh_tables(&repl.backend.tables().await);
+    rl.set_helper(Some(helper));
+    let history = history_path();
+    let _ = rl.load_history(&history);
     println!(
-        "dpfusion {} — differentially private SQL. \\? for help, \\d for tables, \\q to quit.",
-        env!("CARGO_PKG_VERSION")
+        "dpfusion {} — {}. \\? for help, \\d for tables, \\q to quit.",
+        env!("CARGO_PKG_VERSION"),
+        terminal_safe(&repl.backend.greeting(), Escape::Text)
     );
     // The policy in force, as the data owner set it (docs/CATALOG.md).
-    println!("{}", describe(&repl.session, ""));
+    let d = repl.backend.describe("").await;
+    println!("{}", terminal_safe(&d, Escape::Text));
     loop {
-        let prompt = repl.prompt();
+        let prompt = repl.prompt().await;
         let read = tokio::task::block_in_place(|| rl.readline(&prompt));
         match read {
             Ok(input) => {
@@ -523,8 +456,9 @@ pub async fn run_repl(session: PrivateSession, format: OutputFormat, quiet: bool
                         repl.run_sql(&stmt).await;
                     }
                 }
+                let tables = repl.backend.tables().await;
                 if let Some(h) = rl.helper() {
-                    h.refresh(&repl.session);
+                    h.refresh_tables(&tables);
                 }
             }
             Err(ReadlineError::Interrupted) => {
@@ -547,5 +481,27 @@ pub async fn run_repl(session: PrivateSession, format: OutputFormat, quiet: bool
     ExitCode::SUCCESS
 }
 
-#[allow(dead_code)]
-fn _unused(_: DataFusionError) {}
+/// Runs the `-c`/`-f` scripts (`cli.scripts`), or the REPL when there are none, on `backend`.
+pub async fn run_on<B: Backend>(
+    mut backend: B,
+    scripts: &[crate::cli::Script],
+    format: OutputFormat,
+    quiet: bool,
+) -> ExitCode {
+    use crate::cli::Ran;
+    if scripts.is_empty() {
+        return run_repl(backend, format, quiet).await;
+    }
+    install_progress();
+    crate::cli::run_scripts(scripts, async |sql: &str| match backend.sql(sql).await {
+        Ok(r) => match print_answer(&r, format, quiet) {
+            Ok(()) => Ran::Shown,
+            Err(e) => Ran::Unprintable(e),
+        },
+        Err(e) => {
+            clear_progress();
+            Ran::Failed(error_text(sql, &e))
+        }
+    })
+    .await
+}

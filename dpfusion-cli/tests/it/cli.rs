@@ -21,7 +21,7 @@ fn run(dir: &Path, args: &[&str]) -> Output {
     Command::new(bin())
         .args(["--ledger", dir.join("ledger.jsonl").to_str().unwrap()])
         .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(crate::common::repo_root())
         .env("DPFUSION_HISTORY", dir.join("history"))
         .output()
         .expect("run dpfusion")
@@ -137,7 +137,8 @@ fn bad_command_lines_exit_2_and_help_documents_every_flag() {
 #[test]
 fn private_and_public_tables_and_budget_flags() {
     let d = tmp("tables");
-    let people = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/people.csv");
+    let people = crate::common::people_csv();
+    let people = people.display();
     let priv_arg = format!("people={people}");
     let pub_arg = format!("ref={people}");
     // A private table: raw rows refused (exit 1), DP aggregates admitted and charged.
@@ -270,7 +271,7 @@ fn quickstart_runs() {
 #[test]
 fn repl_in_a_pseudo_terminal() {
     let d = tmp("pty");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pty/repl_session.py");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/pty/repl_session.py");
     let o = Command::new("python3")
         .args([
             script,
@@ -312,7 +313,7 @@ fn catalog_mode_end_to_end_refuses_every_attack_and_leaves_the_ledger_alone() {
     for sub in ["data", "public", "out", "ledger"] {
         std::fs::create_dir_all(d.join(sub)).unwrap();
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = crate::common::repo_root();
     std::fs::copy(
         root.join("tests/data/people.csv"),
         d.join("data/people.csv"),
@@ -532,4 +533,38 @@ fn a_closed_pipe_ends_quietly() {
         !err.contains("panicked") && !err.contains("internal error"),
         "{err}"
     );
+}
+/// The README's catalog example runs as written: every statement succeeds except the ones marked
+/// `-- @expect-error`, which are refused.
+#[tokio::test]
+async fn the_example_catalog_and_analyst_session_run() {
+    let root = crate::common::repo_root();
+    let dir = crate::common::temp_dir("example");
+    let catalog =
+        dpfusion::catalog::Catalog::load(root.join("examples/catalog/dpfusion.toml")).unwrap();
+    let options = catalog
+        .session_options()
+        .with_ledger(dir.join("ledger/ledger.jsonl"))
+        .with_output_dir(dir.join("out"));
+    std::fs::create_dir_all(dir.join("out")).unwrap();
+    let s = dpfusion::PrivateSession::open(options).await.unwrap();
+    catalog.register(&s).await.unwrap();
+    // Analyst paths in the script are relative to the repository root.
+    std::env::set_current_dir(root).unwrap();
+    let text = std::fs::read_to_string(root.join("examples/catalog/analyst.sql")).unwrap();
+    let stmts = dpfusion_cli::cli::split_script(&text);
+    assert!(stmts.iter().filter(|s| s.expect_error).count() >= 4);
+    for st in stmts {
+        let r = s.sql(&st.sql).await;
+        match (st.expect_error, r) {
+            (false, Err(e)) => panic!("{}: {e}", st.sql),
+            (true, Ok(_)) => panic!("{}: expected a refusal", st.sql),
+            (true, Err(e)) => assert!(
+                matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Refused(_))),
+                "{}: {e}",
+                st.sql
+            ),
+            (false, Ok(_)) => {}
+        }
+    }
 }

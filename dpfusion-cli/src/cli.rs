@@ -2,10 +2,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::accounting::FilterKind;
-use crate::accounting::filter::check_delta_share;
+use dpfusion::accounting::FilterKind;
+use dpfusion::accounting::filter::check_delta_share;
+use dpfusion::session::{PrivateSession, Registration, SessionOptions};
+
 use crate::repl::format::OutputFormat;
-use crate::session::{PrivateSession, Registration, SessionOptions};
 
 /// The parsed command line.
 #[derive(Debug, Clone, Default)]
@@ -213,7 +214,9 @@ impl Cli {
                     let n = v
                         .parse::<u64>()
                         .map_err(|_| format!("{flag} must be an integer, got '{v}'"))
-                        .and_then(|n| crate::accounting::PrivacyUnit::check_bound(&flag[2..], n))?;
+                        .and_then(|n| {
+                            dpfusion::accounting::PrivacyUnit::check_bound(&flag[2..], n)
+                        })?;
                     if flag == "--max-groups-contributed" {
                         cli.max_groups = Some(n);
                     } else {
@@ -242,7 +245,7 @@ impl Cli {
         }
         // A bad value is a bad command line (exit status 2), not a failed session.
         let b = cli.session_options().default_budget;
-        crate::accounting::check_new_budget(&b).map_err(|e| {
+        dpfusion::accounting::check_new_budget(&b).map_err(|e| {
             format!(
                 "--epsilon {} --delta {:e}: {e}",
                 cli.epsilon.unwrap_or(b.epsilon),
@@ -318,7 +321,7 @@ impl Cli {
     /// file that is no private table's as a public table).
     pub fn session_options(&self) -> SessionOptions {
         let mut o =
-            SessionOptions::default().with_analyst_files(crate::session::AnalystFiles::Anywhere);
+            SessionOptions::default().with_analyst_files(dpfusion::session::AnalystFiles::Anywhere);
         if let Some(d) = &self.output_dir {
             o = o.with_output_dir(d.clone());
         }
@@ -432,7 +435,7 @@ async fn register_tables(session: &PrivateSession, cli: &Cli) -> Result<(), Stri
             Some(r) => reg.relax(r.clone()),
             None => reg,
         };
-        let r = if crate::owner::is_parquet(path) {
+        let r = if dpfusion::owner::is_parquet(path) {
             session.register_parquet(name, path, reg).await
         } else {
             session.register_csv(name, path, reg).await
@@ -445,7 +448,7 @@ async fn register_tables(session: &PrivateSession, cli: &Cli) -> Result<(), Stri
 /// Opens the session the command line asks for: the catalog's, or single-user mode's.
 async fn open(cli: &Cli) -> Result<PrivateSession, String> {
     if let Some(path) = &cli.catalog {
-        let catalog = crate::catalog::Catalog::load(path).map_err(|e| e.to_string())?;
+        let catalog = dpfusion::catalog::Catalog::load(path).map_err(|e| e.to_string())?;
         return catalog.open().await.map_err(|e| e.to_string());
     }
     let session = PrivateSession::open(cli.session_options())
@@ -455,19 +458,28 @@ async fn open(cli: &Cli) -> Result<PrivateSession, String> {
     Ok(session)
 }
 
-/// Runs the command line: the REPL when no `-c`/`-f` is given, else the scripts in order.
+/// Runs the command line: the REPL when no `-c`/`-f` is given, else the scripts in order, on
+/// a local session or (`--connect`) a server.
 pub async fn run(cli: Cli) -> ExitCode {
+    let format = cli.format.unwrap_or_default();
     if let (Some(url), Some(token_file)) = (&cli.connect, &cli.token_file) {
-        let format = cli.format.unwrap_or_default();
-        return crate::serve::client::run(
+        let remote = match crate::repl::remote::Remote::connect(
             url,
             token_file,
             cli.tls_ca.as_deref(),
-            &cli.scripts,
-            format,
-            cli.quiet,
         )
-        .await;
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!(
+                    "dpfusion: {}",
+                    crate::repl::format::terminal_safe(&e, crate::repl::format::Escape::Text)
+                );
+                return ExitCode::from(1);
+            }
+        };
+        return crate::repl::run_on(remote, &cli.scripts, format, cli.quiet).await;
     }
     let session = match open(&cli).await {
         Ok(s) => s,
@@ -484,24 +496,8 @@ pub async fn run(cli: Cli) -> ExitCode {
         eprintln!("dpfusion: cannot register the demo tables: {e}");
         return ExitCode::from(1);
     }
-    let format = cli.format.unwrap_or_default();
-    if cli.scripts.is_empty() {
-        return crate::repl::run_repl(session, format, cli.quiet).await;
-    }
-    crate::repl::install_progress();
-    run_scripts(&cli.scripts, async |sql: &str| {
-        match session.sql(sql).await {
-            Ok(r) => match crate::repl::print_result(&r, format, cli.quiet) {
-                Ok(()) => Ran::Shown,
-                Err(e) => Ran::Unprintable(e),
-            },
-            Err(e) => {
-                crate::repl::clear_progress();
-                Ran::Failed(crate::statements::error_block(sql, &e))
-            }
-        }
-    })
-    .await
+    let local = crate::repl::local::Local::new(session);
+    crate::repl::run_on(local, &cli.scripts, format, cli.quiet).await
 }
 
 /// What one statement of a script did.

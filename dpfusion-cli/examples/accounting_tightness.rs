@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use dpfusion::accounting::{Budget, Filter, FilterKind, Usage};
-use dpfusion::cli::split_script;
 use dpfusion::session::{PrivateSession, SessionOptions};
+use dpfusion_cli::cli::split_script;
 use dpfusion_udfs::privacy::{Event, Profile};
 
 /// (admitted, refused, ε reported at the end, Σδ_add, what refused first) under one rule.
@@ -120,7 +120,7 @@ async fn main() -> datafusion::common::Result<()> {
     let session =
         PrivateSession::open(SessionOptions::default().with_ledger(dir.join("ledger.jsonl")))
             .await?;
-    dpfusion::demo::register_demo(&session)?;
+    dpfusion_cli::demo::register_demo(&session)?;
     let script = std::fs::read_to_string("sql/quickstart.sql")?;
     for stmt in split_script(&script) {
         let _ = session.sql(&stmt.sql).await; // the refusals the script expects are skipped

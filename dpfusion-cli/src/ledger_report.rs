@@ -1,7 +1,7 @@
 //! `dpfusion ledger report LEDGER -o report.html`: the data owner's view of a ledger (issue 33).
 //!
 //! One self-contained HTML page (inline CSS and SVG, no script, nothing fetched), written only
-//! for a ledger that verifies ([`crate::accounting::verify_with`]: chain, sidecar, witness). Per
+//! for a ledger that verifies ([`dpfusion::accounting::verify_with`]: chain, sidecar, witness). Per
 //! private table: the ε spent over time under the table's filter (the same composition
 //! `SHOW BUDGET` reports, recomputed after each charge from the events up to it), the budget
 //! and the share left, the ε by analyst and by function, and the table of charges. The page is
@@ -16,8 +16,8 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use crate::accounting::display::{self, Round};
-use crate::accounting::{self, LedgerEntry, LedgerReport, TableKey, TablePolicy, Visibility};
+use dpfusion::accounting::display::{self, Round};
+use dpfusion::accounting::{self, LedgerEntry, LedgerReport, TableKey, TablePolicy, Visibility};
 use dpfusion_udfs::aggregates::registry;
 
 /// What went wrong: the ledger does not verify, or it cannot be read.

@@ -1,0 +1,262 @@
+//! The REPL's local backend: a [`PrivateSession`] in this process (single-user mode or the
+//! data owner's catalog).
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use dpfusion::accounting::display::SHARE_SCALE;
+use dpfusion::session::PrivateSession;
+use dpfusion::statements::{budget_batch, ledger_batch, receipt_line};
+
+use super::format::OutputFormat;
+use super::{Answer, Backend, Outcome, TableBudget, error_message};
+
+/// A session in this process.
+pub struct Local {
+    session: Arc<PrivateSession>,
+}
+
+impl Local {
+    pub fn new(session: PrivateSession) -> Self {
+        Local {
+            session: Arc::new(session),
+        }
+    }
+}
+
+fn answer(r: dpfusion::QueryResult) -> Answer {
+    Answer {
+        schema: r.schema,
+        batches: r.batches,
+        receipt: r.receipt.as_ref().map(receipt_line),
+        tables: r.tables,
+    }
+}
+
+impl Backend for Local {
+    fn greeting(&self) -> String {
+        "differentially private SQL".to_string()
+    }
+
+    async fn sql(&mut self, sql: &str) -> Result<Answer, String> {
+        self.session
+            .sql(sql)
+            .await
+            .map(answer)
+            .map_err(|e| error_message(&e))
+    }
+
+    async fn sql_interruptible(&mut self, sql: &str) -> Outcome {
+        // The query runs in its own task: a model fit is CPU work inside one poll of the query,
+        // and Ctrl-C must still be seen while it runs.
+        let session = self.session.clone();
+        let text = sql.to_string();
+        let _ = self.session.take_last_receipt();
+        let mut task = tokio::spawn(async move { session.sql(&text).await });
+        tokio::select! {
+            r = &mut task => Outcome::Done(match r {
+                Ok(r) => r.map(answer).map_err(|e| error_message(&e)),
+                Err(_) => Err(dpfusion::Error::ExecutionFailed.to_string()),
+            }),
+            _ = tokio::signal::ctrl_c() => {
+                // Stop a running model fit at its next iteration, and the scan with the task.
+                dpfusion_udfs::progress::cancel_running();
+                task.abort();
+                // A poll under way on another worker finishes first (an admission included):
+                // wait for it briefly, so that a charge made just now shows its receipt.
+                let _ = tokio::time::timeout(std::time::Duration::from_millis(500), &mut task).await;
+                // Admitted before the cancellation: its receipt, as for a finished query.
+                Outcome::Cancelled(self.session.take_last_receipt().map(|rcpt| {
+                    let tables = rcpt.tables.iter().map(|t| t.name.clone()).collect();
+                    (receipt_line(&rcpt), tables)
+                }))
+            }
+        }
+    }
+
+    async fn budget(&mut self) -> Vec<TableBudget> {
+        self.session
+            .budget()
+            .into_iter()
+            .map(|r| TableBudget {
+                left_share: SHARE_SCALE.saturating_sub(r.native.used_share),
+                epsilon: r.epsilon,
+                remaining: r.remaining,
+                delta_spent: r.delta_spent,
+                delta_left: r.delta_left,
+                name: r.name,
+            })
+            .collect()
+    }
+
+    async fn budget_table(&mut self) -> Result<Answer, String> {
+        budget_batch(&self.session.budget())
+            .map(Answer::table)
+            .map_err(|e| error_message(&e))
+    }
+
+    async fn ledger_table(&mut self, format: OutputFormat) -> Result<Answer, String> {
+        // On screen the events (`profile`) are left out: `\format json` or
+        // `SELECT * FROM dp_ledger()` show them.
+        ledger_batch(&self.session.ledger(), None)
+            .and_then(|b| {
+                if format != OutputFormat::Table {
+                    return Ok(b);
+                }
+                let keep: Vec<usize> = (0..b.num_columns())
+                    .filter(|&i| b.schema().field(i).name() != "profile")
+                    .collect();
+                Ok(b.project(&keep)?)
+            })
+            .map(Answer::table)
+            .map_err(|e| error_message(&e))
+    }
+
+    async fn tables(&mut self) -> Vec<(String, SchemaRef)> {
+        self.session
+            .tables()
+            .into_iter()
+            .map(|(t, _, schema)| (t, schema))
+            .collect()
+    }
+
+    async fn describe(&mut self, table: &str) -> String {
+        describe(&self.session, table)
+    }
+}
+
+/// `\d` and `\d TABLE`: what a user needs to know to query a table privately.
+pub fn describe(session: &PrivateSession, table: &str) -> String {
+    let tables = session.tables();
+    let budget = session.budget();
+    let policy = |name: &str, private: bool| -> String {
+        if !private {
+            return "public".to_string();
+        }
+        match budget.iter().find(|b| b.name == name) {
+            Some(b) => {
+                use dpfusion::accounting::display::{Round, SHARE_SCALE, n6, num, percent};
+                format!(
+                    "private, budget ε {} at δ {}; {} filter, {} used, {} left (one more query \
+                     could use ε ≤ {}); partition-selection δ {} spent, {} left",
+                    n6(b.epsilon),
+                    n6(b.delta),
+                    b.filter,
+                    percent(b.native.used_share),
+                    percent(SHARE_SCALE.saturating_sub(b.native.used_share)),
+                    num(b.remaining, Round::Down),
+                    num(b.delta_spent, Round::Up),
+                    num(b.delta_left, Round::Down)
+                )
+            }
+            None => "private".to_string(),
+        }
+    };
+    let neighbours = |n: dpfusion::accounting::Neighbours| match n {
+        dpfusion::accounting::Neighbours::AddRemove => "add_remove",
+        dpfusion::accounting::Neighbours::Replace => "replace",
+    };
+    if table.is_empty() {
+        if tables.is_empty() {
+            return "no tables: the data owner declares them (dpfusion --catalog FILE, or \
+                    --private NAME=PATH in single-user mode)"
+                .to_string();
+        }
+        let mut out = String::from("Tables:\n");
+        for (name, info, schema) in &tables {
+            out.push_str(&format!(
+                "  {name:<12} {} columns; {}{}\n",
+                schema.fields().len(),
+                policy(name, info.private),
+                match (&info.unit, info.private) {
+                    (Some(u), true) => format!("; privacy unit {}", u.column),
+                    (None, true) => format!("; neighbours {}", neighbours(info.neighbours)),
+                    _ => String::new(),
+                }
+            ));
+        }
+        out.push_str("\\d TABLE shows its columns.");
+        return out;
+    }
+    let want = table.to_ascii_lowercase();
+    let Some((name, info, schema)) = tables.iter().find(|(n, _, _)| *n == want) else {
+        return format!(
+            "no table '{table}' (tables: {})",
+            tables
+                .iter()
+                .map(|t| t.0.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    let mut out = format!("Table {name}: {}\n", policy(name, info.private));
+    if let Some((p, by)) = session
+        .policies()
+        .into_iter()
+        .find(|(p, _)| p.name == *name)
+    {
+        let who = match by.as_str() {
+            "owner" => "the data owner",
+            "analyst" => "analyst SQL",
+            _ => "a CREATE TABLE AS (a DP result)",
+        };
+        out.push_str(&format!(
+            "  registered by {who}: {}{}\n",
+            p.key,
+            p.format
+                .as_deref()
+                .map(|f| format!(", read as {f}"))
+                .unwrap_or_default()
+        ));
+        if by == "owner" && p.key.as_str().starts_with('/') {
+            out.push_str("  schema: pinned in the ledger at the owner's first registration\n");
+        }
+    }
+    if let (Some(u), true) = (&info.unit, info.private) {
+        out.push_str(&format!(
+            "  privacy unit: {} (domain {}): a neighbour adds or removes a unit with all its \
+             rows; a query bounds each unit to {} group(s) and {} row(s) per group (SET \
+             dpfusion.max_groups_contributed / max_rows_contributed)\n",
+            u.column, u.domain, u.max_groups_contributed, u.max_rows_contributed
+        ));
+    } else if info.private {
+        out.push_str(&format!(
+            "  neighbours: {} ({})\n",
+            neighbours(info.neighbours),
+            match info.neighbours {
+                dpfusion::accounting::Neighbours::AddRemove =>
+                    "a neighbour adds or removes one row; the row count is private",
+                dpfusion::accounting::Neighbours::Replace =>
+                    "a neighbour replaces one row; the row count is public",
+            }
+        ));
+        out.push_str(&format!(
+            "  public columns: {}\n",
+            if info.public_columns.is_empty() {
+                "none".to_string()
+            } else {
+                info.public_columns.join(", ")
+            }
+        ));
+        out.push_str(
+            "  read it only through DP aggregates (dp_count, dp_sum, dp_mean, ...); \
+             GROUP BY on a private column adds partition selection\n",
+        );
+    }
+    out.push_str("  columns:\n");
+    for f in schema.fields() {
+        let marker = if !info.private {
+            ""
+        } else if info.is_public_column(f.name()) {
+            "  (public)"
+        } else if info.unit.as_ref().is_some_and(|u| &u.column == f.name()) {
+            "  (private; the privacy unit)"
+        } else {
+            "  (private)"
+        };
+        out.push_str(&format!("    {:<14} {}{marker}\n", f.name(), f.data_type()));
+    }
+    if let Some(note) = crate::demo::describe_demo(name, &info.key) {
+        out.push_str(&format!("  about: {note}\n"));
+    }
+    out.trim_end().to_string()
+}
