@@ -207,15 +207,19 @@ impl Repl {
             Meta::Ledger => {
                 // On screen the events (`profile`) are left out: `\format json` or
                 // `SELECT * FROM dp_ledger()` show them.
-                let b = ledger_batch(&self.session.ledger(), None).and_then(|b| {
-                    if self.format != OutputFormat::Table {
-                        return Ok(b);
-                    }
-                    let keep: Vec<usize> = (0..b.num_columns())
-                        .filter(|&i| b.schema().field(i).name() != "profile")
-                        .collect();
-                    Ok(b.project(&keep)?)
-                });
+                let b = self
+                    .session
+                    .ledger()
+                    .and_then(|l| ledger_batch(&l, None))
+                    .and_then(|b| {
+                        if self.format != OutputFormat::Table {
+                            return Ok(b);
+                        }
+                        let keep: Vec<usize> = (0..b.num_columns())
+                            .filter(|&i| b.schema().field(i).name() != "profile")
+                            .collect();
+                        Ok(b.project(&keep)?)
+                    });
                 self.show_batch(b)
             }
             Meta::Explain(query) => self.run_sql(&format!("EXPLAIN PRIVACY {query}")).await,

@@ -559,7 +559,7 @@ async fn the_example_catalog_and_analyst_session_run() {
 async fn ci_variants_cost_the_base_call_and_read_fields() {
     let (s, _dir) = guard_session().await;
     let charge = |s: &PrivateSession| {
-        let l = s.ledger();
+        let l = s.ledger().unwrap();
         let t = &l.last().unwrap().tables[0];
         (t.epsilon, t.delta, t.events.clone())
     };
