@@ -68,7 +68,11 @@ fn charges(i: usize) -> Vec<TableCharge> {
             },
         ],
     };
-    if i % 2 == 0 { vec![a] } else { vec![a, b] }
+    if i.is_multiple_of(2) {
+        vec![a]
+    } else {
+        vec![a, b]
+    }
 }
 
 /// A ledger of `n` charges in `dir`, its checkpoint written.

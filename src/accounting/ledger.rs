@@ -160,8 +160,9 @@ struct Witness {
 }
 
 /// What one table has been charged, compactly (its size does not grow with the charges): the
-/// running sums of its events in each tracked [`Currency`], their composed profile, and the
-/// numbers of charges and events. The events themselves stay in the ledger's lines.
+/// running sums of its events in each tracked [`Currency`] and the numbers of charges and
+/// events. The events themselves stay in the ledger's lines (what needs them, e.g. the composed
+/// profile `dpfusion ledger verify` reports for a table without a policy, reads them there).
 ///
 /// The sums are kept for μ² and ρ always, and for ε(α) at the order of every rdp policy the
 /// table has had when it was first charged under it; a policy that puts another currency in
@@ -172,7 +173,6 @@ struct Witness {
 #[serde(deny_unknown_fields)]
 pub(super) struct Spend {
     pub sums: Vec<(Currency, Usage)>,
-    pub profile: Profile,
     pub queries: u64,
     /// Number of events charged (a charge may carry none).
     pub events: u64,
@@ -191,7 +191,6 @@ impl Spend {
         }
         Spend {
             sums,
-            profile: Profile::zero(),
             queries: 0,
             events: 0,
         }
@@ -329,7 +328,6 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
                 for (c, u) in &mut spend.sums {
                     *u = c.fold(std::mem::take(u), &t.events);
                 }
-                spend.profile.compose(&Profile::from_events(&t.events));
                 spend.queries += 1;
                 spend.events += t.events.len() as u64;
             }
@@ -1352,7 +1350,17 @@ fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -
                         .ok()
                         .and_then(|f| s.usage(f.currency()).map(|u| f.epsilon(u)))
                         .unwrap_or(f64::INFINITY),
-                    (None, Some(s)) => s.profile.epsilon(delta),
+                    // The composed profile of its charges (a full replay: every charge is in
+                    // `st.entries`).
+                    (None, Some(_)) => {
+                        let mut profile = Profile::zero();
+                        for t in st.entries.iter().flat_map(|e| &e.tables) {
+                            if &t.key == k {
+                                profile.compose(&Profile::from_events(&t.events));
+                            }
+                        }
+                        profile.epsilon(delta)
+                    }
                     (_, None) => 0.0,
                 },
                 delta,
