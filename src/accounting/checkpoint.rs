@@ -431,12 +431,20 @@ mod tests {
         let path = filled("forged", EVERY as usize + 2);
         drop(Accountant::open(&path).unwrap());
         let spent = rows(&path);
-        // The state edited (a table's charges emptied) without its digest: not used.
         let cp = checkpoint_path(&path);
         let text = fs::read_to_string(&cp).unwrap();
         let (head, state) = text.split_once('\n').unwrap();
         let mut v: Value = serde_json::from_str(state).unwrap();
+        // The state edited (a table's running sum set to zero, its charges to none) without its
+        // digest: not used.
         v["tables"]["demo:a"]["queries"] = serde_json::json!(0);
+        let sums = v["tables"]["demo:a"]["sums"].as_array_mut().unwrap();
+        assert!(
+            sums[0][1]["main"]
+                .as_u64()
+                .is_some_and(|b| f64::from_bits(b) > 0.0)
+        );
+        sums[0][1]["main"] = serde_json::json!(0);
         let forged = serde_json::to_string(&v).unwrap();
         fs::write(&cp, format!("{head}\n{forged}")).unwrap();
         let file = fs::File::open(&path).unwrap();
