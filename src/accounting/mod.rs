@@ -7,9 +7,11 @@
 //!
 //! Admission (PRIVACY.md, "What a query costs") is one atomic step under the in-process mutex
 //! and an exclusive OS lock on the ledger file: catch up on lines other processes appended,
-//! add each private table's charge to the sums of its recorded events under the table's privacy
-//! filter ([`filter`], docs/ACCOUNTING.md), refuse if any table would leave its filter's fixed
-//! budgets, otherwise append one `charge` record and fsync it before returning.
+//! add each private table's charge to the running sums of its recorded events under the table's
+//! privacy filter ([`filter`], docs/ACCOUNTING.md; kept per filter currency, exactly, so that a
+//! checkpoint holds sums, not events: docs/LEDGER.md, "Checkpoints"), refuse if any table would
+//! leave its filter's fixed budgets, otherwise append one `charge` record and fsync it before
+//! returning.
 mod checkpoint;
 pub mod display;
 pub mod filter;
