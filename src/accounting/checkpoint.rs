@@ -735,6 +735,42 @@ mod tests {
         assert_eq!(rows(&path), want);
     }
 
+    /// A crash between the checkpoint file's rename and its record's append leaves a file whose
+    /// record is not in the ledger: not used (full replay), and the next session writes both.
+    #[test]
+    fn a_checkpoint_file_without_its_record_is_not_used() {
+        let path = filled("norecord", EVERY as usize + 2);
+        let want = rows(&path);
+        drop(Accountant::open(&path).unwrap());
+        let text = fs::read_to_string(checkpoint_path(&path)).unwrap();
+        let head: Value = serde_json::from_str(text.split_once('\n').unwrap().0).unwrap();
+        let offset = head["offset"].as_u64().unwrap();
+        // The ledger as it was before the record (the crash), its sidecar matching it.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(offset)
+            .unwrap();
+        crate::accounting::reseal(&path, None).unwrap();
+        let file = fs::File::open(&path).unwrap();
+        assert!(load(&file, &path).is_none());
+        drop(file);
+        assert_eq!(rows(&path), want);
+        // That session replayed from line 1 and wrote a checkpoint again.
+        let file = fs::File::open(&path).unwrap();
+        let mut st = load(&file, &path).expect("a new checkpoint");
+        ledger::catch_up(&file, &path, None, &mut st).unwrap();
+        assert_eq!(
+            state_bytes(&st).unwrap(),
+            state_bytes(&full_replay(&path)).unwrap()
+        );
+        assert_eq!(
+            crate::accounting::verify(&path).unwrap().checkpoint_records,
+            1
+        );
+    }
+
     /// The canonical form of a fixed state: if this changes, so does the layout of every
     /// checkpoint; bump [`LAYOUT`] and the digest below.
     #[test]
