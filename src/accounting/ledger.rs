@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::checkpoint::{self, CheckpointRecord};
-use super::filter::{Currency, Usage};
+use super::filter::{Currency, FilterKind, Usage};
 use super::{
     AccountingError, Budget, LedgerEntry, TableKey, TablePolicy, Visibility, check_budget, io_error,
 };
@@ -205,10 +205,17 @@ impl Spend {
     }
 }
 
-/// The currency of a policy's filter (None when its budget no longer compiles: such a table is
-/// shown exhausted and admits nothing, so it needs no sums).
+/// The currency of a policy's filter: the currency of its compiled filter whenever that
+/// compiles, read from the kind without compiling it (a ledger's policies name the rdp order in
+/// force; compiling runs bisections, and this is asked on every catch-up). `None` only for an
+/// rdp policy without an order whose budget supports no order (it admits nothing).
 fn policy_currency(p: &TablePolicy) -> Option<Currency> {
-    p.compiled_filter().ok().map(|f| f.currency())
+    match p.filter {
+        FilterKind::Gdp => Some(Currency::Gdp),
+        FilterKind::Zcdp => Some(Currency::Zcdp),
+        FilterKind::Rdp { order: Some(order) } => Some(Currency::Rdp { order }),
+        FilterKind::Rdp { order: None } => p.compiled_filter().ok().map(|f| f.currency()),
+    }
 }
 
 /// The replayed ledger, plus how far the file has been read.
