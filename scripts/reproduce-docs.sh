@@ -2,7 +2,8 @@
 # Reproduces every number and plot of docs/PERFORMANCE.md and docs/UTILITY.md (issue 8):
 #   1. the Python virtualenv (.venv: numpy, scikit-learn, diffprivlib, matplotlib);
 #   2. the release build (binary, benches, examples);
-#   3. the speed benchmarks -> docs/bench/speed.md, docs/bench/models.md (raw outputs);
+#   3. the speed benchmarks -> docs/bench/speed.md, docs/bench/models.md, docs/bench/ledger.md
+#      (raw outputs);
 #   4. the utility study -> docs/UTILITY.md, docs/*.png.
 # Honours CARGO_TARGET_DIR. Takes about an hour on 2 cores (the study is most of it).
 # Options: --quick (1M-row aggregates, n = 100k models, the study's --quick mode);
@@ -26,6 +27,8 @@ if [ "$bench" = 1 ]; then
       cargo bench --bench speed -- $quick; } | tee docs/bench/speed.md
     { echo "Machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/Mem:/{print $2}') GiB; $(date -u +%Y-%m-%d); load average $(cut -d' ' -f1-3 /proc/loadavg)"; echo; \
       cargo bench --bench models -- $quick; } | tee docs/bench/models.md
+    { echo "Machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/Mem:/{print $2}') GiB; $(date -u +%Y-%m-%d)"; echo; \
+      cargo bench --bench ledger; } | tee docs/bench/ledger.md
 fi
 if [ "$study" = 1 ]; then
     .venv/bin/python scripts/utility_study.py $quick

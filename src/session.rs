@@ -793,9 +793,10 @@ impl PrivateSession {
         self.last_receipt.lock().expect("lock").take()
     }
 
-    /// Every charge, oldest first.
-    pub fn ledger(&self) -> Vec<LedgerEntry> {
-        self.accountant.ledger_entries()
+    /// Every charge, oldest first; an error when the ledger cannot be read or does not verify
+    /// (never a shorter list).
+    pub fn ledger(&self) -> Result<Vec<LedgerEntry>> {
+        self.accountant.ledger_entries().map_err(external)
     }
 
     /// Runs one SQL statement. Errors that dpfusion decides are typed: [`crate::Error::of`]

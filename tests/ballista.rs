@@ -331,7 +331,7 @@ async fn local_and_cluster_runs_agree() {
     local.sql(TOTAL_SQL).await.unwrap();
 
     // Charged identically: the same ledger entries (query, tables, ε, events), the same spent ε.
-    let (la, lb) = (local.ledger(), cluster.ledger());
+    let (la, lb) = (local.ledger().unwrap(), cluster.ledger().unwrap());
     assert_eq!(la.len(), 4);
     assert_eq!(la.len(), lb.len());
     for (x, y) in la.iter().zip(&lb) {
@@ -352,7 +352,7 @@ async fn local_and_cluster_runs_agree() {
         .unwrap_err();
     assert!(err.to_string().contains("refused"), "{err}");
     assert_eq!(cluster.scans("t"), scans, "a refused query reads nothing");
-    assert_eq!(cluster.ledger().len(), lb.len(), "nothing charged");
+    assert_eq!(cluster.ledger().unwrap().len(), lb.len(), "nothing charged");
 
     // SHOW BUDGET, dp_ledger() and EXPLAIN PRIVACY stay in the client.
     cluster.sql("SHOW BUDGET").await.unwrap();
@@ -425,7 +425,7 @@ async fn a_plan_that_cannot_cross_as_checked_is_refused_on_a_cluster() {
         "{err}"
     );
     assert_eq!(cluster.scans("t"), scans, "a refused query reads nothing");
-    assert!(cluster.ledger().is_empty(), "nothing charged");
+    assert!(cluster.ledger().unwrap().is_empty(), "nothing charged");
     let local = open(&dir, "local.jsonl", SessionOptions::default()).await;
     assert!(local.sql(sql).await.unwrap().receipt.is_some());
 
@@ -444,7 +444,7 @@ async fn a_plan_that_cannot_cross_as_checked_is_refused_on_a_cluster() {
     let err = cluster.sql(sql).await.unwrap_err();
     assert!(err.to_string().contains("privacy unit"), "{err}");
     assert_eq!(cluster.scans("pu"), 0, "a refused query reads nothing");
-    assert!(cluster.ledger().is_empty(), "nothing charged");
+    assert!(cluster.ledger().unwrap().is_empty(), "nothing charged");
     local.register_parquet("pu", &u, units).await.unwrap();
     assert!(local.sql(sql).await.unwrap().receipt.is_some());
 }

@@ -127,7 +127,7 @@ async fn main() -> datafusion::common::Result<()> {
     }
     // Charges per table, in order.
     let mut by_table: BTreeMap<String, Vec<Vec<Event>>> = BTreeMap::new();
-    for e in session.ledger() {
+    for e in session.ledger().unwrap() {
         for t in e.tables {
             by_table.entry(t.name).or_default().push(t.events);
         }
@@ -136,7 +136,9 @@ async fn main() -> datafusion::common::Result<()> {
     session
         .sql("SELECT dp_mean(cost, 0, 20, epsilon => 0.1, delta => 1e-7) FROM patients")
         .await?;
-    let mean = session.ledger().last().unwrap().tables[0].events.clone();
+    let mean = session.ledger().unwrap().last().unwrap().tables[0]
+        .events
+        .clone();
     let _ = std::fs::remove_dir_all(&dir);
 
     let b = Budget {

@@ -9,7 +9,10 @@
 //!   offset, the layout and the same digest, then the state itself in that canonical form.
 //!
 //! The state is the ledger's [`State`] as a whole (every field replay fills that is not marked
-//! `serde(skip)`), never a hand-listed copy of some of its fields. Canonical form: the state as a
+//! `serde(skip)`), never a hand-listed copy of some of its fields. It is compact: per table the
+//! running sums of each filter currency and counts (`ledger::Spend`), not the events or the
+//! charges, so its size does not grow with the ledger; what needs every
+//! charge (`dp_ledger()`, `dpfusion ledger report` and `verify`) reads the ledger's lines. Canonical form: the state as a
 //! `serde_json::Value` (maps sorted by key), every floating-point number written as its bit
 //! pattern and every string prefixed, so that reading it back gives the same bits (JSON's
 //! decimal text does not round-trip through serde_json's default float parser).
@@ -43,7 +46,11 @@ pub(super) const EVERY: u64 = 256;
 /// The serialised form of [`State`]. Bump it when a field of `State`, `Spend` or anything they
 /// contain changes its serialised form (the test `layout_is_pinned` fails then): checkpoints of
 /// another layout are not used (a full replay instead) and their records are not compared.
-pub(super) const LAYOUT: u32 = 1;
+pub(super) const LAYOUT: u32 = 2;
+
+/// The largest checkpoint file read: the compact state is a few tens of kilobytes per table, so
+/// a larger file is not a checkpoint this version wrote (not used: a full replay instead).
+pub(super) const MAX_BYTES: u64 = 64 << 20;
 
 /// The `checkpoint` record of the ledger.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -174,10 +181,30 @@ fn line_at(file: &fs::File, offset: u64) -> Option<Vec<u8>> {
     }
 }
 
+/// The checkpoint file's bytes: opened without following a symbolic link (`O_NOFOLLOW`, like
+/// the files of `files::store`), a regular file, at most [`MAX_BYTES`]. `None` otherwise.
+fn read_file(cp: &Path) -> Option<Vec<u8>> {
+    let mut o = fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(
+        &mut o,
+        libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+    );
+    let f = o.open(cp).ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_BYTES {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.take(MAX_BYTES + 1).read_to_end(&mut bytes).ok()?;
+    (bytes.len() as u64 <= MAX_BYTES).then_some(bytes)
+}
+
 /// The state at the ledger's checkpoint, positioned after its record, when the checkpoint file
 /// and the record agree (see the module's documentation); else `None` (replay from line 1).
 pub(super) fn load(file: &fs::File, path: &Path) -> Option<State> {
-    let bytes = fs::read(checkpoint_path(path)).ok()?;
+    let bytes = read_file(&checkpoint_path(path))?;
     let nl = bytes.iter().position(|&b| b == b'\n')?;
     let head: FileHead = serde_json::from_slice(&bytes[..nl]).ok()?;
     let raw = &bytes[nl + 1..];
@@ -298,7 +325,7 @@ pub(super) fn open_replay(
 mod tests {
     use super::*;
     use crate::accounting::tests::private;
-    use crate::accounting::{Accountant, TableCharge, TableKey};
+    use crate::accounting::{Accountant, FilterKind, TableCharge, TableKey};
     use dpfusion_udfs::privacy::Event;
 
     fn temp_ledger(tag: &str) -> PathBuf {
@@ -385,10 +412,7 @@ mod tests {
         ledger::load_prefix(&file, &path, &mut cp).unwrap();
         assert_eq!(cp.entries, full.entries);
         // The profiles are bit for bit the same (the canonical form carries bits).
-        for (k, s) in &full.tables {
-            assert_eq!(cp.tables[k].profile, s.profile);
-            assert_eq!(cp.tables[k].events, s.events);
-        }
+        assert_eq!(cp.tables, full.tables);
         // `dpfusion ledger verify`'s record counts add up to the lines, checkpoints included.
         let r = crate::accounting::verify(&path).unwrap();
         assert_eq!(r.checkpoint_records, 1);
@@ -407,12 +431,20 @@ mod tests {
         let path = filled("forged", EVERY as usize + 2);
         drop(Accountant::open(&path).unwrap());
         let spent = rows(&path);
-        // The state edited (a table's charges emptied) without its digest: not used.
         let cp = checkpoint_path(&path);
         let text = fs::read_to_string(&cp).unwrap();
         let (head, state) = text.split_once('\n').unwrap();
         let mut v: Value = serde_json::from_str(state).unwrap();
-        v["tables"]["demo:a"]["events"] = Value::Array(vec![]);
+        // The state edited (a table's running sum set to zero, its charges to none) without its
+        // digest: not used.
+        v["tables"]["demo:a"]["queries"] = serde_json::json!(0);
+        let sums = v["tables"]["demo:a"]["sums"].as_array_mut().unwrap();
+        assert!(
+            sums[0][1]["main"]
+                .as_u64()
+                .is_some_and(|b| f64::from_bits(b) > 0.0)
+        );
+        sums[0][1]["main"] = serde_json::json!(0);
         let forged = serde_json::to_string(&v).unwrap();
         fs::write(&cp, format!("{head}\n{forged}")).unwrap();
         let file = fs::File::open(&path).unwrap();
@@ -483,6 +515,262 @@ mod tests {
         );
     }
 
+    fn splitmix(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A random event of a kind `kinds` allows (0 Gaussian, 1 Delta, 2 zCDP, 3 Laplace,
+    /// 4 pure DP, 5 RGM, 6 Poisson-subsampled Gaussian), parameters spread over decades so
+    /// that the sums round.
+    fn event(rng: &mut u64, kinds: &[u8]) -> Event {
+        let u = |rng: &mut u64| (splitmix(rng) >> 11) as f64 / (1u64 << 53) as f64;
+        let small = |rng: &mut u64| 10f64.powf(-3.0 + 2.5 * u(rng));
+        match kinds[(splitmix(rng) % kinds.len() as u64) as usize] {
+            0 => Event::Gaussian { mu: small(rng) },
+            1 => Event::Delta {
+                delta: 1e-12 * (1.0 + u(rng)),
+            },
+            2 => Event::Zcdp {
+                rho: small(rng) * small(rng),
+            },
+            3 => Event::Laplace {
+                epsilon: small(rng),
+            },
+            4 => Event::PureDp {
+                epsilon: small(rng),
+            },
+            5 => Event::Rgm {
+                sigma: 50.0 + 100.0 * u(rng),
+                gamma: 0.01 * u(rng),
+                dims: 1 + (splitmix(rng) % 3) as u32,
+                steps: 1 + (splitmix(rng) % 4) as u32,
+            },
+            _ => Event::SubsampledGaussian {
+                sample_rate: 0.001 + 0.01 * u(rng),
+                noise_multiplier: 2.0 + 3.0 * u(rng),
+                steps: 1 + splitmix(rng) % 20,
+            },
+        }
+    }
+
+    /// The sums of a table's filter as the code before compact checkpoints computed them: the
+    /// filter's fold over every event of the table in the ledger's charges, in order.
+    fn sums_of_every_event(
+        entries: &[crate::accounting::LedgerEntry],
+        key: &TableKey,
+        f: &crate::accounting::Filter,
+    ) -> crate::accounting::Usage {
+        f.usage(
+            entries
+                .iter()
+                .flat_map(|e| e.tables.iter())
+                .filter(|t| &t.key == key)
+                .flat_map(|t| t.events.iter()),
+        )
+    }
+
+    /// Randomised sequences of charges on three tables (gdp, zcdp, rdp; every event kind each
+    /// filter takes, PLD-style subsampled and RGM events included), with owner changes of the
+    /// filter (an rdp order put in force after charges; a zcdp table made gdp, so its earlier
+    /// Laplace charges are refused), sessions opened from the checkpoint along the way: the
+    /// state a session opens with is the state of a full replay byte for byte, each table's
+    /// running sums are bit for bit the fold over every event of the ledger, and the admission
+    /// decisions of a checkpointed session and a fully replayed one agree.
+    #[test]
+    fn randomised_charges_replay_from_a_checkpoint_to_the_full_replay_bit_for_bit() {
+        for seed in [1u64, 2, 3] {
+            let path = temp_ledger(&format!("random{seed}"));
+            let mut rng = seed;
+            let acc = Accountant::open(&path).unwrap();
+            let mut g = private("demo:g", "g", 40.0);
+            g.filter = FilterKind::Gdp;
+            let mut z = private("demo:z", "z", 40.0);
+            z.filter = FilterKind::Zcdp;
+            let mut r = private("demo:r", "r", 40.0);
+            r.filter = FilterKind::Rdp { order: None };
+            for p in [g, z, r.clone()] {
+                acc.register_table(p).unwrap();
+            }
+            let tables: [(&str, &[u8]); 3] = [
+                ("demo:g", &[0, 0, 1]),
+                ("demo:z", &[0, 1, 2, 3, 4]),
+                ("demo:r", &[0, 1, 2, 3, 4, 5, 6]),
+            ];
+            let n = 2 * EVERY as usize + 40;
+            let mut acc = Some(acc);
+            let (mut admitted, mut refused) = (0, 0);
+            for i in 0..n {
+                if i == n / 2 {
+                    // The owner puts another rdp order in force: its sums are not kept yet.
+                    let mut p = r.clone();
+                    p.filter = FilterKind::Rdp { order: Some(8.0) };
+                    acc.as_ref()
+                        .unwrap()
+                        .owner_set_policy(p, "order 8")
+                        .unwrap();
+                }
+                if i == 3 * n / 4 {
+                    let mut p = private("demo:z", "z", 40.0);
+                    p.filter = FilterKind::Gdp;
+                    acc.as_ref()
+                        .unwrap()
+                        .owner_set_policy(p, "gdp now")
+                        .unwrap();
+                }
+                if i.is_multiple_of(97) {
+                    // A new session, from the checkpoint when there is one.
+                    drop(acc.take());
+                    acc = Some(Accountant::open(&path).unwrap());
+                }
+                let a = acc.as_ref().unwrap();
+                let mut charges = Vec::new();
+                for (key, kinds) in tables {
+                    if splitmix(&mut rng).is_multiple_of(3) {
+                        let k = 1 + splitmix(&mut rng) % 3;
+                        charges.push(TableCharge {
+                            key: TableKey::from(key),
+                            events: (0..k).map(|_| event(&mut rng, kinds)).collect(),
+                        });
+                    }
+                }
+                match a.admit(&format!("q{i}"), &charges) {
+                    Ok(_) => admitted += 1,
+                    Err(crate::accounting::AccountingError::BudgetExceeded { .. }) => refused += 1,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            drop(acc);
+            assert!(
+                admitted > EVERY as usize + 100 && refused > 0,
+                "{admitted} {refused}"
+            );
+            {
+                let file = fs::OpenOptions::new()
+                    .read(true)
+                    .append(true)
+                    .open(&path)
+                    .unwrap();
+                let mut cp = load(&file, &path).expect("the checkpoint loads");
+                ledger::catch_up(&file, &path, None, &mut cp).unwrap();
+            }
+            let a = Accountant::open(&path).unwrap();
+            let full = full_replay(&path);
+            {
+                let st = a.state();
+                assert!(st.prefix.is_some(), "the session started from a checkpoint");
+                assert!(st.lines - st.checkpoint_line < EVERY + 2);
+                assert_eq!(state_bytes(&st).unwrap(), state_bytes(&full).unwrap());
+                assert_eq!(st.tables, full.tables);
+            }
+            let entries = a.ledger_entries().unwrap();
+            assert_eq!(entries, full.entries);
+            for p in a.policies() {
+                let f = p.compiled_filter().unwrap();
+                let want = sums_of_every_event(&entries, &p.key, &f);
+                let st = a.state();
+                let got = st.tables[&p.key].usage(f.currency()).unwrap();
+                assert_eq!(got.main.to_bits(), want.main.to_bits(), "{}", p.key);
+                assert_eq!(got.delta.to_bits(), want.delta.to_bits());
+                assert_eq!(got.delta_exact, want.delta_exact);
+                assert_eq!(got.refused, want.refused);
+            }
+            // The zcdp table made gdp holds refused (Laplace, zCDP) events.
+            assert!(a.budget_rows().iter().any(|r| r.spent.is_infinite()));
+            // Admission decisions: a session from the checkpoint and one replayed in full.
+            fs::remove_file(checkpoint_path(&path)).unwrap();
+            let b = Accountant::open(&path).unwrap();
+            assert!(b.state().prefix.is_none());
+            for _ in 0..30 {
+                let (key, kinds) = tables[(splitmix(&mut rng) % 3) as usize];
+                let c = [TableCharge {
+                    key: TableKey::from(key),
+                    events: (0..3).map(|_| event(&mut rng, kinds)).collect(),
+                }];
+                let (pa, pb) = (a.preview(&c).unwrap(), b.preview(&c).unwrap());
+                assert_eq!(format!("{pa:?}"), format!("{pb:?}"));
+            }
+            assert_eq!(
+                format!("{:?}", a.budget_rows()),
+                format!("{:?}", b.budget_rows())
+            );
+        }
+    }
+
+    /// The checkpoint file is opened without following a symbolic link, and a file larger than
+    /// [`MAX_BYTES`] (or not a regular file) is not read: a full replay instead.
+    #[cfg(unix)]
+    #[test]
+    fn a_symlinked_or_oversized_checkpoint_is_not_read() {
+        let path = filled("nofollow", EVERY as usize + 2);
+        drop(Accountant::open(&path).unwrap());
+        let want = rows(&path);
+        let cp = checkpoint_path(&path);
+        let file = fs::File::open(&path).unwrap();
+        assert!(load(&file, &path).is_some());
+        // The same (valid) bytes behind a symbolic link: not followed.
+        let elsewhere = path.with_file_name("elsewhere");
+        fs::rename(&cp, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &cp).unwrap();
+        assert!(read_file(&cp).is_none());
+        assert!(load(&file, &path).is_none());
+        assert_eq!(rows(&path), want);
+        // A directory, and a (sparse) file over the cap: not read.
+        fs::remove_file(&cp).unwrap();
+        fs::create_dir(&cp).unwrap();
+        assert!(load(&file, &path).is_none());
+        fs::remove_dir(&cp).unwrap();
+        fs::copy(&elsewhere, &cp).unwrap();
+        assert!(load(&file, &path).is_some());
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&cp)
+            .unwrap()
+            .set_len(MAX_BYTES + 1)
+            .unwrap();
+        assert!(read_file(&cp).is_none());
+        assert_eq!(rows(&path), want);
+    }
+
+    /// A crash between the checkpoint file's rename and its record's append leaves a file whose
+    /// record is not in the ledger: not used (full replay), and the next session writes both.
+    #[test]
+    fn a_checkpoint_file_without_its_record_is_not_used() {
+        let path = filled("norecord", EVERY as usize + 2);
+        let want = rows(&path);
+        drop(Accountant::open(&path).unwrap());
+        let text = fs::read_to_string(checkpoint_path(&path)).unwrap();
+        let head: Value = serde_json::from_str(text.split_once('\n').unwrap().0).unwrap();
+        let offset = head["offset"].as_u64().unwrap();
+        // The ledger as it was before the record (the crash), its sidecar matching it.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(offset)
+            .unwrap();
+        crate::accounting::reseal(&path, None).unwrap();
+        let file = fs::File::open(&path).unwrap();
+        assert!(load(&file, &path).is_none());
+        drop(file);
+        assert_eq!(rows(&path), want);
+        // That session replayed from line 1 and wrote a checkpoint again.
+        let file = fs::File::open(&path).unwrap();
+        let mut st = load(&file, &path).expect("a new checkpoint");
+        ledger::catch_up(&file, &path, None, &mut st).unwrap();
+        assert_eq!(
+            state_bytes(&st).unwrap(),
+            state_bytes(&full_replay(&path)).unwrap()
+        );
+        assert_eq!(
+            crate::accounting::verify(&path).unwrap().checkpoint_records,
+            1
+        );
+    }
+
     /// The canonical form of a fixed state: if this changes, so does the layout of every
     /// checkpoint; bump [`LAYOUT`] and the digest below.
     #[test]
@@ -497,12 +785,28 @@ mod tests {
         st.largest_epsilon.insert(p.key.clone(), 2.5);
         st.policies.insert(p.key.clone(), p);
         let events = vec![Event::Gaussian { mu: 0.5 }, Event::Delta { delta: 1e-9 }];
+        let sums = [
+            crate::accounting::Currency::Gdp,
+            crate::accounting::Currency::Zcdp,
+            crate::accounting::Currency::Rdp { order: 8.0 },
+        ]
+        .into_iter()
+        .map(|c| (c, c.fold(Default::default(), &events)))
+        .chain([(
+            crate::accounting::Currency::Rdp { order: 2.0 },
+            crate::accounting::Usage {
+                main: f64::INFINITY,
+                refused: Some("x".to_string()),
+                ..Default::default()
+            },
+        )])
+        .collect();
         st.tables.insert(
             TableKey::from("demo:a"),
             ledger::Spend {
-                profile: dpfusion_udfs::privacy::Profile::from_events(&events),
-                events,
+                sums,
                 queries: 2,
+                events: 2,
             },
         );
         let bytes = state_bytes(&st).unwrap();
@@ -511,8 +815,8 @@ mod tests {
         assert_eq!(
             (LAYOUT, hex(&sha256(&bytes)).as_str()),
             (
-                1,
-                "944f92ef0a4108f14f823a6f4de50f9d8c3706a0716bdbc0d9fc912ade6fdc04"
+                2,
+                "aa474cf4cdceb46f68557484a58c0227337bf55337e4f048030f9cd93751b9d0"
             ),
             "{}",
             String::from_utf8_lossy(&bytes)

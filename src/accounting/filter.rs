@@ -143,20 +143,52 @@ impl fmt::Display for Limit {
     }
 }
 
-/// The sums of a sequence of events under one filter.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// The sums of a sequence of events under one filter (the running totals the ledger's state
+/// keeps per table and [`Currency`], exactly: a checkpoint stores them bit for bit).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Usage {
     /// Σμ² (gdp), Σρ (zcdp) or Σε(α*) (rdp), rounded up; +∞ for a parameter that is NaN or
     /// negative, or an RDP curve that is infinite at α*.
+    #[serde(with = "bits")]
     pub main: f64,
     /// Σδ of [`Event::Delta`], rounded up.
+    #[serde(with = "bits")]
     pub delta: f64,
     /// The same Σδ exactly, as a nonoverlapping expansion (Shewchuk 1997, "Adaptive precision
     /// floating-point arithmetic and fast robust geometric predicates", Grow-Expansion):
     /// admission compares it with δ_sel exactly, so no charge is refused by a rounding error.
+    #[serde(with = "bits_vec")]
     pub delta_exact: Vec<f64>,
     /// The first event kind the filter does not accept.
     pub refused: Option<String>,
+}
+
+/// A float serialised as its bit pattern (an integer): exact, and +∞ (an unbounded sum) reads
+/// back as +∞ (JSON has no infinity; serde_json would write `null`).
+mod bits {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(x.to_bits())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        u64::deserialize(d).map(f64::from_bits)
+    }
+}
+
+/// [`bits`] for each float of a vector.
+mod bits_vec {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|x| x.to_bits()))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        Vec::<u64>::deserialize(d).map(|v| v.into_iter().map(f64::from_bits).collect())
+    }
 }
 
 /// a + b = s + e exactly (Knuth's Two-Sum; Shewchuk 1997, Thm 7).
@@ -316,6 +348,77 @@ pub fn check_delta_share(s: f64) -> Result<(), String> {
             "delta_share (the part of the table's δ reserved for partition selection) must be in \
              the open interval (0, 1), got {s}"
         ))
+    }
+}
+
+/// The currency of a filter's ε part: μ² (gdp), ρ (zcdp) or ε(α*) at one Rényi order (rdp).
+/// The cost of an event depends on the currency only (not on the budget), so the ledger's state
+/// keeps one running [`Usage`] per table and currency, and a filter's sums are the usage of its
+/// currency ([`Filter::usage`] is [`Currency::fold`] from zero).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Currency {
+    Gdp,
+    Zcdp,
+    Rdp { order: f64 },
+}
+
+impl Currency {
+    /// What one event costs in this currency; `Err` for a kind the filter refuses.
+    fn cost(&self, e: &Event) -> Result<f64, ()> {
+        let bad = |x: f64| x.is_nan() || x < 0.0;
+        let checked = |x: f64, v: f64| if bad(x) { f64::INFINITY } else { up(v) };
+        match (*self, e.clone()) {
+            (_, Event::Delta { .. }) => Ok(0.0),
+            // Smith and Thakurta 2022: the currency of the GDP filter is μ².
+            (Currency::Gdp, Event::Gaussian { mu }) => Ok(checked(mu, mu * mu)),
+            // A μ-GDP Gaussian mechanism is μ²/2-zCDP, exactly (Bun and Steinke 2016, Prop. 1.6).
+            (Currency::Zcdp, Event::Gaussian { mu }) => Ok(checked(mu, mu * mu / 2.0)),
+            // Recorded as is (no arithmetic, nothing to round).
+            (Currency::Zcdp, Event::Zcdp { rho }) => Ok(if bad(rho) { f64::INFINITY } else { rho }),
+            // ε-DP ⇒ ε²/2-zCDP (Bun and Steinke 2016, Prop. 1.4); Laplace(Δ/ε) is ε-DP.
+            (Currency::Zcdp, Event::Laplace { epsilon })
+            | (Currency::Zcdp, Event::PureDp { epsilon }) => {
+                Ok(checked(epsilon, epsilon * epsilon / 2.0))
+            }
+            // No finite zCDP bound (its RDP curve is infinite beyond a finite order).
+            (Currency::Zcdp, Event::Rgm { .. }) => Err(()),
+            // No finite zCDP bound is proven here for the subsampled Gaussian (its RDP curve is
+            // not linear in α): refused; the owner's options are an `rdp` table, or `noise =>
+            // 'mf'` (a Gaussian event).
+            (Currency::Zcdp, Event::SubsampledGaussian { .. }) => Err(()),
+            // The GDP filter takes Gaussian events only (and δ): the rest is refused, named.
+            (Currency::Gdp, _) => Err(()),
+            // The event's RDP curve (profile.rs, `Event::rdp`, with its sources) at α*, rounded
+            // outward.
+            (Currency::Rdp { order: a }, ev) => Ok(up(ev.rdp(a))),
+        }
+    }
+
+    /// The sums of `start`'s events followed by `events`: the same left fold, event by event,
+    /// as the sums of all of them from zero, so a running total kept across charges is bit for
+    /// bit the total a replay of every event computes.
+    pub fn fold<'a>(&self, start: Usage, events: impl IntoIterator<Item = &'a Event>) -> Usage {
+        let mut u = start;
+        for e in events {
+            if let Event::Delta { delta } = *e {
+                let d = if delta.is_nan() || delta < 0.0 {
+                    f64::INFINITY
+                } else {
+                    delta
+                };
+                u.delta = add_up(u.delta, d);
+                u.delta_exact = grow(&u.delta_exact, d);
+            }
+            match self.cost(e) {
+                Ok(c) => u.main = add_up(u.main, c),
+                Err(()) => {
+                    u.main = f64::INFINITY;
+                    u.refused.get_or_insert_with(|| mechanism_name(e));
+                }
+            }
+        }
+        u
     }
 }
 
@@ -490,61 +593,18 @@ impl Filter {
         lo * (1.0 - 1e-9)
     }
 
-    /// What one event costs in the filter's currency; `Err` for a kind the filter refuses.
-    fn cost(&self, e: &Event) -> Result<f64, ()> {
-        let bad = |x: f64| x.is_nan() || x < 0.0;
-        let checked = |x: f64, v: f64| if bad(x) { f64::INFINITY } else { up(v) };
-        match (self.main, e.clone()) {
-            (_, Event::Delta { .. }) => Ok(0.0),
-            // Smith and Thakurta 2022: the currency of the GDP filter is μ².
-            (MainBudget::Gdp { .. }, Event::Gaussian { mu }) => Ok(checked(mu, mu * mu)),
-            // A μ-GDP Gaussian mechanism is μ²/2-zCDP, exactly (Bun and Steinke 2016, Prop. 1.6).
-            (MainBudget::Zcdp { .. }, Event::Gaussian { mu }) => Ok(checked(mu, mu * mu / 2.0)),
-            // Recorded as is (no arithmetic, nothing to round).
-            (MainBudget::Zcdp { .. }, Event::Zcdp { rho }) => {
-                Ok(if bad(rho) { f64::INFINITY } else { rho })
-            }
-            // ε-DP ⇒ ε²/2-zCDP (Bun and Steinke 2016, Prop. 1.4); Laplace(Δ/ε) is ε-DP.
-            (MainBudget::Zcdp { .. }, Event::Laplace { epsilon })
-            | (MainBudget::Zcdp { .. }, Event::PureDp { epsilon }) => {
-                Ok(checked(epsilon, epsilon * epsilon / 2.0))
-            }
-            // No finite zCDP bound (its RDP curve is infinite beyond a finite order).
-            (MainBudget::Zcdp { .. }, Event::Rgm { .. }) => Err(()),
-            // No finite zCDP bound is proven here for the subsampled Gaussian (its RDP curve is
-            // not linear in α): refused; the owner's options are an `rdp` table, or `noise =>
-            // 'mf'` (a Gaussian event).
-            (MainBudget::Zcdp { .. }, Event::SubsampledGaussian { .. }) => Err(()),
-            // The GDP filter takes Gaussian events only (and δ): the rest is refused, named.
-            (MainBudget::Gdp { .. }, _) => Err(()),
-            // The event's RDP curve (profile.rs, `Event::rdp`, with its sources) at α*, rounded
-            // outward.
-            (MainBudget::Rdp { order: a, .. }, ev) => Ok(up(ev.rdp(a))),
+    /// The currency of this filter's ε part: what its sums are kept in.
+    pub fn currency(&self) -> Currency {
+        match self.main {
+            MainBudget::Gdp { .. } => Currency::Gdp,
+            MainBudget::Zcdp { .. } => Currency::Zcdp,
+            MainBudget::Rdp { order, .. } => Currency::Rdp { order },
         }
     }
 
     /// The sums of `events` under this filter.
     pub fn usage<'a>(&self, events: impl IntoIterator<Item = &'a Event>) -> Usage {
-        let mut u = Usage::default();
-        for e in events {
-            if let Event::Delta { delta } = *e {
-                let d = if delta.is_nan() || delta < 0.0 {
-                    f64::INFINITY
-                } else {
-                    delta
-                };
-                u.delta = add_up(u.delta, d);
-                u.delta_exact = grow(&u.delta_exact, d);
-            }
-            match self.cost(e) {
-                Ok(c) => u.main = add_up(u.main, c),
-                Err(()) => {
-                    u.main = f64::INFINITY;
-                    u.refused.get_or_insert_with(|| mechanism_name(e));
-                }
-            }
-        }
-        u
+        self.currency().fold(Usage::default(), events)
     }
 
     /// Admission of `before` + `charge`: `None` when the rectangle holds, else the binding limit.

@@ -20,11 +20,12 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use dpfusion_udfs::privacy::{Event, Profile};
+use dpfusion_udfs::privacy::Profile;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::checkpoint::{self, CheckpointRecord};
+use super::filter::{Currency, FilterKind, Usage};
 use super::{
     AccountingError, Budget, LedgerEntry, TableKey, TablePolicy, Visibility, check_budget, io_error,
 };
@@ -158,14 +159,63 @@ struct Witness {
     hash: String,
 }
 
-/// What one table has been charged: every event, their composed profile, and the number of
-/// charges.
-#[derive(Debug, Serialize, Deserialize)]
+/// What one table has been charged, compactly (its size does not grow with the charges): the
+/// running sums of its events in each tracked [`Currency`] and the numbers of charges and
+/// events. The events themselves stay in the ledger's lines (what needs them, e.g. the composed
+/// profile `dpfusion ledger verify` reports for a table without a policy, reads them there).
+///
+/// The sums are kept for μ² and ρ always, and for ε(α) at the order of every rdp policy the
+/// table has had when it was first charged under it; a policy that puts another currency in
+/// force after charges (an owner's change of the order) gets its sums by one pass over the
+/// ledger's charges ([`track_currencies`]). Each sum is the left fold of the events in ledger
+/// order ([`Currency::fold`]), so it is bit for bit the sum a full replay computes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Spend {
-    pub events: Vec<Event>,
-    pub profile: Profile,
+    pub sums: Vec<(Currency, Usage)>,
     pub queries: u64,
+    /// Number of events charged (a charge may carry none).
+    pub events: u64,
+}
+
+impl Spend {
+    fn new(policy: Option<&TablePolicy>) -> Spend {
+        let mut sums = vec![
+            (Currency::Gdp, Usage::default()),
+            (Currency::Zcdp, Usage::default()),
+        ];
+        if let Some(c) = policy.and_then(policy_currency)
+            && !sums.iter().any(|(k, _)| *k == c)
+        {
+            sums.push((c, Usage::default()));
+        }
+        Spend {
+            sums,
+            queries: 0,
+            events: 0,
+        }
+    }
+
+    /// The sums in `currency`, when tracked.
+    pub fn usage(&self, currency: Currency) -> Option<&Usage> {
+        self.sums
+            .iter()
+            .find(|(c, _)| *c == currency)
+            .map(|(_, u)| u)
+    }
+}
+
+/// The currency of a policy's filter: the currency of its compiled filter whenever that
+/// compiles, read from the kind without compiling it (a ledger's policies name the rdp order in
+/// force; compiling runs bisections, and this is asked on every catch-up). `None` only for an
+/// rdp policy without an order whose budget supports no order (it admits nothing).
+fn policy_currency(p: &TablePolicy) -> Option<Currency> {
+    match p.filter {
+        FilterKind::Gdp => Some(Currency::Gdp),
+        FilterKind::Zcdp => Some(Currency::Zcdp),
+        FilterKind::Rdp { order: Some(order) } => Some(Currency::Rdp { order }),
+        FilterKind::Rdp { order: None } => p.compiled_filter().ok().map(|f| f.currency()),
+    }
 }
 
 /// The replayed ledger, plus how far the file has been read.
@@ -219,6 +269,10 @@ pub(super) struct State {
     /// checkpointed state.
     #[serde(skip)]
     pub checkpoint_records: u64,
+    /// Benchmarks only ([`super::Accountant::insecure_skip_fsync_for_benchmarks`]): appends are
+    /// not fsync'd. Never set by a session or the CLI.
+    #[serde(skip)]
+    pub insecure_no_fsync: bool,
 }
 
 /// The part of a ledger before the checkpoint a [`State`] was loaded from.
@@ -273,14 +327,16 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
         Record::Charge(mut entry) => {
             bound_query(&mut entry);
             for t in &entry.tables {
-                let spend = st.tables.entry(t.key.clone()).or_insert_with(|| Spend {
-                    events: Vec::new(),
-                    profile: Profile::zero(),
-                    queries: 0,
-                });
-                spend.events.extend(t.events.iter().cloned());
-                spend.profile.compose(&Profile::from_events(&t.events));
+                let policy = st.policies.get(&t.key);
+                let spend = st
+                    .tables
+                    .entry(t.key.clone())
+                    .or_insert_with(|| Spend::new(policy));
+                for (c, u) in &mut spend.sums {
+                    *u = c.fold(std::mem::take(u), &t.events);
+                }
                 spend.queries += 1;
+                spend.events += t.events.len() as u64;
             }
             st.next_seq = st.next_seq.max(entry.seq.saturating_add(1));
             st.entries.push(entry);
@@ -613,6 +669,23 @@ fn replace_json(
     replace_bytes(text.as_bytes(), tmp, target, sync)
 }
 
+/// Creates the temporary file `tmp` (mode 0600). One left by an interrupted writer (writers
+/// hold the exclusive lock) is removed, not reused: the new one is created with
+/// `O_CREAT | O_EXCL | O_NOFOLLOW`, so a symbolic link (or any file) planted at its name is
+/// never written through.
+fn create_tmp(tmp: &Path) -> Result<File, AccountingError> {
+    match fs::remove_file(tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_error(tmp)(e)),
+    }
+    let mut o = private_options();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    o.open(tmp).map_err(io_error(tmp))
+}
+
 /// Replaces `target` with `bytes`: written to `tmp` (fsync'd with [`Sync::Fsync`]), then renamed
 /// over `target`, so a reader sees the old or the new content, never a part.
 pub(super) fn replace_bytes(
@@ -621,12 +694,7 @@ pub(super) fn replace_bytes(
     target: &Path,
     sync: Sync,
 ) -> Result<(), AccountingError> {
-    let mut f = private_options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(tmp)
-        .map_err(io_error(tmp))?;
+    let mut f = create_tmp(tmp)?;
     f.write_all(bytes)
         .and_then(|()| match sync {
             Sync::Fsync => f.sync_all(),
@@ -935,12 +1003,10 @@ fn read(
         None => (None, false),
     };
     for (rec, hash, n) in scanned.lines {
-        let line_no = st.lines + 1;
-        apply(st, rec).map_err(|m| corrupt(path, line_no, m))?;
-        st.offset += n;
-        st.lines += 1;
-        st.hashes.push(hash);
+        apply_line(file, path, st, rec, hash, n)?;
     }
+    // A session's own policies (session-local tables) are not records: their sums too.
+    track_currencies(file, path, st)?;
     let mut left = Leftover {
         torn: scanned.torn,
         witness_behind,
@@ -985,6 +1051,92 @@ fn read(
     Ok(Leftover::default())
 }
 
+/// Applies the complete line `rec` (of hash `hash`, `len` bytes with its newline, already in
+/// the file) after the lines of `st`: the one step of replay and of append. After a `policy` or
+/// `owner` record, the sums of a currency it puts in force are computed at once
+/// ([`track_currencies`]), so the state after each line (what a checkpoint record's digest
+/// names) depends on the lines only.
+fn apply_line(
+    file: &File,
+    path: &Path,
+    st: &mut State,
+    rec: Record,
+    hash: Hash,
+    len: u64,
+) -> Result<(), AccountingError> {
+    let line_no = st.lines + 1;
+    let policy = matches!(rec, Record::Policy(_) | Record::Owner(_));
+    // With `st.lines` still the lines before it.
+    apply(st, rec).map_err(|m| corrupt(path, line_no, m))?;
+    st.offset += len;
+    st.lines += 1;
+    st.hashes.push(hash);
+    if policy {
+        track_currencies(file, path, st)?;
+    }
+    Ok(())
+}
+
+/// Gives every charged private table the sums in the currency of its policy in force when they
+/// are not kept yet (a policy that put another rdp order in force after charges, or a session's
+/// own policy of a session-local table): one pass over the ledger's lines up to `st.offset`
+/// (their chain checked against the state's), folding that table's events in ledger order, as
+/// a full replay would ([`Spend`]). Rare (an owner's action); from then on the sums are kept.
+pub(super) fn track_currencies(
+    file: &File,
+    path: &Path,
+    st: &mut State,
+) -> Result<(), AccountingError> {
+    let missing: Vec<(TableKey, Currency)> = st
+        .policies
+        .iter()
+        .filter(|(_, p)| p.visibility == Visibility::Private)
+        .filter_map(|(k, p)| {
+            let c = policy_currency(p)?;
+            let spend = st.tables.get(k)?;
+            spend.usage(c).is_none().then(|| (k.clone(), c))
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; st.offset as usize];
+    let mut reader = file;
+    reader
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| reader.read_exact(&mut buf))
+        .map_err(io_error(path))?;
+    let scanned = scan(path, &State::default(), &buf)?;
+    if scanned.lines.len() as u64 != st.lines
+        || scanned.lines.last().map(|l| l.1) != st.hashes.last().copied()
+    {
+        return Err(corrupt(
+            path,
+            st.lines,
+            "the ledger's lines no longer hash to the chain this session read (the file was              changed under the lock)"
+                .to_string(),
+        ));
+    }
+    let mut sums = vec![Usage::default(); missing.len()];
+    for (rec, _, _) in &scanned.lines {
+        if let Record::Charge(e) = rec {
+            for t in &e.tables {
+                for ((k, c), u) in missing.iter().zip(sums.iter_mut()) {
+                    if &t.key == k {
+                        *u = c.fold(std::mem::take(u), &t.events);
+                    }
+                }
+            }
+        }
+    }
+    for ((k, c), u) in missing.into_iter().zip(sums) {
+        if let Some(spend) = st.tables.get_mut(&k) {
+            spend.sums.push((c, u));
+        }
+    }
+    Ok(())
+}
+
 /// Reads and applies what other processes appended since the last read, repairing what an
 /// interrupted writer left. Must be called with the exclusive file lock held.
 pub(super) fn catch_up(
@@ -1009,19 +1161,19 @@ pub(super) fn append(
 ) -> Result<(), AccountingError> {
     let (line, hash) = encode(path, st, &rec)?;
     let mut writer = file;
-    if let Err(e) = writer
-        .write_all(line.as_bytes())
-        .and_then(|()| file.sync_data())
-    {
+    if let Err(e) = writer.write_all(line.as_bytes()).and_then(|()| {
+        if st.insecure_no_fsync {
+            Ok(())
+        } else {
+            file.sync_data()
+        }
+    }) {
         // Not admitted: remove whatever part reached the file (best effort; replay would too).
         let _ = file.set_len(st.offset);
         return Err(io_error(path)(e));
     }
-    // Applied with `st.lines` still the lines before it, as replay applies it.
-    apply(st, rec).map_err(|m| corrupt(path, st.lines + 1, m))?;
-    st.offset += line.len() as u64;
-    st.lines += 1;
-    st.hashes.push(hash);
+    // Applied as replay applies it.
+    apply_line(file, path, st, rec, hash, line.len() as u64)?;
     // The charge is durable; if the sidecar or the witness cannot follow, the caller is told
     // (and releases nothing), and the next session brings them up to date.
     write_head(path, st, Sync::NoFsync)?;
@@ -1200,8 +1352,22 @@ fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -
                 budget: policy.map(|p| p.budget),
                 // Under the table's filter (docs/ACCOUNTING.md), as SHOW BUDGET reports it.
                 spent: match (policy, spend) {
-                    (Some(p), Some(s)) => super::spent_epsilon(p, &s.events),
-                    (None, Some(s)) => s.profile.epsilon(delta),
+                    (Some(p), Some(s)) => p
+                        .compiled_filter()
+                        .ok()
+                        .and_then(|f| s.usage(f.currency()).map(|u| f.epsilon(u)))
+                        .unwrap_or(f64::INFINITY),
+                    // The composed profile of its charges (a full replay: every charge is in
+                    // `st.entries`).
+                    (None, Some(_)) => {
+                        let mut profile = Profile::zero();
+                        for t in st.entries.iter().flat_map(|e| &e.tables) {
+                            if &t.key == k {
+                                profile.compose(&Profile::from_events(&t.events));
+                            }
+                        }
+                        profile.epsilon(delta)
+                    }
                     (_, None) => 0.0,
                 },
                 delta,
@@ -1306,11 +1472,7 @@ pub fn reseal(path: &Path, witness: Option<&Path>) -> Result<LedgerReport, Accou
         ));
     }
     for (rec, hash, n) in scanned.lines {
-        let line_no = st.lines + 1;
-        apply(&mut st, rec).map_err(|m| corrupt(path, line_no, m))?;
-        st.offset += n;
-        st.lines += 1;
-        st.hashes.push(hash);
+        apply_line(&file, path, &mut st, rec, hash, n)?;
     }
     write_head(path, &st, Sync::Fsync)?;
     if let Some(wp) = witness {
@@ -1452,12 +1614,7 @@ pub fn migrate(path: &Path, witness: Option<&Path>) -> Result<Migration, Account
     // 2. The new ledger beside it, 3. its sidecar, 4. the rename (atomic). Interrupted before
     // 4, the ledger is still the format-1 file and migrating again starts over.
     let tmp = sibling(path, ".migrating");
-    let mut f = private_options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(io_error(&tmp))?;
+    let mut f = create_tmp(&tmp)?;
     f.write_all(out.as_bytes())
         .and_then(|()| f.sync_all())
         .map_err(io_error(&tmp))?;

@@ -7,9 +7,11 @@
 //!
 //! Admission (PRIVACY.md, "What a query costs") is one atomic step under the in-process mutex
 //! and an exclusive OS lock on the ledger file: catch up on lines other processes appended,
-//! add each private table's charge to the sums of its recorded events under the table's privacy
-//! filter ([`filter`], docs/ACCOUNTING.md), refuse if any table would leave its filter's fixed
-//! budgets, otherwise append one `charge` record and fsync it before returning.
+//! add each private table's charge to the running sums of its recorded events under the table's
+//! privacy filter ([`filter`], docs/ACCOUNTING.md; kept per filter currency, exactly, so that a
+//! checkpoint holds sums, not events: docs/LEDGER.md, "Checkpoints"), refuse if any table would
+//! leave its filter's fixed budgets, otherwise append one `charge` record and fsync it before
+//! returning.
 mod checkpoint;
 pub mod display;
 pub mod filter;
@@ -26,7 +28,7 @@ use dpfusion_udfs::privacy::Event;
 use dpfusion_udfs::privacy::error::{check_delta, check_epsilon};
 use serde::{Deserialize, Serialize};
 
-pub use filter::{DEFAULT_DELTA_SHARE, Filter, FilterKind, Limit, Usage};
+pub use filter::{Currency, DEFAULT_DELTA_SHARE, Filter, FilterKind, Limit, Usage};
 
 pub use checkpoint::checkpoint_path;
 pub use ledger::{
@@ -897,6 +899,15 @@ impl Accountant {
         &self.path
     }
 
+    /// Benchmarks only (`benches/ledger.rs` measures admission with and without the fsync):
+    /// from now on this accountant's appends are not fsync'd, so a charge it admits may be lost
+    /// in a power failure, which breaks "no release before the charge is durable". No session
+    /// option and no command reach it.
+    #[doc(hidden)]
+    pub fn insecure_skip_fsync_for_benchmarks(&self) {
+        self.state().insecure_no_fsync = true;
+    }
+
     /// The witness file, if the ledger has one.
     pub fn witness(&self) -> Option<&Path> {
         self.witness.as_deref()
@@ -1002,10 +1013,7 @@ impl Accountant {
         // anything is written.
         policy.filter = policy.compiled_filter()?.kind;
         let existing = st.policies.get(&policy.key).cloned();
-        let charged = st
-            .tables
-            .get(&policy.key)
-            .is_some_and(|s| !s.events.is_empty());
+        let charged = st.tables.get(&policy.key).is_some_and(|s| s.events > 0);
         let decision = match policy::reconcile(existing.as_ref(), &policy, charged, &self.path) {
             Err(AccountingError::PolicyConflict(_))
                 if relax.is_some_and(|r| !r.trim().is_empty()) =>
@@ -1245,9 +1253,17 @@ impl Accountant {
                 let queries = spend.map_or(0, |t| t.queries);
                 // A policy in the ledger was validated when written; if it no longer compiles
                 // (a budget the filter cannot support), show it as exhausted.
-                let (spent, delta_spent, delta_left, native, next) = match p.compiled_filter() {
-                    Ok(f) => {
-                        let u = spend.map_or_else(Usage::default, |t| f.usage(&t.events));
+                // Sums not kept in the filter's currency (the catch-up failed before it could
+                // compute them): shown as exhausted too.
+                let compiled = p.compiled_filter().ok().and_then(|f| {
+                    let u = match spend {
+                        None => Usage::default(),
+                        Some(t) => t.usage(f.currency())?.clone(),
+                    };
+                    Some((f, u))
+                });
+                let (spent, delta_spent, delta_left, native, next) = match compiled {
+                    Some((f, u)) => {
                         let native = NativeCost {
                             unit: f.unit(),
                             cost: 0.0,
@@ -1264,7 +1280,7 @@ impl Accountant {
                             f.next_epsilon(&u, DEFAULT_QUERY_DELTA),
                         )
                     }
-                    Err(_) => (
+                    None => (
                         f64::INFINITY,
                         0.0,
                         0.0,
@@ -1304,15 +1320,16 @@ impl Accountant {
         rows
     }
 
-    /// Every charge, oldest first. A session started from a checkpoint reads the charges before
-    /// it here, the first time (best effort, like the catch-up: an error is reported by
-    /// `dpfusion ledger verify`, and the list then starts at the checkpoint).
-    pub fn ledger_entries(&self) -> Vec<LedgerEntry> {
+    /// Every charge, oldest first (`dp_ledger()`, [`crate::PrivateSession::ledger`]). A session
+    /// started from a checkpoint keeps only the charges since it in memory: the first listing
+    /// reads the charges before it from the ledger, checking that part's chain. Any error (the
+    /// catch-up, or that part does not read or verify) is returned: a listing is never silently
+    /// shorter than the ledger.
+    pub fn ledger_entries(&self) -> Result<Vec<LedgerEntry>, AccountingError> {
         let mut st = self.state();
-        if let Ok(_lock) = self.sync(&mut st) {
-            let _ = ledger::load_prefix(&self.file, &self.path, &mut st);
-        }
-        st.entries.clone()
+        let _lock = self.sync(&mut st)?;
+        ledger::load_prefix(&self.file, &self.path, &mut st)?;
+        Ok(st.entries.clone())
     }
 }
 
@@ -1369,10 +1386,21 @@ fn evaluate(st: &State, charges: &[TableCharge]) -> Result<Vec<Evaluation>, Acco
             continue;
         }
         let filter = policy.compiled_filter()?;
-        let before = st
-            .tables
-            .get(key)
-            .map_or_else(Usage::default, |t| filter.usage(&t.events));
+        // The running sums in the filter's currency (kept exactly: module `ledger`, `Spend`).
+        let before = match st.tables.get(key) {
+            None => Usage::default(),
+            Some(t) => t.usage(filter.currency()).cloned().ok_or_else(|| {
+                AccountingError::Unverifiable {
+                    path: PathBuf::new(),
+                    message: format!(
+                        "internal error: the sums of table '{}' in {} are not kept; start the \
+                         session again",
+                        policy.name,
+                        filter.unit()
+                    ),
+                }
+            })?,
+        };
         let charge = filter.usage(&events);
         let after = before.plus(&charge);
         let limit = filter.check(&before, &charge);

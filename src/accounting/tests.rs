@@ -308,7 +308,7 @@ fn admit_until_exhausted_then_refuse() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].queries, receipts.len() as u64);
     assert_eq!(rows[0].spent, last.spent_after);
-    let entries = acc.ledger_entries();
+    let entries = acc.ledger_entries().unwrap();
     assert_eq!(entries.len(), receipts.len());
     assert!(entries.iter().enumerate().all(|(i, e)| e.seq == i as u64));
     assert_eq!(entries[0].tables[0].delta, 5e-7, "ε is converted at δ_g");
@@ -330,14 +330,14 @@ fn reopen_replays_spent() {
         for _ in 0..3 {
             acc.admit("q", &gauss("demo:salaries", 0.1)).unwrap();
         }
-        (acc.budget_rows(), acc.ledger_entries())
+        (acc.budget_rows(), acc.ledger_entries().unwrap())
     };
     let acc = Accountant::open(&path).unwrap();
     let again = acc.budget_rows();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].spent, rows[0].spent);
     assert_eq!(again[0].queries, 3);
-    assert_eq!(acc.ledger_entries(), entries);
+    assert_eq!(acc.ledger_entries().unwrap(), entries);
     // A registration that states no budget gets the ledger's.
     let p = acc
         .register_table_with(
@@ -350,7 +350,7 @@ fn reopen_replays_spent() {
     assert_eq!(acc.budget_rows()[0].name, "pay");
     let r = acc.admit("q", &gauss("demo:salaries", 0.1)).unwrap();
     assert_eq!(r.tables[0].name, "pay");
-    assert_eq!(acc.ledger_entries().last().unwrap().seq, 3);
+    assert_eq!(acc.ledger_entries().unwrap().last().unwrap().seq, 3);
 }
 
 #[test]
@@ -366,7 +366,7 @@ fn torn_last_line_is_truncated() {
     append_raw(&path, r#"{"record":"charge","seq":2,"time":"2026-01-"#);
     {
         let acc = Accountant::open(&path).unwrap();
-        assert_eq!(acc.ledger_entries().len(), 2);
+        assert_eq!(acc.ledger_entries().unwrap().len(), 2);
         assert_eq!(file_len(&path), good);
         acc.admit("q3", &gauss("demo:t", 0.1)).unwrap();
     }
@@ -393,7 +393,7 @@ fn torn_tail_from_another_writer_is_cut_before_appending() {
     acc.admit("q2", &gauss("demo:t", 0.1)).unwrap();
     drop(acc);
     let acc = Accountant::open(&path).unwrap();
-    assert_eq!(acc.ledger_entries().len(), 2);
+    assert_eq!(acc.ledger_entries().unwrap().len(), 2);
 }
 
 #[test]
@@ -518,7 +518,7 @@ fn policy_conflicts() {
     // Public tables are not charged.
     let r = acc.admit("q", &gauss(key, 0.1)).unwrap();
     assert!(r.tables.is_empty());
-    assert!(acc.ledger_entries().is_empty());
+    assert!(acc.ledger_entries().unwrap().is_empty());
     // Public → private is stricter: allowed and recorded.
     acc.register_table(private(key, "salaries", 1.0)).unwrap();
     drop(acc);
@@ -566,7 +566,7 @@ fn two_accountants_on_one_file_cannot_overspend() {
     let ra = a.admit("qa", &gauss("demo:t", 0.1)).unwrap();
     let rb = b.admit("qb", &gauss("demo:t", 0.1)).unwrap();
     assert!(rb.tables[0].spent_after > ra.tables[0].spent_after);
-    assert_eq!(b.ledger_entries().last().unwrap().seq, 1);
+    assert_eq!(b.ledger_entries().unwrap().last().unwrap().seq, 1);
 
     let more = exhaust(&a, "demo:t", 0.1);
     assert!(!more.is_empty());
@@ -576,7 +576,7 @@ fn two_accountants_on_one_file_cannot_overspend() {
         matches!(err, AccountingError::BudgetExceeded { .. }),
         "{err}"
     );
-    assert_eq!(b.ledger_entries().len(), 2 + more.len());
+    assert_eq!(b.ledger_entries().unwrap().len(), 2 + more.len());
     assert_eq!(b.budget_rows()[0].spent, a.budget_rows()[0].spent);
     assert!(b.budget_rows()[0].spent <= 2.0 * (1.0 + 1e-12));
 }
@@ -621,7 +621,7 @@ fn concurrent_threads_never_exceed_budget() {
     }
     assert!(n < 160, "the test must exhaust the budget");
     assert_eq!(admitted, n);
-    let entries = acc.ledger_entries();
+    let entries = acc.ledger_entries().unwrap();
     assert_eq!(entries.len() as u64, n);
     assert!(entries.iter().enumerate().all(|(i, e)| e.seq == i as u64));
     let reopened = Accountant::open(&path).unwrap();
@@ -719,7 +719,7 @@ fn format_1_ledger_is_refused_then_migrated() {
     assert_eq!(m.records, 2);
     assert_eq!(fs::read_to_string(&m.backup).unwrap(), old);
     let acc = Accountant::open(&path).unwrap();
-    assert_eq!(acc.ledger_entries().len(), 1);
+    assert_eq!(acc.ledger_entries().unwrap().len(), 1);
     assert_eq!(acc.budget_rows()[0].queries, 1);
     assert!(migrate(&path, None).is_err(), "already migrated");
 }
@@ -828,7 +828,7 @@ fn both_halves_of_the_budget_are_reported() {
     assert!(matches!(pv[0].limit, Some(Limit::Mechanism { .. })));
     let err = acc.admit("q3", &zcdp).unwrap_err().to_string();
     assert!(err.contains("does not accept this query"), "{err}");
-    assert_eq!(acc.ledger_entries().len(), 1);
+    assert_eq!(acc.ledger_entries().unwrap().len(), 1);
 }
 
 // ---- Issue 27: the stored SQL is capped, the witness, the replaced-file check ----
@@ -849,7 +849,7 @@ fn stored_sql_is_capped_with_the_hash_of_the_whole() {
         let added = file_len(&path) - before;
         // The cut text (4 KiB) plus the charge's other fields (hash, events, request, cost).
         assert!(added <= 4700, "{filler:?}: {added} bytes");
-        let e = acc.ledger_entries().pop().unwrap();
+        let e = acc.ledger_entries().unwrap().pop().unwrap();
         assert!(q.starts_with(&e.query) && !e.query.is_empty());
         assert!(serde_json::to_string(&e.query).unwrap().len() - 2 <= QUERY_CAP);
         assert!(serde_json::to_string(&e.query).unwrap().len() - 2 > QUERY_CAP - 8);
@@ -861,11 +861,14 @@ fn stored_sql_is_capped_with_the_hash_of_the_whole() {
     }
     // A short text is stored whole, with its hash.
     acc.admit("q", &gauss("demo:t", 1e-9)).unwrap();
-    let e = acc.ledger_entries().pop().unwrap();
+    let e = acc.ledger_entries().unwrap().pop().unwrap();
     assert_eq!((e.query.as_str(), e.query_bytes), ("q", Some(1)));
     // Replay gives the same entries.
     let again = Accountant::open(&path).unwrap();
-    assert_eq!(again.ledger_entries(), acc.ledger_entries());
+    assert_eq!(
+        again.ledger_entries().unwrap(),
+        acc.ledger_entries().unwrap()
+    );
     assert!(verify(&path).is_ok());
 }
 
@@ -907,7 +910,7 @@ fn a_ledger_written_before_the_cap_replays_bounded_in_memory() {
     let r = verify(&path).unwrap();
     assert_eq!((r.lines, r.charges), (3, 1));
     let acc = Accountant::open(&path).unwrap();
-    let e = &acc.ledger_entries()[0];
+    let e = &acc.ledger_entries().unwrap()[0];
     assert!(e.query.len() <= QUERY_CAP && query.starts_with(&e.query));
     assert_eq!(
         e.query_sha256.as_deref(),
@@ -1028,7 +1031,7 @@ fn witness_accepts_what_a_crash_leaves_and_its_first_use() {
             .any(|n| n.contains("the witness recorded 2 lines of 3"))
     );
     let acc = Accountant::open_witnessed(&path, &w).unwrap();
-    assert_eq!(acc.ledger_entries().len(), 1);
+    assert_eq!(acc.ledger_entries().unwrap().len(), 1);
     let seal: serde_json::Value = serde_json::from_slice(&fs::read(&w).unwrap()).unwrap();
     assert_eq!(seal["lines"], 3, "brought up to date");
     assert!(verify_with(&path, Some(&w)).unwrap().notes.is_empty());
@@ -1206,11 +1209,12 @@ fn shares_of_a_sequence_of_charges_add_up_to_the_total() {
         let acc = Accountant::open(&path).unwrap();
         let shares: u64 = acc
             .ledger_entries()
+            .unwrap()
             .iter()
             .map(|e| e.tables[0].native.as_ref().unwrap().share)
             .sum();
         assert_eq!(shares, total, "{kind}");
-        let e = &acc.ledger_entries()[0].tables[0];
+        let e = &acc.ledger_entries().unwrap()[0].tables[0];
         assert_eq!(e.requests[0].function, "dp_sum");
         assert_eq!(e.requests[0].epsilon, Some(0.1));
         assert_eq!(

@@ -440,7 +440,13 @@ impl TableFunctionImpl for LedgerFn {
         let viewer = crate::session::current_analyst();
         system_table(
             "dp_ledger",
-            ledger_batch(&self.0.ledger_entries(), viewer.as_deref())?,
+            ledger_batch(
+                &self
+                    .0
+                    .ledger_entries()
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?,
+                viewer.as_deref(),
+            )?,
         )
     }
 }

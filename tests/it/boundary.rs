@@ -137,7 +137,7 @@ async fn judge(s: &PrivateSession, c: &Case, raw: &[String]) -> Vec<String> {
     let short: String = sql.chars().take(160).collect();
     match &c.expect {
         Refused(needles) => {
-            let before = (scans(s), s.ledger().len());
+            let before = (scans(s), s.ledger().unwrap().len());
             match s.sql(sql).await {
                 Ok(_) => wrong.push(format!("ADMITTED (should be refused): {short}")),
                 Err(e) => {
@@ -156,12 +156,12 @@ async fn judge(s: &PrivateSession, c: &Case, raw: &[String]) -> Vec<String> {
             if scans(s) != before.0 {
                 wrong.push(format!("READ DATA although refused: {short}"));
             }
-            if s.ledger().len() != before.1 {
+            if s.ledger().unwrap().len() != before.1 {
                 wrong.push(format!("CHARGED although refused: {short}"));
             }
         }
         Admitted(calls, tables) => {
-            let before_ledger = s.ledger();
+            let before_ledger = s.ledger().unwrap();
             let before_scans = scans(s);
             // What the guard says the query costs, without running it.
             let checked = match s.check(sql).await {
@@ -171,7 +171,7 @@ async fn judge(s: &PrivateSession, c: &Case, raw: &[String]) -> Vec<String> {
                     return wrong;
                 }
             };
-            if s.ledger() != before_ledger || scans(s) != before_scans {
+            if s.ledger().unwrap() != before_ledger || scans(s) != before_scans {
                 wrong.push(format!("check() charged or read: {short}"));
             }
             let mut got: Vec<(String, String)> = checked
@@ -195,7 +195,7 @@ async fn judge(s: &PrivateSession, c: &Case, raw: &[String]) -> Vec<String> {
                     return wrong;
                 }
             };
-            let after = s.ledger();
+            let after = s.ledger().unwrap();
             let mut names: Vec<String> = checked
                 .calls()
                 .iter()
@@ -568,7 +568,7 @@ async fn a_scalar_subqueries_over_releases_in_the_private_region() {
             &[("dp_sum", 1.0)][..],
         ),
     ] {
-        let before = s.ledger().len();
+        let before = s.ledger().unwrap().len();
         match s.check(sql).await {
             Ok(_) => {
                 let c = admitted(sql, Box::leak(calls.to_vec().into_boxed_slice()), "people");
@@ -579,7 +579,7 @@ async fn a_scalar_subqueries_over_releases_in_the_private_region() {
                 if !m.contains("dpfusion refused") {
                     wrong.push(format!("{sql}: {m}"));
                 }
-                assert_eq!(s.ledger().len(), before);
+                assert_eq!(s.ledger().unwrap().len(), before);
             }
         }
     }
@@ -1300,7 +1300,7 @@ fn e_stack_probe_child() {
         for (name, sql, needle) in class_e() {
             println!("PROBE {name}");
             std::io::stdout().flush().unwrap();
-            let before = (scans(&s), s.ledger().len());
+            let before = (scans(&s), s.ledger().unwrap().len());
             let r = s.sql(&sql).await;
             match (needle, r) {
                 (Some(n), Err(e)) if e.to_string().contains(n) => {}
@@ -1316,7 +1316,7 @@ fn e_stack_probe_child() {
                     }
                 ),
             }
-            if (scans(&s), s.ledger().len()) != before {
+            if (scans(&s), s.ledger().unwrap().len()) != before {
                 wrong.push(format!("{name}: read or charged"));
             }
         }
@@ -1423,13 +1423,13 @@ async fn f_copy_outside_the_output_directory_is_refused_and_files_are_unchanged(
         .check("SELECT dp_count(age, 1.0) AS n FROM people")
         .await
         .unwrap();
-    let n = s.ledger().len();
+    let n = s.ledger().unwrap().len();
     match s
         .sql("COPY (SELECT dp_count(age, 1.0) AS n FROM people) TO 'n.csv' STORED AS CSV")
         .await
     {
         Ok(r) => {
-            let l = s.ledger();
+            let l = s.ledger().unwrap();
             let events: Vec<_> = inner
                 .calls()
                 .iter()

@@ -85,7 +85,7 @@ async fn a_receipt_shows_the_request_and_the_share_used() {
     // The same numbers in SHOW BUDGET and in the ledger.
     let b = s.budget();
     assert_eq!(b[0].native.used_share, t.native.used_share);
-    let l = s.ledger();
+    let l = s.ledger().unwrap();
     assert_eq!(l[0].tables[0].requests, t.requests);
     assert_eq!(
         l[0].tables[0].native.as_ref().unwrap().share,

@@ -1828,10 +1828,10 @@ async fn observe(case: &Case, neighbour: bool) -> Vec<Obs> {
         } else {
             None
         };
-        let ledger_before = s.ledger().len();
+        let ledger_before = s.ledger().unwrap().len();
         let scans_before = private_scans(&s);
         let (outcome, columns, rows) = run_sql(&s, sql, &dirs).await;
-        let charges = s.ledger()[ledger_before..]
+        let charges = s.ledger().unwrap()[ledger_before..]
             .iter()
             .flat_map(|e| e.tables.iter())
             .map(|t| {

@@ -524,7 +524,7 @@ async fn csv_directories_and_empty_files() {
 async fn ci_variants_cost_the_base_call_and_read_fields() {
     let (s, _dir) = guard_session().await;
     let charge = |s: &PrivateSession| {
-        let l = s.ledger();
+        let l = s.ledger().unwrap();
         let t = &l.last().unwrap().tables[0];
         (t.epsilon, t.delta, t.events.clone())
     };

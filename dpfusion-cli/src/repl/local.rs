@@ -97,7 +97,9 @@ impl Backend for Local {
     async fn ledger_table(&mut self, format: OutputFormat) -> Result<Answer, String> {
         // On screen the events (`profile`) are left out: `\format json` or
         // `SELECT * FROM dp_ledger()` show them.
-        ledger_batch(&self.session.ledger(), None)
+        self.session
+            .ledger()
+            .and_then(|l| ledger_batch(&l, None))
             .and_then(|b| {
                 if format != OutputFormat::Table {
                     return Ok(b);

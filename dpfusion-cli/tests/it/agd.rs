@@ -245,7 +245,7 @@ async fn session_charges_the_call_and_releases_a_model() {
         "{} vs {want}",
         t.cost
     );
-    let ledger = s.ledger();
+    let ledger = s.ledger().unwrap();
     let last = ledger.last().unwrap();
     assert!(format!("{last:?}").contains("Zcdp {"), "{last:?}");
 

@@ -96,7 +96,7 @@ fn sigkill_never_loses_a_charge_for_a_released_result() {
         // Reopen: the ledger is readable and holds at least one charge per released result.
         let acc = Accountant::open(&ledger)
             .unwrap_or_else(|e| panic!("round {round}: ledger unreadable after SIGKILL: {e}"));
-        let charges = acc.ledger_entries().len();
+        let charges = acc.ledger_entries().unwrap().len();
         // And its hash chain and sidecar verify (issue 15): a kill leaves at most a torn last
         // line, which the reopen cut.
         let report = dpfusion::accounting::verify(&ledger)
@@ -148,7 +148,7 @@ async fn concurrent_tasks_never_overspend() {
     }
     assert!(admitted > 0 && admitted < 32, "{admitted}");
     assert_eq!(
-        s.ledger().len(),
+        s.ledger().unwrap().len(),
         admitted,
         "every admitted query is in the ledger"
     );
@@ -156,7 +156,7 @@ async fn concurrent_tasks_never_overspend() {
     assert!(spent <= 1.0, "{spent}");
     // Reopened, the same.
     let acc = Accountant::open(&dir.join("ledger.jsonl")).unwrap();
-    assert_eq!(acc.ledger_entries().len(), admitted);
+    assert_eq!(acc.ledger_entries().unwrap().len(), admitted);
 }
 
 #[test]
@@ -206,7 +206,7 @@ fn concurrent_processes_on_one_ledger_never_overspend() {
     }
     let acc = Accountant::open(&ledger).unwrap();
     let rows = acc.budget_rows();
-    assert_eq!(acc.ledger_entries().len(), released);
+    assert_eq!(acc.ledger_entries().unwrap().len(), released);
     assert!(released > 0 && released < 32, "{released}");
     assert!(rows[0].spent <= 1.0, "{}", rows[0].spent);
     // Four writers interleaved their appends on one chain, and the sidecar followed.
@@ -355,7 +355,7 @@ mod server_kill {
                 .unwrap_or_else(|e| panic!("round {round}: ledger does not verify: {e}"));
             let acc = dpfusion::accounting::Accountant::open_witnessed(&ledger, &witness)
                 .unwrap_or_else(|e| panic!("round {round}: refused after SIGKILL: {e}"));
-            let entries = acc.ledger_entries();
+            let entries = acc.ledger_entries().unwrap();
             assert_eq!(report.charges as usize, entries.len());
             // Every released result's charge is there exactly once, and no query is charged
             // twice.

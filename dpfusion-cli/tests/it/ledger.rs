@@ -245,7 +245,7 @@ fn a_torn_last_line_without_newline_is_cut_and_the_charges_before_it_stand() {
     let acc = Accountant::open(&path).unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), good);
     assert_eq!(std::fs::read(head_path(&path)).unwrap(), head);
-    assert_eq!(acc.ledger_entries().len(), 3);
+    assert_eq!(acc.ledger_entries().unwrap().len(), 3);
     assert_eq!(acc.budget_rows()[0].spent, spent);
     acc.admit("q3", &charge(0.2)).unwrap();
     drop(acc);
@@ -265,7 +265,7 @@ fn a_sidecar_behind_the_ledger_is_brought_up_to_date() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("sidecar recorded 5 lines of 6"));
     let acc = Accountant::open(&path).unwrap();
-    assert_eq!(acc.ledger_entries().len(), 4);
+    assert_eq!(acc.ledger_entries().unwrap().len(), 4);
     assert_ne!(std::fs::read(head_path(&path)).unwrap(), old_head);
 }
 
@@ -283,7 +283,14 @@ fn a_missing_sidecar_is_refused_until_the_owner_reseals() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(Accountant::open(&path).unwrap().ledger_entries().len(), 3);
+    assert_eq!(
+        Accountant::open(&path)
+            .unwrap()
+            .ledger_entries()
+            .unwrap()
+            .len(),
+        3
+    );
 }
 
 #[test]
@@ -424,7 +431,7 @@ async fn a_1_mib_comment_adds_at_most_4_4_kib_to_the_ledger() {
         "{added} bytes, {short} for a short text"
     );
     assert!(added - short <= 4300, "{added} - {short}");
-    let e = s.ledger().pop().unwrap();
+    let e = s.ledger().unwrap().pop().unwrap();
     assert!(e.query.len() <= dpfusion::accounting::QUERY_CAP);
     assert_eq!(e.query_bytes, Some(q.len() as u64));
     assert!(dpfusion::accounting::verify(&ledger).is_ok());
@@ -507,7 +514,7 @@ fn the_witness_still_detects_a_rolled_back_or_replaced_ledger_with_a_checkpoint(
     // Started from the checkpoint: the same budget as the session that replayed everything.
     let acc = Accountant::open_witnessed(&path, &wp).unwrap();
     assert!(acc.budget_rows()[0].spent > spent);
-    assert_eq!(acc.ledger_entries().len(), 301);
+    assert_eq!(acc.ledger_entries().unwrap().len(), 301);
     drop(acc);
     // Rolled back with its sidecar and its checkpoint to a consistent older triple: refused.
     for (f, b) in files.iter().zip(&old) {
@@ -535,4 +542,96 @@ fn the_witness_still_detects_a_rolled_back_or_replaced_ledger_with_a_checkpoint(
         .unwrap()
         .to_string();
     assert!(err.contains("belongs to another ledger"), "{err}");
+}
+
+/// The temporary files of the sidecar, the witness and the checkpoint are created with
+/// `O_CREAT | O_EXCL | O_NOFOLLOW` after removing what is at their name: a symbolic link
+/// planted there (e.g. to a file of the data owner's) is never written through.
+#[cfg(unix)]
+#[test]
+fn a_symlink_planted_at_a_temporary_file_is_not_written_through() {
+    let dir = temp_dir("tmp-nofollow");
+    let path = dir.join("l").join("ledger.jsonl");
+    let wp = dir.join("w").join("ledger.jsonl.witness");
+    let acc = Accountant::open_witnessed(&path, &wp).unwrap();
+    acc.register_table(policy(1e6)).unwrap();
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, "the owner's file\n").unwrap();
+    let tmps = [
+        dir.join("l").join("ledger.jsonl.head.tmp"),
+        dir.join("w").join("ledger.jsonl.witness.tmp"),
+        dir.join("l").join("ledger.jsonl.checkpoint.tmp"),
+    ];
+    for t in &tmps {
+        std::os::unix::fs::symlink(&victim, t).unwrap();
+    }
+    for i in 0..300 {
+        acc.admit(&format!("q{i}"), &charge(0.01)).unwrap();
+    }
+    drop(acc);
+    // The next session writes the checkpoint (through its temporary file).
+    let acc = Accountant::open_witnessed(&path, &wp).unwrap();
+    assert!(checkpoint_path(&path).exists());
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "the owner's file\n"
+    );
+    for t in &tmps {
+        assert!(std::fs::symlink_metadata(t).is_err(), "{}", t.display());
+    }
+    assert_eq!(acc.ledger_entries().unwrap().len(), 300);
+    assert!(
+        !std::fs::symlink_metadata(head_path(&path))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+}
+
+/// A session started from a checkpoint lists the charges before it by reading the ledger; when
+/// that part does not verify (a line before the checkpoint edited), the listing (and
+/// `dp_ledger()`) is an error naming the line, never the shorter list since the checkpoint.
+#[tokio::test]
+async fn dp_ledger_fails_loudly_when_the_part_before_the_checkpoint_does_not_verify() {
+    let dir = temp_dir("cp-prefix");
+    let path = dir.join("l").join("ledger.jsonl");
+    let wp = dir.join("w").join("ledger.jsonl.witness");
+    checkpointed(&path, &wp);
+    let acc = Accountant::open_witnessed(&path, &wp).unwrap();
+    assert_eq!(acc.ledger_entries().unwrap().len(), 300);
+    drop(acc);
+    // Edit the text of a charge before the checkpoint, same length (its chain no longer holds).
+    let mut l = lines(&path);
+    let at = l
+        .iter()
+        .position(|x| x.contains("\"query\":\"q17\""))
+        .unwrap();
+    l[at] = l[at].replace("\"query\":\"q17\"", "\"query\":\"q71\"");
+    write_lines(&path, &l);
+    let acc = Accountant::open_witnessed(&path, &wp).unwrap();
+    // Admission and SHOW BUDGET go on from the checkpoint (the lines since it verify)…
+    assert!(acc.budget_rows()[0].spent > 0.0);
+    // …the listing does not.
+    let err = acc.ledger_entries().unwrap_err();
+    assert!(
+        matches!(err, AccountingError::Corrupt { line, .. } if line as usize == at + 2),
+        "{err}"
+    );
+    drop(acc);
+    // Through SQL too.
+    let s = PrivateSession::open(SessionOptions::default().with_ledger(path.clone()))
+        .await
+        .unwrap();
+    let err = s
+        .sql("SELECT * FROM dp_ledger()")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("is corrupt at line {}", at + 2)),
+        "{err}"
+    );
+    assert!(s.ledger().is_err());
+    // `dpfusion ledger verify` refuses the ledger, naming the edited line.
+    assert!(dpfusion::accounting::verify(&path).is_err());
 }

@@ -55,7 +55,7 @@ async fn a_header_only_csv_is_refused_until_its_columns_are_declared() {
     );
     // Nothing was pinned: the same ledger takes the declared schema, and rows appended later
     // read with their types.
-    assert!(s.ledger().is_empty());
+    assert!(s.ledger().unwrap().is_empty());
     let schema = Arc::new(Schema::new(vec![
         Field::new("age", DataType::Int64, true),
         Field::new("income", DataType::Float64, true),
@@ -86,7 +86,7 @@ async fn describe_shows_the_pinned_schema_of_every_table_and_charges_nothing() {
     assert!(r.receipt.is_none());
     let r = s.sql("describe depts;").await.unwrap();
     assert_eq!(column(&r, "column_name"), ["dept", "floor"]);
-    assert!(s.ledger().is_empty());
+    assert!(s.ledger().unwrap().is_empty());
     assert!(s.sql("DESCRIBE nosuch").await.is_err());
 }
 
@@ -122,7 +122,7 @@ async fn a_wrong_argument_type_is_one_sentence_naming_the_argument() {
             assert!(!m.contains(wrapper), "{wrapper} in: {m}");
         }
     }
-    assert!(s.ledger().is_empty());
+    assert!(s.ledger().unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -144,7 +144,7 @@ async fn a_variance_whose_range_overflows_is_refused_with_the_range_that_works()
         );
         assert!(m.contains("upper") && m.contains("6.7e153"), "{f}: {m}");
     }
-    assert!(s.ledger().is_empty());
+    assert!(s.ledger().unwrap().is_empty());
     s.sql("SELECT dp_variance(salary, 0, 1e150, 1.0) FROM people")
         .await
         .unwrap();

@@ -900,7 +900,7 @@ async fn charges_without_an_analyst_keep_their_old_bytes_and_verify_with_new_one
     let s = dpfusion::PrivateSession::open(dpfusion::SessionOptions::default().with_ledger(&path))
         .await
         .unwrap();
-    let entries = s.ledger();
+    let entries = s.ledger().unwrap();
     assert_eq!(entries[0].analyst, None);
     assert_eq!(entries[1].analyst.as_deref(), Some("carol"));
 }
