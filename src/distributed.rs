@@ -233,7 +233,7 @@ fn crosses(plan: &LogicalPlan) -> Result<()> {
         })
     })?;
     if bounding {
-        return plan_err!(
+        return refused!(
             "dpfusion refused the query on the Ballista cluster: it reads a table with a privacy \
              unit, whose contribution bounding (a keyed per-query choice of each unit's groups and \
              a sample of its rows) runs in functions that cannot cross Ballista's codec; running \
@@ -243,7 +243,7 @@ fn crosses(plan: &LogicalPlan) -> Result<()> {
     }
     match wrapped {
         None => Ok(()),
-        Some(e) => plan_err!(
+        Some(e) => refused!(
             "dpfusion refused the query on the Ballista cluster: the expression {e} over private \
              rows could fail on a row, so the guard made it total (NULL where it fails), and that \
              wrapper cannot cross Ballista's codec; running it unwrapped would run another plan \

@@ -16,8 +16,11 @@ use datafusion::common::DataFusionError;
 use crate::accounting::{AccountingError, Budget, Limit};
 use crate::session::EXECUTION_FAILED;
 
-/// A typed dpfusion error.
+/// A typed dpfusion error. Built where dpfusion decides it (the guard, the session, the
+/// accountant), never recovered from a message's text. New kinds may be added: match with a
+/// wildcard arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The guard or the session refused the statement: a construct outside the private
     /// fragment, a policy option in SQL, a forbidden file. Nothing was charged or read. The
@@ -68,25 +71,32 @@ impl Error {
         }
     }
 
-    /// Wraps a DataFusion error of a statement as a typed one: refusals, budget refusals and
-    /// invalid input get their kind; other errors (I/O of public tables, …) stay as they are.
+    /// A refusal, as the `DataFusionError` a statement returns: `message` is the whole text the
+    /// analyst reads ("dpfusion refused the query: … what to do instead").
+    pub(crate) fn refused(message: impl Into<String>) -> DataFusionError {
+        Error::Refused(message.into()).into()
+    }
+
+    /// Wraps a DataFusion error of a statement as a typed one. Refusals are typed where they
+    /// are decided (`refused!`, [`Error::refused`]); what is left here is DataFusion's own:
+    /// its planning, SQL and schema errors are invalid input; other errors (I/O of public
+    /// tables, …) stay as they are.
     pub(crate) fn classify(e: DataFusionError) -> DataFusionError {
         if Self::of(&e).is_some() {
             return e;
         }
         if let Some(m) = unwrap_coercion(&e.to_string()) {
-            return DataFusionError::External(Box::new(Error::Invalid(m)));
+            return Error::Invalid(m).into();
         }
         let typed = match e {
             DataFusionError::Diagnostic(_, inner) => return Self::classify(*inner),
-            DataFusionError::Plan(m) if m.starts_with("dpfusion refused") => Error::Refused(m),
             DataFusionError::Plan(m) => Error::Invalid(m),
             DataFusionError::SQL(..)
             | DataFusionError::SchemaError(..)
             | DataFusionError::NotImplemented(_) => Error::Invalid(e.to_string()),
             other => return other,
         };
-        DataFusionError::External(Box::new(typed))
+        typed.into()
     }
 
     /// The typed error of an accounting refusal.
@@ -123,6 +133,22 @@ impl Error {
         DataFusionError::External(Box::new(typed))
     }
 }
+
+impl From<Error> for DataFusionError {
+    fn from(e: Error) -> Self {
+        DataFusionError::External(Box::new(e))
+    }
+}
+
+/// `Err` of a typed refusal ([`Error::Refused`]) with a formatted message, written where the
+/// refusal is decided (as DataFusion's `plan_err!` is for its own planning errors). The message
+/// says what was refused, why, and what to do instead.
+macro_rules! refused {
+    ($($arg:tt)*) => {
+        Err($crate::error::Error::refused(format!($($arg)*)))
+    };
+}
+pub(crate) use refused;
 
 /// A function's argument error as DataFusion's planner wraps it ("Execution error: Function 'f'
 /// user-defined coercion failed with: Error during planning: f: `lower` must be … No function
