@@ -61,43 +61,37 @@ impl PrivateSession {
         match &plan {
             LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(c)) => {
                 self.check_not_owned(c.name.table(), "CREATE TABLE")?;
-                return self.create_table_as(sql, c.name.table(), &c.input).await;
+                self.create_table_as(sql, c.name.table(), &c.input).await
             }
-            LogicalPlan::Ddl(DdlStatement::CreateView(v)) => {
-                return refused!(
-                    "dpfusion refused the query: CREATE VIEW '{}' is not supported: a view would \
-                     stand between the guard and the tables it reads. Write the query with a CTE \
-                     (WITH name AS (...) SELECT ...) instead.",
-                    v.name
-                );
-            }
+            LogicalPlan::Ddl(DdlStatement::CreateView(v)) => refused!(
+                "dpfusion refused the query: CREATE VIEW '{}' is not supported: a view would \
+                 stand between the guard and the tables it reads. Write the query with a CTE \
+                 (WITH name AS (...) SELECT ...) instead.",
+                v.name
+            ),
             LogicalPlan::Ddl(DdlStatement::DropTable(d)) => {
                 let name = d.name.table().to_ascii_lowercase();
                 self.check_not_owned(&name, "DROP TABLE")?;
                 self.ctx.execute_logical_plan(plan).await?;
                 self.tables.lock().expect("lock").remove(&name);
-                return Ok(QueryResult::empty());
+                Ok(QueryResult::empty())
             }
             LogicalPlan::Ddl(DdlStatement::DropView(_)) => {
                 self.ctx.execute_logical_plan(plan).await?;
-                return Ok(QueryResult::empty());
+                Ok(QueryResult::empty())
             }
-            LogicalPlan::Ddl(other) => {
-                return refused!(
-                    "dpfusion refused the query: {} is not allowed; register tables with CREATE \
-                     EXTERNAL TABLE ... OPTIONS ('dp.visibility' ...)",
-                    other.name()
-                );
-            }
-            LogicalPlan::Dml(d) => {
-                return refused!(
-                    "dpfusion refused the query: {} into '{}' is not allowed: dpfusion tables are \
-                     read-only (writing rows could change a private table's contents under its \
-                     budget). Use CREATE TABLE name AS SELECT <DP query> to keep DP results.",
-                    d.op,
-                    d.table_name
-                );
-            }
+            LogicalPlan::Ddl(other) => refused!(
+                "dpfusion refused the query: {} is not allowed; register tables with CREATE \
+                 EXTERNAL TABLE ... OPTIONS ('dp.visibility' ...)",
+                other.name()
+            ),
+            LogicalPlan::Dml(d) => refused!(
+                "dpfusion refused the query: {} into '{}' is not allowed: dpfusion tables are \
+                 read-only (writing rows could change a private table's contents under its \
+                 budget). Use CREATE TABLE name AS SELECT <DP query> to keep DP results.",
+                d.op,
+                d.table_name
+            ),
             LogicalPlan::Statement(s) => self.statement(s),
             other => internal_err!("run_ddl got a {} plan", other.display()),
         }
