@@ -150,10 +150,10 @@ impl PrivateSession {
             S::TransactionStart(_) | S::TransactionEnd(_) => refused!(
                 "dpfusion refused the statement: {}: dpfusion has no transactions. Each statement \
                  takes effect on its own, and a query's charge is final once it is admitted, so \
-                 there is nothing to commit or roll back; run the statement without BEGIN or \
+                 there is nothing to commit or roll back; run the statement without START TRANSACTION or \
                  COMMIT.",
                 if matches!(s, S::TransactionStart(_)) {
-                    "BEGIN"
+                    "START TRANSACTION"
                 } else {
                     "COMMIT"
                 }

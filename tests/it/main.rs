@@ -14,6 +14,7 @@ mod ledger;
 mod models;
 mod onboard;
 mod owner;
+mod refusals;
 mod serve;
 mod session;
 mod sqllogictest;
