@@ -217,4 +217,44 @@ mod tests {
         let e = Error::classify(DataFusionError::Execution(wrapped.into()));
         assert!(matches!(Error::of(&e), Some(Error::Invalid(_))), "{e}");
     }
+
+    /// Refusals are typed where they are decided: no source file builds one as a planning error
+    /// (whose kind could then only be guessed from its text).
+    #[test]
+    fn no_refusal_is_built_as_an_untyped_planning_error() {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push(p);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut files,
+        );
+        assert!(files.len() > 20);
+        let mut untyped = Vec::new();
+        for f in files {
+            let text: String = std::fs::read_to_string(&f)
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            for bad in [
+                "plan_err!( \"dpfusion refused",
+                "Plan(format!( \"dpfusion refused",
+            ] {
+                let bad_tight = bad.replace("( ", "(");
+                if text.contains(bad) || text.contains(&bad_tight) {
+                    untyped.push(format!("{}: {bad_tight}", f.display()));
+                }
+            }
+        }
+        assert!(untyped.is_empty(), "untyped refusals: {untyped:?}");
+    }
 }

@@ -150,8 +150,8 @@ impl PrivateSession {
             S::TransactionStart(_) | S::TransactionEnd(_) => refused!(
                 "dpfusion refused the statement: {}: dpfusion has no transactions. Each statement \
                  takes effect on its own, and a query's charge is final once it is admitted, so \
-                 there is nothing to commit or roll back; run the statement without START TRANSACTION or \
-                 COMMIT.",
+                 there is nothing to commit or roll back; run the statement without START \
+                 TRANSACTION or COMMIT.",
                 if matches!(s, S::TransactionStart(_)) {
                     "START TRANSACTION"
                 } else {
@@ -163,9 +163,9 @@ impl PrivateSession {
     }
 
     /// Analyst SQL's `CREATE EXTERNAL TABLE`: a public table over files the data owner lets
-    /// analysts read ([`AnalystFiles`]), never over a private table's files, the ledger's
-    /// directory or the owner's files, under any spelling. Policy options (`dp.*`) are the
-    /// owner's: refused.
+    /// analysts read ([`crate::session::AnalystFiles`]), never over a private table's files, the
+    /// ledger's directory or the owner's files, under any spelling. Policy options (`dp.*`) are
+    /// the owner's: refused.
     pub(super) async fn create_external_table(
         &self,
         c: datafusion::sql::parser::CreateExternalTable,
