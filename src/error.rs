@@ -90,6 +90,17 @@ impl Error {
         }
         let typed = match e {
             DataFusionError::Diagnostic(_, inner) => return Self::classify(*inner),
+            // The file store's refusal ([`crate::files::store::Refused`], decided where a scan
+            // or COPY opens a file), through the object store's error. Only a query over public
+            // tables gets here: a private query's error is the fixed message already.
+            DataFusionError::ObjectStore(os) => match &*os {
+                datafusion::object_store::Error::Generic { source, .. }
+                    if source.is::<crate::files::store::Refused>() =>
+                {
+                    Error::Refused(source.to_string())
+                }
+                _ => return DataFusionError::ObjectStore(os),
+            },
             DataFusionError::Plan(m) => Error::Invalid(m),
             DataFusionError::SQL(..)
             | DataFusionError::SchemaError(..)
@@ -256,5 +267,28 @@ mod tests {
             }
         }
         assert!(untyped.is_empty(), "untyped refusals: {untyped:?}");
+    }
+
+    /// The file store's refusal, surfacing through the object store, is a typed refusal.
+    #[test]
+    fn a_file_store_refusal_is_typed_refused() {
+        let refusal = crate::files::store::Refused::NotRegistered("/tmp/x.csv".into());
+        let text = refusal.to_string();
+        let e = DataFusionError::ObjectStore(Box::new(datafusion::object_store::Error::Generic {
+            store: "dpfusion",
+            source: Box::new(refusal),
+        }));
+        let e = Error::classify(e);
+        assert!(
+            matches!(Error::of(&e), Some(Error::Refused(m)) if *m == text),
+            "{e}"
+        );
+        let other = Error::classify(DataFusionError::ObjectStore(Box::new(
+            datafusion::object_store::Error::NotFound {
+                path: "x".into(),
+                source: "gone".into(),
+            },
+        )));
+        assert!(Error::of(&other).is_none(), "{other}");
     }
 }
