@@ -45,7 +45,7 @@ use ballista_scheduler::config::SchedulerConfig;
 use ballista_scheduler::scheduler_process::start_server;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{DataFusionError, Result, plan_err};
+use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::execution::context::{QueryPlanner, SessionContext};
@@ -55,6 +55,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
 
+use crate::error::refused;
 use crate::guard::{CheckedPlan, GuardedTable};
 use crate::session::SessionOptions;
 
