@@ -45,7 +45,7 @@ use ballista_scheduler::config::SchedulerConfig;
 use ballista_scheduler::scheduler_process::start_server;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{DataFusionError, Result, plan_err};
+use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::execution::context::{QueryPlanner, SessionContext};
@@ -55,6 +55,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
 
+use crate::error::refused;
 use crate::guard::{CheckedPlan, GuardedTable};
 use crate::session::SessionOptions;
 
@@ -233,7 +234,7 @@ fn crosses(plan: &LogicalPlan) -> Result<()> {
         })
     })?;
     if bounding {
-        return plan_err!(
+        return refused!(
             "dpfusion refused the query on the Ballista cluster: it reads a table with a privacy \
              unit, whose contribution bounding (a keyed per-query choice of each unit's groups and \
              a sample of its rows) runs in functions that cannot cross Ballista's codec; running \
@@ -243,7 +244,7 @@ fn crosses(plan: &LogicalPlan) -> Result<()> {
     }
     match wrapped {
         None => Ok(()),
-        Some(e) => plan_err!(
+        Some(e) => refused!(
             "dpfusion refused the query on the Ballista cluster: the expression {e} over private \
              rows could fail on a row, so the guard made it total (NULL where it fails), and that \
              wrapper cannot cross Ballista's codec; running it unwrapped would run another plan \

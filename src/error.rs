@@ -16,8 +16,11 @@ use datafusion::common::DataFusionError;
 use crate::accounting::{AccountingError, Budget, Limit};
 use crate::session::EXECUTION_FAILED;
 
-/// A typed dpfusion error.
+/// A typed dpfusion error. Built where dpfusion decides it (the guard, the session, the
+/// accountant), never recovered from a message's text. New kinds may be added: match with a
+/// wildcard arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The guard or the session refused the statement: a construct outside the private
     /// fragment, a policy option in SQL, a forbidden file. Nothing was charged or read. The
@@ -68,25 +71,43 @@ impl Error {
         }
     }
 
-    /// Wraps a DataFusion error of a statement as a typed one: refusals, budget refusals and
-    /// invalid input get their kind; other errors (I/O of public tables, …) stay as they are.
+    /// A refusal, as the `DataFusionError` a statement returns: `message` is the whole text the
+    /// analyst reads ("dpfusion refused the query: … what to do instead").
+    pub(crate) fn refused(message: impl Into<String>) -> DataFusionError {
+        Error::Refused(message.into()).into()
+    }
+
+    /// Wraps a DataFusion error of a statement as a typed one. Refusals are typed where they
+    /// are decided (`refused!`, [`Error::refused`]); what is left here is DataFusion's own:
+    /// its planning, SQL and schema errors are invalid input; other errors (I/O of public
+    /// tables, …) stay as they are.
     pub(crate) fn classify(e: DataFusionError) -> DataFusionError {
         if Self::of(&e).is_some() {
             return e;
         }
         if let Some(m) = unwrap_coercion(&e.to_string()) {
-            return DataFusionError::External(Box::new(Error::Invalid(m)));
+            return Error::Invalid(m).into();
         }
         let typed = match e {
             DataFusionError::Diagnostic(_, inner) => return Self::classify(*inner),
-            DataFusionError::Plan(m) if m.starts_with("dpfusion refused") => Error::Refused(m),
+            // The file store's refusal ([`crate::files::store::Refused`], decided where a scan
+            // or COPY opens a file), through the object store's error. Only a query over public
+            // tables gets here: a private query's error is the fixed message already.
+            DataFusionError::ObjectStore(os) => match &*os {
+                datafusion::object_store::Error::Generic { source, .. }
+                    if source.is::<crate::files::store::Refused>() =>
+                {
+                    Error::Refused(source.to_string())
+                }
+                _ => return DataFusionError::ObjectStore(os),
+            },
             DataFusionError::Plan(m) => Error::Invalid(m),
             DataFusionError::SQL(..)
             | DataFusionError::SchemaError(..)
             | DataFusionError::NotImplemented(_) => Error::Invalid(e.to_string()),
             other => return other,
         };
-        DataFusionError::External(Box::new(typed))
+        typed.into()
     }
 
     /// The typed error of an accounting refusal.
@@ -123,6 +144,22 @@ impl Error {
         DataFusionError::External(Box::new(typed))
     }
 }
+
+impl From<Error> for DataFusionError {
+    fn from(e: Error) -> Self {
+        DataFusionError::External(Box::new(e))
+    }
+}
+
+/// `Err` of a typed refusal ([`Error::Refused`]) with a formatted message, written where the
+/// refusal is decided (as DataFusion's `plan_err!` is for its own planning errors). The message
+/// says what was refused, why, and what to do instead.
+macro_rules! refused {
+    ($($arg:tt)*) => {
+        Err($crate::error::Error::refused(format!($($arg)*)))
+    };
+}
+pub(crate) use refused;
 
 /// A function's argument error as DataFusion's planner wraps it ("Execution error: Function 'f'
 /// user-defined coercion failed with: Error during planning: f: `lower` must be … No function
@@ -190,5 +227,68 @@ mod tests {
         assert!(unwrap_coercion("Error during planning: table 't' not found").is_none());
         let e = Error::classify(DataFusionError::Execution(wrapped.into()));
         assert!(matches!(Error::of(&e), Some(Error::Invalid(_))), "{e}");
+    }
+
+    /// Refusals are typed where they are decided: no source file builds one as a planning error
+    /// (whose kind could then only be guessed from its text).
+    #[test]
+    fn no_refusal_is_built_as_an_untyped_planning_error() {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push(p);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut files,
+        );
+        assert!(files.len() > 20);
+        let mut untyped = Vec::new();
+        for f in files {
+            let text: String = std::fs::read_to_string(&f)
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            for bad in [
+                "plan_err!( \"dpfusion refused",
+                "Plan(format!( \"dpfusion refused",
+            ] {
+                let bad_tight = bad.replace("( ", "(");
+                if text.contains(bad) || text.contains(&bad_tight) {
+                    untyped.push(format!("{}: {bad_tight}", f.display()));
+                }
+            }
+        }
+        assert!(untyped.is_empty(), "untyped refusals: {untyped:?}");
+    }
+
+    /// The file store's refusal, surfacing through the object store, is a typed refusal.
+    #[test]
+    fn a_file_store_refusal_is_typed_refused() {
+        let refusal = crate::files::store::Refused::NotRegistered("/tmp/x.csv".into());
+        let text = refusal.to_string();
+        let e = DataFusionError::ObjectStore(Box::new(datafusion::object_store::Error::Generic {
+            store: "dpfusion",
+            source: Box::new(refusal),
+        }));
+        let e = Error::classify(e);
+        assert!(
+            matches!(Error::of(&e), Some(Error::Refused(m)) if *m == text),
+            "{e}"
+        );
+        let other = Error::classify(DataFusionError::ObjectStore(Box::new(
+            datafusion::object_store::Error::NotFound {
+                path: "x".into(),
+                source: "gone".into(),
+            },
+        )));
+        assert!(Error::of(&other).is_none(), "{other}");
     }
 }

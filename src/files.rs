@@ -78,6 +78,7 @@ pub struct FileSet {
 
 /// Why a location cannot be resolved.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FileError {
     #[error(
         "'{0}' is not a local file: only a path or a file:// URL can be registered (no \

@@ -7,15 +7,18 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
-use datafusion::common::{DataFusionError, Result, plan_err};
+use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::context::SessionContext;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
 
 use crate::accounting::{Accountant, PinnedColumn, Visibility};
-use crate::files::{self, FileSet};
+use crate::error::refused;
+use crate::files::{self, FileSet, PinnedFs};
+use crate::session::AnalystFiles;
 
 /// How the owner's CSV files are read. Analysts never choose these for a private table.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CsvFormat {
     /// The first line holds the column names (default true).
     pub has_header: bool,
@@ -48,7 +51,40 @@ fn ch(c: Option<u8>) -> String {
     c.map_or("none".to_string(), |c| format!("{:?}", c as char))
 }
 
+/// Builders, so that code outside this crate (the struct is `#[non_exhaustive]`) starts from
+/// [`CsvFormat::default`] and changes what differs.
 impl CsvFormat {
+    /// Whether the first line holds the column names.
+    pub fn with_header(mut self, has_header: bool) -> Self {
+        self.has_header = has_header;
+        self
+    }
+    /// The field delimiter.
+    pub fn with_delimiter(mut self, delimiter: u8) -> Self {
+        self.delimiter = delimiter;
+        self
+    }
+    /// The quote character.
+    pub fn with_quote(mut self, quote: u8) -> Self {
+        self.quote = quote;
+        self
+    }
+    /// The escape character (None: none).
+    pub fn with_escape(mut self, escape: Option<u8>) -> Self {
+        self.escape = escape;
+        self
+    }
+    /// Lines starting with this character are skipped (None: none).
+    pub fn with_comment(mut self, comment: Option<u8>) -> Self {
+        self.comment = comment;
+        self
+    }
+    /// Values matching this regular expression read as NULL (None: only empty values).
+    pub fn with_null_regex(mut self, null_regex: Option<String>) -> Self {
+        self.null_regex = null_regex;
+        self
+    }
+
     /// The text the ledger records (a change of any option is a change of the table).
     pub fn describe(&self) -> String {
         format!(
@@ -244,7 +280,7 @@ impl Protection {
                 continue;
             }
             if set.intersects(&p) {
-                return plan_err!(
+                return refused!(
                     "dpfusion refused the registration: '{}' names files of {what}. Analyst SQL \
                      can never register, re-register or re-format a file that holds private \
                      data, under any path, URL, glob, directory or link; query the table by its \
@@ -263,7 +299,7 @@ impl Protection {
             .parent()
             .map(|p| std::fs::canonicalize(p).unwrap_or(p.to_path_buf()));
         if parent.is_some() && parent == self.ledger_dir {
-            return plan_err!(
+            return refused!(
                 "dpfusion refused the query: COPY ... TO '{}' would write into the ledger's \
                  directory",
                 target.display()
@@ -271,12 +307,159 @@ impl Protection {
         }
         for (what, p) in self.protected(Role::Analyst) {
             if p.contains_path(target) {
-                return plan_err!(
+                return refused!(
                     "dpfusion refused the query: COPY ... TO '{}' would write into {what}",
                     target.display()
                 );
             }
         }
         Ok(())
+    }
+}
+
+/// Where a `COPY … TO` may write (`table_keys`: the ledger keys of the tables registered in the
+/// session): only a new file, by a plain file name, directly in the
+/// output directory the data owner configured ([`crate::SessionOptions`]'s `output_dir`, pinned when
+/// the session opened). The checks here give the messages; the write itself goes through
+/// [`crate::files::PinnedFs::create_output`], which opens the pinned directory without
+/// following links and creates the file with `O_CREAT | O_EXCL | O_NOFOLLOW`, so nothing
+/// swapped in after these checks can redirect it.
+pub(crate) fn copy_target(
+    url: &str,
+    fs: &PinnedFs,
+    protection: &Protection,
+    table_keys: &[String],
+) -> Result<String> {
+    let Some(dir) = fs.output_dir() else {
+        return refused!(
+            "dpfusion refused the query: COPY ... TO writes files, and this session has no \
+             output directory (the data owner sets one with --output-dir, or \
+             SessionOptions::with_output_dir). Use CREATE TABLE name AS SELECT ... to keep \
+             results in the session, or --format csv|json to save printed results."
+        );
+    };
+    let rel = Path::new(url);
+    let plain = !url.contains("://")
+        && !url.contains(['*', '?', '[', '{'])
+        && rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+    let has_extension = rel.extension().is_some();
+    if !plain || url.ends_with('/') || !has_extension {
+        return refused!(
+            "dpfusion refused the query: COPY ... TO '{url}': the target must be a relative \
+             file name inside the output directory {} (no '..', no absolute path, no URL, \
+             no glob, no directory; a file name with an extension)",
+            dir.display()
+        );
+    }
+    fs.check_output()
+        .map_err(|e| crate::error::Error::refused(format!("dpfusion refused the query: {e}")))?;
+    let target = dir.join(rel);
+    // No symbolic link on the way (the message; the write refuses them anyway).
+    let mut p = dir.clone();
+    for c in rel.components() {
+        p.push(c);
+        if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+            return refused!(
+                "dpfusion refused the query: COPY ... TO '{url}' goes through a symbolic link"
+            );
+        }
+    }
+    if rel.components().count() != 1 {
+        return refused!(
+            "dpfusion refused the query: COPY ... TO '{url}': COPY writes one new file \
+             directly in the output directory {} (no sub-directory)",
+            dir.display()
+        );
+    }
+    // Never the ledger's directory, the owner's files or a private table's files (any the
+    // ledger knows), nor a file of a table registered in this session.
+    protection.check_write(&target)?;
+    let taken = table_keys.iter().any(|k| {
+        k.strip_prefix("analyst:")
+            .unwrap_or(k)
+            .split(',')
+            .map(Path::new)
+            .any(|k| k.is_absolute() && (target.starts_with(k) || k.starts_with(&target)))
+    });
+    if taken {
+        return refused!(
+            "dpfusion refused the query: COPY ... TO '{url}' would write over a registered \
+             table's file"
+        );
+    }
+    match std::fs::symlink_metadata(&target) {
+        Ok(m) if !m.is_file() => {
+            return refused!(
+                "dpfusion refused the query: COPY ... TO '{url}' is not a regular file"
+            );
+        }
+        Ok(_) => {
+            return refused!(
+                "dpfusion refused the query: COPY ... TO '{url}': the file exists; COPY only \
+                 creates new files (choose a new name)"
+            );
+        }
+        Err(_) => {}
+    }
+    Ok(target.to_string_lossy().to_string())
+}
+
+/// The file set of a location analyst SQL names (`CREATE EXTERNAL TABLE`), if the owner allows
+/// its files ([`AnalystFiles`]) and none is protected; checked at registration and again before
+/// every scan. Outside the allowed directories nothing is resolved in the message: whether a
+/// path exists there is not the analyst's to learn.
+pub(crate) fn analyst_file_set(
+    location: &str,
+    analyst_files: &AnalystFiles,
+    protection: &Protection,
+) -> Result<crate::files::FileSet> {
+    {
+        let resolve = || {
+            crate::files::resolve(location, Path::new(".")).map_err(|e| {
+                crate::error::Error::refused(format!("dpfusion refused the registration: {e}"))
+            })
+        };
+        let set = match analyst_files {
+            AnalystFiles::None => {
+                return refused!(
+                    "dpfusion refused the registration of '{location}': in this session the data \
+                     owner lets analyst SQL register no file. Query the tables the owner \
+                     declared (SHOW TABLES, \\d), or ask the owner to add the file to the \
+                     catalog, or to list its directory in analyst_read_dirs."
+                );
+            }
+            AnalystFiles::Under(dirs) => {
+                let dirs: Vec<PathBuf> = dirs
+                    .iter()
+                    .filter_map(|d| std::fs::canonicalize(d).ok())
+                    .collect();
+                let outside = || {
+                    refused!(
+                        "dpfusion refused the registration of '{location}': analyst SQL may \
+                         register existing files only below {}",
+                        dirs.iter()
+                            .map(|d| d.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                let Ok(set) = resolve() else {
+                    return outside();
+                };
+                let inside = |p: &Path| dirs.iter().any(|d| p.starts_with(d));
+                let all_inside = inside(&set.root)
+                    && set.files.iter().all(|f| inside(&f.path))
+                    && set.dirs.iter().all(|f| inside(&f.path));
+                if !all_inside {
+                    return outside();
+                }
+                set
+            }
+            AnalystFiles::Anywhere => resolve()?,
+        };
+        protection.check_read(&set, None, Role::Analyst)?;
+        Ok(set)
     }
 }

@@ -45,6 +45,7 @@ pub(super) fn default_delta_share() -> f64 {
 /// Which filter a table's admissions follow (fixed at registration; docs/ACCOUNTING.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FilterKind {
     /// Gaussian events only: Σμ² ≤ μ_B² (Smith and Thakurta 2022).
     #[default]
@@ -123,6 +124,7 @@ impl FromStr for FilterKind {
 
 /// Which side of the rectangle binds (or why the filter cannot account for a charge).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Limit {
     /// The filter's ε part: Σμ² > μ_B² (gdp), Σρ > ρ_B (zcdp) or Σε(α*) > b(α*) (rdp).
     Epsilon,

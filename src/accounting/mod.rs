@@ -545,6 +545,7 @@ pub struct RefusalNumbers {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AccountingError {
     /// A charge the table's filter refuses; `limit` names the binding side.
     #[error("{}", exceeded_message(.table, *.cost, *.spent, *.remaining, .budget, .why))]

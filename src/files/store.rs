@@ -106,6 +106,7 @@ impl Pins {
 
 /// Why the store refused.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Refused {
     #[error(
         "dpfusion refused to read '{0}': no table registered in this session reads it (only the \

@@ -86,12 +86,14 @@ struct Guarded {
     public_sides: Vec<PublicSide>,
 }
 
+/// The guard's refusal of a query, typed where it is decided ([`crate::Error::Refused`]).
 fn refuse(msg: impl Into<String>) -> DataFusionError {
-    DataFusionError::Plan(format!("dpfusion refused the query: {}", msg.into()))
+    crate::error::Error::refused(format!("dpfusion refused the query: {}", msg.into()))
 }
 
 /// What a query may choose within the owner's policy (session settings).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GuardOptions {
     /// `SET dpfusion.max_groups_contributed`: overrides the tables' default L0 bound.
     pub max_groups_contributed: Option<u32>,

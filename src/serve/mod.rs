@@ -25,7 +25,7 @@
 //!   result. Each analyst has their own turns (`max_queries_per_analyst`) within the server's.
 //!   Prepared statements keep no state: a handle is its SQL (and, once parameters are bound,
 //!   the bound SQL: [`params`]), held by the client. Transactions group nothing: a charge is
-//!   durable when its statement is admitted.
+//!   durable when its statement is admitted, so a rollback is refused (nothing can be undone).
 //! - **Every resource is bounded**, before and after authentication: connections
 //!   ([`conn`]: a limit, a handshake and an idle timeout, an accept loop that backs off); every
 //!   call that plans or runs (prepare included) waits for its turns and ends at the statement's
@@ -1281,14 +1281,18 @@ impl FlightSqlService for DpFlightSql {
         })
     }
 
-    /// Commit: nothing to do. Rollback: nothing is undone (a charge, once admitted, stands);
-    /// accepted, so that a client's routine rollback (closing a connection, a pool) works.
+    /// Commit: nothing to do (every statement took effect on its own). Rollback: refused, code
+    /// `refused`, with [`crate::session::ROLLBACK_REFUSED`]: nothing can be undone (a charge,
+    /// once admitted, stands), and an OK would tell the client an undo happened.
     async fn do_action_end_transaction(
         &self,
-        _query: ActionEndTransactionRequest,
+        query: ActionEndTransactionRequest,
         request: Request<arrow_flight::Action>,
     ) -> Result<(), Status> {
         self.analyst(&request)?;
+        if query.action() == arrow_flight::sql::EndTransaction::Rollback {
+            return Err(refusal(crate::session::ROLLBACK_REFUSED));
+        }
         Ok(())
     }
 

@@ -14,11 +14,13 @@ use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DFStatement;
 use futures::StreamExt;
 
-use super::{ANALYST, PrivateSession, QueryResult, check_complexity, strip_prefix_ci};
+use super::pipeline::{Front, front};
+use super::{ANALYST, PrivateSession, QueryResult};
 use crate::guard;
 
 /// What a statement does, from its plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StatementKind {
     /// A query: every node of its plan (subqueries included) reads and computes, none writes
     /// or changes the session (`SELECT`, `WITH`, `VALUES`, `SHOW` of a setting, table
@@ -106,32 +108,25 @@ fn kind_of(plan: &LogicalPlan) -> StatementKind {
 
 /// A statement's result grew past `max_result_bytes`.
 fn too_large(max: usize) -> DataFusionError {
-    DataFusionError::External(Box::new(crate::error::Error::Refused(format!(
+    crate::error::Error::refused(format!(
         "dpfusion refused the query: its result is larger than this server's limit of {max} \
          bytes (the data owner's [server] max_result_bytes). Select fewer rows or columns, or \
          aggregate"
-    ))))
+    ))
 }
 
 impl PrivateSession {
     /// The kind of statement `sql` is, from its plan: planned, never run, nothing charged.
     pub async fn statement_kind(&self, sql: &str) -> Result<StatementKind> {
-        let trimmed = sql.trim().trim_end_matches(';').trim();
         let run = async {
-            check_complexity(trimmed)?;
-            if strip_prefix_ci(trimmed, &["EXPLAIN", "PRIVACY"]).is_some() {
-                return Ok(StatementKind::ExplainPrivacy);
-            }
-            if strip_prefix_ci(trimmed, &["SHOW", "BUDGET"]).is_some_and(|r| r.is_empty()) {
-                return Ok(StatementKind::ShowBudget);
-            }
-            if strip_prefix_ci(trimmed, &["SHOW", "TABLES"]).is_some_and(|r| r.is_empty()) {
-                return Ok(StatementKind::ShowTables);
-            }
-            if strip_prefix_ci(trimmed, &["HELP"]).is_some() {
-                return Ok(StatementKind::Describe);
-            }
-            let stmt = match self.parse(trimmed)? {
+            let sql = match front(sql)? {
+                Front::ExplainPrivacy(_) => return Ok(StatementKind::ExplainPrivacy),
+                Front::ShowBudget => return Ok(StatementKind::ShowBudget),
+                Front::ShowTables => return Ok(StatementKind::ShowTables),
+                Front::Help(_) => return Ok(StatementKind::Describe),
+                Front::Sql(sql) => sql,
+            };
+            let stmt = match self.parse(sql)? {
                 s @ (DFStatement::Statement(_) | DFStatement::Explain(_)) => s,
                 DFStatement::CreateExternalTable(_) => {
                     return Ok(StatementKind::Other("CREATE EXTERNAL TABLE".into()));
@@ -224,13 +219,8 @@ impl PrivateSession {
         reservation: &mut MemoryReservation,
         max: usize,
     ) -> Result<QueryResult> {
-        let plan = checked.plan();
-        let state = self.ctx.state();
         let schema: SchemaRef = checked.schema();
-        let physical = state
-            .query_planner()
-            .create_physical_plan(plan, &state)
-            .await?;
+        let physical = self.physical_plan(checked).await?;
         let mut stream = datafusion::physical_plan::execute_stream(physical, self.ctx.task_ctx())?;
         let (mut batches, mut total) = (Vec::new(), 0usize);
         while let Some(b) = stream.next().await {
@@ -241,12 +231,12 @@ impl PrivateSession {
                 return Err(too_large(max));
             }
             reservation.try_grow(size).map_err(|_| {
-                DataFusionError::External(Box::new(crate::error::Error::Refused(format!(
+                crate::error::Error::refused(format!(
                     "dpfusion refused the query: its result ({total} bytes so far) does not \
                      fit in the server's memory limit beside the results waiting to be \
                      fetched (the data owner's [session] memory_limit). Select fewer rows, or \
                      fetch your earlier results first"
-                ))))
+                ))
             })?;
             batches.push(b);
         }

@@ -36,6 +36,8 @@ use datafusion::sql::sqlparser::ast::{
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 
+use crate::error::Error;
+
 /// The select item that marks the SELECT the clause belonged to, between
 /// [`strip_dp_clause`] and [`rewrite_dp_select`].
 const MARKER: &str = "__dpfusion_differential_privacy_clause__";
@@ -55,8 +57,11 @@ pub struct DpClause {
     pub privacy_unit_column: Option<String>,
 }
 
-fn err(msg: impl std::fmt::Display) -> String {
-    format!("dpfusion refused the query: WITH DIFFERENTIAL_PRIVACY: {msg}")
+/// A refusal of the clause, typed where it is decided.
+pub(crate) fn refusal(msg: impl std::fmt::Display) -> Error {
+    Error::Refused(format!(
+        "dpfusion refused the query: WITH DIFFERENTIAL_PRIVACY: {msg}"
+    ))
 }
 
 fn is_word(t: &Token, w: &str) -> bool {
@@ -66,13 +71,13 @@ fn is_word(t: &Token, w: &str) -> bool {
 /// Finds `SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (...)` in `sql`: the statement with the
 /// clause replaced by a marker item, and the OPTIONS; `None` when there is no clause. At most
 /// one clause per statement.
-pub fn strip_dp_clause(sql: &str) -> Result<Option<(String, DpClause)>, String> {
+pub fn strip_dp_clause(sql: &str) -> Result<Option<(String, DpClause)>, Error> {
     // Not unescaped: the statement is rebuilt from the tokens, and an unescaped 'O''Brien' would
     // print back as 'O'Brien' (another statement).
     let tokens = Tokenizer::new(&GenericDialect {}, sql)
         .with_unescape(false)
         .tokenize()
-        .map_err(|e| format!("SQL error: {e}"))?;
+        .map_err(|e| Error::Invalid(format!("SQL error: {e}")))?;
     if !tokens.iter().any(|t| is_word(t, "DIFFERENTIAL_PRIVACY")) {
         return Ok(None);
     }
@@ -90,13 +95,13 @@ pub fn strip_dp_clause(sql: &str) -> Result<Option<(String, DpClause)>, String> 
             && at(k - 1).is_some_and(|t| is_word(t, "WITH"))
             && at(k - 2).is_some_and(|t| is_word(t, "SELECT"));
         if !select_with {
-            return Err(err(
+            return Err(refusal(
                 "the clause is written right after SELECT: SELECT WITH DIFFERENTIAL_PRIVACY \
                  OPTIONS (epsilon = ..., delta = ...) ...",
             ));
         }
         if found.is_some() {
-            return Err(err(
+            return Err(refusal(
                 "a statement may have one DIFFERENTIAL_PRIVACY clause; run the SELECTs one at a \
                  time",
             ));
@@ -104,7 +109,7 @@ pub fn strip_dp_clause(sql: &str) -> Result<Option<(String, DpClause)>, String> 
         if !at(k + 1).is_some_and(|t| is_word(t, "OPTIONS"))
             || !matches!(at(k + 2), Some(Token::LParen))
         {
-            return Err(err(
+            return Err(refusal(
                 "OPTIONS (epsilon = ..., delta = ...) must follow DIFFERENTIAL_PRIVACY",
             ));
         }
@@ -129,11 +134,11 @@ pub fn strip_dp_clause(sql: &str) -> Result<Option<(String, DpClause)>, String> 
                     match at(j) {
                         Some(Token::Comma) => j += 1,
                         Some(Token::RParen) => break,
-                        _ => return Err(err("OPTIONS (...) is not closed")),
+                        _ => return Err(refusal("OPTIONS (...) is not closed")),
                     }
                 }
                 _ => {
-                    return Err(err(
+                    return Err(refusal(
                         "OPTIONS takes name = value pairs, e.g. OPTIONS (epsilon = 1, delta = 1e-6)",
                     ));
                 }
@@ -155,37 +160,37 @@ pub fn strip_dp_clause(sql: &str) -> Result<Option<(String, DpClause)>, String> 
     Ok(Some((out, clause)))
 }
 
-fn number(name: &str, value: &[Token]) -> Result<f64, String> {
+fn number(name: &str, value: &[Token]) -> Result<f64, Error> {
     let text: String = value.iter().map(|t| t.to_string()).collect();
     let parsed = match value {
         [Token::Number(n, _)] => n.parse::<f64>().ok(),
         [Token::Minus, Token::Number(n, _)] => n.parse::<f64>().ok().map(|x| -x),
         _ => None,
     };
-    parsed.ok_or_else(|| err(format!("{name} must be a number, got '{text}'")))
+    parsed.ok_or_else(|| refusal(format!("{name} must be a number, got '{text}'")))
 }
 
-fn clause_of(opts: &[(String, Vec<Token>)]) -> Result<DpClause, String> {
+fn clause_of(opts: &[(String, Vec<Token>)]) -> Result<DpClause, Error> {
     let mut c = DpClause::default();
     let mut epsilon = None;
     let mut seen: Vec<&str> = Vec::new();
     for (name, value) in opts {
         if seen.contains(&name.as_str()) {
-            return Err(err(format!("option {name} is given more than once")));
+            return Err(refusal(format!("option {name} is given more than once")));
         }
         seen.push(name);
         match name.as_str() {
             "epsilon" => {
                 let e = number(name, value)?;
                 if !(e.is_finite() && e > 0.0) {
-                    return Err(err(format!("epsilon must be finite and > 0, got {e}")));
+                    return Err(refusal(format!("epsilon must be finite and > 0, got {e}")));
                 }
                 epsilon = Some(e);
             }
             "delta" => {
                 let d = number(name, value)?;
                 if !(d > 0.0 && d < 1.0) {
-                    return Err(err(format!(
+                    return Err(refusal(format!(
                         "delta must be in (0, 1), got {d}; dpfusion's Gaussian releases need \
                          δ > 0 (omit delta for the session's dpfusion.default_delta per \
                          aggregate)"
@@ -194,7 +199,7 @@ fn clause_of(opts: &[(String, Vec<Token>)]) -> Result<DpClause, String> {
                 c.delta = Some(d);
             }
             "max_rows_contributed" => {
-                return Err(err(
+                return Err(refusal(
                     "max_rows_contributed is not a BigQuery option; the data owner's \
                      max_rows_contributed applies (SET dpfusion.max_rows_contributed)",
                 ));
@@ -202,7 +207,7 @@ fn clause_of(opts: &[(String, Vec<Token>)]) -> Result<DpClause, String> {
             "max_groups_contributed" => {
                 let k = number(name, value)?;
                 if !(k >= 1.0 && k.fract() == 0.0 && k <= u32::MAX as f64) {
-                    return Err(err(format!(
+                    return Err(refusal(format!(
                         "max_groups_contributed must be a positive integer, got {k}"
                     )));
                 }
@@ -211,14 +216,14 @@ fn clause_of(opts: &[(String, Vec<Token>)]) -> Result<DpClause, String> {
             "privacy_unit_column" => match value.as_slice() {
                 [Token::Word(w)] => c.privacy_unit_column = Some(w.value.clone()),
                 _ => {
-                    return Err(err(
+                    return Err(refusal(
                         "privacy_unit_column must be a column name, e.g. privacy_unit_column = id",
                     ));
                 }
             },
             "group_selection_strategy" => {
                 if !matches!(value.as_slice(), [t] if is_word(t, "LAPLACE_THRESHOLD")) {
-                    return Err(err(
+                    return Err(refusal(
                         "group_selection_strategy: dpfusion selects the groups of a private GROUP \
                          BY itself (a noisy-count threshold, like LAPLACE_THRESHOLD); for public \
                          groups join a public table of keys instead of PUBLIC_GROUPS \
@@ -227,26 +232,26 @@ fn clause_of(opts: &[(String, Vec<Token>)]) -> Result<DpClause, String> {
                 }
             }
             "min_privacy_units_per_group" => {
-                return Err(err(
+                return Err(refusal(
                     "min_privacy_units_per_group is not supported: dpfusion's partition \
                      selection sets its threshold from δ (docs/ACCOUNTING.md)",
                 ));
             }
             other => {
-                return Err(err(format!(
+                return Err(refusal(format!(
                     "unknown option '{other}'; the options are epsilon, delta, \
                      max_groups_contributed, privacy_unit_column and group_selection_strategy"
                 )));
             }
         }
     }
-    c.epsilon = epsilon.ok_or_else(|| err("OPTIONS must set epsilon, e.g. epsilon = 1"))?;
+    c.epsilon = epsilon.ok_or_else(|| refusal("OPTIONS must set epsilon, e.g. epsilon = 1"))?;
     Ok(c)
 }
 
 /// Rewrites the SELECT marked by [`strip_dp_clause`] in `stmt`: its aggregates to dp_* calls
 /// with ε/n and δ/n each (module docs). Errors are refusals with the reason.
-pub fn rewrite_dp_select<V: VisitMut>(stmt: &mut V, clause: &DpClause) -> Result<(), String> {
+pub fn rewrite_dp_select<V: VisitMut>(stmt: &mut V, clause: &DpClause) -> Result<(), Error> {
     let mut r = Rewriter {
         clause,
         done: false,
@@ -257,7 +262,7 @@ pub fn rewrite_dp_select<V: VisitMut>(stmt: &mut V, clause: &DpClause) -> Result
         return Err(e);
     }
     if !r.done {
-        return Err(err(
+        return Err(refusal(
             "the clause must open a SELECT with a list of aggregates (SELECT WITH \
              DIFFERENTIAL_PRIVACY OPTIONS (...) k, COUNT(*) FROM t GROUP BY k)",
         ));
@@ -268,7 +273,7 @@ pub fn rewrite_dp_select<V: VisitMut>(stmt: &mut V, clause: &DpClause) -> Result
 struct Rewriter<'a> {
     clause: &'a DpClause,
     done: bool,
-    error: Option<String>,
+    error: Option<Error>,
 }
 
 fn is_marker(item: &SelectItem) -> bool {
@@ -341,14 +346,14 @@ const NOT_DP: &[&str] = &[
     "last_value",
 ];
 
-fn rewrite_items(items: &mut [SelectItem], clause: &DpClause) -> Result<(), String> {
+fn rewrite_items(items: &mut [SelectItem], clause: &DpClause) -> Result<(), Error> {
     // First pass: check every call and count the aggregates.
     let mut n = 0usize;
     for item in items.iter_mut() {
         let expr = match item {
             SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e,
             _ => {
-                return Err(err(
+                return Err(refusal(
                     "SELECT * is not a DP aggregate; list the grouping columns and the \
                      aggregates",
                 ));
@@ -368,7 +373,7 @@ fn rewrite_items(items: &mut [SelectItem], clause: &DpClause) -> Result<(), Stri
         n += counter.n;
     }
     if n == 0 {
-        return Err(err(
+        return Err(refusal(
             "the SELECT has no DP aggregate (AVG, COUNT, SUM, VAR_POP, STDDEV_POP, \
              PERCENTILE_CONT)",
         ));
@@ -445,7 +450,7 @@ impl VisitorMut for Shorten {
 /// Checks (and with `rewrite`, rewrites) the aggregate calls of one select item.
 struct Counter<'a> {
     n: usize,
-    error: Option<String>,
+    error: Option<Error>,
     clause: &'a DpClause,
     rewrite: bool,
     /// The statement's number of aggregates (when rewriting).
@@ -476,7 +481,7 @@ impl VisitorMut for Counter<'_> {
     fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
         match expr {
             Expr::Subquery(_) | Expr::Exists { .. } | Expr::InSubquery { .. } => {
-                self.error = Some(err(
+                self.error = Some(refusal(
                     "subqueries in the SELECT list of a DP clause are not supported",
                 ));
                 return ControlFlow::Break(());
@@ -491,7 +496,7 @@ impl VisitorMut for Counter<'_> {
         }
         let fname = f.name.to_string().to_ascii_lowercase();
         if fname.starts_with("dp_") || fname == "rgm_mean_by" {
-            self.error = Some(err(format!(
+            self.error = Some(refusal(format!(
                 "{fname} is a dpfusion DP function: under the clause write BigQuery's \
                  aggregates (AVG, COUNT, SUM, VAR_POP, STDDEV_POP, PERCENTILE_CONT), or drop the \
                  clause and give {fname} its own epsilon"
@@ -499,7 +504,7 @@ impl VisitorMut for Counter<'_> {
             return ControlFlow::Break(());
         }
         if NOT_DP.contains(&fname.as_str()) {
-            self.error = Some(err(format!(
+            self.error = Some(refusal(format!(
                 "{} has no differentially private form; the DP aggregates are AVG, COUNT, SUM, \
                  VAR_POP, STDDEV_POP and PERCENTILE_CONT",
                 fname.to_ascii_uppercase()
@@ -535,18 +540,18 @@ impl Counter<'_> {
         fname: &str,
         dp: &str,
         f: &datafusion::sql::sqlparser::ast::Function,
-    ) -> Result<Option<Expr>, String> {
+    ) -> Result<Option<Expr>, Error> {
         let upper = fname.to_ascii_uppercase();
         if f.over.is_some() || f.filter.is_some() || !f.within_group.is_empty() {
-            return Err(err(format!(
+            return Err(refusal(format!(
                 "{upper}: OVER, FILTER and WITHIN GROUP are not supported in a DP clause"
             )));
         }
         let FunctionArguments::List(list) = &f.args else {
-            return Err(err(format!("{upper} takes an argument list")));
+            return Err(refusal(format!("{upper} takes an argument list")));
         };
         if list.duplicate_treatment.is_some() || !list.clauses.is_empty() {
-            return Err(err(format!(
+            return Err(refusal(format!(
                 "{upper}(DISTINCT ...) and clauses inside the call are not supported; for \
                  distinct privacy units use COUNT(*) on a table with a privacy unit, or \
                  dp_count_distinct"
@@ -569,26 +574,26 @@ impl Counter<'_> {
                             bounds = Some((t[0].clone(), t[1].clone()))
                         }
                         _ => {
-                            return Err(err(format!(
+                            return Err(refusal(format!(
                                 "{upper}: contribution_bounds_per_group takes (lower, upper)"
                             )));
                         }
                     }
                 }
                 FunctionArg::Named { name, .. } => {
-                    return Err(err(format!(
+                    return Err(refusal(format!(
                         "{upper} has no parameter '{}'; it takes contribution_bounds_per_group \
                          => (lower, upper)",
                         name.value
                     )));
                 }
-                _ => return Err(err(format!("{upper}: unsupported argument '{a}'"))),
+                _ => return Err(refusal(format!("{upper}: unsupported argument '{a}'"))),
             }
         }
         let want = if fname == "percentile_cont" { 2 } else { 1 };
         let got = positional.len() + usize::from(star);
         if got != want {
-            return Err(err(format!(
+            return Err(refusal(format!(
                 "{upper} takes {want} argument{} before contribution_bounds_per_group, got {got}",
                 if want == 1 { "" } else { "s" }
             )));
@@ -609,14 +614,14 @@ impl Counter<'_> {
         args.push(FunctionArg::Unnamed(FunctionArgExpr::Expr(value)));
         if fname == "count" {
             if bounds.is_some() {
-                return Err(err(
+                return Err(refusal(
                     "COUNT: contribution_bounds_per_group is not supported; a unit's rows per \
                      group are bounded by the data owner's max_rows_contributed",
                 ));
             }
         } else {
             let Some((lo, hi)) = bounds else {
-                return Err(err(format!(
+                return Err(refusal(format!(
                     "{upper} needs contribution_bounds_per_group => (lower, upper): dpfusion \
                      does not derive bounds from the data (BigQuery's implicit bounds spend \
                      budget on the data); e.g. {upper}(x, contribution_bounds_per_group => (0, \
@@ -653,9 +658,11 @@ mod tests {
     use datafusion::sql::sqlparser::parser::Parser;
 
     fn rewrite(sql: &str) -> Result<(String, DpClause), String> {
-        let (sql, clause) = strip_dp_clause(sql)?.expect("a clause");
+        let (sql, clause) = strip_dp_clause(sql)
+            .map_err(|e| e.to_string())?
+            .expect("a clause");
         let mut stmts = Parser::parse_sql(&GenericDialect {}, &sql).map_err(|e| e.to_string())?;
-        rewrite_dp_select(&mut stmts[0], &clause)?;
+        rewrite_dp_select(&mut stmts[0], &clause).map_err(|e| e.to_string())?;
         Ok((stmts[0].to_string(), clause))
     }
 

@@ -774,22 +774,10 @@ async fn owner_re_registrations_keep_tighten_or_are_refused_unless_relaxed() {
     .await;
     reregister_refused(&st, Registration::private().delta_share(0.25), &["δ share"]).await;
     for csv in [
-        CsvFormat {
-            has_header: false,
-            ..CsvFormat::default()
-        },
-        CsvFormat {
-            delimiter: b';',
-            ..CsvFormat::default()
-        },
-        CsvFormat {
-            comment: Some(b'#'),
-            ..CsvFormat::default()
-        },
-        CsvFormat {
-            null_regex: Some("^NA$".to_string()),
-            ..CsvFormat::default()
-        },
+        CsvFormat::default().with_header(false),
+        CsvFormat::default().with_delimiter(b';'),
+        CsvFormat::default().with_comment(Some(b'#')),
+        CsvFormat::default().with_null_regex(Some("^NA$".to_string())),
     ] {
         reregister_refused(&st, Registration::private().csv(csv), &["file format csv("]).await;
     }

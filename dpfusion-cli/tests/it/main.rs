@@ -11,5 +11,6 @@ mod ledger;
 mod library;
 mod models;
 mod onboard;
+mod refusals;
 mod serve;
 mod tutorial;

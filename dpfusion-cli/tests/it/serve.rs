@@ -1969,3 +1969,44 @@ async fn receipts_error_codes_and_parameters_over_flight_sql() {
     // tests/serve_client.py: arrow-flight's client binds rows as a query first.)
     dpfusion::accounting::verify(&s.ledger).unwrap();
 }
+
+/// Each kind of statement error, from every place that decides a refusal
+/// ([`crate::refusals`]), reaches a client with its wire code.
+#[tokio::test]
+async fn refusal_kinds_have_their_wire_codes() {
+    use crate::refusals::Kind;
+    for (sql, kind, e) in crate::refusals::refusals().await {
+        let want = match kind {
+            Kind::Refused => ErrorCode::Refused,
+            Kind::Invalid => ErrorCode::Invalid,
+            Kind::Budget => ErrorCode::BudgetExceeded,
+        };
+        let status = dpfusion::serve::status_of(&e);
+        assert_eq!(code_of(&status), Some(want), "{sql}: {e}");
+    }
+}
+
+/// A Flight SQL rollback is refused (code `refused`) with the reason: the charges made in the
+/// transaction stand. A commit is accepted (every statement took effect on its own).
+#[tokio::test]
+async fn a_flight_rollback_is_refused_because_nothing_can_be_undone() {
+    use arrow_flight::sql::EndTransaction;
+    let srv = serve_here("rollback", 1.0, "").await;
+    let mut c = client(srv.addr, Some(ALICE)).await;
+    let txn = c.begin_transaction().await.unwrap();
+    let e = status(
+        c.end_transaction(txn.clone(), EndTransaction::Rollback)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code_of(&e), Some(ErrorCode::Refused), "{e:?}");
+    assert!(
+        e.message().contains("nothing can be undone"),
+        "{}",
+        e.message()
+    );
+    let txn = c.begin_transaction().await.unwrap();
+    c.end_transaction(txn, EndTransaction::Commit)
+        .await
+        .unwrap();
+}

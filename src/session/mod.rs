@@ -1,0 +1,332 @@
+//! [`PrivateSession`]: the embedding API. It wraps a DataFusion `SessionContext` that is never
+//! handed out, and runs every statement through the flow of ARCHITECTURE.md: parse, resolve named
+//! arguments, plan, optimize, guard, admit and charge durably, then execute exactly the checked
+//! plan.
+//!
+//! One file per job:
+//! - this file: the session itself (opening it, its state, what it reports: tables, budget,
+//!   ledger);
+//! - `options`: [`SessionOptions`], [`AnalystFiles`] and [`Registration`], how a session is
+//!   opened and a table registered;
+//! - `register`: the data owner's registrations and their checks (columns, types, units, ratio
+//!   bounds);
+//! - `pipeline`: the one path every statement takes (parse, plan, guard, admit, execute), with
+//!   the fixed messages of a failed or panicking statement;
+//! - `ddl`: what analyst SQL may change (`CREATE TABLE AS`, `CREATE EXTERNAL TABLE`, `DROP`,
+//!   `SET`) and what it may not (views, DML, transactions);
+//! - `limits`: the complexity limits of a statement's text, checked before parsing;
+//! - `kind`: what a statement is, from its plan, and a run with a bounded result (the server).
+//!
+//! Where a file may be read or written (`CREATE EXTERNAL TABLE`, `COPY … TO`) is decided beside
+//! the data owner's protection code ([`crate::owner`]).
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::catalog::TableProvider;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::context::SessionContext;
+use datafusion::prelude::SessionConfig;
+
+pub use crate::accounting::FilterKind;
+pub use crate::accounting::PrivacyUnit;
+use crate::accounting::{Accountant, BudgetRow, LedgerEntry, Receipt, TablePolicy};
+pub use crate::guard::table::RatioBound;
+use crate::guard::{self, GuardedTable, TableInfo};
+pub use crate::owner::CsvFormat;
+use crate::owner::{Protection, Role};
+use crate::statements;
+
+mod ddl;
+mod kind;
+mod limits;
+mod options;
+mod pipeline;
+mod register;
+
+pub use ddl::ROLLBACK_REFUSED;
+pub use kind::StatementKind;
+pub use limits::{MAX_CHAIN, MAX_DEPTH, MAX_SQL_BYTES};
+pub use options::{AnalystFiles, Registration, SessionOptions};
+pub use pipeline::{EXECUTION_FAILED, STATEMENT_PANICKED};
+
+/// The default memory limit of a query (4 GiB).
+pub const DEFAULT_MEMORY_LIMIT: usize = 4 << 30;
+
+/// The default `delta` of a DP call that gives none (SQL.md: 1e-7 unless changed).
+pub const DEFAULT_CALL_DELTA: f64 = 1e-7;
+
+tokio::task_local! {
+    /// The analyst a statement runs for ([`PrivateSession::sql_as`]); admission runs in the
+    /// statement's own task, so the charge it writes can name them.
+    static ANALYST: Arc<str>;
+    /// The L0 bound a statement's BigQuery DIFFERENTIAL_PRIVACY clause set
+    /// ([`statements::bigquery`]): read by [`PrivateSession::guard_options`] while the
+    /// statement runs.
+    static STATEMENT_L0: std::cell::Cell<Option<u32>>;
+}
+
+/// The analyst the current statement runs for ([`PrivateSession::sql_as`]); None for the data
+/// owner's own statements (the CLI, the Rust API).
+pub(crate) fn current_analyst() -> Option<Arc<str>> {
+    ANALYST.try_with(Arc::clone).ok()
+}
+
+/// The result of one statement.
+#[derive(Debug, Clone)]
+pub struct QueryResult {
+    pub schema: SchemaRef,
+    pub batches: Vec<RecordBatch>,
+    /// What was charged, per table (None when nothing was).
+    pub receipt: Option<Receipt>,
+    /// The private tables the statement used (for the REPL's prompt).
+    pub tables: Vec<String>,
+}
+
+impl QueryResult {
+    fn of(batches: Vec<RecordBatch>, schema: SchemaRef) -> Self {
+        Self {
+            schema,
+            batches,
+            receipt: None,
+            tables: vec![],
+        }
+    }
+    fn empty() -> Self {
+        Self::of(vec![], Arc::new(Schema::empty()))
+    }
+}
+
+/// A DataFusion session in which private tables can only be read through DP functions, every
+/// release is charged to a durable ledger before any row is read, and queries are refused once a
+/// table's budget would be exceeded. Safe to share between tasks (`Arc<PrivateSession>`).
+pub struct PrivateSession {
+    ctx: SessionContext,
+    accountant: Arc<Accountant>,
+    options: SessionOptions,
+    default_delta: RwLock<f64>,
+    /// `SET dpfusion.max_groups_contributed` / `max_rows_contributed` (None: the tables').
+    bounds: RwLock<guard::GuardOptions>,
+    tables: Mutex<HashMap<String, Arc<GuardedTable>>>,
+    /// The names of the tables the data owner registered (analyst SQL cannot drop or shadow
+    /// them).
+    owned: Mutex<std::collections::HashSet<String>>,
+    protection: Arc<Protection>,
+    /// The file system door: what each table may read, and the output directory.
+    fs: Arc<crate::files::PinnedFs>,
+    /// The receipt of the latest charge this session admitted: the REPL prints it for a query
+    /// cancelled after its charge (the charge stands; issue 33).
+    last_receipt: Mutex<Option<Receipt>>,
+}
+
+impl std::fmt::Debug for PrivateSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivateSession")
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+fn external(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+impl PrivateSession {
+    /// Opens a session on the ledger named in `options` (replaying it).
+    pub async fn open(options: SessionOptions) -> Result<Self> {
+        crate::accounting::check_new_budget(&options.default_budget)
+            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        let witness = match &options.ledger_witness {
+            Some(w) => w.clone(),
+            None => crate::accounting::default_witness(&options.ledger_path).map_err(external)?,
+        };
+        let accountant =
+            Arc::new(Accountant::open_witnessed(&options.ledger_path, &witness).map_err(external)?);
+        let mut config = SessionConfig::new().with_information_schema(false);
+        if let Some(n) = options.target_partitions {
+            config = config.with_target_partitions(n);
+        }
+        // Nothing data-dependent may be pushed below the guard's checks at execution time.
+        config
+            .options_mut()
+            .optimizer
+            .enable_dynamic_filter_pushdown = false;
+        // A fair pool: with many partitions each spilling operator (hash aggregates, sorts) gets
+        // its share and spills there, instead of the first ones taking all (a greedy pool fails
+        // a query that could spill: issue 28). The merge reserve of each sort is a share too.
+        let partitions = config.target_partitions().max(1);
+        let reserve = options.memory_limit / (8 * partitions);
+        let execution = &mut config.options_mut().execution;
+        execution.sort_spill_reservation_bytes =
+            execution.sort_spill_reservation_bytes.min(reserve);
+        let pool = datafusion::execution::memory_pool::TrackConsumersPool::new(
+            datafusion::execution::memory_pool::FairSpillPool::new(options.memory_limit),
+            std::num::NonZeroUsize::new(5).expect("5 > 0"),
+        );
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(pool))
+            .build_arc()?;
+        // Every file the context reads or writes goes through the pins (crate::files::store):
+        // opened without following links and compared with what was registered.
+        let fs = crate::files::PinnedFs::new();
+        fs.install(&runtime);
+        #[cfg(feature = "distributed")]
+        let ctx = match &options.cluster {
+            Some(cluster) => crate::distributed::connect(cluster, config).await?,
+            None => SessionContext::new_with_config_rt(config, runtime),
+        };
+        #[cfg(not(feature = "distributed"))]
+        let ctx = SessionContext::new_with_config_rt(config, runtime);
+        dpfusion_udfs::register_all(&ctx);
+        if let Some(seed) = options.insecure_noise_seed {
+            for udaf in dpfusion_udfs::aggregates::all_udafs_insecure_seeded(seed) {
+                ctx.register_udaf(udaf);
+            }
+        }
+        let protection = Arc::new(Protection::new(
+            accountant.clone(),
+            // The witness is the owner's too.
+            options
+                .owner_paths
+                .iter()
+                .cloned()
+                .chain([witness])
+                .collect(),
+        ));
+        if let Some(dir) = &options.output_dir {
+            // The output directory must hold no private file and none of the owner's, and be
+            // writable by its owner only; it is pinned now (COPY writes only directly in it).
+            let set =
+                crate::files::resolve(&dir.to_string_lossy(), Path::new(".")).map_err(|e| {
+                    DataFusionError::Plan(format!(
+                        "the output directory {} cannot be used: {e}",
+                        dir.display()
+                    ))
+                })?;
+            protection
+                .check_read(&set, None, Role::Analyst)
+                .map_err(|_| {
+                    DataFusionError::Plan(format!(
+                        "the output directory {} holds or lies inside a private table's files, the \
+                     ledger or the catalog; choose a directory of its own",
+                        dir.display()
+                    ))
+                })?;
+            fs.set_output_dir(dir).map_err(|e| {
+                DataFusionError::Plan(format!("the output directory cannot be used: {e}"))
+            })?;
+        }
+        let session = Self {
+            ctx,
+            accountant,
+            default_delta: RwLock::new(options.default_delta),
+            bounds: RwLock::new(guard::GuardOptions {
+                insecure_seed: options.insecure_noise_seed,
+                ..guard::GuardOptions::default()
+            }),
+            options,
+            tables: Mutex::new(HashMap::new()),
+            owned: Mutex::new(Default::default()),
+            protection,
+            fs,
+            last_receipt: Mutex::new(None),
+        };
+        statements::register_table_functions(&session.ctx, session.accountant.clone());
+        Ok(session)
+    }
+
+    /// The accountant (budgets, ledger).
+    pub fn accountant(&self) -> &Arc<Accountant> {
+        &self.accountant
+    }
+
+    /// The options the session was opened with.
+    pub fn options(&self) -> &SessionOptions {
+        &self.options
+    }
+
+    /// The `delta` of DP calls that give none.
+    pub fn default_delta(&self) -> f64 {
+        *self.default_delta.read().expect("lock")
+    }
+    /// How many scans of a table were planned for execution (tests prove with it that a refused
+    /// query read nothing).
+    pub fn scans(&self, table: &str) -> u64 {
+        self.tables
+            .lock()
+            .expect("lock")
+            .get(&table.to_ascii_lowercase())
+            .map(|t| t.scans())
+            .unwrap_or(0)
+    }
+
+    /// The registered tables: name and policy view.
+    pub fn tables(&self) -> Vec<(String, TableInfo, SchemaRef)> {
+        let mut v: Vec<_> = self
+            .tables
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|(n, t)| (n.clone(), t.info().clone(), t.schema()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Per registered table, sorted by name: the policy in force and who registered it
+    /// (`owner`, `analyst` or `result`; `SHOW TABLES`).
+    pub fn policies(&self) -> Vec<(TablePolicy, String)> {
+        let owned = self.owned.lock().expect("lock").clone();
+        self.tables()
+            .into_iter()
+            .filter_map(|(name, info, _)| {
+                let mut p = self.accountant.policy(&info.key)?;
+                p.name = name.clone();
+                let by = if owned.contains(&name) {
+                    "owner"
+                } else if info.key.as_str().starts_with("result:") {
+                    "result"
+                } else {
+                    "analyst"
+                };
+                Some((p, by.to_string()))
+            })
+            .collect()
+    }
+
+    /// Per private table: budget, spent, remaining, number of charged queries.
+    pub fn budget(&self) -> Vec<BudgetRow> {
+        self.accountant.budget_rows()
+    }
+
+    /// Takes the receipt of the latest charge this session admitted (None: none since the last
+    /// take). A front end that cancels a running statement reads it to show what the statement
+    /// was charged: clear it before the statement, take it after the cancellation.
+    pub fn take_last_receipt(&self) -> Option<Receipt> {
+        self.last_receipt.lock().expect("lock").take()
+    }
+
+    /// Every charge, oldest first; an error when the ledger cannot be read or does not verify
+    /// (never a shorter list).
+    pub fn ledger(&self) -> Result<Vec<LedgerEntry>> {
+        self.accountant.ledger_entries().map_err(external)
+    }
+
+    /// The ledger keys of the tables registered in this session (`COPY … TO` writes over none of
+    /// their files: [`crate::owner::copy_target`]).
+    fn table_keys(&self) -> Vec<String> {
+        let tables = self.tables.lock().expect("lock");
+        tables
+            .values()
+            .map(|t| t.info().key.as_str().to_string())
+            .collect()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn f<T: Send + Sync>() {}
+    f::<PrivateSession>();
+}

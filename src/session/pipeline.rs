@@ -1,0 +1,481 @@
+//! The one path every statement takes: the statements answered before parsing (`EXPLAIN
+//! PRIVACY`, `SHOW BUDGET`, `SHOW TABLES`, `HELP`), parsing (with the BigQuery clause and named
+//! arguments), planning, the guard, admission (the durable charge) and execution of exactly the
+//! checked plan. The server's bounded run ([`super::kind`]) shares its front and its physical
+//! planning. A failure after admission is the one fixed message [`EXECUTION_FAILED`]; a panic
+//! anywhere, [`STATEMENT_PANICKED`].
+use std::sync::Arc;
+
+use datafusion::common::{DataFusionError, Result, plan_err};
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::sql::parser::{CopyToSource, DFParser, Statement as DFStatement};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+
+use super::limits::check_complexity;
+use super::{ANALYST, PrivateSession, QueryResult, STATEMENT_L0};
+use crate::accounting::{PrivacyUnit, Receipt, TableCharge};
+use crate::error::refused;
+use crate::guard::{self, DpCall};
+use crate::statements::{self, named_args::resolve_named_arguments};
+
+impl PrivateSession {
+    /// Runs one SQL statement. Errors that dpfusion decides are typed: [`crate::Error::of`]
+    /// tells a refusal, a budget refusal, invalid input and a failed execution apart.
+    /// A panic anywhere in the statement never leaves this call: after admission it is the one
+    /// fixed message [`EXECUTION_FAILED`], elsewhere [`STATEMENT_PANICKED`].
+    pub async fn sql(&self, sql: &str) -> Result<QueryResult> {
+        use futures::FutureExt;
+        let statement = STATEMENT_L0.scope(std::cell::Cell::new(None), self.sql_statement(sql));
+        match std::panic::AssertUnwindSafe(statement).catch_unwind().await {
+            Ok(r) => r.map_err(crate::error::Error::classify),
+            Err(_) => Err(DataFusionError::Execution(STATEMENT_PANICKED.to_string())),
+        }
+    }
+
+    /// [`PrivateSession::sql`] on behalf of a named analyst (`dpfusion serve`): the ledger's
+    /// charge records who spent it.
+    pub async fn sql_as(&self, analyst: &str, sql: &str) -> Result<QueryResult> {
+        ANALYST.scope(Arc::from(analyst), self.sql(sql)).await
+    }
+
+    pub(super) async fn sql_statement(&self, sql: &str) -> Result<QueryResult> {
+        let one = |batch: datafusion::arrow::array::RecordBatch| {
+            Ok(QueryResult::of(vec![batch.clone()], batch.schema()))
+        };
+        let sql = match front(sql)? {
+            Front::ExplainPrivacy(rest) => return self.explain_privacy(rest).await,
+            Front::ShowBudget => {
+                return one(statements::budget_batch(&self.accountant.budget_rows())?);
+            }
+            Front::ShowTables => return one(statements::tables_batch(&self.policies())?),
+            // `HELP [function]`: the DP aggregates' documentation (statements::help).
+            Front::Help(name) => return one(statements::help::help_batch(name)?),
+            Front::Sql(sql) => sql,
+        };
+        match self.parse(sql)? {
+            DFStatement::CreateExternalTable(c) => self.create_external_table(c).await,
+            DFStatement::Reset(_) => refused!("dpfusion refused the query: RESET is not allowed"),
+            stmt => {
+                let plan = self.ctx.state().statement_to_plan(stmt).await?;
+                self.run_plan(sql, plan).await
+            }
+        }
+    }
+
+    pub(super) fn parse(&self, sql: &str) -> Result<DFStatement> {
+        let clause = statements::bigquery::strip_dp_clause(sql)?;
+        let sql = clause.as_ref().map_or(sql, |(s, _)| s.as_str());
+        let mut stmts = DFParser::parse_sql_with_dialect(sql, &GenericDialect {})?;
+        if stmts.len() != 1 {
+            return plan_err!(
+                "expected exactly one SQL statement, got {}; run statements one at a time",
+                stmts.len()
+            );
+        }
+        let mut stmt = stmts.pop_front().expect("one");
+        if let Some((_, c)) = &clause {
+            self.apply_dp_clause(&mut stmt, c)?;
+        }
+        let delta = self.default_delta();
+        resolve_df_statement(&mut stmt, delta).map_err(DataFusionError::Plan)?;
+        Ok(stmt)
+    }
+
+    /// Plans and checks a query without running it or charging anything: the [`guard::CheckedPlan`]
+    /// that would run (with the guard's rewrites, its joins' public sides settled) and the DP
+    /// calls it would make.
+    pub async fn check(&self, sql: &str) -> Result<guard::CheckedPlan> {
+        let run = async { self.plan_query(text(sql)?).await };
+        STATEMENT_L0
+            .scope(std::cell::Cell::new(None), run)
+            .await
+            .map_err(crate::error::Error::classify)
+    }
+
+    /// Plans and checks a query without running it.
+    pub(super) async fn plan_query(&self, sql: &str) -> Result<guard::CheckedPlan> {
+        let stmt = self.parse(sql)?;
+        let state = self.ctx.state();
+        let plan = state.statement_to_plan(stmt).await?;
+        guard::check(&state, &plan, self.guard_options()).await
+    }
+
+    /// Runs a planned statement: DDL, DML and other statements through [`Self::run_ddl`]
+    /// (`ddl`), `DESCRIBE` from the pinned schema, `COPY` to a checked target, and every query
+    /// through the guard and [`Self::execute_guarded`].
+    pub(super) async fn run_plan(&self, sql: &str, plan: LogicalPlan) -> Result<QueryResult> {
+        match &plan {
+            LogicalPlan::Ddl(_) | LogicalPlan::Dml(_) | LogicalPlan::Statement(_) => {
+                return self.run_ddl(sql, plan).await;
+            }
+            // `DESCRIBE t`: the table's columns from its (pinned) schema; no row is read and
+            // nothing is charged, so it works for private tables too (issue 33).
+            LogicalPlan::DescribeTable(d) => {
+                let batch = statements::describe_batch(&d.schema)?;
+                return Ok(QueryResult::of(vec![batch.clone()], batch.schema()));
+            }
+            LogicalPlan::Copy(c) => {
+                if !c.partition_by.is_empty() {
+                    return refused!(
+                        "dpfusion refused the query: COPY ... PARTITIONED BY writes directories; \
+                         write one file"
+                    );
+                }
+                let target = crate::owner::copy_target(
+                    &c.output_url,
+                    &self.fs,
+                    &self.protection,
+                    &self.table_keys(),
+                )?;
+                let state = self.ctx.state();
+                let checked = guard::check_copy(&state, c, target, self.guard_options()).await?;
+                return self.execute_guarded(sql, checked).await;
+            }
+            _ => {}
+        }
+        if matches!(plan, LogicalPlan::Explain(_)) && guard::reads_private(&plan) {
+            let t = guard::private_tables(&plan).join("', '");
+            return Err(guard::explain_refusal(&t));
+        }
+        let state = self.ctx.state();
+        let checked = guard::check(&state, &plan, self.guard_options()).await?;
+        self.execute_guarded(sql, checked).await
+    }
+
+    /// Admits (charges durably) and runs a checked plan, the only kind of plan a query runs as.
+    /// Once a query that reads a private table is admitted, any error or panic of its planning or
+    /// execution reaches the analyst as the one fixed message [`EXECUTION_FAILED`]: it may depend
+    /// on the data (docs/PRIVACY.md).
+    pub(super) async fn execute_guarded(
+        &self,
+        sql: &str,
+        checked: guard::CheckedPlan,
+    ) -> Result<QueryResult> {
+        // On a cluster, a plan that cannot cross Ballista's codec as checked is refused before
+        // anything is charged (crate::distributed).
+        #[cfg(feature = "distributed")]
+        if self.options.cluster.is_some() {
+            crate::distributed::admissible(&checked)?;
+        }
+        let receipt = self.admit(sql, checked.calls())?;
+        let private = checked.reads_private();
+        let schema = checked.schema();
+        let task = self.ctx.task_ctx();
+        let run = async {
+            let physical = self.physical_plan(&checked).await?;
+            datafusion::physical_plan::collect(physical, task).await
+        };
+        let batches = sanitise(private, run).await?;
+        Ok(QueryResult {
+            schema,
+            batches,
+            receipt,
+            tables: checked.tables().to_vec(),
+        })
+    }
+
+    /// The physical plan of exactly the checked plan: the one way a checked plan becomes
+    /// executable (here and in the server's bounded run, [`super::kind`]).
+    pub(super) async fn physical_plan(
+        &self,
+        checked: &guard::CheckedPlan,
+    ) -> Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        let state = self.ctx.state();
+        state
+            .query_planner()
+            .create_physical_plan(checked.plan(), &state)
+            .await
+    }
+
+    /// Admission: one atomic, durable step in the accountant. Nothing runs before it returns.
+    pub(super) fn admit(&self, sql: &str, calls: &[DpCall]) -> Result<Option<Receipt>> {
+        let charges = charges_of(calls);
+        if charges.is_empty() {
+            return Ok(None);
+        }
+        let analyst = ANALYST.try_with(Arc::clone).ok();
+        let receipt = self
+            .accountant
+            .admit_requests(sql, &charges, &requests_of(calls), analyst.as_deref())
+            .map_err(crate::error::Error::from_accounting)?;
+        *self.last_receipt.lock().expect("lock") = Some(receipt.clone());
+        Ok(Some(receipt))
+    }
+
+    pub(super) async fn explain_privacy(&self, sql: &str) -> Result<QueryResult> {
+        let checked = self.plan_query(sql).await?;
+        let charges = charges_of(checked.calls());
+        let preview = self
+            .accountant
+            .preview(&charges)
+            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        let batch = statements::explain_privacy_batch(checked.calls(), &preview)?;
+        let mut r = QueryResult::of(vec![batch.clone()], batch.schema());
+        r.tables = checked.tables().to_vec();
+        Ok(r)
+    }
+
+    /// The query-level settings the guard applies (contribution bounds).
+    pub fn guard_options(&self) -> guard::GuardOptions {
+        let mut o = *self.bounds.read().expect("lock");
+        o.default_delta_bits = Some(self.default_delta().to_bits());
+        if let Ok(Some(k)) = STATEMENT_L0.try_with(|c| c.get()) {
+            o.max_groups_contributed = Some(k);
+        }
+        o
+    }
+
+    /// Rewrites the SELECT of a BigQuery DIFFERENTIAL_PRIVACY clause to dp_* calls
+    /// ([`statements::bigquery`]) after checking that its unit options keep the data owner's
+    /// policy: `privacy_unit_column` must be the registered unit column, `max_groups_contributed`
+    /// at most the registered (or `SET`) bound, of every table with a unit the statement reads.
+    /// A tighter bound applies to this statement only.
+    pub(super) fn apply_dp_clause(
+        &self,
+        stmt: &mut DFStatement,
+        c: &statements::bigquery::DpClause,
+    ) -> Result<()> {
+        use datafusion::sql::sqlparser::ast::visit_relations;
+        let refuse = |m: String| DataFusionError::from(statements::bigquery::refusal(m));
+        let inner: &mut datafusion::sql::sqlparser::ast::Statement = match stmt {
+            DFStatement::Statement(s) => s.as_mut(),
+            DFStatement::Explain(e) => match e.statement.as_mut() {
+                DFStatement::Statement(s) => s.as_mut(),
+                _ => return Err(refuse("the clause opens a SELECT".into())),
+            },
+            _ => return Err(refuse("the clause opens a SELECT".into())),
+        };
+        let mut names: Vec<String> = Vec::new();
+        let _ = visit_relations(&*inner, |r| {
+            if let Some(last) = r.0.last() {
+                names.push(last.to_string().trim_matches('"').to_ascii_lowercase());
+            }
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        let session_l0 = self.bounds.read().expect("lock").max_groups_contributed;
+        let units: Vec<(String, PrivacyUnit)> = {
+            let tables = self.tables.lock().expect("lock");
+            names
+                .iter()
+                .filter_map(|n| {
+                    let t = tables.get(n)?;
+                    Some((n.clone(), t.info().unit.clone()?))
+                })
+                .collect()
+        };
+        if let Some(col) = &c.privacy_unit_column {
+            if units.is_empty() {
+                return Err(refuse(format!(
+                    "privacy_unit_column = {col}: no table of the query has a privacy unit \
+                     column; the data owner declares units (privacy_unit in the catalog); drop \
+                     the option"
+                )));
+            }
+            for (t, u) in &units {
+                if &u.column != col {
+                    return Err(refuse(format!(
+                        "privacy_unit_column = {col}, but table '{t}' has the privacy unit \
+                         column '{}', set by its data owner; drop the option or name '{}'",
+                        u.column, u.column
+                    )));
+                }
+            }
+        }
+        if let Some(k) = c.max_groups_contributed {
+            for (t, u) in &units {
+                let bound = session_l0.unwrap_or(u.max_groups_contributed);
+                if k > bound {
+                    return Err(refuse(format!(
+                        "max_groups_contributed = {k} is larger than the bound {bound} of table \
+                         '{t}' (its data owner's policy); use max_groups_contributed <= {bound} \
+                         or omit it"
+                    )));
+                }
+            }
+            // Only tables with a unit bound groups per unit; elsewhere a unit is one row.
+            if !units.is_empty() {
+                let _ = STATEMENT_L0.try_with(|cell| cell.set(Some(k)));
+            }
+        }
+        Ok(statements::bigquery::rewrite_dp_select(inner, c)?)
+    }
+}
+
+/// The one message of a failed execution of a query that reads a private table. It names no
+/// value, no row and no error class: any of them could depend on the data.
+pub const EXECUTION_FAILED: &str = "dpfusion: the query failed while it ran. Its charge stands (a \
+failure can depend on the data, so it is not refunded), and the error is not shown because it \
+could reveal private values. Check the query's types and functions against docs/SQL.md.";
+
+/// Runs `fut`; when `private`, any error or panic becomes [`EXECUTION_FAILED`]. A panic never
+/// leaves it (a panic of a query must not take down an embedding process or the server): on a
+/// query that reads no private table it becomes an error naming the panic (public work).
+async fn sanitise<T>(
+    private: bool,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    use futures::FutureExt;
+    let out = std::panic::AssertUnwindSafe(fut).catch_unwind().await;
+    match out {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) if !private => Err(e),
+        Err(panic) if !private => Err(DataFusionError::Execution(format!(
+            "the query stopped on an internal error (a panic: {})",
+            panic_text(panic.as_ref())
+        ))),
+        _ => Err(DataFusionError::External(Box::new(
+            crate::error::Error::ExecutionFailed,
+        ))),
+    }
+}
+
+/// The text of a panic's payload (a `&str` or `String`, else a placeholder).
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
+}
+
+/// The message of a statement that panicked outside [`sanitise`] (parsing, planning, the guard,
+/// admission). It shows nothing of the panic, which could come from anywhere.
+pub const STATEMENT_PANICKED: &str = "dpfusion: the statement stopped on an internal error (a \
+panic) before or around its execution; the error is not shown because it could reveal private \
+values. If the statement was admitted, its charge stands (see SHOW BUDGET). Please report it.";
+
+/// A statement's text, trimmed of blanks and a final `;`, within the limits
+/// ([`check_complexity`]).
+fn text(sql: &str) -> Result<&str> {
+    let trimmed = sql.trim().trim_end_matches(';').trim();
+    check_complexity(trimmed)?;
+    Ok(trimmed)
+}
+
+/// What answers a statement: dpfusion itself, before any parsing, or the planner.
+pub(super) enum Front<'a> {
+    /// `EXPLAIN PRIVACY <query>`.
+    ExplainPrivacy(&'a str),
+    /// `SHOW BUDGET`.
+    ShowBudget,
+    /// `SHOW TABLES`.
+    ShowTables,
+    /// `HELP [function]`.
+    Help(&'a str),
+    /// Anything else: SQL to parse and plan (trimmed).
+    Sql(&'a str),
+}
+
+/// The front of every statement ([`PrivateSession::sql`], [`PrivateSession::statement_kind`]):
+/// its text within the limits, and what answers it.
+pub(super) fn front(sql: &str) -> Result<Front<'_>> {
+    let trimmed = text(sql)?;
+    let whole = |words: &[&str]| strip_prefix_ci(trimmed, words).is_some_and(|r| r.is_empty());
+    Ok(
+        if let Some(rest) = strip_prefix_ci(trimmed, &["EXPLAIN", "PRIVACY"]) {
+            Front::ExplainPrivacy(rest)
+        } else if whole(&["SHOW", "BUDGET"]) {
+            Front::ShowBudget
+        } else if whole(&["SHOW", "TABLES"]) {
+            Front::ShowTables
+        } else if let Some(name) = strip_prefix_ci(trimmed, &["HELP"]) {
+            Front::Help(name)
+        } else {
+            Front::Sql(trimmed)
+        },
+    )
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, words: &[&str]) -> Option<&'a str> {
+    let mut rest = s;
+    for w in words {
+        rest = rest.trim_start();
+        if rest.len() < w.len() || !rest[..w.len()].eq_ignore_ascii_case(w) {
+            return None;
+        }
+        let after = &rest[w.len()..];
+        if !(after.is_empty() || after.starts_with(char::is_whitespace)) {
+            return None;
+        }
+        rest = after;
+    }
+    Some(rest.trim())
+}
+
+fn resolve_df_statement(stmt: &mut DFStatement, delta: f64) -> std::result::Result<(), String> {
+    use statements::readable_names::name_dp_columns;
+    match stmt {
+        DFStatement::Statement(s) => {
+            name_dp_columns(s.as_mut());
+            resolve_named_arguments(s.as_mut(), delta)
+        }
+        DFStatement::Explain(e) => resolve_df_statement(&mut e.statement, delta),
+        DFStatement::CopyTo(c) => match &mut c.source {
+            CopyToSource::Query(q) => {
+                name_dp_columns(q.as_mut());
+                resolve_named_arguments(q.as_mut(), delta)
+            }
+            CopyToSource::Relation(_) => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// The calls as written, for the ledger, receipts and refusals (docs/ACCOUNTING.md).
+fn requests_of(calls: &[DpCall]) -> Vec<crate::accounting::CallRequest> {
+    calls
+        .iter()
+        .map(|c| crate::accounting::CallRequest {
+            key: c.table.key.clone(),
+            function: if c.function == guard::PARTITION_SELECT {
+                "partition_selection".to_string()
+            } else {
+                c.function.clone()
+            },
+            epsilon: c.epsilon.is_finite().then_some(c.epsilon),
+            delta: c.delta.is_finite().then_some(c.delta),
+            mechanism: crate::accounting::mechanism_of(&c.events),
+        })
+        .collect()
+}
+
+fn charges_of(calls: &[DpCall]) -> Vec<TableCharge> {
+    let mut out: Vec<TableCharge> = Vec::new();
+    for c in calls {
+        match out.iter_mut().find(|t| t.key == c.table.key) {
+            Some(t) => t.events.extend(c.events.iter().cloned()),
+            None => out.push(TableCharge {
+                key: c.table.key.clone(),
+                events: c.events.clone(),
+            }),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Class 5 of issue 26's review: a panic of an admitted query is caught (the fixed message,
+    /// nothing of the panic); a public query's panic becomes an error, never an unwind into the
+    /// embedding process.
+    #[tokio::test]
+    async fn a_panic_never_leaves_sanitise() {
+        let private = sanitise::<()>(true, async { panic!("salary 98024.77") })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                crate::error::Error::of(&private),
+                Some(crate::error::Error::ExecutionFailed)
+            ),
+            "{private}"
+        );
+        assert!(!private.to_string().contains("98024"), "{private}");
+        let public = sanitise::<()>(false, async { panic!("public boom") })
+            .await
+            .unwrap_err();
+        assert!(public.to_string().contains("public boom"), "{public}");
+    }
+}

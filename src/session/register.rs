@@ -1,0 +1,459 @@
+//! The data owner's registrations: files (CSV, Parquet), in-memory batches and any provider,
+//! each checked (every column typed, declared columns exact, the privacy unit, ratio bounds on
+//! the data) before its policy is recorded in the ledger and the guarded provider installed.
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::Schema;
+use datafusion::catalog::TableProvider;
+use datafusion::common::{DataFusionError, Result, plan_err};
+use datafusion::datasource::MemTable;
+
+use super::{PrivateSession, Registration};
+use crate::accounting::{
+    DEFAULT_DELTA_SHARE, FilterChoice, Neighbours, PrivacyUnit, TableKey, TablePolicy, Visibility,
+};
+use crate::guard::{GuardedTable, TableInfo};
+use crate::owner::Role;
+
+impl PrivateSession {
+    /// The data owner registers a CSV file, or a directory of `.csv` files, as a table: read
+    /// with `reg.csv`, with the schema pinned in the ledger (or `reg.schema`, or, at the first
+    /// registration, the one inferred now, which is then pinned).
+    pub async fn register_csv(
+        &self,
+        name: &str,
+        path: impl AsRef<Path>,
+        reg: Registration,
+    ) -> Result<TablePolicy> {
+        self.register_file(name, path.as_ref(), reg, FileFormat::Csv)
+            .await
+    }
+
+    /// The data owner registers a Parquet file, or a directory of `.parquet` files, as a table
+    /// (schema pinned as for [`PrivateSession::register_csv`]).
+    pub async fn register_parquet(
+        &self,
+        name: &str,
+        path: impl AsRef<Path>,
+        reg: Registration,
+    ) -> Result<TablePolicy> {
+        self.register_file(name, path.as_ref(), reg, FileFormat::Parquet)
+            .await
+    }
+
+    async fn register_file(
+        &self,
+        name: &str,
+        path: &Path,
+        mut reg: Registration,
+        format: FileFormat,
+    ) -> Result<TablePolicy> {
+        let location = path.to_string_lossy().to_string();
+        let set = crate::files::resolve(&location, Path::new("."))
+            .map_err(|e| DataFusionError::Plan(format!("table '{name}': {e}")))?;
+        if set.glob.is_some() {
+            return plan_err!(
+                "table '{name}': '{location}' is a glob; a table is one file or one directory \
+                 (every file below it, now and later, belongs to the table)"
+            );
+        }
+        let key = TableKey::from(set.root.to_string_lossy().to_string());
+        // No other private table may share a file with this one (hard links, nested
+        // directories), and no table may read the ledger's directory or the owner's files.
+        self.protection
+            .check_read(&set, Some(key.as_str()), Role::Owner)
+            .map_err(|e| {
+                DataFusionError::Plan(format!(
+                    "table '{name}': '{location}' shares files with another private table, the \
+                     ledger or the catalog; a file belongs to one table ({e})"
+                ))
+            })?;
+        // The output directory (where analysts' COPY writes) holds no table's file, and lies
+        // in no table's directory.
+        if let Some(out) = self.fs.output_dir()
+            && set.intersects(&crate::files::FileSet::path_only(&out))
+        {
+            return plan_err!(
+                "table '{name}': '{location}' and the output directory {} overlap; analysts' \
+                 COPY writes there, so no table's file may lie in it (choose another output \
+                 directory, or move the table's files)",
+                out.display()
+            );
+        }
+        // Pinned now: from here on the table reads these files only (crate::files::store).
+        let table = name.to_ascii_lowercase();
+        let pin = self
+            .fs
+            .pin(&table, &set, reg.visibility == Visibility::Private)
+            .map_err(|e| DataFusionError::Plan(format!("table '{name}': {e}")))?;
+        let registered = async {
+            let pinned = self.accountant.policy(&key).and_then(|p| p.schema);
+            let schema = match (&reg.schema, &pinned) {
+                (Some(s), _) => Some(s.clone()),
+                (None, Some(p)) => Some(crate::owner::unpin(p)?),
+                (None, None) => None,
+            };
+            let scratch = self.fs.scratch_context()?;
+            let provider = match format {
+                FileFormat::Csv => {
+                    crate::owner::csv_provider(&scratch, &set.root, &reg.csv, schema.as_deref())
+                        .await?
+                }
+                FileFormat::Parquet => {
+                    crate::owner::parquet_provider(&scratch, &set.root, schema.as_deref()).await?
+                }
+            };
+            if provider.schema().fields().is_empty() {
+                return plan_err!(
+                    "table '{name}': '{location}' has no columns (an empty file?). A CSV file \
+                     needs a header line, or declare the columns in the catalog \
+                     ([[table.columns]])"
+                );
+            }
+            reg.schema = Some(provider.schema());
+            let format_text = match format {
+                FileFormat::Csv => reg.csv.describe(),
+                FileFormat::Parquet => "parquet".to_string(),
+            };
+            self.register_owned(name, provider, key, reg, Some(format_text))
+        }
+        .await;
+        match &registered {
+            Ok(_) => self.fs.retain_table(&table, &[pin]),
+            Err(_) => self.fs.unpin(pin),
+        }
+        registered
+    }
+
+    /// Registers in-memory batches as a table (ledger identity `mem:<name>`).
+    pub fn register_batches(
+        &self,
+        name: &str,
+        batches: Vec<RecordBatch>,
+        reg: Registration,
+    ) -> Result<TablePolicy> {
+        let Some(schema) = batches.first().map(|b| b.schema()) else {
+            return plan_err!("register_batches('{name}'): give at least one batch");
+        };
+        let provider = Arc::new(MemTable::try_new(schema, vec![batches])?);
+        self.register_provider(name, provider, TableKey::from(format!("mem:{name}")), reg)
+    }
+
+    /// The data owner registers any provider under `key` (its identity in the ledger). A
+    /// provider that reads local files through the session's `file://` object store reads only
+    /// files pinned by a registration ([`crate::files::PinnedFs`]): register files with
+    /// [`PrivateSession::register_csv`] or [`PrivateSession::register_parquet`].
+    pub fn register_provider(
+        &self,
+        name: &str,
+        provider: Arc<dyn TableProvider>,
+        key: TableKey,
+        reg: Registration,
+    ) -> Result<TablePolicy> {
+        self.register_owned(name, provider, key, reg, None)
+    }
+
+    pub(super) fn register_owned(
+        &self,
+        name: &str,
+        provider: Arc<dyn TableProvider>,
+        key: TableKey,
+        reg: Registration,
+        format: Option<String>,
+    ) -> Result<TablePolicy> {
+        let policy = self.install(name, provider, key, reg, format, None)?;
+        self.owned
+            .lock()
+            .expect("lock")
+            .insert(name.to_ascii_lowercase());
+        Ok(policy)
+    }
+
+    /// Records the policy (owner registrations) and registers the guarded provider.
+    pub(super) fn install(
+        &self,
+        name: &str,
+        provider: Arc<dyn TableProvider>,
+        key: TableKey,
+        reg: Registration,
+        format: Option<String>,
+        recheck: Option<crate::guard::table::Recheck>,
+    ) -> Result<TablePolicy> {
+        let name = name.to_ascii_lowercase();
+        let schema = provider.schema();
+        check_typed(&name, &schema)?;
+        for c in &reg.public_columns {
+            check_column(&name, &schema, c, "public column")?;
+        }
+        check_ratio_bounds(&name, &provider, &reg, &self.fs)?;
+        let unit = check_unit(&name, &schema, &reg)?;
+        let policy = TablePolicy {
+            key: key.clone(),
+            name: name.clone(),
+            visibility: reg.visibility,
+            neighbours: reg.neighbours,
+            public_columns: reg.public_columns.clone(),
+            budget: reg.budget.unwrap_or(self.options.default_budget),
+            filter: reg.filter.unwrap_or_default(),
+            delta_share: reg.delta_share.unwrap_or(DEFAULT_DELTA_SHARE),
+            schema: Some(crate::owner::pin(&schema)),
+            format,
+            relaxed: None,
+            unit,
+        };
+        crate::accounting::check_budget(&policy.budget)
+            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        let stated = FilterChoice {
+            kind: reg.filter.is_some(),
+            delta_share: reg.delta_share.is_some(),
+            budget: reg.budget.is_some(),
+        };
+        let policy = self
+            .accountant
+            .register_table_with(policy, stated, reg.relax.as_deref())
+            .map_err(crate::error::Error::from_accounting)?;
+        let info = TableInfo {
+            name: name.clone(),
+            key,
+            private: policy.visibility == Visibility::Private,
+            neighbours: policy.neighbours,
+            public_columns: policy.public_columns.clone(),
+            ratio_bounds: reg.ratio_bounds.clone(),
+            unit: policy.unit.clone(),
+            selection_delta: (policy.visibility == Visibility::Private)
+                .then(|| policy.compiled_filter().ok().map(|f| f.selection_delta()))
+                .flatten(),
+        };
+        let mut guarded = GuardedTable::new(provider, info);
+        if let Some(r) = recheck {
+            guarded = guarded.with_recheck(r);
+        }
+        let guarded = Arc::new(guarded);
+        let _ = self.ctx.deregister_table(name.as_str())?;
+        self.ctx.register_table(name.as_str(), guarded.clone())?;
+        self.tables
+            .lock()
+            .expect("lock")
+            .insert(name.clone(), guarded);
+        Ok(policy)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum FileFormat {
+    Csv,
+    Parquet,
+}
+
+/// `column` must name a column of `schema` exactly (names are case-sensitive); a name that only
+/// matches another spelling is refused with the exact name, so that no declaration is ambiguous.
+/// The privacy unit of a registration, checked: a private table with `add_remove` neighbours, an
+/// existing column, bounds in range; the domain defaults to the table's name.
+fn check_unit(name: &str, schema: &Schema, reg: &Registration) -> Result<Option<PrivacyUnit>> {
+    let Some(u) = &reg.unit else {
+        return Ok(None);
+    };
+    if reg.visibility != Visibility::Private {
+        return plan_err!(
+            "table '{name}': a privacy unit is declared on a private table; a public table has \
+             none"
+        );
+    }
+    if reg.neighbours != Neighbours::AddRemove {
+        return plan_err!(
+            "table '{name}': a privacy unit means neighbouring datasets differ by adding or \
+             removing all the rows of one unit; it cannot be combined with replace neighbours \
+             (remove neighbours = \"replace\", or the unit)"
+        );
+    }
+    check_column(name, schema, &u.column, "privacy unit column")?;
+    if reg.public_columns.contains(&u.column) {
+        return plan_err!(
+            "table '{name}': the privacy unit column '{}' cannot also be a public column: who a \
+             row belongs to is what the unit protects",
+            u.column
+        );
+    }
+    for (what, v) in [
+        ("max_groups_contributed", u.max_groups_contributed),
+        ("max_rows_contributed", u.max_rows_contributed),
+    ] {
+        PrivacyUnit::check_bound(what, v as u64)
+            .map_err(|e| DataFusionError::Plan(format!("table '{name}': {e}")))?;
+    }
+    let domain = if u.domain.trim().is_empty() {
+        name.to_string()
+    } else {
+        u.domain.trim().to_string()
+    };
+    Ok(Some(PrivacyUnit {
+        domain,
+        ..u.clone()
+    }))
+}
+
+fn check_column(table: &str, schema: &Schema, column: &str, what: &str) -> Result<()> {
+    if schema.fields().iter().any(|f| f.name() == column) {
+        return Ok(());
+    }
+    let near: Vec<&str> = schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .filter(|f| f.eq_ignore_ascii_case(column))
+        .collect();
+    if !near.is_empty() {
+        return plan_err!(
+            "{what} '{column}' is not a column of table '{table}': column names are \
+             case-sensitive, and the table has {}. Declare the exact name.",
+            near.iter()
+                .map(|n| format!("'{n}'"))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        );
+    }
+    plan_err!(
+        "{what} '{column}' is not a column of table '{table}' (columns: {})",
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Every column of a table has a type: a column of Arrow type `Null` (a CSV file with a header
+/// and no data row infers one per column) would be pinned in the ledger for good, read every
+/// later row as NULL and let DP calls charge for nothing. Refused at registration, with what to
+/// declare instead (issue 33).
+fn check_typed(table: &str, schema: &Schema) -> Result<()> {
+    let untyped: Vec<&str> = schema
+        .fields()
+        .iter()
+        .filter(|f| f.data_type().is_null())
+        .map(|f| f.name().as_str())
+        .collect();
+    if untyped.is_empty() {
+        return Ok(());
+    }
+    let example = untyped
+        .iter()
+        .map(|c| format!("{{ name = \"{c}\", type = \"Float64\" }}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    plan_err!(
+        "table '{table}': no type could be inferred for column(s) '{}' (a file with a header \
+         and no data rows, or only empty values). Declare the columns' types: in the catalog, \
+         columns = [{example}] in the table's [[table]] section (docs/CATALOG.md); in the Rust \
+         API, Registration::schema; in CREATE EXTERNAL TABLE, a column list (name TYPE, ...)",
+        untyped.join("', '")
+    )
+}
+
+/// Checks the declared ratio bounds on the data (the owner's registration; the errors may name
+/// groups). Runs on its own thread and runtime, so it can be called from sync and async code.
+fn check_ratio_bounds(
+    table: &str,
+    provider: &Arc<dyn TableProvider>,
+    reg: &Registration,
+    fs: &Arc<crate::files::PinnedFs>,
+) -> Result<()> {
+    if reg.ratio_bounds.is_empty() {
+        return Ok(());
+    }
+    let schema = provider.schema();
+    for b in &reg.ratio_bounds {
+        check_column(table, &schema, &b.value, "ratio-bound column")?;
+        check_column(table, &schema, &b.by, "ratio-bound `by` column")?;
+        if !reg.public_columns.contains(&b.by) {
+            return plan_err!(
+                "the ratio bound of '{}' by '{}' needs '{}' to be a public column of table \
+                 '{table}'",
+                b.value,
+                b.by,
+                b.by
+            );
+        }
+        if !(b.max_ratio.is_finite() && b.max_ratio >= 1.0) {
+            return plan_err!(
+                "the ratio bound of '{}' by '{}' must be a finite number >= 1, got {}",
+                b.value,
+                b.by,
+                b.max_ratio
+            );
+        }
+    }
+    let provider = provider.clone();
+    let bounds = reg.ratio_bounds.clone();
+    let table = table.to_string();
+    let fs = Arc::clone(fs);
+    let run = move || -> Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        rt.block_on(async move {
+            // The files are read through the session's pins, as every scan.
+            let ctx = fs.scratch_context()?;
+            ctx.register_table("t", provider)?;
+            for b in &bounds {
+                let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+                let (v, by) = (q(&b.value), q(&b.by));
+                let sql = format!(
+                    "SELECT CAST({by} AS VARCHAR) AS g, min(CAST({v} AS DOUBLE)) AS lo, \
+                     max(CAST({v} AS DOUBLE)) AS hi, count(*) - count({v}) AS nulls \
+                     FROM t GROUP BY 1 ORDER BY 1"
+                );
+                let batches = ctx.sql(&sql).await?.collect().await?;
+                let mut bad = Vec::new();
+                for batch in &batches {
+                    use datafusion::arrow::array::{Array, AsArray};
+                    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
+                    let g = datafusion::arrow::compute::cast(
+                        batch.column(0),
+                        &datafusion::arrow::datatypes::DataType::Utf8,
+                    )?;
+                    let g = g.as_string::<i32>();
+                    let lo = batch.column(1).as_primitive::<Float64Type>();
+                    let hi = batch.column(2).as_primitive::<Float64Type>();
+                    let nulls = batch.column(3).as_primitive::<Int64Type>();
+                    for i in 0..batch.num_rows() {
+                        let (l, h) = (lo.value(i), hi.value(i));
+                        let ok = nulls.value(i) == 0
+                            && !lo.is_null(i)
+                            && l > 0.0
+                            && l.is_finite()
+                            && h <= b.max_ratio * l;
+                        if !ok {
+                            bad.push(format!(
+                                "{} (min {l}, max {h}, {} NULL)",
+                                if g.is_null(i) { "NULL" } else { g.value(i) },
+                                nulls.value(i)
+                            ));
+                        }
+                    }
+                }
+                if !bad.is_empty() {
+                    return plan_err!(
+                        "table '{table}': the data do not satisfy the declared ratio bound of \
+                         '{}' by '{}' (every value > 0, no NULL, max <= {} x min in each group); \
+                         groups that fail: {}",
+                        b.value,
+                        b.by,
+                        b.max_ratio,
+                        bad.join("; ")
+                    );
+                }
+            }
+            Ok(())
+        })
+    };
+    std::thread::scope(|s| {
+        s.spawn(run)
+            .join()
+            .unwrap_or_else(|_| plan_err!("checking the ratio bounds of '{}' failed", "table"))
+    })
+}
