@@ -156,9 +156,7 @@ pub fn contribution(
         "dp_count" | "dp_mean" | "dp_variance" | "dp_stddev" | "dp_quantile" | "dp_median"
         | "dp_quantiles" => Ok(Contribution::Rows),
         "dp_sum" => Ok(Contribution::Total),
-        "dp_linreg_gd" | "dp_logreg_agd" | "dp_linreg_sgd" | "dp_logreg_sgd" | "dp_mlp_sgd" => {
-            Ok(Contribution::PerUnit)
-        }
+        model if is_model(model) => Ok(Contribution::PerUnit),
         COUNT_DISTINCT => {
             let arg = data.first().and_then(|e| bare_column(e, input));
             if arg.as_deref() != Some(unit) {
@@ -189,6 +187,15 @@ pub fn contribution(
             table.name
         ))),
     }
+}
+
+/// The model aggregates: on a unit-level table they read every row of a unit with its unit key
+/// and clip the unit's summed gradient ([`Contribution::PerUnit`]).
+pub(super) fn is_model(name: &str) -> bool {
+    matches!(
+        name,
+        "dp_linreg_gd" | "dp_logreg_agd" | "dp_linreg_sgd" | "dp_logreg_sgd" | "dp_mlp_sgd"
+    )
 }
 
 /// The refusal of `dp_count_distinct` on a table whose unit is one row.
@@ -229,6 +236,8 @@ pub struct Bounding {
     rows: bool,
     /// Does a call read every row of its unit (a model)?
     every_row: bool,
+    /// Does a call read the bounded (unit, group) rows (any call but a model)?
+    bounded_calls: bool,
     /// The per-query secret key of the group choice.
     key: [u64; 2],
 }
@@ -259,6 +268,7 @@ impl Bounding {
             sampled: vec![],
             rows: false,
             every_row: false,
+            bounded_calls: false,
             key,
         })
     }
@@ -304,6 +314,9 @@ impl Bounding {
             Some(f) => has_unit().and(cond).and(f),
             None => has_unit().and(cond),
         };
+        if how != Contribution::PerUnit {
+            self.bounded_calls = true;
+        }
         Ok(match how {
             Contribution::Rows => {
                 self.sample(&args, filter.as_ref());
@@ -336,8 +349,8 @@ impl Bounding {
             }
             // One per (unit, group): the unit key itself (never NULL under the FILTER).
             Contribution::Once => (vec![col(UNIT)], Some(first_row_of_unit())),
+            // Every row of the unit, streamed (`plan`): the model clips the unit's sum.
             Contribution::PerUnit => {
-                self.sample(&args, filter.as_ref());
                 self.every_row = true;
                 (args, Some(and(lit(true), filter)))
             }
@@ -346,6 +359,9 @@ impl Bounding {
 
     /// The bounded input of the DP aggregate (module docs).
     pub fn plan(self) -> Result<LogicalPlan> {
+        if self.every_row {
+            return self.model_rows();
+        }
         // 1. one row per (unit, group): DataFusion's hash aggregate (parallel, spills).
         let mut group = vec![self.unit.clone().alias(UNIT)];
         group.extend(self.groups.iter().cloned());
@@ -354,15 +370,11 @@ impl Bounding {
             .iter()
             .map(|(e, name)| e.clone().alias(name))
             .collect();
-        let cap = if self.every_row {
-            0
-        } else {
-            u64::from(self.bounds.rows)
-        };
+        let cap = u64::from(self.bounds.rows);
         if self.rows {
             let mut args = vec![lit(cap)];
             args.extend(self.sampled.iter().cloned().map(Expr::Column));
-            aggr.push(sample_udaf(cap).call(args).alias(SAMPLE));
+            aggr.push(sample_udaf(cap, self.key).call(args).alias(SAMPLE));
         }
         let mut plan = LogicalPlan::Aggregate(Aggregate::try_new(
             Arc::new(self.region.clone()),
@@ -426,6 +438,42 @@ impl Bounding {
         Ok(LogicalPlan::Projection(Projection::try_new(
             cols,
             Arc::new(plan),
+        )?))
+    }
+}
+
+impl Bounding {
+    /// The input of model calls (module docs): the region's rows as they stream, each with its
+    /// unit key, no state held here (the model buffers its rows, docs/PRIVACY.md). Only without
+    /// GROUP BY (one group: K = 1 holds with no choice) and with models alone: the other calls
+    /// read the bounded (unit, group) rows, a different input.
+    fn model_rows(self) -> Result<LogicalPlan> {
+        if self.bounded_calls {
+            return Err(refuse(
+                "on a unit-level table a model is fit in a query of its own: it reads every row \
+                 of each unit, the other DP aggregates read the bounded rows; run them in \
+                 separate queries",
+            ));
+        }
+        if !self.groups.is_empty() {
+            return Err(refuse(
+                "a model on a unit-level table is fit without GROUP BY (each unit's summed \
+                 gradient is clipped once per query); fit one model per group with WHERE",
+            ));
+        }
+        let mut cols: Vec<Expr> = self
+            .region
+            .schema()
+            .columns()
+            .into_iter()
+            .filter(|c| c.name != UNIT)
+            .map(Expr::Column)
+            .collect();
+        cols.push(self.unit.clone().alias(UNIT));
+        cols.push(lit(1u64).alias(RN));
+        Ok(LogicalPlan::Projection(Projection::try_new(
+            cols,
+            Arc::new(self.region),
         )?))
     }
 }
@@ -517,22 +565,43 @@ impl ScalarUDFImpl for GroupKey {
 
 // ---- the row sample: at most C rows of each (unit, group) ----------------------------------------
 
-/// `__dpfusion_unit_sample(C, x…)`: at most C of the rows (x…) of its group, each row drawn with a
-/// uniform random 64-bit key and the C smallest kept (0: every row), as a list of structs
-/// `{pos, c0, c1, …}` with `pos` = 1, 2, … in key order. The C smallest of independent uniform
-/// keys are a uniform sample without replacement, whatever the partitioning (partial states keep
-/// their C smallest; merging keeps the C smallest of the union). The keys come from the thread's
-/// ChaCha generator (seeded by the operating system): privacy does not rest on them (any choice
-/// that reads only the unit's own rows keeps the bounds), only the absence of bias does.
-#[derive(Debug, PartialEq, Eq, Hash)]
+/// `__dpfusion_unit_sample(C, x…)`: at most C of the rows (x…) of its group, each row given a
+/// 64-bit key and the C smallest kept, as a list of structs `{pos, c0, c1, …}` with `pos` = 1, 2,
+/// … in key order. A row's key is SipHash-2-4 ([`GroupKey`]'s PRF) under a secret per-query key
+/// (derived from the query's key, so from the CSPRNG or the session's insecure test seed) of the
+/// row's values and its position among the rows its accumulator met: to anyone without the key,
+/// the keys of distinct (row, position) pairs are independent and uniform, so the C smallest are
+/// a uniform sample without replacement, whatever the partitioning (partial states keep their C
+/// smallest; merging keeps the C smallest of the union: only two equal rows at the same position
+/// of two partial accumulators share a key, and they are the same values). Under a fixed seed
+/// the sample is a function of the data and its partitioning into batches: a unit query is
+/// reproducible. Privacy does not rest on the keys (any choice that reads only the unit's own
+/// rows keeps the bounds), only the absence of bias does.
+#[derive(PartialEq, Eq, Hash)]
 pub(super) struct Sample {
     cap: u64,
+    key: [u64; 2],
     signature: Signature,
 }
 
-fn sample_udaf(cap: u64) -> AggregateUDF {
+impl std::fmt::Debug for Sample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sample {{ cap: {}, key: <secret> }}", self.cap)
+    }
+}
+
+fn sample_udaf(cap: u64, query_key: [u64; 2]) -> AggregateUDF {
+    // A key of its own (domain-separated from the group choice's): SipHash of the query key.
+    let derive = |i: u64| {
+        #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
+        let mut h = std::hash::SipHasher::new_with_keys(query_key[0], query_key[1]);
+        h.write(b"dpfusion unit row sample");
+        h.write_u64(i);
+        h.finish()
+    };
     AggregateUDF::from(Sample {
         cap,
+        key: [derive(0), derive(1)],
         signature: Signature::variadic_any(Volatility::Volatile),
     })
 }
@@ -582,20 +651,19 @@ impl AggregateUDFImpl for Sample {
             .iter()
             .map(|e| e.data_type(acc_args.schema))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Box::new(SampleAccumulator {
-            cap: usize::try_from(self.cap).unwrap_or(usize::MAX),
-            types,
-            rows: vec![],
-            bytes: 0,
-            threshold: u64::MAX,
-        }))
+        Ok(Box::new(SampleAccumulator::new(self.cap, self.key, types)?))
     }
 }
 
-#[derive(Debug)]
 struct SampleAccumulator {
-    /// C (0: every row).
+    /// C.
     cap: usize,
+    /// The row keys' secret PRF key.
+    key: [u64; 2],
+    /// The rows met so far (a row's position).
+    seen: u64,
+    /// Encodes a row's values for its key.
+    encoder: RowConverter,
     types: Vec<DataType>,
     /// (key, row) pairs: the C smallest keys seen (up to 2C between trims).
     rows: Vec<(u64, Vec<ScalarValue>)>,
@@ -605,18 +673,43 @@ struct SampleAccumulator {
     threshold: u64,
 }
 
+impl std::fmt::Debug for SampleAccumulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SampleAccumulator {{ cap: {}, rows: {} }}",
+            self.cap,
+            self.rows.len()
+        )
+    }
+}
+
 impl SampleAccumulator {
+    fn new(cap: u64, key: [u64; 2], types: Vec<DataType>) -> Result<Self> {
+        let encoder = RowConverter::new(types.iter().cloned().map(SortField::new).collect())?;
+        Ok(Self {
+            cap: usize::try_from(cap).unwrap_or(usize::MAX).max(1),
+            key,
+            seen: 0,
+            encoder,
+            types,
+            rows: vec![],
+            bytes: 0,
+            threshold: u64::MAX,
+        })
+    }
+
     fn push(&mut self, key: u64, row: Vec<ScalarValue>) {
         self.bytes += row.iter().map(ScalarValue::size).sum::<usize>();
         self.rows.push((key, row));
-        if self.cap > 0 && self.rows.len() >= 2 * self.cap.max(8) {
+        if self.rows.len() >= 2 * self.cap.max(8) {
             self.trim();
         }
     }
 
     /// Keeps the C smallest keys.
     fn trim(&mut self) {
-        if self.cap > 0 && self.rows.len() > self.cap {
+        if self.rows.len() > self.cap {
             self.rows.select_nth_unstable_by_key(self.cap, |r| r.0);
             self.rows.truncate(self.cap);
             self.threshold = self.rows.iter().map(|r| r.0).max().unwrap_or(u64::MAX);
@@ -660,8 +753,17 @@ impl SampleAccumulator {
 impl Accumulator for SampleAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let n = values.first().map_or(0, |a| a.len());
+        // (With no sampled column, `dp_count(*)`, a row is its position.)
+        let encoded = self.encoder.convert_columns(&values[1..])?;
         for i in 0..n {
-            let key = rand::random::<u64>();
+            #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
+            let mut h = std::hash::SipHasher::new_with_keys(self.key[0], self.key[1]);
+            if encoded.num_rows() == n {
+                h.write(encoded.row(i).as_ref());
+            }
+            h.write_u64(self.seen);
+            self.seen += 1;
+            let key = h.finish();
             // Not among the C smallest keys already kept.
             if key >= self.threshold {
                 continue;
@@ -847,13 +949,7 @@ mod tests {
 
     #[test]
     fn the_sample_keeps_at_most_c_rows_and_merges_to_c() {
-        let new = || SampleAccumulator {
-            cap: 3,
-            types: vec![DataType::Int64],
-            rows: vec![],
-            bytes: 0,
-            threshold: u64::MAX,
-        };
+        let new = || SampleAccumulator::new(3, [1, 2], vec![DataType::Int64]).unwrap();
         let batch = |lo: i64| -> Vec<ArrayRef> {
             vec![
                 Arc::new(UInt64Array::from(vec![3u64; 500])),
@@ -886,12 +982,37 @@ mod tests {
             v.iter()
                 .all(|x| (0..500).contains(x) || (1000..1500).contains(x))
         );
-        // 0 = every row (a model).
-        let mut all = SampleAccumulator { cap: 0, ..new() };
-        all.update_batch(&batch(0)).unwrap();
-        let ScalarValue::List(list) = all.evaluate().unwrap() else {
+    }
+
+    /// The row sample draws from the query's key: the same key and rows give the same sample
+    /// (an insecure test seed reproduces a unit query), another key another one; with no
+    /// sampled column (`dp_count(*)`) it still keeps C rows.
+    #[test]
+    fn the_sample_is_a_function_of_the_query_key() {
+        let values: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from(vec![3u64; 200])),
+            Arc::new(Int64Array::from_iter_values(0..200)),
+        ];
+        let sample = |key: [u64; 2]| {
+            let mut a = SampleAccumulator::new(3, key, vec![DataType::Int64]).unwrap();
+            a.update_batch(&values).unwrap();
+            let ScalarValue::List(list) = a.evaluate().unwrap() else {
+                panic!("a list")
+            };
+            let rows = list.value(0);
+            rows.as_struct()
+                .column(1)
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                .values()
+                .to_vec()
+        };
+        assert_eq!(sample([1, 2]), sample([1, 2]));
+        assert_ne!(sample([1, 2]), sample([3, 4]));
+        let mut none = SampleAccumulator::new(3, [1, 2], vec![]).unwrap();
+        none.update_batch(&values[..1]).unwrap();
+        let ScalarValue::List(list) = none.evaluate().unwrap() else {
             panic!("a list")
         };
-        assert_eq!(list.value(0).len(), 500);
+        assert_eq!(list.value(0).len(), 3);
     }
 }
