@@ -52,14 +52,16 @@ use datafusion::common::{Column, DFSchema, DataFusionError, Result};
 use datafusion::datasource::{MemTable, provider_as_source};
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::dml::CopyTo;
-use datafusion::logical_expr::expr::WindowFunction;
 use datafusion::logical_expr::{
     Aggregate, Expr, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Projection, col, lit,
 };
 
 use super::join::PublicSide;
 use super::table::{GuardedTable, TableInfo};
-use super::units::{GR, GROUP_KEY_FN, GroupKey, SAMPLE, SAMPLE_FN, Sample, TOTAL, UNIT};
+use super::units::{
+    GROUP_KEY_FN, GroupKey, KEPT, NO_UNIT, SAMPLE, SAMPLE_FN, Sample, TOP_GROUPS_FN, TOTAL,
+    TopGroups, UNIT,
+};
 use super::{
     DpCall, GuardOptions, PARTITION_SELECT, aggregate_function, any_private_table, construct_name,
     explain_refusal, fragment, is_dp_aggregate, is_dp_function, is_statement_node,
@@ -601,16 +603,18 @@ fn audit_region(plan: &LogicalPlan, cx: &mut Region) -> Result<()> {
             audit_bounding_aggregate(a, cx)?;
             audit_region(&a.input, cx)
         }
-        // With GROUP BY: the K limit over the ranking over the aggregate, as one shape.
-        LogicalPlan::Filter(f)
-            if cx.unit.as_ref().is_some_and(|u| u.grouped)
-                && group_limit(&f.predicate).is_some() =>
-        {
-            let a = audit_ranked(f, cx)?;
-            audit_region(&a.input, cx)
+        // With GROUP BY: each unit's K groups kept by the aggregate by unit over the bounding
+        // aggregate, as one shape.
+        LogicalPlan::Aggregate(a) if cx.unit.as_ref().is_some_and(|u| u.grouped) => {
+            let inner = audit_top_groups(a, cx)?;
+            audit_region(&inner.input, cx)
         }
         // The unit bounding's sample of rows back as rows (units.rs), and nothing else.
-        LogicalPlan::Unnest(u) if u.exec_columns.iter().all(|c| c.name == SAMPLE) => {
+        LogicalPlan::Unnest(u)
+            if u.exec_columns
+                .iter()
+                .all(|c| c.name == SAMPLE || c.name == KEPT) =>
+        {
             audit_region(&u.input, cx)
         }
         LogicalPlan::Filter(f) => {
@@ -673,118 +677,88 @@ fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
     }
 }
 
-/// The K of the unit bounding's limit `__dpfusion_gr <= K OR __dpfusion_unit IS NULL`.
-fn group_limit(e: &Expr) -> Option<u64> {
+/// With GROUP BY, the L0 step of the unit bounding (units.rs) as one shape: the aggregate GROUP
+/// BY `__dpfusion_unit`, `CASE WHEN __dpfusion_unit IS NULL THEN h END AS __dpfusion_no_unit` of
+/// `__dpfusion_unit_groups(K, h, columns…) AS __dpfusion_kept`, `h` =
+/// `__dpfusion_unit_group_key(__dpfusion_unit, g…)`, directly over the per-(unit, group)
+/// aggregate; K must be the owner's (or the session's) K of the table whose unit column that
+/// aggregate groups by. Returns the per-(unit, group) aggregate (its input is audited as a region
+/// by the caller).
+fn audit_top_groups<'p>(a: &'p Aggregate, cx: &mut Region) -> Result<&'p Aggregate> {
     use datafusion::common::ScalarValue;
-    use datafusion::logical_expr::{BinaryExpr, Operator};
-    let Expr::BinaryExpr(BinaryExpr {
-        left,
-        op: Operator::Or,
-        right,
-    }) = e
-    else {
-        return None;
-    };
-    let Expr::BinaryExpr(BinaryExpr {
-        left: gr,
-        op: Operator::LtEq,
-        right: k,
-    }) = left.as_ref()
-    else {
-        return None;
-    };
-    match (gr.as_ref(), k.as_ref(), right.as_ref()) {
-        (Expr::Column(c), Expr::Literal(ScalarValue::UInt64(Some(k)), _), Expr::IsNull(u))
-            if c.relation.is_none() && c.name == GR && is_col(u, UNIT) =>
-        {
-            Some(*k)
-        }
-        _ => None,
-    }
-}
-
-/// With GROUP BY, the L0 step of the unit bounding (units.rs) as one shape: the K limit
-/// `__dpfusion_gr <= K OR __dpfusion_unit IS NULL` over the projection that names the ranking
-/// `__dpfusion_gr`, over the ranking window, over the per-(unit, group) aggregate; K must be the
-/// owner's (or the session's) K of the table whose unit column the aggregate groups by. Returns
-/// the aggregate (its input is audited as a region by the caller).
-fn audit_ranked<'p>(
-    f: &'p datafusion::logical_expr::Filter,
-    cx: &mut Region,
-) -> Result<&'p Aggregate> {
-    let k = group_limit(&f.predicate).expect("matched by the caller");
     let shape = || audit_refusal("a unit bounding of an unexpected shape over private rows");
-    let LogicalPlan::Projection(p) = f.input.as_ref() else {
-        return Err(shape());
+    let LogicalPlan::Aggregate(inner) = a.input.as_ref() else {
+        return Err(audit_refusal(
+            "an aggregate over private rows of a unit-level table without its limit of K \
+             groups per unit",
+        ));
     };
-    let LogicalPlan::Window(w) = p.input.as_ref() else {
-        return Err(shape());
-    };
-    let LogicalPlan::Aggregate(a) = w.input.as_ref() else {
-        return Err(shape());
-    };
-    // The projection passes the window's input columns through and names its one ranking GR.
-    let [rank] = w.window_expr.as_slice() else {
-        return Err(shape());
-    };
-    audit_bounding_window(rank, w.input.schema(), cx.opts)?;
-    let rank_name = rank.schema_name().to_string();
-    let mut named = false;
-    for e in &p.expr {
-        match e {
-            Expr::Alias(al) if al.name == GR => match al.expr.as_ref() {
-                Expr::Column(c) if c.name == rank_name && !named => named = true,
-                _ => return Err(shape()),
-            },
-            Expr::Column(c) if a.schema.has_column(c) => {}
-            _ => return Err(shape()),
+    // The keyed hash of (unit, g…), g… the inner aggregate's group keys.
+    let is_hash = |e: &Expr| match e {
+        Expr::ScalarFunction(f)
+            if f.name() == GROUP_KEY_FN
+                && (f.func.inner().as_ref() as &dyn std::any::Any).is::<GroupKey>()
+                && f.args.first().is_some_and(|x| is_col(x, UNIT)) =>
+        {
+            f.args.len() == inner.group_expr.len()
+                && f.args[1..].iter().all(|g| match g {
+                    Expr::Column(c) => inner.schema.has_column(c),
+                    _ => false,
+                })
         }
+        _ => false,
+    };
+    match a.group_expr.as_slice() {
+        [u, Expr::Alias(al)] if is_col(u, UNIT) && al.name == NO_UNIT => match al.expr.as_ref() {
+            Expr::Case(c)
+                if c.expr.is_none()
+                    && c.else_expr.is_none()
+                    && c.when_then_expr.len() == 1
+                    && matches!(c.when_then_expr[0].0.as_ref(), Expr::IsNull(x) if is_col(x, UNIT))
+                    && is_hash(&c.when_then_expr[0].1) => {}
+            _ => return Err(shape()),
+        },
+        _ => return Err(shape()),
     }
-    if !named {
+    let [Expr::Alias(al)] = a.aggr_expr.as_slice() else {
+        return Err(shape());
+    };
+    let Expr::AggregateFunction(f) = al.expr.as_ref() else {
+        return Err(shape());
+    };
+    let p = &f.params;
+    if al.name != KEPT
+        || f.func.name() != TOP_GROUPS_FN
+        || !(f.func.inner().as_ref() as &dyn std::any::Any).is::<TopGroups>()
+        || p.distinct
+        || p.filter.is_some()
+        || !p.order_by.is_empty()
+        || p.null_treatment.is_some()
+    {
         return Err(shape());
     }
-    let (declared_k, _) = audit_bounding_aggregate(a, cx)?;
-    if k != u64::from(declared_k) {
+    let [
+        Expr::Literal(ScalarValue::UInt64(Some(k)), _),
+        hash,
+        cols @ ..,
+    ] = p.args.as_slice()
+    else {
+        return Err(shape());
+    };
+    if !is_hash(hash)
+        || !cols
+            .iter()
+            .all(|c| matches!(c, Expr::Column(c) if inner.schema.has_column(c)))
+    {
+        return Err(shape());
+    }
+    let (declared_k, _) = audit_bounding_aggregate(inner, cx)?;
+    if *k != u64::from(declared_k) {
         return Err(audit_refusal(format_args!(
             "the unit bounding keeps {k} group(s) per unit, but the table's policy says {declared_k}"
         )));
     }
-    Ok(a)
-}
-
-/// The ranking of the unit bounding's group choice (units.rs) over the (unit, group) rows,
-/// `row_number() OVER (PARTITION BY __dpfusion_unit ORDER BY
-/// __dpfusion_unit_group_key(__dpfusion_unit, g…))`, the keys in the fragment.
-fn audit_bounding_window(e: &Expr, schema: &DFSchema, opts: &GuardOptions) -> Result<()> {
-    let bad = || audit_refusal(format_args!("the window function {e} over private rows"));
-    let Expr::WindowFunction(w) = e else {
-        return Err(bad());
-    };
-    let WindowFunction { fun, params } = w.as_ref();
-    if params.filter.is_some()
-        || params.null_treatment.is_some()
-        || params.distinct
-        || fun.name() != "row_number"
-        || !params.args.is_empty()
-        || params.partition_by.len() != 1
-        || !is_col(&params.partition_by[0], UNIT)
-        || params.order_by.len() != 1
-    {
-        return Err(bad());
-    }
-    match &params.order_by[0].expr {
-        Expr::ScalarFunction(f)
-            if f.name() == GROUP_KEY_FN
-                && (f.func.inner().as_ref() as &dyn std::any::Any).is::<GroupKey>()
-                && f.args.first().is_some_and(|a| is_col(a, UNIT)) =>
-        {
-            for g in &f.args[1..] {
-                region_expr(g, schema, "the GROUP BY keys of the unit bounding", opts)?;
-            }
-            Ok(())
-        }
-        _ => Err(bad()),
-    }
+    Ok(inner)
 }
 
 fn is_col(x: &Expr, name: &str) -> bool {
@@ -1042,8 +1016,8 @@ mod tests {
     }
 
     /// Review finding (issue 28): the audit pins the unit bounding to the owner's policy: the
-    /// unit column (not any column), C in the row sample, K in the limit over the ranking, and
-    /// the limit itself. A plan changed in any of them is refused.
+    /// unit column (not any column), C in the row sample, K in the per-unit choice of groups,
+    /// and the choice itself. A plan changed in any of them is refused.
     #[tokio::test]
     async fn the_audit_refuses_a_unit_bounding_with_another_unit_c_or_k() {
         use datafusion::common::ScalarValue;
@@ -1079,16 +1053,12 @@ mod tests {
             _ => None,
         });
         refused(&c4, "samples 4 row(s) per unit and group");
-        // Another K in the limit.
+        // Another K in the per-unit choice.
         let k3 = rewrite(&plan, |e| match e {
-            Expr::BinaryExpr(b) if group_limit(e).is_some() => {
-                let mut b = b.clone();
-                if let Expr::BinaryExpr(l) = b.left.as_ref() {
-                    let mut l = l.clone();
-                    l.right = Box::new(Expr::Literal(ScalarValue::UInt64(Some(3)), None));
-                    b.left = Box::new(Expr::BinaryExpr(l));
-                }
-                Some(Expr::BinaryExpr(b))
+            Expr::AggregateFunction(f) if f.func.name() == TOP_GROUPS_FN => {
+                let mut f = f.clone();
+                f.params.args[0] = Expr::Literal(ScalarValue::UInt64(Some(3)), None);
+                Some(Expr::AggregateFunction(f))
             }
             _ => None,
         });
@@ -1107,18 +1077,29 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(m.contains("policy says 3"), "{m}");
-        // No limit over the ranking: the window stands alone, refused.
+        // No choice of K groups: the per-(unit, group) aggregate straight under the DP
+        // aggregate (the unnests and the aggregate by unit taken out), refused.
         let unlimited = plan
             .clone()
-            .transform_up(|node| match node {
-                LogicalPlan::Filter(f) if group_limit(&f.predicate).is_some() => {
-                    Ok(Transformed::yes(f.input.as_ref().clone()))
-                }
-                n => Ok(Transformed::no(n)),
+            .transform_up(|node| match &node {
+                LogicalPlan::Projection(p) => match p.input.as_ref() {
+                    LogicalPlan::Unnest(u) if u.exec_columns.iter().any(|c| c.name == KEPT) => {
+                        let mut below = u.input.as_ref();
+                        while let LogicalPlan::Unnest(v) = below {
+                            below = v.input.as_ref();
+                        }
+                        let LogicalPlan::Aggregate(a) = below else {
+                            panic!("the aggregate by unit")
+                        };
+                        Ok(Transformed::yes(a.input.as_ref().clone()))
+                    }
+                    _ => Ok(Transformed::no(node)),
+                },
+                _ => Ok(Transformed::no(node)),
             })
             .unwrap()
             .data;
-        refused(&unlimited, "a window function between a private table");
+        refused(&unlimited, "without its limit of K groups per unit");
         // No bounding at all: the DP aggregate straight over the rows.
         let ungrouped = unit_plan("SELECT dp_sum(amount, 0, 10, epsilon => 1) AS s FROM t").await;
         audit(&ungrouped, &opts).unwrap();
