@@ -497,7 +497,7 @@ fn audit_dp_aggregate(a: &Aggregate, opts: &GuardOptions) -> Result<()> {
     };
     audit_region(&a.input, &mut cx)?;
     match cx.unit {
-        Some(u) if !u.bounded && !(!u.grouped && models_clipping_units(a)) => {
+        Some(u) if !u.bounded && (u.grouped || !models_clipping_units(a)) => {
             Err(audit_refusal(format_args!(
                 "a DP aggregate over unit-level table '{}' without its contribution bounding",
                 u.table

@@ -10,23 +10,28 @@
 //! Aggregate  GROUP BY g: the DP calls, each with the FILTER of its contribution kind
 //!   Projection  unit, g, totals, __dpfusion_rn, the sampled columns under their own names
 //!     Unnest  __dpfusion_sample (list, then struct)              (only if a call reads rows)
-//!       Filter  __dpfusion_gr <= K OR unit IS NULL               (L0; only with GROUP BY)
-//!         Window  row_number() OVER (PARTITION BY unit
-//!                   ORDER BY __dpfusion_unit_group_key(unit, g)) AS __dpfusion_gr
-//!           Aggregate  GROUP BY unit AS __dpfusion_unit, g:
-//!                      sum(value) AS __dpfusion_total_i           (per dp_sum value and FILTER)
-//!                      __dpfusion_unit_sample(C, x…) AS __dpfusion_sample (if a call reads rows)
-//!             the private region (scan, WHERE, projections, joins), the unit column carried up
+//!       Projection  unit, __dpfusion_kept.c0 AS g, …             (L0; only with GROUP BY)
+//!         Unnest  __dpfusion_kept (list, then struct)
+//!           Aggregate  GROUP BY __dpfusion_unit,
+//!                      CASE WHEN __dpfusion_unit IS NULL THEN h END AS __dpfusion_no_unit:
+//!                      __dpfusion_unit_groups(K, h, g, totals, sample) AS __dpfusion_kept
+//!                      (h = __dpfusion_unit_group_key(__dpfusion_unit, g))
+//!             Aggregate  GROUP BY unit AS __dpfusion_unit, g:
+//!                        sum(value) AS __dpfusion_total_i         (per dp_sum value and FILTER)
+//!                        __dpfusion_unit_sample(C, x…) AS __dpfusion_sample (if a call reads rows)
+//!               the private region (scan, WHERE, projections, joins), the unit column carried up
 //! ```
 //!
-//! Nothing sorts the table's rows: the first step is DataFusion's hash aggregate (parallel, and
-//! it spills to disk under the memory pool), and the window ranks the (unit, group) rows only.
+//! Nothing sorts: both steps are DataFusion's hash aggregate (parallel, spilling to disk under the
+//! memory pool), the second over the (unit, group) rows, with a state of at most K rows per unit
+//! ([`TopGroups`], a `GroupsAccumulator`).
 //!
 //! - **L0** (Wilson et al., "Differentially Private SQL with Bounded User Contribution", PoPETs
 //!   2020, §3 "contribution bounding"; the per-unit sampling of PipelineDP and ZetaSQL): each
 //!   unit keeps at most K of its groups, chosen uniformly at random per query: each (unit,
 //!   group) gets a keyed hash ([`GroupKey`], a PRF under a secret per-query key from the
-//!   CSPRNG), and a unit keeps its K groups of smallest hash (`row_number`: never more than K).
+//!   CSPRNG), and a unit keeps its K groups of smallest hash ([`TopGroups`]: never more than K;
+//!   rows without a unit are each their own group there, all kept).
 //! - **L∞** per call, by what the call needs:
 //!   - [`Contribution::Rows`] (`dp_count`, `dp_mean`, …): at most C rows of each (unit, group),
 //!     a uniform sample ([`Sample`]) carried through the aggregate and unnested
