@@ -11,7 +11,12 @@
 //! - `SELECT g, dp_sum(x, 0, 100, …) FROM t GROUP BY g` on a unit-level table (K = 4, C = 3: the
 //!   per-(unit, group) aggregate, the keyed group choice, partition selection) vs
 //!   `SELECT g, sum(x) FROM t GROUP BY g` in plain DataFusion;
-//! - `SELECT dp_count_distinct(unit, …) FROM t` vs `SELECT count(DISTINCT unit) FROM t`.
+//! - `SELECT dp_count_distinct(unit, …) FROM t` vs `SELECT count(DISTINCT unit) FROM t`;
+//! - the floor of any per-unit bounding on DataFusion's aggregate, in plain DataFusion: `SELECT g,
+//!   sum(s) FROM (SELECT unit, g, sum(x) AS s FROM t GROUP BY unit, g) GROUP BY g` (one row per
+//!   (unit, group) first: about n of them here) against the plain `sum`, and the same with the
+//!   ranking step of the bounding added (`row_number() OVER (PARTITION BY unit ORDER BY g)` over
+//!   the (unit, group) rows, `rn <= 4`): what the window costs beyond the floor.
 //!
 //! The DP side runs through `PrivateSession::sql`: the guard, admission (a ledger append with its
 //! fsync) and the release are included.
@@ -101,10 +106,11 @@ async fn main() {
     let reps = env_list("DPFUSION_BENCH_REPS", "1")[0].max(1);
     println!("# dpfusion privacy-units benchmark (best of {reps}; ms)\n");
     println!(
-        "| rows | partitions | unit dp_sum per group | plain sum per group | ratio | \
-         dp_count_distinct | count(DISTINCT) | ratio |"
+        "| rows | partitions | unit dp_sum per group | plain sum per group | ratio | floor: sum \
+         by (unit, g) then g | floor ratio | floor + ranking window | ratio | dp_count_distinct | \
+         count(DISTINCT) | ratio |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &rows {
         let batches = data(n);
         for &p in &partitions {
@@ -154,11 +160,33 @@ async fn main() {
             )
             .await;
             let cd = best(reps, plain("SELECT count(DISTINCT unit) FROM t")).await;
+            let floor = best(
+                reps,
+                plain(
+                    "SELECT g, sum(s) FROM (SELECT unit, g, sum(x) AS s FROM t GROUP BY unit, g) \
+                     GROUP BY g",
+                ),
+            )
+            .await;
+            let ranked = best(
+                reps,
+                plain(
+                    "SELECT g, sum(s) FROM (SELECT g, s, row_number() OVER (PARTITION BY unit \
+                     ORDER BY g) AS rn FROM (SELECT unit, g, sum(x) AS s FROM t GROUP BY unit, g)) \
+                     WHERE rn <= 4 GROUP BY g",
+                ),
+            )
+            .await;
+            let r = |a: Duration| a.as_secs_f64() / sum.as_secs_f64();
             println!(
-                "| {n} | {p} | {} | {} | {:.1} | {} | {} | {:.1} |",
+                "| {n} | {p} | {} | {} | {:.1} | {} | {:.1} | {} | {:.1} | {} | {} | {:.1} |",
                 ms(dp_sum),
                 ms(sum),
-                dp_sum.as_secs_f64() / sum.as_secs_f64(),
+                r(dp_sum),
+                ms(floor),
+                r(floor),
+                ms(ranked),
+                r(ranked),
                 ms(dp_cd),
                 ms(cd),
                 dp_cd.as_secs_f64() / cd.as_secs_f64()

@@ -52,14 +52,16 @@ use datafusion::common::{Column, DFSchema, DataFusionError, Result};
 use datafusion::datasource::{MemTable, provider_as_source};
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::dml::CopyTo;
-use datafusion::logical_expr::expr::WindowFunction;
 use datafusion::logical_expr::{
     Aggregate, Expr, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Projection, col, lit,
 };
 
 use super::join::PublicSide;
 use super::table::{GuardedTable, TableInfo};
-use super::units::{GROUP_KEY_FN, GroupKey, SAMPLE, SAMPLE_FN, Sample, TOTAL, UNIT};
+use super::units::{
+    GROUP_KEY_FN, GroupKey, KEPT, NO_UNIT, SAMPLE, SAMPLE_FN, Sample, TOP_GROUPS_FN, TOTAL,
+    TopGroups, UNIT,
+};
 use super::{
     DpCall, GuardOptions, PARTITION_SELECT, aggregate_function, any_private_table, construct_name,
     explain_refusal, fragment, is_dp_aggregate, is_dp_function, is_statement_node,
@@ -165,9 +167,9 @@ async fn check_query(
     let optimized = state.optimize(plan)?;
     let guarded = super::guard_with(optimized, opts)?;
     // Audited before the public sides run too, so a refused query runs nothing at all.
-    audit(&guarded.plan)?;
+    audit(&guarded.plan, &opts)?;
     let plan = settle(state, guarded.plan, &guarded.public_sides).await?;
-    audit(&plan)?;
+    audit(&plan, &opts)?;
     Ok((plan, guarded.calls))
 }
 
@@ -328,17 +330,17 @@ fn audit_refusal(what: impl std::fmt::Display) -> DataFusionError {
 ///     aggregate, window, unnest, projection and filter shapes the guard generates (unit
 ///     bounding, marked by their internal column names and functions), every expression in the typed fragment (`fragment::check_expr_typed`) or a
 ///     guard-generated total-evaluation wrapper of such an expression.
-pub(super) fn audit(plan: &LogicalPlan) -> Result<()> {
-    audit_node(plan)
+pub(super) fn audit(plan: &LogicalPlan, opts: &GuardOptions) -> Result<()> {
+    audit_node(plan, opts)
 }
 
 /// A node outside any private region (post-processing of releases, or public work).
-fn audit_node(plan: &LogicalPlan) -> Result<()> {
+fn audit_node(plan: &LogicalPlan, opts: &GuardOptions) -> Result<()> {
     match plan {
         LogicalPlan::Aggregate(a)
             if is_dp_aggregate(a) && raw_private_table(&a.input).is_some() =>
         {
-            return audit_dp_aggregate(a);
+            return audit_dp_aggregate(a, opts);
         }
         LogicalPlan::TableScan(scan) => {
             let info =
@@ -377,15 +379,15 @@ fn audit_node(plan: &LogicalPlan) -> Result<()> {
         LogicalPlan::Join(j) => audit_join_exprs_public(j)?,
         _ => {}
     }
-    audit_subqueries_of(plan)?;
+    audit_subqueries_of(plan, opts)?;
     for child in plan.inputs() {
-        audit_node(child)?;
+        audit_node(child, opts)?;
     }
     Ok(())
 }
 
 /// The subqueries in `plan`'s own expressions, each audited as a query of its own.
-fn audit_subqueries_of(plan: &LogicalPlan) -> Result<()> {
+fn audit_subqueries_of(plan: &LogicalPlan, opts: &GuardOptions) -> Result<()> {
     let mut subs: Vec<LogicalPlan> = vec![];
     plan.apply_expressions(|e| {
         e.apply(|x| {
@@ -400,7 +402,7 @@ fn audit_subqueries_of(plan: &LogicalPlan) -> Result<()> {
         })
     })?;
     for s in &subs {
-        audit_node(s)?;
+        audit_node(s, opts)?;
     }
     Ok(())
 }
@@ -425,7 +427,7 @@ fn audit_join_exprs_public(j: &Join) -> Result<()> {
 
 /// An expression that stands over private rows, in `place`: no subquery reading a private table
 /// ((b)); in the fragment once the guard's total-evaluation wrappers are looked through ((c)).
-fn region_expr(e: &Expr, schema: &DFSchema, place: &str) -> Result<()> {
+fn region_expr(e: &Expr, schema: &DFSchema, place: &str, opts: &GuardOptions) -> Result<()> {
     if let Some(t) = subquery_reading_private(e) {
         return Err(audit_refusal(format_args!(
             "a subquery that reads private table '{}' in {place}, over private rows",
@@ -441,7 +443,7 @@ fn region_expr(e: &Expr, schema: &DFSchema, place: &str) -> Result<()> {
         Ok(TreeNodeRecursion::Continue)
     });
     for s in subs {
-        audit_node(&s)?;
+        audit_node(&s, opts)?;
     }
     let inner = total::unwrap(e.clone())?;
     match fragment::check_expr_typed(&inner, schema) {
@@ -451,9 +453,9 @@ fn region_expr(e: &Expr, schema: &DFSchema, place: &str) -> Result<()> {
 }
 
 /// A DP aggregate over private rows: its calls, arguments, FILTER and GROUP BY, then its region.
-fn audit_dp_aggregate(a: &Aggregate) -> Result<()> {
+fn audit_dp_aggregate(a: &Aggregate, opts: &GuardOptions) -> Result<()> {
     for g in &a.group_expr {
-        region_expr(g, a.input.schema(), "GROUP BY")?;
+        region_expr(g, a.input.schema(), "GROUP BY", opts)?;
     }
     for e in &a.aggr_expr {
         let Some(f) = aggregate_function(e) else {
@@ -474,22 +476,104 @@ fn audit_dp_aggregate(a: &Aggregate) -> Result<()> {
         }
         let place = format!("the arguments of {name}");
         for arg in &f.params.args {
-            region_expr(arg, a.input.schema(), &place)?;
+            region_expr(arg, a.input.schema(), &place, opts)?;
         }
         if let Some(filter) = &f.params.filter {
             region_expr(
                 filter,
                 a.input.schema(),
                 &format!("the FILTER clause of {name}"),
+                opts,
             )?;
         }
     }
-    audit_region(&a.input)
+    let mut cx = Region {
+        opts,
+        unit: unit_table_in(&a.input).map(|table| UnitAudit {
+            table,
+            grouped: !a.group_expr.is_empty(),
+            bounded: false,
+        }),
+    };
+    audit_region(&a.input, &mut cx)?;
+    match cx.unit {
+        Some(u) if !u.bounded && (u.grouped || !models_clipping_units(a)) => {
+            Err(audit_refusal(format_args!(
+                "a DP aggregate over unit-level table '{}' without its contribution bounding",
+                u.table
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Without GROUP BY, models alone bound a unit themselves (units.rs, `model_rows`): every call
+/// is a model calibrated for `units:1:1` whose last argument, the unit key it clips by, reads
+/// the privacy unit column of a unit-level table.
+fn models_clipping_units(a: &Aggregate) -> bool {
+    use datafusion::common::ScalarValue;
+    a.aggr_expr.iter().all(|e| {
+        let Some(f) = aggregate_function(e) else {
+            return false;
+        };
+        let [.., Expr::Literal(ScalarValue::Utf8(Some(mode)), _), key] = f.params.args.as_slice()
+        else {
+            return false;
+        };
+        super::units::is_model(f.func.name())
+            && mode == "units:1:1"
+            && match column_source(key, &a.input) {
+                Some((info, column)) => {
+                    info.private && info.unit.is_some_and(|u| u.column == column)
+                }
+                None => false,
+            }
+    })
+}
+
+/// The audit's context in one private region.
+struct Region<'a> {
+    opts: &'a GuardOptions,
+    /// The region reads a unit-level table: its bounding must stand in it, exactly once.
+    unit: Option<UnitAudit>,
+}
+
+struct UnitAudit {
+    /// The unit-level table read (for messages).
+    table: String,
+    /// Does the DP aggregate GROUP BY (then each unit keeps at most K groups)?
+    grouped: bool,
+    /// Has the audit met the bounding (the per-(unit, group) aggregate with its pinned unit
+    /// column and C, and with GROUP BY the K limit over the ranking)?
+    bounded: bool,
+}
+
+/// The name of a unit-level private table read in the region below a DP aggregate.
+fn unit_table_in(plan: &LogicalPlan) -> Option<String> {
+    let mut found = None;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Aggregate(a) = node
+            && is_dp_aggregate(a)
+        {
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        if let LogicalPlan::TableScan(s) = node
+            && let Some(info) = table_info(s)
+            && info.private
+            && info.unit.is_some()
+        {
+            found = Some(info.name);
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
 }
 
 /// The private region below a DP aggregate: the fragment's nodes, the guard's bounding shapes,
 /// joins of the allowed forms.
-fn audit_region(plan: &LogicalPlan) -> Result<()> {
+fn audit_region(plan: &LogicalPlan, cx: &mut Region) -> Result<()> {
+    let opts = cx.opts;
     match plan {
         LogicalPlan::TableScan(scan) => {
             let info =
@@ -510,30 +594,35 @@ fn audit_region(plan: &LogicalPlan) -> Result<()> {
         }
         LogicalPlan::Projection(p) => {
             for e in &p.expr {
-                region_expr(e, p.input.schema(), "SELECT")?;
+                region_expr(e, p.input.schema(), "SELECT", opts)?;
             }
-            audit_region(&p.input)
+            audit_region(&p.input, cx)
         }
-        LogicalPlan::Aggregate(a) => {
-            audit_bounding_aggregate(a)?;
-            audit_region(&a.input)
+        // Without GROUP BY the per-(unit, group) aggregate stands alone (one group: K = 1).
+        LogicalPlan::Aggregate(a) if cx.unit.as_ref().is_some_and(|u| !u.grouped) => {
+            audit_bounding_aggregate(a, cx)?;
+            audit_region(&a.input, cx)
+        }
+        // With GROUP BY: each unit's K groups kept by the aggregate by unit over the bounding
+        // aggregate, as one shape.
+        LogicalPlan::Aggregate(a) if cx.unit.as_ref().is_some_and(|u| u.grouped) => {
+            let inner = audit_top_groups(a, cx)?;
+            audit_region(&inner.input, cx)
         }
         // The unit bounding's sample of rows back as rows (units.rs), and nothing else.
-        LogicalPlan::Unnest(u) if u.exec_columns.iter().all(|c| c.name == SAMPLE) => {
-            audit_region(&u.input)
+        LogicalPlan::Unnest(u)
+            if u.exec_columns
+                .iter()
+                .all(|c| c.name == SAMPLE || c.name == KEPT) =>
+        {
+            audit_region(&u.input, cx)
         }
         LogicalPlan::Filter(f) => {
-            region_expr(&f.predicate, f.input.schema(), "WHERE")?;
-            audit_region(&f.input)
+            region_expr(&f.predicate, f.input.schema(), "WHERE", opts)?;
+            audit_region(&f.input, cx)
         }
-        LogicalPlan::SubqueryAlias(s) => audit_region(&s.input),
-        LogicalPlan::Window(w) => {
-            for e in &w.window_expr {
-                audit_bounding_window(e, w.input.schema())?;
-            }
-            audit_region(&w.input)
-        }
-        LogicalPlan::Join(j) => audit_region_join(j),
+        LogicalPlan::SubqueryAlias(s) => audit_region(&s.input, cx),
+        LogicalPlan::Join(j) => audit_region_join(j, cx),
         other => Err(audit_refusal(format_args!(
             "{} between a private table and a DP aggregate",
             construct_name(other)
@@ -544,7 +633,8 @@ fn audit_region(plan: &LogicalPlan) -> Result<()> {
 /// A join inside a private region: one private side (a region) and one public side (no private
 /// table anywhere in it), or two private sides (a join on the unit columns); equality keys; no
 /// FULL join; keys and condition over private rows.
-fn audit_region_join(j: &Join) -> Result<()> {
+fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
+    let opts = cx.opts;
     if j.on.is_empty() {
         return Err(audit_refusal(
             "a JOIN without equality keys in a private region",
@@ -560,26 +650,26 @@ fn audit_region_join(j: &Join) -> Result<()> {
         )));
     }
     for (l, r) in &j.on {
-        region_expr(l, j.left.schema(), "the JOIN keys")?;
-        region_expr(r, j.right.schema(), "the JOIN keys")?;
+        region_expr(l, j.left.schema(), "the JOIN keys", opts)?;
+        region_expr(r, j.right.schema(), "the JOIN keys", opts)?;
     }
     if let Some(f) = &j.filter {
-        region_expr(f, &j.schema, "the JOIN condition")?;
+        region_expr(f, &j.schema, "the JOIN condition", opts)?;
     }
     let left = any_private_table(&j.left).is_some();
     let right = any_private_table(&j.right).is_some();
     match (left, right) {
         (true, true) => {
-            audit_region(&j.left)?;
-            audit_region(&j.right)
+            audit_region(&j.left, cx)?;
+            audit_region(&j.right, cx)
         }
         (true, false) => {
-            audit_region(&j.left)?;
-            audit_node(&j.right)
+            audit_region(&j.left, cx)?;
+            audit_node(&j.right, opts)
         }
         (false, true) => {
-            audit_node(&j.left)?;
-            audit_region(&j.right)
+            audit_node(&j.left, opts)?;
+            audit_region(&j.right, cx)
         }
         (false, false) => Err(audit_refusal(
             "a JOIN that reads no private table in a private region",
@@ -587,63 +677,188 @@ fn audit_region_join(j: &Join) -> Result<()> {
     }
 }
 
-/// A window over private rows: only unit bounding's group choice (units.rs) over the (unit,
-/// group) rows, `row_number() OVER (PARTITION BY __dpfusion_unit ORDER BY
-/// __dpfusion_unit_group_key(__dpfusion_unit, g…))`, the keys in the fragment.
-fn audit_bounding_window(e: &Expr, schema: &DFSchema) -> Result<()> {
-    let bad = || audit_refusal(format_args!("the window function {e} over private rows"));
-    let Expr::WindowFunction(w) = e else {
-        return Err(bad());
+/// With GROUP BY, the L0 step of the unit bounding (units.rs) as one shape: the aggregate GROUP
+/// BY `__dpfusion_unit`, `CASE WHEN __dpfusion_unit IS NULL THEN h END AS __dpfusion_no_unit` of
+/// `__dpfusion_unit_groups(K, h, columns…) AS __dpfusion_kept`, `h` =
+/// `__dpfusion_unit_group_key(__dpfusion_unit, g…)`, directly over the per-(unit, group)
+/// aggregate; K must be the owner's (or the session's) K of the table whose unit column that
+/// aggregate groups by. Returns the per-(unit, group) aggregate (its input is audited as a region
+/// by the caller).
+fn audit_top_groups<'p>(a: &'p Aggregate, cx: &mut Region) -> Result<&'p Aggregate> {
+    use datafusion::common::ScalarValue;
+    let shape = || audit_refusal("a unit bounding of an unexpected shape over private rows");
+    let LogicalPlan::Aggregate(inner) = a.input.as_ref() else {
+        return Err(audit_refusal(
+            "an aggregate over private rows of a unit-level table without its limit of K \
+             groups per unit",
+        ));
     };
-    let WindowFunction { fun, params } = w.as_ref();
-    if params.filter.is_some()
-        || params.null_treatment.is_some()
-        || params.distinct
-        || fun.name() != "row_number"
-        || !params.args.is_empty()
-        || params.partition_by.len() != 1
-        || !is_col(&params.partition_by[0], UNIT)
-        || params.order_by.len() != 1
-    {
-        return Err(bad());
-    }
-    match &params.order_by[0].expr {
+    // The keyed hash of (unit, g…), g… the inner aggregate's group keys.
+    let is_hash = |e: &Expr| match e {
         Expr::ScalarFunction(f)
             if f.name() == GROUP_KEY_FN
                 && (f.func.inner().as_ref() as &dyn std::any::Any).is::<GroupKey>()
-                && f.args.first().is_some_and(|a| is_col(a, UNIT)) =>
+                && f.args.first().is_some_and(|x| is_col(x, UNIT)) =>
         {
-            for g in &f.args[1..] {
-                region_expr(g, schema, "the GROUP BY keys of the unit bounding")?;
-            }
-            Ok(())
+            f.args.len() == inner.group_expr.len()
+                && f.args[1..].iter().all(|g| match g {
+                    Expr::Column(c) => inner.schema.has_column(c),
+                    _ => false,
+                })
         }
-        _ => Err(bad()),
+        _ => false,
+    };
+    match a.group_expr.as_slice() {
+        [u, Expr::Alias(al)] if is_col(u, UNIT) && al.name == NO_UNIT => match al.expr.as_ref() {
+            Expr::Case(c)
+                if c.expr.is_none()
+                    && c.else_expr.is_none()
+                    && c.when_then_expr.len() == 1
+                    && matches!(c.when_then_expr[0].0.as_ref(), Expr::IsNull(x) if is_col(x, UNIT))
+                    && is_hash(&c.when_then_expr[0].1) => {}
+            _ => return Err(shape()),
+        },
+        _ => return Err(shape()),
     }
+    let [Expr::Alias(al)] = a.aggr_expr.as_slice() else {
+        return Err(shape());
+    };
+    let Expr::AggregateFunction(f) = al.expr.as_ref() else {
+        return Err(shape());
+    };
+    let p = &f.params;
+    if al.name != KEPT
+        || f.func.name() != TOP_GROUPS_FN
+        || !(f.func.inner().as_ref() as &dyn std::any::Any).is::<TopGroups>()
+        || p.distinct
+        || p.filter.is_some()
+        || !p.order_by.is_empty()
+        || p.null_treatment.is_some()
+    {
+        return Err(shape());
+    }
+    let [
+        Expr::Literal(ScalarValue::UInt64(Some(k)), _),
+        hash,
+        cols @ ..,
+    ] = p.args.as_slice()
+    else {
+        return Err(shape());
+    };
+    if !is_hash(hash)
+        || !cols
+            .iter()
+            .all(|c| matches!(c, Expr::Column(c) if inner.schema.has_column(c)))
+    {
+        return Err(shape());
+    }
+    let (declared_k, _) = audit_bounding_aggregate(inner, cx)?;
+    if *k != u64::from(declared_k) {
+        return Err(audit_refusal(format_args!(
+            "the unit bounding keeps {k} group(s) per unit, but the table's policy says {declared_k}"
+        )));
+    }
+    Ok(inner)
 }
 
 fn is_col(x: &Expr, name: &str) -> bool {
     matches!(x, Expr::Column(c) if c.name == name)
 }
 
+/// The table and column a column reference of `plan`'s output reads, through projections that
+/// pass a column on (renamed or not), filters, aliases and the joins of a private region.
+fn column_source(e: &Expr, plan: &LogicalPlan) -> Option<(TableInfo, String)> {
+    let Expr::Column(c) = e else {
+        return None;
+    };
+    match plan {
+        LogicalPlan::TableScan(scan) => {
+            scan.projected_schema.has_column(c).then_some(())?;
+            Some((table_info(scan)?, c.name.clone()))
+        }
+        LogicalPlan::Projection(p) => {
+            let idx = p.schema.index_of_column(c).ok()?;
+            let inner = match &p.expr[idx] {
+                Expr::Alias(al) => al.expr.as_ref(),
+                e => e,
+            };
+            column_source(inner, &p.input)
+        }
+        LogicalPlan::Filter(f) => column_source(e, &f.input),
+        LogicalPlan::SubqueryAlias(s) => {
+            let idx = s.schema.index_of_column(c).ok()?;
+            let (q, f) = s.input.schema().qualified_field(idx);
+            column_source(&Expr::Column(Column::new(q.cloned(), f.name())), &s.input)
+        }
+        LogicalPlan::Join(j) => match (
+            j.left.schema().has_column(c),
+            j.right.schema().has_column(c),
+        ) {
+            (true, false) => column_source(e, &j.left),
+            (false, true) => column_source(e, &j.right),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// An aggregate over private rows below a DP aggregate: only unit bounding's per-(unit, group)
-/// aggregate (units.rs): GROUP BY `unit AS __dpfusion_unit`, g…; each aggregate either
+/// aggregate (units.rs), once per region: GROUP BY `unit AS __dpfusion_unit`, g…, where `unit`
+/// reads the privacy-unit column of a unit-level table; each aggregate either
 /// `sum(v) AS __dpfusion_total_i` (`v` a dp_sum call's argument, under its FILTER, in the
-/// fragment) or `__dpfusion_unit_sample(C, columns…) AS __dpfusion_sample`.
-fn audit_bounding_aggregate(a: &Aggregate) -> Result<()> {
+/// fragment) or `__dpfusion_unit_sample(C, columns…) AS __dpfusion_sample` with C the owner's
+/// (or the session's) C of that table. Returns the table's (K, C).
+fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<(u32, u32)> {
+    let opts = cx.opts;
     let schema = a.input.schema();
-    let unit_first = matches!(a.group_expr.first(), Some(Expr::Alias(al)) if al.name == UNIT);
-    if !unit_first {
+    let Some(unit) = cx.unit.as_mut() else {
         return Err(audit_refusal(
             "an aggregate (other than a DP aggregate) between a private table and a DP aggregate",
         ));
+    };
+    if unit.bounded {
+        return Err(audit_refusal(
+            "a second unit bounding aggregate in one private region",
+        ));
     }
-    for (i, g) in a.group_expr.iter().enumerate() {
-        let g = match g {
-            Expr::Alias(al) if i == 0 => al.expr.as_ref(),
-            g => g,
-        };
-        region_expr(g, schema, "the GROUP BY keys of the unit bounding")?;
+    let Some(Expr::Alias(al)) = a.group_expr.first() else {
+        return Err(audit_refusal(
+            "an aggregate (other than a DP aggregate) between a private table and a DP aggregate",
+        ));
+    };
+    // The unit key is the owner's unit column of a unit-level table, not any column.
+    let policy = match column_source(&al.expr, &a.input) {
+        Some((info, column)) if al.name == UNIT && info.private => match info.unit {
+            Some(u) if u.column == column => u,
+            _ => None.ok_or_else(|| {
+                audit_refusal(format_args!(
+                    "the unit bounding groups by column '{column}' of table '{}', which is not \
+                     its privacy unit column",
+                    info.name
+                ))
+            })?,
+        },
+        _ => {
+            return Err(audit_refusal(format_args!(
+                "the unit bounding groups by {}, which is not a table's privacy unit column",
+                al.expr
+            )));
+        }
+    };
+    let k = opts
+        .max_groups_contributed
+        .unwrap_or(policy.max_groups_contributed);
+    let c = opts
+        .max_rows_contributed
+        .unwrap_or(policy.max_rows_contributed);
+    region_expr(
+        &al.expr,
+        schema,
+        "the GROUP BY keys of the unit bounding",
+        opts,
+    )?;
+    for g in &a.group_expr[1..] {
+        region_expr(g, schema, "the GROUP BY keys of the unit bounding", opts)?;
     }
     for e in &a.aggr_expr {
         let bad = || audit_refusal(format_args!("the aggregate {e} in the unit bounding"));
@@ -664,25 +879,37 @@ fn audit_bounding_aggregate(a: &Aggregate) -> Result<()> {
                 // guard checked the call's argument and FILTER apart).
                 Expr::Case(c) if c.expr.is_none() && c.else_expr.is_none() => {
                     for (w, t) in &c.when_then_expr {
-                        region_expr(w, schema, "the FILTER clause of dp_sum (unit bounding)")?;
-                        region_expr(t, schema, "the argument of dp_sum (unit bounding)")?;
+                        region_expr(
+                            w,
+                            schema,
+                            "the FILTER clause of dp_sum (unit bounding)",
+                            opts,
+                        )?;
+                        region_expr(t, schema, "the argument of dp_sum (unit bounding)", opts)?;
                     }
                 }
-                v => region_expr(v, schema, "the argument of dp_sum (unit bounding)")?,
+                v => region_expr(v, schema, "the argument of dp_sum (unit bounding)", opts)?,
             },
-            (SAMPLE_FN, [Expr::Literal(..), cols @ ..])
+            (SAMPLE_FN, [Expr::Literal(cap, _), cols @ ..])
                 if al.name == SAMPLE
                     && (f.func.inner().as_ref() as &dyn std::any::Any).is::<Sample>()
                     && cols.iter().all(|c| matches!(c, Expr::Column(_))) =>
             {
-                for c in cols {
-                    region_expr(c, schema, "the rows sampled by the unit bounding")?;
+                if cap != &datafusion::common::ScalarValue::UInt64(Some(u64::from(c))) {
+                    return Err(audit_refusal(format_args!(
+                        "the unit bounding samples {cap} row(s) per unit and group, but the \
+                         table's policy says {c}"
+                    )));
+                }
+                for col in cols {
+                    region_expr(col, schema, "the rows sampled by the unit bounding", opts)?;
                 }
             }
             _ => return Err(bad()),
         }
     }
-    Ok(())
+    unit.bounded = true;
+    Ok((k, c))
 }
 
 #[cfg(test)]
@@ -707,19 +934,185 @@ mod tests {
             .unwrap()
             .build()
             .unwrap();
-        assert!(audit(&scan).is_err());
+        assert!(audit(&scan, &GuardOptions::default()).is_err());
         // Behind a projection of a public VALUES join, too.
         let p = LogicalPlanBuilder::from(scan)
             .project(vec![col("x") + lit(1)])
             .unwrap()
             .build()
             .unwrap();
-        let m = audit(&p).unwrap_err().to_string();
+        let m = audit(&p, &GuardOptions::default()).unwrap_err().to_string();
         assert!(m.contains("raw rows of private table 'p'"), "{m}");
         let values = LogicalPlanBuilder::values(vec![vec![lit(1)]])
             .unwrap()
             .build()
             .unwrap();
-        assert!(audit(&values).is_ok());
+        assert!(audit(&values, &GuardOptions::default()).is_ok());
+    }
+
+    /// A unit-level table (g, unit, other, amount) with K = 2, C = 3, and the checked plan of
+    /// `sql` over it.
+    async fn unit_plan(sql: &str) -> LogicalPlan {
+        use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array};
+        use datafusion::arrow::datatypes::DataType;
+        let dir = std::env::temp_dir().join(format!(
+            "dpfusion-audit-units-{}-{}",
+            std::process::id(),
+            sql.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = crate::PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Int64, false),
+            Field::new("unit", DataType::Int64, false),
+            Field::new("other", DataType::Int64, false),
+            Field::new("amount", DataType::Float64, false),
+        ]));
+        let ints = |f: fn(i64) -> i64| Arc::new(Int64Array::from_iter_values((0..60).map(f)));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                ints(|i| i % 3) as ArrayRef,
+                ints(|i| i % 20),
+                ints(|i| i % 7),
+                Arc::new(Float64Array::from_iter_values((0..60).map(|i| i as f64))),
+            ],
+        )
+        .unwrap();
+        s.register_batches(
+            "t",
+            vec![batch],
+            crate::Registration::private()
+                .privacy_unit("unit")
+                .contribution_bounds(2, 3)
+                .budget(10.0, 1e-5),
+        )
+        .unwrap();
+        let plan = s.check(sql).await.unwrap().plan().clone();
+        let _ = std::fs::remove_dir_all(&dir);
+        plan
+    }
+
+    /// `plan` with every expression `e` of every node replaced by `f(e)` where it gives one.
+    fn rewrite(plan: &LogicalPlan, f: impl Fn(&Expr) -> Option<Expr>) -> LogicalPlan {
+        plan.clone()
+            .transform_up(|node| {
+                node.map_expressions(|e| {
+                    e.transform_down(|x| {
+                        Ok(match f(&x) {
+                            Some(y) => Transformed::yes(y),
+                            None => Transformed::no(x),
+                        })
+                    })
+                })?
+                .map_data(|n| n.recompute_schema())
+            })
+            .unwrap()
+            .data
+    }
+
+    /// Review finding (issue 28): the audit pins the unit bounding to the owner's policy: the
+    /// unit column (not any column), C in the row sample, K in the per-unit choice of groups,
+    /// and the choice itself. A plan changed in any of them is refused.
+    #[tokio::test]
+    async fn the_audit_refuses_a_unit_bounding_with_another_unit_c_or_k() {
+        use datafusion::common::ScalarValue;
+        let opts = GuardOptions::default();
+        let plan = unit_plan(
+            "SELECT g, dp_mean(amount, 0, 10, epsilon => 1) AS m, \
+             dp_sum(amount, 0, 10, epsilon => 1) AS s FROM t GROUP BY g",
+        )
+        .await;
+        audit(&plan, &opts).unwrap();
+        let refused = |p: &LogicalPlan, what: &str| {
+            let m = audit(p, &opts).unwrap_err().to_string();
+            assert!(m.contains(what), "{m}");
+        };
+        // Another column as the unit (the group key: read by the scan).
+        let other = rewrite(&plan, |e| match e {
+            Expr::Alias(al) if al.name == UNIT => match al.expr.as_ref() {
+                Expr::Column(c) if c.name == "unit" => {
+                    Some(Expr::Column(Column::new(c.relation.clone(), "g")).alias(UNIT))
+                }
+                _ => None,
+            },
+            _ => None,
+        });
+        refused(&other, "not its privacy unit column");
+        // Another C in the row sample.
+        let c4 = rewrite(&plan, |e| match e {
+            Expr::AggregateFunction(f) if f.func.name() == SAMPLE_FN => {
+                let mut f = f.clone();
+                f.params.args[0] = Expr::Literal(ScalarValue::UInt64(Some(4)), None);
+                Some(Expr::AggregateFunction(f))
+            }
+            _ => None,
+        });
+        refused(&c4, "samples 4 row(s) per unit and group");
+        // Another K in the per-unit choice.
+        let k3 = rewrite(&plan, |e| match e {
+            Expr::AggregateFunction(f) if f.func.name() == TOP_GROUPS_FN => {
+                let mut f = f.clone();
+                f.params.args[0] = Expr::Literal(ScalarValue::UInt64(Some(3)), None);
+                Some(Expr::AggregateFunction(f))
+            }
+            _ => None,
+        });
+        refused(
+            &k3,
+            "keeps 3 group(s) per unit, but the table's policy says 2",
+        );
+        // The plan as it is, under a session K of 3: refused too (the audit reads the options).
+        let m = audit(
+            &plan,
+            &GuardOptions {
+                max_groups_contributed: Some(3),
+                ..opts
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(m.contains("policy says 3"), "{m}");
+        // No choice of K groups: the per-(unit, group) aggregate straight under the DP
+        // aggregate (the unnests and the aggregate by unit taken out), refused.
+        let unlimited = plan
+            .clone()
+            .transform_up(|node| match &node {
+                LogicalPlan::Projection(p) => match p.input.as_ref() {
+                    LogicalPlan::Unnest(u) if u.exec_columns.iter().any(|c| c.name == KEPT) => {
+                        let mut below = u.input.as_ref();
+                        while let LogicalPlan::Unnest(v) = below {
+                            below = v.input.as_ref();
+                        }
+                        let LogicalPlan::Aggregate(a) = below else {
+                            panic!("the aggregate by unit")
+                        };
+                        Ok(Transformed::yes(a.input.as_ref().clone()))
+                    }
+                    _ => Ok(Transformed::no(node)),
+                },
+                _ => Ok(Transformed::no(node)),
+            })
+            .unwrap()
+            .data;
+        refused(&unlimited, "without its limit of K groups per unit");
+        // No bounding at all: the DP aggregate straight over the rows.
+        let ungrouped = unit_plan("SELECT dp_sum(amount, 0, 10, epsilon => 1) AS s FROM t").await;
+        audit(&ungrouped, &opts).unwrap();
+        let bare = ungrouped
+            .transform_up(|node| match node {
+                LogicalPlan::Aggregate(a) if !is_dp_aggregate(&a) => {
+                    Ok(Transformed::yes(a.input.as_ref().clone()))
+                }
+                n => Ok(Transformed::no(n)),
+            })
+            .unwrap()
+            .data;
+        // (Its calls now read columns the bare rows lack, or it has no bounding: refused.)
+        assert!(audit(&bare, &opts).is_err());
     }
 }

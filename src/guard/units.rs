@@ -10,23 +10,28 @@
 //! Aggregate  GROUP BY g: the DP calls, each with the FILTER of its contribution kind
 //!   Projection  unit, g, totals, __dpfusion_rn, the sampled columns under their own names
 //!     Unnest  __dpfusion_sample (list, then struct)              (only if a call reads rows)
-//!       Filter  __dpfusion_gr <= K OR unit IS NULL               (L0; only with GROUP BY)
-//!         Window  row_number() OVER (PARTITION BY unit
-//!                   ORDER BY __dpfusion_unit_group_key(unit, g)) AS __dpfusion_gr
-//!           Aggregate  GROUP BY unit AS __dpfusion_unit, g:
-//!                      sum(value) AS __dpfusion_total_i           (per dp_sum value and FILTER)
-//!                      __dpfusion_unit_sample(C, x…) AS __dpfusion_sample (if a call reads rows)
-//!             the private region (scan, WHERE, projections, joins), the unit column carried up
+//!       Projection  unit, __dpfusion_kept.c0 AS g, …             (L0; only with GROUP BY)
+//!         Unnest  __dpfusion_kept (list, then struct)
+//!           Aggregate  GROUP BY __dpfusion_unit,
+//!                      CASE WHEN __dpfusion_unit IS NULL THEN h END AS __dpfusion_no_unit:
+//!                      __dpfusion_unit_groups(K, h, g, totals, sample) AS __dpfusion_kept
+//!                      (h = __dpfusion_unit_group_key(__dpfusion_unit, g))
+//!             Aggregate  GROUP BY unit AS __dpfusion_unit, g:
+//!                        sum(value) AS __dpfusion_total_i         (per dp_sum value and FILTER)
+//!                        __dpfusion_unit_sample(C, x…) AS __dpfusion_sample (if a call reads rows)
+//!               the private region (scan, WHERE, projections, joins), the unit column carried up
 //! ```
 //!
-//! Nothing sorts the table's rows: the first step is DataFusion's hash aggregate (parallel, and
-//! it spills to disk under the memory pool), and the window ranks the (unit, group) rows only.
+//! Nothing sorts: both steps are DataFusion's hash aggregate (parallel, spilling to disk under the
+//! memory pool), the second over the (unit, group) rows, with a state of at most K rows per unit
+//! ([`TopGroups`], a `GroupsAccumulator`).
 //!
 //! - **L0** (Wilson et al., "Differentially Private SQL with Bounded User Contribution", PoPETs
 //!   2020, §3 "contribution bounding"; the per-unit sampling of PipelineDP and ZetaSQL): each
 //!   unit keeps at most K of its groups, chosen uniformly at random per query: each (unit,
 //!   group) gets a keyed hash ([`GroupKey`], a PRF under a secret per-query key from the
-//!   CSPRNG), and a unit keeps its K groups of smallest hash (`row_number`: never more than K).
+//!   CSPRNG), and a unit keeps its K groups of smallest hash ([`TopGroups`]: never more than K;
+//!   rows without a unit are each their own group there, all kept).
 //! - **L∞** per call, by what the call needs:
 //!   - [`Contribution::Rows`] (`dp_count`, `dp_mean`, …): at most C rows of each (unit, group),
 //!     a uniform sample ([`Sample`]) carried through the aggregate and unnested
@@ -36,8 +41,15 @@
 //!     per-unit pre-aggregation of ZetaSQL's `ANON_SUM`;
 //!   - [`Contribution::Once`] (`dp_count_distinct`, partition selection): one per (unit, group)
 //!     (`__dpfusion_rn = 1`);
-//!   - [`Contribution::PerUnit`] (the models): every row (the sample keeps all), with the unit
-//!     key passed to the model, which clips each unit's summed gradient (McMahan et al. 2018).
+//!   - [`Contribution::PerUnit`] (the models): every row, with the unit key passed to the
+//!     model, which clips each unit's summed gradient (McMahan et al. 2018). A model reads no
+//!     bounded rows: without GROUP BY and alone in its query, its input is the private region's
+//!     rows as they stream with the unit key (`Projection unit AS __dpfusion_unit, 1 AS
+//!     __dpfusion_rn` over the region), and no state here holds them ([`Bounding::plan`]);
+//!     other forms are refused.
+//!
+//! The final audit (checked.rs) accepts exactly these shapes, pinned to the owner's policy (the
+//! unit column traced to the scan, C in the sample's literal, K in the limit over the ranking).
 //!
 //! Each selection depends only on the unit's own rows, the key and randomness, so after it one
 //! unit changes at most K groups, and each by at most C rows (or one value): the sensitivity
@@ -58,9 +70,9 @@ use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{Column, DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::{
-    Accumulator, Aggregate, AggregateUDF, AggregateUDFImpl, ColumnarValue, Expr, ExprFunctionExt,
-    Filter, Join, LogicalPlan, LogicalPlanBuilder, Projection, ScalarFunctionArgs, ScalarUDF,
-    ScalarUDFImpl, Signature, SubqueryAlias, TableScanBuilder, Volatility, cast, col, lit, when,
+    Accumulator, Aggregate, AggregateUDF, AggregateUDFImpl, ColumnarValue, Expr, Filter, Join,
+    LogicalPlan, LogicalPlanBuilder, Projection, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    Signature, SubqueryAlias, TableScanBuilder, Volatility, cast, col, lit, when,
 };
 use dpfusion_udfs::noise::rng::SecureRng;
 
@@ -71,19 +83,25 @@ pub const COUNT_DISTINCT: &str = "dp_count_distinct";
 
 pub(super) const UNIT: &str = "__dpfusion_unit";
 pub(super) const RN: &str = "__dpfusion_rn";
-pub(super) const GR: &str = "__dpfusion_gr";
 pub(super) const TOTAL: &str = "__dpfusion_total_";
 pub(super) const SAMPLE: &str = "__dpfusion_sample";
 /// The keyed hash of (unit, group) ([`GroupKey`]).
 pub(super) const GROUP_KEY_FN: &str = "__dpfusion_unit_group_key";
 /// The row sample of a (unit, group) ([`Sample`]).
 pub(super) const SAMPLE_FN: &str = "__dpfusion_unit_sample";
+/// Each unit's K groups of smallest keyed hash ([`TopGroups`]).
+pub(super) const TOP_GROUPS_FN: &str = "__dpfusion_unit_groups";
+/// The kept (unit, group) rows of a unit ([`TopGroups`]).
+pub(super) const KEPT: &str = "__dpfusion_kept";
+/// The second key of the per-unit aggregate: NULL for a unit, the (unit, group)'s hash for the
+/// rows without a unit (each its own group: they are all kept).
+pub(super) const NO_UNIT: &str = "__dpfusion_no_unit";
 
 /// Whether a function is one of the bounding's own (they hold per-query state, such as the
 /// secret group key, that no codec carries: the distributed path refuses plans with them).
 #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
 pub(crate) fn is_bounding_fn(name: &str) -> bool {
-    name == GROUP_KEY_FN || name == SAMPLE_FN
+    name == GROUP_KEY_FN || name == SAMPLE_FN || name == TOP_GROUPS_FN
 }
 
 /// The bounds in force for one query on a unit-level table.
@@ -156,9 +174,7 @@ pub fn contribution(
         "dp_count" | "dp_mean" | "dp_variance" | "dp_stddev" | "dp_quantile" | "dp_median"
         | "dp_quantiles" => Ok(Contribution::Rows),
         "dp_sum" => Ok(Contribution::Total),
-        "dp_linreg_gd" | "dp_logreg_agd" | "dp_linreg_sgd" | "dp_logreg_sgd" | "dp_mlp_sgd" => {
-            Ok(Contribution::PerUnit)
-        }
+        model if is_model(model) => Ok(Contribution::PerUnit),
         COUNT_DISTINCT => {
             let arg = data.first().and_then(|e| bare_column(e, input));
             if arg.as_deref() != Some(unit) {
@@ -189,6 +205,15 @@ pub fn contribution(
             table.name
         ))),
     }
+}
+
+/// The model aggregates: on a unit-level table they read every row of a unit with its unit key
+/// and clip the unit's summed gradient ([`Contribution::PerUnit`]).
+pub(super) fn is_model(name: &str) -> bool {
+    matches!(
+        name,
+        "dp_linreg_gd" | "dp_logreg_agd" | "dp_linreg_sgd" | "dp_logreg_sgd" | "dp_mlp_sgd"
+    )
 }
 
 /// The refusal of `dp_count_distinct` on a table whose unit is one row.
@@ -229,6 +254,8 @@ pub struct Bounding {
     rows: bool,
     /// Does a call read every row of its unit (a model)?
     every_row: bool,
+    /// Does a call read the bounded (unit, group) rows (any call but a model)?
+    bounded_calls: bool,
     /// The per-query secret key of the group choice.
     key: [u64; 2],
 }
@@ -259,6 +286,7 @@ impl Bounding {
             sampled: vec![],
             rows: false,
             every_row: false,
+            bounded_calls: false,
             key,
         })
     }
@@ -304,6 +332,9 @@ impl Bounding {
             Some(f) => has_unit().and(cond).and(f),
             None => has_unit().and(cond),
         };
+        if how != Contribution::PerUnit {
+            self.bounded_calls = true;
+        }
         Ok(match how {
             Contribution::Rows => {
                 self.sample(&args, filter.as_ref());
@@ -336,8 +367,8 @@ impl Bounding {
             }
             // One per (unit, group): the unit key itself (never NULL under the FILTER).
             Contribution::Once => (vec![col(UNIT)], Some(first_row_of_unit())),
+            // Every row of the unit, streamed (`plan`): the model clips the unit's sum.
             Contribution::PerUnit => {
-                self.sample(&args, filter.as_ref());
                 self.every_row = true;
                 (args, Some(and(lit(true), filter)))
             }
@@ -346,6 +377,9 @@ impl Bounding {
 
     /// The bounded input of the DP aggregate (module docs).
     pub fn plan(self) -> Result<LogicalPlan> {
+        if self.every_row {
+            return self.model_rows();
+        }
         // 1. one row per (unit, group): DataFusion's hash aggregate (parallel, spills).
         let mut group = vec![self.unit.clone().alias(UNIT)];
         group.extend(self.groups.iter().cloned());
@@ -354,41 +388,51 @@ impl Bounding {
             .iter()
             .map(|(e, name)| e.clone().alias(name))
             .collect();
-        let cap = if self.every_row {
-            0
-        } else {
-            u64::from(self.bounds.rows)
-        };
+        let cap = u64::from(self.bounds.rows);
         if self.rows {
             let mut args = vec![lit(cap)];
             args.extend(self.sampled.iter().cloned().map(Expr::Column));
-            aggr.push(sample_udaf(cap).call(args).alias(SAMPLE));
+            aggr.push(sample_udaf(cap, self.key).call(args).alias(SAMPLE));
         }
         let mut plan = LogicalPlan::Aggregate(Aggregate::try_new(
             Arc::new(self.region.clone()),
             group,
             aggr,
         )?);
-        // 2. L0: each unit keeps its K groups of smallest keyed hash (only with GROUP BY). A
-        //    window over the (unit, group) rows, not over the rows of the table.
+        // 2. L0: each unit keeps its K groups of smallest keyed hash (only with GROUP BY): an
+        //    aggregate by unit over the (unit, group) rows whose state per unit is the K rows of
+        //    smallest hash (no sort; it spills like any aggregate), unnested back into rows.
         if !self.groups.is_empty() {
+            let carried: Vec<Column> = plan
+                .schema()
+                .columns()
+                .into_iter()
+                .filter(|c| c.name != UNIT)
+                .collect();
             let mut keyed = vec![col(UNIT)];
             keyed.extend(self.group_refs());
-            let order = ScalarUDF::from(GroupKey::new(self.key))
-                .call(keyed)
-                .sort(true, false);
-            let rank = datafusion::functions_window::expr_fn::row_number()
-                .partition_by(vec![col(UNIT)])
-                .order_by(vec![order])
-                .build()?;
-            plan = windowed(plan, vec![(rank, GR.to_string())])?;
-            // Rows without a unit are kept (they reach no call; see `new`).
-            plan = LogicalPlan::Filter(Filter::try_new(
-                col(GR)
-                    .lt_eq(lit(u64::from(self.bounds.groups)))
-                    .or(col(UNIT).is_null()),
+            let hash = ScalarUDF::from(GroupKey::new(self.key)).call(keyed);
+            let mut args = vec![lit(u64::from(self.bounds.groups)), hash.clone()];
+            args.extend(carried.iter().cloned().map(Expr::Column));
+            // Rows without a unit are kept, each (group) its own (they reach no call; see `new`).
+            let no_unit = when(col(UNIT).is_null(), hash).end()?.alias(NO_UNIT);
+            plan = LogicalPlan::Aggregate(Aggregate::try_new(
                 Arc::new(plan),
+                vec![col(UNIT), no_unit],
+                vec![top_groups_udaf().call(args).alias(KEPT)],
             )?);
+            plan = LogicalPlanBuilder::from(plan)
+                .unnest_column(Column::from_name(KEPT))?
+                .unnest_column(Column::from_name(KEPT))?
+                .build()?;
+            let mut cols = vec![col(UNIT)];
+            for (j, c) in carried.iter().enumerate() {
+                cols.push(
+                    Expr::Column(Column::from_name(format!("{KEPT}.c{j}")))
+                        .alias_qualified(c.relation.clone(), &c.name),
+                );
+            }
+            plan = LogicalPlan::Projection(Projection::try_new(cols, Arc::new(plan))?);
         }
         // 3. the sampled rows back as rows (at most C of each (unit, group), or every row for a
         //    model), under their own names; `__dpfusion_rn` numbers them from 1.
@@ -396,7 +440,7 @@ impl Bounding {
             .schema()
             .columns()
             .into_iter()
-            .filter(|c| c.name != SAMPLE && c.name != GR)
+            .filter(|c| c.name != SAMPLE)
             .map(Expr::Column)
             .collect();
         if !self.rows {
@@ -430,22 +474,40 @@ impl Bounding {
     }
 }
 
-/// `plan` with the window functions `exprs` added as columns of the given names.
-fn windowed(plan: LogicalPlan, exprs: Vec<(Expr, String)>) -> Result<LogicalPlan> {
-    let mut cols: Vec<Expr> = plan
-        .schema()
-        .columns()
-        .into_iter()
-        .map(Expr::Column)
-        .collect();
-    for (e, name) in &exprs {
-        cols.push(Expr::Column(Column::from_name(e.schema_name().to_string())).alias(name));
+impl Bounding {
+    /// The input of model calls (module docs): the region's rows as they stream, each with its
+    /// unit key, no state held here (the model buffers its rows, docs/PRIVACY.md). Only without
+    /// GROUP BY (one group: K = 1 holds with no choice) and with models alone: the other calls
+    /// read the bounded (unit, group) rows, a different input.
+    fn model_rows(self) -> Result<LogicalPlan> {
+        if self.bounded_calls {
+            return Err(refuse(
+                "on a unit-level table a model is fit in a query of its own: it reads every row \
+                 of each unit, the other DP aggregates read the bounded rows; run them in \
+                 separate queries",
+            ));
+        }
+        if !self.groups.is_empty() {
+            return Err(refuse(
+                "a model on a unit-level table is fit without GROUP BY (each unit's summed \
+                 gradient is clipped once per query); fit one model per group with WHERE",
+            ));
+        }
+        let mut cols: Vec<Expr> = self
+            .region
+            .schema()
+            .columns()
+            .into_iter()
+            .filter(|c| c.name != UNIT)
+            .map(Expr::Column)
+            .collect();
+        cols.push(self.unit.clone().alias(UNIT));
+        cols.push(lit(1u64).alias(RN));
+        Ok(LogicalPlan::Projection(Projection::try_new(
+            cols,
+            Arc::new(self.region),
+        )?))
     }
-    let plan = LogicalPlanBuilder::window_plan(plan, exprs.into_iter().map(|(e, _)| e))?;
-    Ok(LogicalPlan::Projection(Projection::try_new(
-        cols,
-        Arc::new(plan),
-    )?))
 }
 
 /// The secret key of one query's group choice: two words of the CSPRNG (seeded by the operating
@@ -517,22 +579,43 @@ impl ScalarUDFImpl for GroupKey {
 
 // ---- the row sample: at most C rows of each (unit, group) ----------------------------------------
 
-/// `__dpfusion_unit_sample(C, x…)`: at most C of the rows (x…) of its group, each row drawn with a
-/// uniform random 64-bit key and the C smallest kept (0: every row), as a list of structs
-/// `{pos, c0, c1, …}` with `pos` = 1, 2, … in key order. The C smallest of independent uniform
-/// keys are a uniform sample without replacement, whatever the partitioning (partial states keep
-/// their C smallest; merging keeps the C smallest of the union). The keys come from the thread's
-/// ChaCha generator (seeded by the operating system): privacy does not rest on them (any choice
-/// that reads only the unit's own rows keeps the bounds), only the absence of bias does.
-#[derive(Debug, PartialEq, Eq, Hash)]
+/// `__dpfusion_unit_sample(C, x…)`: at most C of the rows (x…) of its group, each row given a
+/// 64-bit key and the C smallest kept, as a list of structs `{pos, c0, c1, …}` with `pos` = 1, 2,
+/// … in key order. A row's key is SipHash-2-4 ([`GroupKey`]'s PRF) under a secret per-query key
+/// (derived from the query's key, so from the CSPRNG or the session's insecure test seed) of the
+/// row's values and its position among the rows its accumulator met: to anyone without the key,
+/// the keys of distinct (row, position) pairs are independent and uniform, so the C smallest are
+/// a uniform sample without replacement, whatever the partitioning (partial states keep their C
+/// smallest; merging keeps the C smallest of the union: only two equal rows at the same position
+/// of two partial accumulators share a key, and they are the same values). Under a fixed seed
+/// the sample is a function of the data and its partitioning into batches: a unit query is
+/// reproducible. Privacy does not rest on the keys (any choice that reads only the unit's own
+/// rows keeps the bounds), only the absence of bias does.
+#[derive(PartialEq, Eq, Hash)]
 pub(super) struct Sample {
     cap: u64,
+    key: [u64; 2],
     signature: Signature,
 }
 
-fn sample_udaf(cap: u64) -> AggregateUDF {
+impl std::fmt::Debug for Sample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sample {{ cap: {}, key: <secret> }}", self.cap)
+    }
+}
+
+fn sample_udaf(cap: u64, query_key: [u64; 2]) -> AggregateUDF {
+    // A key of its own (domain-separated from the group choice's): SipHash of the query key.
+    let derive = |i: u64| {
+        #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
+        let mut h = std::hash::SipHasher::new_with_keys(query_key[0], query_key[1]);
+        h.write(b"dpfusion unit row sample");
+        h.write_u64(i);
+        h.finish()
+    };
     AggregateUDF::from(Sample {
         cap,
+        key: [derive(0), derive(1)],
         signature: Signature::variadic_any(Volatility::Volatile),
     })
 }
@@ -582,20 +665,19 @@ impl AggregateUDFImpl for Sample {
             .iter()
             .map(|e| e.data_type(acc_args.schema))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Box::new(SampleAccumulator {
-            cap: usize::try_from(self.cap).unwrap_or(usize::MAX),
-            types,
-            rows: vec![],
-            bytes: 0,
-            threshold: u64::MAX,
-        }))
+        Ok(Box::new(SampleAccumulator::new(self.cap, self.key, types)?))
     }
 }
 
-#[derive(Debug)]
 struct SampleAccumulator {
-    /// C (0: every row).
+    /// C.
     cap: usize,
+    /// The row keys' secret PRF key.
+    key: [u64; 2],
+    /// The rows met so far (a row's position).
+    seen: u64,
+    /// Encodes a row's values for its key.
+    encoder: RowConverter,
     types: Vec<DataType>,
     /// (key, row) pairs: the C smallest keys seen (up to 2C between trims).
     rows: Vec<(u64, Vec<ScalarValue>)>,
@@ -605,18 +687,43 @@ struct SampleAccumulator {
     threshold: u64,
 }
 
+impl std::fmt::Debug for SampleAccumulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SampleAccumulator {{ cap: {}, rows: {} }}",
+            self.cap,
+            self.rows.len()
+        )
+    }
+}
+
 impl SampleAccumulator {
+    fn new(cap: u64, key: [u64; 2], types: Vec<DataType>) -> Result<Self> {
+        let encoder = RowConverter::new(types.iter().cloned().map(SortField::new).collect())?;
+        Ok(Self {
+            cap: usize::try_from(cap).unwrap_or(usize::MAX).max(1),
+            key,
+            seen: 0,
+            encoder,
+            types,
+            rows: vec![],
+            bytes: 0,
+            threshold: u64::MAX,
+        })
+    }
+
     fn push(&mut self, key: u64, row: Vec<ScalarValue>) {
         self.bytes += row.iter().map(ScalarValue::size).sum::<usize>();
         self.rows.push((key, row));
-        if self.cap > 0 && self.rows.len() >= 2 * self.cap.max(8) {
+        if self.rows.len() >= 2 * self.cap.max(8) {
             self.trim();
         }
     }
 
     /// Keeps the C smallest keys.
     fn trim(&mut self) {
-        if self.cap > 0 && self.rows.len() > self.cap {
+        if self.rows.len() > self.cap {
             self.rows.select_nth_unstable_by_key(self.cap, |r| r.0);
             self.rows.truncate(self.cap);
             self.threshold = self.rows.iter().map(|r| r.0).max().unwrap_or(u64::MAX);
@@ -660,8 +767,17 @@ impl SampleAccumulator {
 impl Accumulator for SampleAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let n = values.first().map_or(0, |a| a.len());
+        // (With no sampled column, `dp_count(*)`, a row is its position.)
+        let encoded = self.encoder.convert_columns(&values[1..])?;
         for i in 0..n {
-            let key = rand::random::<u64>();
+            #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
+            let mut h = std::hash::SipHasher::new_with_keys(self.key[0], self.key[1]);
+            if encoded.num_rows() == n {
+                h.write(encoded.row(i).as_ref());
+            }
+            h.write_u64(self.seen);
+            self.seen += 1;
+            let key = h.finish();
             // Not among the C smallest keys already kept.
             if key >= self.threshold {
                 continue;
@@ -717,6 +833,298 @@ impl Accumulator for SampleAccumulator {
         std::mem::size_of_val(self)
             + self.rows.capacity() * std::mem::size_of::<(u64, Vec<ScalarValue>)>()
             + self.bytes
+    }
+}
+
+// ---- the group choice without sorting: each unit's K groups of smallest keyed hash -------------
+
+/// `__dpfusion_unit_groups(K, hash, c0, c1, …)`, aggregated by unit over the per-(unit, group)
+/// rows: the K rows of smallest `hash` ([`GroupKey`] of the (unit, group)) with their columns, as
+/// a list of structs `{c0, c1, …}`. State per unit: at most K (hash, row) entries (the row in
+/// arrow's row format); a new row with a smaller hash than the largest kept evicts it; merging
+/// keeps the K smallest of the union. Which rows are kept depends only on the hashes (the
+/// (unit, group) values and the secret key), never on the order or the partitioning: the same
+/// choice as `row_number() OVER (PARTITION BY unit ORDER BY hash) <= K`, without the sort. A
+/// [`GroupsAccumulator`](datafusion::logical_expr::GroupsAccumulator): one state vector for all
+/// units (the per-unit `Accumulator` of DataFusion's adapter is slow at millions of units).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(super) struct TopGroups {
+    signature: Signature,
+}
+
+pub(super) fn top_groups_udaf() -> AggregateUDF {
+    AggregateUDF::from(TopGroups {
+        signature: Signature::variadic_any(Volatility::Immutable),
+    })
+}
+
+/// The struct of the kept rows: `c0, c1, …` of `types` (after `first`, if any: the hash).
+fn kept_fields(first: Option<&str>, types: &[DataType]) -> Fields {
+    first
+        .map(|f| Field::new(f, DataType::UInt64, true))
+        .into_iter()
+        .chain(
+            types
+                .iter()
+                .enumerate()
+                .map(|(j, t)| Field::new(format!("c{j}"), t.clone(), true)),
+        )
+        .collect()
+}
+
+impl AggregateUDFImpl for TopGroups {
+    fn name(&self) -> &str {
+        TOP_GROUPS_FN
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        Ok(list_of(kept_fields(None, &arg_types[2..])))
+    }
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        let types: Vec<DataType> = args.input_fields[2..]
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect();
+        Ok(vec![Arc::new(Field::new(
+            format!("{}[kept]", args.name),
+            list_of(kept_fields(Some("hash"), &types)),
+            true,
+        ))])
+    }
+    fn accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        Err(DataFusionError::Internal(format!(
+            "{TOP_GROUPS_FN} runs as a groups accumulator only"
+        )))
+    }
+    fn groups_accumulator_supported(&self, _: AccumulatorArgs) -> bool {
+        true
+    }
+    fn create_groups_accumulator(
+        &self,
+        args: AccumulatorArgs,
+    ) -> Result<Box<dyn datafusion::logical_expr::GroupsAccumulator>> {
+        let k = match args
+            .exprs
+            .first()
+            .and_then(|e| e.downcast_ref::<datafusion::physical_expr::expressions::Literal>())
+        {
+            Some(l) => match l.value() {
+                ScalarValue::UInt64(Some(k)) => *k,
+                _ => 0,
+            },
+            None => 0,
+        };
+        if k == 0 {
+            return Err(DataFusionError::Internal(format!(
+                "{TOP_GROUPS_FN}: K must be a positive UInt64 literal"
+            )));
+        }
+        let types = args.exprs[2..]
+            .iter()
+            .map(|e| e.data_type(args.schema))
+            .collect::<Result<Vec<_>>>()?;
+        let encoder = RowConverter::new(types.iter().cloned().map(SortField::new).collect())?;
+        Ok(Box::new(TopGroupsAccumulator {
+            k: usize::try_from(k).unwrap_or(usize::MAX),
+            types,
+            encoder,
+            units: vec![],
+            bytes: 0,
+            entries: 0,
+        }))
+    }
+}
+
+struct TopGroupsAccumulator {
+    k: usize,
+    types: Vec<DataType>,
+    encoder: RowConverter,
+    /// Per unit (group index): at most K (hash, row) entries.
+    units: Vec<Vec<(u64, Box<[u8]>)>>,
+    /// The rows' heap size.
+    bytes: usize,
+    /// The entries kept, over all units.
+    entries: usize,
+}
+
+impl std::fmt::Debug for TopGroupsAccumulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TopGroupsAccumulator {{ k: {}, units: {} }}",
+            self.k,
+            self.units.len()
+        )
+    }
+}
+
+impl TopGroupsAccumulator {
+    fn insert(&mut self, unit: usize, hash: u64, row: datafusion::arrow::row::Row<'_>) {
+        let kept = &mut self.units[unit];
+        if kept.len() < self.k {
+            self.bytes += row.as_ref().len();
+            self.entries += 1;
+            kept.push((hash, row.as_ref().into()));
+            return;
+        }
+        // The largest kept hash; ties keep the entry already there (equal hashes are the same
+        // (unit, group) under the PRF but for a negligible collision).
+        let (i, max) = kept
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, e)| e.0)
+            .map(|(i, e)| (i, e.0))
+            .expect("K > 0 entries");
+        if hash < max {
+            self.bytes = self.bytes + row.as_ref().len() - kept[i].1.len();
+            kept[i] = (hash, row.as_ref().into());
+        }
+    }
+
+    fn add_rows(
+        &mut self,
+        hashes: &UInt64Array,
+        columns: &[ArrayRef],
+        units: &[usize],
+        filter: Option<&datafusion::arrow::array::BooleanArray>,
+        total: usize,
+    ) -> Result<()> {
+        if self.units.len() < total {
+            self.units.resize_with(total, Vec::new);
+        }
+        let rows = self.encoder.convert_columns(columns)?;
+        for (i, &u) in units.iter().enumerate() {
+            if filter.is_some_and(|f| !f.is_valid(i) || !f.value(i)) {
+                continue;
+            }
+            // A NULL hash never happens (the hash of any value is a value); skip it if it did.
+            if hashes.is_null(i) {
+                continue;
+            }
+            self.insert(u, hashes.value(i), rows.row(i));
+        }
+        Ok(())
+    }
+
+    /// The entries of the units `emit_to` takes, as a list of structs per unit (`hash` first if
+    /// `with_hash`).
+    fn emit(
+        &mut self,
+        emit_to: datafusion::logical_expr::EmitTo,
+        with_hash: bool,
+    ) -> Result<ArrayRef> {
+        let units = emit_to.take_needed(&mut self.units);
+        let parser = self.encoder.parser();
+        let mut hashes = Vec::new();
+        let mut bytes = Vec::new();
+        let mut lengths = Vec::with_capacity(units.len());
+        for kept in &units {
+            lengths.push(kept.len());
+            for (h, row) in kept {
+                hashes.push(*h);
+                bytes.push(row);
+            }
+        }
+        self.bytes = self.units.iter().flatten().map(|e| e.1.len()).sum();
+        self.entries = self.units.iter().map(Vec::len).sum();
+        let columns = self
+            .encoder
+            .convert_rows(bytes.iter().map(|b| parser.parse(b)))?;
+        let mut arrays: Vec<ArrayRef> = vec![];
+        if with_hash {
+            arrays.push(Arc::new(UInt64Array::from(hashes)));
+        }
+        arrays.extend(columns);
+        let fields = kept_fields(with_hash.then_some("hash"), &self.types);
+        let values = StructArray::try_new(fields.clone(), arrays, None)?;
+        let field = Arc::new(Field::new_list_field(DataType::Struct(fields), true));
+        Ok(Arc::new(ListArray::try_new(
+            field,
+            OffsetBuffer::from_lengths(lengths),
+            Arc::new(values),
+            None,
+        )?))
+    }
+}
+
+impl datafusion::logical_expr::GroupsAccumulator for TopGroupsAccumulator {
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        opt_filter: Option<&datafusion::arrow::array::BooleanArray>,
+        total_num_groups: usize,
+    ) -> Result<()> {
+        let hashes = values[1].as_primitive::<UInt64Type>().clone();
+        self.add_rows(
+            &hashes,
+            &values[2..],
+            group_indices,
+            opt_filter,
+            total_num_groups,
+        )
+    }
+
+    fn merge_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        total_num_groups: usize,
+    ) -> Result<()> {
+        let lists = values[0].as_list::<i32>();
+        // Every entry of row i's list belongs to unit group_indices[i].
+        let mut units = Vec::with_capacity(lists.values().len());
+        let mut keep = Vec::with_capacity(lists.values().len());
+        for (i, &u) in group_indices.iter().enumerate() {
+            let on = !lists.is_null(i);
+            let range = lists.value_offsets()[i] as usize..lists.value_offsets()[i + 1] as usize;
+            for _ in range {
+                units.push(u);
+                keep.push(on);
+            }
+        }
+        let start = lists.value_offsets()[0] as usize;
+        let end = lists.value_offsets()[lists.len()] as usize;
+        let entries = lists.values().slice(start, end - start);
+        let entries = entries.as_struct();
+        let hashes = entries.column(0).as_primitive::<UInt64Type>().clone();
+        let filter = datafusion::arrow::array::BooleanArray::from(keep);
+        self.add_rows(
+            &hashes,
+            &entries.columns()[1..],
+            &units,
+            Some(&filter),
+            total_num_groups,
+        )
+    }
+
+    fn evaluate(&mut self, emit_to: datafusion::logical_expr::EmitTo) -> Result<ArrayRef> {
+        self.emit(emit_to, false)
+    }
+
+    fn convert_to_state(
+        &self,
+        _: &[ArrayRef],
+        _: Option<&datafusion::arrow::array::BooleanArray>,
+    ) -> Result<Vec<ArrayRef>> {
+        // Never called: `supports_convert_to_state` is false (no skipping of partial states).
+        Err(DataFusionError::Internal(format!(
+            "{TOP_GROUPS_FN} keeps its partial states"
+        )))
+    }
+
+    fn state(&mut self, emit_to: datafusion::logical_expr::EmitTo) -> Result<Vec<ArrayRef>> {
+        Ok(vec![self.emit(emit_to, true)?])
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self)
+            + self.units.capacity() * std::mem::size_of::<Vec<(u64, Box<[u8]>)>>()
+            + self.entries * std::mem::size_of::<(u64, Box<[u8]>)>()
+            + self.bytes
+            + self.encoder.size()
     }
 }
 
@@ -847,13 +1255,7 @@ mod tests {
 
     #[test]
     fn the_sample_keeps_at_most_c_rows_and_merges_to_c() {
-        let new = || SampleAccumulator {
-            cap: 3,
-            types: vec![DataType::Int64],
-            rows: vec![],
-            bytes: 0,
-            threshold: u64::MAX,
-        };
+        let new = || SampleAccumulator::new(3, [1, 2], vec![DataType::Int64]).unwrap();
         let batch = |lo: i64| -> Vec<ArrayRef> {
             vec![
                 Arc::new(UInt64Array::from(vec![3u64; 500])),
@@ -886,12 +1288,110 @@ mod tests {
             v.iter()
                 .all(|x| (0..500).contains(x) || (1000..1500).contains(x))
         );
-        // 0 = every row (a model).
-        let mut all = SampleAccumulator { cap: 0, ..new() };
-        all.update_batch(&batch(0)).unwrap();
-        let ScalarValue::List(list) = all.evaluate().unwrap() else {
+    }
+
+    /// The row sample draws from the query's key: the same key and rows give the same sample
+    /// (an insecure test seed reproduces a unit query), another key another one; with no
+    /// sampled column (`dp_count(*)`) it still keeps C rows.
+    #[test]
+    fn the_sample_is_a_function_of_the_query_key() {
+        let values: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from(vec![3u64; 200])),
+            Arc::new(Int64Array::from_iter_values(0..200)),
+        ];
+        let sample = |key: [u64; 2]| {
+            let mut a = SampleAccumulator::new(3, key, vec![DataType::Int64]).unwrap();
+            a.update_batch(&values).unwrap();
+            let ScalarValue::List(list) = a.evaluate().unwrap() else {
+                panic!("a list")
+            };
+            let rows = list.value(0);
+            rows.as_struct()
+                .column(1)
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                .values()
+                .to_vec()
+        };
+        assert_eq!(sample([1, 2]), sample([1, 2]));
+        assert_ne!(sample([1, 2]), sample([3, 4]));
+        let mut none = SampleAccumulator::new(3, [1, 2], vec![]).unwrap();
+        none.update_batch(&values[..1]).unwrap();
+        let ScalarValue::List(list) = none.evaluate().unwrap() else {
             panic!("a list")
         };
-        assert_eq!(list.value(0).len(), 500);
+        assert_eq!(list.value(0).len(), 3);
+    }
+
+    /// Each unit keeps exactly its K rows of smallest hash, whatever the order and the split into
+    /// partial states (merged), with their columns.
+    #[test]
+    fn the_top_groups_keep_the_k_smallest_hashes_of_each_unit() {
+        use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+        let new = || TopGroupsAccumulator {
+            k: 3,
+            types: vec![DataType::Int64],
+            encoder: RowConverter::new(vec![SortField::new(DataType::Int64)]).unwrap(),
+            units: vec![],
+            bytes: 0,
+            entries: 0,
+        };
+        // Two units (0 and 1), 40 rows each; row r has hash (37 r) mod 80 and value r.
+        let rows: Vec<(usize, u64, i64)> = (0..80)
+            .map(|r| (r % 2, (37 * r as u64) % 80, r as i64))
+            .collect();
+        let batch = |rows: &[(usize, u64, i64)]| -> (Vec<ArrayRef>, Vec<usize>) {
+            (
+                vec![
+                    Arc::new(UInt64Array::from(vec![3u64; rows.len()])) as ArrayRef,
+                    Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+                ],
+                rows.iter().map(|r| r.0).collect(),
+            )
+        };
+        let kept = |a: &mut TopGroupsAccumulator| -> Vec<Vec<i64>> {
+            let out = a.evaluate(EmitTo::All).unwrap();
+            let list = out.as_list::<i32>();
+            (0..list.len())
+                .map(|i| {
+                    let v = list.value(i);
+                    let mut v = v
+                        .as_struct()
+                        .column(0)
+                        .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                        .values()
+                        .to_vec();
+                    v.sort_unstable();
+                    v
+                })
+                .collect()
+        };
+        let mut whole = new();
+        let (v, g) = batch(&rows);
+        whole.update_batch(&v, &g, None, 2).unwrap();
+        // The expected: per unit, the values of its 3 smallest hashes.
+        let expected: Vec<Vec<i64>> = (0..2)
+            .map(|u| {
+                let mut mine: Vec<_> = rows.iter().filter(|r| r.0 == u).collect();
+                mine.sort_by_key(|r| r.1);
+                let mut v: Vec<i64> = mine[..3].iter().map(|r| r.2).collect();
+                v.sort_unstable();
+                v
+            })
+            .collect();
+        assert_eq!(kept(&mut whole), expected);
+        // Reversed and split in two partial states, merged.
+        let mut rev = rows.clone();
+        rev.reverse();
+        let (mut a, mut b, mut merged) = (new(), new(), new());
+        let (v, g) = batch(&rev[..30]);
+        a.update_batch(&v, &g, None, 2).unwrap();
+        let (v, g) = batch(&rev[30..]);
+        b.update_batch(&v, &g, None, 2).unwrap();
+        for part in [&mut a, &mut b] {
+            let state = part.state(EmitTo::All).unwrap();
+            merged.merge_batch(&state, &[0, 1], 2).unwrap();
+        }
+        assert_eq!(kept(&mut merged), expected);
     }
 }
