@@ -25,11 +25,10 @@ use datafusion::logical_expr::AggregateUDF;
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::exact::{FixedPoint, release_exact};
-use super::interval::{DpCiUdaf, Interval, Noise, count_intervals};
-use super::laplace::LaplaceCount;
+use super::exact::FixedPoint;
+use super::interval::DpCiUdaf;
 use super::params::{CountParams, Mechanism, SQRT_2_UP, representable};
-use crate::mechanisms::GaussianMechanism;
+use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{PrivacyError, gaussian_mu};
 
@@ -59,10 +58,7 @@ static SPEC: Spec = Spec {
     },
     release: |lits| {
         let p = CountParams::from_literals(lits)?;
-        Ok(match p.mechanism {
-            Mechanism::Laplace => Arc::new(LaplaceCount::new(&p)?),
-            Mechanism::Gaussian => Arc::new(CountRelease::new(&p)?),
-        })
+        Ok(Arc::new(CountRelease::new(&p)?))
     },
     description: "Differentially private count of the non-NULL values of `value` (NaN counts as \
          NULL). The exact count is released once with discrete Gaussian noise of sensitivity 1 (√2 \
@@ -74,30 +70,47 @@ static SPEC: Spec = Spec {
     related: &["dp_sum", "dp_mean"],
 };
 
-/// The release of a `dp_count` call.
+/// The release of a `dp_count` call: the exact count plus one [`Noise`], calibrated per noise
+/// kind side by side.
 #[derive(Debug, Clone)]
 pub(crate) struct CountRelease {
-    pub mech: GaussianMechanism,
+    pub noise: Noise,
 }
 
 impl CountRelease {
     /// The calibration (module docs); also called by [`CountParams::cost`], so the accountant
     /// refuses exactly what the planner refuses.
     pub fn new(p: &CountParams) -> Result<Self, PrivacyError> {
-        let build = |epsilon: f64| {
-            // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
-            let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
-            if p.neighbours.moves_between_groups() {
-                // ‖Δc‖₂ = √2, rounding slack √2 grid steps (module docs).
-                GaussianMechanism::from_mu_with_slack(mu, SQRT_2_UP, SQRT_2_UP)
-            } else {
-                GaussianMechanism::from_mu(mu, 1.0) // |Δc| = 1
+        let noise = match p.mechanism {
+            Mechanism::Gaussian => {
+                let build = |epsilon: f64| {
+                    // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
+                    let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
+                    if p.neighbours.moves_between_groups() {
+                        // ‖Δc‖₂ = √2, rounding slack √2 grid steps (module docs).
+                        GaussianMechanism::from_mu_with_slack(mu, SQRT_2_UP, SQRT_2_UP)
+                    } else {
+                        GaussianMechanism::from_mu(mu, 1.0) // |Δc| = 1
+                    }
+                };
+                let delta = p.delta.to_string();
+                Noise::Gaussian(representable(p.epsilon, ("delta", &delta), build)?)
+            }
+            Mechanism::Laplace => {
+                // L1: 1, 2 (private keys), K·C (units); slack the same number of grid steps
+                // (super::laplace, "L1 sensitivities").
+                let f = p.neighbours.pure_factor();
+                let build = |epsilon: f64| LaplaceMechanism::from_epsilon_with_slack(epsilon, f, f);
+                let bound = f.to_string();
+                Noise::Laplace(representable(p.epsilon, ("neighbours", &bound), build)?)
             }
         };
-        let delta = p.delta.to_string();
-        Ok(Self {
-            mech: representable(p.epsilon, ("delta", &delta), build)?,
-        })
+        Ok(Self { noise })
+    }
+
+    /// One group's release before clamping: round(c + g·Y), one draw.
+    fn draw(&self, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
+        Ok(self.noise.release(rng, p.count as i128, 0)?.round())
     }
 }
 
@@ -111,33 +124,36 @@ impl Finalise for CountRelease {
     fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef> {
         let out = partials
             .iter()
-            .map(|p| {
-                let noisy = release_exact(&self.mech, rng, p.count as i128, 0)?;
-                Ok(noisy.round().max(0.0) as i64) // `as` saturates
-            })
+            .map(|p| Ok(self.draw(rng, p)?.max(0.0) as i64)) // `as` saturates
             .collect::<Result<Vec<i64>>>()?;
         Ok(Arc::new(Int64Array::from(out)))
     }
     fn noise(&self) -> Option<String> {
-        Some(format!(
-            "Gaussian σ = {}",
-            super::accumulator::short(self.mech.sigma)
-        ))
+        Some(self.noise.describe())
     }
+    /// The same draws as [`Self::finalise`] ([`Self::draw`]), then the interval
+    /// ([`super::interval`], "Formulas"): for the integer count c, |r − c| ≤ W whenever
+    /// |g·Y| < W + ½, W = ⌈(k + 1)·g − ½⌉; [max(r − W, 0), max(r + W, 0)] from the unclamped r.
     fn finalise_with_intervals(
         &self,
         rng: &mut SecureRng,
         partials: &[Partial],
         confidence: f64,
     ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-        let release = |rng: &mut SecureRng, c: i128| release_exact(&self.mech, rng, c, 0);
-        count_intervals(
-            Noise::Gaussian(self.mech),
-            release,
-            rng,
-            partials,
-            confidence,
-        )
+        let w = self.noise.integer_half_width(confidence);
+        let stddev = self.noise.stddev();
+        let mut values = Vec::with_capacity(partials.len());
+        let mut out = Vec::with_capacity(partials.len());
+        for p in partials {
+            let r = self.draw(rng, p)?;
+            values.push(r.max(0.0) as i64); // as `finalise`; `as` saturates
+            out.push(Some(Interval {
+                lower: (r - w).max(0.0),
+                upper: (r + w).max(0.0),
+                stddev,
+            }));
+        }
+        Ok((Arc::new(Int64Array::from(values)), out))
     }
 }
 

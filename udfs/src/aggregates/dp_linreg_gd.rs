@@ -353,7 +353,7 @@ pub fn linreg_cost(data: &[Expr], params: &[ScalarValue]) -> Result<Vec<Event>, 
 /// the relative Gaussian mechanism (`'rgm'`, whose σ also depends on the feature count).
 pub fn linreg_noise(params: &[ScalarValue]) -> Option<String> {
     let p = LinregParams::from_literals(params).ok()?;
-    let short = super::accumulator::short;
+    let short = crate::mechanisms::noise::short;
     match p.mechanism {
         LinregMechanism::Gaussian => {
             let k = p.gaussian().ok()?;

@@ -241,7 +241,7 @@ impl AgdParams {
 /// exponential mechanism's per-selection ρ_nm.
 pub fn agd_noise(params: &[ScalarValue]) -> Option<String> {
     let plan = AgdParams::from_literals(params).ok()?.plan().ok()?;
-    let short = super::accumulator::short;
+    let short = crate::mechanisms::noise::short;
     let sigma = plan.factor() * plan.config.clip_grad / (2.0 * plan.rho_ng).sqrt();
     Some(format!(
         "Gaussian σ = {} on the clipped gradient sum at the first step (ρ = {} per gradient, \

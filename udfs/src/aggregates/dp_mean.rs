@@ -304,7 +304,7 @@ impl Finalise for MeanRelease {
         Ok(Arc::new(Float64Array::from(out)))
     }
     fn noise(&self) -> Option<String> {
-        let s = super::accumulator::short;
+        let s = crate::mechanisms::noise::short;
         Some(match (&self.sum_mech, &self.count_mech) {
             (Some(a), Some(b)) => format!(
                 "Gaussian σ = {} on the sum of (value − midpoint), σ = {} on the count",

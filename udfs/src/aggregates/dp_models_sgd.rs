@@ -318,7 +318,7 @@ pub fn sgd_cost(kind: SgdKind, params: &[ScalarValue]) -> Result<Vec<Event>, Pri
 pub fn sgd_noise(kind: SgdKind, params: &[ScalarValue]) -> Option<String> {
     let p = SgdParams::from_literals(kind, params).ok()?;
     let plan = p.plan().ok()?;
-    let short = super::accumulator::short;
+    let short = crate::mechanisms::noise::short;
     Some(match p.noise {
         NoiseKind::Independent => {
             let standalone = crate::privacy::sgd::epsilon(
@@ -676,7 +676,7 @@ mod tests {
         // σ on the grid: at least z·clip, within a hair of it.
         assert!(plan.sigma() >= z && plan.sigma() < z * 1.001);
         let text = sgd_noise(SgdKind::Logistic, &lits).unwrap();
-        let short = crate::aggregates::accumulator::short;
+        let short = crate::mechanisms::noise::short;
         assert!(
             text.starts_with(&format!("Gaussian σ = {} per step", short(plan.sigma()))),
             "{text}"

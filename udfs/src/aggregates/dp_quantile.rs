@@ -657,7 +657,7 @@ pub fn cost_of(kind: QuantileKind, params: &[ScalarValue]) -> Result<Vec<Event>,
 /// exponential mechanism's bins and the ε each quantile's draw uses (module docs).
 pub fn noise_of(kind: QuantileKind, params: &[ScalarValue]) -> Option<String> {
     let p = QuantileParams::from_literals(kind, params).ok()?;
-    let short = super::accumulator::short;
+    let short = crate::mechanisms::noise::short;
     if p.lower == p.upper {
         return Some("none (lower = upper)".into());
     }

@@ -32,11 +32,10 @@ use datafusion::logical_expr::AggregateUDF;
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::exact::{FixedPoint, release_exact};
-use super::interval::{DpCiUdaf, Interval, Noise, sum_intervals};
-use super::laplace::LaplaceSum;
+use super::exact::FixedPoint;
+use super::interval::DpCiUdaf;
 use super::params::{Mechanism, Neighbours, SQRT_2_UP, SumParams, representable};
-use crate::mechanisms::GaussianMechanism;
+use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{PrivacyError, gaussian_mu};
 
@@ -66,10 +65,7 @@ static SPEC: Spec = Spec {
     },
     release: |lits| {
         let p = SumParams::from_literals(lits)?;
-        Ok(match p.mechanism {
-            Mechanism::Laplace => Arc::new(LaplaceSum::new(&p)?),
-            Mechanism::Gaussian => Arc::new(SumRelease::new(&p)?),
-        })
+        Ok(Arc::new(SumRelease::new(&p)?))
     },
     description: "Differentially private sum. Each non-NULL, non-NaN value is clamped to [lower, \
          upper] (±infinity included) and mapped to a fixed-point integer on a power-of-two grid, \
@@ -87,12 +83,13 @@ static SPEC: Spec = Spec {
     related: &["dp_count", "dp_mean"],
 };
 
-/// The release of a `dp_sum` call.
+/// The release of a `dp_sum` call: the exact fixed-point sum plus one [`Noise`], calibrated per
+/// noise kind side by side.
 #[derive(Debug, Clone)]
 pub(crate) struct SumRelease {
     pub fp: FixedPoint,
     /// `None` when the sensitivity is 0 (lower = upper = 0).
-    pub mech: Option<GaussianMechanism>,
+    pub noise: Option<Noise>,
 }
 
 /// ⌈√2·m⌉ for m ≥ 0, exactly: the smallest k with k² ≥ 2m² (integer square root; m ≤ 2^40, so
@@ -104,34 +101,74 @@ pub(crate) fn ceil_sqrt2_times(m: i64) -> i64 {
 }
 
 impl SumRelease {
-    /// The calibration (module docs); also called by [`SumParams::cost`], so the accountant
-    /// refuses exactly what the planner refuses.
+    /// The calibration (module docs; Laplace: [`super::laplace`], "L1 sensitivities"); also
+    /// called by [`SumParams::cost`], so the accountant refuses exactly what the planner
+    /// refuses.
     pub fn new(p: &SumParams) -> Result<Self, PrivacyError> {
         let fp = FixedPoint::new(p.lower, p.upper);
-        // Sensitivity in grid units (module docs) and the rounding slack in grid steps.
-        let (units, slack) = match p.neighbours {
-            Neighbours::AddRemove | Neighbours::Units { .. } => (fp.max_abs(), 1.0),
-            Neighbours::Replace | Neighbours::ReplacePublicN => (fp.width().max(fp.max_abs()), 1.0),
-            Neighbours::ReplacePrivateKeys => {
-                (fp.width().max(ceil_sqrt2_times(fp.max_abs())), SQRT_2_UP)
+        let m = fp.max_abs();
+        let bounds = format!("{} (lower {})", p.upper, p.lower);
+        let noise = match p.mechanism {
+            Mechanism::Gaussian => {
+                // L2 sensitivity in grid units (module docs) and the rounding slack in steps.
+                let (units, slack) = match p.neighbours {
+                    Neighbours::AddRemove | Neighbours::Units { .. } => (m, 1.0),
+                    Neighbours::Replace | Neighbours::ReplacePublicN => (fp.width().max(m), 1.0),
+                    Neighbours::ReplacePrivateKeys => {
+                        (fp.width().max(ceil_sqrt2_times(m)), SQRT_2_UP)
+                    }
+                };
+                if units == 0 {
+                    return Ok(Self { fp, noise: None });
+                }
+                // units ≤ 2^41 and q = 2^e: the product is exact, or +∞ (refused by the
+                // mechanism).
+                let sensitivity = units as f64 * fp.step();
+                let build = |epsilon: f64| {
+                    // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
+                    let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
+                    GaussianMechanism::from_mu_with_slack(mu, sensitivity, slack)
+                };
+                Noise::Gaussian(representable(p.epsilon, ("upper", &bounds), build)?)
+            }
+            Mechanism::Laplace => {
+                // L1 sensitivity in grid units and rounding slack in grid steps.
+                let (units, slack) = match p.neighbours {
+                    Neighbours::AddRemove | Neighbours::Units { .. } => (m as f64, 1.0),
+                    Neighbours::Replace | Neighbours::ReplacePublicN => {
+                        (fp.width().max(m) as f64, 1.0)
+                    }
+                    Neighbours::ReplacePrivateKeys => (fp.width().max(2 * m) as f64, 2.0),
+                };
+                if units == 0.0 {
+                    return Ok(Self { fp, noise: None });
+                }
+                // K·C under `units:K:C` (1 otherwise), on the sensitivity and the slack.
+                let f = if p.neighbours.is_units() {
+                    p.neighbours.pure_factor()
+                } else {
+                    1.0
+                };
+                // units ≤ 2^42, K·C ≤ 10^12, q = 2^e: products exact or rounded up by one ulp.
+                let sensitivity = (f * units * fp.step()).next_up();
+                let build = |epsilon: f64| {
+                    LaplaceMechanism::from_epsilon_with_slack(epsilon, sensitivity, f * slack)
+                };
+                Noise::Laplace(representable(p.epsilon, ("upper", &bounds), build)?)
             }
         };
-        if units == 0 {
-            return Ok(Self { fp, mech: None });
-        }
-        // units ≤ 2^41 and q = 2^e: the product is exact, or +∞ (refused by the mechanism).
-        let sensitivity = units as f64 * fp.step();
-        let build = |epsilon: f64| {
-            // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
-            let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
-            GaussianMechanism::from_mu_with_slack(mu, sensitivity, slack)
-        };
-        let bounds = format!("{} (lower {})", p.upper, p.lower);
-        let mech = representable(p.epsilon, ("upper", &bounds), build)?;
         Ok(Self {
             fp,
-            mech: Some(mech),
+            noise: Some(noise),
         })
+    }
+
+    /// One group's release: the exact sum plus one draw (0 without noise).
+    fn draw(&self, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
+        match &self.noise {
+            Some(n) => n.release(rng, p.sum, self.fp.exp),
+            None => Ok(0.0),
+        }
     }
 }
 
@@ -145,32 +182,39 @@ impl Finalise for SumRelease {
     fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef> {
         let out = partials
             .iter()
-            .map(|p| match &self.mech {
-                Some(m) => release_exact(m, rng, p.sum, self.fp.exp),
-                None => Ok(0.0),
-            })
+            .map(|p| self.draw(rng, p))
             .collect::<Result<Vec<f64>>>()?;
         Ok(Arc::new(Float64Array::from(out)))
     }
     fn noise(&self) -> Option<String> {
-        Some(match &self.mech {
-            Some(m) => format!("Gaussian σ = {}", super::accumulator::short(m.sigma)),
+        Some(match &self.noise {
+            Some(n) => n.describe(),
             None => "none (lower = upper = 0)".into(),
         })
     }
+    /// The same draws as [`Self::finalise`], each with raw ± (k + 1)·g ([`Noise::interval`]:
+    /// the release is not post-processed, so neither is the interval); [0, 0] without noise.
     fn finalise_with_intervals(
         &self,
         rng: &mut SecureRng,
         partials: &[Partial],
         confidence: f64,
     ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-        let exp = self.fp.exp;
-        let release = |rng: &mut SecureRng, s: i128| match &self.mech {
-            Some(m) => release_exact(m, rng, s, exp),
-            None => Ok(0.0),
-        };
-        let noise = self.mech.map(Noise::Gaussian);
-        sum_intervals(noise, release, rng, partials, confidence)
+        let mut values = Vec::with_capacity(partials.len());
+        let mut out = Vec::with_capacity(partials.len());
+        for p in partials {
+            let raw = self.draw(rng, p)?;
+            values.push(raw);
+            out.push(Some(match &self.noise {
+                Some(n) => n.interval(raw, confidence),
+                None => Interval {
+                    lower: 0.0,
+                    upper: 0.0,
+                    stddev: 0.0,
+                },
+            }));
+        }
+        Ok((Arc::new(Float64Array::from(values)), out))
     }
 }
 

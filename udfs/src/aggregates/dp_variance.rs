@@ -362,7 +362,7 @@ impl Finalise for VarianceRelease {
                 // In value units: S₁ is in half-units q/2, S₂ in units 2^shift·(q/2)².
                 let half = pow2(self.fp.exp - 1);
                 let sq_unit = pow2(self.sq.shift as i32) * half * half;
-                let s = super::accumulator::short;
+                let s = crate::mechanisms::noise::short;
                 format!(
                     "Gaussian σ = {} on the count, σ = {} on the sum of (value − midpoint), \
                      σ = {} on the sum of its squares",

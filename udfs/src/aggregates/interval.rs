@@ -95,7 +95,7 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, StructArray};
+use datafusion::arrow::array::{ArrayRef, Float64Array, StructArray};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
@@ -113,91 +113,13 @@ use super::common::{Fin, call_literals};
 use super::dp_mean::MeanDraw;
 use super::exact::{FixedPoint, SquareGrid};
 use super::params::{number, plan_error};
-use crate::mechanisms::{GaussianMechanism, LaplaceMechanism};
+pub use crate::mechanisms::{Interval, Noise};
 use crate::noise::SecureRng;
-use crate::noise::discrete::steps_for;
 use crate::privacy::normal::phi_inv;
 use crate::privacy::{Event, PrivacyError};
 
 /// The default `confidence`.
 pub const DEFAULT_CONFIDENCE: f64 = 0.95;
-
-/// One release's interval and noise standard deviation, in the statistic's units.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Interval {
-    pub lower: f64,
-    pub upper: f64,
-    pub stddev: f64,
-}
-
-/// The noise of one release on its grid.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Noise {
-    Gaussian(GaussianMechanism),
-    Laplace(LaplaceMechanism),
-}
-
-impl Noise {
-    fn granularity(&self) -> f64 {
-        match self {
-            Noise::Gaussian(m) => m.granularity,
-            Noise::Laplace(m) => m.granularity,
-        }
-    }
-
-    /// S (Gaussian) or t (Laplace): the integer scale the sampler uses.
-    fn steps(&self) -> u128 {
-        match self {
-            Noise::Gaussian(m) => steps_for(m.sigma, m.granularity),
-            Noise::Laplace(m) => steps_for(m.scale, m.granularity),
-        }
-    }
-
-    /// The smallest k ≥ 0 (grid steps) with P(|Y| ≤ k) ≥ `level` (module docs; for the
-    /// Gaussian, for the provable bound).
-    pub fn half_steps(&self, level: f64) -> u128 {
-        let s = self.steps() as f64;
-        match self {
-            Noise::Gaussian(_) => {
-                // z = Φ⁻¹((1 + level)/2) = −Φ⁻¹((1 − level)/2), accurate for level near 1.
-                let z = -phi_inv((1.0 - level) / 2.0) * (1.0 + 1e-9);
-                (z * s).ceil().max(0.0) as u128
-            }
-            Noise::Laplace(_) => {
-                // k + 1 ≥ t·ln(2/((1 − level)(1 + a))), a = e^{−1/t}.
-                let a = (-1.0 / s).exp();
-                let x = s * (std::f64::consts::LN_2 - (1.0 - level).ln() - a.ln_1p());
-                ((x * (1.0 + 1e-12)).ceil() - 1.0).max(0.0) as u128
-            }
-        }
-    }
-
-    /// The half-width, in value units, of an interval around the raw release that covers the
-    /// exact statistic (before or after its rounding to the grid): (k + 1)·g.
-    pub fn half_width(&self, level: f64) -> f64 {
-        (self.half_steps(level) + 1) as f64 * self.granularity()
-    }
-
-    /// The integer half-width W of an integer statistic released rounded to an integer:
-    /// ⌈(k + 1)·g − ½⌉ (module docs).
-    pub fn integer_half_width(&self, level: f64) -> f64 {
-        ((self.half_steps(level) + 1) as f64 * self.granularity() - 0.5)
-            .ceil()
-            .max(0.0)
-    }
-
-    /// The noise's standard deviation (value units).
-    pub fn stddev(&self) -> f64 {
-        match self {
-            Noise::Gaussian(m) => m.sigma,
-            Noise::Laplace(m) => {
-                let t = self.steps() as f64;
-                let a = (-1.0 / t).exp();
-                m.granularity * (2.0 * a).sqrt() / -(-1.0 / t).exp_m1()
-            }
-        }
-    }
-}
 
 /// x with P(|L₁ + L₂| > x) ≤ 1 − level, L₁, L₂ independent Laplace of scales b₁ > 0, b₂ ≥ 0
 /// (module docs), by bisection, rounded up.
@@ -284,63 +206,6 @@ pub(crate) fn laplace_ratio_set(
         }
     }
     Some((lo, hi))
-}
-
-/// The value and interval of a count (`dp_count`, `dp_count_distinct`), drawn by `release`
-/// exactly as the base release draws it (module docs).
-pub(crate) fn count_intervals(
-    noise: Noise,
-    release: impl Fn(&mut SecureRng, i128) -> Result<f64>,
-    rng: &mut SecureRng,
-    partials: &[Partial],
-    level: f64,
-) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-    let w = noise.integer_half_width(level);
-    let stddev = noise.stddev();
-    let mut values = Vec::with_capacity(partials.len());
-    let mut out = Vec::with_capacity(partials.len());
-    for p in partials {
-        let r = release(rng, p.count as i128)?.round();
-        values.push(r.max(0.0) as i64); // as the base release; `as` saturates
-        out.push(Some(Interval {
-            lower: (r - w).max(0.0),
-            upper: (r + w).max(0.0),
-            stddev,
-        }));
-    }
-    Ok((Arc::new(Int64Array::from(values)), out))
-}
-
-/// The value and interval of a sum (`dp_sum`); no noise (lower = upper = 0) gives [0, 0].
-pub(crate) fn sum_intervals(
-    noise: Option<Noise>,
-    release: impl Fn(&mut SecureRng, i128) -> Result<f64>,
-    rng: &mut SecureRng,
-    partials: &[Partial],
-    level: f64,
-) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-    let mut values = Vec::with_capacity(partials.len());
-    let mut out = Vec::with_capacity(partials.len());
-    for p in partials {
-        let Some(noise) = noise else {
-            values.push(0.0);
-            out.push(Some(Interval {
-                lower: 0.0,
-                upper: 0.0,
-                stddev: 0.0,
-            }));
-            continue;
-        };
-        let raw = release(rng, p.sum)?;
-        let w = noise.half_width(level);
-        values.push(raw);
-        out.push(Some(Interval {
-            lower: raw - w,
-            upper: raw + w,
-            stddev: noise.stddev(),
-        }));
-    }
-    Ok((Arc::new(Float64Array::from(values)), out))
 }
 
 /// The value and interval of a mean (`dp_mean`, both mechanisms) from its draws (module docs).

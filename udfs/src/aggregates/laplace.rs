@@ -36,16 +36,14 @@
 //!   (Δ_s = 2w) and divides by the public n, as the Gaussian release does.
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array};
+use datafusion::arrow::array::{ArrayRef, Float64Array};
 use datafusion::common::Result;
 
 use super::accumulator::{Finalise, Partial, Shape};
 use super::dp_variance::{centred_sum, normalised_variance, variance_output};
 use super::exact::{FixedPoint, SquareGrid, pow2, release_exact_laplace};
-use super::interval::{
-    Interval, Noise, count_intervals, mean_intervals, sum_intervals, variance_intervals,
-};
-use super::params::{CountParams, MeanParams, Neighbours, SumParams, representable};
+use super::interval::{Interval, Noise, mean_intervals, variance_intervals};
+use super::params::{MeanParams, Neighbours, representable};
 use crate::mechanisms::LaplaceMechanism;
 use crate::noise::SecureRng;
 use crate::privacy::PrivacyError;
@@ -54,148 +52,6 @@ use crate::privacy::PrivacyError;
 /// (K·C, K·C); (1, 1) otherwise.
 fn units_factor(nb: Neighbours) -> f64 {
     if nb.is_units() { nb.pure_factor() } else { 1.0 }
-}
-
-/// `dp_count(…, mechanism => 'laplace')`.
-#[derive(Debug, Clone)]
-pub(crate) struct LaplaceCount {
-    pub mech: LaplaceMechanism,
-}
-
-impl LaplaceCount {
-    pub fn new(p: &CountParams) -> Result<Self, PrivacyError> {
-        // L1: 1, 2 (private keys), K·C (units); slack the same number of grid steps.
-        let f = p.neighbours.pure_factor();
-        let build = |epsilon: f64| LaplaceMechanism::from_epsilon_with_slack(epsilon, f, f);
-        let bound = f.to_string();
-        Ok(Self {
-            mech: representable(p.epsilon, ("neighbours", &bound), build)?,
-        })
-    }
-}
-
-impl Finalise for LaplaceCount {
-    fn shape(&self) -> Shape {
-        Shape {
-            sum: false,
-            sum_sq: false,
-            count: true,
-            rows: false,
-        }
-    }
-    fn fixed_point(&self) -> Option<FixedPoint> {
-        None
-    }
-    fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef> {
-        let out = partials
-            .iter()
-            .map(|p| {
-                let noisy = release_exact_laplace(&self.mech, rng, p.count as i128, 0)?;
-                Ok(noisy.round().max(0.0) as i64)
-            })
-            .collect::<Result<Vec<i64>>>()?;
-        Ok(Arc::new(Int64Array::from(out)))
-    }
-    fn noise(&self) -> Option<String> {
-        Some(format!(
-            "Laplace b = {}",
-            super::accumulator::short(self.mech.scale)
-        ))
-    }
-    fn finalise_with_intervals(
-        &self,
-        rng: &mut SecureRng,
-        partials: &[Partial],
-        confidence: f64,
-    ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-        let release = |rng: &mut SecureRng, c: i128| release_exact_laplace(&self.mech, rng, c, 0);
-        count_intervals(
-            Noise::Laplace(self.mech),
-            release,
-            rng,
-            partials,
-            confidence,
-        )
-    }
-}
-
-/// `dp_sum(…, mechanism => 'laplace')`.
-#[derive(Debug, Clone)]
-pub(crate) struct LaplaceSum {
-    pub fp: FixedPoint,
-    /// `None` when the sensitivity is 0 (lower = upper = 0).
-    pub mech: Option<LaplaceMechanism>,
-}
-
-impl LaplaceSum {
-    pub fn new(p: &SumParams) -> Result<Self, PrivacyError> {
-        let fp = FixedPoint::new(p.lower, p.upper);
-        let m = fp.max_abs();
-        // L1 sensitivity in grid units and rounding slack in grid steps (module docs).
-        let (units, slack) = match p.neighbours {
-            Neighbours::AddRemove | Neighbours::Units { .. } => (m as f64, 1.0),
-            Neighbours::Replace | Neighbours::ReplacePublicN => (fp.width().max(m) as f64, 1.0),
-            Neighbours::ReplacePrivateKeys => (fp.width().max(2 * m) as f64, 2.0),
-        };
-        if units == 0.0 {
-            return Ok(Self { fp, mech: None });
-        }
-        let f = units_factor(p.neighbours);
-        // units ≤ 2^42, K·C ≤ 10^12, q = 2^e: products exact or rounded up by one ulp at most.
-        let sensitivity = (f * units * fp.step()).next_up();
-        let build = |epsilon: f64| {
-            LaplaceMechanism::from_epsilon_with_slack(epsilon, sensitivity, f * slack)
-        };
-        let bounds = format!("{} (lower {})", p.upper, p.lower);
-        Ok(Self {
-            fp,
-            mech: Some(representable(p.epsilon, ("upper", &bounds), build)?),
-        })
-    }
-}
-
-impl Finalise for LaplaceSum {
-    fn shape(&self) -> Shape {
-        Shape {
-            sum: true,
-            sum_sq: false,
-            count: false,
-            rows: false,
-        }
-    }
-    fn fixed_point(&self) -> Option<FixedPoint> {
-        Some(self.fp)
-    }
-    fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef> {
-        let out = partials
-            .iter()
-            .map(|p| match &self.mech {
-                Some(m) => release_exact_laplace(m, rng, p.sum, self.fp.exp),
-                None => Ok(0.0),
-            })
-            .collect::<Result<Vec<f64>>>()?;
-        Ok(Arc::new(Float64Array::from(out)))
-    }
-    fn noise(&self) -> Option<String> {
-        Some(match &self.mech {
-            Some(m) => format!("Laplace b = {}", super::accumulator::short(m.scale)),
-            None => "none (lower = upper = 0)".into(),
-        })
-    }
-    fn finalise_with_intervals(
-        &self,
-        rng: &mut SecureRng,
-        partials: &[Partial],
-        confidence: f64,
-    ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-        let exp = self.fp.exp;
-        let release = |rng: &mut SecureRng, s: i128| match &self.mech {
-            Some(m) => release_exact_laplace(m, rng, s, exp),
-            None => Ok(0.0),
-        };
-        let noise = self.mech.map(Noise::Laplace);
-        sum_intervals(noise, release, rng, partials, confidence)
-    }
 }
 
 /// `dp_mean(…, mechanism => 'laplace')`.
@@ -298,7 +154,7 @@ impl Finalise for LaplaceMean {
         Ok(Arc::new(Float64Array::from(out)))
     }
     fn noise(&self) -> Option<String> {
-        let s = super::accumulator::short;
+        let s = crate::mechanisms::noise::short;
         Some(match (&self.sum_mech, &self.count_mech) {
             (Some(a), Some(b)) => format!(
                 "Laplace b = {} on the sum of (value − midpoint), b = {} on the count",
@@ -472,7 +328,7 @@ impl Finalise for LaplaceVariance {
             Some(m) => format!(
                 "Laplace b = {} on the count (and on the sums of the centred values and their \
                  squares, splitting ε)",
-                super::accumulator::short(m.count.scale)
+                crate::mechanisms::noise::short(m.count.scale)
             ),
             None => "none (lower = upper)".into(),
         })

@@ -51,6 +51,16 @@ impl Mechanism {
             )),
         }
     }
+
+    /// What a call of this noise kind at (ε, δ) costs: one μ-GDP release, μ = gaussian_mu(ε, δ)
+    /// (Gaussian; a call splitting μ over several releases has μ_1² + … ≤ μ²), or pure ε-DP
+    /// (Laplace; a call splitting ε has ε_1 + … ≤ ε): [`gaussian_cost`], [`laplace_cost`].
+    pub fn cost(self, epsilon: f64, delta: f64) -> Result<Vec<Event>, PrivacyError> {
+        match self {
+            Mechanism::Gaussian => gaussian_cost(epsilon, delta),
+            Mechanism::Laplace => Ok(laplace_cost(epsilon)),
+        }
+    }
 }
 
 /// The cost of a Laplace call: pure ε-DP, charged as `Event::PureDp { ε }` (Bun and Steinke
@@ -492,12 +502,8 @@ impl CountParams {
     /// Builds the release too (the one constructor the planner uses), so that the accountant
     /// refuses exactly the calls that execution would refuse.
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        if self.mechanism == Mechanism::Laplace {
-            super::laplace::LaplaceCount::new(self)?;
-            return Ok(laplace_cost(self.epsilon));
-        }
         super::dp_count::CountRelease::new(self)?;
-        gaussian_cost(self.epsilon, self.delta)
+        self.mechanism.cost(self.epsilon, self.delta)
     }
 }
 
@@ -539,12 +545,8 @@ impl SumParams {
     }
     /// Builds the release too (as [`CountParams::cost`]).
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        if self.mechanism == Mechanism::Laplace {
-            super::laplace::LaplaceSum::new(self)?;
-            return Ok(laplace_cost(self.epsilon));
-        }
         super::dp_sum::SumRelease::new(self)?;
-        gaussian_cost(self.epsilon, self.delta)
+        self.mechanism.cost(self.epsilon, self.delta)
     }
 }
 

@@ -179,7 +179,7 @@ impl Finalise for SelectRelease {
         Ok(Arc::new(BooleanArray::from(out)))
     }
     fn noise(&self) -> Option<String> {
-        let s = super::accumulator::short;
+        let s = crate::mechanisms::noise::short;
         Some(format!(
             "Gaussian σ = {} on the count, kept when ≥ {}",
             s(self.mech.sigma),

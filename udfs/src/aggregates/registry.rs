@@ -845,7 +845,7 @@ mod tests {
         // μ = gaussian_mu(1, 1e-6) (module docs), up to the grid's 2^-20 relative.
         let mu = crate::privacy::gaussian_mu(1.0, 1e-6).unwrap();
         let text = noise("dp_variance", lits("dp_variance"));
-        let short = super::super::accumulator::short;
+        let short = crate::mechanisms::noise::short;
         assert!(
             text.contains(&format!("σ = {} on the count", short(2.0 / mu))),
             "{text}"

@@ -243,9 +243,9 @@ pub fn rgm_noise(params: &[ScalarValue]) -> Option<String> {
     Some(format!(
         "relative Gaussian: sd = {} × the group's mean for a group of {} rows (σ = {}; less for \
          larger groups)",
-        super::accumulator::short(c.sigma * g),
+        crate::mechanisms::noise::short(c.sigma * g),
         p.min_group_size,
-        super::accumulator::short(c.sigma)
+        crate::mechanisms::noise::short(c.sigma)
     ))
 }
 

@@ -703,7 +703,7 @@ fn dp_sum_and_dp_count_noise_match_calibration() {
     let start = Instant::now();
     let p = SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6)]).unwrap();
     let rel = SumRelease::new(&p).unwrap();
-    let m = rel.mech.unwrap();
+    let m = rel.noise.and_then(|n| n.gaussian()).unwrap();
     let mu = p.mu().unwrap();
     assert!(
         m.sigma >= 10.0 / mu && m.sigma <= 10.0 / mu * (1.0 + 1e-5),
@@ -727,12 +727,16 @@ fn dp_sum_and_dp_count_noise_match_calibration() {
         s("replace"),
     ])
     .unwrap();
-    let m = SumRelease::new(&p).unwrap().mech.unwrap();
+    let m = SumRelease::new(&p)
+        .unwrap()
+        .noise
+        .and_then(|n| n.gaussian())
+        .unwrap();
     assert!(m.sigma >= 12.0 / mu && m.sigma <= 12.0 / mu * (1.0 + 1e-5));
 
     let p = CountParams::from_literals(&[f(1.0), f(1e-6)]).unwrap();
     let rel = CountRelease::new(&p).unwrap();
-    let sigma = rel.mech.sigma;
+    let sigma = rel.noise.gaussian().unwrap().sigma;
     assert!(sigma >= 1.0 / mu && sigma <= (1.0 / mu) * (1.0 + 1e-5));
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(5)).unwrap();
     acc.update_batch(&[col(&vec![Some(1.0); 1000])]).unwrap();
@@ -747,7 +751,7 @@ fn multi_partition_plans_add_noise_once() {
     let start = Instant::now();
     let p = SumParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6)]).unwrap();
     let rel = Arc::new(SumRelease::new(&p).unwrap());
-    let sigma = rel.mech.unwrap().sigma;
+    let sigma = rel.noise.and_then(|n| n.gaussian()).unwrap().sigma;
     let vals: Vec<Option<f64>> = (0..400).map(|i| Some((i % 11) as f64)).collect();
     let truth: f64 = vals.iter().flatten().sum();
     // four partial accumulators, merged into the final one
@@ -822,7 +826,7 @@ fn groups_evaluate_releases_every_group() {
 fn lower_equals_upper_is_exact() {
     let p = SumParams::from_literals(&[f(0.0), f(0.0), f(1.0)]).unwrap();
     let rel = SumRelease::new(&p).unwrap();
-    assert!(rel.mech.is_none());
+    assert!(rel.noise.is_none());
     let mut acc = DpAccumulator::new(Arc::new(rel), None).unwrap();
     acc.update_batch(&[col(&[Some(5.0), Some(-1.0), None])])
         .unwrap();
@@ -836,7 +840,7 @@ fn lower_equals_upper_is_exact() {
 
     // dp_sum with L = U ≠ 0 still needs noise (the count is private)
     let p = SumParams::from_literals(&[f(3.0), f(3.0), f(1.0)]).unwrap();
-    assert!(SumRelease::new(&p).unwrap().mech.is_some());
+    assert!(SumRelease::new(&p).unwrap().noise.is_some());
 }
 
 #[test]
@@ -976,13 +980,17 @@ fn replace_private_keys_sigma_ratios() {
         let mu = gaussian_mu(eps, delta).unwrap();
         let base = CountRelease::new(&CountParams::from_literals(&[f(eps), f(delta)]).unwrap())
             .unwrap()
-            .mech
+            .noise
+            .gaussian()
+            .unwrap()
             .sigma;
         let moved = CountRelease::new(
             &CountParams::from_literals(&[f(eps), f(delta), s("gaussian"), pk()]).unwrap(),
         )
         .unwrap()
-        .mech
+        .noise
+        .gaussian()
+        .unwrap()
         .sigma;
         ratio(moved / base, 2f64.sqrt(), "dp_count ratio");
         close(moved, 2f64.sqrt() / mu, "dp_count σ = √2/μ");
@@ -1008,7 +1016,8 @@ fn replace_private_keys_sigma_ratios() {
                 args.extend(nb);
                 SumRelease::new(&SumParams::from_literals(&args).unwrap())
                     .unwrap()
-                    .mech
+                    .noise
+                    .and_then(|n| n.gaussian())
                     .unwrap()
                     .sigma
             };
@@ -1077,7 +1086,7 @@ fn replace_private_keys_count_and_sum_noise() {
         CountParams::from_literals(&[f(1.0), f(1e-6), s("gaussian"), s("replace_private_keys")])
             .unwrap();
     let rel = CountRelease::new(&p).unwrap();
-    let sigma = rel.mech.sigma;
+    let sigma = rel.noise.gaussian().unwrap().sigma;
     assert!(sigma >= 2f64.sqrt() / mu && sigma <= 2f64.sqrt() / mu * (1.0 + 1e-5));
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(140)).unwrap();
     acc.update_batch(&[col(&vec![Some(1.0); 500])]).unwrap();
@@ -1100,7 +1109,7 @@ fn replace_private_keys_count_and_sum_noise() {
     ])
     .unwrap();
     let rel = SumRelease::new(&p).unwrap();
-    let sigma = rel.mech.unwrap().sigma;
+    let sigma = rel.noise.and_then(|n| n.gaussian()).unwrap().sigma;
     let want = 10.0 * 2f64.sqrt() / mu; // max(12, √2·10)/μ
     assert!(sigma >= want && sigma <= want * (1.0 + 1e-5), "σ = {sigma}");
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(141)).unwrap();
@@ -1175,7 +1184,7 @@ fn unrepresentable_noise_is_refused_by_cost_and_planner_alike() {
             s("laplace"),
             s(nb),
         ];
-        let lsum = super::laplace::LaplaceSum::new(&SumParams::from_literals(&args).unwrap());
+        let lsum = SumRelease::new(&SumParams::from_literals(&args).unwrap());
         same("dp_sum", &args, lsum.map(|_| ()));
         let lmean = super::laplace::LaplaceMean::new(&MeanParams::from_literals(&args).unwrap());
         same("dp_mean", &args, lmean.map(|_| ()));
@@ -1237,7 +1246,8 @@ fn tiny_epsilon_noise_is_the_delta_limit_not_a_cap() {
     let sig = |eps: f64| {
         SumRelease::new(&SumParams::from_literals(&[f(0.0), f(3e5), f(eps), f(1e-7)]).unwrap())
             .unwrap()
-            .mech
+            .noise
+            .and_then(|n| n.gaussian())
             .unwrap()
             .sigma
     };
@@ -1351,7 +1361,7 @@ fn units_count_and_sum_noise() {
             .unwrap()
     );
     let rel = CountRelease::new(&p).unwrap();
-    let sigma = rel.mech.sigma;
+    let sigma = rel.noise.gaussian().unwrap().sigma;
     assert!(
         sigma >= 6.0 / mu && sigma <= 6.0 / mu * (1.0 + 1e-5),
         "σ = {sigma}"
@@ -1371,7 +1381,7 @@ fn units_count_and_sum_noise() {
     ])
     .unwrap();
     let rel = SumRelease::new(&p).unwrap();
-    let m = rel.mech.unwrap();
+    let m = rel.noise.and_then(|n| n.gaussian()).unwrap();
     let want = 3.0 * (10.0 + m.granularity) / mu; // √9·(Δ + g)/μ
     assert!(
         m.sigma >= want * (1.0 - 1e-9) && m.sigma <= want * (1.0 + 1e-5),
@@ -1965,7 +1975,7 @@ fn quantile_bins_sampler_cost() {
 
 // ---------------------------------------------------------------- mechanism => 'laplace'
 
-use super::laplace::{LaplaceCount, LaplaceMean, LaplaceSum, LaplaceVariance};
+use super::laplace::{LaplaceMean, LaplaceVariance};
 
 /// The sample variance of Laplace draws: Var(s²)/σ⁴ ≈ (κ − 1)/n with kurtosis κ = 6, so the
 /// tolerance is 5·√(5/(n − 1)) (< 0.095 from 20,000 draws: a 10% error in the scale, 21% in the
@@ -2004,11 +2014,13 @@ fn laplace_scales_by_mode_and_cost() {
         );
     };
     let count = |nb: &str| {
-        LaplaceCount::new(
+        CountRelease::new(
             &CountParams::from_literals(&[f(eps), f(1e-6), s("laplace"), s(nb)]).unwrap(),
         )
         .unwrap()
-        .mech
+        .noise
+        .laplace()
+        .unwrap()
         .scale
     };
     close(count("add_remove"), 1.0 / eps, "count");
@@ -2020,11 +2032,12 @@ fn laplace_scales_by_mode_and_cost() {
     );
     close(count("units:4:3"), 12.0 / eps, "count units:4:3");
     let sum = |l: f64, u: f64, nb: &str| {
-        LaplaceSum::new(
+        SumRelease::new(
             &SumParams::from_literals(&[f(l), f(u), f(eps), f(1e-6), s("laplace"), s(nb)]).unwrap(),
         )
         .unwrap()
-        .mech
+        .noise
+        .and_then(|n| n.laplace())
         .unwrap()
         .scale
     };
@@ -2112,8 +2125,8 @@ fn laplace_scales_by_mode_and_cost() {
 fn laplace_noise_matches_calibration() {
     let start = Instant::now();
     let p = CountParams::from_literals(&[f(0.1), f(1e-6), s("laplace")]).unwrap();
-    let rel = LaplaceCount::new(&p).unwrap();
-    let b = rel.mech.scale;
+    let rel = CountRelease::new(&p).unwrap();
+    let b = rel.noise.laplace().unwrap().scale;
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(201)).unwrap();
     acc.update_batch(&[col(&vec![Some(1.0); 500])]).unwrap();
     let xs = draws(&mut acc, DRAWS_14);
@@ -2128,8 +2141,8 @@ fn laplace_noise_matches_calibration() {
         s("units:4:3"),
     ])
     .unwrap();
-    let rel = LaplaceSum::new(&p).unwrap();
-    let b = rel.mech.unwrap().scale;
+    let rel = SumRelease::new(&p).unwrap();
+    let b = rel.noise.and_then(|n| n.laplace()).unwrap().scale;
     assert!((120.0..120.0 * (1.0 + 1e-5)).contains(&b));
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(202)).unwrap();
     let vals: Vec<Option<f64>> = (0..100).map(|i| Some(i as f64 * 0.1)).collect();

@@ -22,6 +22,7 @@ use super::*;
 use crate::aggregates::{
     CountDistinctParams, CountParams, MeanParams, StddevParams, SumParams, VarianceParams, registry,
 };
+use crate::mechanisms::{GaussianMechanism, LaplaceMechanism};
 use crate::noise::SecureRng;
 
 fn f(v: f64) -> ScalarValue {
