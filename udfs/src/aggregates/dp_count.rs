@@ -15,22 +15,79 @@
 //! A call whose noise is not representable (σ above 2^1000 or its grid below 2^−1018: only for
 //! a δ so small that no Gaussian noise level meets it) is refused at planning, by the same
 //! constructor that the accountant's cost uses ([`CountRelease::new`]).
+//!
+//! # Laplace (`mechanism => 'laplace'`): L1 sensitivity
+//! Released with the exact discrete Laplace (Canonne, Kamath, Steinke 2020, Algorithm 2) so
+//! that the call is pure ε-DP (δ = 0), charged as `Event::PureDp { ε }`
+//! ([`super::params::Mechanism`] gives the scale b = (Δ₁ + slack·g)/ε and why not
+//! `Event::Laplace`). One changed row (or unit) changes:
+//! - `dp_count`: one group's count by 1 (`add_remove`, `replace`, `replace_public_n`: a value
+//!   turning NULL); two groups' counts by 1 each under `replace_private_keys` (L1 = 2, not the
+//!   √2 of L2); under `units:K:C` up to C rows in each of K groups: L1 = K·C (not √K·C).
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::Result;
+use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::AggregateUDF;
 
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
+use super::declaration::{self, Aggregate, COUNTED, DELTA, EPSILON, MECHANISM, NEIGHBOURS};
 use super::exact::FixedPoint;
 use super::interval::DpCiUdaf;
-use super::params::{CountParams, Mechanism, SQRT_2_UP, representable};
+use super::params::{
+    Mechanism, Neighbours, SQRT_2_UP, check_count, delta_at, epsilon_at, neighbours_at, representable,
+};
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
-use crate::privacy::{PrivacyError, gaussian_mu};
+use crate::privacy::{Event, PrivacyError, gaussian_mu};
+
+/// `dp_count(value, epsilon, delta, neighbours)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CountParams {
+    pub epsilon: f64,
+    pub delta: f64,
+    pub mechanism: Mechanism,
+    pub neighbours: Neighbours,
+}
+
+impl CountParams {
+    /// Parameter names after the data column, in positional order.
+    pub const NAMES: [&'static str; 4] = ["epsilon", "delta", "mechanism", "neighbours"];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &Self::NAMES)?;
+        Ok(Self {
+            epsilon: epsilon_at(args, 0)?,
+            delta: delta_at(args, 1)?,
+            mechanism: Mechanism::at(args, 2)?,
+            neighbours: neighbours_at(args, 3)?,
+        })
+    }
+
+    /// `(epsilon, delta, neighbours)` without a mechanism (Gaussian): `dp_count_distinct`.
+    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &["epsilon", "delta", "neighbours"])?;
+        Ok(Self {
+            epsilon: epsilon_at(args, 0)?,
+            delta: delta_at(args, 1)?,
+            mechanism: Mechanism::Gaussian,
+            neighbours: neighbours_at(args, 2)?,
+        })
+    }
+    /// The Gaussian-DP parameter of the whole call.
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta)
+    }
+    /// Builds the release too (the one constructor the planner uses), so that the accountant
+    /// refuses exactly the calls that execution would refuse.
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        CountRelease::new(self)?;
+        self.mechanism.cost(self.epsilon, self.delta)
+    }
+}
 
 /// The `dp_count` UDAF.
 pub type DpCount = DpUdaf<CountParams>;
@@ -44,6 +101,9 @@ impl DpFunction for CountParams {
     const NAME: &'static str = "dp_count";
     fn spec() -> &'static Spec {
         &SPEC
+    }
+    fn declaration() -> &'static Aggregate {
+        &DP_COUNT
     }
 }
 
@@ -98,7 +158,7 @@ impl CountRelease {
             }
             Mechanism::Laplace => {
                 // L1: 1, 2 (private keys), K·C (units); slack the same number of grid steps
-                // (super::laplace, "L1 sensitivities").
+                // (module docs, "Laplace").
                 let f = p.neighbours.pure_factor();
                 let build = |epsilon: f64| LaplaceMechanism::from_epsilon_with_slack(epsilon, f, f);
                 let bound = f.to_string();
@@ -159,6 +219,9 @@ impl Finalise for CountRelease {
 
 impl super::interval::DpInterval for CountParams {
     const CI_NAME: &'static str = "dp_count_ci";
+    fn ci_declaration() -> &'static Aggregate {
+        &DP_COUNT_CI
+    }
 }
 
 /// The `dp_count_ci` UDAF ([`super::interval`]).
@@ -168,3 +231,32 @@ pub type DpCountCi = DpCiUdaf<CountParams>;
 pub fn dp_count_ci_udaf() -> AggregateUDF {
     DpCountCi::udaf()
 }
+
+/// The declaration of `dp_count` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_COUNT: Aggregate = Aggregate {
+    name: "dp_count",
+    summary: "noisy count of the non-NULL values (Int64, never negative)",
+    data: &[COUNTED],
+    params: &[EPSILON, DELTA, MECHANISM, NEIGHBOURS],
+    requirements: &[],
+    replaces: &["count"],
+    internal: false,
+    udaf: dp_count_udaf,
+    cost: |_, p| declaration::no_data(CountParams::from_literals, CountParams::cost, p),
+    noise: super::adapter::spec_noise::<CountParams>,
+};
+
+/// The declaration of `dp_count_ci` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_COUNT_CI: Aggregate = Aggregate {
+    name: "dp_count_ci",
+    summary: "dp_count's release with its confidence interval: \
+              Struct{value, lower, upper, confidence, stddev}",
+    data: &[COUNTED],
+    params: &declaration::with_confidence::<{ DP_COUNT.params.len() + 1 }>(DP_COUNT.params),
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_count_ci_udaf,
+    cost: super::interval::ci_cost::<CountParams>,
+    noise: super::interval::ci_noise::<CountParams>,
+};

@@ -22,22 +22,81 @@
 //!
 //! When lower = upper = 0 every clamped value is 0, the sum is identically 0, and 0 is returned
 //! without noise (a constant is private).
+//!
+//! # Laplace (`mechanism => 'laplace'`): L1 sensitivity
+//! Released with the exact discrete Laplace (Canonne, Kamath, Steinke 2020, Algorithm 2) so
+//! that the call is pure ε-DP (δ = 0), charged as `Event::PureDp { ε }`
+//! ([`super::params::Mechanism`] gives the scale b = (Δ₁ + slack·g)/ε and why not
+//! `Event::Laplace`). One changed row (or unit) changes:
+//! - `dp_sum` (grid units, [`FixedPoint`]): `add_remove` m = max(|lo|, |hi|); `replace`,
+//!   `replace_public_n` max(hi − lo, m); `replace_private_keys` max(hi − lo, 2m) (|x| + |x'| when
+//!   the row moves between groups), rounding slack 2g; `units:K:C` K·C·m with slack K·C
+//!   (per group C·m + g ≤ C·(m + g), summed over K groups).
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::Result;
+use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::AggregateUDF;
 
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
+use super::declaration::{
+    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
+};
 use super::exact::FixedPoint;
 use super::interval::DpCiUdaf;
-use super::params::{Mechanism, Neighbours, SQRT_2_UP, SumParams, representable};
+use super::params::{
+    Mechanism, Neighbours, SQRT_2_UP, bounds_at, check_count, delta_at, epsilon_at, neighbours_at,
+    representable,
+};
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
-use crate::privacy::{PrivacyError, gaussian_mu};
+use crate::privacy::{Event, PrivacyError, gaussian_mu};
+
+/// `dp_sum(value, lower, upper, epsilon, delta, neighbours)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SumParams {
+    pub lower: f64,
+    pub upper: f64,
+    pub epsilon: f64,
+    pub delta: f64,
+    pub mechanism: Mechanism,
+    pub neighbours: Neighbours,
+}
+
+impl SumParams {
+    pub const NAMES: [&'static str; 6] = [
+        "lower",
+        "upper",
+        "epsilon",
+        "delta",
+        "mechanism",
+        "neighbours",
+    ];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &Self::NAMES)?;
+        let (lower, upper) = bounds_at(args, 0)?;
+        Ok(Self {
+            lower,
+            upper,
+            epsilon: epsilon_at(args, 2)?,
+            delta: delta_at(args, 3)?,
+            mechanism: Mechanism::at(args, 4)?,
+            neighbours: neighbours_at(args, 5)?,
+        })
+    }
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta)
+    }
+    /// Builds the release too (as [`CountParams::cost`]).
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        SumRelease::new(self)?;
+        self.mechanism.cost(self.epsilon, self.delta)
+    }
+}
 
 /// The `dp_sum` UDAF.
 pub type DpSum = DpUdaf<SumParams>;
@@ -51,6 +110,9 @@ impl DpFunction for SumParams {
     const NAME: &'static str = "dp_sum";
     fn spec() -> &'static Spec {
         &SPEC
+    }
+    fn declaration() -> &'static Aggregate {
+        &DP_SUM
     }
 }
 
@@ -101,7 +163,7 @@ pub(crate) fn ceil_sqrt2_times(m: i64) -> i64 {
 }
 
 impl SumRelease {
-    /// The calibration (module docs; Laplace: [`super::laplace`], "L1 sensitivities"); also
+    /// The calibration (module docs; Laplace: module docs, "Laplace"); also
     /// called by [`SumParams::cost`], so the accountant refuses exactly what the planner
     /// refuses.
     pub fn new(p: &SumParams) -> Result<Self, PrivacyError> {
@@ -220,6 +282,9 @@ impl Finalise for SumRelease {
 
 impl super::interval::DpInterval for SumParams {
     const CI_NAME: &'static str = "dp_sum_ci";
+    fn ci_declaration() -> &'static Aggregate {
+        &DP_SUM_CI
+    }
 }
 
 /// The `dp_sum_ci` UDAF ([`super::interval`]).
@@ -229,3 +294,31 @@ pub type DpSumCi = DpCiUdaf<SumParams>;
 pub fn dp_sum_ci_udaf() -> AggregateUDF {
     DpSumCi::udaf()
 }
+
+/// The declaration of `dp_sum` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_SUM: Aggregate = Aggregate {
+    name: "dp_sum",
+    summary: "noisy sum of the values clamped to [lower, upper]",
+    data: &[VALUE],
+    params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
+    requirements: &[],
+    replaces: &["sum"],
+    internal: false,
+    udaf: dp_sum_udaf,
+    cost: |_, p| declaration::no_data(SumParams::from_literals, SumParams::cost, p),
+    noise: super::adapter::spec_noise::<SumParams>,
+};
+
+/// The declaration of `dp_sum_ci` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_SUM_CI: Aggregate = Aggregate {
+    name: "dp_sum_ci",
+    summary: "dp_sum's release with its confidence interval",
+    data: &[VALUE],
+    params: &declaration::with_confidence::<{ DP_SUM.params.len() + 1 }>(DP_SUM.params),
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_sum_ci_udaf,
+    cost: super::interval::ci_cost::<SumParams>,
+    noise: super::interval::ci_noise::<SumParams>,
+};

@@ -36,6 +36,7 @@ use crate::privacy::{Event, PrivacyError};
 pub mod accumulator;
 pub mod adapter;
 mod common;
+pub mod declaration;
 pub mod dp_count;
 pub mod dp_count_distinct;
 pub mod dp_linreg_gd;
@@ -47,21 +48,20 @@ pub mod dp_sum;
 pub mod dp_variance;
 pub mod exact;
 pub mod interval;
-pub mod laplace;
 pub mod params;
 pub mod partition_select;
 pub mod registry;
 pub mod rgm_mean_by;
 
 pub use accumulator::Partial;
-pub use dp_count::{DpCount, DpCountCi, dp_count_ci_udaf, dp_count_udaf};
+pub use dp_count::{CountParams, DpCount, DpCountCi, dp_count_ci_udaf, dp_count_udaf};
 pub use dp_count_distinct::{
     CountDistinctParams, DpCountDistinct, DpCountDistinctCi, dp_count_distinct_ci_udaf,
     dp_count_distinct_udaf,
 };
 pub use dp_linreg_gd::{DpLinregGd, LinregParams, dp_linreg_gd_udaf};
 pub use dp_logreg_agd::{AgdParams, DpLogregAgd, dp_logreg_agd_udaf};
-pub use dp_mean::{DpMean, DpMeanCi, dp_mean_ci_udaf, dp_mean_udaf};
+pub use dp_mean::{DpMean, DpMeanCi, MeanParams, dp_mean_ci_udaf, dp_mean_udaf};
 pub use dp_models_sgd::{
     DpSgd, SgdKind, SgdParams, dp_linreg_sgd_udaf, dp_logreg_sgd_udaf, dp_mlp_sgd_udaf,
 };
@@ -69,15 +69,13 @@ pub use dp_quantile::{
     DpQuantileUdaf, QuantileKind, QuantileParams, dp_median_udaf, dp_quantile_udaf,
     dp_quantiles_udaf,
 };
-pub use dp_sum::{DpSum, DpSumCi, dp_sum_ci_udaf, dp_sum_udaf};
+pub use dp_sum::{DpSum, DpSumCi, SumParams, dp_sum_ci_udaf, dp_sum_udaf};
 pub use dp_variance::{
     DpStddev, DpStddevCi, DpVariance, DpVarianceCi, StddevParams, VarianceParams,
     dp_stddev_ci_udaf, dp_stddev_udaf, dp_variance_ci_udaf, dp_variance_udaf,
 };
-pub use params::{
-    CountParams, DEFAULT_DELTA, MeanParams, Mechanism, Neighbours, PartitionSelectParams, SumParams,
-};
-pub use partition_select::{DpPartitionSelect, dp_partition_select_udaf};
+pub use params::{DEFAULT_DELTA, Mechanism, Neighbours};
+pub use partition_select::{DpPartitionSelect, PartitionSelectParams, dp_partition_select_udaf};
 pub use rgm_mean_by::{RgmMeanBy, RgmMeanParams, rgm_mean_by_udaf};
 
 /// Every dpfusion DP aggregate ([`registry::AGGREGATES`]).

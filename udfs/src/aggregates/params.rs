@@ -28,7 +28,20 @@ pub const DEFAULT_DELTA: f64 = 1e-7;
 /// many releases (privacy loss grows with √k). `'laplace'`: pure ε-DP (δ = 0) with the exact
 /// discrete Laplace; for a few releases at small ε its noise is smaller (Laplace's standard
 /// deviation √2·Δ₁/ε against the Gaussian's Δ₂·√(2 ln(1.25/δ))/ε-order σ). See
-/// [`super::laplace`].
+/// Each function calibrates both kinds side by side in its own file and releases through one
+/// [`crate::mechanisms::Noise`].
+///
+/// # When to choose it
+/// Laplace noise has standard deviation √2·Δ₁/ε; the Gaussian's is about Δ₂·√(2 ln(1.25/δ))/ε
+/// for one release, but Gaussian releases compose with a privacy loss growing as √k over k
+/// releases, Laplace's as k. So: a few releases at a small ε → Laplace (e.g. one count at ε = 0.1,
+/// δ = 1e-7: Laplace sd 14, Gaussian σ ≈ 47); many releases on one budget → Gaussian.
+///
+///
+/// # L1 sensitivities (derived here) and the scale b = (Δ₁ + slack·g)/ε
+/// The discrete Laplace of scale b on the grid g is ε-DP for any vector of per-group statistics
+/// whose L1 change (after rounding each coordinate to g) is at most b·ε (independent noises:
+/// log-likelihood ratios add over coordinates). One changed row (or unit) changes:
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Mechanism {
     #[default]
@@ -39,7 +52,7 @@ pub enum Mechanism {
 impl Mechanism {
     pub const ACCEPTED: &'static str = "'gaussian' (the default) or 'laplace'";
 
-    fn at(args: &[ScalarValue], i: usize) -> Result<Self, PrivacyError> {
+    pub(crate) fn at(args: &[ScalarValue], i: usize) -> Result<Self, PrivacyError> {
         match text(args, i, "mechanism", Self::ACCEPTED)? {
             None => Ok(Mechanism::Gaussian),
             Some(s) if s.eq_ignore_ascii_case("gaussian") => Ok(Mechanism::Gaussian),
@@ -460,207 +473,6 @@ fn gaussian_cost(epsilon: f64, delta: f64) -> Result<Vec<Event>, PrivacyError> {
     Ok(vec![Event::Gaussian {
         mu: gaussian_mu(epsilon, delta)?,
     }])
-}
-
-/// `dp_count(value, epsilon, delta, neighbours)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CountParams {
-    pub epsilon: f64,
-    pub delta: f64,
-    pub mechanism: Mechanism,
-    pub neighbours: Neighbours,
-}
-
-impl CountParams {
-    /// Parameter names after the data column, in positional order.
-    pub const NAMES: [&'static str; 4] = ["epsilon", "delta", "mechanism", "neighbours"];
-
-    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            mechanism: Mechanism::at(args, 2)?,
-            neighbours: neighbours_at(args, 3)?,
-        })
-    }
-
-    /// `(epsilon, delta, neighbours)` without a mechanism (Gaussian): `dp_count_distinct`.
-    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &["epsilon", "delta", "neighbours"])?;
-        Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            mechanism: Mechanism::Gaussian,
-            neighbours: neighbours_at(args, 2)?,
-        })
-    }
-    /// The Gaussian-DP parameter of the whole call.
-    pub fn mu(&self) -> Result<f64, PrivacyError> {
-        gaussian_mu(self.epsilon, self.delta)
-    }
-    /// Builds the release too (the one constructor the planner uses), so that the accountant
-    /// refuses exactly the calls that execution would refuse.
-    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        super::dp_count::CountRelease::new(self)?;
-        self.mechanism.cost(self.epsilon, self.delta)
-    }
-}
-
-/// `dp_sum(value, lower, upper, epsilon, delta, neighbours)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SumParams {
-    pub lower: f64,
-    pub upper: f64,
-    pub epsilon: f64,
-    pub delta: f64,
-    pub mechanism: Mechanism,
-    pub neighbours: Neighbours,
-}
-
-impl SumParams {
-    pub const NAMES: [&'static str; 6] = [
-        "lower",
-        "upper",
-        "epsilon",
-        "delta",
-        "mechanism",
-        "neighbours",
-    ];
-
-    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        let (lower, upper) = bounds_at(args, 0)?;
-        Ok(Self {
-            lower,
-            upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::at(args, 4)?,
-            neighbours: neighbours_at(args, 5)?,
-        })
-    }
-    pub fn mu(&self) -> Result<f64, PrivacyError> {
-        gaussian_mu(self.epsilon, self.delta)
-    }
-    /// Builds the release too (as [`CountParams::cost`]).
-    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        super::dp_sum::SumRelease::new(self)?;
-        self.mechanism.cost(self.epsilon, self.delta)
-    }
-}
-
-/// `dp_mean(value, lower, upper, epsilon, delta, neighbours)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MeanParams {
-    pub lower: f64,
-    pub upper: f64,
-    pub epsilon: f64,
-    pub delta: f64,
-    pub mechanism: Mechanism,
-    pub neighbours: Neighbours,
-}
-
-impl MeanParams {
-    pub const NAMES: [&'static str; 6] = [
-        "lower",
-        "upper",
-        "epsilon",
-        "delta",
-        "mechanism",
-        "neighbours",
-    ];
-
-    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        let (lower, upper) = bounds_at(args, 0)?;
-        Ok(Self {
-            lower,
-            upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::at(args, 4)?,
-            neighbours: neighbours_at(args, 5)?,
-        })
-    }
-    /// `(lower, upper, epsilon, delta, neighbours)` without a mechanism (Gaussian):
-    /// `dp_variance`, `dp_stddev`.
-    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &["lower", "upper", "epsilon", "delta", "neighbours"])?;
-        let (lower, upper) = bounds_at(args, 0)?;
-        Ok(Self {
-            lower,
-            upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::Gaussian,
-            neighbours: neighbours_at(args, 4)?,
-        })
-    }
-    /// μ of the whole call; the sum and count releases share it (μ_s² + μ_c² = μ²).
-    pub fn mu(&self) -> Result<f64, PrivacyError> {
-        gaussian_mu(self.epsilon, self.delta)
-    }
-    /// Builds the release too (as [`CountParams::cost`]).
-    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        if self.mechanism == Mechanism::Laplace {
-            super::laplace::LaplaceMean::new(self)?;
-            return Ok(laplace_cost(self.epsilon));
-        }
-        super::dp_mean::MeanRelease::new(self)?;
-        gaussian_cost(self.epsilon, self.delta)
-    }
-}
-
-/// `dp_partition_select(value, epsilon, delta, neighbours)`: internal, used by the session's
-/// GROUP BY rewrite.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PartitionSelectParams {
-    pub epsilon: f64,
-    pub delta: f64,
-    /// `replace_private_keys` changes the calibration (sensitivity √2, tail δ/4); the other
-    /// modes calibrate as `add_remove` (a replaced row that stays in its group changes no count).
-    pub neighbours: Neighbours,
-}
-
-impl PartitionSelectParams {
-    pub const NAMES: [&'static str; 3] = ["epsilon", "delta", "neighbours"];
-
-    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            neighbours: neighbours_at(args, 2)?,
-        })
-    }
-    /// μ of the noisy counts: gaussian_mu(ε, δ/2) (the other δ/2 pays for groups that appear or
-    /// vanish), in every mode.
-    pub fn mu(&self) -> Result<f64, PrivacyError> {
-        gaussian_mu(self.epsilon, self.delta / 2.0)
-    }
-    /// The keep probability allowed for a group of one row (one unit): δ/2, δ/4 under
-    /// `replace_private_keys` (two such events per neighbour: see [`super::partition_select`]),
-    /// δ/(2K) under `units:K:C`.
-    pub fn tail(&self) -> f64 {
-        if self.neighbours.moves_between_groups() {
-            self.delta / 4.0
-        } else {
-            // Under `units:K:C` one unit can create K groups: δ/(2K) each (union bound).
-            self.delta / 2.0 / self.neighbours.groups_per_unit() as f64
-        }
-    }
-    /// `[Gaussian { μ }, Delta { δ/2 }]` in every mode; see [`super::partition_select`] for the
-    /// argument. Builds the release too (as [`CountParams::cost`]).
-    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        super::partition_select::SelectRelease::new(self)?;
-        Ok(vec![
-            Event::Gaussian { mu: self.mu()? },
-            Event::Delta {
-                delta: self.delta / 2.0,
-            },
-        ])
-    }
 }
 
 /// A parameter error as a DataFusion planning error that names the function.

@@ -616,9 +616,9 @@ fn dp_mean_replace_public_n_seed_blog_example() {
     ])
     .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
-    assert!(rel.count_mech.is_none());
+    assert!(rel.count_noise.is_none());
     let n = 10_000.0;
-    let sigma_mean = rel.sum_mech.unwrap().sigma / n;
+    let sigma_mean = rel.sum_noise.and_then(|n| n.gaussian()).unwrap().sigma / n;
     assert!(
         (sigma_mean - 805.76).abs() < 0.01,
         "σ of the mean = {sigma_mean}"
@@ -646,8 +646,18 @@ fn dp_mean_replace_public_n_seed_blog_example() {
 
 /// Variance of c + S̃/max(C̃, 1) to second order: (σ_s² + (m − c)²σ_c²)/n² · (1 + 3σ_c²/n²).
 fn mean_variance(rel: &MeanRelease, n: f64, m_minus_c: f64) -> f64 {
-    let ss = rel.sum_mech.unwrap().sigma.powi(2);
-    let sc = rel.count_mech.unwrap().sigma.powi(2);
+    let ss = rel
+        .sum_noise
+        .and_then(|n| n.gaussian())
+        .unwrap()
+        .sigma
+        .powi(2);
+    let sc = rel
+        .count_noise
+        .and_then(|n| n.gaussian())
+        .unwrap()
+        .sigma
+        .powi(2);
     (ss + m_minus_c.powi(2) * sc) / (n * n) * (1.0 + 3.0 * sc / (n * n))
 }
 
@@ -658,7 +668,10 @@ fn dp_mean_noise_matches_calibration() {
     let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6)]).unwrap();
     let rel = MeanRelease::new(&p).unwrap();
     let mu = p.mu().unwrap();
-    let (sm, cm) = (rel.sum_mech.unwrap(), rel.count_mech.unwrap());
+    let (sm, cm) = (
+        rel.sum_noise.and_then(|n| n.gaussian()).unwrap(),
+        rel.count_noise.and_then(|n| n.gaussian()).unwrap(),
+    );
     let mu_s = 5.0 / sm.sigma;
     let mu_c = 1.0 / cm.sigma;
     assert!((mu_s * mu_s + mu_c * mu_c) <= mu * mu, "split exceeds μ");
@@ -683,7 +696,10 @@ fn dp_mean_noise_matches_calibration() {
     ])
     .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
-    let (sm, cm) = (rel.sum_mech.unwrap(), rel.count_mech.unwrap());
+    let (sm, cm) = (
+        rel.sum_noise.and_then(|n| n.gaussian()).unwrap(),
+        rel.count_noise.and_then(|n| n.gaussian()).unwrap(),
+    );
     let (mu_s, mu_c) = (10.0 / sm.sigma, 1.0 / cm.sigma);
     assert!((mu_s.powi(2) / (mu * mu) - 2.0 / 3.0).abs() < 1e-5);
     assert!((mu_c.powi(2) / (mu * mu) - 1.0 / 3.0).abs() < 1e-5);
@@ -807,7 +823,7 @@ fn groups_evaluate_releases_every_group() {
     ])
     .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
-    let tol = 6.0 * rel.sum_mech.unwrap().sigma; // 6σ of the mean of one row (of two rows: tol/2)
+    let tol = 6.0 * rel.sum_noise.and_then(|n| n.gaussian()).unwrap().sigma; // 6σ of the mean of one row (of two rows: tol/2)
     let mut g = DpGroups::new(Arc::new(rel), Some(9)).unwrap();
     let v = col(&[Some(1.0), None, Some(9.0), Some(f64::NAN)]);
     let filter = BooleanArray::from(vec![true, true, true, false]);
@@ -1039,7 +1055,10 @@ fn replace_private_keys_sigma_ratios() {
                 .unwrap(),
             )
             .unwrap();
-            (r.sum_mech.unwrap().sigma, r.count_mech.unwrap().sigma)
+            (
+                r.sum_noise.and_then(|n| n.gaussian()).unwrap().sigma,
+                r.count_noise.and_then(|n| n.gaussian()).unwrap().sigma,
+            )
         };
         let (rs, rc) = mean("replace");
         let (ps, pc) = mean("replace_private_keys");
@@ -1186,7 +1205,7 @@ fn unrepresentable_noise_is_refused_by_cost_and_planner_alike() {
         ];
         let lsum = SumRelease::new(&SumParams::from_literals(&args).unwrap());
         same("dp_sum", &args, lsum.map(|_| ()));
-        let lmean = super::laplace::LaplaceMean::new(&MeanParams::from_literals(&args).unwrap());
+        let lmean = MeanRelease::new(&MeanParams::from_literals(&args).unwrap());
         same("dp_mean", &args, lmean.map(|_| ()));
     }
     // Fixable by epsilon: the error gives the bound, and the bound works.
@@ -1548,9 +1567,9 @@ fn dp_variance_split_and_cost() {
         let w = fp.width() as f64;
         let d1 = if nb.starts_with("replace") { 2.0 } else { 1.0 } * w;
         // μᵢ = Δᵢ/σᵢ (σ includes the grid slack, so this is slightly below the share).
-        let mu1 = d1 / m.sum.sigma;
-        let mu2 = sq.max as f64 / m.sum_sq.sigma;
-        let muc = 1.0 / m.count.sigma;
+        let mu1 = d1 / m.sum.gaussian().unwrap().sigma;
+        let mu2 = sq.max as f64 / m.sum_sq.gaussian().unwrap().sigma;
+        let muc = 1.0 / m.count.gaussian().unwrap().sigma;
         (mu1 * mu1, mu2 * mu2, muc * muc)
     };
     for (nb, r1, factor) in [
@@ -1589,9 +1608,9 @@ fn dp_variance_split_and_cost() {
 fn variance_of_variance(r: &VarianceRelease, n: f64, m1: f64, m2: f64, h: f64) -> f64 {
     let m = r.mechs.unwrap();
     let w = r.fp.width() as f64;
-    let s1 = m.sum.sigma / w;
-    let s2 = m.sum_sq.sigma * 2f64.powi(r.sq.shift as i32) / (w * w);
-    let sc = m.count.sigma;
+    let s1 = m.sum.gaussian().unwrap().sigma / w;
+    let s2 = m.sum_sq.gaussian().unwrap().sigma * 2f64.powi(r.sq.shift as i32) / (w * w);
+    let sc = m.count.gaussian().unwrap().sigma;
     let lin = s2 * s2 + 4.0 * m1 * m1 * s1 * s1 + (m2 - 2.0 * m1 * m1).powi(2) * sc * sc;
     lin / (n * n) * h.powi(4)
 }
@@ -1975,8 +1994,6 @@ fn quantile_bins_sampler_cost() {
 
 // ---------------------------------------------------------------- mechanism => 'laplace'
 
-use super::laplace::{LaplaceMean, LaplaceVariance};
-
 /// The sample variance of Laplace draws: Var(s²)/σ⁴ ≈ (κ − 1)/n with kurtosis κ = 6, so the
 /// tolerance is 5·√(5/(n − 1)) (< 0.095 from 20,000 draws: a 10% error in the scale, 21% in the
 /// variance, fails); the mean within 5 standard errors.
@@ -2055,12 +2072,15 @@ fn laplace_scales_by_mode_and_cost() {
     );
     close(sum(0.0, 10.0, "units:4:3"), 120.0 / eps, "sum units");
     let mean = |nb: &str| {
-        let r = LaplaceMean::new(
+        let r = MeanRelease::new(
             &MeanParams::from_literals(&[f(0.0), f(10.0), f(eps), f(1e-6), s("laplace"), s(nb)])
                 .unwrap(),
         )
         .unwrap();
-        (r.sum_mech.unwrap().scale, r.count_mech.map(|m| m.scale))
+        (
+            r.sum_noise.and_then(|n| n.laplace()).unwrap().scale,
+            r.count_noise.and_then(|n| n.laplace()).map(|m| m.scale),
+        )
     };
     // add_remove: Δ_s = 5 (half the range), ε/2 each.
     let (bs, bc) = mean("add_remove");
@@ -2152,8 +2172,11 @@ fn laplace_noise_matches_calibration() {
     check_laplace_variance("dp_sum laplace units:4:3", &xs, truth, 2.0 * b * b);
 
     let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("laplace")]).unwrap();
-    let rel = LaplaceMean::new(&p).unwrap();
-    let (bs, bc) = (rel.sum_mech.unwrap().scale, rel.count_mech.unwrap().scale);
+    let rel = MeanRelease::new(&p).unwrap();
+    let (bs, bc) = (
+        rel.sum_noise.and_then(|n| n.laplace()).unwrap().scale,
+        rel.count_noise.and_then(|n| n.laplace()).unwrap().scale,
+    );
     let n = 1000.0;
     let var = (2.0 * bs * bs + 9.0 * 2.0 * bc * bc) / (n * n) * (1.0 + 6.0 * bc * bc / (n * n));
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(203)).unwrap();
@@ -2174,9 +2197,13 @@ fn laplace_variance_split_and_cost() {
     let split = |nb: &str| {
         let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(eps), f(1e-6), s("laplace"), s(nb)])
             .unwrap();
-        let r = LaplaceVariance::new(&p, false).unwrap();
+        let r = VarianceRelease::new(&p, false).unwrap();
         let (m, w, mx) = (r.mechs.unwrap(), r.fp.width() as f64, r.sq.max as f64);
-        (w / m.sum.scale, mx / m.sum_sq.scale, 1.0 / m.count.scale)
+        (
+            w / m.sum.laplace().unwrap().scale,
+            mx / m.sum_sq.laplace().unwrap().scale,
+            1.0 / m.count.laplace().unwrap().scale,
+        )
     };
     let (c4, c16) = (4f64.cbrt(), 16f64.cbrt());
     for (nb, r1, k1, k2, kc) in [
@@ -2206,7 +2233,7 @@ fn laplace_variance_split_and_cost() {
         }
     }
     let p = MeanParams::from_literals(&[f(3.0), f(3.0), f(eps), f(1e-6), s("laplace")]).unwrap();
-    assert!(LaplaceVariance::new(&p, false).unwrap().mechs.is_none());
+    assert!(VarianceRelease::new(&p, false).unwrap().mechs.is_none());
 }
 
 /// Seeded, statistical: the data of `dp_variance_and_stddev_noise_match_calibration` (n = 10,000,
@@ -2227,12 +2254,12 @@ fn laplace_variance_noise_matches_calibration() {
     for (nb, seed) in [("add_remove", 61u64), ("replace", 62)] {
         let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("laplace"), s(nb)])
             .unwrap();
-        let rel = LaplaceVariance::new(&p, false).unwrap();
+        let rel = VarianceRelease::new(&p, false).unwrap();
         let m = rel.mechs.clone().unwrap();
         let w = rel.fp.width() as f64;
-        let b1 = m.sum.scale / w;
-        let b2 = m.sum_sq.scale * 2f64.powi(rel.sq.shift as i32) / (w * w);
-        let bc = m.count.scale;
+        let b1 = m.sum.laplace().unwrap().scale / w;
+        let b2 = m.sum_sq.laplace().unwrap().scale * 2f64.powi(rel.sq.shift as i32) / (w * w);
+        let bc = m.count.laplace().unwrap().scale;
         if nb == "add_remove" {
             let want = 4f64.cbrt() + 2.0;
             assert!((b2 / want - 1.0).abs() < 1e-4, "b2' {b2} vs {want}");

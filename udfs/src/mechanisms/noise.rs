@@ -86,6 +86,15 @@ impl Noise {
         }
     }
 
+    /// `σ = …` or `b = …` with the scale multiplied by `unit` (a release in units of `unit`,
+    /// described in value units).
+    pub fn scale_text_in(&self, unit: f64) -> String {
+        match self {
+            Noise::Gaussian(m) => format!("σ = {}", short(m.sigma * unit)),
+            Noise::Laplace(m) => format!("b = {}", short(m.scale * unit)),
+        }
+    }
+
     /// The grid step g.
     pub fn granularity(&self) -> f64 {
         match self {
