@@ -38,7 +38,8 @@ use super::declaration::{self, Aggregate, COUNTED, DELTA, EPSILON, MECHANISM, NE
 use super::exact::FixedPoint;
 use super::interval::DpCiUdaf;
 use super::params::{
-    Mechanism, Neighbours, SQRT_2_UP, check_count, delta_at, epsilon_at, neighbours_at, representable,
+    Mechanism, Neighbours, SQRT_2_UP, check_count, delta_at, epsilon_at, neighbours_at,
+    representable,
 };
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
