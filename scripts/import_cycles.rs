@@ -193,10 +193,11 @@ pub fn graph(root: &Path, within: &[&str]) -> BTreeMap<String, BTreeSet<String>>
         }
         let mut to = BTreeSet::new();
         for p in paths(&code(text)) {
-            if let Some(t) = resolve(&mods, m, &p) {
-                if t != *m && inside(&t) {
-                    to.insert(t);
-                }
+            if let Some(t) = resolve(&mods, m, &p)
+                && t != *m
+                && inside(&t)
+            {
+                to.insert(t);
             }
         }
         g.insert(m.clone(), to);

@@ -28,6 +28,55 @@
 //!
 //! Noise is drawn only in `evaluate`, once per group, from a CSPRNG seeded by the OS; `state` and
 //! `merge_batch` carry exact, un-noised partials ([`accumulator`], [`exact`]).
+//!
+//! # Layout
+//! One file per DP function, each declaring itself ([`declaration::Aggregate`]); [`registry`]
+//! lists the declarations. The shared pieces import nothing from the functions: [`declaration`]
+//! (types and shared parameters), [`params`] (literal parsing, [`Mechanism`]), [`adapter`] (the
+//! UDAF shell), [`interval`] (the `_ci` wrapper and the interval maths), [`accumulator`],
+//! [`exact`]; the noise is [`crate::mechanisms::Noise`], the neighbour relation
+//! [`crate::privacy::Neighbours`]. The test `imports::no_import_circle_inside_aggregates_and_optim`
+//! (udfs/tests/it/imports.rs, scripts/import_cycles.rs) keeps it so.
+//!
+//! # Adding an aggregate
+//! For an aggregate that releases from exact per-group partials (a fixed-point sum, a count of
+//! values, a count of rows: [`accumulator`]), as `dp_count`, `dp_sum`, `dp_mean` do
+//! (`dp_count.rs` is the smallest example):
+//! 1. Write `udfs/src/aggregates/dp_x.rs`, in this order, with each formula's source beside it:
+//!    - `pub const DP_X: Aggregate` ([`declaration`]): name, summary, data arguments, parameters
+//!      (the shared ones: [`declaration::EPSILON`], [`declaration::DELTA`],
+//!      [`declaration::MECHANISM`], …, ending with [`declaration::NEIGHBOURS`]), requirements,
+//!      the SQL aggregates it replaces, its UDAF, `cost` and `noise`;
+//!    - the parameter struct (`from_literals` reading the positional literals in the declared
+//!      order with the helpers of [`params`]; `cost`, which builds the release, so that the
+//!      accountant refuses exactly what the planner refuses, and returns
+//!      [`Mechanism::cost`]);
+//!    - the release: a struct holding one [`crate::mechanisms::Noise`] per noisy quantity, its
+//!      `new` calibrating each noise kind side by side (`match p.mechanism`), drawing only through
+//!      `Noise::release` in one `draw` method, implementing `Finalise` ([`accumulator`]) with
+//!      `noise` from `Noise::describe`;
+//!    - `impl DpFunction for <Params>` (`NAME`, `spec`, `declaration`) and one `static SPEC`
+//!      ([`adapter::Spec`]); `pub type DpX = DpUdaf<Params>` and `pub fn dp_x_udaf()`.
+//!
+//!    The adapter ([`adapter::DpUdaf`]) does the rest: signature, coercion, DISTINCT refusal,
+//!    accumulators, state fields, the insecure test seed, documentation.
+//! 2. Add `super::dp_x::DP_X` to [`registry::AGGREGATES`] (and to [`all_udafs_insecure_seeded`]
+//!    for a seeded test UDAF) and re-export the public items here.
+//! 3. Document it in docs/SQL.md ("Aggregate functions") and README.md ("Functions"); the test
+//!    `every_aggregate_is_documented` fails until both name it, and when docs/SQL.md documents a
+//!    function the registry does not have. A contribution rule for unit-level tables goes in
+//!    the root crate's src/guard/units.rs.
+//!
+//! Error bars ([`interval`]): implement `Finalise::finalise_with_intervals` calling the same
+//! `draw` as `finalise`, so the `_ci` value is the base value by construction; declare
+//! `pub const DP_X_CI: Aggregate` with `params: &with_confidence::<{ DP_X.params.len() + 1 }>(
+//! DP_X.params)`, `cost: ci_cost::<Params>`, `noise: ci_noise::<Params>`, and
+//! `impl DpInterval for <Params>` (`CI_NAME`, `ci_declaration`); the UDAF is
+//! `DpCiUdaf::<Params>::udaf()`.
+//!
+//! An aggregate with its own accumulator (the models, which buffer rows, and `rgm_mean_by`)
+//! writes its own `AggregateUDFImpl` instead of the `Spec` (see `dp_logreg_agd.rs`); steps 2
+//! and 3 are the same.
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::AggregateUDF;
 

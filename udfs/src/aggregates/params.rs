@@ -1,5 +1,7 @@
-//! The literal parameters of the DP aggregates: one struct per function, used both by the
-//! accountant (cost, before any row is read) and by the accumulators (execution).
+//! Reading the literal parameters of the DP aggregates, and the noise kind ([`Mechanism`]). Each
+//! function's parameter struct lives in its own file (e.g. `dp_count::CountParams`), used both
+//! by the accountant (cost, before any row is read) and by the accumulators (execution); the
+//! neighbour relation is [`crate::privacy::Neighbours`] (re-exported here).
 //!
 //! The parameters are the arguments after the data column, in positional order. Trailing
 //! optional parameters may be missing: `delta` then defaults to [`DEFAULT_DELTA`] and

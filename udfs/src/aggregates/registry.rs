@@ -1,45 +1,10 @@
-//! One declaration per DP aggregate: its name, data arguments, parameters (name, type, default,
+//! The list of the DP aggregates' declarations (each in its function's file): name, data arguments, parameters (name, type, default,
 //! doc), requirements, the SQL aggregates it replaces, how to build its UDAF and what a call
 //! costs. Named-argument resolution, the guard, the REPL's completion and the docs read this list;
 //! nothing else names the functions.
 //!
-//! # Adding an aggregate
-//! For an aggregate that releases from exact per-group partials (a fixed-point sum, a count of
-//! values, a count of rows: [`super::accumulator`]), as `dp_count`, `dp_sum`, `dp_mean` and
-//! `dp_partition_select` do:
-//! 1. Write `udfs/src/aggregates/<name>.rs` (`dp_count.rs` is the smallest example), with the
-//!    formula and its source cited beside the code in the module docs:
-//!    - the parameter struct (`NAMES`, `from_literals`, and `cost`, which must call the release's
-//!      constructor so that the accountant refuses exactly what the planner refuses; the
-//!      existing ones live in `params.rs`, which holds the shared literal parsing);
-//!    - the release: a struct built from the parameters (`new`, the calibration) implementing
-//!      `Finalise` ([`super::accumulator`]: state shape, fixed-point grid, and the noisy
-//!      output from the exact partials);
-//!    - `impl DpFunction for <Params>` (its SQL `NAME`) and one `static SPEC: Spec`
-//!      ([`super::adapter::Spec`]: data-argument kind, return type, state shape, the release
-//!      from the literals, description, SQL example, related functions);
-//!    - `pub type DpName = DpUdaf<Params>;` and `pub fn <name>_udaf() -> AggregateUDF`,
-//!      re-exported from `aggregates/mod.rs`.
-//!
-//!    The adapter ([`super::adapter::DpUdaf`]) does the rest: signature, coercion, DISTINCT
-//!    refusal, accumulators, state fields, the insecure test seed, documentation.
-//! 2. Add one [`Aggregate`] entry to [`AGGREGATES`] below: the positional parameter order must
-//!    be the one `from_literals` reads, ending with the hidden `neighbours`. The adapter reads
-//!    the signature's parameter names, the number of required parameters, the syntax and the
-//!    argument docs from this entry.
-//! 3. Document it in README.md ("Functions") and docs/SQL.md; the test
-//!    `every_aggregate_is_documented` in this file checks that both name it.
-//!
-//! Error bars ([`super::interval`]): to give an adapter function a `_ci` variant, implement
-//! `Finalise::finalise_with_intervals` on its release(s) (drawing exactly as `finalise` does),
-//! `impl DpInterval for <Params>` (the `_ci` name) with `pub fn <name>_ci_udaf()` returning
-//! `DpCiUdaf::<Params>::udaf()`, and declare it below with the base parameters, then
-//! `CONFIDENCE`, then `NEIGHBOURS`, `cost: ci_cost::<Params>` and `noise: ci_noise::<Params>`.
-//! The guard reads a `_ci` call's contribution (unit-level tables) from its base ([`base_of`]).
-//!
-//! An aggregate with its own accumulator (the models `dp_linreg_gd`, `dp_logreg_agd`, which
-//! buffer rows, and `rgm_mean_by`) writes its own `AggregateUDFImpl` instead of step 1's `Spec`
-//! (see `dp_logreg_agd.rs`); steps 2 and 3 are the same.
+//! Adding an aggregate: one file that declares it, one line here, the docs ([`super`], module
+//! docs, "Adding an aggregate").
 //!
 //! Unit-level calls (`neighbours` = `'units:K:C'`): the model aggregates (`dp_linreg_gd`,
 //! `dp_logreg_agd`) take one more argument after `neighbours`, the privacy-unit key column (any
@@ -212,13 +177,36 @@ mod tests {
         );
     }
 
+    /// Both ways: every registered function is in README.md and in docs/SQL.md's "Aggregate
+    /// functions" section, and every function a heading of that section names is registered.
     #[test]
     fn every_aggregate_is_documented() {
         let readme = include_str!("../../../README.md");
         let sql = include_str!("../../../docs/SQL.md");
+        let start = sql.find("\n## Aggregate functions").expect("the section");
+        let rest = &sql[start + 1..];
+        let section = &rest[..rest[1..].find("\n## ").map_or(rest.len(), |i| i + 1)];
         for a in AGGREGATES.iter().filter(|a| !a.internal) {
             assert!(readme.contains(a.name), "README.md lacks {}", a.name);
-            assert!(sql.contains(a.name), "docs/SQL.md lacks {}", a.name);
+            assert!(
+                section.contains(&format!("{}(", a.name))
+                    || section.contains(&format!("### {}", a.name)),
+                "docs/SQL.md, \"Aggregate functions\", lacks {}",
+                a.name
+            );
+        }
+        let documented: Vec<&str> = section
+            .lines()
+            .filter(|l| l.starts_with("### "))
+            .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+            .filter(|w| w.starts_with("dp_") || *w == "rgm_mean_by")
+            .collect();
+        assert!(documented.len() >= 10, "{documented:?}");
+        for name in documented {
+            assert!(
+                get(name).is_some(),
+                "docs/SQL.md documents {name}, not registered"
+            );
         }
     }
 }

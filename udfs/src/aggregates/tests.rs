@@ -2255,7 +2255,7 @@ fn laplace_variance_noise_matches_calibration() {
         let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("laplace"), s(nb)])
             .unwrap();
         let rel = VarianceRelease::new(&p, false).unwrap();
-        let m = rel.mechs.clone().unwrap();
+        let m = rel.mechs.unwrap();
         let w = rel.fp.width() as f64;
         let b1 = m.sum.laplace().unwrap().scale / w;
         let b2 = m.sum_sq.laplace().unwrap().scale * 2f64.powi(rel.sq.shift as i32) / (w * w);
