@@ -80,6 +80,9 @@ pub struct Aggregate {
     /// Internal (inserted by the guard; not for users).
     pub internal: bool,
     pub udaf: fn() -> AggregateUDF,
+    /// INSECURE, for reproducible tests only: the UDAF drawing from a generator seeded with the
+    /// argument ([`super::all_udafs_insecure_seeded`]).
+    pub seeded: fn(u64) -> AggregateUDF,
     /// The privacy events of a call, from the shape of its data arguments as written (never
     /// data) and its literal parameters in positional order. Never reads data.
     pub cost: CostFn,

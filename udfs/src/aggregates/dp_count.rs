@@ -243,6 +243,7 @@ pub const DP_COUNT: Aggregate = Aggregate {
     replaces: &["count"],
     internal: false,
     udaf: dp_count_udaf,
+    seeded: |seed| super::dp_count::DpCount::with_insecure_seed(seed).into(),
     cost: |_, p| declaration::no_data(CountParams::from_literals, CountParams::cost, p),
     noise: super::adapter::spec_noise::<CountParams>,
 };
@@ -258,6 +259,7 @@ pub const DP_COUNT_CI: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_count_ci_udaf,
+    seeded: |seed| super::interval::DpCiUdaf::<CountParams>::with_insecure_seed(seed).into(),
     cost: super::interval::ci_cost::<CountParams>,
     noise: super::interval::ci_noise::<CountParams>,
 };

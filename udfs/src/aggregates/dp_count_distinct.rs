@@ -120,6 +120,7 @@ pub const DP_COUNT_DISTINCT: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_count_distinct_udaf,
+    seeded: |seed| super::dp_count_distinct::DpCountDistinct::with_insecure_seed(seed).into(),
     cost: |_, p| {
         declaration::no_data(
             CountDistinctParams::from_literals,
@@ -145,6 +146,9 @@ pub const DP_COUNT_DISTINCT_CI: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_count_distinct_ci_udaf,
+    seeded: |seed| {
+        super::interval::DpCiUdaf::<CountDistinctParams>::with_insecure_seed(seed).into()
+    },
     cost: super::interval::ci_cost::<CountDistinctParams>,
     noise: super::interval::ci_noise::<CountDistinctParams>,
 };

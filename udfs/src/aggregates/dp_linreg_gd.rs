@@ -735,6 +735,7 @@ pub const DP_LINREG_GD: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_linreg_gd_udaf,
+    seeded: |seed| super::dp_linreg_gd::DpLinregGd::with_insecure_seed(seed).into(),
     cost: linreg_cost,
     noise: linreg_noise,
 };

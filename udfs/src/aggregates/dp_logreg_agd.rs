@@ -558,6 +558,7 @@ pub const DP_LOGREG_AGD: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_logreg_agd_udaf,
+    seeded: |seed| super::dp_logreg_agd::DpLogregAgd::with_insecure_seed(seed).into(),
     cost: |_, p| declaration::no_data(AgdParams::from_literals, AgdParams::cost, p),
     noise: agd_noise,
 };

@@ -540,6 +540,7 @@ pub const DP_MEAN: Aggregate = Aggregate {
     replaces: &["avg", "mean"],
     internal: false,
     udaf: dp_mean_udaf,
+    seeded: |seed| super::dp_mean::DpMean::with_insecure_seed(seed).into(),
     cost: |_, p| declaration::no_data(MeanParams::from_literals, MeanParams::cost, p),
     noise: super::adapter::spec_noise::<MeanParams>,
 };
@@ -554,6 +555,7 @@ pub const DP_MEAN_CI: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_mean_ci_udaf,
+    seeded: |seed| super::interval::DpCiUdaf::<MeanParams>::with_insecure_seed(seed).into(),
     cost: super::interval::ci_cost::<MeanParams>,
     noise: super::interval::ci_noise::<MeanParams>,
 };

@@ -657,6 +657,7 @@ pub const DP_LINREG_SGD: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_linreg_sgd_udaf,
+    seeded: |seed| super::dp_models_sgd::DpSgd::with_insecure_seed(SgdKind::Linear, seed).into(),
     cost: |_, p| sgd_cost(SgdKind::Linear, p),
     noise: |p| sgd_noise(SgdKind::Linear, p),
 };
@@ -671,6 +672,7 @@ pub const DP_LOGREG_SGD: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_logreg_sgd_udaf,
+    seeded: |seed| super::dp_models_sgd::DpSgd::with_insecure_seed(SgdKind::Logistic, seed).into(),
     cost: |_, p| sgd_cost(SgdKind::Logistic, p),
     noise: |p| sgd_noise(SgdKind::Logistic, p),
 };
@@ -705,6 +707,7 @@ pub const DP_MLP_SGD: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_mlp_sgd_udaf,
+    seeded: |seed| super::dp_models_sgd::DpSgd::with_insecure_seed(SgdKind::Mlp, seed).into(),
     cost: |_, p| sgd_cost(SgdKind::Mlp, p),
     noise: |p| sgd_noise(SgdKind::Mlp, p),
 };

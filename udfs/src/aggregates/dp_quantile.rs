@@ -712,6 +712,9 @@ pub const DP_QUANTILE: Aggregate = Aggregate {
     ],
     internal: false,
     udaf: dp_quantile_udaf,
+    seeded: |seed| {
+        super::dp_quantile::DpQuantileUdaf::with_insecure_seed(QuantileKind::Quantile, seed).into()
+    },
     cost: |_, p| cost_of(QuantileKind::Quantile, p),
     noise: |p| noise_of(QuantileKind::Quantile, p),
 };
@@ -727,6 +730,9 @@ pub const DP_MEDIAN: Aggregate = Aggregate {
     replaces: &["median", "approx_median"],
     internal: false,
     udaf: dp_median_udaf,
+    seeded: |seed| {
+        super::dp_quantile::DpQuantileUdaf::with_insecure_seed(QuantileKind::Median, seed).into()
+    },
     cost: |_, p| cost_of(QuantileKind::Median, p),
     noise: |p| noise_of(QuantileKind::Median, p),
 };
@@ -754,6 +760,9 @@ pub const DP_QUANTILES: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_quantiles_udaf,
+    seeded: |seed| {
+        super::dp_quantile::DpQuantileUdaf::with_insecure_seed(QuantileKind::Quantiles, seed).into()
+    },
     cost: |_, p| cost_of(QuantileKind::Quantiles, p),
     noise: |p| noise_of(QuantileKind::Quantiles, p),
 };

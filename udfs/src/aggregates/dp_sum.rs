@@ -305,6 +305,7 @@ pub const DP_SUM: Aggregate = Aggregate {
     replaces: &["sum"],
     internal: false,
     udaf: dp_sum_udaf,
+    seeded: |seed| super::dp_sum::DpSum::with_insecure_seed(seed).into(),
     cost: |_, p| declaration::no_data(SumParams::from_literals, SumParams::cost, p),
     noise: super::adapter::spec_noise::<SumParams>,
 };
@@ -319,6 +320,7 @@ pub const DP_SUM_CI: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_sum_ci_udaf,
+    seeded: |seed| super::interval::DpCiUdaf::<SumParams>::with_insecure_seed(seed).into(),
     cost: super::interval::ci_cost::<SumParams>,
     noise: super::interval::ci_noise::<SumParams>,
 };

@@ -607,6 +607,7 @@ pub const DP_VARIANCE: Aggregate = Aggregate {
     replaces: &["var_pop", "var", "var_samp", "variance"],
     internal: false,
     udaf: dp_variance_udaf,
+    seeded: |seed| super::dp_variance::DpVariance::with_insecure_seed(seed).into(),
     cost: |_, p| declaration::no_data(VarianceParams::from_literals, VarianceParams::cost, p),
     noise: super::adapter::spec_noise::<VarianceParams>,
 };
@@ -622,6 +623,7 @@ pub const DP_STDDEV: Aggregate = Aggregate {
     replaces: &["stddev_pop", "stddev", "stddev_samp"],
     internal: false,
     udaf: dp_stddev_udaf,
+    seeded: |seed| super::dp_variance::DpStddev::with_insecure_seed(seed).into(),
     cost: |_, p| declaration::no_data(StddevParams::from_literals, StddevParams::cost, p),
     noise: super::adapter::spec_noise::<StddevParams>,
 };
@@ -636,6 +638,7 @@ pub const DP_VARIANCE_CI: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_variance_ci_udaf,
+    seeded: |seed| super::interval::DpCiUdaf::<VarianceParams>::with_insecure_seed(seed).into(),
     cost: super::interval::ci_cost::<VarianceParams>,
     noise: super::interval::ci_noise::<VarianceParams>,
 };
@@ -650,6 +653,7 @@ pub const DP_STDDEV_CI: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: dp_stddev_ci_udaf,
+    seeded: |seed| super::interval::DpCiUdaf::<StddevParams>::with_insecure_seed(seed).into(),
     cost: super::interval::ci_cost::<StddevParams>,
     noise: super::interval::ci_noise::<StddevParams>,
 };

@@ -60,8 +60,7 @@
 //!
 //!    The adapter ([`adapter::DpUdaf`]) does the rest: signature, coercion, DISTINCT refusal,
 //!    accumulators, state fields, the insecure test seed, documentation.
-//! 2. Add `super::dp_x::DP_X` to [`registry::AGGREGATES`] (and to [`all_udafs_insecure_seeded`]
-//!    for a seeded test UDAF) and re-export the public items here.
+//! 2. Add `super::dp_x::DP_X` to [`registry::AGGREGATES`] and re-export the public items here.
 //! 3. Document it in docs/SQL.md ("Aggregate functions") and README.md ("Functions"); the test
 //!    `every_aggregate_is_documented` fails until both name it, and when docs/SQL.md documents a
 //!    function the registry does not have. A contribution rule for unit-level tables goes in
@@ -139,39 +138,8 @@ pub fn all_udafs() -> Vec<AggregateUDF> {
 pub fn all_udafs_insecure_seeded(seed: u64) -> Vec<AggregateUDF> {
     registry::AGGREGATES
         .iter()
-        .map(|a| insecure_seeded(a.name, seed).unwrap_or_else(|| (a.udaf)()))
+        .map(|a| (a.seeded)(seed))
         .collect()
-}
-
-/// The UDAF `name` with a fixed noise seed (`None`: no such aggregate).
-fn insecure_seeded(name: &str, seed: u64) -> Option<AggregateUDF> {
-    use interval::DpCiUdaf;
-    let u = match name {
-        "dp_count" => DpCount::with_insecure_seed(seed).into(),
-        "dp_count_distinct" => DpCountDistinct::with_insecure_seed(seed).into(),
-        "dp_sum" => DpSum::with_insecure_seed(seed).into(),
-        "dp_mean" => DpMean::with_insecure_seed(seed).into(),
-        "dp_variance" => DpVariance::with_insecure_seed(seed).into(),
-        "dp_stddev" => DpStddev::with_insecure_seed(seed).into(),
-        "dp_partition_select" => DpPartitionSelect::with_insecure_seed(seed).into(),
-        "dp_count_ci" => DpCiUdaf::<CountParams>::with_insecure_seed(seed).into(),
-        "dp_count_distinct_ci" => DpCiUdaf::<CountDistinctParams>::with_insecure_seed(seed).into(),
-        "dp_sum_ci" => DpCiUdaf::<SumParams>::with_insecure_seed(seed).into(),
-        "dp_mean_ci" => DpCiUdaf::<MeanParams>::with_insecure_seed(seed).into(),
-        "dp_variance_ci" => DpCiUdaf::<VarianceParams>::with_insecure_seed(seed).into(),
-        "dp_stddev_ci" => DpCiUdaf::<StddevParams>::with_insecure_seed(seed).into(),
-        "dp_quantile" => DpQuantileUdaf::with_insecure_seed(QuantileKind::Quantile, seed).into(),
-        "dp_median" => DpQuantileUdaf::with_insecure_seed(QuantileKind::Median, seed).into(),
-        "dp_quantiles" => DpQuantileUdaf::with_insecure_seed(QuantileKind::Quantiles, seed).into(),
-        "dp_linreg_gd" => DpLinregGd::with_insecure_seed(seed).into(),
-        "dp_logreg_agd" => DpLogregAgd::with_insecure_seed(seed).into(),
-        "rgm_mean_by" => RgmMeanBy::with_insecure_seed(seed).into(),
-        "dp_linreg_sgd" => DpSgd::with_insecure_seed(SgdKind::Linear, seed).into(),
-        "dp_logreg_sgd" => DpSgd::with_insecure_seed(SgdKind::Logistic, seed).into(),
-        "dp_mlp_sgd" => DpSgd::with_insecure_seed(SgdKind::Mlp, seed).into(),
-        _ => return None,
-    };
-    Some(u)
 }
 
 /// How many leading data arguments a dpfusion DP aggregate takes (`None`: not one).

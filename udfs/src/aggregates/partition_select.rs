@@ -255,6 +255,7 @@ pub const DP_PARTITION_SELECT: Aggregate = Aggregate {
     replaces: &[],
     internal: true,
     udaf: dp_partition_select_udaf,
+    seeded: |seed| super::partition_select::DpPartitionSelect::with_insecure_seed(seed).into(),
     cost: |_, p| {
         declaration::no_data(
             PartitionSelectParams::from_literals,

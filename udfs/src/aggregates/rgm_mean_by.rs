@@ -778,6 +778,7 @@ pub const RGM_MEAN_BY: Aggregate = Aggregate {
     replaces: &[],
     internal: false,
     udaf: rgm_mean_by_udaf,
+    seeded: |seed| super::rgm_mean_by::RgmMeanBy::with_insecure_seed(seed).into(),
     cost: |_, p| declaration::no_data(RgmMeanParams::from_literals, RgmMeanParams::cost, p),
     noise: rgm_noise,
 };
