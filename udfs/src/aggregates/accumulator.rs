@@ -122,29 +122,11 @@ pub(crate) trait Finalise: Debug + Send + Sync {
         rng: &mut SecureRng,
         partials: &[Partial],
         confidence: f64,
-    ) -> Result<(ArrayRef, Vec<Option<super::interval::Interval>>)> {
+    ) -> Result<(ArrayRef, Vec<Option<crate::mechanisms::Interval>>)> {
         let _ = (rng, partials, confidence);
         Err(DataFusionError::Internal(
             "this DP aggregate has no confidence interval".into(),
         ))
-    }
-}
-
-/// `x` with 4 significant digits (noise scales in EXPLAIN PRIVACY).
-pub(crate) fn short(x: f64) -> String {
-    if !x.is_finite() || x == 0.0 {
-        return format!("{x}");
-    }
-    let mag = x.abs().log10().floor() as i32;
-    if !(-3..6).contains(&mag) {
-        return format!("{x:.3e}");
-    }
-    let decimals = (3 - mag).max(0) as usize;
-    let s = format!("{x:.decimals$}");
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
     }
 }
 

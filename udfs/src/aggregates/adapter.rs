@@ -23,8 +23,8 @@ use datafusion::logical_expr::{
 
 use super::accumulator::{DpAccumulator, DpGroups, Shape};
 use super::common::{DOC_SECTION_DP, DataArg, Fin, call_literals, coerce_args};
+use super::declaration::{Aggregate, Default as ParamDefault};
 use super::params::plan_error;
-use super::registry::{self, Aggregate, Default as ParamDefault};
 use crate::privacy::PrivacyError;
 
 /// What one DP aggregate adds to the adapter (everything else comes from its registry entry).
@@ -46,10 +46,12 @@ pub struct Spec {
 
 /// A DP aggregate served by [`DpUdaf`], implemented by its parameter struct.
 pub trait DpFunction: 'static {
-    /// The SQL name, as declared in [`registry::AGGREGATES`].
+    /// The SQL name, as declared in [`super::registry::AGGREGATES`].
     const NAME: &'static str;
     #[doc(hidden)]
     fn spec() -> &'static Spec;
+    /// Its declaration (in its own file; [`super::registry::AGGREGATES`] lists it).
+    fn declaration() -> &'static Aggregate;
 }
 
 /// The UDAF of the DP aggregate whose parameter struct is `P` (e.g. `DpUdaf<CountParams>`, alias
@@ -66,7 +68,7 @@ impl<P: DpFunction> DpUdaf<P> {
     pub const NAME: &'static str = P::NAME;
 
     pub fn new() -> Self {
-        let a = declaration(P::NAME);
+        let a = P::declaration();
         let data = a.data.iter().map(|d| d.name);
         let names = data.chain(a.params.iter().map(|p| p.name)).collect();
         Self {
@@ -94,25 +96,20 @@ impl<P: DpFunction> DpUdaf<P> {
     }
 
     fn finaliser(&self, args: &AccumulatorArgs) -> Result<Fin> {
-        let names: Vec<&str> = declaration(P::NAME).params.iter().map(|p| p.name).collect();
+        let names: Vec<&str> = P::declaration().params.iter().map(|p| p.name).collect();
         let lits = call_literals(P::NAME, &names, args)?;
         (P::spec().release)(&lits).map_err(|e| plan_error(P::NAME, e))
     }
 }
 
-/// The registry entry of `name` (every adapter function is declared there).
-pub(crate) fn declaration(name: &str) -> &'static Aggregate {
-    registry::get(name).expect("every DP aggregate is declared in registry::AGGREGATES")
-}
-
 /// The coercion of a declared function's arguments: its data arguments of kind `data`, then the
 /// literal parameters of its registry entry (names, and how many are required).
 pub(crate) fn coerce_declared(
-    name: &str,
+    a: &Aggregate,
     data: DataArg,
     arg_types: &[DataType],
 ) -> Result<Vec<DataType>> {
-    let a = declaration(name);
+    let name = a.name;
     let names: Vec<&str> = a.params.iter().map(|p| p.name).collect();
     let required = a
         .params
@@ -207,7 +204,7 @@ impl<P: DpFunction> AggregateUDFImpl for DpUdaf<P> {
         &self.signature
     }
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_declared(P::NAME, P::spec().data, arg_types)
+        coerce_declared(P::declaration(), P::spec().data, arg_types)
     }
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(P::spec().returns.clone())
@@ -240,4 +237,9 @@ impl<P: DpFunction> AggregateUDFImpl for DpUdaf<P> {
     fn documentation(&self) -> Option<&Documentation> {
         Some(&self.doc)
     }
+}
+
+/// [`super::declaration::NoiseFn`] of an aggregate served by the adapter: its release's own description.
+pub(crate) fn spec_noise<P: DpFunction>(params: &[ScalarValue]) -> Option<String> {
+    (P::spec().release)(params).ok()?.noise()
 }

@@ -15,23 +15,80 @@
 //! A call whose noise is not representable (σ above 2^1000 or its grid below 2^−1018: only for
 //! a δ so small that no Gaussian noise level meets it) is refused at planning, by the same
 //! constructor that the accountant's cost uses ([`CountRelease::new`]).
+//!
+//! # Laplace (`mechanism => 'laplace'`): L1 sensitivity
+//! Released with the exact discrete Laplace (Canonne, Kamath, Steinke 2020, Algorithm 2) so
+//! that the call is pure ε-DP (δ = 0), charged as `Event::PureDp { ε }`
+//! ([`super::params::Mechanism`] gives the scale b = (Δ₁ + slack·g)/ε and why not
+//! `Event::Laplace`). One changed row (or unit) changes:
+//! - `dp_count`: one group's count by 1 (`add_remove`, `replace`, `replace_public_n`: a value
+//!   turning NULL); two groups' counts by 1 each under `replace_private_keys` (L1 = 2, not the
+//!   √2 of L2); under `units:K:C` up to C rows in each of K groups: L1 = K·C (not √K·C).
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::Result;
+use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::AggregateUDF;
 
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::exact::{FixedPoint, release_exact};
-use super::interval::{DpCiUdaf, Interval, Noise, count_intervals};
-use super::laplace::LaplaceCount;
-use super::params::{CountParams, Mechanism, SQRT_2_UP, representable};
-use crate::mechanisms::GaussianMechanism;
+use super::declaration::{self, Aggregate, COUNTED, DELTA, EPSILON, MECHANISM, NEIGHBOURS};
+use super::exact::FixedPoint;
+use super::interval::DpCiUdaf;
+use super::params::{
+    Mechanism, Neighbours, SQRT_2_UP, check_count, delta_at, epsilon_at, neighbours_at,
+    representable,
+};
+use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
-use crate::privacy::{PrivacyError, gaussian_mu};
+use crate::privacy::{Event, PrivacyError, gaussian_mu};
+
+/// `dp_count(value, epsilon, delta, neighbours)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CountParams {
+    pub epsilon: f64,
+    pub delta: f64,
+    pub mechanism: Mechanism,
+    pub neighbours: Neighbours,
+}
+
+impl CountParams {
+    /// Parameter names after the data column, in positional order.
+    pub const NAMES: [&'static str; 4] = ["epsilon", "delta", "mechanism", "neighbours"];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &Self::NAMES)?;
+        Ok(Self {
+            epsilon: epsilon_at(args, 0)?,
+            delta: delta_at(args, 1)?,
+            mechanism: Mechanism::at(args, 2)?,
+            neighbours: neighbours_at(args, 3)?,
+        })
+    }
+
+    /// `(epsilon, delta, neighbours)` without a mechanism (Gaussian): `dp_count_distinct`.
+    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &["epsilon", "delta", "neighbours"])?;
+        Ok(Self {
+            epsilon: epsilon_at(args, 0)?,
+            delta: delta_at(args, 1)?,
+            mechanism: Mechanism::Gaussian,
+            neighbours: neighbours_at(args, 2)?,
+        })
+    }
+    /// The Gaussian-DP parameter of the whole call.
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta)
+    }
+    /// Builds the release too (the one constructor the planner uses), so that the accountant
+    /// refuses exactly the calls that execution would refuse.
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        CountRelease::new(self)?;
+        self.mechanism.cost(self.epsilon, self.delta)
+    }
+}
 
 /// The `dp_count` UDAF.
 pub type DpCount = DpUdaf<CountParams>;
@@ -46,6 +103,9 @@ impl DpFunction for CountParams {
     fn spec() -> &'static Spec {
         &SPEC
     }
+    fn declaration() -> &'static Aggregate {
+        &DP_COUNT
+    }
 }
 
 static SPEC: Spec = Spec {
@@ -59,10 +119,7 @@ static SPEC: Spec = Spec {
     },
     release: |lits| {
         let p = CountParams::from_literals(lits)?;
-        Ok(match p.mechanism {
-            Mechanism::Laplace => Arc::new(LaplaceCount::new(&p)?),
-            Mechanism::Gaussian => Arc::new(CountRelease::new(&p)?),
-        })
+        Ok(Arc::new(CountRelease::new(&p)?))
     },
     description: "Differentially private count of the non-NULL values of `value` (NaN counts as \
          NULL). The exact count is released once with discrete Gaussian noise of sensitivity 1 (√2 \
@@ -74,30 +131,47 @@ static SPEC: Spec = Spec {
     related: &["dp_sum", "dp_mean"],
 };
 
-/// The release of a `dp_count` call.
+/// The release of a `dp_count` call: the exact count plus one [`Noise`], calibrated per noise
+/// kind side by side.
 #[derive(Debug, Clone)]
 pub(crate) struct CountRelease {
-    pub mech: GaussianMechanism,
+    pub noise: Noise,
 }
 
 impl CountRelease {
     /// The calibration (module docs); also called by [`CountParams::cost`], so the accountant
     /// refuses exactly what the planner refuses.
     pub fn new(p: &CountParams) -> Result<Self, PrivacyError> {
-        let build = |epsilon: f64| {
-            // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
-            let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
-            if p.neighbours.moves_between_groups() {
-                // ‖Δc‖₂ = √2, rounding slack √2 grid steps (module docs).
-                GaussianMechanism::from_mu_with_slack(mu, SQRT_2_UP, SQRT_2_UP)
-            } else {
-                GaussianMechanism::from_mu(mu, 1.0) // |Δc| = 1
+        let noise = match p.mechanism {
+            Mechanism::Gaussian => {
+                let build = |epsilon: f64| {
+                    // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
+                    let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
+                    if p.neighbours.moves_between_groups() {
+                        // ‖Δc‖₂ = √2, rounding slack √2 grid steps (module docs).
+                        GaussianMechanism::from_mu_with_slack(mu, SQRT_2_UP, SQRT_2_UP)
+                    } else {
+                        GaussianMechanism::from_mu(mu, 1.0) // |Δc| = 1
+                    }
+                };
+                let delta = p.delta.to_string();
+                Noise::Gaussian(representable(p.epsilon, ("delta", &delta), build)?)
+            }
+            Mechanism::Laplace => {
+                // L1: 1, 2 (private keys), K·C (units); slack the same number of grid steps
+                // (module docs, "Laplace").
+                let f = p.neighbours.pure_factor();
+                let build = |epsilon: f64| LaplaceMechanism::from_epsilon_with_slack(epsilon, f, f);
+                let bound = f.to_string();
+                Noise::Laplace(representable(p.epsilon, ("neighbours", &bound), build)?)
             }
         };
-        let delta = p.delta.to_string();
-        Ok(Self {
-            mech: representable(p.epsilon, ("delta", &delta), build)?,
-        })
+        Ok(Self { noise })
+    }
+
+    /// One group's release before clamping: round(c + g·Y), one draw.
+    fn draw(&self, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
+        Ok(self.noise.release(rng, p.count as i128, 0)?.round())
     }
 }
 
@@ -111,38 +185,44 @@ impl Finalise for CountRelease {
     fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef> {
         let out = partials
             .iter()
-            .map(|p| {
-                let noisy = release_exact(&self.mech, rng, p.count as i128, 0)?;
-                Ok(noisy.round().max(0.0) as i64) // `as` saturates
-            })
+            .map(|p| Ok(self.draw(rng, p)?.max(0.0) as i64)) // `as` saturates
             .collect::<Result<Vec<i64>>>()?;
         Ok(Arc::new(Int64Array::from(out)))
     }
     fn noise(&self) -> Option<String> {
-        Some(format!(
-            "Gaussian σ = {}",
-            super::accumulator::short(self.mech.sigma)
-        ))
+        Some(self.noise.describe())
     }
+    /// The same draws as [`Self::finalise`] ([`Self::draw`]), then the interval
+    /// ([`super::interval`], "Formulas"): for the integer count c, |r − c| ≤ W whenever
+    /// |g·Y| < W + ½, W = ⌈(k + 1)·g − ½⌉; [max(r − W, 0), max(r + W, 0)] from the unclamped r.
     fn finalise_with_intervals(
         &self,
         rng: &mut SecureRng,
         partials: &[Partial],
         confidence: f64,
     ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-        let release = |rng: &mut SecureRng, c: i128| release_exact(&self.mech, rng, c, 0);
-        count_intervals(
-            Noise::Gaussian(self.mech),
-            release,
-            rng,
-            partials,
-            confidence,
-        )
+        let w = self.noise.integer_half_width(confidence);
+        let stddev = self.noise.stddev();
+        let mut values = Vec::with_capacity(partials.len());
+        let mut out = Vec::with_capacity(partials.len());
+        for p in partials {
+            let r = self.draw(rng, p)?;
+            values.push(r.max(0.0) as i64); // as `finalise`; `as` saturates
+            out.push(Some(Interval {
+                lower: (r - w).max(0.0),
+                upper: (r + w).max(0.0),
+                stddev,
+            }));
+        }
+        Ok((Arc::new(Int64Array::from(values)), out))
     }
 }
 
 impl super::interval::DpInterval for CountParams {
     const CI_NAME: &'static str = "dp_count_ci";
+    fn ci_declaration() -> &'static Aggregate {
+        &DP_COUNT_CI
+    }
 }
 
 /// The `dp_count_ci` UDAF ([`super::interval`]).
@@ -152,3 +232,34 @@ pub type DpCountCi = DpCiUdaf<CountParams>;
 pub fn dp_count_ci_udaf() -> AggregateUDF {
     DpCountCi::udaf()
 }
+
+/// The declaration of `dp_count` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_COUNT: Aggregate = Aggregate {
+    name: "dp_count",
+    summary: "noisy count of the non-NULL values (Int64, never negative)",
+    data: &[COUNTED],
+    params: &[EPSILON, DELTA, MECHANISM, NEIGHBOURS],
+    requirements: &[],
+    replaces: &["count"],
+    internal: false,
+    udaf: dp_count_udaf,
+    seeded: |seed| super::dp_count::DpCount::with_insecure_seed(seed).into(),
+    cost: |_, p| declaration::no_data(CountParams::from_literals, CountParams::cost, p),
+    noise: super::adapter::spec_noise::<CountParams>,
+};
+
+/// The declaration of `dp_count_ci` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_COUNT_CI: Aggregate = Aggregate {
+    name: "dp_count_ci",
+    summary: "dp_count's release with its confidence interval: \
+              Struct{value, lower, upper, confidence, stddev}",
+    data: &[COUNTED],
+    params: &declaration::with_confidence::<{ DP_COUNT.params.len() + 1 }>(DP_COUNT.params),
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_count_ci_udaf,
+    seeded: |seed| super::interval::DpCiUdaf::<CountParams>::with_insecure_seed(seed).into(),
+    cost: super::interval::ci_cost::<CountParams>,
+    noise: super::interval::ci_noise::<CountParams>,
+};

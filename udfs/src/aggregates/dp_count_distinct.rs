@@ -20,8 +20,9 @@ use datafusion::logical_expr::AggregateUDF;
 use super::accumulator::Shape;
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
+use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS};
+use super::dp_count::CountParams;
 use super::dp_count::CountRelease;
-use super::params::CountParams;
 use crate::privacy::{Event, PrivacyError};
 
 /// `dp_count_distinct(unit, epsilon, delta, neighbours)`: [`CountParams`] in a units mode.
@@ -62,10 +63,16 @@ impl DpFunction for CountDistinctParams {
     fn spec() -> &'static Spec {
         &SPEC
     }
+    fn declaration() -> &'static Aggregate {
+        &DP_COUNT_DISTINCT
+    }
 }
 
 impl super::interval::DpInterval for CountDistinctParams {
     const CI_NAME: &'static str = "dp_count_distinct_ci";
+    fn ci_declaration() -> &'static Aggregate {
+        &DP_COUNT_DISTINCT_CI
+    }
 }
 
 /// The `dp_count_distinct_ci` UDAF ([`super::interval`]).
@@ -98,4 +105,50 @@ static SPEC: Spec = Spec {
          Int64, never negative.",
     example: "SELECT dp_count_distinct(customer_id, epsilon => 0.5) FROM transactions;",
     related: &["dp_count"],
+};
+
+/// The declaration of `dp_count_distinct` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_COUNT_DISTINCT: Aggregate = Aggregate {
+    name: "dp_count_distinct",
+    summary: "noisy number of distinct privacy units (tables with a unit column)",
+    data: &[declaration::DataArg {
+        name: "unit",
+        doc: "the table's privacy unit column",
+    }],
+    params: &[EPSILON, DELTA, NEIGHBOURS],
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_count_distinct_udaf,
+    seeded: |seed| super::dp_count_distinct::DpCountDistinct::with_insecure_seed(seed).into(),
+    cost: |_, p| {
+        declaration::no_data(
+            CountDistinctParams::from_literals,
+            CountDistinctParams::cost,
+            p,
+        )
+    },
+    noise: super::adapter::spec_noise::<CountDistinctParams>,
+};
+
+/// The declaration of `dp_count_distinct_ci` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_COUNT_DISTINCT_CI: Aggregate = Aggregate {
+    name: "dp_count_distinct_ci",
+    summary: "dp_count_distinct's release with its confidence interval",
+    data: &[declaration::DataArg {
+        name: "unit",
+        doc: "the table's privacy unit column",
+    }],
+    params: &declaration::with_confidence::<{ DP_COUNT_DISTINCT.params.len() + 1 }>(
+        DP_COUNT_DISTINCT.params,
+    ),
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_count_distinct_ci_udaf,
+    seeded: |seed| {
+        super::interval::DpCiUdaf::<CountDistinctParams>::with_insecure_seed(seed).into()
+    },
+    cost: super::interval::ci_cost::<CountDistinctParams>,
+    noise: super::interval::ci_noise::<CountDistinctParams>,
 };

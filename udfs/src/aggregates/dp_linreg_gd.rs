@@ -51,6 +51,7 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS};
 use super::params::{
     Neighbours, boolean, delta_at, epsilon_at, literal_params, number, plan_error, representable,
     text,
@@ -353,7 +354,7 @@ pub fn linreg_cost(data: &[Expr], params: &[ScalarValue]) -> Result<Vec<Event>, 
 /// the relative Gaussian mechanism (`'rgm'`, whose σ also depends on the feature count).
 pub fn linreg_noise(params: &[ScalarValue]) -> Option<String> {
     let p = LinregParams::from_literals(params).ok()?;
-    let short = super::accumulator::short;
+    let short = crate::mechanisms::noise::short;
     match p.mechanism {
         LinregMechanism::Gaussian => {
             let k = p.gaussian().ok()?;
@@ -676,3 +677,65 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     .with_related_udf("linreg_predict")
     .build()
 });
+
+/// The declaration of `dp_linreg_gd` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_LINREG_GD: Aggregate = Aggregate {
+    name: "dp_linreg_gd",
+    summary: "a linear model fitted by DP gradient descent",
+    data: MODEL_DATA,
+    params: &[
+        EPSILON,
+        DELTA,
+        declaration::number(
+            "iterations",
+            declaration::Default::Number("100"),
+            "gradient steps",
+        ),
+        declaration::number(
+            "clip",
+            declaration::Default::Number("0.5"),
+            "per-example gradient clipping norm",
+        ),
+        declaration::number(
+            "learning_rate",
+            declaration::Default::Number("1"),
+            "step size",
+        ),
+        declaration::number("l2", declaration::Default::Number("0"), "ridge penalty"),
+        declaration::Param {
+            name: "fit_intercept",
+            kind: declaration::Kind::Bool,
+            default: declaration::Default::Bool(true),
+            doc: "fit an intercept",
+        },
+        declaration::Param {
+            name: "mechanism",
+            kind: declaration::Kind::Text,
+            default: declaration::Default::Text("gaussian"),
+            doc: "'gaussian' or 'rgm'",
+        },
+        declaration::number(
+            "feature_bound",
+            declaration::Default::Number("1"),
+            "'rgm': feature clipping",
+        ),
+        declaration::number(
+            "label_bound",
+            declaration::Default::Number("1"),
+            "'rgm': label clipping",
+        ),
+        declaration::number(
+            "min_rows",
+            declaration::Default::Number("10000"),
+            "'rgm': the smallest table size the calibration assumes",
+        ),
+        NEIGHBOURS,
+    ],
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_linreg_gd_udaf,
+    seeded: |seed| super::dp_linreg_gd::DpLinregGd::with_insecure_seed(seed).into(),
+    cost: linreg_cost,
+    noise: linreg_noise,
+};

@@ -40,6 +40,7 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS};
 use super::params::{
     Neighbours, boolean, delta_at, epsilon_at, literal_params, number, plan_error,
 };
@@ -241,7 +242,7 @@ impl AgdParams {
 /// exponential mechanism's per-selection ρ_nm.
 pub fn agd_noise(params: &[ScalarValue]) -> Option<String> {
     let plan = AgdParams::from_literals(params).ok()?.plan().ok()?;
-    let short = super::accumulator::short;
+    let short = crate::mechanisms::noise::short;
     let sigma = plan.factor() * plan.config.clip_grad / (2.0 * plan.rho_ng).sqrt();
     Some(format!(
         "Gaussian σ = {} on the clipped gradient sum at the first step (ρ = {} per gradient, \
@@ -510,3 +511,54 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     .with_related_udf("dp_linreg_gd")
     .build()
 });
+
+/// The declaration of `dp_logreg_agd` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_LOGREG_AGD: Aggregate = Aggregate {
+    name: "dp_logreg_agd",
+    summary: "a logistic model fitted by DP-AGD (Lee and Kifer 2018)",
+    data: MODEL_DATA,
+    params: &[
+        EPSILON,
+        DELTA,
+        declaration::number(
+            "clip_grad",
+            declaration::Default::Number("3"),
+            "gradient clipping norm",
+        ),
+        declaration::number(
+            "clip_obj",
+            declaration::Default::Number("3"),
+            "objective clipping",
+        ),
+        declaration::number(
+            "splits",
+            declaration::Default::Number("0"),
+            "budget splits (iterations); 0: a function of ε and δ",
+        ),
+        declaration::number(
+            "gamma",
+            declaration::Default::Number("0.1"),
+            "relative increase of the gradient's ρ after a rejected direction (step 0 selected)",
+        ),
+        declaration::number("l2", declaration::Default::Number("0.001"), "ridge penalty"),
+        declaration::Param {
+            name: "fit_intercept",
+            kind: declaration::Kind::Bool,
+            default: declaration::Default::Bool(true),
+            doc: "fit an intercept",
+        },
+        declaration::number(
+            "max_step",
+            declaration::Default::Number("2"),
+            "the largest step size candidate",
+        ),
+        NEIGHBOURS,
+    ],
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_logreg_agd_udaf,
+    seeded: |seed| super::dp_logreg_agd::DpLogregAgd::with_insecure_seed(seed).into(),
+    cost: |_, p| declaration::no_data(AgdParams::from_literals, AgdParams::cost, p),
+    noise: agd_noise,
+};

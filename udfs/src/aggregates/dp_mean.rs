@@ -50,23 +50,105 @@
 //! 1e6/(μ·n) = 805.76.
 //!
 //! lower = upper: every clamped value equals the bound, and the bound is returned exactly.
+//!
+//! # Laplace (`mechanism => 'laplace'`): L1 sensitivity
+//! Released with the exact discrete Laplace (Canonne, Kamath, Steinke 2020, Algorithm 2) so
+//! that the call is pure ε-DP (δ = 0), charged as `Event::PureDp { ε }`
+//! ([`super::params::Mechanism`] gives the scale b = (Δ₁ + slack·g)/ε and why not
+//! `Event::Laplace`). One changed row (or unit) changes:
+//! - `dp_mean`: the centred sum S (half-units, |y| ≤ w) and the count n, with ε split
+//!   ε_s + ε_c = ε (basic composition of pure DP). Sensitivities as `dp_mean`'s Gaussian ones
+//!   ([`super::dp_mean`]) but in L1: `add_remove` Δ_s = w, Δ_c = 1; `replace`: Δ_s = 2w (a value
+//!   change), Δ_c = 1 (a change to/from NULL moves S by ≤ w and n by 1:
+//!   w/b_s + 1/b_c ≤ ε_s/2 + ε_c ≤ ε); `replace_private_keys`: Δ_s = 2w (w in each of two groups,
+//!   slack 2g), Δ_c = 2 (slack 2); `units:K:C`: K·C times the `add_remove` ones.
+//!   Split (minimax, derived as `dp_mean`'s): the first-order error variance of the mean is
+//!   (2b_s² + (m − c)²·2b_c²)/n², worst at |m − c| = w (half-units); minimising
+//!   Δ_s²/ε_s² + w²Δ_c'²/ε_c² over ε_s + ε_c = ε (Lagrange: Δ_s²/ε_s³ = w²/ε_c³ for Δ_c' = 1)
+//!   gives ε_s : ε_c = Δ_s^{2/3} : w^{2/3}: ε/2 each under `add_remove` and `units`, and
+//!   2^{2/3} : 1 (ε_s ≈ 0.613ε) under the replace modes. `replace_public_n` puts all of ε on S
+//!   (Δ_s = 2w) and divides by the public n, as the Gaussian release does.
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::Result;
+use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::AggregateUDF;
 
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::exact::{FixedPoint, pow2, release_exact};
-use super::interval::{DpCiUdaf, Interval, Noise, mean_intervals};
-use super::laplace::LaplaceMean;
-use super::params::{MeanParams, Mechanism, Neighbours, representable};
-use crate::mechanisms::GaussianMechanism;
+use super::declaration::{
+    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
+};
+use super::exact::{FixedPoint, pow2};
+use super::interval::{DpCiUdaf, fieller, laplace_ratio_set, laplace_sum_quantile, pow2_neg18};
+use super::params::{
+    Mechanism, Neighbours, bounds_at, check_count, delta_at, epsilon_at, neighbours_at,
+    representable,
+};
+use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
-use crate::privacy::{PrivacyError, gaussian_mu};
+use crate::privacy::normal::phi_inv;
+use crate::privacy::{Event, PrivacyError, gaussian_mu};
+
+/// `dp_mean(value, lower, upper, epsilon, delta, neighbours)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeanParams {
+    pub lower: f64,
+    pub upper: f64,
+    pub epsilon: f64,
+    pub delta: f64,
+    pub mechanism: Mechanism,
+    pub neighbours: Neighbours,
+}
+
+impl MeanParams {
+    pub const NAMES: [&'static str; 6] = [
+        "lower",
+        "upper",
+        "epsilon",
+        "delta",
+        "mechanism",
+        "neighbours",
+    ];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &Self::NAMES)?;
+        let (lower, upper) = bounds_at(args, 0)?;
+        Ok(Self {
+            lower,
+            upper,
+            epsilon: epsilon_at(args, 2)?,
+            delta: delta_at(args, 3)?,
+            mechanism: Mechanism::at(args, 4)?,
+            neighbours: neighbours_at(args, 5)?,
+        })
+    }
+    /// `(lower, upper, epsilon, delta, neighbours)` without a mechanism (Gaussian):
+    /// `dp_variance`, `dp_stddev`.
+    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &["lower", "upper", "epsilon", "delta", "neighbours"])?;
+        let (lower, upper) = bounds_at(args, 0)?;
+        Ok(Self {
+            lower,
+            upper,
+            epsilon: epsilon_at(args, 2)?,
+            delta: delta_at(args, 3)?,
+            mechanism: Mechanism::Gaussian,
+            neighbours: neighbours_at(args, 4)?,
+        })
+    }
+    /// μ of the whole call; the sum and count releases share it (μ_s² + μ_c² = μ²).
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta)
+    }
+    /// Builds the release too (as [`CountParams::cost`]).
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        MeanRelease::new(self)?;
+        self.mechanism.cost(self.epsilon, self.delta)
+    }
+}
 
 /// The `dp_mean` UDAF.
 pub type DpMean = DpUdaf<MeanParams>;
@@ -81,6 +163,9 @@ impl DpFunction for MeanParams {
     fn spec() -> &'static Spec {
         &SPEC
     }
+    fn declaration() -> &'static Aggregate {
+        &DP_MEAN
+    }
 }
 
 static SPEC: Spec = Spec {
@@ -94,10 +179,7 @@ static SPEC: Spec = Spec {
     },
     release: |lits| {
         let p = MeanParams::from_literals(lits)?;
-        Ok(match p.mechanism {
-            Mechanism::Laplace => Arc::new(LaplaceMean::new(&p)?),
-            Mechanism::Gaussian => Arc::new(MeanRelease::new(&p)?),
-        })
+        Ok(Arc::new(MeanRelease::new(&p)?))
     },
     description: "Differentially private mean of the values clamped to [lower, upper]; the result \
          is always within [lower, upper]. Under add/remove (default) and replace neighbours: a \
@@ -118,16 +200,21 @@ static SPEC: Spec = Spec {
 /// μ_s² + μ_c² ≤ μ² despite floating-point rounding.
 const SPLIT_SHRINK: f64 = 1.0 - 1e-12;
 
-/// The release of a `dp_mean` call.
+/// The release of a `dp_mean` call: two [`Noise`]s, on the centred sum and on the count,
+/// calibrated per noise kind side by side ([`MeanRelease::gaussian`], [`MeanRelease::laplace`]).
 #[derive(Debug, Clone)]
 pub(crate) struct MeanRelease {
     pub fp: FixedPoint,
     pub neighbours: Neighbours,
     /// Release of the centred sum, in units of q/2. `None` when lower = upper.
-    pub sum_mech: Option<GaussianMechanism>,
+    pub sum_noise: Option<Noise>,
     /// Release of the count. `None` under `replace_public_n` or when lower = upper.
-    pub count_mech: Option<GaussianMechanism>,
+    pub count_noise: Option<Noise>,
 }
+
+/// 2^{2/3}: the Laplace replace split ε_s : ε_c (module docs, "Laplace"), rounded (any split
+/// with ε_s + ε_c ≤ ε is private; the rounding only moves it off the optimum by an ulp).
+pub(crate) const CBRT_4: f64 = 1.587_401_051_968_199_4;
 
 impl MeanRelease {
     /// The calibration (module docs); also called by [`MeanParams::cost`], so the accountant
@@ -135,16 +222,18 @@ impl MeanRelease {
     /// the range of epsilon (or of the bounds) that works.
     pub fn new(p: &MeanParams) -> Result<Self, PrivacyError> {
         let bounds = format!("{} (lower {})", p.upper, p.lower);
-        representable(p.epsilon, ("upper", &bounds), |epsilon| {
+        representable(p.epsilon, ("upper", &bounds), |epsilon| match p.mechanism {
             // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
-            Self::at(
+            Mechanism::Gaussian => Self::gaussian(
                 p,
                 p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?),
-            )
+            ),
+            Mechanism::Laplace => Self::laplace(p, epsilon),
         })
     }
 
-    fn at(p: &MeanParams, mu: f64) -> Result<Self, PrivacyError> {
+    /// The Gaussian calibration at μ (module docs).
+    fn gaussian(p: &MeanParams, mu: f64) -> Result<Self, PrivacyError> {
         let fp = FixedPoint::new(p.lower, p.upper);
         // Centred values 2x − (lo + hi) in half-units q/2 lie in [−w, w].
         let w = fp.width();
@@ -177,20 +266,88 @@ impl MeanRelease {
         Ok(Self {
             fp,
             neighbours: p.neighbours,
-            sum_mech,
-            count_mech,
+            sum_noise: sum_mech.map(Noise::Gaussian),
+            count_noise: count_mech.map(Noise::Gaussian),
         })
     }
 
-    fn release_one(&self, rng: &mut SecureRng, p: &Partial) -> Result<Option<f64>> {
-        mean_of(
-            &self.fp,
-            self.neighbours,
-            (self.sum_mech.as_ref(), self.count_mech.as_ref()),
-            release_exact,
-            rng,
-            p,
-        )
+    /// The Laplace calibration at ε (module docs, "Laplace").
+    fn laplace(p: &MeanParams, epsilon: f64) -> Result<Self, PrivacyError> {
+        let fp = FixedPoint::new(p.lower, p.upper);
+        let w = fp.width() as f64;
+        let half_unit = pow2(fp.exp - 1);
+        let nb = p.neighbours;
+        let (mut sum_mech, mut count_mech) = (None, None);
+        if w > 0.0 {
+            if nb == Neighbours::ReplacePublicN {
+                sum_mech = Some(LaplaceMechanism::from_epsilon_with_slack(
+                    epsilon,
+                    2.0 * w * half_unit,
+                    1.0,
+                )?);
+            } else {
+                // K·C under `units:K:C`, 1 otherwise.
+                let f = if nb.is_units() { nb.pure_factor() } else { 1.0 };
+                // (Δ_s, slack_s, Δ_c, slack_c) in half-units / rows (module docs).
+                let (ds, ss, dc, sc) = match nb {
+                    Neighbours::ReplacePrivateKeys => (2.0 * w, 2.0, 2.0, 2.0),
+                    Neighbours::Replace => (2.0 * w, 1.0, 1.0, 1.0),
+                    _ => (f * w, f, f, f),
+                };
+                let share_s = if nb.is_replace() {
+                    CBRT_4 / (CBRT_4 + 1.0)
+                } else {
+                    0.5
+                };
+                // ε_s + ε_c ≤ ε: each share lowered by an ulp.
+                let eps_s = (epsilon * share_s).next_down();
+                let eps_c = (epsilon - eps_s).next_down();
+                sum_mech = Some(LaplaceMechanism::from_epsilon_with_slack(
+                    eps_s,
+                    (ds * half_unit).next_up(),
+                    ss,
+                )?);
+                count_mech = Some(LaplaceMechanism::from_epsilon_with_slack(eps_c, dc, sc)?);
+            }
+        }
+        Ok(Self {
+            fp,
+            neighbours: nb,
+            sum_noise: sum_mech.map(Noise::Laplace),
+            count_noise: count_mech.map(Noise::Laplace),
+        })
+    }
+
+    /// The noisy releases behind one group's mean, drawn in this order: the centred sum, then
+    /// the count. [`MeanDraw::value`] post-processes them; `finalise` and
+    /// `finalise_with_intervals` both call this, so a `_ci` value is the base value.
+    fn draw(&self, rng: &mut SecureRng, p: &Partial) -> Result<MeanDraw> {
+        let fp = &self.fp;
+        let public_n = self.neighbours == Neighbours::ReplacePublicN;
+        if public_n && p.rows == 0 {
+            return Ok(MeanDraw::Null);
+        }
+        let (lower, upper) = (fp.lower, fp.upper);
+        let c = centre(fp);
+        let Some(sum_noise) = &self.sum_noise else {
+            return Ok(MeanDraw::Exact(c.clamp(lower, upper)));
+        };
+        let mid = (fp.lo + fp.hi) as i128;
+        let centred = p
+            .sum
+            .saturating_mul(2)
+            .saturating_sub(mid.saturating_mul(p.count as i128));
+        let s = sum_noise.release(rng, centred, fp.exp - 1)?;
+        let count = match &self.count_noise {
+            Some(m) => Some(m.release(rng, p.count as i128, 0)?),
+            None => None,
+        };
+        Ok(MeanDraw::Noisy {
+            c,
+            s,
+            count,
+            rows: p.rows,
+        })
     }
 }
 
@@ -237,58 +394,6 @@ impl MeanDraw {
     }
 }
 
-/// One group's mean from its exact partials, with the noise of `release` (the Gaussian or the
-/// Laplace sampler on the grid; the module docs give the calibration): the midpoint plus the
-/// noisy centred sum Σ(x − c) over the noisy count, at least 1 (or the public row count under
-/// `replace_public_n`, NULL when it is 0), clamped to [lower, upper]. Without a sum mechanism
-/// (lower = upper) the midpoint.
-pub(crate) fn mean_of<M>(
-    fp: &FixedPoint,
-    neighbours: Neighbours,
-    mechs: (Option<&M>, Option<&M>),
-    release: fn(&M, &mut SecureRng, i128, i32) -> Result<f64>,
-    rng: &mut SecureRng,
-    p: &Partial,
-) -> Result<Option<f64>> {
-    Ok(draw_mean(fp, neighbours, mechs, release, rng, p)?.value(fp.lower, fp.upper))
-}
-
-/// The noisy releases behind [`mean_of`], drawn in its order (the sum, then the count).
-pub(crate) fn draw_mean<M>(
-    fp: &FixedPoint,
-    neighbours: Neighbours,
-    (sum_mech, count_mech): (Option<&M>, Option<&M>),
-    release: fn(&M, &mut SecureRng, i128, i32) -> Result<f64>,
-    rng: &mut SecureRng,
-    p: &Partial,
-) -> Result<MeanDraw> {
-    let public_n = neighbours == Neighbours::ReplacePublicN;
-    if public_n && p.rows == 0 {
-        return Ok(MeanDraw::Null);
-    }
-    let (lower, upper) = (fp.lower, fp.upper);
-    let c = centre(fp);
-    let Some(sum_mech) = sum_mech else {
-        return Ok(MeanDraw::Exact(c.clamp(lower, upper)));
-    };
-    let mid = (fp.lo + fp.hi) as i128;
-    let centred = p
-        .sum
-        .saturating_mul(2)
-        .saturating_sub(mid.saturating_mul(p.count as i128));
-    let s = release(sum_mech, rng, centred, fp.exp - 1)?;
-    let count = match count_mech {
-        Some(m) => Some(release(m, rng, p.count as i128, 0)?),
-        None => None,
-    };
-    Ok(MeanDraw::Noisy {
-        c,
-        s,
-        count,
-        rows: p.rows,
-    })
-}
-
 impl Finalise for MeanRelease {
     fn shape(&self) -> Shape {
         SPEC.shape
@@ -297,44 +402,124 @@ impl Finalise for MeanRelease {
         Some(self.fp)
     }
     fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef> {
+        let (lower, upper) = (self.fp.lower, self.fp.upper);
         let out = partials
             .iter()
-            .map(|p| self.release_one(rng, p))
+            .map(|p| Ok(self.draw(rng, p)?.value(lower, upper)))
             .collect::<Result<Vec<Option<f64>>>>()?;
         Ok(Arc::new(Float64Array::from(out)))
     }
     fn noise(&self) -> Option<String> {
-        let s = super::accumulator::short;
-        Some(match (&self.sum_mech, &self.count_mech) {
+        Some(match (&self.sum_noise, &self.count_noise) {
             (Some(a), Some(b)) => format!(
-                "Gaussian σ = {} on the sum of (value − midpoint), σ = {} on the count",
-                s(a.sigma),
-                s(b.sigma)
+                "{} on the sum of (value − midpoint), {} on the count",
+                a.describe(),
+                b.scale_text()
             ),
-            (Some(a), None) => format!("Gaussian σ = {} on the sum (public row count)", s(a.sigma)),
+            (Some(a), None) => format!("{} on the sum (public row count)", a.describe()),
             _ => "none (lower = upper)".into(),
         })
     }
+    /// The same draws as [`Self::finalise`] ([`Self::draw`]), then the interval
+    /// ([`super::interval`], "Formulas").
     fn finalise_with_intervals(
         &self,
         rng: &mut SecureRng,
         partials: &[Partial],
         confidence: f64,
     ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-        let mechs = (self.sum_mech.as_ref(), self.count_mech.as_ref());
-        let draw = |rng: &mut SecureRng, p: &Partial| {
-            draw_mean(&self.fp, self.neighbours, mechs, release_exact, rng, p)
+        let fp = &self.fp;
+        let (lower, upper) = (fp.lower, fp.upper);
+        let mut values = Vec::with_capacity(partials.len());
+        let mut out = Vec::with_capacity(partials.len());
+        for p in partials {
+            let d = self.draw(rng, p)?;
+            let value = d.value(lower, upper);
+            values.push(value);
+            out.push(match (d, value, self.sum_noise) {
+                (MeanDraw::Noisy { c, s, count, rows }, Some(v), Some(sn)) => Some(mean_interval(
+                    (c, s, count, rows),
+                    v,
+                    (sn, self.count_noise),
+                    confidence,
+                    fp,
+                )),
+                (_, Some(v), _) => Some(Interval {
+                    lower: v,
+                    upper: v,
+                    stddev: 0.0,
+                }),
+                _ => None,
+            });
+        }
+        Ok((Arc::new(Float64Array::from(values)), out))
+    }
+}
+
+/// One group's interval from its draws (c, S̃, C̃ or the public n) and the released `value`
+/// ([`super::interval`], "Formulas": Fieller for Gaussian noise, the exact Laplace pivot for
+/// Laplace noise, exact with a public n).
+fn mean_interval(
+    (c, s, count, rows): (f64, f64, Option<f64>, i64),
+    value: f64,
+    (sum_noise, count_noise): (Noise, Option<Noise>),
+    level: f64,
+    fp: &FixedPoint,
+) -> Interval {
+    let (lower, upper) = (fp.lower, fp.upper);
+    let clamp = |lo: f64, hi: f64| (lo.clamp(lower, upper), hi.clamp(lower, upper));
+    let d_hat = value - c;
+    let denom = MeanDraw::divisor(count, rows);
+    let (Some(noisy_count), Some(cn)) = (count, count_noise) else {
+        // Public n: exact.
+        let w = sum_noise.half_width(level) / denom;
+        let centre = c + s / denom;
+        let (lo, hi) = clamp(centre - w, centre + w);
+        return Interval {
+            lower: lo,
+            upper: hi,
+            stddev: sum_noise.stddev() / denom,
         };
-        let noises = (
-            self.sum_mech.map(Noise::Gaussian),
-            self.count_mech.map(Noise::Gaussian),
-        );
-        mean_intervals(&self.fp, noises, draw, rng, partials, confidence)
+    };
+    let (ss, sc) = (sum_noise.stddev(), cn.stddev());
+    let stddev = (ss * ss + d_hat * d_hat * sc * sc).sqrt() / denom;
+    let (lo, hi) = match sum_noise {
+        Noise::Gaussian(_) => {
+            let z = -phi_inv((1.0 - level) / 2.0) * (1.0 + pow2_neg18());
+            match fieller(s, noisy_count, ss, sc, z) {
+                Some((dlo, dhi)) => clamp(c + dlo, c + dhi),
+                None => (lower, upper),
+            }
+        }
+        Noise::Laplace(m) => {
+            let bc = match cn {
+                Noise::Laplace(l) => l.scale,
+                Noise::Gaussian(g) => g.sigma,
+            };
+            let x_of = |dmax: f64| {
+                laplace_sum_quantile(m.scale, dmax * bc, level) * (1.0 + pow2_neg18())
+                    + m.granularity
+            };
+            match laplace_ratio_set(s, noisy_count, (lower - c, upper - c), x_of) {
+                Some((dlo, dhi)) => clamp(c + dlo, c + dhi),
+                None => (lower, upper),
+            }
+        }
+    };
+    // The release is always inside its interval (widening only raises coverage).
+    let (lo, hi) = (lo.min(value), hi.max(value));
+    Interval {
+        lower: lo,
+        upper: hi,
+        stddev,
     }
 }
 
 impl super::interval::DpInterval for MeanParams {
     const CI_NAME: &'static str = "dp_mean_ci";
+    fn ci_declaration() -> &'static Aggregate {
+        &DP_MEAN_CI
+    }
 }
 
 /// The `dp_mean_ci` UDAF ([`super::interval`]).
@@ -344,3 +529,33 @@ pub type DpMeanCi = DpCiUdaf<MeanParams>;
 pub fn dp_mean_ci_udaf() -> AggregateUDF {
     DpMeanCi::udaf()
 }
+
+/// The declaration of `dp_mean` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_MEAN: Aggregate = Aggregate {
+    name: "dp_mean",
+    summary: "noisy mean of the values clamped to [lower, upper], within [lower, upper]",
+    data: &[VALUE],
+    params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
+    requirements: &[],
+    replaces: &["avg", "mean"],
+    internal: false,
+    udaf: dp_mean_udaf,
+    seeded: |seed| super::dp_mean::DpMean::with_insecure_seed(seed).into(),
+    cost: |_, p| declaration::no_data(MeanParams::from_literals, MeanParams::cost, p),
+    noise: super::adapter::spec_noise::<MeanParams>,
+};
+
+/// The declaration of `dp_mean_ci` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_MEAN_CI: Aggregate = Aggregate {
+    name: "dp_mean_ci",
+    summary: "dp_mean's release with its confidence interval",
+    data: &[VALUE],
+    params: &declaration::with_confidence::<{ DP_MEAN.params.len() + 1 }>(DP_MEAN.params),
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_mean_ci_udaf,
+    seeded: |seed| super::interval::DpCiUdaf::<MeanParams>::with_insecure_seed(seed).into(),
+    cost: super::interval::ci_cost::<MeanParams>,
+    noise: super::interval::ci_noise::<MeanParams>,
+};

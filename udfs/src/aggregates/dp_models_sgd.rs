@@ -39,6 +39,10 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
+use super::declaration::{
+    self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, SGD_CLIP, SGD_EPOCHS,
+    SGD_LEARNING_RATE, SGD_NOISE, SGD_PARAMS, SGD_SAMPLE_RATE, SGD_STEPS,
+};
 use super::params::{Neighbours, delta_at, epsilon_at, literal_params, number, plan_error, text};
 use crate::noise::SecureRng;
 use crate::optim::mlp::{MlpModel, mlp_model_data_type};
@@ -318,7 +322,7 @@ pub fn sgd_cost(kind: SgdKind, params: &[ScalarValue]) -> Result<Vec<Event>, Pri
 pub fn sgd_noise(kind: SgdKind, params: &[ScalarValue]) -> Option<String> {
     let p = SgdParams::from_literals(kind, params).ok()?;
     let plan = p.plan().ok()?;
-    let short = super::accumulator::short;
+    let short = crate::mechanisms::noise::short;
     Some(match p.noise {
         NoiseKind::Independent => {
             let standalone = crate::privacy::sgd::epsilon(
@@ -643,6 +647,71 @@ static DOC_MLP: LazyLock<Documentation> = LazyLock::new(|| {
     )
 });
 
+/// The declaration of `dp_linreg_sgd` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_LINREG_SGD: Aggregate = Aggregate {
+    name: "dp_linreg_sgd",
+    summary: "a linear model fitted by DP-SGD (Poisson sampling, or 'mf' correlated noise)",
+    data: MODEL_DATA,
+    params: SGD_PARAMS,
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_linreg_sgd_udaf,
+    seeded: |seed| super::dp_models_sgd::DpSgd::with_insecure_seed(SgdKind::Linear, seed).into(),
+    cost: |_, p| sgd_cost(SgdKind::Linear, p),
+    noise: |p| sgd_noise(SgdKind::Linear, p),
+};
+
+/// The declaration of `dp_logreg_sgd` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_LOGREG_SGD: Aggregate = Aggregate {
+    name: "dp_logreg_sgd",
+    summary: "a logistic model fitted by DP-SGD (Poisson sampling, or 'mf' correlated noise)",
+    data: MODEL_DATA,
+    params: SGD_PARAMS,
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_logreg_sgd_udaf,
+    seeded: |seed| super::dp_models_sgd::DpSgd::with_insecure_seed(SgdKind::Logistic, seed).into(),
+    cost: |_, p| sgd_cost(SgdKind::Logistic, p),
+    noise: |p| sgd_noise(SgdKind::Logistic, p),
+};
+
+/// The declaration of `dp_mlp_sgd` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_MLP_SGD: Aggregate = Aggregate {
+    name: "dp_mlp_sgd",
+    summary: "a one-hidden-layer ReLU network fitted by DP-SGD",
+    data: MODEL_DATA,
+    params: &[
+        EPSILON,
+        DELTA,
+        declaration::number(
+            "hidden",
+            declaration::Default::Number("32"),
+            "hidden ReLU units",
+        ),
+        declaration::number(
+            "classes",
+            declaration::Default::Number("2"),
+            "number of classes (labels 0 … classes − 1)",
+        ),
+        SGD_SAMPLE_RATE,
+        SGD_STEPS,
+        SGD_EPOCHS,
+        SGD_CLIP,
+        SGD_LEARNING_RATE,
+        SGD_NOISE,
+        NEIGHBOURS,
+    ],
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_mlp_sgd_udaf,
+    seeded: |seed| super::dp_models_sgd::DpSgd::with_insecure_seed(SgdKind::Mlp, seed).into(),
+    cost: |_, p| sgd_cost(SgdKind::Mlp, p),
+    noise: |p| sgd_noise(SgdKind::Mlp, p),
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -676,7 +745,7 @@ mod tests {
         // σ on the grid: at least z·clip, within a hair of it.
         assert!(plan.sigma() >= z && plan.sigma() < z * 1.001);
         let text = sgd_noise(SgdKind::Logistic, &lits).unwrap();
-        let short = crate::aggregates::accumulator::short;
+        let short = crate::mechanisms::noise::short;
         assert!(
             text.starts_with(&format!("Gaussian σ = {} per step", short(plan.sigma()))),
             "{text}"

@@ -86,11 +86,12 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, DataArg, call_literals, coerce_args};
+use super::declaration::Default as ParamDefault;
+use super::declaration::{self, Aggregate, LOWER, NEIGHBOURS, PURE_EPSILON, UPPER, VALUE};
 use super::exact::FixedPoint;
 use super::params::{
     Neighbours, bounds_at, check_count, epsilon_at, neighbours_at, number, plan_error,
 };
-use super::registry::{self, Default as ParamDefault};
 use crate::mechanisms::exponential::{rate_down, sample_permute_and_flip};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError};
@@ -118,6 +119,14 @@ pub enum QuantileKind {
 }
 
 impl QuantileKind {
+    /// Its declaration ([`DP_QUANTILE`], [`DP_MEDIAN`], [`DP_QUANTILES`]).
+    pub fn declaration(self) -> &'static Aggregate {
+        match self {
+            QuantileKind::Quantile => &DP_QUANTILE,
+            QuantileKind::Median => &DP_MEDIAN,
+            QuantileKind::Quantiles => &DP_QUANTILES,
+        }
+    }
     pub fn name(self) -> &'static str {
         match self {
             QuantileKind::Quantile => "dp_quantile",
@@ -375,7 +384,7 @@ impl Hash for DpQuantileUdaf {
 
 impl DpQuantileUdaf {
     pub fn new(kind: QuantileKind) -> Self {
-        let a = registry::get(kind.name()).expect("declared in the registry");
+        let a = kind.declaration();
         let names = a
             .data
             .iter()
@@ -430,7 +439,7 @@ fn list_type() -> DataType {
 }
 
 fn documentation(kind: QuantileKind) -> Documentation {
-    let a = registry::get(kind.name()).expect("declared");
+    let a = kind.declaration();
     let mut b = Documentation::builder(DOC_SECTION_DP, HOW, a.usage());
     for d in a.data {
         b = b.with_argument(
@@ -481,7 +490,7 @@ impl AggregateUDFImpl for DpQuantileUdaf {
         &self.signature
     }
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        let a = registry::get(self.kind.name()).expect("declared");
+        let a = self.kind.declaration();
         let names: Vec<&str> = a.params.iter().map(|p| p.name).collect();
         let required = a
             .params
@@ -657,7 +666,7 @@ pub fn cost_of(kind: QuantileKind, params: &[ScalarValue]) -> Result<Vec<Event>,
 /// exponential mechanism's bins and the ε each quantile's draw uses (module docs).
 pub fn noise_of(kind: QuantileKind, params: &[ScalarValue]) -> Option<String> {
     let p = QuantileParams::from_literals(kind, params).ok()?;
-    let short = super::accumulator::short;
+    let short = crate::mechanisms::noise::short;
     if p.lower == p.upper {
         return Some("none (lower = upper)".into());
     }
@@ -676,3 +685,84 @@ pub fn noise_of(kind: QuantileKind, params: &[ScalarValue]) -> Option<String> {
         short(each)
     ))
 }
+
+/// The declaration of `dp_quantile` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_QUANTILE: Aggregate = Aggregate {
+    name: "dp_quantile",
+    summary: "noisy q-quantile of the values clamped to [lower, upper] (exponential \
+              mechanism, pure ε-DP)",
+    data: &[VALUE],
+    params: &[
+        LOWER,
+        UPPER,
+        declaration::number(
+            "q",
+            declaration::Default::Required,
+            "the quantile, in [0, 1]",
+        ),
+        PURE_EPSILON,
+        declaration::BINS,
+        NEIGHBOURS,
+    ],
+    requirements: &[],
+    replaces: &[
+        "percentile_cont",
+        "approx_percentile_cont",
+        "approx_percentile_cont_with_weight",
+    ],
+    internal: false,
+    udaf: dp_quantile_udaf,
+    seeded: |seed| {
+        super::dp_quantile::DpQuantileUdaf::with_insecure_seed(QuantileKind::Quantile, seed).into()
+    },
+    cost: |_, p| cost_of(QuantileKind::Quantile, p),
+    noise: |p| noise_of(QuantileKind::Quantile, p),
+};
+
+/// The declaration of `dp_median` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_MEDIAN: Aggregate = Aggregate {
+    name: "dp_median",
+    summary: "noisy median of the values clamped to [lower, upper] (exponential mechanism, \
+              pure ε-DP)",
+    data: &[VALUE],
+    params: &[LOWER, UPPER, PURE_EPSILON, declaration::BINS, NEIGHBOURS],
+    requirements: &[],
+    replaces: &["median", "approx_median"],
+    internal: false,
+    udaf: dp_median_udaf,
+    seeded: |seed| {
+        super::dp_quantile::DpQuantileUdaf::with_insecure_seed(QuantileKind::Median, seed).into()
+    },
+    cost: |_, p| cost_of(QuantileKind::Median, p),
+    noise: |p| noise_of(QuantileKind::Median, p),
+};
+
+/// The declaration of `dp_quantiles` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_QUANTILES: Aggregate = Aggregate {
+    name: "dp_quantiles",
+    summary: "noisy quantiles (a list) of the values clamped to [lower, upper], ε/k each, \
+              sorted",
+    data: &[VALUE],
+    params: &[
+        LOWER,
+        UPPER,
+        declaration::Param {
+            name: "quantiles",
+            kind: declaration::Kind::NumberList,
+            default: declaration::Default::Required,
+            doc: "a list of 1 to 100 quantiles in [0, 1], e.g. [0.25, 0.5, 0.75]",
+        },
+        PURE_EPSILON,
+        declaration::BINS,
+        NEIGHBOURS,
+    ],
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_quantiles_udaf,
+    seeded: |seed| {
+        super::dp_quantile::DpQuantileUdaf::with_insecure_seed(QuantileKind::Quantiles, seed).into()
+    },
+    cost: |_, p| cost_of(QuantileKind::Quantiles, p),
+    noise: |p| noise_of(QuantileKind::Quantiles, p),
+};

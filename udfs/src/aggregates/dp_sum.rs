@@ -22,23 +22,81 @@
 //!
 //! When lower = upper = 0 every clamped value is 0, the sum is identically 0, and 0 is returned
 //! without noise (a constant is private).
+//!
+//! # Laplace (`mechanism => 'laplace'`): L1 sensitivity
+//! Released with the exact discrete Laplace (Canonne, Kamath, Steinke 2020, Algorithm 2) so
+//! that the call is pure ε-DP (δ = 0), charged as `Event::PureDp { ε }`
+//! ([`super::params::Mechanism`] gives the scale b = (Δ₁ + slack·g)/ε and why not
+//! `Event::Laplace`). One changed row (or unit) changes:
+//! - `dp_sum` (grid units, [`FixedPoint`]): `add_remove` m = max(|lo|, |hi|); `replace`,
+//!   `replace_public_n` max(hi − lo, m); `replace_private_keys` max(hi − lo, 2m) (|x| + |x'| when
+//!   the row moves between groups), rounding slack 2g; `units:K:C` K·C·m with slack K·C
+//!   (per group C·m + g ≤ C·(m + g), summed over K groups).
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::Result;
+use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::AggregateUDF;
 
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::exact::{FixedPoint, release_exact};
-use super::interval::{DpCiUdaf, Interval, Noise, sum_intervals};
-use super::laplace::LaplaceSum;
-use super::params::{Mechanism, Neighbours, SQRT_2_UP, SumParams, representable};
-use crate::mechanisms::GaussianMechanism;
+use super::declaration::{
+    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
+};
+use super::exact::FixedPoint;
+use super::interval::DpCiUdaf;
+use super::params::{
+    Mechanism, Neighbours, SQRT_2_UP, bounds_at, check_count, delta_at, epsilon_at, neighbours_at,
+    representable,
+};
+use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
-use crate::privacy::{PrivacyError, gaussian_mu};
+use crate::privacy::{Event, PrivacyError, gaussian_mu};
+
+/// `dp_sum(value, lower, upper, epsilon, delta, neighbours)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SumParams {
+    pub lower: f64,
+    pub upper: f64,
+    pub epsilon: f64,
+    pub delta: f64,
+    pub mechanism: Mechanism,
+    pub neighbours: Neighbours,
+}
+
+impl SumParams {
+    pub const NAMES: [&'static str; 6] = [
+        "lower",
+        "upper",
+        "epsilon",
+        "delta",
+        "mechanism",
+        "neighbours",
+    ];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &Self::NAMES)?;
+        let (lower, upper) = bounds_at(args, 0)?;
+        Ok(Self {
+            lower,
+            upper,
+            epsilon: epsilon_at(args, 2)?,
+            delta: delta_at(args, 3)?,
+            mechanism: Mechanism::at(args, 4)?,
+            neighbours: neighbours_at(args, 5)?,
+        })
+    }
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta)
+    }
+    /// Builds the release too (as [`CountParams::cost`]).
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        SumRelease::new(self)?;
+        self.mechanism.cost(self.epsilon, self.delta)
+    }
+}
 
 /// The `dp_sum` UDAF.
 pub type DpSum = DpUdaf<SumParams>;
@@ -53,6 +111,9 @@ impl DpFunction for SumParams {
     fn spec() -> &'static Spec {
         &SPEC
     }
+    fn declaration() -> &'static Aggregate {
+        &DP_SUM
+    }
 }
 
 static SPEC: Spec = Spec {
@@ -66,10 +127,7 @@ static SPEC: Spec = Spec {
     },
     release: |lits| {
         let p = SumParams::from_literals(lits)?;
-        Ok(match p.mechanism {
-            Mechanism::Laplace => Arc::new(LaplaceSum::new(&p)?),
-            Mechanism::Gaussian => Arc::new(SumRelease::new(&p)?),
-        })
+        Ok(Arc::new(SumRelease::new(&p)?))
     },
     description: "Differentially private sum. Each non-NULL, non-NaN value is clamped to [lower, \
          upper] (±infinity included) and mapped to a fixed-point integer on a power-of-two grid, \
@@ -87,12 +145,13 @@ static SPEC: Spec = Spec {
     related: &["dp_count", "dp_mean"],
 };
 
-/// The release of a `dp_sum` call.
+/// The release of a `dp_sum` call: the exact fixed-point sum plus one [`Noise`], calibrated per
+/// noise kind side by side.
 #[derive(Debug, Clone)]
 pub(crate) struct SumRelease {
     pub fp: FixedPoint,
     /// `None` when the sensitivity is 0 (lower = upper = 0).
-    pub mech: Option<GaussianMechanism>,
+    pub noise: Option<Noise>,
 }
 
 /// ⌈√2·m⌉ for m ≥ 0, exactly: the smallest k with k² ≥ 2m² (integer square root; m ≤ 2^40, so
@@ -104,34 +163,74 @@ pub(crate) fn ceil_sqrt2_times(m: i64) -> i64 {
 }
 
 impl SumRelease {
-    /// The calibration (module docs); also called by [`SumParams::cost`], so the accountant
-    /// refuses exactly what the planner refuses.
+    /// The calibration (module docs; Laplace: module docs, "Laplace"); also
+    /// called by [`SumParams::cost`], so the accountant refuses exactly what the planner
+    /// refuses.
     pub fn new(p: &SumParams) -> Result<Self, PrivacyError> {
         let fp = FixedPoint::new(p.lower, p.upper);
-        // Sensitivity in grid units (module docs) and the rounding slack in grid steps.
-        let (units, slack) = match p.neighbours {
-            Neighbours::AddRemove | Neighbours::Units { .. } => (fp.max_abs(), 1.0),
-            Neighbours::Replace | Neighbours::ReplacePublicN => (fp.width().max(fp.max_abs()), 1.0),
-            Neighbours::ReplacePrivateKeys => {
-                (fp.width().max(ceil_sqrt2_times(fp.max_abs())), SQRT_2_UP)
+        let m = fp.max_abs();
+        let bounds = format!("{} (lower {})", p.upper, p.lower);
+        let noise = match p.mechanism {
+            Mechanism::Gaussian => {
+                // L2 sensitivity in grid units (module docs) and the rounding slack in steps.
+                let (units, slack) = match p.neighbours {
+                    Neighbours::AddRemove | Neighbours::Units { .. } => (m, 1.0),
+                    Neighbours::Replace | Neighbours::ReplacePublicN => (fp.width().max(m), 1.0),
+                    Neighbours::ReplacePrivateKeys => {
+                        (fp.width().max(ceil_sqrt2_times(m)), SQRT_2_UP)
+                    }
+                };
+                if units == 0 {
+                    return Ok(Self { fp, noise: None });
+                }
+                // units ≤ 2^41 and q = 2^e: the product is exact, or +∞ (refused by the
+                // mechanism).
+                let sensitivity = units as f64 * fp.step();
+                let build = |epsilon: f64| {
+                    // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
+                    let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
+                    GaussianMechanism::from_mu_with_slack(mu, sensitivity, slack)
+                };
+                Noise::Gaussian(representable(p.epsilon, ("upper", &bounds), build)?)
+            }
+            Mechanism::Laplace => {
+                // L1 sensitivity in grid units and rounding slack in grid steps.
+                let (units, slack) = match p.neighbours {
+                    Neighbours::AddRemove | Neighbours::Units { .. } => (m as f64, 1.0),
+                    Neighbours::Replace | Neighbours::ReplacePublicN => {
+                        (fp.width().max(m) as f64, 1.0)
+                    }
+                    Neighbours::ReplacePrivateKeys => (fp.width().max(2 * m) as f64, 2.0),
+                };
+                if units == 0.0 {
+                    return Ok(Self { fp, noise: None });
+                }
+                // K·C under `units:K:C` (1 otherwise), on the sensitivity and the slack.
+                let f = if p.neighbours.is_units() {
+                    p.neighbours.pure_factor()
+                } else {
+                    1.0
+                };
+                // units ≤ 2^42, K·C ≤ 10^12, q = 2^e: products exact or rounded up by one ulp.
+                let sensitivity = (f * units * fp.step()).next_up();
+                let build = |epsilon: f64| {
+                    LaplaceMechanism::from_epsilon_with_slack(epsilon, sensitivity, f * slack)
+                };
+                Noise::Laplace(representable(p.epsilon, ("upper", &bounds), build)?)
             }
         };
-        if units == 0 {
-            return Ok(Self { fp, mech: None });
-        }
-        // units ≤ 2^41 and q = 2^e: the product is exact, or +∞ (refused by the mechanism).
-        let sensitivity = units as f64 * fp.step();
-        let build = |epsilon: f64| {
-            // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
-            let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
-            GaussianMechanism::from_mu_with_slack(mu, sensitivity, slack)
-        };
-        let bounds = format!("{} (lower {})", p.upper, p.lower);
-        let mech = representable(p.epsilon, ("upper", &bounds), build)?;
         Ok(Self {
             fp,
-            mech: Some(mech),
+            noise: Some(noise),
         })
+    }
+
+    /// One group's release: the exact sum plus one draw (0 without noise).
+    fn draw(&self, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
+        match &self.noise {
+            Some(n) => n.release(rng, p.sum, self.fp.exp),
+            None => Ok(0.0),
+        }
     }
 }
 
@@ -145,37 +244,47 @@ impl Finalise for SumRelease {
     fn finalise(&self, rng: &mut SecureRng, partials: &[Partial]) -> Result<ArrayRef> {
         let out = partials
             .iter()
-            .map(|p| match &self.mech {
-                Some(m) => release_exact(m, rng, p.sum, self.fp.exp),
-                None => Ok(0.0),
-            })
+            .map(|p| self.draw(rng, p))
             .collect::<Result<Vec<f64>>>()?;
         Ok(Arc::new(Float64Array::from(out)))
     }
     fn noise(&self) -> Option<String> {
-        Some(match &self.mech {
-            Some(m) => format!("Gaussian σ = {}", super::accumulator::short(m.sigma)),
+        Some(match &self.noise {
+            Some(n) => n.describe(),
             None => "none (lower = upper = 0)".into(),
         })
     }
+    /// The same draws as [`Self::finalise`], each with raw ± (k + 1)·g ([`Noise::interval`]:
+    /// the release is not post-processed, so neither is the interval); [0, 0] without noise.
     fn finalise_with_intervals(
         &self,
         rng: &mut SecureRng,
         partials: &[Partial],
         confidence: f64,
     ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-        let exp = self.fp.exp;
-        let release = |rng: &mut SecureRng, s: i128| match &self.mech {
-            Some(m) => release_exact(m, rng, s, exp),
-            None => Ok(0.0),
-        };
-        let noise = self.mech.map(Noise::Gaussian);
-        sum_intervals(noise, release, rng, partials, confidence)
+        let mut values = Vec::with_capacity(partials.len());
+        let mut out = Vec::with_capacity(partials.len());
+        for p in partials {
+            let raw = self.draw(rng, p)?;
+            values.push(raw);
+            out.push(Some(match &self.noise {
+                Some(n) => n.interval(raw, confidence),
+                None => Interval {
+                    lower: 0.0,
+                    upper: 0.0,
+                    stddev: 0.0,
+                },
+            }));
+        }
+        Ok((Arc::new(Float64Array::from(values)), out))
     }
 }
 
 impl super::interval::DpInterval for SumParams {
     const CI_NAME: &'static str = "dp_sum_ci";
+    fn ci_declaration() -> &'static Aggregate {
+        &DP_SUM_CI
+    }
 }
 
 /// The `dp_sum_ci` UDAF ([`super::interval`]).
@@ -185,3 +294,33 @@ pub type DpSumCi = DpCiUdaf<SumParams>;
 pub fn dp_sum_ci_udaf() -> AggregateUDF {
     DpSumCi::udaf()
 }
+
+/// The declaration of `dp_sum` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_SUM: Aggregate = Aggregate {
+    name: "dp_sum",
+    summary: "noisy sum of the values clamped to [lower, upper]",
+    data: &[VALUE],
+    params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
+    requirements: &[],
+    replaces: &["sum"],
+    internal: false,
+    udaf: dp_sum_udaf,
+    seeded: |seed| super::dp_sum::DpSum::with_insecure_seed(seed).into(),
+    cost: |_, p| declaration::no_data(SumParams::from_literals, SumParams::cost, p),
+    noise: super::adapter::spec_noise::<SumParams>,
+};
+
+/// The declaration of `dp_sum_ci` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_SUM_CI: Aggregate = Aggregate {
+    name: "dp_sum_ci",
+    summary: "dp_sum's release with its confidence interval",
+    data: &[VALUE],
+    params: &declaration::with_confidence::<{ DP_SUM.params.len() + 1 }>(DP_SUM.params),
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_sum_ci_udaf,
+    seeded: |seed| super::interval::DpCiUdaf::<SumParams>::with_insecure_seed(seed).into(),
+    cost: super::interval::ci_cost::<SumParams>,
+    noise: super::interval::ci_noise::<SumParams>,
+};

@@ -57,6 +57,9 @@
 //! m̃₁), so for n ≫ 1/μ it falls as 1/n at fixed ε.
 //!
 //! lower = upper: every clamped value is the same, and 0 is returned without noise.
+//!
+//! # Laplace
+//!
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array};
@@ -67,11 +70,15 @@ use datafusion::logical_expr::AggregateUDF;
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::{DataArg, Fin};
-use super::exact::{FixedPoint, SquareGrid, pow2, release_exact};
-use super::interval::{DpCiUdaf, Interval, Noise, variance_intervals};
-use super::laplace::LaplaceVariance;
-use super::params::{MeanParams, Mechanism, representable};
-use crate::mechanisms::GaussianMechanism;
+use super::declaration::{
+    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
+};
+use super::dp_mean::CBRT_4;
+use super::dp_mean::MeanParams;
+use super::exact::{FixedPoint, SquareGrid, pow2};
+use super::interval::DpCiUdaf;
+use super::params::{Mechanism, Neighbours, representable};
+use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
 
@@ -111,19 +118,11 @@ impl VarianceParams {
         variance_literals(args).map(Self)
     }
     /// One μ-GDP release (module docs), or one pure ε-DP release under `mechanism => 'laplace'`
-    /// ([`super::laplace::LaplaceVariance`]). Builds the release too, so the accountant refuses
-    /// exactly what the planner refuses.
+    /// ([`Mechanism::cost`]). Builds the release too, so the accountant refuses exactly what the
+    /// planner refuses.
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        if self.0.mechanism == Mechanism::Laplace {
-            LaplaceVariance::new(&self.0, false)?;
-            return Ok(vec![Event::PureDp {
-                epsilon: self.0.epsilon,
-            }]);
-        }
         VarianceRelease::new(&self.0, false)?;
-        Ok(vec![Event::Gaussian {
-            mu: gaussian_mu(self.0.epsilon, self.0.delta)?,
-        }])
+        self.0.mechanism.cost(self.0.epsilon, self.0.delta)
     }
 }
 
@@ -158,12 +157,18 @@ impl DpFunction for VarianceParams {
     fn spec() -> &'static Spec {
         &VARIANCE_SPEC
     }
+    fn declaration() -> &'static Aggregate {
+        &DP_VARIANCE
+    }
 }
 
 impl DpFunction for StddevParams {
     const NAME: &'static str = "dp_stddev";
     fn spec() -> &'static Spec {
         &STDDEV_SPEC
+    }
+    fn declaration() -> &'static Aggregate {
+        &DP_STDDEV
     }
 }
 
@@ -203,35 +208,37 @@ static STDDEV_SPEC: Spec = Spec {
     related: &["dp_variance", "dp_mean"],
 };
 
-/// The release of one call: Gaussian (module docs) or, under `mechanism => 'laplace'`,
-/// [`LaplaceVariance`].
+/// The release of one call ([`VarianceRelease`], both noise kinds).
 fn release(p: &MeanParams, stddev: bool) -> Result<Fin, PrivacyError> {
-    Ok(match p.mechanism {
-        Mechanism::Laplace => Arc::new(LaplaceVariance::new(p, stddev)?),
-        Mechanism::Gaussian => Arc::new(VarianceRelease::new(p, stddev)?),
-    })
+    Ok(Arc::new(VarianceRelease::new(p, stddev)?))
 }
 
 /// Calibrations are rounded outward: each μ share is shrunk by this factor so that
 /// μ₁² + μ₂² + μ_c² ≤ μ² despite floating-point rounding.
 const SPLIT_SHRINK: f64 = 1.0 - 1e-12;
 
-/// The three releases of a `dp_variance` / `dp_stddev` call (`None` when lower = upper).
+/// 16^{1/3} = 2.5198…: the Laplace `replace` weight of S₁ in the ε split (module docs,
+/// "Laplace"), rounded (any split with ε₁ + ε₂ + ε_c ≤ ε is private).
+const CBRT_16: f64 = 2.519_842_099_789_746_3;
+
+/// The three releases of a `dp_variance` / `dp_stddev` call.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Mechs {
     /// S₁ = Σ y, in half-units.
-    pub sum: GaussianMechanism,
+    pub sum: Noise,
     /// S₂ = Σ s(y), in square-grid units.
-    pub sum_sq: GaussianMechanism,
+    pub sum_sq: Noise,
     /// n.
-    pub count: GaussianMechanism,
+    pub count: Noise,
 }
 
-/// The release of a `dp_variance` or `dp_stddev` call.
+/// The release of a `dp_variance` or `dp_stddev` call: three [`Noise`]s, calibrated per noise
+/// kind side by side ([`VarianceRelease::gaussian`], [`VarianceRelease::laplace`]).
 #[derive(Debug, Clone)]
 pub(crate) struct VarianceRelease {
     pub fp: FixedPoint,
     pub sq: SquareGrid,
+    /// `None` when lower = upper.
     pub mechs: Option<Mechs>,
     /// √ of the variance (`dp_stddev`).
     pub stddev: bool,
@@ -241,17 +248,19 @@ impl VarianceRelease {
     /// The calibration (module docs); also called by the parameter structs' `cost`.
     pub fn new(p: &MeanParams, stddev: bool) -> Result<Self, PrivacyError> {
         let bounds = format!("{} (lower {})", p.upper, p.lower);
-        representable(p.epsilon, ("upper", &bounds), |epsilon| {
+        representable(p.epsilon, ("upper", &bounds), |epsilon| match p.mechanism {
             // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
-            Self::at(
+            Mechanism::Gaussian => Self::gaussian(
                 p,
                 p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?),
                 stddev,
-            )
+            ),
+            Mechanism::Laplace => Self::laplace(p, epsilon, stddev),
         })
     }
 
-    fn at(p: &MeanParams, mu: f64, stddev: bool) -> Result<Self, PrivacyError> {
+    /// The Gaussian calibration at μ (module docs).
+    fn gaussian(p: &MeanParams, mu: f64, stddev: bool) -> Result<Self, PrivacyError> {
         let fp = FixedPoint::new(p.lower, p.upper);
         let sq = SquareGrid::new(&fp);
         let w = fp.width();
@@ -269,9 +278,9 @@ impl VarianceRelease {
             // Rounding slack: two grid steps on S₁ when a row can move between groups.
             let slack = if nb.moves_between_groups() { 2.0 } else { 1.0 };
             mechs = Some(Mechs {
-                sum: GaussianMechanism::from_mu_with_slack(share(r1), d1, slack)?,
-                sum_sq: GaussianMechanism::from_mu(share(1.0), sq.max as f64)?,
-                count: GaussianMechanism::from_mu(share(1.0), 1.0)?,
+                sum: Noise::Gaussian(GaussianMechanism::from_mu_with_slack(share(r1), d1, slack)?),
+                sum_sq: Noise::Gaussian(GaussianMechanism::from_mu(share(1.0), sq.max as f64)?),
+                count: Noise::Gaussian(GaussianMechanism::from_mu(share(1.0), 1.0)?),
             });
         }
         Ok(Self {
@@ -282,25 +291,58 @@ impl VarianceRelease {
         })
     }
 
-    /// The normalised variance v ∈ [0, 1] of one group (module docs, "Post-processing").
-    fn normalised(&self, m: &Mechs, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
-        let (s1, s2, n) = self.draws(m, rng, p)?;
-        Ok(normalised_variance(&self.fp, &self.sq, s1, s2, n))
+    /// The Laplace calibration at ε (module docs, "Laplace").
+    fn laplace(p: &MeanParams, epsilon: f64, stddev: bool) -> Result<Self, PrivacyError> {
+        let fp = FixedPoint::new(p.lower, p.upper);
+        let sq = SquareGrid::new(&fp);
+        let (w, m) = (fp.width() as f64, sq.max as f64);
+        let nb = p.neighbours;
+        let mut mechs = None;
+        if w > 0.0 {
+            // K·C under `units:K:C`, 1 otherwise.
+            let units = if nb.is_units() { nb.pure_factor() } else { 1.0 };
+            // (scale factor of all three Δ's, slack, S₁'s extra factor, S₁'s split weight)
+            let (f, slack, d1, r1) = match nb {
+                Neighbours::Replace | Neighbours::ReplacePublicN => (1.0, 1.0, 2.0, CBRT_16),
+                Neighbours::ReplacePrivateKeys => (2.0, 2.0, 1.0, CBRT_4),
+                _ => (units, units, 1.0, CBRT_4),
+            };
+            // ε₁ + ε₂ + ε_c ≤ ε: each share lowered by an ulp.
+            let eps1 = (epsilon * r1 / (r1 + 2.0)).next_down();
+            let eps2 = ((epsilon - eps1) / 2.0).next_down();
+            let build = |eps: f64, delta: f64| {
+                LaplaceMechanism::from_epsilon_with_slack(eps, delta.next_up(), slack)
+                    .map(Noise::Laplace)
+            };
+            mechs = Some(Mechs {
+                sum: build(eps1, f * d1 * w)?,
+                sum_sq: build(eps2, f * m)?,
+                count: build(eps2, f)?,
+            });
+        }
+        Ok(Self {
+            fp,
+            sq,
+            mechs,
+            stddev,
+        })
     }
 
     fn release_one(&self, rng: &mut SecureRng, p: &Partial) -> Result<f64> {
         let Some(m) = &self.mechs else {
             return Ok(0.0);
         };
-        let v = self.normalised(m, rng, p)?;
+        let (s1, s2, n) = self.draws(m, rng, p)?;
+        let v = normalised_variance(&self.fp, &self.sq, s1, s2, n);
         Ok(variance_output(&self.fp, v, self.stddev))
     }
 
-    /// The three draws (S̃₁, S̃₂, ñ), in the order [`Self::normalised`] makes them.
+    /// The three draws (S̃₁, S̃₂, ñ), in this order; [`Self::release_one`] and the `_ci`
+    /// release both call it.
     fn draws(&self, m: &Mechs, rng: &mut SecureRng, p: &Partial) -> Result<(f64, f64, f64)> {
-        let s1 = release_exact(&m.sum, rng, centred_sum(&self.sq, p), 0)?;
-        let s2 = release_exact(&m.sum_sq, rng, p.sum_sq, 0)?;
-        let n = release_exact(&m.count, rng, p.count as i128, 0)?;
+        let s1 = m.sum.release(rng, centred_sum(&self.sq, p), 0)?;
+        let s2 = m.sum_sq.release(rng, p.sum_sq, 0)?;
+        let n = m.count.release(rng, p.count as i128, 0)?;
         Ok((s1, s2, n))
     }
 }
@@ -362,31 +404,25 @@ impl Finalise for VarianceRelease {
                 // In value units: S₁ is in half-units q/2, S₂ in units 2^shift·(q/2)².
                 let half = pow2(self.fp.exp - 1);
                 let sq_unit = pow2(self.sq.shift as i32) * half * half;
-                let s = super::accumulator::short;
                 format!(
-                    "Gaussian σ = {} on the count, σ = {} on the sum of (value − midpoint), \
-                     σ = {} on the sum of its squares",
-                    s(m.count.sigma),
-                    s(m.sum.sigma * half),
-                    s(m.sum_sq.sigma * sq_unit)
+                    "{} on the count, {} on the sum of (value − midpoint), {} on the sum of its \
+                     squares",
+                    m.count.describe(),
+                    m.sum.scale_text_in(half),
+                    m.sum_sq.scale_text_in(sq_unit)
                 )
             }
             None => "none (lower = upper)".into(),
         })
     }
+    /// The same draws as [`Self::finalise`] ([`VarianceRelease::draws`]), then the interval.
     fn finalise_with_intervals(
         &self,
         rng: &mut SecureRng,
         partials: &[Partial],
         confidence: f64,
     ) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-        let noises = self.mechs.map(|m| {
-            [
-                Noise::Gaussian(m.sum),
-                Noise::Gaussian(m.sum_sq),
-                Noise::Gaussian(m.count),
-            ]
-        });
+        let noises = self.mechs.map(|m| [m.sum, m.sum_sq, m.count]);
         let draw = |rng: &mut SecureRng, p: &Partial| match &self.mechs {
             Some(m) => self.draws(m, rng, p),
             None => Ok((0.0, 0.0, 0.0)),
@@ -403,12 +439,146 @@ impl Finalise for VarianceRelease {
     }
 }
 
+/// The value and interval of a variance or standard deviation (`dp_variance`, `dp_stddev`,
+/// both mechanisms) from the draws (S̃₁, S̃₂, ñ) made exactly as the base release makes them
+/// (module docs). `noises` are those of (S₁, S₂, n), `None` when lower = upper (0, no noise).
+pub(crate) fn variance_intervals(
+    (fp, sq): (&FixedPoint, &SquareGrid),
+    noises: Option<[Noise; 3]>,
+    draw: impl Fn(&mut SecureRng, &Partial) -> Result<(f64, f64, f64)>,
+    stddev: bool,
+    rng: &mut SecureRng,
+    partials: &[Partial],
+    level: f64,
+) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
+    let mut values = Vec::with_capacity(partials.len());
+    let mut out = Vec::with_capacity(partials.len());
+    let Some(noises) = noises else {
+        for _ in partials {
+            values.push(0.0);
+            out.push(Some(Interval {
+                lower: 0.0,
+                upper: 0.0,
+                stddev: 0.0,
+            }));
+        }
+        return Ok((Arc::new(Float64Array::from(values)), out));
+    };
+    let w = fp.width() as f64;
+    // Value units per normalised unit of variance: h² = (w·q/2)².
+    let h = w * pow2(fp.exp - 1);
+    let h_nominal = fp.upper / 2.0 - fp.lower / 2.0;
+    for p in partials {
+        let (s1, s2, n) = draw(rng, p)?;
+        let v = variance_normalised_interval((fp, sq), (s1, s2, n), &noises, level);
+        let value = variance_output(fp, v.value, stddev);
+        let sd_var = v.sd * h * h;
+        let sd = if stddev {
+            // Delta method for √: sd(V)/(2√V), capped by √sd(V) (the scale of √|V̂| near V = 0)
+            // and by the range's half-width.
+            (sd_var / (2.0 * value)).min(sd_var.sqrt()).min(h_nominal)
+        } else {
+            sd_var
+        };
+        values.push(value);
+        out.push(Some(Interval {
+            lower: variance_output(fp, v.lower, stddev),
+            upper: variance_output(fp, v.upper, stddev),
+            stddev: sd,
+        }));
+    }
+    Ok((Arc::new(Float64Array::from(values)), out))
+}
+
+/// A variance interval in normalised units (v ∈ [0, 1]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct NormalisedInterval {
+    /// The release's v (as [`normalised_variance`]).
+    pub value: f64,
+    pub lower: f64,
+    pub upper: f64,
+    /// The delta-method standard deviation of v̂.
+    pub sd: f64,
+}
+
+/// The delta-method interval of v = m₂ − m₁² from S̃₁ (half-units), S̃₂ (square-grid units,
+/// 2^shift), ñ (module docs, `dp_variance`).
+pub(crate) fn variance_normalised_interval(
+    (fp, sq): (&FixedPoint, &SquareGrid),
+    (s1, s2, n): (f64, f64, f64),
+    [n1, n2, nc]: &[Noise; 3],
+    level: f64,
+) -> NormalisedInterval {
+    // The release's own post-processing, bit for bit.
+    let value = normalised_variance(fp, sq, s1, s2, n);
+    let w = fp.width() as f64;
+    let n_raw = n;
+    let n = n.max(1.0);
+    let k2 = pow2(sq.shift as i32) / (w * w);
+    let m1 = (s1 / w / n).clamp(-1.0, 1.0);
+    let m2 = (s2 * k2 / n).clamp(0.0, 1.0);
+    // ∂v/∂S₂ = k2/n, ∂v/∂S₁ = −2m₁/(w·n), ∂v/∂n = −(m₂ − 2m₁²)/n (integer units of each release).
+    let a = [
+        2.0 * m1.abs() / (w * n),
+        k2 / n,
+        (m2 - 2.0 * m1 * m1).abs() / n,
+    ];
+    let noise = [n1, n2, nc];
+    let sd = a
+        .iter()
+        .zip(noise)
+        .map(|(a, m)| (a * m.stddev()).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    // Bonferroni (module docs): each of the three noises within its (1 − α/3)-quantile, so all
+    // three are with probability ≥ level; the half-widths include one grid step each for the
+    // rounding of the exact sums to their grids.
+    let each = 1.0 - (1.0 - level) / 3.0;
+    let [x1, x2, x3] = [n1, n2, nc].map(|m| m.half_width(each));
+    // The true n ≥ 1 for a group with rows; n = 0 has v = 0 (the release's max(n, 1)).
+    let (nlo, nhi) = ((n_raw - x3).max(1.0), (n_raw + x3).max(1.0));
+    let zero_n = n_raw - x3 < 1.0;
+    // |S₁| over [s1 − x1, s1 + x1].
+    let (a_lo, a_hi) = {
+        let (l, h) = (s1 - x1, s1 + x1);
+        let lo = if l <= 0.0 && h >= 0.0 {
+            0.0
+        } else {
+            l.abs().min(h.abs())
+        };
+        (lo, l.abs().max(h.abs()))
+    };
+    let (s2lo, s2hi) = ((s2 - x2).max(0.0), (s2 + x2).max(0.0));
+    let m2_hi = (s2hi * k2 / nlo).min(1.0);
+    let m2_lo = (s2lo * k2 / nhi).min(1.0);
+    let m1_hi = (a_hi / w / nlo).min(1.0);
+    let m1_lo = (a_lo / w / nhi).min(1.0);
+    let v_lo = if zero_n {
+        0.0
+    } else {
+        (m2_lo - m1_hi * m1_hi).max(0.0)
+    };
+    let v_hi = (m2_hi - m1_lo * m1_lo).clamp(0.0, 1.0).max(v_lo);
+    NormalisedInterval {
+        value,
+        lower: v_lo.min(value),
+        upper: v_hi.max(value),
+        sd,
+    }
+}
+
 impl super::interval::DpInterval for VarianceParams {
     const CI_NAME: &'static str = "dp_variance_ci";
+    fn ci_declaration() -> &'static Aggregate {
+        &DP_VARIANCE_CI
+    }
 }
 
 impl super::interval::DpInterval for StddevParams {
     const CI_NAME: &'static str = "dp_stddev_ci";
+    fn ci_declaration() -> &'static Aggregate {
+        &DP_STDDEV_CI
+    }
 }
 
 /// The `dp_variance_ci` UDAF ([`super::interval`]).
@@ -425,6 +595,68 @@ pub fn dp_variance_ci_udaf() -> AggregateUDF {
 pub fn dp_stddev_ci_udaf() -> AggregateUDF {
     DpStddevCi::udaf()
 }
+
+/// The declaration of `dp_variance` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_VARIANCE: Aggregate = Aggregate {
+    name: "dp_variance",
+    summary: "noisy population variance of the values clamped to [lower, upper], within \
+              [0, (upper − lower)²/4]",
+    data: &[VALUE],
+    params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
+    requirements: &[],
+    replaces: &["var_pop", "var", "var_samp", "variance"],
+    internal: false,
+    udaf: dp_variance_udaf,
+    seeded: |seed| super::dp_variance::DpVariance::with_insecure_seed(seed).into(),
+    cost: |_, p| declaration::no_data(VarianceParams::from_literals, VarianceParams::cost, p),
+    noise: super::adapter::spec_noise::<VarianceParams>,
+};
+
+/// The declaration of `dp_stddev` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_STDDEV: Aggregate = Aggregate {
+    name: "dp_stddev",
+    summary: "noisy population standard deviation of the values clamped to [lower, upper], \
+              within [0, (upper − lower)/2]",
+    data: &[VALUE],
+    params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
+    requirements: &[],
+    replaces: &["stddev_pop", "stddev", "stddev_samp"],
+    internal: false,
+    udaf: dp_stddev_udaf,
+    seeded: |seed| super::dp_variance::DpStddev::with_insecure_seed(seed).into(),
+    cost: |_, p| declaration::no_data(StddevParams::from_literals, StddevParams::cost, p),
+    noise: super::adapter::spec_noise::<StddevParams>,
+};
+
+/// The declaration of `dp_variance_ci` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_VARIANCE_CI: Aggregate = Aggregate {
+    name: "dp_variance_ci",
+    summary: "dp_variance's release with its confidence interval (delta method)",
+    data: &[VALUE],
+    params: &declaration::with_confidence::<{ DP_VARIANCE.params.len() + 1 }>(DP_VARIANCE.params),
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_variance_ci_udaf,
+    seeded: |seed| super::interval::DpCiUdaf::<VarianceParams>::with_insecure_seed(seed).into(),
+    cost: super::interval::ci_cost::<VarianceParams>,
+    noise: super::interval::ci_noise::<VarianceParams>,
+};
+
+/// The declaration of `dp_stddev_ci` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_STDDEV_CI: Aggregate = Aggregate {
+    name: "dp_stddev_ci",
+    summary: "dp_stddev's release with its confidence interval (√ of the variance's)",
+    data: &[VALUE],
+    params: &declaration::with_confidence::<{ DP_STDDEV.params.len() + 1 }>(DP_STDDEV.params),
+    requirements: &[],
+    replaces: &[],
+    internal: false,
+    udaf: dp_stddev_ci_udaf,
+    seeded: |seed| super::interval::DpCiUdaf::<StddevParams>::with_insecure_seed(seed).into(),
+    cost: super::interval::ci_cost::<StddevParams>,
+    noise: super::interval::ci_noise::<StddevParams>,
+};
 
 #[cfg(test)]
 mod width_tests {

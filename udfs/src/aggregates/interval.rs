@@ -95,7 +95,7 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, StructArray};
+use datafusion::arrow::array::{ArrayRef, Float64Array, StructArray};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
@@ -107,97 +107,17 @@ use datafusion::logical_expr::{
 
 use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
 use super::adapter::{
-    DpFunction, coerce_declared, declaration, documentation_for, identity_by_signature_and_seed,
+    DpFunction, coerce_declared, documentation_for, identity_by_signature_and_seed,
 };
 use super::common::{Fin, call_literals};
-use super::dp_mean::MeanDraw;
 use super::exact::{FixedPoint, SquareGrid};
 use super::params::{number, plan_error};
-use crate::mechanisms::{GaussianMechanism, LaplaceMechanism};
+pub use crate::mechanisms::{Interval, Noise};
 use crate::noise::SecureRng;
-use crate::noise::discrete::steps_for;
-use crate::privacy::normal::phi_inv;
 use crate::privacy::{Event, PrivacyError};
 
 /// The default `confidence`.
 pub const DEFAULT_CONFIDENCE: f64 = 0.95;
-
-/// One release's interval and noise standard deviation, in the statistic's units.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Interval {
-    pub lower: f64,
-    pub upper: f64,
-    pub stddev: f64,
-}
-
-/// The noise of one release on its grid.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Noise {
-    Gaussian(GaussianMechanism),
-    Laplace(LaplaceMechanism),
-}
-
-impl Noise {
-    fn granularity(&self) -> f64 {
-        match self {
-            Noise::Gaussian(m) => m.granularity,
-            Noise::Laplace(m) => m.granularity,
-        }
-    }
-
-    /// S (Gaussian) or t (Laplace): the integer scale the sampler uses.
-    fn steps(&self) -> u128 {
-        match self {
-            Noise::Gaussian(m) => steps_for(m.sigma, m.granularity),
-            Noise::Laplace(m) => steps_for(m.scale, m.granularity),
-        }
-    }
-
-    /// The smallest k ≥ 0 (grid steps) with P(|Y| ≤ k) ≥ `level` (module docs; for the
-    /// Gaussian, for the provable bound).
-    pub fn half_steps(&self, level: f64) -> u128 {
-        let s = self.steps() as f64;
-        match self {
-            Noise::Gaussian(_) => {
-                // z = Φ⁻¹((1 + level)/2) = −Φ⁻¹((1 − level)/2), accurate for level near 1.
-                let z = -phi_inv((1.0 - level) / 2.0) * (1.0 + 1e-9);
-                (z * s).ceil().max(0.0) as u128
-            }
-            Noise::Laplace(_) => {
-                // k + 1 ≥ t·ln(2/((1 − level)(1 + a))), a = e^{−1/t}.
-                let a = (-1.0 / s).exp();
-                let x = s * (std::f64::consts::LN_2 - (1.0 - level).ln() - a.ln_1p());
-                ((x * (1.0 + 1e-12)).ceil() - 1.0).max(0.0) as u128
-            }
-        }
-    }
-
-    /// The half-width, in value units, of an interval around the raw release that covers the
-    /// exact statistic (before or after its rounding to the grid): (k + 1)·g.
-    pub fn half_width(&self, level: f64) -> f64 {
-        (self.half_steps(level) + 1) as f64 * self.granularity()
-    }
-
-    /// The integer half-width W of an integer statistic released rounded to an integer:
-    /// ⌈(k + 1)·g − ½⌉ (module docs).
-    pub fn integer_half_width(&self, level: f64) -> f64 {
-        ((self.half_steps(level) + 1) as f64 * self.granularity() - 0.5)
-            .ceil()
-            .max(0.0)
-    }
-
-    /// The noise's standard deviation (value units).
-    pub fn stddev(&self) -> f64 {
-        match self {
-            Noise::Gaussian(m) => m.sigma,
-            Noise::Laplace(m) => {
-                let t = self.steps() as f64;
-                let a = (-1.0 / t).exp();
-                m.granularity * (2.0 * a).sqrt() / -(-1.0 / t).exp_m1()
-            }
-        }
-    }
-}
 
 /// x with P(|L₁ + L₂| > x) ≤ 1 − level, L₁, L₂ independent Laplace of scales b₁ > 0, b₂ ≥ 0
 /// (module docs), by bisection, rounded up.
@@ -286,293 +206,7 @@ pub(crate) fn laplace_ratio_set(
     Some((lo, hi))
 }
 
-/// The value and interval of a count (`dp_count`, `dp_count_distinct`), drawn by `release`
-/// exactly as the base release draws it (module docs).
-pub(crate) fn count_intervals(
-    noise: Noise,
-    release: impl Fn(&mut SecureRng, i128) -> Result<f64>,
-    rng: &mut SecureRng,
-    partials: &[Partial],
-    level: f64,
-) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-    let w = noise.integer_half_width(level);
-    let stddev = noise.stddev();
-    let mut values = Vec::with_capacity(partials.len());
-    let mut out = Vec::with_capacity(partials.len());
-    for p in partials {
-        let r = release(rng, p.count as i128)?.round();
-        values.push(r.max(0.0) as i64); // as the base release; `as` saturates
-        out.push(Some(Interval {
-            lower: (r - w).max(0.0),
-            upper: (r + w).max(0.0),
-            stddev,
-        }));
-    }
-    Ok((Arc::new(Int64Array::from(values)), out))
-}
-
-/// The value and interval of a sum (`dp_sum`); no noise (lower = upper = 0) gives [0, 0].
-pub(crate) fn sum_intervals(
-    noise: Option<Noise>,
-    release: impl Fn(&mut SecureRng, i128) -> Result<f64>,
-    rng: &mut SecureRng,
-    partials: &[Partial],
-    level: f64,
-) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-    let mut values = Vec::with_capacity(partials.len());
-    let mut out = Vec::with_capacity(partials.len());
-    for p in partials {
-        let Some(noise) = noise else {
-            values.push(0.0);
-            out.push(Some(Interval {
-                lower: 0.0,
-                upper: 0.0,
-                stddev: 0.0,
-            }));
-            continue;
-        };
-        let raw = release(rng, p.sum)?;
-        let w = noise.half_width(level);
-        values.push(raw);
-        out.push(Some(Interval {
-            lower: raw - w,
-            upper: raw + w,
-            stddev: noise.stddev(),
-        }));
-    }
-    Ok((Arc::new(Float64Array::from(values)), out))
-}
-
-/// The value and interval of a mean (`dp_mean`, both mechanisms) from its draws (module docs).
-pub(crate) fn mean_intervals(
-    fp: &FixedPoint,
-    (sum_noise, count_noise): (Option<Noise>, Option<Noise>),
-    draw: impl Fn(&mut SecureRng, &Partial) -> Result<MeanDraw>,
-    rng: &mut SecureRng,
-    partials: &[Partial],
-    level: f64,
-) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-    let (lower, upper) = (fp.lower, fp.upper);
-    let mut values = Vec::with_capacity(partials.len());
-    let mut out = Vec::with_capacity(partials.len());
-    for p in partials {
-        let d = draw(rng, p)?;
-        let value = d.value(lower, upper);
-        values.push(value);
-        out.push(match (d, value, sum_noise) {
-            (MeanDraw::Noisy { c, s, count, rows }, Some(v), Some(sn)) => Some(mean_interval(
-                c,
-                s,
-                count,
-                rows,
-                v,
-                sn,
-                count_noise,
-                level,
-                fp,
-            )),
-            (_, Some(v), _) => Some(Interval {
-                lower: v,
-                upper: v,
-                stddev: 0.0,
-            }),
-            _ => None,
-        });
-    }
-    Ok((Arc::new(Float64Array::from(values)), out))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn mean_interval(
-    c: f64,
-    s: f64,
-    count: Option<f64>,
-    rows: i64,
-    value: f64,
-    sum_noise: Noise,
-    count_noise: Option<Noise>,
-    level: f64,
-    fp: &FixedPoint,
-) -> Interval {
-    let (lower, upper) = (fp.lower, fp.upper);
-    let clamp = |lo: f64, hi: f64| (lo.clamp(lower, upper), hi.clamp(lower, upper));
-    let d_hat = value - c;
-    let denom = MeanDraw::divisor(count, rows);
-    let (Some(noisy_count), Some(cn)) = (count, count_noise) else {
-        // Public n: exact.
-        let w = sum_noise.half_width(level) / denom;
-        let centre = c + s / denom;
-        let (lo, hi) = clamp(centre - w, centre + w);
-        return Interval {
-            lower: lo,
-            upper: hi,
-            stddev: sum_noise.stddev() / denom,
-        };
-    };
-    let (ss, sc) = (sum_noise.stddev(), cn.stddev());
-    let stddev = (ss * ss + d_hat * d_hat * sc * sc).sqrt() / denom;
-    let (lo, hi) = match sum_noise {
-        Noise::Gaussian(_) => {
-            let z = -phi_inv((1.0 - level) / 2.0) * (1.0 + pow2_neg18());
-            match fieller(s, noisy_count, ss, sc, z) {
-                Some((dlo, dhi)) => clamp(c + dlo, c + dhi),
-                None => (lower, upper),
-            }
-        }
-        Noise::Laplace(m) => {
-            let bc = match cn {
-                Noise::Laplace(l) => l.scale,
-                Noise::Gaussian(g) => g.sigma,
-            };
-            let x_of = |dmax: f64| {
-                laplace_sum_quantile(m.scale, dmax * bc, level) * (1.0 + pow2_neg18())
-                    + m.granularity
-            };
-            match laplace_ratio_set(s, noisy_count, (lower - c, upper - c), x_of) {
-                Some((dlo, dhi)) => clamp(c + dlo, c + dhi),
-                None => (lower, upper),
-            }
-        }
-    };
-    // The release is always inside its interval (widening only raises coverage).
-    let (lo, hi) = (lo.min(value), hi.max(value));
-    Interval {
-        lower: lo,
-        upper: hi,
-        stddev,
-    }
-}
-
-/// The value and interval of a variance or standard deviation (`dp_variance`, `dp_stddev`,
-/// both mechanisms) from the draws (S̃₁, S̃₂, ñ) made exactly as the base release makes them
-/// (module docs). `noises` are those of (S₁, S₂, n), `None` when lower = upper (0, no noise).
-pub(crate) fn variance_intervals(
-    (fp, sq): (&FixedPoint, &SquareGrid),
-    noises: Option<[Noise; 3]>,
-    draw: impl Fn(&mut SecureRng, &Partial) -> Result<(f64, f64, f64)>,
-    stddev: bool,
-    rng: &mut SecureRng,
-    partials: &[Partial],
-    level: f64,
-) -> Result<(ArrayRef, Vec<Option<Interval>>)> {
-    use super::dp_variance::variance_output;
-    let mut values = Vec::with_capacity(partials.len());
-    let mut out = Vec::with_capacity(partials.len());
-    let Some(noises) = noises else {
-        for _ in partials {
-            values.push(0.0);
-            out.push(Some(Interval {
-                lower: 0.0,
-                upper: 0.0,
-                stddev: 0.0,
-            }));
-        }
-        return Ok((Arc::new(Float64Array::from(values)), out));
-    };
-    let w = fp.width() as f64;
-    // Value units per normalised unit of variance: h² = (w·q/2)².
-    let h = w * super::exact::pow2(fp.exp - 1);
-    let h_nominal = fp.upper / 2.0 - fp.lower / 2.0;
-    for p in partials {
-        let (s1, s2, n) = draw(rng, p)?;
-        let v = variance_normalised_interval((fp, sq), (s1, s2, n), &noises, level);
-        let value = variance_output(fp, v.value, stddev);
-        let sd_var = v.sd * h * h;
-        let sd = if stddev {
-            // Delta method for √: sd(V)/(2√V), capped by √sd(V) (the scale of √|V̂| near V = 0)
-            // and by the range's half-width.
-            (sd_var / (2.0 * value)).min(sd_var.sqrt()).min(h_nominal)
-        } else {
-            sd_var
-        };
-        values.push(value);
-        out.push(Some(Interval {
-            lower: variance_output(fp, v.lower, stddev),
-            upper: variance_output(fp, v.upper, stddev),
-            stddev: sd,
-        }));
-    }
-    Ok((Arc::new(Float64Array::from(values)), out))
-}
-
-/// A variance interval in normalised units (v ∈ [0, 1]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct NormalisedInterval {
-    /// The release's v (as [`super::dp_variance::normalised_variance`]).
-    pub value: f64,
-    pub lower: f64,
-    pub upper: f64,
-    /// The delta-method standard deviation of v̂.
-    pub sd: f64,
-}
-
-/// The delta-method interval of v = m₂ − m₁² from S̃₁ (half-units), S̃₂ (square-grid units,
-/// 2^shift), ñ (module docs, `dp_variance`).
-pub(crate) fn variance_normalised_interval(
-    (fp, sq): (&FixedPoint, &SquareGrid),
-    (s1, s2, n): (f64, f64, f64),
-    [n1, n2, nc]: &[Noise; 3],
-    level: f64,
-) -> NormalisedInterval {
-    // The release's own post-processing, bit for bit.
-    let value = super::dp_variance::normalised_variance(fp, sq, s1, s2, n);
-    let w = fp.width() as f64;
-    let n_raw = n;
-    let n = n.max(1.0);
-    let k2 = super::exact::pow2(sq.shift as i32) / (w * w);
-    let m1 = (s1 / w / n).clamp(-1.0, 1.0);
-    let m2 = (s2 * k2 / n).clamp(0.0, 1.0);
-    // ∂v/∂S₂ = k2/n, ∂v/∂S₁ = −2m₁/(w·n), ∂v/∂n = −(m₂ − 2m₁²)/n (integer units of each release).
-    let a = [
-        2.0 * m1.abs() / (w * n),
-        k2 / n,
-        (m2 - 2.0 * m1 * m1).abs() / n,
-    ];
-    let noise = [n1, n2, nc];
-    let sd = a
-        .iter()
-        .zip(noise)
-        .map(|(a, m)| (a * m.stddev()).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    // Bonferroni (module docs): each of the three noises within its (1 − α/3)-quantile, so all
-    // three are with probability ≥ level; the half-widths include one grid step each for the
-    // rounding of the exact sums to their grids.
-    let each = 1.0 - (1.0 - level) / 3.0;
-    let [x1, x2, x3] = [n1, n2, nc].map(|m| m.half_width(each));
-    // The true n ≥ 1 for a group with rows; n = 0 has v = 0 (the release's max(n, 1)).
-    let (nlo, nhi) = ((n_raw - x3).max(1.0), (n_raw + x3).max(1.0));
-    let zero_n = n_raw - x3 < 1.0;
-    // |S₁| over [s1 − x1, s1 + x1].
-    let (a_lo, a_hi) = {
-        let (l, h) = (s1 - x1, s1 + x1);
-        let lo = if l <= 0.0 && h >= 0.0 {
-            0.0
-        } else {
-            l.abs().min(h.abs())
-        };
-        (lo, l.abs().max(h.abs()))
-    };
-    let (s2lo, s2hi) = ((s2 - x2).max(0.0), (s2 + x2).max(0.0));
-    let m2_hi = (s2hi * k2 / nlo).min(1.0);
-    let m2_lo = (s2lo * k2 / nhi).min(1.0);
-    let m1_hi = (a_hi / w / nlo).min(1.0);
-    let m1_lo = (a_lo / w / nhi).min(1.0);
-    let v_lo = if zero_n {
-        0.0
-    } else {
-        (m2_lo - m1_hi * m1_hi).max(0.0)
-    };
-    let v_hi = (m2_hi - m1_lo * m1_lo).clamp(0.0, 1.0).max(v_lo);
-    NormalisedInterval {
-        value,
-        lower: v_lo.min(value),
-        upper: v_hi.max(value),
-        sd,
-    }
-}
-
-fn pow2_neg18() -> f64 {
+pub(crate) fn pow2_neg18() -> f64 {
     super::exact::pow2(-18)
 }
 
@@ -582,15 +216,18 @@ fn pow2_neg18() -> f64 {
 pub trait DpInterval: DpFunction {
     /// The `_ci` variant's SQL name, declared in [`super::registry::AGGREGATES`].
     const CI_NAME: &'static str;
+    /// The `_ci` variant's declaration, generated from the base's
+    /// ([`super::declaration::with_confidence`]).
+    fn ci_declaration() -> &'static super::declaration::Aggregate;
 }
 
 /// The base call's literals and the confidence, from a `_ci` call's literals in positional
 /// order: `confidence` sits just before the hidden `neighbours` (module docs).
 pub fn split_confidence(
-    base: &str,
+    base: &super::declaration::Aggregate,
     lits: &[ScalarValue],
 ) -> Result<(Vec<ScalarValue>, f64), PrivacyError> {
-    let k = declaration(base).params.len() - 1;
+    let k = base.params.len() - 1;
     // The base parameters before `neighbours`, `confidence`, `neighbours`.
     if lits.len() > k + 2 {
         return Err(PrivacyError::invalid(
@@ -618,14 +255,14 @@ pub(crate) fn ci_cost<P: DpInterval>(
     data: &[Expr],
     lits: &[ScalarValue],
 ) -> Result<Vec<Event>, PrivacyError> {
-    let (base, _) = split_confidence(P::NAME, lits)?;
-    (declaration(P::NAME).cost)(data, &base)
+    let (base, _) = split_confidence(P::declaration(), lits)?;
+    (P::declaration().cost)(data, &base)
 }
 
 /// [`super::registry::NoiseFn`] of a `_ci` variant: the base call's noise.
 pub(crate) fn ci_noise<P: DpInterval>(lits: &[ScalarValue]) -> Option<String> {
-    let (base, _) = split_confidence(P::NAME, lits).ok()?;
-    (declaration(P::NAME).noise)(&base)
+    let (base, _) = split_confidence(P::declaration(), lits).ok()?;
+    (P::declaration().noise)(&base)
 }
 
 /// The struct a `_ci` call returns, for a base release of type `value`.
@@ -728,7 +365,7 @@ pub struct DpCiUdaf<P> {
 
 impl<P: DpInterval> DpCiUdaf<P> {
     pub fn new() -> Self {
-        let a = declaration(P::CI_NAME);
+        let a = P::ci_declaration();
         let data = a.data.iter().map(|d| d.name);
         let names = data.chain(a.params.iter().map(|p| p.name)).collect();
         let spec = P::spec();
@@ -770,14 +407,10 @@ impl<P: DpInterval> DpCiUdaf<P> {
     }
 
     fn finaliser(&self, args: &AccumulatorArgs) -> Result<Fin> {
-        let names: Vec<&str> = declaration(P::CI_NAME)
-            .params
-            .iter()
-            .map(|p| p.name)
-            .collect();
+        let names: Vec<&str> = P::ci_declaration().params.iter().map(|p| p.name).collect();
         let lits = call_literals(P::CI_NAME, &names, args)?;
         let (base, confidence) =
-            split_confidence(P::NAME, &lits).map_err(|e| plan_error(P::CI_NAME, e))?;
+            split_confidence(P::declaration(), &lits).map_err(|e| plan_error(P::CI_NAME, e))?;
         let inner = (P::spec().release)(&base).map_err(|e| plan_error(P::CI_NAME, e))?;
         Ok(Arc::new(IntervalRelease {
             inner,
@@ -803,7 +436,7 @@ impl<P: DpInterval> AggregateUDFImpl for DpCiUdaf<P> {
         &self.signature
     }
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_declared(P::CI_NAME, P::spec().data, arg_types)
+        coerce_declared(P::ci_declaration(), P::spec().data, arg_types)
     }
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(DataType::Struct(interval_fields(&P::spec().returns)))

@@ -28,6 +28,54 @@
 //!
 //! Noise is drawn only in `evaluate`, once per group, from a CSPRNG seeded by the OS; `state` and
 //! `merge_batch` carry exact, un-noised partials ([`accumulator`], [`exact`]).
+//!
+//! # Layout
+//! One file per DP function, each declaring itself ([`declaration::Aggregate`]); [`registry`]
+//! lists the declarations. The shared pieces import nothing from the functions: [`declaration`]
+//! (types and shared parameters), [`params`] (literal parsing, [`Mechanism`]), [`adapter`] (the
+//! UDAF shell), [`interval`] (the `_ci` wrapper and the interval maths), [`accumulator`],
+//! [`exact`]; the noise is [`crate::mechanisms::Noise`], the neighbour relation
+//! [`crate::privacy::Neighbours`]. The test `imports::no_import_circle_inside_aggregates_and_optim`
+//! (udfs/tests/it/imports.rs, scripts/import_cycles.rs) keeps it so.
+//!
+//! # Adding an aggregate
+//! For an aggregate that releases from exact per-group partials (a fixed-point sum, a count of
+//! values, a count of rows: [`accumulator`]), as `dp_count`, `dp_sum`, `dp_mean` do
+//! (`dp_count.rs` is the smallest example):
+//! 1. Write `udfs/src/aggregates/dp_x.rs`, in this order, with each formula's source beside it:
+//!    - `pub const DP_X: Aggregate` ([`declaration`]): name, summary, data arguments, parameters
+//!      (the shared ones: [`declaration::EPSILON`], [`declaration::DELTA`],
+//!      [`declaration::MECHANISM`], …, ending with [`declaration::NEIGHBOURS`]), requirements,
+//!      the SQL aggregates it replaces, its UDAF, `cost` and `noise`;
+//!    - the parameter struct (`from_literals` reading the positional literals in the declared
+//!      order with the helpers of [`params`]; `cost`, which builds the release, so that the
+//!      accountant refuses exactly what the planner refuses, and returns
+//!      [`Mechanism::cost`]);
+//!    - the release: a struct holding one [`crate::mechanisms::Noise`] per noisy quantity, its
+//!      `new` calibrating each noise kind side by side (`match p.mechanism`), drawing only through
+//!      `Noise::release` in one `draw` method, implementing `Finalise` ([`accumulator`]) with
+//!      `noise` from `Noise::describe`;
+//!    - `impl DpFunction for <Params>` (`NAME`, `spec`, `declaration`) and one `static SPEC`
+//!      ([`adapter::Spec`]); `pub type DpX = DpUdaf<Params>` and `pub fn dp_x_udaf()`.
+//!
+//!    The adapter ([`adapter::DpUdaf`]) does the rest: signature, coercion, DISTINCT refusal,
+//!    accumulators, state fields, the insecure test seed, documentation.
+//! 2. Add `super::dp_x::DP_X` to [`registry::AGGREGATES`] and re-export the public items here.
+//! 3. Document it in docs/SQL.md ("Aggregate functions") and README.md ("Functions"); the test
+//!    `every_aggregate_is_documented` fails until both name it, and when docs/SQL.md documents a
+//!    function the registry does not have. A contribution rule for unit-level tables goes in
+//!    the root crate's src/guard/units.rs.
+//!
+//! Error bars ([`interval`]): implement `Finalise::finalise_with_intervals` calling the same
+//! `draw` as `finalise`, so the `_ci` value is the base value by construction; declare
+//! `pub const DP_X_CI: Aggregate` with `params: &with_confidence::<{ DP_X.params.len() + 1 }>(
+//! DP_X.params)`, `cost: ci_cost::<Params>`, `noise: ci_noise::<Params>`, and
+//! `impl DpInterval for <Params>` (`CI_NAME`, `ci_declaration`); the UDAF is
+//! `DpCiUdaf::<Params>::udaf()`.
+//!
+//! An aggregate with its own accumulator (the models, which buffer rows, and `rgm_mean_by`)
+//! writes its own `AggregateUDFImpl` instead of the `Spec` (see `dp_logreg_agd.rs`); steps 2
+//! and 3 are the same.
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::AggregateUDF;
 
@@ -36,6 +84,7 @@ use crate::privacy::{Event, PrivacyError};
 pub mod accumulator;
 pub mod adapter;
 mod common;
+pub mod declaration;
 pub mod dp_count;
 pub mod dp_count_distinct;
 pub mod dp_linreg_gd;
@@ -47,21 +96,20 @@ pub mod dp_sum;
 pub mod dp_variance;
 pub mod exact;
 pub mod interval;
-pub mod laplace;
 pub mod params;
 pub mod partition_select;
 pub mod registry;
 pub mod rgm_mean_by;
 
 pub use accumulator::Partial;
-pub use dp_count::{DpCount, DpCountCi, dp_count_ci_udaf, dp_count_udaf};
+pub use dp_count::{CountParams, DpCount, DpCountCi, dp_count_ci_udaf, dp_count_udaf};
 pub use dp_count_distinct::{
     CountDistinctParams, DpCountDistinct, DpCountDistinctCi, dp_count_distinct_ci_udaf,
     dp_count_distinct_udaf,
 };
 pub use dp_linreg_gd::{DpLinregGd, LinregParams, dp_linreg_gd_udaf};
 pub use dp_logreg_agd::{AgdParams, DpLogregAgd, dp_logreg_agd_udaf};
-pub use dp_mean::{DpMean, DpMeanCi, dp_mean_ci_udaf, dp_mean_udaf};
+pub use dp_mean::{DpMean, DpMeanCi, MeanParams, dp_mean_ci_udaf, dp_mean_udaf};
 pub use dp_models_sgd::{
     DpSgd, SgdKind, SgdParams, dp_linreg_sgd_udaf, dp_logreg_sgd_udaf, dp_mlp_sgd_udaf,
 };
@@ -69,15 +117,13 @@ pub use dp_quantile::{
     DpQuantileUdaf, QuantileKind, QuantileParams, dp_median_udaf, dp_quantile_udaf,
     dp_quantiles_udaf,
 };
-pub use dp_sum::{DpSum, DpSumCi, dp_sum_ci_udaf, dp_sum_udaf};
+pub use dp_sum::{DpSum, DpSumCi, SumParams, dp_sum_ci_udaf, dp_sum_udaf};
 pub use dp_variance::{
     DpStddev, DpStddevCi, DpVariance, DpVarianceCi, StddevParams, VarianceParams,
     dp_stddev_ci_udaf, dp_stddev_udaf, dp_variance_ci_udaf, dp_variance_udaf,
 };
-pub use params::{
-    CountParams, DEFAULT_DELTA, MeanParams, Mechanism, Neighbours, PartitionSelectParams, SumParams,
-};
-pub use partition_select::{DpPartitionSelect, dp_partition_select_udaf};
+pub use params::{DEFAULT_DELTA, Mechanism, Neighbours};
+pub use partition_select::{DpPartitionSelect, PartitionSelectParams, dp_partition_select_udaf};
 pub use rgm_mean_by::{RgmMeanBy, RgmMeanParams, rgm_mean_by_udaf};
 
 /// Every dpfusion DP aggregate ([`registry::AGGREGATES`]).
@@ -92,39 +138,8 @@ pub fn all_udafs() -> Vec<AggregateUDF> {
 pub fn all_udafs_insecure_seeded(seed: u64) -> Vec<AggregateUDF> {
     registry::AGGREGATES
         .iter()
-        .map(|a| insecure_seeded(a.name, seed).unwrap_or_else(|| (a.udaf)()))
+        .map(|a| (a.seeded)(seed))
         .collect()
-}
-
-/// The UDAF `name` with a fixed noise seed (`None`: no such aggregate).
-fn insecure_seeded(name: &str, seed: u64) -> Option<AggregateUDF> {
-    use interval::DpCiUdaf;
-    let u = match name {
-        "dp_count" => DpCount::with_insecure_seed(seed).into(),
-        "dp_count_distinct" => DpCountDistinct::with_insecure_seed(seed).into(),
-        "dp_sum" => DpSum::with_insecure_seed(seed).into(),
-        "dp_mean" => DpMean::with_insecure_seed(seed).into(),
-        "dp_variance" => DpVariance::with_insecure_seed(seed).into(),
-        "dp_stddev" => DpStddev::with_insecure_seed(seed).into(),
-        "dp_partition_select" => DpPartitionSelect::with_insecure_seed(seed).into(),
-        "dp_count_ci" => DpCiUdaf::<CountParams>::with_insecure_seed(seed).into(),
-        "dp_count_distinct_ci" => DpCiUdaf::<CountDistinctParams>::with_insecure_seed(seed).into(),
-        "dp_sum_ci" => DpCiUdaf::<SumParams>::with_insecure_seed(seed).into(),
-        "dp_mean_ci" => DpCiUdaf::<MeanParams>::with_insecure_seed(seed).into(),
-        "dp_variance_ci" => DpCiUdaf::<VarianceParams>::with_insecure_seed(seed).into(),
-        "dp_stddev_ci" => DpCiUdaf::<StddevParams>::with_insecure_seed(seed).into(),
-        "dp_quantile" => DpQuantileUdaf::with_insecure_seed(QuantileKind::Quantile, seed).into(),
-        "dp_median" => DpQuantileUdaf::with_insecure_seed(QuantileKind::Median, seed).into(),
-        "dp_quantiles" => DpQuantileUdaf::with_insecure_seed(QuantileKind::Quantiles, seed).into(),
-        "dp_linreg_gd" => DpLinregGd::with_insecure_seed(seed).into(),
-        "dp_logreg_agd" => DpLogregAgd::with_insecure_seed(seed).into(),
-        "rgm_mean_by" => RgmMeanBy::with_insecure_seed(seed).into(),
-        "dp_linreg_sgd" => DpSgd::with_insecure_seed(SgdKind::Linear, seed).into(),
-        "dp_logreg_sgd" => DpSgd::with_insecure_seed(SgdKind::Logistic, seed).into(),
-        "dp_mlp_sgd" => DpSgd::with_insecure_seed(SgdKind::Mlp, seed).into(),
-        _ => return None,
-    };
-    Some(u)
 }
 
 /// How many leading data arguments a dpfusion DP aggregate takes (`None`: not one).

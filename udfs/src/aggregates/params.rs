@@ -1,5 +1,7 @@
-//! The literal parameters of the DP aggregates: one struct per function, used both by the
-//! accountant (cost, before any row is read) and by the accumulators (execution).
+//! Reading the literal parameters of the DP aggregates, and the noise kind ([`Mechanism`]). Each
+//! function's parameter struct lives in its own file (e.g. `dp_count::CountParams`), used both
+//! by the accountant (cost, before any row is read) and by the accumulators (execution); the
+//! neighbour relation is [`crate::privacy::Neighbours`] (re-exported here).
 //!
 //! The parameters are the arguments after the data column, in positional order. Trailing
 //! optional parameters may be missing: `delta` then defaults to [`DEFAULT_DELTA`] and
@@ -28,7 +30,20 @@ pub const DEFAULT_DELTA: f64 = 1e-7;
 /// many releases (privacy loss grows with √k). `'laplace'`: pure ε-DP (δ = 0) with the exact
 /// discrete Laplace; for a few releases at small ε its noise is smaller (Laplace's standard
 /// deviation √2·Δ₁/ε against the Gaussian's Δ₂·√(2 ln(1.25/δ))/ε-order σ). See
-/// [`super::laplace`].
+/// Each function calibrates both kinds side by side in its own file and releases through one
+/// [`crate::mechanisms::Noise`].
+///
+/// # When to choose it
+/// Laplace noise has standard deviation √2·Δ₁/ε; the Gaussian's is about Δ₂·√(2 ln(1.25/δ))/ε
+/// for one release, but Gaussian releases compose with a privacy loss growing as √k over k
+/// releases, Laplace's as k. So: a few releases at a small ε → Laplace (e.g. one count at ε = 0.1,
+/// δ = 1e-7: Laplace sd 14, Gaussian σ ≈ 47); many releases on one budget → Gaussian.
+///
+///
+/// # L1 sensitivities (derived here) and the scale b = (Δ₁ + slack·g)/ε
+/// The discrete Laplace of scale b on the grid g is ε-DP for any vector of per-group statistics
+/// whose L1 change (after rounding each coordinate to g) is at most b·ε (independent noises:
+/// log-likelihood ratios add over coordinates). One changed row (or unit) changes:
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Mechanism {
     #[default]
@@ -39,7 +54,7 @@ pub enum Mechanism {
 impl Mechanism {
     pub const ACCEPTED: &'static str = "'gaussian' (the default) or 'laplace'";
 
-    fn at(args: &[ScalarValue], i: usize) -> Result<Self, PrivacyError> {
+    pub(crate) fn at(args: &[ScalarValue], i: usize) -> Result<Self, PrivacyError> {
         match text(args, i, "mechanism", Self::ACCEPTED)? {
             None => Ok(Mechanism::Gaussian),
             Some(s) if s.eq_ignore_ascii_case("gaussian") => Ok(Mechanism::Gaussian),
@@ -49,6 +64,16 @@ impl Mechanism {
                 format!("'{s}'"),
                 Self::ACCEPTED,
             )),
+        }
+    }
+
+    /// What a call of this noise kind at (ε, δ) costs: one μ-GDP release, μ = gaussian_mu(ε, δ)
+    /// (Gaussian; a call splitting μ over several releases has μ_1² + … ≤ μ²), or pure ε-DP
+    /// (Laplace; a call splitting ε has ε_1 + … ≤ ε): [`gaussian_cost`], [`laplace_cost`].
+    pub fn cost(self, epsilon: f64, delta: f64) -> Result<Vec<Event>, PrivacyError> {
+        match self {
+            Mechanism::Gaussian => gaussian_cost(epsilon, delta),
+            Mechanism::Laplace => Ok(laplace_cost(epsilon)),
         }
     }
 }
@@ -63,173 +88,7 @@ fn laplace_cost(epsilon: f64) -> Vec<Event> {
     vec![Event::PureDp { epsilon }]
 }
 
-/// The neighbour relation a call is calibrated for. Set by the session from the table's
-/// registration (`dp.neighbours`) and the plan, never typed by users; the SQL argument is the
-/// hidden trailing `neighbours` string.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Neighbours {
-    /// `'add_remove'`: datasets differ by adding or removing one row (the default; sizes private).
-    #[default]
-    AddRemove,
-    /// `'replace'`: datasets differ by changing one row's values, NULL-ness included. The row
-    /// stays in its group: the session sets this mode only when every GROUP BY key is public
-    /// (or there is no GROUP BY).
-    Replace,
-    /// `'replace_public_n'`: `replace`, and the number of rows reaching the aggregate is public.
-    /// The session sets it only when no filter stands between the scan and the aggregate and the
-    /// group keys are public; `dp_mean` then divides by the exact row count.
-    ReplacePublicN,
-    /// `'replace_private_keys'`: `replace` on a table whose GROUP BY key is not public, so the
-    /// changed row can move from one group to another and change **two** groups' results (one
-    /// loses a row, the other gains one). Per-group statistics are then calibrated to the L2
-    /// sensitivity over both groups: √2 for counts, max(U − L, √2·max(|L|, |U|)) for sums (see
-    /// each function's module docs); partition selection pays two tail events.
-    ReplacePrivateKeys,
-    /// `'units:K:C'`: the table declares a privacy unit (e.g. a customer id); neighbouring
-    /// datasets differ by **all** the rows of one unit (add/remove a unit). The session bounds
-    /// contributions before the aggregate (docs/PRIVACY.md, "Privacy units"): each unit reaches
-    /// at most `groups` = K groups (L0) and, in each, at most `rows` = C of the call's rows (L∞),
-    /// or one pre-aggregated value (then the session passes C = 1).
-    ///
-    /// Every add_remove calibration then holds at the unit level with μ replaced by
-    /// μ / (√K·C) ([`Neighbours::calibration_mu`]): the call's per-group statistics change by at
-    /// most C times their one-row change in each of at most K groups, so the L2 norm of the
-    /// change of the vector of per-group statistics (grid rounding included: C·Δ + g ≤ C·(Δ + g))
-    /// is at most √K·C times the one-row bound the add_remove calibration covers. This is the
-    /// L0/L∞ sensitivity bound of Wilson et al., "Differentially Private SQL with Bounded User
-    /// Contribution" (PoPETs 2020), §3 (Gaussian: Δ₂ = √L0·L∞). Partition selection counts units
-    /// (C = 1) and gives each of the K groups a unit can create a tail of δ/(2K) (union bound;
-    /// PipelineDP's and Privacy on Beam's Gaussian thresholding with max_partitions_contributed).
-    Units { groups: u32, rows: u32 },
-}
-
-impl Neighbours {
-    /// The accepted spellings, for error messages.
-    pub const ACCEPTED: &'static str = "one of 'add_remove', 'replace', 'replace_public_n', \
-         'replace_private_keys', 'units:K:C' (K, C integers ≥ 1)";
-    /// The largest K or C a call accepts (a larger bound only adds noise).
-    pub const MAX_BOUND: u32 = 1_000_000;
-
-    pub fn parse(s: &str) -> Result<Self, PrivacyError> {
-        match s {
-            "add_remove" => Ok(Neighbours::AddRemove),
-            "replace" => Ok(Neighbours::Replace),
-            "replace_public_n" => Ok(Neighbours::ReplacePublicN),
-            "replace_private_keys" => Ok(Neighbours::ReplacePrivateKeys),
-            other if other.starts_with("units:") => {
-                let mut it = other["units:".len()..].split(':');
-                let bound = |x: Option<&str>| {
-                    x.and_then(|v| v.parse::<u32>().ok())
-                        .filter(|v| (1..=Self::MAX_BOUND).contains(v))
-                };
-                match (bound(it.next()), bound(it.next()), it.next()) {
-                    (Some(groups), Some(rows), None) => Ok(Neighbours::Units { groups, rows }),
-                    _ => Err(PrivacyError::invalid(
-                        "neighbours",
-                        format!("'{other}'"),
-                        "'units:K:C' with integers 1 ≤ K, C ≤ 1000000",
-                    )),
-                }
-            }
-            other => Err(PrivacyError::invalid(
-                "neighbours",
-                format!("'{other}'"),
-                Self::ACCEPTED,
-            )),
-        }
-    }
-
-    /// The mode's kind (`units` for every `units:K:C`); [`std::fmt::Display`] gives the whole
-    /// spelling that [`Neighbours::parse`] reads.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Neighbours::AddRemove => "add_remove",
-            Neighbours::Replace => "replace",
-            Neighbours::ReplacePublicN => "replace_public_n",
-            Neighbours::ReplacePrivateKeys => "replace_private_keys",
-            Neighbours::Units { .. } => "units",
-        }
-    }
-
-    /// √K·C under `units:K:C` (1 otherwise), rounded up: the factor by which the L2 sensitivity
-    /// of a call's per-group statistics grows when one unit, not one row, changes (variant
-    /// docs; Wilson et al. 2020, §3).
-    pub fn unit_factor(self) -> f64 {
-        match self {
-            Neighbours::Units { groups, rows } => {
-                let f = sqrt_up(groups) * rows as f64;
-                // Exact for a perfect square (an integer below 2^53); else round up.
-                if f.fract() == 0.0 { f } else { f.next_up() }
-            }
-            _ => 1.0,
-        }
-    }
-
-    /// The μ to calibrate the one-row (add_remove) noise with so that the call is μ-GDP at the
-    /// unit level: μ / (√K·C), rounded down (σ = Δ/μ then rounds up). `mu` itself otherwise.
-    pub fn calibration_mu(self, mu: f64) -> f64 {
-        let f = self.unit_factor();
-        if f == 1.0 { mu } else { (mu / f).next_down() }
-    }
-
-    /// The factor by which the **L1** sensitivity (pure ε-DP mechanisms: Laplace, the
-    /// exponential mechanism) of a call's vector of per-group statistics grows over the one-row
-    /// `add_remove` bound: K·C under `units:K:C` (a unit changes each of at most K groups by at
-    /// most C times the one-row change, and L1 norms add: Σ over K groups of C·Δ = K·C·Δ; Wilson
-    /// et al. 2020, §3, Laplace: Δ₁ = L0·L∞), 2 under `replace_private_keys` (a row leaving
-    /// group a and joining group b changes two groups by at most Δ each: L1 ≤ 2Δ, where L2 gives
-    /// √2Δ), 1 otherwise. Exact (an integer ≤ 10^12, exact in `f64`).
-    pub fn pure_factor(self) -> f64 {
-        match self {
-            Neighbours::Units { groups, rows } => groups as f64 * rows as f64,
-            Neighbours::ReplacePrivateKeys => 2.0,
-            _ => 1.0,
-        }
-    }
-
-    /// The number of groups one unit may reach (K under `units:K:C`, 1 otherwise).
-    pub fn groups_per_unit(self) -> u32 {
-        match self {
-            Neighbours::Units { groups, .. } => groups,
-            _ => 1,
-        }
-    }
-
-    /// Any of the replace modes (`replace`, `replace_public_n`, `replace_private_keys`).
-    pub fn is_replace(self) -> bool {
-        matches!(
-            self,
-            Neighbours::Replace | Neighbours::ReplacePublicN | Neighbours::ReplacePrivateKeys
-        )
-    }
-
-    /// Unit-level: `units:K:C`.
-    pub fn is_units(self) -> bool {
-        matches!(self, Neighbours::Units { .. })
-    }
-
-    /// `replace_private_keys`: one change can move a row between two groups.
-    pub fn moves_between_groups(self) -> bool {
-        matches!(self, Neighbours::ReplacePrivateKeys)
-    }
-}
-
-impl std::fmt::Display for Neighbours {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Neighbours::Units { groups, rows } => write!(f, "units:{groups}:{rows}"),
-            other => f.write_str(other.as_str()),
-        }
-    }
-}
-
-/// √k rounded up: exact for perfect squares, else the next float above the correctly rounded
-/// root (so never below the real √k).
-pub fn sqrt_up(k: u32) -> f64 {
-    let s = (k as f64).sqrt();
-    let r = s as u64;
-    if r * r == k as u64 { s } else { s.next_up() }
-}
+pub use crate::privacy::neighbours::{Neighbours, sqrt_up};
 
 /// The two-group factor of `replace_private_keys`: √2 as an `f64`, 1.4142135623730951, which is
 /// above the real √2 = 1.41421356237309504880… (so calibrations that multiply by it round
@@ -450,215 +309,6 @@ fn gaussian_cost(epsilon: f64, delta: f64) -> Result<Vec<Event>, PrivacyError> {
     Ok(vec![Event::Gaussian {
         mu: gaussian_mu(epsilon, delta)?,
     }])
-}
-
-/// `dp_count(value, epsilon, delta, neighbours)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CountParams {
-    pub epsilon: f64,
-    pub delta: f64,
-    pub mechanism: Mechanism,
-    pub neighbours: Neighbours,
-}
-
-impl CountParams {
-    /// Parameter names after the data column, in positional order.
-    pub const NAMES: [&'static str; 4] = ["epsilon", "delta", "mechanism", "neighbours"];
-
-    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            mechanism: Mechanism::at(args, 2)?,
-            neighbours: neighbours_at(args, 3)?,
-        })
-    }
-
-    /// `(epsilon, delta, neighbours)` without a mechanism (Gaussian): `dp_count_distinct`.
-    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &["epsilon", "delta", "neighbours"])?;
-        Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            mechanism: Mechanism::Gaussian,
-            neighbours: neighbours_at(args, 2)?,
-        })
-    }
-    /// The Gaussian-DP parameter of the whole call.
-    pub fn mu(&self) -> Result<f64, PrivacyError> {
-        gaussian_mu(self.epsilon, self.delta)
-    }
-    /// Builds the release too (the one constructor the planner uses), so that the accountant
-    /// refuses exactly the calls that execution would refuse.
-    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        if self.mechanism == Mechanism::Laplace {
-            super::laplace::LaplaceCount::new(self)?;
-            return Ok(laplace_cost(self.epsilon));
-        }
-        super::dp_count::CountRelease::new(self)?;
-        gaussian_cost(self.epsilon, self.delta)
-    }
-}
-
-/// `dp_sum(value, lower, upper, epsilon, delta, neighbours)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SumParams {
-    pub lower: f64,
-    pub upper: f64,
-    pub epsilon: f64,
-    pub delta: f64,
-    pub mechanism: Mechanism,
-    pub neighbours: Neighbours,
-}
-
-impl SumParams {
-    pub const NAMES: [&'static str; 6] = [
-        "lower",
-        "upper",
-        "epsilon",
-        "delta",
-        "mechanism",
-        "neighbours",
-    ];
-
-    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        let (lower, upper) = bounds_at(args, 0)?;
-        Ok(Self {
-            lower,
-            upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::at(args, 4)?,
-            neighbours: neighbours_at(args, 5)?,
-        })
-    }
-    pub fn mu(&self) -> Result<f64, PrivacyError> {
-        gaussian_mu(self.epsilon, self.delta)
-    }
-    /// Builds the release too (as [`CountParams::cost`]).
-    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        if self.mechanism == Mechanism::Laplace {
-            super::laplace::LaplaceSum::new(self)?;
-            return Ok(laplace_cost(self.epsilon));
-        }
-        super::dp_sum::SumRelease::new(self)?;
-        gaussian_cost(self.epsilon, self.delta)
-    }
-}
-
-/// `dp_mean(value, lower, upper, epsilon, delta, neighbours)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MeanParams {
-    pub lower: f64,
-    pub upper: f64,
-    pub epsilon: f64,
-    pub delta: f64,
-    pub mechanism: Mechanism,
-    pub neighbours: Neighbours,
-}
-
-impl MeanParams {
-    pub const NAMES: [&'static str; 6] = [
-        "lower",
-        "upper",
-        "epsilon",
-        "delta",
-        "mechanism",
-        "neighbours",
-    ];
-
-    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        let (lower, upper) = bounds_at(args, 0)?;
-        Ok(Self {
-            lower,
-            upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::at(args, 4)?,
-            neighbours: neighbours_at(args, 5)?,
-        })
-    }
-    /// `(lower, upper, epsilon, delta, neighbours)` without a mechanism (Gaussian):
-    /// `dp_variance`, `dp_stddev`.
-    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &["lower", "upper", "epsilon", "delta", "neighbours"])?;
-        let (lower, upper) = bounds_at(args, 0)?;
-        Ok(Self {
-            lower,
-            upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::Gaussian,
-            neighbours: neighbours_at(args, 4)?,
-        })
-    }
-    /// μ of the whole call; the sum and count releases share it (μ_s² + μ_c² = μ²).
-    pub fn mu(&self) -> Result<f64, PrivacyError> {
-        gaussian_mu(self.epsilon, self.delta)
-    }
-    /// Builds the release too (as [`CountParams::cost`]).
-    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        if self.mechanism == Mechanism::Laplace {
-            super::laplace::LaplaceMean::new(self)?;
-            return Ok(laplace_cost(self.epsilon));
-        }
-        super::dp_mean::MeanRelease::new(self)?;
-        gaussian_cost(self.epsilon, self.delta)
-    }
-}
-
-/// `dp_partition_select(value, epsilon, delta, neighbours)`: internal, used by the session's
-/// GROUP BY rewrite.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PartitionSelectParams {
-    pub epsilon: f64,
-    pub delta: f64,
-    /// `replace_private_keys` changes the calibration (sensitivity √2, tail δ/4); the other
-    /// modes calibrate as `add_remove` (a replaced row that stays in its group changes no count).
-    pub neighbours: Neighbours,
-}
-
-impl PartitionSelectParams {
-    pub const NAMES: [&'static str; 3] = ["epsilon", "delta", "neighbours"];
-
-    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            neighbours: neighbours_at(args, 2)?,
-        })
-    }
-    /// μ of the noisy counts: gaussian_mu(ε, δ/2) (the other δ/2 pays for groups that appear or
-    /// vanish), in every mode.
-    pub fn mu(&self) -> Result<f64, PrivacyError> {
-        gaussian_mu(self.epsilon, self.delta / 2.0)
-    }
-    /// The keep probability allowed for a group of one row (one unit): δ/2, δ/4 under
-    /// `replace_private_keys` (two such events per neighbour: see [`super::partition_select`]),
-    /// δ/(2K) under `units:K:C`.
-    pub fn tail(&self) -> f64 {
-        if self.neighbours.moves_between_groups() {
-            self.delta / 4.0
-        } else {
-            // Under `units:K:C` one unit can create K groups: δ/(2K) each (union bound).
-            self.delta / 2.0 / self.neighbours.groups_per_unit() as f64
-        }
-    }
-    /// `[Gaussian { μ }, Delta { δ/2 }]` in every mode; see [`super::partition_select`] for the
-    /// argument. Builds the release too (as [`CountParams::cost`]).
-    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
-        super::partition_select::SelectRelease::new(self)?;
-        Ok(vec![
-            Event::Gaussian { mu: self.mu()? },
-            Event::Delta {
-                delta: self.delta / 2.0,
-            },
-        ])
-    }
 }
 
 /// A parameter error as a DataFusion planning error that names the function.

@@ -68,18 +68,72 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::Result;
+use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::AggregateUDF;
 
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
+use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS, ROWS};
 use super::exact::{FixedPoint, release_exact};
-use super::params::{PartitionSelectParams, SQRT_2_UP, representable};
+use super::params::{
+    Neighbours, SQRT_2_UP, check_count, delta_at, epsilon_at, neighbours_at, representable,
+};
 use crate::mechanisms::GaussianMechanism;
 use crate::noise::SecureRng;
 use crate::privacy::normal::phi_inv;
-use crate::privacy::{PrivacyError, gaussian_mu};
+use crate::privacy::{Event, PrivacyError, gaussian_mu};
+
+/// `dp_partition_select(value, epsilon, delta, neighbours)`: internal, used by the session's
+/// GROUP BY rewrite.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PartitionSelectParams {
+    pub epsilon: f64,
+    pub delta: f64,
+    /// `replace_private_keys` changes the calibration (sensitivity √2, tail δ/4); the other
+    /// modes calibrate as `add_remove` (a replaced row that stays in its group changes no count).
+    pub neighbours: Neighbours,
+}
+
+impl PartitionSelectParams {
+    pub const NAMES: [&'static str; 3] = ["epsilon", "delta", "neighbours"];
+
+    pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
+        check_count(args, &Self::NAMES)?;
+        Ok(Self {
+            epsilon: epsilon_at(args, 0)?,
+            delta: delta_at(args, 1)?,
+            neighbours: neighbours_at(args, 2)?,
+        })
+    }
+    /// μ of the noisy counts: gaussian_mu(ε, δ/2) (the other δ/2 pays for groups that appear or
+    /// vanish), in every mode.
+    pub fn mu(&self) -> Result<f64, PrivacyError> {
+        gaussian_mu(self.epsilon, self.delta / 2.0)
+    }
+    /// The keep probability allowed for a group of one row (one unit): δ/2, δ/4 under
+    /// `replace_private_keys` (two such events per neighbour: see [`super::partition_select`]),
+    /// δ/(2K) under `units:K:C`.
+    pub fn tail(&self) -> f64 {
+        if self.neighbours.moves_between_groups() {
+            self.delta / 4.0
+        } else {
+            // Under `units:K:C` one unit can create K groups: δ/(2K) each (union bound).
+            self.delta / 2.0 / self.neighbours.groups_per_unit() as f64
+        }
+    }
+    /// `[Gaussian { μ }, Delta { δ/2 }]` in every mode; see [`super::partition_select`] for the
+    /// argument. Builds the release too (as [`CountParams::cost`]).
+    pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
+        SelectRelease::new(self)?;
+        Ok(vec![
+            Event::Gaussian { mu: self.mu()? },
+            Event::Delta {
+                delta: self.delta / 2.0,
+            },
+        ])
+    }
+}
 
 /// The `dp_partition_select` UDAF (internal).
 pub type DpPartitionSelect = DpUdaf<PartitionSelectParams>;
@@ -93,6 +147,9 @@ impl DpFunction for PartitionSelectParams {
     const NAME: &'static str = "dp_partition_select";
     fn spec() -> &'static Spec {
         &SPEC
+    }
+    fn declaration() -> &'static Aggregate {
+        &DP_PARTITION_SELECT
     }
 }
 
@@ -179,7 +236,7 @@ impl Finalise for SelectRelease {
         Ok(Arc::new(BooleanArray::from(out)))
     }
     fn noise(&self) -> Option<String> {
-        let s = super::accumulator::short;
+        let s = crate::mechanisms::noise::short;
         Some(format!(
             "Gaussian σ = {} on the count, kept when ≥ {}",
             s(self.mech.sigma),
@@ -187,3 +244,24 @@ impl Finalise for SelectRelease {
         ))
     }
 }
+
+/// The declaration of `dp_partition_select` (listed in [`super::registry::AGGREGATES`]).
+pub const DP_PARTITION_SELECT: Aggregate = Aggregate {
+    name: "dp_partition_select",
+    summary: "internal: keeps a GROUP BY group only if its noisy row count passes a threshold",
+    data: &[ROWS],
+    params: &[EPSILON, DELTA, NEIGHBOURS],
+    requirements: &[],
+    replaces: &[],
+    internal: true,
+    udaf: dp_partition_select_udaf,
+    seeded: |seed| super::partition_select::DpPartitionSelect::with_insecure_seed(seed).into(),
+    cost: |_, p| {
+        declaration::no_data(
+            PartitionSelectParams::from_literals,
+            PartitionSelectParams::cost,
+            p,
+        )
+    },
+    noise: super::adapter::spec_noise::<PartitionSelectParams>,
+};

@@ -79,6 +79,7 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_param, is_number};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS};
 use super::params::{Neighbours, delta_at, epsilon_at, literal_params, number, plan_error};
 use crate::mechanisms::rgm::wide::ExactSum;
 use crate::mechanisms::rgm::{
@@ -243,9 +244,9 @@ pub fn rgm_noise(params: &[ScalarValue]) -> Option<String> {
     Some(format!(
         "relative Gaussian: sd = {} × the group's mean for a group of {} rows (σ = {}; less for \
          larger groups)",
-        super::accumulator::short(c.sigma * g),
+        crate::mechanisms::noise::short(c.sigma * g),
         p.min_group_size,
-        super::accumulator::short(c.sigma)
+        crate::mechanisms::noise::short(c.sigma)
     ))
 }
 
@@ -740,6 +741,47 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     .with_related_udf("dp_mean")
     .build()
 });
+
+/// The declaration of `rgm_mean_by` (listed in [`super::registry::AGGREGATES`]).
+pub const RGM_MEAN_BY: Aggregate = Aggregate {
+    name: "rgm_mean_by",
+    summary: "per group of a public column, the mean with noise relative to it (RGM)",
+    data: &[
+        declaration::DataArg {
+            name: "value",
+            doc: "a bare column with a ratio bound declared by the data owner",
+        },
+        declaration::DataArg {
+            name: "by",
+            doc: "a bare public column",
+        },
+    ],
+    params: &[
+        declaration::number(
+            "max_ratio",
+            declaration::Default::Required,
+            "K ≥ the declared bound: in each group max ≤ K × min",
+        ),
+        EPSILON,
+        DELTA,
+        declaration::number(
+            "min_group_size",
+            declaration::Default::Number("2"),
+            "groups smaller than this are left out; σ is calibrated for this size",
+        ),
+        NEIGHBOURS,
+    ],
+    requirements: &[
+        declaration::Requirement::PublicGroupSizes,
+        declaration::Requirement::DeclaredRatio,
+    ],
+    replaces: &[],
+    internal: false,
+    udaf: rgm_mean_by_udaf,
+    seeded: |seed| super::rgm_mean_by::RgmMeanBy::with_insecure_seed(seed).into(),
+    cost: |_, p| declaration::no_data(RgmMeanParams::from_literals, RgmMeanParams::cost, p),
+    noise: rgm_noise,
+};
 
 #[cfg(test)]
 mod tests;

@@ -616,9 +616,9 @@ fn dp_mean_replace_public_n_seed_blog_example() {
     ])
     .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
-    assert!(rel.count_mech.is_none());
+    assert!(rel.count_noise.is_none());
     let n = 10_000.0;
-    let sigma_mean = rel.sum_mech.unwrap().sigma / n;
+    let sigma_mean = rel.sum_noise.and_then(|n| n.gaussian()).unwrap().sigma / n;
     assert!(
         (sigma_mean - 805.76).abs() < 0.01,
         "σ of the mean = {sigma_mean}"
@@ -646,8 +646,18 @@ fn dp_mean_replace_public_n_seed_blog_example() {
 
 /// Variance of c + S̃/max(C̃, 1) to second order: (σ_s² + (m − c)²σ_c²)/n² · (1 + 3σ_c²/n²).
 fn mean_variance(rel: &MeanRelease, n: f64, m_minus_c: f64) -> f64 {
-    let ss = rel.sum_mech.unwrap().sigma.powi(2);
-    let sc = rel.count_mech.unwrap().sigma.powi(2);
+    let ss = rel
+        .sum_noise
+        .and_then(|n| n.gaussian())
+        .unwrap()
+        .sigma
+        .powi(2);
+    let sc = rel
+        .count_noise
+        .and_then(|n| n.gaussian())
+        .unwrap()
+        .sigma
+        .powi(2);
     (ss + m_minus_c.powi(2) * sc) / (n * n) * (1.0 + 3.0 * sc / (n * n))
 }
 
@@ -658,7 +668,10 @@ fn dp_mean_noise_matches_calibration() {
     let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6)]).unwrap();
     let rel = MeanRelease::new(&p).unwrap();
     let mu = p.mu().unwrap();
-    let (sm, cm) = (rel.sum_mech.unwrap(), rel.count_mech.unwrap());
+    let (sm, cm) = (
+        rel.sum_noise.and_then(|n| n.gaussian()).unwrap(),
+        rel.count_noise.and_then(|n| n.gaussian()).unwrap(),
+    );
     let mu_s = 5.0 / sm.sigma;
     let mu_c = 1.0 / cm.sigma;
     assert!((mu_s * mu_s + mu_c * mu_c) <= mu * mu, "split exceeds μ");
@@ -683,7 +696,10 @@ fn dp_mean_noise_matches_calibration() {
     ])
     .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
-    let (sm, cm) = (rel.sum_mech.unwrap(), rel.count_mech.unwrap());
+    let (sm, cm) = (
+        rel.sum_noise.and_then(|n| n.gaussian()).unwrap(),
+        rel.count_noise.and_then(|n| n.gaussian()).unwrap(),
+    );
     let (mu_s, mu_c) = (10.0 / sm.sigma, 1.0 / cm.sigma);
     assert!((mu_s.powi(2) / (mu * mu) - 2.0 / 3.0).abs() < 1e-5);
     assert!((mu_c.powi(2) / (mu * mu) - 1.0 / 3.0).abs() < 1e-5);
@@ -703,7 +719,7 @@ fn dp_sum_and_dp_count_noise_match_calibration() {
     let start = Instant::now();
     let p = SumParams::from_literals(&[f(-2.0), f(10.0), f(1.0), f(1e-6)]).unwrap();
     let rel = SumRelease::new(&p).unwrap();
-    let m = rel.mech.unwrap();
+    let m = rel.noise.and_then(|n| n.gaussian()).unwrap();
     let mu = p.mu().unwrap();
     assert!(
         m.sigma >= 10.0 / mu && m.sigma <= 10.0 / mu * (1.0 + 1e-5),
@@ -727,12 +743,16 @@ fn dp_sum_and_dp_count_noise_match_calibration() {
         s("replace"),
     ])
     .unwrap();
-    let m = SumRelease::new(&p).unwrap().mech.unwrap();
+    let m = SumRelease::new(&p)
+        .unwrap()
+        .noise
+        .and_then(|n| n.gaussian())
+        .unwrap();
     assert!(m.sigma >= 12.0 / mu && m.sigma <= 12.0 / mu * (1.0 + 1e-5));
 
     let p = CountParams::from_literals(&[f(1.0), f(1e-6)]).unwrap();
     let rel = CountRelease::new(&p).unwrap();
-    let sigma = rel.mech.sigma;
+    let sigma = rel.noise.gaussian().unwrap().sigma;
     assert!(sigma >= 1.0 / mu && sigma <= (1.0 / mu) * (1.0 + 1e-5));
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(5)).unwrap();
     acc.update_batch(&[col(&vec![Some(1.0); 1000])]).unwrap();
@@ -747,7 +767,7 @@ fn multi_partition_plans_add_noise_once() {
     let start = Instant::now();
     let p = SumParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6)]).unwrap();
     let rel = Arc::new(SumRelease::new(&p).unwrap());
-    let sigma = rel.mech.unwrap().sigma;
+    let sigma = rel.noise.and_then(|n| n.gaussian()).unwrap().sigma;
     let vals: Vec<Option<f64>> = (0..400).map(|i| Some((i % 11) as f64)).collect();
     let truth: f64 = vals.iter().flatten().sum();
     // four partial accumulators, merged into the final one
@@ -803,7 +823,7 @@ fn groups_evaluate_releases_every_group() {
     ])
     .unwrap();
     let rel = MeanRelease::new(&p).unwrap();
-    let tol = 6.0 * rel.sum_mech.unwrap().sigma; // 6σ of the mean of one row (of two rows: tol/2)
+    let tol = 6.0 * rel.sum_noise.and_then(|n| n.gaussian()).unwrap().sigma; // 6σ of the mean of one row (of two rows: tol/2)
     let mut g = DpGroups::new(Arc::new(rel), Some(9)).unwrap();
     let v = col(&[Some(1.0), None, Some(9.0), Some(f64::NAN)]);
     let filter = BooleanArray::from(vec![true, true, true, false]);
@@ -822,7 +842,7 @@ fn groups_evaluate_releases_every_group() {
 fn lower_equals_upper_is_exact() {
     let p = SumParams::from_literals(&[f(0.0), f(0.0), f(1.0)]).unwrap();
     let rel = SumRelease::new(&p).unwrap();
-    assert!(rel.mech.is_none());
+    assert!(rel.noise.is_none());
     let mut acc = DpAccumulator::new(Arc::new(rel), None).unwrap();
     acc.update_batch(&[col(&[Some(5.0), Some(-1.0), None])])
         .unwrap();
@@ -836,7 +856,7 @@ fn lower_equals_upper_is_exact() {
 
     // dp_sum with L = U ≠ 0 still needs noise (the count is private)
     let p = SumParams::from_literals(&[f(3.0), f(3.0), f(1.0)]).unwrap();
-    assert!(SumRelease::new(&p).unwrap().mech.is_some());
+    assert!(SumRelease::new(&p).unwrap().noise.is_some());
 }
 
 #[test]
@@ -976,13 +996,17 @@ fn replace_private_keys_sigma_ratios() {
         let mu = gaussian_mu(eps, delta).unwrap();
         let base = CountRelease::new(&CountParams::from_literals(&[f(eps), f(delta)]).unwrap())
             .unwrap()
-            .mech
+            .noise
+            .gaussian()
+            .unwrap()
             .sigma;
         let moved = CountRelease::new(
             &CountParams::from_literals(&[f(eps), f(delta), s("gaussian"), pk()]).unwrap(),
         )
         .unwrap()
-        .mech
+        .noise
+        .gaussian()
+        .unwrap()
         .sigma;
         ratio(moved / base, 2f64.sqrt(), "dp_count ratio");
         close(moved, 2f64.sqrt() / mu, "dp_count σ = √2/μ");
@@ -1008,7 +1032,8 @@ fn replace_private_keys_sigma_ratios() {
                 args.extend(nb);
                 SumRelease::new(&SumParams::from_literals(&args).unwrap())
                     .unwrap()
-                    .mech
+                    .noise
+                    .and_then(|n| n.gaussian())
                     .unwrap()
                     .sigma
             };
@@ -1030,7 +1055,10 @@ fn replace_private_keys_sigma_ratios() {
                 .unwrap(),
             )
             .unwrap();
-            (r.sum_mech.unwrap().sigma, r.count_mech.unwrap().sigma)
+            (
+                r.sum_noise.and_then(|n| n.gaussian()).unwrap().sigma,
+                r.count_noise.and_then(|n| n.gaussian()).unwrap().sigma,
+            )
         };
         let (rs, rc) = mean("replace");
         let (ps, pc) = mean("replace_private_keys");
@@ -1077,7 +1105,7 @@ fn replace_private_keys_count_and_sum_noise() {
         CountParams::from_literals(&[f(1.0), f(1e-6), s("gaussian"), s("replace_private_keys")])
             .unwrap();
     let rel = CountRelease::new(&p).unwrap();
-    let sigma = rel.mech.sigma;
+    let sigma = rel.noise.gaussian().unwrap().sigma;
     assert!(sigma >= 2f64.sqrt() / mu && sigma <= 2f64.sqrt() / mu * (1.0 + 1e-5));
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(140)).unwrap();
     acc.update_batch(&[col(&vec![Some(1.0); 500])]).unwrap();
@@ -1100,7 +1128,7 @@ fn replace_private_keys_count_and_sum_noise() {
     ])
     .unwrap();
     let rel = SumRelease::new(&p).unwrap();
-    let sigma = rel.mech.unwrap().sigma;
+    let sigma = rel.noise.and_then(|n| n.gaussian()).unwrap().sigma;
     let want = 10.0 * 2f64.sqrt() / mu; // max(12, √2·10)/μ
     assert!(sigma >= want && sigma <= want * (1.0 + 1e-5), "σ = {sigma}");
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(141)).unwrap();
@@ -1175,9 +1203,9 @@ fn unrepresentable_noise_is_refused_by_cost_and_planner_alike() {
             s("laplace"),
             s(nb),
         ];
-        let lsum = super::laplace::LaplaceSum::new(&SumParams::from_literals(&args).unwrap());
+        let lsum = SumRelease::new(&SumParams::from_literals(&args).unwrap());
         same("dp_sum", &args, lsum.map(|_| ()));
-        let lmean = super::laplace::LaplaceMean::new(&MeanParams::from_literals(&args).unwrap());
+        let lmean = MeanRelease::new(&MeanParams::from_literals(&args).unwrap());
         same("dp_mean", &args, lmean.map(|_| ()));
     }
     // Fixable by epsilon: the error gives the bound, and the bound works.
@@ -1237,7 +1265,8 @@ fn tiny_epsilon_noise_is_the_delta_limit_not_a_cap() {
     let sig = |eps: f64| {
         SumRelease::new(&SumParams::from_literals(&[f(0.0), f(3e5), f(eps), f(1e-7)]).unwrap())
             .unwrap()
-            .mech
+            .noise
+            .and_then(|n| n.gaussian())
             .unwrap()
             .sigma
     };
@@ -1351,7 +1380,7 @@ fn units_count_and_sum_noise() {
             .unwrap()
     );
     let rel = CountRelease::new(&p).unwrap();
-    let sigma = rel.mech.sigma;
+    let sigma = rel.noise.gaussian().unwrap().sigma;
     assert!(
         sigma >= 6.0 / mu && sigma <= 6.0 / mu * (1.0 + 1e-5),
         "σ = {sigma}"
@@ -1371,7 +1400,7 @@ fn units_count_and_sum_noise() {
     ])
     .unwrap();
     let rel = SumRelease::new(&p).unwrap();
-    let m = rel.mech.unwrap();
+    let m = rel.noise.and_then(|n| n.gaussian()).unwrap();
     let want = 3.0 * (10.0 + m.granularity) / mu; // √9·(Δ + g)/μ
     assert!(
         m.sigma >= want * (1.0 - 1e-9) && m.sigma <= want * (1.0 + 1e-5),
@@ -1538,9 +1567,9 @@ fn dp_variance_split_and_cost() {
         let w = fp.width() as f64;
         let d1 = if nb.starts_with("replace") { 2.0 } else { 1.0 } * w;
         // μᵢ = Δᵢ/σᵢ (σ includes the grid slack, so this is slightly below the share).
-        let mu1 = d1 / m.sum.sigma;
-        let mu2 = sq.max as f64 / m.sum_sq.sigma;
-        let muc = 1.0 / m.count.sigma;
+        let mu1 = d1 / m.sum.gaussian().unwrap().sigma;
+        let mu2 = sq.max as f64 / m.sum_sq.gaussian().unwrap().sigma;
+        let muc = 1.0 / m.count.gaussian().unwrap().sigma;
         (mu1 * mu1, mu2 * mu2, muc * muc)
     };
     for (nb, r1, factor) in [
@@ -1579,9 +1608,9 @@ fn dp_variance_split_and_cost() {
 fn variance_of_variance(r: &VarianceRelease, n: f64, m1: f64, m2: f64, h: f64) -> f64 {
     let m = r.mechs.unwrap();
     let w = r.fp.width() as f64;
-    let s1 = m.sum.sigma / w;
-    let s2 = m.sum_sq.sigma * 2f64.powi(r.sq.shift as i32) / (w * w);
-    let sc = m.count.sigma;
+    let s1 = m.sum.gaussian().unwrap().sigma / w;
+    let s2 = m.sum_sq.gaussian().unwrap().sigma * 2f64.powi(r.sq.shift as i32) / (w * w);
+    let sc = m.count.gaussian().unwrap().sigma;
     let lin = s2 * s2 + 4.0 * m1 * m1 * s1 * s1 + (m2 - 2.0 * m1 * m1).powi(2) * sc * sc;
     lin / (n * n) * h.powi(4)
 }
@@ -1965,8 +1994,6 @@ fn quantile_bins_sampler_cost() {
 
 // ---------------------------------------------------------------- mechanism => 'laplace'
 
-use super::laplace::{LaplaceCount, LaplaceMean, LaplaceSum, LaplaceVariance};
-
 /// The sample variance of Laplace draws: Var(s²)/σ⁴ ≈ (κ − 1)/n with kurtosis κ = 6, so the
 /// tolerance is 5·√(5/(n − 1)) (< 0.095 from 20,000 draws: a 10% error in the scale, 21% in the
 /// variance, fails); the mean within 5 standard errors.
@@ -2004,11 +2031,13 @@ fn laplace_scales_by_mode_and_cost() {
         );
     };
     let count = |nb: &str| {
-        LaplaceCount::new(
+        CountRelease::new(
             &CountParams::from_literals(&[f(eps), f(1e-6), s("laplace"), s(nb)]).unwrap(),
         )
         .unwrap()
-        .mech
+        .noise
+        .laplace()
+        .unwrap()
         .scale
     };
     close(count("add_remove"), 1.0 / eps, "count");
@@ -2020,11 +2049,12 @@ fn laplace_scales_by_mode_and_cost() {
     );
     close(count("units:4:3"), 12.0 / eps, "count units:4:3");
     let sum = |l: f64, u: f64, nb: &str| {
-        LaplaceSum::new(
+        SumRelease::new(
             &SumParams::from_literals(&[f(l), f(u), f(eps), f(1e-6), s("laplace"), s(nb)]).unwrap(),
         )
         .unwrap()
-        .mech
+        .noise
+        .and_then(|n| n.laplace())
         .unwrap()
         .scale
     };
@@ -2042,12 +2072,15 @@ fn laplace_scales_by_mode_and_cost() {
     );
     close(sum(0.0, 10.0, "units:4:3"), 120.0 / eps, "sum units");
     let mean = |nb: &str| {
-        let r = LaplaceMean::new(
+        let r = MeanRelease::new(
             &MeanParams::from_literals(&[f(0.0), f(10.0), f(eps), f(1e-6), s("laplace"), s(nb)])
                 .unwrap(),
         )
         .unwrap();
-        (r.sum_mech.unwrap().scale, r.count_mech.map(|m| m.scale))
+        (
+            r.sum_noise.and_then(|n| n.laplace()).unwrap().scale,
+            r.count_noise.and_then(|n| n.laplace()).map(|m| m.scale),
+        )
     };
     // add_remove: Δ_s = 5 (half the range), ε/2 each.
     let (bs, bc) = mean("add_remove");
@@ -2112,8 +2145,8 @@ fn laplace_scales_by_mode_and_cost() {
 fn laplace_noise_matches_calibration() {
     let start = Instant::now();
     let p = CountParams::from_literals(&[f(0.1), f(1e-6), s("laplace")]).unwrap();
-    let rel = LaplaceCount::new(&p).unwrap();
-    let b = rel.mech.scale;
+    let rel = CountRelease::new(&p).unwrap();
+    let b = rel.noise.laplace().unwrap().scale;
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(201)).unwrap();
     acc.update_batch(&[col(&vec![Some(1.0); 500])]).unwrap();
     let xs = draws(&mut acc, DRAWS_14);
@@ -2128,8 +2161,8 @@ fn laplace_noise_matches_calibration() {
         s("units:4:3"),
     ])
     .unwrap();
-    let rel = LaplaceSum::new(&p).unwrap();
-    let b = rel.mech.unwrap().scale;
+    let rel = SumRelease::new(&p).unwrap();
+    let b = rel.noise.and_then(|n| n.laplace()).unwrap().scale;
     assert!((120.0..120.0 * (1.0 + 1e-5)).contains(&b));
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(202)).unwrap();
     let vals: Vec<Option<f64>> = (0..100).map(|i| Some(i as f64 * 0.1)).collect();
@@ -2139,8 +2172,11 @@ fn laplace_noise_matches_calibration() {
     check_laplace_variance("dp_sum laplace units:4:3", &xs, truth, 2.0 * b * b);
 
     let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("laplace")]).unwrap();
-    let rel = LaplaceMean::new(&p).unwrap();
-    let (bs, bc) = (rel.sum_mech.unwrap().scale, rel.count_mech.unwrap().scale);
+    let rel = MeanRelease::new(&p).unwrap();
+    let (bs, bc) = (
+        rel.sum_noise.and_then(|n| n.laplace()).unwrap().scale,
+        rel.count_noise.and_then(|n| n.laplace()).unwrap().scale,
+    );
     let n = 1000.0;
     let var = (2.0 * bs * bs + 9.0 * 2.0 * bc * bc) / (n * n) * (1.0 + 6.0 * bc * bc / (n * n));
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(203)).unwrap();
@@ -2161,9 +2197,13 @@ fn laplace_variance_split_and_cost() {
     let split = |nb: &str| {
         let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(eps), f(1e-6), s("laplace"), s(nb)])
             .unwrap();
-        let r = LaplaceVariance::new(&p, false).unwrap();
+        let r = VarianceRelease::new(&p, false).unwrap();
         let (m, w, mx) = (r.mechs.unwrap(), r.fp.width() as f64, r.sq.max as f64);
-        (w / m.sum.scale, mx / m.sum_sq.scale, 1.0 / m.count.scale)
+        (
+            w / m.sum.laplace().unwrap().scale,
+            mx / m.sum_sq.laplace().unwrap().scale,
+            1.0 / m.count.laplace().unwrap().scale,
+        )
     };
     let (c4, c16) = (4f64.cbrt(), 16f64.cbrt());
     for (nb, r1, k1, k2, kc) in [
@@ -2193,7 +2233,7 @@ fn laplace_variance_split_and_cost() {
         }
     }
     let p = MeanParams::from_literals(&[f(3.0), f(3.0), f(eps), f(1e-6), s("laplace")]).unwrap();
-    assert!(LaplaceVariance::new(&p, false).unwrap().mechs.is_none());
+    assert!(VarianceRelease::new(&p, false).unwrap().mechs.is_none());
 }
 
 /// Seeded, statistical: the data of `dp_variance_and_stddev_noise_match_calibration` (n = 10,000,
@@ -2214,12 +2254,12 @@ fn laplace_variance_noise_matches_calibration() {
     for (nb, seed) in [("add_remove", 61u64), ("replace", 62)] {
         let p = MeanParams::from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s("laplace"), s(nb)])
             .unwrap();
-        let rel = LaplaceVariance::new(&p, false).unwrap();
-        let m = rel.mechs.clone().unwrap();
+        let rel = VarianceRelease::new(&p, false).unwrap();
+        let m = rel.mechs.unwrap();
         let w = rel.fp.width() as f64;
-        let b1 = m.sum.scale / w;
-        let b2 = m.sum_sq.scale * 2f64.powi(rel.sq.shift as i32) / (w * w);
-        let bc = m.count.scale;
+        let b1 = m.sum.laplace().unwrap().scale / w;
+        let b2 = m.sum_sq.laplace().unwrap().scale * 2f64.powi(rel.sq.shift as i32) / (w * w);
+        let bc = m.count.laplace().unwrap().scale;
         if nb == "add_remove" {
             let want = 4f64.cbrt() + 2.0;
             assert!((b2 / want - 1.0).abs() < 1e-4, "b2' {b2} vs {want}");
@@ -2296,7 +2336,7 @@ fn groups_fused_pass_equals_per_field_passes() {
 #[test]
 fn every_aggregate_has_an_insecure_seeded_form() {
     for a in registry::AGGREGATES {
-        let seeded = insecure_seeded(a.name, 7).unwrap_or_else(|| panic!("{} unseeded", a.name));
+        let seeded = (a.seeded)(7);
         assert_eq!(seeded.name(), a.name);
         assert_ne!(seeded, (a.udaf)(), "{}", a.name);
     }

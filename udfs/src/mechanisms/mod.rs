@@ -2,7 +2,9 @@
 pub mod exponential;
 pub mod gaussian;
 pub mod laplace;
+pub mod noise;
 pub mod rgm;
 
 pub use gaussian::GaussianMechanism;
 pub use laplace::LaplaceMechanism;
+pub use noise::{Interval, Noise};

@@ -218,9 +218,9 @@
 //! released outputs; an empty input runs the same loop on zero rows.
 use std::borrow::Cow;
 
-use crate::aggregates::Neighbours;
 use crate::noise::SecureRng;
 use crate::noise::discrete::{bernoulli_exp, discrete_gaussian_int};
+use crate::privacy::Neighbours;
 use crate::privacy::PrivacyError;
 use crate::progress;
 

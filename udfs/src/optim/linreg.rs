@@ -422,7 +422,7 @@ impl GaussianGd {
     #[allow(clippy::too_many_arguments)]
     pub fn new_units(
         mu: f64,
-        neighbours: crate::aggregates::Neighbours,
+        neighbours: crate::privacy::Neighbours,
         iterations: u32,
         clip: f64,
         learning_rate: f64,
@@ -1110,7 +1110,7 @@ mod tests {
     /// (same calibration, same sums: the count of singleton units is the row count).
     #[test]
     fn singleton_units_are_the_row_level_fit() {
-        use crate::aggregates::Neighbours;
+        use crate::privacy::Neighbours;
         let rows = super::super::rows::Rows {
             d: 2,
             labels: (0..50).map(|i| (i % 7) as f64 - 3.0).collect(),

@@ -64,10 +64,10 @@ use super::linreg::Clipper;
 use super::mlp::{Net, Scratch};
 use super::rows::Rows;
 use super::units::Units;
-use crate::aggregates::Neighbours;
 use crate::aggregates::exact::{exact_log2, release_exact};
 use crate::mechanisms::gaussian::GaussianMechanism;
 use crate::noise::SecureRng;
+use crate::privacy::Neighbours;
 use crate::privacy::{Event, PrivacyError, gaussian_mu, sgd};
 
 /// The count coordinate κ as a share of `clip` (module docs, step 2).

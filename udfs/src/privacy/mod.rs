@@ -10,6 +10,7 @@ pub mod cks;
 pub mod error;
 pub mod gdp;
 pub mod grid;
+pub mod neighbours;
 pub mod normal;
 pub mod pld;
 pub mod profile;
@@ -20,6 +21,7 @@ pub use calibrate::{
     zcdp_rho,
 };
 pub use error::PrivacyError;
+pub use neighbours::Neighbours;
 pub use profile::{Event, Profile};
 
 /// Google dp-accounting's reference numbers (`udfs/tests/data/accounting_vectors.json`).

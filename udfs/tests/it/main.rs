@@ -3,6 +3,7 @@
 //! module here.
 mod aggregates;
 mod audit;
+mod imports;
 mod kernels;
 mod linreg;
 mod rgm;

@@ -22,6 +22,7 @@ use super::*;
 use crate::aggregates::{
     CountDistinctParams, CountParams, MeanParams, StddevParams, SumParams, VarianceParams, registry,
 };
+use crate::mechanisms::{GaussianMechanism, LaplaceMechanism};
 use crate::noise::SecureRng;
 
 fn f(v: f64) -> ScalarValue {
@@ -639,14 +640,14 @@ fn ci_costs_and_noise_are_the_base_ones() {
         assert!(e.contains("'confidence'"), "{e}");
     }
     let e = split_confidence(
-        "dp_count",
+        &crate::aggregates::dp_count::DP_COUNT,
         &[f(1.0), f(1e-6), s("gaussian"), f(0.9), s("x"), f(1.0)],
     )
     .unwrap_err()
     .to_string();
     assert!(e.contains("at most 5"), "{e}");
     assert_eq!(
-        split_confidence("dp_count", &[f(1.0)]).unwrap(),
+        split_confidence(&crate::aggregates::dp_count::DP_COUNT, &[f(1.0)]).unwrap(),
         (vec![f(1.0)], DEFAULT_CONFIDENCE)
     );
 }
