@@ -94,7 +94,10 @@ pub async fn refusals() -> Vec<(String, Kind, DataFusionError)> {
         let e = s.sql(&sql).await.expect_err(&sql);
         errors.push((sql, kind, e));
     }
-    assert!(s.ledger().unwrap().is_empty(), "a refusal charged something");
+    assert!(
+        s.ledger().unwrap().is_empty(),
+        "a refusal charged something"
+    );
     assert_eq!(s.scans("people"), 0, "a refusal read the table");
     errors
 }
