@@ -3,7 +3,7 @@
 //! below: [`dot_block`], [`ln_1p_unit`], [`ScoreGrid`]).
 //!
 //! [`super::linreg::GaussianGd`] sums, per iteration, the clipped per-example gradients of every
-//! row as exact integers ([`super::linreg::Clipper::contribution`]; module docs of
+//! row as exact integers ([`super::clip::Clipper::contribution`]; module docs of
 //! [`super::linreg`], "Exact sums"). This module computes **the same integers** faster:
 //!
 //! - **Residuals in blocks of [`BLOCK`] rows.** rᵢ = θ·x̃ᵢ − yᵢ is evaluated with exactly the
@@ -36,7 +36,7 @@
 //! The fast path needs c = ⌊clip/q⌋ < 2²⁹ and p ≤ 32 (so that Σ vⱼ² < 2⁶³ in `u64` whenever
 //! every |vⱼ| ≤ c); the grid makes c ≈ 2²⁰–2²¹ in practice. Otherwise the caller keeps the
 //! row-at-a-time pass ([`eligible`]).
-use super::linreg::Clipper;
+use super::clip::Clipper;
 
 /// Rows per block: independent residual chains.
 pub const BLOCK: usize = 8;
@@ -301,7 +301,7 @@ fn round_fast<const HW: bool>(y: f64) -> i64 {
         let v = t + up - down;
         ((v + MAGIC).to_bits() as i64).wrapping_sub(MAGIC.to_bits() as i64)
     } else {
-        super::linreg::round_i64(y)
+        super::clip::round_i64(y)
     }
 }
 
@@ -610,12 +610,12 @@ mod tests {
             if y.abs() < 2f64.powi(51) {
                 assert_eq!(
                     round_fast::<true>(y),
-                    super::super::linreg::round_i64(y),
+                    super::super::clip::round_i64(y),
                     "{y}"
                 );
                 assert_eq!(
                     round_fast::<false>(y),
-                    super::super::linreg::round_i64(y),
+                    super::super::clip::round_i64(y),
                     "{y}"
                 );
             }

@@ -5,6 +5,8 @@
 //! - [`model`]: the model struct every model aggregate returns.
 //! - [`linreg`]: DP gradient descent for linear regression (`dp_linreg_gd`): per-example clipped
 //!   Gaussian GD, and relative-Gaussian-mechanism GD on the ridge objective.
+//! - [`clip`]: per-example clipping into exact integers ([`clip::Clipper`]), shared by the GD
+//!   kernels and DP-SGD.
 //! - [`kernel`]: the blocked, runtime-dispatched (AVX2 or baseline) row passes of `dp_linreg_gd`
 //!   and `dp_logreg_agd`: exact integer sums, the same for any split of the rows.
 //! - [`agd`]: DP-AGD for logistic regression (`dp_logreg_agd`).
@@ -15,6 +17,7 @@
 //! - [`units`]: privacy units (unit-level neighbours `units:K:C`): rows grouped by unit and the
 //!   exact per-unit clipping of user-level DP-SGD (McMahan et al., ICLR 2018, §3).
 pub mod agd;
+pub mod clip;
 pub mod kernel;
 pub mod linreg;
 pub mod mlp;

@@ -60,7 +60,7 @@
 //!    Cost O(T²·p) for the two convolutions (T ≤ [`MF_MAX_STEPS`]).
 use datafusion::common::{DataFusionError, Result};
 
-use super::linreg::Clipper;
+use super::clip::Clipper;
 use super::mlp::{Net, Scratch};
 use super::rows::Rows;
 use super::units::Units;
@@ -369,7 +369,7 @@ impl<'a> Contrib<'a> {
         }
         scale_to(sum, self.grad_target);
         for (o, &x) in v[..p].iter_mut().zip(sum.iter()) {
-            *o = super::linreg::round_i64(x * self.inv_q);
+            *o = super::clip::round_i64(x * self.inv_q);
         }
         v[p] = self.kappa_int;
         // The integer check (the float clipping leaves room; a failure contributes 0).
