@@ -183,7 +183,7 @@ fn placement(plan: &LogicalPlan) -> Result<Placement> {
     match (files.is_empty(), other.is_empty()) {
         (true, _) => Ok(Placement::Client),
         (false, true) => Ok(Placement::Cluster),
-        (false, false) => plan_err!(
+        (false, false) => refused!(
             "dpfusion on Ballista: this query reads file tables ({}), which the cluster scans, \
              and in-memory or system tables ({}), which live in this client; one query cannot \
              read both. Register the in-memory data as a file, or query them separately.",

@@ -26,7 +26,8 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::parquet::arrow::ArrowWriter;
 use dpfusion::distributed::{self, ExecutorOptions};
 use dpfusion::statements::receipt_line;
-use dpfusion::{PrivateSession, Registration, SessionOptions, demo};
+use dpfusion::{PrivateSession, Registration, SessionOptions};
+use dpfusion_cli::demo;
 
 const USAGE: &str = "\
 usage: ballista                          scheduler + 2 executors in this process, then the demo
