@@ -1104,15 +1104,37 @@ impl datafusion::logical_expr::GroupsAccumulator for TopGroupsAccumulator {
         self.emit(emit_to, false)
     }
 
+    /// DataFusion's partial aggregate stops grouping and calls this when it sees about as many
+    /// units as rows (`skip_partial_aggregation_probe_*`, the usual case at millions of units):
+    /// each input row becomes its own partial state, a list holding its one (hash, columns)
+    /// entry, or an empty list where the FILTER is false or the hash NULL (what `update_batch`
+    /// skips). `merge_batch` then keeps each unit's K smallest exactly as from grouped states.
     fn convert_to_state(
         &self,
-        _: &[ArrayRef],
-        _: Option<&datafusion::arrow::array::BooleanArray>,
+        values: &[ArrayRef],
+        opt_filter: Option<&datafusion::arrow::array::BooleanArray>,
     ) -> Result<Vec<ArrayRef>> {
-        // Never called: `supports_convert_to_state` is false (no skipping of partial states).
-        Err(DataFusionError::Internal(format!(
-            "{TOP_GROUPS_FN} keeps its partial states"
-        )))
+        use datafusion::arrow::compute::filter;
+        let hashes = values[1].as_primitive::<UInt64Type>();
+        let keep: datafusion::arrow::array::BooleanArray = (0..hashes.len())
+            .map(|i| {
+                Some(!hashes.is_null(i) && opt_filter.is_none_or(|f| f.is_valid(i) && f.value(i)))
+            })
+            .collect();
+        let mut arrays: Vec<ArrayRef> = vec![filter(hashes, &keep)?];
+        for c in &values[2..] {
+            arrays.push(filter(c.as_ref(), &keep)?);
+        }
+        let fields = kept_fields(Some("hash"), &self.types);
+        let entries = StructArray::try_new(fields.clone(), arrays, None)?;
+        let field = Arc::new(Field::new_list_field(DataType::Struct(fields), true));
+        let lengths = keep.values().iter().map(usize::from);
+        Ok(vec![Arc::new(ListArray::try_new(
+            field,
+            OffsetBuffer::from_lengths(lengths),
+            Arc::new(entries),
+            None,
+        )?)])
     }
 
     fn state(&mut self, emit_to: datafusion::logical_expr::EmitTo) -> Result<Vec<ArrayRef>> {
@@ -1393,5 +1415,21 @@ mod tests {
             merged.merge_batch(&state, &[0, 1], 2).unwrap();
         }
         assert_eq!(kept(&mut merged), expected);
+        // When the partial aggregate skips grouping (as many units as rows), every row is
+        // converted to its own state (a FILTER-false row to an empty one) and merged: the same.
+        let (v, g) = batch(&rev);
+        let off: datafusion::arrow::array::BooleanArray =
+            (0..rev.len()).map(|i| Some(i != 7)).collect();
+        let mut converted = new();
+        let state = converted.convert_to_state(&v, None).unwrap();
+        converted.merge_batch(&state, &g, 2).unwrap();
+        assert_eq!(kept(&mut converted), expected);
+        let mut filtered = new();
+        let state = filtered.convert_to_state(&v, Some(&off)).unwrap();
+        assert_eq!(state[0].as_list::<i32>().value(7).len(), 0);
+        filtered.merge_batch(&state, &g, 2).unwrap();
+        let mut whole_filtered = new();
+        whole_filtered.update_batch(&v, &g, Some(&off), 2).unwrap();
+        assert_eq!(kept(&mut filtered), kept(&mut whole_filtered));
     }
 }

@@ -958,3 +958,37 @@ async fn the_same_seed_releases_the_same_unit_query_twice() {
     assert_eq!(out[0], out[1], "the same seed, the same release");
     assert_ne!(out[0], out[2], "another seed, another release");
 }
+
+/// Found by the release bench at 10M rows and 16 partitions: with about as many units as rows,
+/// DataFusion's partial aggregate stops grouping (its skip-partial-aggregation probe, after
+/// 100,000 rows at a ratio of groups to rows above 0.8) and converts each row to a partial state;
+/// the per-unit choice of K groups refused that, and the query failed with the fixed message.
+/// 2 partitions of 110,000 one-row units each cross the probe's threshold.
+#[tokio::test]
+async fn a_unit_query_with_as_many_units_as_rows_runs_when_partial_aggregation_is_skipped() {
+    let rows: Vec<(i64, i64, f64)> = (0..220_000).map(|i| (i % 10, i, 1.0)).collect();
+    let dir = crate::common::temp_dir("units-skip-partial");
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_target_partitions(2)
+            .with_insecure_noise_seed(3),
+    )
+    .await
+    .unwrap();
+    let reg = Registration::private()
+        .privacy_unit("unit")
+        .contribution_bounds(2, 3)
+        .budget(1e6, 1e-5);
+    s.register_batches("t", rows.chunks(8192).map(batch).collect(), reg)
+        .unwrap();
+    let r = s
+        .sql(
+            "SELECT g, round(dp_sum(amount, 0, 1, epsilon => 1e4, delta => 1e-6)) AS s \
+             FROM t GROUP BY g ORDER BY g",
+        )
+        .await
+        .unwrap();
+    // Every unit has one row in one group: nothing is cut, each group sums its 22,000 rows.
+    assert_eq!(column_f64(&r.batches, 1), vec![22_000.0; 10]);
+}
