@@ -3,28 +3,12 @@
 //! number is printed with at most six significant digits; a private GROUP BY spends the
 //! default selection δ (δ_sel/1000), so GROUP BYs fit by the thousand; a δ refusal names the
 //! `delta =>` that fits.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use dpfusion::accounting::display::SHARE_SCALE;
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-budget-{}-{}-{}",
-        tag,
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn people_csv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
-}
+use crate::common::{people_csv, temp_dir};
 
 async fn session(dir: &Path, eps: f64, delta: f64) -> PrivateSession {
     let s = PrivateSession::open(

@@ -6,23 +6,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, Float64Array, Int64Array};
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-test-{}-{}-{}",
-        tag,
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn people_csv() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/people.csv")
-}
+use crate::common::{people_csv, temp_dir};
 
 /// Writes the people CSV as a Parquet file (with a plain DataFusion context).
 async fn people_parquet(dir: &Path) -> PathBuf {

@@ -1,6 +1,6 @@
 //! `dp_linreg_gd` through a dpfusion session: fit on a private table, keep the model with
 //! CREATE TABLE AS, predict on a public table; what is charged; what is refused.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch};
@@ -10,19 +10,7 @@ use dpfusion_cli::demo::{PATIENTS_LINEAR, patients};
 use dpfusion_udfs::optim::model::Model;
 use dpfusion_udfs::privacy::{Event, gaussian_mu};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-models-{}-{}-{}",
-        tag,
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use crate::common::temp_dir;
 
 async fn session(dir: &Path) -> PrivateSession {
     PrivateSession::open(
