@@ -262,21 +262,26 @@ impl Cli {
         if cli.tls_ca.is_some() && cli.connect.is_none() {
             return Err("--tls-ca goes with --connect grpc+tls://HOST:PORT".to_string());
         }
+        // The data owner's flags: neither a client of a server (its owner declares the tables)
+        // nor an analyst in catalog mode may give them.
+        let owner_flags = [
+            ("--epsilon", cli.epsilon.is_some()),
+            ("--delta", cli.delta.is_some()),
+            ("--ledger", cli.ledger.is_some()),
+            ("--ledger-witness", cli.ledger_witness.is_some()),
+            ("--private", !cli.private.is_empty()),
+            ("--public", !cli.public.is_empty()),
+            ("--filter", cli.filter.is_some()),
+            ("--delta-share", cli.delta_share.is_some()),
+            ("--output-dir", cli.output_dir.is_some()),
+            ("--relax", cli.relax.is_some()),
+            ("--privacy-unit", !cli.units.is_empty()),
+            ("--max-groups-contributed", cli.max_groups.is_some()),
+            ("--max-rows-contributed", cli.max_rows.is_some()),
+        ];
         if cli.connect.is_some() {
-            let owner_flags = [
-                ("--catalog", cli.catalog.is_some()),
-                ("--epsilon", cli.epsilon.is_some()),
-                ("--delta", cli.delta.is_some()),
-                ("--ledger", cli.ledger.is_some()),
-                ("--ledger-witness", cli.ledger_witness.is_some()),
-                ("--private", !cli.private.is_empty()),
-                ("--public", !cli.public.is_empty()),
-                ("--filter", cli.filter.is_some()),
-                ("--delta-share", cli.delta_share.is_some()),
-                ("--output-dir", cli.output_dir.is_some()),
-                ("--relax", cli.relax.is_some()),
-            ];
-            if let Some((f, _)) = owner_flags.iter().find(|(_, g)| *g) {
+            let catalog = [("--catalog", cli.catalog.is_some())];
+            if let Some((f, _)) = catalog.iter().chain(&owner_flags).find(|(_, g)| *g) {
                 return Err(format!(
                     "{f} cannot be given with --connect: the server's data owner declares the \
                      tables and their policy"
@@ -284,21 +289,6 @@ impl Cli {
             }
         }
         if cli.catalog.is_some() {
-            let owner_flags = [
-                ("--epsilon", cli.epsilon.is_some()),
-                ("--delta", cli.delta.is_some()),
-                ("--ledger", cli.ledger.is_some()),
-                ("--ledger-witness", cli.ledger_witness.is_some()),
-                ("--private", !cli.private.is_empty()),
-                ("--public", !cli.public.is_empty()),
-                ("--filter", cli.filter.is_some()),
-                ("--delta-share", cli.delta_share.is_some()),
-                ("--output-dir", cli.output_dir.is_some()),
-                ("--relax", cli.relax.is_some()),
-                ("--privacy-unit", !cli.units.is_empty()),
-                ("--max-groups-contributed", cli.max_groups.is_some()),
-                ("--max-rows-contributed", cli.max_rows.is_some()),
-            ];
             let given: Vec<&str> = owner_flags
                 .iter()
                 .filter(|(_, g)| *g)
