@@ -175,16 +175,20 @@ impl PrivateSession {
     }
 
     /// The physical plan of exactly the checked plan: the one way a checked plan becomes
-    /// executable (here and in the server's bounded run, [`super::kind`]).
+    /// executable (here and in the server's bounded run, [`super::kind`]). The literal
+    /// parameters of the DP calls served by the exact-partials accumulator are then bound into
+    /// their function instances ([`dpfusion_udfs::aggregates::bind`]): the same calls with the
+    /// same literals, without DataFusion filling one array per parameter and batch.
     pub(super) async fn physical_plan(
         &self,
         checked: &guard::CheckedPlan,
     ) -> Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
         let state = self.ctx.state();
-        state
+        let plan = state
             .query_planner()
             .create_physical_plan(checked.plan(), &state)
-            .await
+            .await?;
+        dpfusion_udfs::aggregates::bind::bind_literal_parameters(plan)
     }
 
     /// Admission: one atomic, durable step in the accountant. Nothing runs before it returns.

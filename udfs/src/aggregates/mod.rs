@@ -34,7 +34,7 @@
 //! lists the declarations. The shared pieces import nothing from the functions: [`declaration`]
 //! (types and shared parameters), [`params`] (literal parsing, [`Mechanism`]), [`adapter`] (the
 //! UDAF shell), [`interval`] (the `_ci` wrapper and the interval maths), [`accumulator`],
-//! [`exact`]; the noise is [`crate::mechanisms::Noise`], the neighbour relation
+//! [`exact`], [`bind`] (the literal parameters bound into the physical plan's calls); the noise is [`crate::mechanisms::Noise`], the neighbour relation
 //! [`crate::privacy::Neighbours`]. The test `imports::no_import_circle_inside_aggregates_and_optim`
 //! (udfs/tests/it/imports.rs, scripts/import_cycles.rs) keeps it so.
 //!
@@ -83,6 +83,7 @@ use crate::privacy::{Event, PrivacyError};
 
 pub mod accumulator;
 pub mod adapter;
+pub mod bind;
 mod common;
 pub mod declaration;
 pub mod dp_count;

@@ -1,0 +1,397 @@
+//! Literal parameters bound into the function instance at physical planning (issue 32).
+//!
+//! DataFusion evaluates every argument of an aggregate into an array of the batch's length
+//! (`AggregateExec` → `evaluate_many` → `into_array`), so each literal parameter of
+//! `dp_mean(x, 0, 1000, 1.0, 1e-7, 'gaussian', 'add_remove')` costs an allocation and a fill of
+//! one value per row and per parameter: more memory traffic than the sum itself.
+//! [`bind_literal_parameters`] rewrites the physical plan's aggregate expressions so that a DP
+//! call served by the exact-partials accumulator ([`super::accumulator`]) takes only its data
+//! arguments; the parameters are kept in the function instance ([`Bound`]), which hands them
+//! to the original function exactly as the call's own arguments (the same physical literal
+//! expressions), so the accumulator, its calibration and its release are those of the call as
+//! written, by construction.
+//!
+//! What it does not change: the logical plan the guard checked and the accountant charged
+//! (the parameters are read there, as written), the output names and types, the state fields
+//! (named from the call), the FILTER clause, the partitioning. Only aggregates whose
+//! accumulators read nothing but their data arguments are bound (`DpAccumulator` and
+//! `DpGroups` read `values[0]`): the functions listed in [`bindable`]; any other aggregate, and
+//! any call whose parameters are not all constants, is left as it is.
+use std::any::Any;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema};
+use datafusion::common::Result;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::utils::AggregateOrderSensitivity;
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, GroupsAccumulator, Signature, Volatility,
+};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::aggregate::{AggregateExprBuilder, AggregateFunctionExpr};
+use datafusion::physical_expr::expressions::Literal;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
+
+use super::registry;
+use super::{
+    DpCount, DpCountCi, DpCountDistinct, DpCountDistinctCi, DpMean, DpMeanCi, DpPartitionSelect,
+    DpStddev, DpStddevCi, DpSum, DpSumCi, DpVariance, DpVarianceCi,
+};
+
+/// Whether `udaf` is served by the exact-partials accumulator, whose `update_batch`,
+/// `convert_to_state` and `merge_batch` read only the data argument (`values[0]`) and the
+/// state: binding its parameters changes nothing it computes.
+pub fn bindable(udaf: &AggregateUDF) -> bool {
+    let f = udaf.inner();
+    f.is::<DpCount>()
+        || f.is::<DpCountCi>()
+        || f.is::<DpCountDistinct>()
+        || f.is::<DpCountDistinctCi>()
+        || f.is::<DpSum>()
+        || f.is::<DpSumCi>()
+        || f.is::<DpMean>()
+        || f.is::<DpMeanCi>()
+        || f.is::<DpVariance>()
+        || f.is::<DpVarianceCi>()
+        || f.is::<DpStddev>()
+        || f.is::<DpStddevCi>()
+        || f.is::<DpPartitionSelect>()
+}
+
+/// The physical plan with the literal parameters of every bindable DP call bound into its
+/// function instance ([`Bound`]); everything else unchanged. Applied by the dpfusion session to
+/// the physical plan of exactly the checked plan.
+pub fn bind_literal_parameters(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        // Only a node that *is* an `AggregateExec` (not one delegating its downcast to one: it
+        // would be replaced by the bare aggregate).
+        let Some(agg) = (node.as_ref() as &dyn Any).downcast_ref::<AggregateExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        let schema = agg.input_schema();
+        let mut changed = false;
+        let exprs = agg
+            .aggr_expr()
+            .iter()
+            .map(|e| {
+                Ok(match bind_call(e, &schema)? {
+                    Some(b) => {
+                        changed = true;
+                        Arc::new(b)
+                    }
+                    None => Arc::clone(e),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if !changed {
+            return Ok(Transformed::no(node));
+        }
+        let bound: Arc<dyn ExecutionPlan> = Arc::new(agg.with_new_aggr_exprs(exprs));
+        Ok(Transformed::yes(bound))
+    })
+    .map(|t| t.data)
+}
+
+/// One call with its parameters bound, or `None` when it is not bindable (another function,
+/// DISTINCT, ORDER BY, a parameter that is not a literal, no parameter to bind).
+fn bind_call(
+    e: &AggregateFunctionExpr,
+    schema: &Arc<Schema>,
+) -> Result<Option<AggregateFunctionExpr>> {
+    let fun = e.fun();
+    if !bindable(fun) || e.is_distinct() || !e.order_bys().is_empty() || e.is_reversed() {
+        return Ok(None);
+    }
+    let Some(declaration) = registry::get(fun.name()) else {
+        return Ok(None);
+    };
+    let args = e.expressions();
+    let data = declaration.data.len();
+    if data == 0 || args.len() <= data {
+        return Ok(None);
+    }
+    let params = args[data..].to_vec();
+    if !params.iter().all(|p| p.is::<Literal>()) {
+        return Ok(None);
+    }
+    let param_fields = params
+        .iter()
+        .map(|p| p.return_field(schema))
+        .collect::<Result<Vec<_>>>()?;
+    let bound = AggregateUDF::from(Bound {
+        inner: fun.clone(),
+        params,
+        param_fields,
+        signature: Signature::user_defined(Volatility::Volatile),
+    });
+    let mut b = AggregateExprBuilder::new(Arc::new(bound), args[..data].to_vec())
+        .schema(Arc::clone(schema))
+        .alias(e.name())
+        .with_ignore_nulls(e.ignore_nulls());
+    if let Some(h) = e.human_display() {
+        b = b.human_display(h);
+    }
+    let built = b.build()?;
+    // The bound call must present exactly the call's output and partial state.
+    if built.field() != e.field() || built.state_fields()? != e.state_fields()? {
+        return Ok(None);
+    }
+    Ok(Some(built))
+}
+
+/// A DP call's function with its literal parameters bound: it takes the data arguments only
+/// and gives the original function ([`Self::inner`], insecure test seed included) the data
+/// arguments followed by the original parameter expressions, so that the accumulator is built
+/// from the call's own literals.
+#[derive(Debug)]
+pub struct Bound {
+    inner: AggregateUDF,
+    params: Vec<Arc<dyn PhysicalExpr>>,
+    param_fields: Vec<FieldRef>,
+    signature: Signature,
+}
+
+impl PartialEq for Bound {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner == other.inner && self.params == other.params
+    }
+}
+
+impl Eq for Bound {}
+
+impl Hash for Bound {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.inner.hash(state);
+        for p in &self.params {
+            p.hash(state);
+        }
+    }
+}
+
+impl Bound {
+    /// `args` with the bound parameters after the data arguments, passed to `f`.
+    fn with_params<T>(&self, args: AccumulatorArgs, f: impl FnOnce(AccumulatorArgs) -> T) -> T {
+        let exprs: Vec<_> = args.exprs.iter().chain(&self.params).cloned().collect();
+        let fields: Vec<_> = args
+            .expr_fields
+            .iter()
+            .chain(&self.param_fields)
+            .cloned()
+            .collect();
+        f(AccumulatorArgs {
+            exprs: &exprs,
+            expr_fields: &fields,
+            ..args
+        })
+    }
+
+    fn all_fields(&self, data: &[FieldRef]) -> Vec<FieldRef> {
+        data.iter().chain(&self.param_fields).cloned().collect()
+    }
+}
+
+impl AggregateUDFImpl for Bound {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        let fields: Vec<FieldRef> = arg_types
+            .iter()
+            .map(|t| Arc::new(Field::new("", t.clone(), true)))
+            .collect();
+        Ok(self.return_field(&fields)?.data_type().clone())
+    }
+    fn return_field(&self, arg_fields: &[FieldRef]) -> Result<FieldRef> {
+        self.inner.return_field(&self.all_fields(arg_fields))
+    }
+    fn is_nullable(&self) -> bool {
+        self.inner.is_nullable()
+    }
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        self.with_params(args, |a| self.inner.accumulator(a))
+    }
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        let input_fields = self.all_fields(args.input_fields);
+        self.inner.state_fields(StateFieldsArgs {
+            input_fields: &input_fields,
+            ..args
+        })
+    }
+    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
+        self.with_params(args, |a| self.inner.groups_accumulator_supported(a))
+    }
+    fn create_groups_accumulator(
+        &self,
+        args: AccumulatorArgs,
+    ) -> Result<Box<dyn GroupsAccumulator>> {
+        self.with_params(args, |a| self.inner.create_groups_accumulator(a))
+    }
+    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
+        self.inner.order_sensitivity()
+    }
+    fn default_value(&self, data_type: &DataType) -> Result<datafusion::common::ScalarValue> {
+        self.inner.default_value(data_type)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::datasource::MemTable;
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    use super::*;
+    use crate::aggregates::{all_udafs_insecure_seeded, registry::AGGREGATES};
+
+    /// One call of each bindable function (the test below checks the list is complete).
+    const CALLS: &[&str] = &[
+        "dp_count(x, 1.0)",
+        "dp_count_ci(x, 1.0, 1e-6, 'gaussian', 0.9)",
+        "dp_count_distinct(u, 1.0, 1e-6, 'units:2:1')",
+        "dp_count_distinct_ci(u, 1.0, 1e-6, 0.9, 'units:2:1')",
+        "dp_sum(x, 0, 10, 1.0)",
+        "dp_sum_ci(x, 0, 10, 1.0, 1e-6, 'laplace')",
+        "dp_mean(x, 0, 10, 1.0, 1e-6, 'gaussian', 'replace')",
+        "dp_mean_ci(x, 0, 10, 1.0)",
+        "dp_variance(x, 0, 10, 1.0)",
+        "dp_variance_ci(x, 0, 10, 1.0)",
+        "dp_stddev(x, 0, 10, 1.0)",
+        "dp_stddev_ci(x, 0, 10, 1.0)",
+        "dp_partition_select(x, 1.0, 1e-6)",
+    ];
+
+    fn ctx(partitions: usize, seed: u64) -> SessionContext {
+        let ctx = SessionContext::new_with_config(
+            SessionConfig::new()
+                .with_target_partitions(partitions)
+                .with_batch_size(64),
+        );
+        for f in all_udafs_insecure_seeded(seed) {
+            ctx.register_udaf(f);
+        }
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Int64, false),
+            Field::new("u", DataType::Int64, false),
+            Field::new("x", DataType::Float64, true),
+        ]));
+        let parts = (0..4)
+            .map(|p| {
+                let rows = (p * 500..(p + 1) * 500).collect::<Vec<i64>>();
+                vec![
+                    RecordBatch::try_new(
+                        Arc::clone(&schema),
+                        vec![
+                            Arc::new(Int64Array::from_iter_values(rows.iter().map(|i| i % 7))),
+                            Arc::new(Int64Array::from_iter_values(rows.iter().map(|i| i / 3))),
+                            Arc::new(Float64Array::from_iter(
+                                rows.iter()
+                                    .map(|&i| (i % 11 != 0).then_some((i % 13) as f64 * 0.9)),
+                            )),
+                        ],
+                    )
+                    .unwrap(),
+                ]
+            })
+            .collect();
+        ctx.register_table("t", Arc::new(MemTable::try_new(schema, parts).unwrap()))
+            .unwrap();
+        ctx
+    }
+
+    /// The DP aggregate expressions of a physical plan: (name, argument count).
+    fn calls(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, usize)> {
+        let mut out = vec![];
+        plan.apply(|node| {
+            if let Some(agg) = (node.as_ref() as &dyn Any).downcast_ref::<AggregateExec>() {
+                for e in agg.aggr_expr() {
+                    out.push((e.fun().name().to_string(), e.expressions().len()));
+                }
+            }
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        out
+    }
+
+    async fn run(ctx: &SessionContext, sql: &str, bind: bool) -> (String, Vec<(String, usize)>) {
+        let mut plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        if bind {
+            plan = bind_literal_parameters(plan).unwrap();
+        }
+        let shape = calls(&plan);
+        let batches = collect(plan, ctx.task_ctx()).await.unwrap();
+        (pretty_format_batches(&batches).unwrap().to_string(), shape)
+    }
+
+    #[test]
+    fn every_function_served_by_the_exact_partials_accumulator_is_bindable_and_tested() {
+        let mut served: Vec<&str> = AGGREGATES
+            .iter()
+            .filter(|a| bindable(&(a.udaf)()))
+            .map(|a| a.name)
+            .collect();
+        let mut tested: Vec<&str> = CALLS.iter().map(|c| c.split('(').next().unwrap()).collect();
+        served.sort();
+        tested.sort();
+        assert_eq!(served, tested);
+        // The models, quantiles and rgm keep their parameters as arguments.
+        for name in ["dp_quantile", "dp_linreg_gd", "rgm_mean_by"] {
+            assert!(!bindable(&(registry::get(name).unwrap().udaf)()), "{name}");
+        }
+    }
+
+    /// Bound and as written, the same seeded call releases the same values, grouped and not, at
+    /// one partition (one deterministic order of draws) and ungrouped at four; the bound plan
+    /// passes only the data arguments.
+    #[tokio::test]
+    async fn a_bound_call_releases_exactly_what_the_call_as_written_releases() {
+        for call in CALLS {
+            let data = registry::get(call.split('(').next().unwrap())
+                .unwrap()
+                .data
+                .len();
+            for (partitions, sql) in [
+                (
+                    1,
+                    format!("SELECT g, {call} AS r FROM t GROUP BY g ORDER BY g"),
+                ),
+                (1, format!("SELECT {call} AS r FROM t")),
+                (4, format!("SELECT {call} AS r FROM t")),
+                (4, format!("SELECT {call} FILTER (WHERE g > 2) AS r FROM t")),
+            ] {
+                let (written, shape) = run(&ctx(partitions, 7), &sql, false).await;
+                let (bound, bound_shape) = run(&ctx(partitions, 7), &sql, true).await;
+                assert_eq!(written, bound, "{sql}");
+                assert!(shape.iter().all(|(_, n)| *n > data), "{sql}: {shape:?}");
+                assert!(!bound_shape.is_empty());
+                assert!(
+                    bound_shape.iter().all(|(_, n)| *n == data),
+                    "{sql}: {bound_shape:?}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn other_aggregates_are_left_as_written() {
+        let sql = "SELECT dp_quantile(x, 0, 10, 0.5, 1.0), avg(x) FROM t";
+        let (_, shape) = run(&ctx(2, 1), sql, true).await;
+        assert!(shape.contains(&("dp_quantile".to_string(), 5)), "{shape:?}");
+        assert!(shape.contains(&("avg".to_string(), 1)), "{shape:?}");
+    }
+}
