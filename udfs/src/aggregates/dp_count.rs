@@ -37,10 +37,7 @@ use super::common::DataArg;
 use super::declaration::{self, Aggregate, COUNTED, DELTA, EPSILON, MECHANISM, NEIGHBOURS};
 use super::exact::FixedPoint;
 use super::interval::DpCiUdaf;
-use super::params::{
-    Mechanism, Neighbours, SQRT_2_UP, check_count, delta_at, epsilon_at, neighbours_at,
-    representable,
-};
+use super::params::{Mechanism, Neighbours, Params, SQRT_2_UP, representable};
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
@@ -55,27 +52,18 @@ pub struct CountParams {
 }
 
 impl CountParams {
-    /// Parameter names after the data column, in positional order.
-    pub const NAMES: [&'static str; 4] = ["epsilon", "delta", "mechanism", "neighbours"];
-
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            mechanism: Mechanism::at(args, 2)?,
-            neighbours: neighbours_at(args, 3)?,
-        })
+        Self::read(&Params::new(&DP_COUNT, args)?)
     }
 
-    /// `(epsilon, delta, neighbours)` without a mechanism (Gaussian): `dp_count_distinct`.
-    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &["epsilon", "delta", "neighbours"])?;
+    /// From the literals of `dp_count` or of a function declaring a subset of its parameters
+    /// (`dp_count_distinct`: no `mechanism`, so Gaussian).
+    pub(crate) fn read(p: &Params) -> Result<Self, PrivacyError> {
         Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            mechanism: Mechanism::Gaussian,
-            neighbours: neighbours_at(args, 2)?,
+            epsilon: p.epsilon()?,
+            delta: p.delta()?,
+            mechanism: p.mechanism()?,
+            neighbours: p.neighbours()?,
         })
     }
     /// The Gaussian-DP parameter of the whole call.

@@ -23,6 +23,7 @@ use super::common::DataArg;
 use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS};
 use super::dp_count::CountParams;
 use super::dp_count::CountRelease;
+use super::params::Params;
 use crate::privacy::{Event, PrivacyError};
 
 /// `dp_count_distinct(unit, epsilon, delta, neighbours)`: [`CountParams`] in a units mode.
@@ -30,10 +31,8 @@ use crate::privacy::{Event, PrivacyError};
 pub struct CountDistinctParams(pub CountParams);
 
 impl CountDistinctParams {
-    pub const NAMES: [&'static str; 3] = ["epsilon", "delta", "neighbours"];
-
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        let p = CountParams::gaussian_from_literals(args)?;
+        let p = CountParams::read(&Params::new(&DP_COUNT_DISTINCT, args)?)?;
         if !p.neighbours.is_units() {
             return Err(PrivacyError::invalid(
                 "unit",

@@ -83,10 +83,7 @@ use super::declaration::{
 };
 use super::exact::{FixedPoint, pow2};
 use super::interval::{DpCiUdaf, fieller, laplace_ratio_set, laplace_sum_quantile, pow2_neg18};
-use super::params::{
-    Mechanism, Neighbours, bounds_at, check_count, delta_at, epsilon_at, neighbours_at,
-    representable,
-};
+use super::params::{Mechanism, Neighbours, Params, representable};
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::normal::phi_inv;
@@ -104,39 +101,21 @@ pub struct MeanParams {
 }
 
 impl MeanParams {
-    pub const NAMES: [&'static str; 6] = [
-        "lower",
-        "upper",
-        "epsilon",
-        "delta",
-        "mechanism",
-        "neighbours",
-    ];
-
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        let (lower, upper) = bounds_at(args, 0)?;
-        Ok(Self {
-            lower,
-            upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::at(args, 4)?,
-            neighbours: neighbours_at(args, 5)?,
-        })
+        Self::read(&Params::new(&DP_MEAN, args)?)
     }
-    /// `(lower, upper, epsilon, delta, neighbours)` without a mechanism (Gaussian):
-    /// `dp_variance`, `dp_stddev`.
-    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &["lower", "upper", "epsilon", "delta", "neighbours"])?;
-        let (lower, upper) = bounds_at(args, 0)?;
+
+    /// From the literals of `dp_mean` or of a function declaring the same parameters
+    /// (`dp_variance`, `dp_stddev`; one without `mechanism` is Gaussian).
+    pub(crate) fn read(p: &Params) -> Result<Self, PrivacyError> {
+        let (lower, upper) = p.bounds()?;
         Ok(Self {
             lower,
             upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::Gaussian,
-            neighbours: neighbours_at(args, 4)?,
+            epsilon: p.epsilon()?,
+            delta: p.delta()?,
+            mechanism: p.mechanism()?,
+            neighbours: p.neighbours()?,
         })
     }
     /// μ of the whole call; the sum and count releases share it (μ_s² + μ_c² = μ²).

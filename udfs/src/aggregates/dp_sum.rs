@@ -47,10 +47,7 @@ use super::declaration::{
 };
 use super::exact::FixedPoint;
 use super::interval::DpCiUdaf;
-use super::params::{
-    Mechanism, Neighbours, SQRT_2_UP, bounds_at, check_count, delta_at, epsilon_at, neighbours_at,
-    representable,
-};
+use super::params::{Mechanism, Neighbours, Params, SQRT_2_UP, representable};
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
@@ -67,25 +64,16 @@ pub struct SumParams {
 }
 
 impl SumParams {
-    pub const NAMES: [&'static str; 6] = [
-        "lower",
-        "upper",
-        "epsilon",
-        "delta",
-        "mechanism",
-        "neighbours",
-    ];
-
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        let (lower, upper) = bounds_at(args, 0)?;
+        let p = Params::new(&DP_SUM, args)?;
+        let (lower, upper) = p.bounds()?;
         Ok(Self {
             lower,
             upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::at(args, 4)?,
-            neighbours: neighbours_at(args, 5)?,
+            epsilon: p.epsilon()?,
+            delta: p.delta()?,
+            mechanism: p.mechanism()?,
+            neighbours: p.neighbours()?,
         })
     }
     pub fn mu(&self) -> Result<f64, PrivacyError> {

@@ -77,7 +77,7 @@ use super::dp_mean::CBRT_4;
 use super::dp_mean::MeanParams;
 use super::exact::{FixedPoint, SquareGrid, pow2};
 use super::interval::DpCiUdaf;
-use super::params::{Mechanism, Neighbours, representable};
+use super::params::{Mechanism, Neighbours, Params, representable};
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
@@ -96,10 +96,13 @@ pub struct StddevParams(pub MeanParams);
 /// meaningless release, refused at planning with this range (issue 33).
 pub const MAX_WIDTH: f64 = 6.703903964971299e153;
 
-/// `MeanParams::from_literals` plus the width check ([`MAX_WIDTH`]) of `dp_variance`,
-/// `dp_stddev` and their `_ci` variants.
-fn variance_literals(args: &[ScalarValue]) -> Result<MeanParams, PrivacyError> {
-    let p = MeanParams::from_literals(args)?;
+/// The literals of `declaration` ([`DP_VARIANCE`] or [`DP_STDDEV`]) read as [`MeanParams`], plus
+/// the width check ([`MAX_WIDTH`]) of `dp_variance`, `dp_stddev` and their `_ci` variants.
+fn variance_literals(
+    declaration: &'static Aggregate,
+    args: &[ScalarValue],
+) -> Result<MeanParams, PrivacyError> {
+    let p = MeanParams::read(&Params::new(declaration, args)?)?;
     if p.upper - p.lower > MAX_WIDTH {
         return Err(PrivacyError::invalid(
             "upper",
@@ -113,9 +116,8 @@ fn variance_literals(args: &[ScalarValue]) -> Result<MeanParams, PrivacyError> {
 }
 
 impl VarianceParams {
-    pub const NAMES: [&'static str; 6] = MeanParams::NAMES;
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        variance_literals(args).map(Self)
+        variance_literals(&DP_VARIANCE, args).map(Self)
     }
     /// One μ-GDP release (module docs), or one pure ε-DP release under `mechanism => 'laplace'`
     /// ([`Mechanism::cost`]). Builds the release too, so the accountant refuses exactly what the
@@ -127,9 +129,8 @@ impl VarianceParams {
 }
 
 impl StddevParams {
-    pub const NAMES: [&'static str; 6] = MeanParams::NAMES;
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        variance_literals(args).map(Self)
+        variance_literals(&DP_STDDEV, args).map(Self)
     }
     /// As [`VarianceParams::cost`]: the square root is post-processing.
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {

@@ -106,10 +106,8 @@ use datafusion::logical_expr::{
 };
 
 use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
-use super::adapter::{
-    DpFunction, coerce_declared, documentation_for, identity_by_signature_and_seed,
-};
-use super::common::{Fin, call_literals};
+use super::adapter::{DpFunction, documentation_for, identity_by_signature_and_seed};
+use super::common::{Fin, call_literals, coerce_args};
 use super::exact::{FixedPoint, SquareGrid};
 use super::params::{number, plan_error};
 pub use crate::mechanisms::{Interval, Noise};
@@ -407,8 +405,7 @@ impl<P: DpInterval> DpCiUdaf<P> {
     }
 
     fn finaliser(&self, args: &AccumulatorArgs) -> Result<Fin> {
-        let names: Vec<&str> = P::ci_declaration().params.iter().map(|p| p.name).collect();
-        let lits = call_literals(P::CI_NAME, &names, args)?;
+        let lits = call_literals(P::ci_declaration(), args)?;
         let (base, confidence) =
             split_confidence(P::declaration(), &lits).map_err(|e| plan_error(P::CI_NAME, e))?;
         let inner = (P::spec().release)(&base).map_err(|e| plan_error(P::CI_NAME, e))?;
@@ -436,7 +433,7 @@ impl<P: DpInterval> AggregateUDFImpl for DpCiUdaf<P> {
         &self.signature
     }
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_declared(P::ci_declaration(), P::spec().data, arg_types)
+        coerce_args(P::ci_declaration(), P::spec().data, arg_types)
     }
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(DataType::Struct(interval_fields(&P::spec().returns)))
