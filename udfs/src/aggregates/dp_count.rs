@@ -35,9 +35,8 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::declaration::{self, Aggregate, COUNTED, DELTA, EPSILON, MECHANISM, NEIGHBOURS};
-use super::exact::FixedPoint;
-use super::interval::DpCiUdaf;
 use super::params::{Mechanism, Neighbours, Params, SQRT_2_UP, representable};
+use crate::mechanisms::exact::FixedPoint;
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
@@ -206,21 +205,6 @@ impl Finalise for CountRelease {
     }
 }
 
-impl super::interval::DpInterval for CountParams {
-    const CI_NAME: &'static str = "dp_count_ci";
-    fn ci_declaration() -> &'static Aggregate {
-        &DP_COUNT_CI
-    }
-}
-
-/// The `dp_count_ci` UDAF ([`super::interval`]).
-pub type DpCountCi = DpCiUdaf<CountParams>;
-
-/// `dp_count_ci` as an [`AggregateUDF`].
-pub fn dp_count_ci_udaf() -> AggregateUDF {
-    DpCountCi::udaf()
-}
-
 /// The declaration of `dp_count` (listed in [`super::registry::AGGREGATES`]).
 pub const DP_COUNT: Aggregate = Aggregate {
     name: "dp_count",
@@ -236,18 +220,7 @@ pub const DP_COUNT: Aggregate = Aggregate {
     noise: super::adapter::spec_noise::<CountParams>,
 };
 
-/// The declaration of `dp_count_ci` (listed in [`super::registry::AGGREGATES`]).
-pub const DP_COUNT_CI: Aggregate = Aggregate {
-    name: "dp_count_ci",
-    summary: "dp_count's release with its confidence interval: \
-              Struct{value, lower, upper, confidence, stddev}",
-    data: &[COUNTED],
-    params: &declaration::with_confidence::<{ DP_COUNT.params.len() + 1 }>(DP_COUNT.params),
-    requirements: &[],
-    replaces: &[],
-    internal: false,
-    udaf: dp_count_ci_udaf,
-    seeded: |seed| super::interval::DpCiUdaf::<CountParams>::with_insecure_seed(seed).into(),
-    cost: super::interval::ci_cost::<CountParams>,
-    noise: super::interval::ci_noise::<CountParams>,
-};
+super::interval::ci_variant!(CountParams, DP_COUNT => DP_COUNT_CI, "dp_count_ci",
+    DpCountCi, dp_count_ci_udaf,
+    "dp_count's release with its confidence interval: \
+     Struct{value, lower, upper, confidence, stddev}");

@@ -67,21 +67,6 @@ impl DpFunction for CountDistinctParams {
     }
 }
 
-impl super::interval::DpInterval for CountDistinctParams {
-    const CI_NAME: &'static str = "dp_count_distinct_ci";
-    fn ci_declaration() -> &'static Aggregate {
-        &DP_COUNT_DISTINCT_CI
-    }
-}
-
-/// The `dp_count_distinct_ci` UDAF ([`super::interval`]).
-pub type DpCountDistinctCi = super::interval::DpCiUdaf<CountDistinctParams>;
-
-/// `dp_count_distinct_ci` as an [`AggregateUDF`].
-pub fn dp_count_distinct_ci_udaf() -> AggregateUDF {
-    DpCountDistinctCi::udaf()
-}
-
 static SPEC: Spec = Spec {
     data: DataArg::Any,
     returns: DataType::Int64,
@@ -130,24 +115,6 @@ pub const DP_COUNT_DISTINCT: Aggregate = Aggregate {
     noise: super::adapter::spec_noise::<CountDistinctParams>,
 };
 
-/// The declaration of `dp_count_distinct_ci` (listed in [`super::registry::AGGREGATES`]).
-pub const DP_COUNT_DISTINCT_CI: Aggregate = Aggregate {
-    name: "dp_count_distinct_ci",
-    summary: "dp_count_distinct's release with its confidence interval",
-    data: &[declaration::DataArg {
-        name: "unit",
-        doc: "the table's privacy unit column",
-    }],
-    params: &declaration::with_confidence::<{ DP_COUNT_DISTINCT.params.len() + 1 }>(
-        DP_COUNT_DISTINCT.params,
-    ),
-    requirements: &[],
-    replaces: &[],
-    internal: false,
-    udaf: dp_count_distinct_ci_udaf,
-    seeded: |seed| {
-        super::interval::DpCiUdaf::<CountDistinctParams>::with_insecure_seed(seed).into()
-    },
-    cost: super::interval::ci_cost::<CountDistinctParams>,
-    noise: super::interval::ci_noise::<CountDistinctParams>,
-};
+super::interval::ci_variant!(CountDistinctParams, DP_COUNT_DISTINCT => DP_COUNT_DISTINCT_CI,
+    "dp_count_distinct_ci", DpCountDistinctCi, dp_count_distinct_ci_udaf,
+    "dp_count_distinct's release with its confidence interval");

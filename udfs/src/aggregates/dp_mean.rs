@@ -2,7 +2,7 @@
 //! [lower, upper].
 //!
 //! # `add_remove` and `replace`: noisy sum over noisy count
-//! Centre c = (lower + upper)/2 (on the fixed-point grid; see [`super::exact`]). Two Gaussian
+//! Centre c = (lower + upper)/2 (on the fixed-point grid; see [`crate::mechanisms::exact`]). Two Gaussian
 //! releases share the call's μ = gaussian_mu(ε, δ) by μ_s² + μ_c² = μ², so the pair is μ-GDP
 //! (Dong, Roth, Su 2019) and the call (ε, δ)-DP:
 //! - S̃ = Σ (clamp(v) − c) + N(0, σ_s²), σ_s = Δ_s/μ_s, with Δ_s = (upper − lower)/2 under
@@ -81,9 +81,9 @@ use super::common::DataArg;
 use super::declaration::{
     self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
 };
-use super::exact::{FixedPoint, pow2};
-use super::interval::{DpCiUdaf, fieller, laplace_ratio_set, laplace_sum_quantile, pow2_neg18};
+use super::interval::{fieller, laplace_ratio_set, laplace_sum_quantile, pow2_neg18};
 use super::params::{Mechanism, Neighbours, Params, representable};
+use crate::mechanisms::exact::{FixedPoint, pow2};
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::normal::phi_inv;
@@ -266,7 +266,7 @@ impl MeanRelease {
                 )?);
             } else {
                 // K·C under `units:K:C`, 1 otherwise.
-                let f = if nb.is_units() { nb.pure_factor() } else { 1.0 };
+                let f = nb.unit_l1_factor();
                 // (Δ_s, slack_s, Δ_c, slack_c) in half-units / rows (module docs).
                 let (ds, ss, dc, sc) = match nb {
                     Neighbours::ReplacePrivateKeys => (2.0 * w, 2.0, 2.0, 2.0),
@@ -494,21 +494,6 @@ fn mean_interval(
     }
 }
 
-impl super::interval::DpInterval for MeanParams {
-    const CI_NAME: &'static str = "dp_mean_ci";
-    fn ci_declaration() -> &'static Aggregate {
-        &DP_MEAN_CI
-    }
-}
-
-/// The `dp_mean_ci` UDAF ([`super::interval`]).
-pub type DpMeanCi = DpCiUdaf<MeanParams>;
-
-/// `dp_mean_ci` as an [`AggregateUDF`].
-pub fn dp_mean_ci_udaf() -> AggregateUDF {
-    DpMeanCi::udaf()
-}
-
 /// The declaration of `dp_mean` (listed in [`super::registry::AGGREGATES`]).
 pub const DP_MEAN: Aggregate = Aggregate {
     name: "dp_mean",
@@ -524,17 +509,6 @@ pub const DP_MEAN: Aggregate = Aggregate {
     noise: super::adapter::spec_noise::<MeanParams>,
 };
 
-/// The declaration of `dp_mean_ci` (listed in [`super::registry::AGGREGATES`]).
-pub const DP_MEAN_CI: Aggregate = Aggregate {
-    name: "dp_mean_ci",
-    summary: "dp_mean's release with its confidence interval",
-    data: &[VALUE],
-    params: &declaration::with_confidence::<{ DP_MEAN.params.len() + 1 }>(DP_MEAN.params),
-    requirements: &[],
-    replaces: &[],
-    internal: false,
-    udaf: dp_mean_ci_udaf,
-    seeded: |seed| super::interval::DpCiUdaf::<MeanParams>::with_insecure_seed(seed).into(),
-    cost: super::interval::ci_cost::<MeanParams>,
-    noise: super::interval::ci_noise::<MeanParams>,
-};
+super::interval::ci_variant!(MeanParams, DP_MEAN => DP_MEAN_CI, "dp_mean_ci",
+    DpMeanCi, dp_mean_ci_udaf,
+    "dp_mean's release with its confidence interval");

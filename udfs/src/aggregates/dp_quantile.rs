@@ -4,7 +4,7 @@
 //!
 //! # State: a fixed histogram (bounded memory, exact merges)
 //! Each non-NULL, non-NaN value is clamped and put on the fixed-point grid
-//! ([`super::exact::FixedPoint`]: x ∈ [lo, hi]), then into one of B equal bins (the literal
+//! ([`crate::mechanisms::exact::FixedPoint`]: x ∈ [lo, hi]), then into one of B equal bins (the literal
 //! `bins`, a power of two in [[`MIN_BINS`], [`MAX_BINS`]], default [`BINS`] = 1024),
 //! b(x) = ⌊(x − lo)·B/(hi − lo)⌋ (at most B − 1; integer arithmetic, so a value's bin is a
 //! function of the value alone). Per group the state is the B counts (`u64`): 8·B bytes per group
@@ -88,8 +88,8 @@ use datafusion::logical_expr::{
 use super::common::{DOC_SECTION_DP, DataArg, call_literals, coerce_args};
 use super::declaration::Default as ParamDefault;
 use super::declaration::{self, Aggregate, LOWER, NEIGHBOURS, PURE_EPSILON, UPPER, VALUE};
-use super::exact::FixedPoint;
 use super::params::{Neighbours, Params, plan_error};
+use crate::mechanisms::exact::FixedPoint;
 use crate::mechanisms::exponential::{rate_down, sample_permute_and_flip};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError};

@@ -11,9 +11,9 @@ use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
 use super::dp_count::CountRelease;
 use super::dp_mean::MeanRelease;
 use super::dp_sum::SumRelease;
-use super::exact::FixedPoint;
 use super::partition_select::SelectRelease;
 use super::*;
+use crate::mechanisms::exact::FixedPoint;
 use crate::noise::SecureRng;
 use crate::privacy::gaussian_mu;
 use crate::privacy::normal::phi;
@@ -1482,7 +1482,7 @@ fn check_selection_tail(p: &PartitionSelectParams, q: f64, other: f64, seed: u64
 // ---------------------------------------------------------------- dp_variance, dp_stddev
 
 use super::dp_variance::VarianceRelease;
-use super::exact::SquareGrid;
+use crate::mechanisms::exact::SquareGrid;
 
 /// The squared grid keeps every per-row square within [0, 2^40 + 1] for bounds of any size, is
 /// exact on a small example, and the `sum_sq` partial is the same for any partitioning (through
