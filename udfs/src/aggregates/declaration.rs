@@ -62,6 +62,32 @@ pub enum Requirement {
     DeclaredRatio,
 }
 
+/// How one privacy unit contributes to a call on a unit-level table (`units:K:C` neighbours):
+/// what the guard bounds before the aggregate (the root crate's src/guard/units.rs reads it;
+/// docs/PRIVACY.md, "Privacy units"). Every unit reaches at most K groups (L0); within a group:
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitRule {
+    /// At most C rows of each (unit, group) (`dp_count`, `dp_mean`, …): calibrated for
+    /// `units:K:C`.
+    Rows,
+    /// One value per (unit, group), the unit's total, clamped by the call (`dp_sum`):
+    /// `units:K:1`.
+    Total,
+    /// Once per (unit, group); the data argument must be the unit column itself
+    /// (`dp_count_distinct`, partition selection): `units:K:1`.
+    Once,
+    /// Every row, with the unit key passed after the parameters; the call clips each unit's
+    /// summed gradient (the models): `units:K:1`.
+    PerUnit,
+    /// Refused on a unit-level table: "`name` needs `needs`, but table … protects privacy units
+    /// (column …): `why`. `instead`".
+    Refused {
+        needs: &'static str,
+        why: &'static str,
+        instead: &'static str,
+    },
+}
+
 /// What a call costs: from its data arguments' shape (never data) and its literal parameters.
 pub type CostFn = fn(&[Expr], &[ScalarValue]) -> Result<Vec<Event>, PrivacyError>;
 
@@ -76,6 +102,8 @@ pub struct Aggregate {
     /// this list ([`super::params::Params`]), and the coercion types them by [`Kind`].
     pub params: &'static [Param],
     pub requirements: &'static [Requirement],
+    /// How a unit contributes on a unit-level table (the guard's bounding).
+    pub units: UnitRule,
     /// Non-private SQL aggregates this one replaces (for the guard's advice).
     pub replaces: &'static [&'static str],
     /// Internal (inserted by the guard; not for users).

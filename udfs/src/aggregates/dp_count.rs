@@ -34,7 +34,9 @@ use datafusion::logical_expr::AggregateUDF;
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::declaration::{self, Aggregate, COUNTED, DELTA, EPSILON, MECHANISM, NEIGHBOURS};
+use super::declaration::{
+    self, Aggregate, COUNTED, DELTA, EPSILON, MECHANISM, NEIGHBOURS, UnitRule,
+};
 use super::params::{Mechanism, Neighbours, Params, SQRT_2_UP, representable};
 use crate::mechanisms::exact::FixedPoint;
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
@@ -212,6 +214,7 @@ pub const DP_COUNT: Aggregate = Aggregate {
     data: &[COUNTED],
     params: &[EPSILON, DELTA, MECHANISM, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &["count"],
     internal: false,
     udaf: dp_count_udaf,

@@ -20,7 +20,7 @@ use datafusion::logical_expr::AggregateUDF;
 use super::accumulator::Shape;
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS, UnitRule};
 use super::dp_count::CountParams;
 use super::dp_count::CountRelease;
 use super::params::Params;
@@ -101,6 +101,7 @@ pub const DP_COUNT_DISTINCT: Aggregate = Aggregate {
     }],
     params: &[EPSILON, DELTA, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Once,
     replaces: &[],
     internal: false,
     udaf: dp_count_distinct_udaf,

@@ -51,7 +51,7 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
-use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, UnitRule};
 use super::params::{Neighbours, Params, literal_params, plan_error, representable};
 use crate::noise::SecureRng;
 use crate::optim::linreg::{
@@ -701,6 +701,7 @@ pub const DP_LINREG_GD: Aggregate = Aggregate {
         NEIGHBOURS,
     ],
     requirements: &[],
+    units: UnitRule::PerUnit,
     replaces: &[],
     internal: false,
     udaf: dp_linreg_gd_udaf,

@@ -40,7 +40,7 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
-use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, UnitRule};
 use super::params::{Neighbours, Params, literal_params, plan_error};
 use crate::noise::SecureRng;
 use crate::optim::agd::{AgdConfig, AgdPlan, fit, fit_units};
@@ -518,6 +518,7 @@ pub const DP_LOGREG_AGD: Aggregate = Aggregate {
         NEIGHBOURS,
     ],
     requirements: &[],
+    units: UnitRule::PerUnit,
     replaces: &[],
     internal: false,
     udaf: dp_logreg_agd_udaf,

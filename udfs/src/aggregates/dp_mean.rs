@@ -79,7 +79,7 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::declaration::{
-    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
+    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, UnitRule, VALUE,
 };
 use super::interval::{fieller, laplace_ratio_set, laplace_sum_quantile, pow2_neg18};
 use super::params::{Mechanism, Neighbours, Params, representable};
@@ -501,6 +501,7 @@ pub const DP_MEAN: Aggregate = Aggregate {
     data: &[VALUE],
     params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &["avg", "mean"],
     internal: false,
     udaf: dp_mean_udaf,

@@ -41,7 +41,7 @@ use datafusion::logical_expr::{
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
 use super::declaration::{
     self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, SGD_CLIP, SGD_EPOCHS,
-    SGD_LEARNING_RATE, SGD_NOISE, SGD_PARAMS, SGD_SAMPLE_RATE, SGD_STEPS,
+    SGD_LEARNING_RATE, SGD_NOISE, SGD_PARAMS, SGD_SAMPLE_RATE, SGD_STEPS, UnitRule,
 };
 use super::params::{Neighbours, Params, literal_params, plan_error};
 use crate::noise::SecureRng;
@@ -610,6 +610,7 @@ pub const DP_LINREG_SGD: Aggregate = Aggregate {
     data: MODEL_DATA,
     params: SGD_PARAMS,
     requirements: &[],
+    units: UnitRule::PerUnit,
     replaces: &[],
     internal: false,
     udaf: dp_linreg_sgd_udaf,
@@ -625,6 +626,7 @@ pub const DP_LOGREG_SGD: Aggregate = Aggregate {
     data: MODEL_DATA,
     params: SGD_PARAMS,
     requirements: &[],
+    units: UnitRule::PerUnit,
     replaces: &[],
     internal: false,
     udaf: dp_logreg_sgd_udaf,
@@ -660,6 +662,7 @@ pub const DP_MLP_SGD: Aggregate = Aggregate {
         NEIGHBOURS,
     ],
     requirements: &[],
+    units: UnitRule::PerUnit,
     replaces: &[],
     internal: false,
     udaf: dp_mlp_sgd_udaf,

@@ -87,7 +87,9 @@ use datafusion::logical_expr::{
 
 use super::common::{DOC_SECTION_DP, DataArg, call_literals, coerce_args};
 use super::declaration::Default as ParamDefault;
-use super::declaration::{self, Aggregate, LOWER, NEIGHBOURS, PURE_EPSILON, UPPER, VALUE};
+use super::declaration::{
+    self, Aggregate, LOWER, NEIGHBOURS, PURE_EPSILON, UPPER, UnitRule, VALUE,
+};
 use super::params::{Neighbours, Params, plan_error};
 use crate::mechanisms::exact::FixedPoint;
 use crate::mechanisms::exponential::{rate_down, sample_permute_and_flip};
@@ -671,6 +673,7 @@ pub const DP_QUANTILE: Aggregate = Aggregate {
         NEIGHBOURS,
     ],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &[
         "percentile_cont",
         "approx_percentile_cont",
@@ -693,6 +696,7 @@ pub const DP_MEDIAN: Aggregate = Aggregate {
     data: &[VALUE],
     params: &[LOWER, UPPER, PURE_EPSILON, declaration::BINS, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &["median", "approx_median"],
     internal: false,
     udaf: dp_median_udaf,
@@ -723,6 +727,7 @@ pub const DP_QUANTILES: Aggregate = Aggregate {
         NEIGHBOURS,
     ],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &[],
     internal: false,
     udaf: dp_quantiles_udaf,

@@ -43,7 +43,7 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::declaration::{
-    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
+    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, UnitRule, VALUE,
 };
 use super::params::{Mechanism, Neighbours, Params, SQRT_2_UP, representable};
 use crate::mechanisms::exact::FixedPoint;
@@ -270,6 +270,7 @@ pub const DP_SUM: Aggregate = Aggregate {
     data: &[VALUE],
     params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Total,
     replaces: &["sum"],
     internal: false,
     udaf: dp_sum_udaf,

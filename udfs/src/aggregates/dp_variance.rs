@@ -71,7 +71,7 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::{DataArg, Fin};
 use super::declaration::{
-    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
+    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, UnitRule, VALUE,
 };
 use super::dp_mean::CBRT_4;
 use super::dp_mean::MeanParams;
@@ -575,6 +575,7 @@ pub const DP_VARIANCE: Aggregate = Aggregate {
     data: &[VALUE],
     params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &["var_pop", "var", "var_samp", "variance"],
     internal: false,
     udaf: dp_variance_udaf,
@@ -591,6 +592,7 @@ pub const DP_STDDEV: Aggregate = Aggregate {
     data: &[VALUE],
     params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &["stddev_pop", "stddev", "stddev_samp"],
     internal: false,
     udaf: dp_stddev_udaf,

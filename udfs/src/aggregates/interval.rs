@@ -250,10 +250,8 @@ macro_rules! ci_variant {
         }
 
         #[doc = concat!(
-                            "The declaration of `", $name, "`, generated from its base's ",
-                            "(`interval::ci_variant!`; listed in ",
-                            "[`crate::aggregates::registry::AGGREGATES`])."
-                        )]
+                    "The declaration of `", $name, "`, generated from its base's (`ci_variant!`)."
+                )]
         pub const $ci: $crate::aggregates::declaration::Aggregate =
             $crate::aggregates::declaration::Aggregate {
                 name: $name,
@@ -263,6 +261,7 @@ macro_rules! ci_variant {
                     { $base.params.len() + 1 },
                 >($base.params),
                 requirements: $base.requirements,
+                units: $base.units,
                 replaces: &[],
                 internal: $base.internal,
                 udaf: $udaf_fn,

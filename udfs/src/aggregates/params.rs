@@ -162,7 +162,7 @@ pub(crate) fn representable<T>(
 /// error (a panic), caught by the test `every_declared_parameter_is_read`, which also checks
 /// that every declared parameter is read.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Params<'a> {
+pub struct Params<'a> {
     declaration: &'static Aggregate,
     args: &'a [ScalarValue],
 }

@@ -74,7 +74,7 @@ use datafusion::logical_expr::AggregateUDF;
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS, ROWS};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS, ROWS, UnitRule};
 use super::params::{Neighbours, Params, SQRT_2_UP, representable};
 use crate::mechanisms::GaussianMechanism;
 use crate::mechanisms::exact::{FixedPoint, release_exact};
@@ -248,6 +248,7 @@ pub const DP_PARTITION_SELECT: Aggregate = Aggregate {
     data: &[ROWS],
     params: &[EPSILON, DELTA, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Once,
     replaces: &[],
     internal: true,
     udaf: dp_partition_select_udaf,

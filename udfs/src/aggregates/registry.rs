@@ -11,7 +11,7 @@
 //! type, not a literal and not a parameter: it is not in `params`), and refuse a unit-level call
 //! without it; the guard strips it before calling `cost`, which reads the literals only.
 pub use super::declaration::{
-    Aggregate, CostFn, DataArg, Default, Kind, NoiseFn, Param, Requirement,
+    Aggregate, CostFn, DataArg, Default, Kind, NoiseFn, Param, Requirement, UnitRule,
 };
 
 /// Every dpfusion DP aggregate: one line per function, its declaration in its own file.

@@ -79,7 +79,7 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_param, is_number};
-use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS, UnitRule};
 use super::params::{Neighbours, Params, literal_params, plan_error};
 use crate::mechanisms::rgm::wide::ExactSum;
 use crate::mechanisms::rgm::{
@@ -745,6 +745,11 @@ pub const RGM_MEAN_BY: Aggregate = Aggregate {
         declaration::Requirement::PublicGroupSizes,
         declaration::Requirement::DeclaredRatio,
     ],
+    units: UnitRule::Refused {
+        needs: "public group sizes",
+        why: "a unit's number of rows, and so every group's size, is private",
+        instead: "Use dp_mean per group instead.",
+    },
     replaces: &[],
     internal: false,
     udaf: rgm_mean_by_udaf,
