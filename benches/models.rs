@@ -181,7 +181,7 @@ async fn main() {
         let mut rng = SecureRng::from_os_entropy();
         for _ in 0..T as usize * p {
             std::hint::black_box(
-                dpfusion_udfs::aggregates::exact::release_exact(&gd.grad_mech, &mut rng, 0, 0)
+                dpfusion_udfs::mechanisms::exact::release_exact(&gd.grad_mech, &mut rng, 0, 0)
                     .unwrap(),
             );
         }

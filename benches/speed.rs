@@ -178,7 +178,7 @@ fn arg(flag: &str) -> Option<String> {
 /// GROUP BY scatter of `avg` against the DP one. Best of `reps`, ns per value, one thread.
 fn kernels(n: usize, reps: usize) {
     use datafusion::arrow::compute::sum;
-    use dpfusion_udfs::aggregates::exact::{FixedPoint, SumPath, count_nan};
+    use dpfusion_udfs::mechanisms::exact::{FixedPoint, SumPath, count_nan};
     let (_, batches) = data(n, 1000, n);
     let x = batches[0]
         .column(1)

@@ -16,8 +16,8 @@ use datafusion::arrow::array::{Array, ArrayRef, Float64Array, Int64Array, Record
 use datafusion::parquet::arrow::ArrowWriter;
 use dpfusion::distributed::start_local_cluster;
 use dpfusion::dpfusion_udfs::aggregates::SumParams;
-use dpfusion::dpfusion_udfs::aggregates::exact::FixedPoint;
 use dpfusion::dpfusion_udfs::mechanisms::GaussianMechanism;
+use dpfusion::dpfusion_udfs::mechanisms::exact::FixedPoint;
 use dpfusion::{PrivateSession, QueryResult, Registration, SessionOptions};
 
 /// Groups, files (= scan partitions) and rows per group in each file.

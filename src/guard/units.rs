@@ -159,7 +159,8 @@ impl Bounds {
     }
 }
 
-/// How a unit contributes to the call `name`, or why the call is refused on a unit-level table.
+/// How a unit contributes to the call `name`, or why the call is refused on a unit-level table:
+/// the rule its declaration states (`Aggregate::units`; a `_ci` variant's is its base's).
 pub fn contribution(
     name: &str,
     data: &[Expr],
@@ -167,41 +168,46 @@ pub fn contribution(
     input: &LogicalPlan,
     table: &TableInfo,
 ) -> Result<Contribution> {
+    use dpfusion_udfs::aggregates::registry::{self, UnitRule};
     let unit = table.unit.as_ref().map(|u| u.column.as_str()).unwrap_or("");
-    // A `_ci` variant contributes as its base function (`dp_mean_ci` as `dp_mean`).
-    let name = dpfusion_udfs::aggregates::registry::base_of(name).map_or(name, |a| a.name);
-    match name {
-        "dp_count" | "dp_mean" | "dp_variance" | "dp_stddev" | "dp_quantile" | "dp_median"
-        | "dp_quantiles" => Ok(Contribution::Rows),
-        "dp_sum" => Ok(Contribution::Total),
-        model if is_model(model) => Ok(Contribution::PerUnit),
-        COUNT_DISTINCT => {
+    // The guard's internal aggregates are not for analysts' calls.
+    let Some(a) = registry::get(name).filter(|a| !a.internal) else {
+        return Err(refuse(format!(
+            "{name} is not supported on table '{}', which protects privacy units",
+            table.name
+        )));
+    };
+    // Messages name the base function (`dp_count_distinct` for `dp_count_distinct_ci`).
+    let name = registry::base_of(name).map_or(a.name, |b| b.name);
+    match a.units {
+        UnitRule::Rows => Ok(Contribution::Rows),
+        UnitRule::Total => Ok(Contribution::Total),
+        UnitRule::PerUnit => Ok(Contribution::PerUnit),
+        UnitRule::Once => {
             let arg = data.first().and_then(|e| bare_column(e, input));
             if arg.as_deref() != Some(unit) {
                 return Err(refuse(format!(
-                    "dp_count_distinct counts the privacy units of table '{}': its argument must \
-                     be the unit column '{unit}' itself, e.g. dp_count_distinct({unit}, epsilon \
-                     => 1). To count the distinct values of another column, GROUP BY it and count \
-                     units per group.",
+                    "{name} counts the privacy units of table '{}': its argument must be the \
+                     unit column '{unit}' itself, e.g. {name}({unit}, epsilon => 1). To count \
+                     the distinct values of another column, GROUP BY it and count units per \
+                     group.",
                     table.name
                 )));
             }
             if has_filter {
-                return Err(refuse(
-                    "dp_count_distinct with a FILTER clause is not supported; put the condition \
-                     in WHERE",
-                ));
+                return Err(refuse(format!(
+                    "{name} with a FILTER clause is not supported; put the condition in WHERE"
+                )));
             }
             Ok(Contribution::Once)
         }
-        "rgm_mean_by" => Err(refuse(format!(
-            "rgm_mean_by needs public group sizes, but table '{}' protects privacy units \
-             (column '{unit}'): a unit's number of rows, and so every group's size, is private. \
-             Use dp_mean per group instead.",
-            table.name
-        ))),
-        other => Err(refuse(format!(
-            "{other} is not supported on table '{}', which protects privacy units",
+        UnitRule::Refused {
+            needs,
+            why,
+            instead,
+        } => Err(refuse(format!(
+            "{name} needs {needs}, but table '{}' protects privacy units (column '{unit}'): \
+             {why}. {instead}",
             table.name
         ))),
     }

@@ -385,7 +385,11 @@ fn named_defaults_match_the_udaf() {
     assert_eq!(num("max_step"), defaults::DEFAULT_MAX_STEP);
     let names: Vec<&str> = params.iter().map(|p| p.name).collect();
     let mut want = vec!["label", "features"];
-    want.extend(&dpfusion_udfs::aggregates::AgdParams::NAMES[..9]);
+    want.extend(
+        dpfusion_udfs::aggregates::dp_logreg_agd::DP_LOGREG_AGD
+            .user_params()
+            .map(|p| p.name),
+    );
     assert_eq!(names, want);
     assert_eq!(PATIENTS_ROWS, 20_000);
     let _: Option<ArrayRef> = None;

@@ -302,9 +302,9 @@ fn named_defaults_match_the_udaf() {
     let names: Vec<&str> = params.iter().map(|p| p.name).collect();
     let mut want = vec!["label", "features"];
     want.extend(
-        dpfusion_udfs::aggregates::LinregParams::NAMES
-            .iter()
-            .filter(|n| **n != "neighbours"),
+        dpfusion_udfs::aggregates::dp_linreg_gd::DP_LINREG_GD
+            .user_params()
+            .map(|p| p.name),
     );
     assert_eq!(names, want);
     assert!(matches!(

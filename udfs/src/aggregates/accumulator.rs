@@ -8,9 +8,9 @@
 //! group, computed from the same exact totals as a single-partition plan.
 //!
 //! State layout (fields in this order, each present when the function's [`Shape`] says so):
-//! - `sum`: `Decimal128(38, 0)`, the sum of fixed-point integers (see [`super::exact`]);
+//! - `sum`: `Decimal128(38, 0)`, the sum of fixed-point integers (see [`crate::mechanisms::exact`]);
 //! - `sum_sq`: `Decimal128(38, 0)`, the sum of the squared centred integers on their own grid
-//!   ([`super::exact::SquareGrid`]; `dp_variance`, `dp_stddev`);
+//!   ([`crate::mechanisms::exact::SquareGrid`]; `dp_variance`, `dp_stddev`);
 //! - `count`: `Int64`, the number of non-NULL, non-NaN values;
 //! - `rows`: `Int64`, the number of rows that reached the aggregate (after its FILTER).
 use std::fmt::Debug;
@@ -27,7 +27,7 @@ use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{Accumulator, EmitTo, GroupsAccumulator};
 
-use super::exact::{FixedPoint, SquareGrid, count_nan};
+use crate::mechanisms::exact::{FixedPoint, SquareGrid, count_nan};
 use crate::noise::SecureRng;
 
 /// Precision and scale of the `sum` state field.
@@ -741,7 +741,7 @@ impl Accumulator for DpAccumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregates::exact::SumPath;
+    use crate::mechanisms::exact::SumPath;
 
     /// A release that only carries the shape and the grid (the tests read the exact partials).
     #[derive(Debug)]

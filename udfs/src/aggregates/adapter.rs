@@ -96,27 +96,9 @@ impl<P: DpFunction> DpUdaf<P> {
     }
 
     fn finaliser(&self, args: &AccumulatorArgs) -> Result<Fin> {
-        let names: Vec<&str> = P::declaration().params.iter().map(|p| p.name).collect();
-        let lits = call_literals(P::NAME, &names, args)?;
+        let lits = call_literals(P::declaration(), args)?;
         (P::spec().release)(&lits).map_err(|e| plan_error(P::NAME, e))
     }
-}
-
-/// The coercion of a declared function's arguments: its data arguments of kind `data`, then the
-/// literal parameters of its registry entry (names, and how many are required).
-pub(crate) fn coerce_declared(
-    a: &Aggregate,
-    data: DataArg,
-    arg_types: &[DataType],
-) -> Result<Vec<DataType>> {
-    let name = a.name;
-    let names: Vec<&str> = a.params.iter().map(|p| p.name).collect();
-    let required = a
-        .params
-        .iter()
-        .filter(|p| p.default == ParamDefault::Required)
-        .count();
-    coerce_args(name, data, &names, required, arg_types)
 }
 
 /// `Debug`, `PartialEq`, `Eq` and `Hash` for a UDAF struct `$t<P>` with fields `signature` and
@@ -204,7 +186,7 @@ impl<P: DpFunction> AggregateUDFImpl for DpUdaf<P> {
         &self.signature
     }
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_declared(P::declaration(), P::spec().data, arg_types)
+        coerce_args(P::declaration(), P::spec().data, arg_types)
     }
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(P::spec().returns.clone())

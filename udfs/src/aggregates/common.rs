@@ -7,6 +7,7 @@ use datafusion::logical_expr::DocSection;
 use datafusion::logical_expr::function::AccumulatorArgs;
 
 use super::accumulator::Finalise;
+use super::declaration::{Aggregate, Default as ParamDefault, Kind, Param};
 use super::params::{Neighbours, literal_params};
 
 /// The documentation section of every dpfusion DP aggregate.
@@ -37,26 +38,35 @@ pub(crate) fn is_number(t: &DataType) -> bool {
     }
 }
 
-/// The argument types of a call: the data column (numeric → Float64, or any type), then
-/// `required ..= params.len()` parameters (`neighbours` a string, the others numbers → Float64).
+/// The argument types of a call of `declaration`: its data column (numeric → Float64, or any
+/// type), then its declared parameters, each by its [`Kind`] ([`coerce_param`]); between the
+/// required parameters and all of them may be given.
 pub(crate) fn coerce_args(
-    function: &str,
+    declaration: &Aggregate,
     data: DataArg,
-    params: &[&str],
-    required: usize,
     arg_types: &[DataType],
 ) -> Result<Vec<DataType>> {
+    let function = declaration.name;
+    let params = declaration.params;
+    let required = params
+        .iter()
+        .filter(|p| p.default == ParamDefault::Required)
+        .count();
     let n = arg_types.len();
     if n < 1 + required || n > 1 + params.len() {
         let optional = params[required..]
             .iter()
-            .map(|p| format!("[, {p}]"))
+            .map(|p| format!("[, {}]", p.name))
             .collect::<String>();
+        let names = params[..required]
+            .iter()
+            .map(|p| p.name)
+            .collect::<Vec<_>>()
+            .join(", ");
         return plan_err!(
-            "{function} takes {} to {} arguments: {function}(value, {}{optional}), got {n}",
+            "{function} takes {} to {} arguments: {function}(value, {names}{optional}), got {n}",
             1 + required,
-            1 + params.len(),
-            params[..required].join(", ")
+            1 + params.len()
         );
     }
     let value = match data {
@@ -70,29 +80,31 @@ pub(crate) fn coerce_args(
         }
     };
     let mut out = vec![value];
-    for (name, t) in params.iter().zip(&arg_types[1..]) {
-        out.push(coerce_param(function, name, t)?);
+    for (p, t) in params.iter().zip(&arg_types[1..]) {
+        out.push(coerce_param(function, p, t)?);
     }
     Ok(out)
 }
 
-/// The type of a literal parameter `name` of `function`: `neighbours` and `mechanism` strings,
-/// `fit_intercept` a boolean (or a number, 0 or 1), every other parameter a number (→ Float64).
-/// A wrong type is a planning error naming the argument.
-pub(crate) fn coerce_param(function: &str, name: &str, t: &DataType) -> Result<DataType> {
-    Ok(match name {
-        "neighbours" | "mechanism" | "noise" => match t {
+/// The type of the literal parameter `p` of `function`, by its [`Kind`]: a string (`Text`), a
+/// boolean or a number 0/1 (`Bool`), a list of numbers (`NumberList`), a number → Float64
+/// (`Number`). A wrong type is a planning error naming the parameter.
+pub(crate) fn coerce_param(function: &str, p: &Param, t: &DataType) -> Result<DataType> {
+    let name = p.name;
+    Ok(match p.kind {
+        Kind::Text => match t {
             DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => t.clone(),
             DataType::Null => DataType::Utf8,
-            t if name == "neighbours" => {
+            // The hidden parameter is the neighbour mode, set by the session.
+            t if p.default == ParamDefault::Hidden => {
                 return plan_err!(
-                    "{function}: `neighbours` must be a string literal ({}), got {t}",
+                    "{function}: `{name}` must be a string literal ({}), got {t}",
                     Neighbours::ACCEPTED
                 );
             }
             t => return plan_err!("{function}: `{name}` must be a string literal, got {t}"),
         },
-        "quantiles" => match t {
+        Kind::NumberList => match t {
             DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _)
                 if is_number(f.data_type()) =>
             {
@@ -100,18 +112,18 @@ pub(crate) fn coerce_param(function: &str, name: &str, t: &DataType) -> Result<D
             }
             t => {
                 return plan_err!(
-                    "{function}: `quantiles` must be a list of numbers in [0, 1] \
-                     ([0.25, 0.5, 0.75]), got {t}"
+                    "{function}: `{name}` must be a list of numbers ({}), got {t}",
+                    p.doc
                 );
             }
         },
-        "fit_intercept" => match t {
+        Kind::Bool => match t {
             DataType::Boolean | DataType::Null => DataType::Boolean,
             t if is_number(t) => DataType::Float64,
-            t => return plan_err!("{function}: `fit_intercept` must be true or false, got {t}"),
+            t => return plan_err!("{function}: `{name}` must be true or false, got {t}"),
         },
-        _ if is_number(t) => DataType::Float64,
-        _ => return plan_err!("{function}: `{name}` must be a number literal, got {t}"),
+        Kind::Number if is_number(t) => DataType::Float64,
+        Kind::Number => return plan_err!("{function}: `{name}` must be a number literal, got {t}"),
     })
 }
 
@@ -131,16 +143,15 @@ pub(crate) fn coerce_features(function: &str, t: &DataType) -> Result<DataType> 
     }
 }
 
-/// Validates the call shape and reads its literal parameters.
+/// Validates the call shape and reads the literal parameters of a call of `declaration`.
 pub(crate) fn call_literals(
-    function: &str,
-    names: &[&str],
+    declaration: &Aggregate,
     args: &AccumulatorArgs,
 ) -> Result<Vec<datafusion::common::ScalarValue>> {
     if args.is_distinct {
-        return plan_err!("{function} does not support DISTINCT");
+        return plan_err!("{} does not support DISTINCT", declaration.name);
     }
-    literal_params(function, names, args.exprs, 1)
+    literal_params(declaration, args.exprs)
 }
 
 /// Shorthand for the boxed finaliser type.

@@ -62,6 +62,32 @@ pub enum Requirement {
     DeclaredRatio,
 }
 
+/// How one privacy unit contributes to a call on a unit-level table (`units:K:C` neighbours):
+/// what the guard bounds before the aggregate (the root crate's src/guard/units.rs reads it;
+/// docs/PRIVACY.md, "Privacy units"). Every unit reaches at most K groups (L0); within a group:
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitRule {
+    /// At most C rows of each (unit, group) (`dp_count`, `dp_mean`, …): calibrated for
+    /// `units:K:C`.
+    Rows,
+    /// One value per (unit, group), the unit's total, clamped by the call (`dp_sum`):
+    /// `units:K:1`.
+    Total,
+    /// Once per (unit, group); the data argument must be the unit column itself
+    /// (`dp_count_distinct`, partition selection): `units:K:1`.
+    Once,
+    /// Every row, with the unit key passed after the parameters; the call clips each unit's
+    /// summed gradient (the models): `units:K:1`.
+    PerUnit,
+    /// Refused on a unit-level table: "`name` needs `needs`, but table … protects privacy units
+    /// (column …): `why`. `instead`".
+    Refused {
+        needs: &'static str,
+        why: &'static str,
+        instead: &'static str,
+    },
+}
+
 /// What a call costs: from its data arguments' shape (never data) and its literal parameters.
 pub type CostFn = fn(&[Expr], &[ScalarValue]) -> Result<Vec<Event>, PrivacyError>;
 
@@ -72,9 +98,12 @@ pub struct Aggregate {
     /// One line: what it releases.
     pub summary: &'static str,
     pub data: &'static [DataArg],
-    /// In positional order (what the parameter struct's `from_literals` reads).
+    /// In positional order; the parameter struct's `from_literals` reads them by name through
+    /// this list ([`super::params::Params`]), and the coercion types them by [`Kind`].
     pub params: &'static [Param],
     pub requirements: &'static [Requirement],
+    /// How a unit contributes on a unit-level table (the guard's bounding).
+    pub units: UnitRule,
     /// Non-private SQL aggregates this one replaces (for the guard's advice).
     pub replaces: &'static [&'static str],
     /// Internal (inserted by the guard; not for users).
@@ -84,7 +113,7 @@ pub struct Aggregate {
     /// argument ([`super::all_udafs_insecure_seeded`]).
     pub seeded: fn(u64) -> AggregateUDF,
     /// The privacy events of a call, from the shape of its data arguments as written (never
-    /// data) and its literal parameters in positional order. Never reads data.
+    /// data) and its literal parameters in declared order. Never reads data.
     pub cost: CostFn,
     /// The noise a call's release gets, from its literal parameters (EXPLAIN PRIVACY), when the
     /// function says (`None`: not described).
@@ -103,6 +132,18 @@ impl Aggregate {
     /// The positional index of parameter `name` among the parameters (after the data).
     pub fn position(&self, name: &str) -> Option<usize> {
         self.params.iter().position(|p| p.name == name)
+    }
+
+    /// The argument index of a unit-level model call's privacy-unit key: after the data
+    /// arguments and every parameter ([`super::registry`], module docs).
+    pub const fn unit_key_index(&self) -> usize {
+        self.data.len() + self.params.len()
+    }
+
+    /// The names of the data arguments and then of the parameters, as the signature lists them.
+    pub fn argument_names(&self) -> Vec<&'static str> {
+        let data = self.data.iter().map(|d| d.name);
+        data.chain(self.params.iter().map(|p| p.name)).collect()
     }
 
     /// The call's signature as users write it, e.g. `dp_sum(value, lower, upper, epsilon[, delta])`.
@@ -207,7 +248,7 @@ pub const SGD_NOISE: Param = Param {
     default: Default::Text("independent"),
     doc: "'independent' (Poisson DP-SGD) or 'mf' (one pass, correlated noise)",
 };
-/// The parameters of `dp_linreg_sgd` and `dp_logreg_sgd` (`SgdParams::NAMES`).
+/// The parameters of `dp_linreg_sgd` and `dp_logreg_sgd`.
 pub const SGD_PARAMS: &[Param] = &[
     EPSILON,
     DELTA,

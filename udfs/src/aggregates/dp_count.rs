@@ -34,13 +34,11 @@ use datafusion::logical_expr::AggregateUDF;
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::declaration::{self, Aggregate, COUNTED, DELTA, EPSILON, MECHANISM, NEIGHBOURS};
-use super::exact::FixedPoint;
-use super::interval::DpCiUdaf;
-use super::params::{
-    Mechanism, Neighbours, SQRT_2_UP, check_count, delta_at, epsilon_at, neighbours_at,
-    representable,
+use super::declaration::{
+    self, Aggregate, COUNTED, DELTA, EPSILON, MECHANISM, NEIGHBOURS, UnitRule,
 };
+use super::params::{Mechanism, Neighbours, Params, SQRT_2_UP, representable};
+use crate::mechanisms::exact::FixedPoint;
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
@@ -55,27 +53,18 @@ pub struct CountParams {
 }
 
 impl CountParams {
-    /// Parameter names after the data column, in positional order.
-    pub const NAMES: [&'static str; 4] = ["epsilon", "delta", "mechanism", "neighbours"];
-
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            mechanism: Mechanism::at(args, 2)?,
-            neighbours: neighbours_at(args, 3)?,
-        })
+        Self::read(&Params::new(&DP_COUNT, args)?)
     }
 
-    /// `(epsilon, delta, neighbours)` without a mechanism (Gaussian): `dp_count_distinct`.
-    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &["epsilon", "delta", "neighbours"])?;
+    /// From the literals of `dp_count` or of a function declaring a subset of its parameters
+    /// (`dp_count_distinct`: no `mechanism`, so Gaussian).
+    pub(crate) fn read(p: &Params) -> Result<Self, PrivacyError> {
         Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            mechanism: Mechanism::Gaussian,
-            neighbours: neighbours_at(args, 2)?,
+            epsilon: p.epsilon()?,
+            delta: p.delta()?,
+            mechanism: p.mechanism()?,
+            neighbours: p.neighbours()?,
         })
     }
     /// The Gaussian-DP parameter of the whole call.
@@ -218,21 +207,6 @@ impl Finalise for CountRelease {
     }
 }
 
-impl super::interval::DpInterval for CountParams {
-    const CI_NAME: &'static str = "dp_count_ci";
-    fn ci_declaration() -> &'static Aggregate {
-        &DP_COUNT_CI
-    }
-}
-
-/// The `dp_count_ci` UDAF ([`super::interval`]).
-pub type DpCountCi = DpCiUdaf<CountParams>;
-
-/// `dp_count_ci` as an [`AggregateUDF`].
-pub fn dp_count_ci_udaf() -> AggregateUDF {
-    DpCountCi::udaf()
-}
-
 /// The declaration of `dp_count` (listed in [`super::registry::AGGREGATES`]).
 pub const DP_COUNT: Aggregate = Aggregate {
     name: "dp_count",
@@ -240,6 +214,7 @@ pub const DP_COUNT: Aggregate = Aggregate {
     data: &[COUNTED],
     params: &[EPSILON, DELTA, MECHANISM, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &["count"],
     internal: false,
     udaf: dp_count_udaf,
@@ -248,18 +223,7 @@ pub const DP_COUNT: Aggregate = Aggregate {
     noise: super::adapter::spec_noise::<CountParams>,
 };
 
-/// The declaration of `dp_count_ci` (listed in [`super::registry::AGGREGATES`]).
-pub const DP_COUNT_CI: Aggregate = Aggregate {
-    name: "dp_count_ci",
-    summary: "dp_count's release with its confidence interval: \
-              Struct{value, lower, upper, confidence, stddev}",
-    data: &[COUNTED],
-    params: &declaration::with_confidence::<{ DP_COUNT.params.len() + 1 }>(DP_COUNT.params),
-    requirements: &[],
-    replaces: &[],
-    internal: false,
-    udaf: dp_count_ci_udaf,
-    seeded: |seed| super::interval::DpCiUdaf::<CountParams>::with_insecure_seed(seed).into(),
-    cost: super::interval::ci_cost::<CountParams>,
-    noise: super::interval::ci_noise::<CountParams>,
-};
+super::interval::ci_variant!(CountParams, DP_COUNT => DP_COUNT_CI, "dp_count_ci",
+    DpCountCi, dp_count_ci_udaf,
+    "dp_count's release with its confidence interval: \
+     Struct{value, lower, upper, confidence, stddev}");

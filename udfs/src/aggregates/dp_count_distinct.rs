@@ -20,9 +20,10 @@ use datafusion::logical_expr::AggregateUDF;
 use super::accumulator::Shape;
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS, UnitRule};
 use super::dp_count::CountParams;
 use super::dp_count::CountRelease;
+use super::params::Params;
 use crate::privacy::{Event, PrivacyError};
 
 /// `dp_count_distinct(unit, epsilon, delta, neighbours)`: [`CountParams`] in a units mode.
@@ -30,10 +31,8 @@ use crate::privacy::{Event, PrivacyError};
 pub struct CountDistinctParams(pub CountParams);
 
 impl CountDistinctParams {
-    pub const NAMES: [&'static str; 3] = ["epsilon", "delta", "neighbours"];
-
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        let p = CountParams::gaussian_from_literals(args)?;
+        let p = CountParams::read(&Params::new(&DP_COUNT_DISTINCT, args)?)?;
         if !p.neighbours.is_units() {
             return Err(PrivacyError::invalid(
                 "unit",
@@ -66,21 +65,6 @@ impl DpFunction for CountDistinctParams {
     fn declaration() -> &'static Aggregate {
         &DP_COUNT_DISTINCT
     }
-}
-
-impl super::interval::DpInterval for CountDistinctParams {
-    const CI_NAME: &'static str = "dp_count_distinct_ci";
-    fn ci_declaration() -> &'static Aggregate {
-        &DP_COUNT_DISTINCT_CI
-    }
-}
-
-/// The `dp_count_distinct_ci` UDAF ([`super::interval`]).
-pub type DpCountDistinctCi = super::interval::DpCiUdaf<CountDistinctParams>;
-
-/// `dp_count_distinct_ci` as an [`AggregateUDF`].
-pub fn dp_count_distinct_ci_udaf() -> AggregateUDF {
-    DpCountDistinctCi::udaf()
 }
 
 static SPEC: Spec = Spec {
@@ -117,6 +101,7 @@ pub const DP_COUNT_DISTINCT: Aggregate = Aggregate {
     }],
     params: &[EPSILON, DELTA, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Once,
     replaces: &[],
     internal: false,
     udaf: dp_count_distinct_udaf,
@@ -131,24 +116,6 @@ pub const DP_COUNT_DISTINCT: Aggregate = Aggregate {
     noise: super::adapter::spec_noise::<CountDistinctParams>,
 };
 
-/// The declaration of `dp_count_distinct_ci` (listed in [`super::registry::AGGREGATES`]).
-pub const DP_COUNT_DISTINCT_CI: Aggregate = Aggregate {
-    name: "dp_count_distinct_ci",
-    summary: "dp_count_distinct's release with its confidence interval",
-    data: &[declaration::DataArg {
-        name: "unit",
-        doc: "the table's privacy unit column",
-    }],
-    params: &declaration::with_confidence::<{ DP_COUNT_DISTINCT.params.len() + 1 }>(
-        DP_COUNT_DISTINCT.params,
-    ),
-    requirements: &[],
-    replaces: &[],
-    internal: false,
-    udaf: dp_count_distinct_ci_udaf,
-    seeded: |seed| {
-        super::interval::DpCiUdaf::<CountDistinctParams>::with_insecure_seed(seed).into()
-    },
-    cost: super::interval::ci_cost::<CountDistinctParams>,
-    noise: super::interval::ci_noise::<CountDistinctParams>,
-};
+super::interval::ci_variant!(CountDistinctParams, DP_COUNT_DISTINCT => DP_COUNT_DISTINCT_CI,
+    "dp_count_distinct_ci", DpCountDistinctCi, dp_count_distinct_ci_udaf,
+    "dp_count_distinct's release with its confidence interval");

@@ -51,11 +51,8 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
-use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS};
-use super::params::{
-    Neighbours, boolean, delta_at, epsilon_at, literal_params, number, plan_error, representable,
-    text,
-};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, UnitRule};
+use super::params::{Neighbours, Params, literal_params, plan_error, representable};
 use crate::noise::SecureRng;
 use crate::optim::linreg::{
     GaussianGd, RGM_GRID_BITS, RGM_MIN_GRID_BITS, RgmGd, rgm_gamma_acc, rgm_sigma,
@@ -113,8 +110,8 @@ pub struct LinregParams {
     pub neighbours: Neighbours,
 }
 
-fn positive(args: &[ScalarValue], i: usize, name: &str, default: f64) -> Result<f64, PrivacyError> {
-    let v = number(args, i, name)?.unwrap_or(default);
+fn positive(p: &Params, name: &'static str, default: f64) -> Result<f64, PrivacyError> {
+    let v = p.number(name)?.unwrap_or(default);
     if v.is_finite() && v > 0.0 {
         Ok(v)
     } else {
@@ -122,14 +119,8 @@ fn positive(args: &[ScalarValue], i: usize, name: &str, default: f64) -> Result<
     }
 }
 
-fn whole(
-    args: &[ScalarValue],
-    i: usize,
-    name: &str,
-    default: f64,
-    max: f64,
-) -> Result<f64, PrivacyError> {
-    let v = number(args, i, name)?.unwrap_or(default);
+fn whole(p: &Params, name: &'static str, default: f64, max: f64) -> Result<f64, PrivacyError> {
+    let v = p.number(name)?.unwrap_or(default);
     if v.is_finite() && v >= 1.0 && v <= max && v.fract() == 0.0 {
         Ok(v)
     } else {
@@ -142,48 +133,27 @@ fn whole(
 }
 
 impl LinregParams {
-    /// Parameter names after the two data columns, in positional order.
-    pub const NAMES: [&'static str; 12] = [
-        "epsilon",
-        "delta",
-        "iterations",
-        "clip",
-        "learning_rate",
-        "l2",
-        "fit_intercept",
-        "mechanism",
-        "feature_bound",
-        "label_bound",
-        "min_rows",
-        "neighbours",
-    ];
-
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        if args.len() > Self::NAMES.len() {
-            return Err(PrivacyError::invalid(
-                "arguments",
-                format!("{} parameters after label and features", args.len()),
-                &format!("at most {}: {}", Self::NAMES.len(), Self::NAMES.join(", ")),
-            ));
-        }
-        let epsilon = epsilon_at(args, 0)?;
-        let delta = delta_at(args, 1)?;
+        let p = Params::new(&DP_LINREG_GD, args)?;
+        let epsilon = p.epsilon()?;
+        let delta = p.delta()?;
         let iterations = whole(
-            args,
-            2,
+            &p,
             "iterations",
             defaults::ITERATIONS as f64,
             MAX_ITERATIONS as f64,
         )? as u32;
-        let clip = positive(args, 3, "clip", defaults::CLIP)?;
-        let learning_rate = positive(args, 4, "learning_rate", defaults::LEARNING_RATE)?;
-        let l2 = number(args, 5, "l2")?.unwrap_or(defaults::L2);
+        let clip = positive(&p, "clip", defaults::CLIP)?;
+        let learning_rate = positive(&p, "learning_rate", defaults::LEARNING_RATE)?;
+        let l2 = p.number("l2")?.unwrap_or(defaults::L2);
         if !(l2.is_finite() && l2 >= 0.0) {
             return Err(PrivacyError::invalid("l2", l2, "a finite number >= 0"));
         }
-        let fit_intercept = boolean(args, 6, "fit_intercept")?.unwrap_or(defaults::FIT_INTERCEPT);
+        let fit_intercept = p
+            .boolean("fit_intercept")?
+            .unwrap_or(defaults::FIT_INTERCEPT);
         let accepted = "'gaussian' or 'rgm'";
-        let mechanism = match text(args, 7, "mechanism", accepted)? {
+        let mechanism = match p.text("mechanism", accepted)? {
             None | Some("gaussian") => LinregMechanism::Gaussian,
             Some("rgm") => LinregMechanism::Rgm,
             Some(other) => {
@@ -194,13 +164,10 @@ impl LinregParams {
                 ));
             }
         };
-        let feature_bound = positive(args, 8, "feature_bound", defaults::FEATURE_BOUND)?;
-        let label_bound = positive(args, 9, "label_bound", defaults::LABEL_BOUND)?;
-        let min_rows = whole(args, 10, "min_rows", defaults::MIN_ROWS as f64, 1e15)? as u64;
-        let neighbours = match text(args, 11, "neighbours", Neighbours::ACCEPTED)? {
-            None => Neighbours::default(),
-            Some(s) => Neighbours::parse(s)?,
-        };
+        let feature_bound = positive(&p, "feature_bound", defaults::FEATURE_BOUND)?;
+        let label_bound = positive(&p, "label_bound", defaults::LABEL_BOUND)?;
+        let min_rows = whole(&p, "min_rows", defaults::MIN_ROWS as f64, 1e15)? as u64;
+        let neighbours = p.neighbours()?;
         let p = LinregParams {
             epsilon,
             delta,
@@ -403,11 +370,9 @@ impl DpLinregGd {
     pub const NAME: &'static str = "dp_linreg_gd";
 
     pub fn new() -> Self {
-        let mut names = vec!["label".to_string(), "features".to_string()];
-        names.extend(LinregParams::NAMES.iter().map(|s| s.to_string()));
         Self {
             signature: Signature::user_defined(Volatility::Volatile)
-                .with_parameter_names(names)
+                .with_parameter_names(DP_LINREG_GD.argument_names())
                 .expect("user-defined signatures accept parameter names"),
             insecure_seed: None,
         }
@@ -442,13 +407,13 @@ impl AggregateUDFImpl for DpLinregGd {
         let n = arg_types.len();
         // One more argument than the parameters: the privacy-unit key after `neighbours`
         // (unit-level calls only; checked against `neighbours` when the accumulator is built).
-        if n < 3 || n > 3 + LinregParams::NAMES.len() {
+        if n < 3 || n > 1 + DP_LINREG_GD.unit_key_index() {
             return plan_err!(
                 "{name} takes 3 to {} arguments: {name}(label, features, epsilon[, delta[, \
                  iterations[, clip[, learning_rate[, l2[, fit_intercept[, mechanism[, \
                  feature_bound[, label_bound[, min_rows]]]]]]]]]]) (and, set by the session, \
                  neighbours and a privacy-unit key), got {n}",
-                2 + LinregParams::NAMES.len()
+                DP_LINREG_GD.unit_key_index()
             );
         }
         let label = match &arg_types[0] {
@@ -461,10 +426,10 @@ impl AggregateUDFImpl for DpLinregGd {
         };
         let features = coerce_features(name, &arg_types[1])?;
         let mut out = vec![label, features];
-        for (pname, t) in LinregParams::NAMES.iter().zip(&arg_types[2..]) {
-            out.push(coerce_param(name, pname, t)?);
+        for (p, t) in DP_LINREG_GD.params.iter().zip(&arg_types[2..]) {
+            out.push(coerce_param(name, p, t)?);
         }
-        if let Some(key) = arg_types.get(2 + LinregParams::NAMES.len()) {
+        if let Some(key) = arg_types.get(DP_LINREG_GD.unit_key_index()) {
             check_key_type(name, key)?;
             // The privacy-unit key: any type, kept as it is (compared by value, module docs).
             out.push(key.clone());
@@ -479,8 +444,12 @@ impl AggregateUDFImpl for DpLinregGd {
         if args.is_distinct {
             return plan_err!("{name} does not support DISTINCT");
         }
-        let (exprs, key) = split_unit_key(args.exprs, 2, LinregParams::NAMES.len());
-        let lits = literal_params(name, &LinregParams::NAMES, exprs, 2)?;
+        let (exprs, key) = split_unit_key(
+            args.exprs,
+            DP_LINREG_GD.data.len(),
+            DP_LINREG_GD.params.len(),
+        );
+        let lits = literal_params(&DP_LINREG_GD, exprs)?;
         let p = LinregParams::from_literals(&lits).map_err(|e| plan_error(name, e))?;
         check_unit_key(name, p.neighbours.is_units(), key.is_some())?;
         let dims = args
@@ -509,7 +478,7 @@ impl AggregateUDFImpl for DpLinregGd {
     }
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
         // A unit-level call has the key after the parameters (the accumulator checks it).
-        let units = args.input_fields.len() > 2 + LinregParams::NAMES.len();
+        let units = args.input_fields.len() > DP_LINREG_GD.unit_key_index();
         Ok(RowBuffer::state_fields_for(args.name, units))
     }
     /// The released model does not depend on row order (exact integer gradient sums).
@@ -533,7 +502,7 @@ struct LinregAccumulator {
 impl Accumulator for LinregAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let key = if self.buffer.has_units() {
-            values.get(2 + LinregParams::NAMES.len())
+            values.get(DP_LINREG_GD.unit_key_index())
         } else {
             None
         };
@@ -732,6 +701,7 @@ pub const DP_LINREG_GD: Aggregate = Aggregate {
         NEIGHBOURS,
     ],
     requirements: &[],
+    units: UnitRule::PerUnit,
     replaces: &[],
     internal: false,
     udaf: dp_linreg_gd_udaf,

@@ -40,10 +40,8 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
-use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS};
-use super::params::{
-    Neighbours, boolean, delta_at, epsilon_at, literal_params, number, plan_error,
-};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, UnitRule};
+use super::params::{Neighbours, Params, literal_params, plan_error};
 use crate::noise::SecureRng;
 use crate::optim::agd::{AgdConfig, AgdPlan, fit, fit_units};
 use crate::optim::model::{Model, model_data_type};
@@ -99,42 +97,22 @@ fn in_range(
 }
 
 impl AgdParams {
-    /// Parameter names after the two data columns, in positional order (`neighbours` hidden).
-    pub const NAMES: [&'static str; 10] = [
-        "epsilon",
-        "delta",
-        "clip_grad",
-        "clip_obj",
-        "splits",
-        "gamma",
-        "l2",
-        "fit_intercept",
-        "max_step",
-        "neighbours",
-    ];
-
     /// From the literals after the data columns; trailing ones may be missing (defaults above).
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        if args.len() > Self::NAMES.len() {
-            return Err(PrivacyError::invalid(
-                "arguments",
-                format!("{} parameters after label and features", args.len()),
-                &format!("at most {}: {}", Self::NAMES.len(), Self::NAMES.join(", ")),
-            ));
-        }
-        let epsilon = epsilon_at(args, 0)?;
-        let delta = delta_at(args, 1)?;
+        let p = Params::new(&DP_LOGREG_AGD, args)?;
+        let epsilon = p.epsilon()?;
+        let delta = p.delta()?;
         let positive = |x: f64| x > 0.0 && x <= 1e100;
         let clip_grad = in_range(
             "clip_grad",
-            number(args, 2, "clip_grad")?,
+            p.number("clip_grad")?,
             DEFAULT_CLIP_GRAD,
             positive,
             "a finite number > 0 (at most 1e100)",
         )?;
         let clip_obj = in_range(
             "clip_obj",
-            number(args, 3, "clip_obj")?,
+            p.number("clip_obj")?,
             DEFAULT_CLIP_OBJ,
             positive,
             "a finite number > 0 (at most 1e100)",
@@ -142,7 +120,7 @@ impl AgdParams {
         // 0 (the default) is automatic: a function of ε and δ only (agd.rs, "Schedule").
         let splits = in_range(
             "splits",
-            number(args, 4, "splits")?,
+            p.number("splits")?,
             DEFAULT_SPLITS,
             |x| (x == 0.0 || (1.0..=1e5).contains(&x)) && x.fract() == 0.0,
             "0 (automatic) or an integer in [1, 100000]",
@@ -154,41 +132,27 @@ impl AgdParams {
         };
         let gamma = in_range(
             "gamma",
-            number(args, 5, "gamma")?,
+            p.number("gamma")?,
             DEFAULT_GAMMA,
             |x| x > 0.0 && x <= 100.0,
             "a number in (0, 100]",
         )?;
         let l2 = in_range(
             "l2",
-            number(args, 6, "l2")?,
+            p.number("l2")?,
             DEFAULT_L2,
             |x| (0.0..=1e6).contains(&x),
             "a number in [0, 1e6]",
         )?;
-        let fit_intercept = boolean(args, 7, "fit_intercept")?.unwrap_or(true);
+        let fit_intercept = p.boolean("fit_intercept")?.unwrap_or(true);
         let max_step = in_range(
             "max_step",
-            number(args, 8, "max_step")?,
+            p.number("max_step")?,
             DEFAULT_MAX_STEP,
             |x| x > 0.0 && x <= 1e6,
             "a number in (0, 1e6]",
         )?;
-        let neighbours = match args.get(9) {
-            None => Neighbours::default(),
-            Some(
-                ScalarValue::Utf8(Some(s))
-                | ScalarValue::LargeUtf8(Some(s))
-                | ScalarValue::Utf8View(Some(s)),
-            ) => Neighbours::parse(s)?,
-            Some(v) => {
-                return Err(PrivacyError::invalid(
-                    "neighbours",
-                    format!("{v} ({})", v.data_type()),
-                    Neighbours::ACCEPTED,
-                ));
-            }
-        };
+        let neighbours = p.neighbours()?;
         let p = Self {
             epsilon,
             delta,
@@ -273,11 +237,9 @@ impl DpLogregAgd {
     pub const NAME: &'static str = "dp_logreg_agd";
 
     pub fn new() -> Self {
-        let mut names = vec!["label", "features"];
-        names.extend_from_slice(&AgdParams::NAMES);
         Self {
             signature: Signature::user_defined(Volatility::Volatile)
-                .with_parameter_names(names)
+                .with_parameter_names(DP_LOGREG_AGD.argument_names())
                 .expect("user-defined signatures accept parameter names"),
             insecure_seed: None,
         }
@@ -300,8 +262,9 @@ impl DpLogregAgd {
         if args.is_distinct {
             return plan_err!("{} does not support DISTINCT", Self::NAME);
         }
-        let (exprs, key) = split_unit_key(args.exprs, 2, AgdParams::NAMES.len());
-        let lits = literal_params(Self::NAME, &AgdParams::NAMES, exprs, 2)?;
+        let a = &DP_LOGREG_AGD;
+        let (exprs, key) = split_unit_key(args.exprs, a.data.len(), a.params.len());
+        let lits = literal_params(a, exprs)?;
         let p = AgdParams::from_literals(&lits).map_err(|e| plan_error(Self::NAME, e))?;
         check_unit_key(Self::NAME, p.neighbours.is_units(), key.is_some())?;
         Ok((p, key.is_some()))
@@ -325,12 +288,12 @@ impl AggregateUDFImpl for DpLogregAgd {
         let n = arg_types.len();
         // One more argument than the parameters: the privacy-unit key after `neighbours`
         // (unit-level calls only; checked against `neighbours` when the accumulator is built).
-        if !(3..=3 + AgdParams::NAMES.len()).contains(&n) {
+        if !(3..=1 + DP_LOGREG_AGD.unit_key_index()).contains(&n) {
             return plan_err!(
                 "{f} takes 3 to {} arguments: {f}(label, features, epsilon[, delta[, clip_grad[, \
                  clip_obj[, splits[, gamma[, l2[, fit_intercept[, max_step]]]]]]]]) (and, set by \
                  the session, neighbours and a privacy-unit key), got {n}",
-                2 + AgdParams::NAMES.len() - 1
+                DP_LOGREG_AGD.unit_key_index() - 1
             );
         }
         let label = match &arg_types[0] {
@@ -340,10 +303,10 @@ impl AggregateUDFImpl for DpLogregAgd {
         };
         let features = coerce_features(f, &arg_types[1])?;
         let mut out = vec![label, features];
-        for (name, t) in AgdParams::NAMES.iter().zip(&arg_types[2..]) {
-            out.push(coerce_param(f, name, t)?);
+        for (p, t) in DP_LOGREG_AGD.params.iter().zip(&arg_types[2..]) {
+            out.push(coerce_param(f, p, t)?);
         }
-        if let Some(key) = arg_types.get(2 + AgdParams::NAMES.len()) {
+        if let Some(key) = arg_types.get(DP_LOGREG_AGD.unit_key_index()) {
             check_key_type(f, key)?;
             // The privacy-unit key: any type, kept as it is (compared by value).
             out.push(key.clone());
@@ -374,7 +337,7 @@ impl AggregateUDFImpl for DpLogregAgd {
     }
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
         // A unit-level call has the key after the parameters (the accumulator checks it).
-        let units = args.input_fields.len() > 2 + AgdParams::NAMES.len();
+        let units = args.input_fields.len() > DP_LOGREG_AGD.unit_key_index();
         Ok(RowBuffer::state_fields_for(args.name, units))
     }
     /// Integer (exact) sums inside the fit: row order does not change the result.
@@ -398,7 +361,7 @@ struct AgdAccumulator {
 impl Accumulator for AgdAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let key = if self.buffer.has_units() {
-            values.get(2 + AgdParams::NAMES.len())
+            values.get(DP_LOGREG_AGD.unit_key_index())
         } else {
             None
         };
@@ -555,6 +518,7 @@ pub const DP_LOGREG_AGD: Aggregate = Aggregate {
         NEIGHBOURS,
     ],
     requirements: &[],
+    units: UnitRule::PerUnit,
     replaces: &[],
     internal: false,
     udaf: dp_logreg_agd_udaf,

@@ -2,7 +2,7 @@
 //! [lower, upper].
 //!
 //! # `add_remove` and `replace`: noisy sum over noisy count
-//! Centre c = (lower + upper)/2 (on the fixed-point grid; see [`super::exact`]). Two Gaussian
+//! Centre c = (lower + upper)/2 (on the fixed-point grid; see [`crate::mechanisms::exact`]). Two Gaussian
 //! releases share the call's μ = gaussian_mu(ε, δ) by μ_s² + μ_c² = μ², so the pair is μ-GDP
 //! (Dong, Roth, Su 2019) and the call (ε, δ)-DP:
 //! - S̃ = Σ (clamp(v) − c) + N(0, σ_s²), σ_s = Δ_s/μ_s, with Δ_s = (upper − lower)/2 under
@@ -79,14 +79,11 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::declaration::{
-    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
+    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, UnitRule, VALUE,
 };
-use super::exact::{FixedPoint, pow2};
-use super::interval::{DpCiUdaf, fieller, laplace_ratio_set, laplace_sum_quantile, pow2_neg18};
-use super::params::{
-    Mechanism, Neighbours, bounds_at, check_count, delta_at, epsilon_at, neighbours_at,
-    representable,
-};
+use super::interval::{fieller, laplace_ratio_set, laplace_sum_quantile, pow2_neg18};
+use super::params::{Mechanism, Neighbours, Params, representable};
+use crate::mechanisms::exact::{FixedPoint, pow2};
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::normal::phi_inv;
@@ -104,39 +101,21 @@ pub struct MeanParams {
 }
 
 impl MeanParams {
-    pub const NAMES: [&'static str; 6] = [
-        "lower",
-        "upper",
-        "epsilon",
-        "delta",
-        "mechanism",
-        "neighbours",
-    ];
-
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        let (lower, upper) = bounds_at(args, 0)?;
-        Ok(Self {
-            lower,
-            upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::at(args, 4)?,
-            neighbours: neighbours_at(args, 5)?,
-        })
+        Self::read(&Params::new(&DP_MEAN, args)?)
     }
-    /// `(lower, upper, epsilon, delta, neighbours)` without a mechanism (Gaussian):
-    /// `dp_variance`, `dp_stddev`.
-    pub fn gaussian_from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &["lower", "upper", "epsilon", "delta", "neighbours"])?;
-        let (lower, upper) = bounds_at(args, 0)?;
+
+    /// From the literals of `dp_mean` or of a function declaring the same parameters
+    /// (`dp_variance`, `dp_stddev`; one without `mechanism` is Gaussian).
+    pub(crate) fn read(p: &Params) -> Result<Self, PrivacyError> {
+        let (lower, upper) = p.bounds()?;
         Ok(Self {
             lower,
             upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::Gaussian,
-            neighbours: neighbours_at(args, 4)?,
+            epsilon: p.epsilon()?,
+            delta: p.delta()?,
+            mechanism: p.mechanism()?,
+            neighbours: p.neighbours()?,
         })
     }
     /// μ of the whole call; the sum and count releases share it (μ_s² + μ_c² = μ²).
@@ -287,7 +266,7 @@ impl MeanRelease {
                 )?);
             } else {
                 // K·C under `units:K:C`, 1 otherwise.
-                let f = if nb.is_units() { nb.pure_factor() } else { 1.0 };
+                let f = nb.unit_l1_factor();
                 // (Δ_s, slack_s, Δ_c, slack_c) in half-units / rows (module docs).
                 let (ds, ss, dc, sc) = match nb {
                     Neighbours::ReplacePrivateKeys => (2.0 * w, 2.0, 2.0, 2.0),
@@ -515,21 +494,6 @@ fn mean_interval(
     }
 }
 
-impl super::interval::DpInterval for MeanParams {
-    const CI_NAME: &'static str = "dp_mean_ci";
-    fn ci_declaration() -> &'static Aggregate {
-        &DP_MEAN_CI
-    }
-}
-
-/// The `dp_mean_ci` UDAF ([`super::interval`]).
-pub type DpMeanCi = DpCiUdaf<MeanParams>;
-
-/// `dp_mean_ci` as an [`AggregateUDF`].
-pub fn dp_mean_ci_udaf() -> AggregateUDF {
-    DpMeanCi::udaf()
-}
-
 /// The declaration of `dp_mean` (listed in [`super::registry::AGGREGATES`]).
 pub const DP_MEAN: Aggregate = Aggregate {
     name: "dp_mean",
@@ -537,6 +501,7 @@ pub const DP_MEAN: Aggregate = Aggregate {
     data: &[VALUE],
     params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &["avg", "mean"],
     internal: false,
     udaf: dp_mean_udaf,
@@ -545,17 +510,6 @@ pub const DP_MEAN: Aggregate = Aggregate {
     noise: super::adapter::spec_noise::<MeanParams>,
 };
 
-/// The declaration of `dp_mean_ci` (listed in [`super::registry::AGGREGATES`]).
-pub const DP_MEAN_CI: Aggregate = Aggregate {
-    name: "dp_mean_ci",
-    summary: "dp_mean's release with its confidence interval",
-    data: &[VALUE],
-    params: &declaration::with_confidence::<{ DP_MEAN.params.len() + 1 }>(DP_MEAN.params),
-    requirements: &[],
-    replaces: &[],
-    internal: false,
-    udaf: dp_mean_ci_udaf,
-    seeded: |seed| super::interval::DpCiUdaf::<MeanParams>::with_insecure_seed(seed).into(),
-    cost: super::interval::ci_cost::<MeanParams>,
-    noise: super::interval::ci_noise::<MeanParams>,
-};
+super::interval::ci_variant!(MeanParams, DP_MEAN => DP_MEAN_CI, "dp_mean_ci",
+    DpMeanCi, dp_mean_ci_udaf,
+    "dp_mean's release with its confidence interval");

@@ -41,9 +41,9 @@ use datafusion::logical_expr::{
 use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
 use super::declaration::{
     self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, SGD_CLIP, SGD_EPOCHS,
-    SGD_LEARNING_RATE, SGD_NOISE, SGD_PARAMS, SGD_SAMPLE_RATE, SGD_STEPS,
+    SGD_LEARNING_RATE, SGD_NOISE, SGD_PARAMS, SGD_SAMPLE_RATE, SGD_STEPS, UnitRule,
 };
-use super::params::{Neighbours, delta_at, epsilon_at, literal_params, number, plan_error, text};
+use super::params::{Neighbours, Params, literal_params, plan_error};
 use crate::noise::SecureRng;
 use crate::optim::mlp::{MlpModel, mlp_model_data_type};
 use crate::optim::model::{Model, model_data_type};
@@ -82,11 +82,12 @@ impl SgdKind {
         }
     }
 
-    /// The literal parameters, in positional order (the last is the hidden `neighbours`).
-    pub fn names(self) -> &'static [&'static str] {
+    /// Its declaration ([`DP_LINREG_SGD`], [`DP_LOGREG_SGD`], [`DP_MLP_SGD`]).
+    pub fn declaration(self) -> &'static Aggregate {
         match self {
-            SgdKind::Mlp => &SgdParams::MLP_NAMES,
-            _ => &SgdParams::NAMES,
+            SgdKind::Linear => &DP_LINREG_SGD,
+            SgdKind::Logistic => &DP_LOGREG_SGD,
+            SgdKind::Mlp => &DP_MLP_SGD,
         }
     }
 }
@@ -123,42 +124,13 @@ fn in_range(
 }
 
 impl SgdParams {
-    pub const NAMES: [&'static str; 9] = [
-        "epsilon",
-        "delta",
-        "sample_rate",
-        "steps",
-        "epochs",
-        "clip",
-        "learning_rate",
-        "noise",
-        "neighbours",
-    ];
-    pub const MLP_NAMES: [&'static str; 11] = [
-        "epsilon",
-        "delta",
-        "hidden",
-        "classes",
-        "sample_rate",
-        "steps",
-        "epochs",
-        "clip",
-        "learning_rate",
-        "noise",
-        "neighbours",
-    ];
-
     /// Reads and checks the literals of a `kind` call, and calibrates (an infeasible
     /// configuration fails here, at planning, before any charge).
     pub fn from_literals(kind: SgdKind, args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        let names = kind.names();
-        let at = |name: &str| names.iter().position(|n| *n == name);
-        let num = |name: &str| match at(name) {
-            Some(i) => number(args, i, name),
-            None => Ok(None),
-        };
-        let epsilon = epsilon_at(args, 0)?;
-        let delta = delta_at(args, 1)?;
+        let p = Params::new(kind.declaration(), args)?;
+        let num = |name| p.number(name);
+        let epsilon = p.epsilon()?;
+        let delta = p.delta()?;
         let (hidden, classes) = if kind == SgdKind::Mlp {
             let h = in_range(
                 "hidden",
@@ -178,8 +150,7 @@ impl SgdParams {
         } else {
             (0, 0)
         };
-        let i_noise = at("noise").expect("every kind has noise");
-        let noise = match text(args, i_noise, "noise", NoiseKind::ACCEPTED)? {
+        let noise = match p.text("noise", NoiseKind::ACCEPTED)? {
             None => NoiseKind::Independent,
             Some(s) => NoiseKind::parse(s).ok_or_else(|| {
                 PrivacyError::invalid("noise", format!("'{s}'"), NoiseKind::ACCEPTED)
@@ -250,22 +221,7 @@ impl SgdParams {
             |x| x > 0.0 && x <= 1e6,
             "a number in (0, 1e6]",
         )?;
-        let i_nb = names.len() - 1;
-        let neighbours = match args.get(i_nb) {
-            None => Neighbours::default(),
-            Some(
-                ScalarValue::Utf8(Some(s))
-                | ScalarValue::LargeUtf8(Some(s))
-                | ScalarValue::Utf8View(Some(s)),
-            ) => Neighbours::parse(s)?,
-            Some(v) => {
-                return Err(PrivacyError::invalid(
-                    "neighbours",
-                    format!("{v} ({})", v.data_type()),
-                    Neighbours::ACCEPTED,
-                ));
-            }
-        };
+        let neighbours = p.neighbours()?;
         let p = SgdParams {
             kind,
             epsilon,
@@ -369,11 +325,10 @@ pub struct DpSgd {
 
 impl DpSgd {
     pub fn new(kind: SgdKind) -> Self {
-        let mut names = vec!["label", "features"];
+        let mut names = kind.declaration().argument_names();
         if kind == SgdKind::Linear {
             names[0] = "y";
         }
-        names.extend_from_slice(kind.names());
         Self {
             kind,
             signature: Signature::user_defined(Volatility::Volatile)
@@ -397,9 +352,9 @@ impl DpSgd {
         if args.is_distinct {
             return plan_err!("{name} does not support DISTINCT");
         }
-        let names = self.kind.names();
-        let (exprs, key) = split_unit_key(args.exprs, 2, names.len());
-        let lits = literal_params(name, names, exprs, 2)?;
+        let a = self.kind.declaration();
+        let (exprs, key) = split_unit_key(args.exprs, a.data.len(), a.params.len());
+        let lits = literal_params(a, exprs)?;
         let p = SgdParams::from_literals(self.kind, &lits).map_err(|e| plan_error(name, e))?;
         check_unit_key(name, p.neighbours.is_units(), key.is_some())?;
         Ok((p, key.is_some()))
@@ -425,9 +380,10 @@ impl AggregateUDFImpl for DpSgd {
     }
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let f = self.kind.name();
-        let names = self.kind.names();
+        let a = self.kind.declaration();
+        let names: Vec<&str> = a.params.iter().map(|p| p.name).collect();
         let n = arg_types.len();
-        if !(3..=3 + names.len()).contains(&n) {
+        if !(3..=1 + a.unit_key_index()).contains(&n) {
             return plan_err!(
                 "{f} takes 3 to {} arguments: {f}(label, features, epsilon[, {}]) (and, set by \
                  the session, neighbours and a privacy-unit key), got {n}",
@@ -442,10 +398,10 @@ impl AggregateUDFImpl for DpSgd {
         };
         let features = coerce_features(f, &arg_types[1])?;
         let mut out = vec![label, features];
-        for (name, t) in names.iter().zip(&arg_types[2..]) {
-            out.push(coerce_param(f, name, t)?);
+        for (p, t) in a.params.iter().zip(&arg_types[2..]) {
+            out.push(coerce_param(f, p, t)?);
         }
-        if let Some(key) = arg_types.get(2 + names.len()) {
+        if let Some(key) = arg_types.get(a.unit_key_index()) {
             check_key_type(f, key)?;
             out.push(key.clone());
         }
@@ -483,7 +439,7 @@ impl AggregateUDFImpl for DpSgd {
         }))
     }
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        let units = args.input_fields.len() > 2 + self.kind.names().len();
+        let units = args.input_fields.len() > self.kind.declaration().unit_key_index();
         Ok(RowBuffer::state_fields_for(args.name, units))
     }
     fn order_sensitivity(&self) -> AggregateOrderSensitivity {
@@ -510,7 +466,7 @@ struct SgdAccumulator {
 impl Accumulator for SgdAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let key = if self.buffer.has_units() {
-            values.get(2 + self.kind.names().len())
+            values.get(self.kind.declaration().unit_key_index())
         } else {
             None
         };
@@ -654,6 +610,7 @@ pub const DP_LINREG_SGD: Aggregate = Aggregate {
     data: MODEL_DATA,
     params: SGD_PARAMS,
     requirements: &[],
+    units: UnitRule::PerUnit,
     replaces: &[],
     internal: false,
     udaf: dp_linreg_sgd_udaf,
@@ -669,6 +626,7 @@ pub const DP_LOGREG_SGD: Aggregate = Aggregate {
     data: MODEL_DATA,
     params: SGD_PARAMS,
     requirements: &[],
+    units: UnitRule::PerUnit,
     replaces: &[],
     internal: false,
     udaf: dp_logreg_sgd_udaf,
@@ -704,6 +662,7 @@ pub const DP_MLP_SGD: Aggregate = Aggregate {
         NEIGHBOURS,
     ],
     requirements: &[],
+    units: UnitRule::PerUnit,
     replaces: &[],
     internal: false,
     udaf: dp_mlp_sgd_udaf,

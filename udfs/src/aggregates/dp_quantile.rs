@@ -4,7 +4,7 @@
 //!
 //! # State: a fixed histogram (bounded memory, exact merges)
 //! Each non-NULL, non-NaN value is clamped and put on the fixed-point grid
-//! ([`super::exact::FixedPoint`]: x ∈ [lo, hi]), then into one of B equal bins (the literal
+//! ([`crate::mechanisms::exact::FixedPoint`]: x ∈ [lo, hi]), then into one of B equal bins (the literal
 //! `bins`, a power of two in [[`MIN_BINS`], [`MAX_BINS`]], default [`BINS`] = 1024),
 //! b(x) = ⌊(x − lo)·B/(hi − lo)⌋ (at most B − 1; integer arithmetic, so a value's bin is a
 //! function of the value alone). Per group the state is the B counts (`u64`): 8·B bytes per group
@@ -87,11 +87,11 @@ use datafusion::logical_expr::{
 
 use super::common::{DOC_SECTION_DP, DataArg, call_literals, coerce_args};
 use super::declaration::Default as ParamDefault;
-use super::declaration::{self, Aggregate, LOWER, NEIGHBOURS, PURE_EPSILON, UPPER, VALUE};
-use super::exact::FixedPoint;
-use super::params::{
-    Neighbours, bounds_at, check_count, epsilon_at, neighbours_at, number, plan_error,
+use super::declaration::{
+    self, Aggregate, LOWER, NEIGHBOURS, PURE_EPSILON, UPPER, UnitRule, VALUE,
 };
+use super::params::{Neighbours, Params, plan_error};
+use crate::mechanisms::exact::FixedPoint;
 use crate::mechanisms::exponential::{rate_down, sample_permute_and_flip};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError};
@@ -134,21 +134,6 @@ impl QuantileKind {
             QuantileKind::Quantiles => "dp_quantiles",
         }
     }
-    /// Parameter names after the data column, in positional order.
-    pub fn names(self) -> &'static [&'static str] {
-        match self {
-            QuantileKind::Quantile => &["lower", "upper", "q", "epsilon", "bins", "neighbours"],
-            QuantileKind::Median => &["lower", "upper", "epsilon", "bins", "neighbours"],
-            QuantileKind::Quantiles => &[
-                "lower",
-                "upper",
-                "quantiles",
-                "epsilon",
-                "bins",
-                "neighbours",
-            ],
-        }
-    }
 }
 
 /// The literal parameters of a quantile call.
@@ -167,9 +152,9 @@ pub struct QuantileParams {
 }
 
 /// The `bins` literal: a power of two in [`MIN_BINS`, `MAX_BINS`], [`BINS`] when absent.
-fn bins_at(args: &[ScalarValue], i: usize) -> Result<usize, PrivacyError> {
+fn bins(p: &Params) -> Result<usize, PrivacyError> {
     let expected = format!("a power of two in [{MIN_BINS}, {MAX_BINS}], e.g. 1024 or 8192");
-    match number(args, i, "bins")? {
+    match p.number("bins")? {
         None => Ok(BINS),
         Some(b)
             if b.fract() == 0.0
@@ -191,9 +176,9 @@ fn check_q(name: &str, q: f64) -> Result<f64, PrivacyError> {
 }
 
 /// A list literal of numbers (`None` when absent).
-fn number_list(args: &[ScalarValue], i: usize, name: &str) -> Result<Vec<f64>, PrivacyError> {
+fn number_list(p: &Params, name: &'static str) -> Result<Vec<f64>, PrivacyError> {
     let expected = "a non-empty list of numbers in [0, 1], e.g. [0.25, 0.5, 0.75]";
-    let Some(v) = args.get(i) else {
+    let Some(v) = p.value(name) else {
         return Err(PrivacyError::invalid(name, "nothing (missing)", expected));
     };
     let bad = || PrivacyError::invalid(name, format!("{v} ({})", v.data_type()), expected);
@@ -220,25 +205,21 @@ fn number_list(args: &[ScalarValue], i: usize, name: &str) -> Result<Vec<f64>, P
 
 impl QuantileParams {
     pub fn from_literals(kind: QuantileKind, args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, kind.names())?;
-        let (lower, upper) = bounds_at(args, 0)?;
-        let (qs, next) = match kind {
-            QuantileKind::Median => (vec![0.5], 2),
-            QuantileKind::Quantile => {
-                let q = number(args, 2, "q")?
-                    .ok_or_else(|| PrivacyError::invalid("q", "nothing (missing)", "[0, 1]"))?;
-                (vec![check_q("q", q)?], 3)
-            }
-            QuantileKind::Quantiles => (number_list(args, 2, "quantiles")?, 3),
+        let p = Params::new(kind.declaration(), args)?;
+        let (lower, upper) = p.bounds()?;
+        let qs = match kind {
+            QuantileKind::Median => vec![0.5],
+            QuantileKind::Quantile => vec![check_q("q", p.required("q", "[0, 1]")?)?],
+            QuantileKind::Quantiles => number_list(&p, "quantiles")?,
         };
         Ok(Self {
             kind,
             lower,
             upper,
             qs,
-            epsilon: epsilon_at(args, next)?,
-            bins: bins_at(args, next + 1)?,
-            neighbours: neighbours_at(args, next + 2)?,
+            epsilon: p.epsilon()?,
+            bins: bins(&p)?,
+            neighbours: p.neighbours()?,
         })
     }
 
@@ -490,20 +471,7 @@ impl AggregateUDFImpl for DpQuantileUdaf {
         &self.signature
     }
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        let a = self.kind.declaration();
-        let names: Vec<&str> = a.params.iter().map(|p| p.name).collect();
-        let required = a
-            .params
-            .iter()
-            .filter(|p| p.default == ParamDefault::Required)
-            .count();
-        coerce_args(
-            self.kind.name(),
-            DataArg::Numeric,
-            &names,
-            required,
-            arg_types,
-        )
+        coerce_args(self.kind.declaration(), DataArg::Numeric, arg_types)
     }
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(match self.kind {
@@ -513,7 +481,7 @@ impl AggregateUDFImpl for DpQuantileUdaf {
     }
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         let name = self.kind.name();
-        let lits = call_literals(name, self.kind.names(), &args)?;
+        let lits = call_literals(self.kind.declaration(), &args)?;
         let p = QuantileParams::from_literals(self.kind, &lits).map_err(|e| plan_error(name, e))?;
         let rel = QuantileRelease::new(&p).map_err(|e| plan_error(name, e))?;
         Ok(Box::new(QuantileAccumulator {
@@ -705,6 +673,7 @@ pub const DP_QUANTILE: Aggregate = Aggregate {
         NEIGHBOURS,
     ],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &[
         "percentile_cont",
         "approx_percentile_cont",
@@ -727,6 +696,7 @@ pub const DP_MEDIAN: Aggregate = Aggregate {
     data: &[VALUE],
     params: &[LOWER, UPPER, PURE_EPSILON, declaration::BINS, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &["median", "approx_median"],
     internal: false,
     udaf: dp_median_udaf,
@@ -757,6 +727,7 @@ pub const DP_QUANTILES: Aggregate = Aggregate {
         NEIGHBOURS,
     ],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &[],
     internal: false,
     udaf: dp_quantiles_udaf,

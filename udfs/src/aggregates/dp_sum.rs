@@ -2,7 +2,7 @@
 //! clamped to [lower, upper].
 //!
 //! Mechanism: values are clamped and mapped to fixed-point integers on a power-of-two grid q
-//! ([`super::exact`]); the exact integer sum S is released once, in `evaluate`, by the Gaussian
+//! ([`crate::mechanisms::exact`]); the exact integer sum S is released once, in `evaluate`, by the Gaussian
 //! mechanism with μ = gaussian_mu(ε, δ), so the call is (ε, δ)-DP. Sensitivity (exact, in grid
 //! units, times q):
 //! - `add_remove`: max(|lo|, |hi|) ≈ max(|lower|, |upper|) (one row in or out);
@@ -43,14 +43,10 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
 use super::declaration::{
-    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
+    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, UnitRule, VALUE,
 };
-use super::exact::FixedPoint;
-use super::interval::DpCiUdaf;
-use super::params::{
-    Mechanism, Neighbours, SQRT_2_UP, bounds_at, check_count, delta_at, epsilon_at, neighbours_at,
-    representable,
-};
+use super::params::{Mechanism, Neighbours, Params, SQRT_2_UP, representable};
+use crate::mechanisms::exact::FixedPoint;
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
@@ -67,25 +63,16 @@ pub struct SumParams {
 }
 
 impl SumParams {
-    pub const NAMES: [&'static str; 6] = [
-        "lower",
-        "upper",
-        "epsilon",
-        "delta",
-        "mechanism",
-        "neighbours",
-    ];
-
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
-        let (lower, upper) = bounds_at(args, 0)?;
+        let p = Params::new(&DP_SUM, args)?;
+        let (lower, upper) = p.bounds()?;
         Ok(Self {
             lower,
             upper,
-            epsilon: epsilon_at(args, 2)?,
-            delta: delta_at(args, 3)?,
-            mechanism: Mechanism::at(args, 4)?,
-            neighbours: neighbours_at(args, 5)?,
+            epsilon: p.epsilon()?,
+            delta: p.delta()?,
+            mechanism: p.mechanism()?,
+            neighbours: p.neighbours()?,
         })
     }
     pub fn mu(&self) -> Result<f64, PrivacyError> {
@@ -206,11 +193,7 @@ impl SumRelease {
                     return Ok(Self { fp, noise: None });
                 }
                 // K·C under `units:K:C` (1 otherwise), on the sensitivity and the slack.
-                let f = if p.neighbours.is_units() {
-                    p.neighbours.pure_factor()
-                } else {
-                    1.0
-                };
+                let f = p.neighbours.unit_l1_factor();
                 // units ≤ 2^42, K·C ≤ 10^12, q = 2^e: products exact or rounded up by one ulp.
                 let sensitivity = (f * units * fp.step()).next_up();
                 let build = |epsilon: f64| {
@@ -280,21 +263,6 @@ impl Finalise for SumRelease {
     }
 }
 
-impl super::interval::DpInterval for SumParams {
-    const CI_NAME: &'static str = "dp_sum_ci";
-    fn ci_declaration() -> &'static Aggregate {
-        &DP_SUM_CI
-    }
-}
-
-/// The `dp_sum_ci` UDAF ([`super::interval`]).
-pub type DpSumCi = DpCiUdaf<SumParams>;
-
-/// `dp_sum_ci` as an [`AggregateUDF`].
-pub fn dp_sum_ci_udaf() -> AggregateUDF {
-    DpSumCi::udaf()
-}
-
 /// The declaration of `dp_sum` (listed in [`super::registry::AGGREGATES`]).
 pub const DP_SUM: Aggregate = Aggregate {
     name: "dp_sum",
@@ -302,6 +270,7 @@ pub const DP_SUM: Aggregate = Aggregate {
     data: &[VALUE],
     params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Total,
     replaces: &["sum"],
     internal: false,
     udaf: dp_sum_udaf,
@@ -310,17 +279,6 @@ pub const DP_SUM: Aggregate = Aggregate {
     noise: super::adapter::spec_noise::<SumParams>,
 };
 
-/// The declaration of `dp_sum_ci` (listed in [`super::registry::AGGREGATES`]).
-pub const DP_SUM_CI: Aggregate = Aggregate {
-    name: "dp_sum_ci",
-    summary: "dp_sum's release with its confidence interval",
-    data: &[VALUE],
-    params: &declaration::with_confidence::<{ DP_SUM.params.len() + 1 }>(DP_SUM.params),
-    requirements: &[],
-    replaces: &[],
-    internal: false,
-    udaf: dp_sum_ci_udaf,
-    seeded: |seed| super::interval::DpCiUdaf::<SumParams>::with_insecure_seed(seed).into(),
-    cost: super::interval::ci_cost::<SumParams>,
-    noise: super::interval::ci_noise::<SumParams>,
-};
+super::interval::ci_variant!(SumParams, DP_SUM => DP_SUM_CI, "dp_sum_ci",
+    DpSumCi, dp_sum_ci_udaf,
+    "dp_sum's release with its confidence interval");

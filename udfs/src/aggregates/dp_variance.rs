@@ -11,7 +11,7 @@
 //! max(lower², upper²), and the variance is unchanged by the shift.
 //!
 //! # Exact partials
-//! A value's fixed-point integer x ∈ [lo, hi] ([`super::exact::FixedPoint`], step q) is centred in
+//! A value's fixed-point integer x ∈ [lo, hi] ([`crate::mechanisms::exact::FixedPoint`], step q) is centred in
 //! half-units, y = 2x − (lo + hi) ∈ [−w, w] (w = [`FixedPoint::width`], the real centred value is
 //! y·q/2). Per group the accumulator keeps, exactly and independently of the partitioning:
 //! - S₁ = Σ y (computed as 2·Σx − (lo + hi)·n from the `sum` field, as `dp_mean` does);
@@ -71,13 +71,12 @@ use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::{DataArg, Fin};
 use super::declaration::{
-    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, VALUE,
+    self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, UnitRule, VALUE,
 };
 use super::dp_mean::CBRT_4;
 use super::dp_mean::MeanParams;
-use super::exact::{FixedPoint, SquareGrid, pow2};
-use super::interval::DpCiUdaf;
-use super::params::{Mechanism, Neighbours, representable};
+use super::params::{Mechanism, Neighbours, Params, representable};
+use crate::mechanisms::exact::{FixedPoint, SquareGrid, pow2};
 use crate::mechanisms::{GaussianMechanism, Interval, LaplaceMechanism, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
@@ -96,10 +95,13 @@ pub struct StddevParams(pub MeanParams);
 /// meaningless release, refused at planning with this range (issue 33).
 pub const MAX_WIDTH: f64 = 6.703903964971299e153;
 
-/// `MeanParams::from_literals` plus the width check ([`MAX_WIDTH`]) of `dp_variance`,
-/// `dp_stddev` and their `_ci` variants.
-fn variance_literals(args: &[ScalarValue]) -> Result<MeanParams, PrivacyError> {
-    let p = MeanParams::from_literals(args)?;
+/// The literals of `declaration` ([`DP_VARIANCE`] or [`DP_STDDEV`]) read as [`MeanParams`], plus
+/// the width check ([`MAX_WIDTH`]) of `dp_variance`, `dp_stddev` and their `_ci` variants.
+fn variance_literals(
+    declaration: &'static Aggregate,
+    args: &[ScalarValue],
+) -> Result<MeanParams, PrivacyError> {
+    let p = MeanParams::read(&Params::new(declaration, args)?)?;
     if p.upper - p.lower > MAX_WIDTH {
         return Err(PrivacyError::invalid(
             "upper",
@@ -113,9 +115,8 @@ fn variance_literals(args: &[ScalarValue]) -> Result<MeanParams, PrivacyError> {
 }
 
 impl VarianceParams {
-    pub const NAMES: [&'static str; 6] = MeanParams::NAMES;
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        variance_literals(args).map(Self)
+        variance_literals(&DP_VARIANCE, args).map(Self)
     }
     /// One μ-GDP release (module docs), or one pure ε-DP release under `mechanism => 'laplace'`
     /// ([`Mechanism::cost`]). Builds the release too, so the accountant refuses exactly what the
@@ -127,9 +128,8 @@ impl VarianceParams {
 }
 
 impl StddevParams {
-    pub const NAMES: [&'static str; 6] = MeanParams::NAMES;
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        variance_literals(args).map(Self)
+        variance_literals(&DP_STDDEV, args).map(Self)
     }
     /// As [`VarianceParams::cost`]: the square root is post-processing.
     pub fn cost(&self) -> Result<Vec<Event>, PrivacyError> {
@@ -300,7 +300,7 @@ impl VarianceRelease {
         let mut mechs = None;
         if w > 0.0 {
             // K·C under `units:K:C`, 1 otherwise.
-            let units = if nb.is_units() { nb.pure_factor() } else { 1.0 };
+            let units = nb.unit_l1_factor();
             // (scale factor of all three Δ's, slack, S₁'s extra factor, S₁'s split weight)
             let (f, slack, d1, r1) = match nb {
                 Neighbours::Replace | Neighbours::ReplacePublicN => (1.0, 1.0, 2.0, CBRT_16),
@@ -567,35 +567,6 @@ pub(crate) fn variance_normalised_interval(
     }
 }
 
-impl super::interval::DpInterval for VarianceParams {
-    const CI_NAME: &'static str = "dp_variance_ci";
-    fn ci_declaration() -> &'static Aggregate {
-        &DP_VARIANCE_CI
-    }
-}
-
-impl super::interval::DpInterval for StddevParams {
-    const CI_NAME: &'static str = "dp_stddev_ci";
-    fn ci_declaration() -> &'static Aggregate {
-        &DP_STDDEV_CI
-    }
-}
-
-/// The `dp_variance_ci` UDAF ([`super::interval`]).
-pub type DpVarianceCi = DpCiUdaf<VarianceParams>;
-/// The `dp_stddev_ci` UDAF ([`super::interval`]).
-pub type DpStddevCi = DpCiUdaf<StddevParams>;
-
-/// `dp_variance_ci` as an [`AggregateUDF`].
-pub fn dp_variance_ci_udaf() -> AggregateUDF {
-    DpVarianceCi::udaf()
-}
-
-/// `dp_stddev_ci` as an [`AggregateUDF`].
-pub fn dp_stddev_ci_udaf() -> AggregateUDF {
-    DpStddevCi::udaf()
-}
-
 /// The declaration of `dp_variance` (listed in [`super::registry::AGGREGATES`]).
 pub const DP_VARIANCE: Aggregate = Aggregate {
     name: "dp_variance",
@@ -604,6 +575,7 @@ pub const DP_VARIANCE: Aggregate = Aggregate {
     data: &[VALUE],
     params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &["var_pop", "var", "var_samp", "variance"],
     internal: false,
     udaf: dp_variance_udaf,
@@ -620,6 +592,7 @@ pub const DP_STDDEV: Aggregate = Aggregate {
     data: &[VALUE],
     params: &[LOWER, UPPER, EPSILON, DELTA, MECHANISM, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Rows,
     replaces: &["stddev_pop", "stddev", "stddev_samp"],
     internal: false,
     udaf: dp_stddev_udaf,
@@ -628,35 +601,13 @@ pub const DP_STDDEV: Aggregate = Aggregate {
     noise: super::adapter::spec_noise::<StddevParams>,
 };
 
-/// The declaration of `dp_variance_ci` (listed in [`super::registry::AGGREGATES`]).
-pub const DP_VARIANCE_CI: Aggregate = Aggregate {
-    name: "dp_variance_ci",
-    summary: "dp_variance's release with its confidence interval (delta method)",
-    data: &[VALUE],
-    params: &declaration::with_confidence::<{ DP_VARIANCE.params.len() + 1 }>(DP_VARIANCE.params),
-    requirements: &[],
-    replaces: &[],
-    internal: false,
-    udaf: dp_variance_ci_udaf,
-    seeded: |seed| super::interval::DpCiUdaf::<VarianceParams>::with_insecure_seed(seed).into(),
-    cost: super::interval::ci_cost::<VarianceParams>,
-    noise: super::interval::ci_noise::<VarianceParams>,
-};
+super::interval::ci_variant!(VarianceParams, DP_VARIANCE => DP_VARIANCE_CI, "dp_variance_ci",
+    DpVarianceCi, dp_variance_ci_udaf,
+    "dp_variance's release with its confidence interval (delta method)");
 
-/// The declaration of `dp_stddev_ci` (listed in [`super::registry::AGGREGATES`]).
-pub const DP_STDDEV_CI: Aggregate = Aggregate {
-    name: "dp_stddev_ci",
-    summary: "dp_stddev's release with its confidence interval (√ of the variance's)",
-    data: &[VALUE],
-    params: &declaration::with_confidence::<{ DP_STDDEV.params.len() + 1 }>(DP_STDDEV.params),
-    requirements: &[],
-    replaces: &[],
-    internal: false,
-    udaf: dp_stddev_ci_udaf,
-    seeded: |seed| super::interval::DpCiUdaf::<StddevParams>::with_insecure_seed(seed).into(),
-    cost: super::interval::ci_cost::<StddevParams>,
-    noise: super::interval::ci_noise::<StddevParams>,
-};
+super::interval::ci_variant!(StddevParams, DP_STDDEV => DP_STDDEV_CI, "dp_stddev_ci",
+    DpStddevCi, dp_stddev_ci_udaf,
+    "dp_stddev's release with its confidence interval (√ of the variance's)");
 
 #[cfg(test)]
 mod width_tests {

@@ -106,12 +106,10 @@ use datafusion::logical_expr::{
 };
 
 use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
-use super::adapter::{
-    DpFunction, coerce_declared, documentation_for, identity_by_signature_and_seed,
-};
-use super::common::{Fin, call_literals};
-use super::exact::{FixedPoint, SquareGrid};
+use super::adapter::{DpFunction, documentation_for, identity_by_signature_and_seed};
+use super::common::{Fin, call_literals, coerce_args};
 use super::params::{number, plan_error};
+use crate::mechanisms::exact::{FixedPoint, SquareGrid};
 pub use crate::mechanisms::{Interval, Noise};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError};
@@ -207,7 +205,7 @@ pub(crate) fn laplace_ratio_set(
 }
 
 pub(crate) fn pow2_neg18() -> f64 {
-    super::exact::pow2(-18)
+    crate::mechanisms::exact::pow2(-18)
 }
 
 // ------------------------------------------------------------------------------ the UDAFs
@@ -220,6 +218,60 @@ pub trait DpInterval: DpFunction {
     /// ([`super::declaration::with_confidence`]).
     fn ci_declaration() -> &'static super::declaration::Aggregate;
 }
+
+/// Declares the `_ci` variant of a base function whose parameter struct `$params` serves it
+/// through [`DpCiUdaf`]: the [`DpInterval`] impl, the UDAF type `$udaf` and constructor
+/// `$udaf_fn`, and the declaration `$ci`, generated from the base declaration `$base` (its data
+/// arguments, requirements and visibility; its parameters with `confidence` before the hidden
+/// `neighbours`, [`super::declaration::with_confidence`]; the base's cost and noise). Adding a
+/// `_ci` to a function whose release implements `Finalise::finalise_with_intervals` is one
+/// line, plus its line in [`super::registry::AGGREGATES`]:
+///
+/// ```ignore
+/// ci_variant!(SumParams, DP_SUM => DP_SUM_CI, "dp_sum_ci", DpSumCi, dp_sum_ci_udaf,
+///     "dp_sum's release with its confidence interval");
+/// ```
+macro_rules! ci_variant {
+    ($params:ty, $base:ident => $ci:ident, $name:literal, $udaf:ident, $udaf_fn:ident,
+     $summary:literal) => {
+        impl $crate::aggregates::interval::DpInterval for $params {
+            const CI_NAME: &'static str = $name;
+            fn ci_declaration() -> &'static $crate::aggregates::declaration::Aggregate {
+                &$ci
+            }
+        }
+
+        #[doc = concat!("The `", $name, "` UDAF ([`crate::aggregates::interval`]).")]
+        pub type $udaf = $crate::aggregates::interval::DpCiUdaf<$params>;
+
+        #[doc = concat!("`", $name, "` as an `AggregateUDF`.")]
+        pub fn $udaf_fn() -> datafusion::logical_expr::AggregateUDF {
+            $udaf::udaf()
+        }
+
+        #[doc = concat!(
+                    "The declaration of `", $name, "`, generated from its base's (`ci_variant!`)."
+                )]
+        pub const $ci: $crate::aggregates::declaration::Aggregate =
+            $crate::aggregates::declaration::Aggregate {
+                name: $name,
+                summary: $summary,
+                data: $base.data,
+                params: &$crate::aggregates::declaration::with_confidence::<
+                    { $base.params.len() + 1 },
+                >($base.params),
+                requirements: $base.requirements,
+                units: $base.units,
+                replaces: &[],
+                internal: $base.internal,
+                udaf: $udaf_fn,
+                seeded: |seed| $udaf::with_insecure_seed(seed).into(),
+                cost: $crate::aggregates::interval::ci_cost::<$params>,
+                noise: $crate::aggregates::interval::ci_noise::<$params>,
+            };
+    };
+}
+pub(crate) use ci_variant;
 
 /// The base call's literals and the confidence, from a `_ci` call's literals in positional
 /// order: `confidence` sits just before the hidden `neighbours` (module docs).
@@ -407,8 +459,7 @@ impl<P: DpInterval> DpCiUdaf<P> {
     }
 
     fn finaliser(&self, args: &AccumulatorArgs) -> Result<Fin> {
-        let names: Vec<&str> = P::ci_declaration().params.iter().map(|p| p.name).collect();
-        let lits = call_literals(P::CI_NAME, &names, args)?;
+        let lits = call_literals(P::ci_declaration(), args)?;
         let (base, confidence) =
             split_confidence(P::declaration(), &lits).map_err(|e| plan_error(P::CI_NAME, e))?;
         let inner = (P::spec().release)(&base).map_err(|e| plan_error(P::CI_NAME, e))?;
@@ -436,7 +487,7 @@ impl<P: DpInterval> AggregateUDFImpl for DpCiUdaf<P> {
         &self.signature
     }
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        coerce_declared(P::ci_declaration(), P::spec().data, arg_types)
+        coerce_args(P::ci_declaration(), P::spec().data, arg_types)
     }
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(DataType::Struct(interval_fields(&P::spec().returns)))

@@ -1,21 +1,15 @@
 //! DP aggregate functions (DataFusion UDAFs) and what each call costs.
 //!
-//! | function | parameters after the data column (positional) | returns |
-//! |---|---|---|
-//! | `dp_count(value, …)` | epsilon, delta, mechanism, neighbours | Int64 ≥ 0 |
-//! | `dp_count_distinct(unit, …)` (unit-level tables) | epsilon, delta, neighbours | Int64 ≥ 0 |
-//! | `dp_sum(value, …)` | lower, upper, epsilon, delta, mechanism, neighbours | Float64 |
-//! | `dp_mean(value, …)` | lower, upper, epsilon, delta, mechanism, neighbours | Float64 in [lower, upper] |
-//! | `dp_variance(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)²/4] |
-//! | `dp_stddev(value, …)` | lower, upper, epsilon, delta, neighbours | Float64 in [0, (upper − lower)/2] |
-//! | `dp_quantile(value, …)` | lower, upper, q, epsilon, bins, neighbours | Float64 in [lower, upper] |
-//! | `dp_median(value, …)` | lower, upper, epsilon, bins, neighbours | Float64 in [lower, upper] |
-//! | `dp_quantiles(value, …)` | lower, upper, quantiles (a list), epsilon, bins, neighbours | List<Float64> |
-//! | `dp_count_ci`, `dp_count_distinct_ci`, `dp_sum_ci`, `dp_mean_ci`, `dp_variance_ci`, `dp_stddev_ci` | the base function's, then confidence, neighbours | Struct{value, lower, upper, confidence, stddev} ([`interval`]) |
-//! | `dp_partition_select(value, …)` (internal) | epsilon, delta | Boolean |
-//! | `rgm_mean_by(value, by, …)` | max_ratio, epsilon, delta, min_group_size, neighbours | List<Struct<group, mean, n>> |
+//! Each function declares its data arguments and its literal parameters (name, kind, default,
+//! doc, in positional order) in its own file (`pub const DP_X: Aggregate`, [`declaration`]);
+//! [`registry::AGGREGATES`] lists them, and the signature, the coercion, the reading of the
+//! literals ([`params::Params`]), named arguments, the guard's advice, the REPL's completion and
+//! the UDAF documentation all read that one declaration (docs/SQL.md, "Aggregate functions",
+//! documents them for users). The `_ci` variants ([`interval`]) take their base function's
+//! parameters, then `confidence`, then `neighbours`, and return
+//! `Struct{value, lower, upper, confidence, stddev}`.
 //!
-//! `mechanism` is `'gaussian'` (default) or `'laplace'` (pure ε-DP: [`laplace`]).
+//! `mechanism` is `'gaussian'` (default) or `'laplace'` (pure ε-DP: [`Mechanism`]).
 //! Every parameter must be a literal. `delta` may be left out (default [`DEFAULT_DELTA`]) and so
 //! may `neighbours` (default `'add_remove'`); `neighbours` is set by the dpfusion session from the
 //! table's registration, never by users. Named arguments work when every parameter up to the last
@@ -27,14 +21,16 @@
 //! [`PartitionSelectParams`]) that the accumulators use to calibrate their noise.
 //!
 //! Noise is drawn only in `evaluate`, once per group, from a CSPRNG seeded by the OS; `state` and
-//! `merge_batch` carry exact, un-noised partials ([`accumulator`], [`exact`]).
+//! `merge_batch` carry exact, un-noised partials ([`accumulator`], [`crate::mechanisms::exact`]).
 //!
 //! # Layout
 //! One file per DP function, each declaring itself ([`declaration::Aggregate`]); [`registry`]
 //! lists the declarations. The shared pieces import nothing from the functions: [`declaration`]
-//! (types and shared parameters), [`params`] (literal parsing, [`Mechanism`]), [`adapter`] (the
-//! UDAF shell), [`interval`] (the `_ci` wrapper and the interval maths), [`accumulator`],
-//! [`exact`], [`bind`] (the literal parameters bound into the physical plan's calls); the noise is [`crate::mechanisms::Noise`], the neighbour relation
+//! (types and shared parameters), [`params`] (reading the literals by name through the
+//! declaration, [`Mechanism`]), [`adapter`] (the UDAF shell), [`interval`] (the `_ci` wrapper and
+//! the interval maths), [`accumulator`]; [`bind`] (like [`registry`], it names functions: the
+//! literal parameters bound into the physical plan's calls); the exact fixed-point arithmetic is
+//! [`crate::mechanisms::exact`], the noise [`crate::mechanisms::Noise`], the neighbour relation
 //! [`crate::privacy::Neighbours`]. The test `imports::no_import_circle_inside_aggregates_and_optim`
 //! (udfs/tests/it/imports.rs, scripts/import_cycles.rs) keeps it so.
 //!
@@ -45,37 +41,42 @@
 //! 1. Write `udfs/src/aggregates/dp_x.rs`, in this order, with each formula's source beside it:
 //!    - `pub const DP_X: Aggregate` ([`declaration`]): name, summary, data arguments, parameters
 //!      (the shared ones: [`declaration::EPSILON`], [`declaration::DELTA`],
-//!      [`declaration::MECHANISM`], …, ending with [`declaration::NEIGHBOURS`]), requirements,
-//!      the SQL aggregates it replaces, its UDAF, `cost` and `noise`;
-//!    - the parameter struct (`from_literals` reading the positional literals in the declared
-//!      order with the helpers of [`params`]; `cost`, which builds the release, so that the
-//!      accountant refuses exactly what the planner refuses, and returns
-//!      [`Mechanism::cost`]);
+//!      [`declaration::MECHANISM`], …, ending with [`declaration::NEIGHBOURS`]; each with its
+//!      [`declaration::Kind`], which alone decides its SQL type), requirements, the SQL
+//!      aggregates it replaces, its UDAF, `cost` and `noise`;
+//!    - the parameter struct: `from_literals(args)` opens `Params::new(&DP_X, args)?`
+//!      ([`params::Params`]: the count is checked against the declaration) and reads each
+//!      parameter by its declared name (`p.bounds()?`, `p.epsilon()?`, `p.delta()?`,
+//!      `p.mechanism()?`, `p.neighbours()?`, `p.number("bins")?` …), never by position; `cost`,
+//!      which builds the release, so that the accountant refuses exactly what the planner
+//!      refuses, and returns [`Mechanism::cost`]. The test `every_declared_parameter_is_read`
+//!      fails while a declared parameter is not read, and reading an undeclared name panics;
 //!    - the release: a struct holding one [`crate::mechanisms::Noise`] per noisy quantity, its
-//!      `new` calibrating each noise kind side by side (`match p.mechanism`), drawing only through
-//!      `Noise::release` in one `draw` method, implementing `Finalise` ([`accumulator`]) with
-//!      `noise` from `Noise::describe`;
+//!      `new` calibrating each noise kind side by side (`match p.mechanism`; under `units:K:C`
+//!      the L1 sensitivity and slack times [`Neighbours::unit_l1_factor`], the Gaussian μ through
+//!      [`Neighbours::calibration_mu`]), drawing only through `Noise::release` in one `draw`
+//!      method, implementing `Finalise` ([`accumulator`]) with `noise` from `Noise::describe`;
 //!    - `impl DpFunction for <Params>` (`NAME`, `spec`, `declaration`) and one `static SPEC`
 //!      ([`adapter::Spec`]); `pub type DpX = DpUdaf<Params>` and `pub fn dp_x_udaf()`.
 //!
 //!    The adapter ([`adapter::DpUdaf`]) does the rest: signature, coercion, DISTINCT refusal,
 //!    accumulators, state fields, the insecure test seed, documentation.
 //! 2. Add `super::dp_x::DP_X` to [`registry::AGGREGATES`] and re-export the public items here.
-//! 3. Document it in docs/SQL.md ("Aggregate functions") and README.md ("Functions"); the test
+//! 3. Document it in docs/SQL.md ("Aggregate functions") and README.md; the test
 //!    `every_aggregate_is_documented` fails until both name it, and when docs/SQL.md documents a
 //!    function the registry does not have. A contribution rule for unit-level tables goes in
 //!    the root crate's src/guard/units.rs.
 //!
 //! Error bars ([`interval`]): implement `Finalise::finalise_with_intervals` calling the same
-//! `draw` as `finalise`, so the `_ci` value is the base value by construction; declare
-//! `pub const DP_X_CI: Aggregate` with `params: &with_confidence::<{ DP_X.params.len() + 1 }>(
-//! DP_X.params)`, `cost: ci_cost::<Params>`, `noise: ci_noise::<Params>`, and
-//! `impl DpInterval for <Params>` (`CI_NAME`, `ci_declaration`); the UDAF is
-//! `DpCiUdaf::<Params>::udaf()`.
+//! `draw` as `finalise`, so the `_ci` value is the base value by construction; then one line,
+//! `interval::ci_variant!(Params, DP_X => DP_X_CI, "dp_x_ci", DpXCi, dp_x_ci_udaf, "summary");`,
+//! generates the `_ci` declaration from the base's (parameters, data, cost, noise), its UDAF and
+//! its `DpInterval` impl; list `DP_X_CI` in the registry and the docs as in steps 2 and 3.
 //!
 //! An aggregate with its own accumulator (the models, which buffer rows, and `rgm_mean_by`)
-//! writes its own `AggregateUDFImpl` instead of the `Spec` (see `dp_logreg_agd.rs`); steps 2
-//! and 3 are the same.
+//! writes its own `AggregateUDFImpl` instead of the `Spec` (see `dp_logreg_agd.rs`), reading its
+//! literals the same way (`literal_params(&DP_X, exprs)`, `Params::new(&DP_X, &lits)`; a
+//! unit-level call's key is at `DP_X.unit_key_index()`); steps 2 and 3 are the same.
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::AggregateUDF;
 
@@ -95,7 +96,6 @@ pub mod dp_models_sgd;
 pub mod dp_quantile;
 pub mod dp_sum;
 pub mod dp_variance;
-pub mod exact;
 pub mod interval;
 pub mod params;
 pub mod partition_select;

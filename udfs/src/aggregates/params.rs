@@ -1,10 +1,12 @@
-//! Reading the literal parameters of the DP aggregates, and the noise kind ([`Mechanism`]). Each
-//! function's parameter struct lives in its own file (e.g. `dp_count::CountParams`), used both
-//! by the accountant (cost, before any row is read) and by the accumulators (execution); the
-//! neighbour relation is [`crate::privacy::Neighbours`] (re-exported here).
+//! Reading the literal parameters of the DP aggregates ([`Params`]: by name, through the
+//! function's declaration), and the noise kind ([`Mechanism`]). Each function's parameter struct
+//! lives in its own file (e.g. `dp_count::CountParams`), used both by the accountant (cost,
+//! before any row is read) and by the accumulators (execution); the neighbour relation is
+//! [`crate::privacy::Neighbours`] (re-exported here).
 //!
-//! The parameters are the arguments after the data column, in positional order. Trailing
-//! optional parameters may be missing: `delta` then defaults to [`DEFAULT_DELTA`] and
+//! The parameters are the arguments after the data arguments, at the positions their
+//! declaration lists them in; [`Params`] maps each name to its position, so no function repeats
+//! the list or an index. Trailing optional parameters may be missing: `delta` then defaults to [`DEFAULT_DELTA`] and
 //! `neighbours` to `'add_remove'`. The session always passes every parameter (it resolves named
 //! arguments and the session's default δ itself); the defaults matter only on a plain DataFusion
 //! context.
@@ -17,6 +19,7 @@ use datafusion::logical_expr::ColumnarValue;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Literal;
 
+use super::declaration::Aggregate;
 use crate::privacy::error::{check_delta, check_epsilon};
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
 
@@ -53,19 +56,6 @@ pub enum Mechanism {
 
 impl Mechanism {
     pub const ACCEPTED: &'static str = "'gaussian' (the default) or 'laplace'";
-
-    pub(crate) fn at(args: &[ScalarValue], i: usize) -> Result<Self, PrivacyError> {
-        match text(args, i, "mechanism", Self::ACCEPTED)? {
-            None => Ok(Mechanism::Gaussian),
-            Some(s) if s.eq_ignore_ascii_case("gaussian") => Ok(Mechanism::Gaussian),
-            Some(s) if s.eq_ignore_ascii_case("laplace") => Ok(Mechanism::Laplace),
-            Some(s) => Err(PrivacyError::invalid(
-                "mechanism",
-                format!("'{s}'"),
-                Self::ACCEPTED,
-            )),
-        }
-    }
 
     /// What a call of this noise kind at (ε, δ) costs: one μ-GDP release, μ = gaussian_mu(ε, δ)
     /// (Gaussian; a call splitting μ over several releases has μ_1² + … ≤ μ²), or pure ε-DP
@@ -164,16 +154,145 @@ pub(crate) fn representable<T>(
     ))
 }
 
-/// Fails when more parameters are given than the function has.
-pub(crate) fn check_count(args: &[ScalarValue], names: &[&str]) -> Result<(), PrivacyError> {
-    if args.len() > names.len() {
-        return Err(PrivacyError::invalid(
-            "arguments",
-            format!("{} parameters after the data column", args.len()),
-            &format!("at most {}: {}", names.len(), names.join(", ")),
-        ));
+/// The literal parameters of one call (the arguments after its data arguments), read by name
+/// through the function's declaration ([`Aggregate::params`]): `Params::new(&DP_MEAN, args)?`,
+/// then `p.bounds()?`, `p.epsilon()?`, `p.number("bins")?`. The position of a name is the
+/// declaration's ([`Aggregate::position`]), so the reading cannot drift from the signature, the
+/// named arguments and the docs. Reading a name the declaration does not have is a programming
+/// error (a panic), caught by the test `every_declared_parameter_is_read`, which also checks
+/// that every declared parameter is read.
+#[derive(Debug, Clone, Copy)]
+pub struct Params<'a> {
+    declaration: &'static Aggregate,
+    args: &'a [ScalarValue],
+}
+
+impl<'a> Params<'a> {
+    /// Fails when more parameters are given than `declaration` has.
+    pub fn new(
+        declaration: &'static Aggregate,
+        args: &'a [ScalarValue],
+    ) -> Result<Self, PrivacyError> {
+        let names: Vec<&str> = declaration.params.iter().map(|p| p.name).collect();
+        if args.len() > names.len() {
+            let data = match declaration.data {
+                [_] => "the data column".to_string(),
+                data => data
+                    .iter()
+                    .map(|d| d.name)
+                    .collect::<Vec<_>>()
+                    .join(" and "),
+            };
+            return Err(PrivacyError::invalid(
+                "arguments",
+                format!("{} parameters after {data}", args.len()),
+                &format!("at most {}: {}", names.len(), names.join(", ")),
+            ));
+        }
+        Ok(Self { declaration, args })
     }
-    Ok(())
+
+    /// Whether the function declares parameter `name`.
+    pub fn declares(&self, name: &str) -> bool {
+        self.declaration.position(name).is_some()
+    }
+
+    /// The position of `name`; a name the declaration does not have is a programming error.
+    fn at(&self, name: &'static str) -> usize {
+        #[cfg(test)]
+        read_log::record(self.declaration.name, name);
+        self.declaration
+            .position(name)
+            .unwrap_or_else(|| panic!("{} declares no parameter `{name}`", self.declaration.name))
+    }
+
+    /// The literal of `name` as given (`None` when absent).
+    pub fn value(&self, name: &'static str) -> Option<&'a ScalarValue> {
+        self.args.get(self.at(name))
+    }
+
+    /// A numeric literal ([`number`]).
+    pub fn number(&self, name: &'static str) -> Result<Option<f64>, PrivacyError> {
+        number(self.args, self.at(name), name)
+    }
+
+    /// A required numeric literal; missing: an error naming it and what is `expected`.
+    pub fn required(&self, name: &'static str, expected: &str) -> Result<f64, PrivacyError> {
+        required(self.args, self.at(name), name, expected)
+    }
+
+    /// A string literal ([`text`]).
+    pub fn text(
+        &self,
+        name: &'static str,
+        accepted: &str,
+    ) -> Result<Option<&'a str>, PrivacyError> {
+        text(self.args, self.at(name), name, accepted)
+    }
+
+    /// A boolean literal ([`boolean`]).
+    pub fn boolean(&self, name: &'static str) -> Result<Option<bool>, PrivacyError> {
+        boolean(self.args, self.at(name), name)
+    }
+
+    /// `epsilon`: finite, > 0, required.
+    pub fn epsilon(&self) -> Result<f64, PrivacyError> {
+        check_epsilon("epsilon", self.required("epsilon", "a finite number > 0")?)
+    }
+
+    /// `delta`, [`DEFAULT_DELTA`] when absent.
+    pub fn delta(&self) -> Result<f64, PrivacyError> {
+        check_delta("delta", self.number("delta")?.unwrap_or(DEFAULT_DELTA))
+    }
+
+    /// `neighbours`, `'add_remove'` when absent.
+    pub fn neighbours(&self) -> Result<Neighbours, PrivacyError> {
+        match self.value("neighbours") {
+            None => Ok(Neighbours::default()),
+            Some(
+                ScalarValue::Utf8(Some(s))
+                | ScalarValue::LargeUtf8(Some(s))
+                | ScalarValue::Utf8View(Some(s)),
+            ) => Neighbours::parse(s),
+            Some(v) => Err(PrivacyError::invalid(
+                "neighbours",
+                format!("{v} ({})", v.data_type()),
+                Neighbours::ACCEPTED,
+            )),
+        }
+    }
+
+    /// `mechanism` ([`Mechanism`]); [`Mechanism::Gaussian`] when absent, and for a function that
+    /// declares no `mechanism` (`dp_count_distinct`, `dp_variance` …: Gaussian only).
+    pub fn mechanism(&self) -> Result<Mechanism, PrivacyError> {
+        if !self.declares("mechanism") {
+            return Ok(Mechanism::Gaussian);
+        }
+        match self.text("mechanism", Mechanism::ACCEPTED)? {
+            None => Ok(Mechanism::Gaussian),
+            Some(s) if s.eq_ignore_ascii_case("gaussian") => Ok(Mechanism::Gaussian),
+            Some(s) if s.eq_ignore_ascii_case("laplace") => Ok(Mechanism::Laplace),
+            Some(s) => Err(PrivacyError::invalid(
+                "mechanism",
+                format!("'{s}'"),
+                Mechanism::ACCEPTED,
+            )),
+        }
+    }
+
+    /// `lower` and `upper`: both finite, lower ≤ upper.
+    pub fn bounds(&self) -> Result<(f64, f64), PrivacyError> {
+        let lower = finite("lower", self.required("lower", "a finite number")?)?;
+        let upper = finite("upper", self.required("upper", "a finite number")?)?;
+        if lower > upper {
+            return Err(PrivacyError::invalid(
+                "lower",
+                format!("{lower} (upper is {upper})"),
+                "a finite number ≤ upper",
+            ));
+        }
+        Ok((lower, upper))
+    }
 }
 
 /// A numeric literal as f64 (`None` when the argument is absent). NULL or a non-numeric type is
@@ -263,47 +382,6 @@ fn finite(name: &str, v: f64) -> Result<f64, PrivacyError> {
     }
 }
 
-pub(crate) fn epsilon_at(args: &[ScalarValue], i: usize) -> Result<f64, PrivacyError> {
-    check_epsilon(
-        "epsilon",
-        required(args, i, "epsilon", "a finite number > 0")?,
-    )
-}
-
-pub(crate) fn delta_at(args: &[ScalarValue], i: usize) -> Result<f64, PrivacyError> {
-    check_delta("delta", number(args, i, "delta")?.unwrap_or(DEFAULT_DELTA))
-}
-
-pub(crate) fn neighbours_at(args: &[ScalarValue], i: usize) -> Result<Neighbours, PrivacyError> {
-    match args.get(i) {
-        None => Ok(Neighbours::default()),
-        Some(
-            ScalarValue::Utf8(Some(s))
-            | ScalarValue::LargeUtf8(Some(s))
-            | ScalarValue::Utf8View(Some(s)),
-        ) => Neighbours::parse(s),
-        Some(v) => Err(PrivacyError::invalid(
-            "neighbours",
-            format!("{v} ({})", v.data_type()),
-            Neighbours::ACCEPTED,
-        )),
-    }
-}
-
-/// `lower` and `upper`: both finite, lower ≤ upper.
-pub(crate) fn bounds_at(args: &[ScalarValue], i: usize) -> Result<(f64, f64), PrivacyError> {
-    let lower = finite("lower", required(args, i, "lower", "a finite number")?)?;
-    let upper = finite("upper", required(args, i + 1, "upper", "a finite number")?)?;
-    if lower > upper {
-        return Err(PrivacyError::invalid(
-            "lower",
-            format!("{lower} (upper is {upper})"),
-            "a finite number ≤ upper",
-        ));
-    }
-    Ok((lower, upper))
-}
-
 /// One Gaussian-DP release of the whole call: μ = gaussian_mu(ε, δ).
 fn gaussian_cost(epsilon: f64, delta: f64) -> Result<Vec<Event>, PrivacyError> {
     Ok(vec![Event::Gaussian {
@@ -316,21 +394,20 @@ pub(crate) fn plan_error(function: &str, e: PrivacyError) -> DataFusionError {
     DataFusionError::Plan(format!("{function}: {e}"))
 }
 
-/// The literal parameters of a call on the physical side: `exprs[data_args..]`, each a
-/// [`Literal`] (or a constant expression, evaluated on an empty batch). Anything else is a
-/// planning error "`upper` of dp_mean must be a literal".
+/// The literal parameters of a call of `declaration` on the physical side: the expressions after
+/// its data arguments, each a [`Literal`] (or a constant expression, evaluated on an empty
+/// batch). Anything else is a planning error "`upper` of dp_mean must be a literal".
 pub(crate) fn literal_params(
-    function: &str,
-    names: &[&str],
+    declaration: &Aggregate,
     exprs: &[Arc<dyn PhysicalExpr>],
-    data_args: usize,
 ) -> Result<Vec<ScalarValue>> {
-    let params = exprs.get(data_args..).unwrap_or_default();
+    let function = declaration.name;
+    let params = exprs.get(declaration.data.len()..).unwrap_or_default();
     params
         .iter()
         .enumerate()
         .map(|(i, expr)| {
-            let name = names.get(i).copied().unwrap_or("parameter");
+            let name = declaration.params.get(i).map_or("parameter", |p| p.name);
             if let Some(lit) = expr.downcast_ref::<Literal>() {
                 return Ok(lit.value().clone());
             }
@@ -343,4 +420,30 @@ pub(crate) fn literal_params(
             }
         })
         .collect()
+}
+
+/// Test only: which parameters each function's reading asked for by name (the test
+/// `every_declared_parameter_is_read`).
+#[cfg(test)]
+pub(crate) mod read_log {
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+
+    thread_local! {
+        static READ: RefCell<BTreeSet<(&'static str, &'static str)>> =
+            const { RefCell::new(BTreeSet::new()) };
+    }
+
+    pub(crate) fn record(function: &'static str, param: &'static str) {
+        READ.with(|r| r.borrow_mut().insert((function, param)));
+    }
+
+    /// Whether `function` read `param` on this thread.
+    pub(crate) fn was_read(function: &str, param: &str) -> bool {
+        READ.with(|r| {
+            r.borrow()
+                .iter()
+                .any(|(f, p)| *f == function && *p == param)
+        })
+    }
 }

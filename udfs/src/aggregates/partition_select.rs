@@ -74,12 +74,10 @@ use datafusion::logical_expr::AggregateUDF;
 use super::accumulator::{Finalise, Partial, Shape};
 use super::adapter::{DpFunction, DpUdaf, Spec};
 use super::common::DataArg;
-use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS, ROWS};
-use super::exact::{FixedPoint, release_exact};
-use super::params::{
-    Neighbours, SQRT_2_UP, check_count, delta_at, epsilon_at, neighbours_at, representable,
-};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS, ROWS, UnitRule};
+use super::params::{Neighbours, Params, SQRT_2_UP, representable};
 use crate::mechanisms::GaussianMechanism;
+use crate::mechanisms::exact::{FixedPoint, release_exact};
 use crate::noise::SecureRng;
 use crate::privacy::normal::phi_inv;
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
@@ -96,14 +94,12 @@ pub struct PartitionSelectParams {
 }
 
 impl PartitionSelectParams {
-    pub const NAMES: [&'static str; 3] = ["epsilon", "delta", "neighbours"];
-
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        check_count(args, &Self::NAMES)?;
+        let p = Params::new(&DP_PARTITION_SELECT, args)?;
         Ok(Self {
-            epsilon: epsilon_at(args, 0)?,
-            delta: delta_at(args, 1)?,
-            neighbours: neighbours_at(args, 2)?,
+            epsilon: p.epsilon()?,
+            delta: p.delta()?,
+            neighbours: p.neighbours()?,
         })
     }
     /// μ of the noisy counts: gaussian_mu(ε, δ/2) (the other δ/2 pays for groups that appear or
@@ -252,6 +248,7 @@ pub const DP_PARTITION_SELECT: Aggregate = Aggregate {
     data: &[ROWS],
     params: &[EPSILON, DELTA, NEIGHBOURS],
     requirements: &[],
+    units: UnitRule::Once,
     replaces: &[],
     internal: true,
     udaf: dp_partition_select_udaf,

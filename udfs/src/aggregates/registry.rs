@@ -11,7 +11,7 @@
 //! type, not a literal and not a parameter: it is not in `params`), and refuse a unit-level call
 //! without it; the guard strips it before calling `cost`, which reads the literals only.
 pub use super::declaration::{
-    Aggregate, CostFn, DataArg, Default, Kind, NoiseFn, Param, Requirement,
+    Aggregate, CostFn, DataArg, Default, Kind, NoiseFn, Param, Requirement, UnitRule,
 };
 
 /// Every dpfusion DP aggregate: one line per function, its declaration in its own file.
@@ -70,34 +70,60 @@ pub fn replacing(name: &str) -> Option<&'static Aggregate> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::dp_quantile::QuantileKind;
-    use super::super::{AgdParams, RgmMeanParams, StddevParams, VarianceParams};
     use super::*;
     use datafusion::common::ScalarValue;
 
-    #[test]
-    fn declarations_match_the_parameter_structs() {
-        use super::super::{CountParams, LinregParams, MeanParams, SumParams};
-        let names = |a: &Aggregate| a.params.iter().map(|p| p.name).collect::<Vec<_>>();
-        assert_eq!(names(get("dp_count").unwrap()), CountParams::NAMES);
-        assert_eq!(names(get("dp_sum").unwrap()), SumParams::NAMES);
-        assert_eq!(names(get("dp_mean").unwrap()), MeanParams::NAMES);
-        assert_eq!(names(get("dp_variance").unwrap()), VarianceParams::NAMES);
-        assert_eq!(names(get("dp_stddev").unwrap()), StddevParams::NAMES);
-        for k in [
-            QuantileKind::Quantile,
-            QuantileKind::Median,
-            QuantileKind::Quantiles,
-        ] {
-            assert_eq!(names(get(k.name()).unwrap()), k.names());
+    /// Valid literals for a call of `name` (trailing optional parameters left out).
+    fn valid_literals(name: &str) -> Vec<ScalarValue> {
+        use datafusion::arrow::array::ListArray;
+        use datafusion::arrow::datatypes::Float64Type;
+        use std::sync::Arc;
+        let f = |v: f64| ScalarValue::Float64(Some(v));
+        let s = |v: &str| ScalarValue::Utf8(Some(v.into()));
+        let qs = ScalarValue::List(Arc::new(
+            ListArray::from_iter_primitive::<Float64Type, _, _>(vec![Some(vec![
+                Some(0.25),
+                Some(0.75),
+            ])]),
+        ));
+        match name {
+            "dp_count" | "dp_count_ci" | "dp_partition_select" => vec![f(1.0), f(1e-6)],
+            "dp_count_distinct" => vec![f(1.0), f(1e-6), s("units:2:1")],
+            "dp_count_distinct_ci" => vec![f(1.0), f(1e-6), f(0.9), s("units:2:1")],
+            "dp_quantile" => vec![f(0.0), f(100.0), f(0.5), f(1.0)],
+            "dp_median" => vec![f(0.0), f(100.0), f(1.0)],
+            "dp_quantiles" => vec![f(0.0), f(100.0), qs, f(1.0)],
+            "dp_linreg_gd" | "dp_logreg_agd" | "dp_linreg_sgd" | "dp_logreg_sgd" | "dp_mlp_sgd" => {
+                vec![f(1.0), f(1e-6)]
+            }
+            "rgm_mean_by" => vec![f(2.0), f(1.0), f(1e-6), f(1000.0), s("replace_public_n")],
+            _ => vec![f(0.0), f(100.0), f(1.0), f(1e-6)],
         }
-        assert_eq!(names(get("dp_linreg_gd").unwrap()), LinregParams::NAMES);
-        assert_eq!(names(get("dp_logreg_agd").unwrap()), AgdParams::NAMES);
-        assert_eq!(names(get("rgm_mean_by").unwrap()), RgmMeanParams::NAMES);
-        use super::super::SgdParams;
-        assert_eq!(names(get("dp_logreg_sgd").unwrap()), SgdParams::NAMES);
-        assert_eq!(names(get("dp_linreg_sgd").unwrap()), SgdParams::NAMES);
-        assert_eq!(names(get("dp_mlp_sgd").unwrap()), SgdParams::MLP_NAMES);
+    }
+
+    /// Each function reads its literals by name through its own declaration
+    /// ([`super::super::params::Params`]): a call's cost (the same reading the planner uses)
+    /// asks for every declared parameter, and for no name the declaration lacks (that would
+    /// panic). A `_ci` variant reads its base's parameters and `confidence`
+    /// ([`super::super::interval::split_confidence`]).
+    #[test]
+    fn every_declared_parameter_is_read() {
+        use super::super::params::read_log::was_read;
+        for a in AGGREGATES {
+            let cost = (a.cost)(&[], &valid_literals(a.name));
+            assert!(cost.is_ok(), "{}: {cost:?}", a.name);
+            let (reader, params) = match base_of(a.name) {
+                Some(b) if b.name != a.name => (b.name, b.params),
+                _ => (a.name, a.params),
+            };
+            for p in params {
+                assert!(
+                    was_read(reader, p.name),
+                    "{reader} does not read `{}`",
+                    p.name
+                );
+            }
+        }
         for a in AGGREGATES {
             assert_eq!((a.udaf)().name(), a.name);
             assert_eq!(a.params.last().map(|p| p.name), Some("neighbours"));
@@ -109,35 +135,23 @@ mod tests {
         );
     }
 
+    /// Too many literals: refused with the declared list (the reading's count check).
+    #[test]
+    fn too_many_parameters_name_the_declared_ones() {
+        let f = |v: f64| ScalarValue::Float64(Some(v));
+        let e = (get("dp_logreg_agd").unwrap().cost)(&[], &vec![f(1.0); 11]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid argument 'arguments': got 11 parameters after label and features, expected \
+             at most 10: epsilon, delta, clip_grad, clip_obj, splits, gamma, l2, fit_intercept, \
+             max_step, neighbours"
+        );
+    }
+
     /// Every user-facing call describes its noise in EXPLAIN PRIVACY, from literals alone.
     #[test]
     fn every_aggregate_describes_its_noise() {
-        use datafusion::arrow::array::{Float64Array, ListArray};
-        use datafusion::arrow::datatypes::Float64Type;
-        use std::sync::Arc;
-        let f = |v: f64| ScalarValue::Float64(Some(v));
-        let s = |v: &str| ScalarValue::Utf8(Some(v.into()));
-        let qs = ScalarValue::List(Arc::new(
-            ListArray::from_iter_primitive::<Float64Type, _, _>(vec![Some(vec![
-                Some(0.25),
-                Some(0.75),
-            ])]),
-        ));
-        let _ = Float64Array::from(vec![0.0]);
-        let lits = |name: &str| -> Vec<ScalarValue> {
-            match name {
-                "dp_count" | "dp_count_ci" | "dp_partition_select" => vec![f(1.0), f(1e-6)],
-                "dp_count_distinct" => vec![f(1.0), f(1e-6), s("units:2:1")],
-                "dp_count_distinct_ci" => vec![f(1.0), f(1e-6), f(0.9), s("units:2:1")],
-                "dp_quantile" => vec![f(0.0), f(100.0), f(0.5), f(1.0)],
-                "dp_median" => vec![f(0.0), f(100.0), f(1.0)],
-                "dp_quantiles" => vec![f(0.0), f(100.0), qs.clone(), f(1.0)],
-                "dp_linreg_gd" | "dp_logreg_agd" | "dp_linreg_sgd" | "dp_logreg_sgd"
-                | "dp_mlp_sgd" => vec![f(1.0), f(1e-6)],
-                "rgm_mean_by" => vec![f(2.0), f(1.0), f(1e-6), f(1000.0), s("replace_public_n")],
-                _ => vec![f(0.0), f(100.0), f(1.0), f(1e-6)],
-            }
-        };
+        let lits = valid_literals;
         for a in AGGREGATES {
             let n = (a.noise)(&lits(a.name));
             assert!(

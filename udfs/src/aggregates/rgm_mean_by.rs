@@ -79,8 +79,8 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{DOC_SECTION_DP, coerce_param, is_number};
-use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS};
-use super::params::{Neighbours, delta_at, epsilon_at, literal_params, number, plan_error};
+use super::declaration::{self, Aggregate, DELTA, EPSILON, NEIGHBOURS, UnitRule};
+use super::params::{Neighbours, Params, literal_params, plan_error};
 use crate::mechanisms::rgm::wide::ExactSum;
 use crate::mechanisms::rgm::{
     accounted_gamma, calibrate_rgm_sigma, noise_gamma, release_relative, rgm_epsilon_floor,
@@ -119,27 +119,11 @@ pub struct RgmCalibration {
 }
 
 impl RgmMeanParams {
-    /// Parameter names after the two data columns, in positional order (`neighbours` hidden).
-    pub const NAMES: [&'static str; 5] = [
-        "max_ratio",
-        "epsilon",
-        "delta",
-        "min_group_size",
-        "neighbours",
-    ];
     pub const DEFAULT_MIN_GROUP_SIZE: u64 = 2;
 
     pub fn from_literals(args: &[ScalarValue]) -> Result<Self, PrivacyError> {
-        if args.len() > Self::NAMES.len() {
-            return Err(PrivacyError::invalid(
-                "arguments",
-                format!("{} parameters after the data columns", args.len()),
-                &format!("at most {}: {}", Self::NAMES.len(), Self::NAMES.join(", ")),
-            ));
-        }
-        let max_ratio = number(args, 0, "max_ratio")?.ok_or_else(|| {
-            PrivacyError::invalid("max_ratio", "nothing (missing)", "a finite number >= 1")
-        })?;
+        let p = Params::new(&RGM_MEAN_BY, args)?;
+        let max_ratio = p.required("max_ratio", "a finite number >= 1")?;
         if !(max_ratio.is_finite() && max_ratio >= 1.0) {
             return Err(PrivacyError::invalid(
                 "max_ratio",
@@ -147,9 +131,11 @@ impl RgmMeanParams {
                 "a finite number >= 1 (inside each group, largest value <= max_ratio × smallest)",
             ));
         }
-        let epsilon = epsilon_at(args, 1)?;
-        let delta = delta_at(args, 2)?;
-        let m = number(args, 3, "min_group_size")?.unwrap_or(Self::DEFAULT_MIN_GROUP_SIZE as f64);
+        let epsilon = p.epsilon()?;
+        let delta = p.delta()?;
+        let m = p
+            .number("min_group_size")?
+            .unwrap_or(Self::DEFAULT_MIN_GROUP_SIZE as f64);
         if !(m.is_finite() && m >= 2.0 && m.fract() == 0.0 && m <= 2f64.powi(53)) {
             return Err(PrivacyError::invalid(
                 "min_group_size",
@@ -157,21 +143,7 @@ impl RgmMeanParams {
                 "an integer >= 2 (a group of one row has unbounded relative sensitivity)",
             ));
         }
-        let neighbours = match args.get(4) {
-            None => Neighbours::default(),
-            Some(
-                ScalarValue::Utf8(Some(s))
-                | ScalarValue::LargeUtf8(Some(s))
-                | ScalarValue::Utf8View(Some(s)),
-            ) => Neighbours::parse(s)?,
-            Some(v) => {
-                return Err(PrivacyError::invalid(
-                    "neighbours",
-                    format!("{v} ({})", v.data_type()),
-                    Neighbours::ACCEPTED,
-                ));
-            }
-        };
+        let neighbours = p.neighbours()?;
         Ok(Self {
             max_ratio,
             epsilon,
@@ -268,11 +240,9 @@ impl RgmMeanBy {
     pub const NAME: &'static str = "rgm_mean_by";
 
     pub fn new() -> Self {
-        let mut names = vec!["value", "by"];
-        names.extend_from_slice(&RgmMeanParams::NAMES);
         Self {
             signature: Signature::user_defined(Volatility::Volatile)
-                .with_parameter_names(names)
+                .with_parameter_names(RGM_MEAN_BY.argument_names())
                 .expect("user-defined signatures accept parameter names"),
             insecure_seed: None,
         }
@@ -291,7 +261,7 @@ impl RgmMeanBy {
         if args.is_distinct {
             return plan_err!("{} does not support DISTINCT", Self::NAME);
         }
-        let lits = literal_params(Self::NAME, &RgmMeanParams::NAMES, args.exprs, 2)?;
+        let lits = literal_params(&RGM_MEAN_BY, args.exprs)?;
         let params = RgmMeanParams::from_literals(&lits).map_err(|e| plan_error(Self::NAME, e))?;
         let calibration = params
             .calibration()
@@ -649,8 +619,8 @@ impl AggregateUDFImpl for RgmMeanBy {
             );
         }
         let mut out = vec![DataType::Float64, coerce_by(&arg_types[1])?];
-        for (name, t) in RgmMeanParams::NAMES.iter().zip(&arg_types[2..]) {
-            out.push(coerce_param("rgm_mean_by", name, t)?);
+        for (p, t) in RGM_MEAN_BY.params.iter().zip(&arg_types[2..]) {
+            out.push(coerce_param("rgm_mean_by", p, t)?);
         }
         Ok(out)
     }
@@ -775,6 +745,11 @@ pub const RGM_MEAN_BY: Aggregate = Aggregate {
         declaration::Requirement::PublicGroupSizes,
         declaration::Requirement::DeclaredRatio,
     ],
+    units: UnitRule::Refused {
+        needs: "public group sizes",
+        why: "a unit's number of rows, and so every group's size, is private",
+        instead: "Use dp_mean per group instead.",
+    },
     replaces: &[],
     internal: false,
     udaf: rgm_mean_by_udaf,

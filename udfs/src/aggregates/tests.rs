@@ -11,9 +11,9 @@ use super::accumulator::{DpAccumulator, DpGroups, Finalise, Partial, Shape};
 use super::dp_count::CountRelease;
 use super::dp_mean::MeanRelease;
 use super::dp_sum::SumRelease;
-use super::exact::FixedPoint;
 use super::partition_select::SelectRelease;
 use super::*;
+use crate::mechanisms::exact::FixedPoint;
 use crate::noise::SecureRng;
 use crate::privacy::gaussian_mu;
 use crate::privacy::normal::phi;
@@ -24,6 +24,16 @@ fn f(v: f64) -> ScalarValue {
 fn s(v: &str) -> ScalarValue {
     ScalarValue::Utf8(Some(v.to_string()))
 }
+/// `dp_mean`'s parameters with the Gaussian mechanism, from `(lower, upper, epsilon[, delta[,
+/// neighbours]])` (what `dp_variance` reads with `mechanism` left out).
+fn gaussian_mean(args: &[ScalarValue]) -> Result<MeanParams, PrivacyError> {
+    let mut args = args.to_vec();
+    if args.len() > 4 {
+        args.insert(4, s("gaussian"));
+    }
+    MeanParams::from_literals(&args)
+}
+
 fn err_of<T: std::fmt::Debug>(r: Result<T, PrivacyError>) -> String {
     r.expect_err("should be rejected").to_string()
 }
@@ -1472,7 +1482,7 @@ fn check_selection_tail(p: &PartitionSelectParams, q: f64, other: f64, seed: u64
 // ---------------------------------------------------------------- dp_variance, dp_stddev
 
 use super::dp_variance::VarianceRelease;
-use super::exact::SquareGrid;
+use crate::mechanisms::exact::SquareGrid;
 
 /// The squared grid keeps every per-row square within [0, 2^40 + 1] for bounds of any size, is
 /// exact on a small example, and the `sum_sq` partial is the same for any partitioning (through
@@ -1501,7 +1511,7 @@ fn variance_square_grid_is_bounded_and_partials_exact() {
     assert_eq!(sq.square(fp.quantise(1.0)), 1 << 38);
     assert_eq!(sq.square(fp.quantise(7.0)), 1 << 36);
 
-    let p = MeanParams::gaussian_from_literals(&[f(-1e6), f(1e6), f(1.0)]).unwrap();
+    let p = gaussian_mean(&[f(-1e6), f(1e6), f(1.0)]).unwrap();
     let fin: Arc<dyn Finalise> = Arc::new(VarianceRelease::new(&p, false).unwrap());
     let mut rng = SecureRng::insecure_from_seed(21);
     let vals: Vec<Option<f64>> = (0..1000)
@@ -1560,8 +1570,7 @@ fn variance_square_grid_is_bounded_and_partials_exact() {
 fn dp_variance_split_and_cost() {
     let mu = gaussian_mu(1.0, 1e-6).unwrap();
     let shares = |nb: &str| {
-        let p =
-            MeanParams::gaussian_from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
+        let p = gaussian_mean(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
         let r = VarianceRelease::new(&p, false).unwrap();
         let (m, fp, sq) = (r.mechs.unwrap(), r.fp, r.sq);
         let w = fp.width() as f64;
@@ -1633,8 +1642,7 @@ fn dp_variance_and_stddev_noise_match_calibration() {
     let v = m2 - m1 * m1;
     assert!((v * 25.0 - 7.56).abs() < 1e-12);
     for (nb, seed) in [("add_remove", 31u64), ("replace", 32)] {
-        let p =
-            MeanParams::gaussian_from_literals(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
+        let p = gaussian_mean(&[f(0.0), f(10.0), f(1.0), f(1e-6), s(nb)]).unwrap();
         let rel = VarianceRelease::new(&p, false).unwrap();
         let var = variance_of_variance(&rel, n as f64, m1, m2, 5.0);
         let mut acc = DpAccumulator::new(Arc::new(rel), Some(seed)).unwrap();
@@ -1659,7 +1667,7 @@ fn dp_variance_and_stddev_noise_match_calibration() {
 /// value within the bounds.
 #[test]
 fn dp_variance_is_clamped_and_degenerate_bounds_are_exact() {
-    let p = MeanParams::gaussian_from_literals(&[f(-2.0), f(4.0), f(0.01), f(1e-6)]).unwrap();
+    let p = gaussian_mean(&[f(-2.0), f(4.0), f(0.01), f(1e-6)]).unwrap();
     for (stddev, max) in [(false, 9.0), (true, 3.0)] {
         let rel = VarianceRelease::new(&p, stddev).unwrap();
         let mut acc = DpAccumulator::new(Arc::new(rel), Some(41)).unwrap();
@@ -1673,7 +1681,7 @@ fn dp_variance_is_clamped_and_degenerate_bounds_are_exact() {
         let xs = draws(&mut empty, 100);
         assert!(xs.iter().all(|&x| (0.0..=max).contains(&x)));
     }
-    let p = MeanParams::gaussian_from_literals(&[f(3.0), f(3.0), f(1.0)]).unwrap();
+    let p = gaussian_mean(&[f(3.0), f(3.0), f(1.0)]).unwrap();
     let rel = VarianceRelease::new(&p, false).unwrap();
     assert!(rel.mechs.is_none());
     let mut acc = DpAccumulator::new(Arc::new(rel), Some(43)).unwrap();

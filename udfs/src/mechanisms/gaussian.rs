@@ -26,8 +26,8 @@ const OUTWARD: f64 = 1.0 + 4.0 * f64::EPSILON;
 /// [2^[`MIN_SIGMA_LOG2`], 2^[`MAX_SIGMA_LOG2`]]. The release constructors (which the accountant's
 /// cost functions also call, see `aggregates::params`) check it before any sampler sees σ.
 pub fn noise_scale_problem(sigma: f64) -> Option<String> {
-    let max = crate::aggregates::exact::pow2(MAX_SIGMA_LOG2);
-    let min = crate::aggregates::exact::pow2(MIN_SIGMA_LOG2);
+    let max = crate::mechanisms::exact::pow2(MAX_SIGMA_LOG2);
+    let min = crate::mechanisms::exact::pow2(MIN_SIGMA_LOG2);
     if sigma.is_nan() || sigma > max {
         Some(format!(
             "the noise σ = {sigma:e} exceeds the largest representable noise scale \
@@ -117,7 +117,7 @@ impl GaussianMechanism {
             && g.is_finite()
             && g >= f64::MIN_POSITIVE
             && sigma >= g
-            && sigma / g < crate::aggregates::exact::pow2(MAX_STEPS_LOG2);
+            && sigma / g < crate::mechanisms::exact::pow2(MAX_STEPS_LOG2);
         debug_assert!(ok, "Gaussian noise scale {sigma} on grid {g}");
         if !ok {
             return Err(PrivacyError::Infeasible(format!(

@@ -1,7 +1,7 @@
 //! [`Noise`]: the noise of one release, whichever kind a call chose (`mechanism => 'gaussian' |
 //! 'laplace'`), as one value with the three things every DP aggregate needs from it:
 //! - [`Noise::release`]: the one drawing path, the exact statistic u·2^e plus noise on the grid
-//!   ([`crate::aggregates::exact::release_exact`], [`crate::aggregates::exact::release_exact_laplace`]);
+//!   ([`crate::mechanisms::exact::release_exact`], [`crate::mechanisms::exact::release_exact_laplace`]);
 //! - [`Noise::describe`]: what EXPLAIN PRIVACY shows (`Gaussian σ = 5.302`, `Laplace b = 2`);
 //! - [`Noise::interval`] (and [`Noise::half_steps`], [`Noise::stddev`]): the half-width that
 //!   covers the exact statistic at a confidence level, the base of every `_ci` interval
@@ -42,7 +42,7 @@ impl Noise {
     /// in integers on the grid (no floating-point rounding before the noise). The only place a
     /// DP aggregate built on exact partials draws.
     pub fn release(&self, rng: &mut SecureRng, units: i128, unit_exp: i32) -> Result<f64> {
-        use crate::aggregates::exact::{release_exact, release_exact_laplace};
+        use crate::mechanisms::exact::{release_exact, release_exact_laplace};
         match self {
             Noise::Gaussian(m) => release_exact(m, rng, units, unit_exp),
             Noise::Laplace(m) => release_exact_laplace(m, rng, units, unit_exp),

@@ -3,7 +3,7 @@
 //! ([`super::sgd`]). The proof that Σ out² ≤ c_int² whatever the inputs is beside
 //! [`Clipper::contribution`]; the fixed-point grid is the one of the module docs of
 //! [`super::linreg`] ("Exact sums").
-use crate::aggregates::exact::pow2;
+use crate::mechanisms::exact::pow2;
 
 /// x rounded to the nearest integer (ties away from zero), saturating at the i64 range; NaN
 /// gives 0. Native instructions only (`f64::round` is a libm call on baseline x86-64).

@@ -82,7 +82,7 @@
 //! Σᵢ vᵢ are exact `i128` sums, independent of row order and partitioning, so the L2 sensitivity
 //! is exactly ⌊clip/q⌋·q ≤ clip (2·clip under replace); the integer sum is released as
 //! (Σᵢ vᵢ + Y)·q with Y a discrete Gaussian vector on the same grid, with no rounding step
-//! ([`crate::aggregates::exact::release_exact`]). The vector of per-coordinate discrete
+//! ([`crate::mechanisms::exact::release_exact`]). The vector of per-coordinate discrete
 //! Gaussians N_Z(0, S²) (S ≥ 2²⁰ grid steps) has the privacy curve of the continuous Gaussian
 //! up to factors 1 ± O(e^{−2π²S²}) (Canonne, Kamath, Steinke 2020, §2.2 and Thm. 15).
 //!
@@ -129,8 +129,8 @@ use datafusion::common::{DataFusionError, Result};
 use super::clip::{Clipper, SMALL_INT, round_i64};
 use super::kernel::{self, RowPath};
 use super::units::{Units, clip_int};
-use crate::aggregates::exact::{exact_log2, pow2, release_exact};
 use crate::mechanisms::GaussianMechanism;
+use crate::mechanisms::exact::{exact_log2, pow2, release_exact};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, Profile};
 use crate::progress;

@@ -48,7 +48,7 @@ use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::utils::format_state_name;
 
-use crate::aggregates::exact::count_nan;
+use crate::mechanisms::exact::count_nan;
 
 /// What the label column holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

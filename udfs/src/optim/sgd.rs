@@ -64,7 +64,7 @@ use super::clip::Clipper;
 use super::mlp::{Net, Scratch};
 use super::rows::Rows;
 use super::units::Units;
-use crate::aggregates::exact::{exact_log2, release_exact};
+use crate::mechanisms::exact::{exact_log2, release_exact};
 use crate::mechanisms::gaussian::GaussianMechanism;
 use crate::noise::SecureRng;
 use crate::privacy::Neighbours;

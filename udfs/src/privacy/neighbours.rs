@@ -129,6 +129,23 @@ impl Neighbours {
         }
     }
 
+    /// The factor K·C under `units:K:C`, 1 in every other mode: what multiplies the one-row
+    /// `add_remove` **L1** sensitivity *and* the grid-rounding slack of a call's vector of
+    /// per-group statistics when one unit, not one row, changes. Proof: the unit changes at most
+    /// K groups, each by at most C of its rows, so each group's statistic moves by at most C·Δ₁
+    /// (its rounded value by C·Δ₁ + g ≤ C·(Δ₁ + g) for the slack g), and L1 norms add over the
+    /// groups: ≤ K·C·(Δ₁ + g) (Wilson et al., "Differentially Private SQL with Bounded User
+    /// Contribution", PoPETs 2020, §3, Laplace: Δ₁ = L0·L∞). Unlike [`Self::pure_factor`] it is 1
+    /// under `replace_private_keys`, whose two-group change each function bounds itself (its
+    /// L1 sensitivity is not a multiple of the add_remove one). The Gaussian (L2) analogue is
+    /// [`Self::calibration_mu`]. Exact (an integer ≤ 10^12, exact in `f64`).
+    pub fn unit_l1_factor(self) -> f64 {
+        match self {
+            Neighbours::Units { .. } => self.pure_factor(),
+            _ => 1.0,
+        }
+    }
+
     /// The number of groups one unit may reach (K under `units:K:C`, 1 otherwise).
     pub fn groups_per_unit(self) -> u32 {
         match self {
@@ -178,4 +195,28 @@ pub fn sqrt_up(k: u32) -> f64 {
     let s = (k as f64).sqrt();
     let r = s as u64;
     if r * r == k as u64 { s } else { s.next_up() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Neighbours;
+
+    /// K·C under `units:K:C` (e.g. 3·4 = 12), 1 in every other mode, `replace_private_keys`
+    /// included (its factor 2 is [`Neighbours::pure_factor`]'s, not this one's).
+    #[test]
+    fn unit_l1_factor_is_k_times_c_under_units_only() {
+        let units = |k, c| Neighbours::Units { groups: k, rows: c };
+        assert_eq!(units(3, 4).unit_l1_factor(), 12.0);
+        assert_eq!(units(1, 1).unit_l1_factor(), 1.0);
+        assert_eq!(units(1_000_000, 1_000_000).unit_l1_factor(), 1e12);
+        for nb in [
+            Neighbours::AddRemove,
+            Neighbours::Replace,
+            Neighbours::ReplacePublicN,
+            Neighbours::ReplacePrivateKeys,
+        ] {
+            assert_eq!(nb.unit_l1_factor(), 1.0, "{nb}");
+        }
+        assert_eq!(Neighbours::ReplacePrivateKeys.pure_factor(), 2.0);
+    }
 }

@@ -16,12 +16,12 @@ use datafusion::common::ScalarValue;
 
 use super::super::accumulator::Partial;
 use super::super::adapter::DpFunction;
-use super::super::exact::FixedPoint;
-use super::super::exact::SquareGrid;
 use super::*;
 use crate::aggregates::{
     CountDistinctParams, CountParams, MeanParams, StddevParams, SumParams, VarianceParams, registry,
 };
+use crate::mechanisms::exact::FixedPoint;
+use crate::mechanisms::exact::SquareGrid;
 use crate::mechanisms::{GaussianMechanism, LaplaceMechanism};
 use crate::noise::SecureRng;
 

@@ -4,7 +4,7 @@
 //!
 //! Why exact: PRIVACY.md ("Numbers on a computer") asks for sums whose sensitivity is proven and
 //! independent of the partitioning (Casacuberta, Shoemate, Vadhan, Wagaman, CCS 2022). The other
-//! aggregates clamp to [lower, upper] and sum in fixed point ([`crate::aggregates::exact`]).
+//! aggregates clamp to [lower, upper] and sum in fixed point ([`crate::mechanisms::exact`]).
 //! `rgm_mean_by` has no bounds (it exists because each group's scale is unknown), so it sums the
 //! exact values: every positive finite `f64` is M·2^e with an integer M < 2^53 and
 //! e ≥ −1074, i.e. an integer number of units 2^−1074, and integer addition is exact and
@@ -12,7 +12,7 @@
 //! the partitioning of the plan.
 use std::cmp::Ordering;
 
-use crate::aggregates::exact::pow2;
+use crate::mechanisms::exact::pow2;
 
 /// A non-negative integer, little-endian 64-bit limbs, without high zero limbs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
