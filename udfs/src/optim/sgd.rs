@@ -720,7 +720,7 @@ mod tests {
         // (1/2)(2⁶⁰ + 1) + 3 = 2⁵⁹ + 3.5 → 2⁵⁹ + 4 (ties up); (1/2)(−7) + 0 = −3.5 → −3.
         assert_eq!(out, vec![(1i128 << 59) + 4, -3]);
         // Beyond the i128 range: clamped, never wrapped.
-        let huge = vec![vec![i128::MAX], vec![i128::MAX], vec![i128::MIN]];
+        let huge = [vec![i128::MAX], vec![i128::MAX]];
         correlated_sum_exact(&m, &huge[..2], 1, &mut out[..1]);
         assert_eq!(out[0], i128::MAX);
         let neg = vec![vec![i128::MIN], vec![i128::MIN]];
