@@ -164,6 +164,8 @@ async fn check_query(
     plan: &LogicalPlan,
     opts: GuardOptions,
 ) -> Result<(LogicalPlan, Vec<DpCall>)> {
+    // On the plan as written, before type coercion hides what was written.
+    super::fragment::check_feature_lists(plan)?;
     let optimized = state.optimize(plan)?;
     let guarded = super::guard_with(optimized, opts)?;
     // Audited before the public sides run too, so a refused query runs nothing at all.

@@ -17,7 +17,7 @@
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, ScalarValue};
-use datafusion::logical_expr::{Expr, ExprSchemable, Operator};
+use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, Operator};
 
 /// Classes of argument types a function of the fragment accepts (checked on the planned,
 /// coerced types).
@@ -284,6 +284,105 @@ pub fn bare_feature_list(e: &Expr) -> Option<usize> {
         _ => false,
     };
     f.args.iter().all(bare).then_some(f.args.len())
+}
+
+/// Is `t` a number as a model's feature may be written: an integer, a float or a decimal (or a
+/// dictionary of them). Not a string, a boolean, a date or NULL.
+fn numeric_feature(t: &DataType) -> bool {
+    match t {
+        DataType::Dictionary(_, v) => v.is_numeric(),
+        t => t.is_numeric(),
+    }
+}
+
+/// The items of a feature list as written, each with the plan whose schema types it: through an
+/// alias, and through a column that a projection (or a subquery alias over one) below defines.
+/// `None` when the features are not a `make_array`/`make_list` (a list-typed column: its element
+/// type is checked by the model's type check).
+fn written_feature_items(e: &Expr, input: &LogicalPlan) -> Option<(Vec<Expr>, LogicalPlan)> {
+    match e {
+        Expr::Alias(a) => written_feature_items(&a.expr, input),
+        Expr::ScalarFunction(f) if matches!(f.func.name(), "make_array" | "make_list") => {
+            Some((f.args.clone(), input.clone()))
+        }
+        Expr::Column(c) => {
+            let i = input.schema().index_of_column(c).ok()?;
+            match input {
+                LogicalPlan::Projection(p) => written_feature_items(p.expr.get(i)?, &p.input),
+                LogicalPlan::SubqueryAlias(s) => {
+                    let (q, f) = s.input.schema().qualified_field(i);
+                    let col = Expr::Column(datafusion::common::Column::new(q.cloned(), f.name()));
+                    written_feature_items(&col, &s.input)
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Every model call's feature list holds numbers as written (issue: a mixed list).
+///
+/// Checked on the plan as the SQL planner made it, before the analyzer's type coercion: there,
+/// `[x0, name]` with `name` a string is coerced to one element type (the string cast to a number,
+/// failing or not per row, or the numbers to strings), and an implicit cast cannot be told from an
+/// explicit one afterwards. A string, boolean, date or NULL item is refused, naming it; an
+/// explicit numeric cast (`CAST(name AS DOUBLE)`, docs/SQL.md "Bad input") is a number as
+/// written.
+pub fn check_feature_lists(plan: &LogicalPlan) -> datafusion::common::Result<()> {
+    let mut problem = None;
+    plan.apply_with_subqueries(|node| {
+        let LogicalPlan::Aggregate(agg) = node else {
+            return Ok(TreeNodeRecursion::Continue);
+        };
+        for e in &agg.aggr_expr {
+            let mut e = e;
+            while let Expr::Alias(a) = e {
+                e = &a.expr;
+            }
+            let Expr::AggregateFunction(f) = e else {
+                continue;
+            };
+            let name = f.func.name().to_ascii_lowercase();
+            let Some(spec) = dpfusion_udfs::aggregates::registry::get(&name) else {
+                continue;
+            };
+            let Some(i) = spec.data.iter().position(|d| d.name == "features") else {
+                continue;
+            };
+            let Some((items, below)) = f
+                .params
+                .args
+                .get(i)
+                .and_then(|a| written_feature_items(a, &agg.input))
+            else {
+                continue;
+            };
+            for (k, item) in items.iter().enumerate() {
+                let t = item.get_type(below.schema())?;
+                if !numeric_feature(&t) {
+                    let shown = match item {
+                        Expr::Column(c) => c.name.clone(),
+                        e => e.to_string(),
+                    };
+                    problem = Some(format!(
+                        "the features of {name} must be numbers as written, and item {} of the \
+                         list, `{shown}`, is {t} (it would be converted implicitly to the list's \
+                         common type). Cast it explicitly with a numeric cast, e.g. \
+                         CAST({shown} AS DOUBLE) (docs/SQL.md, \"Bad input\"), or drop it from \
+                         the list.",
+                        k + 1
+                    ));
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    match problem {
+        Some(m) => Err(super::refuse(m)),
+        None => Ok(()),
+    }
 }
 
 /// Binary operators allowed over private rows (all total once wrapped, constant cost per row,
@@ -933,6 +1032,73 @@ mod tests {
         let ctx = datafusion::prelude::SessionContext::new();
         let udf = datafusion::execution::FunctionRegistry::udf(&ctx, name).unwrap();
         udf.call(args)
+    }
+
+    /// A model's feature list holds numbers as written: a string (column or literal) or NULL item
+    /// is refused on the plan before type coercion, naming the item (coercion would make
+    /// `[x, s]` a list of numbers by casting `s`, and the model would accept it; a boolean beside
+    /// numbers DataFusion's planner already refuses, "Failed to unify"). An
+    /// explicit numeric cast, computed numbers and a list defined in a subquery are checked the
+    /// same way; list-typed columns are left to the model's own type check.
+    #[tokio::test]
+    async fn feature_lists_hold_numbers_as_written() {
+        let ctx = datafusion::prelude::SessionContext::new();
+        for u in dpfusion_udfs::aggregates::all_udafs() {
+            ctx.register_udaf(u);
+        }
+        let batch = datafusion::arrow::array::RecordBatch::new_empty(Arc::new(Schema::new(vec![
+            Field::new("y", DataType::Float64, true),
+            Field::new("x", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("b", DataType::Boolean, true),
+        ])));
+        ctx.register_batch("t", batch).unwrap();
+        let check = |sql: &'static str| {
+            let state = ctx.state();
+            async move {
+                let plan = state.create_logical_plan(sql).await.unwrap();
+                check_feature_lists(&plan).map_err(|e| e.to_string())
+            }
+        };
+        for (sql, item) in [
+            (
+                "SELECT dp_linreg_gd(y, [x, s], 1.0) FROM t",
+                "item 2 of the list, `s`, is Utf8",
+            ),
+            (
+                "SELECT dp_linreg_gd(y, make_array(x, 'a'), 1.0) FROM t",
+                "`Utf8(\"a\")`",
+            ),
+            (
+                "SELECT dp_linreg_gd(y, make_array(s, x / 2), 1.0) FROM t",
+                "item 1",
+            ),
+            ("SELECT dp_logreg_agd(y, [x, NULL], 1.0) FROM t", "is Null"),
+            (
+                "SELECT dp_mlp_sgd(y, f, 1.0) FROM (SELECT y, [x, s] AS f FROM t) AS q",
+                "`s`, is Utf8",
+            ),
+            (
+                "SELECT m FROM (SELECT dp_linreg_sgd(y, [x, s], 1.0) AS m FROM t)",
+                "dp_linreg_sgd",
+            ),
+        ] {
+            let e = check(sql).await.unwrap_err();
+            assert!(
+                e.contains("must be numbers as written") && e.contains(item),
+                "{sql}: {e}"
+            );
+            assert!(e.contains("CAST("), "{e}");
+        }
+        for sql in [
+            "SELECT dp_linreg_gd(y, [x, CAST(s AS DOUBLE)], 1.0) FROM t",
+            "SELECT dp_linreg_gd(y, [x / 2 - 1, y * 3, 0.5], 1.0) FROM t",
+            "SELECT dp_linreg_gd(y, f, 1.0) FROM (SELECT y, [x, y] AS f FROM t)",
+            // Not a model's features: a string list elsewhere is not this check's business.
+            "SELECT dp_count(y, 1.0) FROM t WHERE array_length(make_array(s, 'b')) = 2",
+        ] {
+            check(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
     }
 
     /// Issue 26, class 2: casts and functions whose per-row size the query chooses.

@@ -26,7 +26,10 @@
 //! The privacy unit and its bounds are the data owner's: `privacy_unit_column` must name the
 //! table's registered unit column and `max_groups_contributed` may only tighten the registered
 //! bound (the session checks both against the registration: [`DpClause`]); everything else the
-//! clause cannot express faithfully is refused with the reason.
+//! clause cannot express faithfully is refused with the reason, among it an aggregate in HAVING
+//! or ORDER BY (only the SELECT list is rewritten: filter or order on its alias in an outer
+//! query). Values are clamped per row to `contribution_bounds_per_group`, not per unit total as
+//! BigQuery does (docs/SQL.md says so).
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
@@ -276,6 +279,27 @@ struct Rewriter<'a> {
     error: Option<Error>,
 }
 
+/// The first aggregate (one the clause maps, one without a DP form, or a dp_* function) called
+/// in `node`, upper-cased as the refusals name it.
+fn first_aggregate<V: datafusion::sql::sqlparser::ast::Visit>(node: &V) -> Option<String> {
+    let found = datafusion::sql::sqlparser::ast::visit_expressions(node, |e| {
+        if let Expr::Function(f) = e {
+            let name = f.name.to_string().to_ascii_lowercase();
+            let agg = MAPPING.iter().any(|(b, _)| *b == name)
+                || NOT_DP.contains(&name.as_str())
+                || name.starts_with("dp_");
+            if agg {
+                return ControlFlow::Break(name.to_ascii_uppercase());
+            }
+        }
+        ControlFlow::Continue(())
+    });
+    match found {
+        ControlFlow::Break(n) => Some(n),
+        ControlFlow::Continue(()) => None,
+    }
+}
+
 fn is_marker(item: &SelectItem) -> bool {
     matches!(item, SelectItem::UnnamedExpr(Expr::Value(v))
         if v.value == Value::SingleQuotedString(MARKER.to_string()))
@@ -292,6 +316,28 @@ impl VisitorMut for Rewriter<'_> {
             return ControlFlow::Continue(());
         }
         select.projection.remove(0);
+        // Only the SELECT list is rewritten: an aggregate in HAVING or ORDER BY would be a second,
+        // unsplit computation over the private rows (the guard would refuse it as non-private,
+        // naming a dp_* function the clause does not take). Refused here, saying what to write.
+        for (clause, found) in [
+            ("HAVING", first_aggregate(&select.having)),
+            ("ORDER BY", first_aggregate(&query.order_by)),
+        ] {
+            if let Some(name) = found {
+                self.error = Some(refusal(format!(
+                    "{name} in {clause} is not rewritten to a DP aggregate (only the SELECT list \
+                     is); give the aggregate an alias in the SELECT list and {} it in an outer \
+                     query, e.g. SELECT * FROM (SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (…) k, \
+                     COUNT(*) AS n FROM t GROUP BY k) WHERE n > 10 ORDER BY n",
+                    if clause == "HAVING" {
+                        "filter on"
+                    } else {
+                        "order by"
+                    }
+                )));
+                return ControlFlow::Break(());
+            }
+        }
         match rewrite_items(&mut select.projection, self.clause) {
             Ok(()) => {
                 self.done = true;
@@ -762,6 +808,14 @@ mod tests {
                 "one DIFFERENTIAL_PRIVACY clause",
             ),
             ("SELECT DIFFERENTIAL_PRIVACY FROM t", "right after SELECT"),
+            (
+                "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) k, COUNT(*) AS n FROM t GROUP BY k HAVING COUNT(*) > 3",
+                "COUNT in HAVING is not rewritten to a DP aggregate",
+            ),
+            (
+                "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1) k, COUNT(*) AS n FROM t GROUP BY k ORDER BY SUM(x) DESC",
+                "SUM in ORDER BY is not rewritten to a DP aggregate",
+            ),
         ];
         for (sql, want) in cases {
             let e = rewrite(sql).unwrap_err();

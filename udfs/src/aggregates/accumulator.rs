@@ -5,7 +5,11 @@
 //! vectorised loops over the Arrow buffers. `state` and `merge_batch` move those exact partials
 //! between plan stages; noise is drawn only in `evaluate`, by the function's [`Finalise`], from
 //! the accumulator's own CSPRNG. A partitioned plan therefore releases one noisy value per
-//! group, computed from the same exact totals as a single-partition plan.
+//! group, computed from the same exact totals as a single-partition plan. Under an insecure test
+//! seed only, the GROUP BY accumulator gives each group its own generator, seeded from the seed
+//! and the group's exact partial ([`seeded_per_group`]), so a seeded group's release does not
+//! follow the order in which groups arrive; the OS-seeded path draws every release from one
+//! CSPRNG stream.
 //!
 //! State layout (fields in this order, each present when the function's [`Shape`] says so):
 //! - `sum`: `Decimal128(38, 0)`, the sum of fixed-point integers (see [`crate::mechanisms::exact`]);
@@ -84,7 +88,7 @@ impl Shape {
 }
 
 /// The exact partial aggregate of one group. Fields the function does not keep are 0.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Partial {
     /// Sum of fixed-point integers x = round(clamp(v)/q).
     pub sum: i128,
@@ -546,7 +550,10 @@ impl GroupsAccumulator for DpGroups {
             })
             .collect();
         let fin = Arc::clone(&self.fin);
-        fin.finalise(self.rng(), &partials)
+        match self.insecure_seed {
+            None => fin.finalise(self.rng(), &partials),
+            Some(seed) => seeded_per_group(fin.as_ref(), seed, &partials),
+        }
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
@@ -628,6 +635,58 @@ impl GroupsAccumulator for DpGroups {
     fn size(&self) -> usize {
         self.memory()
     }
+}
+
+/// INSECURE seeded path only (`with_insecure_seed`, for reproducible tests): each group's release
+/// from its own generator, seeded by [`group_seed`] from the seed, the group's exact partial and
+/// its rank among the groups of this emission with the same partial. The exact partials are the
+/// same for every partitioning, batch size and row order (module docs), so a group's release no
+/// longer depends on the order in which the final aggregate meets its groups, nor on which final
+/// partition holds it (one stream in group-index order did, and every partition restarted it).
+/// Not the group key: an accumulator does not see it. What remains order-dependent: groups with
+/// identical partials in one emission take ranks 0, 1, … in their order (their releases may be
+/// exchanged), and such groups split across final partitions share ranks (the same noise, as
+/// every partition's stream did before). The OS-seeded path is untouched: one CSPRNG stream.
+fn seeded_per_group(fin: &dyn Finalise, seed: u64, partials: &[Partial]) -> Result<ArrayRef> {
+    if partials.is_empty() {
+        return fin.finalise(&mut SecureRng::insecure_from_seed(seed), partials);
+    }
+    let mut seen: std::collections::HashMap<Partial, u64> = std::collections::HashMap::new();
+    let arrays = partials
+        .iter()
+        .map(|p| {
+            let rank = seen.entry(*p).or_insert(0);
+            let mut rng = SecureRng::insecure_from_seed(group_seed(seed, p, *rank));
+            *rank += 1;
+            fin.finalise(&mut rng, std::slice::from_ref(p))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+    Ok(datafusion::arrow::compute::concat(&refs)?)
+}
+
+/// The seed of one group's generator in the insecure seeded path: the seed, the partial's fields
+/// and the rank folded through SplitMix64's finaliser (Steele, Lea and Flood, "Fast Splittable
+/// Pseudorandom Number Generators", OOPSLA 2014), a fixed bijective mixer, so the value is the
+/// same on every platform and run.
+fn group_seed(seed: u64, p: &Partial, rank: u64) -> u64 {
+    fn mix(x: u64) -> u64 {
+        let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    [
+        p.sum as u64,
+        (p.sum >> 64) as u64,
+        p.sum_sq as u64,
+        (p.sum_sq >> 64) as u64,
+        p.count as u64,
+        p.rows as u64,
+        rank,
+    ]
+    .into_iter()
+    .fold(mix(seed), |h, w| mix(h ^ w))
 }
 
 /// The no-GROUP-BY accumulator: one group of a [`DpGroups`]. `evaluate` does not reset the
@@ -1047,6 +1106,113 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Issue (review): under an insecure test seed, a group's release does not depend on the
+    /// order in which the final aggregate meets its groups. The same seeded GROUP BY query at
+    /// `target_partitions` 1 and 4, over batches of 7 and of 5,000 rows, with the rows in order
+    /// and reversed, releases the same values for every group whose exact partial is its own
+    /// (each group's generator comes from the seed and its exact partial, which every
+    /// partitioning computes identically). Groups 23 and 24 hold identical rows: they still get
+    /// different noise (ranks 0 and 1) when one final partition holds both, but which of them
+    /// gets which may follow the order, and across partitions they share rank 0 (the accumulator
+    /// cannot see the key that would tell them apart; [`seeded_per_group`]).
+    #[tokio::test]
+    async fn seeded_groups_release_the_same_whatever_the_order() {
+        use datafusion::arrow::array::RecordBatch;
+        use datafusion::arrow::datatypes::Schema;
+        use datafusion::datasource::MemTable;
+        use datafusion::prelude::{SessionConfig, SessionContext};
+        // Group g < 23 has 100 + 3g rows (distinct counts and sums); 23 and 24 the same 50 rows.
+        let mut rows: Vec<(i64, f64)> = (0..23i64)
+            .flat_map(|g| (0..100 + 3 * g).map(move |j| (g, ((j * 31 + g * 7) % 97) as f64 / 10.0)))
+            .chain((0..100).map(|j| (23 + j % 2, (j / 2 % 10) as f64)))
+            .collect();
+        // A fixed shuffle, so that groups arrive interleaved.
+        let n = rows.len();
+        for i in 0..n {
+            rows.swap(i, (i * 7919 + 13) % n);
+        }
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Int64, false),
+            Field::new("x", DataType::Float64, false),
+        ]));
+        let mut runs = vec![];
+        for (partitions, chunk, reversed) in [
+            (1, 5000, false),
+            (4, 7, false),
+            (4, 5000, true),
+            (1, 7, true),
+        ] {
+            let mut rows = rows.clone();
+            if reversed {
+                rows.reverse();
+            }
+            let batches: Vec<RecordBatch> = rows
+                .chunks(chunk)
+                .map(|c| {
+                    RecordBatch::try_new(
+                        Arc::clone(&schema),
+                        vec![
+                            Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.0))),
+                            Arc::new(Float64Array::from_iter_values(c.iter().map(|r| r.1))),
+                        ],
+                    )
+                    .unwrap()
+                })
+                .collect();
+            // Spread over the partitions round-robin, as a scan of several files would be.
+            let mut parts = vec![vec![]; partitions];
+            for (i, b) in batches.into_iter().enumerate() {
+                parts[i % partitions].push(b);
+            }
+            let ctx = SessionContext::new_with_config(
+                SessionConfig::new().with_target_partitions(partitions),
+            );
+            for u in crate::aggregates::all_udafs_insecure_seeded(17) {
+                ctx.register_udaf(u);
+            }
+            ctx.register_table(
+                "t",
+                Arc::new(MemTable::try_new(Arc::clone(&schema), parts).unwrap()),
+            )
+            .unwrap();
+            let out = ctx
+                .sql(
+                    "SELECT g, dp_sum(x, 0, 10, 1.0, 1e-6), dp_count(x, 1.0, 1e-6), \
+                     dp_mean(x, 0, 10, 1.0, 1e-6) FROM t GROUP BY g ORDER BY g",
+                )
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+            let col = |i: usize| -> Vec<f64> {
+                out.iter()
+                    .flat_map(|b| {
+                        let c = datafusion::arrow::compute::cast(b.column(i), &DataType::Float64)
+                            .unwrap();
+                        c.as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+                            .values()
+                            .to_vec()
+                    })
+                    .collect()
+            };
+            let (sums, counts, means) = (col(1), col(2), col(3));
+            assert_eq!(sums.len(), 25);
+            if partitions == 1 {
+                // In one emission; split across final partitions both take rank 0.
+                assert_ne!(sums[23], sums[24], "identical groups, independent noise");
+            }
+            runs.push((
+                sums[..23].to_vec(),
+                counts[..23].to_vec(),
+                means[..23].to_vec(),
+            ));
+        }
+        for r in &runs[1..] {
+            assert_eq!(&runs[0], r);
         }
     }
 }

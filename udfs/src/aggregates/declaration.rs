@@ -219,8 +219,8 @@ pub const UPPER: Param = number("upper", Default::Required, "finite, ≥ lower")
 
 pub const SGD_SAMPLE_RATE: Param = number(
     "sample_rate",
-    Default::Number("0.01"),
-    "Poisson sample rate q per step",
+    Default::Number("0"),
+    "Poisson sample rate q per step; 0: 0.01 ('independent'; 'mf' does not sample)",
 );
 pub const SGD_STEPS: Param = number(
     "steps",

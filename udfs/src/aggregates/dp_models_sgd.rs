@@ -13,6 +13,8 @@
 //!   accountant names the owner's options).
 //! - `noise => 'mf'`: one pass over a random batch assignment with correlated noise (square-root
 //!   factorisation); cost `Gaussian { μ = gaussian_mu(ε, δ) }`, which composes in every filter.
+//!   It does not sample: `steps` sets the batches (each row joins one of them), and a written
+//!   `sample_rate` (other than 0, its declared default) is refused, not ignored.
 //! - `steps` 0 (default): 1000 with `'independent'`, 100 with `'mf'`; `epochs` > 0 instead sets
 //!   T = ⌈epochs/q⌉ (`'independent'` only; `'mf'` is one epoch). Both set is refused.
 //! - Rows with a NULL/NaN label or feature, a wrong-length list, or a label outside the model's
@@ -20,8 +22,8 @@
 //! - Privacy units (`units:K:C`): the key after `neighbours`, as for `dp_logreg_agd`; units are
 //!   sampled and clipped as a whole.
 //!
-//! Defaults (chosen on synthetic standardised data, docs/UTILITY.md "DP-SGD"): sample_rate 0.01,
-//! clip 1, learning_rate 0.5, hidden 32, classes 2.
+//! Defaults (chosen on synthetic standardised data, docs/UTILITY.md "DP-SGD"): sample_rate 0.01
+//! (`'independent'`; written as 0), clip 1, learning_rate 0.5, hidden 32, classes 2.
 //!
 //! Returns the model struct ([`crate::optim::model`], mechanism `'dp-sgd'` or `'dp-sgd-mf'`)
 //! for the linear models (so `linreg_predict` / `logreg_predict_proba` apply), and the network
@@ -156,12 +158,26 @@ impl SgdParams {
                 PrivacyError::invalid("noise", format!("'{s}'"), NoiseKind::ACCEPTED)
             })?,
         };
+        // 0 (the declared default) leaves q to the noise kind: 0.01 under 'independent'; 'mf'
+        // has no sampling (its batches are set by `steps`), so a written rate is refused there
+        // rather than ignored.
+        let sample_rate = num("sample_rate")?.filter(|&q| q != 0.0);
+        if let (Some(q), NoiseKind::Mf) = (sample_rate, noise) {
+            return Err(PrivacyError::invalid(
+                "sample_rate",
+                q,
+                "unset with noise => 'mf', which does not sample: it makes one pass in which \
+                 every row joins one of `steps` batches (about 1/steps of the rows each); drop \
+                 sample_rate and set steps (e.g. steps => 100 for batches of about 1% of the \
+                 rows)",
+            ));
+        }
         let sample_rate = in_range(
             "sample_rate",
-            num("sample_rate")?,
+            sample_rate,
             DEFAULT_SAMPLE_RATE,
             |x| x > 0.0 && x <= 1.0,
-            "a number in (0, 1]",
+            "0 (the default: 0.01) or a number in (0, 1]",
         )?;
         let steps = in_range(
             "steps",
@@ -527,8 +543,8 @@ impl Accumulator for SgdAccumulator {
     }
 }
 
-const SGD_ARGS: &str = "sample_rate: Poisson rate q in (0, 1] (default 0.01); steps: T (0, the \
-     default: 1000, or 100 with 'mf'); epochs: instead of steps, T = ceil(epochs/q); clip: L2 \
+const SGD_ARGS: &str = "sample_rate: Poisson rate q in (0, 1] (0, the default: 0.01; 'independent' \
+     only, refused with 'mf'); steps: T (0, the default: 1000, or 100 with 'mf'); epochs: instead of steps, T = ceil(epochs/q); clip: L2 \
      bound of each example's whole gradient (default 1); learning_rate: step on the mean \
      clipped gradient (default 0.5); noise: 'independent' (Poisson DP-SGD, default) or 'mf' \
      (one pass, correlated noise).";
@@ -730,7 +746,7 @@ mod tests {
                 .to_string()
         };
         // Replace neighbours: Poisson refused with the owner's options, 'mf' accepted.
-        let mut lits = vec![f(1.0), f(1e-6), f(0.01), f(0.0), f(0.0), f(1.0), f(0.5)];
+        let mut lits = vec![f(1.0), f(1e-6), f(0.0), f(0.0), f(0.0), f(1.0), f(0.5)];
         lits.extend([s("independent"), s("replace")]);
         assert!(err(SgdKind::Logistic, &lits).contains("noise => 'mf'"));
         lits[7] = s("mf");
@@ -741,10 +757,43 @@ mod tests {
         assert!(err(SgdKind::Linear, &[f(1.0), f(1e-6), f(1.5)]).contains("sample_rate"));
     }
 
+    /// 'mf' does not sample: a written sample_rate is refused (saying what to write), never
+    /// silently ignored; 0, the declared default, leaves q to the noise kind (0.01 Poisson).
+    #[test]
+    fn mf_refuses_a_written_sample_rate() {
+        let call = |q: f64, noise: &str| {
+            let lits = [
+                f(1.0),
+                f(1e-6),
+                f(q),
+                f(50.0),
+                f(0.0),
+                f(1.0),
+                f(0.5),
+                s(noise),
+            ];
+            SgdParams::from_literals(SgdKind::Logistic, &lits)
+        };
+        for q in [0.01, 0.02, 1.0] {
+            let e = call(q, "mf").unwrap_err().to_string();
+            assert!(
+                e.contains("'sample_rate'") && e.contains("set steps"),
+                "{q}: {e}"
+            );
+        }
+        let mf = call(0.0, "mf").unwrap();
+        assert_eq!((mf.steps, mf.plan().unwrap().sample_rate), (50, 1.0 / 50.0));
+        assert_eq!(
+            call(0.0, "independent").unwrap().sample_rate,
+            DEFAULT_SAMPLE_RATE
+        );
+        assert_eq!(call(0.02, "independent").unwrap().sample_rate, 0.02);
+    }
+
     /// 'mf': one Gaussian mechanism with μ = gaussian_mu(ε, δ) and σ ≥ clip·‖C e₁‖/μ.
     #[test]
     fn mf_is_one_gaussian_mechanism() {
-        let mut lits = vec![f(0.5), f(1e-6), f(0.01), f(50.0), f(0.0), f(1.0), f(0.5)];
+        let mut lits = vec![f(0.5), f(1e-6), f(0.0), f(50.0), f(0.0), f(1.0), f(0.5)];
         lits.push(s("mf"));
         let p = SgdParams::from_literals(SgdKind::Logistic, &lits).unwrap();
         let mu = crate::privacy::gaussian_mu(0.5, 1e-6).unwrap();

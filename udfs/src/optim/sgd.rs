@@ -45,15 +45,29 @@
 //! 1. Each unit is put in one of T batches uniformly at random, independently of the others
 //!    (so each unit is in exactly one batch: single participation, one pass).
 //! 2. Step t computes Gₜ = Σ_{u∈batch t} vᵤ (clipped as above, exact), releases
-//!    Yₜ = round((C·G)ₜ) + Zₜ (Z discrete Gaussian on the grid) and steps with
-//!    g̃ₜ = (C⁻¹Y)ₜ = Gₜ + noise correlated across steps (post-processing of Y).
+//!    Yₜ = round((Ĉ·G)ₜ) + Zₜ (Z discrete Gaussian on the grid; Ĉ is C with its coefficients on
+//!    a 2⁻⁴⁸ grid, below) and steps with g̃ₜ = (C⁻¹Y)ₜ = Gₜ + noise correlated across steps
+//!    (post-processing of Y: floats are fine there).
 //! 3. **Privacy.** Conditioned on the batch assignment (independent per unit, so the same law
 //!    for the other units whether a unit is added or removed), adding or removing a unit
-//!    changes one Gₜ by ≤ clip in L2, so C·G moves by ≤ clip·‖C e_t‖ ≤ clip·‖C e₁‖ (the first
-//!    column is the longest of a lower-triangular Toeplitz matrix). For adaptively chosen Gₜ
+//!    changes one Gₜ by ≤ clip in L2, so Ĉ·G moves by ≤ clip·‖Ĉ e_t‖ ≤ clip·‖Ĉ e₁‖ (the first
+//!    column is the longest of a lower-triangular Toeplitz matrix; [`max_column_norm`] bounds it
+//!    from the exact integers). For adaptively chosen Gₜ
 //!    this is still a Gaussian mechanism of that sensitivity (Denisov et al. 2022, Thm. 2.1,
-//!    single participation). Rounding C·G to the grid adds at most one grid step per released
+//!    single participation). Rounding Ĉ·G to the grid adds at most one grid step per released
 //!    coordinate: slack √(T·(p+1)) grid steps in L2 ([`GaussianMechanism::from_mu_with_slack`]).
+//!
+//!    **Exact correlated sum.** The bound above is about the value Ĉ·G itself, so that value is
+//!    computed exactly ([`correlated_sum_exact`]), as the Poisson path's sums are: the Gₛ are
+//!    exact integers on the noise grid, the coefficients are the integers m_k = round(c_k·2⁴⁸)
+//!    (Ĉ = m/2⁴⁸ is the public matrix the mechanism applies and whose column norm calibrates the
+//!    noise), and Σₛ m_{t−s}·Gₛ is formed in 190-bit integer arithmetic and rounded to the grid
+//!    once. A floating-point sum would not do: a recursive sum of n terms errs by up to
+//!    (n−1)·u·Σ|xᵢ| + O(u²) (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed.,
+//!    §4.2), and here Σ|xᵢ| = Σₛ c_{t−s}|Gₛ| is the mass of every other row of the batches, so the
+//!    error of two neighbours' computed sums is not bounded by clip nor by any slack fixed from
+//!    the literals (a row's change could move the computed release by thousands of grid steps
+//!    when the other rows' sum is large).
 //!    So the whole fit is μ-GDP with μ = gaussian_mu(ε, δ) (a mixture over the assignment keeps
 //!    the bound: joint convexity of the hockey-stick divergence), recorded as `Gaussian { μ }`,
 //!    which composes in every filter. Replace neighbours double Δ; units use μ/(√K·C).
@@ -149,10 +163,75 @@ pub fn sqrt_factor_inverse(t: usize) -> Vec<f64> {
     d
 }
 
-/// ‖C e₁‖ = √(Σ_{k<T} c_k²), rounded up: the largest column norm of C.
+/// Fractional bits of the fixed-point coefficients of the released factor Ĉ (module docs,
+/// "Exact correlated sum").
+pub const MF_COEF_BITS: u32 = 48;
+
+/// The coefficients of Ĉ, the factor the `'mf'` release applies: m_k = round(c_k·2⁴⁸), so
+/// ĉ_k = m_k/2⁴⁸ exactly (c₀ = 1 gives 2⁴⁸; every c_k ∈ (0, 1]). Ĉ is public (fixed by T): its
+/// exact entries, not C's, are what the sensitivity is taken of.
+pub fn sqrt_factor_fixed(t: usize) -> Vec<i64> {
+    let scale = (1u64 << MF_COEF_BITS) as f64;
+    sqrt_factor(t)
+        .into_iter()
+        .map(|c| (c * scale).round() as i64)
+        .collect()
+}
+
+/// An upper bound on the largest column norm of the released factor Ĉ, ‖Ĉ e₁‖ = √(Σ_{k<T} m_k²)/2⁴⁸
+/// (the first column is the longest of a lower-triangular Toeplitz matrix): the sum of squares
+/// exactly in integers, its square root rounded up to an integer and then to an `f64` above it;
+/// never below the float norm of C itself (so it bounds both).
 pub fn max_column_norm(t: usize) -> f64 {
-    let s: f64 = sqrt_factor(t).iter().map(|c| c * c).sum();
-    s.sqrt() * (1.0 + 1e-12)
+    let sq = sqrt_factor_fixed(t)
+        .iter()
+        .map(|&m| (m.unsigned_abs() as u128) * (m.unsigned_abs() as u128))
+        .fold(0u128, u128::saturating_add);
+    let mut r = sq.isqrt();
+    if r * r < sq {
+        r += 1; // ⌈√sq⌉
+    }
+    let mut f = r as f64;
+    if (f as u128) < r {
+        f = f.next_up();
+    }
+    let exact = f * crate::aggregates::exact::pow2(-(MF_COEF_BITS as i32));
+    let float: f64 = sqrt_factor(t).iter().map(|c| c * c).sum();
+    exact.max(float.sqrt() * (1.0 + 1e-12))
+}
+
+/// The `'mf'` release's value before noise at step t, in grid units, computed exactly
+/// (module docs, "Exact correlated sum"): `out[j]` = round((Ĉ·G)ₜ[j]) = round(Σ_{s≤t} m_{t−s}·Gₛ[j]
+/// / 2⁴⁸) (ties toward +∞), clamped to the `i128` range. `hist[s]` is the exact integer sum Gₛ
+/// of batch s on the noise grid and `m` is [`sqrt_factor_fixed`] (at least t + 1 long).
+///
+/// Each Gₛ[j] is split as h·2⁶⁴ + l (h = Gₛ[j] ≫ 64 ∈ i64, l ∈ [0, 2⁶⁴)); with 0 ≤ m_k ≤ 2⁴⁸ and
+/// t < 2¹³ terms ([`MF_MAX_STEPS`]) the two running sums Σm·h (|·| < 2¹²⁴) and Σm·l (< 2¹²⁵) fit in
+/// `i128`, so the 190-bit total H·2⁶⁴ + L is exact. After moving L's bits above 2⁶⁴ into H,
+/// round(total/2⁴⁸) = H·2¹⁶ + ⌊(L + 2⁴⁷)/2⁴⁸⌋ with the second term in [0, 2¹⁶]; when H·2¹⁶ leaves
+/// the `i128` range the result is the range's end (a clamp of the exact value: 1-Lipschitz, so the
+/// sensitivity argument is unchanged).
+pub fn correlated_sum_exact(m: &[i64], hist: &[Vec<i128>], t: usize, out: &mut [i128]) {
+    debug_assert!(t < hist.len() && t < m.len() && t < (1 << 13));
+    let mut hi = vec![0i128; out.len()];
+    let mut lo = vec![0i128; out.len()];
+    for (s, g) in hist[..=t].iter().enumerate() {
+        let w = m[t - s] as i128;
+        for ((h, l), &x) in hi.iter_mut().zip(lo.iter_mut()).zip(g) {
+            *h += w * (x >> 64);
+            *l += w * ((x as u64) as i128);
+        }
+    }
+    for ((o, &h), &l) in out.iter_mut().zip(&hi).zip(&lo) {
+        let h = h + (l >> 64);
+        let l = l & ((1i128 << 64) - 1);
+        let frac = (l + (1i128 << (MF_COEF_BITS - 1))) >> MF_COEF_BITS;
+        *o = match h.checked_mul(1i128 << (64 - MF_COEF_BITS)) {
+            Some(a) => a.saturating_add(frac),
+            None if h < 0 => i128::MIN,
+            None => i128::MAX,
+        };
+    }
 }
 
 /// A planned fit: everything fixed from the literals.
@@ -498,11 +577,16 @@ impl SgdPlan {
             for u in 0..ctx.n_units() {
                 bins[rng.uniform_below(t_total as u128) as usize].push(u as u32);
             }
-            (sqrt_factor(t_total), sqrt_factor_inverse(t_total), bins)
+            (
+                sqrt_factor_fixed(t_total),
+                sqrt_factor_inverse(t_total),
+                bins,
+            )
         } else {
             (Vec::new(), Vec::new(), Vec::new())
         };
-        let mut hist_g: Vec<Vec<f64>> = Vec::new();
+        let mut hist_g: Vec<Vec<i128>> = Vec::new();
+        let mut centre = vec![0i128; p + 1];
         let mut hist_y: Vec<Vec<f64>> = Vec::new();
         // Standard deviation of one step's noisy count (mf: Y's count noise through C⁻¹,
         // √Σd_k² ≤ 1.3 of it).
@@ -536,18 +620,13 @@ impl SgdPlan {
                     for &u in &bins[t] {
                         ctx.add(u as usize, &theta, &mut w, &mut acc);
                     }
-                    hist_g.push(acc.iter().map(|&a| a as f64 * ctx.q).collect());
-                    // Yₜ = round((C·G)ₜ) + Zₜ.
-                    let mut y = vec![0.0; p + 1];
-                    for (s_, gs) in hist_g.iter().enumerate() {
-                        let w = c[t - s_];
-                        y.iter_mut().zip(gs).for_each(|(a, b)| *a += w * b);
-                    }
-                    let y = y
-                        .into_iter()
-                        .map(|x| mech.release(rng, x))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| DataFusionError::Execution(e.to_string()))?;
+                    hist_g.push(acc.clone());
+                    // Yₜ = round((Ĉ·G)ₜ) + Zₜ, the sum exact in integers (module docs).
+                    correlated_sum_exact(&c, &hist_g, t, &mut centre);
+                    let y = centre
+                        .iter()
+                        .map(|&a| release_exact(&mech, rng, a, exp))
+                        .collect::<Result<Vec<_>>>()?;
                     hist_y.push(y);
                     // g̃ₜ = (C⁻¹Y)ₜ.
                     let mut out = vec![0.0; p + 1];
@@ -614,6 +693,88 @@ mod tests {
             m * m
         );
         assert!((direct - 2.3099).abs() < 1e-4, "{direct}");
+    }
+
+    /// The 'mf' release's value before noise is exact: c₀..c₂ = 1, 1/2, 3/8 are on the 2⁻⁴⁸ grid,
+    /// so with G₀ = 2⁶⁰ + 1, G₁ = 3, G₂ = −2⁶⁰ (grid units) the correlated sum at t = 2 is, by
+    /// hand, (3/8)(2⁶⁰ + 1) + (1/2)·3 − 2⁶⁰ = −5·2⁵⁷ + 15/8, which rounds to −5·2⁵⁷ + 2. The
+    /// former float recursion loses the low bits (−5·2⁵⁷: two grid steps off, and by an amount
+    /// that grows with the other rows' mass, not bounded by clip).
+    #[test]
+    fn correlated_sum_is_exact() {
+        let m = sqrt_factor_fixed(3);
+        assert_eq!(m, vec![1 << 48, 1 << 47, 3 << 45]);
+        let big = 1i128 << 60;
+        let hist = vec![vec![big + 1, -7], vec![3, 0], vec![-big, 5]];
+        let mut out = vec![0i128; 2];
+        correlated_sum_exact(&m, &hist, 2, &mut out);
+        // Second coordinate: (3/8)(−7) + 0 + 5 = 2.375 → 2.
+        assert_eq!(out, vec![-5 * (1i128 << 57) + 2, 2]);
+        let c = sqrt_factor(3);
+        let float = c[2] * (big + 1) as f64 + c[1] * 3.0 + c[0] * (-big) as f64;
+        assert_eq!(float, -5.0 * 2f64.powi(57), "the float sum this replaces");
+        // t = 0 and t = 1, and negative halves (x >> 64 = −1 for small negatives).
+        correlated_sum_exact(&m, &hist, 0, &mut out);
+        assert_eq!(out, vec![big + 1, -7]);
+        correlated_sum_exact(&m, &hist, 1, &mut out);
+        // (1/2)(2⁶⁰ + 1) + 3 = 2⁵⁹ + 3.5 → 2⁵⁹ + 4 (ties up); (1/2)(−7) + 0 = −3.5 → −3.
+        assert_eq!(out, vec![(1i128 << 59) + 4, -3]);
+        // Beyond the i128 range: clamped, never wrapped.
+        let huge = [vec![i128::MAX], vec![i128::MAX]];
+        correlated_sum_exact(&m, &huge[..2], 1, &mut out[..1]);
+        assert_eq!(out[0], i128::MAX);
+        let neg = vec![vec![i128::MIN], vec![i128::MIN]];
+        correlated_sum_exact(&m, &neg, 1, &mut out[..1]);
+        assert_eq!(out[0], i128::MIN);
+    }
+
+    /// The sensitivity the 'mf' noise is calibrated to holds for the computed values: two
+    /// neighbours (one unit vector of norm c_int = 1000 added to batch 3) beside a huge mass of
+    /// other rows (about 2⁷⁰ grid units per coordinate, where an f64 ulp is 2¹⁸ grid units) have
+    /// computed releases within c_int·‖Ĉe₁‖ + √(T·(p+1)) grid steps in L2 over all T steps. The
+    /// float recursion it replaces moves by whole ulps there (batch 3's first coordinate sits
+    /// 300 below a rounding boundary of f64).
+    #[test]
+    fn correlated_sums_of_neighbours_stay_within_the_sensitivity() {
+        let (t_total, c_int) = (40usize, 1000i128);
+        let m = sqrt_factor_fixed(t_total);
+        let other: Vec<Vec<i128>> = (0..t_total)
+            .map(|s| {
+                vec![
+                    (1i128 << 70) + (1 << 17) - 300,
+                    -(1i128 << 70) - 7 * s as i128,
+                ]
+            })
+            .collect();
+        let mut with = other.clone();
+        with[3][0] += c_int * 3 / 5;
+        with[3][1] += c_int * 4 / 5;
+        let (mut a, mut b) = (vec![0i128; 2], vec![0i128; 2]);
+        let mut d2 = 0f64;
+        for t in 0..t_total {
+            correlated_sum_exact(&m, &other, t, &mut a);
+            correlated_sum_exact(&m, &with, t, &mut b);
+            d2 += a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| ((x - y) as f64).powi(2))
+                .sum::<f64>();
+        }
+        let bound = c_int as f64 * max_column_norm(t_total) + ((t_total * 2) as f64).sqrt();
+        assert!(d2.sqrt() <= bound, "{} > {bound}", d2.sqrt());
+        // The float recursion on the same data breaks it.
+        let c = sqrt_factor(t_total);
+        let float = |h: &[Vec<i128>], t: usize, j: usize| -> f64 {
+            (0..=t)
+                .map(|s| c[t - s] * h[s][j] as f64)
+                .sum::<f64>()
+                .round()
+        };
+        let f2: f64 = (0..t_total)
+            .flat_map(|t| (0..2).map(move |j| (t, j)))
+            .map(|(t, j)| (float(&with, t, j) - float(&other, t, j)).powi(2))
+            .sum();
+        assert!(f2.sqrt() > bound, "float: {} ≤ {bound}", f2.sqrt());
     }
 
     #[test]
