@@ -195,7 +195,7 @@ pub fn max_column_norm(t: usize) -> f64 {
     if (f as u128) < r {
         f = f.next_up();
     }
-    let exact = f * crate::aggregates::exact::pow2(-(MF_COEF_BITS as i32));
+    let exact = f * crate::mechanisms::exact::pow2(-(MF_COEF_BITS as i32));
     let float: f64 = sqrt_factor(t).iter().map(|c| c * c).sum();
     exact.max(float.sqrt() * (1.0 + 1e-12))
 }
