@@ -6,7 +6,8 @@
 //! ```
 //!
 //! (defaults: 200,000 rows, 2 partitions, best of 1 after no warm-up; `DPFUSION_BENCH_REPS` sets
-//! the repetitions). Data: n rows of (g, unit, x), 1,000 groups, n/6 units, each unit's rows
+//! the repetitions; `DPFUSION_BENCH_ONLY=dp_sum` runs the unit `dp_sum` alone, e.g. under
+//! `perf record`, and prints its time). Data: n rows of (g, unit, x), 1,000 groups, n/6 units, each unit's rows
 //! spread over groups. Pairs, each printed with its ratio:
 //! - `SELECT g, dp_sum(x, 0, 100, …) FROM t GROUP BY g` on a unit-level table (K = 4, C = 3: the
 //!   per-(unit, group) aggregate, the keyed group choice, partition selection) vs
@@ -104,6 +105,7 @@ async fn main() {
     let rows = env_list("DPFUSION_BENCH_ROWS", "200000");
     let partitions = env_list("DPFUSION_BENCH_PARTITIONS", "2");
     let reps = env_list("DPFUSION_BENCH_REPS", "1")[0].max(1);
+    let only = std::env::var("DPFUSION_BENCH_ONLY").ok();
     println!("# dpfusion privacy-units benchmark (best of {reps}; ms)\n");
     println!(
         "| rows | partitions | unit dp_sum per group | plain sum per group | ratio | floor: sum \
@@ -153,6 +155,12 @@ async fn main() {
                 dp("SELECT g, dp_sum(x, 0, 100, epsilon => 1, delta => 1e-7) FROM t GROUP BY g"),
             )
             .await;
+            if only.as_deref() == Some("dp_sum") {
+                println!("| {n} | {p} | {} |", ms(dp_sum));
+                drop(s);
+                let _ = std::fs::remove_dir_all(&dir);
+                continue;
+            }
             let sum = best(reps, plain("SELECT g, sum(x) FROM t GROUP BY g")).await;
             let dp_cd = best(
                 reps,

@@ -846,9 +846,10 @@ impl Accumulator for SampleAccumulator {
 
 /// `__dpfusion_unit_groups(K, hash, c0, c1, …)`, aggregated by unit over the per-(unit, group)
 /// rows: the K rows of smallest `hash` ([`GroupKey`] of the (unit, group)) with their columns, as
-/// a list of structs `{c0, c1, …}`. State per unit: at most K (hash, row) entries (the row in
-/// arrow's row format); a new row with a smaller hash than the largest kept evicts it; merging
-/// keeps the K smallest of the union. Which rows are kept depends only on the hashes (the
+/// a list of structs `{c0, c1, …}`. State per unit: at most K (hash, row) entries, the row a
+/// reference into the input arrays held (no allocation per entry; `TopGroupsAccumulator`); a new
+/// row with a smaller hash than the largest kept evicts it; merging keeps the K smallest of the
+/// union. Which rows are kept depends only on the hashes (the
 /// (unit, group) values and the secret key), never on the order or the partitioning: the same
 /// choice as `row_number() OVER (PARTITION BY unit ORDER BY hash) <= K`, without the sort. A
 /// [`GroupsAccumulator`](datafusion::logical_expr::GroupsAccumulator): one state vector for all
@@ -931,29 +932,52 @@ impl AggregateUDFImpl for TopGroups {
             .iter()
             .map(|e| e.data_type(args.schema))
             .collect::<Result<Vec<_>>>()?;
-        let encoder = RowConverter::new(types.iter().cloned().map(SortField::new).collect())?;
-        Ok(Box::new(TopGroupsAccumulator {
-            k: usize::try_from(k).unwrap_or(usize::MAX),
+        Ok(Box::new(TopGroupsAccumulator::new(
+            usize::try_from(k).unwrap_or(usize::MAX),
             types,
-            encoder,
-            units: vec![],
-            bytes: 0,
-            entries: 0,
-        }))
+        )))
     }
 }
 
+/// The state of [`TopGroups`] for all units of one aggregate, without an allocation per entry:
+/// each unit (group index `u`) owns S = min(K, [`INLINE`]) slots `u·S .. u·S + S` and, only if
+/// K > S, a vector for its entries beyond S; its first `counts[u]` entries are kept, each a hash
+/// and a reference to its row in `store`, the input arrays (update or merge batches) that a kept
+/// entry still points into. Evicted rows stay in `store` until it holds more than twice the kept
+/// entries (plus [`COMPACT_SLACK`]): then the kept rows are gathered into one batch (arrow's
+/// `interleave`, any type) and the rest dropped, so the rows held stay O(entries) and each input
+/// row is copied O(1) times (amortised).
 struct TopGroupsAccumulator {
     k: usize,
+    /// S: inline slots per unit.
+    s: usize,
     types: Vec<DataType>,
-    encoder: RowConverter,
-    /// Per unit (group index): at most K (hash, row) entries.
-    units: Vec<Vec<(u64, Box<[u8]>)>>,
-    /// The rows' heap size.
-    bytes: usize,
+    /// Per unit: how many entries it keeps (≤ K).
+    counts: Vec<u32>,
+    /// Per inline slot: the entry's keyed hash and its row, (batch of `store`, row in it).
+    slots: Vec<Entry>,
+    /// Per unit, if K > S: its entries beyond the S inline ones.
+    more: Vec<Vec<Entry>>,
+    /// The batches that kept rows point into: (rows, the columns).
+    store: Vec<(usize, Vec<ArrayRef>)>,
+    /// The rows of `store`.
+    held: usize,
+    /// The arrays' memory in `store`.
+    store_bytes: usize,
     /// The entries kept, over all units.
     entries: usize,
+    /// The entries in `more`.
+    more_entries: usize,
 }
+
+/// A kept entry: its keyed hash, and its row as (batch of the store, row in it).
+type Entry = (u64, (u32, u32));
+
+/// Inline slots per unit (K is at most this in the usual policies).
+const INLINE: usize = 8;
+
+/// Rows the store may hold beyond twice the kept entries before it is compacted.
+const COMPACT_SLACK: usize = 16_384;
 
 impl std::fmt::Debug for TopGroupsAccumulator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -961,31 +985,64 @@ impl std::fmt::Debug for TopGroupsAccumulator {
             f,
             "TopGroupsAccumulator {{ k: {}, units: {} }}",
             self.k,
-            self.units.len()
+            self.counts.len()
         )
     }
 }
 
 impl TopGroupsAccumulator {
-    fn insert(&mut self, unit: usize, hash: u64, row: datafusion::arrow::row::Row<'_>) {
-        let kept = &mut self.units[unit];
-        if kept.len() < self.k {
-            self.bytes += row.as_ref().len();
+    fn new(k: usize, types: Vec<DataType>) -> Self {
+        Self {
+            k,
+            s: k.min(INLINE),
+            types,
+            counts: vec![],
+            slots: vec![],
+            more: vec![],
+            store: vec![],
+            held: 0,
+            store_bytes: 0,
+            entries: 0,
+            more_entries: 0,
+        }
+    }
+
+    /// Unit `u`'s kept entries, mutable: its inline slots then the rest.
+    fn entries_mut(&mut self, u: usize) -> impl Iterator<Item = &mut Entry> {
+        let n = self.counts[u] as usize;
+        let inline = &mut self.slots[u * self.s..u * self.s + n.min(self.s)];
+        let more = self.more.get_mut(u).map(|v| v.iter_mut());
+        inline.iter_mut().chain(more.into_iter().flatten())
+    }
+
+    /// Offers the entry (hash, row) to unit `unit`; true if kept.
+    fn insert(&mut self, unit: usize, hash: u64, row: (u32, u32)) -> bool {
+        let n = self.counts[unit] as usize;
+        if n < self.k {
+            if n < self.s {
+                self.slots[unit * self.s + n] = (hash, row);
+            } else {
+                self.more[unit].push((hash, row));
+                self.more_entries += 1;
+            }
+            self.counts[unit] += 1;
             self.entries += 1;
-            kept.push((hash, row.as_ref().into()));
-            return;
+            return true;
         }
         // The largest kept hash; ties keep the entry already there (equal hashes are the same
         // (unit, group) under the PRF but for a negligible collision).
-        let (i, max) = kept
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, e)| e.0)
-            .map(|(i, e)| (i, e.0))
-            .expect("K > 0 entries");
-        if hash < max {
-            self.bytes = self.bytes + row.as_ref().len() - kept[i].1.len();
-            kept[i] = (hash, row.as_ref().into());
+        let mut max: Option<&mut Entry> = None;
+        for e in self.entries_mut(unit) {
+            if max.as_ref().is_none_or(|m| e.0 > m.0) {
+                max = Some(e);
+            }
+        }
+        match max {
+            Some(m) if hash < m.0 => {
+                *m = (hash, row);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -997,10 +1054,16 @@ impl TopGroupsAccumulator {
         filter: Option<&datafusion::arrow::array::BooleanArray>,
         total: usize,
     ) -> Result<()> {
-        if self.units.len() < total {
-            self.units.resize_with(total, Vec::new);
+        if self.counts.len() < total {
+            self.counts.resize(total, 0);
+            self.slots.resize(total * self.s, (0, (0, 0)));
+            if self.k > self.s {
+                self.more.resize_with(total, Vec::new);
+            }
         }
-        let rows = self.encoder.convert_columns(columns)?;
+        let batch = u32::try_from(self.store.len())
+            .map_err(|_| DataFusionError::Internal(format!("{TOP_GROUPS_FN}: too many batches")))?;
+        let mut used = false;
         for (i, &u) in units.iter().enumerate() {
             if filter.is_some_and(|f| !f.is_valid(i) || !f.value(i)) {
                 continue;
@@ -1009,8 +1072,72 @@ impl TopGroupsAccumulator {
             if hashes.is_null(i) {
                 continue;
             }
-            self.insert(u, hashes.value(i), rows.row(i));
+            let row = u32::try_from(i).map_err(|_| {
+                DataFusionError::Internal(format!("{TOP_GROUPS_FN}: batch too large"))
+            })?;
+            used |= self.insert(u, hashes.value(i), (batch, row));
         }
+        if used {
+            self.held += units.len();
+            self.store_bytes += columns
+                .iter()
+                .map(|c| c.get_array_memory_size())
+                .sum::<usize>();
+            self.store.push((units.len(), columns.to_vec()));
+            if self.held > 2 * self.entries + COMPACT_SLACK {
+                self.compact()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The kept entries of units `0..n`, in unit order.
+    fn kept(&mut self, n: usize) -> Vec<Entry> {
+        let mut out = Vec::with_capacity(self.entries);
+        for u in 0..n {
+            out.extend(self.entries_mut(u).map(|e| *e));
+        }
+        out
+    }
+
+    /// The rows of `entries` (in order), gathered into arrays of `types`.
+    fn gather(&self, entries: &[Entry]) -> Result<Vec<ArrayRef>> {
+        let indices: Vec<(usize, usize)> = entries
+            .iter()
+            .map(|&(_, (b, r))| (b as usize, r as usize))
+            .collect();
+        (0..self.types.len())
+            .map(|c| {
+                if indices.is_empty() {
+                    return Ok(new_empty_array(&self.types[c]));
+                }
+                let arrays: Vec<&dyn Array> = self
+                    .store
+                    .iter()
+                    .map(|(_, cols)| cols[c].as_ref())
+                    .collect();
+                Ok(datafusion::arrow::compute::interleave(&arrays, &indices)?)
+            })
+            .collect()
+    }
+
+    /// Gathers the kept rows into one batch and drops the rest.
+    fn compact(&mut self) -> Result<()> {
+        let kept = self.kept(self.counts.len());
+        let columns = self.gather(&kept)?;
+        let mut next = 0u32;
+        for u in 0..self.counts.len() {
+            for e in self.entries_mut(u) {
+                e.1 = (0, next);
+                // At most u32::MAX rows in one array (the batch the aggregate emits).
+                next = next.checked_add(1).ok_or_else(|| {
+                    DataFusionError::Internal(format!("{TOP_GROUPS_FN}: too many entries"))
+                })?;
+            }
+        }
+        self.held = kept.len();
+        self.store_bytes = columns.iter().map(|c| c.get_array_memory_size()).sum();
+        self.store = vec![(kept.len(), columns)];
         Ok(())
     }
 
@@ -1021,28 +1148,33 @@ impl TopGroupsAccumulator {
         emit_to: datafusion::logical_expr::EmitTo,
         with_hash: bool,
     ) -> Result<ArrayRef> {
-        let units = emit_to.take_needed(&mut self.units);
-        let parser = self.encoder.parser();
-        let mut hashes = Vec::new();
-        let mut bytes = Vec::new();
-        let mut lengths = Vec::with_capacity(units.len());
-        for kept in &units {
-            lengths.push(kept.len());
-            for (h, row) in kept {
-                hashes.push(*h);
-                bytes.push(row);
-            }
-        }
-        self.bytes = self.units.iter().flatten().map(|e| e.1.len()).sum();
-        self.entries = self.units.iter().map(Vec::len).sum();
-        let columns = self
-            .encoder
-            .convert_rows(bytes.iter().map(|b| parser.parse(b)))?;
+        let n = match emit_to {
+            datafusion::logical_expr::EmitTo::All => self.counts.len(),
+            datafusion::logical_expr::EmitTo::First(n) => n.min(self.counts.len()),
+        };
+        let kept = self.kept(n);
+        let columns = self.gather(&kept)?;
         let mut arrays: Vec<ArrayRef> = vec![];
         if with_hash {
-            arrays.push(Arc::new(UInt64Array::from(hashes)));
+            arrays.push(Arc::new(UInt64Array::from_iter_values(
+                kept.iter().map(|e| e.0),
+            )));
         }
         arrays.extend(columns);
+        let lengths: Vec<usize> = self.counts[..n].iter().map(|&c| c as usize).collect();
+        self.counts.drain(..n);
+        self.slots.drain(..n * self.s);
+        if self.k > self.s {
+            self.more_entries -= self.more.drain(..n).map(|v| v.len()).sum::<usize>();
+        }
+        self.entries -= kept.len();
+        if self.counts.is_empty() {
+            self.store.clear();
+            self.held = 0;
+            self.store_bytes = 0;
+        } else if self.held > 2 * self.entries + COMPACT_SLACK {
+            self.compact()?;
+        }
         let fields = kept_fields(with_hash.then_some("hash"), &self.types);
         let values = StructArray::try_new(fields.clone(), arrays, None)?;
         let field = Arc::new(Field::new_list_field(DataType::Struct(fields), true));
@@ -1149,10 +1281,12 @@ impl datafusion::logical_expr::GroupsAccumulator for TopGroupsAccumulator {
 
     fn size(&self) -> usize {
         std::mem::size_of_val(self)
-            + self.units.capacity() * std::mem::size_of::<Vec<(u64, Box<[u8]>)>>()
-            + self.entries * std::mem::size_of::<(u64, Box<[u8]>)>()
-            + self.bytes
-            + self.encoder.size()
+            + self.counts.capacity() * std::mem::size_of::<u32>()
+            + self.slots.capacity() * std::mem::size_of::<Entry>()
+            + self.more.capacity() * std::mem::size_of::<Vec<Entry>>()
+            + self.more_entries * std::mem::size_of::<Entry>()
+            + self.store.capacity() * std::mem::size_of::<(usize, Vec<ArrayRef>)>()
+            + self.store_bytes
     }
 }
 
@@ -1351,41 +1485,48 @@ mod tests {
     }
 
     /// Each unit keeps exactly its K rows of smallest hash, whatever the order and the split into
-    /// partial states (merged), with their columns.
+    /// partial states (merged), with their columns: K within the inline slots and beyond them,
+    /// and with enough batches that the store is compacted on the way.
     #[test]
     fn the_top_groups_keep_the_k_smallest_hashes_of_each_unit() {
+        for (k, per_unit, batch_rows) in [(3, 40, 80), (INLINE + 5, 40, 7), (3, 30_000, 512)] {
+            top_groups_case(k, per_unit, batch_rows);
+        }
+    }
+
+    /// Two units, `per_unit` rows each (row r: unit r mod 2, hash (37 r) mod n, value r), fed in
+    /// batches of `batch_rows`.
+    fn top_groups_case(k: usize, per_unit: usize, batch_rows: usize) {
         use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
-        let new = || TopGroupsAccumulator {
-            k: 3,
-            types: vec![DataType::Int64],
-            encoder: RowConverter::new(vec![SortField::new(DataType::Int64)]).unwrap(),
-            units: vec![],
-            bytes: 0,
-            entries: 0,
-        };
-        // Two units (0 and 1), 40 rows each; row r has hash (37 r) mod 80 and value r.
-        let rows: Vec<(usize, u64, i64)> = (0..80)
-            .map(|r| (r % 2, (37 * r as u64) % 80, r as i64))
+        let new = || TopGroupsAccumulator::new(k, vec![DataType::Int64]);
+        let n = 2 * per_unit;
+        let rows: Vec<(usize, u64, i64)> = (0..n)
+            .map(|r| (r % 2, (37 * r as u64) % n as u64, r as i64))
             .collect();
         let batch = |rows: &[(usize, u64, i64)]| -> (Vec<ArrayRef>, Vec<usize>) {
             (
                 vec![
-                    Arc::new(UInt64Array::from(vec![3u64; rows.len()])) as ArrayRef,
+                    Arc::new(UInt64Array::from(vec![k as u64; rows.len()])) as ArrayRef,
                     Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.1))),
                     Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
                 ],
                 rows.iter().map(|r| r.0).collect(),
             )
         };
-        let kept = |a: &mut TopGroupsAccumulator| -> Vec<Vec<i64>> {
-            let out = a.evaluate(EmitTo::All).unwrap();
-            let list = out.as_list::<i32>();
+        let feed = |a: &mut TopGroupsAccumulator, rows: &[(usize, u64, i64)]| {
+            for chunk in rows.chunks(batch_rows) {
+                let (v, g) = batch(chunk);
+                a.update_batch(&v, &g, None, 2).unwrap();
+            }
+        };
+        let values = |list: &ArrayRef| -> Vec<Vec<i64>> {
+            let list = list.as_list::<i32>();
             (0..list.len())
                 .map(|i| {
                     let v = list.value(i);
-                    let mut v = v
-                        .as_struct()
-                        .column(0)
+                    let s = v.as_struct();
+                    let mut v = s
+                        .column(s.num_columns() - 1)
                         .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
                         .values()
                         .to_vec();
@@ -1394,33 +1535,44 @@ mod tests {
                 })
                 .collect()
         };
+        let kept = |a: &mut TopGroupsAccumulator| values(&a.evaluate(EmitTo::All).unwrap());
         let mut whole = new();
-        let (v, g) = batch(&rows);
-        whole.update_batch(&v, &g, None, 2).unwrap();
-        // The expected: per unit, the values of its 3 smallest hashes.
+        feed(&mut whole, &rows);
+        // The rows held stay bounded by the entries kept (the store is compacted).
+        assert!(whole.held <= 2 * whole.entries + COMPACT_SLACK + batch_rows);
+        // The expected: per unit, the values of its K smallest hashes.
         let expected: Vec<Vec<i64>> = (0..2)
             .map(|u| {
                 let mut mine: Vec<_> = rows.iter().filter(|r| r.0 == u).collect();
                 mine.sort_by_key(|r| r.1);
-                let mut v: Vec<i64> = mine[..3].iter().map(|r| r.2).collect();
+                let mut v: Vec<i64> = mine[..k.min(mine.len())].iter().map(|r| r.2).collect();
                 v.sort_unstable();
                 v
             })
             .collect();
-        assert_eq!(kept(&mut whole), expected);
+        assert_eq!(kept(&mut whole), expected, "k = {k}");
+        assert_eq!(
+            (whole.entries, whole.held),
+            (0, 0),
+            "emptied by EmitTo::All"
+        );
         // Reversed and split in two partial states, merged.
         let mut rev = rows.clone();
         rev.reverse();
         let (mut a, mut b, mut merged) = (new(), new(), new());
-        let (v, g) = batch(&rev[..30]);
-        a.update_batch(&v, &g, None, 2).unwrap();
-        let (v, g) = batch(&rev[30..]);
-        b.update_batch(&v, &g, None, 2).unwrap();
+        feed(&mut a, &rev[..n / 3]);
+        feed(&mut b, &rev[n / 3..]);
         for part in [&mut a, &mut b] {
             let state = part.state(EmitTo::All).unwrap();
             merged.merge_batch(&state, &[0, 1], 2).unwrap();
         }
         assert_eq!(kept(&mut merged), expected);
+        // Emitted one unit at a time (EmitTo::First): the same.
+        let mut first = new();
+        feed(&mut first, &rev);
+        let one = values(&first.evaluate(EmitTo::First(1)).unwrap());
+        let two = values(&first.evaluate(EmitTo::First(1)).unwrap());
+        assert_eq!([one, two].concat(), expected);
         // When the partial aggregate skips grouping (as many units as rows), every row is
         // converted to its own state (a FILTER-false row to an empty one) and merged: the same.
         let (v, g) = batch(&rev);
