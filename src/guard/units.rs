@@ -216,10 +216,8 @@ pub fn contribution(
 /// The model aggregates: on a unit-level table they read every row of a unit with its unit key
 /// and clip the unit's summed gradient ([`Contribution::PerUnit`]).
 pub(super) fn is_model(name: &str) -> bool {
-    matches!(
-        name,
-        "dp_linreg_gd" | "dp_logreg_agd" | "dp_linreg_sgd" | "dp_logreg_sgd" | "dp_mlp_sgd"
-    )
+    use dpfusion_udfs::aggregates::registry::{self, UnitRule};
+    registry::get(name).is_some_and(|a| a.units == UnitRule::PerUnit)
 }
 
 /// The refusal of `dp_count_distinct` on a table whose unit is one row.
