@@ -700,15 +700,36 @@ pub(crate) fn python_venv() -> Result<PathBuf, String> {
     ))
 }
 
+/// The serve venv's Python, or `None` after saying why the test is skipped; on CI (`CI` set) a
+/// missing venv fails the test instead (`what`: what the test needs it for).
+pub(crate) fn python_or_skip(what: &str) -> Option<PathBuf> {
+    match python_venv() {
+        Ok(p) => Some(p),
+        Err(why) if std::env::var_os("CI").is_none() => {
+            eprintln!("SKIPPED: {what} needs Python 3 and PyPI: {why}");
+            None
+        }
+        Err(why) => panic!("CI must run {what}: {why}"),
+    }
+}
+
+/// Runs a Python client command, asserts that it succeeded (`tag` in the message) and returns
+/// its stdout.
+pub(crate) fn run_python(cmd: &mut Command, tag: &str) -> String {
+    let out = tokio::task::block_in_place(|| cmd.output().unwrap());
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{tag}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_adbc_client_runs_queries_refusals_budget_and_exhaustion() {
-    let python = match python_venv() {
-        Ok(p) => p,
-        Err(why) if std::env::var_os("CI").is_none() => {
-            eprintln!("SKIPPED: the Python ADBC client test needs Python 3 and PyPI: {why}");
-            return;
-        }
-        Err(why) => panic!("CI must run the Python ADBC client test: {why}"),
+    let Some(python) = python_or_skip("the Python ADBC client test") else {
+        return;
     };
     let script = crate::common::repo_root().join("tests/serve_client.py");
     let tls = format!(
@@ -729,13 +750,7 @@ async fn python_adbc_client_runs_queries_refusals_budget_and_exhaustion() {
         } else {
             cmd.arg(format!("grpc://{}", s.addr));
         }
-        let out = tokio::task::block_in_place(|| cmd.output().unwrap());
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{tag}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = run_python(&mut cmd, tag);
         assert!(stdout.contains("all ok"), "{stdout}");
         dpfusion::accounting::verify(&s.ledger).unwrap();
     }
@@ -746,13 +761,8 @@ async fn python_adbc_client_runs_queries_refusals_budget_and_exhaustion() {
 /// refusal told apart from a crash (python/tests/test_client.py).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_package_reads_receipts_and_tells_a_budget_refusal_from_a_crash() {
-    let python = match python_venv() {
-        Ok(p) => p,
-        Err(why) if std::env::var_os("CI").is_none() => {
-            eprintln!("SKIPPED: the Python package test needs Python 3 and PyPI: {why}");
-            return;
-        }
-        Err(why) => panic!("CI must run the Python package test: {why}"),
+    let Some(python) = python_or_skip("the Python package test") else {
+        return;
     };
     let script = crate::common::repo_root().join("python/tests/test_client.py");
     let s = serve_here("serve-pypkg", 1.0, "").await;
@@ -760,13 +770,7 @@ async fn python_package_reads_receipts_and_tells_a_budget_refusal_from_a_crash()
     cmd.arg(&script)
         .arg(format!("grpc://{}", s.addr))
         .env("DPFUSION_TOKEN", ALICE);
-    let out = tokio::task::block_in_place(|| cmd.output().unwrap());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_python(&mut cmd, "python package");
     assert!(stdout.contains("all ok"), "{stdout}");
     dpfusion::accounting::verify(&s.ledger).unwrap();
 }

@@ -21,13 +21,8 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tutorial_runs_from_the_example_catalog_to_a_budget_plot() {
-    let python = match crate::serve::python_venv() {
-        Ok(p) => p,
-        Err(why) if std::env::var_os("CI").is_none() => {
-            eprintln!("SKIPPED: the tutorial needs Python 3 and PyPI: {why}");
-            return;
-        }
-        Err(why) => panic!("CI must run the tutorial: {why}"),
+    let Some(python) = crate::serve::python_or_skip("the tutorial") else {
+        return;
     };
     let root = crate::common::repo_root();
     let example = root.join("examples/catalog");
@@ -69,13 +64,7 @@ async fn the_tutorial_runs_from_the_example_catalog_to_a_budget_plot() {
         .env("DPFUSION_URL", format!("grpc://{addr}"))
         .env("DPFUSION_TOKEN", TOKEN)
         .env("DPFUSION_TUTORIAL_PLOT", &plot);
-    let out = tokio::task::block_in_place(|| cmd.output().unwrap());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = crate::serve::run_python(&mut cmd, "tutorial");
     assert!(stdout.contains("tutorial done"), "{stdout}");
     assert!(stdout.contains("refused after"), "{stdout}");
     let svg = std::fs::read_to_string(&plot).unwrap();
