@@ -143,6 +143,20 @@ pub(crate) fn coerce_features(function: &str, t: &DataType) -> Result<DataType> 
     }
 }
 
+/// A model aggregate (its rows buffered in a [`crate::optim::rows::RowBuffer`]): its
+/// accumulator, either reading the call's arguments as written (`spread` = `None`, what
+/// `accumulator` builds) or, `spread` = `Some(d)`, with the call's `make_array(x1, …, xd)`
+/// features spread into d columns by the physical plan ([`super::bind`]): `args` are the
+/// call's own (parameters read from them as always), and the accumulator's input is
+/// `[label, x1, …, xd, unit key?]`.
+pub(crate) trait ModelUdaf {
+    fn model_accumulator(
+        &self,
+        args: AccumulatorArgs,
+        spread: Option<usize>,
+    ) -> Result<Box<dyn datafusion::logical_expr::Accumulator>>;
+}
+
 /// Validates the call shape and reads the literal parameters of a call of `declaration`.
 pub(crate) fn call_literals(
     declaration: &Aggregate,

@@ -50,7 +50,7 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, Signature, Volatility,
 };
 
-use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
+use super::common::{DOC_SECTION_DP, ModelUdaf, coerce_features, coerce_param, is_number};
 use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, UnitRule};
 use super::params::{Neighbours, Params, literal_params, plan_error, representable};
 use crate::noise::SecureRng;
@@ -440,6 +440,28 @@ impl AggregateUDFImpl for DpLinregGd {
         Ok(model_data_type())
     }
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        self.model_accumulator(args, None)
+    }
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        // A unit-level call has the key after the parameters (the accumulator checks it).
+        let units = args.input_fields.len() > DP_LINREG_GD.unit_key_index();
+        Ok(RowBuffer::state_fields_for(args.name, units))
+    }
+    /// The released model does not depend on row order (exact integer gradient sums).
+    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
+        AggregateOrderSensitivity::Insensitive
+    }
+    fn documentation(&self) -> Option<&Documentation> {
+        Some(&DOC)
+    }
+}
+
+impl ModelUdaf for DpLinregGd {
+    fn model_accumulator(
+        &self,
+        args: AccumulatorArgs,
+        spread: Option<usize>,
+    ) -> Result<Box<dyn Accumulator>> {
         let name = Self::NAME;
         if args.is_distinct {
             return plan_err!("{name} does not support DISTINCT");
@@ -469,24 +491,15 @@ impl AggregateUDFImpl for DpLinregGd {
         if key.is_some() {
             buffer = buffer.with_units();
         }
+        if let Some(d) = spread {
+            buffer = buffer.spread(d);
+        }
         Ok(Box::new(LinregAccumulator {
             buffer,
             kernel,
             params: p,
             insecure_seed: self.insecure_seed,
         }))
-    }
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        // A unit-level call has the key after the parameters (the accumulator checks it).
-        let units = args.input_fields.len() > DP_LINREG_GD.unit_key_index();
-        Ok(RowBuffer::state_fields_for(args.name, units))
-    }
-    /// The released model does not depend on row order (exact integer gradient sums).
-    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
-        AggregateOrderSensitivity::Insensitive
-    }
-    fn documentation(&self) -> Option<&Documentation> {
-        Some(&DOC)
     }
 }
 
@@ -501,12 +514,8 @@ struct LinregAccumulator {
 
 impl Accumulator for LinregAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        let key = if self.buffer.has_units() {
-            values.get(DP_LINREG_GD.unit_key_index())
-        } else {
-            None
-        };
-        self.buffer.update_keyed(&values[0], &values[1], key)
+        self.buffer
+            .update_values(values, DP_LINREG_GD.unit_key_index())
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {

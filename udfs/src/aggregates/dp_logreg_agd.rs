@@ -39,7 +39,7 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Signature, Volatility,
 };
 
-use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
+use super::common::{DOC_SECTION_DP, ModelUdaf, coerce_features, coerce_param, is_number};
 use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, UnitRule};
 use super::params::{Neighbours, Params, literal_params, plan_error};
 use crate::noise::SecureRng;
@@ -317,23 +317,7 @@ impl AggregateUDFImpl for DpLogregAgd {
         Ok(model_data_type())
     }
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        let (params, units) = self.params(&args)?;
-        let plan = params.plan().map_err(|e| plan_error(Self::NAME, e))?;
-        let mut buffer = match args.expr_fields.get(1).map(|f| f.data_type()) {
-            Some(DataType::FixedSizeList(_, k)) if *k >= 0 => {
-                RowBuffer::with_dims(LabelKind::Binary, *k as usize)
-            }
-            _ => RowBuffer::new(LabelKind::Binary),
-        };
-        if units {
-            buffer = buffer.with_units();
-        }
-        Ok(Box::new(AgdAccumulator {
-            buffer,
-            params,
-            plan,
-            insecure_seed: self.insecure_seed,
-        }))
+        self.model_accumulator(args, None)
     }
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
         // A unit-level call has the key after the parameters (the accumulator checks it).
@@ -349,6 +333,35 @@ impl AggregateUDFImpl for DpLogregAgd {
     }
 }
 
+impl ModelUdaf for DpLogregAgd {
+    fn model_accumulator(
+        &self,
+        args: AccumulatorArgs,
+        spread: Option<usize>,
+    ) -> Result<Box<dyn Accumulator>> {
+        let (params, units) = self.params(&args)?;
+        let plan = params.plan().map_err(|e| plan_error(Self::NAME, e))?;
+        let mut buffer = match args.expr_fields.get(1).map(|f| f.data_type()) {
+            Some(DataType::FixedSizeList(_, k)) if *k >= 0 => {
+                RowBuffer::with_dims(LabelKind::Binary, *k as usize)
+            }
+            _ => RowBuffer::new(LabelKind::Binary),
+        };
+        if units {
+            buffer = buffer.with_units();
+        }
+        if let Some(d) = spread {
+            buffer = buffer.spread(d);
+        }
+        Ok(Box::new(AgdAccumulator {
+            buffer,
+            params,
+            plan,
+            insecure_seed: self.insecure_seed,
+        }))
+    }
+}
+
 /// Buffers the rows of one group; fits in `evaluate`.
 #[derive(Debug)]
 struct AgdAccumulator {
@@ -360,12 +373,8 @@ struct AgdAccumulator {
 
 impl Accumulator for AgdAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        let key = if self.buffer.has_units() {
-            values.get(DP_LOGREG_AGD.unit_key_index())
-        } else {
-            None
-        };
-        self.buffer.update_keyed(&values[0], &values[1], key)
+        self.buffer
+            .update_values(values, DP_LOGREG_AGD.unit_key_index())
     }
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
         self.buffer.merge(states)

@@ -40,7 +40,7 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Signature, Volatility,
 };
 
-use super::common::{DOC_SECTION_DP, coerce_features, coerce_param, is_number};
+use super::common::{DOC_SECTION_DP, ModelUdaf, coerce_features, coerce_param, is_number};
 use super::declaration::{
     self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, SGD_CLIP, SGD_EPOCHS,
     SGD_LEARNING_RATE, SGD_NOISE, SGD_PARAMS, SGD_SAMPLE_RATE, SGD_STEPS, UnitRule,
@@ -430,29 +430,7 @@ impl AggregateUDFImpl for DpSgd {
         })
     }
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        let (params, units) = self.params(&args)?;
-        let plan = params.plan().map_err(|e| plan_error(self.kind.name(), e))?;
-        let kind = match (self.kind, params.classes) {
-            (SgdKind::Linear, _) => LabelKind::Real,
-            (SgdKind::Mlp, c) if c > 2 => LabelKind::Real,
-            _ => LabelKind::Binary,
-        };
-        let mut buffer = match args.expr_fields.get(1).map(|f| f.data_type()) {
-            Some(DataType::FixedSizeList(_, k)) if *k >= 0 => {
-                RowBuffer::with_dims(kind, *k as usize)
-            }
-            _ => RowBuffer::new(kind),
-        };
-        if units {
-            buffer = buffer.with_units();
-        }
-        Ok(Box::new(SgdAccumulator {
-            kind: self.kind,
-            buffer,
-            params,
-            plan,
-            insecure_seed: self.insecure_seed,
-        }))
+        self.model_accumulator(args, None)
     }
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
         let units = args.input_fields.len() > self.kind.declaration().unit_key_index();
@@ -470,6 +448,41 @@ impl AggregateUDFImpl for DpSgd {
     }
 }
 
+impl ModelUdaf for DpSgd {
+    fn model_accumulator(
+        &self,
+        args: AccumulatorArgs,
+        spread: Option<usize>,
+    ) -> Result<Box<dyn Accumulator>> {
+        let (params, units) = self.params(&args)?;
+        let plan = params.plan().map_err(|e| plan_error(self.kind.name(), e))?;
+        let kind = match (self.kind, params.classes) {
+            (SgdKind::Linear, _) => LabelKind::Real,
+            (SgdKind::Mlp, c) if c > 2 => LabelKind::Real,
+            _ => LabelKind::Binary,
+        };
+        let mut buffer = match args.expr_fields.get(1).map(|f| f.data_type()) {
+            Some(DataType::FixedSizeList(_, k)) if *k >= 0 => {
+                RowBuffer::with_dims(kind, *k as usize)
+            }
+            _ => RowBuffer::new(kind),
+        };
+        if units {
+            buffer = buffer.with_units();
+        }
+        if let Some(d) = spread {
+            buffer = buffer.spread(d);
+        }
+        Ok(Box::new(SgdAccumulator {
+            kind: self.kind,
+            buffer,
+            params,
+            plan,
+            insecure_seed: self.insecure_seed,
+        }))
+    }
+}
+
 #[derive(Debug)]
 struct SgdAccumulator {
     kind: SgdKind,
@@ -481,12 +494,8 @@ struct SgdAccumulator {
 
 impl Accumulator for SgdAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        let key = if self.buffer.has_units() {
-            values.get(self.kind.declaration().unit_key_index())
-        } else {
-            None
-        };
-        self.buffer.update_keyed(&values[0], &values[1], key)
+        self.buffer
+            .update_values(values, self.kind.declaration().unit_key_index())
     }
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
         self.buffer.merge(states)

@@ -3,8 +3,15 @@
 //! A model fit needs every row in every iteration, so the accumulator keeps the rows themselves:
 //! one label and one feature vector per row, in a row-major `f64` matrix (no per-row allocation).
 //! The state is mergeable: [`RowBuffer::state`] emits the buffer as two `List<Float64>` values
-//! (labels, row-major features) and the feature count, and [`RowBuffer::merge`] appends other
-//! partitions' buffers. The fit runs once, in `evaluate`, after all partitions are merged, so the
+//! (labels, row-major features) and the feature count, moving the buffers out (no copy;
+//! DataFusion calls `Accumulator::state` once, at the end of a partial aggregate), and
+//! [`RowBuffer::merge`] appends other partitions' buffers.
+//!
+//! The features arrive as one list per row (`[x1, x2]`, a list column), or, when the physical
+//! plan spreads a `make_array(x1, …, xd)` call into its d columns
+//! ([`crate::aggregates::bind`], [`RowBuffer::spread`]), as d columns, interleaved straight into
+//! the row-major matrix: the rows kept, skipped and counted are those of the list (the
+//! equivalence is tested), without building the list. The fit runs once, in `evaluate`, after all partitions are merged, so the
 //! rows seen (and therefore the released model) do not depend on the partitioning except through
 //! row order, which only matters through floating-point summation order inside the kernels (the
 //! kernels make their sensitivity-relevant sums exact; see `optim::linreg`).
@@ -37,7 +44,8 @@ use std::sync::Arc;
 use std::collections::HashMap;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Float64Array, LargeBinaryArray, ListArray, UInt64Array,
+    Array, ArrayRef, AsArray, FixedSizeListArray, Float64Array, LargeBinaryArray, ListArray,
+    UInt64Array,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::cast;
@@ -131,6 +139,8 @@ pub struct RowBuffer {
     seen: u64,
     /// Unit-level mode: the privacy-unit key of each kept row (module docs).
     keys: Option<KeyBuffer>,
+    /// The features come as this many columns instead of one list ([`Self::spread`]).
+    spread: Option<usize>,
 }
 
 /// The privacy-unit keys of the kept rows, in row order: key i is
@@ -190,15 +200,35 @@ fn list_binary() -> DataType {
     DataType::List(Arc::new(Field::new_list_field(DataType::LargeBinary, true)))
 }
 
-/// One list scalar holding `values`, built without one `ScalarValue` per element.
-fn list_scalar(values: &[f64]) -> ScalarValue {
+/// One list scalar holding `values` (the vector becomes the array's buffer: no copy).
+fn list_scalar(values: Vec<f64>) -> ScalarValue {
     let arr = ListArray::new(
         Arc::new(Field::new_list_field(DataType::Float64, true)),
         OffsetBuffer::from_lengths([values.len()]),
-        Arc::new(Float64Array::from(values.to_vec())),
+        Arc::new(Float64Array::from(values)),
         None,
     );
     ScalarValue::List(Arc::new(arr))
+}
+
+/// Appends the rows of `columns` (equal lengths, feature j of row i is `columns[j][i]`) to the
+/// row-major matrix `x`, in blocks whose rows stay in cache while the columns are written.
+fn interleave_rows(x: &mut Vec<f64>, columns: &[Float64Array]) {
+    const BLOCK: usize = 1024;
+    let d = columns.len();
+    let n = columns.first().map_or(0, |c| c.len());
+    x.reserve(n * d);
+    for start in (0..n).step_by(BLOCK) {
+        let m = BLOCK.min(n - start);
+        let at = x.len();
+        x.resize(at + m * d, 0.0);
+        let out = &mut x[at..];
+        for (j, c) in columns.iter().enumerate() {
+            for (i, &v) in c.values()[start..start + m].iter().enumerate() {
+                out[i * d + j] = v;
+            }
+        }
+    }
 }
 
 /// Feature lists as (per-row offsets into `values`, validity, Float64 values).
@@ -309,6 +339,7 @@ impl RowBuffer {
             rows: Rows::default(),
             seen: 0,
             keys: None,
+            spread: None,
         }
     }
 
@@ -336,7 +367,91 @@ impl RowBuffer {
             },
             seen: 0,
             keys: None,
+            spread: None,
         }
+    }
+
+    /// The features come as `d` columns (a `make_array(x1, …, xd)` call spread by the physical
+    /// plan, [`crate::aggregates::bind`]) instead of one list: [`Self::update_values`] then
+    /// reads `values` as `[label, x1, …, xd, unit key?]`. Fixes the feature count to `d`, as the
+    /// list of a `make_array` call with d arguments would.
+    pub fn spread(mut self, d: usize) -> Self {
+        self.dims = Some(d);
+        self.rows.d = d;
+        self.spread = Some(d);
+        self
+    }
+
+    /// Appends one batch of a model call's arguments: `[label, features, parameters…, unit
+    /// key]` with the unit key at `key_index` (unit mode only), or, spread ([`Self::spread`]),
+    /// `[label, x1, …, xd, unit key?]`.
+    pub fn update_values(&mut self, values: &[ArrayRef], key_index: usize) -> Result<()> {
+        let missing = || DataFusionError::Internal("model aggregate: missing arguments".into());
+        match self.spread {
+            None => {
+                let key = self.keys.as_ref().and(values.get(key_index));
+                let label = values.first().ok_or_else(missing)?;
+                self.update_keyed(label, values.get(1).ok_or_else(missing)?, key)
+            }
+            Some(d) => {
+                if values.len() < 1 + d {
+                    return Err(missing());
+                }
+                let key = self.keys.as_ref().and(values.get(1 + d));
+                self.update_columns(&values[0], &values[1..=d], key)
+            }
+        }
+    }
+
+    /// The spread form of [`Self::update_keyed`]: feature j of row i is `columns[j][i]`. The
+    /// common batch (no unit key, no NULL, no NaN) is interleaved into the matrix directly; any
+    /// other batch builds the list `make_array` would have built and takes the list path, so the
+    /// rows kept are the same by construction.
+    fn update_columns(
+        &mut self,
+        label: &ArrayRef,
+        columns: &[ArrayRef],
+        keys: Option<&ArrayRef>,
+    ) -> Result<()> {
+        let n = label.len();
+        if columns.iter().any(|c| c.len() != n) {
+            return Err(DataFusionError::Internal(
+                "model aggregate: feature columns of different lengths".into(),
+            ));
+        }
+        let cols = columns
+            .iter()
+            .map(cast_values)
+            .collect::<Result<Vec<Float64Array>>>()?;
+        let d = cols.len();
+        if keys.is_none() && n > 0 && cols.iter().all(|c| c.null_count() == 0) {
+            let y = labels_f64(label, self.kind)?;
+            if count_nan(&y) == 0
+                && cols.iter().all(|c| count_nan(c.values()) == 0)
+                && self.accepts(d)
+            {
+                self.seen = self.seen.saturating_add(n as u64);
+                self.rows.labels.extend_from_slice(&y);
+                interleave_rows(&mut self.rows.x, &cols);
+                return Ok(());
+            }
+        }
+        // The list `make_array(x1, …, xd)` builds: never NULL itself, element j of row i
+        // NULL when column j is.
+        let values: Vec<f64> = (0..n)
+            .flat_map(|i| cols.iter().map(move |c| c.value(i)))
+            .collect();
+        let nulls: Vec<bool> = (0..n)
+            .flat_map(|i| cols.iter().map(move |c| c.is_valid(i)))
+            .collect();
+        let item = Arc::new(Field::new_list_field(DataType::Float64, true));
+        let list = FixedSizeListArray::try_new(
+            item,
+            d as i32,
+            Arc::new(Float64Array::new(values.into(), Some(nulls.into()))),
+            None,
+        )?;
+        self.update_keyed(label, &(Arc::new(list) as ArrayRef), keys)
     }
 
     /// The label kind.
@@ -507,15 +622,23 @@ impl RowBuffer {
         fields
     }
 
-    /// The buffer as scalars in [`Self::state_fields`] order (exact, un-noised).
-    pub fn state(&self) -> Result<Vec<ScalarValue>> {
+    /// The buffer as scalars in [`Self::state_fields`] order (exact, un-noised). The rows and
+    /// keys are moved out, not copied: the buffer is left without rows (DataFusion calls
+    /// `Accumulator::state` once per partial accumulator and then drops it; its documentation,
+    /// 55.2: "This function should not be called twice").
+    pub fn state(&mut self) -> Result<Vec<ScalarValue>> {
         let mut out = vec![
-            list_scalar(&self.rows.labels),
-            list_scalar(&self.rows.x),
+            list_scalar(std::mem::take(&mut self.rows.labels)),
+            list_scalar(std::mem::take(&mut self.rows.x)),
             ScalarValue::UInt64(self.dims.map(|d| d as u64)),
             ScalarValue::UInt64(Some(self.seen)),
         ];
-        if let Some(kb) = &self.keys {
+        if let Some(kb) = self.keys.as_mut() {
+            let kb = KeyBuffer {
+                converter: kb.converter.clone(),
+                bytes: std::mem::take(&mut kb.bytes),
+                ends: std::mem::take(&mut kb.ends),
+            };
             let keys: LargeBinaryArray = (0..kb.ends.len()).map(|i| Some(kb.key(i))).collect();
             let arr = ListArray::new(
                 Arc::new(Field::new_list_field(DataType::LargeBinary, true)),
@@ -823,15 +946,14 @@ mod tests {
             ]),
         )
         .unwrap();
-        let empty = RowBuffer::new(LabelKind::Binary);
+        let (sa, se) = (
+            a.state().unwrap(),
+            RowBuffer::new(LabelKind::Binary).state().unwrap(),
+        );
+        // `state` moves the rows out.
+        assert_eq!((a.rows().n(), a.seen()), (0, 2));
         let states: Vec<ArrayRef> = (0..4)
-            .map(|k| {
-                ScalarValue::iter_to_array([
-                    a.state().unwrap()[k].clone(),
-                    empty.state().unwrap()[k].clone(),
-                ])
-                .unwrap()
-            })
+            .map(|k| ScalarValue::iter_to_array([sa[k].clone(), se[k].clone()]).unwrap())
             .collect();
         let mut m = RowBuffer::new(LabelKind::Binary);
         m.merge(&states).unwrap();
@@ -896,26 +1018,21 @@ mod tests {
     #[test]
     fn unit_keys_survive_state_and_merge() {
         use datafusion::arrow::array::StringArray;
-        let a = keyed(
+        let mut a = keyed(
             vec![1.0, 2.0, 3.0],
             vec![10.0, 20.0, 30.0],
             Arc::new(StringArray::from(vec![Some("ann"), Some("bob"), None])),
         );
-        let b = keyed(
+        let mut b = keyed(
             vec![4.0, 5.0],
             vec![40.0, 50.0],
             Arc::new(StringArray::from(vec!["bob", "cy"])),
         );
         assert_eq!((a.rows().n(), a.seen()), (2, 3));
         assert!(a.size() > RowBuffer::new(LabelKind::Real).size() + 2 * 2 * 8);
+        let (sa, sb) = (a.state().unwrap(), b.state().unwrap());
         let states: Vec<ArrayRef> = (0..5)
-            .map(|k| {
-                ScalarValue::iter_to_array([
-                    a.state().unwrap()[k].clone(),
-                    b.state().unwrap()[k].clone(),
-                ])
-                .unwrap()
-            })
+            .map(|k| ScalarValue::iter_to_array([sa[k].clone(), sb[k].clone()]).unwrap())
             .collect();
         let fields = RowBuffer::state_fields_for("f", true);
         assert_eq!(fields.len(), 5);
@@ -947,5 +1064,68 @@ mod tests {
         let mut plain = RowBuffer::new(LabelKind::Real);
         assert!(plain.update_keyed(&y, &x, Some(&y)).is_err());
         assert!(plain.group_units().is_none());
+    }
+
+    /// Spread features ([`RowBuffer::spread`]) keep, skip and count exactly the rows of the
+    /// list `make_array` builds from the same columns: clean batches (the interleaving path),
+    /// batches with NULL and NaN features and labels, integer columns, Binary labels, unit keys;
+    /// and the state and merge of both agree.
+    #[test]
+    fn spread_columns_equal_the_make_array_list() {
+        use datafusion::arrow::array::Int64Array;
+        let n = 700;
+        let a: ArrayRef = Arc::new(Float64Array::from_iter((0..n).map(|i| {
+            Some(match i % 89 {
+                0 => f64::NAN,
+                _ => (i % 17) as f64 * 0.25 - 2.0,
+            })
+        })));
+        let b: ArrayRef = Arc::new(Int64Array::from_iter(
+            (0..n).map(|i| (i % 97 != 5).then_some((i % 5) as i64 - 2)),
+        ));
+        let y: ArrayRef =
+            Arc::new(Float64Array::from_iter((0..n).map(|i| {
+                (i % 101 != 7).then_some((i % 3) as f64 - (i % 211 == 9) as u8 as f64)
+            })));
+        let keys: ArrayRef = Arc::new(Int64Array::from_iter(
+            (0..n).map(|i| (i % 113 != 3).then_some((i / 4) as i64)),
+        ));
+        let as_list = |a: &ArrayRef, b: &ArrayRef| -> ArrayRef {
+            let (a, b) = (cast_values(a).unwrap(), cast_values(b).unwrap());
+            list(
+                (0..a.len())
+                    .map(|i| {
+                        Some(vec![
+                            a.is_valid(i).then(|| a.value(i)),
+                            b.is_valid(i).then(|| b.value(i)),
+                        ])
+                    })
+                    .collect(),
+            )
+        };
+        for kind in [LabelKind::Real, LabelKind::Binary] {
+            for units in [false, true] {
+                let mut listed = RowBuffer::with_dims(kind, 2);
+                let mut spread = RowBuffer::new(kind).spread(2);
+                if units {
+                    listed = listed.with_units();
+                    spread = spread.with_units();
+                }
+                // Batches of 64 rows: some clean, some with a NULL or a NaN.
+                for start in (0..n).step_by(64) {
+                    let m = 64.min(n - start);
+                    let [ya, aa, ba, ka] = [&y, &a, &b, &keys].map(|c| c.slice(start, m));
+                    let key = units.then_some(&ka);
+                    listed.update_keyed(&ya, &as_list(&aa, &ba), key).unwrap();
+                    let mut values = vec![ya, aa, ba];
+                    values.extend(key.cloned());
+                    spread.update_values(&values, 99).unwrap();
+                }
+                assert_eq!(spread.rows(), listed.rows(), "{kind:?} {units}");
+                assert_eq!(spread.seen(), listed.seen());
+                assert!(spread.rows().n() > 400 && spread.rows().n() < n, "{kind:?}");
+                assert_eq!(spread.state().unwrap(), listed.state().unwrap());
+            }
+        }
     }
 }
