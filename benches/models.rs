@@ -14,6 +14,10 @@
 //!   reads the same rows from a raw f64 file this bench writes, and times itself (best of 3).
 //!
 //! Prints a Markdown table: best-of-3 wall times and the speed-up numpy / dpfusion (target ≥ 2).
+//! `--linreg`: `dp_linreg_gd` alone (numpy's AGD baseline takes minutes). The SQL queries run as
+//! the session runs them: parameters bound and features spread ([`dpfusion_udfs::aggregates::bind`]).
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -89,12 +93,13 @@ fn best<F: FnMut()>(reps: usize, mut f: F) -> Duration {
     b
 }
 
+/// Best of `reps` runs of `sql` as the session runs it ([`common::collect_as_session`]: the
+/// parameters bound, the `make_array` features spread into columns).
 async fn best_sql(ctx: &SessionContext, sql: &str, reps: usize) -> Duration {
     let mut b = Duration::MAX;
     for _ in 0..reps {
         let t = Instant::now();
-        let r = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        std::hint::black_box(r);
+        std::hint::black_box(common::collect_as_session(ctx, sql, true).await);
         b = b.min(t.elapsed());
     }
     b
@@ -117,6 +122,8 @@ fn secs(d: Duration) -> String {
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // `--linreg`: dp_linreg_gd alone (numpy's AGD baseline takes minutes).
+    let agd_too = !std::env::args().any(|a| a == "--linreg");
     let n = if quick { 100_000 } else { 1_000_000 };
     let partitions = 2;
     println!("# dpfusion model benchmark\n");
@@ -195,51 +202,54 @@ async fn main() {
     drop(lin);
 
     // --- dp_logreg_agd (ε = 1, δ = 1e-6, defaults).
-    let log = Rows::synthetic(n, D, true, 12);
-    let plan = AgdParams::from_literals(&[f(1.0), f(1e-6)])
-        .unwrap()
-        .plan()
-        .unwrap();
-    let mut passes = (0usize, 0usize);
-    let agd_kernel = best(REPS, || {
+    let (mut passes, mut agd_kernel, mut agd_sql) =
+        ((0usize, 0usize), Duration::ZERO, Duration::ZERO);
+    let (mut agd_once, mut once_passes) = (Duration::ZERO, (0usize, 0usize));
+    let agd_path = dir.join("agd.f64");
+    if agd_too {
+        let log = Rows::synthetic(n, D, true, 12);
+        let plan = AgdParams::from_literals(&[f(1.0), f(1e-6)])
+            .unwrap()
+            .plan()
+            .unwrap();
+        agd_kernel = best(REPS, || {
+            let mut rng = SecureRng::from_os_entropy();
+            let fit = agd::fit(&plan, &log, &mut rng);
+            passes = (
+                fit.charges
+                    .iter()
+                    .filter(|c| c.kind == ChargeKind::Gradient)
+                    .count(),
+                fit.selections as usize,
+            );
+        });
+        // The numpy side gets the pass counts of the last Rust fit; time Rust per pass as well.
+        let ctx = context(&log, partitions);
+        agd_sql = best_sql(
+            &ctx,
+            &format!(
+                "SELECT dp_logreg_agd(y, {}, 1.0, 1e-6) FROM t",
+                features_sql(D)
+            ),
+            REPS,
+        )
+        .await;
+        drop(ctx);
+        // A fixed-count kernel run for the per-pass comparison: same plan, one more fit, counted.
         let mut rng = SecureRng::from_os_entropy();
+        let t0 = Instant::now();
         let fit = agd::fit(&plan, &log, &mut rng);
-        passes = (
+        agd_once = t0.elapsed();
+        once_passes = (
             fit.charges
                 .iter()
                 .filter(|c| c.kind == ChargeKind::Gradient)
                 .count(),
             fit.selections as usize,
         );
-    });
-    // The numpy side gets the pass counts of the last Rust fit; time Rust per pass as well.
-    let ctx = context(&log, partitions);
-    let agd_sql = best_sql(
-        &ctx,
-        &format!(
-            "SELECT dp_logreg_agd(y, {}, 1.0, 1e-6) FROM t",
-            features_sql(D)
-        ),
-        REPS,
-    )
-    .await;
-    drop(ctx);
-    // A fixed-count kernel run for the per-pass comparison: same plan, one more fit, counted.
-    let mut rng = SecureRng::from_os_entropy();
-    let t0 = Instant::now();
-    let fit = agd::fit(&plan, &log, &mut rng);
-    let agd_once = t0.elapsed();
-    let once_passes = (
-        fit.charges
-            .iter()
-            .filter(|c| c.kind == ChargeKind::Gradient)
-            .count(),
-        fit.selections as usize,
-    );
-    let agd_path = dir.join("agd.f64");
-    write_raw(&agd_path, &log);
-    drop(log);
-
+        write_raw(&agd_path, &log);
+        drop(log);
+    }
     println!("| model | dpfusion kernel (s) | dpfusion SQL, {partitions} partitions (s) |");
     println!("|---|---|---|");
     println!(
@@ -248,13 +258,15 @@ async fn main() {
         secs(lin_sql),
         secs(lin_parquet)
     );
-    println!(
-        "| dp_logreg_agd, ε = 1 ({} gradient + {} selection passes in the last timed fit) | {} | {} |",
-        passes.0,
-        passes.1,
-        secs(agd_kernel),
-        secs(agd_sql)
-    );
+    if agd_too {
+        println!(
+            "| dp_logreg_agd, ε = 1 ({} gradient + {} selection passes in the last timed fit) | {} | {} |",
+            passes.0,
+            passes.1,
+            secs(agd_kernel),
+            secs(agd_sql)
+        );
+    }
     let per_row = (lin_kernel.as_secs_f64() - lin_noise.as_secs_f64()) / (n as f64 * T as f64);
     println!(
         "\ndp_linreg_gd kernel breakdown: {} exact discrete-Gaussian draws {:.3} s; the data pass \
@@ -263,10 +275,13 @@ async fn main() {
         lin_noise.as_secs_f64(),
         per_row * 1e9
     );
-    println!(
-        "dp_logreg_agd kernel: {:.0} ms per (gradient + selection) pass pair over n rows\n",
-        agd_once.as_secs_f64() * 1e3 / once_passes.0.max(1) as f64
-    );
+    if agd_too {
+        println!(
+            "dp_logreg_agd kernel: {:.0} ms per (gradient + selection) pass pair over n rows",
+            agd_once.as_secs_f64() * 1e3 / once_passes.0.max(1) as f64
+        );
+    }
+    println!();
 
     let Some(py) = python() else {
         println!(
@@ -288,6 +303,7 @@ async fn main() {
             .args(["--sigma-count", &sigma_count.to_string()])
             .arg("--agd-data")
             .arg(&agd_path)
+            // 0 gradient passes (`--linreg`): the script skips AGD.
             .args(["--agd-gradients", &once_passes.0.to_string()])
             .args(["--agd-selections", &once_passes.1.to_string()])
             .args(["--reps", &REPS.to_string()]);
@@ -354,6 +370,9 @@ async fn main() {
             lin_kernel,
             lin_sql,
         );
+        if !agd_too {
+            continue;
+        }
         // AGD: numpy ran the pass counts of `fit` (timed once, `agd_once`); scale the best
         // kernel and SQL times by nothing: compare like with like on the counted run.
         let np = num("agd_s");

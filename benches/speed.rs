@@ -19,6 +19,8 @@
 //! - The ledger (the accountant directly): opening a 10,000-entry ledger (from its checkpoint)
 //!   against a 10-entry one; admission with 10,000 entries present (the check, and the check
 //!   with its fsync'd append); admission with its fsync (on disk) and without (tmpfs).
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -146,23 +148,10 @@ async fn pair(ctx: &SessionContext, a: &str, b: &str, reps: usize) -> (Duration,
     (ba, bb)
 }
 
-/// Plans and runs `sql` as the dpfusion session runs a checked plan: the physical plan with the
-/// DP calls' literal parameters bound ([`dpfusion_udfs::aggregates::bind`]), unless the query
-/// contains `/*unbound*/` (the calls as written, for comparison).
+/// Runs `sql` as the session does ([`common::collect_as_session`]), unless the query contains
+/// `/*unbound*/` (the calls as written, for comparison).
 async fn run(ctx: &SessionContext, sql: &str) -> Vec<RecordBatch> {
-    let mut plan = ctx
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    if !sql.contains("/*unbound*/") {
-        plan = dpfusion_udfs::aggregates::bind::bind_literal_parameters(plan).unwrap();
-    }
-    datafusion::physical_plan::collect(plan, ctx.task_ctx())
-        .await
-        .unwrap()
+    common::collect_as_session(ctx, sql, !sql.contains("/*unbound*/")).await
 }
 
 /// The argument after `flag`, if given.

@@ -17,6 +17,16 @@
 //! accumulators read nothing but their data arguments are bound (`DpAccumulator` and
 //! `DpGroups` read `values[0]`): the functions listed in [`bindable`]; any other aggregate, and
 //! any call whose parameters are not all constants, is left as it is.
+//!
+//! The model aggregates (their rows buffered in [`crate::optim::rows::RowBuffer`]) get the same
+//! binding and one more step (`spread_call`, [`Spread`]): a `features` argument written
+//! `[x1, …, xd]` / `make_array(x1, …, xd)` would be built per batch as a list (a copy of every
+//! feature value, plus one array per literal parameter), which the buffer then copies into its
+//! row-major matrix. The spread call evaluates `[label, x1, …, xd, unit key?]` instead, and the
+//! buffer interleaves the columns into the matrix directly ([`crate::optim::rows::RowBuffer::spread`]);
+//! the accumulator is built from the call's own argument expressions (parameters, feature count)
+//! as written. Rows kept, skipped and counted are those of the list (tested in `optim::rows`, and
+//! here through SQL: spread and as written release the same seeded model).
 use std::any::Any;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -222,7 +232,7 @@ fn spread_call(
 }
 
 /// A model call with its `make_array` features spread into their columns and its literal
-/// parameters bound ([`spread_call`]): the function instance keeps the call's own argument
+/// parameters bound (`spread_call`): the function instance keeps the call's own argument
 /// expressions and fields ([`Self::args`]), from which the accumulator reads its parameters
 /// exactly as for the call as written; it is told only that its input is `[label, x1, …,
 /// xd, unit key?]` ([`ModelUdaf::model_accumulator`]).

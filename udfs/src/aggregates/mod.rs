@@ -29,7 +29,8 @@
 //! (types and shared parameters), [`params`] (reading the literals by name through the
 //! declaration, [`Mechanism`]), [`adapter`] (the UDAF shell), [`interval`] (the `_ci` wrapper and
 //! the interval maths), [`accumulator`]; [`bind`] (like [`registry`], it names functions: the
-//! literal parameters bound into the physical plan's calls); the exact fixed-point arithmetic is
+//! literal parameters bound into the physical plan's calls, a model's `make_array` features
+//! spread into columns); the exact fixed-point arithmetic is
 //! [`crate::mechanisms::exact`], the noise [`crate::mechanisms::Noise`], the neighbour relation
 //! [`crate::privacy::Neighbours`]. The test `imports::no_import_circle_inside_aggregates_and_optim`
 //! (udfs/tests/it/imports.rs, scripts/import_cycles.rs) keeps it so.
