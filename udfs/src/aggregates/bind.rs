@@ -144,7 +144,18 @@ fn bind_call(
         param_fields,
         signature: Signature::user_defined(Volatility::Volatile),
     });
-    let mut b = AggregateExprBuilder::new(Arc::new(bound), args[..data].to_vec())
+    rebuild(e, bound, args[..data].to_vec(), schema)
+}
+
+/// The call `e` rebuilt with the function `udaf` over `args` (its name, display and NULL
+/// handling kept); `None` unless it presents exactly the call's output and partial state.
+fn rebuild(
+    e: &AggregateFunctionExpr,
+    udaf: AggregateUDF,
+    args: Vec<Arc<dyn PhysicalExpr>>,
+    schema: &Arc<Schema>,
+) -> Result<Option<AggregateFunctionExpr>> {
+    let mut b = AggregateExprBuilder::new(Arc::new(udaf), args)
         .schema(Arc::clone(schema))
         .alias(e.name())
         .with_ignore_nulls(e.ignore_nulls());
@@ -152,11 +163,33 @@ fn bind_call(
         b = b.human_display(h);
     }
     let built = b.build()?;
-    // The bound call must present exactly the call's output and partial state.
     if built.field() != e.field() || built.state_fields()? != e.state_fields()? {
         return Ok(None);
     }
     Ok(Some(built))
+}
+
+/// `PartialEq`, `Eq` and `Hash` of a wrapper function: its inner function and the expressions
+/// it keeps (`$exprs`).
+macro_rules! identity_by_inner_and {
+    ($t:ident, $exprs:ident) => {
+        impl PartialEq for $t {
+            fn eq(&self, other: &Self) -> bool {
+                self.inner == other.inner && self.$exprs == other.$exprs
+            }
+        }
+
+        impl Eq for $t {}
+
+        impl Hash for $t {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                self.inner.hash(state);
+                for e in &self.$exprs {
+                    e.hash(state);
+                }
+            }
+        }
+    };
 }
 
 /// The model aggregates whose accumulators take spread features ([`ModelUdaf`]).
@@ -217,18 +250,7 @@ fn spread_call(
         fields,
         signature: Signature::user_defined(Volatility::Volatile),
     });
-    let mut b = AggregateExprBuilder::new(Arc::new(spread), spread_args)
-        .schema(Arc::clone(schema))
-        .alias(e.name())
-        .with_ignore_nulls(e.ignore_nulls());
-    if let Some(h) = e.human_display() {
-        b = b.human_display(h);
-    }
-    let built = b.build()?;
-    if built.field() != e.field() || built.state_fields()? != e.state_fields()? {
-        return Ok(None);
-    }
-    Ok(Some(built))
+    rebuild(e, spread, spread_args, schema)
 }
 
 /// A model call with its `make_array` features spread into their columns and its literal
@@ -245,22 +267,7 @@ pub struct Spread {
     signature: Signature,
 }
 
-impl PartialEq for Spread {
-    fn eq(&self, other: &Self) -> bool {
-        self.inner == other.inner && self.args == other.args
-    }
-}
-
-impl Eq for Spread {}
-
-impl Hash for Spread {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.inner.hash(state);
-        for a in &self.args {
-            a.hash(state);
-        }
-    }
-}
+identity_by_inner_and!(Spread, args);
 
 impl AggregateUDFImpl for Spread {
     fn name(&self) -> &str {
@@ -317,22 +324,7 @@ pub struct Bound {
     signature: Signature,
 }
 
-impl PartialEq for Bound {
-    fn eq(&self, other: &Self) -> bool {
-        self.inner == other.inner && self.params == other.params
-    }
-}
-
-impl Eq for Bound {}
-
-impl Hash for Bound {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.inner.hash(state);
-        for p in &self.params {
-            p.hash(state);
-        }
-    }
-}
+identity_by_inner_and!(Bound, params);
 
 impl Bound {
     /// `args` with the bound parameters after the data arguments, passed to `f`.
@@ -432,7 +424,14 @@ mod tests {
         "dp_partition_select(x, 1.0, 1e-6)",
     ];
 
-    fn ctx(partitions: usize, seed: u64) -> SessionContext {
+    /// A context with the seeded DP functions, batches of 64 rows and the table `t` of one batch
+    /// per partition made by `parts`.
+    fn table_ctx(
+        partitions: usize,
+        seed: u64,
+        schema: Arc<Schema>,
+        parts: Vec<Vec<RecordBatch>>,
+    ) -> SessionContext {
         let ctx = SessionContext::new_with_config(
             SessionConfig::new()
                 .with_target_partitions(partitions)
@@ -441,6 +440,12 @@ mod tests {
         for f in all_udafs_insecure_seeded(seed) {
             ctx.register_udaf(f);
         }
+        ctx.register_table("t", Arc::new(MemTable::try_new(schema, parts).unwrap()))
+            .unwrap();
+        ctx
+    }
+
+    fn ctx(partitions: usize, seed: u64) -> SessionContext {
         let schema = Arc::new(Schema::new(vec![
             Field::new("g", DataType::Int64, false),
             Field::new("u", DataType::Int64, false),
@@ -465,9 +470,7 @@ mod tests {
                 ]
             })
             .collect();
-        ctx.register_table("t", Arc::new(MemTable::try_new(schema, parts).unwrap()))
-            .unwrap();
-        ctx
+        table_ctx(partitions, seed, schema, parts)
     }
 
     /// The DP aggregate expressions of a physical plan: (name, argument count).
@@ -561,14 +564,6 @@ mod tests {
     /// A model table: label `y`, 0/1 label `yb` (some 2: skipped), features `a` (Float64, some
     /// NaN) and `b` (Int64, some NULL), group `g`.
     fn models_ctx(partitions: usize, seed: u64) -> SessionContext {
-        let ctx = SessionContext::new_with_config(
-            SessionConfig::new()
-                .with_target_partitions(partitions)
-                .with_batch_size(64),
-        );
-        for f in all_udafs_insecure_seeded(seed) {
-            ctx.register_udaf(f);
-        }
         let schema = Arc::new(Schema::new(vec![
             Field::new("g", DataType::Int64, false),
             Field::new("y", DataType::Float64, true),
@@ -607,9 +602,7 @@ mod tests {
                 ]
             })
             .collect();
-        ctx.register_table("t", Arc::new(MemTable::try_new(schema, parts).unwrap()))
-            .unwrap();
-        ctx
+        table_ctx(partitions, seed, schema, parts)
     }
 
     /// Spread (`make_array` features as columns, parameters bound) and as written, the same
