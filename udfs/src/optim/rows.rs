@@ -5,16 +5,17 @@
 //! The state is mergeable: [`RowBuffer::state`] emits the buffer as two `List<Float64>` values
 //! (labels, row-major features) and the feature count, moving the buffers out (no copy;
 //! DataFusion calls `Accumulator::state` once, at the end of a partial aggregate), and
-//! [`RowBuffer::merge`] appends other partitions' buffers.
+//! [`RowBuffer::merge`] appends other partitions' buffers. The fit runs once, in `evaluate`,
+//! after all partitions are merged, so the rows seen (and therefore the released model) do not
+//! depend on the partitioning except through row order, which only matters through
+//! floating-point summation order inside the kernels (the kernels make their
+//! sensitivity-relevant sums exact; see `optim::linreg`).
 //!
 //! The features arrive as one list per row (`[x1, x2]`, a list column), or, when the physical
 //! plan spreads a `make_array(x1, …, xd)` call into its d columns
 //! ([`crate::aggregates::bind`], [`RowBuffer::spread`]), as d columns, interleaved straight into
-//! the row-major matrix: the rows kept, skipped and counted are those of the list (the
-//! equivalence is tested), without building the list. The fit runs once, in `evaluate`, after all partitions are merged, so the
-//! rows seen (and therefore the released model) do not depend on the partitioning except through
-//! row order, which only matters through floating-point summation order inside the kernels (the
-//! kernels make their sensitivity-relevant sums exact; see `optim::linreg`).
+//! the row-major matrix without building the list: the rows kept, skipped and counted are those
+//! of the list (tested).
 //!
 //! Bad input (SQL.md, "Bad input"). Nothing that depends on data values fails the query: the
 //! analyst writes the label and feature expressions, so an error raised by a value would be a
@@ -633,12 +634,7 @@ impl RowBuffer {
             ScalarValue::UInt64(self.dims.map(|d| d as u64)),
             ScalarValue::UInt64(Some(self.seen)),
         ];
-        if let Some(kb) = self.keys.as_mut() {
-            let kb = KeyBuffer {
-                converter: kb.converter.clone(),
-                bytes: std::mem::take(&mut kb.bytes),
-                ends: std::mem::take(&mut kb.ends),
-            };
+        if let Some(kb) = self.keys.as_mut().map(std::mem::take) {
             let keys: LargeBinaryArray = (0..kb.ends.len()).map(|i| Some(kb.key(i))).collect();
             let arr = ListArray::new(
                 Arc::new(Field::new_list_field(DataType::LargeBinary, true)),
@@ -1069,7 +1065,7 @@ mod tests {
     /// Spread features ([`RowBuffer::spread`]) keep, skip and count exactly the rows of the
     /// list `make_array` builds from the same columns: clean batches (the interleaving path),
     /// batches with NULL and NaN features and labels, integer columns, Binary labels, unit keys;
-    /// and the state and merge of both agree.
+    /// and the states of both agree.
     #[test]
     fn spread_columns_equal_the_make_array_list() {
         use datafusion::arrow::array::Int64Array;
