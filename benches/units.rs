@@ -5,19 +5,21 @@
 //! DPFUSION_BENCH_ROWS=1000000,10000000 DPFUSION_BENCH_PARTITIONS=2,16 cargo bench --bench units
 //! ```
 //!
-//! (defaults: 200,000 rows, 2 partitions, best of 1 after no warm-up; `DPFUSION_BENCH_REPS` sets
-//! the repetitions; `DPFUSION_BENCH_ONLY=dp_sum` runs the unit `dp_sum` alone, e.g. under
-//! `perf record`, and prints its time). Data: n rows of (g, unit, x), 1,000 groups, n/6 units, each unit's rows
-//! spread over groups. Pairs, each printed with its ratio:
+//! (defaults: 200,000 rows, 2 partitions, best of 1 after no warm-up, the session's default 4 GiB
+//! memory pool; `DPFUSION_BENCH_REPS` sets the repetitions, `DPFUSION_BENCH_MEMORY_MIB` the DP
+//! session's pool; `DPFUSION_BENCH_ONLY=dp_sum` runs the unit `dp_sum` alone, e.g. under `perf
+//! record`, and prints its time). Data: n rows of (g, unit, x), 1,000 groups, n/6 units, each
+//! unit's rows spread over groups. Pairs, each printed with its ratio:
 //! - `SELECT g, dp_sum(x, 0, 100, …) FROM t GROUP BY g` on a unit-level table (K = 4, C = 3: the
-//!   per-(unit, group) aggregate, the keyed group choice, partition selection) vs
+//!   aggregate by unit with its keyed choice of groups and their totals, partition selection) vs
 //!   `SELECT g, sum(x) FROM t GROUP BY g` in plain DataFusion;
+//! - the same with `dp_mean` (each kept (unit, group) carries a sample of C rows) vs `avg`;
 //! - `SELECT dp_count_distinct(unit, …) FROM t` vs `SELECT count(DISTINCT unit) FROM t`;
-//! - the floor of any per-unit bounding on DataFusion's aggregate, in plain DataFusion: `SELECT g,
-//!   sum(s) FROM (SELECT unit, g, sum(x) AS s FROM t GROUP BY unit, g) GROUP BY g` (one row per
-//!   (unit, group) first: about n of them here) against the plain `sum`, and the same with the
-//!   ranking step of the bounding added (`row_number() OVER (PARTITION BY unit ORDER BY g)` over
-//!   the (unit, group) rows, `rn <= 4`): what the window costs beyond the floor.
+//! - a floor for a per-unit bounding built from DataFusion's aggregates, in plain DataFusion:
+//!   `SELECT g, sum(s) FROM (SELECT unit, g, sum(x) AS s FROM t GROUP BY unit, g) GROUP BY g` (one
+//!   row per (unit, group) first: about n of them here) against the plain `sum` (and the unit
+//!   `dp_sum` as a multiple of it), and the same with a ranking window added (`row_number() OVER
+//!   (PARTITION BY unit ORDER BY g)` over the (unit, group) rows, `rn <= 4`: the first design).
 //!
 //! The DP side runs through `PrivateSession::sql`: the guard, admission (a ledger append with its
 //! fsync) and the release are included.
@@ -100,6 +102,14 @@ fn ms(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1e3)
 }
 
+/// The session's memory pool: `DPFUSION_BENCH_MEMORY_MIB` if set, else the default (4 GiB).
+fn memory(o: SessionOptions) -> SessionOptions {
+    match std::env::var("DPFUSION_BENCH_MEMORY_MIB") {
+        Ok(m) => o.with_memory_limit(m.parse::<usize>().expect("MiB") << 20),
+        Err(_) => o,
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let rows = env_list("DPFUSION_BENCH_ROWS", "200000");
@@ -109,10 +119,11 @@ async fn main() {
     println!("# dpfusion privacy-units benchmark (best of {reps}; ms)\n");
     println!(
         "| rows | partitions | unit dp_sum per group | plain sum per group | ratio | floor: sum \
-         by (unit, g) then g | floor ratio | floor + ranking window | ratio | dp_count_distinct | \
+         by (unit, g) then g | floor ratio | unit dp_sum / floor | floor + ranking window | ratio | \
+         unit dp_mean per group | plain avg per group | ratio | dp_count_distinct | \
          count(DISTINCT) | ratio |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &rows {
         let batches = data(n);
         for &p in &partitions {
@@ -121,11 +132,11 @@ async fn main() {
                 std::process::id()
             ));
             std::fs::create_dir_all(&dir).unwrap();
-            let s = PrivateSession::open(
+            let s = PrivateSession::open(memory(
                 SessionOptions::default()
                     .with_ledger(dir.join("ledger.jsonl"))
                     .with_target_partitions(p),
-            )
+            ))
             .await
             .unwrap();
             let reg = Registration::private()
@@ -162,6 +173,12 @@ async fn main() {
                 continue;
             }
             let sum = best(reps, plain("SELECT g, sum(x) FROM t GROUP BY g")).await;
+            let dp_mean = best(
+                reps,
+                dp("SELECT g, dp_mean(x, 0, 100, epsilon => 1, delta => 1e-7) FROM t GROUP BY g"),
+            )
+            .await;
+            let avg = best(reps, plain("SELECT g, avg(x) FROM t GROUP BY g")).await;
             let dp_cd = best(
                 reps,
                 dp("SELECT dp_count_distinct(unit, epsilon => 1, delta => 1e-7) FROM t"),
@@ -187,14 +204,19 @@ async fn main() {
             .await;
             let r = |a: Duration| a.as_secs_f64() / sum.as_secs_f64();
             println!(
-                "| {n} | {p} | {} | {} | {:.1} | {} | {:.1} | {} | {:.1} | {} | {} | {:.1} |",
+                "| {n} | {p} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {} | {:.1} | {} | {} | {:.1} | {} \
+                 | {} | {:.1} |",
                 ms(dp_sum),
                 ms(sum),
                 r(dp_sum),
                 ms(floor),
                 r(floor),
+                dp_sum.as_secs_f64() / floor.as_secs_f64(),
                 ms(ranked),
                 r(ranked),
+                ms(dp_mean),
+                ms(avg),
+                dp_mean.as_secs_f64() / avg.as_secs_f64(),
                 ms(dp_cd),
                 ms(cd),
                 dp_cd.as_secs_f64() / cd.as_secs_f64()

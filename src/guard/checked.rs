@@ -605,11 +605,10 @@ fn audit_region(plan: &LogicalPlan, cx: &mut Region) -> Result<()> {
             audit_bounding_aggregate(a, cx)?;
             audit_region(&a.input, cx)
         }
-        // With GROUP BY: each unit's K groups kept by the aggregate by unit over the bounding
-        // aggregate, as one shape.
+        // With GROUP BY: each unit's K groups, their totals and samples, in one aggregate by unit.
         LogicalPlan::Aggregate(a) if cx.unit.as_ref().is_some_and(|u| u.grouped) => {
-            let inner = audit_top_groups(a, cx)?;
-            audit_region(&inner.input, cx)
+            audit_unit_groups(a, cx)?;
+            audit_region(&a.input, cx)
         }
         // The unit bounding's sample of rows back as rows (units.rs), and nothing else.
         LogicalPlan::Unnest(u)
@@ -679,49 +678,50 @@ fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
     }
 }
 
-/// With GROUP BY, the L0 step of the unit bounding (units.rs) as one shape: the aggregate GROUP
-/// BY `__dpfusion_unit`, `CASE WHEN __dpfusion_unit IS NULL THEN h END AS __dpfusion_no_unit` of
-/// `__dpfusion_unit_groups(K, h, columns…) AS __dpfusion_kept`, `h` =
-/// `__dpfusion_unit_group_key(__dpfusion_unit, g…)`, directly over the per-(unit, group)
-/// aggregate; K must be the owner's (or the session's) K of the table whose unit column that
-/// aggregate groups by. Returns the per-(unit, group) aggregate (its input is audited as a region
-/// by the caller).
-fn audit_top_groups<'p>(a: &'p Aggregate, cx: &mut Region) -> Result<&'p Aggregate> {
+/// With GROUP BY, the unit bounding (units.rs) as one shape: the aggregate over the private
+/// region GROUP BY `u AS __dpfusion_unit`, `CASE WHEN u IS NULL THEN h END AS
+/// __dpfusion_no_unit` of `__dpfusion_unit_groups(K, C, h, g…, t…, s…) AS __dpfusion_kept`, where
+/// `u` reads the privacy-unit column of a unit-level table, `h` =
+/// `__dpfusion_unit_group_key(u, g…)` with the same g… as the call's, K and C are the owner's (or
+/// the session's) of that table, the call's layout ([`TopGroups`]) says how many g…, t… and s…
+/// follow, each in the fragment over the private rows (a total `CASE WHEN filter THEN value END`
+/// or a value; s… columns).
+fn audit_unit_groups(a: &Aggregate, cx: &mut Region) -> Result<()> {
     use datafusion::common::ScalarValue;
+    let opts = cx.opts;
+    let schema = a.input.schema();
     let shape = || audit_refusal("a unit bounding of an unexpected shape over private rows");
-    let LogicalPlan::Aggregate(inner) = a.input.as_ref() else {
-        return Err(audit_refusal(
-            "an aggregate over private rows of a unit-level table without its limit of K \
-             groups per unit",
-        ));
+    let (declared_k, declared_c) = audit_unit_key(a, cx)?;
+    let [Expr::Alias(u), Expr::Alias(no_unit)] = a.group_expr.as_slice() else {
+        return Err(shape());
     };
-    // The keyed hash of (unit, g…), g… the inner aggregate's group keys.
-    let is_hash = |e: &Expr| match e {
-        Expr::ScalarFunction(f)
-            if f.name() == GROUP_KEY_FN
-                && (f.func.inner().as_ref() as &dyn std::any::Any).is::<GroupKey>()
-                && f.args.first().is_some_and(|x| is_col(x, UNIT)) =>
-        {
-            f.args.len() == inner.group_expr.len()
-                && f.args[1..].iter().all(|g| match g {
-                    Expr::Column(c) => inner.schema.has_column(c),
-                    _ => false,
-                })
+    let unit = u.expr.as_ref();
+    // The keyed hash of (u, g…).
+    let hash_of = |e: &Expr| -> Option<Vec<Expr>> {
+        match e {
+            Expr::ScalarFunction(f)
+                if f.name() == GROUP_KEY_FN
+                    && (f.func.inner().as_ref() as &dyn std::any::Any).is::<GroupKey>()
+                    && f.args.first() == Some(unit)
+                    && f.args.len() > 1 =>
+            {
+                Some(f.args[1..].to_vec())
+            }
+            _ => None,
         }
-        _ => false,
     };
-    match a.group_expr.as_slice() {
-        [u, Expr::Alias(al)] if is_col(u, UNIT) && al.name == NO_UNIT => match al.expr.as_ref() {
-            Expr::Case(c)
-                if c.expr.is_none()
-                    && c.else_expr.is_none()
-                    && c.when_then_expr.len() == 1
-                    && matches!(c.when_then_expr[0].0.as_ref(), Expr::IsNull(x) if is_col(x, UNIT))
-                    && is_hash(&c.when_then_expr[0].1) => {}
-            _ => return Err(shape()),
-        },
+    let groups = match no_unit.expr.as_ref() {
+        Expr::Case(c)
+            if no_unit.name == NO_UNIT
+                && c.expr.is_none()
+                && c.else_expr.is_none()
+                && c.when_then_expr.len() == 1
+                && matches!(c.when_then_expr[0].0.as_ref(), Expr::IsNull(x) if x.as_ref() == unit) =>
+        {
+            hash_of(&c.when_then_expr[0].1).ok_or_else(shape)?
+        }
         _ => return Err(shape()),
-    }
+    };
     let [Expr::Alias(al)] = a.aggr_expr.as_slice() else {
         return Err(shape());
     };
@@ -729,9 +729,12 @@ fn audit_top_groups<'p>(a: &'p Aggregate, cx: &mut Region) -> Result<&'p Aggrega
         return Err(shape());
     };
     let p = &f.params;
+    let Some(top) = (f.func.inner().as_ref() as &dyn std::any::Any).downcast_ref::<TopGroups>()
+    else {
+        return Err(shape());
+    };
     if al.name != KEPT
         || f.func.name() != TOP_GROUPS_FN
-        || !(f.func.inner().as_ref() as &dyn std::any::Any).is::<TopGroups>()
         || p.distinct
         || p.filter.is_some()
         || !p.order_by.is_empty()
@@ -739,32 +742,66 @@ fn audit_top_groups<'p>(a: &'p Aggregate, cx: &mut Region) -> Result<&'p Aggrega
     {
         return Err(shape());
     }
+    let l = top.layout;
     let [
         Expr::Literal(ScalarValue::UInt64(Some(k)), _),
+        Expr::Literal(ScalarValue::UInt64(Some(c)), _),
         hash,
-        cols @ ..,
+        rest @ ..,
     ] = p.args.as_slice()
     else {
         return Err(shape());
     };
-    if !is_hash(hash)
-        || !cols
-            .iter()
-            .all(|c| matches!(c, Expr::Column(c) if inner.schema.has_column(c)))
+    if hash_of(hash).as_deref() != Some(groups.as_slice())
+        || rest.len() != l.groups + l.totals + l.sampled
+        || rest[..l.groups] != groups[..]
     {
         return Err(shape());
     }
-    let (declared_k, _) = audit_bounding_aggregate(inner, cx)?;
     if *k != u64::from(declared_k) {
         return Err(audit_refusal(format_args!(
             "the unit bounding keeps {k} group(s) per unit, but the table's policy says {declared_k}"
         )));
     }
-    Ok(inner)
+    if *c != u64::from(declared_c) {
+        return Err(audit_refusal(format_args!(
+            "the unit bounding samples {c} row(s) per unit and group, but the table's policy \
+             says {declared_c}"
+        )));
+    }
+    for g in &groups {
+        region_expr(g, schema, "the GROUP BY keys of the unit bounding", opts)?;
+    }
+    for t in &rest[l.groups..l.groups + l.totals] {
+        audit_total(t, schema, opts)?;
+    }
+    for s in &rest[l.groups + l.totals..] {
+        if !matches!(s, Expr::Column(_)) {
+            return Err(shape());
+        }
+        region_expr(s, schema, "the rows sampled by the unit bounding", opts)?;
+    }
+    Ok(())
 }
 
-fn is_col(x: &Expr, name: &str) -> bool {
-    matches!(x, Expr::Column(c) if c.name == name)
+/// A `dp_sum`'s value in the unit bounding: `CASE WHEN filter THEN value END` or the value, both
+/// in the fragment (checked apart, as the guard checked the call's argument and FILTER apart).
+fn audit_total(v: &Expr, schema: &DFSchema, opts: &GuardOptions) -> Result<()> {
+    match v {
+        Expr::Case(c) if c.expr.is_none() && c.else_expr.is_none() => {
+            for (w, t) in &c.when_then_expr {
+                region_expr(
+                    w,
+                    schema,
+                    "the FILTER clause of dp_sum (unit bounding)",
+                    opts,
+                )?;
+                region_expr(t, schema, "the argument of dp_sum (unit bounding)", opts)?;
+            }
+            Ok(())
+        }
+        v => region_expr(v, schema, "the argument of dp_sum (unit bounding)", opts),
+    }
 }
 
 /// The table and column a column reference of `plan`'s output reads, through projections that
@@ -804,15 +841,11 @@ fn column_source(e: &Expr, plan: &LogicalPlan) -> Option<(TableInfo, String)> {
     }
 }
 
-/// An aggregate over private rows below a DP aggregate: only unit bounding's per-(unit, group)
-/// aggregate (units.rs), once per region: GROUP BY `unit AS __dpfusion_unit`, g…, where `unit`
-/// reads the privacy-unit column of a unit-level table; each aggregate either
-/// `sum(v) AS __dpfusion_total_i` (`v` a dp_sum call's argument, under its FILTER, in the
-/// fragment) or `__dpfusion_unit_sample(C, columns…) AS __dpfusion_sample` with C the owner's
-/// (or the session's) C of that table. Returns the table's (K, C).
-fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<(u32, u32)> {
+/// The unit key of a unit bounding aggregate (its first GROUP BY key, `u AS __dpfusion_unit`,
+/// `u` reading the privacy-unit column of a unit-level table), once per region; returns the
+/// table's (K, C), the session's where it sets them.
+fn audit_unit_key(a: &Aggregate, cx: &mut Region) -> Result<(u32, u32)> {
     let opts = cx.opts;
-    let schema = a.input.schema();
     let Some(unit) = cx.unit.as_mut() else {
         return Err(audit_refusal(
             "an aggregate (other than a DP aggregate) between a private table and a DP aggregate",
@@ -847,20 +880,34 @@ fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<(u32, u32)
             )));
         }
     };
-    let k = opts
-        .max_groups_contributed
-        .unwrap_or(policy.max_groups_contributed);
-    let c = opts
-        .max_rows_contributed
-        .unwrap_or(policy.max_rows_contributed);
     region_expr(
         &al.expr,
-        schema,
+        a.input.schema(),
         "the GROUP BY keys of the unit bounding",
         opts,
     )?;
-    for g in &a.group_expr[1..] {
-        region_expr(g, schema, "the GROUP BY keys of the unit bounding", opts)?;
+    unit.bounded = true;
+    Ok((
+        opts.max_groups_contributed
+            .unwrap_or(policy.max_groups_contributed),
+        opts.max_rows_contributed
+            .unwrap_or(policy.max_rows_contributed),
+    ))
+}
+
+/// Without GROUP BY, the unit bounding (units.rs) as one shape: the aggregate GROUP BY `u AS
+/// __dpfusion_unit` alone ([`audit_unit_key`]); each aggregate either `sum(v) AS
+/// __dpfusion_total_i` (`v` a dp_sum call's argument, under its FILTER, in the fragment) or
+/// `__dpfusion_unit_sample(C, columns…) AS __dpfusion_sample` with C the owner's (or the
+/// session's) C of that table.
+fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<()> {
+    let opts = cx.opts;
+    let schema = a.input.schema();
+    let (_, c) = audit_unit_key(a, cx)?;
+    if a.group_expr.len() != 1 {
+        return Err(audit_refusal(
+            "a unit bounding of an unexpected shape over private rows",
+        ));
     }
     for e in &a.aggr_expr {
         let bad = || audit_refusal(format_args!("the aggregate {e} in the unit bounding"));
@@ -876,22 +923,7 @@ fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<(u32, u32)
             return Err(bad());
         }
         match (f.func.name(), p.args.as_slice()) {
-            ("sum", [v]) if al.name.starts_with(TOTAL) => match v {
-                // CASE WHEN filter THEN value END, both in the fragment (checked apart, as the
-                // guard checked the call's argument and FILTER apart).
-                Expr::Case(c) if c.expr.is_none() && c.else_expr.is_none() => {
-                    for (w, t) in &c.when_then_expr {
-                        region_expr(
-                            w,
-                            schema,
-                            "the FILTER clause of dp_sum (unit bounding)",
-                            opts,
-                        )?;
-                        region_expr(t, schema, "the argument of dp_sum (unit bounding)", opts)?;
-                    }
-                }
-                v => region_expr(v, schema, "the argument of dp_sum (unit bounding)", opts)?,
-            },
+            ("sum", [v]) if al.name.starts_with(TOTAL) => audit_total(v, schema, opts)?,
             (SAMPLE_FN, [Expr::Literal(cap, _), cols @ ..])
                 if al.name == SAMPLE
                     && (f.func.inner().as_ref() as &dyn std::any::Any).is::<Sample>()
@@ -910,8 +942,7 @@ fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<(u32, u32)
             _ => return Err(bad()),
         }
     }
-    unit.bounded = true;
-    Ok((k, c))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1032,7 +1063,7 @@ mod tests {
         audit(&plan, &opts).unwrap();
         let refused = |p: &LogicalPlan, what: &str| {
             let m = audit(p, &opts).unwrap_err().to_string();
-            assert!(m.contains(what), "{m}");
+            assert!(m.contains(what), "{what}: {m}");
         };
         // Another column as the unit (the group key: read by the scan).
         let other = rewrite(&plan, |e| match e {
@@ -1045,8 +1076,21 @@ mod tests {
             _ => None,
         });
         refused(&other, "not its privacy unit column");
-        // Another C in the row sample.
+        // Another C in the row sample (with GROUP BY, the second argument of the aggregate by
+        // unit; without, the sample's first).
         let c4 = rewrite(&plan, |e| match e {
+            Expr::AggregateFunction(f) if f.func.name() == TOP_GROUPS_FN => {
+                let mut f = f.clone();
+                f.params.args[1] = Expr::Literal(ScalarValue::UInt64(Some(4)), None);
+                Some(Expr::AggregateFunction(f))
+            }
+            _ => None,
+        });
+        refused(&c4, "samples 4 row(s) per unit and group");
+        let ungrouped_rows =
+            unit_plan("SELECT dp_mean(amount, 0, 10, epsilon => 1) AS m FROM t").await;
+        audit(&ungrouped_rows, &opts).unwrap();
+        let c4 = rewrite(&ungrouped_rows, |e| match e {
             Expr::AggregateFunction(f) if f.func.name() == SAMPLE_FN => {
                 let mut f = f.clone();
                 f.params.args[0] = Expr::Literal(ScalarValue::UInt64(Some(4)), None);
@@ -1079,8 +1123,8 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(m.contains("policy says 3"), "{m}");
-        // No choice of K groups: the per-(unit, group) aggregate straight under the DP
-        // aggregate (the unnests and the aggregate by unit taken out), refused.
+        // No bounding: the private rows straight under the DP aggregate (the unnests and the
+        // aggregate by unit taken out), refused.
         let unlimited = plan
             .clone()
             .transform_up(|node| match &node {
@@ -1101,7 +1145,7 @@ mod tests {
             })
             .unwrap()
             .data;
-        refused(&unlimited, "without its limit of K groups per unit");
+        refused(&unlimited, "without its contribution bounding");
         // No bounding at all: the DP aggregate straight over the rows.
         let ungrouped = unit_plan("SELECT dp_sum(amount, 0, 10, epsilon => 1) AS s FROM t").await;
         audit(&ungrouped, &opts).unwrap();

@@ -10,21 +10,25 @@
 //! Aggregate  GROUP BY g: the DP calls, each with the FILTER of its contribution kind
 //!   Projection  unit, g, totals, __dpfusion_rn, the sampled columns under their own names
 //!     Unnest  __dpfusion_sample (list, then struct)              (only if a call reads rows)
-//!       Projection  unit, __dpfusion_kept.c0 AS g, …             (L0; only with GROUP BY)
+//!       Projection  unit, __dpfusion_kept.c0 AS g, …, totals, sample
 //!         Unnest  __dpfusion_kept (list, then struct)
-//!           Aggregate  GROUP BY __dpfusion_unit,
-//!                      CASE WHEN __dpfusion_unit IS NULL THEN h END AS __dpfusion_no_unit:
-//!                      __dpfusion_unit_groups(K, h, g, totals, sample) AS __dpfusion_kept
-//!                      (h = __dpfusion_unit_group_key(__dpfusion_unit, g))
-//!             Aggregate  GROUP BY unit AS __dpfusion_unit, g:
-//!                        sum(value) AS __dpfusion_total_i         (per dp_sum value and FILTER)
-//!                        __dpfusion_unit_sample(C, x…) AS __dpfusion_sample (if a call reads rows)
-//!               the private region (scan, WHERE, projections, joins), the unit column carried up
+//!           Aggregate  GROUP BY unit AS __dpfusion_unit,
+//!                      CASE WHEN unit IS NULL THEN h END AS __dpfusion_no_unit:
+//!                      __dpfusion_unit_groups(K, C, h, g…, value…, x…) AS __dpfusion_kept
+//!                      (h = __dpfusion_unit_group_key(unit, g…); value… the dp_sum values
+//!                      under their FILTERs; x… the columns the row-level calls read)
+//!             the private region (scan, WHERE, projections, joins), the unit column carried up
 //! ```
 //!
-//! Nothing sorts: both steps are DataFusion's hash aggregate (parallel, spilling to disk under the
-//! memory pool), the second over the (unit, group) rows, with a state of at most K rows per unit
-//! ([`TopGroups`], a `GroupsAccumulator`).
+//! Without GROUP BY (one group: K = 1 holds with no choice) the aggregate by unit is `GROUP BY
+//! unit AS __dpfusion_unit` of `sum(value) AS __dpfusion_total_i` (per dp_sum value and FILTER)
+//! and `__dpfusion_unit_sample(C, x…) AS __dpfusion_sample` ([`Sample`], if a call reads rows),
+//! and the projection over its unnest is not needed.
+//!
+//! Nothing sorts, and there is one aggregate: DataFusion's hash aggregate by unit (parallel,
+//! spilling to disk under the memory pool) with a state of at most K entries of totals and C rows
+//! per unit ([`TopGroups`], a `GroupsAccumulator` that drops a group as soon as it cannot be among
+//! the unit's K; `top.rs`).
 //!
 //! - **L0** (Wilson et al., "Differentially Private SQL with Bounded User Contribution", PoPETs
 //!   2020, §3 "contribution bounding"; the per-unit sampling of PipelineDP and ZetaSQL): each
@@ -49,7 +53,7 @@
 //!     other forms are refused.
 //!
 //! The final audit (checked.rs) accepts exactly these shapes, pinned to the owner's policy (the
-//! unit column traced to the scan, C in the sample's literal, K in the limit over the ranking).
+//! unit column traced to the scan, K and C in the literals of the aggregate by unit).
 //!
 //! Each selection depends only on the unit's own rows, the key and randomness, so after it one
 //! unit changes at most K groups, and each by at most C rows (or one value): the sensitivity
@@ -77,6 +81,9 @@ use datafusion::logical_expr::{
 use dpfusion_udfs::noise::rng::SecureRng;
 
 use super::{TableInfo, bare_column, refuse};
+
+mod top;
+pub(super) use top::{Layout, TopGroups};
 
 /// The unit-level count of distinct units.
 pub const COUNT_DISTINCT: &str = "dp_count_distinct";
@@ -250,7 +257,8 @@ pub struct Bounding {
     /// The GROUP BY keys over `region` (made total).
     groups: Vec<Expr>,
     bounds: Bounds,
-    /// The per-(unit, group) totals of the `dp_sum` calls, with their column names.
+    /// The values the `dp_sum` calls total per (unit, group) (each under its FILTER, NULL where
+    /// it does not count), with their column names.
     totals: Vec<(Expr, String)>,
     /// The columns of `region` that row-level calls read (their arguments and FILTERs).
     sampled: Vec<Column>,
@@ -309,10 +317,6 @@ impl Bounding {
         }
     }
 
-    fn group_refs(&self) -> Vec<Expr> {
-        (0..self.groups.len()).map(|i| self.group_ref(i)).collect()
-    }
-
     /// Row-level calls read these expressions' columns: carried in the sample.
     fn sample(&mut self, exprs: &[Expr], filter: Option<&Expr>) {
         self.rows = true;
@@ -356,14 +360,13 @@ impl Bounding {
                     Some(f) => when(f, value).end()?,
                     None => value,
                 };
-                let total = datafusion::functions_aggregate::expr_fn::sum(value);
                 // Calls on the same value and FILTER (dp_sum beside dp_sum_ci, say) share one
                 // total: each call draws its own noise.
-                let name = match self.totals.iter().find(|(e, _)| e == &total) {
+                let name = match self.totals.iter().find(|(e, _)| e == &value) {
                     Some((_, name)) => name.clone(),
                     None => {
                         let name = format!("{TOTAL}{}", self.totals.len());
-                        self.totals.push((total, name.clone()));
+                        self.totals.push((value, name.clone()));
                         name
                     }
                 };
@@ -384,60 +387,79 @@ impl Bounding {
         if self.every_row {
             return self.model_rows();
         }
-        // 1. one row per (unit, group): DataFusion's hash aggregate (parallel, spills).
-        let mut group = vec![self.unit.clone().alias(UNIT)];
-        group.extend(self.groups.iter().cloned());
-        let mut aggr: Vec<Expr> = self
-            .totals
-            .iter()
-            .map(|(e, name)| e.clone().alias(name))
-            .collect();
         let cap = u64::from(self.bounds.rows);
-        if self.rows {
-            let mut args = vec![lit(cap)];
-            args.extend(self.sampled.iter().cloned().map(Expr::Column));
-            aggr.push(sample_udaf(cap, self.key).call(args).alias(SAMPLE));
-        }
-        let mut plan = LogicalPlan::Aggregate(Aggregate::try_new(
-            Arc::new(self.region.clone()),
-            group,
-            aggr,
-        )?);
-        // 2. L0: each unit keeps its K groups of smallest keyed hash (only with GROUP BY): an
-        //    aggregate by unit over the (unit, group) rows whose state per unit is the K rows of
-        //    smallest hash (no sort; it spills like any aggregate), unnested back into rows.
-        if !self.groups.is_empty() {
-            let carried: Vec<Column> = plan
-                .schema()
-                .columns()
-                .into_iter()
-                .filter(|c| c.name != UNIT)
+        let plan = if self.groups.is_empty() {
+            // 1. Without GROUP BY (one group: K = 1 holds with no choice), one row per unit:
+            //    DataFusion's hash aggregate (parallel, spills), its totals and its row sample.
+            let mut aggr: Vec<Expr> = self
+                .totals
+                .iter()
+                .map(|(v, name)| {
+                    datafusion::functions_aggregate::expr_fn::sum(v.clone()).alias(name)
+                })
                 .collect();
-            let mut keyed = vec![col(UNIT)];
-            keyed.extend(self.group_refs());
+            if self.rows {
+                let mut args = vec![lit(cap)];
+                args.extend(self.sampled.iter().cloned().map(Expr::Column));
+                aggr.push(sample_udaf(cap, self.key).call(args).alias(SAMPLE));
+            }
+            LogicalPlan::Aggregate(Aggregate::try_new(
+                Arc::new(self.region.clone()),
+                vec![self.unit.clone().alias(UNIT)],
+                aggr,
+            )?)
+        } else {
+            // 2. With GROUP BY, L0 and L∞ in one aggregate by unit over the rows: each unit keeps
+            //    its K groups of smallest keyed hash, with their totals and row samples
+            //    ([`TopGroups`]: no sort, no per-(unit, group) aggregate; it spills like any
+            //    aggregate), unnested back into one row per kept (unit, group).
+            let mut keyed = vec![self.unit.clone()];
+            keyed.extend(self.groups.iter().cloned());
             let hash = ScalarUDF::from(GroupKey::new(self.key)).call(keyed);
-            let mut args = vec![lit(u64::from(self.bounds.groups)), hash.clone()];
-            args.extend(carried.iter().cloned().map(Expr::Column));
+            let layout = Layout {
+                groups: self.groups.len(),
+                totals: self.totals.len(),
+                sampled: self.sampled.len(),
+                rows: self.rows,
+            };
+            let mut args = vec![lit(u64::from(self.bounds.groups)), lit(cap), hash.clone()];
+            args.extend(self.groups.iter().cloned());
+            args.extend(self.totals.iter().map(|(v, _)| v.clone()));
+            args.extend(self.sampled.iter().cloned().map(Expr::Column));
             // Rows without a unit are kept, each (group) its own (they reach no call; see `new`).
-            let no_unit = when(col(UNIT).is_null(), hash).end()?.alias(NO_UNIT);
-            plan = LogicalPlan::Aggregate(Aggregate::try_new(
-                Arc::new(plan),
-                vec![col(UNIT), no_unit],
-                vec![top_groups_udaf().call(args).alias(KEPT)],
+            let no_unit = when(self.unit.clone().is_null(), hash)
+                .end()?
+                .alias(NO_UNIT);
+            let kept = top::top_groups_udaf(layout, sample_key(self.key))
+                .call(args)
+                .alias(KEPT);
+            let plan = LogicalPlan::Aggregate(Aggregate::try_new(
+                Arc::new(self.region.clone()),
+                vec![self.unit.clone().alias(UNIT), no_unit],
+                vec![kept],
             )?);
-            plan = LogicalPlanBuilder::from(plan)
+            let plan = LogicalPlanBuilder::from(plan)
                 .unnest_column(Column::from_name(KEPT))?
                 .unnest_column(Column::from_name(KEPT))?
                 .build()?;
+            let field = |j: String| Expr::Column(Column::from_name(format!("{KEPT}.{j}")));
             let mut cols = vec![col(UNIT)];
-            for (j, c) in carried.iter().enumerate() {
-                cols.push(
-                    Expr::Column(Column::from_name(format!("{KEPT}.c{j}")))
-                        .alias_qualified(c.relation.clone(), &c.name),
-                );
+            for (j, g) in self.groups.iter().enumerate() {
+                cols.push(match g {
+                    Expr::Column(c) => {
+                        field(format!("c{j}")).alias_qualified(c.relation.clone(), &c.name)
+                    }
+                    g => field(format!("c{j}")).alias(g.schema_name().to_string()),
+                });
             }
-            plan = LogicalPlan::Projection(Projection::try_new(cols, Arc::new(plan))?);
-        }
+            for (j, (_, name)) in self.totals.iter().enumerate() {
+                cols.push(field(format!("c{}", self.groups.len() + j)).alias(name));
+            }
+            if self.rows {
+                cols.push(field("sample".into()).alias(SAMPLE));
+            }
+            LogicalPlan::Projection(Projection::try_new(cols, Arc::new(plan))?)
+        };
         // 3. the sampled rows back as rows (at most C of each (unit, group), or every row for a
         //    model), under their own names; `__dpfusion_rn` numbers them from 1.
         let mut cols: Vec<Expr> = plan
@@ -609,7 +631,16 @@ impl std::fmt::Debug for Sample {
 }
 
 fn sample_udaf(cap: u64, query_key: [u64; 2]) -> AggregateUDF {
-    // A key of its own (domain-separated from the group choice's): SipHash of the query key.
+    AggregateUDF::from(Sample {
+        cap,
+        key: sample_key(query_key),
+        signature: Signature::variadic_any(Volatility::Volatile),
+    })
+}
+
+/// The row sample's key: its own, domain-separated from the group choice's (SipHash of the
+/// query key).
+fn sample_key(query_key: [u64; 2]) -> [u64; 2] {
     let derive = |i: u64| {
         #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
         let mut h = std::hash::SipHasher::new_with_keys(query_key[0], query_key[1]);
@@ -617,11 +648,7 @@ fn sample_udaf(cap: u64, query_key: [u64; 2]) -> AggregateUDF {
         h.write_u64(i);
         h.finish()
     };
-    AggregateUDF::from(Sample {
-        cap,
-        key: [derive(0), derive(1)],
-        signature: Signature::variadic_any(Volatility::Volatile),
-    })
+    [derive(0), derive(1)]
 }
 
 /// The struct of a sample's rows: `first` (`pos` or `key`), then `c0, c1, …` of `types`.
@@ -840,454 +867,6 @@ impl Accumulator for SampleAccumulator {
     }
 }
 
-// ---- the group choice without sorting: each unit's K groups of smallest keyed hash -------------
-
-/// `__dpfusion_unit_groups(K, hash, c0, c1, …)`, aggregated by unit over the per-(unit, group)
-/// rows: the K rows of smallest `hash` ([`GroupKey`] of the (unit, group)) with their columns, as
-/// a list of structs `{c0, c1, …}`. State per unit: at most K (hash, row) entries, the row a
-/// reference into the input arrays held (no allocation per entry; `TopGroupsAccumulator`); a new
-/// row with a smaller hash than the largest kept evicts it; merging keeps the K smallest of the
-/// union. Which rows are kept depends only on the hashes (the
-/// (unit, group) values and the secret key), never on the order or the partitioning: the same
-/// choice as `row_number() OVER (PARTITION BY unit ORDER BY hash) <= K`, without the sort. A
-/// [`GroupsAccumulator`](datafusion::logical_expr::GroupsAccumulator): one state vector for all
-/// units (the per-unit `Accumulator` of DataFusion's adapter is slow at millions of units).
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub(super) struct TopGroups {
-    signature: Signature,
-}
-
-pub(super) fn top_groups_udaf() -> AggregateUDF {
-    AggregateUDF::from(TopGroups {
-        signature: Signature::variadic_any(Volatility::Immutable),
-    })
-}
-
-/// The struct of the kept rows: `c0, c1, …` of `types` (after `first`, if any: the hash).
-fn kept_fields(first: Option<&str>, types: &[DataType]) -> Fields {
-    first
-        .map(|f| Field::new(f, DataType::UInt64, true))
-        .into_iter()
-        .chain(
-            types
-                .iter()
-                .enumerate()
-                .map(|(j, t)| Field::new(format!("c{j}"), t.clone(), true)),
-        )
-        .collect()
-}
-
-impl AggregateUDFImpl for TopGroups {
-    fn name(&self) -> &str {
-        TOP_GROUPS_FN
-    }
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        Ok(list_of(kept_fields(None, &arg_types[2..])))
-    }
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        let types: Vec<DataType> = args.input_fields[2..]
-            .iter()
-            .map(|f| f.data_type().clone())
-            .collect();
-        Ok(vec![Arc::new(Field::new(
-            format!("{}[kept]", args.name),
-            list_of(kept_fields(Some("hash"), &types)),
-            true,
-        ))])
-    }
-    fn accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Err(DataFusionError::Internal(format!(
-            "{TOP_GROUPS_FN} runs as a groups accumulator only"
-        )))
-    }
-    fn groups_accumulator_supported(&self, _: AccumulatorArgs) -> bool {
-        true
-    }
-    fn create_groups_accumulator(
-        &self,
-        args: AccumulatorArgs,
-    ) -> Result<Box<dyn datafusion::logical_expr::GroupsAccumulator>> {
-        let k = match args
-            .exprs
-            .first()
-            .and_then(|e| e.downcast_ref::<datafusion::physical_expr::expressions::Literal>())
-        {
-            Some(l) => match l.value() {
-                ScalarValue::UInt64(Some(k)) => *k,
-                _ => 0,
-            },
-            None => 0,
-        };
-        if k == 0 {
-            return Err(DataFusionError::Internal(format!(
-                "{TOP_GROUPS_FN}: K must be a positive UInt64 literal"
-            )));
-        }
-        let types = args.exprs[2..]
-            .iter()
-            .map(|e| e.data_type(args.schema))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Box::new(TopGroupsAccumulator::new(
-            usize::try_from(k).unwrap_or(usize::MAX),
-            types,
-        )))
-    }
-}
-
-/// The state of [`TopGroups`] for all units of one aggregate, without an allocation per entry:
-/// each unit (group index `u`) owns S = min(K, [`INLINE`]) slots `u·S .. u·S + S` and, only if
-/// K > S, a vector for its entries beyond S; its first `counts[u]` entries are kept, each a hash
-/// and a reference to its row in `store`, the input arrays (update or merge batches) that a kept
-/// entry still points into. Evicted rows stay in `store` until it holds more than twice the kept
-/// entries (plus [`COMPACT_SLACK`]): then the kept rows are gathered into one batch (arrow's
-/// `interleave`, any type) and the rest dropped, so the rows held stay O(entries) and each input
-/// row is copied O(1) times (amortised).
-struct TopGroupsAccumulator {
-    k: usize,
-    /// S: inline slots per unit.
-    s: usize,
-    types: Vec<DataType>,
-    /// Per unit: how many entries it keeps (≤ K).
-    counts: Vec<u32>,
-    /// Per inline slot: the entry's keyed hash and its row, (batch of `store`, row in it).
-    slots: Vec<Entry>,
-    /// Per unit, if K > S: its entries beyond the S inline ones.
-    more: Vec<Vec<Entry>>,
-    /// The batches that kept rows point into: (rows, the columns).
-    store: Vec<(usize, Vec<ArrayRef>)>,
-    /// The rows of `store`.
-    held: usize,
-    /// The arrays' memory in `store`.
-    store_bytes: usize,
-    /// The entries kept, over all units.
-    entries: usize,
-    /// The entries in `more`.
-    more_entries: usize,
-}
-
-/// A kept entry: its keyed hash, and its row as (batch of the store, row in it).
-type Entry = (u64, (u32, u32));
-
-/// Inline slots per unit (K is at most this in the usual policies).
-const INLINE: usize = 8;
-
-/// Rows the store may hold beyond twice the kept entries before it is compacted.
-const COMPACT_SLACK: usize = 16_384;
-
-impl std::fmt::Debug for TopGroupsAccumulator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "TopGroupsAccumulator {{ k: {}, units: {} }}",
-            self.k,
-            self.counts.len()
-        )
-    }
-}
-
-impl TopGroupsAccumulator {
-    fn new(k: usize, types: Vec<DataType>) -> Self {
-        Self {
-            k,
-            s: k.min(INLINE),
-            types,
-            counts: vec![],
-            slots: vec![],
-            more: vec![],
-            store: vec![],
-            held: 0,
-            store_bytes: 0,
-            entries: 0,
-            more_entries: 0,
-        }
-    }
-
-    /// Unit `u`'s kept entries, mutable: its inline slots then the rest.
-    fn entries_mut(&mut self, u: usize) -> impl Iterator<Item = &mut Entry> {
-        let n = self.counts[u] as usize;
-        let inline = &mut self.slots[u * self.s..u * self.s + n.min(self.s)];
-        let more = self.more.get_mut(u).map(|v| v.iter_mut());
-        inline.iter_mut().chain(more.into_iter().flatten())
-    }
-
-    /// Offers the entry (hash, row) to unit `unit`; true if kept.
-    fn insert(&mut self, unit: usize, hash: u64, row: (u32, u32)) -> bool {
-        let n = self.counts[unit] as usize;
-        if n < self.k {
-            if n < self.s {
-                self.slots[unit * self.s + n] = (hash, row);
-            } else {
-                self.more[unit].push((hash, row));
-                self.more_entries += 1;
-            }
-            self.counts[unit] += 1;
-            self.entries += 1;
-            return true;
-        }
-        // The largest kept hash; ties keep the entry already there (equal hashes are the same
-        // (unit, group) under the PRF but for a negligible collision).
-        let mut max: Option<&mut Entry> = None;
-        for e in self.entries_mut(unit) {
-            if max.as_ref().is_none_or(|m| e.0 > m.0) {
-                max = Some(e);
-            }
-        }
-        match max {
-            Some(m) if hash < m.0 => {
-                *m = (hash, row);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn add_rows(
-        &mut self,
-        hashes: &UInt64Array,
-        columns: &[ArrayRef],
-        units: &[usize],
-        filter: Option<&datafusion::arrow::array::BooleanArray>,
-        total: usize,
-    ) -> Result<()> {
-        if self.counts.len() < total {
-            self.counts.resize(total, 0);
-            self.slots.resize(total * self.s, (0, (0, 0)));
-            if self.k > self.s {
-                self.more.resize_with(total, Vec::new);
-            }
-        }
-        let batch = u32::try_from(self.store.len())
-            .map_err(|_| DataFusionError::Internal(format!("{TOP_GROUPS_FN}: too many batches")))?;
-        let mut used = false;
-        for (i, &u) in units.iter().enumerate() {
-            if filter.is_some_and(|f| !f.is_valid(i) || !f.value(i)) {
-                continue;
-            }
-            // A NULL hash never happens (the hash of any value is a value); skip it if it did.
-            if hashes.is_null(i) {
-                continue;
-            }
-            let row = u32::try_from(i).map_err(|_| {
-                DataFusionError::Internal(format!("{TOP_GROUPS_FN}: batch too large"))
-            })?;
-            used |= self.insert(u, hashes.value(i), (batch, row));
-        }
-        if used {
-            self.held += units.len();
-            self.store_bytes += columns
-                .iter()
-                .map(|c| c.get_array_memory_size())
-                .sum::<usize>();
-            self.store.push((units.len(), columns.to_vec()));
-            if self.held > 2 * self.entries + COMPACT_SLACK {
-                self.compact()?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The kept entries of units `0..n`, in unit order.
-    fn kept(&mut self, n: usize) -> Vec<Entry> {
-        let mut out = Vec::with_capacity(self.entries);
-        for u in 0..n {
-            out.extend(self.entries_mut(u).map(|e| *e));
-        }
-        out
-    }
-
-    /// The rows of `entries` (in order), gathered into arrays of `types`.
-    fn gather(&self, entries: &[Entry]) -> Result<Vec<ArrayRef>> {
-        let indices: Vec<(usize, usize)> = entries
-            .iter()
-            .map(|&(_, (b, r))| (b as usize, r as usize))
-            .collect();
-        (0..self.types.len())
-            .map(|c| {
-                if indices.is_empty() {
-                    return Ok(new_empty_array(&self.types[c]));
-                }
-                let arrays: Vec<&dyn Array> = self
-                    .store
-                    .iter()
-                    .map(|(_, cols)| cols[c].as_ref())
-                    .collect();
-                Ok(datafusion::arrow::compute::interleave(&arrays, &indices)?)
-            })
-            .collect()
-    }
-
-    /// Gathers the kept rows into one batch and drops the rest.
-    fn compact(&mut self) -> Result<()> {
-        let kept = self.kept(self.counts.len());
-        let columns = self.gather(&kept)?;
-        let mut next = 0u32;
-        for u in 0..self.counts.len() {
-            for e in self.entries_mut(u) {
-                e.1 = (0, next);
-                // At most u32::MAX rows in one array (the batch the aggregate emits).
-                next = next.checked_add(1).ok_or_else(|| {
-                    DataFusionError::Internal(format!("{TOP_GROUPS_FN}: too many entries"))
-                })?;
-            }
-        }
-        self.held = kept.len();
-        self.store_bytes = columns.iter().map(|c| c.get_array_memory_size()).sum();
-        self.store = vec![(kept.len(), columns)];
-        Ok(())
-    }
-
-    /// The entries of the units `emit_to` takes, as a list of structs per unit (`hash` first if
-    /// `with_hash`).
-    fn emit(
-        &mut self,
-        emit_to: datafusion::logical_expr::EmitTo,
-        with_hash: bool,
-    ) -> Result<ArrayRef> {
-        let n = match emit_to {
-            datafusion::logical_expr::EmitTo::All => self.counts.len(),
-            datafusion::logical_expr::EmitTo::First(n) => n.min(self.counts.len()),
-        };
-        let kept = self.kept(n);
-        let columns = self.gather(&kept)?;
-        let mut arrays: Vec<ArrayRef> = vec![];
-        if with_hash {
-            arrays.push(Arc::new(UInt64Array::from_iter_values(
-                kept.iter().map(|e| e.0),
-            )));
-        }
-        arrays.extend(columns);
-        let lengths: Vec<usize> = self.counts[..n].iter().map(|&c| c as usize).collect();
-        self.counts.drain(..n);
-        self.slots.drain(..n * self.s);
-        if self.k > self.s {
-            self.more_entries -= self.more.drain(..n).map(|v| v.len()).sum::<usize>();
-        }
-        self.entries -= kept.len();
-        if self.counts.is_empty() {
-            self.store.clear();
-            self.held = 0;
-            self.store_bytes = 0;
-        } else if self.held > 2 * self.entries + COMPACT_SLACK {
-            self.compact()?;
-        }
-        let fields = kept_fields(with_hash.then_some("hash"), &self.types);
-        let values = StructArray::try_new(fields.clone(), arrays, None)?;
-        let field = Arc::new(Field::new_list_field(DataType::Struct(fields), true));
-        Ok(Arc::new(ListArray::try_new(
-            field,
-            OffsetBuffer::from_lengths(lengths),
-            Arc::new(values),
-            None,
-        )?))
-    }
-}
-
-impl datafusion::logical_expr::GroupsAccumulator for TopGroupsAccumulator {
-    fn update_batch(
-        &mut self,
-        values: &[ArrayRef],
-        group_indices: &[usize],
-        opt_filter: Option<&datafusion::arrow::array::BooleanArray>,
-        total_num_groups: usize,
-    ) -> Result<()> {
-        let hashes = values[1].as_primitive::<UInt64Type>().clone();
-        self.add_rows(
-            &hashes,
-            &values[2..],
-            group_indices,
-            opt_filter,
-            total_num_groups,
-        )
-    }
-
-    fn merge_batch(
-        &mut self,
-        values: &[ArrayRef],
-        group_indices: &[usize],
-        total_num_groups: usize,
-    ) -> Result<()> {
-        let lists = values[0].as_list::<i32>();
-        // Every entry of row i's list belongs to unit group_indices[i].
-        let mut units = Vec::with_capacity(lists.values().len());
-        let mut keep = Vec::with_capacity(lists.values().len());
-        for (i, &u) in group_indices.iter().enumerate() {
-            let on = !lists.is_null(i);
-            let range = lists.value_offsets()[i] as usize..lists.value_offsets()[i + 1] as usize;
-            for _ in range {
-                units.push(u);
-                keep.push(on);
-            }
-        }
-        let start = lists.value_offsets()[0] as usize;
-        let end = lists.value_offsets()[lists.len()] as usize;
-        let entries = lists.values().slice(start, end - start);
-        let entries = entries.as_struct();
-        let hashes = entries.column(0).as_primitive::<UInt64Type>().clone();
-        let filter = datafusion::arrow::array::BooleanArray::from(keep);
-        self.add_rows(
-            &hashes,
-            &entries.columns()[1..],
-            &units,
-            Some(&filter),
-            total_num_groups,
-        )
-    }
-
-    fn evaluate(&mut self, emit_to: datafusion::logical_expr::EmitTo) -> Result<ArrayRef> {
-        self.emit(emit_to, false)
-    }
-
-    /// DataFusion's partial aggregate stops grouping and calls this when it sees about as many
-    /// units as rows (`skip_partial_aggregation_probe_*`, the usual case at millions of units):
-    /// each input row becomes its own partial state, a list holding its one (hash, columns)
-    /// entry, or an empty list where the FILTER is false or the hash NULL (what `update_batch`
-    /// skips). `merge_batch` then keeps each unit's K smallest exactly as from grouped states.
-    fn convert_to_state(
-        &self,
-        values: &[ArrayRef],
-        opt_filter: Option<&datafusion::arrow::array::BooleanArray>,
-    ) -> Result<Vec<ArrayRef>> {
-        use datafusion::arrow::compute::filter;
-        let hashes = values[1].as_primitive::<UInt64Type>();
-        let keep: datafusion::arrow::array::BooleanArray = (0..hashes.len())
-            .map(|i| {
-                Some(!hashes.is_null(i) && opt_filter.is_none_or(|f| f.is_valid(i) && f.value(i)))
-            })
-            .collect();
-        let mut arrays: Vec<ArrayRef> = vec![filter(hashes, &keep)?];
-        for c in &values[2..] {
-            arrays.push(filter(c.as_ref(), &keep)?);
-        }
-        let fields = kept_fields(Some("hash"), &self.types);
-        let entries = StructArray::try_new(fields.clone(), arrays, None)?;
-        let field = Arc::new(Field::new_list_field(DataType::Struct(fields), true));
-        let lengths = keep.values().iter().map(usize::from);
-        Ok(vec![Arc::new(ListArray::try_new(
-            field,
-            OffsetBuffer::from_lengths(lengths),
-            Arc::new(entries),
-            None,
-        )?)])
-    }
-
-    fn state(&mut self, emit_to: datafusion::logical_expr::EmitTo) -> Result<Vec<ArrayRef>> {
-        Ok(vec![self.emit(emit_to, true)?])
-    }
-
-    fn size(&self) -> usize {
-        std::mem::size_of_val(self)
-            + self.counts.capacity() * std::mem::size_of::<u32>()
-            + self.slots.capacity() * std::mem::size_of::<Entry>()
-            + self.more.capacity() * std::mem::size_of::<Vec<Entry>>()
-            + self.more_entries * std::mem::size_of::<Entry>()
-            + self.store.capacity() * std::mem::size_of::<(usize, Vec<ArrayRef>)>()
-            + self.store_bytes
-    }
-}
-
 /// `plan` (a checked private region) with the unit column carried up to its output, and the
 /// expression that reads it there.
 fn expose(plan: &LogicalPlan, column: &str, table: &TableInfo) -> Result<(LogicalPlan, Expr)> {
@@ -1480,112 +1059,5 @@ mod tests {
             panic!("a list")
         };
         assert_eq!(list.value(0).len(), 3);
-    }
-
-    /// Each unit keeps exactly its K rows of smallest hash, whatever the order and the split into
-    /// partial states (merged), with their columns: K within the inline slots and beyond them,
-    /// and with enough batches that the store is compacted on the way.
-    #[test]
-    fn the_top_groups_keep_the_k_smallest_hashes_of_each_unit() {
-        for (k, per_unit, batch_rows) in [(3, 40, 80), (INLINE + 5, 40, 7), (3, 30_000, 512)] {
-            top_groups_case(k, per_unit, batch_rows);
-        }
-    }
-
-    /// Two units, `per_unit` rows each (row r: unit r mod 2, hash (37 r) mod n, value r), fed in
-    /// batches of `batch_rows`.
-    fn top_groups_case(k: usize, per_unit: usize, batch_rows: usize) {
-        use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
-        let new = || TopGroupsAccumulator::new(k, vec![DataType::Int64]);
-        let n = 2 * per_unit;
-        let rows: Vec<(usize, u64, i64)> = (0..n)
-            .map(|r| (r % 2, (37 * r as u64) % n as u64, r as i64))
-            .collect();
-        let batch = |rows: &[(usize, u64, i64)]| -> (Vec<ArrayRef>, Vec<usize>) {
-            (
-                vec![
-                    Arc::new(UInt64Array::from(vec![k as u64; rows.len()])) as ArrayRef,
-                    Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.1))),
-                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
-                ],
-                rows.iter().map(|r| r.0).collect(),
-            )
-        };
-        let feed = |a: &mut TopGroupsAccumulator, rows: &[(usize, u64, i64)]| {
-            for chunk in rows.chunks(batch_rows) {
-                let (v, g) = batch(chunk);
-                a.update_batch(&v, &g, None, 2).unwrap();
-            }
-        };
-        let values = |list: &ArrayRef| -> Vec<Vec<i64>> {
-            let list = list.as_list::<i32>();
-            (0..list.len())
-                .map(|i| {
-                    let v = list.value(i);
-                    let s = v.as_struct();
-                    let mut v = s
-                        .column(s.num_columns() - 1)
-                        .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
-                        .values()
-                        .to_vec();
-                    v.sort_unstable();
-                    v
-                })
-                .collect()
-        };
-        let kept = |a: &mut TopGroupsAccumulator| values(&a.evaluate(EmitTo::All).unwrap());
-        let mut whole = new();
-        feed(&mut whole, &rows);
-        // The rows held stay bounded by the entries kept (the store is compacted).
-        assert!(whole.held <= 2 * whole.entries + COMPACT_SLACK + batch_rows);
-        // The expected: per unit, the values of its K smallest hashes.
-        let expected: Vec<Vec<i64>> = (0..2)
-            .map(|u| {
-                let mut mine: Vec<_> = rows.iter().filter(|r| r.0 == u).collect();
-                mine.sort_by_key(|r| r.1);
-                let mut v: Vec<i64> = mine[..k.min(mine.len())].iter().map(|r| r.2).collect();
-                v.sort_unstable();
-                v
-            })
-            .collect();
-        assert_eq!(kept(&mut whole), expected, "k = {k}");
-        assert_eq!(
-            (whole.entries, whole.held),
-            (0, 0),
-            "emptied by EmitTo::All"
-        );
-        // Reversed and split in two partial states, merged.
-        let mut rev = rows.clone();
-        rev.reverse();
-        let (mut a, mut b, mut merged) = (new(), new(), new());
-        feed(&mut a, &rev[..n / 3]);
-        feed(&mut b, &rev[n / 3..]);
-        for part in [&mut a, &mut b] {
-            let state = part.state(EmitTo::All).unwrap();
-            merged.merge_batch(&state, &[0, 1], 2).unwrap();
-        }
-        assert_eq!(kept(&mut merged), expected);
-        // Emitted one unit at a time (EmitTo::First): the same.
-        let mut first = new();
-        feed(&mut first, &rev);
-        let one = values(&first.evaluate(EmitTo::First(1)).unwrap());
-        let two = values(&first.evaluate(EmitTo::First(1)).unwrap());
-        assert_eq!([one, two].concat(), expected);
-        // When the partial aggregate skips grouping (as many units as rows), every row is
-        // converted to its own state (a FILTER-false row to an empty one) and merged: the same.
-        let (v, g) = batch(&rev);
-        let off: datafusion::arrow::array::BooleanArray =
-            (0..rev.len()).map(|i| Some(i != 7)).collect();
-        let mut converted = new();
-        let state = converted.convert_to_state(&v, None).unwrap();
-        converted.merge_batch(&state, &g, 2).unwrap();
-        assert_eq!(kept(&mut converted), expected);
-        let mut filtered = new();
-        let state = filtered.convert_to_state(&v, Some(&off)).unwrap();
-        assert_eq!(state[0].as_list::<i32>().value(7).len(), 0);
-        filtered.merge_batch(&state, &g, 2).unwrap();
-        let mut whole_filtered = new();
-        whole_filtered.update_batch(&v, &g, Some(&off), 2).unwrap();
-        assert_eq!(kept(&mut filtered), kept(&mut whole_filtered));
     }
 }

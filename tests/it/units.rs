@@ -801,6 +801,11 @@ async fn a_unit_query_spills_at_16_partitions_and_releases_the_same() {
     let sql = "SELECT g, round(dp_sum(amount, 0, 20, epsilon => 1e4, delta => 1e-6)) AS s, \
                round(dp_count_distinct(unit, epsilon => 1e4, delta => 1e-6)) AS n \
                FROM t GROUP BY g";
+    // DataFusion makes its spill directory in the temporary directory at the first spill and
+    // keeps it while the session lives: pointed here, it tells whether a query spilled.
+    let spills = crate::common::temp_dir("units-spill-files");
+    tempfile::env::override_temp_dir(&spills).expect("the first override in this process");
+    let spilled = || std::fs::read_dir(&spills).unwrap().count() > 0;
     let mut out = vec![];
     for (limit, tag) in [(1usize << 30, "units-ample"), (128 << 20, "units-spill")] {
         let dir = crate::common::temp_dir(tag);
@@ -821,6 +826,7 @@ async fn a_unit_query_spills_at_16_partitions_and_releases_the_same() {
         let batches = rows.chunks(8192).map(batch).collect();
         s.register_batches("t", batches, reg).unwrap();
         let r = s.sql(sql).await.unwrap_or_else(|e| panic!("{tag}: {e}"));
+        assert_eq!(spilled(), tag == "units-spill", "{tag}: spilled to disk");
         out.push(
             (0..3)
                 .map(|i| column_f64(&r.batches, i))
