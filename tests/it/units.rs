@@ -784,22 +784,27 @@ async fn every_kind_of_call_in_one_unit_query() {
     }
 }
 
-/// Issue 28: a unit query at `target_partitions = 16` under a tight memory pool (128 MiB: about
-/// 1 MiB per spilling operator of the plan's 16 partitions; at 48 MiB it fails now and then, as
-/// DataFusion 55's operators need ~0.7 MiB to take one batch) completes, and its bounded values are exactly those with ample memory
-/// (1 GiB), under a fixed insecure seed (the group choice's key comes from it; the per-(unit,
-/// group) totals are exact sums of small integers). The releases are compared rounded at an ε
-/// that makes the noise < 0.5: the seeded noise itself follows the order in which the final
-/// aggregate meets its groups, which spilling changes.
+/// Issue 28: a unit query at `target_partitions = 16` under a tight memory pool (256 MiB: about
+/// 2 MiB per spilling operator of the plan's 16 partitions; DataFusion 55's aggregates need about
+/// 1–2 MiB to take one batch of 8,192 groups' states, so at 128 MiB the row sample's final
+/// aggregate fails before it holds anything) spills to disk (checked: DataFusion's spill
+/// directory appears) and completes, and its bounded values are exactly those with ample memory
+/// (1 GiB, no spill), under a fixed insecure seed (the group choice's key comes from it; the
+/// per-(unit, group) totals are exact sums of small integers). The releases are compared rounded
+/// at an ε that makes the noise < 0.5: the seeded noise itself follows the order in which the
+/// final aggregate meets its groups, which spilling changes. With the bounding as one aggregate by
+/// unit (round 39) the state is small enough that the 240,000 rows this test had before no longer
+/// spill: 1.2M rows do.
 #[tokio::test]
 async fn a_unit_query_spills_at_16_partitions_and_releases_the_same() {
-    // 240,000 rows, 40,000 units, each in 6 of 50 groups (K = 2 keeps 2 of them).
-    let rows: Vec<(i64, i64, f64)> = (0..240_000)
+    // 1.2M rows, 200,000 units, each in 6 of 50 groups (K = 2 keeps 2 of them).
+    let rows: Vec<(i64, i64, f64)> = (0..1_200_000)
         .map(|i| ((i * 7 + i / 6) % 50, i / 6, (i % 10) as f64))
         .collect();
     // ε large enough that the noise is below 0.5: the rounded releases are the bounded values.
     let sql = "SELECT g, round(dp_sum(amount, 0, 20, epsilon => 1e4, delta => 1e-6)) AS s, \
-               round(dp_count_distinct(unit, epsilon => 1e4, delta => 1e-6)) AS n \
+               round(dp_count_distinct(unit, epsilon => 1e4, delta => 1e-6)) AS n, \
+               round(dp_count(amount, epsilon => 1e4, delta => 1e-6)) AS c \
                FROM t GROUP BY g";
     // DataFusion makes its spill directory in the temporary directory at the first spill and
     // keeps it while the session lives: pointed here, it tells whether a query spilled.
@@ -807,7 +812,7 @@ async fn a_unit_query_spills_at_16_partitions_and_releases_the_same() {
     tempfile::env::override_temp_dir(&spills).expect("the first override in this process");
     let spilled = || std::fs::read_dir(&spills).unwrap().count() > 0;
     let mut out = vec![];
-    for (limit, tag) in [(1usize << 30, "units-ample"), (128 << 20, "units-spill")] {
+    for (limit, tag) in [(1usize << 30, "units-ample"), (256 << 20, "units-spill")] {
         let dir = crate::common::temp_dir(tag);
         let s = PrivateSession::open(
             SessionOptions::default()
@@ -828,15 +833,19 @@ async fn a_unit_query_spills_at_16_partitions_and_releases_the_same() {
         let r = s.sql(sql).await.unwrap_or_else(|e| panic!("{tag}: {e}"));
         assert_eq!(spilled(), tag == "units-spill", "{tag}: spilled to disk");
         out.push(
-            (0..3)
+            (0..4)
                 .map(|i| column_f64(&r.batches, i))
                 .collect::<Vec<_>>(),
         );
     }
     assert_eq!(out[0][0].len(), 50, "every group kept");
-    // Each unit keeps K = 2 of its groups: 80,000 (unit, group) pairs in all.
+    // Each unit keeps K = 2 of its groups: 400,000 (unit, group) pairs in all.
     let units: f64 = out[0][2].iter().sum();
-    assert!((units - 80_000.0).abs() < 50.0, "{units}");
+    assert!((units - 400_000.0).abs() < 50.0, "{units}");
+    // Each kept (unit, group) has one row (a unit's 6 rows are in 6 groups): its sample of C = 3
+    // rows holds it, so the rows counted are the pairs.
+    let counted: f64 = out[0][3].iter().sum();
+    assert!((counted - 400_000.0).abs() < 50.0, "{counted}");
     assert_eq!(out[0], out[1], "the same release with and without spilling");
 }
 

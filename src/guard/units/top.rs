@@ -299,7 +299,7 @@ impl Store {
     }
 
     fn clear(&mut self) {
-        self.batches.clear();
+        self.batches = vec![];
         self.held = 0;
         self.bytes = 0;
     }
@@ -693,15 +693,17 @@ impl TopGroupsAccumulator {
             )?));
         }
         if n == self.counts.len() {
-            self.heads.clear();
-            self.counts.clear();
-            self.next_block.clear();
-            self.hashes.clear();
-            self.slots.clear();
+            // Memory released, not kept as capacity: after a spill (which emits all) DataFusion
+            // shrinks the aggregate's reservation to what `size` then says.
+            self.heads = vec![];
+            self.counts = vec![];
+            self.next_block = vec![];
+            self.hashes = vec![];
+            self.slots = vec![];
             self.live = 0;
-            self.totals.clear();
-            self.valid.clear();
-            self.drawn.clear();
+            self.totals = vec![];
+            self.valid = vec![];
+            self.drawn = vec![];
             self.drawn_live = 0;
             self.groups.clear();
             self.sampled.clear();
@@ -742,6 +744,21 @@ fn by_unit(group_indices: &[usize]) -> Vec<(usize, usize)> {
         starts[b] += 1;
     }
     order
+}
+
+/// Rows `from..to` of `columns`, copied into buffers of their own.
+fn owned(columns: &[ArrayRef], from: usize, to: usize) -> Result<Vec<ArrayRef>> {
+    let indices = datafusion::arrow::array::UInt32Array::from_iter_values(from as u32..to as u32);
+    columns
+        .iter()
+        .map(|c| {
+            Ok(datafusion::arrow::compute::take(
+                c.as_ref(),
+                &indices,
+                None,
+            )?)
+        })
+        .collect()
 }
 
 fn f64s(columns: &[ArrayRef]) -> Vec<&Float64Array> {
@@ -815,6 +832,15 @@ impl GroupsAccumulator for TopGroupsAccumulator {
         let (gb, sb) = (self.groups.next_batch()?, self.sampled.next_batch()?);
         let (mut g_used, mut s_used) = (false, false);
         let offsets = lists.value_offsets();
+        // The entries (and sampled rows) of this batch: a range of the arrays, which are often a
+        // slice of a partial aggregate's whole state. Kept rows point into a copy of the range
+        // (stored below), not into the whole buffers (held and counted once per slice).
+        let e0 = offsets[0] as usize;
+        let e1 = offsets[lists.len()] as usize;
+        let (s0, s1) = sample.map_or((0, 0), |x| {
+            let so = x.value_offsets();
+            (so[e0] as usize, so[e1] as usize)
+        });
         for (u, i) in by_unit(group_indices) {
             if lists.is_null(i) {
                 continue;
@@ -823,7 +849,7 @@ impl GroupsAccumulator for TopGroupsAccumulator {
                 if hashes.is_null(e) {
                     continue;
                 }
-                let row = (gb, e as u32);
+                let row = (gb, (e - e0) as u32);
                 let Some(slot) = self.slot_for(u, hashes.value(e), row)? else {
                     continue;
                 };
@@ -834,17 +860,18 @@ impl GroupsAccumulator for TopGroupsAccumulator {
                     let keys = keys.as_primitive::<UInt64Type>();
                     let so = sample.value_offsets();
                     for r in so[e] as usize..so[e + 1] as usize {
-                        s_used |= self.draw(slot, keys.value(r), (sb, r as u32));
+                        s_used |= self.draw(slot, keys.value(r), (sb, (r - s0) as u32));
                     }
                 }
             }
         }
         if g_used {
-            self.groups.push(group_cols, entries.len());
+            self.groups.push(&owned(group_cols, e0, e1)?, e1 - e0);
         }
         if s_used && let Some(sample) = sample {
             let values = sample.values().as_struct();
-            self.sampled.push(&values.columns()[1..], values.len());
+            self.sampled
+                .push(&owned(&values.columns()[1..], s0, s1)?, s1 - s0);
         }
         self.maybe_compact()
     }
