@@ -320,9 +320,6 @@ async fn sanitise<T>(
 ) -> Result<T> {
     use futures::FutureExt;
     let out = std::panic::AssertUnwindSafe(fut).catch_unwind().await;
-    if let Ok(Err(e)) = &out {
-        eprintln!("ZZDEBUG {e}");
-    }
     match out {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) if !private => Err(e),
