@@ -7,8 +7,8 @@
 //!
 //! (defaults: 200,000 rows, 2 partitions, best of 1 after no warm-up, the session's default 4 GiB
 //! memory pool; `DPFUSION_BENCH_REPS` sets the repetitions, `DPFUSION_BENCH_MEMORY_MIB` the DP
-//! session's pool; `DPFUSION_BENCH_ONLY=dp_sum` runs the unit `dp_sum` alone, e.g. under `perf
-//! record`, and prints its time). Data: n rows of (g, unit, x), 1,000 groups, n/6 units, each
+//! session's pool; `DPFUSION_BENCH_ONLY=dp_sum` (or `dp_mean`) runs the unit `dp_sum` (or
+//! `dp_mean`) alone, e.g. under `perf record`, and prints its time). Data: n rows of (g, unit, x), 1,000 groups, n/6 units, each
 //! unit's rows spread over groups. Pairs, each printed with its ratio:
 //! - `SELECT g, dp_sum(x, 0, 100, …) FROM t GROUP BY g` on a unit-level table (K = 4, C = 3: the
 //!   aggregate by unit with its keyed choice of groups and their totals, partition selection) vs
@@ -161,6 +161,14 @@ async fn main() {
                     std::hint::black_box(r);
                 }
             };
+            if only.as_deref() == Some("dp_mean") {
+                let q =
+                    "SELECT g, dp_mean(x, 0, 100, epsilon => 1, delta => 1e-7) FROM t GROUP BY g";
+                println!("| {n} | {p} | {} |", ms(best(reps, dp(q)).await));
+                drop(s);
+                let _ = std::fs::remove_dir_all(&dir);
+                continue;
+            }
             let dp_sum = best(
                 reps,
                 dp("SELECT g, dp_sum(x, 0, 100, epsilon => 1, delta => 1e-7) FROM t GROUP BY g"),
