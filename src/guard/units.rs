@@ -69,7 +69,7 @@ use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, ListArray, StructArray, UInt64Array, new_empty_array,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, UInt64Type};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, UInt64Type};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{Column, DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
@@ -83,7 +83,9 @@ use dpfusion_udfs::noise::rng::SecureRng;
 use super::{TableInfo, bare_column, refuse};
 
 mod top;
-pub(super) use top::{Layout, TopGroups};
+pub(super) use top::TOP_GROUPS_FN;
+pub(super) use top::TopGroups;
+use top::{Layout, list_of, sample_fields};
 
 /// The unit-level count of distinct units.
 pub const COUNT_DISTINCT: &str = "dp_count_distinct";
@@ -96,8 +98,6 @@ pub(super) const SAMPLE: &str = "__dpfusion_sample";
 pub(super) const GROUP_KEY_FN: &str = "__dpfusion_unit_group_key";
 /// The row sample of a (unit, group) ([`Sample`]).
 pub(super) const SAMPLE_FN: &str = "__dpfusion_unit_sample";
-/// Each unit's K groups of smallest keyed hash ([`TopGroups`]).
-pub(super) const TOP_GROUPS_FN: &str = "__dpfusion_unit_groups";
 /// The kept (unit, group) rows of a unit ([`TopGroups`]).
 pub(super) const KEPT: &str = "__dpfusion_kept";
 /// The second key of the per-unit aggregate: NULL for a unit, the (unit, group)'s hash for the
@@ -649,25 +649,6 @@ fn sample_key(query_key: [u64; 2]) -> [u64; 2] {
         h.finish()
     };
     [derive(0), derive(1)]
-}
-
-/// The struct of a sample's rows: `first` (`pos` or `key`), then `c0, c1, …` of `types`.
-fn sample_fields(first: &str, types: &[DataType]) -> Fields {
-    std::iter::once(Field::new(first, DataType::UInt64, true))
-        .chain(
-            types
-                .iter()
-                .enumerate()
-                .map(|(j, t)| Field::new(format!("c{j}"), t.clone(), true)),
-        )
-        .collect()
-}
-
-fn list_of(fields: Fields) -> DataType {
-    DataType::List(Arc::new(Field::new_list_field(
-        DataType::Struct(fields),
-        true,
-    )))
 }
 
 impl AggregateUDFImpl for Sample {

@@ -34,7 +34,8 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, EmitTo, GroupsAccumulator, Signature, Volatility,
 };
 
-use super::{TOP_GROUPS_FN, list_of, sample_fields};
+/// Each unit's K groups of smallest keyed hash, with their totals and samples ([`TopGroups`]).
+pub(in crate::guard) const TOP_GROUPS_FN: &str = "__dpfusion_unit_groups";
 
 /// What follows `(K, C, hash)` in a call: `groups` GROUP BY keys, `totals` Float64 values (one
 /// per `dp_sum` total: the value under its FILTER, NULL where it does not count), `sampled`
@@ -85,6 +86,25 @@ pub(in crate::guard) fn top_groups_udaf(layout: Layout, sample_key: [u64; 2]) ->
         key: sample_key,
         signature: Signature::variadic_any(Volatility::Volatile),
     })
+}
+
+/// The struct of a sample's rows: `first` (`pos` or `key`), then `c0, c1, …` of `types`.
+pub(super) fn sample_fields(first: &str, types: &[DataType]) -> Fields {
+    std::iter::once(Field::new(first, DataType::UInt64, true))
+        .chain(
+            types
+                .iter()
+                .enumerate()
+                .map(|(j, t)| Field::new(format!("c{j}"), t.clone(), true)),
+        )
+        .collect()
+}
+
+pub(super) fn list_of(fields: Fields) -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(
+        DataType::Struct(fields),
+        true,
+    )))
 }
 
 /// The struct of a kept (unit, group): `hash` first in a state; `c0 …` the group keys then the
