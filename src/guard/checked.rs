@@ -1076,38 +1076,28 @@ mod tests {
             _ => None,
         });
         refused(&other, "not its privacy unit column");
+        // `p` with argument `i` of the aggregate `name` set to the literal `v`.
+        let with_literal = |p: &LogicalPlan, name: &str, i: usize, v: u64| {
+            rewrite(p, |e| match e {
+                Expr::AggregateFunction(f) if f.func.name() == name => {
+                    let mut f = f.clone();
+                    f.params.args[i] = Expr::Literal(ScalarValue::UInt64(Some(v)), None);
+                    Some(Expr::AggregateFunction(f))
+                }
+                _ => None,
+            })
+        };
         // Another C in the row sample (with GROUP BY, the second argument of the aggregate by
         // unit; without, the sample's first).
-        let c4 = rewrite(&plan, |e| match e {
-            Expr::AggregateFunction(f) if f.func.name() == TOP_GROUPS_FN => {
-                let mut f = f.clone();
-                f.params.args[1] = Expr::Literal(ScalarValue::UInt64(Some(4)), None);
-                Some(Expr::AggregateFunction(f))
-            }
-            _ => None,
-        });
+        let c4 = with_literal(&plan, TOP_GROUPS_FN, 1, 4);
         refused(&c4, "samples 4 row(s) per unit and group");
         let ungrouped_rows =
             unit_plan("SELECT dp_mean(amount, 0, 10, epsilon => 1) AS m FROM t").await;
         audit(&ungrouped_rows, &opts).unwrap();
-        let c4 = rewrite(&ungrouped_rows, |e| match e {
-            Expr::AggregateFunction(f) if f.func.name() == SAMPLE_FN => {
-                let mut f = f.clone();
-                f.params.args[0] = Expr::Literal(ScalarValue::UInt64(Some(4)), None);
-                Some(Expr::AggregateFunction(f))
-            }
-            _ => None,
-        });
+        let c4 = with_literal(&ungrouped_rows, SAMPLE_FN, 0, 4);
         refused(&c4, "samples 4 row(s) per unit and group");
         // Another K in the per-unit choice.
-        let k3 = rewrite(&plan, |e| match e {
-            Expr::AggregateFunction(f) if f.func.name() == TOP_GROUPS_FN => {
-                let mut f = f.clone();
-                f.params.args[0] = Expr::Literal(ScalarValue::UInt64(Some(3)), None);
-                Some(Expr::AggregateFunction(f))
-            }
-            _ => None,
-        });
+        let k3 = with_literal(&plan, TOP_GROUPS_FN, 0, 3);
         refused(
             &k3,
             "keeps 3 group(s) per unit, but the table's policy says 2",
