@@ -330,8 +330,8 @@ impl Store {
 }
 
 /// The state of [`TopGroups`] for all units of one aggregate, without an allocation per entry:
-/// unit `u`'s kept entries (`counts[u]` ≤ K of them) fill a chain of blocks of B slots from
-/// `heads[u]` (slot i of block b is entry b·B + i: its hash in `hashes`, its row and sample in
+/// unit `u`'s kept entries (`units[u].1` ≤ K of them) fill a chain of blocks of B slots from
+/// `units[u].0` (slot i of block b is entry b·B + i: its hash in `hashes`, its row and sample in
 /// `slots`, its totals at `totals[entry·T ..]`), their samples chains of [`Drawn`]; group keys and
 /// sampled values stay in the input arrays ([`Store`]).
 struct TopGroupsAccumulator {
@@ -342,8 +342,8 @@ struct TopGroupsAccumulator {
     key: [u64; 2],
     /// B.
     b: usize,
-    heads: Vec<u32>,
-    counts: Vec<u32>,
+    /// Per unit: its first block and how many entries it keeps (together: one read per row).
+    units: Vec<(u32, u32)>,
     /// Per block: the next block of its unit.
     next_block: Vec<u32>,
     hashes: Vec<u64>,
@@ -370,7 +370,7 @@ impl std::fmt::Debug for TopGroupsAccumulator {
             "TopGroupsAccumulator {{ k: {}, c: {}, units: {}, entries: {} }}",
             self.k,
             self.c,
-            self.counts.len(),
+            self.units.len(),
             self.live
         )
     }
@@ -398,8 +398,7 @@ impl TopGroupsAccumulator {
             layout,
             key,
             b: k.clamp(1, BLOCK),
-            heads: vec![],
-            counts: vec![],
+            units: vec![],
             next_block: vec![],
             hashes: vec![],
             slots: vec![],
@@ -416,9 +415,8 @@ impl TopGroupsAccumulator {
     }
 
     fn grow(&mut self, total: usize) {
-        if self.heads.len() < total {
-            self.heads.resize(total, NONE);
-            self.counts.resize(total, 0);
+        if self.units.len() < total {
+            self.units.resize(total, (NONE, 0));
         }
     }
 
@@ -447,8 +445,9 @@ impl TopGroupsAccumulator {
     /// a new one or the evicted one of largest hash (reset to it), or None if the hash is not
     /// among the unit's K smallest.
     fn slot_for(&mut self, u: usize, hash: u64, row: Ref) -> Result<Option<usize>> {
-        let (n, bs) = (self.counts[u] as usize, self.b);
-        let (mut block, mut last, mut seen) = (self.heads[u], NONE, 0);
+        let (head, n) = self.units[u];
+        let (n, bs) = (n as usize, self.b);
+        let (mut block, mut last, mut seen) = (head, NONE, 0);
         let mut max: Option<usize> = None;
         while seen < n {
             let base = block as usize * bs;
@@ -490,7 +489,7 @@ impl TopGroupsAccumulator {
                 self.totals.resize(slots * t, 0.0);
                 self.valid.resize(slots * t, false);
                 if last == NONE {
-                    self.heads[u] = id;
+                    self.units[u].0 = id;
                 } else {
                     self.next_block[last as usize] = id;
                 }
@@ -501,7 +500,7 @@ impl TopGroupsAccumulator {
             let i = target as usize * bs + n % bs;
             self.hashes[i] = hash;
             self.slots[i].row = row;
-            self.counts[u] += 1;
+            self.units[u].1 += 1;
             self.live += 1;
             return Ok(Some(i));
         }
@@ -590,8 +589,8 @@ impl TopGroupsAccumulator {
 
     /// Unit `u`'s entries.
     fn entries(&self, u: usize) -> impl Iterator<Item = usize> + '_ {
-        let (n, bs) = (self.counts[u] as usize, self.b);
-        let mut block = self.heads[u];
+        let (mut block, n) = self.units[u];
+        let (n, bs) = (n as usize, self.b);
         (0..n).map(move |j| {
             if j > 0 && j % bs == 0 {
                 block = self.next_block[block as usize];
@@ -602,7 +601,7 @@ impl TopGroupsAccumulator {
 
     /// Compacts the stores that hold more than twice the rows kept.
     fn maybe_compact(&mut self) -> Result<()> {
-        let units = self.counts.len();
+        let units = self.units.len();
         if self.groups.held > 2 * self.live + COMPACT_SLACK {
             let ids: Vec<usize> = (0..units).flat_map(|u| self.entries(u)).collect();
             let refs: Vec<Ref> = ids.iter().map(|&i| self.slots[i].row).collect();
@@ -641,8 +640,8 @@ impl TopGroupsAccumulator {
             self.sampled.types.clone(),
         )?;
         next.seen = AtomicU64::new(self.seen.load(Ordering::Relaxed));
-        next.grow(self.counts.len() - n);
-        for u in n..self.counts.len() {
+        next.grow(self.units.len() - n);
+        for u in n..self.units.len() {
             let entries: Vec<usize> = self.entries(u).collect();
             for s in entries {
                 let Some(i) = next.slot_for(u - n, self.hashes[s], self.slots[s].row)? else {
@@ -665,8 +664,8 @@ impl TopGroupsAccumulator {
     /// `state`).
     fn emit(&mut self, emit_to: EmitTo, state: bool) -> Result<ArrayRef> {
         let n = match emit_to {
-            EmitTo::All => self.counts.len(),
-            EmitTo::First(n) => n.min(self.counts.len()),
+            EmitTo::All => self.units.len(),
+            EmitTo::First(n) => n.min(self.units.len()),
         };
         let t = self.layout.totals;
         let mut ids = Vec::with_capacity(self.live);
@@ -712,11 +711,10 @@ impl TopGroupsAccumulator {
                 None,
             )?));
         }
-        if n == self.counts.len() {
+        if n == self.units.len() {
             // Memory released, not kept as capacity: after a spill (which emits all) DataFusion
             // shrinks the aggregate's reservation to what `size` then says.
-            self.heads = vec![];
-            self.counts = vec![];
+            self.units = vec![];
             self.next_block = vec![];
             self.hashes = vec![];
             self.slots = vec![];
@@ -958,7 +956,7 @@ impl GroupsAccumulator for TopGroupsAccumulator {
 
     fn size(&self) -> usize {
         std::mem::size_of_val(self)
-            + (self.heads.capacity() + self.counts.capacity()) * std::mem::size_of::<u32>()
+            + self.units.capacity() * std::mem::size_of::<(u32, u32)>()
             + self.next_block.capacity() * std::mem::size_of::<u32>()
             + self.hashes.capacity() * std::mem::size_of::<u64>()
             + self.slots.capacity() * std::mem::size_of::<Slot>()
