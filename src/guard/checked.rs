@@ -545,8 +545,8 @@ struct UnitAudit {
     table: String,
     /// Does the DP aggregate GROUP BY (then each unit keeps at most K groups)?
     grouped: bool,
-    /// Has the audit met the bounding (the per-(unit, group) aggregate with its pinned unit
-    /// column and C, and with GROUP BY the K limit over the ranking)?
+    /// Has the audit met the bounding (the aggregate by unit with its pinned unit column, C, and
+    /// with GROUP BY, K)?
     bounded: bool,
 }
 
@@ -600,7 +600,7 @@ fn audit_region(plan: &LogicalPlan, cx: &mut Region) -> Result<()> {
             }
             audit_region(&p.input, cx)
         }
-        // Without GROUP BY the per-(unit, group) aggregate stands alone (one group: K = 1).
+        // Without GROUP BY, the aggregate by unit of totals and samples (one group: K = 1).
         LogicalPlan::Aggregate(a) if cx.unit.as_ref().is_some_and(|u| !u.grouped) => {
             audit_bounding_aggregate(a, cx)?;
             audit_region(&a.input, cx)

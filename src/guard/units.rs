@@ -308,8 +308,8 @@ impl Bounding {
         col(UNIT)
     }
 
-    /// The GROUP BY key `i` as the DP aggregate reads it: the column the per-(unit, group)
-    /// aggregate outputs for it.
+    /// The GROUP BY key `i` as the DP aggregate reads it: the column the bounding outputs for it
+    /// (the projection over the unnested kept entries).
     pub fn group_ref(&self, i: usize) -> Expr {
         match &self.groups[i] {
             c @ Expr::Column(_) => c.clone(),
