@@ -65,10 +65,7 @@ use std::sync::Arc;
 
 use std::hash::Hasher;
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, ListArray, StructArray, UInt64Array, new_empty_array,
-};
-use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, UInt64Array, new_empty_array};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, UInt64Type};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{Column, DataFusionError, Result, ScalarValue};
@@ -85,7 +82,7 @@ use super::{TableInfo, bare_column, refuse};
 mod top;
 pub(super) use top::TOP_GROUPS_FN;
 pub(super) use top::TopGroups;
-use top::{Layout, list_of, sample_fields};
+use top::{Layout, list_of, row_key, sample_fields, struct_list};
 
 /// The unit-level count of distinct units.
 pub const COUNT_DISTINCT: &str = "dp_count_distinct";
@@ -764,15 +761,8 @@ impl SampleAccumulator {
                 ScalarValue::iter_to_array(rows.iter().map(|r| r[j].clone()))?
             });
         }
-        let values = StructArray::try_new(fields.clone(), arrays, None)?;
-        let field = Arc::new(Field::new_list_field(DataType::Struct(fields), true));
-        let list = ListArray::try_new(
-            field,
-            OffsetBuffer::from_lengths([values.len()]),
-            Arc::new(values),
-            None,
-        )?;
-        Ok(ScalarValue::List(Arc::new(list)))
+        let list = struct_list(fields, arrays, [rows.len()])?;
+        Ok(ScalarValue::List(Arc::new(list.as_list::<i32>().clone())))
     }
 }
 
@@ -782,14 +772,9 @@ impl Accumulator for SampleAccumulator {
         // (With no sampled column, `dp_count(*)`, a row is its position.)
         let encoded = self.encoder.convert_columns(&values[1..])?;
         for i in 0..n {
-            #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
-            let mut h = std::hash::SipHasher::new_with_keys(self.key[0], self.key[1]);
-            if encoded.num_rows() == n {
-                h.write(encoded.row(i).as_ref());
-            }
-            h.write_u64(self.seen);
+            let row = (encoded.num_rows() == n).then(|| encoded.row(i));
+            let key = row_key(self.key, row.as_ref().map(|r| r.as_ref()), self.seen);
             self.seen += 1;
-            let key = h.finish();
             // Not among the C smallest keys already kept.
             if key >= self.threshold {
                 continue;

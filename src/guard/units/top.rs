@@ -53,6 +53,40 @@ impl Layout {
     fn arity(&self) -> usize {
         3 + self.groups + self.totals + self.sampled
     }
+
+    /// Where the group keys, the totals and the sampled columns stand among the arguments.
+    fn args(&self) -> [std::ops::Range<usize>; 3] {
+        let (g, t) = (3 + self.groups, 3 + self.groups + self.totals);
+        [3..g, g..t, t..self.arity()]
+    }
+}
+
+/// SipHash-2-4 (the PRF of [`super::GroupKey`]) under `key` of a sampled row's encoded values
+/// (none with no sampled column: `dp_count(*)`) and its position among the rows its accumulator
+/// met: the row sample's key, the C smallest of a (unit, group) kept ([`super::Sample`]).
+pub(super) fn row_key(key: [u64; 2], row: Option<&[u8]>, position: u64) -> u64 {
+    #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
+    let mut h = std::hash::SipHasher::new_with_keys(key[0], key[1]);
+    if let Some(row) = row {
+        h.write(row);
+    }
+    h.write_u64(position);
+    h.finish()
+}
+
+/// A list array of `lengths` lists over the struct rows (`fields`, `columns`).
+pub(super) fn struct_list(
+    fields: Fields,
+    columns: Vec<ArrayRef>,
+    lengths: impl IntoIterator<Item = usize>,
+) -> Result<ArrayRef> {
+    let values = StructArray::try_new(fields.clone(), columns, None)?;
+    Ok(Arc::new(ListArray::try_new(
+        Arc::new(Field::new_list_field(DataType::Struct(fields), true)),
+        OffsetBuffer::from_lengths(lengths),
+        Arc::new(values),
+        None,
+    )?))
 }
 
 /// `__dpfusion_unit_groups(K, C, hash, g…, t…, s…)`, aggregated by unit over the private rows:
@@ -140,9 +174,8 @@ impl TopGroups {
                 l.arity()
             )));
         }
-        let groups = args[3..3 + l.groups].to_vec();
-        let sampled = args[3 + l.groups + l.totals..].to_vec();
-        Ok((groups, sampled))
+        let [g, _, s] = l.args();
+        Ok((args[g].to_vec(), args[s].to_vec()))
     }
 }
 
@@ -202,8 +235,7 @@ impl AggregateUDFImpl for TopGroups {
             .map(|e| e.data_type(args.schema))
             .collect::<Result<Vec<_>>>()?;
         let (g, s) = self.types(&types)?;
-        let l = &self.layout;
-        if types[3 + l.groups..3 + l.groups + l.totals]
+        if types[self.layout.args()[1].clone()]
             .iter()
             .any(|t| t != &DataType::Float64)
         {
@@ -430,13 +462,8 @@ impl TopGroupsAccumulator {
         };
         Ok((0..n)
             .map(|i| {
-                #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
-                let mut h = std::hash::SipHasher::new_with_keys(self.key[0], self.key[1]);
-                if let Some(rows) = &encoded {
-                    h.write(rows.row(i).as_ref());
-                }
-                h.write_u64(start + i as u64);
-                h.finish()
+                let row = encoded.as_ref().map(|rows| rows.row(i));
+                row_key(self.key, row.as_ref().map(|r| r.as_ref()), start + i as u64)
             })
             .collect())
     }
@@ -703,13 +730,7 @@ impl TopGroupsAccumulator {
             let fields = sample_fields(if state { "key" } else { "pos" }, &self.sampled.types);
             let mut columns: Vec<ArrayRef> = vec![Arc::new(UInt64Array::from(firsts))];
             columns.extend(self.sampled.gather(&refs)?);
-            let values = StructArray::try_new(fields.clone(), columns, None)?;
-            arrays.push(Arc::new(ListArray::try_new(
-                Arc::new(Field::new_list_field(DataType::Struct(fields), true)),
-                OffsetBuffer::from_lengths(lens),
-                Arc::new(values),
-                None,
-            )?));
+            arrays.push(struct_list(fields, columns, lens)?);
         }
         if n == self.units.len() {
             // Memory released, not kept as capacity: after a spill (which emits all) DataFusion
@@ -729,13 +750,7 @@ impl TopGroupsAccumulator {
             self.retain_from(n)?;
         }
         let fields = kept_fields(&self.layout, &self.groups.types, &self.sampled.types, state);
-        let values = StructArray::try_new(fields.clone(), arrays, None)?;
-        Ok(Arc::new(ListArray::try_new(
-            Arc::new(Field::new_list_field(DataType::Struct(fields), true)),
-            OffsetBuffer::from_lengths(lengths),
-            Arc::new(values),
-            None,
-        )?))
+        struct_list(fields, arrays, lengths)
     }
 }
 
@@ -798,9 +813,10 @@ impl GroupsAccumulator for TopGroupsAccumulator {
         let l = self.layout;
         let n = group_indices.len();
         let hashes = values[2].as_primitive::<UInt64Type>().clone();
-        let group_cols = &values[3..3 + l.groups];
-        let totals = f64s(&values[3 + l.groups..3 + l.groups + l.totals]);
-        let sampled = &values[3 + l.groups + l.totals..];
+        let [g, t, s] = l.args();
+        let group_cols = &values[g];
+        let totals = f64s(&values[t]);
+        let sampled = &values[s];
         let keys = if l.rows {
             Some(self.row_keys(sampled, n)?)
         } else {
@@ -842,11 +858,12 @@ impl GroupsAccumulator for TopGroupsAccumulator {
         let lists = values[0].as_list::<i32>();
         let entries = lists.values().as_struct();
         let hashes = entries.column(0).as_primitive::<UInt64Type>().clone();
-        let group_cols = &entries.columns()[1..1 + l.groups];
-        let totals = f64s(&entries.columns()[1 + l.groups..1 + l.groups + l.totals]);
-        let sample = l
-            .rows
-            .then(|| entries.column(1 + l.groups + l.totals).as_list::<i32>());
+        // The state's struct: hash, then the group keys and totals as in the arguments (after
+        // K, C and the hash: 2 places further on), then the sample.
+        let [g, t, s] = l.args().map(|r| r.start - 2..r.end - 2);
+        let group_cols = &entries.columns()[g];
+        let totals = f64s(&entries.columns()[t]);
+        let sample = l.rows.then(|| entries.column(s.start).as_list::<i32>());
         let (gb, sb) = (self.groups.next_batch()?, self.sampled.next_batch()?);
         let (mut g_used, mut s_used) = (false, false);
         let offsets = lists.value_offsets();
@@ -923,35 +940,24 @@ impl GroupsAccumulator for TopGroupsAccumulator {
             })
             .collect();
         let mut arrays: Vec<ArrayRef> = vec![filter(hashes, &keep)?];
-        for c in &values[3..3 + l.groups + l.totals] {
+        let [g, t, s] = l.args();
+        for c in &values[g.start..t.end] {
             arrays.push(filter(c.as_ref(), &keep)?);
         }
         if l.rows {
-            let sampled = &values[3 + l.groups + l.totals..];
+            let sampled = &values[s];
             let keys = UInt64Array::from(self.row_keys(sampled, n)?);
             let mut columns = vec![filter(&keys, &keep)?];
             for c in sampled {
                 columns.push(filter(c.as_ref(), &keep)?);
             }
             let fields = sample_fields("key", &self.sampled.types);
-            let kept = keep.true_count();
-            let values = StructArray::try_new(fields.clone(), columns, None)?;
-            arrays.push(Arc::new(ListArray::try_new(
-                Arc::new(Field::new_list_field(DataType::Struct(fields), true)),
-                OffsetBuffer::from_lengths(std::iter::repeat_n(1, kept)),
-                Arc::new(values),
-                None,
-            )?));
+            let ones = std::iter::repeat_n(1, keep.true_count());
+            arrays.push(struct_list(fields, columns, ones)?);
         }
         let fields = kept_fields(&l, &self.groups.types, &self.sampled.types, true);
-        let entries = StructArray::try_new(fields.clone(), arrays, None)?;
         let lengths = keep.values().iter().map(usize::from);
-        Ok(vec![Arc::new(ListArray::try_new(
-            Arc::new(Field::new_list_field(DataType::Struct(fields), true)),
-            OffsetBuffer::from_lengths(lengths),
-            Arc::new(entries),
-            None,
-        )?)])
+        Ok(vec![struct_list(fields, arrays, lengths)?])
     }
 
     fn size(&self) -> usize {
