@@ -563,7 +563,12 @@ impl Accumulator for LinregAccumulator {
     }
 
     fn size(&self) -> usize {
-        self.buffer.size() + size_of::<Self>()
+        // The fit's working set is reserved with the buffer (`GaussianGd::working_bytes`).
+        let fit = match (&self.kernel, self.buffer.dims()) {
+            (Kernel::Gaussian(k), Some(d)) => k.working_bytes(self.buffer.rows().n(), d),
+            _ => 0,
+        };
+        self.buffer.size() + size_of::<Self>() + fit
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {

@@ -44,6 +44,13 @@ impl Clipper {
         self.inv_q
     }
 
+    /// This clipper with another float target norm: a target above `clip` makes the integer
+    /// check fail for some rows (tests of the path that takes a failing row back out).
+    #[cfg(test)]
+    pub(crate) fn with_target(self, target: f64) -> Self {
+        Clipper { target, ..self }
+    }
+
     /// For a bound `clip` > 0, a grid 2^exp ≤ 2⁻¹⁰·clip and p coordinates.
     pub fn new(clip: f64, exp: i32, p: usize) -> Self {
         let q = pow2(exp);

@@ -161,6 +161,9 @@ struct Design<'a> {
     intercept: bool,
     x: std::borrow::Cow<'a, [f64]>,
     y: std::borrow::Cow<'a, [f64]>,
+    /// The features transposed in blocks for the blocked pass ([`kernel::transpose_blocks`]),
+    /// built by [`Self::with_blocks`]; empty otherwise.
+    xt: Vec<f64>,
 }
 
 impl<'a> Design<'a> {
@@ -181,7 +184,16 @@ impl<'a> Design<'a> {
             intercept,
             x: clamp(&rows.x),
             y: clamp(&rows.labels),
+            xt: Vec::new(),
         }
+    }
+    /// With the transposed copy of the features that the AVX-512 pass reads, when the CPU has
+    /// AVX-512 and p ≤ [`kernel::MAX_P`] (n·d more values held during the fit).
+    fn with_blocks(mut self) -> Self {
+        if self.p() <= kernel::MAX_P && RowPath::avx512_available() {
+            self.xt = kernel::transpose_blocks(&self.x, self.d);
+        }
+        self
     }
     fn n(&self) -> usize {
         self.y.len()
@@ -422,7 +434,7 @@ impl GaussianGd {
         theta: &[f64],
         path: RowPath,
     ) -> Result<Vec<i128>> {
-        let design = Design::new(rows, self.fit_intercept);
+        let design = Design::new(rows, self.fit_intercept).with_blocks();
         let clipper = self.clipper(design.p())?;
         let norms: Vec<f64> = (0..design.n()).map(|i| design.norm(i)).collect();
         Ok(self.sums(&design, &norms, &clipper, theta, units, path))
@@ -443,6 +455,20 @@ impl GaussianGd {
         sums.iter()
             .map(|&s| release_exact(&self.grad_mech, rng, s, exp))
             .collect()
+    }
+
+    /// The bytes a fit over n rows of d features holds beyond the buffered rows: ‖x̃ᵢ‖ per row,
+    /// and the transposed features of the AVX-512 pass when it applies
+    /// ([`Design::with_blocks`]). The accumulator counts them in its size, so that the
+    /// session's memory limit bounds the fit's working set as well as the buffer.
+    pub fn working_bytes(&self, n: usize, d: usize) -> usize {
+        let p = d + usize::from(self.fit_intercept);
+        let blocks = if p <= kernel::MAX_P && RowPath::avx512_available() {
+            n * d
+        } else {
+            0
+        };
+        (n + blocks) * size_of::<f64>()
     }
 
     /// The fixed-point unit q of the gradient sums (a power of two).
@@ -470,6 +496,7 @@ impl GaussianGd {
                 d: design.d,
                 intercept: self.fit_intercept,
                 x: &design.x,
+                xt: &design.xt,
                 y: &design.y,
                 norms,
                 theta,
@@ -542,7 +569,7 @@ impl GaussianGd {
         units: Option<&Units>,
         rng: &mut SecureRng,
     ) -> Result<Option<Vec<f64>>> {
-        let design = Design::new(rows, self.fit_intercept);
+        let design = Design::new(rows, self.fit_intercept).with_blocks();
         let (n, d, p) = (design.n(), design.d, design.p());
         let clipper = self.clipper(p)?;
         // What the noisy count counts: rows, or units (sensitivity 1 either way).
