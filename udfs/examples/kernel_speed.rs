@@ -16,7 +16,7 @@ use dpfusion_udfs::aggregates::{AgdParams, LinregParams};
 use dpfusion_udfs::noise::SecureRng;
 use dpfusion_udfs::optim::Rows;
 use dpfusion_udfs::optim::agd::{self, ChargeKind};
-use dpfusion_udfs::optim::kernel::RowPath;
+use dpfusion_udfs::optim::kernel::{self, RowPath};
 
 const D: usize = 16;
 
@@ -74,6 +74,44 @@ fn main() {
             t.as_secs_f64() * 1e3,
             t.as_secs_f64() * 1e9 / n as f64
         );
+    }
+    // The data pass alone, one thread, without the per-call setup (clamping, norms, the
+    // transposed copy) that the row passes above include: row by row, and with rows in lanes
+    // (`kernel::transpose_blocks`; Auto and Avx2 only, where the CPU has them).
+    {
+        let p = D + 1;
+        let clipper = gd.clipper(p).unwrap();
+        let norms: Vec<f64> = lin
+            .x
+            .chunks_exact(D)
+            .map(|r| (r.iter().map(|v| v * v).sum::<f64>() + 1.0).sqrt())
+            .collect();
+        let xt = kernel::transpose_blocks(&lin.x, D);
+        for path in [RowPath::Portable, RowPath::Avx2, RowPath::Auto] {
+            for (label, xt) in [("row by row", &[][..]), ("rows in lanes", &xt[..])] {
+                if path == RowPath::Portable && !xt.is_empty() {
+                    continue;
+                }
+                let pass = kernel::Pass {
+                    d: D,
+                    intercept: true,
+                    x: &lin.x,
+                    xt,
+                    y: &lin.labels,
+                    norms: &norms,
+                    theta: &theta,
+                    clipper: &clipper,
+                };
+                let t = best(5, || {
+                    let mut part = vec![0i64; p];
+                    std::hint::black_box(pass.add_rows(0..n, &mut part, path));
+                });
+                println!(
+                    "dp_linreg_gd data pass {path:?}, {label} (one thread): {:.2} ns per row",
+                    t.as_secs_f64() * 1e9 / n as f64
+                );
+            }
+        }
     }
     let lin_fit = best(3, || {
         let mut rng = SecureRng::from_os_entropy();

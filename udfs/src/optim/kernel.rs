@@ -26,19 +26,23 @@
 //!   `a * b + c`, whatever the target features): the residual rounds after each multiply, as
 //!   the scalar code does.
 //!
-//! - **Rows in lanes (AVX-512, issue 32).** When the CPU has AVX-512, the fit keeps a second
-//!   copy of the features transposed in blocks of [`BLOCK`] rows ([`transpose_blocks`]: within
-//!   a block, feature j of the 8 rows is one 64-byte vector), and each block runs with one row
-//!   per lane (`Pass::add_rows_lanes_avx512`): the residuals, the clipping factor, the
-//!   rounding, the integer check and the sums are vertical vector operations, with no per-row
-//!   horizontal reduction and no per-row branch. Per lane they are the operations of the row
-//!   path, in the same order; the rounding is `cvttpd2qq` (exact truncation for |y| < 2⁵¹) plus
-//!   or minus one from the remainder, which is `round_i64`'s definition. A lane whose integer
-//!   check fails is added and then taken back out (its contribution recomputed); a block with
-//!   any row outside the fast path's range runs row by row. On the 2-core test VM this took the
-//!   fit from 14.2 to 7.5 ns per row and iteration (n = 1M, d = 16), close to the machine's read
-//!   bandwidth (24.5 GB/s against 144 bytes per row). The copy costs 8·d bytes per row during
-//!   the fit ([`super::linreg::GaussianGd::working_bytes`], counted in the accumulator's size).
+//! - **Rows in lanes (AVX-512 and AVX2, issue 32).** When the CPU has AVX-512 or AVX2, the fit
+//!   keeps a second copy of the features transposed in blocks of [`BLOCK`] rows
+//!   ([`transpose_blocks`]: within a block, feature j of the 8 rows is one 64-byte vector), and
+//!   each block runs with one row per lane (`Pass::add_rows_lanes_avx512`; with AVX2,
+//!   `Pass::add_rows_lanes_avx2`, two halves of 4 lanes): the residuals, the clipping factor,
+//!   the rounding, the integer check and the sums are vertical vector operations, with no
+//!   per-row horizontal reduction and no per-row branch. Per lane they are the operations of
+//!   the row path, in the same order; the rounding is the truncation (`cvttpd2qq`, or the magic
+//!   constant with AVX2, both exact for |y| < 2⁵¹) plus or minus one from the remainder, which
+//!   is `round_i64`'s definition. A lane whose integer check fails is added and then taken back
+//!   out (its contribution recomputed); a block with any row outside the fast path's range runs
+//!   row by row. On the 2-core test VM (`examples/kernel_speed.rs`, one thread, n = 1M,
+//!   d = 16) the data pass went from 22.0 to 9.5–11.0 ns per row with AVX-512 and from 24.7
+//!   to 11.6–12.3 with AVX2; the two-thread fit from 14.2 to 6.0–7.9 ns per row and
+//!   iteration, near the machine's read bandwidth (24.5 GB/s: 5.9 ns for 144 bytes per row). The copy costs
+//!   8·d bytes per row during the fit ([`super::linreg::GaussianGd::working_bytes`], counted
+//!   in the accumulator's size).
 //!
 //! **Exactness.** Every per-row integer vector equals the one `Clipper::contribution` computes
 //! for the same row (the residual is bit-identical; the rounding and the check are equivalent
@@ -111,6 +115,12 @@ impl RowPath {
     }
 }
 
+/// Whether `Auto` runs a pass with rows in lanes (AVX-512 or AVX2), which reads the
+/// transposed features ([`transpose_blocks`]).
+pub fn lanes_available() -> bool {
+    RowPath::avx512_available() || RowPath::avx2_available()
+}
+
 /// Whether the blocked pass applies to this clipper and p (module docs).
 pub fn eligible(clipper: &Clipper, p: usize) -> bool {
     clipper.c_int < MAX_C && p <= MAX_P
@@ -173,7 +183,7 @@ impl Pass<'_> {
                 #[cfg(target_arch = "x86_64")]
                 if RowPath::avx2_available() {
                     // SAFETY: the CPU supports AVX2 (checked just above).
-                    return unsafe { self.add_rows_avx2(rows, part) };
+                    return unsafe { self.add_rows_avx2_any(rows, part) };
                 }
                 self.add_rows_generic::<false>(rows, part)
             }
@@ -197,10 +207,25 @@ impl Pass<'_> {
             }
             if RowPath::avx2_available() {
                 // SAFETY: the CPU supports AVX2 (checked just above).
-                return unsafe { self.add_rows_avx2(rows, part) };
+                return unsafe { self.add_rows_avx2_any(rows, part) };
             }
         }
         self.add_rows_generic::<false>(rows, part)
+    }
+
+    /// The AVX2 pass with rows in lanes when the transposed features are there, else row by
+    /// row. Requires AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn add_rows_avx2_any(&self, rows: std::ops::Range<usize>, part: &mut [i64]) -> u64 {
+        // SAFETY: the caller guarantees AVX2.
+        unsafe {
+            if self.xt.is_empty() {
+                self.add_rows_avx2(rows, part)
+            } else {
+                self.add_rows_lanes_avx2(rows, part)
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -374,6 +399,123 @@ impl Pass<'_> {
         for (s, a) in part.iter_mut().zip(&acc[..p]) {
             // At most FLUSH_ROWS rows of |v| < 2²⁹ in all: no lane, and no sum, overflows.
             *s += _mm512_reduce_add_epi64(*a);
+        }
+        used + self.add_rows_generic::<true>(last..rows.end, part)
+    }
+
+    /// [`Self::add_rows_lanes_avx512`] for AVX2: each block of [`BLOCK`] rows as two halves of
+    /// 4 lanes, with the same per-lane operations. AVX2 has no `f64` → `i64` conversion, no
+    /// 64-bit absolute value or maximum and no unsigned comparison: the truncation is read
+    /// through the magic constant 1.5·2⁵² (exact for |t| < 2⁵¹, as in `round_fast`), |v| is
+    /// (v ⊕ s) − s with s the sign mask, the maximum a signed compare and blend, and the checks
+    /// signed compares (every |v| < 2⁵¹ and, when max ≤ c < 2²⁹, Σ v² < 32·2⁵⁸ = 2⁶³; when max
+    /// > c the row fails whatever Σ v² reads).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn add_rows_lanes_avx2(&self, rows: std::ops::Range<usize>, part: &mut [i64]) -> u64 {
+        use std::arch::x86_64::*;
+        const HALF: usize = BLOCK / 2;
+        let (d, p) = (self.d, part.len());
+        let first = rows.start.next_multiple_of(BLOCK).min(rows.end);
+        let last = (rows.end / BLOCK * BLOCK).max(first);
+        assert!(
+            (first == last || last * d <= self.xt.len()) && p <= MAX_P && self.theta.len() == p
+        );
+        let mut used = self.add_rows_generic::<true>(rows.start..first, part);
+        let c = self.clipper;
+        let target = _mm256_set1_pd(c.target());
+        let inv_q = _mm256_set1_pd(c.inv_q());
+        let limit = _mm256_set1_pd(FAST_LIMIT);
+        let (zero, inf) = (_mm256_setzero_pd(), _mm256_set1_pd(f64::INFINITY));
+        let sign = _mm256_set1_pd(-0.0);
+        let (half, mhalf) = (_mm256_set1_pd(0.5), _mm256_set1_pd(-0.5));
+        let magic = _mm256_set1_pd(MAGIC);
+        let magic_bits = _mm256_castpd_si256(magic);
+        let zero_i = _mm256_setzero_si256();
+        let cap = _mm256_set1_epi64x(c.c_int as i64);
+        let cap2 = _mm256_set1_epi64x((c.c_int * c.c_int) as i64);
+        let base = _mm256_set1_pd(if self.intercept { self.theta[d] } else { 0.0 });
+        let mut acc = [[_mm256_setzero_si256(); 2]; MAX_P];
+        // round_i64(y) per lane for |y| < 2⁵¹: trunc(y) through the magic constant, then +1 if
+        // y − trunc(y) ≥ ½ and −1 if ≤ −½ (a true comparison is the all-ones mask, −1).
+        let round = |y: __m256d| {
+            let t = _mm256_round_pd::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+            let rem = _mm256_sub_pd(y, t);
+            let v = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(t, magic)), magic_bits);
+            let up = _mm256_castpd_si256(_mm256_cmp_pd::<_CMP_GE_OQ>(rem, half));
+            let down = _mm256_castpd_si256(_mm256_cmp_pd::<_CMP_LE_OQ>(rem, mhalf));
+            _mm256_add_epi64(_mm256_sub_epi64(v, up), down)
+        };
+        for i in (first..last).step_by(BLOCK) {
+            for h in 0..2 {
+                let i = i + h * HALF;
+                // SAFETY: the block of rows i − h·4 … lies within `xt` (asserted above); lane
+                // group h of feature j is at offset j·BLOCK + h·4 of the block.
+                let xb = unsafe { self.xt.as_ptr().add((i - h * HALF) * d + h * HALF) };
+                let col = |j: usize| unsafe { _mm256_loadu_pd(xb.add(j * BLOCK)) };
+                let mut r = base;
+                for (j, &t) in self.theta[..d].iter().enumerate() {
+                    r = _mm256_add_pd(r, _mm256_mul_pd(_mm256_set1_pd(t), col(j)));
+                }
+                r = _mm256_sub_pd(r, unsafe { _mm256_loadu_pd(self.y[i..i + HALF].as_ptr()) });
+                let n = unsafe { _mm256_loadu_pd(self.norms[i..i + HALF].as_ptr()) };
+                let norm = _mm256_mul_pd(_mm256_andnot_pd(sign, r), n);
+                let inside = _mm256_cmp_pd::<_CMP_LE_OQ>(norm, target);
+                let n_ok = _mm256_and_pd(
+                    _mm256_cmp_pd::<_CMP_GT_OQ>(n, zero),
+                    _mm256_cmp_pd::<_CMP_LT_OQ>(n, inf),
+                );
+                let q = _mm256_div_pd(target, n);
+                let scaled = _mm256_or_pd(_mm256_andnot_pd(sign, q), _mm256_and_pd(sign, r));
+                let f = _mm256_blendv_pd(_mm256_and_pd(n_ok, scaled), r, inside);
+                let fq = _mm256_mul_pd(f, inv_q);
+                let a = _mm256_andnot_pd(sign, fq);
+                let mut fast = _mm256_and_pd(
+                    _mm256_cmp_pd::<_CMP_LE_OQ>(_mm256_mul_pd(a, n), limit),
+                    _mm256_cmp_pd::<_CMP_ORD_Q>(r, r),
+                );
+                if self.intercept {
+                    fast = _mm256_and_pd(fast, _mm256_cmp_pd::<_CMP_LE_OQ>(a, limit));
+                }
+                if _mm256_movemask_pd(fast) != 0xF {
+                    let mut rs = [0.0f64; HALF];
+                    unsafe { _mm256_storeu_pd(rs.as_mut_ptr(), r) };
+                    for (b, &rb) in rs.iter().enumerate() {
+                        used += self.add_row::<true>(i + b, rb, part);
+                    }
+                    continue;
+                }
+                let v = |j: usize| round(if j < d { _mm256_mul_pd(fq, col(j)) } else { fq });
+                let mut max = zero_i;
+                let mut sq = zero_i;
+                for (j, a) in acc[..p].iter_mut().enumerate() {
+                    let vj = v(j);
+                    a[h] = _mm256_add_epi64(a[h], vj);
+                    let s = _mm256_cmpgt_epi64(zero_i, vj);
+                    let m = _mm256_sub_epi64(_mm256_xor_si256(vj, s), s);
+                    max = _mm256_blendv_epi8(max, m, _mm256_cmpgt_epi64(m, max));
+                    sq = _mm256_add_epi64(sq, _mm256_mul_epu32(m, m));
+                }
+                let bad =
+                    _mm256_or_si256(_mm256_cmpgt_epi64(max, cap), _mm256_cmpgt_epi64(sq, cap2));
+                let bad_lanes = _mm256_movemask_pd(_mm256_castsi256_pd(bad));
+                if bad_lanes != 0 {
+                    // Rare (the float target keeps the integer norm within c).
+                    for (j, a) in acc[..p].iter_mut().enumerate() {
+                        a[h] = _mm256_sub_epi64(a[h], _mm256_and_si256(v(j), bad));
+                    }
+                }
+                used += u64::from(HALF as u32 - bad_lanes.count_ones());
+            }
+        }
+        for (s, a) in part.iter_mut().zip(&acc[..p]) {
+            let mut lanes = [0i64; 2 * HALF];
+            unsafe {
+                _mm256_storeu_si256(lanes.as_mut_ptr().cast(), a[0]);
+                _mm256_storeu_si256(lanes.as_mut_ptr().add(HALF).cast(), a[1]);
+            }
+            // At most FLUSH_ROWS rows of |v| < 2²⁹ in all: no lane, and no sum, overflows.
+            *s += lanes.iter().sum::<i64>();
         }
         used + self.add_rows_generic::<true>(last..rows.end, part)
     }

@@ -187,10 +187,11 @@ impl<'a> Design<'a> {
             xt: Vec::new(),
         }
     }
-    /// With the transposed copy of the features that the AVX-512 pass reads, when the CPU has
-    /// AVX-512 and p ≤ [`kernel::MAX_P`] (n·d more values held during the fit).
+    /// With the transposed copy of the features that the passes with rows in lanes read, when
+    /// the CPU has AVX-512 or AVX2 and p ≤ [`kernel::MAX_P`] (n·d more values held during the
+    /// fit).
     fn with_blocks(mut self) -> Self {
-        if self.p() <= kernel::MAX_P && RowPath::avx512_available() {
+        if self.p() <= kernel::MAX_P && kernel::lanes_available() {
             self.xt = kernel::transpose_blocks(&self.x, self.d);
         }
         self
@@ -458,12 +459,12 @@ impl GaussianGd {
     }
 
     /// The bytes a fit over n rows of d features holds beyond the buffered rows: ‖x̃ᵢ‖ per row,
-    /// and the transposed features of the AVX-512 pass when it applies
+    /// and the transposed features of the passes with rows in lanes when they apply
     /// ([`Design::with_blocks`]). The accumulator counts them in its size, so that the
     /// session's memory limit bounds the fit's working set as well as the buffer.
     pub fn working_bytes(&self, n: usize, d: usize) -> usize {
         let p = d + usize::from(self.fit_intercept);
-        let blocks = if p <= kernel::MAX_P && RowPath::avx512_available() {
+        let blocks = if p <= kernel::MAX_P && kernel::lanes_available() {
             n * d
         } else {
             0
