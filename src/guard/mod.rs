@@ -1264,6 +1264,13 @@ fn display_call(name: &str, data: &[Expr], params: &[ScalarValue]) -> String {
         .iter()
         .map(|e| match e {
             Expr::Column(c) => c.name.clone(),
+            // An argument the optimizer shares between calls (`__common_expr_k AS t.age`):
+            // the name it stands for, as a column is shown (without its table).
+            Expr::Alias(a) if matches!(a.expr.as_ref(), Expr::Column(_)) => a
+                .name
+                .rsplit_once('.')
+                .map_or(a.name.as_str(), |(_, n)| n)
+                .to_string(),
             e => e.to_string(),
         })
         .collect();
