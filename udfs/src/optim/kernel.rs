@@ -303,6 +303,19 @@ impl Pass<'_> {
         used
     }
 
+    /// The rows `first..last` of `rows` that make whole blocks of the transposed features (the
+    /// rows before and after them run row by row), checked against `xt`'s length.
+    fn whole_blocks(&self, rows: &std::ops::Range<usize>, p: usize) -> (usize, usize) {
+        let first = rows.start.next_multiple_of(BLOCK).min(rows.end);
+        let last = (rows.end / BLOCK * BLOCK).max(first);
+        assert!(
+            (first == last || last * self.d <= self.xt.len())
+                && p <= MAX_P
+                && self.theta.len() == p
+        );
+        (first, last)
+    }
+
     /// The AVX-512 pass with one row per lane, over the transposed features `xt`: each whole
     /// block of [`BLOCK`] rows (i a multiple of [`BLOCK`]) is one vector per feature. Each lane
     /// does the floating-point operations of [`Self::add_row`] for its row, in the same order
@@ -320,11 +333,7 @@ impl Pass<'_> {
     unsafe fn add_rows_lanes_avx512(&self, rows: std::ops::Range<usize>, part: &mut [i64]) -> u64 {
         use std::arch::x86_64::*;
         let (d, p) = (self.d, part.len());
-        let first = rows.start.next_multiple_of(BLOCK).min(rows.end);
-        let last = (rows.end / BLOCK * BLOCK).max(first);
-        assert!(
-            (first == last || last * d <= self.xt.len()) && p <= MAX_P && self.theta.len() == p
-        );
+        let (first, last) = self.whole_blocks(&rows, p);
         let mut used = self.add_rows_generic::<true>(rows.start..first, part);
         let c = self.clipper;
         let target = _mm512_set1_pd(c.target());
@@ -416,11 +425,7 @@ impl Pass<'_> {
         use std::arch::x86_64::*;
         const HALF: usize = BLOCK / 2;
         let (d, p) = (self.d, part.len());
-        let first = rows.start.next_multiple_of(BLOCK).min(rows.end);
-        let last = (rows.end / BLOCK * BLOCK).max(first);
-        assert!(
-            (first == last || last * d <= self.xt.len()) && p <= MAX_P && self.theta.len() == p
-        );
+        let (first, last) = self.whole_blocks(&rows, p);
         let mut used = self.add_rows_generic::<true>(rows.start..first, part);
         let c = self.clipper;
         let target = _mm256_set1_pd(c.target());
