@@ -40,9 +40,9 @@
 //!   row by row. On the 2-core test VM (`examples/kernel_speed.rs`, one thread, n = 1M,
 //!   d = 16) the data pass went from 22.0 to 9.5–11.0 ns per row with AVX-512 and from 24.7
 //!   to 11.6–12.3 with AVX2; the two-thread fit from 14.2 to 6.0–7.9 ns per row and
-//!   iteration, near the machine's read bandwidth (24.5 GB/s: 5.9 ns for 144 bytes per row). The copy costs
-//!   8·d bytes per row during the fit ([`super::linreg::GaussianGd::working_bytes`], counted
-//!   in the accumulator's size).
+//!   iteration, near the machine's read bandwidth (24.5 GB/s: 5.9 ns for 144 bytes per row).
+//!   The copy costs 8·d bytes per row during the fit
+//!   ([`super::linreg::GaussianGd::working_bytes`], counted in the accumulator's size).
 //!
 //! **Exactness.** Every per-row integer vector equals the one `Clipper::contribution` computes
 //! for the same row (the residual is bit-identical; the rounding and the check are equivalent
@@ -115,10 +115,10 @@ impl RowPath {
     }
 }
 
-/// Whether `Auto` runs a pass with rows in lanes (AVX-512 or AVX2), which reads the
-/// transposed features ([`transpose_blocks`]).
-pub fn lanes_available() -> bool {
-    RowPath::avx512_available() || RowPath::avx2_available()
+/// Whether the fit's passes run with rows in lanes (AVX-512 or AVX2, and the blocked pass
+/// applies: [`eligible`]), reading the transposed features ([`transpose_blocks`]).
+pub fn lanes(clipper: &Clipper, p: usize) -> bool {
+    eligible(clipper, p) && (RowPath::avx512_available() || RowPath::avx2_available())
 }
 
 /// Whether the blocked pass applies to this clipper and p (module docs).

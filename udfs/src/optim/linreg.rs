@@ -188,10 +188,9 @@ impl<'a> Design<'a> {
         }
     }
     /// With the transposed copy of the features that the passes with rows in lanes read, when
-    /// the CPU has AVX-512 or AVX2 and p ≤ [`kernel::MAX_P`] (n·d more values held during the
-    /// fit).
-    fn with_blocks(mut self) -> Self {
-        if self.p() <= kernel::MAX_P && kernel::lanes_available() {
+    /// they run ([`kernel::lanes`]; n·d more values held during the fit).
+    fn with_blocks(mut self, clipper: &Clipper) -> Self {
+        if kernel::lanes(clipper, self.p()) {
             self.xt = kernel::transpose_blocks(&self.x, self.d);
         }
         self
@@ -435,8 +434,9 @@ impl GaussianGd {
         theta: &[f64],
         path: RowPath,
     ) -> Result<Vec<i128>> {
-        let design = Design::new(rows, self.fit_intercept).with_blocks();
+        let design = Design::new(rows, self.fit_intercept);
         let clipper = self.clipper(design.p())?;
+        let design = design.with_blocks(&clipper);
         let norms: Vec<f64> = (0..design.n()).map(|i| design.norm(i)).collect();
         Ok(self.sums(&design, &norms, &clipper, theta, units, path))
     }
@@ -464,7 +464,7 @@ impl GaussianGd {
     /// session's memory limit bounds the fit's working set as well as the buffer.
     pub fn working_bytes(&self, n: usize, d: usize) -> usize {
         let p = d + usize::from(self.fit_intercept);
-        let blocks = if p <= kernel::MAX_P && kernel::lanes_available() {
+        let blocks = if self.clipper(p).is_ok_and(|c| kernel::lanes(&c, p)) {
             n * d
         } else {
             0
@@ -570,9 +570,10 @@ impl GaussianGd {
         units: Option<&Units>,
         rng: &mut SecureRng,
     ) -> Result<Option<Vec<f64>>> {
-        let design = Design::new(rows, self.fit_intercept).with_blocks();
+        let design = Design::new(rows, self.fit_intercept);
         let (n, d, p) = (design.n(), design.d, design.p());
         let clipper = self.clipper(p)?;
+        let design = design.with_blocks(&clipper);
         // What the noisy count counts: rows, or units (sensitivity 1 either way).
         let counted = units.map_or(n, Units::count);
         let denom = match &self.divisor {
