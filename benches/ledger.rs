@@ -169,8 +169,10 @@ fn open_after(dir: &Path, path: &Path, n: usize, more: usize, reps: usize) {
 fn main() {
     let sizes = env_list("DPFUSION_BENCH_ENTRIES", &[10, 10_000]);
     let reps = env_list("DPFUSION_BENCH_REPS", &[30])[0].max(1);
-    let dir = std::env::temp_dir().join(format!("dpfusion-bench-ledger-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    // The ledgers in `root/l`: their witnesses (`root/l.witness`, docs/LEDGER.md) go with `root`.
+    let root = std::env::temp_dir().join(format!("dpfusion-bench-ledger-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let dir = root.join("l");
     std::fs::create_dir_all(&dir).unwrap();
     println!(
         "ledger bench: {reps} repetitions, ledgers in {}",
@@ -227,6 +229,6 @@ fn main() {
         // For measuring a whole process on these ledgers (docs/PERFORMANCE.md, "Ledger").
         println!("kept: {}", dir.display());
     } else {
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -5,9 +5,10 @@
 //! DPFUSION_BENCH_ROWS=1000000,10000000 DPFUSION_BENCH_PARTITIONS=2,16 cargo bench --bench units
 //! ```
 //!
-//! (defaults: 200,000 rows, 2 partitions, best of 1 after no warm-up, the session's default 4 GiB
-//! memory pool; `DPFUSION_BENCH_REPS` sets the repetitions, `DPFUSION_BENCH_MEMORY_MIB` the DP
-//! session's pool; `DPFUSION_BENCH_ONLY=dp_sum` (or `dp_mean`) runs the unit `dp_sum` (or
+//! (defaults: 200,000 rows, 2 partitions, in memory, best of 1 after no warm-up, the session's
+//! default 4 GiB memory pool; `DPFUSION_BENCH_SOURCE=memory,parquet` also reads both sides from
+//! one Parquet file of the same rows (the form issue 28 measured), `DPFUSION_BENCH_REPS` sets the
+//! repetitions, `DPFUSION_BENCH_MEMORY_MIB` the DP session's pool; `DPFUSION_BENCH_ONLY=dp_sum` (or `dp_mean`) runs the unit `dp_sum` (or
 //! `dp_mean`) alone, e.g. under `perf record`, and prints its time). Data: n rows of (g, unit, x), 1,000 groups, n/6 units, each
 //! unit's rows spread over groups. Pairs, each printed with its ratio:
 //! - `SELECT g, dp_sum(x, 0, 100, …) FROM t GROUP BY g` on a unit-level table (K = 4, C = 3: the
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
-use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
 fn data(n: usize) -> Vec<RecordBatch> {
@@ -116,21 +117,44 @@ async fn main() {
     let partitions = env_list("DPFUSION_BENCH_PARTITIONS", "2");
     let reps = env_list("DPFUSION_BENCH_REPS", "1")[0].max(1);
     let only = std::env::var("DPFUSION_BENCH_ONLY").ok();
+    let sources: Vec<String> = std::env::var("DPFUSION_BENCH_SOURCE")
+        .unwrap_or_else(|_| "memory".into())
+        .split(',')
+        .map(|s| s.trim().to_ascii_lowercase())
+        .collect();
+    assert!(
+        sources.iter().all(|s| s == "memory" || s == "parquet"),
+        "DPFUSION_BENCH_SOURCE: memory, parquet or both"
+    );
     println!("# dpfusion privacy-units benchmark (best of {reps}; ms)\n");
     println!(
-        "| rows | partitions | unit dp_sum per group | plain sum per group | ratio | floor: sum \
+        "| rows | partitions | source | unit dp_sum per group | plain sum per group | ratio | floor: sum \
          by (unit, g) then g | floor ratio | unit dp_sum / floor | floor + ranking window | ratio | \
          unit dp_mean per group | plain avg per group | ratio | dp_count_distinct | \
          count(DISTINCT) | ratio |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let files = std::env::temp_dir().join(format!("dpfusion-bench-units-{}", std::process::id()));
+    std::fs::create_dir_all(&files).unwrap();
     for &n in &rows {
         let batches = data(n);
-        for &p in &partitions {
-            let dir = std::env::temp_dir().join(format!(
-                "dpfusion-bench-units-{}-{n}-{p}",
-                std::process::id()
-            ));
+        let pq = files.join(format!("t{n}.parquet"));
+        if sources.iter().any(|s| s == "parquet") {
+            let ctx = SessionContext::new();
+            let mem = MemTable::try_new(batches[0].schema(), vec![batches.clone()]).unwrap();
+            ctx.register_table("t", Arc::new(mem)).unwrap();
+            let copy = format!("COPY t TO '{}' STORED AS PARQUET", pq.display());
+            ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+        }
+        for (&p, source) in partitions
+            .iter()
+            .flat_map(|p| sources.iter().map(move |s| (p, s.as_str())))
+        {
+            // Inside `files`, which is removed at the end with the ledgers' witnesses (beside
+            // each ledger's directory, docs/LEDGER.md).
+            let dir = files.join(format!("session-{n}-{p}-{source}"));
             std::fs::create_dir_all(&dir).unwrap();
             let s = PrivateSession::open(memory(
                 SessionOptions::default()
@@ -143,11 +167,18 @@ async fn main() {
                 .privacy_unit("unit")
                 .contribution_bounds(4, 3)
                 .budget(1e6, 1e-3);
-            s.register_batches("t", batches.clone(), reg).unwrap();
             let ctx =
                 SessionContext::new_with_config(SessionConfig::new().with_target_partitions(p));
-            let mem = MemTable::try_new(batches[0].schema(), vec![batches.clone()]).unwrap();
-            ctx.register_table("t", Arc::new(mem)).unwrap();
+            if source == "parquet" {
+                s.register_parquet("t", &pq, reg).await.unwrap();
+                ctx.register_parquet("t", pq.to_str().unwrap(), ParquetReadOptions::default())
+                    .await
+                    .unwrap();
+            } else {
+                s.register_batches("t", batches.clone(), reg).unwrap();
+                let mem = MemTable::try_new(batches[0].schema(), vec![batches.clone()]).unwrap();
+                ctx.register_table("t", Arc::new(mem)).unwrap();
+            }
             let dp = |sql: &'static str| {
                 let s = &s;
                 move || async move {
@@ -164,7 +195,7 @@ async fn main() {
             if only.as_deref() == Some("dp_mean") {
                 let q =
                     "SELECT g, dp_mean(x, 0, 100, epsilon => 1, delta => 1e-7) FROM t GROUP BY g";
-                println!("| {n} | {p} | {} |", ms(best(reps, dp(q)).await));
+                println!("| {n} | {p} | {source} | {} |", ms(best(reps, dp(q)).await));
                 drop(s);
                 let _ = std::fs::remove_dir_all(&dir);
                 continue;
@@ -175,7 +206,7 @@ async fn main() {
             )
             .await;
             if only.as_deref() == Some("dp_sum") {
-                println!("| {n} | {p} | {} |", ms(dp_sum));
+                println!("| {n} | {p} | {source} | {} |", ms(dp_sum));
                 drop(s);
                 let _ = std::fs::remove_dir_all(&dir);
                 continue;
@@ -212,7 +243,7 @@ async fn main() {
             .await;
             let r = |a: Duration| a.as_secs_f64() / sum.as_secs_f64();
             println!(
-                "| {n} | {p} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {} | {:.1} | {} | {} | {:.1} | {} \
+                "| {n} | {p} | {source} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {} | {:.1} | {} | {} | {:.1} | {} \
                  | {} | {:.1} |",
                 ms(dp_sum),
                 ms(sum),
@@ -232,5 +263,7 @@ async fn main() {
             drop(s);
             let _ = std::fs::remove_dir_all(&dir);
         }
+        let _ = std::fs::remove_file(&pq);
     }
+    let _ = std::fs::remove_dir_all(&files);
 }

@@ -355,16 +355,9 @@ fn canonical_prefix(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
-    fn tmp() -> PathBuf {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "dpfusion-files-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
+    fn tmp() -> crate::testdir::TestPath {
+        let d = crate::testdir::test_dir("files");
         std::fs::create_dir_all(d.join("d/sub")).unwrap();
         std::fs::create_dir_all(d.join("other")).unwrap();
         std::fs::write(d.join("d/p.csv"), "a\n1\n").unwrap();

@@ -27,6 +27,8 @@ pub mod owner;
 pub mod serve;
 pub mod session;
 pub mod statements;
+#[cfg(test)]
+mod testdir;
 
 /// The DataFusion this crate is built on (use it instead of pinning `datafusion` yourself).
 pub use datafusion;

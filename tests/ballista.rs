@@ -38,19 +38,9 @@ const COUNT_SQL: &str = "SELECT k, dp_count(v, epsilon => 1.0) AS n FROM u GROUP
 const TOTAL_SQL: &str = "SELECT dp_count(v, epsilon => 0.5) AS n, \
      dp_mean(v, 0, 1, epsilon => 0.5) AS m FROM t";
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-ballista-{}-{}-{}",
-        tag,
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+#[path = "../src/testdir.rs"]
+mod testdir;
+use testdir::{TestPath, test_dir};
 
 fn write_parquet(path: &Path, batch: &RecordBatch) {
     let file = std::fs::File::create(path).unwrap();
@@ -124,8 +114,8 @@ async fn open(dir: &Path, ledger: &str, options: SessionOptions) -> PrivateSessi
     s
 }
 
-fn data_dir(tag: &str) -> PathBuf {
-    let dir = temp_dir(tag);
+fn data_dir(tag: &str) -> TestPath {
+    let dir = test_dir(&format!("ballista-{tag}"));
     let data = dir.join("data");
     write_groups_table(&data);
     write_private_groups_table(&data);

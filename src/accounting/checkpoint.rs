@@ -328,19 +328,13 @@ mod tests {
     use crate::accounting::{Accountant, FilterKind, TableCharge, TableKey};
     use dpfusion_udfs::privacy::Event;
 
-    fn temp_ledger(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "dpfusion-checkpoint-{tag}-{}-{:?}",
-            std::process::id(),
-            std::time::SystemTime::now()
-        ));
-        let _ = fs::remove_dir_all(&dir);
-        dir.join("ledger.jsonl")
+    fn temp_ledger(tag: &str) -> crate::testdir::TestPath {
+        crate::testdir::test_file(&format!("checkpoint-{tag}"), "ledger.jsonl")
     }
 
     /// A ledger with two private tables and `n` charges of mixed events (a Gaussian
     /// with an additive δ, a plain Gaussian), long enough for a checkpoint when `n` ≥ [`EVERY`].
-    fn filled(tag: &str, n: usize) -> PathBuf {
+    fn filled(tag: &str, n: usize) -> crate::testdir::TestPath {
         let path = temp_ledger(tag);
         let acc = Accountant::open(&path).unwrap();
         acc.register_table(private("demo:a", "a", 1e6)).unwrap();

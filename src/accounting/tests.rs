@@ -2,20 +2,11 @@ use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn temp_ledger() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dpfusion-accounting-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::SeqCst)
-    ));
-    let _ = fs::remove_dir_all(&dir);
-    dir.join("sub").join("ledger.jsonl")
+fn temp_ledger() -> crate::testdir::TestPath {
+    crate::testdir::test_file("accounting", "sub/ledger.jsonl")
 }
 
 /// A private add/remove policy with a gdp filter (shared with the policy module's tests).
@@ -312,7 +303,7 @@ fn admit_until_exhausted_then_refuse() {
     assert_eq!(entries.len(), receipts.len());
     assert!(entries.iter().enumerate().all(|(i, e)| e.seq == i as u64));
     assert_eq!(entries[0].tables[0].delta, 5e-7, "ε is converted at δ_g");
-    assert_eq!(acc.path(), path.as_path());
+    assert_eq!(acc.path(), &*path);
 
     // Preview computes the same without writing.
     let pv = acc.preview(&gauss("demo:salaries", 0.1)).unwrap();
@@ -413,7 +404,7 @@ fn corrupt_middle_line_is_an_error() {
     match &err {
         AccountingError::Corrupt { line, path: p, .. } => {
             assert_eq!(*line, 3);
-            assert_eq!(p, &path);
+            assert_eq!(p, &*path);
         }
         e => panic!("{e}"),
     }

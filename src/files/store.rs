@@ -878,15 +878,14 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
-    fn tmp(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("dpfusion-store-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+    fn tmp(tag: &str) -> crate::testdir::TestPath {
+        let d = crate::testdir::test_dir(&format!("store-{tag}"));
         std::fs::create_dir_all(d.join("pub/sub")).unwrap();
         std::fs::create_dir_all(d.join("priv")).unwrap();
         std::fs::write(d.join("pub/a.csv"), "a\n1\n").unwrap();
         std::fs::write(d.join("pub/sub/b.csv"), "a\n2\n").unwrap();
         std::fs::write(d.join("priv/p.csv"), "a\n3\n").unwrap();
-        std::fs::canonicalize(d).unwrap()
+        d
     }
 
     fn pinned(d: &Path) -> Arc<PinnedFs> {

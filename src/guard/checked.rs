@@ -988,12 +988,7 @@ mod tests {
     async fn unit_plan(sql: &str) -> LogicalPlan {
         use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array};
         use datafusion::arrow::datatypes::DataType;
-        let dir = std::env::temp_dir().join(format!(
-            "dpfusion-audit-units-{}-{}",
-            std::process::id(),
-            sql.len()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::testdir::test_dir("audit-units");
         let s = crate::PrivateSession::open(
             crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
         )

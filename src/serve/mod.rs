@@ -1323,11 +1323,7 @@ mod tests {
     /// first is still busy.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_turn_is_given_back_at_the_deadline_even_inside_one_poll() {
-        let dir = std::env::temp_dir().join(format!(
-            "dpfusion-turns-{}-{}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
+        let dir = crate::testdir::test_dir("turns");
         let session = PrivateSession::open(
             crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
         )

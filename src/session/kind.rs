@@ -254,11 +254,7 @@ mod tests {
     use super::*;
 
     async fn kind(sql: &str) -> std::result::Result<StatementKind, String> {
-        let dir = std::env::temp_dir().join(format!(
-            "dpfusion-kind-{}-{}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
+        let dir = crate::testdir::test_dir("kind");
         let s = PrivateSession::open(
             crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
         )

@@ -3,6 +3,11 @@
 #![allow(dead_code)]
 use std::path::{Path, PathBuf};
 
+#[path = "../../src/testdir.rs"]
+mod testdir;
+#[allow(unused_imports)]
+pub use testdir::{TestPath, test_dir, test_dir_in, test_file};
+
 /// The repository's root (the workspace: tests/data, examples/, docs/, scripts/), from either
 /// crate's tests.
 pub fn repo_root() -> &'static Path {
@@ -15,18 +20,9 @@ pub fn repo_root() -> &'static Path {
     }
 }
 
-/// A fresh directory under the system's temp dir, unique per process, call and `tag`.
-pub fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-test-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory under the system's temp dir, removed when dropped ([`test_dir`]).
+pub fn temp_dir(tag: &str) -> TestPath {
+    test_dir(&format!("test-{tag}"))
 }
 
 /// The 200-row private test table: id, age, dept, salary, remote.

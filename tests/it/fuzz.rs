@@ -32,10 +32,10 @@
 //! findings to `DPFUSION_FUZZ_OUT` (default `target/fuzz-findings.sql`). `DPFUSION_FUZZ_CASES`
 //! overrides the number of cases, `DPFUSION_FUZZ_VERBOSE=1` prints every statement and outcome,
 //! `DPFUSION_FUZZ_SHRINK_OPEN=1` shrinks the first example of each known open class too.
+use crate::common::{TestPath, test_dir_in};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dpfusion::arrow::array::{
@@ -312,28 +312,20 @@ fn strings_batch(cols: &[(&str, Vec<&str>)], ints: &[(&str, Vec<i64>)]) -> Recor
 }
 
 /// A fresh directory for one session's ledger (on tmpfs when there is one: the ledger syncs).
-fn session_dir() -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
+fn session_dir() -> TestPath {
     let base = if Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
     } else {
         std::env::temp_dir()
     };
-    let d = base.join(format!(
-        "dpfusion-fuzz-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    test_dir_in(&base, "fuzz")
 }
 
 /// The private tables (their scan counters are the oracle's "nothing executed").
 const PRIVATE: &[&str] = &["people", "staff", "orders", "visits"];
 
 /// Opens a fresh session on D (`neighbour` false) or on D′.
-async fn open(plant: Plant, neighbour: bool, seed: u64) -> (PrivateSession, PathBuf) {
+async fn open(plant: Plant, neighbour: bool, seed: u64) -> (PrivateSession, TestPath) {
     let dir = session_dir();
     let s = PrivateSession::open(
         SessionOptions::default()
@@ -1807,7 +1799,7 @@ fn explainable(sql: &str) -> bool {
 /// Runs every statement of `case` on one fresh session (D or D′).
 async fn observe(case: &Case, neighbour: bool) -> Vec<Obs> {
     let (s, dir) = open(case.plant, neighbour, case.seed).await;
-    let dirs = [dir.as_path()];
+    let dirs = [&*dir];
     let mut out = vec![];
     for sql in &case.statements {
         let explain = if explainable(sql) {

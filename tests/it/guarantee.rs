@@ -83,11 +83,8 @@ async fn row_errors_become_null_and_execution_failures_are_one_fixed_message() {
         s.sql(q).await.unwrap_or_else(|e| panic!("{q}: {e}"));
     }
     // An execution failure (here: the memory limit) is the fixed message; the charge stands.
-    let tight = open(
-        &temp_dir("fail-mem"),
-        SessionOptions::default().with_memory_limit(1),
-    )
-    .await;
+    let tight_dir = temp_dir("fail-mem");
+    let tight = open(&tight_dir, SessionOptions::default().with_memory_limit(1)).await;
     tight
         .register_csv("people", people_csv(), Registration::private())
         .await

@@ -22,14 +22,14 @@ const PEOPLE_COLUMNS: [&str; 5] = ["id", "age", "dept", "salary", "remote"];
 /// A test's files: `dir/ledger/ledger.jsonl`, the private file `dir/d/p.csv` (a copy of
 /// people.csv), an empty `dir/other`.
 struct Setup {
-    dir: PathBuf,
+    dir: crate::common::TestPath,
     ledger: PathBuf,
     d: PathBuf,
     p: PathBuf,
 }
 
 fn setup(tag: &str) -> Setup {
-    let dir = std::fs::canonicalize(temp_dir(tag)).unwrap();
+    let dir = temp_dir(tag);
     for sub in ["ledger", "d", "other"] {
         std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
@@ -604,7 +604,7 @@ async fn copy_to_every_forbidden_place_is_refused() {
     // `out` and `out2` now do), or lies inside them, is refused when the session opens.
     for bad in [
         st.d.clone(),
-        st.dir.clone(),
+        st.dir.to_path_buf(),
         st.ledger.parent().unwrap().to_path_buf(),
         out.join("pd"),
         out.clone(),

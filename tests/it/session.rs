@@ -6,7 +6,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, Float64Array, Int64Array};
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
-use crate::common::{people_csv, temp_dir};
+use crate::common::{TestPath, people_csv, temp_dir};
 
 /// Writes the people CSV as a Parquet file (with a plain DataFusion context).
 async fn people_parquet(dir: &Path) -> PathBuf {
@@ -173,7 +173,7 @@ async fn a_private_file_cannot_be_re_registered_as_public() {
     assert!(err.contains("private"), "{err}");
 }
 
-async fn guard_session() -> (PrivateSession, PathBuf) {
+async fn guard_session() -> (PrivateSession, TestPath) {
     let dir = temp_dir("guard");
     let s = session(&dir, 100.0).await;
     s.register_csv("people", people_csv(), Registration::private())

@@ -25,11 +25,13 @@ use dpfusion::dpfusion_udfs::aggregates::{
 };
 use dpfusion::{PrivateSession, Registration, SessionOptions};
 
-async fn session(tag: &str) -> PrivateSession {
+/// A session on a fresh ledger, with the directory that holds it (removed when dropped).
+async fn session(tag: &str) -> (PrivateSession, crate::common::TestPath) {
     let dir = crate::common::temp_dir(tag);
-    PrivateSession::open(SessionOptions::default().with_ledger(dir.join("ledger.jsonl")))
+    let s = PrivateSession::open(SessionOptions::default().with_ledger(dir.join("ledger.jsonl")))
         .await
-        .unwrap()
+        .unwrap();
+    (s, dir)
 }
 
 /// A table (g, unit, amount) from rows.
@@ -128,7 +130,7 @@ async fn an_extreme_unit_moves_each_release_by_at_most_its_bound() {
     for (reg, tag) in [(unit_level(), "unit"), (Registration::private(), "row")] {
         let mut out = vec![];
         for rows in [&d, &d1] {
-            let s = session(tag).await;
+            let (s, _s_dir) = session(tag).await;
             s.register_batches("t", vec![batch(rows)], reg.clone().budget(1e6, 1e-5))
                 .unwrap();
             let sql = if tag == "row" {
@@ -205,7 +207,7 @@ async fn unit_level_audit_passes_with_bounding_and_fails_without() {
     ] {
         let mut samples = vec![];
         for (rows, seed) in [(&d, 11), (&d1, 12)] {
-            let s = session(tag).await;
+            let (s, _s_dir) = session(tag).await;
             s.register_batches("t", vec![batch(rows)], reg.clone().budget(1e6, 1e-5))
                 .unwrap();
             let b = run_seeded(&s, sql, seed).await;
@@ -229,7 +231,7 @@ async fn unit_level_audit_passes_with_bounding_and_fails_without() {
 
 #[tokio::test]
 async fn settings_refusals_and_explain() {
-    let s = session("units-sql").await;
+    let (s, _s_dir) = session("units-sql").await;
     let rows: Vec<(i64, i64, f64)> = (0..400).map(|i| (i % 4, i / 4, 1.0)).collect();
     s.register_batches("t", vec![batch(&rows)], unit_level())
         .unwrap();
@@ -299,7 +301,7 @@ async fn settings_refusals_and_explain() {
 
 #[tokio::test]
 async fn a_unit_must_fit_the_policy() {
-    let s = session("units-policy").await;
+    let (s, _s_dir) = session("units-policy").await;
     let rows: Vec<(i64, i64, f64)> = (0..10).map(|i| (0, i, 1.0)).collect();
     for (reg, want) in [
         (
@@ -346,7 +348,7 @@ async fn a_unit_must_fit_the_policy() {
 #[tokio::test]
 async fn joins_admitted_and_refused() {
     use dpfusion::datafusion::arrow::array::StringArray;
-    let s = session("units-joins").await;
+    let (s, _s_dir) = session("units-joins").await;
     let t: Vec<(i64, i64, f64)> = (0..600).map(|i| (i % 6, i / 3, 10.0)).collect();
     s.register_batches("t", vec![batch(&t)], unit_level().unit_domain("person"))
         .unwrap();
@@ -467,7 +469,7 @@ async fn joins_admitted_and_refused() {
 async fn a_public_key_set_gives_exactly_its_groups() {
     use dpfusion::datafusion::arrow::array::StringArray;
     for unit in [false, true] {
-        let s = session("units-keyset").await;
+        let (s, _s_dir) = session("units-keyset").await;
         // Groups 0..3 have rows; the public table also lists 7, which has none.
         let t: Vec<(i64, i64, f64)> = (0..400).map(|i| (i % 4, i / 2, 10.0)).collect();
         let reg = if unit {
@@ -631,7 +633,7 @@ async fn float_group_keys_are_one_group_for_the_bounds_and_the_aggregate() {
     let sql = "SELECT g, dp_count(amount, epsilon => 5000) AS n FROM t GROUP BY g ORDER BY g";
     let mut out = vec![];
     for heavy in [false, true] {
-        let s = session("units-floatkeys").await;
+        let (s, _s_dir) = session("units-floatkeys").await;
         let reg = Registration::private()
             .privacy_unit("unit")
             .contribution_bounds(1, 1)
@@ -656,7 +658,7 @@ async fn float_group_keys_are_one_group_for_the_bounds_and_the_aggregate() {
 /// included), so it refuses them.
 #[tokio::test]
 async fn keys_equal_for_the_join_are_duplicates() {
-    let s = session("units-floatjoin").await;
+    let (s, _s_dir) = session("units-floatjoin").await;
     let t: Vec<(i64, i64, f64)> = (0..50).map(|i| (i % 2, i, 0.0)).collect();
     s.register_batches("t", vec![batch(&t)], unit_level())
         .unwrap();
@@ -705,7 +707,7 @@ async fn keys_equal_for_the_join_are_duplicates() {
 /// expression names"); calls on different values or FILTERs keep their own.
 #[tokio::test]
 async fn several_sums_of_one_value_on_a_unit_table() {
-    let s = session("units-many-sums").await;
+    let (s, _s_dir) = session("units-many-sums").await;
     let rows: Vec<(i64, i64, f64)> = (0..300).map(|i| (i % 3, i % 50, (i % 7) as f64)).collect();
     s.register_batches("t", vec![batch(&rows)], unit_level())
         .unwrap();
@@ -732,7 +734,7 @@ async fn several_sums_of_one_value_on_a_unit_table() {
 /// aggregate by unit).
 #[tokio::test]
 async fn every_kind_of_call_in_one_unit_query() {
-    let s = session("units-every-call").await;
+    let (s, _s_dir) = session("units-every-call").await;
     // 400 units with 5 rows each, every unit in all 4 groups; amounts 0..9.
     let rows: Vec<(i64, i64, f64)> = (0..2000).map(|i| (i % 4, i / 5, (i % 10) as f64)).collect();
     s.register_batches("t", vec![batch(&rows)], unit_level())

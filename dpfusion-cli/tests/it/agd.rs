@@ -2,7 +2,7 @@
 //! non-private Newton/IRLS fit, the private session's charge and guard, GROUP BY, bad input.
 //! The algorithm's own tests (privacy filter over 1,000 fits, exact Rényi check of the
 //! exponential mechanism, sensitivities) are in `udfs/src/optim/agd.rs`.
-use std::path::PathBuf;
+use crate::common::{TestPath, test_dir};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch};
@@ -188,29 +188,18 @@ async fn patients_utility_against_newton_and_majority() {
     );
 }
 
-fn temp_ledger(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "dpfusion-agd-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join("ledger.jsonl")
-}
-
-async fn demo_session(tag: &str) -> PrivateSession {
+/// The demo session on a fresh ledger, with the directory that holds it (removed when dropped).
+async fn demo_session(tag: &str) -> (PrivateSession, TestPath) {
+    let dir = test_dir(&format!("agd-{tag}"));
     let s = PrivateSession::open(
         SessionOptions::default()
-            .with_ledger(temp_ledger(tag))
+            .with_ledger(dir.join("ledger.jsonl"))
             .with_target_partitions(2),
     )
     .await
     .unwrap();
     register_demo(&s).unwrap();
-    s
+    (s, dir)
 }
 
 /// Through the private session: named arguments in any order, the charge is the call's ε at
@@ -218,7 +207,7 @@ async fn demo_session(tag: &str) -> PrivateSession {
 /// per group (with partition selection charged).
 #[tokio::test]
 async fn session_charges_the_call_and_releases_a_model() {
-    let s = demo_session("session").await;
+    let (s, _dir) = demo_session("session").await;
     let r = s
         .sql(&format!(
             "SELECT dp_logreg_agd(disease, {FEATURES}, splits => 10, epsilon => 0.5, \
@@ -280,7 +269,7 @@ async fn session_charges_the_call_and_releases_a_model() {
 /// non-literal parameters are refused.
 #[tokio::test]
 async fn bad_parameters_fail_at_planning_and_cost_nothing() {
-    let s = demo_session("params").await;
+    let (s, _dir) = demo_session("params").await;
     for (args, name) in [
         ("0, 1e-6", "epsilon"),
         ("1, 2", "delta"),

@@ -1,20 +1,18 @@
 //! The command line, driven as a user would: the real binary with `-c`, `-f` and every flag; and
 //! the interactive REPL in a pseudo-terminal (tests/pty/repl_session.py).
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate::common::{TestPath, test_dir};
 use std::process::{Command, Output};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_dpfusion")
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dpfusion-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    // The default witness of `d/ledger.jsonl` (docs/LEDGER.md) is beside `d`: a stale one (a
-    // reused process id) would refuse the new ledger.
-    let _ = std::fs::remove_dir_all(d.with_extension("witness"));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed (with the default witness of `d/ledger.jsonl`, docs/LEDGER.md)
+/// when dropped.
+fn tmp(name: &str) -> TestPath {
+    test_dir(&format!("cli-{name}"))
 }
 
 fn run(dir: &Path, args: &[&str]) -> Output {
@@ -309,7 +307,7 @@ fn ledger_bytes(ledger: &Path) -> (Vec<u8>, Vec<u8>) {
 
 #[test]
 fn catalog_mode_end_to_end_refuses_every_attack_and_leaves_the_ledger_alone() {
-    let d = std::fs::canonicalize(tmp("catalog")).unwrap();
+    let d = tmp("catalog");
     for sub in ["data", "public", "out", "ledger"] {
         std::fs::create_dir_all(d.join(sub)).unwrap();
     }

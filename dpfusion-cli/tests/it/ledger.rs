@@ -2,7 +2,7 @@
 //! refused on open with an error naming the line, leaves the files byte for byte as they were,
 //! and makes `dpfusion ledger verify` exit 1. Only a last line without its newline (a torn
 //! write) is cut, and the charges before it stand.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use dpfusion::accounting::{
@@ -34,8 +34,8 @@ fn charge(mu: f64) -> Vec<TableCharge> {
 }
 
 /// A ledger of 5 lines: header, policy, 3 charges. Returns its path and the ε spent.
-fn ledger(tag: &str) -> (PathBuf, f64) {
-    let path = temp_dir(tag).join("ledger.jsonl");
+fn ledger(tag: &str) -> (crate::common::TestPath, f64) {
+    let path = crate::common::test_file(&format!("test-{tag}"), "ledger.jsonl");
     let acc = Accountant::open(&path).unwrap();
     acc.register_table(policy(10.0)).unwrap();
     for i in 0..3 {

@@ -499,7 +499,8 @@ async fn ipums_br_accuracy_through_sql() {
         )));
     }
     let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
-    let s = session(&temp_dir("ipums")).await;
+    let dir = temp_dir("ipums");
+    let s = session(&dir).await;
     let reg = Registration::private()
         .filter(dpfusion::accounting::FilterKind::Rdp { order: None })
         .budget(100.0, 1e-6);

@@ -28,7 +28,7 @@ struct Server {
     child: Child,
     addr: SocketAddr,
     ledger: PathBuf,
-    dir: PathBuf,
+    dir: crate::common::TestPath,
 }
 
 impl Drop for Server {
@@ -43,7 +43,7 @@ impl Drop for Server {
 struct InProcess {
     addr: SocketAddr,
     ledger: PathBuf,
-    dir: PathBuf,
+    dir: crate::common::TestPath,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
