@@ -10,11 +10,12 @@ use dpfusion::{Error, PrivateSession, Registration, SessionOptions};
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The ledger keeps every charge, durably, before any row is read. A real deployment keeps it
-    // in a directory of the data owner's; this example uses a fresh one each run.
+    // in a directory of the data owner's; this example uses a fresh one each run, removed at the
+    // end with the ledger's witness (kept beside the ledger's directory: `dir/ledger.witness`).
     let dir = std::env::temp_dir().join(format!("dpfusion-embed-{}", std::process::id()));
     let session = PrivateSession::open(
         SessionOptions::default()
-            .with_ledger(dir.join("ledger.jsonl"))
+            .with_ledger(dir.join("ledger").join("ledger.jsonl"))
             .with_default_budget(1.0, 1e-6),
     )
     .await?;
