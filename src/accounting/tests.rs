@@ -9,6 +9,37 @@ fn temp_ledger() -> crate::testdir::TestPath {
     crate::testdir::test_file("accounting", "sub/ledger.jsonl")
 }
 
+/// A test's ledger, its head and its witness (beside the ledger's directory) are all under the
+/// temporary root, and go with it (src/testdir.rs): a test run leaves nothing behind.
+#[test]
+fn a_test_ledger_and_its_witness_are_removed_with_the_test_directory() {
+    let path = temp_ledger();
+    let root = path
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let witness = default_witness(&path).unwrap();
+    {
+        // As a session opens it: with its default witness.
+        let acc = Accountant::open_witnessed(&path, &witness).unwrap();
+        acc.register_table(private("t:a", "a", 1.0)).unwrap();
+        acc.admit("q", &gauss("t:a", 0.1)).unwrap();
+    }
+    assert!(witness.exists(), "{}", witness.display());
+    assert!(
+        witness.starts_with(&root),
+        "{} outside {}",
+        witness.display(),
+        root.display()
+    );
+    drop(path);
+    assert!(!root.exists(), "{} removed", root.display());
+}
+
 /// A private add/remove policy with a gdp filter (shared with the policy module's tests).
 pub(super) fn private(key: &str, name: &str, epsilon: f64) -> TablePolicy {
     TablePolicy {
