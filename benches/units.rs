@@ -8,9 +8,10 @@
 //! (defaults: 200,000 rows, 2 partitions, in memory, best of 1 after no warm-up, the session's
 //! default 4 GiB memory pool; `DPFUSION_BENCH_SOURCE=memory,parquet` also reads both sides from
 //! one Parquet file of the same rows (the form issue 28 measured), `DPFUSION_BENCH_REPS` sets the
-//! repetitions, `DPFUSION_BENCH_MEMORY_MIB` the DP session's pool; `DPFUSION_BENCH_ONLY=dp_sum` (or `dp_mean`) runs the unit `dp_sum` (or
-//! `dp_mean`) alone, e.g. under `perf record`, and prints its time). Data: n rows of (g, unit, x), 1,000 groups, n/6 units, each
-//! unit's rows spread over groups. Pairs, each printed with its ratio:
+//! repetitions, `DPFUSION_BENCH_MEMORY_MIB` the DP session's pool; `DPFUSION_BENCH_ONLY=dp_sum`
+//! (or `dp_mean`) runs the unit `dp_sum` (or `dp_mean`) alone, e.g. under `perf record`, and
+//! prints its time). Data: n rows of (g, unit, x), 1,000 groups, n/6 units, each unit's rows
+//! spread over groups. Pairs, each printed with its ratio:
 //! - `SELECT g, dp_sum(x, 0, 100, …) FROM t GROUP BY g` on a unit-level table (K = 4, C = 3: the
 //!   aggregate by unit with its keyed choice of groups and their totals, partition selection) vs
 //!   `SELECT g, sum(x) FROM t GROUP BY g` in plain DataFusion;
