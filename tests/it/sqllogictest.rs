@@ -89,15 +89,11 @@ async fn sql_contract() {
     assert!(!files.is_empty(), "no .slt files in sql/");
     let mut failures = Vec::new();
     for file in &files {
-        let dir = std::env::temp_dir().join(format!(
-            "dpfusion-slt-{}-{}",
-            std::process::id(),
+        // A fresh ledger per file, removed with its witness at the end of the iteration.
+        let dir = crate::common::temp_dir(&format!(
+            "slt-{}",
             file.file_stem().unwrap().to_string_lossy()
         ));
-        let _ = std::fs::remove_dir_all(&dir);
-        // The ledger's default witness, beside `dir` (a stale one would refuse the new ledger).
-        let witness_dir = dir.with_extension("witness");
-        let _ = std::fs::remove_dir_all(&witness_dir);
         let ledger = dir.join("ledger.jsonl");
         let own = file.with_extension("toml");
         let catalog_path = if own.exists() {
@@ -142,8 +138,6 @@ async fn sql_contract() {
         } else if let Err(e) = runner.run_file_async(file).await {
             failures.push(format!("{}: {e}", file.display()));
         }
-        let _ = std::fs::remove_dir_all(&dir);
-        let _ = std::fs::remove_dir_all(&witness_dir);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
