@@ -5,7 +5,8 @@
 //!
 //! Flags: `--sizes 1,10,50` (millions of rows; default 1 and 10), `--reps N` (default 5),
 //! `--count` (adds `dp_count` vs `count`), `--quick` (1M rows, no ledger part), `--ledger` (the
-//! ledger part alone).
+//! ledger part alone), `--session` (the whole statement through the session alone; `--sizes`
+//! default 1).
 //!
 //! - Kernels alone (10M values, or the largest size if smaller; one thread): Arrow's float `sum` against the exact fixed-point
 //!   sum on each build (baseline, AVX2, AVX-512), the per-row conversion, and the GROUP BY
@@ -16,6 +17,11 @@
 //!   MemTable partitions as target partitions) and from one Parquet file, at
 //!   `target_partitions` 2 and 16 (16 is emulated on a machine with fewer cores).
 //! - The fixed cost of a query on tiny inputs (planning, accumulators, noise).
+//! - Through the session (`--session` runs this part alone): the whole statement as an analyst
+//!   runs it, `PrivateSession::sql` (parse, plan, guard, admission with its durable charge,
+//!   execution, the release) against plain DataFusion's `ctx.sql(..).collect()` on the same
+//!   data, with the ledger on disk (one fsync per charge) and on tmpfs (fsync free), and the
+//!   guard's part alone (`PrivateSession::check`: parse, plan, check; nothing charged).
 //! - The ledger (the accountant directly): opening a 10,000-entry ledger (from its checkpoint)
 //!   against a 10-entry one; admission with 10,000 entries present (the check, and the check
 //!   with its fsync'd append); admission with its fsync (on disk) and without (tmpfs).
@@ -120,7 +126,7 @@ const PAIRS: &[(&str, &str, &str)] = &[
     ("dp_mean", "dp_mean(x, 0, 1000, 1.0)", "avg(x)"),
     ("dp_sum", "dp_sum(x, 0, 1000, 1.0)", "sum(x)"),
     (
-        "dp_mean, 6 parameters (as a session passes them)",
+        "dp_mean, 6 parameters written in the SQL (a session adds them after optimizing)",
         "dp_mean(x, 0, 1000, 1.0, 1e-6, 'gaussian', 'add_remove')",
         "avg(x)",
     ),
@@ -276,6 +282,16 @@ fn kernels(n: usize, reps: usize) {
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "--session") {
+        let sizes: Vec<usize> = arg("--sizes").map_or(vec![1_000_000], |s| {
+            s.split(',')
+                .map(|m| (m.trim().parse::<f64>().unwrap() * 1e6) as usize)
+                .collect()
+        });
+        let reps: usize = arg("--reps").map_or(5, |r| r.parse().unwrap());
+        session_bench(&sizes, reps).await;
+        return;
+    }
     if std::env::args().any(|a| a == "--ledger") {
         let dir = std::env::temp_dir().join(format!("dpfusion-bench-{}", std::process::id()));
         ledger_bench(&dir);
@@ -386,7 +402,8 @@ async fn main() {
     println!(
         "The call's arguments as written; on 1 row, the same call with float literals (no cast \
          for the analyzer to add and the simplifier to fold), with the six parameters a session \
-         passes, and those not bound.\n"
+         passes written in the SQL (a session adds them after optimizing: see \"Through the \
+         session\"), and those not bound.\n"
     );
     println!("| target_partitions | input | call | dp_mean (ms) | avg (ms) | difference (ms) |");
     println!("|---|---|---|---|---|---|");
@@ -429,10 +446,125 @@ async fn main() {
         }
     }
 
+    session_bench(&sizes, reps).await;
     if !quick {
         ledger_bench(&dir);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The whole statement through [`PrivateSession::sql`] against plain DataFusion on the same
+/// table (same partitions, or the same Parquet file): on 1 row (the fixed cost) and at each of
+/// `sizes`, ledger on disk and on tmpfs. Best of `reps` interleaved pairs after one warm-up.
+async fn session_bench(sizes: &[usize], reps: usize) {
+    use dpfusion::accounting::TableKey;
+    use dpfusion::{PrivateSession, Registration, SessionOptions};
+    println!("\n## Through the session: the whole statement\n");
+    println!(
+        "`SELECT dp_mean(x, 0, 1000, 1.0) FROM t` through `PrivateSession::sql` (parse, plan, \
+         guard, admission, execution, release; δ from the session) against `SELECT avg(x) FROM t` \
+         through plain DataFusion's `ctx.sql(..).collect()`; \"check\" is \
+         `PrivateSession::check` alone (parse, plan, guard; nothing charged or run). Best of \
+         {reps} interleaved pairs (at least 50 up to 1M rows).\n"
+    );
+    println!(
+        "| rows | target_partitions | source | ledger | session dp_mean (ms) | of which check (ms) \
+         | DataFusion avg (ms) | difference (ms) | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let disk = std::env::temp_dir().join(format!("dpfusion-bench-session-{}", std::process::id()));
+    let shm = std::path::Path::new("/dev/shm");
+    let shm = shm
+        .is_dir()
+        .then(|| shm.join(format!("dpfusion-bench-session-{}", std::process::id())));
+    let q = "SELECT dp_mean(x, 0, 1000, 1.0) FROM t";
+    let mut cells: Vec<usize> = vec![1];
+    cells.extend(sizes);
+    for &n in &cells {
+        let (schema, batches) = data(n, 1000, 8192);
+        let pq = disk.join(format!("t{n}.parquet"));
+        for partitions in [2usize, 16] {
+            let mut parts: Vec<Vec<RecordBatch>> = vec![vec![]; partitions];
+            for (i, b) in batches.iter().enumerate() {
+                parts[i % partitions].push(b.clone());
+            }
+            let mem = || Arc::new(MemTable::try_new(schema.clone(), parts.clone()).unwrap());
+            let ctx = ctx_with(partitions);
+            ctx.register_table("t", mem()).unwrap();
+            if !pq.exists() {
+                std::fs::create_dir_all(&disk).unwrap();
+                let copy = format!("COPY t TO '{}' STORED AS PARQUET", pq.display());
+                ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+            }
+            let ledgers = [("disk", Some(disk.clone())), ("tmpfs", shm.clone())];
+            for source in ["memory", "Parquet"] {
+                let ctx = ctx_with(partitions);
+                if source == "memory" {
+                    ctx.register_table("t", mem()).unwrap();
+                } else {
+                    ctx.register_parquet("t", pq.to_str().unwrap(), ParquetReadOptions::default())
+                        .await
+                        .unwrap();
+                }
+                for (ledger, root) in &ledgers {
+                    let Some(root) = root else {
+                        println!("| {n} | {partitions} | {source} | {ledger} | /dev/shm missing |");
+                        continue;
+                    };
+                    // The witness lies beside the ledger's directory: both inside `root`.
+                    let l = root
+                        .join(format!("{n}-{partitions}-{source}"))
+                        .join("ledger.jsonl");
+                    let s = PrivateSession::open(
+                        SessionOptions::default()
+                            .with_ledger(&l)
+                            .with_target_partitions(partitions),
+                    )
+                    .await
+                    .unwrap();
+                    let reg = Registration::private().budget(1e6, 1e-3);
+                    if source == "memory" {
+                        s.register_provider("t", mem(), TableKey::from("mem:t".to_string()), reg)
+                            .unwrap();
+                    } else {
+                        s.register_parquet("t", &pq, reg).await.unwrap();
+                    }
+                    let (mut dp, mut base, mut check) =
+                        (Duration::MAX, Duration::MAX, Duration::MAX);
+                    // Small cells are a fraction of a millisecond: more pairs to find their best.
+                    let pairs = if n <= 1_000_000 { reps.max(50) } else { reps };
+                    for k in 0..pairs + 1 {
+                        let t = Instant::now();
+                        std::hint::black_box(s.sql(q).await.unwrap());
+                        let a = t.elapsed();
+                        let t = Instant::now();
+                        std::hint::black_box(s.check(q).await.unwrap());
+                        let c = t.elapsed();
+                        let t = Instant::now();
+                        let r = ctx.sql("SELECT avg(x) FROM t").await.unwrap();
+                        std::hint::black_box(r.collect().await.unwrap());
+                        let b = t.elapsed();
+                        if k > 0 {
+                            (dp, check, base) = (dp.min(a), check.min(c), base.min(b));
+                        }
+                    }
+                    println!(
+                        "| {n} | {partitions} | {source} | {ledger} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} |",
+                        dp.as_secs_f64() * 1e3,
+                        check.as_secs_f64() * 1e3,
+                        base.as_secs_f64() * 1e3,
+                        (dp.as_secs_f64() - base.as_secs_f64()) * 1e3,
+                        dp.as_secs_f64() / base.as_secs_f64()
+                    );
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&pq);
+    }
+    let _ = std::fs::remove_dir_all(&disk);
+    if let Some(shm) = shm {
+        let _ = std::fs::remove_dir_all(shm);
+    }
 }
 
 /// Admission and opening (the ledger: docs/LEDGER.md, "Checkpoints", "One fsync per charge").

@@ -37,7 +37,7 @@ impl PrivateSession {
     ) -> Result<QueryResult> {
         let state = self.ctx.state();
         let checked = guard::check(&state, input, self.guard_options()).await?;
-        let result = self.execute_guarded(sql, checked).await?;
+        let result = self.execute_guarded(sql, &state, checked).await?;
         let receipt = result.receipt;
         let provider = Arc::new(MemTable::try_new(result.schema, vec![result.batches])?);
         // The result of a DP query is public (post-processing).

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::SessionState;
 use datafusion::execution::memory_pool::{MemoryPool, MemoryReservation};
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DFStatement;
@@ -176,10 +177,11 @@ impl PrivateSession {
     /// ([`PrivateSession::statement_kind`]). A query that reads no private
     /// table and makes no DP call runs as a stream whose batches are counted, one by one, in
     /// `reservation` (the session's memory limit) and against `max_result_bytes`; past either
-    /// it stops with a clear message. Any other statement runs as [`PrivateSession::sql_as`]
-    /// (its result, a DP release, is small); its result is counted in `reservation` without
-    /// refusal, and one larger than `max_result_bytes` fails with the one fixed message (its
-    /// charge stands).
+    /// it stops with a clear message. Any other query (a DP release, small) runs the plan it
+    /// was checked as, admitted and executed as [`PrivateSession::sql_as`] would (planned and
+    /// checked once), and any other statement as [`PrivateSession::sql_as`]; the result is
+    /// counted in `reservation` without refusal, and one larger than `max_result_bytes` fails
+    /// with the one fixed message (its charge stands).
     pub async fn sql_as_bounded(
         &self,
         analyst: &str,
@@ -189,16 +191,21 @@ impl PrivateSession {
         max_result_bytes: usize,
     ) -> Result<QueryResult> {
         let run = async {
-            if *kind == StatementKind::Query {
-                let checked = self.check(sql).await?;
+            let r = if *kind == StatementKind::Query {
+                // One snapshot of the session and one check: the plan checked here is the plan
+                // that runs (as in `sql`), not planned and checked a second time.
+                let state = self.ctx.state();
+                let checked = self.check_in(&state, sql).await?;
                 if checked.calls().is_empty() && !checked.reads_private() {
                     return self
-                        .public_bounded(&checked, reservation, max_result_bytes)
+                        .public_bounded(&state, &checked, reservation, max_result_bytes)
                         .await
                         .map_err(crate::error::Error::classify);
                 }
-            }
-            let r = self.sql(sql).await?;
+                self.run_checked(sql, &state, checked).await?
+            } else {
+                self.sql(sql).await?
+            };
             let size: usize = r.batches.iter().map(|b| b.get_array_memory_size()).sum();
             reservation.grow(size);
             if size > max_result_bytes {
@@ -215,13 +222,14 @@ impl PrivateSession {
     /// first.
     async fn public_bounded(
         &self,
+        state: &SessionState,
         checked: &guard::CheckedPlan,
         reservation: &mut MemoryReservation,
         max: usize,
     ) -> Result<QueryResult> {
         let schema: SchemaRef = checked.schema();
-        let physical = self.physical_plan(checked).await?;
-        let mut stream = datafusion::physical_plan::execute_stream(physical, self.ctx.task_ctx())?;
+        let physical = self.physical_plan(state, checked).await?;
+        let mut stream = datafusion::physical_plan::execute_stream(physical, state.task_ctx())?;
         let (mut batches, mut total) = (Vec::new(), 0usize);
         while let Some(b) = stream.next().await {
             let b = b?;
@@ -306,5 +314,70 @@ mod tests {
             let k = kind(sql).await.unwrap();
             assert!(!k.reads_only(), "{sql}: {k:?}");
         }
+    }
+
+    /// The server's bounded run of a DP query plans and checks it once and runs that plan: the
+    /// public side of its join runs once (settled by the one check), one scan of the private
+    /// table is planned, one charge is recorded as `sql_as` records it.
+    #[tokio::test]
+    async fn a_bounded_dp_query_is_checked_once_and_charged_as_sql_as_charges_it() {
+        use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch};
+        let dir = crate::testdir::test_dir("bounded");
+        let s = PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        use datafusion::arrow::array::Int64Array;
+        let b = RecordBatch::try_from_iter(vec![
+            (
+                "x",
+                Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0])) as ArrayRef,
+            ),
+            ("k", Arc::new(Int64Array::from(vec![1, 2, 2])) as ArrayRef),
+        ])
+        .unwrap();
+        s.register_batches(
+            "t",
+            vec![b],
+            crate::Registration::private().budget(10.0, 1e-6),
+        )
+        .unwrap();
+        let u = RecordBatch::try_from_iter(vec![(
+            "k",
+            Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef,
+        )])
+        .unwrap();
+        s.register_batches("u", vec![u], crate::Registration::public())
+            .unwrap();
+        let sql = "  SELECT dp_sum(t.x, 0, 10, epsilon => 0.5) FROM t JOIN u ON t.k = u.k ; ";
+        let kind = s.statement_kind(sql).await.unwrap();
+        assert_eq!(kind, StatementKind::Query);
+        let before = (s.scans("t"), s.scans("u"));
+        let mut reservation = datafusion::execution::memory_pool::MemoryConsumer::new("test")
+            .register(&s.memory_pool());
+        let r = s
+            .sql_as_bounded("ana", sql, &kind, &mut reservation, 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(r.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+        assert!(r.receipt.is_some());
+        assert_eq!(s.scans("t") - before.0, 1, "planned once for execution");
+        assert_eq!(s.scans("u") - before.1, 1, "the public side runs once");
+        s.sql_as("bob", sql).await.unwrap();
+        let charges: Vec<_> = s
+            .ledger()
+            .unwrap()
+            .into_iter()
+            .filter(|e| !e.tables.is_empty())
+            .collect();
+        assert_eq!(charges.len(), 2);
+        assert_eq!(charges[0].analyst.as_deref(), Some("ana"));
+        assert_eq!(charges[1].analyst.as_deref(), Some("bob"));
+        assert_eq!(charges[0].query, charges[1].query);
+        assert_eq!(
+            charges[0].query,
+            "SELECT dp_sum(t.x, 0, 10, epsilon => 0.5) FROM t JOIN u ON t.k = u.k"
+        );
     }
 }

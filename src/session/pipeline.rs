@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result, plan_err};
+use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::{CopyToSource, DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
@@ -56,8 +57,12 @@ impl PrivateSession {
             DFStatement::CreateExternalTable(c) => self.create_external_table(c).await,
             DFStatement::Reset(_) => refused!("dpfusion refused the query: RESET is not allowed"),
             stmt => {
-                let plan = self.ctx.state().statement_to_plan(stmt).await?;
-                self.run_plan(sql, plan).await
+                // One snapshot of the session's state serves the statement from planning to
+                // execution: the plan that is checked is planned, and runs, under the same
+                // settings and functions (and each snapshot is a deep copy of the registries).
+                let state = self.ctx.state();
+                let plan = state.statement_to_plan(stmt).await?;
+                self.run_plan(sql, &state, plan).await
             }
         }
     }
@@ -85,7 +90,17 @@ impl PrivateSession {
     /// that would run (with the guard's rewrites, its joins' public sides settled) and the DP
     /// calls it would make.
     pub async fn check(&self, sql: &str) -> Result<guard::CheckedPlan> {
-        let run = async { self.plan_query(text(sql)?).await };
+        self.check_in(&self.ctx.state(), sql).await
+    }
+
+    /// [`PrivateSession::check`] under `state`, the statement's one snapshot of the session
+    /// (which [`Self::run_checked`] then runs the plan under).
+    pub(super) async fn check_in(
+        &self,
+        state: &SessionState,
+        sql: &str,
+    ) -> Result<guard::CheckedPlan> {
+        let run = async { self.plan_query(state, text(sql)?).await };
         STATEMENT_L0
             .scope(std::cell::Cell::new(None), run)
             .await
@@ -93,17 +108,44 @@ impl PrivateSession {
     }
 
     /// Plans and checks a query without running it.
-    pub(super) async fn plan_query(&self, sql: &str) -> Result<guard::CheckedPlan> {
+    pub(super) async fn plan_query(
+        &self,
+        state: &SessionState,
+        sql: &str,
+    ) -> Result<guard::CheckedPlan> {
         let stmt = self.parse(sql)?;
-        let state = self.ctx.state();
         let plan = state.statement_to_plan(stmt).await?;
-        guard::check(&state, &plan, self.guard_options()).await
+        guard::check(state, &plan, self.guard_options()).await
+    }
+
+    /// Runs a query's plan that [`Self::check_in`] checked under `state` as
+    /// [`PrivateSession::sql`] runs a query: admission, then exactly that plan, with the same
+    /// errors (a panic is the one fixed message). The server runs its queries so, checked
+    /// once (`PrivateSession::sql_as_bounded`).
+    pub(super) async fn run_checked(
+        &self,
+        sql: &str,
+        state: &SessionState,
+        checked: guard::CheckedPlan,
+    ) -> Result<QueryResult> {
+        use futures::FutureExt;
+        // The ledger records the statement as `sql` does: trimmed (`front`).
+        let run = async { self.execute_guarded(text(sql)?, state, checked).await };
+        match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+            Ok(r) => r.map_err(crate::error::Error::classify),
+            Err(_) => Err(DataFusionError::Execution(STATEMENT_PANICKED.to_string())),
+        }
     }
 
     /// Runs a planned statement: DDL, DML and other statements through [`Self::run_ddl`]
     /// (`ddl`), `DESCRIBE` from the pinned schema, `COPY` to a checked target, and every query
     /// through the guard and [`Self::execute_guarded`].
-    pub(super) async fn run_plan(&self, sql: &str, plan: LogicalPlan) -> Result<QueryResult> {
+    pub(super) async fn run_plan(
+        &self,
+        sql: &str,
+        state: &SessionState,
+        plan: LogicalPlan,
+    ) -> Result<QueryResult> {
         match &plan {
             LogicalPlan::Ddl(_) | LogicalPlan::Dml(_) | LogicalPlan::Statement(_) => {
                 return self.run_ddl(sql, plan).await;
@@ -127,9 +169,8 @@ impl PrivateSession {
                     &self.protection,
                     &self.table_keys(),
                 )?;
-                let state = self.ctx.state();
-                let checked = guard::check_copy(&state, c, target, self.guard_options()).await?;
-                return self.execute_guarded(sql, checked).await;
+                let checked = guard::check_copy(state, c, target, self.guard_options()).await?;
+                return self.execute_guarded(sql, state, checked).await;
             }
             _ => {}
         }
@@ -137,9 +178,8 @@ impl PrivateSession {
             let t = guard::private_tables(&plan).join("', '");
             return Err(guard::explain_refusal(&t));
         }
-        let state = self.ctx.state();
-        let checked = guard::check(&state, &plan, self.guard_options()).await?;
-        self.execute_guarded(sql, checked).await
+        let checked = guard::check(state, &plan, self.guard_options()).await?;
+        self.execute_guarded(sql, state, checked).await
     }
 
     /// Admits (charges durably) and runs a checked plan, the only kind of plan a query runs as.
@@ -149,6 +189,7 @@ impl PrivateSession {
     pub(super) async fn execute_guarded(
         &self,
         sql: &str,
+        state: &SessionState,
         checked: guard::CheckedPlan,
     ) -> Result<QueryResult> {
         // On a cluster, a plan that cannot cross Ballista's codec as checked is refused before
@@ -160,9 +201,9 @@ impl PrivateSession {
         let receipt = self.admit(sql, checked.calls())?;
         let private = checked.reads_private();
         let schema = checked.schema();
-        let task = self.ctx.task_ctx();
+        let task = state.task_ctx();
         let run = async {
-            let physical = self.physical_plan(&checked).await?;
+            let physical = self.physical_plan(state, &checked).await?;
             datafusion::physical_plan::collect(physical, task).await
         };
         let batches = sanitise(private, run).await?;
@@ -181,12 +222,12 @@ impl PrivateSession {
     /// same literals, without DataFusion filling one array per parameter and batch.
     pub(super) async fn physical_plan(
         &self,
+        state: &SessionState,
         checked: &guard::CheckedPlan,
     ) -> Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
-        let state = self.ctx.state();
         let plan = state
             .query_planner()
-            .create_physical_plan(checked.plan(), &state)
+            .create_physical_plan(checked.plan(), state)
             .await?;
         dpfusion_udfs::aggregates::bind::bind_literal_parameters(plan)
     }
@@ -207,7 +248,7 @@ impl PrivateSession {
     }
 
     pub(super) async fn explain_privacy(&self, sql: &str) -> Result<QueryResult> {
-        let checked = self.plan_query(sql).await?;
+        let checked = self.plan_query(&self.ctx.state(), sql).await?;
         let charges = charges_of(checked.calls());
         let preview = self
             .accountant
