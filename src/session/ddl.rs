@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::datasource::MemTable;
+use datafusion::execution::SessionState;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan, TransactionConclusion};
 use datafusion::sql::parser::Statement as DFStatement;
 
@@ -32,12 +33,12 @@ impl PrivateSession {
     pub(super) async fn create_table_as(
         &self,
         sql: &str,
+        state: &SessionState,
         name: &str,
         input: &LogicalPlan,
     ) -> Result<QueryResult> {
-        let state = self.ctx.state();
-        let checked = guard::check(&state, input, self.guard_options()).await?;
-        let result = self.execute_guarded(sql, &state, checked).await?;
+        let checked = guard::check(state, input, self.guard_options()).await?;
+        let result = self.execute_guarded(sql, state, checked).await?;
         let receipt = result.receipt;
         let provider = Arc::new(MemTable::try_new(result.schema, vec![result.batches])?);
         // The result of a DP query is public (post-processing).
@@ -57,11 +58,17 @@ impl PrivateSession {
 
     /// Runs an analyst's DDL, DML or other statement (`SET`, transactions, `PREPARE` …): what
     /// is allowed runs, the rest is refused where it is decided.
-    pub(super) async fn run_ddl(&self, sql: &str, plan: LogicalPlan) -> Result<QueryResult> {
+    pub(super) async fn run_ddl(
+        &self,
+        sql: &str,
+        state: &SessionState,
+        plan: LogicalPlan,
+    ) -> Result<QueryResult> {
         match &plan {
             LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(c)) => {
                 self.check_not_owned(c.name.table(), "CREATE TABLE")?;
-                self.create_table_as(sql, c.name.table(), &c.input).await
+                self.create_table_as(sql, state, c.name.table(), &c.input)
+                    .await
             }
             LogicalPlan::Ddl(DdlStatement::CreateView(v)) => refused!(
                 "dpfusion refused the query: CREATE VIEW '{}' is not supported: a view would \

@@ -13,10 +13,10 @@ use datafusion::execution::SessionState;
 use datafusion::execution::memory_pool::{MemoryPool, MemoryReservation};
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DFStatement;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 
 use super::pipeline::{Front, front};
-use super::{ANALYST, PrivateSession, QueryResult};
+use super::{ANALYST, PrivateSession, QueryResult, STATEMENT_L0};
 use crate::guard;
 
 /// What a statement does, from its plan.
@@ -191,29 +191,34 @@ impl PrivateSession {
         max_result_bytes: usize,
     ) -> Result<QueryResult> {
         let run = async {
-            let r = if *kind == StatementKind::Query {
-                // One snapshot of the session and one check: the plan checked here is the plan
-                // that runs (as in `sql`), not planned and checked a second time.
+            if *kind != StatementKind::Query {
+                let r = self.sql(sql).await?;
+                return counted(r, reservation, max_result_bytes);
+            }
+            // One snapshot of the session and one check, in one statement scope (as in `sql`):
+            // the plan checked here is the plan that runs, not planned and checked again.
+            let query = async {
                 let state = self.ctx.state();
-                let checked = self.check_in(&state, sql).await?;
+                let plan = async { self.plan_query(&state, super::pipeline::text(sql)?).await };
+                let checked = plan.await.map_err(crate::error::Error::classify)?;
                 if checked.calls().is_empty() && !checked.reads_private() {
                     return self
                         .public_bounded(&state, &checked, reservation, max_result_bytes)
                         .await
                         .map_err(crate::error::Error::classify);
                 }
-                self.run_checked(sql, &state, checked).await?
-            } else {
-                self.sql(sql).await?
+                let r = self.run_checked(sql, &state, checked).await?;
+                counted(r, reservation, max_result_bytes)
             };
-            let size: usize = r.batches.iter().map(|b| b.get_array_memory_size()).sum();
-            reservation.grow(size);
-            if size > max_result_bytes {
-                return Err(DataFusionError::External(Box::new(
-                    crate::error::Error::ExecutionFailed,
-                )));
+            // A panic before admission (planning, the guard) is the fixed message, as in `sql`;
+            // after it, `execute_guarded` has made it the execution's fixed message.
+            let scoped = STATEMENT_L0.scope(std::cell::Cell::new(None), query);
+            match std::panic::AssertUnwindSafe(scoped).catch_unwind().await {
+                Ok(r) => r,
+                Err(_) => Err(DataFusionError::Execution(
+                    super::pipeline::STATEMENT_PANICKED.to_string(),
+                )),
             }
-            Ok(r)
         };
         ANALYST.scope(Arc::from(analyst), run).await
     }
@@ -255,6 +260,19 @@ impl PrivateSession {
             tables: vec![],
         })
     }
+}
+
+/// A DP release's result counted in `reservation` without refusal; one larger than `max`
+/// bytes fails with the one fixed message (its charge stands).
+fn counted(r: QueryResult, reservation: &mut MemoryReservation, max: usize) -> Result<QueryResult> {
+    let size: usize = r.batches.iter().map(|b| b.get_array_memory_size()).sum();
+    reservation.grow(size);
+    if size > max {
+        return Err(DataFusionError::External(Box::new(
+            crate::error::Error::ExecutionFailed,
+        )));
+    }
+    Ok(r)
 }
 
 #[cfg(test)]
@@ -321,14 +339,13 @@ mod tests {
     /// table is planned, one charge is recorded as `sql_as` records it.
     #[tokio::test]
     async fn a_bounded_dp_query_is_checked_once_and_charged_as_sql_as_charges_it() {
-        use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch};
+        use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch};
         let dir = crate::testdir::test_dir("bounded");
         let s = PrivateSession::open(
             crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
         )
         .await
         .unwrap();
-        use datafusion::arrow::array::Int64Array;
         let b = RecordBatch::try_from_iter(vec![
             (
                 "x",

@@ -59,7 +59,7 @@ impl PrivateSession {
             stmt => {
                 // One snapshot of the session's state serves the statement from planning to
                 // execution: the plan that is checked is planned, and runs, under the same
-                // settings and functions (and each snapshot is a deep copy of the registries).
+                // settings and functions (and each snapshot copies the function registries).
                 let state = self.ctx.state();
                 let plan = state.statement_to_plan(stmt).await?;
                 self.run_plan(sql, &state, plan).await
@@ -90,17 +90,8 @@ impl PrivateSession {
     /// that would run (with the guard's rewrites, its joins' public sides settled) and the DP
     /// calls it would make.
     pub async fn check(&self, sql: &str) -> Result<guard::CheckedPlan> {
-        self.check_in(&self.ctx.state(), sql).await
-    }
-
-    /// [`PrivateSession::check`] under `state`, the statement's one snapshot of the session
-    /// (which [`Self::run_checked`] then runs the plan under).
-    pub(super) async fn check_in(
-        &self,
-        state: &SessionState,
-        sql: &str,
-    ) -> Result<guard::CheckedPlan> {
-        let run = async { self.plan_query(state, text(sql)?).await };
+        let state = self.ctx.state();
+        let run = async { self.plan_query(&state, text(sql)?).await };
         STATEMENT_L0
             .scope(std::cell::Cell::new(None), run)
             .await
@@ -118,23 +109,20 @@ impl PrivateSession {
         guard::check(state, &plan, self.guard_options()).await
     }
 
-    /// Runs a query's plan that [`Self::check_in`] checked under `state` as
-    /// [`PrivateSession::sql`] runs a query: admission, then exactly that plan, with the same
-    /// errors (a panic is the one fixed message). The server runs its queries so, checked
-    /// once (`PrivateSession::sql_as_bounded`).
+    /// Runs a query's plan that [`Self::plan_query`] checked under `state`, in the same
+    /// statement scope, as [`PrivateSession::sql`] runs a query: admission, then exactly that
+    /// plan, with the same errors. The caller catches a panic as `sql` does. The server runs
+    /// its queries so, checked once (`PrivateSession::sql_as_bounded`).
     pub(super) async fn run_checked(
         &self,
         sql: &str,
         state: &SessionState,
         checked: guard::CheckedPlan,
     ) -> Result<QueryResult> {
-        use futures::FutureExt;
         // The ledger records the statement as `sql` does: trimmed (`front`).
-        let run = async { self.execute_guarded(text(sql)?, state, checked).await };
-        match std::panic::AssertUnwindSafe(run).catch_unwind().await {
-            Ok(r) => r.map_err(crate::error::Error::classify),
-            Err(_) => Err(DataFusionError::Execution(STATEMENT_PANICKED.to_string())),
-        }
+        self.execute_guarded(text(sql)?, state, checked)
+            .await
+            .map_err(crate::error::Error::classify)
     }
 
     /// Runs a planned statement: DDL, DML and other statements through [`Self::run_ddl`]
@@ -148,7 +136,7 @@ impl PrivateSession {
     ) -> Result<QueryResult> {
         match &plan {
             LogicalPlan::Ddl(_) | LogicalPlan::Dml(_) | LogicalPlan::Statement(_) => {
-                return self.run_ddl(sql, plan).await;
+                return self.run_ddl(sql, state, plan).await;
             }
             // `DESCRIBE t`: the table's columns from its (pinned) schema; no row is read and
             // nothing is charged, so it works for private tables too (issue 33).
@@ -391,7 +379,7 @@ values. If the statement was admitted, its charge stands (see SHOW BUDGET). Plea
 
 /// A statement's text, trimmed of blanks and a final `;`, within the limits
 /// ([`check_complexity`]).
-fn text(sql: &str) -> Result<&str> {
+pub(super) fn text(sql: &str) -> Result<&str> {
     let trimmed = sql.trim().trim_end_matches(';').trim();
     check_complexity(trimmed)?;
     Ok(trimmed)
