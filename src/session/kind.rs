@@ -262,8 +262,9 @@ impl PrivateSession {
     }
 }
 
-/// A DP release's result counted in `reservation` without refusal; one larger than `max`
-/// bytes fails with the one fixed message (its charge stands).
+/// The result of a statement that does not stream (a DP release, `EXPLAIN`, `SHOW BUDGET`, …)
+/// counted in `reservation` without refusal; one larger than `max` bytes fails with the one
+/// fixed message (a charge stands).
 fn counted(r: QueryResult, reservation: &mut MemoryReservation, max: usize) -> Result<QueryResult> {
     let size: usize = r.batches.iter().map(|b| b.get_array_memory_size()).sum();
     reservation.grow(size);
