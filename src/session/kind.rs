@@ -335,6 +335,78 @@ mod tests {
         }
     }
 
+    /// The BigQuery clause's `max_groups_contributed` (the statement's L0) is in force where
+    /// the server checks its query: under one insecure seed, the server's release of a query
+    /// is `sql_as`'s release of it, and not the release at the table's bound.
+    #[tokio::test]
+    async fn a_bounded_query_keeps_its_statements_max_groups_contributed() {
+        use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch};
+        use datafusion::arrow::util::pretty::pretty_format_batches;
+        let q = |l0: u32| {
+            format!(
+                "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 40, delta = 1e-7, \
+                 max_groups_contributed = {l0}) g, SUM(x, contribution_bounds_per_group => (0, \
+                 10)) AS s FROM t GROUP BY g ORDER BY g"
+            )
+        };
+        // A fresh session with the same seed for each run: its first release draws the same
+        // noise.
+        let release = |server: bool, l0: u32| async move {
+            let dir = crate::testdir::test_dir("bounded-l0");
+            let s = PrivateSession::open(
+                crate::SessionOptions::default()
+                    .with_ledger(dir.join("ledger.jsonl"))
+                    .with_insecure_noise_seed(7),
+            )
+            .await
+            .unwrap();
+            // 400 units, each in both groups: both groups pass partition selection (whose
+            // noise is OS-seeded) with overwhelming probability at this ε.
+            let u: Vec<i64> = (0..800).map(|i| i / 2).collect();
+            let g: Vec<i64> = (0..800).map(|i| i % 2).collect();
+            let b = RecordBatch::try_from_iter(vec![
+                ("u", Arc::new(Int64Array::from(u)) as ArrayRef),
+                ("g", Arc::new(Int64Array::from(g)) as ArrayRef),
+                (
+                    "x",
+                    Arc::new(Float64Array::from(vec![5.0; 800])) as ArrayRef,
+                ),
+            ])
+            .unwrap();
+            let reg = crate::Registration::private()
+                .privacy_unit("u")
+                .contribution_bounds(2, 3)
+                .budget(100.0, 1e-3);
+            s.register_batches("t", vec![b], reg).unwrap();
+            let sql = q(l0);
+            let r = if server {
+                let kind = s.statement_kind(&sql).await.unwrap();
+                assert_eq!(kind, StatementKind::Query);
+                let mut reservation =
+                    datafusion::execution::memory_pool::MemoryConsumer::new("test")
+                        .register(&s.memory_pool());
+                s.sql_as_bounded("ana", &sql, &kind, &mut reservation, 1 << 20)
+                    .await
+                    .unwrap()
+            } else {
+                s.sql_as("bob", &sql).await.unwrap()
+            };
+            pretty_format_batches(&r.batches).unwrap().to_string()
+        };
+        let served = release(true, 1).await;
+        assert_eq!(served.lines().count(), 6, "two groups released: {served}");
+        assert_eq!(
+            served,
+            release(false, 1).await,
+            "the server's release is sql_as's"
+        );
+        assert_ne!(
+            served,
+            release(false, 2).await,
+            "L0 = 1 holds, not the table's 2"
+        );
+    }
+
     /// The server's bounded run of a DP query plans and checks it once and runs that plan: the
     /// public side of its join runs once (settled by the one check), one scan of the private
     /// table is planned, one charge is recorded as `sql_as` records it.
