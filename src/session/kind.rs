@@ -198,16 +198,25 @@ impl PrivateSession {
             // One snapshot of the session and one check, in one statement scope (as in `sql`):
             // the plan checked here is the plan that runs, not planned and checked again.
             let query = async {
+                use crate::error::Error;
                 let state = self.ctx.state();
-                let plan = async { self.plan_query(&state, super::pipeline::text(sql)?).await };
-                let checked = plan.await.map_err(crate::error::Error::classify)?;
+                // Trimmed as `sql` trims it (`front`): the text the ledger records.
+                let text = super::pipeline::text(sql).map_err(Error::classify)?;
+                let checked = self
+                    .plan_query(&state, text)
+                    .await
+                    .map_err(Error::classify)?;
                 if checked.calls().is_empty() && !checked.reads_private() {
                     return self
                         .public_bounded(&state, &checked, reservation, max_result_bytes)
                         .await
-                        .map_err(crate::error::Error::classify);
+                        .map_err(Error::classify);
                 }
-                let r = self.run_checked(sql, &state, checked).await?;
+                // Admitted, then exactly that plan run, as `sql` runs a checked query.
+                let r = self
+                    .execute_guarded(text, &state, checked)
+                    .await
+                    .map_err(Error::classify)?;
                 counted(r, reservation, max_result_bytes)
             };
             // A panic before admission (planning, the guard) is the fixed message, as in `sql`;

@@ -109,22 +109,6 @@ impl PrivateSession {
         guard::check(state, &plan, self.guard_options()).await
     }
 
-    /// Runs a query's plan that [`Self::plan_query`] checked under `state`, in the same
-    /// statement scope, as [`PrivateSession::sql`] runs a query: admission, then exactly that
-    /// plan, with the same errors. The caller catches a panic as `sql` does. The server runs
-    /// its queries so, checked once (`PrivateSession::sql_as_bounded`).
-    pub(super) async fn run_checked(
-        &self,
-        sql: &str,
-        state: &SessionState,
-        checked: guard::CheckedPlan,
-    ) -> Result<QueryResult> {
-        // The ledger records the statement as `sql` does: trimmed (`front`).
-        self.execute_guarded(text(sql)?, state, checked)
-            .await
-            .map_err(crate::error::Error::classify)
-    }
-
     /// Runs a planned statement: DDL, DML and other statements through [`Self::run_ddl`]
     /// (`ddl`), `DESCRIBE` from the pinned schema, `COPY` to a checked target, and every query
     /// through the guard and [`Self::execute_guarded`].
