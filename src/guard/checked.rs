@@ -164,7 +164,9 @@ async fn check_query(
     plan: &LogicalPlan,
     opts: GuardOptions,
 ) -> Result<(LogicalPlan, Vec<DpCall>)> {
-    // On the plan as written, before type coercion hides what was written.
+    // On the plan as written, before type coercion hides what was written, and before the
+    // optimizer evaluates constants (allocating them in full).
+    super::fragment::check_written_sizes(plan)?;
     super::fragment::check_feature_lists(plan)?;
     let optimized = state.optimize(plan)?;
     let guarded = super::guard_with(optimized, opts)?;

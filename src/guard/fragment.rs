@@ -321,6 +321,121 @@ fn written_feature_items(e: &Expr, input: &LogicalPlan) -> Option<(Vec<Expr>, Lo
     }
 }
 
+/// The most bytes a value the statement writes may take, by what is written (literals, the
+/// type of an `arrow_cast`, the counts of `repeat`, `lpad`, `rpad`, `array_repeat`, `range`,
+/// `generate_series`): 64 MiB.
+///
+/// Checked on the plan as written, before DataFusion's optimizer evaluates constant expressions.
+/// That evaluation allocates the whole value outside any memory pool, and an allocation that
+/// fails aborts the process: `arrow_cast(NULL, 'FixedSizeList(2147483647, Int64)')` asked for
+/// 16 GiB while planning, whatever the tables (found by the differential fuzzer). Any statement,
+/// public or private, is refused when a value it writes may exceed this.
+pub const WRITTEN_VALUE_BYTES: u64 = 64 << 20;
+
+/// Refuses a statement that writes a value of more than [`WRITTEN_VALUE_BYTES`] (see there).
+pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()> {
+    let mut problem = None;
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|x| {
+                let b = written_bytes(x);
+                if b > WRITTEN_VALUE_BYTES {
+                    problem = Some(format!(
+                        "`{}` writes a value of up to {b} bytes (at most {WRITTEN_VALUE_BYTES}: a \
+                         type, count or length chosen in the query); use a smaller one",
+                        shown(x)
+                    ));
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    match problem {
+        Some(why) => Err(super::refuse(&why)),
+        None => Ok(()),
+    }
+}
+
+/// An expression for a message, cut to 120 characters.
+fn shown(e: &Expr) -> String {
+    let s = e.to_string();
+    match s.char_indices().nth(120) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s,
+    }
+}
+
+/// An upper bound on the bytes of one value of `e` by what is written in it, saturating (0 for
+/// what is not written: a column, or a function whose output is not sized by its arguments).
+fn written_bytes(e: &Expr) -> u64 {
+    let count = |a: Option<&Expr>| -> u64 {
+        match a {
+            Some(Expr::Literal(v, _)) => match v.clone().cast_to(&DataType::Int64) {
+                Ok(ScalarValue::Int64(Some(n))) => u64::try_from(n).unwrap_or(0),
+                _ => 0,
+            },
+            _ => 0,
+        }
+    };
+    match e {
+        Expr::Literal(v, _) => v.size() as u64,
+        Expr::Alias(a) => written_bytes(&a.expr),
+        Expr::Cast(c) => written_bytes(&c.expr).max(type_bytes(c.field.data_type())),
+        Expr::TryCast(c) => written_bytes(&c.expr).max(type_bytes(c.field.data_type())),
+        Expr::ScalarFunction(f) => {
+            let args = &f.args;
+            let arg = |i: usize| args.get(i).map_or(0, written_bytes);
+            match f.name() {
+                "arrow_cast" => {
+                    let ty = match args.get(1) {
+                        Some(Expr::Literal(ScalarValue::Utf8(Some(t)), _)) => {
+                            t.parse::<DataType>().map_or(0, |t| type_bytes(&t))
+                        }
+                        _ => 0,
+                    };
+                    arg(0).max(ty)
+                }
+                // A string of n characters (4 bytes each at most), n copies of a value.
+                "repeat" => count(args.get(1)).saturating_mul(arg(0)),
+                "lpad" | "rpad" => count(args.get(1)).saturating_mul(4).max(arg(0)),
+                "array_repeat" => count(args.get(1)).saturating_mul(arg(0).max(8)),
+                "range" | "generate_series" => {
+                    let (lo, hi) = match args.len() {
+                        1 => (0, count(args.first())),
+                        _ => (count(args.first()), count(args.get(1))),
+                    };
+                    hi.saturating_sub(lo).saturating_mul(8)
+                }
+                _ => args.iter().map(written_bytes).fold(0, u64::saturating_add),
+            }
+        }
+        _ => 0,
+    }
+}
+
+/// The bytes one value of type `t` takes at least, by its fixed sizes (a fixed-size list of n
+/// items n times its item), saturating; 8 for a variable-size one (as written, it may be empty).
+fn type_bytes(t: &DataType) -> u64 {
+    match t {
+        DataType::FixedSizeList(f, n) => u64::try_from(*n)
+            .unwrap_or(0)
+            .saturating_mul(type_bytes(f.data_type())),
+        DataType::FixedSizeBinary(n) => u64::try_from(*n).unwrap_or(0),
+        DataType::Struct(fields) => fields
+            .iter()
+            .map(|f| type_bytes(f.data_type()))
+            .fold(0, u64::saturating_add),
+        DataType::Dictionary(_, v) => type_bytes(v),
+        DataType::Map(f, _)
+        | DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f) => type_bytes(f.data_type()).max(8),
+        t => t.primitive_width().map_or(8, |w| w as u64),
+    }
+}
+
 /// Every model call's feature list holds numbers as written (issue: a mixed list).
 ///
 /// Checked on the plan as the SQL planner made it, before the analyzer's type coercion: there,
@@ -1032,6 +1147,74 @@ mod tests {
         let ctx = datafusion::prelude::SessionContext::new();
         let udf = datafusion::execution::FunctionRegistry::udf(&ctx, name).unwrap();
         udf.call(args)
+    }
+
+    /// What a statement writes is sized before DataFusion's optimizer evaluates it: the types of
+    /// `arrow_cast` (nested fixed sizes multiplied), the counts of the functions that size their
+    /// output by an argument (nested ones multiplied), the bound at 64 MiB; columns are not
+    /// written sizes (the row-level limits of the private fragment are checked on them later).
+    #[test]
+    fn written_sizes_are_bounded_before_planning_evaluates_them() {
+        let cast_to = |t: &str| call("arrow_cast", vec![lit(ScalarValue::Null), lit(t)]);
+        assert_eq!(
+            written_bytes(&cast_to("FixedSizeList(2147483647, Int64)")),
+            2_147_483_647 * 8
+        );
+        assert_eq!(
+            written_bytes(&cast_to(
+                "FixedSizeList(1000, FixedSizeList(1000, Float64))"
+            )),
+            8_000_000
+        );
+        assert_eq!(written_bytes(&cast_to("FixedSizeBinary(100)")), 100);
+        assert_eq!(written_bytes(&cast_to("FixedSizeList(1024, Int64)")), 8192);
+        let repeat = |x: Expr, n: i64| call("array_repeat", vec![x, lit(n)]);
+        let nested = repeat(repeat(lit(1i64), 100_000), 100_000);
+        assert!(written_bytes(&nested) >= 100_000 * 100_000 * 8);
+        assert!(
+            written_bytes(&call("repeat", vec![lit("ab"), lit(2_000_000_000i64)])) > 4e9 as u64
+        );
+        assert_eq!(
+            written_bytes(&call("repeat", vec![col("s"), lit(1_000_000_000i64)])),
+            0
+        );
+        assert_eq!(
+            written_bytes(&call("range", vec![lit(1i64), lit(3_000_000_001i64)])),
+            24_000_000_000
+        );
+        assert!(written_bytes(&call("lpad", vec![lit(""), lit(2_000_000_000i64)])) >= 8e9 as u64);
+        assert!(written_bytes(&lit("x".repeat(100))) < WRITTEN_VALUE_BYTES);
+        // On a plan: refused anywhere in it, subqueries included, naming the expression.
+        let plan = |e: Expr| {
+            datafusion::logical_expr::LogicalPlanBuilder::empty(true)
+                .project(vec![e.alias("v")])
+                .unwrap()
+                .build()
+                .unwrap()
+        };
+        let why = check_written_sizes(&plan(cast_to("FixedSizeList(2147483647, Int64)")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            why.contains("writes a value of up to 17179869176 bytes"),
+            "{why}"
+        );
+        assert!(why.contains("FixedSizeList(2147483647, Int64)"), "{why}");
+        check_written_sizes(&plan(cast_to("FixedSizeList(1024, Int64)"))).unwrap();
+        check_written_sizes(&plan(repeat(lit(1i64), 1000))).unwrap();
+        let sub = datafusion::logical_expr::LogicalPlanBuilder::empty(true)
+            .filter(Expr::Exists(datafusion::logical_expr::expr::Exists::new(
+                datafusion::logical_expr::Subquery {
+                    subquery: Arc::new(plan(nested)),
+                    outer_ref_columns: vec![],
+                    spans: Default::default(),
+                },
+                false,
+            )))
+            .unwrap()
+            .build()
+            .unwrap();
+        assert!(check_written_sizes(&sub).is_err());
     }
 
     /// A model's feature list holds numbers as written: a string (column or literal) or NULL item

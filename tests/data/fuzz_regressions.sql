@@ -30,3 +30,11 @@ SELECT dp_count_ci(t.id, 1, mechanism => 'gaussian') FROM people t JOIN depts r 
 -- `replace`: the NULL-extended group set is released without partition selection; D′ (the
 -- changed row is 'ZQXPLANT') releases group 'eng', D does not.
 SELECT r.dept AS k0, dp_count(t.id, epsilon => 0.5) AS v0 FROM staff t LEFT JOIN depts r ON t.dept = r.dept AND t.name = 'ZQXPLANT' GROUP BY r.dept
+--
+-- Found by the differential fuzzer on the code of round 43 (seed 1795750114), both fixed.
+-- A value the query sizes, evaluated by DataFusion's optimizer before the guard: 16 GiB asked
+-- for while planning, the process killed (now refused at planning, fragment.rs).
+SELECT dp_linreg_gd(t.age, [t.salary, t.age], epsilon => 0.25, delta => 1e-8) AS v0, dp_count_distinct(arrow_cast(NULL, 'FixedSizeList(2147483647, Int64)'), 1) AS v1 FROM people t
+-- The Bonferroni share of the largest confidence below 1 rounds to 1: the interval's half-width
+-- overflowed u128 (a panic in a debug build, a width of 0 in a release build; now infinite).
+SELECT dp_variance_ci(t.age, 0, 100, epsilon => 1.0, confidence => 0.9999999999999999) AS v0 FROM people t

@@ -816,8 +816,10 @@ fn class_c() -> Vec<Case> {
             "SELECT dp_count(age, 1.0) FROM people WHERE length(repeat(dept, age * 1000000)) > 0",
             "repeat()",
         ),
+        // (With a count of 10⁸ these two are refused earlier, by the bound on the sizes a
+        // statement writes; the guard refuses the functions over private rows at any count.)
         refused(
-            "SELECT dp_count(lpad(dept, 100000000, 'x'), 1.0) FROM people",
+            "SELECT dp_count(lpad(dept, 1000, 'x'), 1.0) FROM people",
             "lpad()",
         ),
         refused(
@@ -837,7 +839,7 @@ fn class_c() -> Vec<Case> {
             "generate_series()",
         ),
         refused(
-            "SELECT dp_count(array_repeat(age, 100000000), 1.0) FROM people",
+            "SELECT dp_count(array_repeat(age, 1000), 1.0) FROM people",
             "array_repeat()",
         ),
         refused(

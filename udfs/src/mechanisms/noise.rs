@@ -113,27 +113,43 @@ impl Noise {
 
     /// The smallest k ≥ 0 (grid steps) with P(|Y| ≤ k) ≥ `level` (for the Gaussian, for the
     /// provable bound; [`crate::aggregates::interval`], "Formulas").
+    ///
+    /// `u128::MAX` stands for "no finite k": a level that is not below 1 (a Bonferroni share of
+    /// a confidence just below 1 rounds to 1 in f64), or a k beyond u128. Rounded outward, never
+    /// to a narrower interval (an `as` cast would give 0 for NaN).
     pub fn half_steps(&self, level: f64) -> u128 {
         let s = self.steps() as f64;
-        match self {
+        if level.is_nan() || level >= 1.0 {
+            return u128::MAX;
+        }
+        let k = match self {
             Noise::Gaussian(_) => {
                 // z = Φ⁻¹((1 + level)/2) = −Φ⁻¹((1 − level)/2), accurate for level near 1.
                 let z = -phi_inv((1.0 - level) / 2.0) * (1.0 + 1e-9);
-                (z * s).ceil().max(0.0) as u128
+                (z * s).ceil().max(0.0)
             }
             Noise::Laplace(_) => {
                 // k + 1 ≥ t·ln(2/((1 − level)(1 + a))), a = e^{−1/t}.
                 let a = (-1.0 / s).exp();
                 let x = s * (std::f64::consts::LN_2 - (1.0 - level).ln() - a.ln_1p());
-                ((x * (1.0 + 1e-12)).ceil() - 1.0).max(0.0) as u128
+                ((x * (1.0 + 1e-12)).ceil() - 1.0).max(0.0)
             }
+        };
+        if k.is_nan() || k >= u128::MAX as f64 {
+            u128::MAX
+        } else {
+            k as u128
         }
     }
 
     /// The half-width, in value units, of an interval around the raw release that covers the
-    /// exact statistic (before or after its rounding to the grid): (k + 1)·g.
+    /// exact statistic (before or after its rounding to the grid): (k + 1)·g; infinite where
+    /// no finite k covers the level ([`Noise::half_steps`]).
     pub fn half_width(&self, level: f64) -> f64 {
-        (self.half_steps(level) + 1) as f64 * self.granularity()
+        match self.half_steps(level) {
+            u128::MAX => f64::INFINITY,
+            k => (k + 1) as f64 * self.granularity(),
+        }
     }
 
     /// The integer half-width W of an integer statistic released rounded to an integer:

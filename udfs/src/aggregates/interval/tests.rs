@@ -190,6 +190,39 @@ fn gaussian_half_steps_are_the_normal_quantile_rounded_up() {
     }
 }
 
+/// A level that rounds to 1 in f64 (the Bonferroni share of the largest confidence below 1, as
+/// `dp_variance_ci` computes it) has no finite half-width: infinite, never narrower. Found by the
+/// fuzzer: `k + 1` overflowed u128 (a panic in a debug build, a width of 0 in a release build).
+#[test]
+fn a_level_that_rounds_to_one_gives_an_infinite_half_width() {
+    let below_one = f64::from_bits(1.0f64.to_bits() - 1);
+    let each = 1.0 - (1.0 - below_one) / 3.0;
+    assert_eq!(each, 1.0);
+    let gaussian = Noise::Gaussian(GaussianMechanism {
+        sigma: 3.0,
+        granularity: 1.0,
+    });
+    let laplace = Noise::Laplace(LaplaceMechanism {
+        scale: 3.0,
+        granularity: 1.0,
+    });
+    for noise in [gaussian, laplace] {
+        for level in [each, f64::NAN, 2.0] {
+            assert_eq!(noise.half_steps(level), u128::MAX, "{noise:?} at {level}");
+            assert_eq!(
+                noise.half_width(level),
+                f64::INFINITY,
+                "{noise:?} at {level}"
+            );
+        }
+        let w = noise.half_width(below_one);
+        assert!(
+            w.is_finite() && w > noise.half_width(0.999),
+            "{noise:?}: {w}"
+        );
+    }
+}
+
 #[test]
 fn laplace_half_steps_are_exact() {
     // Against the discrete Laplace pmf summed directly (t = 10, g = 1).
