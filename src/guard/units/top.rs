@@ -554,8 +554,9 @@ impl TopGroupsAccumulator {
     }
 
     /// Prefetches for the rows of the units `order` lists: at row `p`, unit `p + 2·AHEAD`'s
-    /// place in `units`, and unit `p + AHEAD`'s first block of hashes, of slots and of totals
-    /// (its first and last element: a block may straddle two cache lines).
+    /// place in `units`, and unit `p + AHEAD`'s first block of hashes, of slots and of totals (the
+    /// line of its first element: a block may straddle two, and prefetching the second as well
+    /// measured alike, PERFORMANCE.md round 43).
     #[inline(always)]
     fn prefetch(&self, order: &[(usize, usize)], p: usize) {
         if let Some(&(u, _)) = order.get(p + 2 * AHEAD) {
@@ -564,15 +565,12 @@ impl TopGroupsAccumulator {
         if let Some(&(u, _)) = order.get(p + AHEAD) {
             let head = self.units[u].0;
             if head != NONE {
-                let (e, last) = (head as usize * self.b, self.b - 1);
+                let e = head as usize * self.b;
                 prefetch(self.hashes.as_ptr().wrapping_add(e));
-                prefetch(self.hashes.as_ptr().wrapping_add(e + last));
                 prefetch(self.slots.as_ptr().wrapping_add(e));
-                prefetch(self.slots.as_ptr().wrapping_add(e + last));
                 let t = self.layout.totals;
                 if t > 0 {
                     prefetch(self.totals.as_ptr().wrapping_add(e * t));
-                    prefetch(self.totals.as_ptr().wrapping_add((e + last) * t + t - 1));
                     prefetch(self.valid.as_ptr().wrapping_add(e * t));
                 }
             }
