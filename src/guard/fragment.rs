@@ -396,8 +396,9 @@ fn written_bytes(e: &Expr) -> u64 {
                     };
                     arg(0).max(ty)
                 }
-                // A string of n characters (4 bytes each at most), n copies of a value.
-                "repeat" => count(args.get(1)).saturating_mul(arg(0)),
+                // n copies of a string (of a byte at least: a column's is not written), a
+                // string of n characters (4 bytes each at most), n copies of a value.
+                "repeat" => count(args.get(1)).saturating_mul(arg(0).max(1)),
                 "lpad" | "rpad" => count(args.get(1)).saturating_mul(4).max(arg(0)),
                 "array_repeat" => count(args.get(1)).saturating_mul(arg(0).max(8)),
                 "range" | "generate_series" => {
@@ -1151,8 +1152,9 @@ mod tests {
 
     /// What a statement writes is sized before DataFusion's optimizer evaluates it: the types of
     /// `arrow_cast` (nested fixed sizes multiplied), the counts of the functions that size their
-    /// output by an argument (nested ones multiplied), the bound at 64 MiB; columns are not
-    /// written sizes (the row-level limits of the private fragment are checked on them later).
+    /// output by an argument (nested ones multiplied), the bound at 64 MiB; a column's size is not
+    /// written (a byte at least where it is copied a written number of times; the row-level
+    /// limits of the private fragment are checked on columns later).
     #[test]
     fn written_sizes_are_bounded_before_planning_evaluates_them() {
         let cast_to = |t: &str| call("arrow_cast", vec![lit(ScalarValue::Null), lit(t)]);
@@ -1176,8 +1178,9 @@ mod tests {
         );
         assert_eq!(
             written_bytes(&call("repeat", vec![col("s"), lit(1_000_000_000i64)])),
-            0
+            1_000_000_000
         );
+        assert_eq!(written_bytes(&call("repeat", vec![col("s"), col("i")])), 0);
         assert_eq!(
             written_bytes(&call("range", vec![lit(1i64), lit(3_000_000_001i64)])),
             24_000_000_000
