@@ -332,19 +332,38 @@ fn written_feature_items(e: &Expr, input: &LogicalPlan) -> Option<(Vec<Expr>, Lo
 /// public or private, is refused when a value it writes may exceed this.
 pub const WRITTEN_VALUE_BYTES: u64 = 64 << 20;
 
-/// Refuses a statement that writes a value of more than [`WRITTEN_VALUE_BYTES`] (see there).
+/// The most bytes a value that reads a column may take by what the statement writes (the count
+/// of a `repeat(name, n)`, the type of an `arrow_cast(x, …)`): 64 KiB a row, so that a batch of
+/// 8,192 rows, which a function's output fills outside any memory pool, stays within 512 MiB.
+pub const WRITTEN_ROW_BYTES: u64 = 64 << 10;
+
+/// Refuses a statement that writes a value of more than [`WRITTEN_VALUE_BYTES`], or more than
+/// [`WRITTEN_ROW_BYTES`] a row (see there).
 pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()> {
     let mut problem = None;
     plan.apply_with_subqueries(|node| {
         node.apply_expressions(|e| {
             e.apply(|x| {
-                let b = written_bytes(x);
-                if b > WRITTEN_VALUE_BYTES {
-                    problem = Some(format!(
-                        "`{}` writes a value of up to {b} bytes (at most {WRITTEN_VALUE_BYTES}: a \
-                         type, count or length chosen in the query); use a smaller one",
-                        shown(x)
-                    ));
+                let w = written(x);
+                let (most, what) = if w.per_row {
+                    (WRITTEN_ROW_BYTES, "a row")
+                } else {
+                    (WRITTEN_VALUE_BYTES, "a value")
+                };
+                if w.bytes > most {
+                    problem = Some(match w.bytes {
+                        u64::MAX => format!(
+                            "`{}` chooses a size not written as a number (a count, length or \
+                             range bound there must be a number literal, e.g. 15 rather than \
+                             10 + 5, so that its size is known before DataFusion evaluates it)",
+                            shown(x)
+                        ),
+                        b => format!(
+                            "`{}` writes up to {b} bytes for {what} (at most {most} bytes: a \
+                             type, count or length chosen in the query); use a smaller one",
+                            shown(x)
+                        ),
+                    });
                     return Ok(TreeNodeRecursion::Stop);
                 }
                 Ok(TreeNodeRecursion::Continue)
@@ -366,26 +385,60 @@ fn shown(e: &Expr) -> String {
     }
 }
 
-/// An upper bound on the bytes of one value of `e` by what is written in it, saturating (0 for
-/// what is not written: a column, or a function whose output is not sized by its arguments).
-fn written_bytes(e: &Expr) -> u64 {
-    let count = |a: Option<&Expr>| -> u64 {
+/// A size the query writes: an upper bound on the bytes of one value by what is written in it
+/// (saturating; `u64::MAX` where a count is written but not as a plain number, so it cannot be
+/// sized: refused), and whether the value reads a column (then it is computed once a row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Written {
+    bytes: u64,
+    per_row: bool,
+}
+
+/// The size `e` writes ([`Written`]): literals, casts to sized types, and the functions whose
+/// output size an argument chooses (`repeat`, `lpad`, `rpad`, `array_repeat`, `array_resize`,
+/// `range`, `generate_series`, `replace`, `regexp_replace`), nested ones multiplied; any other
+/// function writes the sum of its arguments. A column writes nothing (its size is the data's;
+/// the private fragment bounds rows over private tables), a byte at least where it is copied.
+fn written(e: &Expr) -> Written {
+    let columns = |e: &Expr| !e.column_refs().is_empty();
+    // A count written as a number (its value), a column (0: per row), or anything else (not
+    // sized: u64::MAX), as i128 so that negative bounds keep their distance.
+    let number = |a: Option<&Expr>| -> Option<i128> {
         match a {
             Some(Expr::Literal(v, _)) => match v.clone().cast_to(&DataType::Int64) {
-                Ok(ScalarValue::Int64(Some(n))) => u64::try_from(n).unwrap_or(0),
-                _ => 0,
+                Ok(ScalarValue::Int64(Some(n))) => Some(i128::from(n)),
+                Ok(ScalarValue::Int64(None)) => Some(0),
+                _ => None,
             },
-            _ => 0,
+            Some(Expr::Negative(x)) => match x.as_ref() {
+                Expr::Literal(..) => number_of(x).map(|n| -n),
+                _ => None,
+            },
+            _ => None,
         }
     };
-    match e {
-        Expr::Literal(v, _) => v.size() as u64,
-        Expr::Alias(a) => written_bytes(&a.expr),
-        Expr::Cast(c) => written_bytes(&c.expr).max(type_bytes(c.field.data_type())),
-        Expr::TryCast(c) => written_bytes(&c.expr).max(type_bytes(c.field.data_type())),
+    let count = |a: Option<&Expr>| -> u64 {
+        match (a, number(a)) {
+            (_, Some(n)) => u64::try_from(n).unwrap_or(0),
+            (Some(Expr::Column(_)), None) => 0,
+            (None, None) => 0,
+            _ => u64::MAX,
+        }
+    };
+    let per_row = columns(e);
+    let bytes = match e {
+        Expr::Literal(v, _) => match v {
+            ScalarValue::Utf8(Some(t))
+            | ScalarValue::LargeUtf8(Some(t))
+            | ScalarValue::Utf8View(Some(t)) => t.len() as u64,
+            v => v.size() as u64,
+        },
+        Expr::Alias(a) => written(&a.expr).bytes,
+        Expr::Cast(c) => written(&c.expr).bytes.max(type_bytes(c.field.data_type())),
+        Expr::TryCast(c) => written(&c.expr).bytes.max(type_bytes(c.field.data_type())),
         Expr::ScalarFunction(f) => {
             let args = &f.args;
-            let arg = |i: usize| args.get(i).map_or(0, written_bytes);
+            let arg = |i: usize| args.get(i).map_or(0, |a| written(a).bytes);
             match f.name() {
                 "arrow_cast" => {
                     let ty = match args.get(1) {
@@ -400,18 +453,48 @@ fn written_bytes(e: &Expr) -> u64 {
                 // string of n characters (4 bytes each at most), n copies of a value.
                 "repeat" => count(args.get(1)).saturating_mul(arg(0).max(1)),
                 "lpad" | "rpad" => count(args.get(1)).saturating_mul(4).max(arg(0)),
-                "array_repeat" => count(args.get(1)).saturating_mul(arg(0).max(8)),
+                "array_repeat" | "array_resize" => count(args.get(1)).saturating_mul(arg(0).max(8)),
+                // Every match replaced: at most the text's length times the replacement's.
+                "replace" | "regexp_replace" => arg(0).max(1).saturating_mul(arg(2).max(1)),
                 "range" | "generate_series" => {
-                    let (lo, hi) = match args.len() {
-                        1 => (0, count(args.first())),
-                        _ => (count(args.first()), count(args.get(1))),
+                    let bound = |i: usize| match (args.get(i), number(args.get(i))) {
+                        (_, Some(n)) => Some(n),
+                        (Some(Expr::Column(_)), None) => Some(0),
+                        _ => None,
                     };
-                    hi.saturating_sub(lo).saturating_mul(8)
+                    let (lo, hi, step) = match args.len() {
+                        1 => (Some(0), bound(0), Some(1)),
+                        2 => (bound(0), bound(1), Some(1)),
+                        _ => (bound(0), bound(1), bound(2)),
+                    };
+                    match (lo, hi, step) {
+                        (Some(lo), Some(hi), Some(step)) => {
+                            let items = (hi - lo).unsigned_abs() / step.unsigned_abs().max(1);
+                            u64::try_from(items.saturating_mul(8)).unwrap_or(u64::MAX)
+                        }
+                        // Dates, timestamps, intervals: not sized.
+                        _ => u64::MAX,
+                    }
                 }
-                _ => args.iter().map(written_bytes).fold(0, u64::saturating_add),
+                _ => args
+                    .iter()
+                    .map(|a| written(a).bytes)
+                    .fold(0, u64::saturating_add),
             }
         }
         _ => 0,
+    };
+    Written { bytes, per_row }
+}
+
+/// The value of a literal number as i128 (None: not a number).
+fn number_of(e: &Expr) -> Option<i128> {
+    match e {
+        Expr::Literal(v, _) => match v.clone().cast_to(&DataType::Int64) {
+            Ok(ScalarValue::Int64(Some(n))) => Some(i128::from(n)),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -428,6 +511,14 @@ fn type_bytes(t: &DataType) -> u64 {
             .map(|f| type_bytes(f.data_type()))
             .fold(0, u64::saturating_add),
         DataType::Dictionary(_, v) => type_bytes(v),
+        // A null union or run-end array allocates every child (or the values) in full.
+        DataType::Union(fields, _) => fields
+            .iter()
+            .map(|(_, f)| type_bytes(f.data_type()))
+            .fold(0, u64::saturating_add),
+        DataType::RunEndEncoded(ends, values) => {
+            type_bytes(ends.data_type()).saturating_add(type_bytes(values.data_type()))
+        }
         DataType::Map(f, _)
         | DataType::List(f)
         | DataType::LargeList(f)
@@ -1157,36 +1248,35 @@ mod tests {
     /// limits of the private fragment are checked on columns later).
     #[test]
     fn written_sizes_are_bounded_before_planning_evaluates_them() {
+        let size = |e: &Expr| written(e).bytes;
         let cast_to = |t: &str| call("arrow_cast", vec![lit(ScalarValue::Null), lit(t)]);
         assert_eq!(
-            written_bytes(&cast_to("FixedSizeList(2147483647, Int64)")),
+            size(&cast_to("FixedSizeList(2147483647, Int64)")),
             2_147_483_647 * 8
         );
         assert_eq!(
-            written_bytes(&cast_to(
+            size(&cast_to(
                 "FixedSizeList(1000, FixedSizeList(1000, Float64))"
             )),
             8_000_000
         );
-        assert_eq!(written_bytes(&cast_to("FixedSizeBinary(100)")), 100);
-        assert_eq!(written_bytes(&cast_to("FixedSizeList(1024, Int64)")), 8192);
+        assert_eq!(size(&cast_to("FixedSizeBinary(100)")), 100);
+        assert_eq!(size(&cast_to("FixedSizeList(1024, Int64)")), 8192);
         let repeat = |x: Expr, n: i64| call("array_repeat", vec![x, lit(n)]);
         let nested = repeat(repeat(lit(1i64), 100_000), 100_000);
-        assert!(written_bytes(&nested) >= 100_000 * 100_000 * 8);
-        assert!(
-            written_bytes(&call("repeat", vec![lit("ab"), lit(2_000_000_000i64)])) > 4e9 as u64
-        );
+        assert!(size(&nested) >= 100_000 * 100_000 * 8);
+        assert!(size(&call("repeat", vec![lit("ab"), lit(2_000_000_000i64)])) == 4e9 as u64);
         assert_eq!(
-            written_bytes(&call("repeat", vec![col("s"), lit(1_000_000_000i64)])),
+            size(&call("repeat", vec![col("s"), lit(1_000_000_000i64)])),
             1_000_000_000
         );
-        assert_eq!(written_bytes(&call("repeat", vec![col("s"), col("i")])), 0);
+        assert_eq!(size(&call("repeat", vec![col("s"), col("i")])), 0);
         assert_eq!(
-            written_bytes(&call("range", vec![lit(1i64), lit(3_000_000_001i64)])),
+            size(&call("range", vec![lit(1i64), lit(3_000_000_001i64)])),
             24_000_000_000
         );
-        assert!(written_bytes(&call("lpad", vec![lit(""), lit(2_000_000_000i64)])) >= 8e9 as u64);
-        assert!(written_bytes(&lit("x".repeat(100))) < WRITTEN_VALUE_BYTES);
+        assert!(size(&call("lpad", vec![lit(""), lit(2_000_000_000i64)])) >= 8e9 as u64);
+        assert!(size(&lit("x".repeat(100))) < WRITTEN_VALUE_BYTES);
         // On a plan: refused anywhere in it, subqueries included, naming the expression.
         let plan = |e: Expr| {
             datafusion::logical_expr::LogicalPlanBuilder::empty(true)
@@ -1199,7 +1289,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            why.contains("writes a value of up to 17179869176 bytes"),
+            why.contains("writes up to 17179869176 bytes for a value"),
             "{why}"
         );
         assert!(why.contains("FixedSizeList(2147483647, Int64)"), "{why}");

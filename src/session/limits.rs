@@ -128,3 +128,83 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// The arguments of a table function (`generate_series(1, 10)`, `dp_budget('people')`) are
+/// numbers or strings written as such. DataFusion evaluates them while it plans the statement,
+/// before any check of the plan can see them (the plan keeps only the function's scan), so an
+/// expression there could make it allocate without bound (`generate_series(1, CASE WHEN
+/// arrow_cast(NULL, 'FixedSizeList(2147483647, Int64)') IS NULL THEN 2 END)`) and end the
+/// process.
+pub(super) fn check_table_function_args(stmt: &datafusion::sql::parser::Statement) -> Result<()> {
+    use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
+    use datafusion::sql::sqlparser::ast::{
+        Expr, FunctionArg, FunctionArgExpr, TableFactor, UnaryOperator, Visit, Visitor,
+    };
+    use std::ops::ControlFlow;
+    struct Args;
+    fn literal(e: &Expr) -> bool {
+        match e {
+            Expr::Value(_) => true,
+            Expr::UnaryOp {
+                op: UnaryOperator::Minus | UnaryOperator::Plus,
+                expr,
+            } => matches!(expr.as_ref(), Expr::Value(_)),
+            _ => false,
+        }
+    }
+    impl Visitor for Args {
+        type Break = String;
+        fn pre_visit_table_factor(&mut self, t: &TableFactor) -> ControlFlow<String> {
+            let args: Vec<&FunctionArg> = match t {
+                TableFactor::Table {
+                    name,
+                    args: Some(a),
+                    ..
+                } => {
+                    if a.args.iter().all(|a| match a {
+                        FunctionArg::Unnamed(FunctionArgExpr::Expr(e))
+                        | FunctionArg::Named {
+                            arg: FunctionArgExpr::Expr(e),
+                            ..
+                        } => literal(e),
+                        _ => false,
+                    }) {
+                        return ControlFlow::Continue(());
+                    }
+                    return ControlFlow::Break(format!(
+                        "the arguments of the table function {name} must be numbers or strings \
+                         written as such (DataFusion evaluates them while it plans, before any \
+                         check); compute the value in the query instead"
+                    ));
+                }
+                TableFactor::Function { args, .. } => args.iter().collect(),
+                TableFactor::TableFunction { .. } => {
+                    return ControlFlow::Break(
+                        "a TABLE(...) function in FROM is not supported".into(),
+                    );
+                }
+                _ => return ControlFlow::Continue(()),
+            };
+            if args.is_empty() {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(
+                    "a table function with arguments in this form is not supported".into(),
+                )
+            }
+        }
+    }
+    let found = match stmt {
+        DFStatement::Statement(s) => s.visit(&mut Args),
+        DFStatement::Explain(e) => return check_table_function_args(&e.statement),
+        DFStatement::CopyTo(c) => match &c.source {
+            CopyToSource::Query(q) => q.visit(&mut Args),
+            CopyToSource::Relation(_) => ControlFlow::Continue(()),
+        },
+        _ => ControlFlow::Continue(()),
+    };
+    match found {
+        ControlFlow::Break(why) => refused!("dpfusion refused the query: {why}"),
+        ControlFlow::Continue(()) => Ok(()),
+    }
+}

@@ -476,22 +476,22 @@ const REVIEW3_ALLOCATIONS: &[(&str, &str)] = &[
     (
         "SELECT dp_count(id, epsilon => 0.5) FROM people WHERE salary > 123456 AND \
          arrow_cast(salary, 'FixedSizeList(2147483647, Decimal256(76,0))') IS NOT NULL",
-        "writes a value of up to",
+        "writes up to",
     ),
     (
         "SELECT dp_count(arrow_cast(salary, 'FixedSizeList(2147483647, Decimal256(76,0))'), \
          epsilon => 0.5) FROM people",
-        "writes a value of up to",
+        "writes up to",
     ),
     (
         "SELECT dp_count(arrow_cast(dept, 'FixedSizeBinary(2147483647)'), epsilon => 0.5) \
          FROM people",
-        "writes a value of up to",
+        "writes up to",
     ),
     (
         "SELECT dp_count(arrow_cast(make_array(age), 'FixedSizeList(100000000, Int64)'), \
          epsilon => 0.5) FROM people",
-        "writes a value of up to",
+        "writes up to",
     ),
     (
         "SELECT dp_count(CAST(salary AS DECIMAL(76, 0)), epsilon => 0.5) FROM people",
@@ -500,7 +500,7 @@ const REVIEW3_ALLOCATIONS: &[(&str, &str)] = &[
     (
         "SELECT dept, dp_count(id, epsilon => 0.5) FROM people \
          GROUP BY dept, arrow_cast(age, 'FixedSizeList(2147483647, Int64)')",
-        "writes a value of up to",
+        "writes up to",
     ),
     (
         "SELECT dp_count(upper(upper(upper(upper(dept)))), epsilon => 0.5) FROM people",
@@ -517,15 +517,15 @@ const REVIEW3_ALLOCATIONS: &[(&str, &str)] = &[
     ),
     (
         "SELECT dp_count(repeat(dept, 1000000), epsilon => 0.5) FROM people",
-        "the function repeat()",
+        "writes up to",
     ),
     (
         "SELECT dp_count(lpad(dept, 2147483647), epsilon => 0.5) FROM people",
-        "writes a value of up to",
+        "writes up to",
     ),
     (
         "SELECT dp_count(array_repeat(age, 2147483647), epsilon => 0.5) FROM people",
-        "writes a value of up to",
+        "writes up to",
     ),
 ];
 
