@@ -404,17 +404,11 @@ fn written(e: &Expr) -> Written {
     // A count written as a number (its value), a column (0: per row), or anything else (not
     // sized: u64::MAX), as i128 so that negative bounds keep their distance.
     let number = |a: Option<&Expr>| -> Option<i128> {
-        match a {
-            Some(Expr::Literal(v, _)) => match v.clone().cast_to(&DataType::Int64) {
-                Ok(ScalarValue::Int64(Some(n))) => Some(i128::from(n)),
-                Ok(ScalarValue::Int64(None)) => Some(0),
-                _ => None,
-            },
-            Some(Expr::Negative(x)) => match x.as_ref() {
-                Expr::Literal(..) => number_of(x).map(|n| -n),
-                _ => None,
-            },
-            _ => None,
+        match a? {
+            Expr::Negative(x) if matches!(x.as_ref(), Expr::Literal(..)) => {
+                number_of(x).map(|n| -n)
+            }
+            x => number_of(x),
         }
     };
     let count = |a: Option<&Expr>| -> u64 {
@@ -487,11 +481,11 @@ fn written(e: &Expr) -> Written {
     Written { bytes, per_row }
 }
 
-/// The value of a literal number as i128 (None: not a number).
+/// The value of a literal number as i128 (NULL: 0; None: not a number literal).
 fn number_of(e: &Expr) -> Option<i128> {
     match e {
         Expr::Literal(v, _) => match v.clone().cast_to(&DataType::Int64) {
-            Ok(ScalarValue::Int64(Some(n))) => Some(i128::from(n)),
+            Ok(ScalarValue::Int64(n)) => Some(n.map_or(0, i128::from)),
             _ => None,
         },
         _ => None,
