@@ -2085,6 +2085,28 @@ async fn check_counting(case: &Case, counts: &mut BTreeMap<&'static str, usize>)
         compare(case, i, &a[i], &b[i], noise_before, &mut out);
         noise_before |= !a[i].charges.is_empty() || !b[i].charges.is_empty();
     }
+    // A noiseless result that also differs between runs on D is DataFusion's nondeterminism (which
+    // of rows tied under a LIMIT a parallel join yields first), not a neighbour's influence: D is
+    // run up to three more times, and the finding stays only if D always agrees with itself.
+    if out.iter().any(|x| x.kind == Kind::NoiselessDiffers) {
+        let sorted = |o: &Obs| {
+            let mut r = o.rows.clone();
+            r.sort();
+            r
+        };
+        for _ in 0..3 {
+            let again = observe(case, false).await;
+            out.retain(|x| {
+                x.kind != Kind::NoiselessDiffers
+                    || again
+                        .get(x.statement)
+                        .is_some_and(|o| sorted(o) == sorted(&a[x.statement]))
+            });
+            if !out.iter().any(|x| x.kind == Kind::NoiselessDiffers) {
+                break;
+            }
+        }
+    }
     if let Some(last) = a.last() {
         let k = match &last.outcome {
             Outcome::Ok if !last.charges.is_empty() => "charged",
