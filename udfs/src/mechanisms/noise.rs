@@ -126,19 +126,20 @@ impl Noise {
             Noise::Gaussian(_) => {
                 // z = Φ⁻¹((1 + level)/2) = −Φ⁻¹((1 − level)/2), accurate for level near 1.
                 let z = -phi_inv((1.0 - level) / 2.0) * (1.0 + 1e-9);
-                (z * s).ceil().max(0.0)
+                (z * s).ceil()
             }
             Noise::Laplace(_) => {
                 // k + 1 ≥ t·ln(2/((1 − level)(1 + a))), a = e^{−1/t}.
                 let a = (-1.0 / s).exp();
                 let x = s * (std::f64::consts::LN_2 - (1.0 - level).ln() - a.ln_1p());
-                ((x * (1.0 + 1e-12)).ceil() - 1.0).max(0.0)
+                (x * (1.0 + 1e-12)).ceil() - 1.0
             }
         };
+        // NaN checked before the clamp at 0 (`f64::max` would turn it into 0).
         if k.is_nan() || k >= u128::MAX as f64 {
             u128::MAX
         } else {
-            k as u128
+            k.max(0.0) as u128
         }
     }
 
