@@ -56,6 +56,7 @@ use datafusion::logical_expr::{
     Aggregate, Expr, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Projection, col, lit,
 };
 
+use super::fragment::Bytes;
 use super::join::PublicSide;
 use super::table::{GuardedTable, TableInfo};
 use super::units::{
@@ -431,7 +432,13 @@ fn audit_join_exprs_public(j: &Join) -> Result<()> {
 
 /// An expression that stands over private rows, in `place`: no subquery reading a private table
 /// ((b)); in the fragment once the guard's total-evaluation wrappers are looked through ((c)).
-fn region_expr(e: &Expr, schema: &DFSchema, place: &str, opts: &GuardOptions) -> Result<()> {
+fn region_expr(
+    e: &Expr,
+    schema: &DFSchema,
+    cols: &[Bytes],
+    place: &str,
+    opts: &GuardOptions,
+) -> Result<()> {
     if let Some(t) = subquery_reading_private(e) {
         return Err(audit_refusal(format_args!(
             "a subquery that reads private table '{}' in {place}, over private rows",
@@ -450,7 +457,7 @@ fn region_expr(e: &Expr, schema: &DFSchema, place: &str, opts: &GuardOptions) ->
         audit_node(&s, opts)?;
     }
     let inner = total::unwrap(e.clone())?;
-    match fragment::check_expr_typed(&inner, schema) {
+    match fragment::check_expr_typed(&inner, schema, cols) {
         None => Ok(()),
         Some(why) => Err(audit_refusal(format_args!("{why} in {place}"))),
     }
@@ -458,8 +465,9 @@ fn region_expr(e: &Expr, schema: &DFSchema, place: &str, opts: &GuardOptions) ->
 
 /// A DP aggregate over private rows: its calls, arguments, FILTER and GROUP BY, then its region.
 fn audit_dp_aggregate(a: &Aggregate, opts: &GuardOptions) -> Result<()> {
+    let cols = fragment::column_bytes(&a.input);
     for g in &a.group_expr {
-        region_expr(g, a.input.schema(), "GROUP BY", opts)?;
+        region_expr(g, a.input.schema(), &cols, "GROUP BY", opts)?;
     }
     for e in &a.aggr_expr {
         let Some(f) = aggregate_function(e) else {
@@ -480,12 +488,13 @@ fn audit_dp_aggregate(a: &Aggregate, opts: &GuardOptions) -> Result<()> {
         }
         let place = format!("the arguments of {name}");
         for arg in &f.params.args {
-            region_expr(arg, a.input.schema(), &place, opts)?;
+            region_expr(arg, a.input.schema(), &cols, &place, opts)?;
         }
         if let Some(filter) = &f.params.filter {
             region_expr(
                 filter,
                 a.input.schema(),
+                &cols,
                 &format!("the FILTER clause of {name}"),
                 opts,
             )?;
@@ -597,8 +606,9 @@ fn audit_region(plan: &LogicalPlan, cx: &mut Region) -> Result<()> {
             Ok(())
         }
         LogicalPlan::Projection(p) => {
+            let cols = fragment::column_bytes(&p.input);
             for e in &p.expr {
-                region_expr(e, p.input.schema(), "SELECT", opts)?;
+                region_expr(e, p.input.schema(), &cols, "SELECT", opts)?;
             }
             audit_region(&p.input, cx)
         }
@@ -621,7 +631,8 @@ fn audit_region(plan: &LogicalPlan, cx: &mut Region) -> Result<()> {
             audit_region(&u.input, cx)
         }
         LogicalPlan::Filter(f) => {
-            region_expr(&f.predicate, f.input.schema(), "WHERE", opts)?;
+            let cols = fragment::column_bytes(&f.input);
+            region_expr(&f.predicate, f.input.schema(), &cols, "WHERE", opts)?;
             audit_region(&f.input, cx)
         }
         LogicalPlan::SubqueryAlias(s) => audit_region(&s.input, cx),
@@ -652,12 +663,24 @@ fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
             j.join_type
         )));
     }
+    let (left_cols, right_cols) = (
+        fragment::column_bytes(&j.left),
+        fragment::column_bytes(&j.right),
+    );
     for (l, r) in &j.on {
-        region_expr(l, j.left.schema(), "the JOIN keys", opts)?;
-        region_expr(r, j.right.schema(), "the JOIN keys", opts)?;
+        region_expr(l, j.left.schema(), &left_cols, "the JOIN keys", opts)?;
+        region_expr(r, j.right.schema(), &right_cols, "the JOIN keys", opts)?;
     }
     if let Some(f) = &j.filter {
-        region_expr(f, &j.schema, "the JOIN condition", opts)?;
+        // The condition sees both sides' columns, also where the join's output has one side's
+        // (a semi or anti join).
+        let cols: Vec<Bytes> = left_cols.iter().chain(&right_cols).copied().collect();
+        let both = match j.schema.fields().len() == cols.len() {
+            true => None,
+            false => Some(j.left.schema().join(j.right.schema())?),
+        };
+        let schema = both.as_ref().unwrap_or(&j.schema);
+        region_expr(f, schema, &cols, "the JOIN condition", opts)?;
     }
     let left = any_private_table(&j.left).is_some();
     let right = any_private_table(&j.right).is_some();
@@ -692,6 +715,7 @@ fn audit_unit_groups(a: &Aggregate, cx: &mut Region) -> Result<()> {
     use datafusion::common::ScalarValue;
     let opts = cx.opts;
     let schema = a.input.schema();
+    let cols = fragment::column_bytes(&a.input);
     let shape = || audit_refusal("a unit bounding of an unexpected shape over private rows");
     let (declared_k, declared_c) = audit_unit_key(a, cx)?;
     let [Expr::Alias(u), Expr::Alias(no_unit)] = a.group_expr.as_slice() else {
@@ -772,37 +796,62 @@ fn audit_unit_groups(a: &Aggregate, cx: &mut Region) -> Result<()> {
         )));
     }
     for g in &groups {
-        region_expr(g, schema, "the GROUP BY keys of the unit bounding", opts)?;
+        region_expr(
+            g,
+            schema,
+            &cols,
+            "the GROUP BY keys of the unit bounding",
+            opts,
+        )?;
     }
     for t in &rest[l.groups..l.groups + l.totals] {
-        audit_total(t, schema, opts)?;
+        audit_total(t, schema, &cols, opts)?;
     }
     for s in &rest[l.groups + l.totals..] {
         if !matches!(s, Expr::Column(_)) {
             return Err(shape());
         }
-        region_expr(s, schema, "the rows sampled by the unit bounding", opts)?;
+        region_expr(
+            s,
+            schema,
+            &cols,
+            "the rows sampled by the unit bounding",
+            opts,
+        )?;
     }
     Ok(())
 }
 
 /// A `dp_sum`'s value in the unit bounding: `CASE WHEN filter THEN value END` or the value, both
 /// in the fragment (checked apart, as the guard checked the call's argument and FILTER apart).
-fn audit_total(v: &Expr, schema: &DFSchema, opts: &GuardOptions) -> Result<()> {
+fn audit_total(v: &Expr, schema: &DFSchema, cols: &[Bytes], opts: &GuardOptions) -> Result<()> {
     match v {
         Expr::Case(c) if c.expr.is_none() && c.else_expr.is_none() => {
             for (w, t) in &c.when_then_expr {
                 region_expr(
                     w,
                     schema,
+                    cols,
                     "the FILTER clause of dp_sum (unit bounding)",
                     opts,
                 )?;
-                region_expr(t, schema, "the argument of dp_sum (unit bounding)", opts)?;
+                region_expr(
+                    t,
+                    schema,
+                    cols,
+                    "the argument of dp_sum (unit bounding)",
+                    opts,
+                )?;
             }
             Ok(())
         }
-        v => region_expr(v, schema, "the argument of dp_sum (unit bounding)", opts),
+        v => region_expr(
+            v,
+            schema,
+            cols,
+            "the argument of dp_sum (unit bounding)",
+            opts,
+        ),
     }
 }
 
@@ -885,6 +934,7 @@ fn audit_unit_key(a: &Aggregate, cx: &mut Region) -> Result<(u32, u32)> {
     region_expr(
         &al.expr,
         a.input.schema(),
+        &fragment::column_bytes(&a.input),
         "the GROUP BY keys of the unit bounding",
         opts,
     )?;
@@ -905,6 +955,7 @@ fn audit_unit_key(a: &Aggregate, cx: &mut Region) -> Result<(u32, u32)> {
 fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<()> {
     let opts = cx.opts;
     let schema = a.input.schema();
+    let input_cols = fragment::column_bytes(&a.input);
     let (_, c) = audit_unit_key(a, cx)?;
     if a.group_expr.len() != 1 {
         return Err(audit_refusal(
@@ -925,7 +976,9 @@ fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<()> {
             return Err(bad());
         }
         match (f.func.name(), p.args.as_slice()) {
-            ("sum", [v]) if al.name.starts_with(TOTAL) => audit_total(v, schema, opts)?,
+            ("sum", [v]) if al.name.starts_with(TOTAL) => {
+                audit_total(v, schema, &input_cols, opts)?
+            }
             (SAMPLE_FN, [Expr::Literal(cap, _), cols @ ..])
                 if al.name == SAMPLE
                     && (f.func.inner().as_ref() as &dyn std::any::Any).is::<Sample>()
@@ -938,7 +991,13 @@ fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<()> {
                     )));
                 }
                 for col in cols {
-                    region_expr(col, schema, "the rows sampled by the unit bounding", opts)?;
+                    region_expr(
+                        col,
+                        schema,
+                        &input_cols,
+                        "the rows sampled by the unit bounding",
+                        opts,
+                    )?;
                 }
             }
             _ => return Err(bad()),

@@ -943,9 +943,114 @@ fn in_class(c: Class, t: &DataType) -> bool {
     }
 }
 
-/// The bytes one row's value of `e` (over `schema`) may take. Fixed-width types take their
-/// width; a column of variable width one row; a literal its length; a function its [`Size`].
-pub fn bytes(e: &Expr, schema: &DFSchema) -> Result<Bytes, String> {
+/// A column of variable width read from a table: one row.
+const ONE_ROW: Bytes = Bytes {
+    row: 1,
+    constant: 0,
+};
+
+/// The bytes one row's value of each output column of `plan` may take ([`Bytes`]), relative to
+/// the rows of the tables it reads, so that sizes compose through subqueries: a scanned column
+/// takes one row; a projected expression its [`bytes`] over its input's columns; a column passed
+/// on by a filter, alias, sort, limit or join keeps its size; a union's column the largest of its
+/// inputs'; any other node's columns (an aggregate's or an unnest's, which copy input values)
+/// the largest column of its inputs.
+///
+/// Without this, each projection over private rows was bounded against its own input row, and a
+/// chain of subqueries multiplied the bounds: `s || s` twice per level, 34 levels deep, made a
+/// value of 2^34 times a row and aborted the process, at a size that depends on the private
+/// values (found this round). An expression outside the fragment (on a public side; over private
+/// rows the audit refuses it) counts one row, as a column of its own.
+pub fn column_bytes(plan: &LogicalPlan) -> Vec<Bytes> {
+    let n = plan.schema().fields().len();
+    let of = |p: &LogicalPlan| column_bytes(p);
+    let largest = |cols: &[Bytes]| {
+        cols.iter().fold(ONE_ROW, |a, b| Bytes {
+            row: a.row.max(b.row),
+            constant: a.constant.max(b.constant),
+        })
+    };
+    let sized = |e: &Expr, schema: &DFSchema, cols: &[Bytes]| {
+        super::total::unwrap(e.clone())
+            .ok()
+            .and_then(|e| bytes(&e, schema, cols).ok())
+            .unwrap_or(ONE_ROW)
+    };
+    match plan {
+        LogicalPlan::TableScan(_) | LogicalPlan::EmptyRelation(_) => vec![ONE_ROW; n],
+        LogicalPlan::Projection(p) => {
+            let cols = of(&p.input);
+            p.expr
+                .iter()
+                .map(|e| sized(e, p.input.schema(), &cols))
+                .collect()
+        }
+        LogicalPlan::Values(v) => (0..n)
+            .map(|i| {
+                let row = v.values.iter().filter_map(|r| r.get(i));
+                largest(&row.map(|e| sized(e, &v.schema, &[])).collect::<Vec<_>>())
+            })
+            .collect(),
+        LogicalPlan::Filter(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::Repartition(_)
+        | LogicalPlan::Distinct(datafusion::logical_expr::Distinct::All(_)) => {
+            let cols = of(plan.inputs()[0]);
+            if cols.len() == n {
+                cols
+            } else {
+                vec![largest(&cols); n]
+            }
+        }
+        LogicalPlan::Join(j) => {
+            let (l, r) = (of(&j.left), of(&j.right));
+            if n == l.len() + r.len() {
+                l.into_iter().chain(r).collect()
+            } else if n == l.len() {
+                l
+            } else if n == r.len() {
+                r
+            } else {
+                vec![largest(&[largest(&l), largest(&r)]); n]
+            }
+        }
+        LogicalPlan::Union(u) => {
+            let inputs: Vec<Vec<Bytes>> = u.inputs.iter().map(|p| of(p)).collect();
+            (0..n)
+                .map(|i| {
+                    largest(
+                        &inputs
+                            .iter()
+                            .filter_map(|c| c.get(i).copied())
+                            .collect::<Vec<_>>(),
+                    )
+                })
+                .collect()
+        }
+        LogicalPlan::Aggregate(a) => {
+            let cols = of(&a.input);
+            let rest = largest(&cols);
+            let mut out: Vec<Bytes> = a
+                .group_expr
+                .iter()
+                .map(|e| sized(e, a.input.schema(), &cols))
+                .collect();
+            out.resize(n, rest);
+            out
+        }
+        other => {
+            let all: Vec<Bytes> = other.inputs().into_iter().flat_map(of).collect();
+            vec![largest(&all); n]
+        }
+    }
+}
+
+/// The bytes one row's value of `e` (over `schema`, whose columns take `cols`: see
+/// [`column_bytes`]; a column missing there one row) may take. Fixed-width types take their
+/// width; a literal its length; a function its [`Size`].
+pub fn bytes(e: &Expr, schema: &DFSchema, cols: &[Bytes]) -> Result<Bytes, String> {
     let t = e
         .get_type(schema)
         .map_err(|err| format!("an expression whose type is unknown ({err})"))?;
@@ -955,19 +1060,20 @@ pub fn bytes(e: &Expr, schema: &DFSchema) -> Result<Bytes, String> {
     let sum = |xs: &mut dyn Iterator<Item = &Expr>| -> Result<Bytes, String> {
         let mut b = Bytes::default();
         for x in xs {
-            b = b.plus(bytes(x, schema)?);
+            b = b.plus(bytes(x, schema, cols)?);
         }
         Ok(b)
     };
     Ok(match e {
-        Expr::Column(_) => Bytes {
-            row: 1,
-            constant: 0,
-        },
+        Expr::Column(c) => schema
+            .index_of_column(c)
+            .ok()
+            .and_then(|i| cols.get(i).copied())
+            .unwrap_or(ONE_ROW),
         Expr::Literal(v, _) => Bytes::constant(literal_len(v) as u64),
-        Expr::Alias(a) => bytes(&a.expr, schema)?,
-        Expr::Cast(c) => cast_bytes(&c.expr, &t, schema)?,
-        Expr::TryCast(c) => cast_bytes(&c.expr, &t, schema)?,
+        Expr::Alias(a) => bytes(&a.expr, schema, cols)?,
+        Expr::Cast(c) => cast_bytes(&c.expr, &t, schema, cols)?,
+        Expr::TryCast(c) => cast_bytes(&c.expr, &t, schema, cols)?,
         // A constant: not copied per row (the total wrapper keeps it a scalar), and only a
         // fixed-width value or a released model may stand here (check_expr).
         Expr::ScalarSubquery(_) => Bytes::default(),
@@ -976,13 +1082,13 @@ pub fn bytes(e: &Expr, schema: &DFSchema) -> Result<Bytes, String> {
             .iter()
             .map(|(_, t)| t.as_ref())
             .chain(c.else_expr.as_deref()))?,
-        Expr::BinaryExpr(b) => bytes(&b.left, schema)?.plus(bytes(&b.right, schema)?),
+        Expr::BinaryExpr(b) => bytes(&b.left, schema, cols)?.plus(bytes(&b.right, schema, cols)?),
         Expr::ScalarFunction(f) => {
             let Some(spec) = function(f.func.name()) else {
                 return Err(format!("the function {}()", f.func.name()));
             };
             let first = || match f.args.first() {
-                Some(a) => bytes(a, schema),
+                Some(a) => bytes(a, schema, cols),
                 None => Ok(Bytes::default()),
             };
             match spec.size {
@@ -990,7 +1096,7 @@ pub fn bytes(e: &Expr, schema: &DFSchema) -> Result<Bytes, String> {
                 Fixed => Bytes::constant(FIXED_AS_TEXT),
                 // arrow_cast(x, 'type'): the size of a cast of x.
                 Sum if spec.name == "arrow_cast" => match f.args.first() {
-                    Some(a) => cast_bytes(a, &t, schema)?,
+                    Some(a) => cast_bytes(a, &t, schema, cols)?,
                     None => Bytes::default(),
                 },
                 Sum => sum(&mut f.args.iter())?,
@@ -1006,7 +1112,7 @@ pub fn bytes(e: &Expr, schema: &DFSchema) -> Result<Bytes, String> {
         other => {
             let mut b = Bytes::default();
             let _ = other.apply_children(|c| {
-                match bytes(c, schema) {
+                match bytes(c, schema, cols) {
                     Ok(x) => b = b.plus(x),
                     Err(_) => b = b.plus(Bytes::constant(u64::MAX)),
                 }
@@ -1019,7 +1125,12 @@ pub fn bytes(e: &Expr, schema: &DFSchema) -> Result<Bytes, String> {
 
 /// The bytes of `inner` cast to `to`: a fixed-width scalar's text is at most 64 bytes; a list
 /// cast keeps its items, each item at most the target's width more.
-fn cast_bytes(inner: &Expr, to: &DataType, schema: &DFSchema) -> Result<Bytes, String> {
+fn cast_bytes(
+    inner: &Expr,
+    to: &DataType,
+    schema: &DFSchema,
+    cols: &[Bytes],
+) -> Result<Bytes, String> {
     let from = inner
         .get_type(schema)
         .map_err(|err| format!("an expression whose type is unknown ({err})"))?;
@@ -1029,7 +1140,7 @@ fn cast_bytes(inner: &Expr, to: &DataType, schema: &DFSchema) -> Result<Bytes, S
     if is_string(to) && fixed_scalar(&from) {
         return Ok(Bytes::constant(FIXED_AS_TEXT));
     }
-    let b = bytes(inner, schema)?;
+    let b = bytes(inner, schema, cols)?;
     Ok(match (list_item(to), list_item(&from)) {
         (Some(ti), Some(fi)) => {
             let (tw, fw) = (fixed_width(ti).unwrap_or(1), fixed_width(fi).unwrap_or(1));
@@ -1047,9 +1158,9 @@ const FIXED_AS_TEXT: u64 = 64;
 /// fragment (None: it is). Adds to [`check_expr`]: every CAST, TRY_CAST and `arrow_cast` has an
 /// allowed target ([`cast_target`]); every function's arguments are of its classes and its
 /// literal arguments literals ([`FUNCTIONS`]); the bytes one row's value may take are bounded
-/// ([`bytes`], [`LIMITS`]). The final audit of a whole plan calls this on every expression over
-/// private rows.
-pub fn check_expr_typed(e: &Expr, schema: &DFSchema) -> Option<String> {
+/// ([`bytes`] over the input's columns `cols`, [`column_bytes`]; [`LIMITS`]). The final audit of
+/// a whole plan calls this on every expression over private rows.
+pub fn check_expr_typed(e: &Expr, schema: &DFSchema, cols: &[Bytes]) -> Option<String> {
     if let Some(why) = check_expr(e) {
         return Some(why);
     }
@@ -1065,16 +1176,35 @@ pub fn check_expr_typed(e: &Expr, schema: &DFSchema) -> Option<String> {
     if why.is_some() {
         return why;
     }
-    match bytes(e, schema) {
-        Err(why) => Some(why),
-        Ok(b) if b.row > LIMITS.row_copies || b.constant > LIMITS.constant_bytes => Some(format!(
+    // Every value the expression computes on the way is bounded, not only its result:
+    // `length(upper(upper(…(s))))` returns a number but builds each upper-cased string first.
+    let mut largest = Bytes::default();
+    let mut failed = None;
+    let _ = e.apply(|x| {
+        match bytes(x, schema, cols) {
+            Ok(b) => {
+                largest.row = largest.row.max(b.row);
+                largest.constant = largest.constant.max(b.constant);
+            }
+            Err(why) => {
+                failed = Some(why);
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    if failed.is_some() {
+        return failed;
+    }
+    let b = largest;
+    (b.row > LIMITS.row_copies || b.constant > LIMITS.constant_bytes).then(|| {
+        format!(
             "an expression whose value may take {} times a row plus {} bytes per row (at most \
              {} times a row plus {} bytes over private rows: a function whose output size the \
              query chooses, or too many copies of a value)",
             b.row, b.constant, LIMITS.row_copies, LIMITS.constant_bytes
-        )),
-        Ok(_) => None,
-    }
+        )
+    })
 }
 
 fn typed_node(x: &Expr, schema: &DFSchema) -> Option<String> {
@@ -1375,8 +1505,8 @@ mod tests {
     #[test]
     fn the_typed_fragment_bounds_casts_and_bytes_per_row() {
         let df = schema();
-        let refused = |e: Expr| check_expr_typed(&e, &df).expect("refused");
-        let ok = |e: Expr| assert_eq!(check_expr_typed(&e, &df), None);
+        let refused = |e: Expr| check_expr_typed(&e, &df, &[]).expect("refused");
+        let ok = |e: Expr| assert_eq!(check_expr_typed(&e, &df, &[]), None);
         let huge = "FixedSizeList(2147483647, Decimal256(76,0))";
         assert!(refused(call("arrow_cast", vec![col("f"), lit(huge)])).contains("a cast from"));
         assert!(
@@ -1423,6 +1553,58 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), FUNCTIONS.len());
+    }
+
+    /// Round 44: the bound holds for every value computed on the way (inside a function that
+    /// returns a number), and a column a projection computed takes that projection's bound.
+    #[test]
+    fn sizes_compose_through_projections_and_inner_values() {
+        use datafusion::logical_expr::{binary_expr, table_scan};
+        let df = schema();
+        let upper = |e: Expr| call("upper", vec![e]);
+        let length = |e: Expr| call("length", vec![e]);
+        assert_eq!(
+            check_expr_typed(&length(upper(upper(upper(col("s"))))), &df, &[]),
+            None
+        );
+        let inner = length(upper(upper(upper(upper(col("s"))))));
+        assert!(
+            check_expr_typed(&inner, &df, &[])
+                .expect("refused")
+                .contains("81 times a row")
+        );
+        // s || s, level after level: 2, 4, 8, … rows, each level's column its input's twice.
+        let twice = || binary_expr(col("s"), Operator::StringConcat, col("s")).alias("s");
+        let mut plan = table_scan(Some("t"), df.as_arrow(), None).expect("scan");
+        for level in 1..=6u32 {
+            plan = plan.project(vec![twice(), col("i")]).expect("project");
+            let built = plan.clone().build().expect("plan");
+            let cols = column_bytes(&built);
+            assert_eq!(cols[0].row, 1 << level, "level {level}");
+            assert_eq!(
+                cols[1],
+                Bytes::constant(8),
+                "a fixed-width column keeps its width"
+            );
+            let over = check_expr_typed(&twice(), built.schema(), &cols);
+            assert_eq!(
+                over.is_some(),
+                2u64 << level > LIMITS.row_copies,
+                "level {level}"
+            );
+        }
+        // A filter, an alias and a sort pass sizes on; a scan's variable-width column is one row.
+        let built = plan
+            .filter(col("i").gt(lit(0i64)))
+            .and_then(|p| p.alias("a"))
+            .and_then(|p| p.sort(vec![col("i").sort(true, false)]))
+            .and_then(|p| p.build())
+            .expect("plan");
+        assert_eq!(column_bytes(&built)[0].row, 64);
+        let scan = table_scan(Some("t"), df.as_arrow(), None)
+            .and_then(|p| p.build())
+            .expect("scan");
+        assert_eq!(column_bytes(&scan)[1], ONE_ROW);
     }
 
     #[test]

@@ -438,9 +438,11 @@ fn not_in_fragment(what: &str, table: &str) -> DataFusionError {
     ))
 }
 
-/// Checks `e`, an expression over `schema` (its node's input), against the typed fragment.
+/// Checks `e`, an expression over `schema` (its node's input), against the typed fragment, each
+/// column counted one row: the final audit (checked.rs) bounds the sizes composed through the
+/// whole plan ([`fragment::column_bytes`]).
 fn check_fragment(e: &Expr, schema: &DFSchema, place: &str, table: &str) -> Result<()> {
-    match fragment::check_expr_typed(e, schema) {
+    match fragment::check_expr_typed(e, schema, &[]) {
         None => Ok(()),
         Some(why) => Err(not_in_fragment(&format!("{why} in {place}"), table)),
     }
