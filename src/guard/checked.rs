@@ -169,7 +169,11 @@ async fn check_query(
     // optimizer evaluates constants (allocating them in full).
     super::fragment::check_written_sizes(plan)?;
     super::fragment::check_feature_lists(plan)?;
-    let optimized = state.optimize(plan)?;
+    // Every call outside the private fragment bounded by what it writes (sized.rs), before the
+    // optimizer evaluates constant calls.
+    let budget = super::sized::budget(state.runtime_env().memory_pool.memory_limit());
+    let plan = super::sized::wrap(plan.clone(), budget)?;
+    let optimized = state.optimize(&plan)?;
     let guarded = super::guard_with(optimized, opts)?;
     // Audited before the public sides run too, so a refused query runs nothing at all.
     audit(&guarded.plan, &opts)?;
@@ -249,6 +253,16 @@ async fn settle(
             .into_iter()
             .map(|b| RecordBatch::try_new(arrow_schema.clone(), b.columns().to_vec()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        // Each column's largest value, which the audit counts wherever private rows copy it
+        // (fragment::column_bytes): a public side may hold a value the query made large.
+        let widest: Vec<u64> = (0..arrow_schema.fields().len())
+            .map(|c| {
+                batches.iter().fold(0u64, |w, b| {
+                    let a = b.column(c);
+                    (0..a.len()).fold(w, |w, r| w.max(super::sized::value_bytes(a, r)))
+                })
+            })
+            .collect();
         let name = format!("__dpfusion_public_{i}");
         let mem = MemTable::try_new(arrow_schema, vec![batches])?;
         // A public table for the guard and the audit (its rows are the public side's).
@@ -258,7 +272,7 @@ async fn settle(
             private: false,
             ..unknown_table(&name)
         };
-        let table = Arc::new(GuardedTable::new(Arc::new(mem), info));
+        let table = Arc::new(GuardedTable::new(Arc::new(mem), info).with_widest(widest));
         let scan =
             LogicalPlanBuilder::scan(name.as_str(), provider_as_source(table), None)?.build()?;
         let exprs: Vec<Expr> = schema
@@ -336,6 +350,11 @@ fn audit_refusal(what: impl std::fmt::Display) -> DataFusionError {
 ///     bounding, marked by their internal column names and functions), every expression in the typed fragment (`fragment::check_expr_typed`) or a
 ///     guard-generated total-evaluation wrapper of such an expression.
 pub(super) fn audit(plan: &LogicalPlan, opts: &GuardOptions) -> Result<()> {
+    if let Some(f) = super::sized::unwrapped(plan) {
+        return Err(audit_refusal(format_args!(
+            "a call of {f}() not bounded by what it writes"
+        )));
+    }
     audit_node(plan, opts)
 }
 

@@ -323,14 +323,17 @@ fn written_feature_items(e: &Expr, input: &LogicalPlan) -> Option<(Vec<Expr>, Lo
 
 /// The most bytes a value the statement writes may take, by what is written (literals, the
 /// type of an `arrow_cast`, the counts of `repeat`, `lpad`, `rpad`, `array_repeat`, `range`,
-/// `generate_series`): 64 MiB.
+/// `generate_series`): 4 MiB, as much as the statement's text itself may hold (1 MiB) and more.
 ///
 /// Checked on the plan as written, before DataFusion's optimizer evaluates constant expressions.
 /// That evaluation allocates the whole value outside any memory pool, and an allocation that
 /// fails aborts the process: `arrow_cast(NULL, 'FixedSizeList(2147483647, Int64)')` asked for
 /// 16 GiB while planning, whatever the tables (found by the differential fuzzer). Any statement,
-/// public or private, is refused when a value it writes may exceed this.
-pub const WRITTEN_VALUE_BYTES: u64 = 64 << 20;
+/// public or private, is refused when a value it writes may exceed this. The same bound holds at
+/// run time for a constant call of a function outside the private fragment (sized.rs): a folded
+/// constant is formatted into the names of the expressions around it in every optimizer pass (a
+/// binary one byte by byte), so a 40 MB constant kept a debug build planning for over a minute.
+pub const WRITTEN_VALUE_BYTES: u64 = 4 << 20;
 
 /// The most bytes a value that reads a column may take by what the statement writes (the count
 /// of a `repeat(name, n)`, the type of an `arrow_cast(x, …)`): 64 KiB a row, so that a batch of
@@ -977,7 +980,25 @@ pub fn column_bytes(plan: &LogicalPlan) -> Vec<Bytes> {
             .unwrap_or(ONE_ROW)
     };
     match plan {
-        LogicalPlan::TableScan(_) | LogicalPlan::EmptyRelation(_) => vec![ONE_ROW; n],
+        // A settled public side (checked.rs, `settle`): its values' measured bytes, a constant.
+        LogicalPlan::TableScan(scan) => {
+            let widest = datafusion::datasource::source_as_provider(&scan.source)
+                .ok()
+                .and_then(|p| {
+                    p.downcast_ref::<super::table::GuardedTable>()
+                        .and_then(|g| g.widest().map(<[u64]>::to_vec))
+                });
+            match widest {
+                Some(w) => (0..n)
+                    .map(|k| {
+                        let c = scan.projection.as_ref().map_or(k, |p| p[k]);
+                        Bytes::constant(w.get(c).copied().unwrap_or(u64::MAX))
+                    })
+                    .collect(),
+                None => vec![ONE_ROW; n],
+            }
+        }
+        LogicalPlan::EmptyRelation(_) => vec![ONE_ROW; n],
         LogicalPlan::Projection(p) => {
             let cols = of(&p.input);
             p.expr
@@ -1092,6 +1113,10 @@ pub fn bytes(e: &Expr, schema: &DFSchema, cols: &[Bytes]) -> Result<Bytes, Strin
                 None => Ok(Bytes::default()),
             };
             match spec.size {
+                // One probability per class, of a network of at most MAX_CLASSES classes.
+                Fixed if spec.name == "mlp_predict_proba" => Bytes::constant(
+                    8 * u64::from(dpfusion_udfs::optim::mlp::MAX_CLASSES) + FIXED_AS_TEXT,
+                ),
                 // A short text of a fixed length bound (chr: one character).
                 Fixed => Bytes::constant(FIXED_AS_TEXT),
                 // arrow_cast(x, 'type'): the size of a cast of x.
@@ -1367,7 +1392,7 @@ mod tests {
 
     /// What a statement writes is sized before DataFusion's optimizer evaluates it: the types of
     /// `arrow_cast` (nested fixed sizes multiplied), the counts of the functions that size their
-    /// output by an argument (nested ones multiplied), the bound at 64 MiB; a column's size is not
+    /// output by an argument (nested ones multiplied), the bound at 4 MiB; a column's size is not
     /// written (a byte at least where it is copied a written number of times; the row-level
     /// limits of the private fragment are checked on columns later).
     #[test]

@@ -25,6 +25,7 @@
 pub mod checked;
 pub mod fragment;
 pub mod join;
+pub mod sized;
 pub mod table;
 pub mod total;
 pub mod units;

@@ -73,6 +73,9 @@ pub struct GuardedTable {
     info: TableInfo,
     scans: AtomicU64,
     recheck: Option<Recheck>,
+    /// The bytes of each column's largest value, where they were measured (the settled public
+    /// side of a join, checked.rs): the audit bounds what private rows copy of them.
+    widest: Option<Vec<u64>>,
 }
 
 impl std::fmt::Debug for GuardedTable {
@@ -91,7 +94,16 @@ impl GuardedTable {
             info,
             scans: AtomicU64::new(0),
             recheck: None,
+            widest: None,
         }
+    }
+    /// The bytes of each column's largest value, measured on the rows it holds.
+    pub fn with_widest(mut self, widest: Vec<u64>) -> Self {
+        self.widest = Some(widest);
+        self
+    }
+    pub fn widest(&self) -> Option<&[u64]> {
+        self.widest.as_deref()
     }
     /// Runs `check` before every scan.
     pub fn with_recheck(mut self, check: Recheck) -> Self {

@@ -47,7 +47,7 @@ use super::declaration::{
 };
 use super::params::{Neighbours, Params, literal_params, plan_error};
 use crate::noise::SecureRng;
-use crate::optim::mlp::{MlpModel, mlp_model_data_type};
+use crate::optim::mlp::{MAX_CLASSES, MAX_HIDDEN, MlpModel, mlp_model_data_type};
 use crate::optim::model::{Model, model_data_type};
 use crate::optim::rows::{LabelKind, RowBuffer};
 use crate::optim::sgd::{Family, MAX_STEPS, NoiseKind, SgdPlan};
@@ -138,15 +138,15 @@ impl SgdParams {
                 "hidden",
                 num("hidden")?,
                 DEFAULT_HIDDEN,
-                |x| (1.0..=4096.0).contains(&x) && x.fract() == 0.0,
-                "an integer in [1, 4096]",
+                |x| (1.0..=f64::from(MAX_HIDDEN)).contains(&x) && x.fract() == 0.0,
+                &format!("an integer in [1, {MAX_HIDDEN}]"),
             )?;
             let c = in_range(
                 "classes",
                 num("classes")?,
                 2.0,
-                |x| (2.0..=1000.0).contains(&x) && x.fract() == 0.0,
-                "an integer in [2, 1000] (labels 0 … classes − 1)",
+                |x| (2.0..=f64::from(MAX_CLASSES)).contains(&x) && x.fract() == 0.0,
+                &format!("an integer in [2, {MAX_CLASSES}] (labels 0 … classes − 1)"),
             )?;
             (h as usize, c as usize)
         } else {
@@ -584,7 +584,10 @@ fn doc(kind: SgdKind, description: &str, syntax: &str, example: &str) -> Documen
     if kind == SgdKind::Mlp {
         b = b
             .with_argument("hidden", "Hidden ReLU units, 1 to 4096 (default 32).")
-            .with_argument("classes", "Number of classes, 2 to 1000 (default 2).");
+            .with_argument(
+                "classes",
+                "Number of classes, 2 to 1000 (default 2; MAX_CLASSES).",
+            );
     }
     b.with_argument(
         "sample_rate, steps, epochs, clip, learning_rate, noise",

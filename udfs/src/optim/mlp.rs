@@ -237,6 +237,11 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(u, v)| u * v).sum()
 }
 
+/// The most classes a network may have (dp_mlp_sgd's `classes`, and a released model's).
+pub const MAX_CLASSES: u32 = 1000;
+/// The most hidden units (dp_mlp_sgd's `hidden`, and a released model's).
+pub const MAX_HIDDEN: u32 = 4096;
+
 /// The struct `dp_mlp_sgd` returns (SQL.md, "Model struct"): `Struct<weights List<Float64>,
 /// inputs UInt32, hidden UInt32, classes UInt32, iterations UInt32, epsilon Float64, delta
 /// Float64, mechanism Utf8>`, `weights` in the layout of [`Net::Mlp`] (module docs).
@@ -357,7 +362,12 @@ impl MlpModel {
                 })
                 .unwrap_or_default(),
         };
-        (m.classes >= 2 && m.hidden >= 1 && m.weights.len() == m.net().params()).then_some(m)
+        // The shapes dp_mlp_sgd releases (a struct of other shapes, e.g. one written in the
+        // query, is no network: a million classes would make each row's prediction 8 MB).
+        ((2..=MAX_CLASSES).contains(&m.classes)
+            && (1..=MAX_HIDDEN).contains(&m.hidden)
+            && m.weights.len() == m.net().params())
+        .then_some(m)
     }
 
     /// Class probabilities for features `x` (length `inputs`).

@@ -249,8 +249,8 @@ impl ScalarUDFImpl for Predict {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let n = args.number_rows;
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let (model_arr, feat_arr) = (&arrays[0], &arrays[1]);
+        let (model_arr, at) = model_rows(&args.args[0])?;
+        let feat_arr = &args.args[1].to_array(n)?;
         let (offsets, valid, values) = feature_rows(feat_arr)?;
         let vals = values.values();
         let models = match model_arr.data_type() {
@@ -258,7 +258,7 @@ impl ScalarUDFImpl for Predict {
             _ => None, // NULL-typed model: every row NULL
         };
         // Decode each distinct model row once: a model column usually repeats one model (CROSS
-        // JOIN with a one-row model table, or a scalar broadcast).
+        // JOIN with a one-row model table), and a constant model is one row.
         let mut cache: Option<(usize, Option<Model>)> = None;
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
@@ -267,13 +267,13 @@ impl ScalarUDFImpl for Predict {
                 continue;
             };
             let reuse = match &cache {
-                Some((j, _)) => *j == i - 1 && same_row(models, *j, i),
+                Some((j, _)) => *j == at(i) || (*j + 1 == at(i) && same_row(models, *j, at(i))),
                 None => false,
             };
             if !reuse {
-                cache = Some((i, Model::from_struct_array(models, i)));
+                cache = Some((at(i), Model::from_struct_array(models, at(i))));
             } else if let Some((j, _)) = cache.as_mut() {
-                *j = i;
+                *j = at(i);
             }
             let model = cache.as_ref().and_then(|(_, m)| m.as_ref());
             let (Some(m), true) = (model, valid[i]) else {
@@ -306,6 +306,19 @@ impl ScalarUDFImpl for Predict {
     fn documentation(&self) -> Option<&Documentation> {
         Some(self.kind.documentation())
     }
+}
+
+/// Which model row a row uses.
+type RowOf = fn(usize) -> usize;
+
+/// The models of a call, and the row of them that row `i` uses: a constant model (a scalar
+/// subquery) is one row, decoded once and never copied once per row (a model may be large:
+/// copying it per row made memory grow with the rows a query selects).
+fn model_rows(model: &ColumnarValue) -> Result<(ArrayRef, RowOf)> {
+    Ok(match model {
+        ColumnarValue::Scalar(s) => (s.to_array()?, |_| 0),
+        ColumnarValue::Array(a) => (a.clone(), |i| i),
+    })
 }
 
 /// Whether rows `a` and `b` of a struct array hold the same model (cheap check for the common
@@ -400,8 +413,8 @@ impl ScalarUDFImpl for MlpPredict {
         use crate::optim::mlp::MlpModel;
         use datafusion::arrow::array::{Float64Builder, Int64Array, ListBuilder};
         let n = args.number_rows;
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let (model_arr, feat_arr) = (&arrays[0], &arrays[1]);
+        let (model_arr, at) = model_rows(&args.args[0])?;
+        let feat_arr = &args.args[1].to_array(n)?;
         let (offsets, valid, values) = feature_rows(feat_arr)?;
         let vals = values.values();
         let models = match model_arr.data_type() {
@@ -415,12 +428,12 @@ impl ScalarUDFImpl for MlpPredict {
             let model = match models {
                 None => None,
                 Some(models) => {
-                    let reuse =
-                        matches!(&cache, Some((j, _)) if *j + 1 == i && same_row(models, *j, i));
+                    let reuse = matches!(&cache, Some((j, _))
+                        if *j == at(i) || (*j + 1 == at(i) && same_row(models, *j, at(i))));
                     if !reuse {
-                        cache = Some((i, MlpModel::from_struct_array(models, i)));
+                        cache = Some((at(i), MlpModel::from_struct_array(models, at(i))));
                     } else if let Some((j, _)) = cache.as_mut() {
-                        *j = i;
+                        *j = at(i);
                     }
                     cache.as_ref().and_then(|(_, m)| m.as_ref())
                 }
@@ -522,6 +535,37 @@ mod tests {
     const MODEL: &str = "named_struct('coefficients', [2.0, -1.0], 'intercept', 0.5, \
                          'iterations', arrow_cast(10, 'UInt32'), 'epsilon', 1.0, 'delta', 1e-6, \
                          'mechanism', 'gaussian')";
+
+    /// A constant model is decoded once and never copied once per row (a model of 8 million
+    /// coefficients, copied per row, made memory grow with the rows a query selected); a network
+    /// of more classes or hidden units than dp_mlp_sgd releases is no network.
+    #[test]
+    fn a_constant_model_is_one_row_and_networks_have_released_shapes() {
+        use crate::optim::mlp::{MAX_CLASSES, MlpModel};
+        use datafusion::common::ScalarValue;
+        let wide = ScalarValue::List(ScalarValue::new_list_nullable(
+            &vec![ScalarValue::Float64(Some(1.0)); 100_000],
+            &DataType::Float64,
+        ));
+        let (rows, at) = model_rows(&ColumnarValue::Scalar(wide)).expect("rows");
+        assert_eq!((rows.len(), at(8191)), (1, 0));
+        let network = |classes: u32| MlpModel {
+            weights: vec![0.0; 3 * 2 + 2 + (2 + 1) * classes as usize],
+            inputs: 3,
+            hidden: 2,
+            classes,
+            iterations: 1,
+            epsilon: 1.0,
+            delta: 1e-6,
+            mechanism: "gaussian".into(),
+        };
+        let decoded = |m: MlpModel| {
+            let a = m.to_scalar().to_array().expect("array");
+            MlpModel::from_struct_array(a.as_struct(), 0)
+        };
+        assert!(decoded(network(MAX_CLASSES)).is_some());
+        assert!(decoded(network(MAX_CLASSES + 1)).is_none());
+    }
 
     #[tokio::test]
     async fn predicts_per_row() {
