@@ -526,6 +526,7 @@ fn audit_dp_aggregate(a: &Aggregate, opts: &GuardOptions) -> Result<()> {
             grouped: !a.group_expr.is_empty(),
             bounded: false,
         }),
+        private_joins: 0,
     };
     audit_region(&a.input, &mut cx)?;
     match cx.unit {
@@ -568,6 +569,9 @@ struct Region<'a> {
     opts: &'a GuardOptions,
     /// The region reads a unit-level table: its bounding must stand in it, exactly once.
     unit: Option<UnitAudit>,
+    /// Joins of two private sides met so far: at most one. Each multiplies a unit's rows (n rows
+    /// joined k times make n^k), so a chain would make the work a power of a private count.
+    private_joins: u32,
 }
 
 struct UnitAudit {
@@ -705,6 +709,14 @@ fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
     let right = any_private_table(&j.right).is_some();
     match (left, right) {
         (true, true) => {
+            cx.private_joins += 1;
+            if cx.private_joins > 1 {
+                return Err(audit_refusal(
+                    "more than one join of private tables in one private region (each multiplies \
+                     a unit's rows, so the work would grow as a power of a private count); join \
+                     two tables, aggregate, then combine the releases",
+                ));
+            }
             audit_region(&j.left, cx)?;
             audit_region(&j.right, cx)
         }

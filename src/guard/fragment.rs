@@ -16,7 +16,7 @@
 //! exists, wrapped as a last resort ([`super::total`]; [`Total`] says which functions need it).
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::common::{Column, DFSchema, ScalarValue};
 use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, Operator};
 
 /// Classes of argument types a function of the fragment accepts (checked on the planned,
@@ -340,14 +340,51 @@ pub const WRITTEN_VALUE_BYTES: u64 = 4 << 20;
 /// 8,192 rows, which a function's output fills outside any memory pool, stays within 512 MiB.
 pub const WRITTEN_ROW_BYTES: u64 = 64 << 10;
 
+/// The most times a value may copy the values of a row it reads ([`Written::rows`]), on public
+/// tables and constants: 1,024 (over private rows the typed fragment allows 32).
+pub const WRITTEN_ROW_COPIES: u64 = 1024;
+
 /// Refuses a statement that writes a value of more than [`WRITTEN_VALUE_BYTES`], or more than
-/// [`WRITTEN_ROW_BYTES`] a row (see there).
+/// [`WRITTEN_ROW_BYTES`] a row, or that copies a row's values more than [`WRITTEN_ROW_COPIES`]
+/// times (see there), composed through the statement's subqueries and common table expressions:
+/// a column counts what its definition writes ([`written_columns`]), so that `s || s`, level
+/// after level, is counted (it made values of 2^34 times their start and aborted the process).
+/// A recursive query's step may not grow the values it reads from the step before. The message
+/// names the deepest expression that exceeds a bound (where the growth is written, not the
+/// expressions that carry it up).
 pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()> {
     let mut problem = None;
     plan.apply_with_subqueries(|node| {
+        let inputs: Vec<(&DFSchema, Vec<Written>)> = node
+            .inputs()
+            .into_iter()
+            .map(|i| (i.schema().as_ref(), written_columns(i)))
+            .collect();
+        let lookup = |c: &Column| lookup_written(&inputs, c);
+        if let LogicalPlan::RecursiveQuery(r) = node
+            && let Some(w) = written_columns(&r.recursive_term)
+                .into_iter()
+                .find(|w| w.rows > 1)
+        {
+            problem = Some(format!(
+                "a recursive query whose step may copy the values it reads {} times (each step \
+                 would grow them): a recursive step may not grow its values",
+                w.rows
+            ));
+            return Ok(TreeNodeRecursion::Stop);
+        }
         node.apply_expressions(|e| {
             e.apply(|x| {
-                let w = written(x);
+                // A column passed on (renamed or not) writes nothing new.
+                let passed_on = match x {
+                    Expr::Column(_) => true,
+                    Expr::Alias(a) => matches!(a.expr.as_ref(), Expr::Column(_)),
+                    _ => false,
+                };
+                if passed_on {
+                    return Ok(TreeNodeRecursion::Continue);
+                }
+                let w = written(x, &lookup);
                 let (most, what) = if w.per_row {
                     (WRITTEN_ROW_BYTES, "a row")
                 } else {
@@ -363,11 +400,22 @@ pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()>
                         ),
                         b => format!(
                             "`{}` writes up to {b} bytes for {what} (at most {most} bytes: a \
-                             type, count or length chosen in the query); use a smaller one",
+                             type, count or length chosen in the query, or a value copied into \
+                             itself through subqueries); use a smaller one",
                             shown(x)
                         ),
                     });
-                    return Ok(TreeNodeRecursion::Stop);
+                    return Ok(TreeNodeRecursion::Continue);
+                }
+                if w.rows > WRITTEN_ROW_COPIES {
+                    problem = Some(format!(
+                        "`{}` copies the values of a row up to {} times (at most \
+                         {WRITTEN_ROW_COPIES}: a count chosen in the query, or a value copied \
+                         into itself through subqueries); use fewer copies",
+                        shown(x),
+                        w.rows
+                    ));
+                    return Ok(TreeNodeRecursion::Continue);
                 }
                 Ok(TreeNodeRecursion::Continue)
             })
@@ -390,22 +438,163 @@ fn shown(e: &Expr) -> String {
 
 /// A size the query writes: an upper bound on the bytes of one value by what is written in it
 /// (saturating; `u64::MAX` where a count is written but not as a plain number, so it cannot be
-/// sized: refused), and whether the value reads a column (then it is computed once a row).
+/// sized: refused), how many times it may copy the values of a row it reads from a table
+/// (`rows`), and whether the value reads a column (then it is computed once a row).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Written {
     bytes: u64,
     per_row: bool,
+    rows: u64,
 }
 
-/// The size `e` writes ([`Written`]): literals, casts to sized types, and the functions whose
-/// output size an argument chooses (`repeat`, `lpad`, `rpad`, `array_repeat`, `array_resize`,
-/// `range`, `generate_series`, `replace`, `regexp_replace`), nested ones multiplied; any other
-/// function writes the sum of its arguments. A column writes nothing (its size is the data's;
-/// the private fragment bounds rows over private tables), a byte at least where it is copied.
-fn written(e: &Expr) -> Written {
+impl Written {
+    /// A column read from a table (or whose definition is not known): the data's size, once.
+    const READ: Written = Written {
+        bytes: 0,
+        per_row: true,
+        rows: 1,
+    };
+    fn max(self, o: Written) -> Written {
+        Written {
+            bytes: self.bytes.max(o.bytes),
+            per_row: self.per_row || o.per_row,
+            rows: self.rows.max(o.rows),
+        }
+    }
+}
+
+/// A column of a fixed-width type: its width, once a row.
+fn fixed(t: &DataType) -> Option<Written> {
+    fixed_width(t).map(|w| Written {
+        bytes: w,
+        per_row: true,
+        rows: 0,
+    })
+}
+
+/// The column `c` among `inputs` (each a schema and its columns' [`Written`]), the first that
+/// has it; a column of none of them (an outer reference) counts as read.
+fn lookup_written(inputs: &[(&DFSchema, Vec<Written>)], c: &Column) -> Written {
+    inputs
+        .iter()
+        .find_map(|(schema, cols)| {
+            schema
+                .index_of_column(c)
+                .ok()
+                .and_then(|i| cols.get(i).copied())
+        })
+        .unwrap_or(Written::READ)
+}
+
+/// What each output column of `plan` writes ([`Written`]), composed as [`column_bytes`] composes
+/// the private fragment's bounds: a table's column is read; a projected expression writes what
+/// [`written`] says over its input's columns; a filter, alias, sort, limit or join passes its
+/// inputs' on; a union or recursive query the largest of its terms'; an aggregate's groups what
+/// they write and its results are read (their memory is the pool's); any other node's columns the
+/// largest of its inputs'.
+fn written_columns(plan: &LogicalPlan) -> Vec<Written> {
+    let n = plan.schema().fields().len();
+    let largest = |cols: &[Written]| cols.iter().fold(Written::READ, |a, b| a.max(*b));
+    let over = |input: &LogicalPlan, exprs: &[Expr]| -> Vec<Written> {
+        let inputs = [(input.schema().as_ref(), written_columns(input))];
+        exprs
+            .iter()
+            .map(|e| written(e, &|c| lookup_written(&inputs, c)))
+            .collect()
+    };
+    match plan {
+        // A column of a fixed-width type takes its width (a feature list of 1,024 numbers is
+        // 8 KiB a row, not 1,024 rows); any other, the data's size once.
+        LogicalPlan::TableScan(_) | LogicalPlan::EmptyRelation(_) => plan
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| fixed(f.data_type()).unwrap_or(Written::READ))
+            .collect(),
+        // An item of a list (or a struct's field) unnested: its width if fixed, else the largest
+        // of the input's columns.
+        LogicalPlan::Unnest(u) => {
+            let rest = largest(&written_columns(&u.input));
+            plan.schema()
+                .fields()
+                .iter()
+                .map(|f| fixed(f.data_type()).unwrap_or(rest))
+                .collect()
+        }
+        LogicalPlan::Projection(p) => over(&p.input, &p.expr),
+        LogicalPlan::Values(v) => (0..n)
+            .map(|i| {
+                v.values
+                    .iter()
+                    .filter_map(|r| r.get(i))
+                    .map(|e| written(e, &|_| Written::READ))
+                    .fold(Written::READ, Written::max)
+            })
+            .collect(),
+        LogicalPlan::Filter(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::Repartition(_)
+        | LogicalPlan::Distinct(datafusion::logical_expr::Distinct::All(_)) => {
+            let cols = written_columns(plan.inputs()[0]);
+            if cols.len() == n {
+                cols
+            } else {
+                vec![largest(&cols); n]
+            }
+        }
+        LogicalPlan::Join(j) => {
+            let (l, r) = (written_columns(&j.left), written_columns(&j.right));
+            use datafusion::logical_expr::JoinType::*;
+            match j.join_type {
+                LeftSemi | LeftAnti => l,
+                RightSemi | RightAnti => r,
+                _ if n == l.len() + r.len() => l.into_iter().chain(r).collect(),
+                _ => vec![largest(&[largest(&l), largest(&r)]); n],
+            }
+        }
+        LogicalPlan::Union(_) | LogicalPlan::RecursiveQuery(_) => {
+            let terms: Vec<Vec<Written>> = plan.inputs().into_iter().map(written_columns).collect();
+            (0..n)
+                .map(|i| {
+                    largest(
+                        &terms
+                            .iter()
+                            .filter_map(|t| t.get(i).copied())
+                            .collect::<Vec<_>>(),
+                    )
+                })
+                .collect()
+        }
+        LogicalPlan::Aggregate(a) => {
+            let mut out = over(&a.input, &a.group_expr);
+            out.resize(n, Written::READ);
+            out
+        }
+        other => {
+            let all: Vec<Written> = other
+                .inputs()
+                .into_iter()
+                .flat_map(written_columns)
+                .collect();
+            vec![largest(&all); n]
+        }
+    }
+}
+
+/// The size `e` writes ([`Written`]), its columns' from `cols`: literals, casts to sized types,
+/// and the functions whose output size an argument chooses (`repeat`, `lpad`, `rpad`,
+/// `array_repeat`, `array_resize`, `range`, `generate_series`, `replace`, `regexp_replace`),
+/// nested ones multiplied; any other function, `||` and any other expression writes the sum of
+/// its arguments (a boolean or number result counts its operands too: conservative). A column
+/// read from a table writes nothing (its size is the data's; the private fragment bounds rows
+/// over private tables) and copies its row once; a byte at least where it is copied.
+fn written(e: &Expr, cols: &dyn Fn(&Column) -> Written) -> Written {
     let columns = |e: &Expr| !e.column_refs().is_empty();
-    // A count written as a number (its value), a column (0: per row), or anything else (not
-    // sized: u64::MAX), as i128 so that negative bounds keep their distance.
+    // A count written as a number (its value), a column (0: per row, bounded when it runs:
+    // sized.rs), or anything else (not sized: u64::MAX), as i128 so that negative bounds keep
+    // their distance.
     let number = |a: Option<&Expr>| -> Option<i128> {
         match a? {
             Expr::Negative(x) if matches!(x.as_ref(), Expr::Literal(..)) => {
@@ -422,20 +611,51 @@ fn written(e: &Expr) -> Written {
             _ => u64::MAX,
         }
     };
+    let sum = |xs: &mut dyn Iterator<Item = &Expr>| {
+        xs.map(|x| written(x, cols))
+            .fold((0u64, 0u64), |(b, r), w| {
+                (b.saturating_add(w.bytes), r.saturating_add(w.rows))
+            })
+    };
     let per_row = columns(e);
-    let bytes = match e {
-        Expr::Literal(v, _) => match v {
-            ScalarValue::Utf8(Some(t))
-            | ScalarValue::LargeUtf8(Some(t))
-            | ScalarValue::Utf8View(Some(t)) => t.len() as u64,
-            v => v.size() as u64,
-        },
-        Expr::Alias(a) => written(&a.expr).bytes,
-        Expr::Cast(c) => written(&c.expr).bytes.max(type_bytes(c.field.data_type())),
-        Expr::TryCast(c) => written(&c.expr).bytes.max(type_bytes(c.field.data_type())),
+    let (bytes, rows) = match e {
+        Expr::Column(c) => {
+            let w = cols(c);
+            (w.bytes, w.rows)
+        }
+        Expr::Literal(v, _) => (
+            match v {
+                ScalarValue::Utf8(Some(t))
+                | ScalarValue::LargeUtf8(Some(t))
+                | ScalarValue::Utf8View(Some(t)) => t.len() as u64,
+                v => v.size() as u64,
+            },
+            0,
+        ),
+        Expr::Alias(a) => {
+            let w = written(&a.expr, cols);
+            (w.bytes, w.rows)
+        }
+        Expr::Cast(c) => {
+            let w = written(&c.expr, cols);
+            (w.bytes.max(type_bytes(c.field.data_type())), w.rows)
+        }
+        Expr::TryCast(c) => {
+            let w = written(&c.expr, cols);
+            (w.bytes.max(type_bytes(c.field.data_type())), w.rows)
+        }
         Expr::ScalarFunction(f) => {
             let args = &f.args;
-            let arg = |i: usize| args.get(i).map_or(0, |a| written(a).bytes);
+            let arg = |i: usize| {
+                args.get(i).map_or(
+                    Written {
+                        bytes: 0,
+                        per_row: false,
+                        rows: 0,
+                    },
+                    |a| written(a, cols),
+                )
+            };
             match f.name() {
                 "arrow_cast" => {
                     let ty = match args.get(1) {
@@ -444,15 +664,36 @@ fn written(e: &Expr) -> Written {
                         }
                         _ => 0,
                     };
-                    arg(0).max(ty)
+                    (arg(0).bytes.max(ty), arg(0).rows)
                 }
                 // n copies of a string (of a byte at least: a column's is not written), a
                 // string of n characters (4 bytes each at most), n copies of a value.
-                "repeat" => count(args.get(1)).saturating_mul(arg(0).max(1)),
-                "lpad" | "rpad" => count(args.get(1)).saturating_mul(4).max(arg(0)),
-                "array_repeat" | "array_resize" => count(args.get(1)).saturating_mul(arg(0).max(8)),
+                "repeat" => {
+                    let (n, a) = (count(args.get(1)), arg(0));
+                    (n.saturating_mul(a.bytes.max(1)), n.saturating_mul(a.rows))
+                }
+                "lpad" | "rpad" => {
+                    let a = arg(0);
+                    (count(args.get(1)).saturating_mul(4).max(a.bytes), a.rows)
+                }
+                "array_repeat" | "array_resize" => {
+                    let (n, a) = (count(args.get(1)), arg(0));
+                    (
+                        n.saturating_mul(a.bytes.max(8)),
+                        n.saturating_mul(a.rows.max(1)),
+                    )
+                }
                 // Every match replaced: at most the text's length times the replacement's.
-                "replace" | "regexp_replace" => arg(0).max(1).saturating_mul(arg(2).max(1)),
+                "replace" | "regexp_replace" => {
+                    let (a, to) = (arg(0), arg(2));
+                    (
+                        a.bytes.max(1).saturating_mul(to.bytes.max(1)),
+                        a.rows
+                            .saturating_mul(to.bytes.max(1))
+                            .saturating_add(to.rows.saturating_mul(a.bytes.max(1)))
+                            .saturating_add(a.rows.saturating_mul(to.rows)),
+                    )
+                }
                 "range" | "generate_series" => {
                     let bound = |i: usize| match (args.get(i), number(args.get(i))) {
                         (_, Some(n)) => Some(n),
@@ -464,24 +705,82 @@ fn written(e: &Expr) -> Written {
                         2 => (bound(0), bound(1), Some(1)),
                         _ => (bound(0), bound(1), bound(2)),
                     };
-                    match (lo, hi, step) {
+                    let bytes = match (lo, hi, step) {
                         (Some(lo), Some(hi), Some(step)) => {
                             let items = (hi - lo).unsigned_abs() / step.unsigned_abs().max(1);
                             u64::try_from(items.saturating_mul(8)).unwrap_or(u64::MAX)
                         }
                         // Dates, timestamps, intervals: not sized.
                         _ => u64::MAX,
-                    }
+                    };
+                    (bytes, 0)
                 }
-                _ => args
-                    .iter()
-                    .map(|a| written(a).bytes)
-                    .fold(0, u64::saturating_add),
+                // A function of the private fragment: its size rule there (FUNCTIONS); any
+                // other: the sum of its arguments (and bounded when it runs: sized.rs).
+                name => match function(name).map(|f| f.size) {
+                    Some(Fixed) => (FIXED_AS_TEXT, 0),
+                    Some(First) => (arg(0).bytes, arg(0).rows),
+                    Some(Times(k)) => (
+                        arg(0).bytes.saturating_mul(k),
+                        arg(0).rows.saturating_mul(k),
+                    ),
+                    Some(Separated) => {
+                        let copies = args.len().saturating_sub(2) as u64;
+                        let (b, r) = sum(&mut args.iter().skip(1));
+                        (
+                            b.saturating_add(arg(0).bytes.saturating_mul(copies)),
+                            r.saturating_add(arg(0).rows.saturating_mul(copies)),
+                        )
+                    }
+                    Some(Sum) | None => sum(&mut args.iter()),
+                },
             }
         }
-        _ => 0,
+        // An aggregate's or a window's result: its memory is the pool's; read once.
+        Expr::AggregateFunction(_) | Expr::WindowFunction(_) => (0, 1),
+        // A constant from a subquery: what its plan writes is checked there.
+        Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_) => (0, 0),
+        Expr::BinaryExpr(b) if b.op == Operator::StringConcat => {
+            sum(&mut [b.left.as_ref(), b.right.as_ref()].into_iter())
+        }
+        // Numbers and booleans (their operands are checked as values of their own).
+        Expr::BinaryExpr(_)
+        | Expr::Like(_)
+        | Expr::SimilarTo(_)
+        | Expr::Not(_)
+        | Expr::IsNull(_)
+        | Expr::IsNotNull(_)
+        | Expr::IsTrue(_)
+        | Expr::IsFalse(_)
+        | Expr::IsUnknown(_)
+        | Expr::IsNotTrue(_)
+        | Expr::IsNotFalse(_)
+        | Expr::IsNotUnknown(_)
+        | Expr::Negative(_)
+        | Expr::Between(_)
+        | Expr::InList(_) => (16, 0),
+        // One of its branches.
+        Expr::Case(c) => c
+            .when_then_expr
+            .iter()
+            .map(|(_, t)| t.as_ref())
+            .chain(c.else_expr.as_deref())
+            .map(|x| written(x, cols))
+            .fold((0, 0), |(b, r), w| (b.max(w.bytes), r.max(w.rows))),
+        other => {
+            let mut children = vec![];
+            let _ = other.apply_children(|c| {
+                children.push(c);
+                Ok(TreeNodeRecursion::Continue)
+            });
+            sum(&mut children.into_iter())
+        }
     };
-    Written { bytes, per_row }
+    Written {
+        bytes,
+        per_row,
+        rows,
+    }
 }
 
 /// The value of a literal number as i128 (NULL: 0; None: not a number literal).
@@ -1027,14 +1326,12 @@ pub fn column_bytes(plan: &LogicalPlan) -> Vec<Bytes> {
         }
         LogicalPlan::Join(j) => {
             let (l, r) = (of(&j.left), of(&j.right));
-            if n == l.len() + r.len() {
-                l.into_iter().chain(r).collect()
-            } else if n == l.len() {
-                l
-            } else if n == r.len() {
-                r
-            } else {
-                vec![largest(&[largest(&l), largest(&r)]); n]
+            use datafusion::logical_expr::JoinType::*;
+            match j.join_type {
+                LeftSemi | LeftAnti => l,
+                RightSemi | RightAnti => r,
+                _ if n == l.len() + r.len() => l.into_iter().chain(r).collect(),
+                _ => vec![largest(&[largest(&l), largest(&r)]); n],
             }
         }
         LogicalPlan::Union(u) => {
@@ -1397,7 +1694,7 @@ mod tests {
     /// limits of the private fragment are checked on columns later).
     #[test]
     fn written_sizes_are_bounded_before_planning_evaluates_them() {
-        let size = |e: &Expr| written(e).bytes;
+        let size = |e: &Expr| written(e, &|_| Written::READ).bytes;
         let cast_to = |t: &str| call("arrow_cast", vec![lit(ScalarValue::Null), lit(t)]);
         assert_eq!(
             size(&cast_to("FixedSizeList(2147483647, Int64)")),

@@ -2093,6 +2093,25 @@ fn review3_unit_cases() -> Vec<Case> {
     cases
 }
 
+/// Round 44 (a review): each join of two private tables multiplies a unit's rows (n rows joined
+/// k times make n^k), so a chain would make the work a power of a private count. One join of two
+/// unit tables stays admitted; a second in the same region is refused before anything is read or
+/// charged.
+#[tokio::test]
+async fn a_chain_of_joins_of_private_tables_is_refused() {
+    let dir = temp_dir("r44-chain");
+    let s = review3_session(&dir).await;
+    let one =
+        "SELECT dp_count(a.amount, 1.0) FROM purchases a JOIN visits b ON a.customer = b.customer";
+    s.sql(one).await.expect("one join of two unit tables");
+    let (scans, budget) = (s.scans("purchases"), format!("{:?}", s.budget()));
+    let two = format!("{one} JOIN purchases c ON a.customer = c.customer");
+    let e = s.sql(&two).await.expect_err("refused").to_string();
+    assert!(e.contains("more than one join of private tables"), "{e}");
+    assert_eq!(s.scans("purchases"), scans, "nothing read");
+    assert_eq!(format!("{:?}", s.budget()), budget, "nothing charged");
+}
+
 #[tokio::test]
 async fn review3_subqueries_over_a_private_table_in_join_keys_and_conditions_are_refused() {
     let dir = temp_dir("r3-joins");
