@@ -39,6 +39,8 @@ use datafusion::logical_expr::{
     ScalarUDF, ScalarUDFImpl, Signature,
 };
 
+const ROW: &str = "would write, for one row, up to";
+
 /// What one call may write when the session's memory limit is not known.
 pub const DEFAULT_BUDGET: u64 = 1 << 30;
 
@@ -66,9 +68,27 @@ fn outside_fragment(name: &str) -> bool {
 
 /// `plan` with every call of a DataFusion function outside the private fragment wrapped in
 /// [`Sized`] (in every node's expressions and every subquery's).
+///
+/// The calls share `budget`: the results of one batch are held together, so each call may write
+/// `budget` divided by the number of calls (ninety `repeat` calls of a gigabyte each were each
+/// within a gigabyte).
 pub fn wrap(plan: LogicalPlan, budget: u64) -> Result<LogicalPlan> {
+    let mut calls = 0u64;
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|x| {
+                if let Expr::ScalarFunction(f) = x
+                    && outside_fragment(f.func.name())
+                {
+                    calls += 1;
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    let each = budget / calls.max(1);
     plan.transform_up_with_subqueries(|node| {
-        node.map_expressions(|e| e.transform_up(|x| wrap_call(x, budget)))
+        node.map_expressions(|e| e.transform_up(|x| wrap_call(x, each)))
     })
     .map(|t| t.data)
 }
@@ -121,11 +141,17 @@ pub struct Sized {
 
 impl Sized {
     fn refuse(&self, bytes: u64, most: u64, when: &str) -> datafusion::common::DataFusionError {
+        let what = match when {
+            ROW => "one row may take (64 KiB a row of a batch, 4 MiB a constant)",
+            _ => {
+                "one call may write (4 MiB for a constant; for a batch of rows a quarter of the \
+                 session's memory limit, shared by the statement's calls)"
+            }
+        };
         super::refuse(format!(
-            "a call of {}() {when} {bytes} bytes, more than the {most} one call may write (4 \
-             MiB for a constant, a quarter of the session's memory limit for a batch of rows): \
-             a count, length, range or repeated value in the query (or computed by it) is too \
-             large; use a smaller one",
+            "a call of {}() {when} {bytes} bytes, more than the {most} {what}: a count, length, \
+             range or repeated value in the query (or computed by it) is too large; use a \
+             smaller one",
             self.inner.name(),
         ))
     }
@@ -168,8 +194,17 @@ impl ScalarUDFImpl for Sized {
             false => self.budget,
         };
         let before = bound(self.inner.name(), &args.args, rows);
-        if before > most {
-            return Err(self.refuse(before, most, "would write up to"));
+        if before.total > most {
+            return Err(self.refuse(before.total, most, "would write up to"));
+        }
+        // A counted function's row: a row's worth (a constant: the value's), as the bound
+        // before planning assumed where its count is read from a column.
+        let row_most = match rows > 1 {
+            true => super::fragment::WRITTEN_ROW_BYTES,
+            false => super::fragment::WRITTEN_VALUE_BYTES,
+        };
+        if COUNTED.contains(&self.inner.name()) && before.row > row_most {
+            return Err(self.refuse(before.row, row_most, ROW));
         }
         let out = self.inner.invoke_with_args(args)?;
         let written = match &out {
@@ -273,20 +308,51 @@ impl<T: Copy> PerRow<T> {
     }
 }
 
-/// Iterates `rows` rows (at most one when every argument is a constant, times `rows`).
-fn sum_rows(rows: u64, per_row: &dyn Fn(usize) -> u64, constant: bool) -> u64 {
+/// The bytes of `rows` rows and of the largest (one row when every argument is a constant,
+/// times `rows`).
+fn sum_rows(rows: u64, per_row: &dyn Fn(usize) -> u64, constant: bool) -> Size {
     if constant {
-        return per_row(0).saturating_mul(rows);
+        let one = per_row(0);
+        return Size {
+            total: one.saturating_mul(rows),
+            row: one,
+        };
     }
-    (0..rows as usize).fold(0u64, |a, i| a.saturating_add(per_row(i)))
+    (0..rows as usize).fold(Size { total: 0, row: 0 }, |a, i| {
+        let b = per_row(i);
+        Size {
+            total: a.total.saturating_add(b),
+            row: a.row.max(b),
+        }
+    })
 }
+
+/// What a call may write: in all, and for its largest row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Size {
+    total: u64,
+    row: u64,
+}
+
+/// The functions whose output a count, length or range chooses: a row of theirs may take at most
+/// [`super::fragment::WRITTEN_ROW_BYTES`] (4 MiB for a constant), which the bound before
+/// planning counts for them where the count is read from a column.
+const COUNTED: &[&str] = &[
+    "repeat",
+    "lpad",
+    "rpad",
+    "array_repeat",
+    "array_resize",
+    "range",
+    "generate_series",
+];
 
 fn is_constant(args: &[ColumnarValue]) -> bool {
     args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)))
 }
 
 /// The bytes a call of `name` may write, from its arguments' values (module docs).
-fn bound(name: &str, args: &[ColumnarValue], rows: u64) -> u64 {
+fn bound(name: &str, args: &[ColumnarValue], rows: u64) -> Size {
     let arg = |i: usize| args.get(i);
     let constant = is_constant(args);
     let sum = |f: &dyn Fn(usize) -> u64| sum_rows(rows, f, constant);
@@ -377,6 +443,27 @@ fn bound(name: &str, args: &[ColumnarValue], rows: u64) -> u64 {
         "encode" => {
             let s = len(0);
             sum(&|i| s.at(i).saturating_mul(2).saturating_add(4))
+        }
+        // Lists zipped item by item, the shorter padded with NULL items of their type's width:
+        // the longest list's items times the widths of all the lists' items.
+        "arrays_zip" => {
+            let longest: Vec<PerRow<u64>> = args.iter().map(leaves).collect();
+            let width = args.iter().fold(0u64, |w, a| {
+                let item = match a.data_type() {
+                    DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+                        super::fragment::type_bytes(f.data_type()).max(8)
+                    }
+                    _ => 8,
+                };
+                w.saturating_add(item)
+            });
+            let bytes: Vec<PerRow<u64>> = (0..args.len()).map(len).collect();
+            sum(&|i| {
+                let items = longest.iter().map(|l| l.at(i)).max().unwrap_or(0);
+                bytes.iter().fold(items.saturating_mul(width), |a, b| {
+                    a.saturating_add(b.at(i))
+                })
+            })
         }
         // Any other: its arguments' bytes (a constant once per row), and a fixed-width result.
         _ => {
@@ -620,13 +707,18 @@ mod tests {
         }
     }
 
+    fn bound_total(name: &str, args: &[ColumnarValue], rows: u64) -> u64 {
+        bound(name, args, rows).total
+    }
+
     #[test]
     fn the_bound_before_a_call_reads_its_counts_lengths_and_ranges() {
         let s = |t: &str| ColumnarValue::Scalar(ScalarValue::Utf8(Some(t.to_string())));
         let n = |k: i64| ColumnarValue::Scalar(ScalarValue::Int64(Some(k)));
-        assert_eq!(bound("repeat", &[s("ab"), n(1000)], 1), 2000);
-        assert_eq!(bound("repeat", &[s("ab"), n(-5)], 1), 0);
-        assert_eq!(bound("repeat", &[s("ab"), n(1000)], 10), 20_000);
+        assert_eq!(bound_total("repeat", &[s("ab"), n(1000)], 1), 2000);
+        assert_eq!(bound_total("repeat", &[s("ab"), n(-5)], 1), 0);
+        assert_eq!(bound_total("repeat", &[s("ab"), n(1000)], 10), 20_000);
+        assert_eq!(bound("repeat", &[s("ab"), n(1000)], 10).row, 2000);
         // Counts from a column, row by row.
         let col: ArrayRef = Arc::new(datafusion::arrow::array::Int64Array::from(vec![
             Some(1),
@@ -634,13 +726,13 @@ mod tests {
             Some(1_500_000_000),
         ]));
         assert_eq!(
-            bound("repeat", &[s("x"), ColumnarValue::Array(col)], 3),
+            bound_total("repeat", &[s("x"), ColumnarValue::Array(col)], 3),
             1_500_000_001
         );
-        assert_eq!(bound("lpad", &[s("ab"), n(10)], 1), 40);
-        assert_eq!(bound("range", &[n(0), n(1000)], 1), 1001 * 8);
-        assert_eq!(bound("generate_series", &[n(1000)], 1), 1001 * 8);
-        assert_eq!(bound("range", &[n(0), n(1000), n(0)], 1), u64::MAX);
+        assert_eq!(bound_total("lpad", &[s("ab"), n(10)], 1), 40);
+        assert_eq!(bound_total("range", &[n(0), n(1000)], 1), 1001 * 8);
+        assert_eq!(bound_total("generate_series", &[n(1000)], 1), 1001 * 8);
+        assert_eq!(bound_total("range", &[n(0), n(1000), n(0)], 1), u64::MAX);
         let date = |d: i32| ColumnarValue::Scalar(ScalarValue::Date32(Some(d)));
         let interval = |months: i32, days: i32| {
             ColumnarValue::Scalar(ScalarValue::IntervalMonthDayNano(Some(
@@ -648,24 +740,24 @@ mod tests {
             )))
         };
         assert_eq!(
-            bound("range", &[date(0), date(365), interval(0, 1)], 1),
+            bound_total("range", &[date(0), date(365), interval(0, 1)], 1),
             366 * 8
         );
         // A month counts as 28 days at least: 365 / 28 = 13 steps.
         assert_eq!(
-            bound("range", &[date(0), date(365), interval(1, 0)], 1),
+            bound_total("range", &[date(0), date(365), interval(1, 0)], 1),
             14 * 8
         );
         // A month forward and 30 days back may be no step at all: refused.
         assert_eq!(
-            bound("range", &[date(0), date(365), interval(1, -30)], 1),
+            bound_total("range", &[date(0), date(365), interval(1, -30)], 1),
             u64::MAX
         );
         assert_eq!(
-            bound("replace", &[s("aaaa"), s("a"), s("bbb")], 1),
+            bound_total("replace", &[s("aaaa"), s("a"), s("bbb")], 1),
             4 + 5 * 3
         );
         // Any other function: its arguments' bytes, a constant once per row.
-        assert_eq!(bound("md5", &[s("abcd")], 100), (64 + 4) * 100);
+        assert_eq!(bound_total("md5", &[s("abcd")], 100), (64 + 4) * 100);
     }
 }
