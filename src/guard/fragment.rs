@@ -19,6 +19,8 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, ScalarValue};
 use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, Operator};
 
+use crate::session::limits::MAX_LITERAL_DEPTH_BYTES;
+
 /// Classes of argument types a function of the fragment accepts (checked on the planned,
 /// coerced types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,6 +401,17 @@ pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()>
             ));
         }
         node.apply_expressions(|e| {
+            // A constant the optimizer folds to a literal is copied into the name of every
+            // expression around it (session/limits.rs, MAX_LITERAL_DEPTH_BYTES).
+            let (heavy, levels) = heaviest_constant(e, 1, &lookup);
+            if heavy.saturating_mul(levels) > MAX_LITERAL_DEPTH_BYTES as u64 {
+                problem = Some(format!(
+                    "a constant of up to {heavy} bytes stands about {levels} levels deep in an \
+                     expression (its bytes times its depth may be at most \
+                     {MAX_LITERAL_DEPTH_BYTES}: the planner copies it into the name of every \
+                     expression around it); compute it in a subquery, or make it smaller"
+                ));
+            }
             e.apply(|x| {
                 // A window aggregate that builds a list or a string gives every row its
                 // window's values: a window of n rows makes n² (array_agg(x) OVER () over
@@ -499,6 +512,23 @@ impl Written {
             rows: self.rows.max(o.rows),
         }
     }
+}
+
+/// The constant part of `e` (one that reads no column) whose bytes times the levels around it
+/// are the largest: its bytes and its levels (`around` for `e` itself).
+fn heaviest_constant(e: &Expr, around: u64, cols: &dyn Fn(&Column) -> Written) -> (u64, u64) {
+    let mut best = (0u64, 0u64);
+    if e.column_refs().is_empty() && !matches!(e, Expr::Literal(..)) {
+        best = (written(e, cols).bytes, around);
+    }
+    let _ = e.apply_children(|c| {
+        let (b, l) = heaviest_constant(c, around + 1, cols);
+        if b.saturating_mul(l) > best.0.saturating_mul(best.1) {
+            best = (b, l);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    best
 }
 
 /// Whether `plan` has at most one row by its shape (no FROM, an aggregate without GROUP BY, one
@@ -765,7 +795,10 @@ fn written(e: &Expr, cols: &dyn Fn(&Column) -> Written) -> Written {
                         }
                         _ => 0,
                     };
-                    (arg(0).bytes.max(ty), arg(0).rows)
+                    {
+                        let a = arg(0);
+                        (a.bytes.max(ty), a.rows)
+                    }
                 }
                 // n copies of a string (of a byte at least: a column's is not written), a
                 // string of n characters (4 bytes each at most), n copies of a value.
@@ -830,19 +863,23 @@ fn written(e: &Expr, cols: &dyn Fn(&Column) -> Written) -> Written {
                 }
                 // A function of the private fragment: its size rule there (FUNCTIONS); any
                 // other: the sum of its arguments (and bounded when it runs: sized.rs).
+                // (Each argument sized once: twice per level would be exponential in depth.)
                 name => match function(name).map(|f| f.size) {
                     Some(Fixed) => (FIXED_AS_TEXT, 0),
-                    Some(First) => (arg(0).bytes, arg(0).rows),
-                    Some(Times(k)) => (
-                        arg(0).bytes.saturating_mul(k),
-                        arg(0).rows.saturating_mul(k),
-                    ),
+                    Some(First) => {
+                        let a = arg(0);
+                        (a.bytes, a.rows)
+                    }
+                    Some(Times(k)) => {
+                        let a = arg(0);
+                        (a.bytes.saturating_mul(k), a.rows.saturating_mul(k))
+                    }
                     Some(Separated) => {
-                        let copies = args.len().saturating_sub(2) as u64;
+                        let (sep, copies) = (arg(0), args.len().saturating_sub(2) as u64);
                         let (b, r) = sum(&mut args.iter().skip(1));
                         (
-                            b.saturating_add(arg(0).bytes.saturating_mul(copies)),
-                            r.saturating_add(arg(0).rows.saturating_mul(copies)),
+                            b.saturating_add(sep.bytes.saturating_mul(copies)),
+                            r.saturating_add(sep.rows.saturating_mul(copies)),
                         )
                     }
                     Some(Sum) | None => sum(&mut args.iter()),

@@ -17,6 +17,12 @@ pub const MAX_SQL_BYTES: usize = 1 << 20;
 pub const MAX_DEPTH: usize = 128;
 /// The most set operations (UNION, INTERSECT, EXCEPT) and joins in one statement.
 pub const MAX_CHAIN: usize = 64;
+/// The most a string literal's bytes times the levels of expressions around it may be.
+/// DataFusion copies a literal into the name of every expression around it, in each optimizer
+/// pass, so planning takes about that product squared: a 900 KB literal inside 40 nested calls
+/// kept a debug build planning for over five minutes, which a statement's time limit does not
+/// stop (planning does not yield).
+pub const MAX_LITERAL_DEPTH_BYTES: usize = 8 << 20;
 
 pub(super) fn check_complexity(sql: &str) -> Result<()> {
     use datafusion::sql::sqlparser::keywords::Keyword;
@@ -33,15 +39,23 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
     // Operators chained at each open level of parentheses (the last entry is the innermost).
     let mut levels: Vec<usize> = vec![0];
     let (mut depth, mut chains) = (0usize, 0usize);
+    // The largest literal's bytes times the levels around it, and that literal's size.
+    let (mut weight, mut heavy) = (0usize, (0usize, 0usize));
     for t in &tokens {
         let op = match t {
             Token::Whitespace(_) | Token::SemiColon | Token::Period => continue,
-            Token::Number(..)
-            | Token::SingleQuotedString(_)
-            | Token::DoubleQuotedString(_)
-            | Token::NationalStringLiteral(_)
-            | Token::HexStringLiteral(_)
-            | Token::Placeholder(_) => continue,
+            Token::SingleQuotedString(text)
+            | Token::DoubleQuotedString(text)
+            | Token::NationalStringLiteral(text)
+            | Token::HexStringLiteral(text) => {
+                let around = levels.iter().sum::<usize>() + levels.len();
+                if text.len().saturating_mul(around) > weight {
+                    weight = text.len().saturating_mul(around);
+                    heavy = (text.len(), around);
+                }
+                continue;
+            }
+            Token::Number(..) | Token::Placeholder(_) => continue,
             Token::LParen | Token::LBracket | Token::LBrace => {
                 levels.push(0);
                 false
@@ -117,6 +131,16 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
             *levels.last_mut().expect("one level") += 1;
         }
         depth = depth.max(levels.iter().sum::<usize>() + levels.len());
+    }
+    if weight > MAX_LITERAL_DEPTH_BYTES {
+        return refused!(
+            "dpfusion refused the query: a literal of {} bytes stands about {} levels deep in \
+             an expression (its bytes times its depth may be at most {MAX_LITERAL_DEPTH_BYTES}: \
+             the planner copies it into the name of every expression around it). Compute it \
+             in a subquery, or make it shorter.",
+            heavy.0,
+            heavy.1
+        );
     }
     if depth > MAX_DEPTH || chains > MAX_CHAIN {
         return refused!(
@@ -206,5 +230,34 @@ pub(super) fn check_table_function_args(stmt: &datafusion::sql::parser::Statemen
     match found {
         ControlFlow::Break(why) => refused!("dpfusion refused the query: {why}"),
         ControlFlow::Continue(()) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long literal deep in an expression is refused before it is parsed (planning it took
+    /// minutes); the same literal near the top, and a deep expression of short literals, pass.
+    #[test]
+    fn a_long_literal_deep_in_an_expression_is_refused() {
+        let literal = format!("'{}'", "x".repeat(500_000));
+        let nested = |levels: usize| {
+            let mut e = format!("concat(CAST(random() AS VARCHAR), {literal})");
+            for _ in 0..levels {
+                e = format!("reverse({e})");
+            }
+            format!("SELECT length({e})")
+        };
+        let e = check_complexity(&nested(20))
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("a literal of 500000 bytes stands about"), "{e}");
+        check_complexity(&nested(2)).expect("a long literal near the top");
+        let mut short = "concat(CAST(random() AS VARCHAR), 'abc')".to_string();
+        for _ in 0..60 {
+            short = format!("reverse({short})");
+        }
+        check_complexity(&format!("SELECT {short}")).expect("short literals, deep");
     }
 }

@@ -41,7 +41,7 @@ use crate::statements;
 
 mod ddl;
 mod kind;
-mod limits;
+pub(crate) mod limits;
 mod options;
 mod pipeline;
 mod register;

@@ -246,6 +246,26 @@ mod tests {
         let s = render(&[], &schema, OutputFormat::Csv).unwrap();
         assert_eq!(s, "n,model");
     }
+
+    /// A column named by an expression that quotes a long literal (100,000 characters) prints
+    /// with its name cut: a padding width past 65,535 made Rust's formatting panic.
+    #[test]
+    fn a_very_long_column_name_is_cut_not_a_panic() {
+        let long = "x".repeat(100_000);
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            &long,
+            DataType::Float64,
+            false,
+        )]));
+        let b =
+            RecordBatch::try_new(schema, vec![Arc::new(Float64Array::from(vec![2.0]))]).unwrap();
+        let s = expanded(&[b]).unwrap();
+        assert!(
+            s.contains("…") && s.len() < 1_000,
+            "{}",
+            &s[..200.min(s.len())]
+        );
+    }
 }
 
 /// Significant digits of a float in the table format. A DP release is noisy: its 7th digit is
@@ -326,6 +346,12 @@ fn expanded(batches: &[RecordBatch]) -> Result<String, ArrowError> {
                     flatten(format!("{name}.{}", f.name()), &masked, None, lines);
                 }
             } else {
+                // A name longer than half the display (an expression's, which may quote a long
+                // literal) is cut: a padding width past 65,535 makes Rust's formatting panic.
+                let name = match name.char_indices().nth(DISPLAY_WIDTH / 2) {
+                    Some((i, _)) => format!("{}…", &name[..i]),
+                    None => name,
+                };
                 lines.push((name, c.clone(), shown.cloned()));
             }
         }
