@@ -824,6 +824,22 @@ fn written(e: &Expr, cols: &dyn Fn(&Column) -> Written) -> Written {
                         n.saturating_mul(a.rows.max(1)),
                     )
                 }
+                // Hexadecimal doubles (base64 takes 4/3); an item per character at most 16
+                // bytes: as the bound when the call runs (sized.rs) counts them.
+                "encode" => {
+                    let a = arg(0);
+                    (
+                        a.bytes.saturating_mul(2).saturating_add(4),
+                        a.rows.saturating_mul(2),
+                    )
+                }
+                "string_to_array" => {
+                    let a = arg(0);
+                    (
+                        a.bytes.saturating_add(1).saturating_mul(16),
+                        a.rows.saturating_mul(16),
+                    )
+                }
                 "range" | "generate_series"
                     if args.iter().any(|a| matches!(a, Expr::Column(_))) =>
                 {
