@@ -595,14 +595,24 @@ impl ColumnBound for Written {
         let inputs = [(schema, cols.to_vec())];
         written(e, &|c| lookup_written(&inputs, c))
     }
-    // A list or string an aggregate builds may take what the memory pool allows: it may be
-    // used once, not copied (it counts as many copies of a row as a value may take).
-    fn aggregated(t: &DataType, _largest: Self) -> Self {
-        fixed(t).unwrap_or(Written {
-            bytes: 0,
-            per_row: true,
-            rows: WRITTEN_ROW_COPIES,
-        })
+    // A list or string an aggregate builds of its rows (array_agg, string_agg) may take what
+    // the memory pool allows: it may be used once, not copied (it counts as many copies of a row
+    // as a value may take). Any other aggregate's result is one of its values or a number.
+    fn aggregated(e: &Expr, t: &DataType, largest: Self) -> Self {
+        let inner = match e {
+            Expr::Alias(a) => a.expr.as_ref(),
+            e => e,
+        };
+        match inner {
+            Expr::AggregateFunction(f) if matches!(f.func.name(), "array_agg" | "string_agg") => {
+                Written {
+                    bytes: 0,
+                    per_row: true,
+                    rows: WRITTEN_ROW_COPIES,
+                }
+            }
+            _ => fixed(t).unwrap_or(largest),
+        }
     }
     fn unnested(t: &DataType, largest: Self) -> Self {
         fixed(t).unwrap_or(largest)
@@ -619,8 +629,8 @@ trait ColumnBound: Copy {
     fn scanned(plan: &LogicalPlan) -> Vec<Self>;
     /// An expression over `schema`, whose columns take `cols`.
     fn expr(e: &Expr, schema: &DFSchema, cols: &[Self]) -> Self;
-    /// An aggregate's result of type `t`, its input's columns taking at most `largest`.
-    fn aggregated(t: &DataType, largest: Self) -> Self;
+    /// An aggregate's result `e` of type `t`, its input's columns taking at most `largest`.
+    fn aggregated(e: &Expr, t: &DataType, largest: Self) -> Self;
     /// An unnested item of type `t`, its input's columns taking at most `largest`.
     fn unnested(t: &DataType, largest: Self) -> Self;
 }
@@ -693,8 +703,8 @@ fn compose<B: ColumnBound>(plan: &LogicalPlan) -> Vec<B> {
             let rest = largest(&cols);
             let mut out = over(&a.input, &cols, &a.group_expr);
             let fields = plan.schema().fields();
-            for f in fields.iter().skip(out.len()) {
-                out.push(B::aggregated(f.data_type(), rest));
+            for (e, f) in a.aggr_expr.iter().zip(fields.iter().skip(out.len())) {
+                out.push(B::aggregated(e, f.data_type(), rest));
             }
             out.resize(n, B::READ);
             out
@@ -1470,7 +1480,7 @@ impl ColumnBound for Bytes {
             .unwrap_or(ONE_ROW)
     }
     // The unit bounding's totals and samples copy input values.
-    fn aggregated(_: &DataType, largest: Self) -> Self {
+    fn aggregated(_: &Expr, _: &DataType, largest: Self) -> Self {
         largest
     }
     fn unnested(_: &DataType, largest: Self) -> Self {
