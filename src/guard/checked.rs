@@ -487,6 +487,9 @@ fn audit_dp_aggregate(a: &Aggregate, opts: &GuardOptions) -> Result<()> {
     let cols = fragment::column_bytes(&a.input);
     for g in &a.group_expr {
         region_expr(g, a.input.schema(), &cols, "GROUP BY", opts)?;
+        if let Some(why) = super::unsortable_key(g, a.input.schema()) {
+            return Err(audit_refusal(why));
+        }
     }
     for e in &a.aggr_expr {
         let Some(f) = aggregate_function(e) else {
@@ -709,6 +712,12 @@ fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
     let right = any_private_table(&j.right).is_some();
     match (left, right) {
         (true, true) => {
+            if j.null_equality == datafusion::common::NullEquality::NullEqualsNull {
+                return Err(audit_refusal(
+                    "a join of private tables whose keys match NULL with NULL (IS NOT DISTINCT \
+                     FROM)",
+                ));
+            }
             cx.private_joins += 1;
             if cx.private_joins > 1 {
                 return Err(audit_refusal(

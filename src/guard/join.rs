@@ -234,6 +234,14 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
         let jt = j.join_type.to_string().to_uppercase();
         return Err(refuse_with(format!("a {jt} JOIN")));
     }
+    if j.null_equality == datafusion::common::NullEquality::NullEqualsNull {
+        // IS NOT DISTINCT FROM pairs every NULL-unit row of one table with every one of the
+        // other: rows that reach no DP call, but whose number (a product of two private counts)
+        // would set the work and the time (review r45).
+        return Err(refuse_with(
+            "keys compared with IS NOT DISTINCT FROM, which matches NULL with NULL; use =".into(),
+        ));
+    }
     let mut left = Region::default();
     let left_plan = super::region(&j.left, &mut left, cx, table)?;
     let mut right = Region::default();

@@ -33,12 +33,13 @@ pub mod units;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, DataFusionError, Result, ScalarValue, TableReference};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{
-    Aggregate, Expr, Filter, LogicalPlan, Projection, SubqueryAlias, col, lit,
+    Aggregate, Expr, ExprSchemable, Filter, LogicalPlan, Projection, SubqueryAlias, col, lit,
 };
 use dpfusion_udfs::aggregates::{dp_aggregate_data_args, dp_call_cost, dp_call_cost_with_data};
 use dpfusion_udfs::privacy::Event;
@@ -796,6 +797,9 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             )));
         }
         check_fragment(g, agg.input.schema(), "GROUP BY", &table.name)?;
+        if let Some(why) = unsortable_key(g, agg.input.schema()) {
+            return Err(refuse(why));
+        }
         match base_columns(g, &agg.input) {
             Some(cols) if cols.iter().all(|c| table.is_public_column(c)) => {}
             _ => keys_public = false,
@@ -1120,7 +1124,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
 
 /// Can DataFusion sort by a column of type `t` (every kernel it may use: arrow's single-column
 /// sort and its lexicographic comparator)? Scalars, strings, binaries and lists of them.
-fn orderable(t: &datafusion::arrow::datatypes::DataType) -> bool {
+fn orderable(t: &DataType) -> bool {
     use datafusion::arrow::datatypes::DataType::*;
     match t {
         List(f) | LargeList(f) | FixedSizeList(f, _) => orderable(f.data_type()),
@@ -1132,13 +1136,59 @@ fn orderable(t: &datafusion::arrow::datatypes::DataType) -> bool {
     }
 }
 
-/// Ascending, NULLs first, by each orderable column among the first `take` of `schema`.
+/// The sort keys that order values of type `t` computed by `e`: `e` itself if DataFusion can
+/// sort by it ([`orderable`]), a struct by each of its fields in turn (recursively), None for a
+/// type nothing sorts (maps, unions, lists of structs, …). Ascending, NULLs first.
+fn sort_keys(e: Expr, t: &DataType) -> Option<Vec<datafusion::logical_expr::SortExpr>> {
+    match t {
+        DataType::Struct(fields) => {
+            let mut keys = vec![];
+            for f in fields.iter() {
+                let field =
+                    datafusion::functions::core::expr_fn::get_field(e.clone(), f.name().as_str());
+                keys.extend(sort_keys(field, f.data_type())?);
+            }
+            Some(keys)
+        }
+        t if orderable(t) => Some(vec![e.sort(true, true)]),
+        _ => None,
+    }
+}
+
+/// Why the GROUP BY key `g` of a DP aggregate (over `schema`) cannot be released, if it cannot:
+/// the released groups are sorted by their keys ([`sort_by_group_keys`]), so that their order is
+/// a function of the released set; a key of a type nothing sorts would leave them in the order
+/// the hash aggregate first met them, an order set by the private rows (review r45). The audit
+/// refuses the same (checked.rs).
+pub(crate) fn unsortable_key(g: &Expr, schema: &DFSchema) -> Option<String> {
+    let t = match g.get_type(schema) {
+        Ok(t) => t,
+        Err(e) => return Some(format!("the GROUP BY key {g} has no type here ({e})")),
+    };
+    match sort_keys(g.clone(), &t) {
+        Some(_) => None,
+        None => Some(format!(
+            "GROUP BY {g} (of type {t}) over private rows: released groups are sorted by their \
+             keys, so that their order says nothing about the private rows, and a value of this \
+             type cannot be sorted. Group by its fields or elements (scalars, strings, lists of \
+             them, or structs of these) instead."
+        )),
+    }
+}
+
+/// Sort keys for the first `take` columns of `schema`: each orderable column, each struct by its
+/// fields; columns of a type nothing sorts are left out.
 fn sort_exprs(schema: &DFSchema, take: usize) -> Vec<datafusion::logical_expr::SortExpr> {
     schema
         .iter()
         .take(take)
-        .filter(|(_, f)| orderable(f.data_type()))
-        .map(|(q, f)| Expr::Column(Column::new(q.cloned(), f.name())).sort(true, true))
+        .filter_map(|(q, f)| {
+            sort_keys(
+                Expr::Column(Column::new(q.cloned(), f.name())),
+                f.data_type(),
+            )
+        })
+        .flatten()
         .collect()
 }
 
@@ -1241,8 +1291,6 @@ fn charge_joined_tables(cx: &mut Cx, from: usize, also: &[TableInfo]) {
 /// is looked through: DataFusion's common-subexpression pass moves a feature list shared by two
 /// calls into such a column (`__common_expr_1`).
 fn feature_count_known(e: &Expr, input: &LogicalPlan) -> bool {
-    use datafusion::arrow::datatypes::DataType;
-    use datafusion::logical_expr::ExprSchemable;
     match e {
         Expr::Alias(a) => feature_count_known(&a.expr, input),
         Expr::Cast(c) if feature_count_known(&c.expr, input) => true,

@@ -9,10 +9,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, Statistics};
 use datafusion::datasource::TableType;
+use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+    SendableRecordBatchStream,
+};
 
 use crate::accounting::{Neighbours, PrivacyUnit, TableKey};
 
@@ -150,8 +157,10 @@ impl TableProvider for GuardedTable {
         }
         if self.info.private {
             // No filter and no limit reach a private table's reader: every predicate is evaluated
-            // by the (total) Filter above the scan, where the guard checked it.
-            return self.inner.scan(state, projection, &[], None).await;
+            // by the (total) Filter above the scan, where the guard checked it. The reader is
+            // sealed in a leaf the physical optimizer cannot look into ([`PrivateScanExec`]).
+            let inner = self.inner.scan(state, projection, &[], None).await?;
+            return Ok(Arc::new(PrivateScanExec::new(inner)));
         }
         self.inner.scan(state, projection, filters, limit).await
     }
@@ -181,5 +190,93 @@ impl GuardedTable {
     #[allow(dead_code)]
     fn _as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+/// A private table's reader, sealed: a leaf of the physical plan that runs the reader it wraps
+/// and shows the physical optimizer nothing of it. DataFusion's physical `FilterPushdown` rule
+/// hands a `FilterExec`'s predicate to a Parquet reader, which prunes row groups, pages and bloom
+/// filters with it even when it does not filter rows (datasource-parquet's
+/// `ParquetSource::try_pushdown_filters`), and a hash join pushes its build side's key range
+/// into the probe side's reader (dynamic filters): how much of a private file is read, hence the
+/// time, would then depend on its rows (review r45: one row with a bare boolean column true
+/// doubled a query's time). Sealed, no predicate, limit, projection or dynamic filter reaches
+/// the reader, and its statistics are unknown (the table's are None too). Only splitting the
+/// files into more partitions is passed through, which depends on the files' sizes alone.
+#[derive(Debug)]
+pub struct PrivateScanExec {
+    inner: Arc<dyn ExecutionPlan>,
+}
+
+impl PrivateScanExec {
+    fn new(inner: Arc<dyn ExecutionPlan>) -> Self {
+        Self { inner }
+    }
+}
+
+impl DisplayAs for PrivateScanExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => {
+                write!(f, "PrivateScanExec: ")?;
+                self.inner.fmt_as(t, f)
+            }
+            DisplayFormatType::TreeRender => write!(f, ""),
+        }
+    }
+}
+
+impl ExecutionPlan for PrivateScanExec {
+    fn name(&self) -> &'static str {
+        "PrivateScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.inner.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn repartitioned(
+        &self,
+        target_partitions: usize,
+        config: &ConfigOptions,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        Ok(self
+            .inner
+            .repartitioned(target_partitions, config)?
+            .map(|inner| Arc::new(Self::new(inner)) as Arc<dyn ExecutionPlan>))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        self.inner.execute(partition, context)
     }
 }
