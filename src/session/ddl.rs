@@ -29,6 +29,37 @@ refunded), and every statement takes effect on its own, so the statements before
 stand, charges included (SHOW BUDGET shows them). Run statements without a transaction; to stop \
 spending, stop sending queries.";
 
+/// The schema of a table made from a query's result: the query's, widened where its batches
+/// differ (the physical plan may type a column more loosely than the logical one, e.g. a CASE
+/// under an ORDER BY read as nullable; the fuzzer found `CREATE TABLE … AS … ORDER BY k` failing
+/// with "Mismatch between schema and batches" after its charge). Each column keeps the batches'
+/// type and metadata, and is nullable if either says so.
+fn table_schema(
+    logical: &datafusion::arrow::datatypes::SchemaRef,
+    batches: &[datafusion::arrow::array::RecordBatch],
+) -> datafusion::arrow::datatypes::SchemaRef {
+    use datafusion::arrow::datatypes::Schema;
+    let mut schema = Arc::clone(logical);
+    for b in batches {
+        let bs = b.schema();
+        if schema.contains(&bs) || bs.fields().len() != schema.fields().len() {
+            continue;
+        }
+        let fields: Vec<_> = bs
+            .fields()
+            .iter()
+            .zip(schema.fields())
+            .map(|(b, s)| {
+                b.as_ref()
+                    .clone()
+                    .with_nullable(b.is_nullable() || s.is_nullable())
+            })
+            .collect();
+        schema = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+    }
+    schema
+}
+
 impl PrivateSession {
     pub(super) async fn create_table_as(
         &self,
@@ -40,7 +71,8 @@ impl PrivateSession {
         let checked = guard::check(state, input, self.guard_options()).await?;
         let result = self.execute_guarded(sql, state, checked).await?;
         let receipt = result.receipt;
-        let provider = Arc::new(MemTable::try_new(result.schema, vec![result.batches])?);
+        let schema = table_schema(&result.schema, &result.batches);
+        let provider = Arc::new(MemTable::try_new(schema, vec![result.batches])?);
         // The result of a DP query is public (post-processing).
         self.install(
             name,
@@ -220,7 +252,7 @@ impl PrivateSession {
         }
         let mut pins = Vec::new();
         for set in &sets {
-            match self.fs.pin(&name, set, false) {
+            match self.fs.pin_rechecked(&name, set) {
                 Ok(p) => pins.push(p),
                 Err(e) => {
                     pins.iter().for_each(|p| self.fs.unpin(*p));

@@ -66,6 +66,21 @@ tokio::task_local! {
     /// ([`statements::bigquery`]): read by [`PrivateSession::guard_options`] while the
     /// statement runs.
     static STATEMENT_L0: std::cell::Cell<Option<u32>>;
+    /// The cancellation flag of the statement that runs in this task ([`with_cancel`]): bound
+    /// into its model fits at physical planning, so a fit stops at its next iteration once it
+    /// is set.
+    static CANCEL: Arc<std::sync::atomic::AtomicBool>;
+}
+
+/// Runs `work` (a statement) with `token` as its cancellation flag: the server sets it at the
+/// statement's time limit, and a model fit inside stops at its next iteration
+/// (`dpfusion_udfs::aggregates::bind::bind_cancellation`).
+#[cfg(feature = "serve")]
+pub(crate) async fn with_cancel<F: std::future::Future>(
+    token: Arc<std::sync::atomic::AtomicBool>,
+    work: F,
+) -> F::Output {
+    CANCEL.scope(token, work).await
 }
 
 /// The analyst the current statement runs for ([`PrivateSession::sql_as`]); None for the data
@@ -148,11 +163,15 @@ impl PrivateSession {
         if let Some(n) = options.target_partitions {
             config = config.with_target_partitions(n);
         }
-        // Nothing data-dependent may be pushed below the guard's checks at execution time.
-        config
-            .options_mut()
-            .optimizer
-            .enable_dynamic_filter_pushdown = false;
+        // Nothing data-dependent may be pushed below the guard's checks at execution time. The
+        // first flag is only an umbrella that `ConfigOptions::set` copies to the three the
+        // operators read (datafusion-common's config.rs), so each is set (review r45). Private
+        // scans are also leaves the physical optimizer cannot push into (guard/table.rs).
+        let optimizer = &mut config.options_mut().optimizer;
+        optimizer.enable_dynamic_filter_pushdown = false;
+        optimizer.enable_topk_dynamic_filter_pushdown = false;
+        optimizer.enable_join_dynamic_filter_pushdown = false;
+        optimizer.enable_aggregate_dynamic_filter_pushdown = false;
         // A fair pool: with many partitions each spilling operator (hash aggregates, sorts) gets
         // its share and spills there, instead of the first ones taking all (a greedy pool fails
         // a query that could spill: issue 28). The merge reserve of each sort is a share too.

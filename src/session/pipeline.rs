@@ -202,7 +202,11 @@ impl PrivateSession {
             .query_planner()
             .create_physical_plan(checked.plan(), state)
             .await?;
-        dpfusion_udfs::aggregates::bind::bind_literal_parameters(plan)
+        let plan = dpfusion_udfs::aggregates::bind::bind_literal_parameters(plan)?;
+        match super::CANCEL.try_with(Arc::clone) {
+            Ok(token) => dpfusion_udfs::aggregates::bind::bind_cancellation(plan, &token),
+            Err(_) => Ok(plan),
+        }
     }
 
     /// Admission: one atomic, durable step in the accountant. Nothing runs before it returns.
@@ -495,5 +499,107 @@ mod tests {
             .await
             .unwrap_err();
         assert!(public.to_string().contains("public boom"), "{public}");
+    }
+
+    /// Review r45: the server's time limit answered the client, but a model fit (one synchronous
+    /// `evaluate`, sized by the analyst's literals) kept its thread until it ended. Under a
+    /// statement's cancellation flag, set here after 300 ms, the fit stops at its next
+    /// iteration: the statement ends with the fixed message, long before the fit would have.
+    #[cfg(feature = "serve")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_statements_flag_stops_its_model_fit() {
+        let dir = crate::testdir::test_dir("cancel-fit");
+        let s = PrivateSession::open(
+            crate::SessionOptions::default()
+                .with_ledger(dir.join("ledger.jsonl"))
+                .with_default_budget(1e6, 1e-3),
+        )
+        .await
+        .unwrap();
+        let people = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/people.csv");
+        let rdp = crate::accounting::FilterKind::Rdp { order: None };
+        s.register_csv("people", people, crate::Registration::private().filter(rdp))
+            .await
+            .unwrap();
+        let token = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&token);
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let started = std::time::Instant::now();
+        let r = super::super::with_cancel(
+            token,
+            s.sql(
+                "SELECT dp_mlp_sgd(CASE WHEN remote THEN 1 ELSE 0 END, [age, salary], 100.0, \
+                 1e-6, hidden => 2048, sample_rate => 1, steps => 100000) FROM people",
+            ),
+        )
+        .await;
+        let e = r.expect_err("stopped").to_string();
+        assert!(e.contains(crate::session::EXECUTION_FAILED), "{e}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    /// Review r45: the physical optimizer pushed a WHERE on a bare boolean column into a private
+    /// Parquet reader (row-group pruning: one row made a query take twice as long), and a join's
+    /// dynamic filter into the other side's reader. A private scan is now a sealed leaf: no
+    /// predicate and no dynamic filter reaches it, while the public table's reader still gets
+    /// its filter.
+    #[tokio::test]
+    async fn no_predicate_or_dynamic_filter_reaches_a_private_reader() {
+        use datafusion::physical_plan::displayable;
+        let dir = crate::testdir::test_dir("sealed-scan");
+        let file = dir.join("t.parquet");
+        let plain = datafusion::prelude::SessionContext::new();
+        plain
+            .sql(&format!(
+                "COPY (SELECT CAST(value AS BIGINT) AS id, value % 7 = 0 AS flag, \
+                 CAST(value AS DOUBLE) AS s FROM range(1000)) TO '{}' STORED AS PARQUET",
+                file.display()
+            ))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let public = dir.join("p.parquet");
+        std::fs::copy(&file, &public).unwrap();
+        let s = PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        s.register_parquet("t", &file, crate::Registration::private())
+            .await
+            .unwrap();
+        s.register_parquet("p", &public, crate::Registration::public())
+            .await
+            .unwrap();
+        let state = s.ctx.state();
+        for sql in [
+            "SELECT dp_count(s, 1.0) FROM t WHERE flag",
+            "SELECT dp_count(t.s, 1.0) FROM t JOIN (VALUES (5)) v(k) ON t.id = v.k",
+            "SELECT dp_count(t.s, 1.0) FROM t JOIN p ON t.id = p.id WHERE p.flag",
+        ] {
+            let checked = s.plan_query(&state, sql).await.unwrap();
+            let physical = s.physical_plan(&state, &checked).await.unwrap();
+            let text = displayable(physical.as_ref()).indent(true).to_string();
+            let private: Vec<&str> = text.lines().filter(|l| l.contains("t.parquet")).collect();
+            assert_eq!(private.len(), 1, "{sql}\n{text}");
+            assert!(private[0].contains("PrivateScanExec"), "{sql}\n{text}");
+            assert!(
+                !private[0].contains("predicate") && !private[0].contains("DynamicFilter"),
+                "{sql}\n{text}"
+            );
+        }
+        let options = state.config().options();
+        assert!(!options.optimizer.enable_join_dynamic_filter_pushdown);
+        assert!(!options.optimizer.enable_topk_dynamic_filter_pushdown);
+        assert!(!options.optimizer.enable_aggregate_dynamic_filter_pushdown);
     }
 }
