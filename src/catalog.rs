@@ -314,7 +314,16 @@ impl Catalog {
         if let Some(n) = s.target_partitions {
             o = o.with_target_partitions(n);
         }
-        o.owner_paths = vec![self.path.clone()];
+        // The catalog and the server's TLS certificate and key: no table, the owner's or an
+        // analyst's, may read them (review r45).
+        o.owner_paths = std::iter::once(self.path.clone())
+            .chain(
+                [&self.server.tls_cert, &self.server.tls_key]
+                    .into_iter()
+                    .flatten()
+                    .map(|p| self.resolve(p)),
+            )
+            .collect();
         o
     }
 

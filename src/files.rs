@@ -187,6 +187,93 @@ pub fn canonical_location(location: &str, base: &Path) -> Result<PathBuf, FileEr
     })
 }
 
+/// The first symbolic link on the way to `location` (or the location itself) that a user other
+/// than this process's could have placed or may replace, with why: a link in a directory
+/// writable by others or by a group that is not its owner's private group (unless the
+/// directory's sticky bit keeps everyone but the link's owner, this process's user, from
+/// replacing it), or in a directory owned by another user than this process's or root. The
+/// data owner's registrations are refused through such a link: a table's identity (its ledger
+/// key) is the path the links lead to, so whoever can repoint the link can choose a table's
+/// files and its budget (review r45: a private file renamed and a link put in its place gave the
+/// table a fresh budget; a public table's link repointed to the owner's TLS key printed it).
+pub fn link_others_control(location: &str, base: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let p = local_path(location, base).ok()?;
+    let p = if p.is_absolute() {
+        p
+    } else {
+        std::env::current_dir().ok()?.join(p)
+    };
+    let (prefix, _) = split_glob(&p);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let mut cur = PathBuf::from("/");
+    let mut hops = 0;
+    let mut rest: Vec<std::ffi::OsString> = prefix
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(s) => Some(s.to_os_string()),
+            Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+        .rev()
+        .collect();
+    while let Some(c) = rest.pop() {
+        if c == ".." {
+            cur.pop();
+            continue;
+        }
+        let next = cur.join(&c);
+        let Ok(m) = std::fs::symlink_metadata(&next) else {
+            return None;
+        };
+        if !m.file_type().is_symlink() {
+            cur = next;
+            continue;
+        }
+        hops += 1;
+        if hops > 40 {
+            return None;
+        }
+        let dir = std::fs::metadata(&cur).ok()?;
+        let others = dir.mode() & 0o002 != 0;
+        let group = dir.mode() & 0o020 != 0 && dir.gid() != dir.uid();
+        let sticky_mine = dir.mode() & 0o1000 != 0 && m.uid() == me;
+        let foreign = dir.uid() != me && dir.uid() != 0;
+        if ((others || group) && !sticky_mine) || foreign {
+            return Some(format!(
+                "'{}' is a symbolic link in {}, a directory {} (mode {:o}): whoever can \
+                 replace the link chooses the table's files. Name the file the link leads to, or \
+                 keep the link in a directory only you can write",
+                next.display(),
+                cur.display(),
+                if foreign {
+                    "another user owns"
+                } else {
+                    "others can write"
+                },
+                dir.mode() & 0o7777
+            ));
+        }
+        // Follow it: its target's components replace it.
+        let target = std::fs::read_link(&next).ok()?;
+        if target.is_absolute() {
+            cur = PathBuf::from("/");
+        }
+        let mut more: Vec<std::ffi::OsString> = target
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(s) => Some(s.to_os_string()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
+            })
+            .collect();
+        more.reverse();
+        rest.extend(more);
+    }
+    None
+}
+
 /// Resolves a location into its file set.
 pub fn resolve(location: &str, base: &Path) -> Result<FileSet, FileError> {
     let p = local_path(location, base)?;
@@ -364,6 +451,33 @@ mod tests {
         std::fs::write(d.join("d/q.csv"), "a\n2\n").unwrap();
         std::fs::write(d.join("other/r.csv"), "a\n3\n").unwrap();
         d
+    }
+
+    /// Review r45: a link in a directory others can write lets them choose a table's files
+    /// (and, by repointing a renamed private file, a fresh budget). Such a link is named;
+    /// a link in a directory only its owner writes, or one of ours under a sticky bit, is not.
+    #[test]
+    fn a_link_others_can_replace_is_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tmp();
+        let shared = d.join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::write(shared.join("real.csv"), "a\n1\n").unwrap();
+        std::os::unix::fs::symlink("real.csv", shared.join("link.csv")).unwrap();
+        std::os::unix::fs::symlink(&shared, d.join("d/to-shared")).unwrap();
+        let chmod = |m| std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(m));
+        let at = |p: &str| link_others_control(&d.join(p).to_string_lossy(), Path::new("/"));
+        chmod(0o777).unwrap();
+        let why = at("shared/link.csv").expect("a link in a world-writable directory");
+        assert!(why.contains("others can write"), "{why}");
+        // Through a link elsewhere, into the shared directory: the link inside is still met.
+        assert!(at("d/to-shared/link.csv").is_some());
+        assert!(at("shared/real.csv").is_none(), "no link on the way");
+        chmod(0o1777).unwrap();
+        assert!(at("shared/link.csv").is_none(), "ours, under a sticky bit");
+        chmod(0o755).unwrap();
+        assert!(at("shared/link.csv").is_none());
+        assert!(at("d/to-shared/link.csv").is_none());
     }
 
     #[test]

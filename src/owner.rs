@@ -216,6 +216,9 @@ pub struct Protection {
     owner_files: Vec<PathBuf>,
     /// The ledger's directory (no file may be written directly in it).
     ledger_dir: Option<PathBuf>,
+    /// The ledger's canonical path: it and every `<ledger>.<suffix>` are the ledger's (`.head`,
+    /// `.checkpoint`, their temporaries, `ledger migrate`'s `.v1.bak`).
+    ledger_files: PathBuf,
 }
 
 /// Who registers (both are refused the ledger, its sidecar and the catalog; the role names the
@@ -238,45 +241,52 @@ impl Protection {
         head.push(".head");
         files.push(PathBuf::from(head));
         let ledger_dir = ledger.parent().map(Path::to_path_buf);
+        let ledger_files = ledger.clone();
         files.push(ledger);
         Self {
             accountant,
             owner_files: files,
             ledger_dir,
+            ledger_files,
         }
     }
 
     /// The file sets of the private tables the ledger knows (re-resolved now, so new files and
     /// links count), and of the owner's files.
-    fn protected(&self, role: Role) -> Vec<(String, FileSet)> {
+    /// Each with the ledger key of the private table it belongs to (None: the owner's files).
+    fn protected(&self, role: Role) -> Vec<(String, Option<String>, FileSet)> {
         let mut out = Vec::new();
         for p in self.accountant.policies() {
             if p.visibility != Visibility::Private || !p.key.as_str().starts_with('/') {
                 continue;
             }
             let what = format!("private table '{}' ({})", p.name, p.key);
+            let key = Some(p.key.as_str().to_string());
             match files::resolve(p.key.as_str(), Path::new("/")) {
-                Ok(set) => out.push((what, set)),
+                Ok(set) => out.push((what, key, set)),
                 // Gone or unreadable now: its path still counts.
-                Err(_) => out.push((what, FileSet::path_only(Path::new(p.key.as_str())))),
+                Err(_) => out.push((what, key, FileSet::path_only(Path::new(p.key.as_str())))),
             }
         }
         let _ = role;
         for path in &self.owner_files {
             let what = format!("the data owner's {}", path.display());
             match files::resolve(&path.to_string_lossy(), Path::new("/")) {
-                Ok(set) => out.push((what, set)),
-                Err(_) => out.push((what, FileSet::path_only(path))),
+                Ok(set) => out.push((what, None, set)),
+                Err(_) => out.push((what, None, FileSet::path_only(path))),
             }
         }
         out
     }
 
-    /// Refuses a file set that may read a protected file; `except_key` is the table being
-    /// registered (its own files are not another table's).
+    /// Refuses a file set that may read a protected file; `except_key` is the ledger key of the
+    /// table being registered (its own files are not another table's). Compared as keys, not as
+    /// the files a key resolves to now: when a private table's path has become a link to
+    /// another file, that file is still the first table's, and registering it under its own
+    /// path (a new key, a fresh budget) is refused (review r45).
     pub fn check_read(&self, set: &FileSet, except_key: Option<&str>, role: Role) -> Result<()> {
-        for (what, p) in self.protected(role) {
-            if except_key.is_some_and(|k| p.root.as_os_str() == k) {
+        for (what, key, p) in self.protected(role) {
+            if except_key.is_some() && key.as_deref() == except_key {
                 continue;
             }
             if set.intersects(&p) {
@@ -288,6 +298,24 @@ impl Protection {
                     set.location
                 );
             }
+        }
+        // The ledger's own files, whatever their suffix (review r45: `ledger migrate`'s backup,
+        // which holds every analyst's SQL in clear, could be registered from an
+        // analyst_read_dirs that holds the ledger's directory).
+        let prefix = self.ledger_files.as_os_str().as_encoded_bytes();
+        let ledgers = |p: &Path| {
+            let b = p.as_os_str().as_encoded_bytes();
+            b.starts_with(prefix) && b.get(prefix.len()).is_none_or(|&c| c == b'.')
+        };
+        if (set.glob.is_none() && ledgers(&set.root)) || set.files.iter().any(|f| ledgers(&f.path))
+        {
+            return refused!(
+                "dpfusion refused the registration: '{}' names files of the data owner's ledger \
+                 ({}). Query the budget with SHOW BUDGET or dp_budget(), and the charges with \
+                 dp_ledger()",
+                set.location,
+                self.ledger_files.display()
+            );
         }
         Ok(())
     }
@@ -305,7 +333,7 @@ impl Protection {
                 target.display()
             );
         }
-        for (what, p) in self.protected(Role::Analyst) {
+        for (what, _, p) in self.protected(Role::Analyst) {
             if p.contains_path(target) {
                 return refused!(
                     "dpfusion refused the query: COPY ... TO '{}' would write into {what}",

@@ -994,7 +994,9 @@ fn read(
             .map_err(io_error(path))?;
     }
     let scanned = scan(path, st, &buf)?;
-    let head_state = check_head(path, st, &scanned, head.as_ref())?;
+    // The witness first: a ledger rolled back together with a deleted sidecar is a rollback
+    // (the witness's message), not only a missing sidecar whose message suggests a reseal
+    // (review r45).
     let (witness_behind, witness_missing) = match witness {
         Some(wp) => match read_witness(path, wp)? {
             Some(w) => (check_witness(path, wp, st, &scanned, &w)?, false),
@@ -1002,6 +1004,7 @@ fn read(
         },
         None => (None, false),
     };
+    let head_state = check_head(path, st, &scanned, head.as_ref())?;
     for (rec, hash, n) in scanned.lines {
         apply_line(file, path, st, rec, hash, n)?;
     }
@@ -1470,6 +1473,14 @@ pub fn reseal(path: &Path, witness: Option<&Path>) -> Result<LedgerReport, Accou
             path,
             "the ledger holds no complete line: there is nothing to seal".to_string(),
         ));
+    }
+    // A witness that recorded more, or other, lines than the ledger holds is a rollback: a
+    // reseal would overwrite it and refund the missing charges (review r45). The owner who
+    // decides they are gone for good moves the witness aside first (the message says so).
+    if let Some(wp) = witness
+        && let Some(w) = read_witness(path, wp)?
+    {
+        check_witness(path, wp, &st, &scanned, &w)?;
     }
     for (rec, hash, n) in scanned.lines {
         apply_line(&file, path, &mut st, rec, hash, n)?;

@@ -71,6 +71,9 @@ struct Pin {
     root_ident: Ident,
     is_dir: bool,
     private: bool,
+    /// An analyst's registration, whose files are checked again before every scan
+    /// ([`crate::owner::analyst_file_set`]).
+    rechecked: bool,
     /// The regular files below a directory when it was pinned.
     files: HashSet<Ident>,
 }
@@ -78,6 +81,21 @@ struct Pin {
 impl Pin {
     fn covers(&self, p: &Path) -> bool {
         p == self.root || (self.is_dir && p.starts_with(&self.root))
+    }
+
+    /// May this pin and one at `(root, ident, is_dir)` holding `files` read a common file: one
+    /// lies below the other, or they share an identity (a hard link, the same directory)?
+    fn overlaps(
+        &self,
+        (root, ident, is_dir): (&PathBuf, Ident, bool),
+        files: &HashSet<Ident>,
+    ) -> bool {
+        self.covers(root)
+            || (is_dir && self.root.starts_with(root))
+            || self.root_ident == ident
+            || self.files.contains(&ident)
+            || files.contains(&self.root_ident)
+            || !self.files.is_disjoint(files)
     }
 }
 
@@ -313,6 +331,22 @@ impl PinnedFs {
     /// now without following links (it must still be the file or directory `set` resolved),
     /// and, for a directory, the identities of the files it holds now.
     pub fn pin(&self, table: &str, set: &FileSet, private: bool) -> Result<PinId, PinError> {
+        self.pin_as(table, set, private, false)
+    }
+
+    /// [`PinnedFs::pin`] for an analyst's registration (public; its files are checked again
+    /// before every scan).
+    pub fn pin_rechecked(&self, table: &str, set: &FileSet) -> Result<PinId, PinError> {
+        self.pin_as(table, set, false, true)
+    }
+
+    fn pin_as(
+        &self,
+        table: &str,
+        set: &FileSet,
+        private: bool,
+        rechecked: bool,
+    ) -> Result<PinId, PinError> {
         let err = |why: String| PinError {
             path: set.root.display().to_string(),
             why,
@@ -350,6 +384,26 @@ impl PinnedFs {
             HashSet::new()
         };
         let mut pins = self.pins.write().expect("lock");
+        // A private table's files are pinned by no other of the owner's tables, whichever was
+        // registered first (review r45: a public directory registered before a private file
+        // inside it read that file, since a read is checked against the pins, not against the
+        // reading table). The same path under two names is one table to the ledger (one key,
+        // one budget); an analyst's registration is checked again before each of its scans.
+        let root = (&set.root, ident, is_dir);
+        if let Some(other) = pins.pins.iter().find(|p| {
+            !rechecked
+                && !p.rechecked
+                && p.table != table
+                && p.root != set.root
+                && (private || p.private)
+                && p.overlaps(root, &files)
+        }) {
+            return Err(err(format!(
+                "shares files with table '{}', and a private table's files belong to that table \
+                 alone",
+                other.table
+            )));
+        }
         pins.next += 1;
         let id = PinId(pins.next);
         pins.pins.push(Pin {
@@ -359,6 +413,7 @@ impl PinnedFs {
             root_ident: ident,
             is_dir,
             private,
+            rechecked,
             files,
         });
         Ok(id)
@@ -942,6 +997,32 @@ mod tests {
         std::fs::create_dir(d.join("pub")).unwrap();
         std::fs::write(d.join("pub/a.csv"), "a\n1\n").unwrap();
         assert!(fs.open_read(&d.join("pub/a.csv")).is_err());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_private_tables_files_are_pinned_by_no_other_table_in_either_order() {
+        let d = tmp("overlap");
+        let set = |p: &Path| super::super::resolve(&p.to_string_lossy(), Path::new("/")).unwrap();
+        // A public directory first, then a private file inside it (review r45), and the reverse.
+        let fs = PinnedFs::new();
+        fs.pin("pubdir", &set(&d.join("pub")), false).unwrap();
+        let e = fs.pin("secret", &set(&d.join("pub/sub/b.csv")), true);
+        assert!(e.unwrap_err().to_string().contains("table 'pubdir'"));
+        let fs = PinnedFs::new();
+        fs.pin("secret", &set(&d.join("pub/sub/b.csv")), true)
+            .unwrap();
+        assert!(fs.pin("pubdir", &set(&d.join("pub")), false).is_err());
+        // A hard link elsewhere is the same file.
+        std::fs::hard_link(d.join("pub/sub/b.csv"), d.join("priv/h.csv")).unwrap();
+        assert!(fs.pin("other", &set(&d.join("priv/h.csv")), false).is_err());
+        // Public tables may share files; a table re-registered replaces its own pins.
+        let fs = PinnedFs::new();
+        fs.pin("a", &set(&d.join("pub")), false).unwrap();
+        fs.pin("b", &set(&d.join("pub/a.csv")), false).unwrap();
+        fs.pin("a", &set(&d.join("pub")), true).unwrap_err();
+        fs.pin("c", &set(&d.join("priv/p.csv")), true).unwrap();
+        fs.pin("c", &set(&d.join("priv/p.csv")), true).unwrap();
         let _ = std::fs::remove_dir_all(&d);
     }
 

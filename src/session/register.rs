@@ -51,6 +51,9 @@ impl PrivateSession {
         format: FileFormat,
     ) -> Result<TablePolicy> {
         let location = path.to_string_lossy().to_string();
+        if let Some(why) = crate::files::link_others_control(&location, Path::new(".")) {
+            return plan_err!("table '{name}': {why}");
+        }
         let set = crate::files::resolve(&location, Path::new("."))
             .map_err(|e| DataFusionError::Plan(format!("table '{name}': {e}")))?;
         if set.glob.is_some() {
@@ -424,7 +427,7 @@ fn check_ratio_bounds(
                         let (l, h) = (lo.value(i), hi.value(i));
                         let ok = nulls.value(i) == 0
                             && !lo.is_null(i)
-                            && l > 0.0
+                            && l >= f64::MIN_POSITIVE
                             && l.is_finite()
                             && h <= b.max_ratio * l;
                         if !ok {

@@ -384,6 +384,10 @@ visibility = "public"
         "{depts_row}"
     );
     let before = ledger_bytes(&ledger);
+    // What `ledger migrate` leaves beside the ledger (every analyst's SQL in clear).
+    let backup = d.join("ledger/ledger.jsonl.v1.bak");
+    std::fs::copy(&ledger, &backup).unwrap();
+    let backup_s = backup.to_string_lossy().to_string();
 
     // Every attack: exit status 1, the refusal and what to do instead, the ledger unchanged.
     let people_s = people.to_string_lossy();
@@ -425,6 +429,10 @@ visibility = "public"
         (
             format!("CREATE EXTERNAL TABLE x STORED AS CSV LOCATION '{catalog_s}'"),
             &["names files of the data owner's", "DP functions"],
+        ),
+        (
+            format!("CREATE EXTERNAL TABLE x STORED AS JSON LOCATION '{backup_s}'"),
+            &["names files of the data owner's ledger", "dp_ledger()"],
         ),
         (
             format!("COPY (SELECT 1 AS a) TO '{ledger_s}' STORED AS CSV"),

@@ -386,6 +386,37 @@ async fn a_ledger_rolled_back_with_its_sidecar_is_refused_by_the_witness() {
     assert!(!witness.starts_with(std::fs::canonicalize(dir.join("ledger")).unwrap()));
 }
 
+/// Review r45: the same rollback with the sidecar deleted was reported only as a missing
+/// sidecar, whose message suggests `ledger reseal`, and the reseal overwrote the witness: the
+/// rolled-back charges were refunded. The witness is now checked first, and a reseal refuses
+/// while the witness recorded more than the ledger holds.
+#[tokio::test]
+async fn a_rollback_with_the_sidecar_deleted_is_a_rollback_and_cannot_be_resealed() {
+    let dir = temp_dir("witness-reseal");
+    let ledger = dir.join("ledger").join("ledger.jsonl");
+    let s = people_session(&dir).await;
+    s.sql(DP).await.unwrap();
+    let old = snapshot(&ledger);
+    s.sql(DP).await.unwrap();
+    drop(s);
+    std::fs::write(&ledger, old.0.unwrap()).unwrap();
+    std::fs::remove_file(head_path(&ledger)).unwrap();
+    let err = PrivateSession::open(SessionOptions::default().with_ledger(&ledger))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("but its witness"), "{err}");
+    assert!(!err.contains("ledger reseal"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        .args(["ledger", "reseal", ledger.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("witness"), "{stderr}");
+    assert!(!head_path(&ledger).exists(), "nothing written");
+}
+
 #[tokio::test]
 async fn a_replaced_ledger_path_stops_admission() {
     let dir = temp_dir("replaced");
