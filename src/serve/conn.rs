@@ -10,6 +10,10 @@
 //!   included: they read through this connection).
 //! - **An idle timeout**: a connection with no authenticated call for
 //!   [`ConnLimits::idle_timeout`] is closed (clients reconnect at their next call).
+//! - **A share per analyst**: an analyst's authenticated connections are at most
+//!   [`ConnLimits::per_analyst`] (the limit divided by the catalog's analysts); at an analyst's
+//!   call on one more, their oldest other connection is closed. So the analysts together hold at
+//!   most the limit, each their share, and one analyst cannot keep another out (review r45).
 //! - **No spinning**: an accept error (`EMFILE`, `ENFILE`, `ENOBUFS`, …) is retried after a
 //!   back-off that doubles from 5 ms to 1 s, never at once.
 //!
@@ -34,6 +38,8 @@ use tonic::transport::server::Connected;
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
     pub max_connections: usize,
+    /// An analyst's connections at most (at least 1).
+    pub per_analyst: usize,
     pub handshake_timeout: Duration,
     pub idle_timeout: Duration,
 }
@@ -47,24 +53,59 @@ pub struct Conn {
     authenticated: AtomicBool,
     closed: AtomicBool,
     waker: Mutex<Option<Waker>>,
+    /// The analyst whose call came first on this connection.
+    analyst: Mutex<Option<String>>,
+    /// Every open connection (the accept loop's list), and an analyst's share of them.
+    peers: Weak<Mutex<VecDeque<Weak<Conn>>>>,
+    per_analyst: usize,
 }
 
 impl Conn {
-    fn new() -> Self {
+    fn new(peers: Weak<Mutex<VecDeque<Weak<Conn>>>>, per_analyst: usize) -> Self {
         Self {
             accepted: Instant::now(),
             last_call_ms: AtomicU64::new(0),
             authenticated: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             waker: Mutex::new(None),
+            analyst: Mutex::new(None),
+            peers,
+            per_analyst: per_analyst.max(1),
         }
     }
 
-    /// Records an authenticated call on this connection.
-    pub fn authenticated(&self) {
+    /// Records an authenticated call of `analyst` on this connection. At the first one, if the
+    /// analyst now holds more than their share of connections, their oldest others are closed.
+    pub fn authenticated(&self, analyst: &str) {
         let ms = self.accepted.elapsed().as_millis() as u64;
         self.last_call_ms.fetch_max(ms, Ordering::Relaxed);
         self.authenticated.store(true, Ordering::Release);
+        {
+            let mut mine = self.analyst.lock().expect("lock");
+            if mine.is_some() {
+                return;
+            }
+            *mine = Some(analyst.to_string());
+        }
+        let Some(peers) = self.peers.upgrade() else {
+            return;
+        };
+        let theirs: Vec<Arc<Conn>> = peers
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|c| {
+                !std::ptr::eq(c.as_ref(), self)
+                    && !c.closed.load(Ordering::Acquire)
+                    && c.analyst.lock().expect("lock").as_deref() == Some(analyst)
+            })
+            .collect();
+        // Oldest first (the list's order); this connection counts as one.
+        let over = (theirs.len() + 1).saturating_sub(self.per_analyst);
+        for c in theirs.into_iter().take(over) {
+            c.close();
+        }
     }
 
     fn is_authenticated(&self) -> bool {
@@ -258,7 +299,10 @@ impl Acceptor {
                 }
             };
             let _ = tcp.set_nodelay(true);
-            let conn = Arc::new(Conn::new());
+            let conn = Arc::new(Conn::new(
+                Arc::downgrade(&self.open),
+                self.limits.per_analyst,
+            ));
             {
                 let mut open = self.open.lock().expect("lock");
                 open.retain(|w| w.strong_count() > 0);

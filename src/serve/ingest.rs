@@ -154,6 +154,7 @@ impl Uploads {
         };
         let old_schema = current.as_ref().map(|c| Arc::clone(&c.0));
         reservation.try_grow(bytes).map_err(|_| memory_full())?;
+        let data = data.map(|d| d.and_then(super::wire::plain_ipc));
         let mut stream =
             FlightRecordBatchStream::new_from_flight_data(data.map_err(FlightError::from));
         let mut rows: i64 = 0;
@@ -169,8 +170,17 @@ impl Uploads {
             }
             // Each kept batch costs its arrays and a fixed overhead (rounded outward), so a flood
             // of tiny batches is bounded by the quota too.
-            let size = batch.get_array_memory_size() + BATCH_OVERHEAD;
-            if others + bytes + size > max_bytes {
+            // A row costs at least 8 bytes a column, whatever its arrays take (a Null column of
+            // 10^12 rows takes nothing, and a later cast would allocate them).
+            let floor = batch
+                .num_rows()
+                .saturating_mul(8)
+                .saturating_mul(batch.num_columns().max(1));
+            let size = batch
+                .get_array_memory_size()
+                .max(floor)
+                .saturating_add(BATCH_OVERHEAD);
+            if others.saturating_add(bytes).saturating_add(size) > max_bytes {
                 return Err(over_quota(max_bytes));
             }
             reservation.try_grow(size).map_err(|_| memory_full())?;

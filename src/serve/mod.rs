@@ -249,6 +249,15 @@ impl Drop for QueryRuntime {
     }
 }
 
+/// Sets a statement's cancellation flag when dropped.
+struct CancelOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::AbortHandle);
 
@@ -275,13 +284,23 @@ struct Namespace {
     pending: HashMap<Vec<u8>, Pending>,
     /// Statements admitted to run whose result is not yet kept (each holds a place).
     reserved: usize,
+    /// Results being sent (their `DoGet` stream not yet ended or dropped), and their bytes:
+    /// still the analyst's, in their quota, until the stream ends (review r45: a result whose
+    /// stream the client never read left the quota at its `DoGet` and held its memory).
+    sending: usize,
+    sending_bytes: usize,
     /// The analyst's turns ([`ServeOptions::max_queries_per_analyst`]).
     turns: Arc<tokio::sync::Semaphore>,
 }
 
 impl Namespace {
     fn pending_bytes(&self) -> usize {
-        self.pending.values().map(|p| p.bytes).sum()
+        self.pending.values().map(|p| p.bytes).sum::<usize>() + self.sending_bytes
+    }
+
+    /// Results waiting, being sent or under way.
+    fn held(&self) -> usize {
+        self.pending.len() + self.sending + self.reserved
     }
 
     fn expire(&mut self, ttl: Duration) {
@@ -305,6 +324,23 @@ impl Drop for Place {
         let mut spaces = self.shared.spaces.lock().expect("lock");
         if let Some(ns) = spaces.get_mut(&self.analyst) {
             ns.reserved = ns.reserved.saturating_sub(1);
+        }
+    }
+}
+
+/// A result being sent: counted in its analyst's quota until dropped (with its stream).
+struct Sending {
+    shared: Arc<Shared>,
+    analyst: String,
+    bytes: usize,
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        let mut spaces = self.shared.spaces.lock().expect("lock");
+        if let Some(ns) = spaces.get_mut(&self.analyst) {
+            ns.sending = ns.sending.saturating_sub(1);
+            ns.sending_bytes = ns.sending_bytes.saturating_sub(self.bytes);
         }
     }
 }
@@ -383,6 +419,8 @@ impl Bound {
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
         let o = self.service.0.options.clone();
+        // Each analyst's share of the connections (conn.rs).
+        let per_analyst = o.max_connections / self.service.0.analysts.len().max(1);
         let limit = (o.max_sql_bytes + (1 << 20)).max(4 << 20);
         let svc = FlightServiceServer::new(self.service)
             .max_decoding_message_size(limit)
@@ -391,6 +429,7 @@ impl Bound {
             self.listener,
             conn::ConnLimits {
                 max_connections: o.max_connections,
+                per_analyst,
                 handshake_timeout: o.handshake_timeout,
                 idle_timeout: o.idle_timeout,
             },
@@ -580,7 +619,7 @@ impl DpFlightSql {
     fn analyst<T>(&self, request: &Request<T>) -> Result<String, Status> {
         let name = self.authenticate(request)?;
         if let Some(c) = conn::conn_of(request) {
-            c.authenticated();
+            c.authenticated(&name);
         }
         Ok(name)
     }
@@ -620,21 +659,30 @@ impl DpFlightSql {
 
     /// Runs `work` for `analyst` within the server's limits: the analyst's turn and the
     /// server's, then the work on the query runtime, all within the statement's time limit.
-    /// The turns belong to this call, not to the work's task: when the time limit passes (or
-    /// the client goes away) they are given back at once, even if the task is busy inside one
-    /// poll; the task is aborted at its next await point (an admitted charge stands).
+    /// When the time limit passes (or the client goes away) the call answers at once and the
+    /// task is aborted at its next await point (an admitted charge stands). The server's turn
+    /// belongs to this call and is given back then; the analyst's turn belongs to the task and
+    /// is given back only when the task ends: work busy inside one poll (planning is
+    /// synchronous) keeps a query thread until it ends, and it counts against its own analyst's
+    /// turns, so one analyst's stuck statements hold at most their share of the threads
+    /// (review r45).
     async fn limited<T, F>(&self, analyst: &str, work: F) -> Result<T, Status>
     where
         F: std::future::Future<Output = Result<T, Status>> + Send + 'static,
         T: Send + 'static,
     {
         let timeout = self.0.options.query_timeout;
+        // The statement's cancellation flag, set when this call ends (answered, timed out,
+        // cancelled, or dropped with its client): a model fit still running stops at its next
+        // iteration.
+        let token = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let _cancel = CancelOnDrop(Arc::clone(&token));
         let mine = {
             let mut spaces = self.0.spaces.lock().expect("lock");
             Arc::clone(&self.namespace(&mut spaces, analyst).turns)
         };
         let run = async {
-            let _mine = mine
+            let mine = mine
                 .acquire_owned()
                 .await
                 .map_err(|_| Status::unavailable("the server is shutting down"))?;
@@ -644,7 +692,13 @@ impl DpFlightSql {
                 .map_err(|_| Status::unavailable("the server is shutting down"))?;
             // The work runs on the query runtime, so that a long scan or model fit never
             // holds up the calls of other clients.
-            let task = self.0.queries.spawn(work);
+            let task = self.0.queries.spawn(crate::session::with_cancel(
+                Arc::clone(&token),
+                async move {
+                    let _mine = mine;
+                    work.await
+                },
+            ));
             let _abort = AbortOnDrop(task.abort_handle());
             match task.await {
                 Ok(r) => r,
@@ -687,6 +741,8 @@ impl DpFlightSql {
             .or_insert_with(|| Namespace {
                 pending: HashMap::new(),
                 reserved: 0,
+                sending: 0,
+                sending_bytes: 0,
                 turns: Arc::new(tokio::sync::Semaphore::new(per)),
             })
     }
@@ -699,16 +755,14 @@ impl DpFlightSql {
         let mut spaces = self.0.spaces.lock().expect("lock");
         let ns = self.namespace(&mut spaces, analyst);
         ns.expire(o.result_ttl);
-        if ns.pending.len() + ns.reserved >= o.max_pending_results
-            || ns.pending_bytes() >= o.max_pending_bytes
-        {
+        if ns.held() >= o.max_pending_results || ns.pending_bytes() >= o.max_pending_bytes {
             return Err(quota_refusal(format!(
                 "dpfusion refused the statement before admission (nothing was charged): you have \
                  {} results waiting to be fetched or under way ({} bytes), and this server keeps \
                  at most {} (and {} bytes) per analyst (the data owner's [server] \
                  max_pending_results and max_pending_bytes). Fetch (DoGet) the results of your \
                  earlier statements, or wait {} s for them to expire",
-                ns.pending.len() + ns.reserved,
+                ns.held(),
                 ns.pending_bytes(),
                 o.max_pending_results,
                 o.max_pending_bytes,
@@ -842,7 +896,7 @@ impl DpFlightSql {
                          statement (the data owner's [server] max_sql_bytes)"
                     )))
                 } else {
-                    Ok(d)
+                    wire::plain_ipc(d)
                 }
             }
         });
@@ -883,6 +937,24 @@ impl DpFlightSql {
                 .map_err(Status::from)?;
         }
         builder.build().map_err(Status::from)
+    }
+}
+
+impl DpFlightSql {
+    /// A prepared statement's handle, refused unread when it is longer than any handle this
+    /// server gives out (the SQL text and, bound, that text with its parameters, each at most
+    /// `max_sql_bytes`, JSON-escaped at most six bytes a byte), so that no work on it grows with
+    /// what the client sends.
+    fn handle(&self, bytes: &[u8]) -> Result<params::Handle, Status> {
+        let max = self.0.options.max_sql_bytes;
+        if bytes.len() > max.saturating_mul(12).saturating_add(64) {
+            return Err(refusal(format!(
+                "dpfusion refused the prepared statement: its handle is {} bytes, longer than \
+                 a statement this server accepts (the data owner's [server] max_sql_bytes, {max})",
+                bytes.len()
+            )));
+        }
+        params::Handle::decode(bytes).map_err(refusal)
     }
 }
 
@@ -936,7 +1008,7 @@ impl FlightSqlService for DpFlightSql {
         cmd: CommandPreparedStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let handle = params::Handle::decode(&cmd.prepared_statement_handle).map_err(refusal)?;
+        let handle = self.handle(&cmd.prepared_statement_handle)?;
         self.statement_info(handle.runs(), request).await
     }
 
@@ -951,7 +1023,12 @@ impl FlightSqlService for DpFlightSql {
             let mut spaces = self.0.spaces.lock().expect("lock");
             let ns = self.namespace(&mut spaces, &analyst);
             ns.expire(self.0.options.result_ttl);
-            ns.pending.remove(&handle)
+            let found = ns.pending.remove(&handle);
+            if let Some(p) = &found {
+                ns.sending += 1;
+                ns.sending_bytes += p.bytes;
+            }
+            found
         };
         let Some(p) = found else {
             return Err(Status::not_found(
@@ -960,16 +1037,23 @@ impl FlightSqlService for DpFlightSql {
                  (a DP query is charged again)",
             ));
         };
-        // The result's bytes stay counted in the memory limit until the stream is done.
+        // The result's bytes stay counted in the memory limit, and in the analyst's quota,
+        // until the stream is done or dropped.
         let Pending {
             result,
             reservation,
             app_metadata,
+            bytes,
             ..
         } = p;
+        let sending = Sending {
+            shared: Arc::clone(&self.0),
+            analyst,
+            bytes,
+        };
         let stream = batches_stream_with(result.schema, result.batches, app_metadata);
         let stream = futures::StreamExt::map(stream, move |item| {
-            let _counted = &reservation;
+            let _counted = (&reservation, &sending);
             item
         });
         Ok(Response::new(Box::pin(stream)))
@@ -1175,7 +1259,7 @@ impl FlightSqlService for DpFlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
         self.analyst(&request)?;
-        let handle = params::Handle::decode(&query.prepared_statement_handle).map_err(refusal)?;
+        let handle = self.handle(&query.prepared_statement_handle)?;
         let sql = handle.sql;
         let values = self.parameters(request).await?;
         let rows = values.as_ref().map_or(0, RecordBatch::num_rows);
@@ -1216,7 +1300,7 @@ impl FlightSqlService for DpFlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let analyst = self.analyst(&request)?;
-        let handle = params::Handle::decode(&query.prepared_statement_handle).map_err(refusal)?;
+        let handle = self.handle(&query.prepared_statement_handle)?;
         let values = self.parameters(request).await?;
         let Some(v) = &values else {
             let (_place, _result) = self.run(&analyst, handle.runs()).await?;
@@ -1319,17 +1403,22 @@ mod tests {
     use super::*;
 
     /// Class 5 of issue 27: a statement whose task is busy inside one poll (here: blocked on a
-    /// channel) gives its turn back at its deadline, so the next statement runs while the
-    /// first is still busy.
+    /// channel) gives the server's turn back at its deadline, so another analyst's statement
+    /// runs while the first is still busy. Review r45: the analyst's own turn stays with the
+    /// busy task until it ends, so one analyst's stuck statements hold at most their share of
+    /// the query threads (their next statement waits, and times out, until the task ends).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_turn_is_given_back_at_the_deadline_even_inside_one_poll() {
+    async fn the_servers_turn_is_given_back_at_the_deadline_and_the_analysts_when_the_work_ends() {
         let dir = crate::testdir::test_dir("turns");
         let session = PrivateSession::open(
             crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
         )
         .await
         .unwrap();
-        let analysts = Analysts::new(vec![("a".into(), auth::TokenHash::new("a-token"))]);
+        let analysts = Analysts::new(vec![
+            ("a".into(), auth::TokenHash::new("a-token")),
+            ("b".into(), auth::TokenHash::new("b-token")),
+        ]);
         let options = ServeOptions {
             listen: "127.0.0.1:0".parse().unwrap(),
             max_concurrent_queries: 1,
@@ -1339,21 +1428,31 @@ mod tests {
         let bound = bind(Arc::new(session), analysts, options).await.unwrap();
         let svc = bound.service.clone();
         let (release, blocked) = std::sync::mpsc::channel::<()>();
+        let (ended, end) = tokio::sync::oneshot::channel::<()>();
         let busy = svc
             .limited("a", async move {
                 // Never yields: the whole wait is inside this one poll.
                 let _ = blocked.recv();
+                let _ = ended.send(());
                 Ok(())
             })
             .await;
         assert_eq!(busy.unwrap_err().code(), tonic::Code::DeadlineExceeded);
-        // The first task still holds its thread; its turn is free.
-        let next =
-            tokio::time::timeout(Duration::from_secs(30), svc.limited("a", async { Ok(42) }))
+        // The first task still holds its thread and a's turn; the server's turn is free.
+        let other =
+            tokio::time::timeout(Duration::from_secs(30), svc.limited("b", async { Ok(42) }))
                 .await
-                .expect("the turn was given back at the deadline");
-        assert_eq!(next.unwrap(), 42);
+                .expect("the server's turn was given back at the deadline");
+        assert_eq!(other.unwrap(), 42);
+        let mine = svc.limited("a", async { Ok(7) }).await;
+        assert_eq!(mine.unwrap_err().code(), tonic::Code::DeadlineExceeded);
         release.send(()).unwrap();
+        end.await.unwrap();
+        let again =
+            tokio::time::timeout(Duration::from_secs(30), svc.limited("a", async { Ok(8) }))
+                .await
+                .expect("a's turn is back once the work ended");
+        assert_eq!(again.unwrap(), 8);
     }
 
     /// Each kind of statement error reaches the client with its code, and a budget refusal

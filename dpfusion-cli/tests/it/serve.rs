@@ -2014,3 +2014,119 @@ async fn a_flight_rollback_is_refused_because_nothing_can_be_undone() {
         .await
         .unwrap();
 }
+
+/// Review r45: the connection limit was shared by everyone, and only connections that had not
+/// authenticated were ever closed, so alice, making one call on each of the server's
+/// connections, kept bob out. An analyst now holds at most their share (the limit divided by
+/// the catalog's analysts): at her call on one more, her oldest is closed, and bob is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_analysts_connections_take_only_their_share() {
+    let s = serve_here(
+        "serve-conn-share",
+        100.0,
+        "max_connections = 4\nhandshake_timeout_secs = 2",
+    )
+    .await;
+    let mut alices = Vec::new();
+    for _ in 0..4 {
+        let mut c = client(s.addr, Some(ALICE)).await;
+        assert_eq!(rows(&query(&mut c, "SELECT 1 AS one").await.unwrap()), 1);
+        alices.push(c);
+    }
+    let mut bob = client(s.addr, Some(BOB)).await;
+    let b = tokio::time::timeout(Duration::from_secs(10), query(&mut bob, "SELECT 1 AS one"))
+        .await
+        .expect("bob is served while alice holds her share")
+        .unwrap();
+    assert_eq!(rows(&b), 1);
+    // Alice's newest connection still works.
+    let last = alices.last_mut().unwrap();
+    assert_eq!(rows(&query(last, "SELECT 1 AS one").await.unwrap()), 1);
+}
+
+/// Review r45: a result left its analyst's quota when its DoGet began, so results whose streams
+/// the client never read were unbounded (and held their memory). A result being sent is still
+/// its analyst's: with two unread streams open, a third statement is refused before admission;
+/// once they are dropped, it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_result_streams_stay_in_their_analysts_quota() {
+    let s = serve_here("serve-unread", 100.0, "max_pending_results = 2").await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let big = "SELECT value FROM range(2000000)";
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let info = alice.execute(big.to_string(), None).await.unwrap();
+        let ticket = info.endpoint[0].ticket.clone().unwrap();
+        open.push(alice.do_get(ticket).await.unwrap());
+    }
+    let e = alice
+        .execute(DP.to_string(), None)
+        .await
+        .map_err(status)
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert_eq!(
+        charges_of(&s.ledger, "alice"),
+        0,
+        "refused before admission"
+    );
+    drop(open);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match query(&mut alice, DP).await {
+            Ok(b) => {
+                assert_eq!(rows(&b), 1);
+                break;
+            }
+            Err(e) if e.code() == Code::ResourceExhausted && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
+
+/// Review r45: binding `?` placeholders scanned each line from its start for every one
+/// (quadratic, on the threads that serve every call), and a handle of any length was read. A
+/// handle longer than any the server gives out is refused at once; 20,000 placeholders bind in
+/// well under a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placeholders_bind_in_linear_time_and_long_handles_are_refused() {
+    use arrow_flight::sql::CommandPreparedStatementQuery;
+    let s = serve_here("serve-bind", 100.0, "max_sql_bytes = 65536").await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let put = |handle: String| {
+        let cmd = CommandPreparedStatementQuery {
+            prepared_statement_handle: handle.into_bytes().into(),
+        };
+        let descriptor = FlightDescriptor::new_cmd(prost::Message::encode_to_vec(
+            &arrow_flight::sql::ProstMessageExt::as_any(&cmd),
+        ));
+        let data = arrow_flight::FlightData {
+            flight_descriptor: Some(descriptor),
+            ..Default::default()
+        };
+        futures::stream::iter([data])
+    };
+    let long = format!("SELECT {}1", "?,".repeat(1_000_000));
+    let started = Instant::now();
+    let e = alice.do_put(put(long)).await.map_err(status);
+    let e = match e {
+        Ok(mut s) => s.next().await.unwrap().unwrap_err(),
+        Err(e) => e,
+    };
+    assert!(e.message().contains("handle"), "{e:?}");
+    let many = format!("SELECT {}1", "?,".repeat(20_000));
+    let r = alice.do_put(put(many)).await.map_err(status);
+    let e = match r {
+        Ok(mut s) => s.next().await.unwrap().unwrap_err(),
+        Err(e) => e,
+    };
+    assert!(e.message().contains("parameter"), "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    still_serving(s.addr).await;
+}
