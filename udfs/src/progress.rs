@@ -3,9 +3,10 @@
 //! is installed, and never depends on private data beyond the public iteration counter.
 //!
 //! Cancellation: a fit notes the [`generation`] when it starts and stops at its next iteration
-//! once [`cancel_running`] has been called (the REPL's Ctrl-C). A fit is CPU work inside an
-//! aggregate's `evaluate`, which dropping the query's future does not interrupt.
-use std::sync::atomic::{AtomicU64, Ordering};
+//! once [`cancel_running`] has been called (the REPL's Ctrl-C), or once its statement's own flag
+//! is set ([`within`]; the server's time limit). A fit is CPU work inside an aggregate's
+//! `evaluate`, which dropping the query's future does not interrupt.
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -21,9 +22,38 @@ pub fn cancel_running() {
     GENERATION.fetch_add(1, Ordering::SeqCst);
 }
 
-/// True when [`cancel_running`] was called since `started` (a [`generation`]).
+thread_local! {
+    /// The cancellation flag of the statement whose accumulator runs on this thread now
+    /// ([`within`]).
+    static STATEMENT: std::cell::RefCell<Option<Arc<AtomicBool>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` (an accumulator's work, synchronous on this thread) with `token` as the statement's
+/// cancellation flag: a fit inside stops at its next iteration once the flag is set (the
+/// server sets it at the statement's time limit, or when the client goes away; review r45: a
+/// fit is one synchronous call that dropping the statement's future does not interrupt).
+pub fn within<T>(token: &Arc<AtomicBool>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<Arc<AtomicBool>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            STATEMENT.with(|s| *s.borrow_mut() = previous);
+        }
+    }
+    let _restore = Restore(STATEMENT.with(|s| s.replace(Some(Arc::clone(token)))));
+    f()
+}
+
+/// True when [`cancel_running`] was called since `started` (a [`generation`]), or the flag of
+/// the statement running on this thread ([`within`]) is set.
 pub fn cancelled(started: u64) -> bool {
     generation() != started
+        || STATEMENT.with(|s| {
+            s.borrow()
+                .as_ref()
+                .is_some_and(|t| t.load(Ordering::Relaxed))
+        })
 }
 
 /// The error of a fit stopped by [`cancel_running`].

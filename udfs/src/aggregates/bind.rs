@@ -30,6 +30,7 @@
 use std::any::Any;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema};
 use datafusion::common::Result;
@@ -110,6 +111,134 @@ pub fn bind_literal_parameters(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn E
         Ok(Transformed::yes(bound))
     })
     .map(|t| t.data)
+}
+
+/// The physical plan with every model call's function ([`ModelUdaf`], spread or not) given the
+/// statement's cancellation flag ([`Cancellable`]): its fit stops at its next iteration once
+/// `token` is set (review r45: the server's time limit answered the client, while the fit, one
+/// synchronous `evaluate` the analyst may size to hours, kept its thread). Everything else
+/// unchanged. Applied by the dpfusion session, after [`bind_literal_parameters`], when the
+/// statement has a flag (the server's statements).
+pub fn bind_cancellation(
+    plan: Arc<dyn ExecutionPlan>,
+    token: &Arc<AtomicBool>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(agg) = (node.as_ref() as &dyn Any).downcast_ref::<AggregateExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        let schema = agg.input_schema();
+        let mut changed = false;
+        let exprs = agg
+            .aggr_expr()
+            .iter()
+            .map(|e| {
+                let fun = e.fun();
+                let is_model = model(fun).is_some() || fun.inner().is::<Spread>();
+                if !is_model || e.is_distinct() || !e.order_bys().is_empty() || e.is_reversed() {
+                    return Ok(Arc::clone(e));
+                }
+                let wrapped = AggregateUDF::from(Cancellable {
+                    inner: fun.clone(),
+                    token: Arc::clone(token),
+                });
+                Ok(match rebuild(e, wrapped, e.expressions(), &schema)? {
+                    Some(b) => {
+                        changed = true;
+                        Arc::new(b)
+                    }
+                    None => Arc::clone(e),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if !changed {
+            return Ok(Transformed::no(node));
+        }
+        let bound: Arc<dyn ExecutionPlan> = Arc::new(agg.with_new_aggr_exprs(exprs));
+        Ok(Transformed::yes(bound))
+    })
+    .map(|t| t.data)
+}
+
+/// A model call's function whose accumulator runs with its statement's cancellation flag
+/// ([`crate::progress::within`]).
+#[derive(Debug)]
+pub struct Cancellable {
+    inner: AggregateUDF,
+    token: Arc<AtomicBool>,
+}
+
+impl PartialEq for Cancellable {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner == other.inner && Arc::ptr_eq(&self.token, &other.token)
+    }
+}
+
+impl Eq for Cancellable {}
+
+impl Hash for Cancellable {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.inner.hash(state);
+        Arc::as_ptr(&self.token).hash(state);
+    }
+}
+
+impl AggregateUDFImpl for Cancellable {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        self.inner.return_type(arg_types)
+    }
+    fn return_field(&self, arg_fields: &[FieldRef]) -> Result<FieldRef> {
+        self.inner.return_field(arg_fields)
+    }
+    fn is_nullable(&self) -> bool {
+        self.inner.is_nullable()
+    }
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        Ok(Box::new(CancellableAccumulator {
+            inner: self.inner.accumulator(args)?,
+            token: Arc::clone(&self.token),
+        }))
+    }
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        self.inner.state_fields(args)
+    }
+    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
+        self.inner.order_sensitivity()
+    }
+    fn default_value(&self, data_type: &DataType) -> Result<datafusion::common::ScalarValue> {
+        self.inner.default_value(data_type)
+    }
+}
+
+/// [`Cancellable`]'s accumulator: the model's, each call run within the statement's flag.
+#[derive(Debug)]
+struct CancellableAccumulator {
+    inner: Box<dyn Accumulator>,
+    token: Arc<AtomicBool>,
+}
+
+impl Accumulator for CancellableAccumulator {
+    fn update_batch(&mut self, values: &[datafusion::arrow::array::ArrayRef]) -> Result<()> {
+        crate::progress::within(&self.token, || self.inner.update_batch(values))
+    }
+    fn evaluate(&mut self) -> Result<datafusion::common::ScalarValue> {
+        crate::progress::within(&self.token, || self.inner.evaluate())
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn state(&mut self) -> Result<Vec<datafusion::common::ScalarValue>> {
+        crate::progress::within(&self.token, || self.inner.state())
+    }
+    fn merge_batch(&mut self, states: &[datafusion::arrow::array::ArrayRef]) -> Result<()> {
+        crate::progress::within(&self.token, || self.inner.merge_batch(states))
+    }
 }
 
 /// One call with its parameters bound, or `None` when it is not bindable (another function,

@@ -125,6 +125,9 @@ fn in_range(
     }
 }
 
+/// The smallest sampling rate a DP-SGD call may give (see `from_literals`).
+pub const MIN_SAMPLE_RATE: f64 = 1.0 / (1u64 << 30) as f64;
+
 impl SgdParams {
     /// Reads and checks the literals of a `kind` call, and calibrates (an infeasible
     /// configuration fails here, at planning, before any charge).
@@ -176,8 +179,12 @@ impl SgdParams {
             "sample_rate",
             sample_rate,
             DEFAULT_SAMPLE_RATE,
-            |x| x > 0.0 && x <= 1.0,
-            "0 (the default: 0.01) or a number in (0, 1]",
+            // At least 2⁻³⁰: the Poisson sampler's gap ⌊ln(1 − U)/ln(1 − q)⌋ with U on a grid of
+            // 2⁻⁵³ includes a row with probability at least 2⁻⁵³ whatever q is, so for q near
+            // that the accounted q would under-state the real rate (review r45); a rate that
+            // small samples nothing anyway.
+            |x| (MIN_SAMPLE_RATE..=1.0).contains(&x),
+            "0 (the default: 0.01) or a number in [2^-30 ≈ 9.3e-10, 1]",
         )?;
         let steps = in_range(
             "steps",
@@ -285,9 +292,65 @@ impl SgdParams {
     }
 }
 
-/// The registry's cost function of `kind`.
-pub fn sgd_cost(kind: SgdKind, params: &[ScalarValue]) -> Result<Vec<Event>, PrivacyError> {
-    SgdParams::from_literals(kind, params)?.cost()
+/// The most bytes the history of a `noise => 'mf'` fit may take: it keeps every step's exact
+/// sum and release, 24·(p + 1) bytes a step for p parameters (`optim::sgd`, `hist_g` and
+/// `hist_y`), outside the query's memory pool (review r45: hidden 4096, classes 1000 and 5000
+/// steps asked for 490 GB and aborted the process).
+pub const MAX_MF_HISTORY_BYTES: u64 = 256 << 20;
+
+/// The widest feature list a query may give (the guard's `FEATURE_WIDTH`): the width assumed
+/// when the features are not written out.
+const WIDEST_FEATURES: usize = 1024;
+
+/// The feature count of a `features` argument written `[x1, …, xd]` / `make_array(…)`.
+fn features_written(e: &datafusion::logical_expr::Expr) -> Option<usize> {
+    use datafusion::logical_expr::Expr;
+    match e {
+        Expr::Alias(a) => features_written(&a.expr),
+        Expr::ScalarFunction(f) if matches!(f.name(), "make_array" | "make_list") => {
+            Some(f.args.len())
+        }
+        _ => None,
+    }
+}
+
+/// The registry's cost function of `kind`; with `data` (the call's label and features), an
+/// `'mf'` fit whose history would exceed [`MAX_MF_HISTORY_BYTES`] is refused, before any charge.
+pub fn sgd_cost(
+    kind: SgdKind,
+    data: &[datafusion::logical_expr::Expr],
+    params: &[ScalarValue],
+) -> Result<Vec<Event>, PrivacyError> {
+    let p = SgdParams::from_literals(kind, params)?;
+    if p.noise == NoiseKind::Mf {
+        let d = data
+            .get(1)
+            .and_then(features_written)
+            .unwrap_or(WIDEST_FEATURES);
+        let per_step = 24 * (p.family().net(d).params() as u64 + 1);
+        let most = MAX_MF_HISTORY_BYTES / per_step;
+        if p.steps > most {
+            return Err(PrivacyError::invalid(
+                "steps",
+                p.steps,
+                &format!(
+                    "at most {most} with noise => 'mf' for this model ({} parameters with {d} \
+                     features{}): its history keeps {per_step} bytes a step, and at most {} \
+                     MiB in all. Use fewer steps or a smaller network, or noise => \
+                     'independent'",
+                    p.family().net(d).params(),
+                    if data.get(1).and_then(features_written).is_some() {
+                        ""
+                    } else {
+                        ", the widest a query may give: write the features as [x1, …, xd] to \
+                         count them"
+                    },
+                    MAX_MF_HISTORY_BYTES >> 20
+                ),
+            ));
+        }
+    }
+    p.cost()
 }
 
 /// What EXPLAIN PRIVACY shows as a DP-SGD call's noise, from its literals alone.
@@ -643,7 +706,7 @@ pub const DP_LINREG_SGD: Aggregate = Aggregate {
     internal: false,
     udaf: dp_linreg_sgd_udaf,
     seeded: |seed| super::dp_models_sgd::DpSgd::with_insecure_seed(SgdKind::Linear, seed).into(),
-    cost: |_, p| sgd_cost(SgdKind::Linear, p),
+    cost: |d, p| sgd_cost(SgdKind::Linear, d, p),
     noise: |p| sgd_noise(SgdKind::Linear, p),
 };
 
@@ -659,7 +722,7 @@ pub const DP_LOGREG_SGD: Aggregate = Aggregate {
     internal: false,
     udaf: dp_logreg_sgd_udaf,
     seeded: |seed| super::dp_models_sgd::DpSgd::with_insecure_seed(SgdKind::Logistic, seed).into(),
-    cost: |_, p| sgd_cost(SgdKind::Logistic, p),
+    cost: |d, p| sgd_cost(SgdKind::Logistic, d, p),
     noise: |p| sgd_noise(SgdKind::Logistic, p),
 };
 
@@ -695,7 +758,7 @@ pub const DP_MLP_SGD: Aggregate = Aggregate {
     internal: false,
     udaf: dp_mlp_sgd_udaf,
     seeded: |seed| super::dp_models_sgd::DpSgd::with_insecure_seed(SgdKind::Mlp, seed).into(),
-    cost: |_, p| sgd_cost(SgdKind::Mlp, p),
+    cost: |d, p| sgd_cost(SgdKind::Mlp, d, p),
     noise: |p| sgd_noise(SgdKind::Mlp, p),
 };
 
@@ -767,6 +830,57 @@ mod tests {
         assert_eq!(mf.plan().unwrap().sensitivity, 2.0);
         assert!(err(SgdKind::Mlp, &[f(1.0), f(1e-6), f(32.0), f(1.0)]).contains("classes"));
         assert!(err(SgdKind::Linear, &[f(1.0), f(1e-6), f(1.5)]).contains("sample_rate"));
+        // Review r45: a rate the sampler cannot draw (it includes a row with probability at
+        // least 2⁻⁵³) is refused; the smallest accepted one works.
+        assert!(err(SgdKind::Linear, &[f(1.0), f(1e-6), f(1e-300)]).contains("2^-30"));
+        assert!(
+            SgdParams::from_literals(SgdKind::Linear, &[f(1.0), f(1e-6), f(MIN_SAMPLE_RATE)])
+                .is_ok()
+        );
+    }
+
+    /// Review r45: an 'mf' fit keeps 24·(p + 1) bytes a step outside the memory pool; one whose
+    /// history would pass [`MAX_MF_HISTORY_BYTES`] is refused at planning (before any charge),
+    /// counting the written features, or the widest list a query may give.
+    #[test]
+    fn an_mf_history_past_its_bound_is_refused_at_planning() {
+        use datafusion::logical_expr::col;
+        let features = datafusion::functions_nested::expr_fn::make_array(vec![col("x"), col("y")]);
+        let data = [col("label"), features];
+        let mlp = |hidden: f64, classes: f64, steps: f64| {
+            let lits = [
+                f(1.0),
+                f(1e-6),
+                f(hidden),
+                f(classes),
+                f(0.0),
+                f(steps),
+                f(0.0),
+                f(1.0),
+                f(0.5),
+                s("mf"),
+            ];
+            sgd_cost(SgdKind::Mlp, &data, &lits)
+        };
+        let e = mlp(4096.0, 1000.0, 5000.0).unwrap_err().to_string();
+        assert!(e.contains("'steps'") && e.contains("history"), "{e}");
+        // 4096·2 + 4096 + 1000·4096 + 1000 parameters: 24·(p + 1) bytes a step, 2 steps fit.
+        assert!(mlp(4096.0, 1000.0, 2.0).is_ok());
+        assert!(mlp(4096.0, 1000.0, 3.0).is_err());
+        assert!(mlp(8.0, 2.0, 100.0).is_ok());
+        // Features not written out count as the widest list (1,024): a linear model still fits
+        // its largest 'mf' run.
+        let lin = [
+            f(1.0),
+            f(1e-6),
+            f(0.0),
+            f(5000.0),
+            f(0.0),
+            f(1.0),
+            f(0.5),
+            s("mf"),
+        ];
+        assert!(sgd_cost(SgdKind::Linear, &[col("y"), col("xs")], &lin).is_ok());
     }
 
     /// 'mf' does not sample: a written sample_rate is refused (saying what to write), never

@@ -91,8 +91,8 @@ use crate::privacy::{Event, PrivacyError};
 
 /// The one error of a contract violation: it names no group and no value.
 pub const CONTRACT_VIOLATION: &str = "rgm_mean_by: the data do not satisfy the declared contract \
-     (every value non-NULL, finite and > 0, and within a factor max_ratio of each other inside \
-     each group of `by`); nothing was released. The charge for this query stands (a failure can \
+     (every value non-NULL, finite and at least 2.2e-308 (no subnormal), and within a factor \
+     max_ratio of each other inside each group of `by`); nothing was released. The charge for this query stands (a failure can \
      depend on the data). If the spread inside a group can be larger, declare a larger max_ratio; \
      NULL or non-positive values must be removed from the registered table (a WHERE clause would \
      make the group sizes private)";
@@ -363,7 +363,10 @@ impl GroupState {
     fn add(&mut self, v: Option<f64>) {
         self.rows = self.rows.saturating_add(1);
         match v {
-            Some(v) if v.is_finite() && v > 0.0 => {
+            // Normal numbers only: the ratio check max ≤ fl(K·min) implies the γ of
+            // mechanisms/rgm.rs (max ≤ K(1 + 2⁻⁵⁰)·min) only where K·min rounds relatively,
+            // not among subnormals (fl(1.5·2⁻¹⁰⁷⁴) = 2·2⁻¹⁰⁷⁴; review r45).
+            Some(v) if v.is_finite() && v >= f64::MIN_POSITIVE => {
                 self.sum.add_value(v);
                 self.min = self.min.min(v);
                 self.max = self.max.max(v);
