@@ -9,7 +9,9 @@
 //!   file is `fstat`ed, and its `(device, inode)` is compared with what was pinned: a file table
 //!   reads its one pinned file; a directory table reads regular files below its pinned directory,
 //!   never a hard link that was not there when it was registered, and never a file pinned by
-//!   another private table. The data is then served from the very descriptor that was checked,
+//!   another private table. No private table's files are pinned by another of the owner's
+//!   tables at all, whichever was registered first ([`PinnedFs::pin`]): the store knows which
+//!   path is read, not which table reads it. The data is then served from the very descriptor that was checked,
 //!   so there is no window between check and use; a symbolic link, a swapped file or directory
 //!   or an unresolvable entry is refused, never skipped or followed.
 //! - **Writes** (`COPY … TO`) create one new file directly in the owner's output directory

@@ -1,7 +1,8 @@
 //! The table provider every registered table is wrapped in: it carries the table's privacy
 //! policy into the logical plan (so the guard recognises a scan whatever alias or view it is
 //! reached through) and counts the scans it was asked for (so tests can prove that a refused
-//! query read nothing).
+//! query read nothing). A private table's reader is sealed in [`PrivateScanExec`], a leaf the
+//! physical optimizer cannot push a predicate, a limit or a dynamic filter into.
 use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

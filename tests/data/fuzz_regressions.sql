@@ -38,3 +38,9 @@ SELECT dp_linreg_gd(t.age, [t.salary, t.age], epsilon => 0.25, delta => 1e-8) AS
 -- The Bonferroni share of the largest confidence below 1 rounds to 1: the interval's half-width
 -- overflowed u128 (a panic in a debug build, a width of 0 in a release build; now infinite).
 SELECT dp_variance_ci(t.age, 0, 100, epsilon => 1.0, confidence => 0.9999999999999999) AS v0 FROM people t
+-- Round 45 (seed 4545): CREATE TABLE AS with a CASE key under ORDER BY failed after its charge
+-- ("Mismatch between schema and batches": its batches were typed more loosely than its plan).
+CREATE TABLE res AS SELECT CASE WHEN t.age > 50000 THEN 'hi' ELSE 'lo' END AS k0, dp_variance(r.floor, lower => 20, upper => 1000000, epsilon => 1, delta => 1e-7) AS v0 FROM people t LEFT JOIN depts r ON t.dept = r.dept AND t.age > 900000 GROUP BY CASE WHEN t.age > 50000 THEN 'hi' ELSE 'lo' END ORDER BY k0; SELECT * FROM res
+-- Round 45: a key carrying a release (a scalar subquery's DP sum) differs with the noise; the
+-- oracle counts such keys as noisy (a false GroupsDiffer).
+SELECT (SELECT dp_sum(amount, 0, 10, epsilon => 0.1) FROM orders) k1, dp_median(arrow_cast(r.floor, 'Decimal128(3, 2)'), upper => 1000000, epsilon => 0.1, lower => 20), dp_stddev_ci(t.floor, confidence => 0.95, lower => 0, epsilon =>7, upper => 1000000)['confidence'] * ( count()) FROM depts t JOIN (VALUES ('eng', 1), ('hr', 2), ('ops', 3)) r(dept, floor) GROUP BY t.floor
