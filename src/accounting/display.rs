@@ -1,5 +1,5 @@
 //! How budget numbers are shown (docs/ACCOUNTING.md, "What the numbers mean"): six significant
-//! digits in receipts, banners, the prompt and refusals (CSV/JSON results keep full precision),
+//! digits in receipts, banners, the prompt, refusals and the budget tables ([`shown`]),
 //! rounded in the direction that never flatters the budget, and shares of a table's budget in
 //! whole millionths, so that the shares of a sequence of charges add up exactly to the total.
 
@@ -86,6 +86,29 @@ pub fn n6(x: f64) -> String {
     num(x, Round::Nearest)
 }
 
+/// `x` as the number [`num`] shows: six significant digits, rounded `round`. The amounts of
+/// `SHOW BUDGET`, `dp_budget()`, `dp_ledger()` and `EXPLAIN PRIVACY` are given so, whatever
+/// format prints them: a table printer that rounds to nearest would otherwise show more ε left
+/// than there is (review r45: `remaining_epsilon 5.3175` where a query asking 5.3175 is refused
+/// with "at most 5.31749").
+pub fn shown(x: f64, round: Round) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    num(x, round).parse().unwrap_or(x)
+}
+
+/// A charge's share of the budget as [`percent`], and `< 0.0001%` for a positive cost whose share
+/// rounds to 0 millionths (shares are differences of running shares, so a small charge may show
+/// none of its own: review r45).
+pub fn percent_of(share: u64, cost: f64) -> String {
+    if share == 0 && cost > 0.0 {
+        "< 0.0001%".to_string()
+    } else {
+        percent(share)
+    }
+}
+
 /// The share `used / budget` in millionths, rounded up (what is used never looks smaller than
 /// it is); a full or overfull budget is [`SHARE_SCALE`], an unbounded use too.
 pub fn share_used(used: f64, budget: f64) -> u64 {
@@ -119,6 +142,25 @@ pub fn percent(share: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review r45: a budget table printed to nearest showed `remaining_epsilon 5.3175` where a
+    /// query asking 5.3175 was refused "at most 5.31749". The tables now carry the number as
+    /// shown, rounded the safe way, and any printer shows at most it.
+    #[test]
+    fn amounts_are_given_as_shown_rounded_the_safe_way() {
+        assert_eq!(shown(5.3174974, Round::Down), 5.31749);
+        assert_eq!(shown(0.03936071, Round::Up), 0.0393608);
+        assert!(shown(5.3174974, Round::Down) <= 5.3174974);
+        assert!(shown(0.03936071, Round::Up) >= 0.03936071);
+        assert_eq!(shown(0.0, Round::Up), 0.0);
+        assert_eq!(shown(f64::INFINITY, Round::Down), f64::INFINITY);
+        // Printing the shown number to six digits, to nearest, gives the same digits.
+        assert_eq!(n6(shown(5.3174974, Round::Down)), "5.31749");
+        // A positive charge whose share rounds to no millionth is not shown as 0%.
+        assert_eq!(percent_of(0, 1e-9), "< 0.0001%");
+        assert_eq!(percent_of(0, 0.0), "0%");
+        assert_eq!(percent_of(123_456, 0.5), "12.3456%");
+    }
 
     #[test]
     fn six_significant_digits() {

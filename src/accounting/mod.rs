@@ -629,7 +629,7 @@ fn exceeded_message(
             } else {
                 format!(
                     "this query needs {} of the budget ({} {}) and {} is left ({} of {} used)",
-                    percent(c.share),
+                    display::percent_of(c.share, c.cost),
                     c.unit,
                     num(c.cost, Round::Up),
                     percent(left),

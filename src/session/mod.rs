@@ -317,7 +317,18 @@ impl PrivateSession {
 
     /// Per private table: budget, spent, remaining, number of charged queries.
     pub fn budget(&self) -> Vec<BudgetRow> {
-        self.accountant.budget_rows()
+        // The ledger may hold two tables of one name (an owner who pointed the name at another
+        // file: two keys). The one registered in this session comes first, so that whatever
+        // looks a table up by name (the REPL's prompt and `\d`, a client's) finds it (review
+        // r45: the prompt showed the other file's budget).
+        let current: std::collections::HashSet<_> = self
+            .tables()
+            .into_iter()
+            .map(|(_, info, _)| info.key)
+            .collect();
+        let mut rows = self.accountant.budget_rows();
+        rows.sort_by_key(|r| !current.contains(&r.key));
+        rows
     }
 
     /// Takes the receipt of the latest charge this session admitted (None: none since the last

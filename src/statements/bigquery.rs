@@ -28,8 +28,8 @@
 //! bound (the session checks both against the registration: [`DpClause`]); everything else the
 //! clause cannot express faithfully is refused with the reason, among it an aggregate in HAVING
 //! or ORDER BY (only the SELECT list is rewritten: filter or order on its alias in an outer
-//! query). Values are clamped per row to `contribution_bounds_per_group`, not per unit total as
-//! BigQuery does (docs/SQL.md says so).
+//! query). `SUM` clamps each unit's total per group to `contribution_bounds_per_group`, as
+//! BigQuery does; the other aggregates clamp each value (docs/SQL.md says so).
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{

@@ -16,7 +16,7 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
-use crate::accounting::display::SHARE_SCALE;
+use crate::accounting::display::{Round, SHARE_SCALE, shown};
 use crate::accounting::{
     Accountant, BudgetRow, DEFAULT_QUERY_DELTA, LedgerEntry, Neighbours, PreviewRow, Receipt,
     TableKey, TablePolicy, Visibility,
@@ -63,7 +63,10 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
         ("delta", floats(rows.iter().map(|r| r.delta))),
         ("filter", strings(rows.iter().map(|r| r.filter.to_string()))),
         ("unit", strings(rows.iter().map(|r| r.native.unit.clone()))),
-        ("used", floats(rows.iter().map(|r| r.native.used))),
+        (
+            "used",
+            floats(rows.iter().map(|r| shown(r.native.used, Round::Up))),
+        ),
         ("budget", floats(rows.iter().map(|r| r.native.budget))),
         (
             "used_pct",
@@ -78,7 +81,7 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
         ),
         (
             "remaining_epsilon",
-            floats(rows.iter().map(|r| r.remaining)),
+            floats(rows.iter().map(|r| shown(r.remaining, Round::Down))),
         ),
         (
             "queries",
@@ -86,8 +89,14 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
                 rows.iter().map(|r| r.queries).collect::<Vec<u64>>(),
             )),
         ),
-        ("spent_delta", floats(rows.iter().map(|r| r.delta_spent))),
-        ("remaining_delta", floats(rows.iter().map(|r| r.delta_left))),
+        (
+            "spent_delta",
+            floats(rows.iter().map(|r| shown(r.delta_spent, Round::Up))),
+        ),
+        (
+            "remaining_delta",
+            floats(rows.iter().map(|r| shown(r.delta_left, Round::Down))),
+        ),
     ])
 }
 
@@ -136,12 +145,12 @@ pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<Rec
     let mut analyst: Vec<Option<String>> = Vec::new();
     let mut hash: Vec<Option<String>> = Vec::new();
     for e in entries {
-        let shown = viewer.is_none() || e.analyst.as_deref() == viewer;
+        let own = viewer.is_none() || e.analyst.as_deref() == viewer;
         for t in &e.tables {
             analyst.push(e.analyst.clone());
             seq.push(e.seq);
             time.push(e.time.clone());
-            query.push(shown.then(|| e.query.clone()));
+            query.push(own.then(|| e.query.clone()));
             hash.push(e.query_sha256.clone());
             table.push(t.name.clone());
             request.push((!t.requests.is_empty()).then(|| {
@@ -152,7 +161,7 @@ pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<Rec
                     .join(", ")
             }));
             unit.push(t.native.as_ref().map(|n| n.unit.clone()));
-            cost.push(t.native.as_ref().map(|n| n.cost));
+            cost.push(t.native.as_ref().map(|n| shown(n.cost, Round::Up)));
             cost_pct.push(t.native.as_ref().map(|n| pct(n.share)));
             used_pct.push(t.native.as_ref().map(|n| pct(n.used_share)));
             delta.push(t.delta);
@@ -244,15 +253,19 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         delta.push(Some(p.budget.delta));
         mechanism.push(None);
         let bounded = p.limit.is_none() || p.limit == Some(crate::accounting::Limit::Epsilon);
-        cost.push(finite(p.native.cost).filter(|_| bounded));
+        cost.push(
+            finite(p.native.cost)
+                .filter(|_| bounded)
+                .map(|c| shown(c, Round::Up)),
+        );
         unit.push(Some(p.native.unit.clone()));
         cost_pct.push(bounded.then(|| pct(p.native.share)));
         used.push(bounded.then(|| pct(p.native.used_share)));
         left.push(Some(pct(p.left_share)));
-        next.push(Some(p.next_epsilon));
+        next.push(Some(shown(p.next_epsilon, Round::Down)));
         admitted.push(Some(p.admitted));
-        spent_delta.push(Some(p.delta_spent_after));
-        remaining_delta.push(Some(p.delta_left_after));
+        spent_delta.push(Some(shown(p.delta_spent_after, Round::Up)));
+        remaining_delta.push(Some(shown(p.delta_left_after, Round::Down)));
         filter.push(Some(p.filter.to_string()));
         limit.push(p.limit.as_ref().map(|l| l.to_string()));
         bounds.push(None);
@@ -387,7 +400,7 @@ pub fn receipt_line(r: &Receipt) -> String {
                 "charged {}:{asked} cost {} of the budget ({} {}); {} left, one more query \
                  could use ε ≤ {} (Gaussian, δ {})",
                 t.name,
-                percent(n.share),
+                crate::accounting::display::percent_of(n.share, n.cost),
                 n.unit,
                 num(n.cost, Round::Up),
                 percent(t.left_share),

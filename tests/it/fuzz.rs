@@ -1964,7 +1964,11 @@ fn compare(case: &Case, i: usize, a: &Obs, b: &Obs, noise_before: bool, out: &mu
                     for (t, eps, _, _) in &o.charges {
                         match per_table.get(t) {
                             Some((Some(c), admitted)) => {
-                                if (c - eps).abs() > 1e-9 * c.abs().max(1.0) || !admitted {
+                                // EXPLAIN PRIVACY gives the cost as shown: six significant
+                                // digits, rounded up (never below the charge).
+                                let declared =
+                                    *c >= eps * (1.0 - 1e-12) && *c <= eps * (1.0 + 1e-5);
+                                if !declared || !admitted {
                                     f(
                                         Kind::ChargeNotDeclared,
                                         format!(

@@ -104,10 +104,7 @@ impl Backend for Local {
                 if format != OutputFormat::Table {
                     return Ok(b);
                 }
-                let keep: Vec<usize> = (0..b.num_columns())
-                    .filter(|&i| b.schema().field(i).name() != "profile")
-                    .collect();
-                Ok(b.project(&keep)?)
+                Ok(b.project(&super::ledger_on_screen(&b.schema()))?)
             })
             .map(Answer::table)
             .map_err(|e| error_message(&e))

@@ -49,6 +49,14 @@ pub struct Answer {
     pub tables: Vec<String>,
 }
 
+/// The columns of `dp_ledger()` that `\ledger` shows on screen: all but the events
+/// (`profile`), which `\format json` or `SELECT * FROM dp_ledger()` show.
+pub(crate) fn ledger_on_screen(schema: &SchemaRef) -> Vec<usize> {
+    (0..schema.fields().len())
+        .filter(|&i| schema.field(i).name() != "profile")
+        .collect()
+}
+
 impl Answer {
     /// A table to show (no receipt, no tables read).
     pub fn table(b: RecordBatch) -> Self {

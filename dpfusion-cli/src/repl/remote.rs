@@ -246,9 +246,21 @@ impl Backend for Remote {
         self.run("SHOW BUDGET").await
     }
 
-    async fn ledger_table(&mut self, _format: OutputFormat) -> Result<Answer, String> {
-        self.run("SELECT seq, time, query, \"table\", epsilon, delta FROM dp_ledger()")
-            .await
+    async fn ledger_table(&mut self, format: OutputFormat) -> Result<Answer, String> {
+        // As the local `\ledger`: every column, the events (`profile`) left out on screen
+        // (review r45: this selected an `epsilon` column dp_ledger() no longer has).
+        let mut a = self.run("SELECT * FROM dp_ledger()").await?;
+        if format == OutputFormat::Table {
+            let keep = super::ledger_on_screen(&a.schema);
+            a.schema = std::sync::Arc::new(a.schema.project(&keep).map_err(|e| e.to_string())?);
+            a.batches = a
+                .batches
+                .iter()
+                .map(|b| b.project(&keep))
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(a)
     }
 
     async fn tables(&mut self) -> Vec<(String, SchemaRef)> {
