@@ -490,7 +490,15 @@ impl Catalog {
 
     /// Opens a session on the catalog: its options, then every table registered.
     pub async fn open(&self) -> Result<PrivateSession> {
-        let session = PrivateSession::open(self.session_options()).await?;
+        self.open_protecting(&[]).await
+    }
+
+    /// [`Catalog::open`], with `also` among the owner's files no table may read (the server's
+    /// TLS certificate and key given on its command line).
+    pub async fn open_protecting(&self, also: &[PathBuf]) -> Result<PrivateSession> {
+        let mut options = self.session_options();
+        options.owner_paths.extend(also.iter().cloned());
+        let session = PrivateSession::open(options).await?;
         self.register(&session).await?;
         Ok(session)
     }

@@ -390,13 +390,13 @@ impl PinnedFs {
         // registered first (review r45: a public directory registered before a private file
         // inside it read that file, since a read is checked against the pins, not against the
         // reading table). The same path under two names is one table to the ledger (one key,
-        // one budget); an analyst's registration is checked again before each of its scans.
+        // one budget, one visibility: the session refuses a private registration of a path it
+        // serves as public, `PrivateSession::register_file`). An analyst's registration is
+        // checked again before each of its scans.
         let root = (&set.root, ident, is_dir);
+        let same_table = |p: &Pin| p.root == set.root;
         if let Some(other) = pins.pins.iter().find(|p| {
-            !rechecked
-                && !p.rechecked
-                && p.table != table
-                && p.root != set.root
+            !(rechecked || p.rechecked || p.table == table || same_table(p))
                 && (private || p.private)
                 && p.overlaps(root, &files)
         }) {
@@ -1025,6 +1025,9 @@ mod tests {
         fs.pin("a", &set(&d.join("pub")), true).unwrap_err();
         fs.pin("c", &set(&d.join("priv/p.csv")), true).unwrap();
         fs.pin("c", &set(&d.join("priv/p.csv")), true).unwrap();
+        // One path under two names is one table to the ledger (its policy decides; the session
+        // refuses a private registration of a path it serves as public).
+        fs.pin("c2", &set(&d.join("priv/p.csv")), true).unwrap();
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -940,8 +940,20 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         // The neighbour relation is the table's, never the user's.
         let mut with_mode = params.clone();
         with_mode.push(ScalarValue::Utf8(Some(call_mode.clone())));
-        // The data arguments' shape as written (e.g. a feature list's length), never data.
-        let events = match dp_call_cost_with_data(&name, &f.params.args[..data_args], &with_mode) {
+        // The data arguments' shape as written (e.g. a feature list's length), never data. A
+        // fixed-size list column is given with its type (a CAST to it), so that its length is
+        // known as `[x1, …, xd]`'s is (review of round 45's fix: a 16,000-wide column was
+        // counted as 1,024 features).
+        let shaped: Vec<Expr> = f.params.args[..data_args]
+            .iter()
+            .map(|a| match a.get_type(agg.input.schema()) {
+                Ok(t @ DataType::FixedSizeList(..)) => {
+                    Expr::Cast(datafusion::logical_expr::Cast::new(Box::new(a.clone()), t))
+                }
+                _ => a.clone(),
+            })
+            .collect();
+        let events = match dp_call_cost_with_data(&name, &shaped, &with_mode) {
             Some(Ok(ev)) => ev,
             Some(Err(e)) => return Err(DataFusionError::Plan(format!("{name}: {e}"))),
             None => return Err(refuse(format!("{name} is not a DP aggregate"))),
@@ -1137,12 +1149,21 @@ fn orderable(t: &DataType) -> bool {
 }
 
 /// The sort keys that order values of type `t` computed by `e`: `e` itself if DataFusion can
-/// sort by it ([`orderable`]), a struct by each of its fields in turn (recursively), None for a
-/// type nothing sorts (maps, unions, lists of structs, …). Ascending, NULLs first.
+/// sort by it ([`orderable`]), a struct by whether it is NULL and then by each of its fields in
+/// turn (recursively), None for a type nothing sorts (maps, unions, lists of structs, …) and for
+/// a struct with two fields of one name (`get_field` finds the first only: the second would
+/// never be sorted by; review of round 45's fix). Ascending, NULLs first.
 fn sort_keys(e: Expr, t: &DataType) -> Option<Vec<datafusion::logical_expr::SortExpr>> {
     match t {
         DataType::Struct(fields) => {
-            let mut keys = vec![];
+            let names: std::collections::HashSet<&str> =
+                fields.iter().map(|f| f.name().as_str()).collect();
+            if names.len() != fields.len() {
+                return None;
+            }
+            // A NULL struct and a struct of NULLs give the same fields (`get_field` does not
+            // look at the parent's nulls): told apart first.
+            let mut keys = vec![e.clone().is_null().sort(true, true)];
             for f in fields.iter() {
                 let field =
                     datafusion::functions::core::expr_fn::get_field(e.clone(), f.name().as_str());
@@ -1171,7 +1192,7 @@ pub(crate) fn unsortable_key(g: &Expr, schema: &DFSchema) -> Option<String> {
             "GROUP BY {g} (of type {t}) over private rows: released groups are sorted by their \
              keys, so that their order says nothing about the private rows, and a value of this \
              type cannot be sorted. Group by its fields or elements (scalars, strings, lists of \
-             them, or structs of these) instead."
+             them, or structs of these, each field named once) instead."
         )),
     }
 }

@@ -285,7 +285,18 @@ async fn prepare(a: &ServeArgs) -> Result<(super::Bound, usize, usize), (u8, Str
             .map_err(|e| (1, format!("analyst '{}': {e}", an.name)))?;
         list.push((an.name.clone(), h));
     }
-    let session = Arc::new(catalog.open().await.map_err(|e| (1, e.to_string()))?);
+    // The TLS files given on the command line are the owner's too (the catalog's already are).
+    let tls: Vec<PathBuf> = [&a.tls_cert, &a.tls_key]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    let session = Arc::new(
+        catalog
+            .open_protecting(&tls)
+            .await
+            .map_err(|e| (1, e.to_string()))?,
+    );
     let tables = session.tables().len();
     let bound = bind(session, Analysts::new(list), opts)
         .await

@@ -11,9 +11,11 @@
 //! - **An idle timeout**: a connection with no authenticated call for
 //!   [`ConnLimits::idle_timeout`] is closed (clients reconnect at their next call).
 //! - **A share per analyst**: an analyst's authenticated connections are at most
-//!   [`ConnLimits::per_analyst`] (the limit divided by the catalog's analysts); at an analyst's
-//!   call on one more, their oldest other connection is closed. So the analysts together hold at
-//!   most the limit, each their share, and one analyst cannot keep another out (review r45).
+//!   [`ConnLimits::per_analyst`] (the limit divided by the catalog's analysts); an analyst's call
+//!   on one more is refused and that connection stays a stranger's, closed at its handshake
+//!   timeout or first when room is needed (never one of theirs already in use: a statement
+//!   running on it would fail after its charge). So the analysts together hold at most the
+//!   limit, each their share, and one analyst cannot keep another out (review r45).
 //! - **No spinning**: an accept error (`EMFILE`, `ENFILE`, `ENOBUFS`, …) is retried after a
 //!   back-off that doubles from 5 ms to 1 s, never at once.
 //!
@@ -74,38 +76,43 @@ impl Conn {
         }
     }
 
-    /// Records an authenticated call of `analyst` on this connection. At the first one, if the
-    /// analyst now holds more than their share of connections, their oldest others are closed.
-    pub fn authenticated(&self, analyst: &str) {
+    /// Records an authenticated call of `analyst` on this connection; false when it is a
+    /// connection of another analyst's, or when it would give the analyst more than their share
+    /// of connections: the call is then refused, and the connection stays a stranger's.
+    pub fn authenticated(&self, analyst: &str) -> bool {
+        {
+            let mut mine = self.analyst.lock().expect("lock");
+            match mine.as_deref() {
+                Some(a) if a == analyst => {}
+                Some(_) => return false,
+                None => {
+                    if let Some(peers) = self.peers.upgrade() {
+                        let theirs = peers
+                            .lock()
+                            .expect("lock")
+                            .iter()
+                            .filter_map(Weak::upgrade)
+                            .filter(|c| {
+                                !std::ptr::eq(c.as_ref(), self)
+                                    && !c.closed.load(Ordering::Acquire)
+                                    && c.analyst.lock().expect("lock").as_deref() == Some(analyst)
+                            })
+                            .count();
+                        if theirs >= self.per_analyst {
+                            // Refused, and left a stranger's: closed at its handshake timeout,
+                            // or first when the limit needs room (closing it now would cut
+                            // the refusal's own answer).
+                            return false;
+                        }
+                    }
+                    *mine = Some(analyst.to_string());
+                }
+            }
+        }
         let ms = self.accepted.elapsed().as_millis() as u64;
         self.last_call_ms.fetch_max(ms, Ordering::Relaxed);
         self.authenticated.store(true, Ordering::Release);
-        {
-            let mut mine = self.analyst.lock().expect("lock");
-            if mine.is_some() {
-                return;
-            }
-            *mine = Some(analyst.to_string());
-        }
-        let Some(peers) = self.peers.upgrade() else {
-            return;
-        };
-        let theirs: Vec<Arc<Conn>> = peers
-            .lock()
-            .expect("lock")
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|c| {
-                !std::ptr::eq(c.as_ref(), self)
-                    && !c.closed.load(Ordering::Acquire)
-                    && c.analyst.lock().expect("lock").as_deref() == Some(analyst)
-            })
-            .collect();
-        // Oldest first (the list's order); this connection counts as one.
-        let over = (theirs.len() + 1).saturating_sub(self.per_analyst);
-        for c in theirs.into_iter().take(over) {
-            c.close();
-        }
+        true
     }
 
     fn is_authenticated(&self) -> bool {

@@ -154,7 +154,21 @@ impl Uploads {
         };
         let old_schema = current.as_ref().map(|c| Arc::clone(&c.0));
         reservation.try_grow(bytes).map_err(|_| memory_full())?;
-        let data = data.map(|d| d.and_then(super::wire::plain_ipc));
+        // Every message's encoded bytes count against the quota before arrow decodes it: a
+        // dictionary is kept by the decoder before any batch (the quota's own count) uses it, so
+        // many dictionaries of distinct ids grew memory past the quota (review of round 45's
+        // fix: 2,400 of 3.5 MB aborted the process). Uncompressed, decoding makes no more than
+        // it reads.
+        let room = max_bytes.saturating_sub(others.saturating_add(bytes));
+        let mut seen = 0usize;
+        let data = data.map(move |d| {
+            let d = d.and_then(super::wire::plain_ipc)?;
+            seen = seen.saturating_add(d.data_header.len() + d.data_body.len());
+            if seen > room {
+                return Err(over_quota(max_bytes));
+            }
+            Ok(d)
+        });
         let mut stream =
             FlightRecordBatchStream::new_from_flight_data(data.map_err(FlightError::from));
         let mut rows: i64 = 0;

@@ -618,8 +618,18 @@ impl DpFlightSql {
     /// call's connection authenticated ([`conn`]).
     fn analyst<T>(&self, request: &Request<T>) -> Result<String, Status> {
         let name = self.authenticate(request)?;
-        if let Some(c) = conn::conn_of(request) {
-            c.authenticated(&name);
+        if let Some(c) = conn::conn_of(request)
+            && !c.authenticated(&name)
+        {
+            return Err(quota_refusal(format!(
+                "dpfusion refused the call: you hold {} connections to this server already, your \
+                 share of its {} (the data owner's [server] max_connections, divided among the \
+                 catalog's analysts), or this connection is another analyst's. Reuse an open \
+                 connection (a client's channel carries many calls), or close one; this one is \
+                 closed at the server's handshake timeout",
+                (self.0.options.max_connections / self.0.analysts.len().max(1)).max(1),
+                self.0.options.max_connections
+            )));
         }
         Ok(name)
     }
@@ -954,7 +964,15 @@ impl DpFlightSql {
                 bytes.len()
             )));
         }
-        params::Handle::decode(bytes).map_err(refusal)
+        let h = params::Handle::decode(bytes).map_err(refusal)?;
+        let longest = h.sql.len().max(h.bound.as_ref().map_or(0, String::len));
+        if longest > max {
+            return Err(refusal(format!(
+                "dpfusion refused the prepared statement: its SQL text is {longest} bytes, and \
+                 this server accepts at most {max} (the data owner's [server] max_sql_bytes)"
+            )));
+        }
+        Ok(h)
     }
 }
 
@@ -1258,21 +1276,27 @@ impl FlightSqlService for DpFlightSql {
         query: CommandPreparedStatementQuery,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
-        self.analyst(&request)?;
+        let analyst = self.analyst(&request)?;
         let handle = self.handle(&query.prepared_statement_handle)?;
         let sql = handle.sql;
         let values = self.parameters(request).await?;
         let rows = values.as_ref().map_or(0, RecordBatch::num_rows);
-        let bound = match (&values, rows) {
-            (_, 0) if params::count(&sql).map_err(invalid)? == 0 => sql.clone(),
-            (Some(v), 1) => params::bind(&sql, v, 0).map_err(invalid)?,
-            _ => {
-                return Err(invalid(format!(
-                    "a query runs with one row of parameters, and {rows} were sent: execute it \
-                     once per row (each run is a query, charged if it is a DP query)"
-                )));
-            }
-        };
+        // Binding reads the whole text (the tokenizer): within the analyst's turn and the time
+        // limit, on the query runtime, like a statement, not on the threads serving every call
+        // (review of round 45's fix).
+        let text = sql.clone();
+        let bound = self
+            .limited(&analyst, async move {
+                match (&values, rows) {
+                    (_, 0) if params::count(&text).map_err(invalid)? == 0 => Ok(text),
+                    (Some(v), 1) => params::bind(&text, v, 0).map_err(invalid),
+                    _ => Err(invalid(format!(
+                        "a query runs with one row of parameters, and {rows} were sent: execute \
+                         it once per row (each run is a query, charged if it is a DP query)"
+                    ))),
+                }
+            })
+            .await?;
         if bound.len() > self.0.options.max_sql_bytes {
             return Err(refusal(format!(
                 "dpfusion refused the query: with its parameters bound, its SQL text is {} \

@@ -63,6 +63,22 @@ impl PrivateSession {
             );
         }
         let key = TableKey::from(set.root.to_string_lossy().to_string());
+        // One file, one visibility in a session: a private registration of a path this session
+        // serves under another name as public would be recorded as a tightening in the ledger
+        // while the public name kept reading the rows (review of round 45's fix). The reverse
+        // is the ledger's to refuse (private → public).
+        if reg.visibility == Visibility::Private
+            && let Some((other, _, _)) = self.tables().into_iter().find(|(n, info, _)| {
+                info.key == key && !info.private && *n != name.to_ascii_lowercase()
+            })
+        {
+            return Err(crate::error::Error::Policy(format!(
+                "table '{name}': '{location}' is registered in this session as public table \
+                 '{other}', which would go on reading its rows. Register the file once, as \
+                 private (or restart without the public table)"
+            ))
+            .into());
+        }
         // No other private table may share a file with this one (hard links, nested
         // directories), and no table may read the ledger's directory or the owner's files.
         self.protection

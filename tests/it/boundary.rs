@@ -2211,6 +2211,19 @@ async fn groups_keyed_by_a_struct_come_out_in_the_order_of_their_keys() {
         let keys: Vec<String> = cells(&r).into_iter().take(8).collect();
         let expected: Vec<String> = (0..8).map(|g| format!("{{d: {g}, e: {}}}", -g)).collect();
         assert_eq!(keys, expected, "{tag}");
+        // Two fields of one name: `get_field` finds the first only, so the second would never
+        // be sorted by (a review of the fix): refused, nothing charged.
+        let budget = format!("{:?}", s.budget());
+        let e = s
+            .sql(
+                "SELECT named_struct('a', 0, 'a', g) AS k, dp_count(v, epsilon => 50.0) AS c \
+                 FROM t GROUP BY named_struct('a', 0, 'a', g)",
+            )
+            .await
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("cannot be sorted"), "{e}");
+        assert_eq!(format!("{:?}", s.budget()), budget, "nothing charged");
     }
 }
 
@@ -2233,4 +2246,28 @@ async fn a_join_of_unit_tables_matching_null_with_null_is_refused() {
     assert!(e.contains("IS NOT DISTINCT FROM"), "{e}");
     assert_eq!(s.scans("purchases"), scans, "nothing read");
     assert_eq!(format!("{:?}", s.budget()), budget, "nothing charged");
+}
+
+/// Review of round 45's fix: a public table and then a private one on the same path. The ledger
+/// records public → private as a tightening, while the public name would go on reading the
+/// rows: the private registration is refused while the path is served as public.
+#[tokio::test]
+async fn a_path_served_as_public_cannot_be_registered_private_under_another_name() {
+    let dir = temp_dir("r45-pub-then-priv");
+    let s = open(&dir, SessionOptions::default()).await;
+    let file = dir.join("t.csv");
+    std::fs::copy(people_csv(), &file).unwrap();
+    s.register_csv("pubt", &file, Registration::public())
+        .await
+        .unwrap();
+    let e = s
+        .register_csv("privt", &file, Registration::private())
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        e.contains("registered in this session as public table 'pubt'"),
+        "{e}"
+    );
+    assert!(s.sql("SELECT dp_count(id, 1.0) FROM privt").await.is_err());
 }

@@ -2018,7 +2018,8 @@ async fn a_flight_rollback_is_refused_because_nothing_can_be_undone() {
 /// Review r45: the connection limit was shared by everyone, and only connections that had not
 /// authenticated were ever closed, so alice, making one call on each of the server's
 /// connections, kept bob out. An analyst now holds at most their share (the limit divided by
-/// the catalog's analysts): at her call on one more, her oldest is closed, and bob is served.
+/// the catalog's analysts): her call on one more is refused and that connection closed (never
+/// one she is using), and bob is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_analysts_connections_take_only_their_share() {
     let s = serve_here(
@@ -2028,9 +2029,16 @@ async fn one_analysts_connections_take_only_their_share() {
     )
     .await;
     let mut alices = Vec::new();
-    for _ in 0..4 {
+    for i in 0..4 {
         let mut c = client(s.addr, Some(ALICE)).await;
-        assert_eq!(rows(&query(&mut c, "SELECT 1 AS one").await.unwrap()), 1);
+        let r = query(&mut c, "SELECT 1 AS one").await;
+        if i < 2 {
+            assert_eq!(rows(&r.unwrap()), 1);
+        } else {
+            let e = r.unwrap_err();
+            assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+            assert!(e.message().contains("max_connections"), "{e:?}");
+        }
         alices.push(c);
     }
     let mut bob = client(s.addr, Some(BOB)).await;
@@ -2039,9 +2047,9 @@ async fn one_analysts_connections_take_only_their_share() {
         .expect("bob is served while alice holds her share")
         .unwrap();
     assert_eq!(rows(&b), 1);
-    // Alice's newest connection still works.
-    let last = alices.last_mut().unwrap();
-    assert_eq!(rows(&query(last, "SELECT 1 AS one").await.unwrap()), 1);
+    // Alice's first connections still work.
+    let first = alices.first_mut().unwrap();
+    assert_eq!(rows(&query(first, "SELECT 1 AS one").await.unwrap()), 1);
 }
 
 /// Review r45: a result left its analyst's quota when its DoGet began, so results whose streams

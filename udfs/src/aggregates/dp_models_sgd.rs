@@ -292,63 +292,91 @@ impl SgdParams {
     }
 }
 
-/// The most bytes the history of a `noise => 'mf'` fit may take: it keeps every step's exact
-/// sum and release, 24·(p + 1) bytes a step for p parameters (`optim::sgd`, `hist_g` and
-/// `hist_y`), outside the query's memory pool (review r45: hidden 4096, classes 1000 and 5000
-/// steps asked for 490 GB and aborted the process).
-pub const MAX_MF_HISTORY_BYTES: u64 = 256 << 20;
+/// The most bytes a DP-SGD fit's working set may take outside the query's memory pool: its
+/// vectors of the p parameters (the model, the gradient, its sum, the exact integer sums and
+/// the release: at most [`FIT_BYTES_PER_PARAM`] bytes a parameter, rounded outward), and under
+/// `noise => 'mf'` the history of every step's exact sum and release, 24·(p + 1) bytes a step
+/// (`optim::sgd`, `hist_g` and `hist_y`). Review r45: hidden 4096, classes 1000 and 5000 'mf'
+/// steps asked for 490 GB and aborted the process; a 16,000-wide feature column did too.
+pub const MAX_FIT_BYTES: u64 = 256 << 20;
+
+/// The working bytes a fit keeps per parameter besides an 'mf' history (see [`MAX_FIT_BYTES`]).
+pub const FIT_BYTES_PER_PARAM: u64 = 128;
 
 /// The widest feature list a query may give (the guard's `FEATURE_WIDTH`): the width assumed
 /// when the features are not written out.
 const WIDEST_FEATURES: usize = 1024;
 
-/// The feature count of a `features` argument written `[x1, …, xd]` / `make_array(…)`.
+/// The feature count of a `features` argument written `[x1, …, xd]` / `make_array(…)`, or of a
+/// fixed-size list (the guard gives such a column as a CAST to its type).
 fn features_written(e: &datafusion::logical_expr::Expr) -> Option<usize> {
+    use datafusion::arrow::datatypes::DataType;
     use datafusion::logical_expr::Expr;
     match e {
         Expr::Alias(a) => features_written(&a.expr),
         Expr::ScalarFunction(f) if matches!(f.name(), "make_array" | "make_list") => {
             Some(f.args.len())
         }
+        Expr::Cast(c) => match c.field.data_type() {
+            DataType::FixedSizeList(_, n) => usize::try_from(*n).ok(),
+            _ => features_written(&c.expr),
+        },
+        Expr::TryCast(c) => match c.field.data_type() {
+            DataType::FixedSizeList(_, n) => usize::try_from(*n).ok(),
+            _ => features_written(&c.expr),
+        },
         _ => None,
     }
 }
 
-/// The registry's cost function of `kind`; with `data` (the call's label and features), an
-/// `'mf'` fit whose history would exceed [`MAX_MF_HISTORY_BYTES`] is refused, before any charge.
+/// The registry's cost function of `kind`; with `data` (the call's label and features), a fit
+/// whose working set would exceed [`MAX_FIT_BYTES`] is refused, before any charge.
 pub fn sgd_cost(
     kind: SgdKind,
     data: &[datafusion::logical_expr::Expr],
     params: &[ScalarValue],
 ) -> Result<Vec<Event>, PrivacyError> {
     let p = SgdParams::from_literals(kind, params)?;
-    if p.noise == NoiseKind::Mf {
-        let d = data
-            .get(1)
-            .and_then(features_written)
-            .unwrap_or(WIDEST_FEATURES);
-        let per_step = 24 * (p.family().net(d).params() as u64 + 1);
-        let most = MAX_MF_HISTORY_BYTES / per_step;
-        if p.steps > most {
-            return Err(PrivacyError::invalid(
-                "steps",
-                p.steps,
-                &format!(
-                    "at most {most} with noise => 'mf' for this model ({} parameters with {d} \
-                     features{}): its history keeps {per_step} bytes a step, and at most {} \
-                     MiB in all. Use fewer steps or a smaller network, or noise => \
-                     'independent'",
-                    p.family().net(d).params(),
-                    if data.get(1).and_then(features_written).is_some() {
-                        ""
-                    } else {
-                        ", the widest a query may give: write the features as [x1, …, xd] to \
-                         count them"
-                    },
-                    MAX_MF_HISTORY_BYTES >> 20
-                ),
-            ));
-        }
+    let written = data.get(1).and_then(features_written);
+    let d = written.unwrap_or(WIDEST_FEATURES);
+    let params_p = p.family().net(d).params() as u64 + 1;
+    let fixed = FIT_BYTES_PER_PARAM.saturating_mul(params_p);
+    let per_step = if p.noise == NoiseKind::Mf {
+        24 * params_p
+    } else {
+        0
+    };
+    let need = fixed.saturating_add(per_step.saturating_mul(p.steps));
+    if need > MAX_FIT_BYTES {
+        let width = match written {
+            Some(_) => String::new(),
+            None => ", the widest a query may give: write the features as [x1, …, xd] to count \
+                      them"
+                .to_string(),
+        };
+        let what = match per_step {
+            0 => format!(
+                "a model of at most {} parameters ({} with {d} features{width}): a fit keeps \
+                 {FIT_BYTES_PER_PARAM} bytes a parameter, at most {} MiB",
+                MAX_FIT_BYTES / FIT_BYTES_PER_PARAM - 1,
+                params_p - 1,
+                MAX_FIT_BYTES >> 20
+            ),
+            s => format!(
+                "at most {} steps with noise => 'mf' for this model ({} parameters with {d} \
+                 features{width}): its history keeps {s} bytes a step, and the fit at most {} \
+                 MiB in all. Use fewer steps or a smaller network, or noise => 'independent'",
+                MAX_FIT_BYTES.saturating_sub(fixed) / s,
+                params_p - 1,
+                MAX_FIT_BYTES >> 20
+            ),
+        };
+        let (name, value) = match per_step {
+            0 if kind == SgdKind::Mlp => ("hidden", p.hidden as u64),
+            0 => ("features", d as u64),
+            _ => ("steps", p.steps),
+        };
+        return Err(PrivacyError::invalid(name, value, &what));
     }
     p.cost()
 }
@@ -839,15 +867,24 @@ mod tests {
         );
     }
 
-    /// Review r45: an 'mf' fit keeps 24·(p + 1) bytes a step outside the memory pool; one whose
-    /// history would pass [`MAX_MF_HISTORY_BYTES`] is refused at planning (before any charge),
-    /// counting the written features, or the widest list a query may give.
+    /// Review r45: a fit keeps its working set outside the memory pool (128 bytes a parameter,
+    /// and under 'mf' 24·(p + 1) bytes a step); one past [`MAX_FIT_BYTES`] is refused at
+    /// planning (before any charge), counting the written features, a fixed-size list's width
+    /// (the guard gives such a column as a CAST to its type), or else the widest list a query
+    /// may give.
     #[test]
-    fn an_mf_history_past_its_bound_is_refused_at_planning() {
-        use datafusion::logical_expr::col;
-        let features = datafusion::functions_nested::expr_fn::make_array(vec![col("x"), col("y")]);
-        let data = [col("label"), features];
-        let mlp = |hidden: f64, classes: f64, steps: f64| {
+    fn a_fit_past_its_working_set_is_refused_at_planning() {
+        use datafusion::arrow::datatypes::{DataType, Field};
+        use datafusion::logical_expr::{Cast, Expr, col};
+        let two = datafusion::functions_nested::expr_fn::make_array(vec![col("x"), col("y")]);
+        let wide = Expr::Cast(Cast::new(
+            Box::new(col("xs")),
+            DataType::FixedSizeList(
+                std::sync::Arc::new(Field::new("item", DataType::Float64, true)),
+                16_000,
+            ),
+        ));
+        let mlp = |features: &Expr, hidden: f64, classes: f64, steps: f64, noise: &str| {
             let lits = [
                 f(1.0),
                 f(1e-6),
@@ -858,16 +895,25 @@ mod tests {
                 f(0.0),
                 f(1.0),
                 f(0.5),
-                s("mf"),
+                s(noise),
             ];
-            sgd_cost(SgdKind::Mlp, &data, &lits)
+            sgd_cost(SgdKind::Mlp, &[col("label"), features.clone()], &lits)
         };
-        let e = mlp(4096.0, 1000.0, 5000.0).unwrap_err().to_string();
+        // 4096·2 + 4096 + 1000·4096 + 1000 parameters: 128 bytes each is past 256 MiB.
+        let e = mlp(&two, 4096.0, 1000.0, 2.0, "independent")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'hidden'") && e.contains("parameters"), "{e}");
+        // 512·2 + 512 + 10·512 + 10 = 6,666 parameters: 'mf' keeps 160 kB a step.
+        assert!(mlp(&two, 512.0, 10.0, 1000.0, "mf").is_ok());
+        let e = mlp(&two, 512.0, 10.0, 5000.0, "mf")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'steps'") && e.contains("history"), "{e}");
-        // 4096·2 + 4096 + 1000·4096 + 1000 parameters: 24·(p + 1) bytes a step, 2 steps fit.
-        assert!(mlp(4096.0, 1000.0, 2.0).is_ok());
-        assert!(mlp(4096.0, 1000.0, 3.0).is_err());
-        assert!(mlp(8.0, 2.0, 100.0).is_ok());
+        // A 16,000-wide column counts as 16,000 features, not as the widest written list.
+        let e = mlp(&wide, 32.0, 2.0, 100.0, "mf").unwrap_err().to_string();
+        assert!(e.contains("16000 features"), "{e}");
+        assert!(mlp(&wide, 32.0, 2.0, 10.0, "mf").is_ok());
         // Features not written out count as the widest list (1,024): a linear model still fits
         // its largest 'mf' run.
         let lin = [
