@@ -209,15 +209,18 @@ pub fn link_others_control(location: &str, base: &Path) -> Option<String> {
     let me = unsafe { libc::geteuid() };
     let mut cur = PathBuf::from("/");
     let mut hops = 0;
-    let mut rest: Vec<std::ffi::OsString> = prefix
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(s) => Some(s.to_os_string()),
-            Component::ParentDir => Some("..".into()),
-            _ => None,
-        })
-        .rev()
-        .collect();
+    // The components still to walk, the next last (names and `..`).
+    let reversed = |p: &Path| -> Vec<std::ffi::OsString> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(s) => Some(s.to_os_string()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
+            })
+            .rev()
+            .collect()
+    };
+    let mut rest = reversed(&prefix);
     while let Some(c) = rest.pop() {
         if c == ".." {
             cur.pop();
@@ -260,16 +263,7 @@ pub fn link_others_control(location: &str, base: &Path) -> Option<String> {
         if target.is_absolute() {
             cur = PathBuf::from("/");
         }
-        let mut more: Vec<std::ffi::OsString> = target
-            .components()
-            .filter_map(|c| match c {
-                Component::Normal(s) => Some(s.to_os_string()),
-                Component::ParentDir => Some("..".into()),
-                _ => None,
-            })
-            .collect();
-        more.reverse();
-        rest.extend(more);
+        rest.extend(reversed(&target));
     }
     None
 }

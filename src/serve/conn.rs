@@ -55,8 +55,8 @@ pub struct Conn {
     authenticated: AtomicBool,
     closed: AtomicBool,
     waker: Mutex<Option<Waker>>,
-    /// The analyst whose call came first on this connection.
-    analyst: Mutex<Option<String>>,
+    /// The analyst whose call came first on this connection (set once, under the peers' lock).
+    analyst: std::sync::OnceLock<String>,
     /// Every open connection (the accept loop's list), and an analyst's share of them.
     peers: Weak<Mutex<VecDeque<Weak<Conn>>>>,
     per_analyst: usize,
@@ -70,7 +70,7 @@ impl Conn {
             authenticated: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             waker: Mutex::new(None),
-            analyst: Mutex::new(None),
+            analyst: std::sync::OnceLock::new(),
             peers,
             per_analyst: per_analyst.max(1),
         }
@@ -80,34 +80,32 @@ impl Conn {
     /// connection of another analyst's, or when it would give the analyst more than their share
     /// of connections: the call is then refused, and the connection stays a stranger's.
     pub fn authenticated(&self, analyst: &str) -> bool {
-        {
-            let mut mine = self.analyst.lock().expect("lock");
-            match mine.as_deref() {
-                Some(a) if a == analyst => {}
-                Some(_) => return false,
-                None => {
-                    if let Some(peers) = self.peers.upgrade() {
-                        let theirs = peers
-                            .lock()
-                            .expect("lock")
-                            .iter()
-                            .filter_map(Weak::upgrade)
-                            .filter(|c| {
-                                !std::ptr::eq(c.as_ref(), self)
-                                    && !c.closed.load(Ordering::Acquire)
-                                    && c.analyst.lock().expect("lock").as_deref() == Some(analyst)
-                            })
-                            .count();
-                        if theirs >= self.per_analyst {
-                            // Refused, and left a stranger's: closed at its handshake timeout,
-                            // or first when the limit needs room (closing it now would cut
-                            // the refusal's own answer).
-                            return false;
-                        }
-                    }
-                    *mine = Some(analyst.to_string());
+        if self.analyst.get().is_none() {
+            // One lock only, the peers' (a connection's analyst is set under it): two first
+            // calls at once are counted one after the other.
+            let peers = self.peers.upgrade();
+            let open = peers.as_ref().map(|p| p.lock().expect("lock"));
+            if self.analyst.get().is_none() {
+                let theirs = open.as_ref().map_or(0, |open| {
+                    open.iter()
+                        .filter_map(Weak::upgrade)
+                        .filter(|c| {
+                            !std::ptr::eq(c.as_ref(), self)
+                                && !c.closed.load(Ordering::Acquire)
+                                && c.analyst.get().map(String::as_str) == Some(analyst)
+                        })
+                        .count()
+                });
+                if theirs >= self.per_analyst {
+                    // Refused, and left a stranger's: closed at its handshake timeout, or first
+                    // when the limit needs room (closing it now would cut the refusal's answer).
+                    return false;
                 }
+                let _ = self.analyst.set(analyst.to_string());
             }
+        }
+        if self.analyst.get().map(String::as_str) != Some(analyst) {
+            return false;
         }
         let ms = self.accepted.elapsed().as_millis() as u64;
         self.last_call_ms.fetch_max(ms, Ordering::Relaxed);
@@ -343,4 +341,53 @@ pub fn incoming(
         let io = a.next().await;
         Some((Ok::<_, io::Error>(io), a))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review r45: each analyst holds at most their share of the connections, counted under one
+    /// lock (the first version locked each connection's analyst while holding the list's, and
+    /// two first calls at once deadlocked the threads serving every call); a connection is one
+    /// analyst's.
+    #[test]
+    fn first_calls_at_once_keep_each_analyst_within_their_share() {
+        let open: Arc<Mutex<VecDeque<Weak<Conn>>>> = Arc::new(Mutex::new(VecDeque::new()));
+        let conns: Vec<Arc<Conn>> = (0..64)
+            .map(|_| {
+                let c = Arc::new(Conn::new(Arc::downgrade(&open), 5));
+                open.lock().unwrap().push_back(Arc::downgrade(&c));
+                c
+            })
+            .collect();
+        let threads: Vec<_> = conns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let c = Arc::clone(c);
+                std::thread::spawn(move || {
+                    c.authenticated(if i % 2 == 0 { "alice" } else { "bob" })
+                })
+            })
+            .collect();
+        let admitted: Vec<bool> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        for (who, parity) in [("alice", 0), ("bob", 1)] {
+            let n = admitted
+                .iter()
+                .enumerate()
+                .filter(|(i, a)| i % 2 == parity && **a)
+                .count();
+            assert_eq!(n, 5, "{who}");
+        }
+        // A connection of alice's carries no call of bob's.
+        let alices = conns
+            .iter()
+            .zip(&admitted)
+            .find(|(c, a)| **a && c.analyst.get().map(String::as_str) == Some("alice"))
+            .unwrap()
+            .0;
+        assert!(alices.authenticated("alice"));
+        assert!(!alices.authenticated("bob"));
+    }
 }

@@ -1542,10 +1542,16 @@ async fn load_bad_clients_beside_good_ones_good_queries_answered_and_charged_onc
                 )
                 .await
                 .unwrap_err();
+                // Bob's churn of connections (a new client per prepare) can take him past his
+                // share: a call refused there, or its connection closed as a stranger's.
                 assert!(
                     matches!(
                         e.code(),
-                        Code::InvalidArgument | Code::ResourceExhausted | Code::DeadlineExceeded
+                        Code::InvalidArgument
+                            | Code::ResourceExhausted
+                            | Code::DeadlineExceeded
+                            | Code::Unknown
+                            | Code::Unavailable
                     ),
                     "{e:?}"
                 );

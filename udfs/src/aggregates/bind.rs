@@ -79,38 +79,10 @@ pub fn bindable(udaf: &AggregateUDF) -> bool {
 /// function instance ([`Bound`]); everything else unchanged. Applied by the dpfusion session to
 /// the physical plan of exactly the checked plan.
 pub fn bind_literal_parameters(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|node| {
-        // Only a node that *is* an `AggregateExec` (not one delegating its downcast to one: it
-        // would be replaced by the bare aggregate).
-        let Some(agg) = (node.as_ref() as &dyn Any).downcast_ref::<AggregateExec>() else {
-            return Ok(Transformed::no(node));
-        };
-        let schema = agg.input_schema();
-        let mut changed = false;
-        let exprs = agg
-            .aggr_expr()
-            .iter()
-            .map(|e| {
-                let bound = match bind_call(e, &schema)? {
-                    Some(b) => Some(b),
-                    None => spread_call(e, &schema)?,
-                };
-                Ok(match bound {
-                    Some(b) => {
-                        changed = true;
-                        Arc::new(b)
-                    }
-                    None => Arc::clone(e),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        if !changed {
-            return Ok(Transformed::no(node));
-        }
-        let bound: Arc<dyn ExecutionPlan> = Arc::new(agg.with_new_aggr_exprs(exprs));
-        Ok(Transformed::yes(bound))
+    rewrite_calls(plan, |e, schema| match bind_call(e, schema)? {
+        Some(b) => Ok(Some(b)),
+        None => spread_call(e, schema),
     })
-    .map(|t| t.data)
 }
 
 /// The physical plan with every model call's function ([`ModelUdaf`], spread or not) given the
@@ -123,6 +95,27 @@ pub fn bind_cancellation(
     plan: Arc<dyn ExecutionPlan>,
     token: &Arc<AtomicBool>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    rewrite_calls(plan, |e, schema| {
+        let fun = e.fun();
+        let is_model = model(fun).is_some() || fun.inner().is::<Spread>();
+        if !is_model || e.is_distinct() || !e.order_bys().is_empty() || e.is_reversed() {
+            return Ok(None);
+        }
+        let wrapped = AggregateUDF::from(Cancellable {
+            inner: fun.clone(),
+            token: Arc::clone(token),
+        });
+        rebuild(e, wrapped, e.expressions(), schema)
+    })
+}
+
+/// `plan` with each aggregate call that `f` rewrites (given the call and its input schema)
+/// replaced; every node that *is* an `AggregateExec` (not one delegating its downcast to one:
+/// it would be replaced by the bare aggregate) is visited, nothing else changes.
+fn rewrite_calls(
+    plan: Arc<dyn ExecutionPlan>,
+    f: impl Fn(&AggregateFunctionExpr, &Arc<Schema>) -> Result<Option<AggregateFunctionExpr>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| {
         let Some(agg) = (node.as_ref() as &dyn Any).downcast_ref::<AggregateExec>() else {
             return Ok(Transformed::no(node));
@@ -133,16 +126,7 @@ pub fn bind_cancellation(
             .aggr_expr()
             .iter()
             .map(|e| {
-                let fun = e.fun();
-                let is_model = model(fun).is_some() || fun.inner().is::<Spread>();
-                if !is_model || e.is_distinct() || !e.order_bys().is_empty() || e.is_reversed() {
-                    return Ok(Arc::clone(e));
-                }
-                let wrapped = AggregateUDF::from(Cancellable {
-                    inner: fun.clone(),
-                    token: Arc::clone(token),
-                });
-                Ok(match rebuild(e, wrapped, e.expressions(), &schema)? {
+                Ok(match f(e, &schema)? {
                     Some(b) => {
                         changed = true;
                         Arc::new(b)
