@@ -2144,3 +2144,26 @@ async fn placeholders_bind_in_linear_time_and_long_handles_are_refused() {
     );
     still_serving(s.addr).await;
 }
+
+/// Review r45: a statement's cancellation flag is set when its call ends; a model fit runs
+/// inside the call, so a model over Flight SQL is released whole (the flag never stops a fit
+/// that is still wanted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_over_flight_sql_is_fitted_whole() {
+    let s = serve_here("serve-model", 10.0, "").await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let b = query(
+        &mut alice,
+        "SELECT dp_linreg_gd(salary, [age], 1.0, 1e-7, 20) IS NOT NULL AS fitted FROM people",
+    )
+    .await
+    .unwrap();
+    assert_eq!(rows(&b), 1);
+    let fitted = column(&b, "fitted")[0]
+        .as_any()
+        .downcast_ref::<dpfusion::arrow::array::BooleanArray>()
+        .unwrap()
+        .value(0);
+    assert!(fitted);
+    assert_eq!(charges_of(&s.ledger, "alice"), 1);
+}
