@@ -1163,7 +1163,7 @@ fn sort_keys(e: Expr, t: &DataType) -> Option<Vec<datafusion::logical_expr::Sort
             }
             // A NULL struct and a struct of NULLs give the same fields (`get_field` does not
             // look at the parent's nulls): told apart first.
-            let mut keys = vec![e.clone().is_null().sort(true, true)];
+            let mut keys = vec![e.clone().is_not_null().sort(true, true)];
             for f in fields.iter() {
                 let field =
                     datafusion::functions::core::expr_fn::get_field(e.clone(), f.name().as_str());

@@ -161,11 +161,22 @@ impl Uploads {
         // it reads.
         let room = max_bytes.saturating_sub(others.saturating_add(bytes));
         let mut seen = 0usize;
+        // A dictionary no batch uses yet lives in the decoder only: counted in the memory limit
+        // too, until the upload ends (batches, and the dictionaries they use, are counted
+        // below as they arrive).
+        let dictionaries =
+            MemoryConsumer::new(format!("dpfusion serve ingest dictionaries of {analyst}"))
+                .register(pool);
         let data = data.map(move |d| {
             let d = d.and_then(super::wire::plain_ipc)?;
             seen = seen.saturating_add(d.data_header.len() + d.data_body.len());
             if seen > room {
                 return Err(over_quota(max_bytes));
+            }
+            if super::wire::is_dictionary(&d) {
+                dictionaries
+                    .try_grow(d.data_body.len())
+                    .map_err(|_| memory_full())?;
             }
             Ok(d)
         });

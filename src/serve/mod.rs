@@ -199,6 +199,8 @@ pub enum ServeError {
          name = \"…\" and the token_hash that 'dpfusion token' prints (docs/CATALOG.md)"
     )]
     NoAnalyst,
+    #[error("the server's limits: {0}")]
+    Limits(String),
     #[error("cannot listen on {0}: {1}")]
     Bind(SocketAddr, std::io::Error),
     #[error("the server failed: {0}")]
@@ -481,6 +483,17 @@ pub async fn bind(
     };
     if analysts.is_empty() {
         return Err(ServeError::NoAnalyst);
+    }
+    // Each analyst's share of the connections is max_connections / analysts (conn.rs): with
+    // fewer connections than analysts the shares would add up to more than the limit, and one
+    // group of analysts could keep the others out.
+    if options.max_connections < analysts.len() {
+        return Err(ServeError::Limits(format!(
+            "max_connections ({}) must be at least the number of analysts ({}): each analyst \
+             holds a share of the connections",
+            options.max_connections,
+            analysts.len()
+        )));
     }
     let uploads = Arc::new(ingest::Uploads::default());
     session
@@ -1333,7 +1346,14 @@ impl FlightSqlService for DpFlightSql {
         // One row at a time: each bound statement is built only when it runs, and `run` bounds
         // its length (`max_sql_bytes`), takes the analyst's turn and ends at the time limit.
         for row in 0..v.num_rows() {
-            let bound = params::bind(&handle.sql, v, row).map_err(invalid)?;
+            // Bound within the analyst's turn and the time limit, as a single statement's
+            // parameters are (each bind reads the whole text).
+            let (sql, v2) = (handle.sql.clone(), v.clone());
+            let bound = self
+                .limited(&analyst, async move {
+                    params::bind(&sql, &v2, row).map_err(invalid)
+                })
+                .await?;
             // Each run keeps no result: its place is given back when it is dropped.
             let (_place, _result) = self.run(&analyst, &bound).await?;
         }

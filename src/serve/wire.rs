@@ -226,6 +226,12 @@ pub fn plain_ipc(d: arrow_flight::FlightData) -> Result<arrow_flight::FlightData
     Ok(d)
 }
 
+/// Is `d` an Arrow IPC dictionary batch?
+pub fn is_dictionary(d: &arrow_flight::FlightData) -> bool {
+    datafusion::arrow::ipc::root_as_message(&d.data_header)
+        .is_ok_and(|m| m.header_as_dictionary_batch().is_some())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,9 +63,15 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
         ("delta", floats(rows.iter().map(|r| r.delta))),
         ("filter", strings(rows.iter().map(|r| r.filter.to_string()))),
         ("unit", strings(rows.iter().map(|r| r.native.unit.clone()))),
+        // Rounded up, but never past the budget when it is within it: `budget − used` is never
+        // negative for a table that is not overspent.
         (
             "used",
-            floats(rows.iter().map(|r| shown(r.native.used, Round::Up))),
+            floats(rows.iter().map(|r| {
+                let (used, budget) = (r.native.used, r.native.budget);
+                let up = shown(used, Round::Up);
+                if used <= budget { up.min(budget) } else { up }
+            })),
         ),
         ("budget", floats(rows.iter().map(|r| r.native.budget))),
         (

@@ -2167,3 +2167,16 @@ async fn a_model_over_flight_sql_is_fitted_whole() {
     assert!(fitted);
     assert_eq!(charges_of(&s.ledger, "alice"), 1);
 }
+
+/// Review r45: each analyst holds max_connections / analysts connections, so a server with
+/// fewer connections than analysts would give out more shares than places: refused at start.
+#[tokio::test]
+async fn fewer_connections_than_analysts_is_refused_at_start() {
+    let dir = crate::common::temp_dir("serve-fewer-conns");
+    let catalog = write_catalog(&dir, 1.0, "max_connections = 1");
+    let e = match dpfusion::serve::cmd::bind_catalog(&catalog, None).await {
+        Ok(_) => panic!("a server with 1 connection for 2 analysts started"),
+        Err(e) => e,
+    };
+    assert!(e.contains("max_connections (1)"), "{e}");
+}
