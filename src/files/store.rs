@@ -11,9 +11,9 @@
 //!   never a hard link that was not there when it was registered, and never a file pinned by
 //!   another private table. No private table's files are pinned by another of the owner's
 //!   tables at all, whichever was registered first ([`PinnedFs::pin`]): the store knows which
-//!   path is read, not which table reads it. The data is then served from the very descriptor that was checked,
-//!   so there is no window between check and use; a symbolic link, a swapped file or directory
-//!   or an unresolvable entry is refused, never skipped or followed.
+//!   path is read, not which table reads it. The data is then served from the very descriptor
+//!   that was checked, so there is no window between check and use; a symbolic link, a swapped
+//!   file or directory or an unresolvable entry is refused, never skipped or followed.
 //! - **Writes** (`COPY … TO`) create one new file directly in the owner's output directory
 //!   ([`PinnedFs::set_output_dir`]): the directory is opened without following links and must
 //!   still be the one pinned (same device and inode, not writable by group or others), and the

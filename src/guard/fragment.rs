@@ -259,10 +259,9 @@ pub const LIMITS: Limits = Limits {
     constant_bytes: 16 * 1024,
 };
 
-/// The most items of a feature list of bare columns (`[x0, …, xN]`, `make_array(…)`,
-/// `make_list(…)`) over private rows. Its value takes the items' fixed widths per row (8 KiB for
-/// 1,024 `DOUBLE`s), which the typed check bounds like any other expression's.
-pub const FEATURE_WIDTH: usize = 1024;
+/// The most items of a feature list of bare columns over private rows (declared beside the
+/// models, which size their fits by it: `dpfusion_udfs::optim::rows::FEATURE_WIDTH`).
+pub use dpfusion_udfs::optim::rows::FEATURE_WIDTH;
 
 /// The width of `e` if it is a feature list of bare columns: `make_array`/`make_list` whose every
 /// item is a column, or a column cast to a fixed-width scalar (the casts type coercion adds, or

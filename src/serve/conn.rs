@@ -72,7 +72,7 @@ impl Conn {
             waker: Mutex::new(None),
             analyst: std::sync::OnceLock::new(),
             peers,
-            per_analyst: per_analyst.max(1),
+            per_analyst,
         }
     }
 

@@ -362,6 +362,14 @@ struct Shared {
     uploads: Arc<ingest::Uploads>,
 }
 
+impl Shared {
+    /// Each analyst's share of the connections (conn.rs): `max_connections` divided by the
+    /// catalog's analysts (the server refuses to start with fewer connections than analysts).
+    fn connections_per_analyst(&self) -> usize {
+        (self.options.max_connections / self.analysts.len().max(1)).max(1)
+    }
+}
+
 /// The Flight SQL service (cheap to clone: it shares one state).
 #[derive(Clone)]
 pub struct DpFlightSql(Arc<Shared>);
@@ -421,8 +429,7 @@ impl Bound {
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
         let o = self.service.0.options.clone();
-        // Each analyst's share of the connections (conn.rs).
-        let per_analyst = o.max_connections / self.service.0.analysts.len().max(1);
+        let per_analyst = self.service.0.connections_per_analyst();
         let limit = (o.max_sql_bytes + (1 << 20)).max(4 << 20);
         let svc = FlightServiceServer::new(self.service)
             .max_decoding_message_size(limit)
@@ -640,7 +647,7 @@ impl DpFlightSql {
                  catalog's analysts), or this connection is another analyst's. Reuse an open \
                  connection (a client's channel carries many calls), or close one; this one is \
                  closed at the server's handshake timeout",
-                (self.0.options.max_connections / self.0.analysts.len().max(1)).max(1),
+                self.0.connections_per_analyst(),
                 self.0.options.max_connections
             )));
         }

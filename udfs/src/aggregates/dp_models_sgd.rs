@@ -303,32 +303,6 @@ pub const MAX_FIT_BYTES: u64 = 256 << 20;
 /// The working bytes a fit keeps per parameter besides an 'mf' history (see [`MAX_FIT_BYTES`]).
 pub const FIT_BYTES_PER_PARAM: u64 = 128;
 
-/// The widest feature list a query may give (the guard's `FEATURE_WIDTH`): the width assumed
-/// when the features are not written out.
-const WIDEST_FEATURES: usize = 1024;
-
-/// The feature count of a `features` argument written `[x1, …, xd]` / `make_array(…)`, or of a
-/// fixed-size list (the guard gives such a column as a CAST to its type).
-fn features_written(e: &datafusion::logical_expr::Expr) -> Option<usize> {
-    use datafusion::arrow::datatypes::DataType;
-    use datafusion::logical_expr::Expr;
-    match e {
-        Expr::Alias(a) => features_written(&a.expr),
-        Expr::ScalarFunction(f) if matches!(f.name(), "make_array" | "make_list") => {
-            Some(f.args.len())
-        }
-        Expr::Cast(c) => match c.field.data_type() {
-            DataType::FixedSizeList(_, n) => usize::try_from(*n).ok(),
-            _ => features_written(&c.expr),
-        },
-        Expr::TryCast(c) => match c.field.data_type() {
-            DataType::FixedSizeList(_, n) => usize::try_from(*n).ok(),
-            _ => features_written(&c.expr),
-        },
-        _ => None,
-    }
-}
-
 /// The registry's cost function of `kind`; with `data` (the call's label and features), a fit
 /// whose working set would exceed [`MAX_FIT_BYTES`] is refused, before any charge.
 pub fn sgd_cost(
@@ -337,8 +311,11 @@ pub fn sgd_cost(
     params: &[ScalarValue],
 ) -> Result<Vec<Event>, PrivacyError> {
     let p = SgdParams::from_literals(kind, params)?;
-    let written = data.get(1).and_then(features_written);
-    let d = written.unwrap_or(WIDEST_FEATURES);
+    // `[x1, …, xd]`, or a fixed-size list (the guard gives such a column as a CAST to its type).
+    let written = data
+        .get(1)
+        .and_then(crate::optim::rows::planned_dims_logical);
+    let d = written.unwrap_or(crate::optim::rows::FEATURE_WIDTH);
     let params_p = p.family().net(d).params() as u64 + 1;
     let fixed = FIT_BYTES_PER_PARAM.saturating_mul(params_p);
     let per_step = if p.noise == NoiseKind::Mf {

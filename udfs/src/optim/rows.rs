@@ -762,10 +762,17 @@ impl RowBuffer {
     }
 }
 
+/// The most items of a feature list of bare columns (`[x0, …, xN]`, `make_array(…)`,
+/// `make_list(…)`) over private rows (the guard's fragment refuses more). Its value takes the
+/// items' fixed widths per row (8 KiB for 1,024 `DOUBLE`s), which the typed check bounds like any
+/// other expression's; a model whose features are not written out is sized at this width.
+pub const FEATURE_WIDTH: usize = 1024;
+
 /// The feature count of a `features` argument when it is fixed by the query itself, read from
 /// the logical expression (planning, before any row is read): `[x1, …, xk]` and
-/// `make_array(x1, …, xk)` give k (through aliases). `None` when it depends on the data (a list
-/// column).
+/// `make_array(x1, …, xk)` give k (through aliases), and so does a CAST to `FixedSizeList(k)`
+/// (how the guard gives the cost a fixed-size list column). `None` when it depends on the data
+/// (a list column).
 pub fn planned_dims_logical(features: &datafusion::logical_expr::Expr) -> Option<usize> {
     use datafusion::logical_expr::Expr;
     match features {
