@@ -44,3 +44,6 @@ CREATE TABLE res AS SELECT CASE WHEN t.age > 50000 THEN 'hi' ELSE 'lo' END AS k0
 -- Round 45: a key carrying a release (a scalar subquery's DP sum) differs with the noise; the
 -- oracle counts such keys as noisy (a false GroupsDiffer).
 SELECT (SELECT dp_sum(amount, 0, 10, epsilon => 0.1) FROM orders) k1, dp_median(arrow_cast(r.floor, 'Decimal128(3, 2)'), upper => 1000000, epsilon => 0.1, lower => 20), dp_stddev_ci(t.floor, confidence => 0.95, lower => 0, epsilon =>7, upper => 1000000)['confidence'] * ( count()) FROM depts t JOIN (VALUES ('eng', 1), ('hr', 2), ('ops', 3)) r(dept, floor) GROUP BY t.floor
+-- Round 45: once CREATE TABLE AS with a private GROUP BY and ORDER BY stopped failing, the
+-- groups of the stored table came from its partition selection (noisy: a false GroupsDiffer).
+CREATE TABLE res AS SELECT t.dept AS k0, CASE WHEN dp_mean_ci(t.id, 0, 100000, 0.5, 1e-6, confidence => 0.95)['lower'] > 10 THEN 'big' ELSE 'small' END AS v0 FROM people t GROUP BY t.dept ORDER BY k0; SELECT * FROM res
