@@ -58,6 +58,9 @@ pub struct ServerSection {
     /// How many statements (and prepares) of one analyst run at once (default: half of
     /// `max_concurrent_queries`, rounded up).
     pub max_queries_per_analyst: Option<usize>,
+    /// How many calls of one analyst may be in flight, running or waiting for a turn (default:
+    /// twice `max_queries_per_analyst`, at least 16; round 46).
+    pub max_calls_per_analyst: Option<usize>,
     /// How many results of one analyst may wait to be fetched, statements under way included;
     /// checked before admission (default 64).
     pub max_pending_results: Option<usize>,

@@ -53,8 +53,9 @@ pub enum Error {
     /// A registration conflicts with the policy the ledger holds (the data owner's side).
     #[error("{0}")]
     Policy(String),
-    /// A query that reads a private table failed after it was admitted. Its charge stands; the
-    /// cause is not shown because it could depend on the data.
+    /// A query that reads a private table failed after it was admitted (also when the ledger's
+    /// seals could not be written after its durable charge, round 46). Its charge stands; the
+    /// cause is not shown because it could depend on the data (or names the owner's files).
     #[error("{}", EXECUTION_FAILED)]
     ExecutionFailed,
 }
@@ -139,6 +140,17 @@ impl Error {
                 message: e.to_string(),
             },
             AccountingError::PolicyConflict(m) => Error::Policy(m),
+            // The statement was planned under a policy the ledger no longer holds: refused,
+            // nothing written or read (round 46).
+            AccountingError::PolicyChanged { .. } => Error::Refused(e.to_string()),
+            // The charge is durable and the seals failed after it (round 46): the analyst gets
+            // the fixed message of a failed admitted query (its charge stands, no path, over
+            // the server the code `execution_failed`); the detail, which names the owner's
+            // files, goes to the owner's stderr (the server's log, the owner's terminal).
+            AccountingError::Unsealed { charge: true, .. } => {
+                eprintln!("dpfusion: {e}");
+                Error::ExecutionFailed
+            }
             other => return DataFusionError::External(Box::new(other)),
         };
         DataFusionError::External(Box::new(typed))
@@ -201,15 +213,47 @@ fn unwrap_coercion(msg: &str) -> Option<String> {
 /// location. (A library does not set hooks; an embedder chooses its own.)
 pub fn install_panic_hook() {
     std::panic::set_hook(Box::new(|_| {
+        if QUIET.with(|q| q.get()) > 0 {
+            return;
+        }
         eprintln!(
             "dpfusion: internal error (a panic). No detail is shown: it could quote private data."
         );
     }));
 }
 
+thread_local! {
+    /// How many [`caught_quietly`] calls this thread is inside.
+    static QUIET: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// `catch_unwind`, with the command line's panic hook silent meanwhile: for a panic that is
+/// part of a total evaluation (its rows become NULL and the query goes on), which must print
+/// nothing that a dataset without the row would not (review of round 46: the hook's line on
+/// stderr would have told the two apart).
+pub fn caught_quietly<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> std::thread::Result<R> {
+    QUIET.with(|q| q.set(q.get() + 1));
+    let out = std::panic::catch_unwind(f);
+    QUIET.with(|q| q.set(q.get() - 1));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A panic caught by [`caught_quietly`] leaves the quiet count as it was, so the hook
+    /// speaks again for the next panic outside it.
+    #[test]
+    fn a_quiet_catch_is_quiet_only_inside() {
+        let out = caught_quietly(|| {
+            assert_eq!(QUIET.with(|q| q.get()), 1);
+            panic!("inside")
+        });
+        assert!(out.is_err());
+        assert_eq!(QUIET.with(|q| q.get()), 0);
+        assert_eq!(caught_quietly(|| 7).ok(), Some(7));
+    }
 
     #[test]
     fn argument_errors_are_unwrapped_to_one_sentence_with_the_usage() {

@@ -188,16 +188,13 @@ pub fn canonical_location(location: &str, base: &Path) -> Result<PathBuf, FileEr
 }
 
 /// The first symbolic link on the way to `location` (or the location itself) that a user other
-/// than this process's could have placed or may replace, with why: a link in a directory
-/// writable by others or by a group that is not its owner's private group (unless the
-/// directory's sticky bit keeps everyone but the link's owner, this process's user, from
-/// replacing it), or in a directory owned by another user than this process's or root. The
-/// data owner's registrations are refused through such a link: a table's identity (its ledger
-/// key) is the path the links lead to, so whoever can repoint the link can choose a table's
-/// files and its budget (review r45: a private file renamed and a link put in its place gave the
-/// table a fresh budget; a public table's link repointed to the owner's TLS key printed it).
+/// than this process's could have placed or may replace, with why: a link in a directory where
+/// another user could replace it (the rule: [`others_control`]). The data owner's registrations are refused through such a
+/// link: a table's identity (its ledger key) is the path the links lead to, so whoever can
+/// repoint the link can choose a table's files and its budget (review r45: a private file
+/// renamed and a link put in its place gave the table a fresh budget; a public table's link
+/// repointed to the owner's TLS key printed it).
 pub fn link_others_control(location: &str, base: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
     let p = local_path(location, base).ok()?;
     let p = if p.is_absolute() {
         p
@@ -205,6 +202,86 @@ pub fn link_others_control(location: &str, base: &Path) -> Option<String> {
         std::env::current_dir().ok()?.join(p)
     };
     let (prefix, _) = split_glob(&p);
+    let c = walk_others_control(&prefix, Walk::Links)?;
+    Some(format!(
+        "'{}' is a symbolic link in {}, a directory {} (mode {:o}): whoever can replace the link \
+         chooses the table's files. Name the file the link leads to, or keep the link in a \
+         directory only you can write",
+        c.entry.display(),
+        c.dir.display(),
+        c.what(),
+        c.mode
+    ))
+}
+
+/// The first directory on the way to `path` (every directory from `/` down to the one that
+/// holds `path`, symbolic links followed) in which another user could remove, rename or replace
+/// the next entry: the rule of [`others_control`]. A component that does not exist yet counts
+/// as an entry this process will create. The ledger and its witness are refused in such a place
+/// (round 46: whoever can write the ledger's parent moves the ledger and its witness aside, and
+/// the next session starts a new ledger, every budget at zero).
+pub fn path_others_control(path: &Path) -> Option<OthersControl> {
+    let p = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().ok()?.join(path)
+    };
+    walk_others_control(&p, Walk::Every)
+}
+
+/// A directory in which a user other than this process's may replace an entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OthersControl {
+    /// The entry that could be replaced (a link, a directory or a file on the way).
+    pub entry: PathBuf,
+    /// The directory that holds it.
+    pub dir: PathBuf,
+    /// Another user (not this process's, not root) owns `dir`; else others can write it.
+    pub foreign: bool,
+    /// `dir`'s permission bits.
+    pub mode: u32,
+}
+
+impl OthersControl {
+    /// Why, in words: `another user owns` or `others can write`.
+    pub fn what(&self) -> &'static str {
+        if self.foreign {
+            "another user owns"
+        } else {
+            "others can write"
+        }
+    }
+}
+
+/// The rule (round 45, shared with the ledger's location in round 46): a directory lets a user
+/// other than this process's replace an entry when others, or a group that is not its owner's
+/// private group, can write it, unless its sticky bit keeps everyone but the entry's owner (this
+/// process's user, `entry_uid`) from replacing it; or when a user other than this process's or
+/// root owns it. `Some(foreign)` when it does.
+fn others_control(dir: &std::fs::Metadata, entry_uid: u32, me: u32) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let others = dir.mode() & 0o002 != 0;
+    let group = dir.mode() & 0o020 != 0 && dir.gid() != dir.uid();
+    let sticky_mine = dir.mode() & 0o1000 != 0 && entry_uid == me;
+    let foreign = dir.uid() != me && dir.uid() != 0;
+    (((others || group) && !sticky_mine) || foreign).then_some(foreign)
+}
+
+/// Which directories [`walk_others_control`] checks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// Only those that hold a symbolic link on the way.
+    Links,
+    /// Every directory on the way.
+    Every,
+}
+
+/// Walks `p` from `/`, following symbolic links (at most 40), and returns the first directory
+/// [`others_control`] (of those `walk` checks). `..` is resolved where it is met (after the links
+/// before it). With [`Walk::Links`] the walk ends without a finding where a component is
+/// missing; with [`Walk::Every`] the directory that would hold it is checked first.
+fn walk_others_control(p: &Path, walk: Walk) -> Option<OthersControl> {
+    use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     let mut cur = PathBuf::from("/");
@@ -220,43 +297,43 @@ pub fn link_others_control(location: &str, base: &Path) -> Option<String> {
             .rev()
             .collect()
     };
-    let mut rest = reversed(&prefix);
+    let finding = |dir: &Path, entry: &Path, entry_uid: u32| -> Option<OthersControl> {
+        let m = std::fs::metadata(dir).ok()?;
+        others_control(&m, entry_uid, me).map(|foreign| OthersControl {
+            entry: entry.to_path_buf(),
+            dir: dir.to_path_buf(),
+            foreign,
+            mode: m.mode() & 0o7777,
+        })
+    };
+    let mut rest = reversed(p);
     while let Some(c) = rest.pop() {
         if c == ".." {
             cur.pop();
             continue;
         }
         let next = cur.join(&c);
-        let Ok(m) = std::fs::symlink_metadata(&next) else {
-            return None;
+        let m = match std::fs::symlink_metadata(&next) {
+            Ok(m) => m,
+            // Created later by this process: whoever controls its directory controls it.
+            Err(e) if walk == Walk::Every && e.kind() == std::io::ErrorKind::NotFound => {
+                return finding(&cur, &next, me);
+            }
+            Err(_) => return None,
         };
-        if !m.file_type().is_symlink() {
+        let link = m.file_type().is_symlink();
+        if (walk == Walk::Every || link)
+            && let Some(f) = finding(&cur, &next, m.uid())
+        {
+            return Some(f);
+        }
+        if !link {
             cur = next;
             continue;
         }
         hops += 1;
         if hops > 40 {
             return None;
-        }
-        let dir = std::fs::metadata(&cur).ok()?;
-        let others = dir.mode() & 0o002 != 0;
-        let group = dir.mode() & 0o020 != 0 && dir.gid() != dir.uid();
-        let sticky_mine = dir.mode() & 0o1000 != 0 && m.uid() == me;
-        let foreign = dir.uid() != me && dir.uid() != 0;
-        if ((others || group) && !sticky_mine) || foreign {
-            return Some(format!(
-                "'{}' is a symbolic link in {}, a directory {} (mode {:o}): whoever can \
-                 replace the link chooses the table's files. Name the file the link leads to, or \
-                 keep the link in a directory only you can write",
-                next.display(),
-                cur.display(),
-                if foreign {
-                    "another user owns"
-                } else {
-                    "others can write"
-                },
-                dir.mode() & 0o7777
-            ));
         }
         // Follow it: its target's components replace it.
         let target = std::fs::read_link(&next).ok()?;

@@ -155,7 +155,7 @@ fn report(path: &Path, witness: &Path, out: &Path) -> ExitCode {
         Ok(h) => h,
         Err(e) => return fail("report", e),
     };
-    match std::fs::write(out, html) {
+    match write_report(out, html.as_bytes(), path, witness) {
         Ok(()) => {
             println!(
                 "ledger {}: verified; report written to {}",
@@ -166,6 +166,63 @@ fn report(path: &Path, witness: &Path, out: &Path) -> ExitCode {
         }
         Err(e) => fail("report", format!("cannot write {}: {e}", out.display())),
     }
+}
+
+/// Writes the report (every analyst's SQL: mode 0600) to `out`, never through a symbolic
+/// link and never over the ledger's own files (round 46: a link planted at the report's path
+/// made `ledger report -o` overwrite the ledger). The file is opened without truncating, with
+/// `O_NOFOLLOW`, and checked by what was opened: a regular file with one name that is not the
+/// ledger, one of its `<ledger>.<suffix>` files or the witness. Only then is it truncated.
+fn write_report(out: &Path, bytes: &[u8], ledger: &Path, witness: &Path) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(out)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                "it is a symbolic link; write the report to a path of your own".to_string()
+            } else {
+                e.to_string()
+            }
+        })?;
+    let opened = file.metadata().map_err(|e| e.to_string())?;
+    if !opened.is_file() || opened.nlink() > 1 {
+        return Err(
+            "it is not a regular file with one name; write the report to a new file of \
+             your own"
+                .into(),
+        );
+    }
+    let same = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.dev() == opened.dev() && m.ino() == opened.ino())
+    };
+    let mut protected = vec![ledger.to_path_buf(), witness.to_path_buf()];
+    if let (Some(dir), Some(name)) = (ledger.parent(), ledger.file_name()) {
+        let prefix = format!("{}.", name.to_string_lossy());
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            protected.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+    if protected.iter().any(|p| same(p)) {
+        return Err("it is one of the ledger's own files; write the report elsewhere".into());
+    }
+    file.set_len(0).map_err(|e| e.to_string())?;
+    file.write_all(bytes).map_err(|e| e.to_string())?;
+    file.sync_all().map_err(|e| e.to_string())
 }
 
 fn reseal(path: &Path, witness: &Path) -> ExitCode {

@@ -1175,15 +1175,25 @@ pub(super) fn append(
         let _ = file.set_len(st.offset);
         return Err(io_error(path)(e));
     }
-    // Applied as replay applies it.
-    apply_line(file, path, st, rec, hash, line.len() as u64)?;
-    // The charge is durable; if the sidecar or the witness cannot follow, the caller is told
-    // (and releases nothing), and the next session brings them up to date.
-    write_head(path, st, Sync::NoFsync)?;
-    match witness {
-        Some(wp) => write_witness(path, wp, st, Sync::NoFsync),
-        None => Ok(()),
-    }
+    let charge = matches!(rec, Record::Charge(_));
+    // The record is durable; if what follows fails (its application, the sidecar, the
+    // witness), the caller is told that it stands (`Unsealed`: a charge's statement releases
+    // nothing, and the analyst gets a fixed message without the path, round 46), and the next
+    // session brings the seals up to date.
+    let seal = |st: &mut State| -> Result<(), AccountingError> {
+        // Applied as replay applies it.
+        apply_line(file, path, st, rec, hash, line.len() as u64)?;
+        write_head(path, st, Sync::NoFsync)?;
+        match witness {
+            Some(wp) => write_witness(path, wp, st, Sync::NoFsync),
+            None => Ok(()),
+        }
+    };
+    seal(st).map_err(|e| AccountingError::Unsealed {
+        path: path.to_path_buf(),
+        charge,
+        source: Box::new(e),
+    })
 }
 
 /// Reads the charges of the part of the ledger before the checkpoint `st` was loaded from (a

@@ -11,7 +11,14 @@
 //! privacy filter ([`filter`], docs/ACCOUNTING.md; kept per filter currency, exactly, so that a
 //! checkpoint holds sums, not events: docs/LEDGER.md, "Checkpoints"), refuse if any table would
 //! leave its filter's fixed budgets, otherwise append one `charge` record and fsync it before
-//! returning.
+//! returning. A statement planned with a policy the ledger no longer holds (another process
+//! recorded another since the session registered the table) is refused there, under the lock,
+//! and before it reads anything ([`Accountant::check_planned`]; round 46). A failure after the
+//! fsync (the sidecar, the witness) is [`AccountingError::Unsealed`]: the charge stands.
+//!
+//! The ledger and its witness are refused at open in a place another user could move them
+//! from (a directory on the way that others can write, [`crate::files::path_others_control`];
+//! round 46), and must be on a local file system of one host (docs/LEDGER.md).
 mod checkpoint;
 pub mod display;
 pub mod filter;
@@ -588,6 +595,35 @@ pub enum AccountingError {
     /// format); `message` says what to do.
     #[error("ledger {}: {message}", .path.display())]
     Unverifiable { path: PathBuf, message: String },
+    /// A table read or charged by a statement was planned with a policy the ledger no longer
+    /// holds: another process (or session) recorded a different one for its key since this
+    /// session registered it (round 46). Nothing was written.
+    #[error(
+        "dpfusion refused the query: the policy of table '{table}' was changed by another \
+         process since this session registered it ({changes}), so this session would plan its \
+         statements under the old policy. Nothing was charged and nothing was read. The data \
+         owner registers the table again (restart the session, or `dpfusion serve`), so that \
+         it is planned under the policy in force (SHOW TABLES shows it)"
+    )]
+    PolicyChanged { table: String, changes: String },
+    /// A record reached the ledger and was fsync'd (a charge stands), and what follows it (the
+    /// `.head` sidecar, the witness) failed: `source` (round 46). For a charge, the analyst gets
+    /// the fixed message of a failed execution, which names no path (`crate::error`).
+    #[error(
+        "ledger {}: the {} is written and durable{}, but bringing the ledger's seals up to date \
+         failed: {source}. Fix the cause (disk space, permissions); the next session brings the \
+         .head sidecar and the witness up to date",
+        .path.display(),
+        if *.charge { "charge" } else { "record" },
+        if *.charge { " (the charge stands; nothing was released)" } else { "" }
+    )]
+    Unsealed {
+        path: PathBuf,
+        /// The record was a charge.
+        charge: bool,
+        #[source]
+        source: Box<AccountingError>,
+    },
 }
 
 fn exceeded_message(
@@ -726,6 +762,42 @@ fn exceeded_message(
     }
 }
 
+/// Refuses a ledger, or a witness, in a place where another user could move it aside
+/// ([`crate::files::path_others_control`]: a directory on the way that others can write without
+/// a sticky bit protecting the owner's entry, or that another user than this process's or root
+/// owns). Whoever can do that removes the ledger and its witness, and the next session would
+/// start a new ledger with every budget at zero (round 46; docs/LEDGER.md, "Who owns the
+/// ledger").
+fn check_location(ledger: &Path, witness: Option<&Path>) -> Result<(), AccountingError> {
+    let places = [(ledger, "the ledger")]
+        .into_iter()
+        .chain(witness.map(|w| (w, "its witness")));
+    for (p, what) in places {
+        let Some(c) = crate::files::path_others_control(p) else {
+            continue;
+        };
+        return Err(AccountingError::Unverifiable {
+            path: ledger.to_path_buf(),
+            message: format!(
+                "{what} {} lies below {}, a directory {} (mode {:o}): whoever can write it can \
+                 move {} aside, and the next session would start a new ledger with every budget \
+                 at zero. dpfusion refuses to use it. Keep the ledger and its witness in \
+                 directories that only the data owner (or root) owns and can write, below \
+                 directories that are the same or sticky like /tmp (e.g. `chmod go-w {}`), or \
+                 choose another place (--ledger / --ledger-witness, the catalog's ledger and \
+                 ledger_witness)",
+                p.display(),
+                c.dir.display(),
+                c.what(),
+                c.mode,
+                c.entry.display(),
+                c.dir.display(),
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn io_error(path: &Path) -> impl Fn(std::io::Error) -> AccountingError + '_ {
     move |source| AccountingError::Io {
         path: path.to_path_buf(),
@@ -858,10 +930,15 @@ impl Accountant {
     }
 
     fn open_with(path: &Path, witness: Option<&Path>) -> Result<Accountant, AccountingError> {
+        // Before anything is created, and again once everything exists (round 46).
+        check_location(path, witness)?;
         // Never truncated: created with `create_new` when missing, else opened to append.
         let file = ledger::open_file(path, witness)?;
         if let Some(wp) = witness {
             ledger::make_witness_dir(wp)?;
+        }
+        check_location(path, witness)?;
+        if let Some(wp) = witness {
             let dir = |p: &Path| {
                 let d = p.parent().filter(|d| !d.as_os_str().is_empty());
                 std::fs::canonicalize(d.unwrap_or(Path::new(".")))
@@ -1108,6 +1185,33 @@ impl Accountant {
         v
     }
 
+    /// Refuses ([`AccountingError::PolicyChanged`]) when the ledger no longer holds one of the
+    /// policies `planned` (those a session registered for the tables a statement reads):
+    /// another process recorded a different policy for its key since (round 46). A statement
+    /// that is not admitted (it charges nothing) is checked so before it reads anything. When
+    /// nothing was appended since this process last read the ledger (one `stat` and one
+    /// `fstat`), the policies in memory are current and no lock is taken; otherwise it catches
+    /// up under the lock first.
+    pub fn check_planned(&self, planned: &[TablePolicy]) -> Result<(), AccountingError> {
+        if planned.iter().all(|p| p.key.is_session_local()) {
+            return Ok(());
+        }
+        let mut st = self.state();
+        if self.appended_since(&st)? {
+            let _lock = self.sync(&mut st)?;
+            return still_in_force(&st, planned);
+        }
+        still_in_force(&st, planned)
+    }
+
+    /// Whether the ledger may hold lines this process has not read (its length is not where the
+    /// last read ended), after checking that its path still names the open file.
+    fn appended_since(&self, st: &State) -> Result<bool, AccountingError> {
+        self.check_not_replaced()?;
+        let open = self.file.metadata().map_err(io_error(&self.path))?;
+        Ok(open.len() != st.offset)
+    }
+
     /// Check and charge, atomically and durably. Public tables are not charged. On refusal
     /// nothing is written.
     pub fn admit(&self, query: &str, charges: &[TableCharge]) -> Result<Receipt, AccountingError> {
@@ -1133,8 +1237,24 @@ impl Accountant {
         requests: &[CallRequest],
         analyst: Option<&str>,
     ) -> Result<Receipt, AccountingError> {
+        self.admit_planned(query, charges, requests, analyst, &[])
+    }
+
+    /// [`Accountant::admit_requests`] of a statement planned with the policies `planned` (those
+    /// a session registered for the tables the statement reads and charges): under the lock,
+    /// after catching up, any of them the ledger no longer holds refuses the statement
+    /// ([`AccountingError::PolicyChanged`]), nothing written (round 46).
+    pub fn admit_planned(
+        &self,
+        query: &str,
+        charges: &[TableCharge],
+        requests: &[CallRequest],
+        analyst: Option<&str>,
+        planned: &[TablePolicy],
+    ) -> Result<Receipt, AccountingError> {
         let mut st = self.state();
         let _lock = self.sync(&mut st)?;
+        still_in_force(&st, planned)?;
         let evals = evaluate(&st, charges)?;
         if let Some(e) = evals.iter().find(|e| !e.admitted()) {
             return Err(AccountingError::BudgetExceeded {
@@ -1363,6 +1483,30 @@ pub fn spent_epsilon(policy: &TablePolicy, events: &[Event]) -> f64 {
     policy
         .compiled_filter()
         .map_or(f64::INFINITY, |f| f.epsilon(&f.usage(events)))
+}
+
+/// `Err(PolicyChanged)` for the first of `planned` (the policies a statement was planned with)
+/// whose key the ledger now holds under a different policy (`policy::changes`: visibility,
+/// neighbours, unit and bounds, public columns, budget, filter, δ share, schema, format; the
+/// session's name for the table aside). Session-local keys have no policy but this session's.
+fn still_in_force(st: &State, planned: &[TablePolicy]) -> Result<(), AccountingError> {
+    for p in planned.iter().filter(|p| !p.key.is_session_local()) {
+        let Some(now) = st.policies.get(&p.key) else {
+            continue;
+        };
+        let changes = policy::changes(p, now);
+        if !changes.is_empty() {
+            return Err(AccountingError::PolicyChanged {
+                table: p.name.clone(),
+                changes: changes
+                    .iter()
+                    .map(|c| c.what.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Per private table of the charge (merged by key, in order of first appearance): the sums of

@@ -1358,3 +1358,210 @@ fn the_next_query_epsilon_is_admitted_and_tight() {
         assert!(e > 0.0 && e < 4.0, "{kind}: {e}");
     }
 }
+
+/// Round 46, F1: a process planned with the policy it registered, while admission charged under
+/// the one another process recorded since. A statement planned under a policy the ledger no
+/// longer holds is refused, also one that charges nothing, with nothing written.
+#[test]
+fn a_policy_changed_by_another_process_refuses_what_was_planned_under_the_old() {
+    let path = temp_ledger();
+    let a = Accountant::open(&path).unwrap();
+    let b = Accountant::open(&path).unwrap();
+    let public = TablePolicy {
+        visibility: Visibility::Public,
+        ..private("demo:t", "t", 1.0)
+    };
+    let planned_a = a.register_table(public).unwrap();
+    // Nothing appended since a's last read: checked without the lock (one stat, one fstat).
+    assert!(!a.appended_since(&a.state()).unwrap());
+    a.check_planned(std::slice::from_ref(&planned_a)).unwrap();
+    // Another process makes it private (stricter: recorded without a relaxation).
+    let stricter = b.register_table(private("demo:t", "t", 1.0)).unwrap();
+    assert!(a.appended_since(&a.state()).unwrap(), "a catches up first");
+    let before = file_len(&path);
+    let err = a
+        .check_planned(std::slice::from_ref(&planned_a))
+        .unwrap_err();
+    assert!(
+        matches!(&err, AccountingError::PolicyChanged { table, changes }
+            if table == "t" && changes.contains("visibility public → private")),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("changed by another process"), "{msg}");
+    assert!(msg.contains("register"), "says what to do: {msg}");
+    // Admission of a charge planned under the old policy: refused under the lock.
+    let err = a
+        .admit_planned(
+            "q",
+            &gauss("demo:t", 0.1),
+            &[],
+            None,
+            std::slice::from_ref(&planned_a),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, AccountingError::PolicyChanged { .. }),
+        "{err}"
+    );
+    assert_eq!(file_len(&path), before, "nothing written");
+    assert!(a.ledger_entries().unwrap().is_empty());
+    // What the ledger holds now passes, in both processes and in a new one.
+    a.check_planned(std::slice::from_ref(&stricter)).unwrap();
+    let c = Accountant::open(&path).unwrap();
+    c.check_planned(std::slice::from_ref(&stricter)).unwrap();
+    a.admit_planned(
+        "q",
+        &gauss("demo:t", 0.1),
+        &[],
+        None,
+        std::slice::from_ref(&stricter),
+    )
+    .unwrap();
+    // A row → unit change (allowed while the table has no charges) and fewer public columns
+    // are changes too; the session's name for the table is not.
+    let cols = TablePolicy {
+        public_columns: vec!["a".into(), "b".into()],
+        ..private("demo:u", "u", 1.0)
+    };
+    let planned_u = a.register_table(cols.clone()).unwrap();
+    let fewer = TablePolicy {
+        public_columns: vec!["a".into()],
+        unit: Some(PrivacyUnit::new("a_id", "u")),
+        ..cols
+    };
+    b.register_table(fewer).unwrap();
+    let err = a
+        .check_planned(std::slice::from_ref(&planned_u))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("public columns [a, b] → [a]"), "{err}");
+    assert!(err.contains("privacy unit: row → a_id"), "{err}");
+    let renamed = TablePolicy {
+        name: "other".into(),
+        ..stricter
+    };
+    a.check_planned(&[renamed]).unwrap();
+    // Session-local keys have no policy but the session's own.
+    a.check_planned(&[private("mem:m", "m", 1.0)]).unwrap();
+}
+
+/// Round 46, F2: whoever can write a directory on the way to the ledger (or its witness) moves
+/// both aside, and the next session started a new ledger with every budget at zero. Such a
+/// location is refused at open; a sticky directory (like /tmp) holding the owner's own entry is
+/// not such a place.
+#[cfg(unix)]
+#[test]
+fn a_ledger_or_witness_that_others_can_move_aside_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = crate::testdir::test_dir("accounting-location");
+    let shared = root.join("shared");
+    fs::create_dir(&shared).unwrap();
+    let ledger = shared.join("dp/ledger.jsonl");
+    let witness = default_witness(&ledger).unwrap();
+    let chmod = |p: &Path, m| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    chmod(&shared, 0o777);
+    let err = Accountant::open_witnessed(&ledger, &witness).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("others can write"), "{msg}");
+    assert!(msg.contains(&shared.display().to_string()), "{msg}");
+    assert!(msg.contains("every budget at zero"), "{msg}");
+    assert!(!ledger.exists(), "nothing created");
+    assert!(Accountant::open(&ledger).is_err(), "also without a witness");
+    // Sticky, like /tmp: only the entry's owner (this process's user) can move it.
+    chmod(&shared, 0o1777);
+    let acc = Accountant::open_witnessed(&ledger, &witness).unwrap();
+    acc.register_table(private("demo:t", "t", 1.0)).unwrap();
+    acc.admit("q", &gauss("demo:t", 0.1)).unwrap();
+    drop(acc);
+    // Made writable by others later: refused at the next open, the files left as they were.
+    chmod(&shared, 0o777);
+    let before = fs::read(&ledger).unwrap();
+    assert!(Accountant::open_witnessed(&ledger, &witness).is_err());
+    assert_eq!(fs::read(&ledger).unwrap(), before);
+    chmod(&shared, 0o755);
+    Accountant::open_witnessed(&ledger, &witness).unwrap();
+    // The witness alone in such a place.
+    let open_witness = root.join("open");
+    fs::create_dir(&open_witness).unwrap();
+    chmod(&open_witness, 0o777);
+    let err = Accountant::open_witnessed(&ledger, &open_witness.join("w")).unwrap_err();
+    assert!(err.to_string().contains("its witness"), "{err}");
+    // A directory on the way that another user (not root) owns, or a group that is not its
+    // owner's private group can write (as root only: chown).
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::ffi::OsStrExt;
+        let chown = |p: &Path, uid: u32, gid: u32| {
+            let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a valid NUL-terminated path.
+            assert_eq!(unsafe { libc::chown(c.as_ptr(), uid, gid) }, 0);
+        };
+        chown(&shared, 4242, 4242);
+        let err = Accountant::open_witnessed(&ledger, &witness).unwrap_err();
+        assert!(err.to_string().contains("another user owns"), "{err}");
+        chown(&shared, 0, 4242);
+        chmod(&shared, 0o775);
+        let err = Accountant::open_witnessed(&ledger, &witness).unwrap_err();
+        assert!(err.to_string().contains("others can write"), "{err}");
+        chown(&shared, 0, 0);
+        Accountant::open_witnessed(&ledger, &witness).unwrap();
+    }
+}
+
+/// The places the test suites keep their ledgers stay allowed: the system's temporary
+/// directory and /dev/shm (sticky, writable by all), the build's target directory.
+#[cfg(unix)]
+#[test]
+fn ledgers_in_the_test_suites_places_are_allowed() {
+    let mut bases = vec![std::env::temp_dir()];
+    if Path::new("/dev/shm").is_dir() {
+        bases.push(PathBuf::from("/dev/shm"));
+    }
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        bases.push(PathBuf::from(t));
+    }
+    for base in bases {
+        let dir = crate::testdir::test_dir_in(&base, "accounting-places");
+        let ledger = dir.join("ledger.jsonl");
+        Accountant::open_witnessed(&ledger, &default_witness(&ledger).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", base.display()));
+    }
+}
+
+/// Round 46, F4: after the charge's line is durable, a failure to write the sidecar (or the
+/// witness) is `Unsealed`, a charge that stands: it is not lost and not refunded, and the next
+/// open brings the seals up to date.
+#[test]
+fn a_seal_that_cannot_be_written_after_the_charge_is_a_charge_that_stands() {
+    let path = temp_ledger();
+    let witness = default_witness(&path).unwrap();
+    let acc = Accountant::open_witnessed(&path, &witness).unwrap();
+    acc.register_table(private("demo:t", "t", 10.0)).unwrap();
+    // The sidecar's temporary file cannot be created: a directory (not empty) at its name.
+    let blocker = ledger::sibling(&path, ".head.tmp");
+    fs::create_dir_all(blocker.join("x")).unwrap();
+    let err = acc.admit("q", &gauss("demo:t", 0.1)).unwrap_err();
+    assert!(
+        matches!(&err, AccountingError::Unsealed { charge: true, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("the charge stands"), "{err}");
+    assert_eq!(acc.budget_rows()[0].queries, 1, "charged in this process");
+    // The witness's temporary file, likewise (after an admission that brings the sidecar, and
+    // the witness, up to date again).
+    fs::remove_dir_all(&blocker).unwrap();
+    acc.admit("q1", &gauss("demo:t", 0.1)).unwrap();
+    let blocker = ledger::sibling(&witness, ".tmp");
+    fs::create_dir_all(blocker.join("x")).unwrap();
+    let err = acc.admit("q2", &gauss("demo:t", 0.1)).unwrap_err();
+    assert!(
+        matches!(&err, AccountingError::Unsealed { charge: true, .. }),
+        "{err}"
+    );
+    fs::remove_dir_all(&blocker).unwrap();
+    drop(acc);
+    let again = Accountant::open_witnessed(&path, &witness).unwrap();
+    assert_eq!(again.budget_rows()[0].queries, 3, "every charge stands");
+    again.admit("q3", &gauss("demo:t", 0.1)).unwrap();
+}

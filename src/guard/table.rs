@@ -22,7 +22,7 @@ use datafusion::physical_plan::{
     SendableRecordBatchStream,
 };
 
-use crate::accounting::{Neighbours, PrivacyUnit, TableKey};
+use crate::accounting::{Neighbours, PrivacyUnit, TableKey, TablePolicy};
 
 /// What the guard needs to know of a table.
 #[derive(Debug, Clone)]
@@ -84,6 +84,9 @@ pub struct GuardedTable {
     /// The bytes of each column's largest value, where they were measured (the settled public
     /// side of a join, checked.rs): the audit bounds what private rows copy of them.
     widest: Option<Vec<u64>>,
+    /// The policy the table was registered with (the one in force in the ledger then): every
+    /// statement that reads the table is refused once the ledger holds another (round 46).
+    policy: Option<TablePolicy>,
 }
 
 impl std::fmt::Debug for GuardedTable {
@@ -103,7 +106,16 @@ impl GuardedTable {
             scans: AtomicU64::new(0),
             recheck: None,
             widest: None,
+            policy: None,
         }
+    }
+    /// The policy it was registered with ([`crate::accounting::Accountant::check_planned`]).
+    pub fn with_policy(mut self, policy: TablePolicy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+    pub fn policy(&self) -> Option<&TablePolicy> {
+        self.policy.as_ref()
     }
     /// The bytes of each column's largest value, measured on the rows it holds.
     pub fn with_widest(mut self, widest: Vec<u64>) -> Self {

@@ -582,7 +582,14 @@ impl ScalarUDFImpl for GroupKey {
         Ok(DataType::UInt64)
     }
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        // −0.0 and +0.0 are one group to DataFusion's GROUP BY (`GroupValuesRows` normalises
+        // them with this very function) but two rows in the row format: unnormalised, a unit's
+        // K groups could all be one released group, K·C rows in it (round 46). NaN payloads
+        // stay apart in both, and floats nested in structs or lists are normalised by neither.
+        let arrays: Vec<_> = ColumnarValue::values_to_arrays(&args.args)?
+            .iter()
+            .map(datafusion::common::utils::normalize_float_zero)
+            .collect();
         let fields = arrays
             .iter()
             .map(|a| SortField::new(a.data_type().clone()))

@@ -14,7 +14,8 @@ dpfusion serve — an Arrow Flight SQL server for analysts (README, \"Serving an
 USAGE:
     dpfusion serve --catalog FILE [--listen ADDR] [--tls-cert FILE --tls-key FILE]
                    [--query-timeout SECS] [--max-concurrent-queries N] [--max-connections N]
-                   [--max-result-bytes N] [--insecure-listen-any]
+                   [--max-result-bytes N] [--max-calls-per-analyst N]
+                   [--insecure-listen-any]
 
 Every statement runs as in the REPL (guard, admission, ledger, execution), for the analyst
 whose bearer token it carries ([[analyst]] in the catalog, docs/CATALOG.md). Stops on SIGTERM
@@ -24,8 +25,8 @@ read).
 
 Every resource is bounded (README, \"Serving analysts\"; docs/CATALOG.md, [server]): connections,
 and the time a connection may take to authenticate or stay idle; statements at once, per analyst
-and in all; a statement's time, SQL and result size; each analyst's results waiting to be
-fetched (checked before admission).
+and in all; each analyst's calls in flight; a statement's time, SQL and result size; each
+analyst's results waiting to be fetched (checked before admission).
 
 OPTIONS:
         --catalog FILE               The data owner's catalog (required): tables, analysts, [server]
@@ -39,6 +40,10 @@ OPTIONS:
                                      max_connections, else 256)
         --max-result-bytes N         The largest result of one statement (default: [server]
                                      max_result_bytes, else 268435456, 256 MiB)
+        --max-calls-per-analyst N    Calls of one analyst that plan or run (statements,
+                                     prepares, parameters, ingest) in flight at once, running
+                                     or waiting for a turn; one more is refused (default:
+                                     twice the analyst's turns, at least 16)
         --tls-cert FILE              Serve over TLS with this certificate chain (PEM; default:
                                      [server] tls_cert). Clients connect to grpc+tls://
         --tls-key FILE               ... and its private key (PEM; default: [server] tls_key)
@@ -65,6 +70,7 @@ struct ServeArgs {
     max_concurrent: Option<usize>,
     max_connections: Option<usize>,
     max_result_bytes: Option<usize>,
+    max_calls_per_analyst: Option<usize>,
     insecure_listen_any: bool,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -110,17 +116,17 @@ fn parse_serve(args: &[String]) -> Result<Option<ServeArgs>, String> {
                 })?;
                 a.max_concurrent = Some(n);
             }
-            "--max-connections" | "--max-result-bytes" => {
+            "--max-connections" | "--max-result-bytes" | "--max-calls-per-analyst" => {
                 let v = value()?;
                 let n: usize = v
                     .parse()
                     .ok()
                     .filter(|n| *n > 0)
                     .ok_or_else(|| format!("{flag} must be a whole number > 0, got '{v}'"))?;
-                if flag == "--max-connections" {
-                    a.max_connections = Some(n);
-                } else {
-                    a.max_result_bytes = Some(n);
+                match flag {
+                    "--max-connections" => a.max_connections = Some(n),
+                    "--max-result-bytes" => a.max_result_bytes = Some(n),
+                    _ => a.max_calls_per_analyst = Some(n),
                 }
             }
             "--insecure-listen-any" => a.insecure_listen_any = true,
@@ -174,6 +180,13 @@ fn options(a: &ServeArgs, c: &Catalog) -> Result<ServeOptions, String> {
     };
     if let Some(n) = at_least_one(s.max_queries_per_analyst, "max_queries_per_analyst")? {
         o.max_queries_per_analyst = n;
+    }
+    // Round 46: calls in flight per analyst (0 in the options: the default).
+    if let Some(n) = at_least_one(
+        a.max_calls_per_analyst.or(s.max_calls_per_analyst),
+        "max_calls_per_analyst",
+    )? {
+        o.max_calls_per_analyst = n;
     }
     if let Some(n) = at_least_one(s.max_pending_results, "max_pending_results")? {
         o.max_pending_results = n;
@@ -433,5 +446,10 @@ mod tests {
             (Some(5), Some(1024))
         );
         assert!(parse_serve(&args(&["--catalog", "c", "--max-connections", "0"])).is_err());
+        let a = parse_serve(&args(&["--catalog", "c", "--max-calls-per-analyst=3"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.max_calls_per_analyst, Some(3));
+        assert!(parse_serve(&args(&["--catalog", "c", "--max-calls-per-analyst", "0"])).is_err());
     }
 }

@@ -329,12 +329,7 @@ fn target(
         )));
     }
     let name = c.table.as_str();
-    let simple = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && name.len() <= MAX_NAME;
+    let simple = crate::session::is_plain_name(name) && name.len() <= MAX_NAME;
     if !simple {
         return Err(Status::invalid_argument(format!(
             "the table name must be letters, digits and '_' (not starting with a digit), at \

@@ -28,11 +28,17 @@
 //!   durable when its statement is admitted, so a rollback is refused (nothing can be undone).
 //! - **Every resource is bounded**, before and after authentication: connections
 //!   ([`conn`]: a limit, a handshake and an idle timeout, an accept loop that backs off); every
-//!   call that plans or runs (prepare included) waits for its turns and ends at the statement's
-//!   time limit, its turns given back at the deadline even if its task is busy (the query is
-//!   cancelled at its next await point; an admitted charge stands); results are counted in the
-//!   session's memory limit as they are computed and bounded by `max_result_bytes`; the SQL's
-//!   size is bounded. A client that goes away cancels its query (the charge stands).
+//!   call that plans or runs (prepare, parameter binding and ingest included) takes one of its
+//!   analyst's places for calls in flight at once or is refused (`max_calls_per_analyst`: the
+//!   requests waiting are bounded), waits for its turns and ends at the statement's time limit,
+//!   its turns given back at the deadline even if its task is busy (the query is cancelled at
+//!   its next await point; an admitted charge stands); the work runs on query threads with a
+//!   large stack, behind the SQL's complexity limit; results are counted in the session's
+//!   memory limit as they are computed and bounded by `max_result_bytes`; the SQL's size is
+//!   bounded, and a request's size by its method (only statements, prepares and `DoPut` carry
+//!   more than [`SMALL_REQUEST`]); metadata commands (`GetSqlInfo`, `GetTables`, …) are cheap
+//!   by their bounds (ids, table types, name lengths), checked before any work, so they need no
+//!   turn. A client that goes away cancels its query (the charge stands).
 //! - **Errors** are the REPL's messages, as Flight status codes: `InvalidArgument` for a
 //!   refusal or invalid input, `FailedPrecondition` for a budget refusal, `ResourceExhausted`
 //!   for a full quota, `Unauthenticated`, `DeadlineExceeded`; a statement's error carries its
@@ -107,6 +113,12 @@ pub struct ServeOptions {
     /// How many statements (and prepares) of one analyst run at once; 0: half of
     /// `max_concurrent_queries`, rounded up ([`ServeOptions::queries_per_analyst`]).
     pub max_queries_per_analyst: usize,
+    /// How many calls of one analyst that plan or run (statements, prepares, parameter
+    /// binding, executemany, ingest) may be in flight at once, running or waiting for their
+    /// turn; one more is refused at once (`ResourceExhausted`). Each holds its request (up to
+    /// the decoding limit, 4 MiB by default) while it waits. 0: the default,
+    /// [`ServeOptions::calls_per_analyst`].
+    pub max_calls_per_analyst: usize,
     /// How long a result waits to be fetched (`DoGet`) before it is dropped.
     pub result_ttl: Duration,
     /// How many results of one analyst may wait to be fetched (statements under way count):
@@ -146,6 +158,23 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 /// The default largest result of one statement (256 MiB).
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 256 << 20;
 
+/// The fewest calls of one analyst in flight by default ([`ServeOptions::calls_per_analyst`]).
+pub const DEFAULT_CALLS_PER_ANALYST: usize = 16;
+
+/// The largest request decoded for a call that carries neither SQL nor data (`DoGet`'s ticket,
+/// `Handshake`, `ListFlights`, `ListActions`, `GetSchema`, `PollFlightInfo`, `DoExchange`):
+/// a statement's ticket is 16 bytes and a metadata command, within its bounds
+/// ([`check_tables`]), a few KiB (round 46: a 4 MB `GetSqlInfo` ticket was decoded into a
+/// 16 MB list before any check).
+const SMALL_REQUEST: usize = 64 << 10;
+
+/// The stack of each query thread. Planning and optimizing are recursive: the complexity
+/// check before parsing (`session::limits`) is the bound that keeps them shallow, and this
+/// stack is the margin behind it, so that a shape the estimate misses plans slowly or is
+/// refused rather than aborting the process, and every analyst with it (round 46: 200 comma
+/// joins overflowed tokio's default of 2 MiB). Only the pages a thread touches take memory.
+const QUERY_THREAD_STACK: usize = 16 << 20;
+
 impl ServeOptions {
     /// [`ServeOptions::max_queries_per_analyst`], 0 meaning the default: half the statements
     /// that run at once (rounded up), so that one analyst never holds every turn.
@@ -154,6 +183,25 @@ impl ServeOptions {
             0 => self.max_concurrent_queries.max(1).div_ceil(2),
             n => n.min(self.max_concurrent_queries.max(1)),
         }
+    }
+
+    /// [`ServeOptions::max_calls_per_analyst`], 0 meaning the default: twice the analyst's
+    /// turns, and at least [`DEFAULT_CALLS_PER_ANALYST`]. A waiting call holds about four times
+    /// its SQL (the request, its decoded command and copies: 4.1 MB for 1 MiB of SQL in review
+    /// r46), so by default an analyst's waiting calls hold about 64 MiB, a 64th of the default
+    /// `memory_limit`.
+    pub fn calls_per_analyst(&self) -> usize {
+        match self.max_calls_per_analyst {
+            0 => (2 * self.queries_per_analyst()).max(DEFAULT_CALLS_PER_ANALYST),
+            n => n,
+        }
+    }
+
+    /// The largest request the server decodes for a call that carries SQL or data
+    /// (`GetFlightInfo`, `DoAction`, each message of a `DoPut`): the SQL text's limit and a
+    /// margin, at least 4 MiB. Other calls are decoded within [`SMALL_REQUEST`].
+    fn request_limit(&self) -> usize {
+        (self.max_sql_bytes + (1 << 20)).max(4 << 20)
     }
 }
 
@@ -168,6 +216,7 @@ impl Default for ServeOptions {
                 .unwrap_or(2),
             max_sql_bytes: 1 << 20,
             max_queries_per_analyst: 0,
+            max_calls_per_analyst: 0,
             result_ttl: Duration::from_secs(600),
             max_pending_results: 64,
             max_pending_bytes: 1 << 30,
@@ -225,6 +274,7 @@ impl QueryRuntime {
             .max(2);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
+            .thread_stack_size(QUERY_THREAD_STACK)
             .thread_name("dpfusion-query")
             .enable_all()
             .build()?;
@@ -293,6 +343,8 @@ struct Namespace {
     sending_bytes: usize,
     /// The analyst's turns ([`ServeOptions::max_queries_per_analyst`]).
     turns: Arc<tokio::sync::Semaphore>,
+    /// The analyst's places for calls in flight ([`ServeOptions::calls_per_analyst`], [`Call`]).
+    calls: Arc<tokio::sync::Semaphore>,
 }
 
 impl Namespace {
@@ -308,6 +360,21 @@ impl Namespace {
     fn expire(&mut self, ttl: Duration) {
         self.pending.retain(|_, p| p.at.elapsed() < ttl);
     }
+}
+
+/// One call of an analyst that plans or runs (a statement, a prepare, parameter binding,
+/// executemany, an ingest), from its start until it ends, running or waiting for its turn
+/// ([`DpFlightSql::call`]): the only way into [`DpFlightSql::limited`]. Round 46: calls waiting
+/// for their turn held their requests (about 4 MB each) without any bound, outside the memory
+/// limit; now an analyst has at most [`ServeOptions::calls_per_analyst`] calls in flight, and
+/// one more is refused at once. A call's work that outlives its call (busy past the deadline)
+/// keeps its place in flight until it ends, as it keeps the analyst's turn.
+struct Call {
+    analyst: String,
+    /// The analyst's turns ([`Namespace::turns`]).
+    turns: Arc<tokio::sync::Semaphore>,
+    /// Its place among the analyst's calls in flight, shared with its work's task.
+    in_flight: Arc<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// A place for one result in an analyst's namespace, taken before the statement runs
@@ -430,10 +497,7 @@ impl Bound {
     ) -> Result<(), ServeError> {
         let o = self.service.0.options.clone();
         let per_analyst = self.service.0.connections_per_analyst();
-        let limit = (o.max_sql_bytes + (1 << 20)).max(4 << 20);
-        let svc = FlightServiceServer::new(self.service)
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(64 << 20);
+        let svc = ByMethod::new(self.service, o.request_limit());
         let incoming = conn::incoming(
             self.listener,
             conn::ConnLimits {
@@ -687,7 +751,47 @@ impl DpFlightSql {
             })
     }
 
-    /// Runs `work` for `analyst` within the server's limits: the analyst's turn and the
+    /// A call of the analyst `request` comes from that plans or runs: authenticated, then given
+    /// one of the analyst's places for calls in flight ([`Call`]), before it reads a body or
+    /// waits for a turn.
+    fn call<T>(&self, request: &Request<T>) -> Result<Call, Status> {
+        let analyst = self.analyst(request)?;
+        self.call_of(analyst)
+    }
+
+    /// [`DpFlightSql::call`] for `analyst`: refused at once (`ResourceExhausted`, nothing
+    /// charged) when their places are all taken. Never waits: a call refused holds nothing.
+    fn call_of(&self, analyst: String) -> Result<Call, Status> {
+        // The namespace's lock is held only to find the semaphores, never while taking one.
+        let (turns, calls) = {
+            let mut spaces = self.0.spaces.lock().expect("lock");
+            let ns = self.namespace(&mut spaces, &analyst);
+            (Arc::clone(&ns.turns), Arc::clone(&ns.calls))
+        };
+        let in_flight = calls.try_acquire_owned().map_err(|e| match e {
+            tokio::sync::TryAcquireError::Closed => {
+                Status::unavailable("the server is shutting down")
+            }
+            tokio::sync::TryAcquireError::NoPermits => {
+                let max = self.0.options.calls_per_analyst();
+                quota_refusal(format!(
+                    "dpfusion refused the call before it started (nothing was charged): you \
+                     have {max} calls running or waiting for your turn on this server, its \
+                     limit per analyst (the data owner's [server] max_calls_per_analyst or \
+                     --max-calls-per-analyst, default \
+                     twice your turns and at least {DEFAULT_CALLS_PER_ANALYST}). Wait for an \
+                     earlier call to end, or send fewer at once"
+                ))
+            }
+        })?;
+        Ok(Call {
+            analyst,
+            turns,
+            in_flight: Arc::new(in_flight),
+        })
+    }
+
+    /// Runs `work` for `call`'s analyst within the server's limits: the analyst's turn and the
     /// server's, then the work on the query runtime, all within the statement's time limit.
     /// When the time limit passes (or the client goes away) the call answers at once and the
     /// task is aborted at its next await point (an admitted charge stands). The server's turn
@@ -695,8 +799,8 @@ impl DpFlightSql {
     /// is given back only when the task ends: work busy inside one poll (planning is
     /// synchronous) keeps a query thread until it ends, and it counts against its own analyst's
     /// turns, so one analyst's stuck statements hold at most their share of the threads
-    /// (review r45).
-    async fn limited<T, F>(&self, analyst: &str, work: F) -> Result<T, Status>
+    /// (review r45); it keeps the call's place too (round 46).
+    async fn limited<T, F>(&self, call: &Call, work: F) -> Result<T, Status>
     where
         F: std::future::Future<Output = Result<T, Status>> + Send + 'static,
         T: Send + 'static,
@@ -707,12 +811,9 @@ impl DpFlightSql {
         // iteration.
         let token = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let _cancel = CancelOnDrop(Arc::clone(&token));
-        let mine = {
-            let mut spaces = self.0.spaces.lock().expect("lock");
-            Arc::clone(&self.namespace(&mut spaces, analyst).turns)
-        };
+        let in_flight = Arc::clone(&call.in_flight);
         let run = async {
-            let mine = mine
+            let mine = Arc::clone(&call.turns)
                 .acquire_owned()
                 .await
                 .map_err(|_| Status::unavailable("the server is shutting down"))?;
@@ -725,7 +826,7 @@ impl DpFlightSql {
             let task = self.0.queries.spawn(crate::session::with_cancel(
                 Arc::clone(&token),
                 async move {
-                    let _mine = mine;
+                    let _held = (mine, in_flight);
                     work.await
                 },
             ));
@@ -765,7 +866,7 @@ impl DpFlightSql {
         spaces: &'a mut HashMap<String, Namespace>,
         analyst: &str,
     ) -> &'a mut Namespace {
-        let per = self.0.options.queries_per_analyst();
+        let o = &self.0.options;
         spaces
             .entry(analyst.to_string())
             .or_insert_with(|| Namespace {
@@ -773,7 +874,8 @@ impl DpFlightSql {
                 reserved: 0,
                 sending: 0,
                 sending_bytes: 0,
-                turns: Arc::new(tokio::sync::Semaphore::new(per)),
+                turns: Arc::new(tokio::sync::Semaphore::new(o.queries_per_analyst())),
+                calls: Arc::new(tokio::sync::Semaphore::new(o.calls_per_analyst())),
             })
     }
 
@@ -807,10 +909,11 @@ impl DpFlightSql {
         })
     }
 
-    /// Runs one statement for `analyst`, within the server's limits: admitted by its plan
-    /// kind, its result's place reserved before admission, its result bounded.
-    async fn run(&self, analyst: &str, sql: &str) -> Result<(Place, Pending), Status> {
+    /// Runs one statement for `call`'s analyst, within the server's limits: admitted by its
+    /// plan kind, its result's place reserved before admission, its result bounded.
+    async fn run(&self, call: &Call, sql: &str) -> Result<(Place, Pending), Status> {
         let o = &self.0.options;
+        let analyst = call.analyst.as_str();
         if sql.len() > o.max_sql_bytes {
             return Err(refusal(format!(
                 "dpfusion refused the query: its SQL text is {} bytes, and this server accepts \
@@ -823,7 +926,7 @@ impl DpFlightSql {
         let session = Arc::clone(&self.0.session);
         let (who, text, max) = (analyst.to_string(), sql.to_string(), o.max_result_bytes);
         let pending = self
-            .limited(analyst, async move {
+            .limited(call, async move {
                 // A positive list of plan kinds: queries and the read-only statements.
                 // Anything else (SELECT … INTO, CREATE, DROP, COPY, SET, PREPARE, DML, …)
                 // would change the one session every analyst shares, or write.
@@ -880,11 +983,11 @@ impl DpFlightSql {
 
     async fn statement_info(
         &self,
+        call: Call,
         sql: &str,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let analyst = self.analyst(&request)?;
-        let (place, mut pending) = self.run(&analyst, sql).await?;
+        let (place, mut pending) = self.run(&call, sql).await?;
         // The receipt travels with the result ([`wire`]): in the FlightInfo, in the stream's
         // first message, and in the result's schema metadata.
         let meta = StatementMetadata::of(&pending.result).to_json();
@@ -1001,6 +1104,83 @@ fn invalid(msg: impl Into<String>) -> Status {
     wire::coded(Code::InvalidArgument, ErrorCode::Invalid, cut(msg.into()))
 }
 
+/// The most `info` ids one `GetSqlInfo` may ask for: ten times the 91 the Flight SQL protocol
+/// defines, room for a client that repeats ids or knows a later protocol. arrow-flight builds
+/// one filter per id asked for (round 46: 4 million ids cost 5 s of CPU and 850 MB).
+const MAX_SQL_INFO_IDS: usize = 1024;
+
+/// The most `table_types` one `GetTables` may list (the server has one, `TABLE`); each is a
+/// filter over the tables (round 46: 2 million cost 3.6 s and 515 MB).
+const MAX_TABLE_TYPES: usize = 16;
+
+/// The longest catalog name, schema or table name pattern, or table type a metadata command may
+/// carry, in bytes: a pattern compiles to a regular expression of its size (round 46: a 3.9 MB
+/// pattern cost 6 s and 1.9 GB).
+const MAX_METADATA_NAME: usize = 1024;
+
+/// Refuses a metadata field longer than [`MAX_METADATA_NAME`].
+fn check_name(command: &str, field: &str, value: Option<&str>) -> Result<(), Status> {
+    match value {
+        Some(v) if v.len() > MAX_METADATA_NAME => Err(invalid(format!(
+            "the {command} request's {field} is {} bytes, and this server accepts at most \
+             {MAX_METADATA_NAME} for a name, a pattern or a table type",
+            v.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A `GetSqlInfo`'s bounds, checked before anything is built from it (round 46): the metadata
+/// calls run on the threads that serve every call, outside any turn, so their work must stay
+/// as small as any call's.
+fn check_sql_info(q: &CommandGetSqlInfo) -> Result<(), Status> {
+    if q.info.len() > MAX_SQL_INFO_IDS {
+        return Err(invalid(format!(
+            "the GetSqlInfo request asks for {} info ids, and this server answers at most \
+             {MAX_SQL_INFO_IDS} in one request (the Flight SQL protocol defines fewer): ask for \
+             the ids you need, or for none to get all",
+            q.info.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A `GetDbSchemas`'s bounds ([`check_sql_info`]).
+fn check_schemas(q: &CommandGetDbSchemas) -> Result<(), Status> {
+    check_name("GetDbSchemas", "catalog", q.catalog.as_deref())?;
+    check_name(
+        "GetDbSchemas",
+        "db_schema_filter_pattern",
+        q.db_schema_filter_pattern.as_deref(),
+    )
+}
+
+/// A `GetTables`'s bounds ([`check_sql_info`]).
+fn check_tables(q: &CommandGetTables) -> Result<(), Status> {
+    check_name("GetTables", "catalog", q.catalog.as_deref())?;
+    check_name(
+        "GetTables",
+        "db_schema_filter_pattern",
+        q.db_schema_filter_pattern.as_deref(),
+    )?;
+    check_name(
+        "GetTables",
+        "table_name_filter_pattern",
+        q.table_name_filter_pattern.as_deref(),
+    )?;
+    if q.table_types.len() > MAX_TABLE_TYPES {
+        return Err(invalid(format!(
+            "the GetTables request lists {} table types, and this server accepts at most \
+             {MAX_TABLE_TYPES} (its tables are all of type TABLE)",
+            q.table_types.len()
+        )));
+    }
+    for t in &q.table_types {
+        check_name("GetTables", "table type", Some(t))?;
+    }
+    Ok(())
+}
+
 fn one_batch(batch: Result<RecordBatch, Status>) -> Result<Response<DoGetStream>, Status> {
     let batch = batch?;
     Ok(Response::new(batches_stream(batch.schema(), vec![batch])))
@@ -1038,7 +1218,8 @@ impl FlightSqlService for DpFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         // A transaction changes nothing ([`DpFlightSql::do_action_begin_transaction`]).
-        self.statement_info(&query.query, request).await
+        let call = self.call(&request)?;
+        self.statement_info(call, &query.query, request).await
     }
 
     async fn get_flight_info_prepared_statement(
@@ -1046,8 +1227,10 @@ impl FlightSqlService for DpFlightSql {
         cmd: CommandPreparedStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        // Authenticated before the handle is read (round 46).
+        let call = self.call(&request)?;
         let handle = self.handle(&cmd.prepared_statement_handle)?;
-        self.statement_info(handle.runs(), request).await
+        self.statement_info(call, handle.runs(), request).await
     }
 
     async fn do_get_statement(
@@ -1139,6 +1322,7 @@ impl FlightSqlService for DpFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         self.analyst(&request)?;
+        check_schemas(&query)?;
         let schema = query.clone().into_builder().schema();
         Ok(Response::new(info_for(
             &query,
@@ -1153,6 +1337,7 @@ impl FlightSqlService for DpFlightSql {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         self.analyst(&request)?;
+        check_schemas(&query)?;
         let mut builder = query.into_builder();
         builder.append(CATALOG_NAME, SCHEMA_NAME);
         builder.append(CATALOG_NAME, ingest::SCHEMA);
@@ -1165,6 +1350,7 @@ impl FlightSqlService for DpFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         self.analyst(&request)?;
+        check_tables(&query)?;
         let schema = query.clone().into_builder().schema();
         Ok(Response::new(info_for(
             &query,
@@ -1179,6 +1365,7 @@ impl FlightSqlService for DpFlightSql {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         let analyst = self.analyst(&request)?;
+        check_tables(&query)?;
         one_batch(self.tables_batch(&analyst, query))
     }
 
@@ -1211,6 +1398,7 @@ impl FlightSqlService for DpFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         self.analyst(&request)?;
+        check_sql_info(&query)?;
         let schema = query.clone().into_builder(&self.0.sql_info).schema();
         Ok(Response::new(info_for(
             &query,
@@ -1225,6 +1413,7 @@ impl FlightSqlService for DpFlightSql {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         self.analyst(&request)?;
+        check_sql_info(&query)?;
         one_batch(
             query
                 .into_builder(&self.0.sql_info)
@@ -1241,7 +1430,7 @@ impl FlightSqlService for DpFlightSql {
         query: ActionCreatePreparedStatementRequest,
         request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        let analyst = self.analyst(&request)?;
+        let call = self.call(&request)?;
         if query.query.len() > self.0.options.max_sql_bytes {
             return Err(refusal(format!(
                 "dpfusion refused the query: its SQL text is {} bytes, and this server accepts \
@@ -1254,9 +1443,9 @@ impl FlightSqlService for DpFlightSql {
         // the time limit, like a statement.
         let session = Arc::clone(&self.0.session);
         let sql = query.query.clone();
-        let who = analyst.clone();
+        let who = call.analyst.clone();
         let schema = self
-            .limited(&analyst, async move {
+            .limited(&call, async move {
                 // Planned as the analyst, who sees their own schema `mine`.
                 PrivateSession::as_analyst(&who, async {
                     if session.statement_kind(&sql).await.ok() != Some(StatementKind::Query) {
@@ -1296,7 +1485,8 @@ impl FlightSqlService for DpFlightSql {
         query: CommandPreparedStatementQuery,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
-        let analyst = self.analyst(&request)?;
+        // The call's place is taken before the parameters are read (round 46).
+        let call = self.call(&request)?;
         let handle = self.handle(&query.prepared_statement_handle)?;
         let sql = handle.sql;
         let values = self.parameters(request).await?;
@@ -1306,7 +1496,7 @@ impl FlightSqlService for DpFlightSql {
         // (review of round 45's fix).
         let text = sql.clone();
         let bound = self
-            .limited(&analyst, async move {
+            .limited(&call, async move {
                 match (&values, rows) {
                     (_, 0) if params::count(&text).map_err(invalid)? == 0 => Ok(text),
                     (Some(v), 1) => params::bind(&text, v, 0).map_err(invalid),
@@ -1343,11 +1533,12 @@ impl FlightSqlService for DpFlightSql {
         query: CommandPreparedStatementUpdate,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        let analyst = self.analyst(&request)?;
+        // One place for the whole call, taken before the parameters are read (round 46).
+        let call = self.call(&request)?;
         let handle = self.handle(&query.prepared_statement_handle)?;
         let values = self.parameters(request).await?;
         let Some(v) = &values else {
-            let (_place, _result) = self.run(&analyst, handle.runs()).await?;
+            let (_place, _result) = self.run(&call, handle.runs()).await?;
             return Ok(1);
         };
         // One row at a time: each bound statement is built only when it runs, and `run` bounds
@@ -1357,12 +1548,12 @@ impl FlightSqlService for DpFlightSql {
             // parameters are (each bind reads the whole text).
             let (sql, v2) = (handle.sql.clone(), v.clone());
             let bound = self
-                .limited(&analyst, async move {
+                .limited(&call, async move {
                     params::bind(&sql, &v2, row).map_err(invalid)
                 })
                 .await?;
             // Each run keeps no result: its place is given back when it is dropped.
-            let (_place, _result) = self.run(&analyst, &bound).await?;
+            let (_place, _result) = self.run(&call, &bound).await?;
         }
         Ok(v.num_rows() as i64)
     }
@@ -1379,6 +1570,51 @@ impl FlightSqlService for DpFlightSql {
         )))
     }
 
+    /// Other commands are refused after authentication, with arrow-flight's codes, their name
+    /// cut to a status's length (round 46: the default echoed a name of any length to anyone).
+    async fn get_flight_info_fallback(
+        &self,
+        cmd: arrow_flight::sql::Command,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.analyst(&request)?;
+        Err(Status::unimplemented(cut(format!(
+            "dpfusion serve does not support this request ({})",
+            cmd.type_url()
+        ))))
+    }
+
+    /// [`DpFlightSql::get_flight_info_fallback`], for `DoAction`.
+    async fn do_action_fallback(
+        &self,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<
+        Response<<Self as arrow_flight::flight_service_server::FlightService>::DoActionStream>,
+        Status,
+    > {
+        self.analyst(&request)?;
+        Err(Status::invalid_argument(cut(format!(
+            "dpfusion serve does not support this action ({:?})",
+            request.get_ref().r#type
+        ))))
+    }
+
+    /// [`DpFlightSql::get_flight_info_fallback`], for `DoPut`.
+    async fn do_put_fallback(
+        &self,
+        request: Request<PeekableFlightDataStream>,
+        message: Any,
+    ) -> Result<
+        Response<<Self as arrow_flight::flight_service_server::FlightService>::DoPutStream>,
+        Status,
+    > {
+        self.analyst(&request)?;
+        Err(Status::unimplemented(cut(format!(
+            "dpfusion serve does not support this request ({})",
+            message.type_url
+        ))))
+    }
+
     /// Bulk ingest into the analyst's own schema `mine` ([`ingest`]), within their turn and
     /// the statement's time limit, bounded by their byte quota and the memory limit.
     async fn do_put_statement_ingest(
@@ -1386,13 +1622,14 @@ impl FlightSqlService for DpFlightSql {
         command: CommandStatementIngest,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        let analyst = self.analyst(&request)?;
+        // The call's place is taken before its stream is read (round 46).
+        let call = self.call(&request)?;
         let uploads = Arc::clone(&self.0.uploads);
         let pool = self.0.session.memory_pool();
         let max = self.0.options.max_ingest_bytes_per_analyst;
         let data = request.into_inner().into_peekable();
-        let who = analyst.clone();
-        self.limited(&analyst, async move {
+        let who = call.analyst.clone();
+        self.limited(&call, async move {
             uploads.ingest(&who, &command, data, &pool, max).await
         })
         .await
@@ -1449,6 +1686,69 @@ pub fn flight_service(bound: &Bound) -> FlightServiceServer<DpFlightSql> {
     FlightServiceServer::new(bound.service.clone())
 }
 
+/// The Flight service with a decoding limit per method (round 46). tonic sets one limit per
+/// service, and one method carries both statements and metadata commands (`GetFlightInfo`),
+/// so a limit per command is impossible: the metadata commands are bounded by their checks
+/// ([`check_tables`]). A limit per method is possible: the service is built twice and each
+/// call routed by its path. Only `GetFlightInfo` (statements, prepared handles), `DoAction`
+/// (prepares) and `DoPut` (parameters, ingest) carry SQL or data, decoded within
+/// [`ServeOptions::request_limit`]; every other method within [`SMALL_REQUEST`].
+#[derive(Clone)]
+struct ByMethod {
+    large: FlightServiceServer<DpFlightSql>,
+    small: FlightServiceServer<DpFlightSql>,
+}
+
+impl ByMethod {
+    /// The methods whose requests carry SQL or data.
+    const LARGE: [&str; 3] = [
+        "/arrow.flight.protocol.FlightService/GetFlightInfo",
+        "/arrow.flight.protocol.FlightService/DoAction",
+        "/arrow.flight.protocol.FlightService/DoPut",
+    ];
+
+    fn new(service: DpFlightSql, large: usize) -> Self {
+        let with = |limit| {
+            FlightServiceServer::new(service.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(64 << 20)
+        };
+        Self {
+            large: with(large),
+            small: with(SMALL_REQUEST),
+        }
+    }
+}
+
+type HttpRequest = tonic::codegen::http::Request<tonic::body::Body>;
+
+impl tonic::codegen::Service<HttpRequest> for ByMethod {
+    type Response = tonic::codegen::http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = tonic::codegen::BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        // Both services are always ready (tonic's generated services are).
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: HttpRequest) -> Self::Future {
+        if Self::LARGE.contains(&request.uri().path()) {
+            self.large.call(request)
+        } else {
+            self.small.call(request)
+        }
+    }
+}
+
+impl tonic::server::NamedService for ByMethod {
+    const NAME: &'static str =
+        <FlightServiceServer<DpFlightSql> as tonic::server::NamedService>::NAME;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1480,8 +1780,9 @@ mod tests {
         let svc = bound.service.clone();
         let (release, blocked) = std::sync::mpsc::channel::<()>();
         let (ended, end) = tokio::sync::oneshot::channel::<()>();
+        let call = |who: &str| svc.call_of(who.to_string()).unwrap();
         let busy = svc
-            .limited("a", async move {
+            .limited(&call("a"), async move {
                 // Never yields: the whole wait is inside this one poll.
                 let _ = blocked.recv();
                 let _ = ended.send(());
@@ -1490,19 +1791,23 @@ mod tests {
             .await;
         assert_eq!(busy.unwrap_err().code(), tonic::Code::DeadlineExceeded);
         // The first task still holds its thread and a's turn; the server's turn is free.
-        let other =
-            tokio::time::timeout(Duration::from_secs(30), svc.limited("b", async { Ok(42) }))
-                .await
-                .expect("the server's turn was given back at the deadline");
+        let other = tokio::time::timeout(
+            Duration::from_secs(30),
+            svc.limited(&call("b"), async { Ok(42) }),
+        )
+        .await
+        .expect("the server's turn was given back at the deadline");
         assert_eq!(other.unwrap(), 42);
-        let mine = svc.limited("a", async { Ok(7) }).await;
+        let mine = svc.limited(&call("a"), async { Ok(7) }).await;
         assert_eq!(mine.unwrap_err().code(), tonic::Code::DeadlineExceeded);
         release.send(()).unwrap();
         end.await.unwrap();
-        let again =
-            tokio::time::timeout(Duration::from_secs(30), svc.limited("a", async { Ok(8) }))
-                .await
-                .expect("a's turn is back once the work ended");
+        let again = tokio::time::timeout(
+            Duration::from_secs(30),
+            svc.limited(&call("a"), async { Ok(8) }),
+        )
+        .await
+        .expect("a's turn is back once the work ended");
         assert_eq!(again.unwrap(), 8);
     }
 
@@ -1529,6 +1834,178 @@ mod tests {
         let s = status_of(&DataFusionError::Plan("x".into()));
         assert_eq!(wire::code_of(&s), Some(ErrorCode::ExecutionFailed));
         assert_eq!(ErrorCode::BudgetExceeded.grpc(), Code::FailedPrecondition);
+    }
+
+    /// Round 46: an analyst's calls in flight (running or waiting for their turn) are bounded:
+    /// one more is refused at once with the quota's code, and holds nothing; another analyst's
+    /// places are their own; a place comes back when its call ends, but not before the work of
+    /// a call that outlived its deadline ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_analysts_calls_in_flight_are_bounded_and_their_work_keeps_its_place() {
+        let dir = crate::testdir::test_dir("calls");
+        let session = PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        let analysts = Analysts::new(vec![
+            ("a".into(), auth::TokenHash::new("a-token")),
+            ("b".into(), auth::TokenHash::new("b-token")),
+        ]);
+        let options = ServeOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            max_concurrent_queries: 2,
+            max_calls_per_analyst: 2,
+            query_timeout: Duration::from_millis(300),
+            ..ServeOptions::default()
+        };
+        let svc = bind(Arc::new(session), analysts, options)
+            .await
+            .unwrap()
+            .service;
+        let (first, second) = (svc.call_of("a".into()), svc.call_of("a".into()));
+        let e = match svc.call_of("a".into()) {
+            Ok(_) => panic!("a third call of a was let in"),
+            Err(e) => e,
+        };
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert_eq!(wire::code_of(&e), Some(ErrorCode::Refused));
+        assert!(e.message().contains("max-calls-per-analyst"), "{e:?}");
+        let b = svc.call_of("b".into()).unwrap();
+        assert_eq!(svc.limited(&b, async { Ok(1) }).await.unwrap(), 1);
+        drop(first);
+        // A call whose work is busy past its deadline: its place stays with the work.
+        let (release, blocked) = std::sync::mpsc::channel::<()>();
+        let (ended, end) = tokio::sync::oneshot::channel::<()>();
+        let busy = svc.call_of("a".into()).unwrap();
+        let r = svc
+            .limited(&busy, async move {
+                let _ = blocked.recv();
+                let _ = ended.send(());
+                Ok(())
+            })
+            .await;
+        assert_eq!(r.unwrap_err().code(), Code::DeadlineExceeded);
+        drop((busy, second));
+        assert!(
+            svc.call_of("a".into()).is_ok(),
+            "the second call's place is back"
+        );
+        let (c1, c2) = (svc.call_of("a".into()), svc.call_of("a".into()));
+        assert!(
+            c1.is_ok() && c2.is_err(),
+            "the busy work still holds a place"
+        );
+        release.send(()).unwrap();
+        end.await.unwrap();
+        drop(c1);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while svc.call_of("a".into()).is_err() || svc.call_of("a".into()).is_err() {
+            assert!(Instant::now() < deadline, "the work's place came back");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Round 46: metadata commands are bounded before anything is built from them, with a
+    /// message that names the limit; a client's ordinary commands pass.
+    #[test]
+    fn metadata_commands_are_bounded_before_any_work() {
+        let e = check_sql_info(&CommandGetSqlInfo {
+            info: (0..100_000).collect(),
+        })
+        .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("at most 1024"), "{e:?}");
+        let all: Vec<u32> = (0..=u16::MAX as i32)
+            .filter(|i| SqlInfo::try_from(*i).is_ok())
+            .map(|i| i as u32)
+            .collect();
+        assert!(all.len() < MAX_SQL_INFO_IDS, "{}", all.len());
+        check_sql_info(&CommandGetSqlInfo { info: all }).unwrap();
+        let long = "a_%".repeat(MAX_METADATA_NAME);
+        for q in [
+            CommandGetTables {
+                table_name_filter_pattern: Some(long.clone()),
+                ..Default::default()
+            },
+            CommandGetTables {
+                db_schema_filter_pattern: Some(long.clone()),
+                ..Default::default()
+            },
+            CommandGetTables {
+                catalog: Some(long.clone()),
+                ..Default::default()
+            },
+            CommandGetTables {
+                table_types: vec![long.clone()],
+                ..Default::default()
+            },
+        ] {
+            let e = check_tables(&q).unwrap_err();
+            assert!(e.message().contains("at most 1024"), "{e:?}");
+        }
+        let e = check_tables(&CommandGetTables {
+            table_types: vec![String::new(); 10_000],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.message().contains("at most 16"), "{e:?}");
+        let e = check_schemas(&CommandGetDbSchemas {
+            db_schema_filter_pattern: Some(long),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        check_tables(&CommandGetTables {
+            catalog: Some(CATALOG_NAME.into()),
+            db_schema_filter_pattern: Some("%".into()),
+            table_name_filter_pattern: Some("peo%".into()),
+            table_types: vec!["TABLE".into(), "VIEW".into()],
+            include_schema: true,
+        })
+        .unwrap();
+        check_schemas(&CommandGetDbSchemas::default()).unwrap();
+        // The largest commands within the bounds fit a DoGet ticket's decoding limit.
+        let name = "x".repeat(MAX_METADATA_NAME);
+        let tables = CommandGetTables {
+            catalog: Some(name.clone()),
+            db_schema_filter_pattern: Some(name.clone()),
+            table_name_filter_pattern: Some(name.clone()),
+            table_types: vec![name; MAX_TABLE_TYPES],
+            include_schema: true,
+        };
+        check_tables(&tables).unwrap();
+        let info = CommandGetSqlInfo {
+            info: vec![u32::MAX; MAX_SQL_INFO_IDS],
+        };
+        check_sql_info(&info).unwrap();
+        for ticket in [
+            Ticket::new(tables.as_any().encode_to_vec()),
+            Ticket::new(info.as_any().encode_to_vec()),
+        ] {
+            assert!(ticket.encode_to_vec().len() < SMALL_REQUEST / 2);
+        }
+    }
+
+    /// Round 46, finding 1's defence in depth: the query threads have a stack of
+    /// [`QUERY_THREAD_STACK`], so a recursion deeper than tokio's default stack allows runs
+    /// there.
+    #[test]
+    fn query_threads_have_a_large_stack() {
+        fn deep(n: usize) -> usize {
+            let frame = [n as u8; 4096];
+            let frame = std::hint::black_box(&frame);
+            if n == 0 {
+                0
+            } else {
+                deep(n - 1) + frame[n % 4096] as usize
+            }
+        }
+        let rt = QueryRuntime::new().unwrap();
+        // More than 4 MiB of frames: twice tokio's default stack of 2 MiB.
+        let task = rt.spawn(async { deep(1000) });
+        let out = futures::executor::block_on(task).unwrap();
+        assert!(out > 0);
     }
 
     #[test]

@@ -313,6 +313,16 @@ impl PrivateSession {
     }
     /// Analyst SQL cannot replace, shadow or drop a table the data owner registered.
     pub(super) fn check_not_owned(&self, name: &str, what: &str) -> Result<()> {
+        // A name DataFusion would read again as `schema.table` (`"public.salaries"`) or trim
+        // (`" salaries"`) is another table's name once registered: only plain names reach the
+        // catalog (round 46: `CREATE TABLE "public.salaries" AS …` replaced the owner's table).
+        if !is_plain_name(name) {
+            return refused!(
+                "dpfusion refused the statement: {what} '{name}': an analyst's table name must \
+                 be letters, digits and '_' (not starting with a digit), unqualified. Choose \
+                 another name."
+            );
+        }
         if self
             .owned
             .lock()
@@ -327,4 +337,13 @@ impl PrivateSession {
         }
         Ok(())
     }
+}
+
+/// A name of letters, digits and `_`, not starting with a digit: one that every part of
+/// DataFusion reads as the same bare table name (an analyst's tables, uploads included).
+pub fn is_plain_name(name: &str) -> bool {
+    name.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }

@@ -23,6 +23,10 @@ pub const MAX_CHAIN: usize = 64;
 /// kept a debug build planning for over five minutes, which a statement's time limit does not
 /// stop (planning does not yield).
 pub const MAX_LITERAL_DEPTH_BYTES: usize = 8 << 20;
+/// The table functions that copy the accountant's state (every charge, for `dp_ledger()`)
+/// each time the planner meets a call: a statement may call them once in all (round 46: 1,500
+/// calls of `dp_ledger()` in one 66 KB statement held 2.8 GB while it was planned).
+const STATE_COPIES: &[&str] = &["dp_ledger", "dp_budget"];
 
 pub(super) fn check_complexity(sql: &str) -> Result<()> {
     use datafusion::sql::sqlparser::keywords::Keyword;
@@ -38,10 +42,29 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
         .map_err(|e| DataFusionError::Plan(format!("SQL error: {e}")))?;
     // Operators chained at each open level of parentheses (the last entry is the innermost).
     let mut levels: Vec<usize> = vec![0];
+    // Whether each open level is in a FROM or WITH list, where a comma adds a join or one more
+    // CTE (each planned on top of the ones before): DataFusion plans `FROM a, b, c …` as a
+    // left-deep chain its optimizer walks recursively (round 46: 200 derived tables, 3.3 KB of
+    // SQL, overflowed a server thread's stack).
+    let mut listing: Vec<bool> = vec![false];
     let (mut depth, mut chains) = (0usize, 0usize);
     // The largest literal's bytes times the levels around it, and that literal's size.
     let (mut weight, mut heavy) = (0usize, (0usize, 0usize));
+    // Calls of the table functions that copy the accountant's state while the statement is
+    // planned, and the word before the current token.
+    let (mut copies, mut word): (usize, Option<&str>) = (0, None);
     for t in &tokens {
+        let before = word;
+        if let Token::LParen = t
+            && word.is_some_and(|w| STATE_COPIES.iter().any(|f| w.eq_ignore_ascii_case(f)))
+        {
+            copies += 1;
+        }
+        match t {
+            Token::Whitespace(_) | Token::Period => {}
+            Token::Word(w) => word = Some(w.value.as_str()),
+            _ => word = None,
+        }
         let op = match t {
             Token::Whitespace(_) | Token::SemiColon | Token::Period => continue,
             Token::SingleQuotedString(text)
@@ -56,47 +79,80 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
                 continue;
             }
             Token::Number(..) | Token::Placeholder(_) => continue,
-            Token::LParen | Token::LBracket | Token::LBrace => {
+            // A subscript is an operator on what it follows (`a[1][1]…` nests one
+            // `array_element` per bracket: round 46, 20,000 of them overflowed the stack) and
+            // opens a level of its own.
+            Token::LBracket => {
+                *levels.last_mut().expect("one level") += 1;
                 levels.push(0);
+                listing.push(false);
+                false
+            }
+            Token::LParen | Token::LBrace => {
+                levels.push(0);
+                listing.push(false);
                 false
             }
             Token::RParen | Token::RBracket | Token::RBrace => {
                 if levels.len() > 1 {
                     levels.pop();
+                    listing.pop();
                 }
                 continue;
             }
             Token::Comma => {
                 *levels.last_mut().expect("one level") = 0;
+                if *listing.last().expect("one level") {
+                    chains += 1;
+                }
                 continue;
             }
             Token::Word(w) => match w.keyword {
+                // A CTE list's WITH; not the BigQuery clause's (`SELECT WITH
+                // DIFFERENTIAL_PRIVACY`) nor a type's (`TIMESTAMP WITH TIME ZONE`).
+                Keyword::FROM | Keyword::WITH => {
+                    *levels.last_mut().expect("one level") = 0;
+                    *listing.last_mut().expect("one level") = w.keyword == Keyword::FROM
+                        || !before.is_some_and(|b| {
+                            ["select", "timestamp", "time"]
+                                .iter()
+                                .any(|k| b.eq_ignore_ascii_case(k))
+                        });
+                    continue;
+                }
                 Keyword::SELECT
-                | Keyword::FROM
                 | Keyword::WHERE
                 | Keyword::GROUP
                 | Keyword::HAVING
                 | Keyword::ORDER
                 | Keyword::LIMIT
                 | Keyword::OFFSET
-                | Keyword::ON
+                | Keyword::WINDOW
+                | Keyword::QUALIFY
+                | Keyword::VALUES => {
+                    *levels.last_mut().expect("one level") = 0;
+                    *listing.last_mut().expect("one level") = false;
+                    continue;
+                }
+                Keyword::ON
                 | Keyword::USING
                 | Keyword::WHEN
                 | Keyword::THEN
                 | Keyword::ELSE
-                | Keyword::AS
-                | Keyword::WITH => {
+                | Keyword::AS => {
                     *levels.last_mut().expect("one level") = 0;
                     continue;
                 }
                 // A CASE opens a level like a parenthesis (its branches may nest further).
                 Keyword::CASE => {
                     levels.push(0);
+                    listing.push(false);
                     false
                 }
                 Keyword::END => {
                     if levels.len() > 1 {
                         levels.pop();
+                        listing.pop();
                     }
                     continue;
                 }
@@ -140,6 +196,14 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
              in a subquery, or make it shorter.",
             heavy.0,
             heavy.1
+        );
+    }
+    if copies > 1 {
+        return refused!(
+            "dpfusion refused the query: it calls dp_ledger() or dp_budget() {copies} times; a \
+             statement may call one of them once (each call copies the ledger while the \
+             statement is planned). Call it once, in a CTE the query reads as often as it needs: \
+             WITH l AS (SELECT * FROM dp_ledger()) SELECT ... FROM l a JOIN l b ..."
         );
     }
     if depth > MAX_DEPTH || chains > MAX_CHAIN {
@@ -259,5 +323,79 @@ mod tests {
             short = format!("reverse({short})");
         }
         check_complexity(&format!("SELECT {short}")).expect("short literals, deep");
+    }
+
+    /// A FROM list of derived tables, a chain of CTEs and a chain of subscripts nest as deep
+    /// as they are long (round 46: 200 comma joins, 3.3 KB, or 20,000 subscripts overflowed a
+    /// server thread's stack): counted like JOINs and operators; short ones, the BigQuery
+    /// clause and long select lists pass.
+    #[test]
+    fn comma_joins_cte_chains_and_subscripts_are_bounded() {
+        let joins = |n: usize| {
+            let t: Vec<String> = (0..n).map(|i| format!("(SELECT 1) t{i}")).collect();
+            format!("SELECT 1 AS v FROM {}", t.join(", "))
+        };
+        let ctes = |n: usize| {
+            let c: Vec<String> = (1..n)
+                .map(|i| format!("c{i} AS (SELECT * FROM c{})", i - 1))
+                .collect();
+            format!(
+                "WITH c0 AS (SELECT 1 AS v), {} SELECT * FROM c{}",
+                c.join(", "),
+                n - 1
+            )
+        };
+        let subscripts = |n: usize| format!("SELECT make_array(1){} AS v", "[1]".repeat(n));
+        for ok in [joins(10), ctes(10), subscripts(10)] {
+            check_complexity(&ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for refused in [joins(200), ctes(200), subscripts(200), subscripts(20_000)] {
+            let e = check_complexity(&refused).expect_err("refused").to_string();
+            assert!(e.contains("too complex"), "{e}");
+        }
+        let items: Vec<String> = (0..500).map(|i| format!("{i} AS c{i}")).collect();
+        for ok in [
+            format!("SELECT {} FROM t", items.join(", ")),
+            format!(
+                "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = 1, delta = 1e-7) {} FROM t",
+                items.join(", ")
+            ),
+            format!(
+                "SELECT CAST(x AS TIMESTAMP WITH TIME ZONE), {} FROM t",
+                items.join(", ")
+            ),
+            format!(
+                "SELECT * FROM t WHERE x IN ({})",
+                (0..500)
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ] {
+            check_complexity(&ok).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    /// `dp_ledger()` and `dp_budget()` copy the accountant's state each time they are planned:
+    /// one call a statement (round 46: 1,500 in one statement held 2.8 GB), however spelled;
+    /// a name in a string, a comment or a column is not a call.
+    #[test]
+    fn the_ledger_is_copied_once_a_statement() {
+        for ok in [
+            "SELECT * FROM dp_ledger()",
+            "WITH l AS (SELECT * FROM dp_ledger()) SELECT * FROM l a JOIN l b ON a.seq = b.seq",
+            "SELECT 'dp_ledger()', dp_ledger FROM dp_budget() -- dp_ledger()",
+            "SELECT * FROM dp_budget() /* dp_budget() */",
+        ] {
+            check_complexity(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for refused in [
+            "SELECT * FROM dp_ledger(), dp_ledger()",
+            "SELECT (SELECT count(*) FROM DP_LEDGER ()), (SELECT count(*) FROM dp_budget())",
+            "SELECT * FROM dpfusion.\"dp_ledger\"() UNION ALL SELECT * FROM dp_ledger ( )",
+        ] {
+            let e = check_complexity(refused).expect_err(refused).to_string();
+            assert!(e.contains("dp_ledger() or dp_budget() 2 times"), "{e}");
+        }
     }
 }

@@ -46,7 +46,7 @@ mod options;
 mod pipeline;
 mod register;
 
-pub use ddl::ROLLBACK_REFUSED;
+pub use ddl::{ROLLBACK_REFUSED, is_plain_name};
 pub use kind::StatementKind;
 pub use limits::{MAX_CHAIN, MAX_DEPTH, MAX_SQL_BYTES};
 pub use options::{AnalystFiles, Registration, SessionOptions};

@@ -245,13 +245,16 @@ impl PrivateSession {
                 .then(|| policy.compiled_filter().ok().map(|f| f.selection_delta()))
                 .flatten(),
         };
-        let mut guarded = GuardedTable::new(provider, info);
+        // Its statements are refused once the ledger holds another policy (round 46).
+        let mut guarded = GuardedTable::new(provider, info).with_policy(policy.clone());
         if let Some(r) = recheck {
             guarded = guarded.with_recheck(r);
         }
         let guarded = Arc::new(guarded);
-        let _ = self.ctx.deregister_table(name.as_str())?;
-        self.ctx.register_table(name.as_str(), guarded.clone())?;
+        // As a bare name: a string would be parsed again (`"a.b"` as schema `a`, table `b`).
+        let reference = datafusion::common::TableReference::bare(name.as_str());
+        let _ = self.ctx.deregister_table(reference.clone())?;
+        self.ctx.register_table(reference, guarded.clone())?;
         self.tables
             .lock()
             .expect("lock")

@@ -132,10 +132,11 @@ pub fn describe_batch(schema: &Schema) -> Result<RecordBatch> {
 
 /// `dp_ledger()`: every charge, oldest first, one row per (charge, table).
 ///
-/// `viewer` is the analyst who asks (`dpfusion serve`); they see the SQL text of their own
-/// charges only, every other charge's as its SHA-256 alone (`query` NULL). The data owner's own
-/// view (`viewer` None: the CLI, the Rust API) shows every text. `query` holds what the ledger
-/// stores: at most the first 4 KiB of the text; `query_sha256` is the hash of the whole.
+/// `viewer` is the analyst who asks (`dpfusion serve`); they see the SQL text and its hash of
+/// their own charges only: `query` and `query_sha256` are NULL in everyone else's (an unsalted
+/// hash would let an analyst confirm a guess at another's query: round 46). The data owner's
+/// own view (`viewer` None: the CLI, the Rust API) shows every text. `query` holds what the
+/// ledger stores: at most the first 4 KiB of the text; `query_sha256` is the hash of the whole.
 pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<RecordBatch> {
     let mut seq = Vec::new();
     let mut time = Vec::new();
@@ -157,7 +158,7 @@ pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<Rec
             seq.push(e.seq);
             time.push(e.time.clone());
             query.push(own.then(|| e.query.clone()));
-            hash.push(e.query_sha256.clone());
+            hash.push(own.then(|| e.query_sha256.clone()).flatten());
             table.push(t.name.clone());
             request.push((!t.requests.is_empty()).then(|| {
                 t.requests
@@ -197,7 +198,7 @@ pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<Rec
         ("profile", strings(profile)),
         // Who spent it (`dpfusion serve`: the authenticated analyst; NULL otherwise).
         ("analyst", Arc::new(StringArray::from(analyst)) as ArrayRef),
-        // SHA-256 of the whole SQL text (others' charges: the only trace of it an analyst sees).
+        // SHA-256 of the whole SQL text (NULL, like `query`, in other analysts' charges).
         (
             "query_sha256",
             Arc::new(StringArray::from(hash)) as ArrayRef,

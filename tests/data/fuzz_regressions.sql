@@ -47,3 +47,7 @@ SELECT (SELECT dp_sum(amount, 0, 10, epsilon => 0.1) FROM orders) k1, dp_median(
 -- Round 45: once CREATE TABLE AS with a private GROUP BY and ORDER BY stopped failing, the
 -- groups of the stored table came from its partition selection (noisy: a false GroupsDiffer).
 CREATE TABLE res AS SELECT t.dept AS k0, CASE WHEN dp_mean_ci(t.id, 0, 100000, 0.5, 1e-6, confidence => 0.95)['lower'] > 10 THEN 'big' ELSE 'small' END AS v0 FROM people t GROUP BY t.dept ORDER BY k0; SELECT * FROM res
+-- Round 46 (seed 4646): a filter on a released string compared with a number was merged by the
+-- physical optimizer into the partition selection's filter and ran on unreleased groups: one
+-- row made the query fail (OutcomeDiffers under the staff plants).
+SELECT * FROM (SELECT t.remote, CASE WHEN dp_stddev_ci(t.age, epsilon => 0.1, lower => 20, upper => 1000000)['confidence'] THEN 'big' END v0,(100, 1000000, 0.5) FROM staff t WHERE t.id > 40 GROUP BY 1 ORDER BY ( CAST(min(name) AS VARCHAR))) r WHERE r.v0 > 0

@@ -321,6 +321,26 @@ fn session_dir() -> TestPath {
     test_dir_in(&base, "fuzz")
 }
 
+/// Whether a case's `people` is a Parquet file (a third of the cases; the regressions' seed 1
+/// reads it from memory).
+fn stored_as_parquet(seed: u64) -> bool {
+    seed % 3 == 2
+}
+
+/// `batch` as a Parquet file of row groups of 8 rows (so that row-group statistics differ
+/// between D and D′).
+fn write_parquet(path: &Path, batch: &RecordBatch) {
+    use dpfusion::datafusion::parquet::arrow::ArrowWriter;
+    use dpfusion::datafusion::parquet::file::properties::WriterProperties;
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(8))
+        .build();
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
 /// The private tables (their scan counters are the oracle's "nothing executed").
 const PRIVATE: &[&str] = &["people", "staff", "orders", "visits"];
 
@@ -382,12 +402,22 @@ async fn open(plant: Plant, neighbour: bool, seed: u64) -> (PrivateSession, Test
             }
         }
     }
-    s.register_batches(
-        "people",
-        vec![person_batch(&people)],
-        Registration::private(),
-    )
-    .unwrap();
+    if stored_as_parquet(seed) {
+        // A third of the cases read `people` from a Parquet file of small row groups, whose
+        // statistics, pages and pruning the in-memory tables do not have (round 46).
+        let file = dir.join("people.parquet");
+        write_parquet(&file, &person_batch(&people));
+        s.register_parquet("people", &file, Registration::private())
+            .await
+            .unwrap();
+    } else {
+        s.register_batches(
+            "people",
+            vec![person_batch(&people)],
+            Registration::private(),
+        )
+        .unwrap();
+    }
     s.register_batches(
         "staff",
         vec![person_batch(&staff)],
@@ -1416,6 +1446,18 @@ impl Gen<'_> {
                 }
                 format!("{} + {sub}", self.col('n'))
             }
+            11 if self.rng.pct(50) => {
+                // Structs sort by their fields (round 45): a named and an unnamed one.
+                if self.rng.pct(50) {
+                    format!(
+                        "named_struct('d', {}, 'n', {} % 3)",
+                        self.col('s'),
+                        self.col('n')
+                    )
+                } else {
+                    format!("struct({})", self.col('s'))
+                }
+            }
             _ => self.str_(1),
         }
     }
@@ -2071,7 +2113,14 @@ fn compare(case: &Case, i: usize, a: &Obs, b: &Obs, before: Before, out: &mut Ve
     // Round 45: once `CREATE TABLE … AS` with a private GROUP BY and ORDER BY stopped failing,
     // the groups of `SELECT * FROM res` after it came from that statement's partition selection.
     let selected = before.selected || selects(a) || selects(b);
-    let flags = case.flags;
+    let mut flags = case.flags;
+    if sql.to_ascii_uppercase().contains("RANDOM()") {
+        // `random()` is noise the seed does not fix: the rows it keeps, and the order a hash
+        // aggregate meets a public table's groups in, differ run to run (seed 4646 flagged a
+        // charged query over public tables with `WHERE random() < …` as OrderDiffers).
+        flags.noisy_rows = true;
+        flags.noisy_order = true;
+    }
     if let (Some(ka), Some(kb)) = (keys(a), keys(b)) {
         if !selected && !flags.noisy_rows {
             let (sa, sb): (BTreeSet<_>, BTreeSet<_>) = (ka.iter().collect(), kb.iter().collect());

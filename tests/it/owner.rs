@@ -469,6 +469,18 @@ async fn policy_options_and_owner_table_names_are_refused() {
     ] {
         refused(&s, &st.ledger, &sql, "cannot replace, shadow or drop").await;
     }
+    // Nor through a name DataFusion would read again as `schema.table` or trim (round 46:
+    // `CREATE TABLE "public.p" AS …` replaced the owner's table): an analyst's table names are
+    // plain.
+    for sql in [
+        "CREATE TABLE \"public.p\" AS SELECT 1 AS id".to_string(),
+        "CREATE TABLE \" p\" AS SELECT 1 AS id".to_string(),
+        "CREATE TABLE \"datafusion.public.p\" AS SELECT 1 AS id".to_string(),
+        format!("CREATE EXTERNAL TABLE \"public.p\" STORED AS CSV LOCATION '{depts}'"),
+        "DROP TABLE \"public.p\"".to_string(),
+    ] {
+        refused(&s, &st.ledger, &sql, "must be letters, digits and '_'").await;
+    }
     assert_eq!(snapshot(&st.ledger), before);
     assert_eq!(s.scans("p"), 0);
     // The owner's table is still there, private, with its budget.

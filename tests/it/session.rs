@@ -556,3 +556,159 @@ async fn ci_variants_cost_the_base_call_and_read_fields() {
     assert!(0.0 <= col(0) && col(0) <= col(1) && col(1) <= col(2) && col(2) <= 100.0);
     assert!(col(3) > 0.0);
 }
+
+/// Round 46, F1: a session planned with the policy it registered, while another process (here
+/// a second session on the same ledger) recorded a stricter one: public → private, row → unit,
+/// fewer public columns. The old session's next statement that reads the table is refused:
+/// nothing charged, no scan (also of a join's public side, read while the plan is checked). A
+/// fresh session gets the new policy.
+#[tokio::test]
+async fn a_policy_changed_by_another_session_refuses_the_old_sessions_statements() {
+    let dir = temp_dir("stale-policy");
+    let data = temp_dir("stale-policy-data");
+    for t in ["t", "u", "v", "w"] {
+        std::fs::copy(people_csv(), data.join(format!("{t}.csv"))).unwrap();
+    }
+    let csv = |t: &str| data.join(format!("{t}.csv"));
+    let a = session(&dir, 10.0).await;
+    let b = session(&dir, 10.0).await;
+    a.register_csv("t", csv("t"), Registration::public())
+        .await
+        .unwrap();
+    a.register_csv("u", csv("u"), Registration::private())
+        .await
+        .unwrap();
+    a.register_csv(
+        "v",
+        csv("v"),
+        Registration::private().public_columns(["dept", "remote"]),
+    )
+    .await
+    .unwrap();
+    a.register_csv("w", csv("w"), Registration::private())
+        .await
+        .unwrap();
+    a.sql("SELECT id FROM t LIMIT 1").await.unwrap();
+    let t_scans = a.scans("t");
+    // The other session records stricter policies (no relaxation needed: nothing is charged).
+    b.register_csv("t", csv("t"), Registration::private())
+        .await
+        .unwrap();
+    b.register_csv("u", csv("u"), Registration::private().privacy_unit("id"))
+        .await
+        .unwrap();
+    b.register_csv(
+        "v",
+        csv("v"),
+        Registration::private().public_columns(["dept"]),
+    )
+    .await
+    .unwrap();
+    let refused = |r: datafusion::common::Result<dpfusion::QueryResult>, what: &str| {
+        let e = r.expect_err(what);
+        assert!(
+            matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Refused(_))),
+            "{what}: {e}"
+        );
+        let m = e.to_string();
+        assert!(m.contains("changed by another process"), "{what}: {m}");
+        assert!(m.contains("Nothing was charged"), "{what}: {m}");
+        assert!(m.contains("restart the session"), "{what}: {m}");
+        m
+    };
+    let m = refused(a.sql("SELECT id, salary FROM t LIMIT 3").await, "raw rows");
+    assert!(m.contains("visibility public → private"), "{m}");
+    refused(
+        a.sql("SELECT dp_count(w.salary, 0.5) AS n FROM w JOIN t ON w.id = t.id")
+            .await,
+        "a join's public side",
+    );
+    assert_eq!(a.scans("t"), t_scans, "t was not read");
+    let m = refused(
+        a.sql("SELECT dp_count(salary, 0.5) AS n FROM u").await,
+        "row → unit",
+    );
+    assert!(m.contains("privacy unit: row → id"), "{m}");
+    let m = refused(
+        a.sql("SELECT remote, dp_count(salary, 0.5) AS n FROM v GROUP BY remote")
+            .await,
+        "fewer public columns",
+    );
+    assert!(m.contains("public columns [dept, remote] → [dept]"), "{m}");
+    refused(
+        a.sql("EXPLAIN PRIVACY SELECT dp_count(salary, 0.5) FROM u")
+            .await,
+        "explain",
+    );
+    assert_eq!(
+        a.scans("u") + a.scans("v") + a.scans("w"),
+        0,
+        "nothing read"
+    );
+    assert!(a.ledger().unwrap().is_empty(), "nothing charged");
+    // What the change does not touch still runs in the old session.
+    a.sql("SELECT dp_count(salary, 0.5) AS n FROM w")
+        .await
+        .unwrap();
+    // A fresh session gets the new policies: the old ones are refused as weaker.
+    let c = session(&dir, 10.0).await;
+    assert!(
+        c.register_csv("u", csv("u"), Registration::private())
+            .await
+            .is_err(),
+        "u has a unit now"
+    );
+    let p = c
+        .register_csv("u", csv("u"), Registration::private().privacy_unit("id"))
+        .await
+        .unwrap();
+    assert_eq!(p.unit.map(|u| u.column), Some("id".to_string()));
+    let r = c
+        .sql("SELECT dp_count(salary, 0.5) AS n FROM u")
+        .await
+        .unwrap();
+    assert!(r.receipt.is_some());
+    assert!(
+        c.register_csv("t", csv("t"), Registration::public())
+            .await
+            .is_err(),
+        "t is private now"
+    );
+}
+
+/// Round 46, F4: the charge's line is durable and the sidecar cannot be written after it: the
+/// statement gets the fixed message of a failed admitted query (its charge stands, no path),
+/// and the charge is in the ledger.
+#[tokio::test]
+async fn a_seal_that_fails_after_the_charge_reaches_the_analyst_as_a_fixed_message() {
+    let dir = temp_dir("unsealed");
+    let s = session(&dir, 10.0).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let ledger = dir.join("ledger.jsonl");
+    let blocker = dir.join("ledger.jsonl.head.tmp");
+    std::fs::create_dir_all(blocker.join("x")).unwrap();
+    let e = s
+        .sql_as("alice", "SELECT dp_count(salary, 0.5) AS n FROM people")
+        .await
+        .expect_err("the sidecar cannot be written");
+    assert!(
+        matches!(
+            dpfusion::Error::of(&e),
+            Some(dpfusion::Error::ExecutionFailed)
+        ),
+        "{e}"
+    );
+    let m = e.to_string();
+    assert!(m.contains("charge stands"), "{m}");
+    assert!(!m.contains(&*dir.to_string_lossy()), "no path: {m}");
+    assert!(!m.contains("ledger.jsonl"), "no path: {m}");
+    std::fs::remove_dir_all(&blocker).unwrap();
+    drop(s);
+    let again = session(&dir, 10.0).await;
+    let charges = again.ledger().unwrap();
+    assert_eq!(charges.len(), 1, "the charge stands");
+    assert_eq!(charges[0].analyst.as_deref(), Some("alice"));
+    assert!(ledger.exists());
+}

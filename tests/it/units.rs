@@ -1009,3 +1009,56 @@ async fn a_unit_query_with_as_many_units_as_rows_runs_when_partial_aggregation_i
     // Every unit has one row in one group: nothing is cut, each group sums its 22,000 rows.
     assert_eq!(column_f64(&r.batches, 1), vec![22_000.0; 10]);
 }
+
+/// Keys that differ only in the sign of a zero are one group to DataFusion's GROUP BY, so they
+/// are one group to the bounding too (round 46): with K = 4 groups and C = 1 row per group, one
+/// unit whose four rows carry the four sign patterns of two float keys (all one released group)
+/// moves that group's count by C = 1, not by K·C = 4.
+#[tokio::test]
+async fn signed_zero_keys_are_one_group_for_the_bounds() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("unit", DataType::Int64, false),
+        Field::new("r", DataType::Int64, false),
+        Field::new("x", DataType::Float64, false),
+    ]));
+    let table = |heavy: bool| {
+        let (mut u, mut r) = ((0..1000).collect::<Vec<i64>>(), vec![1i64; 1000]);
+        if heavy {
+            u.extend([9_999; 4]);
+            r.extend(0..4);
+        }
+        let x = vec![1.0; u.len()];
+        RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from(u)) as ArrayRef,
+                Arc::new(Int64Array::from(r)),
+                Arc::new(Float64Array::from(x)),
+            ],
+        )
+        .unwrap()
+    };
+    let sql = "SELECT z1, z2, dp_count(x, epsilon => 1000) AS n, dp_sum(x, 0, 1, epsilon => \
+               1000) AS s FROM (SELECT x, CASE WHEN r % 2 = 0 THEN -0.0 ELSE 0.0 END AS z1, \
+               CASE WHEN r < 2 THEN -0.0 ELSE 0.0 END AS z2 FROM t) GROUP BY z1, z2";
+    let mut out = vec![];
+    for heavy in [false, true] {
+        let (s, _dir) = session("units-signed-zero").await;
+        let reg = Registration::private()
+            .privacy_unit("unit")
+            .contribution_bounds(4, 1)
+            .budget(1e6, 1e-5);
+        s.register_batches("t", vec![table(heavy)], reg).unwrap();
+        let b = run_seeded(&s, sql, 46).await;
+        out.push((column_f64(&b, 2), column_f64(&b, 3)));
+    }
+    let ((n0, s0), (n1, s1)) = (&out[0], &out[1]);
+    assert_eq!((n0.len(), n1.len()), (1, 1), "one released group: {out:?}");
+    assert_eq!(n1[0] - n0[0], 1.0, "the count moved by C, not K·C: {out:?}");
+    // The sum's noise (σ ≈ 0.05 here) is not drawn alike in the two runs: within noise of C,
+    // far from K·C = 4.
+    assert!(
+        (s1[0] - s0[0] - 1.0).abs() < 0.5,
+        "the sum moved by C: {out:?}"
+    );
+}

@@ -329,6 +329,53 @@ fn ledger_subcommand_usage() {
     assert!(dir.join("old.jsonl.v1.bak").exists());
 }
 
+/// `ledger report -o FILE` writes a new file of the owner's (mode 0600) and never through a
+/// link or over the ledger's own files (round 46: a link planted at the report's path made the
+/// report overwrite the ledger, whose recovery is a fresh budget).
+#[test]
+fn the_report_is_never_written_through_a_link_or_over_the_ledger() {
+    use std::os::unix::fs::PermissionsExt;
+    let (path, _) = ledger("report-link");
+    let dir = path.parent().unwrap().to_path_buf();
+    let before = snapshot(&path);
+    let report = |out: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .args(["ledger", "report", path.to_str().unwrap(), "-o"])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let link = dir.join("report.html");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    let head = dir.join("head-link.html");
+    std::os::unix::fs::symlink(head_path(&path), &head).unwrap();
+    let hard = dir.join("hard.html");
+    std::fs::hard_link(&path, &hard).unwrap();
+    for (out, needle) in [
+        (&link, "symbolic link"),
+        (&head, "symbolic link"),
+        (&hard, "one name"),
+        (&head_path(&path), "the ledger's own files"),
+    ] {
+        let o = report(out);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{}: {err}", out.display());
+        assert!(err.contains(needle), "{}: {err}", out.display());
+        assert_eq!(snapshot(&path), before, "{}", out.display());
+    }
+    let fresh = dir.join("fresh.html");
+    std::fs::write(&fresh, "an older report, longer than nothing").unwrap();
+    let o = report(&fresh);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let html = std::fs::read_to_string(&fresh).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"), "{}", &html[..40]);
+    let new = dir.join("new.html");
+    assert!(report(&new).status.success());
+    let mode = std::fs::metadata(&new).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a new report is the owner's alone");
+    assert_eq!(snapshot(&path), before);
+}
+
 // ---- Issue 27: the witness, the replaced-file check, the capped SQL, dp_ledger() per analyst ----
 
 use dpfusion::{PrivateSession, Registration, SessionOptions};
@@ -469,7 +516,7 @@ async fn a_1_mib_comment_adds_at_most_4_4_kib_to_the_ledger() {
 }
 
 #[tokio::test]
-async fn dp_ledger_shows_an_analyst_their_own_sql_and_others_as_a_hash() {
+async fn dp_ledger_shows_an_analyst_their_own_sql_and_nothing_of_others() {
     use datafusion::arrow::array::{Array, AsArray};
     let dir = temp_dir("visibility");
     let s = people_session(&dir).await;
@@ -480,7 +527,7 @@ async fn dp_ledger_shows_an_analyst_their_own_sql_and_others_as_a_hash() {
     s.sql("SELECT dp_count(id, 0.1) AS n FROM people -- the owner's")
         .await
         .unwrap();
-    let view = |r: dpfusion::QueryResult| -> Vec<(Option<String>, String)> {
+    let view = |r: dpfusion::QueryResult| -> Vec<(Option<String>, Option<String>)> {
         let mut out = Vec::new();
         for b in &r.batches {
             let q = b.column_by_name("query").unwrap().as_string::<i32>();
@@ -488,7 +535,7 @@ async fn dp_ledger_shows_an_analyst_their_own_sql_and_others_as_a_hash() {
             for i in 0..b.num_rows() {
                 out.push((
                     q.is_valid(i).then(|| q.value(i).to_string()),
-                    h.value(i).to_string(),
+                    h.is_valid(i).then(|| h.value(i).to_string()),
                 ));
             }
         }
@@ -501,16 +548,18 @@ async fn dp_ledger_shows_an_analyst_their_own_sql_and_others_as_a_hash() {
     const LEDGER: &str = "SELECT query, query_sha256 FROM dp_ledger() ORDER BY seq";
     let alice = view(s.sql_as("alice", LEDGER).await.unwrap());
     assert_eq!(alice.len(), 3);
-    assert_eq!(alice[0], (Some(alice_q.to_string()), sha(alice_q)));
-    assert_eq!(alice[1], (None, sha(bob_q)));
-    assert_eq!(alice[2].0, None);
+    assert_eq!(alice[0], (Some(alice_q.to_string()), Some(sha(alice_q))));
+    // Not even an unsalted hash of another's query, which would confirm a guess at it (round
+    // 46): the hash of bob's query is not in what alice sees, nor the owner's.
+    assert_eq!(alice[1], (None, None));
+    assert_eq!(alice[2], (None, None));
     let bob = view(s.sql_as("bob", LEDGER).await.unwrap());
-    assert_eq!(bob[0], (None, sha(alice_q)));
-    assert_eq!(bob[1], (Some(bob_q.to_string()), sha(bob_q)));
-    // The owner's own view (no analyst) shows every text.
+    assert_eq!(bob[0], (None, None));
+    assert_eq!(bob[1], (Some(bob_q.to_string()), Some(sha(bob_q))));
+    // The owner's own view (no analyst) shows every text and hash.
     let owner = view(s.sql(LEDGER).await.unwrap());
-    assert!(owner.iter().all(|(q, _)| q.is_some()));
-    assert_eq!(owner[1].0.as_deref(), Some(bob_q));
+    assert!(owner.iter().all(|(q, h)| q.is_some() && h.is_some()));
+    assert_eq!(owner[1], (Some(bob_q.to_string()), Some(sha(bob_q))));
 }
 
 fn hex_of(b: &[u8]) -> String {
@@ -665,4 +714,54 @@ async fn dp_ledger_fails_loudly_when_the_part_before_the_checkpoint_does_not_ver
     assert!(s.ledger().is_err());
     // `dpfusion ledger verify` refuses the ledger, naming the edited line.
     assert!(dpfusion::accounting::verify(&path).is_err());
+}
+
+/// Round 46, F2: a single-user run in a directory that others can write (the default ledger is
+/// `./.dpfusion/ledger.jsonl`, its witness `./.dpfusion.witness/…`): whoever can write it moves
+/// both aside and the next run started a new ledger, every budget at zero. The binary refuses to
+/// open a ledger there, creates nothing, and says why and what to do; a sticky directory (like
+/// /tmp) or one only the owner can write is fine.
+#[cfg(unix)]
+#[test]
+fn a_ledger_in_a_directory_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = temp_dir("ledger-shared-dir");
+    let shared = root.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let chmod = |m| std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(m)).unwrap();
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .args(["-c", "SHOW BUDGET"])
+            .current_dir(&shared)
+            .env("DPFUSION_HISTORY", root.join("history"))
+            .output()
+            .unwrap()
+    };
+    chmod(0o777);
+    let out = run();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("others can write"), "{stderr}");
+    assert!(stderr.contains("every budget at zero"), "{stderr}");
+    assert!(stderr.contains("chmod go-w"), "says what to do: {stderr}");
+    assert!(!shared.join(".dpfusion").exists(), "nothing created");
+    assert!(
+        !shared.join(".dpfusion.witness").exists(),
+        "nothing created"
+    );
+    chmod(0o1777);
+    let out = run();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    chmod(0o755);
+    let out = run();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(shared.join(".dpfusion/ledger.jsonl").exists());
 }

@@ -2180,3 +2180,230 @@ async fn fewer_connections_than_analysts_is_refused_at_start() {
     };
     assert!(e.contains("max_connections (1)"), "{e}");
 }
+
+/// Review r46, finding 2: Flight SQL metadata commands ran unbounded on the threads that serve
+/// every call (a 4 MB GetSqlInfo or GetTables cost seconds of CPU and up to 1.9 GB). Their
+/// counts and lengths are checked before any work, on both sides (GetFlightInfo, DoGet), and
+/// refused at once with the limit in the message; a ticket larger than any the server issues
+/// is not even decoded; ordinary metadata calls still work, and another analyst is not slowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_metadata_commands_are_refused_at_once() {
+    use arrow_flight::sql::{CommandGetSqlInfo, ProstMessageExt, SqlInfo};
+    let s = serve_here("serve-metadata-bounds", 100.0, "").await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    fn bytes(cmd: &impl ProstMessageExt) -> Vec<u8> {
+        prost::Message::encode_to_vec(&cmd.as_any())
+    }
+    let started = Instant::now();
+
+    // GetSqlInfo with 100,000 ids: refused by its bound (GetFlightInfo), and as a ticket of
+    // about 100 KB by the small decoding limit of DoGet; 10,000 ids (10 KB) by its bound.
+    let e = alice
+        .get_sql_info(vec![SqlInfo::FlightSqlServerName; 100_000])
+        .await
+        .map_err(status)
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("at most 1024"), "{e:?}");
+    for (n, codes) in [
+        (100_000, [Code::OutOfRange, Code::ResourceExhausted]),
+        (10_000, [Code::InvalidArgument, Code::InvalidArgument]),
+    ] {
+        let q = CommandGetSqlInfo {
+            info: vec![SqlInfo::FlightSqlServerName as u32; n],
+        };
+        let e = query_ticket(&mut alice, &bytes(&q)).await.unwrap_err();
+        assert!(codes.contains(&e.code()), "{n} ids: {e:?}");
+    }
+
+    // GetTables with a 100 KB pattern, and with 10,000 table types.
+    let pattern = "a_%".repeat(34_000);
+    let types = vec!["TABLE".to_string(); 10_000];
+    for (q, limit) in [
+        (
+            CommandGetTables {
+                table_name_filter_pattern: Some(pattern.clone()),
+                ..Default::default()
+            },
+            "at most 1024",
+        ),
+        (
+            CommandGetTables {
+                table_types: types.clone(),
+                ..Default::default()
+            },
+            "at most 16",
+        ),
+        (
+            CommandGetTables {
+                db_schema_filter_pattern: Some(pattern.clone()),
+                table_types: types.clone(),
+                ..Default::default()
+            },
+            "at most 1024",
+        ),
+    ] {
+        let e = alice
+            .get_tables(q.clone())
+            .await
+            .map_err(status)
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(limit), "{e:?}");
+        let e = query_ticket(&mut alice, &bytes(&q)).await.unwrap_err();
+        assert!(
+            matches!(e.code(), Code::OutOfRange | Code::ResourceExhausted),
+            "{e:?}"
+        );
+    }
+    // Within the small decoding limit, DoGet's checks refuse it too.
+    let q = CommandGetTables {
+        table_name_filter_pattern: Some("a_%".repeat(1000)),
+        ..Default::default()
+    };
+    let e = query_ticket(&mut alice, &bytes(&q)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("at most 1024"), "{e:?}");
+    let e = alice
+        .get_db_schemas(CommandGetDbSchemas {
+            db_schema_filter_pattern: Some(pattern),
+            ..Default::default()
+        })
+        .await
+        .map_err(status)
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let refused_in = started.elapsed();
+    assert!(refused_in < Duration::from_secs(5), "{refused_in:?}");
+
+    // Ordinary metadata calls work: the server's name, and its tables by pattern and type.
+    let info = alice
+        .get_sql_info(vec![SqlInfo::FlightSqlServerName])
+        .await
+        .unwrap();
+    assert_eq!(rows(&fetch(&mut alice, info).await.unwrap()), 1);
+    let info = alice
+        .get_tables(CommandGetTables {
+            table_name_filter_pattern: Some("peo%".into()),
+            table_types: vec!["TABLE".into(), "VIEW".into()],
+            include_schema: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(rows(&fetch(&mut alice, info).await.unwrap()), 1);
+    let mut bob = client(s.addr, Some(BOB)).await;
+    let t = Instant::now();
+    assert_eq!(rows(&query(&mut bob, "SELECT 1 AS one").await.unwrap()), 1);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    eprintln!("oversized metadata commands refused in {refused_in:?}");
+}
+
+/// [`start`] with `flags` on the command line.
+fn start_flags(tag: &str, extra: &str, flags: &[&str]) -> Server {
+    let dir = crate::common::temp_dir(tag);
+    let catalog = write_catalog(&dir, 100.0, extra);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        .args(["serve", "--catalog"])
+        .arg(&catalog)
+        .args(flags)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr = crate::common::server_address(&mut child, Duration::from_secs(60));
+    Server {
+        child,
+        addr,
+        ledger: dir.join("ledger.jsonl"),
+        dir,
+    }
+}
+
+/// Review r46, finding 3: calls waiting for their analyst's turn held their requests (about
+/// 4 MB each) without any bound. With `--max-calls-per-analyst 2`, alice's two slow statements
+/// (one running, one waiting for her single turn) take her places: her next statement,
+/// prepare and ingest are refused at once (ResourceExhausted, nothing charged) while bob's
+/// statement runs; once her calls end, she is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_analysts_calls_in_flight_are_bounded_and_one_more_is_refused_at_once() {
+    let s = start_flags(
+        "serve-calls-in-flight",
+        "max_concurrent_queries = 2\nquery_timeout_secs = 60",
+        &["--max-calls-per-analyst", "2"],
+    );
+    let addr = s.addr;
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut c = client(addr, Some(ALICE)).await;
+                c.execute(SLOW.to_string(), None).await.map_err(status)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        slow.iter().all(|t| !t.is_finished()),
+        "both still in flight"
+    );
+
+    let mut alice = client(addr, Some(ALICE)).await;
+    let started = Instant::now();
+    let refused = |e: Status| {
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert_eq!(code_of(&e), Some(ErrorCode::Refused), "{e:?}");
+        assert!(e.message().contains("max-calls-per-analyst"), "{e:?}");
+    };
+    refused(query(&mut alice, DP).await.unwrap_err());
+    refused(
+        alice
+            .prepare("SELECT 1 AS one".to_string(), None)
+            .await
+            .map_err(status)
+            .unwrap_err(),
+    );
+    refused(
+        ingest(
+            &mut alice,
+            "bonus",
+            arrow_flight::sql::TableExistsOption::Replace,
+            vec![bonus_batch(&["a"])],
+        )
+        .await
+        .unwrap_err(),
+    );
+    let refused_in = started.elapsed();
+    assert!(refused_in < Duration::from_secs(5), "{refused_in:?}");
+    assert_eq!(charges_of(&s.ledger, "alice"), 0, "nothing charged");
+
+    // Bob's own places and turn: served while alice's calls run.
+    let mut bob = client(addr, Some(BOB)).await;
+    let b = tokio::time::timeout(Duration::from_secs(20), query(&mut bob, DP))
+        .await
+        .expect("bob is served while alice's calls are in flight")
+        .unwrap();
+    assert_eq!(rows(&b), 1);
+    assert!(
+        slow.iter().all(|t| !t.is_finished()),
+        "alice's calls still run"
+    );
+
+    // Her clients go away: their statements are cancelled and her places come back.
+    for t in slow {
+        t.abort();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match query(&mut alice, "SELECT 1 AS one").await {
+            Ok(b) => {
+                assert_eq!(rows(&b), 1);
+                break;
+            }
+            Err(e) if e.code() == Code::ResourceExhausted && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    eprintln!("alice's calls past her limit refused in {refused_in:?}");
+}
