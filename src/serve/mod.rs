@@ -1753,14 +1753,11 @@ impl tonic::server::NamedService for ByMethod {
 mod tests {
     use super::*;
 
-    /// Class 5 of issue 27: a statement whose task is busy inside one poll (here: blocked on a
-    /// channel) gives the server's turn back at its deadline, so another analyst's statement
-    /// runs while the first is still busy. Review r45: the analyst's own turn stays with the
-    /// busy task until it ends, so one analyst's stuck statements hold at most their share of
-    /// the query threads (their next statement waits, and times out, until the task ends).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_servers_turn_is_given_back_at_the_deadline_and_the_analysts_when_the_work_ends() {
-        let dir = crate::testdir::test_dir("turns");
+    /// A server bound on 127.0.0.1 over a fresh session, for analysts `a` and `b` (tokens
+    /// `a-token`, `b-token`), with `options` (its address replaced); and the directory of its
+    /// ledger, removed when dropped.
+    async fn two_analysts(tag: &str, options: ServeOptions) -> (Bound, crate::testdir::TestPath) {
+        let dir = crate::testdir::test_dir(tag);
         let session = PrivateSession::open(
             crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
         )
@@ -1772,11 +1769,27 @@ mod tests {
         ]);
         let options = ServeOptions {
             listen: "127.0.0.1:0".parse().unwrap(),
+            ..options
+        };
+        (
+            bind(Arc::new(session), analysts, options).await.unwrap(),
+            dir,
+        )
+    }
+
+    /// Class 5 of issue 27: a statement whose task is busy inside one poll (here: blocked on a
+    /// channel) gives the server's turn back at its deadline, so another analyst's statement
+    /// runs while the first is still busy. Review r45: the analyst's own turn stays with the
+    /// busy task until it ends, so one analyst's stuck statements hold at most their share of
+    /// the query threads (their next statement waits, and times out, until the task ends).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_servers_turn_is_given_back_at_the_deadline_and_the_analysts_when_the_work_ends() {
+        let options = ServeOptions {
             max_concurrent_queries: 1,
             query_timeout: Duration::from_millis(300),
             ..ServeOptions::default()
         };
-        let bound = bind(Arc::new(session), analysts, options).await.unwrap();
+        let (bound, _dir) = two_analysts("turns", options).await;
         let svc = bound.service.clone();
         let (release, blocked) = std::sync::mpsc::channel::<()>();
         let (ended, end) = tokio::sync::oneshot::channel::<()>();
@@ -1842,27 +1855,14 @@ mod tests {
     /// a call that outlived its deadline ends.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_analysts_calls_in_flight_are_bounded_and_their_work_keeps_its_place() {
-        let dir = crate::testdir::test_dir("calls");
-        let session = PrivateSession::open(
-            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
-        )
-        .await
-        .unwrap();
-        let analysts = Analysts::new(vec![
-            ("a".into(), auth::TokenHash::new("a-token")),
-            ("b".into(), auth::TokenHash::new("b-token")),
-        ]);
         let options = ServeOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
             max_concurrent_queries: 2,
             max_calls_per_analyst: 2,
             query_timeout: Duration::from_millis(300),
             ..ServeOptions::default()
         };
-        let svc = bind(Arc::new(session), analysts, options)
-            .await
-            .unwrap()
-            .service;
+        let (bound, _dir) = two_analysts("calls", options).await;
+        let svc = bound.service;
         let (first, second) = (svc.call_of("a".into()), svc.call_of("a".into()));
         let e = match svc.call_of("a".into()) {
             Ok(_) => panic!("a third call of a was let in"),

@@ -2085,19 +2085,7 @@ async fn unread_result_streams_stay_in_their_analysts_quota() {
         "refused before admission"
     );
     drop(open);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match query(&mut alice, DP).await {
-            Ok(b) => {
-                assert_eq!(rows(&b), 1);
-                break;
-            }
-            Err(e) if e.code() == Code::ResourceExhausted && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("{e:?}"),
-        }
-    }
+    one_row_once_served(&mut alice, DP, Duration::from_secs(10)).await;
 }
 
 /// Review r45: binding `?` placeholders scanned each line from its start for every one
@@ -2299,38 +2287,18 @@ async fn oversized_metadata_commands_are_refused_at_once() {
     eprintln!("oversized metadata commands refused in {refused_in:?}");
 }
 
-/// [`start`] with `flags` on the command line.
-fn start_flags(tag: &str, extra: &str, flags: &[&str]) -> Server {
-    let dir = crate::common::temp_dir(tag);
-    let catalog = write_catalog(&dir, 100.0, extra);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
-        .args(["serve", "--catalog"])
-        .arg(&catalog)
-        .args(flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let addr = crate::common::server_address(&mut child, Duration::from_secs(60));
-    Server {
-        child,
-        addr,
-        ledger: dir.join("ledger.jsonl"),
-        dir,
-    }
-}
-
 /// Review r46, finding 3: calls waiting for their analyst's turn held their requests (about
-/// 4 MB each) without any bound. With `--max-calls-per-analyst 2`, alice's two slow statements
+/// 4 MB each) without any bound. With `max_calls_per_analyst = 2` (the
+/// catalog's key; the flag's parsing is `serve::cmd`'s test), alice's two slow statements
 /// (one running, one waiting for her single turn) take her places: her next statement,
 /// prepare and ingest are refused at once (ResourceExhausted, nothing charged) while bob's
 /// statement runs; once her calls end, she is served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_analysts_calls_in_flight_are_bounded_and_one_more_is_refused_at_once() {
-    let s = start_flags(
+    let s = start(
         "serve-calls-in-flight",
-        "max_concurrent_queries = 2\nquery_timeout_secs = 60",
-        &["--max-calls-per-analyst", "2"],
+        100.0,
+        "max_concurrent_queries = 2\nquery_timeout_secs = 60\nmax_calls_per_analyst = 2",
     );
     let addr = s.addr;
     let slow: Vec<_> = (0..2)
@@ -2392,12 +2360,23 @@ async fn an_analysts_calls_in_flight_are_bounded_and_one_more_is_refused_at_once
     for t in slow {
         t.abort();
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
+    one_row_once_served(&mut alice, "SELECT 1 AS one", Duration::from_secs(30)).await;
+    eprintln!("alice's calls past her limit refused in {refused_in:?}");
+}
+
+/// Runs `sql` (one row) until it is served: a quota refusal (ResourceExhausted) is retried
+/// until `within` has passed, any other error fails.
+async fn one_row_once_served(
+    client: &mut FlightSqlServiceClient<Channel>,
+    sql: &str,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
     loop {
-        match query(&mut alice, "SELECT 1 AS one").await {
+        match query(client, sql).await {
             Ok(b) => {
                 assert_eq!(rows(&b), 1);
-                break;
+                return;
             }
             Err(e) if e.code() == Code::ResourceExhausted && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -2405,5 +2384,4 @@ async fn an_analysts_calls_in_flight_are_bounded_and_one_more_is_refused_at_once
             Err(e) => panic!("{e:?}"),
         }
     }
-    eprintln!("alice's calls past her limit refused in {refused_in:?}");
 }
