@@ -5,7 +5,9 @@
 //! example.
 //!
 //! Relative paths are relative to the catalog file's directory. Unknown keys are errors (a typo
-//! must never silently leave a default in force).
+//! must never silently leave a default in force). A catalog that another user could replace or
+//! write (its directory, one on the way, or the file itself) is refused when loaded: it chooses
+//! the ledger and the budgets (round 46; docs/CATALOG.md, "Who must own what").
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -206,6 +208,67 @@ fn err(path: &Path, msg: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Plan(format!("catalog {}: {msg}", path.display()))
 }
 
+/// Why a catalog others could replace or write is refused.
+const OWNERS_ALONE: &str = "the catalog chooses the ledger (a new one starts every budget at \
+                            zero), the budgets and the analysts' tokens, so dpfusion refuses to \
+                            load it";
+
+/// Refuses a catalog that a user other than this process's, or root, could replace (round 46,
+/// review of the fixes: whoever could write the catalog's directory swapped the catalog for one
+/// naming a fresh ledger, every budget at zero; the same swap could relax a budget or add their
+/// own analyst token). The rule is the ledger's ([`crate::files::path_others_control`]: no
+/// directory on the way that others can write without a sticky bit protecting the owner's
+/// entry, or that another user owns). Checked before the file is opened (a FIFO put there by
+/// someone else would block the open).
+fn check_location(path: &Path) -> Result<()> {
+    if let Some(c) = crate::files::path_others_control(path) {
+        return Err(err(
+            path,
+            format!(
+                "it lies below {}, a directory {} (mode {:o}): whoever can write it can replace \
+                 {}, and {OWNERS_ALONE}. Keep the catalog in a directory that only the data owner (or \
+                 root) owns and can write, below directories that are the same or sticky like \
+                 /tmp ({})",
+                c.dir.display(),
+                c.what(),
+                c.mode,
+                c.entry.display(),
+                c.fix()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a catalog file (`opened`: the `fstat` of the file as opened) that is not a regular
+/// file owned by this process's user or root that neither its group nor others can write
+/// ([`crate::files::others_can_write`]; round 46, as [`check_location`]).
+fn check_file(path: &Path, opened: &std::fs::Metadata) -> Result<()> {
+    if !opened.is_file() {
+        return Err(err(
+            path,
+            "it is not a regular file; give the path of the catalog's TOML file",
+        ));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if let Some(why) = crate::files::others_can_write(path, opened, me) {
+        use std::os::unix::fs::MetadataExt;
+        return Err(err(
+            path,
+            format!(
+                "it is a file {} (owner uid {}, mode {:o}), and {OWNERS_ALONE}. The catalog is the data \
+                 owner's alone, mode 0600 ({})",
+                why.what(),
+                opened.uid(),
+                opened.mode() & 0o7777,
+                why.fix(path)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn one_byte(path: &Path, table: &str, key: &str, s: &str) -> Result<u8> {
     match s.as_bytes() {
         [b] => Ok(*b),
@@ -217,10 +280,17 @@ fn one_byte(path: &Path, table: &str, key: &str, s: &str) -> Result<u8> {
 }
 
 impl Catalog {
-    /// Reads and checks a catalog file.
+    /// Reads and checks a catalog file. Its location is checked first, then the file as opened
+    /// ([`check_location`], [`check_file`]): the catalog chooses the ledger, the budgets and the
+    /// analysts, so only the data owner may be able to replace or write it.
     pub fn load(path: impl AsRef<Path>) -> Result<Catalog> {
+        use std::io::Read;
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| err(path, e))?;
+        check_location(path)?;
+        let mut file = std::fs::File::open(path).map_err(|e| err(path, e))?;
+        check_file(path, &file.metadata().map_err(|e| err(path, e))?)?;
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(|e| err(path, e))?;
         let path = std::fs::canonicalize(path).map_err(|e| err(path, e))?;
         Self::parse(&text, &path)
     }
@@ -621,5 +691,79 @@ mod tests {
             "[[table]]\nname = \"t\"\npath = \"t.csv\"\nepsilon = 1.0\ndelta = 1e-6\nfilter = \"pld\"",
         );
         assert!(e.contains("filter"), "{e}");
+    }
+
+    /// Round 46, review of the fixes (F5): whoever could write the catalog's directory swapped
+    /// it for one naming a fresh ledger (every budget at zero). A catalog another user could
+    /// replace or write is refused when loaded, with what to do; the owner's own loads.
+    #[test]
+    fn a_catalog_others_could_replace_or_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = crate::testdir::test_dir("catalog-location");
+        let shared = d.join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        let path = shared.join("c.toml");
+        std::fs::write(&path, "[session]\nledger = \"l/ledger.jsonl\"\n").unwrap();
+        let chmod = |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
+        chmod(&path, 0o600).unwrap();
+        let load = || Catalog::load(&path).map(|_| ()).map_err(|e| e.to_string());
+        load().unwrap();
+        for (mode, what) in [
+            (0o777, "others can write"),
+            (0o775, "others can write through its group"),
+        ] {
+            chmod(&shared, mode).unwrap();
+            let e = load().unwrap_err();
+            assert!(
+                e.contains(&format!("a directory {what} (mode {mode:o})")),
+                "{e}"
+            );
+            assert!(e.contains("every budget at zero"), "{e}");
+            assert!(e.contains(&shared.display().to_string()), "{e}");
+        }
+        let e = load().unwrap_err();
+        assert!(
+            e.contains(&format!("`chmod g-w {}`", shared.display())),
+            "{e}"
+        );
+        // Sticky, like /tmp: the owner's entry stays the owner's.
+        chmod(&shared, 0o1777).unwrap();
+        load().unwrap();
+        chmod(&shared, 0o755).unwrap();
+        // The file itself, writable by its group or by others.
+        for (mode, fix) in [(0o620, "chmod g-w"), (0o602, "chmod go-w")] {
+            chmod(&path, mode).unwrap();
+            let e = load().unwrap_err();
+            assert!(e.contains("it is a file others can write"), "{e}");
+            assert!(e.contains(&format!("`{fix} {}`", path.display())), "{e}");
+        }
+        chmod(&path, 0o644).unwrap();
+        load().unwrap();
+        // A directory where the catalog should be.
+        let e = Catalog::load(&shared).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        // Another user's catalog, or a directory on the way another user owns (as root only:
+        // chown).
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            use std::os::unix::ffi::OsStrExt;
+            let chown = |p: &Path, uid: u32| {
+                let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                assert_eq!(unsafe { libc::chown(c.as_ptr(), uid, uid) }, 0);
+            };
+            chown(&path, 4242);
+            let e = load().unwrap_err();
+            assert!(
+                e.contains("it is a file another user owns (owner uid 4242"),
+                "{e}"
+            );
+            chown(&path, 0);
+            chown(&shared, 4242);
+            let e = load().unwrap_err();
+            assert!(e.contains("a directory another user owns"), "{e}");
+            chown(&shared, 0);
+            load().unwrap();
+        }
     }
 }

@@ -86,6 +86,11 @@ impl Error {
         if Self::of(&e).is_some() {
             return e;
         }
+        // A ledger error that reached the statement untyped (`dp_ledger()`): for an analyst, the
+        // fixed message (round 46).
+        if let Some(fixed) = accounting_of(&e).and_then(ledger_unavailable) {
+            return fixed;
+        }
         if let Some(m) = unwrap_coercion(&e.to_string()) {
             return Error::Invalid(m).into();
         }
@@ -140,9 +145,12 @@ impl Error {
                 message: e.to_string(),
             },
             AccountingError::PolicyConflict(m) => Error::Policy(m),
-            // The statement was planned under a policy the ledger no longer holds: refused,
+            // The statement was planned under a policy the ledger no longer holds, or reads a
+            // public table whose files the ledger now holds as a private table's: refused,
             // nothing written or read (round 46).
-            AccountingError::PolicyChanged { .. } => Error::Refused(e.to_string()),
+            AccountingError::PolicyChanged { .. } | AccountingError::FilesNowPrivate { .. } => {
+                Error::Refused(e.to_string())
+            }
             // The charge is durable and the seals failed after it (round 46): the analyst gets
             // the fixed message of a failed admitted query (its charge stands, no path, over
             // the server the code `execution_failed`); the detail, which names the owner's
@@ -151,9 +159,49 @@ impl Error {
                 eprintln!("dpfusion: {e}");
                 Error::ExecutionFailed
             }
-            other => return DataFusionError::External(Box::new(other)),
+            other => {
+                return ledger_unavailable(&other)
+                    .unwrap_or_else(|| DataFusionError::External(Box::new(other)));
+            }
         };
         DataFusionError::External(Box::new(typed))
+    }
+}
+
+/// The one message an analyst gets when the ledger cannot be read, locked or verified before a
+/// statement's charge (round 46, F7 of the review of its fixes): the detail names the data
+/// owner's files.
+pub const LEDGER_UNAVAILABLE: &str = "dpfusion refused the query: the privacy ledger is \
+unavailable, so nothing was charged and nothing was read. The data owner's log has the detail; \
+ask the data owner, or try again later.";
+
+/// For a statement run for an analyst (`dpfusion serve`: [`crate::session::current_analyst`]),
+/// a ledger error before any charge (the ledger's I/O and lock, a ledger that does not verify,
+/// that was replaced or moved, or whose seals failed after a record that was no charge) as the
+/// refusal [`LEDGER_UNAVAILABLE`], which names no path; the detail goes to the data owner's
+/// stderr (the server's log). None otherwise: the owner's own process (the command line, the
+/// Rust API) gets the detail in the error itself.
+fn ledger_unavailable(e: &AccountingError) -> Option<DataFusionError> {
+    let before_charge = matches!(
+        e,
+        AccountingError::Io { .. }
+            | AccountingError::Corrupt { .. }
+            | AccountingError::Unverifiable { .. }
+            | AccountingError::Unsealed { charge: false, .. }
+    );
+    let analyst = crate::session::current_analyst().filter(|_| before_charge)?;
+    eprintln!("dpfusion: a statement of analyst '{analyst}' was refused: {e}");
+    Some(Error::Refused(LEDGER_UNAVAILABLE.to_string()).into())
+}
+
+/// The accounting error inside a DataFusion error, if there is one.
+fn accounting_of(e: &DataFusionError) -> Option<&AccountingError> {
+    match e {
+        DataFusionError::External(b) => b.downcast_ref::<AccountingError>(),
+        DataFusionError::Context(_, inner) => accounting_of(inner),
+        DataFusionError::Shared(inner) => accounting_of(inner),
+        DataFusionError::Diagnostic(_, inner) => accounting_of(inner),
+        _ => None,
     }
 }
 

@@ -189,29 +189,33 @@ pub fn canonical_location(location: &str, base: &Path) -> Result<PathBuf, FileEr
 
 /// The first symbolic link on the way to `location` (or the location itself) that a user other
 /// than this process's could have placed or may replace, with why: a link in a directory where
-/// another user could replace it (the rule: [`others_control`]). The data owner's registrations are refused through such a
-/// link: a table's identity (its ledger key) is the path the links lead to, so whoever can
-/// repoint the link can choose a table's files and its budget (review r45: a private file
-/// renamed and a link put in its place gave the table a fresh budget; a public table's link
-/// repointed to the owner's TLS key printed it).
+/// another user could replace it (the rule: [`others_control`]). The data owner's registrations
+/// are refused through such a link: a table's identity (its ledger key) is the path the links
+/// lead to, so whoever can repoint the link can choose a table's files and its budget (review
+/// r45: a private file renamed and a link put in its place gave the table a fresh budget; a
+/// public table's link repointed to the owner's TLS key printed it).
 pub fn link_others_control(location: &str, base: &Path) -> Option<String> {
     let p = local_path(location, base).ok()?;
-    let p = if p.is_absolute() {
-        p
-    } else {
-        std::env::current_dir().ok()?.join(p)
-    };
     let (prefix, _) = split_glob(&p);
-    let c = walk_others_control(&prefix, Walk::Links)?;
+    let c = path_link_others_control(&prefix)?;
     Some(format!(
         "'{}' is a symbolic link in {}, a directory {} (mode {:o}): whoever can replace the link \
          chooses the table's files. Name the file the link leads to, or keep the link in a \
-         directory only you can write",
+         directory only you can write ({})",
         c.entry.display(),
         c.dir.display(),
         c.what(),
-        c.mode
+        c.mode,
+        c.fix()
     ))
+}
+
+/// The first symbolic link on the way to `path` (relative: to the current directory; the path
+/// itself included) that sits in a directory where another user could replace it (the rule of
+/// [`others_control`]). [`link_others_control`] words it for a table; `dpfusion ledger report`
+/// refuses an output directory reached through such a link (round 46).
+pub fn path_link_others_control(path: &Path) -> Option<OthersControl> {
+    walk_others_control(&absolute(path)?, Walk::Links)
 }
 
 /// The first directory on the way to `path` (every directory from `/` down to the one that
@@ -219,14 +223,19 @@ pub fn link_others_control(location: &str, base: &Path) -> Option<String> {
 /// the next entry: the rule of [`others_control`]. A component that does not exist yet counts
 /// as an entry this process will create. The ledger and its witness are refused in such a place
 /// (round 46: whoever can write the ledger's parent moves the ledger and its witness aside, and
-/// the next session starts a new ledger, every budget at zero).
+/// the next session starts a new ledger, every budget at zero), and so is the catalog, which
+/// chooses the ledger (round 46, review of the fixes: crate::catalog::Catalog::load).
 pub fn path_others_control(path: &Path) -> Option<OthersControl> {
-    let p = if path.is_absolute() {
-        path.to_path_buf()
+    walk_others_control(&absolute(path)?, Walk::Every)
+}
+
+/// `path`, joined to the current directory when relative (`getcwd`: already physical).
+fn absolute(path: &Path) -> Option<PathBuf> {
+    if path.is_absolute() {
+        Some(path.to_path_buf())
     } else {
-        std::env::current_dir().ok()?.join(path)
-    };
-    walk_others_control(&p, Walk::Every)
+        Some(std::env::current_dir().ok()?.join(path))
+    }
 }
 
 /// A directory in which a user other than this process's may replace an entry.
@@ -236,35 +245,173 @@ pub struct OthersControl {
     pub entry: PathBuf,
     /// The directory that holds it.
     pub dir: PathBuf,
-    /// Another user (not this process's, not root) owns `dir`; else others can write it.
-    pub foreign: bool,
+    /// Why others control `dir`.
+    pub why: Control,
     /// `dir`'s permission bits.
     pub mode: u32,
 }
 
 impl OthersControl {
-    /// Why, in words: `another user owns` or `others can write`.
+    /// Why, in words: `another user owns`, `others can write` (with how, for a group or an ACL).
     pub fn what(&self) -> &'static str {
-        if self.foreign {
-            "another user owns"
-        } else {
-            "others can write"
+        self.why.what()
+    }
+
+    /// What the data owner does about it, as a command on [`OthersControl::dir`].
+    pub fn fix(&self) -> String {
+        self.why.fix(&self.dir)
+    }
+}
+
+/// How a user other than this process's can write a file or directory (or replace an entry in
+/// it): the rule of [`others_can_write`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Another user (not this process's, not root) owns it.
+    Foreign,
+    /// Its mode lets every user write it.
+    Others,
+    /// Its mode lets its group write it, whatever the group: a user's same-numbered group can
+    /// have other members (round 46, review of the fixes).
+    Group,
+    /// Its POSIX access ACL may let other users or groups write it (an ACL mask with write, or
+    /// an ACL that cannot be read or understood).
+    Acl,
+}
+
+impl Control {
+    /// In words, to follow "a directory" or "a file": `another user owns`, `others can write`…
+    pub fn what(self) -> &'static str {
+        match self {
+            Control::Foreign => "another user owns",
+            Control::Others => "others can write",
+            Control::Group => "others can write through its group",
+            Control::Acl => "others can write through an ACL",
+        }
+    }
+
+    /// The command that takes the control away, for `path`.
+    pub fn fix(self, path: &Path) -> String {
+        let p = path.display();
+        match self {
+            Control::Foreign => format!("use a place you own instead of {p}"),
+            Control::Others => format!("`chmod go-w {p}`"),
+            Control::Group => format!(
+                "`chmod g-w {p}`; a tree made under umask 002 needs `chmod -R g-w` on its top"
+            ),
+            Control::Acl => format!(
+                "`chmod g-w {p}`, which takes write from the ACL's mask, or `setfacl -b {p}`"
+            ),
         }
     }
 }
 
-/// The rule (round 45, shared with the ledger's location in round 46): a directory lets a user
-/// other than this process's replace an entry when others, or a group that is not its owner's
-/// private group, can write it, unless its sticky bit keeps everyone but the entry's owner (this
-/// process's user, `entry_uid`) from replacing it; or when a user other than this process's or
-/// root owns it. `Some(foreign)` when it does.
-fn others_control(dir: &std::fs::Metadata, entry_uid: u32, me: u32) -> Option<bool> {
+/// Whether a user other than this process's (`me`) or root can write the file or directory at
+/// `path` (`m`: its metadata, links followed), and how. Another user owns it; or its mode lets
+/// others or its group write it (any group: round 46, review of the fixes, a same-numbered
+/// group can have members too); or its POSIX access ACL has a mask that allows write (with an
+/// ACL, the mode's group bits are the mask, so this is also `g+w`: the ACL is read first, to
+/// name the cause, and in case a file system says otherwise), or cannot be read or understood.
+/// A named ACL entry whose write the mask withholds grants none (only the owner can change the
+/// mask), so an ACL such as `u:www-data:x` on a home directory passes. Only POSIX ACLs on Linux
+/// are read; NFSv4 and other ACL models are not inspected (docs/LEDGER.md, "Who owns the
+/// ledger").
+pub fn others_can_write(path: &Path, m: &std::fs::Metadata, me: u32) -> Option<Control> {
     use std::os::unix::fs::MetadataExt;
-    let others = dir.mode() & 0o002 != 0;
-    let group = dir.mode() & 0o020 != 0 && dir.gid() != dir.uid();
-    let sticky_mine = dir.mode() & 0o1000 != 0 && entry_uid == me;
-    let foreign = dir.uid() != me && dir.uid() != 0;
-    (((others || group) && !sticky_mine) || foreign).then_some(foreign)
+    if m.uid() != me && m.uid() != 0 {
+        Some(Control::Foreign)
+    } else if m.mode() & 0o002 != 0 {
+        Some(Control::Others)
+    } else if acl_may_write(path) {
+        Some(Control::Acl)
+    } else if m.mode() & 0o020 != 0 {
+        Some(Control::Group)
+    } else {
+        None
+    }
+}
+
+/// Whether `path`'s POSIX access ACL (`system.posix_acl_access`, links followed) may let a
+/// user other than its owner write it beyond the mode's `other` bits: see [`acl_lets_write`].
+/// No ACL (or none supported) is `false`; an error reading it is `true`.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn acl_may_write(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return true;
+    };
+    let name = c"system.posix_acl_access";
+    let get = |buf: &mut [u8]| {
+        // SAFETY: NUL-terminated path and name; `buf` is valid for `buf.len()` bytes (a null
+        // pointer with size 0 asks for the size).
+        let n = unsafe {
+            libc::getxattr(
+                c.as_ptr(),
+                name.as_ptr(),
+                if buf.is_empty() {
+                    std::ptr::null_mut()
+                } else {
+                    buf.as_mut_ptr().cast()
+                },
+                buf.len(),
+            )
+        };
+        usize::try_from(n).map_err(|_| std::io::Error::last_os_error().raw_os_error())
+    };
+    match get(&mut []) {
+        Ok(size) => {
+            let mut buf = vec![0u8; size];
+            match get(&mut buf) {
+                Ok(n) => acl_lets_write(&buf[..n.min(size)]),
+                Err(_) => true,
+            }
+        }
+        Err(Some(libc::ENODATA | libc::ENOTSUP)) => false,
+        Err(_) => true,
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn acl_may_write(_path: &Path) -> bool {
+    false
+}
+
+/// Whether a Linux POSIX ACL value (`system.posix_acl_access`: a version 2 header, then entries
+/// of tag, permissions and id, little-endian) may let a user other than the owner write: its
+/// mask has write (every named user, named group and the owning group is limited by the mask),
+/// or it has named entries and no mask, or it is not such a value.
+fn acl_lets_write(v: &[u8]) -> bool {
+    const USER: u16 = 0x02;
+    const GROUP: u16 = 0x08;
+    const MASK: u16 = 0x10;
+    const BASE: [u16; 3] = [0x01, 0x04, 0x20];
+    const WRITE: u16 = 0x02;
+    if v.len() < 4 || !(v.len() - 4).is_multiple_of(8) || v[..4] != 2u32.to_le_bytes() {
+        return true;
+    }
+    let (mut named, mut mask) = (false, None);
+    for e in v[4..].chunks_exact(8) {
+        let tag = u16::from_le_bytes([e[0], e[1]]);
+        let perm = u16::from_le_bytes([e[2], e[3]]);
+        match tag {
+            USER | GROUP => named = true,
+            MASK => mask = Some(perm & WRITE != 0),
+            t if BASE.contains(&t) => {}
+            _ => return true,
+        }
+    }
+    mask.unwrap_or(named)
+}
+
+/// The rule (round 45, shared with the ledger's location and the catalog's in round 46): a
+/// directory lets a user other than this process's replace an entry when [`others_can_write`]
+/// it, unless it is not another user's and its sticky bit keeps everyone but the entry's owner
+/// (this process's user, `entry_uid`) from replacing it.
+fn others_control(dir: &Path, m: &std::fs::Metadata, entry_uid: u32, me: u32) -> Option<Control> {
+    use std::os::unix::fs::MetadataExt;
+    let why = others_can_write(dir, m, me)?;
+    let sticky_mine = m.mode() & 0o1000 != 0 && entry_uid == me;
+    (why == Control::Foreign || !sticky_mine).then_some(why)
 }
 
 /// Which directories [`walk_others_control`] checks.
@@ -299,10 +446,10 @@ fn walk_others_control(p: &Path, walk: Walk) -> Option<OthersControl> {
     };
     let finding = |dir: &Path, entry: &Path, entry_uid: u32| -> Option<OthersControl> {
         let m = std::fs::metadata(dir).ok()?;
-        others_control(&m, entry_uid, me).map(|foreign| OthersControl {
+        others_control(dir, &m, entry_uid, me).map(|why| OthersControl {
             entry: entry.to_path_buf(),
             dir: dir.to_path_buf(),
-            foreign,
+            why,
             mode: m.mode() & 0o7777,
         })
     };
@@ -549,6 +696,118 @@ mod tests {
         chmod(0o755).unwrap();
         assert!(at("shared/link.csv").is_none());
         assert!(at("d/to-shared/link.csv").is_none());
+        // Group-writable, whatever the group (round 46, review of the fixes): the message says
+        // what to do.
+        chmod(0o775).unwrap();
+        let why = at("shared/link.csv").expect("a link in a group-writable directory");
+        assert!(why.contains("through its group"), "{why}");
+        assert!(
+            why.contains(&format!("`chmod g-w {}`", shared.display())),
+            "{why}"
+        );
+    }
+
+    /// Round 46, review of the fixes (F3): a directory its group can write counts as others',
+    /// whatever the group (the owner's same-numbered group can have other members), and so does
+    /// one whose POSIX ACL lets a named user or group write (`setfacl -m u:someone:rwx`); a
+    /// sticky one still protects the owner's entries, and an ACL whose mask withholds write
+    /// grants none.
+    #[test]
+    fn a_directory_its_group_or_an_acl_can_write_is_others_control() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tmp();
+        let shared = d.join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        let ledger = shared.join("dp/ledger.jsonl");
+        let chmod = |m| std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(m));
+        chmod(0o775).unwrap();
+        let c = path_others_control(&ledger).expect("group-writable");
+        assert_eq!(
+            (c.why, c.dir.as_path(), c.mode),
+            (Control::Group, &*shared, 0o775)
+        );
+        assert!(
+            c.fix()
+                .starts_with(&format!("`chmod g-w {}`", shared.display()))
+        );
+        chmod(0o1775).unwrap();
+        assert_eq!(
+            path_others_control(&ledger),
+            None,
+            "sticky: our entry is ours"
+        );
+        chmod(0o755).unwrap();
+        assert_eq!(path_others_control(&ledger), None);
+        // An ACL as `setfacl -m u:4242:rwx` writes it (version 2; user::rwx, user:4242:rwx,
+        // group::r-x, mask::rwx, other::---), where the file system keeps ACLs.
+        let acl = |entries: &[(u16, u16, u32)]| -> Vec<u8> {
+            let mut v = 2u32.to_le_bytes().to_vec();
+            for (tag, perm, id) in entries {
+                v.extend(tag.to_le_bytes());
+                v.extend(perm.to_le_bytes());
+                v.extend(id.to_le_bytes());
+            }
+            v
+        };
+        const ANY: u32 = u32::MAX;
+        let writes = acl(&[
+            (0x01, 7, ANY),
+            (0x02, 7, 4242),
+            (0x04, 5, ANY),
+            (0x10, 7, ANY),
+            (0x20, 0, ANY),
+        ]);
+        let reads = acl(&[
+            (0x01, 7, ANY),
+            (0x02, 7, 4242),
+            (0x04, 5, ANY),
+            (0x10, 5, ANY),
+            (0x20, 0, ANY),
+        ]);
+        assert!(acl_lets_write(&writes));
+        assert!(!acl_lets_write(&reads), "the mask withholds write");
+        assert!(!acl_lets_write(&acl(&[
+            (0x01, 7, ANY),
+            (0x04, 5, ANY),
+            (0x20, 5, ANY)
+        ])));
+        assert!(
+            acl_lets_write(&acl(&[(0x01, 7, ANY), (0x08, 7, 4242)])),
+            "no mask"
+        );
+        assert!(acl_lets_write(&writes[..9]), "cut");
+        assert!(acl_lets_write(&[1, 0, 0, 0]), "another version");
+        assert!(acl_lets_write(&acl(&[(0x40, 0, ANY)])), "an unknown tag");
+        use std::os::unix::ffi::OsStrExt;
+        let set = |v: &[u8]| {
+            let c = std::ffi::CString::new(shared.as_os_str().as_bytes()).unwrap();
+            // SAFETY: NUL-terminated path and name, `v` valid for its length.
+            unsafe {
+                libc::setxattr(
+                    c.as_ptr(),
+                    c"system.posix_acl_access".as_ptr(),
+                    v.as_ptr().cast(),
+                    v.len(),
+                    0,
+                )
+            }
+        };
+        chmod(0o750).unwrap();
+        if set(&writes) == 0 {
+            let c = path_others_control(&ledger).expect("an ACL that lets a user write");
+            assert_eq!(c.why, Control::Acl, "{c:?}");
+            assert_eq!(c.mode, 0o770, "the kernel shows the mask as the group bits");
+            assert!(c.fix().contains("chmod g-w"), "{}", c.fix());
+            assert!(acl_may_write(&shared));
+            // `chmod g-w` takes write from the mask: the named entry no longer writes.
+            chmod(0o755).unwrap();
+            assert!(!acl_may_write(&shared));
+            assert_eq!(path_others_control(&ledger), None);
+            assert_eq!(set(&reads), 0);
+            assert!(!acl_may_write(&shared));
+            assert_eq!(path_others_control(&ledger), None, "read-only named entry");
+        }
+        assert!(!acl_may_write(&d.join("d")), "no ACL");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::context::SessionContext;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
 
-use crate::accounting::{Accountant, PinnedColumn, Visibility};
+use crate::accounting::{Accountant, PinnedColumn};
 use crate::error::refused;
 use crate::files::{self, FileSet, PinnedFs};
 use crate::session::AnalystFiles;
@@ -257,16 +257,12 @@ impl Protection {
     fn protected(&self, role: Role) -> Vec<(String, Option<String>, FileSet)> {
         let mut out = Vec::new();
         for p in self.accountant.policies() {
-            if p.visibility != Visibility::Private || !p.key.as_str().starts_with('/') {
+            // Gone or unreadable now: its path still counts.
+            let Some(set) = p.private_files() else {
                 continue;
-            }
+            };
             let what = format!("private table '{}' ({})", p.name, p.key);
-            let key = Some(p.key.as_str().to_string());
-            match files::resolve(p.key.as_str(), Path::new("/")) {
-                Ok(set) => out.push((what, key, set)),
-                // Gone or unreadable now: its path still counts.
-                Err(_) => out.push((what, key, FileSet::path_only(Path::new(p.key.as_str())))),
-            }
+            out.push((what, Some(p.key.as_str().to_string()), set));
         }
         let _ = role;
         for path in &self.owner_files {

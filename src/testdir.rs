@@ -51,7 +51,15 @@ pub fn test_dir_in(base: &Path, tag: &str) -> TestPath {
         .tempdir_in(base)
         .expect("a temporary directory");
     let path = root.path().join("d");
-    std::fs::create_dir(&path).expect("a temporary directory");
+    // The owner's alone whatever the umask (tempfile's root is 0700 too): a ledger below a
+    // directory its group can write is refused (docs/LEDGER.md).
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .expect("a temporary directory");
+    }
     TestPath {
         path: std::fs::canonicalize(path).expect("a temporary directory"),
         _root: Arc::new(root),

@@ -34,7 +34,8 @@ COMMANDS:
                self-contained HTML page (inline SVG, no script, nothing fetched) with, per
                private table, the ε spent over time, by analyst and by function, the share
                left, and every charge with its SQL text. Give it to no analyst: it shows
-               everyone's queries.
+               everyone's queries. FILE becomes a new file of yours (mode 0600) that
+               replaces whatever was there; the ledger's own files are refused.
 
 EXIT STATUS:
     0 when the ledger verifies (or the command succeeded); 1 when it does not (what is wrong
@@ -113,7 +114,7 @@ pub fn run(args: &[String]) -> ExitCode {
         "reseal" => reseal(&path, &witness),
         "migrate" => migrate(&path, &witness),
         "report" => match output {
-            Some(out) => report(&path, &witness, &out),
+            Some(out) => report(&path, &witness, catalog.as_deref(), &out),
             None => usage("'ledger report' needs -o FILE.html"),
         },
         other => usage(&format!("unknown ledger command '{other}'")),
@@ -150,12 +151,12 @@ fn verify(path: &Path, witness: &Path) -> ExitCode {
     }
 }
 
-fn report(path: &Path, witness: &Path, out: &Path) -> ExitCode {
+fn report(path: &Path, witness: &Path, catalog: Option<&Path>, out: &Path) -> ExitCode {
     let html = match crate::ledger_report::html_report(path, Some(witness)) {
         Ok(h) => h,
         Err(e) => return fail("report", e),
     };
-    match write_report(out, html.as_bytes(), path, witness) {
+    match write_report(out, html.as_bytes(), path, witness, catalog) {
         Ok(()) => {
             println!(
                 "ledger {}: verified; report written to {}",
@@ -168,48 +169,128 @@ fn report(path: &Path, witness: &Path, out: &Path) -> ExitCode {
     }
 }
 
-/// Writes the report (every analyst's SQL: mode 0600) to `out`, never through a symbolic
-/// link and never over the ledger's own files (round 46: a link planted at the report's path
-/// made `ledger report -o` overwrite the ledger). The file is opened without truncating, with
-/// `O_NOFOLLOW`, and checked by what was opened: a regular file with one name that is not the
-/// ledger, one of its `<ledger>.<suffix>` files or the witness. Only then is it truncated.
-fn write_report(out: &Path, bytes: &[u8], ledger: &Path, witness: &Path) -> Result<(), String> {
+/// Writes the report (every analyst's SQL) to `out` without ever opening what `out` names (round
+/// 46, review of the fixes: the report was written into a file another user owned and could
+/// read, a FIFO at `out` hung the command, a link in a directory on the way was followed). The
+/// bytes go to a new file beside `out`, `.<name>.tmp-<random>`, created with
+/// `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, and fsync'd; it is then renamed over `out`, so a
+/// link, a FIFO, a hard link or another user's file at `out` is replaced, never written. Refused
+/// before anything is created: a directory reached through a symbolic link that another user
+/// could replace ([`dpfusion::files::path_link_others_control`]), and one of the ledger's own
+/// files ([`ledgers_own`]). A failure after the temporary file is made removes it.
+fn write_report(
+    out: &Path,
+    bytes: &[u8],
+    ledger: &Path,
+    witness: &Path,
+    catalog: Option<&Path>,
+) -> Result<(), String> {
     use std::io::Write;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(out)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                "it is a symbolic link; write the report to a path of your own".to_string()
-            } else {
-                e.to_string()
-            }
-        })?;
-    let opened = file.metadata().map_err(|e| e.to_string())?;
-    if !opened.is_file() || opened.nlink() > 1 {
-        return Err(
-            "it is not a regular file with one name; write the report to a new file of \
-             your own"
-                .into(),
-        );
-    }
-    let same = |p: &Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.dev() == opened.dev() && m.ino() == opened.ino())
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = out
+        .file_name()
+        .ok_or("it names no file; give -o the report's file name")?;
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
     };
-    let mut protected = vec![ledger.to_path_buf(), witness.to_path_buf()];
-    if let (Some(dir), Some(name)) = (ledger.parent(), ledger.file_name()) {
-        let prefix = format!("{}.", name.to_string_lossy());
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            protected.extend(
+    if let Some(c) = dpfusion::files::path_link_others_control(dir) {
+        return Err(format!(
+            "'{}' is a symbolic link in {}, a directory {} (mode {:o}): whoever can replace \
+             the link chooses where everyone's queries are written. Name the directory the link \
+             leads to, or keep the link in a directory only you can write ({})",
+            c.entry.display(),
+            c.dir.display(),
+            c.what(),
+            c.mode,
+            c.fix()
+        ));
+    }
+    if ledgers_own(out, dir, name, ledger, witness, catalog) {
+        return Err("it is one of the ledger's own files; write the report elsewhere".into());
+    }
+    // A fresh name beside `out`; random so that no one can take it first (O_EXCL would refuse
+    // it anyway: then the next one is tried).
+    let mut tries = 0;
+    let (tmp, mut file) = loop {
+        let random = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            (std::process::id(), tries),
+        );
+        let tmp = dir.join(format!(".{}.tmp-{random:016x}", name.to_string_lossy()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
+            Err(e) => return Err(format!("cannot create a file in {}: {e}", dir.display())),
+        }
+    };
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, out));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!(
+            "{e}; write the report to a new file of your own, in a directory you can write"
+        ));
+    }
+    // The rename made durable (best effort: the report is written either way).
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Whether `out` (in `dir`, named `name`) is one of the ledger's own files: the ledger, the
+/// witness or the catalog, or a `<file>.<suffix>` beside the ledger or the witness (sidecar,
+/// checkpoint, backup, temporary files: by name, whether it exists or not, so that a report is
+/// never put where the ledger's next file may go), compared by device and inode of what `out`
+/// names and of what it leads to.
+fn ledgers_own(
+    out: &Path,
+    dir: &Path,
+    name: &std::ffi::OsStr,
+    ledger: &Path,
+    witness: &Path,
+    catalog: Option<&Path>,
+) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ids = |p: &Path| -> Vec<(u64, u64)> {
+        [std::fs::symlink_metadata(p), std::fs::metadata(p)]
+            .into_iter()
+            .flatten()
+            .map(|m| (m.dev(), m.ino()))
+            .collect()
+    };
+    let parent = |p: &Path| match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let named = ids(out);
+    let mut own: Vec<PathBuf> = [ledger, witness]
+        .into_iter()
+        .chain(catalog)
+        .map(Path::to_path_buf)
+        .collect();
+    let here = std::fs::canonicalize(dir).ok();
+    for p in [ledger, witness] {
+        let Some(file) = p.file_name() else { continue };
+        let prefix = format!("{}.", file.to_string_lossy());
+        let d = parent(p);
+        if here.is_some()
+            && std::fs::canonicalize(&d).ok() == here
+            && name.to_string_lossy().starts_with(&prefix)
+        {
+            return true;
+        }
+        if let Ok(entries) = std::fs::read_dir(&d) {
+            own.extend(
                 entries
                     .flatten()
                     .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
@@ -217,12 +298,11 @@ fn write_report(out: &Path, bytes: &[u8], ledger: &Path, witness: &Path) -> Resu
             );
         }
     }
-    if protected.iter().any(|p| same(p)) {
-        return Err("it is one of the ledger's own files; write the report elsewhere".into());
-    }
-    file.set_len(0).map_err(|e| e.to_string())?;
-    file.write_all(bytes).map_err(|e| e.to_string())?;
-    file.sync_all().map_err(|e| e.to_string())
+    !named.is_empty()
+        && own
+            .iter()
+            .flat_map(|p| ids(p))
+            .any(|id| named.contains(&id))
 }
 
 fn reseal(path: &Path, witness: &Path) -> ExitCode {

@@ -269,6 +269,16 @@ pub(super) struct State {
     /// checkpointed state.
     #[serde(skip)]
     pub checkpoint_records: u64,
+    /// The policies this accountant itself recorded (`policy` and `owner` records it appended),
+    /// by key: a policy changed under a session is then said to come from this process, not
+    /// from another one (round 46).
+    #[serde(skip)]
+    pub recorded_here: HashMap<TableKey, TablePolicy>,
+    /// Per public file table planned by a statement: the number of `policy` and `owner`
+    /// records applied when its files were last found to hold no private table's file (round
+    /// 46, `super::still_in_force`); they are looked at again only once that number changes.
+    #[serde(skip)]
+    pub files_checked: HashMap<TableKey, u64>,
     /// Benchmarks only ([`super::Accountant::insecure_skip_fsync_for_benchmarks`]): appends are
     /// not fsync'd. Never set by a session or the CLI.
     #[serde(skip)]

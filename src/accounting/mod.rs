@@ -11,9 +11,11 @@
 //! privacy filter ([`filter`], docs/ACCOUNTING.md; kept per filter currency, exactly, so that a
 //! checkpoint holds sums, not events: docs/LEDGER.md, "Checkpoints"), refuse if any table would
 //! leave its filter's fixed budgets, otherwise append one `charge` record and fsync it before
-//! returning. A statement planned with a policy the ledger no longer holds (another process
-//! recorded another since the session registered the table) is refused there, under the lock,
-//! and before it reads anything ([`Accountant::check_planned`]; round 46). A failure after the
+//! returning. A statement planned with a policy the ledger no longer holds (another process, or
+//! this one, recorded another since the session registered the table), or reading a public
+//! table whose files the ledger now holds as a private table's, is refused there, under the
+//! lock, and before it reads anything ([`Accountant::check_planned`]; round 46). A session
+//! serves one file under one policy ([`Accountant::register_table_beside`]). A failure after the
 //! fsync (the sidecar, the witness) is [`AccountingError::Unsealed`]: the charge stands.
 //!
 //! The ledger and its witness are refused at open in a place another user could move them
@@ -53,6 +55,11 @@ pub struct TableKey(String);
 impl TableKey {
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// A key of the owner's files: a canonical path.
+    pub(crate) fn is_file(&self) -> bool {
+        self.0.starts_with('/')
     }
 
     /// Keys whose policy lives only in this session's memory (their charges are still written).
@@ -257,6 +264,22 @@ pub fn schema_text(cols: &[PinnedColumn]) -> String {
 }
 
 impl TablePolicy {
+    /// The files of a private table of the owner's files (its key: a canonical path), resolved
+    /// now, so that new files and links count; its path alone (anything at or below it) when it
+    /// cannot be resolved now. None for a public table or a key that is not a path. What no other
+    /// table may read: [`crate::owner::Protection`] at registration, the planned public tables
+    /// at each statement (round 46).
+    pub(crate) fn private_files(&self) -> Option<crate::files::FileSet> {
+        if self.visibility != Visibility::Private || !self.key.is_file() {
+            return None;
+        }
+        let path = Path::new(self.key.as_str());
+        Some(
+            crate::files::resolve(self.key.as_str(), Path::new("/"))
+                .unwrap_or_else(|_| crate::files::FileSet::path_only(path)),
+        )
+    }
+
     /// The compiled filter of this policy.
     pub fn compiled_filter(&self) -> Result<Filter, AccountingError> {
         Filter::new(&self.budget, self.filter, self.delta_share).map_err(|e| {
@@ -596,16 +619,48 @@ pub enum AccountingError {
     #[error("ledger {}: {message}", .path.display())]
     Unverifiable { path: PathBuf, message: String },
     /// A table read or charged by a statement was planned with a policy the ledger no longer
-    /// holds: another process (or session) recorded a different one for its key since this
-    /// session registered it (round 46). Nothing was written.
+    /// holds: another process (or session), or this accountant itself (`here`), recorded a
+    /// different one for its key since the session registered it (round 46). Nothing was
+    /// written.
     #[error(
-        "dpfusion refused the query: the policy of table '{table}' was changed by another \
-         process since this session registered it ({changes}), so this session would plan its \
-         statements under the old policy. Nothing was charged and nothing was read. The data \
-         owner registers the table again (restart the session, or `dpfusion serve`), so that \
-         it is planned under the policy in force (SHOW TABLES shows it)"
+        "dpfusion refused the query: the policy of table '{table}' was changed {} since this \
+         session registered it ({changes}), so this session would plan its statements under \
+         the old policy. Nothing was charged and nothing was read. {}",
+        changed_by(*.here),
+        if *.here {
+            "The data owner registers the table again under the policy in force (SHOW TABLES \
+             shows it), and gives one file one policy under every name"
+        } else {
+            "The data owner registers the table again (restart the session, or `dpfusion \
+             serve`), so that it is planned under the policy in force (SHOW TABLES shows it)"
+        }
     )]
-    PolicyChanged { table: String, changes: String },
+    PolicyChanged {
+        table: String,
+        changes: String,
+        /// The policy in force was recorded by this accountant (this session), not another.
+        here: bool,
+    },
+    /// A public table a statement reads holds files that the ledger now holds as the files of
+    /// private table `private`: recorded (by another process, or by this accountant: `here`)
+    /// since the session registered the public table, whose registration would be refused now
+    /// (round 46, F1 of the review of its fixes). Nothing was written. The message names
+    /// tables, never the owner's paths.
+    #[error(
+        "dpfusion refused the query: public table '{table}' reads files that the ledger now \
+         holds as files of private table '{private}', recorded {} since this session \
+         registered '{table}'. Nothing was charged and nothing was read. The data owner \
+         registers '{table}' again without the private table's files (restart the session, \
+         or `dpfusion serve`: a public table that shares a file with a private one is \
+         refused), or moves the private files out of it",
+        changed_by(*.here)
+    )]
+    FilesNowPrivate {
+        table: String,
+        private: String,
+        /// The private table's policy was recorded by this accountant.
+        here: bool,
+    },
     /// A record reached the ledger and was fsync'd (a charge stands), and what follows it (the
     /// `.head` sidecar, the witness) failed: `source` (round 46). For a charge, the analyst gets
     /// the fixed message of a failed execution, which names no path (`crate::error`).
@@ -624,6 +679,17 @@ pub enum AccountingError {
         #[source]
         source: Box<AccountingError>,
     },
+}
+
+/// Who recorded a policy that changed under a session ([`AccountingError::PolicyChanged`],
+/// [`AccountingError::FilesNowPrivate`]).
+fn changed_by(here: bool) -> &'static str {
+    if here {
+        "by this session (another registration of the same file, or an owner action through \
+         its accountant)"
+    } else {
+        "by another process (or another session on the same ledger)"
+    }
 }
 
 fn exceeded_message(
@@ -1054,9 +1120,25 @@ impl Accountant {
     /// record that carries the reason and the changes.
     pub fn register_table_with(
         &self,
+        policy: TablePolicy,
+        stated: FilterChoice,
+        relax: Option<&str>,
+    ) -> Result<TablePolicy, AccountingError> {
+        self.register_table_beside(policy, stated, relax, &[])
+    }
+
+    /// [`Accountant::register_table_with`] in a session that already serves the same key under
+    /// other names, with the policies `served`: refused ([`AccountingError::PolicyConflict`]),
+    /// nothing written, when the policy it would leave in force differs from one of them. A
+    /// file is one table to the ledger, with one policy, and a name registered earlier would
+    /// go on planning its statements under the old one (round 46, F2 of the review of its
+    /// fixes: a row-level count under one name beside a unit policy under the other).
+    pub fn register_table_beside(
+        &self,
         mut policy: TablePolicy,
         stated: FilterChoice,
         relax: Option<&str>,
+        served: &[TablePolicy],
     ) -> Result<TablePolicy, AccountingError> {
         check_new_budget(&policy.budget)?;
         policy.relaxed = None;
@@ -1098,23 +1180,20 @@ impl Accountant {
             {
                 let e = existing.expect("a conflict has a recorded policy");
                 let changes = policy::changes(&e, &policy);
+                same_as_served(&policy, served)?;
                 return self.append_owner(&mut st, policy, relax.unwrap_or_default(), &changes);
             }
             other => other?,
         };
         match decision {
             policy::Decision::Keep(kept) => {
+                same_as_served(&kept, served)?;
                 st.policies.insert(kept.key.clone(), (*kept).clone());
                 Ok(*kept)
             }
             policy::Decision::Record => {
-                ledger::append(
-                    &self.file,
-                    &self.path,
-                    self.witness.as_deref(),
-                    &mut st,
-                    Record::Policy(policy.clone()),
-                )?;
+                same_as_served(&policy, served)?;
+                self.append_policy(&mut st, &policy, false)?;
                 Ok(policy)
             }
         }
@@ -1159,14 +1238,29 @@ impl Accountant {
         changes: &[policy::Change],
     ) -> Result<TablePolicy, AccountingError> {
         policy.relaxed = Some(policy::relaxation_note(reason.trim(), changes));
-        ledger::append(
-            &self.file,
-            &self.path,
-            self.witness.as_deref(),
-            st,
-            Record::Owner(policy.clone()),
-        )?;
+        self.append_policy(st, &policy, true)?;
         Ok(policy)
+    }
+
+    /// Appends a `policy` or `owner` record, and notes that this accountant recorded it (its
+    /// refusals of a statement planned under an older policy then say so, round 46).
+    fn append_policy(
+        &self,
+        st: &mut State,
+        policy: &TablePolicy,
+        owner: bool,
+    ) -> Result<(), AccountingError> {
+        let rec = if owner {
+            Record::Owner(policy.clone())
+        } else {
+            Record::Policy(policy.clone())
+        };
+        let out = ledger::append(&self.file, &self.path, self.witness.as_deref(), st, rec);
+        // Durable also when its seals failed after it (`Unsealed`).
+        if matches!(out, Ok(()) | Err(AccountingError::Unsealed { .. })) {
+            st.recorded_here.insert(policy.key.clone(), policy.clone());
+        }
+        out
     }
 
     /// The policy the ledger holds for `key`, if any.
@@ -1186,12 +1280,15 @@ impl Accountant {
     }
 
     /// Refuses ([`AccountingError::PolicyChanged`]) when the ledger no longer holds one of the
-    /// policies `planned` (those a session registered for the tables a statement reads):
-    /// another process recorded a different policy for its key since (round 46). A statement
-    /// that is not admitted (it charges nothing) is checked so before it reads anything. When
-    /// nothing was appended since this process last read the ledger (one `stat` and one
-    /// `fstat`), the policies in memory are current and no lock is taken; otherwise it catches
-    /// up under the lock first.
+    /// policies `planned` (those a session registered for the tables a statement reads, every
+    /// distinct one of a key read under several names): another process, or this one, recorded
+    /// a different policy for its key since (round 46); and
+    /// ([`AccountingError::FilesNowPrivate`]) when one of them is a public file table whose
+    /// files the ledger now holds as a private table's (registered since under another key).
+    /// A statement that is not admitted (it charges nothing) is checked so before it reads
+    /// anything. When nothing was appended since this process last read the ledger (one `stat`
+    /// and one `fstat`), the policies in memory are current and no lock is taken; otherwise it
+    /// catches up under the lock first.
     pub fn check_planned(&self, planned: &[TablePolicy]) -> Result<(), AccountingError> {
         if planned.iter().all(|p| p.key.is_session_local()) {
             return Ok(());
@@ -1199,9 +1296,9 @@ impl Accountant {
         let mut st = self.state();
         if self.appended_since(&st)? {
             let _lock = self.sync(&mut st)?;
-            return still_in_force(&st, planned);
+            return still_in_force(&mut st, planned);
         }
-        still_in_force(&st, planned)
+        still_in_force(&mut st, planned)
     }
 
     /// Whether the ledger may hold lines this process has not read (its length is not where the
@@ -1254,7 +1351,7 @@ impl Accountant {
     ) -> Result<Receipt, AccountingError> {
         let mut st = self.state();
         let _lock = self.sync(&mut st)?;
-        still_in_force(&st, planned)?;
+        still_in_force(&mut st, planned)?;
         let evals = evaluate(&st, charges)?;
         if let Some(e) = evals.iter().find(|e| !e.admitted()) {
             return Err(AccountingError::BudgetExceeded {
@@ -1489,7 +1586,9 @@ pub fn spent_epsilon(policy: &TablePolicy, events: &[Event]) -> f64 {
 /// whose key the ledger now holds under a different policy (`policy::changes`: visibility,
 /// neighbours, unit and bounds, public columns, budget, filter, δ share, schema, format; the
 /// session's name for the table aside). Session-local keys have no policy but this session's.
-fn still_in_force(st: &State, planned: &[TablePolicy]) -> Result<(), AccountingError> {
+/// Then `Err(FilesNowPrivate)` for a public file table of `planned` that may read a file of a
+/// private table the ledger holds under another key ([`files_now_private`]).
+fn still_in_force(st: &mut State, planned: &[TablePolicy]) -> Result<(), AccountingError> {
     for p in planned.iter().filter(|p| !p.key.is_session_local()) {
         let Some(now) = st.policies.get(&p.key) else {
             continue;
@@ -1503,8 +1602,93 @@ fn still_in_force(st: &State, planned: &[TablePolicy]) -> Result<(), AccountingE
                     .map(|c| c.what.as_str())
                     .collect::<Vec<_>>()
                     .join("; "),
+                here: recorded_here(st, now),
             });
         }
+    }
+    files_now_private(st, planned)
+}
+
+/// Whether the policy the ledger holds, `now`, is one this accountant recorded.
+fn recorded_here(st: &State, now: &TablePolicy) -> bool {
+    st.recorded_here
+        .get(&now.key)
+        .is_some_and(|mine| policy::changes(mine, now).is_empty())
+}
+
+/// Refuses a public file table of `planned` whose files may hold a file of a private table the
+/// ledger knows under another key: another process of the data owner registered that file (or
+/// a directory around the table's) as private after this session registered the public table,
+/// which kept reading it row by row, uncharged (round 46, F1 of the review of its fixes). The
+/// same intersection as [`crate::owner::Protection::check_read`], which refuses such a
+/// registration. The files are resolved only when a `policy` or `owner` record was applied
+/// since the table was last found clean (`State::files_checked`), so the usual statement costs
+/// nothing more.
+fn files_now_private(st: &mut State, planned: &[TablePolicy]) -> Result<(), AccountingError> {
+    let epoch = st.policy_records + st.owner_records;
+    let due: Vec<&TablePolicy> = planned
+        .iter()
+        .filter(|p| {
+            p.visibility == Visibility::Public
+                && p.key.is_file()
+                && st.files_checked.get(&p.key) != Some(&epoch)
+        })
+        .collect();
+    if due.is_empty() {
+        return Ok(());
+    }
+    let private: Vec<(&TablePolicy, crate::files::FileSet)> = st
+        .policies
+        .values()
+        .filter_map(|q| Some((q, q.private_files()?)))
+        .collect();
+    let mut clean = Vec::new();
+    for p in due {
+        let set = crate::files::resolve(p.key.as_str(), Path::new("/"))
+            .unwrap_or_else(|_| crate::files::FileSet::path_only(Path::new(p.key.as_str())));
+        if let Some((q, _)) = private
+            .iter()
+            .find(|(q, files)| q.key != p.key && set.intersects(files))
+        {
+            return Err(AccountingError::FilesNowPrivate {
+                table: p.name.clone(),
+                private: q.name.clone(),
+                here: recorded_here(st, q),
+            });
+        }
+        clean.push(p.key.clone());
+    }
+    for key in clean {
+        st.files_checked.insert(key, epoch);
+    }
+    Ok(())
+}
+
+/// Refuses a registration whose resulting policy `result` differs from one a session already
+/// serves its key under, by another name (`served`; [`Accountant::register_table_beside`]).
+fn same_as_served(result: &TablePolicy, served: &[TablePolicy]) -> Result<(), AccountingError> {
+    for s in served.iter().filter(|s| s.key == result.key) {
+        let changes = policy::changes(s, result);
+        if changes.is_empty() {
+            continue;
+        }
+        return Err(AccountingError::PolicyConflict(format!(
+            "table '{}': its file is registered in this session as table '{}' already, under \
+             another policy than this registration would leave in force ({}). A file is one \
+             table to the ledger, with one policy, and '{}' would go on planning its \
+             statements under the old one. Nothing was recorded, and '{}' keeps its policy. \
+             Register the file under one name, or give every name of it the same policy \
+             (visibility, privacy unit, public columns, budget, filter)",
+            result.name,
+            s.name,
+            changes
+                .iter()
+                .map(|c| c.what.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
+            s.name,
+            s.name,
+        )));
     }
     Ok(())
 }

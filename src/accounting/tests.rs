@@ -1383,7 +1383,7 @@ fn a_policy_changed_by_another_process_refuses_what_was_planned_under_the_old() 
         .check_planned(std::slice::from_ref(&planned_a))
         .unwrap_err();
     assert!(
-        matches!(&err, AccountingError::PolicyChanged { table, changes }
+        matches!(&err, AccountingError::PolicyChanged { table, changes, here: false }
             if table == "t" && changes.contains("visibility public → private")),
         "{err}"
     );
@@ -1504,7 +1504,11 @@ fn a_ledger_or_witness_that_others_can_move_aside_is_refused() {
         chmod(&shared, 0o775);
         let err = Accountant::open_witnessed(&ledger, &witness).unwrap_err();
         assert!(err.to_string().contains("others can write"), "{err}");
+        // Also when the group is the owner's own (round 46, F3 of the review of its fixes: the
+        // group of a user's own number may have other members); without group write, allowed.
         chown(&shared, 0, 0);
+        assert!(Accountant::open_witnessed(&ledger, &witness).is_err());
+        chmod(&shared, 0o755);
         Accountant::open_witnessed(&ledger, &witness).unwrap();
     }
 }
@@ -1564,4 +1568,163 @@ fn a_seal_that_cannot_be_written_after_the_charge_is_a_charge_that_stands() {
     let again = Accountant::open_witnessed(&path, &witness).unwrap();
     assert_eq!(again.budget_rows()[0].queries, 3, "every charge stands");
     again.admit("q3", &gauss("demo:t", 0.1)).unwrap();
+}
+
+/// A canonical directory of `tag` holding `names` (one line each), and its key.
+fn data_dir(tag: &str, names: &[&str]) -> (crate::testdir::TestPath, PathBuf) {
+    let dir = crate::testdir::test_dir(tag);
+    for n in names {
+        fs::write(dir.join(n), "uid,x\n1,11\n").unwrap();
+    }
+    let canon = fs::canonicalize(&*dir).unwrap();
+    (dir, canon)
+}
+
+/// Round 46, F1 of the review of its fixes: a session served a directory as public; another
+/// process of the owner registered a file inside it as private under its own key (its
+/// registration does not know the public table), and the session kept printing that file's
+/// rows. The public table is refused at its next statement (and at admission), naming tables,
+/// not paths; a private table elsewhere refuses nothing, and nothing is resolved again until a
+/// policy record arrives.
+#[test]
+fn a_public_directory_is_refused_once_a_file_in_it_is_made_private_elsewhere() {
+    let path = temp_ledger();
+    let (_dir, data) = data_dir("accounting-files-now-private", &["a.csv", "b.csv"]);
+    let (_other, elsewhere) = data_dir("accounting-files-elsewhere", &["c.csv"]);
+    let key = |p: &Path| p.to_string_lossy().to_string();
+    let a = Accountant::open(&path).unwrap();
+    let b = Accountant::open(&path).unwrap();
+    let public = TablePolicy {
+        visibility: Visibility::Public,
+        ..private(&key(&data), "d", 1.0)
+    };
+    let planned = a.register_table(public).unwrap();
+    a.check_planned(std::slice::from_ref(&planned)).unwrap();
+    // A private table in another directory: no refusal.
+    b.register_table(private(&key(&elsewhere.join("c.csv")), "c", 1.0))
+        .unwrap();
+    a.check_planned(std::slice::from_ref(&planned)).unwrap();
+    // Checked once per policy record: with nothing new, no resolution (the directory could
+    // even be gone).
+    let epoch = {
+        let st = a.state();
+        st.policy_records + st.owner_records
+    };
+    assert_eq!(a.state().files_checked.get(&planned.key), Some(&epoch));
+    // Another process makes a.csv private (its own key, below the public directory).
+    b.register_table(private(&key(&data.join("a.csv")), "a", 1.0))
+        .unwrap();
+    let before = file_len(&path);
+    let err = a.check_planned(std::slice::from_ref(&planned)).unwrap_err();
+    assert!(
+        matches!(&err, AccountingError::FilesNowPrivate { table, private, here: false }
+            if table == "d" && private == "a"),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("by another process"), "{msg}");
+    assert!(msg.contains("Nothing was charged"), "{msg}");
+    assert!(!msg.contains(&key(&data)), "no path: {msg}");
+    // Under the lock at admission too, and again at every statement.
+    let err = a
+        .admit_planned(
+            "q",
+            &gauss("demo:t", 0.1),
+            &[],
+            None,
+            std::slice::from_ref(&planned),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, AccountingError::FilesNowPrivate { .. }),
+        "{err}"
+    );
+    assert!(a.check_planned(std::slice::from_ref(&planned)).is_err());
+    assert_eq!(file_len(&path), before, "nothing written");
+    // A hard link of a private file in the public directory is the private file too.
+    let (_dir2, data2) = data_dir("accounting-files-linked", &["b.csv"]);
+    let public2 = a
+        .register_table(TablePolicy {
+            visibility: Visibility::Public,
+            ..private(&key(&data2), "d2", 1.0)
+        })
+        .unwrap();
+    a.check_planned(std::slice::from_ref(&public2)).unwrap();
+    fs::hard_link(elsewhere.join("c.csv"), data2.join("c.csv")).unwrap();
+    // (c is private already: its link is found once a policy record is applied.)
+    b.register_table(private("demo:x", "x", 1.0)).unwrap();
+    let err = a.check_planned(std::slice::from_ref(&public2)).unwrap_err();
+    assert!(
+        matches!(&err, AccountingError::FilesNowPrivate { private, .. } if private == "c"),
+        "{err}"
+    );
+}
+
+/// Round 46, F2 of the review of its fixes: one file under two names, the second registered
+/// with a stricter policy (recorded), left the first name planning under the old one. The
+/// registration that would change the policy a session serves under another name is refused,
+/// nothing written; one that keeps it passes. And a statement that reads one key under two
+/// policies is refused for the stale one, whichever comes first.
+#[test]
+fn a_second_name_of_a_key_under_another_policy_is_refused_and_the_stale_one_is_seen() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let row = acc.register_table(private("/t.csv", "t1", 1.0)).unwrap();
+    let unit = TablePolicy {
+        name: "t2".into(),
+        unit: Some(PrivacyUnit::new("uid", "t")),
+        ..row.clone()
+    };
+    let stated = FilterChoice {
+        kind: true,
+        delta_share: true,
+        budget: true,
+    };
+    let before = file_len(&path);
+    let err = acc
+        .register_table_beside(unit.clone(), stated, None, std::slice::from_ref(&row))
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, AccountingError::PolicyConflict(_)), "{msg}");
+    assert!(msg.contains("table 't2'"), "{msg}");
+    assert!(msg.contains("as table 't1'"), "{msg}");
+    assert!(msg.contains("privacy unit: row → uid"), "{msg}");
+    assert!(msg.contains("Register the file under one name"), "{msg}");
+    assert_eq!(file_len(&path), before, "nothing written");
+    // Also as a relaxation.
+    assert!(
+        acc.register_table_beside(
+            unit.clone(),
+            stated,
+            Some("why"),
+            std::slice::from_ref(&row)
+        )
+        .is_err()
+    );
+    assert_eq!(file_len(&path), before, "nothing written");
+    // The same policy under a second name is one table.
+    let same = TablePolicy {
+        name: "t2".into(),
+        ..row.clone()
+    };
+    acc.register_table_beside(same, stated, None, std::slice::from_ref(&row))
+        .unwrap();
+    // Without the check (another route to the record), the stale policy is refused in either
+    // order, and the refusal says it came from this session.
+    let recorded = acc.register_table(unit.clone()).unwrap();
+    for planned in [
+        vec![recorded.clone(), row.clone()],
+        vec![row.clone(), recorded.clone()],
+    ] {
+        let err = acc.check_planned(&planned).unwrap_err();
+        assert!(
+            matches!(&err, AccountingError::PolicyChanged { table, here: true, .. }
+                if table == "t1"),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains("by this session"), "{msg}");
+        assert!(!msg.contains("another process"), "{msg}");
+    }
+    acc.check_planned(std::slice::from_ref(&recorded)).unwrap();
 }

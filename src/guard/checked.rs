@@ -24,7 +24,9 @@
 //! // A CheckedPlan cannot be built outside the guard: its fields are private.
 //! use dpfusion::datafusion::logical_expr::LogicalPlan;
 //! fn forge(plan: LogicalPlan) -> dpfusion::guard::CheckedPlan {
-//!     dpfusion::guard::CheckedPlan { plan, calls: vec![], tables: vec![], private: false }
+//!     dpfusion::guard::CheckedPlan {
+//!         plan, calls: vec![], tables: vec![], private: false, read: vec![],
+//!     }
 //! }
 //! ```
 //!
@@ -80,6 +82,10 @@ pub struct CheckedPlan {
     /// Does the plan read a private table (then any failure after admission is the one fixed
     /// message)?
     private: bool,
+    /// The policies of the registered tables the statement reads ([`planned_policies`]),
+    /// collected before its joins' public sides were settled (run and replaced by rows): what
+    /// admission checks under the ledger's lock (round 46, F6 of the review of its fixes).
+    read: Vec<crate::accounting::TablePolicy>,
 }
 
 impl CheckedPlan {
@@ -103,23 +109,53 @@ impl CheckedPlan {
         self.private
     }
 
+    /// The policies the registered tables it reads were planned under, a join's settled public
+    /// side included.
+    pub fn policies(&self) -> &[crate::accounting::TablePolicy] {
+        &self.read
+    }
+
     /// The schema of its result.
     pub fn schema(&self) -> SchemaRef {
         Arc::new(self.plan.schema().as_arrow().clone())
     }
 
-    fn new(plan: LogicalPlan, calls: Vec<DpCall>) -> Self {
+    /// `written`: the plan as the SQL planner made it, before the optimizer and the settlement.
+    fn new(plan: LogicalPlan, calls: Vec<DpCall>, written: &LogicalPlan) -> Self {
         let mut tables: Vec<String> = calls.iter().map(|c| c.table.name.clone()).collect();
         tables.sort();
         tables.dedup();
         let private = !calls.is_empty() || any_private_table(&plan).is_some();
+        let read = planned_policies(written);
         Self {
             plan,
             calls,
             tables,
             private,
+            read,
         }
     }
+}
+
+/// Every distinct policy (the same key may be read under several names, each with the policy
+/// it was registered with) of the registered tables `plan` reads, subqueries included: what the
+/// session planned the statement under (round 46).
+pub fn planned_policies(plan: &LogicalPlan) -> Vec<crate::accounting::TablePolicy> {
+    use datafusion::catalog::default_table_source::source_as_provider;
+    let mut out: Vec<crate::accounting::TablePolicy> = Vec::new();
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node
+            && let Ok(provider) = source_as_provider(&scan.source)
+            && let Some(p) = provider
+                .downcast_ref::<GuardedTable>()
+                .and_then(GuardedTable::policy)
+            && !out.contains(p)
+        {
+            out.push(p.clone());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    out
 }
 
 /// Checks `plan` (as the SQL planner made it): optimizes it, guards and rewrites it, settles the
@@ -130,8 +166,8 @@ pub async fn check(
     plan: &LogicalPlan,
     opts: GuardOptions,
 ) -> Result<CheckedPlan> {
-    let (plan, calls) = check_query(state, plan, opts).await?;
-    Ok(CheckedPlan::new(plan, calls))
+    let (checked, calls) = check_query(state, plan, opts).await?;
+    Ok(CheckedPlan::new(checked, calls, plan))
 }
 
 /// [`check`] for `COPY (query) TO target`: the query is checked as any other, then written to
@@ -157,7 +193,7 @@ pub async fn check_copy(
         options: copy.options.clone(),
         output_schema: copy.output_schema.clone(),
     });
-    Ok(CheckedPlan::new(plan, calls))
+    Ok(CheckedPlan::new(plan, calls, &copy.input))
 }
 
 async fn check_query(
@@ -708,10 +744,26 @@ fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
         let schema = both.as_ref().unwrap_or(&j.schema);
         region_expr(f, schema, &cols, "the JOIN condition", opts)?;
     }
-    let left = any_private_table(&j.left).is_some();
-    let right = any_private_table(&j.right).is_some();
-    match (left, right) {
+    let (left_table, right_table) = (any_private_table(&j.left), any_private_table(&j.right));
+    match (left_table.is_some(), right_table.is_some()) {
         (true, true) => {
+            // A join of two private tables only as the guard's unit join makes it (join.rs):
+            // INNER, both with a unit of one domain, the unit columns paired as they are, of one
+            // type (round 46: the audit had accepted any equality join of two private tables).
+            let (lt, rt) = (left_table.expect("left"), right_table.expect("right"));
+            let paired = match (&lt.unit, &rt.unit) {
+                (Some(lu), Some(ru)) => {
+                    lu.domain == ru.domain && super::join::pairs_units(j, &lu.column, &ru.column)
+                }
+                _ => false,
+            };
+            if j.join_type != JoinType::Inner || !paired {
+                return Err(audit_refusal(format_args!(
+                    "a {} JOIN of private tables '{}' and '{}' that is not an INNER join on \
+                     their privacy unit columns of one domain and type",
+                    j.join_type, lt.name, rt.name
+                )));
+            }
             if j.null_equality == datafusion::common::NullEquality::NullEqualsNull {
                 return Err(audit_refusal(
                     "a join of private tables whose keys match NULL with NULL (IS NOT DISTINCT \

@@ -14,9 +14,10 @@
 //! `levenshtein` are not in the list; `FixedSizeList(2147483647, …)` is not a cast target).
 //! Every expression is evaluated totally: rewritten at planning into a total form where one
 //! exists, wrapped as a last resort ([`super::total`]; [`Total`] says which functions need it).
-//! A literal regular-expression or LIKE pattern is compiled at planning within bounds
-//! ([`compile_pattern`]: its compiled size and case-folding work; [`check_pattern_count`]: 16 a
-//! statement), and the compiled matcher is what runs (round 46).
+//! A literal regular-expression or LIKE pattern is compiled at planning within bounds into a
+//! fully built DFA ([`compile_pattern`]: its NFA's and its DFA's sizes and its case-folding work;
+//! [`check_pattern_count`]: 16 a statement), and that DFA is what runs, one transition per byte of
+//! a row whatever the pattern (round 46).
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, ScalarValue};
@@ -1084,13 +1085,34 @@ pub fn operator_ok(op: &Operator, right: &Expr) -> bool {
 
 // ---- literal patterns over private rows (round 46) ---------------------------------------------
 
-/// The most bytes a literal pattern over private rows may compile to (`regex::RegexBuilder::
-/// size_limit`, for a regular expression as written, and for the one a LIKE pattern stands for):
-/// 256 KiB. Its NFA bounds the work of matching one row (and of compiling it, once, at planning:
-/// about a millisecond in a release build, 2.6 ms the slowest of 6,000 random allowed patterns). Unicode `\w` alone takes tens of KiB, so
-/// `^\w+@\w+\.\w+$` and `\w{5}` fit, `\w{10}` does not (64 KiB refused `\w\w`); a LIKE
-/// pattern fits about 130 `_%` wildcards matched without regard to case.
+/// The most bytes the NFA of a literal pattern over private rows may take (regex-automata's
+/// `thompson::Config::nfa_size_limit`, for a regular expression as written and for the one a
+/// LIKE pattern stands for): 256 KiB. It bounds the work of compiling the NFA (about a
+/// millisecond) and of each step of building [`PATTERN_DFA_BYTES`] from it. Unicode `\w` alone
+/// takes 18 KiB, so `\w{10}` fits (176 KiB) and `\w{20}` does not.
 pub const PATTERN_BYTES: usize = 256 << 10;
+
+/// The most bytes the DFA a literal pattern over private rows is matched with may take, and the
+/// most its determinization may use beside it (regex-automata's `dense::Config::dfa_size_limit`
+/// and `determinize_size_limit`): 1 MiB. Round 46: the NFA's size bounded the work of matching a
+/// row only loosely (`a[ab]{3000}[^ab]` fitted 256 KiB, and the regex crate's lazy DFA gave up on
+/// it and fell back to an NFA simulation costing seconds per 16 KiB row), so every pattern over
+/// private rows is determinised in full at planning and a row costs one transition per byte,
+/// whatever the pattern. A pattern whose DFA would be larger is refused: `a[ab]{11}[^ab]` fits
+/// (514 KiB), `a[ab]{12}[^ab]` does not; `\w{5}` (793 KiB) and `\w{6}` (951 KiB) fit,
+/// `\w{7}` does not; `^\w+@\w+\.\w+$` takes 478 KiB, `\d{4}-\d{2}-\d{2}` 104 KiB, a
+/// LIKE `%foo%` or ILIKE `a_b%` under 2 KiB, `%a_________b%` (9 `_` after a `%`) 640 KiB.
+/// Building one took at most 0.06 s in a release build and 1.1 s in a debug build for an allowed
+/// pattern (`(?:.?){120}b`), 0.17 s and 3.2 s for one refused at the bound, over adversarial
+/// families (measured on 2 cores); 2 MiB doubled that (4 MiB: 2.3 s in a release build) for
+/// little more that fits. A statement builds each pattern about four times (the fragment check,
+/// the matcher, the two audits), so its patterns cost at most a few seconds of planning in a
+/// release build: work its text decides, never the data.
+pub const PATTERN_DFA_BYTES: usize = 1 << 20;
+
+/// A literal pattern compiled for matching over private rows: a dense DFA searched unanchored
+/// (anchors in the pattern anchor it), one transition per byte ([`compile_pattern`]).
+pub type PatternDfa = regex_automata::dfa::dense::DFA<Vec<u32>>;
 
 /// The most characters a case-insensitive regular expression's character classes may hold
 /// (in ranges that start at or below U+1E943, the last character with a case folding): 262,144. The regex crate
@@ -1212,23 +1234,31 @@ pub fn like_regex(pattern: &str) -> String {
     out
 }
 
-/// The literal pattern `pattern` compiled as arrow compiles it over a batch (a regular
-/// expression prefixed by `(?i)` when case-insensitive; a LIKE pattern by [`like_regex`]), or why
-/// it is refused over private rows: it does not compile, it would compile to more than
-/// [`PATTERN_BYTES`], or, matched without regard to case, its classes hold more than
-/// [`PATTERN_FOLDED_CHARS`] characters. None: the empty regular expression, which arrow does not
-/// compile (it matches every string).
+/// The literal pattern `pattern` compiled to the language arrow compiles it to over a batch (a
+/// regular expression prefixed by `(?i)` when case-insensitive; a LIKE pattern by [`like_regex`],
+/// with `dot_matches_new_line`, and `case_insensitive` for ILIKE; the regex crate's defaults
+/// otherwise: Unicode, UTF-8, the same parser), as a fully built DFA ([`PatternDfa`]), or why it
+/// is refused over private rows: it does not compile; matched without regard to case, its
+/// classes hold more than [`PATTERN_FOLDED_CHARS`] characters; its NFA would take more than
+/// [`PATTERN_BYTES`]; it has a Unicode word boundary, which a DFA cannot match (`(?-u:\b)`
+/// can); or its DFA would take more than [`PATTERN_DFA_BYTES`]. None: the empty regular
+/// expression, which arrow does not compile (it matches every string).
 ///
 /// So the compile is bounded and done once, at planning: the expressions over private rows hold
 /// the compiled matcher (`super::total::total_form`), so that no batch compiles a pattern, and
 /// whether a batch has a row a private CASE, AND or OR selects no longer decides whether a
 /// pattern is compiled (round 46: 25 patterns under `CASE WHEN salary > 100000` took 6.2 s on a
-/// table with one such row and 0.085 s without it).
+/// table with one such row and 0.085 s without it). And matching is bounded: one DFA transition
+/// per byte of a row, whatever the pattern (round 46: `a[ab]{3000}[^ab]` compiled within the
+/// NFA bound and cost about 2.8 s per selected 16 KiB row in a debug build).
 pub fn compile_pattern(
     kind: PatternKind,
     case_insensitive: bool,
     pattern: &str,
-) -> Result<Option<regex::Regex>, String> {
+) -> Result<Option<PatternDfa>, String> {
+    use regex_automata::dfa::{StartKind, dense};
+    use regex_automata::nfa::thompson;
+    use regex_automata::util::syntax;
     let shown = |p: &str| match p.char_indices().nth(60) {
         Some((i, _)) => format!("{}…", &p[..i]),
         None => p.to_string(),
@@ -1262,20 +1292,61 @@ pub fn compile_pattern(
             ));
         }
     }
-    regex::RegexBuilder::new(&text)
-        .case_insensitive(kind == PatternKind::Like && case_insensitive)
-        .dot_matches_new_line(kind == PatternKind::Like)
-        .size_limit(PATTERN_BYTES)
-        .build()
-        .map(Some)
-        .map_err(|e| match e {
-            regex::Error::CompiledTooBig(_) => format!(
+    const SMALLER: &str = "use a smaller pattern: fewer counted repetitions (\\w{20}, [ab]{30}), \
+        fewer wildcards (_ and %) in a row or after a leading %, ASCII classes ([A-Za-z0-9_] or \
+        (?-u:\\w) rather than Unicode \\w, \\d or \\pL)";
+    // The regex crate's defaults (arrow's `Regex::new` and `RegexBuilder`): Unicode, UTF-8 only,
+    // nesting at most 250, no octal; LIKE as arrow builds it.
+    let nfa = thompson::Compiler::new()
+        .syntax(
+            syntax::Config::new()
+                .case_insensitive(kind == PatternKind::Like && case_insensitive)
+                .dot_matches_new_line(kind == PatternKind::Like),
+        )
+        .configure(
+            thompson::Config::new()
+                .nfa_size_limit(Some(PATTERN_BYTES))
+                .which_captures(thompson::WhichCaptures::None),
+        )
+        .build(&text)
+        .map_err(|e| match e.size_limit() {
+            Some(_) => format!(
                 "{what}, which compiles to more than {PATTERN_BYTES} bytes (the most over private \
-                 rows, so that matching a row costs little whatever the data); use a smaller \
-                 pattern: fewer counted repetitions (\\w{{20}}) and wildcards (_ and %), ASCII \
-                 classes ([a-z0-9_] or (?-u:\\w) rather than Unicode \\w, \\d or \\pL)"
+                 rows); {SMALLER}"
             ),
-            e => format!("{what}, which does not compile ({e})"),
+            None => {
+                let why = std::error::Error::source(&e).map_or(e.to_string(), |s| s.to_string());
+                format!("{what}, which does not compile ({why})")
+            }
+        })?;
+    if nfa.look_set_any().contains_word_unicode() {
+        return Err(format!(
+            "{what}, which has a Unicode word boundary (\\b, \\B, \\<, \\> or \\b{{...}}): over \
+             private rows a pattern is matched by a DFA, one step per byte whatever the data, and \
+             a DFA cannot match Unicode word boundaries; use an ASCII one, (?-u:\\b), which \
+             takes only [A-Za-z0-9_] as word characters"
+        ));
+    }
+    dense::Builder::new()
+        .configure(
+            dense::Config::new()
+                .start_kind(StartKind::Unanchored)
+                .dfa_size_limit(Some(PATTERN_DFA_BYTES))
+                .determinize_size_limit(Some(PATTERN_DFA_BYTES)),
+        )
+        .build_from_nfa(&nfa)
+        .map(Some)
+        .map_err(|e| {
+            if e.is_size_limit_exceeded() {
+                format!(
+                    "{what}, whose automaton takes more than {PATTERN_DFA_BYTES} bytes (the most \
+                     over private rows, where a pattern is matched by a DFA built in full when \
+                     the statement is planned, so that matching a row costs one step per byte \
+                     whatever the data); {SMALLER}"
+                )
+            } else {
+                format!("{what}, which does not compile ({e})")
+            }
         })
 }
 
@@ -2479,20 +2550,27 @@ mod tests {
     }
 
     /// Round 46: literal patterns over private rows are compiled at planning within bounds: the
-    /// compiled size (`\w{20}`, 300 LIKE wildcards) and, without regard to case, the characters
-    /// folded (`(?i)[\s\S]`); the refusal says what, why and what to do. Everyday patterns pass.
+    /// NFA's size (`\w{20}`, 4,000 LIKE wildcards), the DFA's size (`a[ab]{3000}[^ab]`, the
+    /// review's attack, and `\w{7}`), Unicode word boundaries (which a DFA cannot match) and,
+    /// without regard to case, the characters folded (`(?i)[\s\S]`); the refusal says what, why
+    /// and what to do. Everyday patterns pass.
     #[test]
     fn literal_patterns_are_bounded_when_they_compile() {
         use PatternKind::{Like, Regex};
-        let refused = |kind, ci, p: &str| compile_pattern(kind, ci, p).expect_err(p);
+        let refused = |kind, ci, p: &str| match compile_pattern(kind, ci, p) {
+            Ok(_) => panic!("{p} was not refused"),
+            Err(why) => why,
+        };
         let ok = |kind, ci, p: &str| {
-            compile_pattern(kind, ci, p).unwrap_or_else(|e| panic!("{p}: {e}"));
+            compile_pattern(kind, ci, p)
+                .unwrap_or_else(|e| panic!("{p}: {e}"))
+                .map_or(0, |d| d.memory_usage())
         };
         for p in [
             r"^\w+@\w+$",
             r"\d{4}-\d{2}-\d{2}",
             r"^[A-Z][a-z]+$",
-            r"\bfoo\b",
+            r"(?-u:\b)foo(?-u:\b)",
             r"^\S+@\S+\.[a-z]{2,}$",
             r"(a|b|c){30}",
             r"\pL+",
@@ -2501,25 +2579,61 @@ mod tests {
             ok(Regex, false, p);
             ok(Regex, true, p);
         }
-        ok(Regex, false, r"\w{5}");
-        ok(Regex, false, r"^\w+@\w+\.\w+$");
+        // The brief's everyday patterns, and their DFAs' sizes (doc of PATTERN_DFA_BYTES).
+        let kib = |n: usize| n.div_ceil(1024);
+        assert_eq!(kib(ok(Regex, false, r"\w{5}")), 793);
+        assert_eq!(kib(ok(Regex, true, r"\w{6}")), 951);
+        assert_eq!(kib(ok(Regex, false, r"^\w+@\w+\.\w+$")), 478);
+        assert_eq!(kib(ok(Regex, false, r"\d{4}-\d{2}-\d{2}")), 104);
+        assert!(ok(Regex, false, r"(?i)^[a-z]+$") < 1024);
+        assert!(ok(Like, false, "%foo%") < 2048);
+        assert!(ok(Like, true, "a_b%") < 2048);
+        assert_eq!(kib(ok(Like, false, "%a_________b%")), 640);
+        assert_eq!(kib(ok(Regex, false, r"a[ab]{11}[^ab]")), 514);
         ok(Regex, true, r"[\w]");
         ok(Regex, false, r"[\s\S]");
         ok(Regex, false, r"(?i)\P{L}");
+        ok(Regex, false, r"[A-Za-z0-9_]{50}");
+        ok(Regex, false, r"(?-u:\w){50}");
         ok(Like, true, &"_%".repeat(10));
         ok(Like, false, &"a".repeat(1000));
         let big = refused(Regex, false, r"\w{20}");
         assert!(
             big.contains(&format!("compiles to more than {PATTERN_BYTES} bytes"))
-                && big.contains("[a-z0-9_]"),
+                && big.contains("[A-Za-z0-9_]"),
             "{big}"
         );
         assert!(refused(Regex, true, r"\w{150}").contains("compiles to more than"));
-        let like = refused(Like, true, &"_%".repeat(300));
+        let like = refused(Like, true, &"_%".repeat(2000));
         assert!(
             like.starts_with("the LIKE pattern '_%_%") && like.contains("wildcards"),
             "{like}"
         );
+        // The DFA's bound: the review's pattern, one repetition past the largest of its family,
+        // Unicode \w past six, LIKE past nine _ after a %.
+        for (kind, p) in [
+            (Regex, r"a[ab]{3000}[^ab]"),
+            (Regex, r"a[ab]{12}[^ab]"),
+            (Regex, r"\w{7}"),
+            (Like, "%a__________b%"),
+        ] {
+            let why = refused(kind, false, p);
+            assert!(
+                why.contains(&format!(
+                    "automaton takes more than {PATTERN_DFA_BYTES} bytes"
+                )) && why.contains("one step per byte")
+                    && why.contains("(?-u:\\w)"),
+                "{why}"
+            );
+        }
+        // Unicode word boundaries: refused, with the ASCII one suggested.
+        for p in [r"\bfoo\b", r"\B", r"\<a", r"a\b{end}"] {
+            let why = refused(Regex, false, p);
+            assert!(
+                why.contains("Unicode word boundary") && why.contains("(?-u:\\b)"),
+                "{why}"
+            );
+        }
         for p in [
             r"[\s\S]",
             r"\p{Any}",

@@ -264,13 +264,10 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
             lt.name, lu.domain, rt.name, ru.domain
         )));
     }
-    let on_units = j.on.iter().any(|(l, r)| {
-        super::bare_column(l, &j.left).as_deref() == Some(lu.column.as_str())
-            && super::bare_column(r, &j.right).as_deref() == Some(ru.column.as_str())
-    });
-    if !on_units {
+    if !pairs_units(j, &lu.column, &ru.column) {
         return Err(refuse_with(format!(
-            "the keys do not pair '{}.{}' with '{}.{}'",
+            "the keys do not pair '{}.{}' with '{}.{}' as they are (no cast, one type: a cast \
+             can map two units to one)",
             lt.name, lu.column, rt.name, ru.column
         )));
     }
@@ -306,6 +303,24 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
 }
 
 /// The equality keys of `j`, each made total over its side's schema.
+/// Does one of `j`'s equality keys pair the unit column `left` of its left side with `right` of
+/// its right side, both as they are (no cast anywhere: [`super::exact_column`]) and of one type?
+/// Shared by the guard's unit join and the final audit.
+pub(super) fn pairs_units(j: &Join, left: &str, right: &str) -> bool {
+    use datafusion::logical_expr::ExprSchemable;
+    j.on.iter().any(|(l, r)| {
+        // The guard's total wrappers, if any, seen through (a wrapped key is computed).
+        let plain = |e: &Expr| super::total::unwrap(e.clone()).unwrap_or_else(|_| e.clone());
+        let (l, r) = (plain(l), plain(r));
+        super::exact_column(&l, &j.left).as_deref() == Some(left)
+            && super::exact_column(&r, &j.right).as_deref() == Some(right)
+            && matches!(
+                (l.get_type(j.left.schema()), r.get_type(j.right.schema())),
+                (Ok(a), Ok(b)) if a == b
+            )
+    })
+}
+
 fn total_keys(j: &Join) -> Result<Vec<(Expr, Expr)>> {
     j.on.iter()
         .map(|(l, r)| {

@@ -608,17 +608,30 @@ fn trace_column(c: &Column, plan: &LogicalPlan) -> Option<BTreeSet<String>> {
     }
 }
 
-/// The base column that `expr` is, unchanged, through projections and aliases (None when it is
+/// The base column that `expr` is, unchanged, through projections and aliases, or through a
+/// CAST to Float64 (the argument coercion's, which keeps every value's ratio) (None when it is
 /// computed).
 fn bare_column(expr: &Expr, plan: &LogicalPlan) -> Option<String> {
+    base_column(expr, plan, true)
+}
+
+/// The base column that `expr` is, with no cast at all: a value of it names one value of the
+/// column. A privacy unit is compared so (round 46: `CAST(unit AS DOUBLE)` maps two Int64 units
+/// above 2^53, or '1' and '01', to one, and a unit join on it paired the rows of different
+/// units).
+pub(super) fn exact_column(expr: &Expr, plan: &LogicalPlan) -> Option<String> {
+    base_column(expr, plan, false)
+}
+
+fn base_column(expr: &Expr, plan: &LogicalPlan, float_casts: bool) -> Option<String> {
     let c = match expr {
         Expr::Column(c) => c,
-        Expr::Alias(a) => return bare_column(&a.expr, plan),
-        // The argument coercion's CAST to Float64 keeps every value's ratio.
+        Expr::Alias(a) => return base_column(&a.expr, plan, float_casts),
         Expr::Cast(c)
-            if c.field.data_type() == &datafusion::arrow::datatypes::DataType::Float64 =>
+            if float_casts
+                && c.field.data_type() == &datafusion::arrow::datatypes::DataType::Float64 =>
         {
-            return bare_column(&c.expr, plan);
+            return base_column(&c.expr, plan, float_casts);
         }
         _ => return None,
     };
@@ -626,13 +639,17 @@ fn bare_column(expr: &Expr, plan: &LogicalPlan) -> Option<String> {
         LogicalPlan::TableScan(_) => Some(c.name.clone()),
         LogicalPlan::Projection(p) => {
             let idx = p.schema.index_of_column(c).ok()?;
-            bare_column(&p.expr[idx], &p.input)
+            base_column(&p.expr[idx], &p.input, float_casts)
         }
-        LogicalPlan::Filter(f) => bare_column(expr, &f.input),
+        LogicalPlan::Filter(f) => base_column(expr, &f.input, float_casts),
         LogicalPlan::SubqueryAlias(s) => {
             let idx = s.schema.index_of_column(c).ok()?;
             let (q, f) = s.input.schema().qualified_field(idx);
-            bare_column(&Expr::Column(Column::new(q.cloned(), f.name())), &s.input)
+            base_column(
+                &Expr::Column(Column::new(q.cloned(), f.name())),
+                &s.input,
+                float_casts,
+            )
         }
         LogicalPlan::Join(j) => {
             let private = if join::private_is_left(j) {
@@ -641,7 +658,7 @@ fn bare_column(expr: &Expr, plan: &LogicalPlan) -> Option<String> {
                 &j.right
             };
             if private.schema().has_column(c) {
-                bare_column(expr, private)
+                base_column(expr, private, float_casts)
             } else {
                 None
             }

@@ -11,7 +11,9 @@
 //!
 //! A literal regular-expression or LIKE pattern inside is compiled once, at planning, into a
 //! [`PatternMatcher`] (arrow compiles it again on every batch it matches, and whether a batch
-//! runs it depends on the rows a private CASE, AND or OR selects: round 46).
+//! runs it depends on the rows a private CASE, AND or OR selects: round 46), a fully built DFA
+//! that matches a row in one transition per byte whatever the pattern (round 46: the regex
+//! crate's fallback to an NFA simulation cost seconds per selected row).
 use std::any::Any;
 use std::hash::{Hash, Hasher};
 use std::panic::AssertUnwindSafe;
@@ -391,17 +393,70 @@ fn by_halves(
 }
 
 /// A string matched against a literal regular expression or LIKE pattern (`fragment::
-/// PatternMatch`), compiled at planning ([`fragment::compile_pattern`], within its bounds) and
-/// matched as arrow matches it: the same values, NULL for a NULL string. It stands only inside a
-/// [`TotalExpr`] (made by [`total_form`]), and [`unwrap`] turns it back into the match it was.
-#[derive(Debug)]
+/// PatternMatch`), compiled at planning into a DFA ([`fragment::compile_pattern`], within its
+/// bounds) and matched as arrow matches it: the same values, NULL for a NULL string, and one DFA
+/// transition per byte of a string plus one at its end, whatever the pattern and the string
+/// ([`dfa_match`]). It stands only inside a [`TotalExpr`] (made by [`total_form`]), and
+/// [`unwrap`] turns it back into the match it was.
 pub struct PatternMatcher {
     /// The match it stands for, its string replaced by NULL ([`Self::original`]).
     template: Expr,
     negated: bool,
     /// None: the empty regular expression, which matches every string.
-    regex: Option<regex::Regex>,
+    dfa: Option<fragment::PatternDfa>,
     signature: Signature,
+}
+
+/// Its match, not its DFA's table (up to a MiB of transitions).
+impl std::fmt::Debug for PatternMatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PatternMatcher")
+            .field("template", &self.template)
+            .field("dfa_bytes", &self.dfa.as_ref().map(|d| d.memory_usage()))
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The DFA transitions [`dfa_match`] took on this thread (tests count them, round 46).
+    static DFA_STEPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Does `dfa` match somewhere in `s` (the regex crate's `is_match`)? One transition per byte of
+/// `s`, stopping early at a match or where no match can follow, and one for its end: no other
+/// work per byte, whatever the pattern (round 46). An unanchored forward search of a DFA built
+/// without quit bytes ([`fragment::compile_pattern`]) cannot fail; a failure is an error, which
+/// the [`TotalExpr`] around makes NULL.
+fn dfa_match(dfa: &fragment::PatternDfa, s: &str) -> Result<bool> {
+    use regex_automata::Input;
+    use regex_automata::dfa::Automaton;
+    let Ok(mut state) = dfa.start_state_forward(&Input::new(s)) else {
+        return exec_err!("{PATTERN_MATCH} could not start");
+    };
+    let bytes = s.as_bytes();
+    let mut taken = 0;
+    let mut decided = None;
+    while taken < bytes.len() {
+        state = dfa.next_state(state, bytes[taken]);
+        taken += 1;
+        if dfa.is_special_state(state) {
+            if dfa.is_match_state(state) {
+                decided = Some(true);
+            } else if dfa.is_dead_state(state) {
+                decided = Some(false);
+            } else if dfa.is_quit_state(state) {
+                return exec_err!("{PATTERN_MATCH} stopped on a quit byte");
+            }
+            if decided.is_some() {
+                break;
+            }
+        }
+    }
+    #[cfg(test)]
+    DFA_STEPS.with(|c| c.set(c.get() + taken as u64 + u64::from(decided.is_none())));
+    let matched = decided.unwrap_or_else(|| dfa.is_match_state(dfa.next_eoi_state(state)));
+    Ok(matched)
 }
 
 /// The name under which a pattern matcher appears in plans.
@@ -441,7 +496,7 @@ impl PatternMatcher {
         let Some(text) = m.text().filter(|_| ok_type) else {
             return Ok(None);
         };
-        let Ok(regex) = fragment::compile_pattern(m.kind, m.case_insensitive, &text) else {
+        let Ok(dfa) = fragment::compile_pattern(m.kind, m.case_insensitive, &text) else {
             return Ok(None);
         };
         let subject = m.expr.clone();
@@ -459,7 +514,7 @@ impl PatternMatcher {
         let udf = PatternMatcher {
             template,
             negated: m.negated,
-            regex,
+            dfa,
             signature: Signature::any(1, Volatility::Immutable),
         };
         Ok(Some(Expr::ScalarFunction(
@@ -492,11 +547,29 @@ impl PatternMatcher {
 
     /// The match over the strings of `a` (a string array or a dictionary of strings).
     fn matches(&self, a: &dyn Array) -> Result<ArrayRef> {
-        let one = |s: &str| self.regex.as_ref().is_none_or(|r| r.is_match(s)) != self.negated;
+        let one = |s: &str| -> Result<bool> {
+            let m = match &self.dfa {
+                Some(dfa) => dfa_match(dfa, s)?,
+                None => true,
+            };
+            Ok(m != self.negated)
+        };
         let out: BooleanArray = match a.data_type() {
-            DataType::Utf8 => a.as_string::<i32>().iter().map(|v| v.map(one)).collect(),
-            DataType::LargeUtf8 => a.as_string::<i64>().iter().map(|v| v.map(one)).collect(),
-            DataType::Utf8View => a.as_string_view().iter().map(|v| v.map(one)).collect(),
+            DataType::Utf8 => a
+                .as_string::<i32>()
+                .iter()
+                .map(|v| v.map(one).transpose())
+                .collect::<Result<_>>()?,
+            DataType::LargeUtf8 => a
+                .as_string::<i64>()
+                .iter()
+                .map(|v| v.map(one).transpose())
+                .collect::<Result<_>>()?,
+            DataType::Utf8View => a
+                .as_string_view()
+                .iter()
+                .map(|v| v.map(one).transpose())
+                .collect::<Result<_>>()?,
             DataType::Null => BooleanArray::new_null(a.len()),
             DataType::Dictionary(..) => {
                 let d = a.as_any_dictionary();
@@ -760,6 +833,10 @@ mod tests {
             Some("Ǆ"),
             Some("12"),
             Some("x.y"),
+            Some("éfooé"),
+            Some("foo_bar"),
+            Some("a\r\nb"),
+            Some("ω"),
             None,
         ];
         let regexes = [
@@ -772,7 +849,14 @@ mod tests {
             "^$",
             "[0-9]{2}",
             "a|b",
-            "\\bfoo\\b",
+            "(?-u:\\b)foo(?-u:\\b)",
+            "x*",
+            "^",
+            "\\d+$",
+            "(?s)a.b",
+            "\\Ab\\z",
+            "(?R)^b$",
+            "\\p{Greek}|\\p{Lt}",
             ".",
             "^.$",
             "(?m)^b",
@@ -880,5 +964,93 @@ mod tests {
             }
         }
         assert!(compared > 400, "{compared}");
+    }
+
+    /// Round 46 (review fix-guard, finding 1): matching is bounded per byte, not only
+    /// compiling. The review's `a[ab]{3000}[^ab]` is refused; the largest pattern of its family
+    /// that compiles (`a[ab]{11}[^ab]`), and 16 of that family ORed, matched against a 16 KiB
+    /// string of `a` and `b` that a private CASE selects, take one DFA transition per byte of the
+    /// selected row (plus one at its end) per pattern, counted: a selected row adds 16,383 steps
+    /// per pattern to an unselected run of 1,024 rows (2,048 steps per pattern), and two add twice
+    /// that. (The regex crate's NFA fallback took about 2.8 s per such row and pattern in a debug
+    /// build.)
+    #[test]
+    fn a_row_a_private_case_selects_costs_one_dfa_step_per_byte_per_pattern() {
+        use datafusion::logical_expr::{BinaryExpr, Operator, when};
+        use fragment::PatternKind::Regex;
+        let family = |c: char, k: usize| format!("{c}[ab]{{{k}}}[^ab]");
+        assert!(fragment::compile_pattern(Regex, false, &family('a', 3000)).is_err());
+        let k = (1..64)
+            .take_while(|&k| fragment::compile_pattern(Regex, false, &family('a', k)).is_ok())
+            .last()
+            .unwrap();
+        assert_eq!(k, 11);
+        // 16 KiB of a and b, pseudo-random: [^ab] never matches, and no literal can be skipped to.
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let big: String = (0..16 << 10)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if x & 1 == 0 { 'a' } else { 'b' }
+            })
+            .collect();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "salary",
+            DataType::Int64,
+            true,
+        )]));
+        let df = DFSchema::try_from(schema.as_ref().clone()).unwrap();
+        let subject = when(col("salary").gt(lit(100_000i64)), lit(big.clone()))
+            .otherwise(lit("x"))
+            .unwrap();
+        let matching = |p: String| {
+            Expr::BinaryExpr(BinaryExpr::new(
+                Box::new(subject.clone()),
+                Operator::RegexMatch,
+                Box::new(lit(p)),
+            ))
+        };
+        let largest = matching(family('a', k));
+        let sixteen = (0..16)
+            .map(|i| matching(family(if i % 2 == 0 { 'a' } else { 'b' }, k - i / 2)))
+            .reduce(|a, b| a.or(b))
+            .unwrap();
+        let rows = 1024;
+        for (e, patterns) in [(largest, 1u64), (sixteen, 16)] {
+            let w = wrap(e, &df).unwrap();
+            let p =
+                create_physical_expr(&w, &df, &ExecutionProps::new(), &Default::default()).unwrap();
+            let steps = |selected: &[usize]| {
+                let salaries: Int64Array = (0..rows)
+                    .map(|r| {
+                        Some(if selected.contains(&r) {
+                            9_999_999
+                        } else {
+                            1_000 + r as i64
+                        })
+                    })
+                    .collect();
+                let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(salaries)]).unwrap();
+                DFA_STEPS.with(|c| c.set(0));
+                let a = p.evaluate(&batch).unwrap().into_array(rows).unwrap();
+                assert_eq!(a.as_boolean().true_count(), 0);
+                assert_eq!(a.null_count(), 0);
+                DFA_STEPS.with(|c| c.get())
+            };
+            let none = steps(&[]);
+            let one = steps(&[rows / 2]);
+            let two = steps(&[0, rows - 1]);
+            // An unselected row ("x") takes 2 steps per pattern; the selected one, its bytes
+            // and one at its end.
+            let per_row = big.len() as u64 + 1;
+            assert_eq!(none, patterns * 2 * rows as u64);
+            assert_eq!(
+                one - none,
+                patterns * (per_row - 2),
+                "{patterns}: {none} → {one}"
+            );
+            assert_eq!(two - none, 2 * (one - none), "{patterns}");
+        }
     }
 }

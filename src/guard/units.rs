@@ -613,19 +613,51 @@ impl ScalarUDFImpl for GroupKey {
 /// 64-bit key and the C smallest kept, as a list of structs `{pos, c0, c1, …}` with `pos` = 1, 2,
 /// … in key order. A row's key is SipHash-2-4 ([`GroupKey`]'s PRF) under a secret per-query key
 /// (derived from the query's key, so from the CSPRNG or the session's insecure test seed) of the
-/// row's values and its position among the rows its accumulator met: to anyone without the key,
-/// the keys of distinct (row, position) pairs are independent and uniform, so the C smallest are
-/// a uniform sample without replacement, whatever the partitioning (partial states keep their C
-/// smallest; merging keeps the C smallest of the union: only two equal rows at the same position
-/// of two partial accumulators share a key, and they are the same values). Under a fixed seed
-/// the sample is a function of the data and its partitioning into batches: a unit query is
-/// reproducible. Privacy does not rest on the keys (any choice that reads only the unit's own
-/// rows keeps the bounds), only the absence of bias does.
+/// row's values and its row id, a number no other row of the query gets ([`RowIds`]): to anyone
+/// without the key, the keys of the query's rows are independent and uniform, so the C smallest
+/// of a (unit, group) are a uniform sample without replacement of that unit's rows, independent
+/// of every other unit's, whatever the partitioning (partial states keep their C smallest;
+/// merging keeps the C smallest of the union). The sensitivity argument rests on that
+/// independence: until round 46 a row's number was its position among the rows its own
+/// accumulator met, so equal rows at one position of two partitions (or, without GROUP BY, of
+/// two units' accumulators) shared a key, and where positions fell, which other units' rows
+/// decided, changed every unit's sample (a new unit's row at the top of a file moved a count
+/// by 900 with σ = 0.25). Under a fixed seed the keys are fixed, but which row gets which id
+/// depends on the order partitions reach the counter.
 #[derive(PartialEq, Eq, Hash)]
 pub(super) struct Sample {
     cap: u64,
     key: [u64; 2],
+    ids: RowIds,
     signature: Signature,
+}
+
+/// The query's row ids: one counter shared by every accumulator of one sampling aggregate (its
+/// partitions, its groups, its spills), so that no two rows of the query get one id.
+#[derive(Clone, Default)]
+pub(super) struct RowIds(Arc<std::sync::atomic::AtomicU64>);
+
+impl RowIds {
+    /// The first of `n` fresh ids.
+    pub(super) fn take(&self, n: usize) -> u64 {
+        self.0
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// One counter is one aggregate's: equal when shared.
+impl PartialEq for RowIds {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for RowIds {}
+
+impl std::hash::Hash for RowIds {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state);
+    }
 }
 
 impl std::fmt::Debug for Sample {
@@ -638,6 +670,7 @@ fn sample_udaf(cap: u64, query_key: [u64; 2]) -> AggregateUDF {
     AggregateUDF::from(Sample {
         cap,
         key: sample_key(query_key),
+        ids: RowIds::default(),
         signature: Signature::variadic_any(Volatility::Volatile),
     })
 }
@@ -681,7 +714,12 @@ impl AggregateUDFImpl for Sample {
             .iter()
             .map(|e| e.data_type(acc_args.schema))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Box::new(SampleAccumulator::new(self.cap, self.key, types)?))
+        Ok(Box::new(SampleAccumulator::new(
+            self.cap,
+            self.key,
+            self.ids.clone(),
+            types,
+        )?))
     }
 }
 
@@ -690,8 +728,8 @@ struct SampleAccumulator {
     cap: usize,
     /// The row keys' secret PRF key.
     key: [u64; 2],
-    /// The rows met so far (a row's position).
-    seen: u64,
+    /// The query's row ids.
+    ids: RowIds,
     /// Encodes a row's values for its key.
     encoder: RowConverter,
     types: Vec<DataType>,
@@ -715,12 +753,12 @@ impl std::fmt::Debug for SampleAccumulator {
 }
 
 impl SampleAccumulator {
-    fn new(cap: u64, key: [u64; 2], types: Vec<DataType>) -> Result<Self> {
+    fn new(cap: u64, key: [u64; 2], ids: RowIds, types: Vec<DataType>) -> Result<Self> {
         let encoder = RowConverter::new(types.iter().cloned().map(SortField::new).collect())?;
         Ok(Self {
             cap: usize::try_from(cap).unwrap_or(usize::MAX).max(1),
             key,
-            seen: 0,
+            ids,
             encoder,
             types,
             rows: vec![],
@@ -776,12 +814,12 @@ impl SampleAccumulator {
 impl Accumulator for SampleAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let n = values.first().map_or(0, |a| a.len());
-        // (With no sampled column, `dp_count(*)`, a row is its position.)
+        // (With no sampled column, `dp_count(*)`, a row is its id.)
         let encoded = self.encoder.convert_columns(&values[1..])?;
+        let first = self.ids.take(n);
         for i in 0..n {
             let row = (encoded.num_rows() == n).then(|| encoded.row(i));
-            let key = row_key(self.key, row.as_ref().map(|r| r.as_ref()), self.seen);
-            self.seen += 1;
+            let key = row_key(self.key, row.as_ref().map(|r| r.as_ref()), first + i as u64);
             // Not among the C smallest keys already kept.
             if key >= self.threshold {
                 continue;
@@ -967,7 +1005,8 @@ mod tests {
 
     #[test]
     fn the_sample_keeps_at_most_c_rows_and_merges_to_c() {
-        let new = || SampleAccumulator::new(3, [1, 2], vec![DataType::Int64]).unwrap();
+        let ids = RowIds::default();
+        let new = || SampleAccumulator::new(3, [1, 2], ids.clone(), vec![DataType::Int64]).unwrap();
         let batch = |lo: i64| -> Vec<ArrayRef> {
             vec![
                 Arc::new(UInt64Array::from(vec![3u64; 500])),
@@ -1012,7 +1051,8 @@ mod tests {
             Arc::new(Int64Array::from_iter_values(0..200)),
         ];
         let sample = |key: [u64; 2]| {
-            let mut a = SampleAccumulator::new(3, key, vec![DataType::Int64]).unwrap();
+            let mut a =
+                SampleAccumulator::new(3, key, RowIds::default(), vec![DataType::Int64]).unwrap();
             a.update_batch(&values).unwrap();
             let ScalarValue::List(list) = a.evaluate().unwrap() else {
                 panic!("a list")
@@ -1026,11 +1066,58 @@ mod tests {
         };
         assert_eq!(sample([1, 2]), sample([1, 2]));
         assert_ne!(sample([1, 2]), sample([3, 4]));
-        let mut none = SampleAccumulator::new(3, [1, 2], vec![]).unwrap();
+        let mut none = SampleAccumulator::new(3, [1, 2], RowIds::default(), vec![]).unwrap();
         none.update_batch(&values[..1]).unwrap();
         let ScalarValue::List(list) = none.evaluate().unwrap() else {
             panic!("a list")
         };
         assert_eq!(list.value(0).len(), 3);
+    }
+
+    /// Round 46: a unit's rows {a, a, b} with C = 1 keep `a` with probability 2/3 whether they
+    /// reach one accumulator or two (`a` in one, `a, b` in the other): every row of the query
+    /// has its own id. (With a row's position as its id, the split gave 1/2: equal rows at one
+    /// position of two partitions shared a key.) Over 6,000 query keys; 2/3 ± 0.025 is over 4
+    /// standard deviations.
+    #[test]
+    fn a_units_sample_is_uniform_however_its_rows_are_split() {
+        let rows = |v: &[i64]| -> Vec<ArrayRef> {
+            vec![
+                Arc::new(UInt64Array::from(vec![1u64; v.len()])),
+                Arc::new(Int64Array::from(v.to_vec())),
+            ]
+        };
+        let kept = |a: &mut SampleAccumulator| {
+            let ScalarValue::List(list) = a.evaluate().unwrap() else {
+                panic!("a list")
+            };
+            let rows = list.value(0);
+            rows.as_struct()
+                .column(1)
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                .value(0)
+        };
+        let (mut whole, mut split) = (0u32, 0u32);
+        let n = 6_000u64;
+        for seed in 0..n {
+            let key = [seed, seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)];
+            let ids = RowIds::default();
+            let new = || SampleAccumulator::new(1, key, ids.clone(), vec![DataType::Int64]);
+            let mut one = new().unwrap();
+            one.update_batch(&rows(&[7, 7, 9])).unwrap();
+            whole += u32::from(kept(&mut one) == 7);
+            let ids = RowIds::default();
+            let new = || SampleAccumulator::new(1, key, ids.clone(), vec![DataType::Int64]);
+            let (mut first, mut second) = (new().unwrap(), new().unwrap());
+            first.update_batch(&rows(&[7])).unwrap();
+            second.update_batch(&rows(&[7, 9])).unwrap();
+            let state = second.state().unwrap()[0].to_array().unwrap();
+            first.merge_batch(&[state]).unwrap();
+            split += u32::from(kept(&mut first) == 7);
+        }
+        for (what, count) in [("whole", whole), ("split", split)] {
+            let p = f64::from(count) / n as f64;
+            assert!((p - 2.0 / 3.0).abs() < 0.025, "{what}: P(a) = {p}");
+        }
     }
 }

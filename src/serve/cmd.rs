@@ -40,10 +40,10 @@ OPTIONS:
                                      max_connections, else 256)
         --max-result-bytes N         The largest result of one statement (default: [server]
                                      max_result_bytes, else 268435456, 256 MiB)
-        --max-calls-per-analyst N    Calls of one analyst that plan or run (statements,
-                                     prepares, parameters, ingest) in flight at once, running
-                                     or waiting for a turn; one more is refused (default:
-                                     twice the analyst's turns, at least 16)
+        --max-calls-per-analyst N    Calls of one analyst in flight at once, from their
+                                     headers to their answers (being received, running or
+                                     waiting for a turn); one more is refused before its body
+                                     is read (default: twice the analyst's turns, at least 16)
         --tls-cert FILE              Serve over TLS with this certificate chain (PEM; default:
                                      [server] tls_cert). Clients connect to grpc+tls://
         --tls-key FILE               ... and its private key (PEM; default: [server] tls_key)

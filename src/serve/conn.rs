@@ -19,8 +19,10 @@
 //! - **No spinning**: an accept error (`EMFILE`, `ENFILE`, `ENOBUFS`, …) is retried after a
 //!   back-off that doubles from 5 ms to 1 s, never at once.
 //!
-//! Calls find their connection's [`Conn`] in the request's extensions ([`conn_of`]) and mark it
-//! authenticated ([`Conn::authenticated`]).
+//! Calls find their connection's [`Conn`] in the request's extensions ([`conn_in`]) and mark it
+//! authenticated ([`Conn::authenticated`]): the router does, from a call's headers, before any
+//! byte of its body is read (`serve::ByMethod`, round 46), so a connection is authenticated, and
+//! an analyst's, from their first call's headers.
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
@@ -143,7 +145,12 @@ pub struct ConnInfo(pub Arc<Conn>);
 
 /// The connection a request came on, if it came through [`incoming`].
 pub fn conn_of<T>(request: &tonic::Request<T>) -> Option<&Arc<Conn>> {
-    let ext = request.extensions();
+    conn_in(request.extensions())
+}
+
+/// [`conn_of`], from a request's extensions (tonic fills them before the service sees the
+/// request, so the router that reads only the headers finds it too: `serve::ByMethod`).
+pub fn conn_in(ext: &tonic::codegen::http::Extensions) -> Option<&Arc<Conn>> {
     ext.get::<ConnInfo>()
         .or_else(|| {
             ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()

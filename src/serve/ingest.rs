@@ -17,6 +17,11 @@
 //!   batches are counted (`get_array_memory_size`) as they arrive, and in the session's memory
 //!   pool (`memory_limit`) for as long as the table is kept; past either the upload is
 //!   refused with `ResourceExhausted` and nothing is stored.
+//! - **Caps on what `GetTables` lists** (round 46): an analyst keeps at most [`MAX_TABLES`]
+//!   tables, whose schemas take at most [`MAX_SCHEMA_BYTES`] encoded as Arrow IPC (what
+//!   `GetTables` sends of each). `GetTables` with `include_schema` encodes every listed table's
+//!   schema at each call: bounded by the byte quota alone, 150 empty tables of 10,000 columns
+//!   cost 4 s of CPU and a 78 MB answer per call.
 //! - **Table definition options**: a new table is created unless the client asks to fail;
 //!   an existing one is replaced or appended to when asked, else the upload fails.
 use std::collections::HashMap;
@@ -50,12 +55,23 @@ const BATCH_OVERHEAD: usize = 256;
 /// The longest table name accepted.
 const MAX_NAME: usize = 128;
 
+/// The most tables one analyst keeps in `mine` (round 46: each is listed, and its name matched,
+/// by every `GetTables`).
+pub const MAX_TABLES: usize = 256;
+
+/// The most bytes the schemas of one analyst's tables take, encoded as Arrow IPC (round 46:
+/// `GetTables` with `include_schema` encodes each so at every call, so its cost and its
+/// answer's size are this and the owner's schemas, whatever the byte quota).
+pub const MAX_SCHEMA_BYTES: usize = 4 << 20;
+
 /// One ingested table, its bytes counted in the memory pool for as long as it is kept.
 struct Upload {
     table: Arc<GuardedTable>,
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
     bytes: usize,
+    /// Its schema's bytes as Arrow IPC, within [`MAX_SCHEMA_BYTES`] with the analyst's others.
+    schema_bytes: usize,
     _reservation: MemoryReservation,
 }
 
@@ -93,17 +109,10 @@ impl Uploads {
         v
     }
 
-    /// The bytes `analyst` keeps, the table `except` left out.
-    fn bytes(&self, analyst: &str, except: Option<&str>) -> usize {
+    /// The bytes `analyst` keeps, the table `except` left out, and their schemas' as IPC.
+    fn bytes(&self, analyst: &str, except: Option<&str>) -> (usize, usize) {
         let all = self.by_analyst.lock().expect("lock");
-        all.get(analyst)
-            .map(|m| {
-                m.iter()
-                    .filter(|(n, _)| Some(n.as_str()) != except)
-                    .map(|(_, u)| u.bytes)
-                    .sum()
-            })
-            .unwrap_or(0)
+        all.get(analyst).map_or((0, 0), |m| kept_except(m, except))
     }
 
     /// Reads one upload of `analyst` from `data` and keeps it as `mine.<table>`: the rows
@@ -120,15 +129,25 @@ impl Uploads {
         S: Stream<Item = Result<arrow_flight::FlightData, Status>> + Send + 'static,
     {
         let (name, exists, not_exists) = target(command)?;
-        let current = self
-            .by_analyst
-            .lock()
-            .expect("lock")
-            .get(analyst)
-            .and_then(|m| {
-                m.get(&name)
-                    .map(|u| (Arc::clone(&u.schema), u.batches.clone(), u.bytes))
-            });
+        let (current, tables) = {
+            let all = self.by_analyst.lock().expect("lock");
+            let mine = all.get(analyst);
+            (
+                mine.and_then(|m| m.get(&name)).map(|u| {
+                    (
+                        Arc::clone(&u.schema),
+                        u.batches.clone(),
+                        u.bytes,
+                        u.schema_bytes,
+                    )
+                }),
+                mine.map_or(0, HashMap::len),
+            )
+        };
+        // A new table past the cap is refused before any byte of it is read.
+        if current.is_none() && tables >= MAX_TABLES {
+            return Err(too_many_tables());
+        }
         match (&current, exists, not_exists) {
             (None, _, TableNotExistOption::Fail) => {
                 return Err(Status::not_found(format!(
@@ -145,12 +164,12 @@ impl Uploads {
             _ => {}
         }
         // The table being replaced or appended to is counted once, with what is kept of it.
-        let others = self.bytes(analyst, Some(&name));
+        let (others, others_schemas) = self.bytes(analyst, Some(&name));
         let reservation =
             MemoryConsumer::new(format!("dpfusion serve ingest of {analyst}")).register(pool);
-        let (mut batches, mut bytes) = match (&current, exists) {
-            (Some((_, b, n)), TableExistsOption::Append) => (b.clone(), *n),
-            _ => (Vec::new(), 0),
+        let (mut batches, mut bytes, mut schema_bytes) = match (&current, exists) {
+            (Some((_, b, n, s)), TableExistsOption::Append) => (b.clone(), *n, *s),
+            _ => (Vec::new(), 0, 0),
         };
         let old_schema = current.as_ref().map(|c| Arc::clone(&c.0));
         reservation.try_grow(bytes).map_err(|_| memory_full())?;
@@ -245,6 +264,10 @@ impl Uploads {
                 if others + bytes + cost > max_bytes {
                     return Err(over_quota(max_bytes));
                 }
+                schema_bytes = ipc_len(&schema)?;
+                if others_schemas + schema_bytes > MAX_SCHEMA_BYTES {
+                    return Err(schemas_too_large());
+                }
                 reservation.try_grow(cost).map_err(|_| memory_full())?;
                 bytes += cost;
                 schema
@@ -272,23 +295,62 @@ impl Uploads {
             schema,
             batches,
             bytes,
+            schema_bytes,
             _reservation: reservation,
         };
         // Checked again under the lock: another upload of the same analyst may have been kept
         // meanwhile.
         let mut all = self.by_analyst.lock().expect("lock");
         let mine = all.entry(analyst.to_string()).or_default();
-        let others: usize = mine
-            .iter()
-            .filter(|(n, _)| **n != name)
-            .map(|(_, u)| u.bytes)
-            .sum();
+        let (others, others_schemas) = kept_except(mine, Some(&name));
         if others + bytes > max_bytes {
             return Err(over_quota(max_bytes));
+        }
+        if others_schemas + schema_bytes > MAX_SCHEMA_BYTES {
+            return Err(schemas_too_large());
+        }
+        if !mine.contains_key(&name) && mine.len() >= MAX_TABLES {
+            return Err(too_many_tables());
         }
         mine.insert(name, upload);
         Ok(rows)
     }
+}
+
+/// The bytes `mine` (an analyst's tables) keeps, the table `except` left out, and their
+/// schemas' as IPC.
+fn kept_except(mine: &HashMap<String, Upload>, except: Option<&str>) -> (usize, usize) {
+    mine.iter()
+        .filter(|(n, _)| Some(n.as_str()) != except)
+        .fold((0, 0), |(b, s), (_, u)| (b + u.bytes, s + u.schema_bytes))
+}
+
+/// `schema`'s bytes as an Arrow IPC message, as `GetTables` encodes it (arrow-flight's
+/// `GetTablesBuilder`).
+fn ipc_len(schema: &datafusion::arrow::datatypes::Schema) -> Result<usize, Status> {
+    let options = datafusion::arrow::ipc::writer::IpcWriteOptions::default();
+    let message: arrow_flight::IpcMessage = arrow_flight::SchemaAsIpc::new(schema, &options)
+        .try_into()
+        .map_err(|e: datafusion::arrow::error::ArrowError| {
+            Status::invalid_argument(format!("the upload's schema cannot be encoded: {e}"))
+        })?;
+    Ok(message.0.len())
+}
+
+fn too_many_tables() -> Status {
+    super::quota_refusal(format!(
+        "dpfusion refused the upload (nothing was stored): you keep {MAX_TABLES} tables in \
+         {SCHEMA}, this server's limit per analyst. Replace a table you no longer need, or \
+         append to one"
+    ))
+}
+
+fn schemas_too_large() -> Status {
+    super::quota_refusal(format!(
+        "dpfusion refused the upload (nothing was stored): the schemas of your tables in \
+         {SCHEMA} would take more than {MAX_SCHEMA_BYTES} bytes (as Arrow IPC), this server's \
+         limit per analyst. Upload fewer columns, or replace a table you no longer need"
+    ))
 }
 
 fn over_quota(max_bytes: usize) -> Status {
@@ -443,6 +505,91 @@ mod tests {
         assert!(seen("a").await.is_some());
         assert!(seen("b").await.is_none());
         assert!(mine.table("t").await.unwrap().is_none());
+    }
+
+    /// An empty table of `columns` Int64 columns: its schema alone.
+    fn empty(columns: usize) -> impl Stream<Item = Result<arrow_flight::FlightData, Status>> {
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let fields: Vec<Field> = (0..columns)
+            .map(|i| Field::new(format!("c{i}"), DataType::Int64, false))
+            .collect();
+        arrow_flight::encode::FlightDataEncoderBuilder::new()
+            .with_schema(Arc::new(Schema::new(fields)))
+            .build(futures::stream::iter(Vec::<Result<RecordBatch, _>>::new()))
+            .map_err(|e| Status::internal(e.to_string()))
+    }
+
+    /// Round 46 (review of the fix, finding 2): `GetTables` encodes every schema of an
+    /// analyst's tables at each call, so an analyst keeps at most [`MAX_TABLES`] tables whose
+    /// schemas take at most [`MAX_SCHEMA_BYTES`] as IPC. One more table is refused before any
+    /// byte of it is read, a schema past the cap when it arrives; nothing is stored; a table
+    /// replaced is counted once, and another analyst's tables are their own.
+    #[tokio::test]
+    async fn an_analysts_tables_and_their_schemas_are_capped() {
+        use arrow_flight::sql::TableDefinitionOptions;
+        use datafusion::execution::memory_pool::GreedyMemoryPool;
+        let uploads = Uploads::default();
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+        for i in 0..MAX_TABLES {
+            let c = command(&format!("t{i}"));
+            uploads
+                .ingest("a", &c, data(1), &pool, usize::MAX)
+                .await
+                .unwrap();
+        }
+        let unread = futures::stream::poll_fn(
+            |_| -> std::task::Poll<Option<Result<arrow_flight::FlightData, Status>>> {
+                panic!("the data of a table past the cap was read")
+            },
+        );
+        let e = uploads
+            .ingest("a", &command("one_more"), unread, &pool, usize::MAX)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("256 tables"), "{}", e.message());
+        let mut replace = command("t0");
+        replace.table_definition_options = Some(TableDefinitionOptions {
+            if_not_exist: TableNotExistOption::Create as i32,
+            if_exists: TableExistsOption::Replace as i32,
+        });
+        assert_eq!(
+            uploads
+                .ingest("a", &replace, data(2), &pool, usize::MAX)
+                .await
+                .unwrap(),
+            2
+        );
+        assert_eq!(uploads.schemas("a").len(), MAX_TABLES);
+
+        // Schemas of 30,000 columns (about 1.5 MB each as IPC): two fit in the cap, not three.
+        let mut kept = 0;
+        let e = loop {
+            let c = command(&format!("wide{kept}"));
+            match uploads
+                .ingest("b", &c, empty(30_000), &pool, usize::MAX)
+                .await
+            {
+                Ok(_) => kept += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(kept, 2);
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("as Arrow IPC"), "{}", e.message());
+        assert_eq!(uploads.schemas("b").len(), 2);
+        // Replacing a wide table by a narrow one frees its share.
+        let mut narrow = command("wide0");
+        narrow.table_definition_options = replace.table_definition_options;
+        uploads
+            .ingest("b", &narrow, data(1), &pool, usize::MAX)
+            .await
+            .unwrap();
+        let c = command("wide2");
+        uploads
+            .ingest("b", &c, empty(30_000), &pool, usize::MAX)
+            .await
+            .unwrap();
     }
 
     #[tokio::test]

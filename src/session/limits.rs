@@ -15,7 +15,8 @@ use crate::error::refused;
 pub const MAX_SQL_BYTES: usize = 1 << 20;
 /// The largest estimated expression depth.
 pub const MAX_DEPTH: usize = 128;
-/// The most set operations (UNION, INTERSECT, EXCEPT) and joins in one statement.
+/// The most set operations (UNION, INTERSECT, EXCEPT), joins (comma-separated `FROM` items
+/// included), chained CTEs and subqueries (every `SELECT` after the first) in one statement.
 pub const MAX_CHAIN: usize = 64;
 /// The most a string literal's bytes times the levels of expressions around it may be.
 /// DataFusion copies a literal into the name of every expression around it, in each optimizer
@@ -42,19 +43,17 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
         .map_err(|e| DataFusionError::Plan(format!("SQL error: {e}")))?;
     // Operators chained at each open level of parentheses (the last entry is the innermost).
     let mut levels: Vec<usize> = vec![0];
-    // Whether each open level is in a FROM or WITH list, where a comma adds a join or one more
-    // CTE (each planned on top of the ones before): DataFusion plans `FROM a, b, c …` as a
-    // left-deep chain its optimizer walks recursively (round 46: 200 derived tables, 3.3 KB of
-    // SQL, overflowed a server thread's stack).
+    // Whether each open level is in a FROM list, where a comma adds a join: DataFusion plans
+    // `FROM a, b, c …` as a left-deep chain its optimizer walks recursively (round 46: 200
+    // derived tables, 3.3 KB of SQL, overflowed a server thread's stack).
     let mut listing: Vec<bool> = vec![false];
-    let (mut depth, mut chains) = (0usize, 0usize);
+    let (mut depth, mut chains, mut selects) = (0usize, 0usize, 0usize);
     // The largest literal's bytes times the levels around it, and that literal's size.
     let (mut weight, mut heavy) = (0usize, (0usize, 0usize));
     // Calls of the table functions that copy the accountant's state while the statement is
     // planned, and the word before the current token.
     let (mut copies, mut word): (usize, Option<&str>) = (0, None);
     for t in &tokens {
-        let before = word;
         if let Token::LParen = t
             && word.is_some_and(|w| STATE_COPIES.iter().any(|f| w.eq_ignore_ascii_case(f)))
         {
@@ -108,20 +107,25 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
                 continue;
             }
             Token::Word(w) => match w.keyword {
-                // A CTE list's WITH; not the BigQuery clause's (`SELECT WITH
-                // DIFFERENTIAL_PRIVACY`) nor a type's (`TIMESTAMP WITH TIME ZONE`).
-                Keyword::FROM | Keyword::WITH => {
+                // (A chain of CTEs counts by their SELECTs, below.)
+                Keyword::FROM => {
                     *levels.last_mut().expect("one level") = 0;
-                    *listing.last_mut().expect("one level") = w.keyword == Keyword::FROM
-                        || !before.is_some_and(|b| {
-                            ["select", "timestamp", "time"]
-                                .iter()
-                                .any(|k| b.eq_ignore_ascii_case(k))
-                        });
+                    *listing.last_mut().expect("one level") = true;
                     continue;
                 }
-                Keyword::SELECT
-                | Keyword::WHERE
+                // Every SELECT after the first may become a join: DataFusion decorrelates a
+                // scalar, EXISTS or IN subquery into one (round 46: 600 correlated subqueries in
+                // a SELECT list, 40 KB, nested 600 joins and overflowed a server thread).
+                Keyword::SELECT => {
+                    if selects > 0 {
+                        chains += 1;
+                    }
+                    selects += 1;
+                    *levels.last_mut().expect("one level") = 0;
+                    *listing.last_mut().expect("one level") = false;
+                    continue;
+                }
+                Keyword::WHERE
                 | Keyword::GROUP
                 | Keyword::HAVING
                 | Keyword::ORDER
@@ -139,7 +143,8 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
                 | Keyword::WHEN
                 | Keyword::THEN
                 | Keyword::ELSE
-                | Keyword::AS => {
+                | Keyword::AS
+                | Keyword::WITH => {
                     *levels.last_mut().expect("one level") = 0;
                     continue;
                 }
@@ -209,9 +214,9 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
     if depth > MAX_DEPTH || chains > MAX_CHAIN {
         return refused!(
             "dpfusion refused the query: the statement is too complex (an expression about \
-             {depth} levels deep, {chains} joins or set operations; the limits are {MAX_DEPTH} \
-             and {MAX_CHAIN}). Use IN (...) lists instead of long OR chains, split long sums, or \
-             split the statement."
+             {depth} levels deep, {chains} joins, set operations or subqueries; the limits are \
+             {MAX_DEPTH} and {MAX_CHAIN}). Use IN (...) lists instead of long OR chains, split \
+             long sums, or split the statement."
         );
     }
     Ok(())
@@ -325,10 +330,10 @@ mod tests {
         check_complexity(&format!("SELECT {short}")).expect("short literals, deep");
     }
 
-    /// A FROM list of derived tables, a chain of CTEs and a chain of subscripts nest as deep
-    /// as they are long (round 46: 200 comma joins, 3.3 KB, or 20,000 subscripts overflowed a
-    /// server thread's stack): counted like JOINs and operators; short ones, the BigQuery
-    /// clause and long select lists pass.
+    /// A FROM list of derived tables, a chain of CTEs, a list of correlated subqueries and a
+    /// chain of subscripts nest as deep as they are long (round 46: 200 comma joins, 3.3 KB, 600
+    /// subqueries or 20,000 subscripts overflowed a server thread's stack): counted like JOINs
+    /// and operators; short ones, the BigQuery clause and long select lists pass.
     #[test]
     fn comma_joins_cte_chains_and_subscripts_are_bounded() {
         let joins = |n: usize| {
@@ -349,7 +354,22 @@ mod tests {
         for ok in [joins(10), ctes(10), subscripts(10)] {
             check_complexity(&ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
-        for refused in [joins(200), ctes(200), subscripts(200), subscripts(20_000)] {
+        let subqueries = |n: usize| {
+            let s: Vec<String> = (0..n)
+                .map(|i| {
+                    format!("(SELECT max(q.age) FROM people q WHERE q.id = p.id + {i}) AS a{i}")
+                })
+                .collect();
+            format!("SELECT {} FROM people p", s.join(", "))
+        };
+        check_complexity(&subqueries(10)).expect("ten subqueries");
+        for refused in [
+            joins(200),
+            ctes(200),
+            subscripts(200),
+            subscripts(20_000),
+            subqueries(600),
+        ] {
             let e = check_complexity(&refused).expect_err("refused").to_string();
             assert!(e.contains("too complex"), "{e}");
         }

@@ -112,12 +112,13 @@ impl PrivateSession {
     }
 
     /// Refuses a statement that reads a table whose ledger policy changed since this session
-    /// registered it (another process recorded another: round 46), before the guard reads
-    /// anything (a join's public side is read while the plan is checked). Admission checks the
-    /// checked plan's tables again under the ledger's lock ([`Self::admit`]).
+    /// registered it (another process recorded another: round 46), or a public table whose
+    /// files the ledger now holds as a private table's, before the guard reads anything (a
+    /// join's public side is read while the plan is checked). Admission checks the same tables
+    /// again under the ledger's lock ([`Self::admit`]).
     pub(super) fn check_policies(&self, plan: &LogicalPlan) -> Result<()> {
         self.accountant
-            .check_planned(&planned_policies(plan))
+            .check_planned(&guard::checked::planned_policies(plan))
             .map_err(crate::error::Error::from_accounting)
     }
 
@@ -243,15 +244,18 @@ impl PrivateSession {
     }
 
     /// Admission: one atomic, durable step in the accountant. Nothing runs before it returns.
-    /// Every table the checked plan reads or charges must still have, in the ledger, the policy
-    /// this session registered it with (checked under the lock; round 46).
+    /// Every table the statement reads or charges must still have, in the ledger, the policy
+    /// this session registered it with (checked under the lock; round 46), a join's public side
+    /// too, which the checked plan holds as the rows it read before admission (its tables'
+    /// policies were collected before: [`guard::CheckedPlan::policies`]; round 46, F6 of the
+    /// review of its fixes).
     pub(super) fn admit(&self, sql: &str, checked: &guard::CheckedPlan) -> Result<Option<Receipt>> {
         let calls = checked.calls();
-        let planned = planned_policies(checked.plan());
+        let planned = checked.policies();
         let charges = charges_of(calls);
         if charges.is_empty() {
             self.accountant
-                .check_planned(&planned)
+                .check_planned(planned)
                 .map_err(crate::error::Error::from_accounting)?;
             return Ok(None);
         }
@@ -263,7 +267,7 @@ impl PrivateSession {
                 &charges,
                 &requests_of(calls),
                 analyst.as_deref(),
-                &planned,
+                planned,
             )
             .map_err(crate::error::Error::from_accounting)?;
         *self.last_receipt.lock().expect("lock") = Some(receipt.clone());
@@ -276,7 +280,7 @@ impl PrivateSession {
         let preview = self
             .accountant
             .preview(&charges)
-            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+            .map_err(crate::error::Error::from_accounting)?;
         let batch = statements::explain_privacy_batch(checked.calls(), &preview)?;
         let mut r = QueryResult::of(vec![batch.clone()], batch.schema());
         r.tables = checked.tables().to_vec();
@@ -509,27 +513,6 @@ fn requests_of(calls: &[DpCall]) -> Vec<crate::accounting::CallRequest> {
         .collect()
 }
 
-/// The policies the registered tables `plan` reads (subqueries included) were registered
-/// with, one per key: what the session planned the statement under (round 46).
-fn planned_policies(plan: &LogicalPlan) -> Vec<crate::accounting::TablePolicy> {
-    use datafusion::catalog::default_table_source::source_as_provider;
-    use datafusion::common::tree_node::TreeNodeRecursion;
-    let mut out: Vec<crate::accounting::TablePolicy> = Vec::new();
-    let _ = plan.apply_with_subqueries(|node| {
-        if let LogicalPlan::TableScan(scan) = node
-            && let Ok(provider) = source_as_provider(&scan.source)
-            && let Some(p) = provider
-                .downcast_ref::<guard::GuardedTable>()
-                .and_then(guard::GuardedTable::policy)
-            && !out.iter().any(|o| o.key == p.key)
-        {
-            out.push(p.clone());
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    out
-}
-
 fn charges_of(calls: &[DpCall]) -> Vec<TableCharge> {
     let mut out: Vec<TableCharge> = Vec::new();
     for c in calls {
@@ -690,5 +673,90 @@ mod tests {
 
         assert!(!options.optimizer.enable_topk_dynamic_filter_pushdown);
         assert!(!options.optimizer.enable_aggregate_dynamic_filter_pushdown);
+    }
+
+    /// Round 46, F6 of the review of its fixes: a join's public side is run and replaced by its
+    /// rows while the plan is checked, before admission; another process that made its table
+    /// private in between was not seen at admission (only the settled rows were in the plan).
+    /// The checked plan carries the policies read before the settlement, and admission refuses.
+    #[tokio::test]
+    async fn a_joins_settled_public_side_is_checked_again_at_admission() {
+        let dir = crate::testdir::test_dir("settled-policy");
+        let people = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/people.csv");
+        let depts = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/depts.csv");
+        let open = || {
+            PrivateSession::open(
+                crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+            )
+        };
+        let (a, b) = (open().await.unwrap(), open().await.unwrap());
+        a.register_csv("people", people, crate::Registration::private())
+            .await
+            .unwrap();
+        a.register_csv("depts", depts, crate::Registration::public())
+            .await
+            .unwrap();
+        let sql = "SELECT dp_count(p.salary, 0.5) AS n FROM people p JOIN depts d \
+                   ON p.dept = d.dept";
+        let state = a.ctx.state();
+        let checked = a.plan_query(&state, sql).await.unwrap();
+        assert!(
+            checked
+                .policies()
+                .iter()
+                .any(|p| p.name == "depts" && p.visibility == crate::accounting::Visibility::Public),
+            "{:?}",
+            checked.policies()
+        );
+        // Between the check and admission, the other process makes depts private.
+        b.register_csv("depts", depts, crate::Registration::private())
+            .await
+            .unwrap();
+        let e = a
+            .execute_guarded(sql, &state, checked)
+            .await
+            .expect_err("depts is private now");
+        assert!(e.to_string().contains("visibility public → private"), "{e}");
+        assert!(a.ledger().unwrap().is_empty(), "nothing charged");
+    }
+
+    /// Round 46, F2 of the review of its fixes: one key read under two names, each with the
+    /// policy it was planned with; the stale one is seen whichever the plan visits first (only
+    /// the first policy per key was kept, so a row-level count beside a unit one was charged
+    /// under the unit policy). Two such names cannot be registered in one session any more
+    /// (`register_table_beside`): here the second is installed as a stale one would be.
+    #[tokio::test]
+    async fn every_policy_a_statement_reads_is_checked_not_the_first_per_key() {
+        let dir = crate::testdir::test_dir("two-policies");
+        let people = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/people.csv");
+        let s = PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        s.register_csv("t1", people, crate::Registration::private())
+            .await
+            .unwrap();
+        // t2: the same provider and key under a unit policy the ledger does not hold.
+        let t1 = s.tables.lock().expect("lock").get("t1").cloned().unwrap();
+        let stale = crate::accounting::TablePolicy {
+            name: "t2".into(),
+            unit: Some(crate::accounting::PrivacyUnit::new("id", "t")),
+            ..t1.policy().cloned().unwrap()
+        };
+        let mut info = t1.info().clone();
+        info.name = "t2".into();
+        let t2 = guard::GuardedTable::new(Arc::clone(t1.inner()), info).with_policy(stale);
+        s.ctx.register_table("t2", Arc::new(t2)).unwrap();
+        for sql in [
+            "SELECT (SELECT dp_count(salary, 0.5) FROM t1) AS a, \
+             (SELECT dp_count(salary, 0.5) FROM t2) AS b",
+            "SELECT (SELECT dp_count(salary, 0.5) FROM t2) AS a, \
+             (SELECT dp_count(salary, 0.5) FROM t1) AS b",
+        ] {
+            let e = s.sql(sql).await.expect_err(sql);
+            assert!(e.to_string().contains("policy of table 't2'"), "{sql}: {e}");
+        }
+        assert!(s.ledger().unwrap().is_empty(), "nothing charged");
     }
 }

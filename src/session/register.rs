@@ -1,6 +1,7 @@
 //! The data owner's registrations: files (CSV, Parquet), in-memory batches and any provider,
 //! each checked (every column typed, declared columns exact, the privacy unit, ratio bounds on
-//! the data) before its policy is recorded in the ledger and the guarded provider installed.
+//! the data, one policy for a file however many names the session serves it under) before its
+//! policy is recorded in the ledger and the guarded provider installed.
 use std::path::Path;
 use std::sync::Arc;
 
@@ -229,9 +230,19 @@ impl PrivateSession {
             delta_share: reg.delta_share.is_some(),
             budget: reg.budget.is_some(),
         };
+        // The policies this session serves the same file under, by other names: the ledger's
+        // policy for it may not change under them (round 46, F2 of the review of its fixes).
+        let served: Vec<TablePolicy> = self
+            .tables
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(n, t)| **n != name && t.info().key == key)
+            .filter_map(|(_, t)| t.policy().cloned())
+            .collect();
         let policy = self
             .accountant
-            .register_table_with(policy, stated, reg.relax.as_deref())
+            .register_table_beside(policy, stated, reg.relax.as_deref(), &served)
             .map_err(crate::error::Error::from_accounting)?;
         let info = TableInfo {
             name: name.clone(),
@@ -291,6 +302,20 @@ fn check_unit(name: &str, schema: &Schema, reg: &Registration) -> Result<Option<
         );
     }
     check_column(name, schema, &u.column, "privacy unit column")?;
+    // Who a row belongs to must be one value: floats are not (NaN payloads, ±0 are equal to
+    // some of DataFusion's operators and not to others: review of round 46).
+    if let Ok(f) = schema.field_with_name(&u.column)
+        && f.data_type().is_floating()
+    {
+        return plan_err!(
+            "table '{name}': the privacy unit column '{}' is {}; a unit is an identifier, and \
+             floats have values that are equal to some operators and not to others (NaN, -0.0). \
+             Declare it as an integer or a string (columns = [...] in the catalog, \
+             Registration::schema)",
+            u.column,
+            f.data_type()
+        );
+    }
     if reg.public_columns.contains(&u.column) {
         return plan_err!(
             "table '{name}': the privacy unit column '{}' cannot also be a public column: who a \

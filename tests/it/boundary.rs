@@ -2322,7 +2322,9 @@ async fn r46_patterns_over_private_rows_are_bounded_at_planning() {
     let dir = temp_dir("r46-patterns");
     let s = session(&dir, SessionOptions::default()).await;
     let (scans, budget) = (s.scans("people"), format!("{:?}", s.budget()));
-    let wildcards = "_%".repeat(300);
+    // Round 46 (fix-guard): ten `_` after a leading `%` make a DFA past the bound (the NFA of
+    // 300 `_%`, which this refused before, is now within it and its DFA small).
+    let wildcards = format!("%a{}b%", "_".repeat(10));
     for (sql, needle) in [
         (
             r"SELECT dp_count(id, 1.0) FROM people WHERE dept ~ '\w{20}'".to_string(),
@@ -2433,4 +2435,103 @@ async fn r46_pattern_matches_over_private_rows_count_what_public_rows_count() {
             .unwrap();
         assert_eq!(cells(&private), cells(&public), "{cond}");
     }
+}
+
+/// Review r46 (fix-guard, finding 1): the review's attack, a 16 KiB string of `a` and `b` that a
+/// private CASE builds only on rows with a salary over 100,000, matched against
+/// `a[ab]{3000}[^ab]` (the regex crate's NFA fallback: about 2.8 s per such row in a debug
+/// build), is refused at planning, with the same message on D and on D′ (one such row), before
+/// anything is read or charged: its DFA does not fit. The largest pattern of its family that fits,
+/// 16 times, runs on both (one DFA transition per byte of a row: the unit test
+/// `guard::total::tests::a_row_a_private_case_selects_costs_one_dfa_step_per_byte_per_pattern`
+/// counts them). A Unicode word boundary is refused with the ASCII one suggested, which runs.
+#[tokio::test]
+async fn r46_a_pattern_is_matched_by_a_bounded_dfa_whatever_the_rows_a_private_case_selects() {
+    let dir = temp_dir("r46-pattern-dfa");
+    let rows: String = (0..200)
+        .map(|i| format!("{i},n{i},{}\n", 1000 + 37 * i))
+        .collect();
+    let d = dir.join("d.csv");
+    let d_prime = dir.join("d_prime.csv");
+    std::fs::write(&d, format!("id,name,salary\n{rows}")).unwrap();
+    std::fs::write(&d_prime, format!("id,name,salary\n{rows}200,zz,9999999\n")).unwrap();
+    // 16 pieces of 1,000 pseudo-random a/b, joined by one 'b' each from a CASE on the row (so the
+    // optimizer cannot fold them into one literal): 16,015 bytes on a selected row, 'x' elsewhere.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let pieces: Vec<String> = (0..16)
+        .map(|_| {
+            (0..1000)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if x & 1 == 0 { 'a' } else { 'b' }
+                })
+                .collect()
+        })
+        .collect();
+    let subject = format!(
+        "CASE WHEN salary > 100000 THEN concat('{}') ELSE 'x' END",
+        pieces.join("', CASE WHEN salary > 0 THEN 'b' END, '")
+    );
+    let statement = |patterns: &[String]| {
+        let matches: Vec<String> = patterns.iter().map(|p| format!("s ~ '{p}'")).collect();
+        format!(
+            "SELECT dp_count(CASE WHEN {} THEN 1 END, 1.0) AS n FROM (SELECT {subject} AS s FROM t)",
+            matches.join(" OR ")
+        )
+    };
+    let attack = statement(&["a[ab]{3000}[^ab]".to_string()]);
+    let largest: Vec<String> = (0..16)
+        .map(|i| {
+            format!(
+                "{}[ab]{{{}}}[^ab]",
+                if i % 2 == 0 { 'a' } else { 'b' },
+                11 - i / 2
+            )
+        })
+        .collect();
+    let mut refusals = vec![];
+    for file in [&d, &d_prime] {
+        let ledger_dir = dir.join(format!("l{}", refusals.len()));
+        std::fs::create_dir_all(&ledger_dir).unwrap();
+        let s = open(&ledger_dir, SessionOptions::default()).await;
+        s.register_csv("t", file, Registration::private())
+            .await
+            .unwrap();
+        let (scans, budget) = (s.scans("t"), format!("{:?}", s.budget()));
+        let e = s.sql(&attack).await.expect_err("refused").to_string();
+        assert!(
+            e.contains("dpfusion refused the query")
+                && e.contains(
+                    "the regular expression 'a[ab]{3000}[^ab]', whose automaton takes \
+                               more than 1048576 bytes"
+                )
+                && e.contains("one step per byte")
+                && e.contains("fewer counted repetitions"),
+            "{e}"
+        );
+        assert_eq!(s.scans("t"), scans, "nothing read");
+        assert_eq!(format!("{:?}", s.budget()), budget, "nothing charged");
+        refusals.push(e);
+        let r = s
+            .sql(&statement(&largest))
+            .await
+            .unwrap_or_else(|e| panic!("16 of the largest that fits: {e}"));
+        assert_eq!(cells(&r).len(), 1);
+        // A Unicode word boundary cannot be matched by a DFA; the ASCII one can.
+        let e = s
+            .sql("SELECT dp_count(id, 1.0) FROM t WHERE name ~ '\\bn1'")
+            .await
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            e.contains("Unicode word boundary") && e.contains("(?-u:\\b)"),
+            "{e}"
+        );
+        s.sql("SELECT dp_count(id, 1.0) FROM t WHERE name ~ '(?-u:\\b)n1'")
+            .await
+            .unwrap();
+    }
+    assert_eq!(refusals[0], refusals[1], "the same refusal on D and D′");
 }

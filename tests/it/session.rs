@@ -712,3 +712,153 @@ async fn a_seal_that_fails_after_the_charge_reaches_the_analyst_as_a_fixed_messa
     assert_eq!(charges[0].analyst.as_deref(), Some("alice"));
     assert!(ledger.exists());
 }
+
+/// Round 46, F1 of the review of its fixes: a session serves a directory as public; another
+/// process of the owner (here a second session on the same ledger) registers a file inside it
+/// as private under its own key, which its registration accepts (it does not know the public
+/// table). The first session kept printing that file's rows; now the public table is refused at
+/// its next statement, for the owner and for an analyst, naming tables and no path, with
+/// nothing read.
+#[tokio::test]
+async fn a_public_directory_is_refused_once_another_process_makes_a_file_in_it_private() {
+    let dir = temp_dir("files-now-private");
+    let data = temp_dir("files-now-private-data");
+    for t in ["a", "b"] {
+        std::fs::copy(people_csv(), data.join(format!("{t}.csv"))).unwrap();
+    }
+    let a = session(&dir, 10.0).await;
+    let b = session(&dir, 10.0).await;
+    a.register_csv("d", &*data, Registration::public())
+        .await
+        .unwrap();
+    let r = a.sql("SELECT count(*) AS n FROM d").await.unwrap();
+    assert_eq!(f64_value(&r), 400.0);
+    b.register_csv("a", data.join("a.csv"), Registration::private())
+        .await
+        .expect("another key: accepted");
+    let scans = a.scans("d");
+    for r in [
+        a.sql("SELECT id, salary FROM d LIMIT 3").await,
+        a.sql_as("alice", "SELECT count(*) FROM d").await,
+    ] {
+        let e = r.expect_err("d holds a private file now");
+        assert!(
+            matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Refused(_))),
+            "{e}"
+        );
+        let m = e.to_string();
+        assert!(
+            m.contains(
+                "public table 'd' reads files that the ledger now holds as files of \
+                 private table 'a'"
+            ),
+            "{m}"
+        );
+        assert!(m.contains("by another process"), "{m}");
+        assert!(m.contains("Nothing was charged"), "{m}");
+        assert!(!m.contains(&*data.to_string_lossy()), "no path: {m}");
+    }
+    assert_eq!(a.scans("d"), scans, "d was not read");
+    // A fresh session refuses the public registration, as before.
+    let c = session(&dir, 10.0).await;
+    assert!(
+        c.register_csv("d", &*data, Registration::public())
+            .await
+            .is_err()
+    );
+}
+
+/// Round 46, F2 of the review of its fixes: one file under two names, the second with a
+/// privacy unit (a tightening the ledger records) while the first kept planning row-level
+/// counts; a statement reading both was charged under the unit policy only. The second
+/// registration is refused now, nothing recorded, saying what to do; under one policy the two
+/// names are one table and run together.
+#[tokio::test]
+async fn one_file_under_two_names_has_one_policy_in_a_session() {
+    let dir = temp_dir("two-names");
+    let s = session(&dir, 10.0).await;
+    s.register_csv("t1", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let e = s
+        .register_csv(
+            "t2",
+            people_csv(),
+            Registration::private().privacy_unit("id"),
+        )
+        .await
+        .expect_err("t1 serves the file row-level");
+    assert!(
+        matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Policy(_))),
+        "{e}"
+    );
+    let m = e.to_string();
+    assert!(m.contains("as table 't1'"), "{m}");
+    assert!(m.contains("privacy unit: row → id"), "{m}");
+    assert!(m.contains("Register the file under one name"), "{m}");
+    // Nothing recorded: a fresh session registers the file row-level as before.
+    let fresh = session(&dir, 10.0).await;
+    let p = fresh
+        .register_csv("t1", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    assert!(p.unit.is_none());
+    drop(fresh);
+    s.register_csv("t2", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let r = s
+        .sql(
+            "SELECT (SELECT dp_count(salary, 0.5) FROM t2) AS a, \
+             (SELECT dp_count(salary, 0.5) FROM t1) AS b",
+        )
+        .await
+        .unwrap();
+    assert!(r.receipt.is_some());
+}
+
+/// Round 46, F7 of the review of its fixes: the ledger moved away under a running session
+/// (public statements check it too since round 46). An analyst's statement gets one fixed
+/// message without the owner's paths, whatever it is (public, private, EXPLAIN PRIVACY,
+/// dp_ledger()); the owner's own statement keeps the detail.
+#[tokio::test]
+async fn a_ledger_error_reaches_an_analyst_without_the_owners_paths() {
+    let dir = temp_dir("ledger-unavailable");
+    let s = session(&dir, 10.0).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let public = dir.join("public.csv");
+    std::fs::copy(people_csv(), &public).unwrap();
+    s.register_csv("pub", &public, Registration::public())
+        .await
+        .unwrap();
+    s.sql_as("alice", "SELECT count(*) FROM pub").await.unwrap();
+    let ledger = dir.join("ledger.jsonl");
+    std::fs::rename(&ledger, dir.join("moved.jsonl")).unwrap();
+    for q in [
+        "SELECT count(*) FROM pub",
+        "SELECT dp_count(salary, 0.5) AS n FROM people",
+        "EXPLAIN PRIVACY SELECT dp_count(salary, 0.5) AS n FROM people",
+        "SELECT * FROM dp_ledger()",
+    ] {
+        let e = s.sql_as("alice", q).await.expect_err(q);
+        assert!(
+            matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Refused(_))),
+            "{q}: {e}"
+        );
+        let m = e.to_string();
+        assert!(m.contains(dpfusion::error::LEDGER_UNAVAILABLE), "{q}: {m}");
+        assert!(!m.contains(&*dir.to_string_lossy()), "{q}: {m}");
+        assert!(!m.contains("ledger.jsonl"), "{q}: {m}");
+    }
+    // The owner's own process (the command line, the Rust API) gets the detail.
+    let e = s
+        .sql("SELECT count(*) FROM pub")
+        .await
+        .expect_err("the ledger is gone");
+    let m = e.to_string();
+    assert!(m.contains("replaced, moved or deleted"), "{m}");
+    assert!(m.contains("ledger.jsonl"), "{m}");
+    assert!(s.ledger().is_err());
+}

@@ -362,6 +362,41 @@ async fn joins_admitted_and_refused() {
     .unwrap();
     s.register_batches("other", vec![batch(&v)], unit_level())
         .unwrap();
+    // The same people, their unit declared as text (an owner's mistake: DataFusion would cast
+    // one side to join them, and '1' and '01' are one Int64). A float unit is refused at once.
+    let svisits = |t: DataType, units: ArrayRef| {
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("g", DataType::Int64, false),
+                Field::new("unit", t, false),
+                Field::new("amount", DataType::Float64, false),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(vec![0i64; 200])) as ArrayRef,
+                units,
+                Arc::new(Float64Array::from(vec![1.0; 200])),
+            ],
+        )
+        .unwrap()
+    };
+    let text: Vec<String> = (0..200).map(|i| i.to_string()).collect();
+    let text = Arc::new(StringArray::from(text)) as ArrayRef;
+    s.register_batches(
+        "fvisits",
+        vec![svisits(DataType::Utf8, text)],
+        unit_level().unit_domain("person"),
+    )
+    .unwrap();
+    let floats = Arc::new(Float64Array::from_iter_values((0..200).map(f64::from))) as ArrayRef;
+    let e = s
+        .register_batches(
+            "float_units",
+            vec![svisits(DataType::Float64, floats)],
+            unit_level().unit_domain("person"),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a unit is an identifier"), "{e}");
     // Public: g → name (unique), and a table with a duplicated key.
     let public = |keys: Vec<i64>| {
         let n = keys.len();
@@ -448,6 +483,17 @@ async fn joins_admitted_and_refused() {
         (
             "SELECT dp_count(t.amount, epsilon => 1) FROM t LEFT JOIN visits v ON t.unit = v.unit",
             "a LEFT JOIN",
+        ),
+        // Round 46: a cast can map two units to one (Int64 above 2^53 to Float64), so the unit
+        // columns are paired only as they are, and of one type.
+        (
+            "SELECT dp_count(t.amount, epsilon => 1) FROM t JOIN visits v \
+             ON CAST(t.unit AS DOUBLE) = CAST(v.unit AS DOUBLE)",
+            "as they are (no cast, one type",
+        ),
+        (
+            "SELECT dp_count(t.amount, epsilon => 1) FROM t JOIN fvisits v ON t.unit = v.unit",
+            "as they are (no cast, one type",
         ),
     ] {
         let b = (spent(&s, "t"), spent(&s, "visits"));

@@ -574,3 +574,52 @@ async fn the_example_catalog_and_analyst_session_run() {
         }
     }
 }
+
+/// Round 46, review of the fixes (F5): whoever could write the catalog's directory swapped the
+/// catalog for one naming a fresh ledger, and the owner's next session showed every budget at
+/// zero. Such a catalog is refused by the REPL, `dpfusion serve` and `dpfusion ledger`, with
+/// what to do, and nothing is created; the same catalog loads once the directory is fixed.
+#[test]
+fn a_catalog_in_a_directory_others_can_write_is_refused_everywhere() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tmp("catalog-shared");
+    let shared = d.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let own = d.join("own");
+    let catalog = shared.join("c.toml");
+    std::fs::write(
+        &catalog,
+        format!(
+            "[session]\nledger = \"{}\"\nledger_witness = \"{}\"\n",
+            own.join("ledger.jsonl").display(),
+            d.join("ownw/w").display()
+        ),
+    )
+    .unwrap();
+    let c = catalog.to_str().unwrap();
+    let chmod = |m| std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(m));
+    for (mode, fix) in [(0o777, "chmod go-w"), (0o775, "chmod g-w")] {
+        chmod(mode).unwrap();
+        let fixes = format!("`{fix} {}`", shared.display());
+        for o in [
+            run_catalog(&d, &catalog, &["-c", "SHOW BUDGET"]),
+            Command::new(bin())
+                .args(["serve", "--catalog", c, "--listen", "127.0.0.1:0"])
+                .output()
+                .unwrap(),
+            Command::new(bin())
+                .args(["ledger", "verify", "--catalog", c])
+                .output()
+                .unwrap(),
+        ] {
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{err}");
+            assert!(err.contains("every budget at zero"), "{err}");
+            assert!(err.contains(&fixes), "{fixes} not in: {err}");
+        }
+        assert!(!own.exists() && !d.join("ownw").exists(), "nothing created");
+    }
+    chmod(0o755).unwrap();
+    let o = run_catalog(&d, &catalog, &["-c", "SHOW BUDGET"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

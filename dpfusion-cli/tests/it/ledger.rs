@@ -329,50 +329,159 @@ fn ledger_subcommand_usage() {
     assert!(dir.join("old.jsonl.v1.bak").exists());
 }
 
-/// `ledger report -o FILE` writes a new file of the owner's (mode 0600) and never through a
-/// link or over the ledger's own files (round 46: a link planted at the report's path made the
-/// report overwrite the ledger, whose recovery is a fresh budget).
+/// `ledger report -o FILE` writes a new file of the owner's (mode 0600) beside FILE and renames
+/// it over FILE: whatever FILE was (a link, a hard link, a FIFO, another user's file) is
+/// replaced, never opened for writing, and never one of the ledger's own files (round 46: a link
+/// planted at the report's path made the report overwrite the ledger; review of the fixes: a
+/// file another user owned kept their mode and received everyone's SQL, a FIFO hung the command,
+/// a link in a directory on the way was followed). A refusal leaves no file behind.
 #[test]
 fn the_report_is_never_written_through_a_link_or_over_the_ledger() {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let (path, _) = ledger("report-link");
     let dir = path.parent().unwrap().to_path_buf();
     let before = snapshot(&path);
+    // Run with a deadline: a FIFO opened for writing would block forever.
     let report = |out: &Path| {
-        Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
             .args(["ledger", "report", path.to_str().unwrap(), "-o"])
             .arg(out)
-            .output()
-            .unwrap()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("ledger report -o {} hung", out.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.wait_with_output().unwrap()
     };
+    let entries = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let is_report = |p: &Path| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        assert!(m.file_type().is_file(), "{}", p.display());
+        assert_eq!(
+            m.mode() & 0o7777,
+            0o600,
+            "{}: the owner's alone",
+            p.display()
+        );
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        assert_eq!(m.uid(), unsafe { libc::geteuid() }, "{}", p.display());
+        assert_eq!(m.nlink(), 1, "{}", p.display());
+        let html = std::fs::read_to_string(p).unwrap();
+        assert!(html.starts_with("<!DOCTYPE html>"), "{}", &html[..40]);
+    };
+    // The ledger's own files, by any name: refused, nothing written, nothing left.
     let link = dir.join("report.html");
     std::os::unix::fs::symlink(&path, &link).unwrap();
     let head = dir.join("head-link.html");
     std::os::unix::fs::symlink(head_path(&path), &head).unwrap();
     let hard = dir.join("hard.html");
     std::fs::hard_link(&path, &hard).unwrap();
-    for (out, needle) in [
-        (&link, "symbolic link"),
-        (&head, "symbolic link"),
-        (&hard, "one name"),
-        (&head_path(&path), "the ledger's own files"),
+    let listed = entries(&dir);
+    for out in [
+        link.clone(),
+        head.clone(),
+        hard.clone(),
+        head_path(&path),
+        path.to_path_buf(),
+        // A name the ledger's files take (`<ledger>.<suffix>`), even before it exists.
+        dir.join("ledger.jsonl.html"),
     ] {
-        let o = report(out);
+        let o = report(&out);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{}: {err}", out.display());
-        assert!(err.contains(needle), "{}: {err}", out.display());
+        assert!(
+            err.contains("the ledger's own files"),
+            "{}: {err}",
+            out.display()
+        );
         assert_eq!(snapshot(&path), before, "{}", out.display());
+        assert_eq!(entries(&dir), listed, "{}: no file left", out.display());
     }
-    let fresh = dir.join("fresh.html");
-    std::fs::write(&fresh, "an older report, longer than nothing").unwrap();
-    let o = report(&fresh);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let html = std::fs::read_to_string(&fresh).unwrap();
-    assert!(html.starts_with("<!DOCTYPE html>"), "{}", &html[..40]);
+    // What sits at FILE is replaced, never written: a link to another file, a hard link, a
+    // FIFO, an older report of the owner's, readable by others.
+    let other = dir.join("other.txt");
+    std::fs::write(&other, "someone else's").unwrap();
+    let to_other = dir.join("to-other.html");
+    std::os::unix::fs::symlink(&other, &to_other).unwrap();
+    let hard_other = dir.join("hard-other.html");
+    std::fs::hard_link(&other, &hard_other).unwrap();
+    let fifo = dir.join("fifo.html");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    let older = dir.join("older.html");
+    std::fs::write(&older, "an older report, longer than nothing").unwrap();
+    std::fs::set_permissions(&older, std::fs::Permissions::from_mode(0o644)).unwrap();
     let new = dir.join("new.html");
+    for out in [&to_other, &hard_other, &fifo, &older, &new] {
+        let o = report(out);
+        assert!(
+            o.status.success(),
+            "{}: {}",
+            out.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        is_report(out);
+    }
+    assert_eq!(std::fs::read_to_string(&other).unwrap(), "someone else's");
+    // Twice in place.
     assert!(report(&new).status.success());
-    let mode = std::fs::metadata(&new).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o600, "a new report is the owner's alone");
+    is_report(&new);
+    assert!(
+        !entries(&dir).iter().any(|e| e.contains(".tmp-")),
+        "{:?}",
+        entries(&dir)
+    );
+    // A directory reached through a link that others could replace: refused, nothing made.
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mine = dir.join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::os::unix::fs::symlink(&mine, shared.join("reports")).unwrap();
+    let o = report(&shared.join("reports/r.html"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("symbolic link") && err.contains("chmod go-w"),
+        "{err}"
+    );
+    assert!(entries(&mine).is_empty(), "{:?}", entries(&mine));
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(report(&shared.join("reports/r.html")).status.success());
+    is_report(&mine.join("r.html"));
+    // Another user's file at FILE (as root only: chown): replaced by the owner's own, theirs
+    // left as it was under its other name.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let theirs = dir.join("theirs.html");
+        std::fs::write(&theirs, "the analyst's").unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let c = std::ffi::CString::new(theirs.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), 4242, 4242) }, 0);
+        let kept = dir.join("kept-by-them");
+        std::fs::hard_link(&theirs, &kept).unwrap();
+        let o = report(&theirs);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        is_report(&theirs);
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), "the analyst's");
+        assert_eq!(std::fs::metadata(&kept).unwrap().uid(), 4242);
+    }
     assert_eq!(snapshot(&path), before);
 }
 
@@ -764,4 +873,140 @@ fn a_ledger_in_a_directory_others_can_write_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(shared.join(".dpfusion/ledger.jsonl").exists());
+}
+
+/// Round 46, F1 of the review of its fixes, with two processes of the owner on one ledger: a
+/// REPL serves a directory as public; another run registers a file inside it as private (its
+/// own key: accepted). The REPL's next statement on the directory is refused instead of
+/// printing that file's rows.
+#[test]
+fn a_running_repl_stops_serving_a_directory_once_another_process_makes_a_file_in_it_private() {
+    use std::io::{BufRead, Write};
+    let root = temp_dir("files-now-private-cli");
+    let data = root.join("data");
+    std::fs::create_dir(&data).unwrap();
+    for (f, rows) in [("a.csv", "1,11\n2,17\n3,21\n"), ("b.csv", "7,70\n")] {
+        std::fs::write(data.join(f), format!("uid,x\n{rows}")).unwrap();
+    }
+    let ledger = root.join("m/ledger.jsonl");
+    let dpfusion = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_dpfusion"));
+        c.arg("--ledger")
+            .arg(&ledger)
+            .args(args)
+            .current_dir(&root)
+            .env("DPFUSION_HISTORY", root.join("history"));
+        c
+    };
+    let mut repl = dpfusion(&["--public", "d=data"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = repl.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = repl.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_for = |what: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains(what) => return,
+                Ok(_) => {}
+                Err(e) => panic!("the REPL did not print {what:?}: {e}"),
+            }
+        }
+    };
+    writeln!(stdin, "SELECT x FROM d WHERE uid = 2;").unwrap();
+    wait_for("17");
+    let out = dpfusion(&["--private", "a=data/a.csv", "-c", "SHOW TABLES"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "another key: accepted: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    writeln!(stdin, "SELECT x FROM d WHERE uid = 2;").unwrap();
+    writeln!(stdin, "\\q").unwrap();
+    drop(stdin);
+    let out = repl.wait_with_output().unwrap();
+    let seen: Vec<String> = rx.iter().collect();
+    reader.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "public table 'd' reads files that the ledger now holds as files of private table 'a'"
+        ),
+        "{stderr}\n{seen:?}"
+    );
+    assert!(
+        !seen.iter().any(|l| l.contains("17")),
+        "a.csv's rows are not printed again: {seen:?}"
+    );
+}
+
+/// Round 46, F2 of the review of its fixes: the same file under two names, the second with a
+/// privacy unit. The run is refused at the second registration, saying what to do, and the
+/// ledger records nothing of the unit; under one policy the two names run together.
+#[test]
+fn one_file_under_two_names_with_two_policies_is_refused_at_registration() {
+    let root = temp_dir("two-names-cli");
+    let people = crate::common::people_csv();
+    let (t1, t2) = (
+        format!("t1={}", people.display()),
+        format!("t2={}", people.display()),
+    );
+    let ledger = root.join("ledger.jsonl");
+    let dpfusion = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .arg("--ledger")
+            .arg(&ledger)
+            .args(args)
+            .current_dir(&root)
+            .env("DPFUSION_HISTORY", root.join("history"))
+            .output()
+            .unwrap()
+    };
+    let q = "SELECT (SELECT dp_count(salary, 0.5) FROM t2) AS a, \
+             (SELECT dp_count(salary, 0.5) FROM t1) AS b";
+    let out = dpfusion(&[
+        "--private",
+        &t1,
+        "--private",
+        &t2,
+        "--privacy-unit",
+        "t2=id",
+        "-c",
+        q,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("as table 't1'"), "{stderr}");
+    assert!(stderr.contains("privacy unit: row → id"), "{stderr}");
+    assert!(
+        stderr.contains("Register the file under one name"),
+        "{stderr}"
+    );
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    assert!(!text.contains("\"unit\""), "no unit recorded: {text}");
+    assert!(
+        !text.contains("\"record\":\"charge\""),
+        "nothing charged: {text}"
+    );
+    let out = dpfusion(&["--private", &t1, "--private", &t2, "-c", q]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -2385,3 +2385,317 @@ async fn one_row_once_served(
         }
     }
 }
+
+/// A process's resident memory (VmRSS), in bytes.
+fn resident_memory(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS");
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb * 1024
+}
+
+/// One HTTP/2 frame.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// What a [`PartialBodies`] connection knows: its flow-control windows, and the streams the
+/// server ended.
+#[derive(Default)]
+struct H2State {
+    conn_window: i64,
+    initial_window: i64,
+    windows: std::collections::HashMap<u32, i64>,
+    ended: std::collections::HashSet<u32>,
+    all_sent: bool,
+    closed: bool,
+}
+
+/// A raw HTTP/2 connection (review of round 46's fix, finding 1): `streams` calls of one
+/// method, each sending its gRPC request but for the last byte, so that no request message is
+/// ever complete and the server can answer a call only from its headers. It counts the streams
+/// the server ended (answered or reset) while their bodies were incomplete. tonic's clients
+/// send whole messages only, hence a client by hand (HPACK literals, no Huffman); closed when
+/// dropped.
+struct PartialBodies {
+    state: Arc<(std::sync::Mutex<H2State>, std::sync::Condvar)>,
+    socket: std::net::TcpStream,
+}
+
+impl PartialBodies {
+    fn open(addr: SocketAddr, method: &str, token: &str, request: &[u8], streams: u32) -> Self {
+        use std::io::{Read, Write};
+        use std::sync::{Condvar, Mutex};
+        fn literal(out: &mut Vec<u8>, first: &[u8], value: &str) {
+            assert!(value.len() < 127);
+            out.extend_from_slice(first);
+            out.push(value.len() as u8);
+            out.extend_from_slice(value.as_bytes());
+        }
+        // :method POST, :scheme http (static indices 3 and 6); the rest as literals without
+        // indexing (names by static index, else new).
+        let mut block = vec![0x83, 0x86];
+        literal(
+            &mut block,
+            &[0x04],
+            &format!("/arrow.flight.protocol.FlightService/{method}"),
+        );
+        literal(&mut block, &[0x01], &addr.to_string());
+        for (name, value) in [
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("authorization", &format!("Bearer {token}")),
+        ] {
+            let mut first = vec![0x00, name.len() as u8];
+            first.extend_from_slice(name.as_bytes());
+            literal(&mut block, &first, value);
+        }
+        let socket = std::net::TcpStream::connect(addr).unwrap();
+        socket.set_nodelay(true).unwrap();
+        let writer = Arc::new(Mutex::new(socket.try_clone().unwrap()));
+        let state = Arc::new((
+            Mutex::new(H2State {
+                conn_window: 65_535,
+                initial_window: 65_535,
+                ..Default::default()
+            }),
+            Condvar::new(),
+        ));
+        let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        preface.extend(h2_frame(4, 0, 0, &[]));
+        writer.lock().unwrap().write_all(&preface).unwrap();
+        // The reader: settings, windows, pings, and streams ended. Locks: the state's, then
+        // the writer's, in both threads.
+        let (st, w) = (Arc::clone(&state), Arc::clone(&writer));
+        let mut read = socket.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut head = [0u8; 9];
+            while read.read_exact(&mut head).is_ok() {
+                let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                let (kind, flags) = (head[3], head[4]);
+                let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+                let mut payload = vec![0u8; len];
+                if read.read_exact(&mut payload).is_err() {
+                    break;
+                }
+                let mut s = st.0.lock().unwrap();
+                match kind {
+                    4 if flags & 1 == 0 => {
+                        for set in payload.chunks_exact(6) {
+                            if u16::from_be_bytes([set[0], set[1]]) == 4 {
+                                let v = u32::from_be_bytes([set[2], set[3], set[4], set[5]]);
+                                let delta = v as i64 - s.initial_window;
+                                s.initial_window = v as i64;
+                                s.windows.values_mut().for_each(|w| *w += delta);
+                            }
+                        }
+                        let _ = w.lock().unwrap().write_all(&h2_frame(4, 1, 0, &[]));
+                    }
+                    8 => {
+                        let inc =
+                            u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
+                                & 0x7fff_ffff;
+                        match id {
+                            0 => s.conn_window += inc as i64,
+                            _ => *s.windows.entry(id).or_default() += inc as i64,
+                        }
+                    }
+                    6 if flags & 1 == 0 => {
+                        let _ = w.lock().unwrap().write_all(&h2_frame(6, 1, 0, &payload));
+                    }
+                    3 => {
+                        s.ended.insert(id);
+                    }
+                    0 | 1 if flags & 1 != 0 => {
+                        s.ended.insert(id);
+                    }
+                    _ => {}
+                }
+                st.1.notify_all();
+            }
+            st.0.lock().unwrap().closed = true;
+            st.1.notify_all();
+        });
+        // Every stream's headers, then their bodies round-robin within the windows, each but
+        // its last byte.
+        let ids: Vec<u32> = (0..streams).map(|i| 1 + 2 * i).collect();
+        {
+            let mut s = state.0.lock().unwrap();
+            let mut out = Vec::new();
+            for &id in &ids {
+                let initial = s.initial_window;
+                s.windows.insert(id, initial);
+                out.extend(h2_frame(1, 0x4, id, &block));
+            }
+            writer.lock().unwrap().write_all(&out).unwrap();
+        }
+        let body = request[..request.len() - 1].to_vec();
+        let st = Arc::clone(&state);
+        std::thread::spawn(move || {
+            let mut sent: std::collections::HashMap<u32, usize> =
+                ids.iter().map(|&id| (id, 0)).collect();
+            let until = Instant::now() + Duration::from_secs(120);
+            loop {
+                let mut s = st.0.lock().unwrap();
+                if s.closed || Instant::now() > until {
+                    return;
+                }
+                let mut chunk = None;
+                let mut pending = false;
+                for &id in &ids {
+                    let off = sent[&id];
+                    if off >= body.len() || s.ended.contains(&id) {
+                        continue;
+                    }
+                    pending = true;
+                    let k = (body.len() - off)
+                        .min(16_384)
+                        .min(s.conn_window.max(0) as usize)
+                        .min(s.windows[&id].max(0) as usize);
+                    if k > 0 {
+                        chunk = Some((id, off, k));
+                        break;
+                    }
+                }
+                if !pending {
+                    s.all_sent = true;
+                    st.1.notify_all();
+                    return;
+                }
+                let Some((id, off, k)) = chunk else {
+                    let _ = st.1.wait_timeout(s, Duration::from_millis(50)).unwrap();
+                    continue;
+                };
+                s.conn_window -= k as i64;
+                *s.windows.get_mut(&id).unwrap() -= k as i64;
+                sent.insert(id, off + k);
+                let frame = h2_frame(0, 0, id, &body[off..off + k]);
+                if writer.lock().unwrap().write_all(&frame).is_err() {
+                    return;
+                }
+                drop(s);
+            }
+        });
+        Self { state, socket }
+    }
+
+    /// Waits until every stream's body is sent (but its last byte) or the stream ended.
+    fn wait_sent(&self, within: Duration) {
+        let (lock, cv) = &*self.state;
+        let (s, _) = cv
+            .wait_timeout_while(lock.lock().unwrap(), within, |s| !s.all_sent && !s.closed)
+            .unwrap();
+        assert!(s.all_sent, "the bodies were not sent within {within:?}");
+    }
+
+    /// How many streams the server ended.
+    fn ended(&self) -> usize {
+        self.state.0.lock().unwrap().ended.len()
+    }
+}
+
+impl Drop for PartialBodies {
+    fn drop(&mut self) {
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Review of round 46's fix, finding 1: a call's place was taken by its handler, after tonic
+/// had read its request, so calls whose 4 MB requests were still arriving held memory with all
+/// of the analyst's places free (1.15 GB). Now the router authenticates a call and takes its
+/// place from the headers, before any byte of the body is read. On one connection, a stranger's
+/// 32 unfinished 4 MB prepares are all answered from their headers; alice's take her 4 places,
+/// and the other 28 are answered from their headers too, their bodies never read (the server's
+/// memory grows by her 4 bodies, not 32). While her 4 hold, her own calls, metadata included,
+/// are refused at once, and bob is served; once her connection goes, she is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_still_arriving_take_their_analysts_places_and_a_strangers_none() {
+    use arrow_flight::sql::{ActionCreatePreparedStatementRequest, ProstMessageExt};
+    const PLACES: usize = 4;
+    const STREAMS: u32 = 32;
+    let s = start(
+        "serve-partial-bodies",
+        100.0,
+        &format!("max_calls_per_analyst = {PLACES}\nquery_timeout_secs = 60"),
+    );
+    let (addr, pid) = (s.addr, s.child.id());
+    still_serving(addr).await;
+    let before = resident_memory(pid);
+    // A prepare of 4 MB of SQL: within DoAction's decoding limit (4 MiB).
+    let action = arrow_flight::Action {
+        r#type: "CreatePreparedStatement".into(),
+        body: prost::Message::encode_to_vec(
+            &ActionCreatePreparedStatementRequest {
+                query: format!("SELECT 1 AS v -- {}", "x".repeat(4_000_000)),
+                transaction_id: None,
+            }
+            .as_any(),
+        )
+        .into(),
+    };
+    let message = prost::Message::encode_to_vec(&action);
+    let mut request = vec![0u8];
+    request.extend((message.len() as u32).to_be_bytes());
+    request.extend(message);
+    let request = Arc::new(request);
+    let partial = |token: &'static str| {
+        let request = Arc::clone(&request);
+        tokio::task::spawn_blocking(move || {
+            let p = PartialBodies::open(addr, "DoAction", token, &request, STREAMS);
+            p.wait_sent(Duration::from_secs(90));
+            p
+        })
+    };
+
+    let stranger = partial("not-a-token").await.unwrap();
+    assert_eq!(
+        stranger.ended(),
+        STREAMS as usize,
+        "every stranger's call answered"
+    );
+    drop(stranger);
+
+    let alices = partial(ALICE).await.unwrap();
+    assert_eq!(
+        alices.ended(),
+        STREAMS as usize - PLACES,
+        "alice's calls past her places answered from their headers, the others waiting"
+    );
+    let grown = resident_memory(pid).saturating_sub(before);
+    eprintln!(
+        "{STREAMS} unfinished 4 MB requests of a stranger and {STREAMS} of alice's ({PLACES} \
+         places): the server grew by {} MiB",
+        grown >> 20
+    );
+    // Her 4 bodies (about 4 MB each, as tonic buffers them), far from 32 of them (128 MB).
+    assert!(grown < 64 << 20, "{} MiB", grown >> 20);
+
+    let mut alice = client(addr, Some(ALICE)).await;
+    let refused = |e: Status| {
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("max-calls-per-analyst"), "{e:?}");
+    };
+    refused(query(&mut alice, "SELECT 1 AS one").await.unwrap_err());
+    refused(
+        alice
+            .get_tables(CommandGetTables::default())
+            .await
+            .map_err(status)
+            .unwrap_err(),
+    );
+    let mut bob = client(addr, Some(BOB)).await;
+    assert_eq!(rows(&query(&mut bob, "SELECT 1 AS one").await.unwrap()), 1);
+    let info = bob.get_tables(CommandGetTables::default()).await.unwrap();
+    assert_eq!(rows(&fetch(&mut bob, info).await.unwrap()), 2);
+    assert_eq!(alices.ended(), STREAMS as usize - PLACES, "hers still wait");
+
+    drop(alices);
+    one_row_once_served(&mut alice, "SELECT 1 AS one", Duration::from_secs(30)).await;
+}

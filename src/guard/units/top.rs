@@ -19,7 +19,6 @@
 //! under the first.
 use std::hash::Hasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Float64Array, ListArray, StructArray, UInt64Array,
@@ -62,15 +61,16 @@ impl Layout {
 }
 
 /// SipHash-2-4 (the PRF of [`super::GroupKey`]) under `key` of a sampled row's encoded values
-/// (none with no sampled column: `dp_count(*)`) and its position among the rows its accumulator
-/// met: the row sample's key, the C smallest of a (unit, group) kept ([`super::Sample`]).
-pub(super) fn row_key(key: [u64; 2], row: Option<&[u8]>, position: u64) -> u64 {
+/// (none with no sampled column: `dp_count(*)`) and its id, one no other row of the query has
+/// ([`super::RowIds`]): the row sample's key, the C smallest of a (unit, group) kept
+/// ([`super::Sample`]).
+pub(super) fn row_key(key: [u64; 2], row: Option<&[u8]>, id: u64) -> u64 {
     #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
     let mut h = std::hash::SipHasher::new_with_keys(key[0], key[1]);
     if let Some(row) = row {
         h.write(row);
     }
-    h.write_u64(position);
+    h.write_u64(id);
     h.finish()
 }
 
@@ -93,13 +93,15 @@ pub(super) fn struct_list(
 /// a list per unit of its kept (unit, group)s, each a struct `{c0 … (the group keys), c… (the
 /// totals), sample}` where `sample` is a list of `{pos, c0, …}` (the sampled rows, `pos` = 1, 2, …
 /// in key order, as [`super::Sample`] gives them). A row's sample key is SipHash-2-4 under the
-/// query's row-sample key of the row's sampled values and its position among the rows its
-/// accumulator met ([`super::Sample`]'s rule). A
+/// query's row-sample key of the row's sampled values and its id among the query's rows
+/// ([`super::Sample`]'s rule). A
 /// [`GroupsAccumulator`]: one state for all units.
 #[derive(PartialEq, Eq, Hash)]
 pub(in crate::guard) struct TopGroups {
     pub(in crate::guard) layout: Layout,
     key: [u64; 2],
+    /// The query's row ids, shared by every accumulator of this aggregate (round 46).
+    ids: super::RowIds,
     signature: Signature,
 }
 
@@ -118,6 +120,7 @@ pub(in crate::guard) fn top_groups_udaf(layout: Layout, sample_key: [u64; 2]) ->
     AggregateUDF::from(TopGroups {
         layout,
         key: sample_key,
+        ids: super::RowIds::default(),
         signature: Signature::variadic_any(Volatility::Volatile),
     })
 }
@@ -248,6 +251,7 @@ impl AggregateUDFImpl for TopGroups {
             c,
             self.layout,
             self.key,
+            self.ids.clone(),
             g,
             s,
         )?))
@@ -393,8 +397,8 @@ struct TopGroupsAccumulator {
     sampled: Store,
     /// Encodes a row's sampled values for its key (None without sampled columns).
     encoder: Option<RowConverter>,
-    /// Rows met so far (a row's position, for its sample key).
-    seen: AtomicU64,
+    /// The query's row ids (for a row's sample key: no two rows of the query share one).
+    ids: super::RowIds,
 }
 
 impl std::fmt::Debug for TopGroupsAccumulator {
@@ -416,6 +420,7 @@ impl TopGroupsAccumulator {
         c: usize,
         layout: Layout,
         key: [u64; 2],
+        ids: super::RowIds,
         groups: Vec<DataType>,
         sampled: Vec<DataType>,
     ) -> Result<Self> {
@@ -444,7 +449,7 @@ impl TopGroupsAccumulator {
             groups: Store::new(groups),
             sampled: Store::new(sampled),
             encoder,
-            seen: AtomicU64::new(0),
+            ids,
         })
     }
 
@@ -457,9 +462,9 @@ impl TopGroupsAccumulator {
     }
 
     /// The sample keys of `n` rows with sampled columns `columns`: SipHash-2-4 of the row's
-    /// values and its position.
+    /// values and its id.
     fn row_keys(&self, columns: &[ArrayRef], n: usize) -> Result<Vec<u64>> {
-        let start = self.seen.fetch_add(n as u64, Ordering::Relaxed);
+        let start = self.ids.take(n);
         let encoded = match &self.encoder {
             Some(e) => Some(e.convert_columns(columns)?),
             None => None,
@@ -697,10 +702,10 @@ impl TopGroupsAccumulator {
             self.c,
             self.layout,
             self.key,
+            self.ids.clone(),
             self.groups.types.clone(),
             self.sampled.types.clone(),
         )?;
-        next.seen = AtomicU64::new(self.seen.load(Ordering::Relaxed));
         next.grow(self.units.len() - n);
         for u in n..self.units.len() {
             let entries: Vec<usize> = self.entries(u).collect();
@@ -1084,6 +1089,7 @@ mod tests {
             c,
             layout(),
             [1, 2],
+            super::super::RowIds::default(),
             vec![DataType::Int64],
             vec![DataType::Int64],
         )
