@@ -425,7 +425,13 @@ async fn a_plan_that_cannot_cross_as_checked_is_refused_on_a_cluster() {
         .privacy_unit("k")
         .contribution_bounds(1, 10)
         .budget(50.0, 1e-5);
-    let u = dir.join("data").join("u");
+    // A copy of `u`'s files: a file is one table, with one policy, in a session (round 46).
+    let u = dir.join("data").join("pu");
+    std::fs::create_dir_all(&u).unwrap();
+    for f in std::fs::read_dir(dir.join("data").join("u")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, u.join(f.file_name().unwrap())).unwrap();
+    }
     cluster
         .register_parquet("pu", &u, units.clone())
         .await

@@ -1391,15 +1391,7 @@ fn a_policy_changed_by_another_process_refuses_what_was_planned_under_the_old() 
     assert!(msg.contains("changed by another process"), "{msg}");
     assert!(msg.contains("register"), "says what to do: {msg}");
     // Admission of a charge planned under the old policy: refused under the lock.
-    let err = a
-        .admit_planned(
-            "q",
-            &gauss("demo:t", 0.1),
-            &[],
-            None,
-            std::slice::from_ref(&planned_a),
-        )
-        .unwrap_err();
+    let err = refused_at_admission(&a, &planned_a);
     assert!(
         matches!(err, AccountingError::PolicyChanged { .. }),
         "{err}"
@@ -1626,15 +1618,7 @@ fn a_public_directory_is_refused_once_a_file_in_it_is_made_private_elsewhere() {
     assert!(msg.contains("Nothing was charged"), "{msg}");
     assert!(!msg.contains(&key(&data)), "no path: {msg}");
     // Under the lock at admission too, and again at every statement.
-    let err = a
-        .admit_planned(
-            "q",
-            &gauss("demo:t", 0.1),
-            &[],
-            None,
-            std::slice::from_ref(&planned),
-        )
-        .unwrap_err();
+    let err = refused_at_admission(&a, &planned);
     assert!(
         matches!(err, AccountingError::FilesNowPrivate { .. }),
         "{err}"
@@ -1727,4 +1711,16 @@ fn a_second_name_of_a_key_under_another_policy_is_refused_and_the_stale_one_is_s
         assert!(!msg.contains("another process"), "{msg}");
     }
     acc.check_planned(std::slice::from_ref(&recorded)).unwrap();
+}
+
+/// Admission of one Gaussian charge on `demo:t`, planned under `planned`: refused (returns why).
+fn refused_at_admission(a: &Accountant, planned: &TablePolicy) -> AccountingError {
+    a.admit_planned(
+        "q",
+        &gauss("demo:t", 0.1),
+        &[],
+        None,
+        std::slice::from_ref(planned),
+    )
+    .unwrap_err()
 }

@@ -266,8 +266,9 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
     }
     if !pairs_units(j, &lu.column, &ru.column) {
         return Err(refuse_with(format!(
-            "the keys do not pair '{}.{}' with '{}.{}' as they are (no cast, one type: a cast \
-             can map two units to one)",
+            "the keys do not pair '{}.{}' with '{}.{}' as they are (no cast, one type: a \
+             unit is compared as the identifier it is, so the data owner declares the unit \
+             columns of one domain with one type)",
             lt.name, lu.column, rt.name, ru.column
         )));
     }

@@ -1054,15 +1054,7 @@ mod tests {
             let mut a =
                 SampleAccumulator::new(3, key, RowIds::default(), vec![DataType::Int64]).unwrap();
             a.update_batch(&values).unwrap();
-            let ScalarValue::List(list) = a.evaluate().unwrap() else {
-                panic!("a list")
-            };
-            let rows = list.value(0);
-            rows.as_struct()
-                .column(1)
-                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
-                .values()
-                .to_vec()
+            sampled(&mut a)
         };
         assert_eq!(sample([1, 2]), sample([1, 2]));
         assert_ne!(sample([1, 2]), sample([3, 4]));
@@ -1072,6 +1064,19 @@ mod tests {
             panic!("a list")
         };
         assert_eq!(list.value(0).len(), 3);
+    }
+
+    /// The values of an Int64 sample's rows, in key order.
+    fn sampled(a: &mut SampleAccumulator) -> Vec<i64> {
+        let ScalarValue::List(list) = a.evaluate().unwrap() else {
+            panic!("a list")
+        };
+        let rows = list.value(0);
+        rows.as_struct()
+            .column(1)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+            .values()
+            .to_vec()
     }
 
     /// Round 46: a unit's rows {a, a, b} with C = 1 keep `a` with probability 2/3 whether they
@@ -1087,16 +1092,7 @@ mod tests {
                 Arc::new(Int64Array::from(v.to_vec())),
             ]
         };
-        let kept = |a: &mut SampleAccumulator| {
-            let ScalarValue::List(list) = a.evaluate().unwrap() else {
-                panic!("a list")
-            };
-            let rows = list.value(0);
-            rows.as_struct()
-                .column(1)
-                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
-                .value(0)
-        };
+        let kept = |a: &mut SampleAccumulator| sampled(a)[0];
         let (mut whole, mut split) = (0u32, 0u32);
         let n = 6_000u64;
         for seed in 0..n {

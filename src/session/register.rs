@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::Schema;
+use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::catalog::TableProvider;
 use datafusion::common::{DataFusionError, Result, plan_err};
 use datafusion::datasource::MemTable;
@@ -305,7 +305,7 @@ fn check_unit(name: &str, schema: &Schema, reg: &Registration) -> Result<Option<
     // Who a row belongs to must be one value: floats are not (NaN payloads, ±0 are equal to
     // some of DataFusion's operators and not to others: review of round 46).
     if let Ok(f) = schema.field_with_name(&u.column)
-        && f.data_type().is_floating()
+        && holds_floats(f.data_type())
     {
         return plan_err!(
             "table '{name}': the privacy unit column '{}' is {}; a unit is an identifier, and \
@@ -339,6 +339,26 @@ fn check_unit(name: &str, schema: &Schema, reg: &Registration) -> Result<Option<
         domain,
         ..u.clone()
     }))
+}
+
+/// Does a value of type `t` hold a float anywhere (a dictionary's values, a struct's fields, a
+/// list's items…)?
+fn holds_floats(t: &DataType) -> bool {
+    use DataType::*;
+    match t {
+        Float16 | Float32 | Float64 => true,
+        Dictionary(_, v) => holds_floats(v),
+        RunEndEncoded(_, v) => holds_floats(v.data_type()),
+        List(f)
+        | LargeList(f)
+        | FixedSizeList(f, _)
+        | ListView(f)
+        | LargeListView(f)
+        | Map(f, _) => holds_floats(f.data_type()),
+        Struct(fields) => fields.iter().any(|f| holds_floats(f.data_type())),
+        Union(fields, _) => fields.iter().any(|(_, f)| holds_floats(f.data_type())),
+        _ => false,
+    }
 }
 
 fn check_column(table: &str, schema: &Schema, column: &str, what: &str) -> Result<()> {

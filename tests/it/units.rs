@@ -397,6 +397,22 @@ async fn joins_admitted_and_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("a unit is an identifier"), "{e}");
+    // Floats inside another type too (a dictionary of floats: found by the final review).
+    let dict = dpfusion::datafusion::arrow::compute::cast(
+        &(Arc::new(Float64Array::from_iter_values((0..200).map(f64::from))) as ArrayRef),
+        &DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Float64)),
+    )
+    .unwrap();
+    let t = dict.data_type().clone();
+    let e = s
+        .register_batches(
+            "dict_units",
+            vec![svisits(t, dict)],
+            unit_level().unit_domain("person"),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a unit is an identifier"), "{e}");
     // Public: g → name (unique), and a table with a duplicated key.
     let public = |keys: Vec<i64>| {
         let n = keys.len();
