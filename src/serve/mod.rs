@@ -31,10 +31,10 @@
 //!   call is authenticated from its headers by the router ([`ByMethod`]), before any byte of
 //!   its body is read: a stranger's call is answered `Unauthenticated` there and never decoded.
 //!   There too, each call of an analyst takes one of their places for calls in flight or is
-//!   refused at once (`max_calls_per_analyst`), and holds it until its answer: the requests
-//!   being received or waiting are bounded (round 46). Every call that plans or runs (prepare,
-//!   parameter binding, ingest and the metadata commands included) waits for its turns and ends
-//!   at the statement's time limit, its turns given back at the deadline even if its task is
+//!   refused at once (`max_calls_per_analyst`), and holds it until its answer is sent: the
+//!   requests being received or waiting and the answers not yet read are bounded (round 46).
+//!   Every call that plans or runs (prepare, parameter binding, ingest) waits for its turns and
+//!   ends at the statement's time limit, its turns given back at the deadline even if its task is
 //!   busy (the query is cancelled at its next await point; an admitted charge stands); the work
 //!   runs on query threads with a large stack, behind the SQL's complexity limit; results are
 //!   counted in the session's memory limit as they are computed and bounded by
@@ -43,8 +43,10 @@
 //!   (`GetSqlInfo`, `GetTables`, …) have their fields bounded (ids, table types, name lengths)
 //!   before any work, their name patterns matched by hand ([`Pattern`]: no regular
 //!   expression), and `GetTables` encodes at most the owner's schemas and the analyst's own,
-//!   which [`ingest`] caps; a metadata answer holds its place until it is sent. A client that
-//!   goes away cancels its query (the charge stands).
+//!   which [`ingest`] caps; so they run on the query threads within their place and the time
+//!   limit but wait for no statement turn, only for the analyst's one metadata turn
+//!   ([`Work::Metadata`], review r46). A client that goes away cancels its query (the charge
+//!   stands).
 //! - **Errors** are the REPL's messages, as Flight status codes: `InvalidArgument` for a
 //!   refusal or invalid input, `FailedPrecondition` for a budget refusal, `ResourceExhausted`
 //!   for a full quota, `Unauthenticated`, `DeadlineExceeded`; a statement's error carries its
@@ -119,9 +121,9 @@ pub struct ServeOptions {
     /// How many statements (and prepares) of one analyst run at once; 0: half of
     /// `max_concurrent_queries`, rounded up ([`ServeOptions::queries_per_analyst`]).
     pub max_queries_per_analyst: usize,
-    /// How many calls of one analyst may be in flight at once: every call, from its headers to
-    /// its answer (its request's body being received, its turn awaited and its work included),
-    /// and a metadata command's answer until it is sent. One more is refused at once
+    /// How many calls of one analyst may be in flight at once: every call, from its headers
+    /// until its answer is sent (its request's body being received, its turn awaited, its work
+    /// and its answer not yet read by the client included). One more is refused at once
     /// (`ResourceExhausted`, nothing charged), before any byte of its body is read ([`ByMethod`]).
     /// Each holds its request (up to the decoding limit, 4 MiB by default) while it waits.
     /// 0: the default, [`ServeOptions::calls_per_analyst`].
@@ -197,7 +199,9 @@ impl ServeOptions {
     /// its SQL (the request, its decoded command and copies: 4.1 MB for 1 MiB of SQL in review
     /// r46), and a request being received at most the decoding limit as tonic buffers it (about
     /// 6 MB for a 4 MB request, measured in the review of the fix), so by default an analyst's
-    /// calls in flight hold about 100 MiB, a 40th of the default `memory_limit`.
+    /// calls in flight hold about 100 MiB, a 40th of the default `memory_limit`. An answer not
+    /// yet read holds its place too ([`Held`]): a prepare's echoes its SQL, a `GetTables`
+    /// answer holds at most the capped schemas, a result at most `max_result_bytes`.
     pub fn calls_per_analyst(&self) -> usize {
         match self.max_calls_per_analyst {
             0 => (2 * self.queries_per_analyst()).max(DEFAULT_CALLS_PER_ANALYST),
@@ -353,6 +357,8 @@ struct Namespace {
     turns: Arc<tokio::sync::Semaphore>,
     /// The analyst's places for calls in flight ([`ServeOptions::calls_per_analyst`], [`Call`]).
     calls: Arc<tokio::sync::Semaphore>,
+    /// The analyst's one turn for metadata work ([`Work::Metadata`]).
+    metadata: Arc<tokio::sync::Semaphore>,
 }
 
 impl Namespace {
@@ -370,22 +376,42 @@ impl Namespace {
     }
 }
 
-/// One call of an analyst, from its headers until its answer ([`ByMethod`] takes it before the
-/// call's body is read; [`DpFlightSql::call`] hands it to the handler): the only way into
-/// [`DpFlightSql::limited`]. Round 46: calls waiting for their turn held their requests (about
-/// 4 MB each) without any bound, outside the memory limit, and so did requests still being
-/// received (review of the fix: 1.15 GB); now an analyst has at most
+/// One call of an analyst, from its headers until its answer is sent ([`ByMethod`] takes it
+/// before the call's body is read; [`DpFlightSql::call`] hands it to the handler): the only way
+/// into [`DpFlightSql::limited`]. Round 46: calls waiting for their turn held their requests
+/// (about 4 MB each) without any bound, outside the memory limit, and so did requests still
+/// being received (review of the fix: 1.15 GB); now an analyst has at most
 /// [`ServeOptions::calls_per_analyst`] calls in flight, and one more is refused at once. A
 /// call's work that outlives its call (busy past the deadline) keeps its place in flight until
-/// it ends, as it keeps the analyst's turn; a metadata answer keeps it until it is sent.
+/// it ends, as it keeps the analyst's turn; every answer keeps it until it is sent ([`Held`]).
 /// Clones share one place.
 #[derive(Clone)]
 struct Call {
     analyst: String,
     /// The analyst's turns ([`Namespace::turns`]).
     turns: Arc<tokio::sync::Semaphore>,
+    /// The analyst's metadata turn ([`Namespace::metadata`]).
+    metadata: Arc<tokio::sync::Semaphore>,
     /// Its place among the analyst's calls in flight, shared with its work's task.
     in_flight: Arc<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// What a call's work waits for before it runs ([`DpFlightSql::bounded`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    /// A statement, prepare, parameter binding or ingest: the analyst's turn
+    /// ([`ServeOptions::max_queries_per_analyst`]) and one of the server's
+    /// (`max_concurrent_queries`).
+    Statement,
+    /// A metadata command (`GetSqlInfo`, `GetTables`, `GetDbSchemas`, `GetCatalogs`,
+    /// `GetTableTypes`): only the analyst's one metadata turn, so that it never waits behind
+    /// the analyst's statements or the server's (review r46, finding 2: a client's `GetSqlInfo`
+    /// waited 19 s behind its analyst's running query, up to the statement time limit). Its
+    /// cost is bounded without a statement turn: its fields are bounded before any work, its
+    /// patterns matched by hand ([`Pattern`]) and `GetTables` encodes at most the owner's
+    /// schemas and the analyst's own, which [`ingest`] caps; the metadata turn keeps one
+    /// analyst's metadata work to one query thread at a time.
+    Metadata,
 }
 
 /// The [`Call`] the router ([`ByMethod`]) admitted, in its request's extensions: the handler
@@ -824,10 +850,14 @@ impl DpFlightSql {
     /// charged) when their places are all taken. Never waits: a call refused holds nothing.
     fn call_of(&self, analyst: String) -> Result<Call, Status> {
         // The namespace's lock is held only to find the semaphores, never while taking one.
-        let (turns, calls) = {
+        let (turns, calls, metadata) = {
             let mut spaces = self.0.spaces.lock().expect("lock");
             let ns = self.namespace(&mut spaces, &analyst);
-            (Arc::clone(&ns.turns), Arc::clone(&ns.calls))
+            (
+                Arc::clone(&ns.turns),
+                Arc::clone(&ns.calls),
+                Arc::clone(&ns.metadata),
+            )
         };
         let in_flight = calls.try_acquire_owned().map_err(|e| match e {
             tokio::sync::TryAcquireError::Closed => {
@@ -838,7 +868,7 @@ impl DpFlightSql {
                 quota_refusal(format!(
                     "dpfusion refused the call before it started (nothing was charged): you \
                      have {max} calls in flight on this server (being sent, running, waiting \
-                     for your turn, or metadata answers not yet read), its limit per analyst \
+                     for your turn, or answers not yet read), its limit per analyst \
                      (the data owner's [server] max_calls_per_analyst or \
                      --max-calls-per-analyst, default twice your turns and at least \
                      {DEFAULT_CALLS_PER_ANALYST}). Wait for an earlier call to end, or send \
@@ -849,6 +879,7 @@ impl DpFlightSql {
         Ok(Call {
             analyst,
             turns,
+            metadata,
             in_flight: Arc::new(in_flight),
         })
     }
@@ -867,6 +898,16 @@ impl DpFlightSql {
         F: std::future::Future<Output = Result<T, Status>> + Send + 'static,
         T: Send + 'static,
     {
+        self.bounded(Work::Statement, call, work).await
+    }
+
+    /// [`Self::limited`] for `kind` of work: a statement's takes the analyst's turn and the
+    /// server's, a metadata command's only the analyst's metadata turn ([`Work`]).
+    async fn bounded<T, F>(&self, kind: Work, call: &Call, work: F) -> Result<T, Status>
+    where
+        F: std::future::Future<Output = Result<T, Status>> + Send + 'static,
+        T: Send + 'static,
+    {
         let timeout = self.0.options.query_timeout;
         // The statement's cancellation flag, set when this call ends (answered, timed out,
         // cancelled, or dropped with its client): a model fit still running stops at its next
@@ -874,15 +915,28 @@ impl DpFlightSql {
         let token = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let _cancel = CancelOnDrop(Arc::clone(&token));
         let in_flight = Arc::clone(&call.in_flight);
+        let closed = |_| Status::unavailable("the server is shutting down");
         let run = async {
-            let mine = Arc::clone(&call.turns)
-                .acquire_owned()
-                .await
-                .map_err(|_| Status::unavailable("the server is shutting down"))?;
-            let _turn = Arc::clone(&self.0.running)
-                .acquire_owned()
-                .await
-                .map_err(|_| Status::unavailable("the server is shutting down"))?;
+            let (mine, _turn) = match kind {
+                Work::Statement => {
+                    let mine = Arc::clone(&call.turns)
+                        .acquire_owned()
+                        .await
+                        .map_err(closed)?;
+                    let server = Arc::clone(&self.0.running)
+                        .acquire_owned()
+                        .await
+                        .map_err(closed)?;
+                    (mine, Some(server))
+                }
+                Work::Metadata => {
+                    let mine = Arc::clone(&call.metadata)
+                        .acquire_owned()
+                        .await
+                        .map_err(closed)?;
+                    (mine, None)
+                }
+            };
             // The work runs on the query runtime, so that a long scan or model fit never
             // holds up the calls of other clients.
             let task = self.0.queries.spawn(crate::session::with_cancel(
@@ -895,6 +949,10 @@ impl DpFlightSql {
             let _abort = AbortOnDrop(task.abort_handle());
             match task.await {
                 Ok(r) => r,
+                Err(_) if kind == Work::Metadata => Err(Status::internal(
+                    "dpfusion: the metadata call failed (an internal error); nothing was \
+                     charged. Retry it, or tell the data owner",
+                )),
                 Err(_) => Err(wire::coded(
                     Code::Internal,
                     ErrorCode::ExecutionFailed,
@@ -905,20 +963,27 @@ impl DpFlightSql {
             }
         };
         let mut cancel = self.0.cancel.subscribe();
+        let secs = timeout.as_secs_f64();
         tokio::select! {
             r = tokio::time::timeout(timeout, run) => match r {
                 Ok(r) => r,
+                Err(_) if kind == Work::Metadata => Err(Status::deadline_exceeded(format!(
+                    "the metadata call ran longer than the server's limit of {secs} s and was \
+                     cancelled; nothing was charged. Retry it, or narrow it with a name pattern \
+                     (the data owner's [server] query_timeout_secs)"
+                ))),
                 Err(_) => Err(Status::deadline_exceeded(format!(
-                    "the statement ran longer than the server's limit of {} s and was \
+                    "the statement ran longer than the server's limit of {secs} s and was \
                      cancelled; if it was admitted, its charge stands (the data owner's \
-                     [server] query_timeout_secs)",
-                    timeout.as_secs_f64()
+                     [server] query_timeout_secs)"
                 ))),
             },
-            _ = cancel.wait_for(|c| *c) => Err(Status::unavailable(
-                "the server is shutting down and cancelled the statement; if it was admitted, \
-                 its charge stands",
-            )),
+            _ = cancel.wait_for(|c| *c) => Err(Status::unavailable(match kind {
+                Work::Statement => "the server is shutting down and cancelled the statement; if \
+                                    it was admitted, its charge stands",
+                Work::Metadata => "the server is shutting down and cancelled the metadata \
+                                   call; nothing was charged",
+            })),
         }
     }
 
@@ -938,6 +1003,7 @@ impl DpFlightSql {
                 sending_bytes: 0,
                 turns: Arc::new(tokio::sync::Semaphore::new(o.queries_per_analyst())),
                 calls: Arc::new(tokio::sync::Semaphore::new(o.calls_per_analyst())),
+                metadata: Arc::new(tokio::sync::Semaphore::new(1)),
             })
     }
 
@@ -1174,9 +1240,9 @@ impl DpFlightSql {
         builder.build().map_err(Status::from)
     }
 
-    /// A metadata command's `FlightInfo`, its schema made within `call`'s limits, like a
-    /// statement's work (round 46: metadata calls ran on the serving threads, with no place and
-    /// no turn).
+    /// A metadata command's `FlightInfo`, its schema made on the query threads within `call`'s
+    /// place and the time limit (round 46: metadata calls ran on the serving threads, with no
+    /// place), after the analyst's metadata turn only ([`Work::Metadata`], review r46).
     async fn metadata_info(
         &self,
         call: Call,
@@ -1184,13 +1250,15 @@ impl DpFlightSql {
         descriptor: FlightDescriptor,
         schema: impl FnOnce() -> SchemaRef + Send + 'static,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = self.limited(&call, async move { Ok(schema()) }).await?;
+        let schema = self
+            .bounded(Work::Metadata, &call, async move { Ok(schema()) })
+            .await?;
         Ok(Response::new(info_for(command, &schema, descriptor)?))
     }
 
-    /// A metadata command's answer, built within `call`'s limits on the query threads, and
-    /// streamed holding the call's place until it is sent or dropped: an answer is built whole,
-    /// so an analyst's unread answers are bounded by their places (round 46: an unread 206 MB
+    /// A metadata command's answer, built like [`Self::metadata_info`]'s schema. An answer is
+    /// built whole, and it holds the call's place until it is sent or dropped ([`Held`]), so an
+    /// analyst's unread answers are bounded by their places (round 46: an unread 206 MB
     /// `GetTables` answer stayed in memory, counted nowhere).
     async fn metadata_get(
         &self,
@@ -1199,20 +1267,9 @@ impl DpFlightSql {
     ) -> Result<Response<DoGetStream>, Status> {
         let (this, who) = (self.clone(), call.analyst.clone());
         let batch = self
-            .limited(&call, async move { batch(&this, &who) })
+            .bounded(Work::Metadata, &call, async move { batch(&this, &who) })
             .await?;
-        let stream = batches_stream(batch.schema(), vec![batch]);
-        let held = futures::stream::unfold((stream, call), |(mut stream, call)| async move {
-            match futures::StreamExt::next(&mut stream).await {
-                Some(item) => Some((item, (stream, call))),
-                // The place is given back as the stream ends, before its trailers are sent.
-                None => {
-                    drop(call);
-                    None
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(held)))
+        Ok(Response::new(batches_stream(batch.schema(), vec![batch])))
     }
 }
 
@@ -1913,8 +1970,9 @@ pub fn flight_service(bound: &Bound) -> ByMethod {
 /// further), marks its connection its analyst's ([`conn`]) and takes one of the analyst's
 /// places for calls in flight ([`ServeOptions::calls_per_analyst`]; one more is refused with
 /// `ResourceExhausted`); the place travels to the handler in the request's extensions and is
-/// held until the answer (review of the fix: the place was taken by the handler, after tonic had
-/// read the body, so an analyst's requests still arriving held 1.15 GB with every place free).
+/// held until the answer is sent ([`Held`]; review of the fix: the place was taken by the
+/// handler, after tonic had read the body, so an analyst's requests still arriving held 1.15 GB
+/// with every place free).
 ///
 /// Then it routes the call to one of two copies of the service, by a decoding limit per method.
 /// tonic sets one limit per service, and one method carries both statements and metadata
@@ -1978,12 +2036,46 @@ impl tonic::codegen::Service<HttpRequest> for ByMethod {
         } else {
             self.small.call(request)
         };
-        // The place is held until the answer: the body's reading and the handler's work
-        // included (a handler's work that outlives it holds a clone, [`DpFlightSql::limited`]).
+        // The place is held until the answer is sent: the body's reading, the handler's work
+        // (a handler's work that outlives it holds a clone, [`DpFlightSql::limited`]) and the
+        // answer's body ([`Held`]) included.
         Box::pin(async move {
-            let _held = call;
-            answer.await
+            let response = answer.await?;
+            Ok(response.map(|body| tonic::body::Body::new(Held { body, _call: call })))
         })
+    }
+}
+
+/// An answer's body holding its [`Call`]'s place until it is dropped: hyper drops it once its
+/// last frame (the trailers) is sent, or when the stream is reset or its connection closes.
+/// Review r46, finding 1: the place was given back when the answer's headers were ready, and
+/// hyper keeps an answer's body until the client's flow-control window lets it go, so answers
+/// the client never read stayed in the server with no place held (1.5 MB a prepare answer,
+/// 382 MB of one analyst's with all their places free). Every answer of every method is held
+/// so, a statement's result stream (`DoGet` of its ticket) included, which its analyst's
+/// pending-results quota counts as well ([`Sending`]).
+struct Held {
+    body: tonic::body::Body,
+    _call: Call,
+}
+
+impl http_body::Body for Held {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

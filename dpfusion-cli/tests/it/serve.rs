@@ -2414,6 +2414,8 @@ struct H2State {
     initial_window: i64,
     windows: std::collections::HashMap<u32, i64>,
     ended: std::collections::HashSet<u32>,
+    /// The streams whose answer's headers came.
+    answered: std::collections::HashSet<u32>,
     all_sent: bool,
     closed: bool,
 }
@@ -2427,10 +2429,26 @@ struct H2State {
 struct PartialBodies {
     state: Arc<(std::sync::Mutex<H2State>, std::sync::Condvar)>,
     socket: std::net::TcpStream,
+    writer: Arc<std::sync::Mutex<std::net::TcpStream>>,
+    ids: Vec<u32>,
 }
 
 impl PartialBodies {
     fn open(addr: SocketAddr, method: &str, token: &str, request: &[u8], streams: u32) -> Self {
+        Self::open_with(addr, method, token, request, streams, false)
+    }
+
+    /// [`Self::open`]; when `unread`, each request is sent whole, and the connection's receive
+    /// window is 0: the server may send its answers' headers, never a byte of their bodies
+    /// (review r46 of the server, finding 1).
+    fn open_with(
+        addr: SocketAddr,
+        method: &str,
+        token: &str,
+        request: &[u8],
+        streams: u32,
+        unread: bool,
+    ) -> Self {
         use std::io::{Read, Write};
         use std::sync::{Condvar, Mutex};
         fn literal(out: &mut Vec<u8>, first: &[u8], value: &str) {
@@ -2469,7 +2487,9 @@ impl PartialBodies {
             Condvar::new(),
         ));
         let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-        preface.extend(h2_frame(4, 0, 0, &[]));
+        // SETTINGS_INITIAL_WINDOW_SIZE (4) = 0 when the answers are to stay unread.
+        let settings: &[u8] = if unread { &[0, 4, 0, 0, 0, 0] } else { &[] };
+        preface.extend(h2_frame(4, 0, 0, settings));
         writer.lock().unwrap().write_all(&preface).unwrap();
         // The reader: settings, windows, pings, and streams ended. Locks: the state's, then
         // the writer's, in both threads.
@@ -2513,7 +2533,13 @@ impl PartialBodies {
                     3 => {
                         s.ended.insert(id);
                     }
-                    0 | 1 if flags & 1 != 0 => {
+                    1 => {
+                        s.answered.insert(id);
+                        if flags & 1 != 0 {
+                            s.ended.insert(id);
+                        }
+                    }
+                    0 if flags & 1 != 0 => {
                         s.ended.insert(id);
                     }
                     _ => {}
@@ -2536,9 +2562,11 @@ impl PartialBodies {
             }
             writer.lock().unwrap().write_all(&out).unwrap();
         }
-        let body = request[..request.len() - 1].to_vec();
+        let body = request[..request.len() - usize::from(!unread)].to_vec();
         let st = Arc::clone(&state);
+        let (sender_ids, sender) = (ids.clone(), Arc::clone(&writer));
         std::thread::spawn(move || {
+            let (ids, writer) = (sender_ids, sender);
             let mut sent: std::collections::HashMap<u32, usize> =
                 ids.iter().map(|&id| (id, 0)).collect();
             let until = Instant::now() + Duration::from_secs(120);
@@ -2576,14 +2604,42 @@ impl PartialBodies {
                 s.conn_window -= k as i64;
                 *s.windows.get_mut(&id).unwrap() -= k as i64;
                 sent.insert(id, off + k);
-                let frame = h2_frame(0, 0, id, &body[off..off + k]);
+                // A whole request ends its stream (END_STREAM).
+                let end = u8::from(unread && off + k == body.len());
+                let frame = h2_frame(0, end, id, &body[off..off + k]);
                 if writer.lock().unwrap().write_all(&frame).is_err() {
                     return;
                 }
                 drop(s);
             }
         });
-        Self { state, socket }
+        Self {
+            state,
+            socket,
+            writer,
+            ids,
+        }
+    }
+
+    /// Waits until the server sent `n` answers' headers.
+    fn wait_answered(&self, n: usize, within: Duration) {
+        let (lock, cv) = &*self.state;
+        let (s, _) = cv
+            .wait_timeout_while(lock.lock().unwrap(), within, |s| {
+                s.answered.len() < n && !s.closed
+            })
+            .unwrap();
+        assert_eq!(s.answered.len(), n, "answers' headers within {within:?}");
+    }
+
+    /// Resets every stream (RST_STREAM, CANCEL).
+    fn reset(&self) {
+        use std::io::Write;
+        let mut out = Vec::new();
+        for &id in &self.ids {
+            out.extend(h2_frame(3, 0, id, &8u32.to_be_bytes()));
+        }
+        self.writer.lock().unwrap().write_all(&out).unwrap();
     }
 
     /// Waits until every stream's body is sent (but its last byte) or the stream ended.
@@ -2698,4 +2754,121 @@ async fn requests_still_arriving_take_their_analysts_places_and_a_strangers_none
 
     drop(alices);
     one_row_once_served(&mut alice, "SELECT 1 AS one", Duration::from_secs(30)).await;
+}
+
+/// Review r46 of the server, finding 1: a call gave its place back when its answer's headers
+/// were ready, and hyper keeps an answer's body until the client reads it, so answers a client
+/// never read stayed in the server with no place held (382 MB of one analyst's prepares). Now
+/// an answer holds its place until it is sent. With `max_calls_per_analyst = 2`, alice's two
+/// `DoGet(GetSqlInfo)` answers, their headers sent but their bodies unread (her receive window
+/// is 0), keep her places: her next calls are refused at once while bob is served; once she
+/// resets the two streams, or closes her connection, she is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_answers_keep_their_analysts_places_until_reset_or_closed() {
+    use arrow_flight::sql::{CommandGetSqlInfo, ProstMessageExt};
+    let s = start(
+        "serve-unread-answers",
+        100.0,
+        "max_calls_per_analyst = 2\nquery_timeout_secs = 60",
+    );
+    let addr = s.addr;
+    still_serving(addr).await;
+    let ticket = Ticket::new(prost::Message::encode_to_vec(
+        &CommandGetSqlInfo { info: vec![] }.as_any(),
+    ));
+    let message = prost::Message::encode_to_vec(&ticket);
+    let mut request = vec![0u8];
+    request.extend((message.len() as u32).to_be_bytes());
+    request.extend(message);
+    let request = Arc::new(request);
+    let unread = || {
+        let request = Arc::clone(&request);
+        tokio::task::spawn_blocking(move || {
+            let p = PartialBodies::open_with(addr, "DoGet", ALICE, &request, 2, true);
+            p.wait_sent(Duration::from_secs(30));
+            p.wait_answered(2, Duration::from_secs(30));
+            assert_eq!(p.ended(), 0, "both answers wait for the client's window");
+            p
+        })
+    };
+    let mut alice = client(addr, Some(ALICE)).await;
+    let mut bob = client(addr, Some(BOB)).await;
+    let refused = |e: Status| {
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("max-calls-per-analyst"), "{e:?}");
+    };
+
+    for close in [false, true] {
+        let parked = unread().await.unwrap();
+        refused(query(&mut alice, "SELECT 1 AS one").await.unwrap_err());
+        refused(
+            alice
+                .get_sql_info(vec![arrow_flight::sql::SqlInfo::FlightSqlServerName])
+                .await
+                .map_err(status)
+                .unwrap_err(),
+        );
+        assert_eq!(rows(&query(&mut bob, "SELECT 1 AS one").await.unwrap()), 1);
+        assert_eq!(parked.ended(), 0, "still unread");
+        if close {
+            drop(parked);
+        } else {
+            parked.reset();
+        }
+        one_row_once_served(&mut alice, "SELECT 1 AS one", Duration::from_secs(10)).await;
+    }
+}
+
+/// Review r46 of the server, finding 2: metadata calls waited for their analyst's statement
+/// turn (a `GetSqlInfo` took 19 s behind the analyst's own running query, up to the statement
+/// time limit). With one turn each (`max_concurrent_queries = 2`), while alice's slow statement
+/// holds hers, her `GetSqlInfo` and `GetTables` are answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_calls_do_not_wait_for_the_analysts_statement_turn() {
+    let s = start(
+        "serve-metadata-turns",
+        100.0,
+        "max_concurrent_queries = 2\nquery_timeout_secs = 60",
+    );
+    let addr = s.addr;
+    still_serving(addr).await;
+    let slow = tokio::spawn(async move {
+        let mut c = client(addr, Some(ALICE)).await;
+        c.execute(SLOW.to_string(), None).await.map_err(status)
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!slow.is_finished(), "the slow statement holds alice's turn");
+
+    let mut alice = client(addr, Some(ALICE)).await;
+    let started = Instant::now();
+    let within = Duration::from_secs(5);
+    let info = tokio::time::timeout(
+        within,
+        alice.get_sql_info(vec![arrow_flight::sql::SqlInfo::FlightSqlServerName]),
+    )
+    .await
+    .expect("GetSqlInfo answered while alice's statement runs")
+    .unwrap();
+    let b = tokio::time::timeout(within, fetch(&mut alice, info))
+        .await
+        .expect("DoGet(GetSqlInfo) answered while alice's statement runs")
+        .unwrap();
+    assert_eq!(rows(&b), 1);
+    let info = tokio::time::timeout(within, alice.get_tables(CommandGetTables::default()))
+        .await
+        .expect("GetTables answered while alice's statement runs")
+        .unwrap();
+    let b = tokio::time::timeout(within, fetch(&mut alice, info))
+        .await
+        .expect("DoGet(GetTables) answered while alice's statement runs")
+        .unwrap();
+    assert_eq!(rows(&b), 2);
+    let took = started.elapsed();
+    assert!(!slow.is_finished(), "her statement still runs");
+    // Her statement itself still waits for her one turn.
+    let e =
+        tokio::time::timeout(Duration::from_secs(2), query(&mut alice, "SELECT 1 AS one")).await;
+    assert!(e.is_err(), "her next statement waits for her turn");
+    slow.abort();
+    eprintln!("alice's metadata calls beside her running statement took {took:?}");
 }
