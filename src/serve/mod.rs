@@ -31,7 +31,8 @@
 //!   call is authenticated from its headers by the router ([`ByMethod`]), before any byte of
 //!   its body is read: a stranger's call is answered `Unauthenticated` there and never decoded.
 //!   There too, each call of an analyst takes one of their places for calls in flight or is
-//!   refused at once (`max_calls_per_analyst`), and holds it until its answer is sent: the
+//!   refused at once (`max_calls_per_analyst`), and holds it until its answer is sent (but for the
+//!   client's window and one 16 KiB piece: [`Held`]): the
 //!   requests being received or waiting and the answers not yet read are bounded (round 46).
 //!   Every call that plans or runs (prepare, parameter binding, ingest) waits for its turns and
 //!   ends at the statement's time limit, its turns given back at the deadline even if its task is
@@ -2041,13 +2042,24 @@ impl tonic::codegen::Service<HttpRequest> for ByMethod {
         // answer's body ([`Held`]) included.
         Box::pin(async move {
             let response = answer.await?;
-            Ok(response.map(|body| tonic::body::Body::new(Held { body, _call: call })))
+            Ok(response.map(|body| {
+                tonic::body::Body::new(Held {
+                    body,
+                    _call: call,
+                    rest: None,
+                })
+            }))
         })
     }
 }
 
-/// An answer's body holding its [`Call`]'s place until it is dropped: hyper drops it once its
-/// last frame (the trailers) is sent, or when the stream is reset or its connection closes.
+/// An answer's body holding its [`Call`]'s place until it is dropped: hyper drops it once it has
+/// handed its last frame (the trailers) to h2, or when the stream is reset or its connection
+/// closes. hyper hands h2 a whole data frame as soon as the stream's window has one byte (h2
+/// queues what the window does not take), so data frames are cut here into pieces of at most
+/// [`HELD_PIECE`] bytes: the body stays, holding the place, until all but one piece and the
+/// client's window are taken (the last review of round 46: a 1 MB answer was queued whole and
+/// its place given back once its client had read one byte).
 /// Review r46, finding 1: the place was given back when the answer's headers were ready, and
 /// hyper keeps an answer's body until the client's flow-control window lets it go, so answers
 /// the client never read stayed in the server with no place held (1.5 MB a prepare answer,
@@ -2057,25 +2069,53 @@ impl tonic::codegen::Service<HttpRequest> for ByMethod {
 struct Held {
     body: tonic::body::Body,
     _call: Call,
+    /// What is left of a data frame cut into pieces.
+    rest: Option<bytes::Bytes>,
 }
+
+/// The largest piece of an answer's data handed to hyper at once ([`Held`]).
+const HELD_PIECE: usize = 16 << 10;
 
 impl http_body::Body for Held {
     type Data = bytes::Bytes;
     type Error = Status;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        use std::task::Poll;
+        let this = self.get_mut();
+        let piece = |mut data: bytes::Bytes, rest: &mut Option<bytes::Bytes>| {
+            let first = data.split_to(data.len().min(HELD_PIECE));
+            *rest = (!data.is_empty()).then_some(data);
+            Poll::Ready(Some(Ok(http_body::Frame::data(first))))
+        };
+        if let Some(data) = this.rest.take() {
+            return piece(data, &mut this.rest);
+        }
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => piece(data, &mut this.rest),
+                Err(other) => Poll::Ready(Some(Ok(other))),
+            },
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        let rest = self.rest.as_ref().map_or(0, |r| r.len() as u64);
+        let inner = self.body.size_hint();
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(inner.lower() + rest);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
     }
 }
 
@@ -2087,6 +2127,55 @@ impl tonic::server::NamedService for ByMethod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The last review of round 46: hyper hands h2 a whole data frame once the stream's window
+    /// has a byte, so `Held` cuts an answer's data into pieces of at most `HELD_PIECE` bytes,
+    /// and holds its place until the last piece and the trailers are taken.
+    #[tokio::test]
+    async fn an_answer_is_handed_over_in_pieces_and_holds_its_place_until_the_last() {
+        use http_body::Body as _;
+        /// One data frame.
+        struct Once(Option<bytes::Bytes>);
+        impl http_body::Body for Once {
+            type Data = bytes::Bytes;
+            type Error = Status;
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>>
+            {
+                std::task::Poll::Ready(self.0.take().map(|d| Ok(http_body::Frame::data(d))))
+            }
+            fn is_end_stream(&self) -> bool {
+                self.0.is_none()
+            }
+        }
+        let places = Arc::new(tokio::sync::Semaphore::new(1));
+        let call = Call {
+            analyst: "a".into(),
+            turns: Arc::new(tokio::sync::Semaphore::new(1)),
+            metadata: Arc::new(tokio::sync::Semaphore::new(1)),
+            in_flight: Arc::new(Arc::clone(&places).try_acquire_owned().unwrap()),
+        };
+        let answer = bytes::Bytes::from(vec![7u8; 3 * HELD_PIECE + 5]);
+        let mut held = Held {
+            body: tonic::body::Body::new(Once(Some(answer.clone()))),
+            _call: call,
+            rest: None,
+        };
+        let mut got = Vec::new();
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut held).poll_frame(cx)).await
+        {
+            let data = frame.unwrap().into_data().unwrap();
+            assert!(data.len() <= HELD_PIECE);
+            got.extend_from_slice(&data);
+            assert_eq!(places.available_permits(), 0, "held while pieces are left");
+        }
+        assert_eq!(got, answer.to_vec());
+        assert!(held.is_end_stream());
+        drop(held);
+        assert_eq!(places.available_permits(), 1, "given back with the body");
+    }
 
     /// A server bound on 127.0.0.1 over a fresh session, for analysts `a` and `b` (tokens
     /// `a-token`, `b-token`), with `options` (its address replaced); and the directory of its
