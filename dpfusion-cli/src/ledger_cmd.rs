@@ -172,12 +172,14 @@ fn report(path: &Path, witness: &Path, catalog: Option<&Path>, out: &Path) -> Ex
 /// Writes the report (every analyst's SQL) to `out` without ever opening what `out` names (round
 /// 46, review of the fixes: the report was written into a file another user owned and could
 /// read, a FIFO at `out` hung the command, a link in a directory on the way was followed). The
-/// bytes go to a new file beside `out`, `.<name>.tmp-<random>`, created with
-/// `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, and fsync'd; it is then renamed over `out`, so a
-/// link, a FIFO, a hard link or another user's file at `out` is replaced, never written. Refused
-/// before anything is created: a directory reached through a symbolic link that another user
-/// could replace ([`dpfusion::files::path_link_others_control`]), and one of the ledger's own
-/// files ([`ledgers_own`]). A failure after the temporary file is made removes it.
+/// bytes go to a new file beside `out`, `<name>.tmp`, created with `O_CREAT|O_EXCL|O_NOFOLLOW`,
+/// mode 0600, and fsync'd; it is then renamed over `out`, so a link, a FIFO, a hard link or
+/// another user's file at `out` is replaced, never written (the ledger's own way of replacing
+/// its sidecar and witness: [`accounting::replace_file`]; a `<name>.tmp` left by a failed run is
+/// removed by the next, never written through). Refused before anything is created: a directory
+/// reached through a symbolic link that another user could replace
+/// ([`dpfusion::files::path_link_others_control`]), and one of the ledger's own files
+/// ([`ledgers_own`]).
 fn write_report(
     out: &Path,
     bytes: &[u8],
@@ -185,8 +187,6 @@ fn write_report(
     witness: &Path,
     catalog: Option<&Path>,
 ) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let name = out
         .file_name()
         .ok_or("it names no file; give -o the report's file name")?;
@@ -209,37 +209,10 @@ fn write_report(
     if ledgers_own(out, dir, name, ledger, witness, catalog) {
         return Err("it is one of the ledger's own files; write the report elsewhere".into());
     }
-    // A fresh name beside `out`; random so that no one can take it first (O_EXCL would refuse
-    // it anyway: then the next one is tried).
-    let mut tries = 0;
-    let (tmp, mut file) = loop {
-        let random = std::hash::BuildHasher::hash_one(
-            &std::collections::hash_map::RandomState::new(),
-            (std::process::id(), tries),
-        );
-        let tmp = dir.join(format!(".{}.tmp-{random:016x}", name.to_string_lossy()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-        {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
-            Err(e) => return Err(format!("cannot create a file in {}: {e}", dir.display())),
-        }
-    };
-    let written = file
-        .write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, out));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!(
-            "{e}; write the report to a new file of your own, in a directory you can write"
-        ));
-    }
+    // A new 0600 file beside `out`, renamed over it: the ledger's own way of replacing a file.
+    accounting::replace_file(bytes, out).map_err(|e| {
+        format!("{e}; write the report to a new file of your own, in a directory you can write")
+    })?;
     // The rename made durable (best effort: the report is written either way).
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();

@@ -714,6 +714,14 @@ pub(super) fn replace_bytes(
     fs::rename(tmp, target).map_err(io_error(target))
 }
 
+/// Replaces `target` with `bytes`, fsync'd, as the sidecar and the witness are written
+/// ([`replace_bytes`]: a new 0600 file `<target>.tmp` created with `O_CREAT | O_EXCL |
+/// O_NOFOLLOW`, renamed over `target`, so nothing planted at either name is written through):
+/// for the owner's files beside the ledger (`dpfusion ledger report -o`).
+pub fn replace_file(bytes: &[u8], target: &Path) -> Result<(), AccountingError> {
+    replace_bytes(bytes, &sibling(target, ".tmp"), target, Sync::Fsync)
+}
+
 fn read_witness(path: &Path, wp: &Path) -> Result<Option<Witness>, AccountingError> {
     match fs::read(wp) {
         Ok(bytes) => serde_json::from_slice::<Witness>(bytes.trim_ascii())

@@ -42,7 +42,7 @@ pub use filter::{Currency, DEFAULT_DELTA_SHARE, Filter, FilterKind, Limit, Usage
 pub use checkpoint::checkpoint_path;
 pub use ledger::{
     FORMAT as LEDGER_FORMAT, LedgerReport, Migration, QUERY_CAP, TableReport, capped_query,
-    default_witness, head_path, migrate, reseal, verify, verify_with,
+    default_witness, head_path, migrate, replace_file, reseal, verify, verify_with,
 };
 use ledger::{FileLock, Record, State};
 

@@ -442,7 +442,7 @@ fn the_report_is_never_written_through_a_link_or_over_the_ledger() {
     assert!(report(&new).status.success());
     is_report(&new);
     assert!(
-        !entries(&dir).iter().any(|e| e.contains(".tmp-")),
+        !entries(&dir).iter().any(|e| e.ends_with(".tmp")),
         "{:?}",
         entries(&dir)
     );
