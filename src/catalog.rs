@@ -313,6 +313,11 @@ impl Catalog {
             crate::auth::TokenHash::parse(&a.token_hash)
                 .map_err(|e| err(path, format!("analyst '{}': {e}", a.name)))?;
         }
+        // Round 47 (owner review, F1): a bad `[session]` value is the owner's error, refused
+        // here, never left for the analyst to meet query by query.
+        let s = &f.session;
+        crate::session::check_settings(s.default_delta, s.memory_limit, s.target_partitions)
+            .map_err(|e| err(path, format!("[session] {e}")))?;
         let c = Catalog {
             path: path.to_path_buf(),
             session: f.session,
@@ -691,6 +696,63 @@ mod tests {
             "[[table]]\nname = \"t\"\npath = \"t.csv\"\nepsilon = 1.0\ndelta = 1e-6\nfilter = \"pld\"",
         );
         assert!(e.contains("filter"), "{e}");
+    }
+
+    /// Round 47 (review newuser, 9): docs/CATALOG.md's list of the functions
+    /// `max_rows_contributed` bounds is the code's: every aggregate that takes up to C rows of
+    /// a unit per group (`UnitRule::Rows`; the `_ci` variants follow their base).
+    #[test]
+    fn the_catalog_doc_lists_the_functions_max_rows_contributed_bounds() {
+        use dpfusion_udfs::aggregates::declaration::UnitRule;
+        let doc = include_str!("../docs/CATALOG.md");
+        let line = doc
+            .lines()
+            .find(|l| l.starts_with("| `table.max_rows_contributed`"))
+            .expect("the key's row");
+        for a in dpfusion_udfs::aggregates::registry::AGGREGATES {
+            let listed = line.contains(&format!("`{}`", a.name));
+            let rows = a.units == UnitRule::Rows && !a.internal && !a.name.ends_with("_ci");
+            assert!(
+                !rows || listed,
+                "{} bounds rows by C but is not listed: {line}",
+                a.name
+            );
+        }
+    }
+
+    /// Round 47 (owner review, F1): `[session] default_delta = nan` (or 0.9, -1), a
+    /// `memory_limit` or `target_partitions` of 0 opened a session whose analysts then met
+    /// refusals of a δ they never wrote. Each is refused when the catalog is parsed, with the
+    /// key, the value and the valid range; a value in range parses.
+    #[test]
+    fn session_settings_out_of_range_are_refused() {
+        let err = |text: &str| parse(text).unwrap_err().to_string();
+        for bad in ["nan", "inf", "0.9e1", "1.0", "0.0", "-1.0"] {
+            let e = err(&format!("[session]\ndefault_delta = {bad}"));
+            assert!(
+                e.contains("[session] default_delta must be a number in the open interval (0, 1)"),
+                "{e}"
+            );
+            assert!(e.contains("catalog /srv/owner/dpfusion.toml"), "{e}");
+        }
+        let e = err("[session]\nmemory_limit = 0");
+        assert!(
+            e.contains("[session] memory_limit must be at least 1 byte, got 0"),
+            "{e}"
+        );
+        let e = err("[session]\ntarget_partitions = 0");
+        assert!(
+            e.contains("[session] target_partitions must be at least 1, got 0"),
+            "{e}"
+        );
+        let ok =
+            parse("[session]\ndefault_delta = 0.9\nmemory_limit = 1048576\ntarget_partitions = 1")
+                .unwrap();
+        let o = ok.session_options();
+        assert_eq!(
+            (o.default_delta, o.memory_limit, o.target_partitions),
+            (0.9, 1 << 20, Some(1))
+        );
     }
 
     /// Round 46, review of the fixes (F5): whoever could write the catalog's directory swapped

@@ -25,8 +25,11 @@
 //! `dp_sum`, `dp_count_distinct`) crosses. The guard's table wrappers
 //! are removed (they only carry the policy the client has already enforced): file tables travel
 //! as DataFusion listing scans, read by the executors from the same path. A plan that reads no
-//! file table (in-memory batches, `dp_ledger()`, results of `CREATE TABLE AS`, no table at all)
-//! runs in the client, whose rows they are; a plan that mixes both is refused.
+//! such file table runs in the client: in-memory batches, `dp_ledger()`, results of `CREATE
+//! TABLE AS` and no table at all, whose rows are the client's, and private CSV tables, which
+//! the client reads itself, whole and record by record ([`TotalCsvTable`], round 47; register
+//! the data as Parquet to scan it on the cluster). A plan that mixes both is refused, with what
+//! each table is.
 //!
 //! The scheduler and executors are trusted like the client's own DataFusion: they read raw rows,
 //! and partial states cross the shuffle un-noised. Only what the final aggregation releases is
@@ -57,6 +60,7 @@ use datafusion::prelude::SessionConfig;
 
 use crate::error::refused;
 use crate::guard::{CheckedPlan, GuardedTable};
+use crate::owner::TotalCsvTable;
 use crate::session::SessionOptions;
 
 /// Which Ballista cluster a session submits its queries to.
@@ -134,9 +138,9 @@ pub(crate) async fn connect(cluster: &Cluster, config: SessionConfig) -> Result<
 /// Where a checked plan runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Placement {
-    /// On the cluster: every table it reads is a file table.
+    /// On the cluster: every table it reads is a file table the cluster scans.
     Cluster,
-    /// In the client: it reads no file table.
+    /// In the client: it reads no file table the cluster scans.
     Client,
 }
 
@@ -166,31 +170,59 @@ fn unwrap_scan(scan: &TableScan) -> Result<(Provider, Option<Provider>)> {
     }
 }
 
+/// Where a plan runs, by the tables it reads: file tables (DataFusion listing scans) on the
+/// cluster; private CSV tables ([`TotalCsvTable`]: read in this client, whole and record by
+/// record, round 47) and in-memory or system tables in the client; a plan that reads both is
+/// refused, with what each table is.
 fn placement(plan: &LogicalPlan) -> Result<Placement> {
     let mut files = Vec::new();
+    let mut private_csv = Vec::new();
     let mut other = Vec::new();
     plan.apply_with_subqueries(|node| {
         if let LogicalPlan::TableScan(scan) = node {
             let (inner, _) = unwrap_scan(scan)?;
+            let name = scan.table_name.to_string();
             if inner.downcast_ref::<ListingTable>().is_some() {
-                files.push(scan.table_name.to_string());
+                files.push(name);
+            } else if inner.downcast_ref::<TotalCsvTable>().is_some() {
+                private_csv.push(name);
             } else {
-                other.push(scan.table_name.to_string());
+                other.push(name);
             }
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    match (files.is_empty(), other.is_empty()) {
-        (true, _) => Ok(Placement::Client),
-        (false, true) => Ok(Placement::Cluster),
-        (false, false) => refused!(
-            "dpfusion on Ballista: this query reads file tables ({}), which the cluster scans, \
-             and in-memory or system tables ({}), which live in this client; one query cannot \
-             read both. Register the in-memory data as a file, or query them separately.",
-            files.join(", "),
-            other.join(", ")
-        ),
+    if files.is_empty() {
+        return Ok(Placement::Client);
     }
+    let mut here = Vec::new();
+    let mut advice = Vec::new();
+    if !private_csv.is_empty() {
+        here.push(format!(
+            "private CSV tables ({}), which this client reads itself (a private CSV file is read \
+             whole and record by record, so that a malformed record or a value that does not \
+             convert reads as NULL; the cluster's readers do not)",
+            private_csv.join(", ")
+        ));
+        advice.push("register the private CSV data as Parquet to scan it on the cluster");
+    }
+    if !other.is_empty() {
+        here.push(format!(
+            "in-memory or system tables ({}), which live in this client",
+            other.join(", ")
+        ));
+        advice.push("register the in-memory data as a file");
+    }
+    if here.is_empty() {
+        return Ok(Placement::Cluster);
+    }
+    refused!(
+        "dpfusion on Ballista: this query reads file tables ({}), which the cluster scans, and \
+         {}; one query cannot read both. To run it, {}, or query them separately.",
+        files.join(", "),
+        here.join(", and "),
+        advice.join(", or ")
+    )
 }
 
 /// Can `checked` run where it would run (the cluster or this client) exactly as it was checked?

@@ -15,7 +15,9 @@
 //! not.
 use std::path::{Component, Path, PathBuf};
 
+pub mod csv_total;
 pub mod store;
+pub use csv_total::CsvDialect;
 pub use store::{PinId, PinnedFs};
 
 /// The most files one location may name (a larger walk is refused).

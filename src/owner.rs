@@ -1,14 +1,30 @@
 //! What belongs to the data owner (docs/PRIVACY.md, "Who decides what"): how the owner's files
-//! are read (format options, pinned schema), and which files analyst SQL may never register,
+//! are read (format options, pinned schema; a private table's readers are total, round 47:
+//! [`TotalCsvTable`], [`SafeCasts`], a column declared NOT NULL reading its type's default
+//! where a value is missing, [`not_null_default`]), and which files analyst SQL may never register,
 //! read or write: the files of every private table the ledger knows, the ledger's directory and
 //! the owner's own files (the catalog).
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::catalog::TableProvider;
-use datafusion::common::{DataFusionError, Result};
+use async_trait::async_trait;
+use datafusion::arrow::compute::{CastOptions, can_cast_types};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::format::DEFAULT_FORMAT_OPTIONS;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{DataFusionError, Result, ScalarValue, Statistics};
+use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::datasource::{TableType, file_format::options::ReadOptions};
 use datafusion::execution::context::SessionContext;
+use datafusion::logical_expr::{ColumnarValue, Expr, TableProviderFilterPushDown};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{CastExpr, Column, Literal};
+use datafusion::physical_expr_adapter::{
+    DefaultPhysicalExprAdapterFactory, PhysicalExprAdapter, PhysicalExprAdapterFactory,
+};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
 
 use crate::accounting::{Accountant, PinnedColumn};
@@ -85,6 +101,18 @@ impl CsvFormat {
         self
     }
 
+    /// How a private table's files are split into records ([`crate::files::csv_total`]),
+    /// `columns` its number of columns (None: the first record's).
+    pub fn dialect(&self, columns: Option<usize>) -> crate::files::CsvDialect {
+        crate::files::CsvDialect {
+            delimiter: self.delimiter,
+            quote: self.quote,
+            escape: self.escape,
+            comment: self.comment,
+            columns,
+        }
+    }
+
     /// The text the ledger records (a change of any option is a change of the table).
     pub fn describe(&self) -> String {
         format!(
@@ -153,59 +181,427 @@ pub fn unpin(cols: &[PinnedColumn]) -> Result<SchemaRef> {
 /// pins, crate::files::store): read with `format`, with the pinned `schema` when there is one
 /// (no inference), else with the schema inferred now (the owner's registration; it is then
 /// pinned).
+///
+/// Every owner table reads quoted newlines as part of the value, so DataFusion never splits a
+/// CSV file at byte offsets: a partition starting inside a quoted multi-line value would parse
+/// its lines as records (round 47, review "readers" F1). A private table (`private`) is read
+/// totally (F2): the schema is inferred from every record, every column is read as `Utf8` and
+/// converted to its pinned type by a safe cast, so a value that does not convert reads as NULL
+/// instead of failing the read ([`TotalCsvTable`]); in a column declared NOT NULL it reads as
+/// the type's default ([`not_null_default`], round 47).
 pub async fn csv_provider(
     tmp: &SessionContext,
     root: &Path,
     format: &CsvFormat,
     schema: Option<&Schema>,
+    private: bool,
 ) -> Result<Arc<dyn TableProvider>> {
-    let ext = if root.is_dir() {
-        ".csv".to_string()
-    } else {
-        root.extension()
-            .map(|e| format!(".{}", e.to_string_lossy()))
-            .unwrap_or_default()
-    };
+    let ext = file_extension(root, ".csv");
     let mut opts = CsvReadOptions::new()
         .has_header(format.has_header)
         .delimiter(format.delimiter)
         .quote(format.quote)
-        .file_extension(&ext);
+        .file_extension(&ext)
+        .newlines_in_values(true);
     opts.escape = format.escape;
     opts.comment = format.comment;
     opts.null_regex = format.null_regex.clone();
-    if let Some(s) = schema {
-        opts = opts.schema(s);
+    if !private {
+        if let Some(s) = schema {
+            opts = opts.schema(s);
+        }
+        return provider_of(tmp, tmp.register_csv("t", &root.to_string_lossy(), opts)).await;
     }
-    tmp.register_csv("t", &root.to_string_lossy(), opts).await?;
+    let pinned: SchemaRef = match schema {
+        Some(s) => Arc::new(s.clone()),
+        None => {
+            // Inferred from every record, so that the types fit the whole file as registered.
+            let opts = opts.clone().schema_infer_max_records(usize::MAX);
+            provider_of(tmp, tmp.register_csv("t", &root.to_string_lossy(), opts))
+                .await?
+                .schema()
+        }
+    };
+    let text = text_schema(&pinned)?;
+    let inner = provider_of(
+        tmp,
+        tmp.register_csv("t", &root.to_string_lossy(), opts.schema(&text)),
+    )
+    .await?;
+    Ok(Arc::new(TotalCsvTable {
+        inner,
+        schema: pinned,
+    }))
+}
+
+/// The extension a table's files are listed by: a directory's files end in `dir_ext`, a file
+/// is read whatever its own extension.
+fn file_extension(root: &Path, dir_ext: &str) -> String {
+    if root.is_dir() {
+        dir_ext.to_string()
+    } else {
+        root.extension()
+            .map(|e| format!(".{}", e.to_string_lossy()))
+            .unwrap_or_default()
+    }
+}
+
+/// The provider `register` registered in `tmp` as "t" (deregistered again).
+async fn provider_of(
+    tmp: &SessionContext,
+    register: impl std::future::Future<Output = Result<()>>,
+) -> Result<Arc<dyn TableProvider>> {
+    register.await?;
     let provider = tmp.table_provider("t").await;
     tmp.deregister_table("t")?;
     provider
 }
 
+/// The schema a private CSV file is read with: every column `Utf8` and nullable (a column the
+/// owner declared NOT NULL gets its default in [`TotalCsvTable`]'s projection, which keeps the
+/// pinned nullability; round 47). Refuses a pinned type that `Utf8` cannot be cast to (the
+/// reader could never produce it), and a NOT NULL column of a type with no default.
+fn text_schema(pinned: &Schema) -> Result<Schema> {
+    let mut fields = Vec::with_capacity(pinned.fields().len());
+    for f in pinned.fields() {
+        if !f.is_nullable() {
+            not_null_default(f)?;
+        }
+        // A Null column (nothing inferred) is refused with its own message (`check_typed`).
+        if f.data_type() != &DataType::Null && !can_cast_types(&DataType::Utf8, f.data_type()) {
+            return Err(DataFusionError::Plan(format!(
+                "column '{}': a CSV value cannot be read as {}; declare it with a type text \
+                 converts to (e.g. Int64, Float64, Utf8, Boolean, Date32, Timestamp)",
+                f.name(),
+                f.data_type()
+            )));
+        }
+        fields.push(Field::new(f.name(), DataType::Utf8, true));
+    }
+    Ok(Schema::new(fields))
+}
+
+/// What a private column the owner declared NOT NULL (catalog `nullable = false`, a
+/// [`crate::Registration`] schema field that is not nullable) reads where its value is missing
+/// or does not convert: its type's default, DataFusion's [`ScalarValue::new_default`] (0, 0.0,
+/// false, "", empty binary, the epoch's date and time, decimal 0, a zero interval). So one
+/// row's empty value never fails the read (round 47). A type with no obvious default (a list,
+/// struct, map or union, or Null) is refused, naming the column: declare it nullable.
+pub fn not_null_default(field: &Field) -> Result<ScalarValue> {
+    let t = field.data_type();
+    let default = if t.is_nested() || t.is_null() {
+        None
+    } else {
+        ScalarValue::new_default(t).ok().filter(|v| !v.is_null())
+    };
+    default.ok_or_else(|| {
+        DataFusionError::Plan(format!(
+            "column '{}' is declared NOT NULL, and a private table's column reads its type's \
+             default where a value is missing or does not convert, but {t} has no default; \
+             declare the column nullable (catalog: nullable = true; Registration::schema: a \
+             nullable field)",
+            field.name()
+        ))
+    })
+}
+
+/// `coalesce(expr, default)` in physical form (DataFusion's own `coalesce` is only ever planned
+/// as a CASE): a column declared NOT NULL of a private table, its missing or unconvertible
+/// values replaced by [`not_null_default`]. Its field is the pinned one (not nullable), so the
+/// plan's schemas agree with the table's (round 47).
+#[derive(Debug, Eq)]
+struct OrDefault {
+    expr: Arc<dyn PhysicalExpr>,
+    field: FieldRef,
+    default: ScalarValue,
+}
+
+impl OrDefault {
+    /// `expr` filled with the default of `field`, which must be declared NOT NULL.
+    fn wrap(expr: Arc<dyn PhysicalExpr>, field: FieldRef) -> Result<Arc<dyn PhysicalExpr>> {
+        let default = not_null_default(&field)?;
+        Ok(Arc::new(Self {
+            expr,
+            field,
+            default,
+        }))
+    }
+}
+
+// By hand (rust-lang/rust#78808, as DataFusion's own expressions do).
+impl PartialEq for OrDefault {
+    fn eq(&self, other: &Self) -> bool {
+        self.expr.eq(&other.expr) && self.field == other.field && self.default == other.default
+    }
+}
+
+impl std::hash::Hash for OrDefault {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.expr.hash(state);
+        self.field.hash(state);
+        self.default.hash(state);
+    }
+}
+
+impl std::fmt::Display for OrDefault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "coalesce({}, {})", self.expr, self.default)
+    }
+}
+
+impl PhysicalExpr for OrDefault {
+    fn return_field(&self, _input_schema: &Schema) -> Result<FieldRef> {
+        Ok(Arc::clone(&self.field))
+    }
+
+    fn evaluate(&self, batch: &datafusion::arrow::array::RecordBatch) -> Result<ColumnarValue> {
+        match self.expr.evaluate(batch)? {
+            ColumnarValue::Scalar(v) if v.is_null() => {
+                Ok(ColumnarValue::Scalar(self.default.clone()))
+            }
+            ColumnarValue::Scalar(v) => Ok(ColumnarValue::Scalar(v)),
+            // Every batch the same way, whether it holds a NULL or not.
+            ColumnarValue::Array(a) => {
+                use datafusion::arrow::compute::{is_not_null, kernels::zip::zip};
+                let default = self.default.to_scalar()?;
+                Ok(ColumnarValue::Array(zip(&is_not_null(&a)?, &a, &default)?))
+            }
+        }
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
+        vec![&self.expr]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn PhysicalExpr>>,
+    ) -> Result<Arc<dyn PhysicalExpr>> {
+        Ok(Arc::new(Self {
+            expr: Arc::clone(&children[0]),
+            field: Arc::clone(&self.field),
+            default: self.default.clone(),
+        }))
+    }
+
+    fn fmt_sql(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "coalesce(")?;
+        self.expr.fmt_sql(f)?;
+        write!(f, ", {})", self.default)
+    }
+}
+
+/// Casts that give NULL for a value that does not convert (arrow's `safe` casts).
+const SAFE_CAST: CastOptions<'static> = CastOptions {
+    safe: true,
+    format_options: DEFAULT_FORMAT_OPTIONS,
+};
+
+/// A private CSV table read totally (round 47, review "readers" F2): the files are read with
+/// every column as `Utf8` (`inner`), and [`TableProvider::scan`] converts each projected column
+/// to its pinned type (`schema`) with a safe cast. A value the pinned type cannot hold
+/// (`zz` in an Int64 column, `2024-02-30` in a Date32 one) reads as NULL, or in a column
+/// declared NOT NULL as the type's default (`coalesce(safe_cast(text), default)`,
+/// [`not_null_default`]): whether a read succeeds does not depend on one row's value. No filter
+/// or limit reaches the reader.
+#[derive(Debug)]
+pub struct TotalCsvTable {
+    inner: Arc<dyn TableProvider>,
+    schema: SchemaRef,
+}
+
+#[async_trait]
+impl TableProvider for TotalCsvTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let text = self.inner.scan(state, projection, &[], None).await?;
+        let columns: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..self.schema.fields().len()).collect(),
+        };
+        let mut exprs = Vec::with_capacity(columns.len());
+        for (i, &c) in columns.iter().enumerate() {
+            let f = Arc::new(self.schema.field(c).clone());
+            let col: Arc<dyn PhysicalExpr> = Arc::new(Column::new(f.name(), i));
+            let mut e: Arc<dyn PhysicalExpr> = if f.data_type() == &DataType::Utf8 {
+                col
+            } else {
+                Arc::new(CastExpr::new_with_target_field(
+                    col,
+                    Arc::clone(&f),
+                    Some(SAFE_CAST),
+                ))
+            };
+            if !f.is_nullable() {
+                e = OrDefault::wrap(e, Arc::clone(&f))?;
+            }
+            exprs.push((e, f.name().clone()));
+        }
+        Ok(Arc::new(ProjectionExec::try_new(exprs, text)?))
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(vec![
+            TableProviderFilterPushDown::Unsupported;
+            filters.len()
+        ])
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        None
+    }
+}
+
 /// The owner's Parquet provider (a file, or a directory of `.parquet` files), with the pinned
-/// schema when there is one.
+/// schema when there is one. A private table's files are adapted to the pinned schema with
+/// safe casts ([`SafeCasts`]): a value that does not fit the pinned type (a file's Int64
+/// under a pinned Int32, a later file of a directory with a wider type) reads as NULL instead
+/// of failing the read (round 47, review "readers" F2); in a column declared NOT NULL a NULL
+/// reads as the type's default ([`not_null_default`]; a NOT NULL column of a type with none is
+/// refused here).
 pub async fn parquet_provider(
     tmp: &SessionContext,
     root: &Path,
     schema: Option<&Schema>,
+    private: bool,
 ) -> Result<Arc<dyn TableProvider>> {
-    let ext = if root.is_dir() {
-        ".parquet".to_string()
-    } else {
-        root.extension()
-            .map(|e| format!(".{}", e.to_string_lossy()))
-            .unwrap_or_default()
-    };
+    let ext = file_extension(root, ".parquet");
     let mut opts = ParquetReadOptions::default().file_extension(&ext);
     if let Some(s) = schema {
         opts = opts.schema(s);
     }
-    tmp.register_parquet("t", &root.to_string_lossy(), opts)
-        .await?;
-    let provider = tmp.table_provider("t").await;
-    tmp.deregister_table("t")?;
-    provider
+    if !private {
+        return provider_of(
+            tmp,
+            tmp.register_parquet("t", &root.to_string_lossy(), opts),
+        )
+        .await;
+    }
+    let listing = opts.to_listing_options(&tmp.copied_config(), tmp.copied_table_options());
+    let url = ListingTableUrl::parse(root.to_string_lossy())?;
+    let resolved = match schema {
+        Some(s) => Arc::new(s.clone()),
+        None => listing.infer_schema(&tmp.state(), &url).await?,
+    };
+    for f in resolved.fields().iter().filter(|f| !f.is_nullable()) {
+        not_null_default(f)?;
+    }
+    let config = ListingTableConfig::new(url)
+        .with_listing_options(listing)
+        .with_schema(resolved)
+        .with_expr_adapter_factory(Arc::new(SafeCasts));
+    Ok(Arc::new(ListingTable::try_new(config)?))
+}
+
+/// DataFusion's adaptation of a file's expressions to the table's schema
+/// ([`DefaultPhysicalExprAdapterFactory`]), with every cast it makes safe (NULL for a value
+/// that does not convert; DataFusion 55's default casts fail the read), and a cast into a
+/// column declared NOT NULL filled with the type's default (`coalesce(safe_cast(x), default)`:
+/// DataFusion casts a file's column whenever its field differs from the table's, nullability
+/// included, so a file's nullable column under a NOT NULL one goes through here; a file
+/// without such a column reads the default too; round 47).
+#[derive(Debug)]
+pub struct SafeCasts;
+
+impl PhysicalExprAdapterFactory for SafeCasts {
+    fn create(
+        &self,
+        logical_file_schema: SchemaRef,
+        physical_file_schema: SchemaRef,
+    ) -> Result<Arc<dyn PhysicalExprAdapter>> {
+        Ok(Arc::new(SafeCastAdapter {
+            default: DefaultPhysicalExprAdapterFactory.create(
+                Arc::clone(&logical_file_schema),
+                Arc::clone(&physical_file_schema),
+            )?,
+            logical: logical_file_schema,
+            physical: physical_file_schema,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct SafeCastAdapter {
+    default: Arc<dyn PhysicalExprAdapter>,
+    logical: SchemaRef,
+    physical: SchemaRef,
+}
+
+impl PhysicalExprAdapter for SafeCastAdapter {
+    fn rewrite(&self, expr: Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>> {
+        // A column declared NOT NULL that a file lacks reads as its default (DataFusion's
+        // adapter fails the read; a nullable one it reads as NULL; round 47).
+        let expr = expr
+            .transform(|e| {
+                if let Some(c) = e.downcast_ref::<Column>()
+                    && self.physical.index_of(c.name()).is_err()
+                    && let Ok(f) = self.logical.field_with_name(c.name())
+                    && !f.is_nullable()
+                {
+                    let default: Arc<dyn PhysicalExpr> =
+                        Arc::new(Literal::new(not_null_default(f)?));
+                    return Ok(Transformed::yes(default));
+                }
+                Ok(Transformed::no(e))
+            })
+            .data()?;
+        self.default
+            .rewrite(expr)?
+            .transform_up(|e| safe_cast(&e))
+            .data()
+    }
+}
+
+/// `e` with its cast made safe, if it is an unsafe cast, and filled with the default of its
+/// target if that is declared NOT NULL (a type with no default is left as it is: a table's
+/// column of such a type was refused at registration).
+fn safe_cast(e: &Arc<dyn PhysicalExpr>) -> Result<Transformed<Arc<dyn PhysicalExpr>>> {
+    let Some(cast) = e.downcast_ref::<CastExpr>() else {
+        return Ok(Transformed::no(Arc::clone(e)));
+    };
+    if cast.cast_options().safe {
+        return Ok(Transformed::no(Arc::clone(e)));
+    }
+    let options = CastOptions {
+        safe: true,
+        format_options: cast.cast_options().format_options.clone(),
+    };
+    let child = Arc::clone(cast.expr());
+    let safe: Arc<dyn PhysicalExpr> = if cast.target_nullable().is_some() {
+        Arc::new(CastExpr::new_with_target_field(
+            child,
+            Arc::clone(cast.target_field()),
+            Some(options),
+        ))
+    } else {
+        Arc::new(CastExpr::new(
+            child,
+            cast.cast_type().clone(),
+            Some(options),
+        ))
+    };
+    match cast.target_nullable() {
+        Some(false) if not_null_default(cast.target_field()).is_ok() => Ok(Transformed::yes(
+            OrDefault::wrap(safe, Arc::clone(cast.target_field()))?,
+        )),
+        _ => Ok(Transformed::yes(safe)),
+    }
 }
 
 /// The files analyst SQL may never register, read or write.
@@ -485,5 +881,141 @@ pub(crate) fn analyst_file_set(
         };
         protection.check_read(&set, None, Role::Analyst)?;
         Ok(set)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Array, Int32Array, Int64Array, RecordBatch};
+
+    #[test]
+    fn a_pinned_type_text_cannot_become_is_refused() {
+        let ok = Schema::new(vec![
+            Field::new("x", DataType::Int64, true),
+            Field::new("d", DataType::Date32, false),
+        ]);
+        let text = text_schema(&ok).unwrap();
+        assert!(
+            text.fields()
+                .iter()
+                .all(|f| f.data_type() == &DataType::Utf8)
+        );
+        // Read nullable: a NOT NULL column gets its default above the reader (round 47).
+        assert!(text.fields().iter().all(|f| f.is_nullable()));
+        let record = DataType::Struct(vec![Field::new("a", DataType::Int64, true)].into());
+        let bad = Schema::new(vec![Field::new("l", record, true)]);
+        let e = text_schema(&bad).unwrap_err().to_string();
+        assert!(e.contains("column 'l'"), "{e}");
+    }
+
+    /// A column declared NOT NULL reads its type's default where a value is missing; a type
+    /// with no obvious default is refused at registration, naming the column (round 47).
+    #[test]
+    fn a_not_null_column_reads_its_types_default_or_is_refused() {
+        use datafusion::arrow::datatypes::TimeUnit;
+        let cases = [
+            (DataType::Int64, ScalarValue::Int64(Some(0))),
+            (DataType::Float64, ScalarValue::Float64(Some(0.0))),
+            (DataType::Boolean, ScalarValue::Boolean(Some(false))),
+            (DataType::Utf8, ScalarValue::Utf8(Some(String::new()))),
+            (DataType::Date32, ScalarValue::Date32(Some(0))),
+            (
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                ScalarValue::TimestampMicrosecond(Some(0), None),
+            ),
+            (
+                DataType::Decimal128(10, 2),
+                ScalarValue::Decimal128(Some(0), 10, 2),
+            ),
+        ];
+        for (t, want) in cases {
+            let got = not_null_default(&Field::new("c", t.clone(), false)).unwrap();
+            assert_eq!(got, want, "{t}");
+        }
+        let list = DataType::List(Arc::new(Field::new("item", DataType::Int64, true)));
+        for t in [list.clone(), DataType::Null] {
+            let e = not_null_default(&Field::new("tags", t, false))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("column 'tags'") && e.contains("nullable"), "{e}");
+        }
+        let pinned = Schema::new(vec![Field::new("tags", list, false)]);
+        let e = text_schema(&pinned).unwrap_err().to_string();
+        assert!(e.contains("column 'tags'"), "{e}");
+    }
+
+    /// Into a column declared NOT NULL, the adapter fills a file's NULL and a value that does
+    /// not fit with the default; the output has no NULL, so the batch keeps the pinned field.
+    #[test]
+    fn parquet_adaptation_fills_a_not_null_column_with_its_default() {
+        let logical = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, false)]));
+        let physical = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&physical),
+            vec![Arc::new(Int64Array::from(vec![
+                Some(1),
+                None,
+                Some(3_000_000_000),
+            ]))],
+        )
+        .unwrap();
+        let expr = SafeCasts
+            .create(Arc::clone(&logical), physical)
+            .unwrap()
+            .rewrite(Arc::new(Column::new("x", 0)))
+            .unwrap();
+        assert!(!expr.return_field(batch.schema_ref()).unwrap().is_nullable());
+        let out = expr.evaluate(&batch).unwrap().into_array(3).unwrap();
+        let out = out.as_any().downcast_ref::<Int32Array>().unwrap();
+        assert_eq!(out.null_count(), 0);
+        assert_eq!(out.values().to_vec(), vec![1, 0, 0]);
+        RecordBatch::try_new(Arc::clone(&logical), vec![Arc::new(out.clone())]).unwrap();
+        // A file without the column: its default (DataFusion's adapter fails the read).
+        let lacking = Arc::new(Schema::new(vec![Field::new("y", DataType::Int64, true)]));
+        let col: Arc<dyn PhysicalExpr> = Arc::new(Column::new("x", 0));
+        assert!(
+            DefaultPhysicalExprAdapterFactory
+                .create(Arc::clone(&logical), Arc::clone(&lacking))
+                .unwrap()
+                .rewrite(Arc::clone(&col))
+                .is_err()
+        );
+        let expr = SafeCasts
+            .create(logical, lacking)
+            .unwrap()
+            .rewrite(col)
+            .unwrap();
+        let lit = expr.downcast_ref::<Literal>().unwrap();
+        assert_eq!(lit.value(), &ScalarValue::Int32(Some(0)));
+    }
+
+    /// The adapter's cast of a file's Int64 to a pinned Int32 gives NULL for a value that does
+    /// not fit (DataFusion's own fails the read).
+    #[test]
+    fn parquet_adaptation_casts_safely() {
+        let logical = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, true)]));
+        let physical = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
+        let col: Arc<dyn PhysicalExpr> = Arc::new(Column::new("x", 0));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&physical),
+            vec![Arc::new(Int64Array::from(vec![1, 3_000_000_000]))],
+        )
+        .unwrap();
+        let default = DefaultPhysicalExprAdapterFactory
+            .create(Arc::clone(&logical), Arc::clone(&physical))
+            .unwrap()
+            .rewrite(Arc::clone(&col))
+            .unwrap();
+        assert!(default.evaluate(&batch).is_err(), "DataFusion's cast fails");
+        let safe = SafeCasts
+            .create(logical, physical)
+            .unwrap()
+            .rewrite(col)
+            .unwrap();
+        let out = safe.evaluate(&batch).unwrap().into_array(2).unwrap();
+        let out = out.as_any().downcast_ref::<Int32Array>().unwrap();
+        assert_eq!(out.value(0), 1);
+        assert!(out.is_null(1));
     }
 }

@@ -444,3 +444,45 @@ async fn a_plan_that_cannot_cross_as_checked_is_refused_on_a_cluster() {
     local.register_parquet("pu", &u, units).await.unwrap();
     assert!(local.sql(sql).await.unwrap().receipt.is_some());
 }
+
+/// A private CSV table is read in the client, whole and record by record (round 47), so its
+/// queries run there on a cluster session; a query that also reads a file table the cluster
+/// scans is refused before admission with what the CSV table is and what to do (before, the
+/// message spoke of in-memory tables). Nothing is charged for the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_csv_table_runs_in_the_client() {
+    let dir = data_dir("csv");
+    let cluster = open(
+        &dir,
+        "ledger.jsonl",
+        SessionOptions::default().with_ballista_standalone(),
+    )
+    .await;
+    let csv = dir.join("c.csv");
+    let rows: String = (0..1000).map(|i| format!("{}\n", i % 10)).collect();
+    std::fs::write(&csv, format!("x\n{rows}zz\n")).unwrap();
+    cluster
+        .register_csv("c", &csv, Registration::private().budget(50.0, 1e-5))
+        .await
+        .unwrap();
+    let r = cluster
+        .sql("SELECT dp_count(x, epsilon => 0.5) AS n FROM c")
+        .await
+        .unwrap();
+    assert!(r.receipt.is_some());
+    let charged = cluster.ledger().unwrap().len();
+    let err = cluster
+        .sql(
+            "SELECT dp_count(x, epsilon => 0.5) AS n FROM c \
+             UNION ALL SELECT dp_count(v, epsilon => 0.5) AS n FROM t",
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("private CSV tables (c)") && err.contains("as Parquet"),
+        "{err}"
+    );
+    assert!(!err.contains("in-memory"), "{err}");
+    assert_eq!(cluster.ledger().unwrap().len(), charged, "nothing charged");
+}

@@ -2,6 +2,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use dpfusion::accounting::display::{self, Round, num};
 use dpfusion::accounting::{self, LEDGER_FORMAT, LedgerReport, Visibility};
 
 pub const HELP: &str = "\
@@ -22,7 +23,10 @@ COMMANDS:
     verify     Check the ledger without changing it: the header, the hash chain of every line,
                the sidecar (no line cut from the end, the last line unedited), the witness (the
                ledger and its sidecar not rolled back together) and every record. Prints
-               records, tables, charges and the ε spent per table.
+               records and charges, and per private table the numbers SHOW BUDGET shows:
+               its guarantee (the largest budget ever in force), the budget in force, the
+               shares used and left, the next ε and the δ of partition selection spent and
+               left.
     reseal     Data owner only: write a new sidecar for the ledger as it is, after its chain is
                checked (e.g. a ledger restored from a backup without its .head). This accepts
                the ledger as complete: a cut to a shorter ledger is no longer detectable. It
@@ -32,10 +36,11 @@ COMMANDS:
                kept as PATH.v1.bak.
     report     The data owner's view: verifies the ledger as verify does, then writes one
                self-contained HTML page (inline SVG, no script, nothing fetched) with, per
-               private table, the ε spent over time, by analyst and by function, the share
-               left, and every charge with its SQL text. Give it to no analyst: it shows
-               everyone's queries. FILE becomes a new file of yours (mode 0600) that
-               replaces whatever was there; the ledger's own files are refused.
+               private table, the numbers SHOW BUDGET shows, the share of the budget used
+               over time, by analyst and by function, and every charge with its SQL text.
+               Give it to no analyst: it shows everyone's queries. FILE becomes a new file
+               of yours (mode 0600) that replaces whatever was there; the ledger's own files
+               are refused.
 
 EXIT STATUS:
     0 when the ledger verifies (or the command succeeded); 1 when it does not (what is wrong
@@ -334,33 +339,28 @@ fn print_report(r: &LedgerReport) {
     );
     println!("tables: {}", r.tables.len());
     if !r.tables.is_empty() {
-        let rows: Vec<[String; 6]> = r
-            .tables
-            .iter()
-            .map(|t| {
-                [
-                    t.name.clone(),
-                    t.key.to_string(),
-                    match t.visibility {
-                        Some(Visibility::Private) => "private".into(),
-                        Some(Visibility::Public) => "public".into(),
-                        None => "session".into(),
-                    },
-                    t.budget
-                        .map_or("-".into(), |b| format!("ε={} δ={:e}", b.epsilon, b.delta)),
-                    format!("{:.4}", t.spent),
-                    t.charges.to_string(),
-                ]
-            })
-            .collect();
-        let header = ["table", "key", "visibility", "budget", "spent ε", "charges"];
+        let header = [
+            "table",
+            "key",
+            "visibility",
+            "filter",
+            "guarantee",
+            "in force",
+            "used",
+            "left",
+            "next ε",
+            "δ sel. spent",
+            "δ sel. left",
+            "charges",
+        ];
+        let rows: Vec<Vec<String>> = r.tables.iter().map(table_row).collect();
         let mut w = header.map(|h| h.chars().count());
         for row in &rows {
             for (i, c) in row.iter().enumerate() {
                 w[i] = w[i].max(c.chars().count());
             }
         }
-        let line = |cells: [&str; 6]| {
+        let line = |cells: &[&str]| {
             let s: Vec<String> = cells
                 .iter()
                 .enumerate()
@@ -368,12 +368,53 @@ fn print_report(r: &LedgerReport) {
                 .collect();
             println!("  {}", s.join("  ").trim_end());
         };
-        line(header);
+        line(&header);
         for row in &rows {
-            line(row.each_ref().map(String::as_str));
+            line(&row.iter().map(String::as_str).collect::<Vec<_>>());
         }
     }
     for n in &r.notes {
         println!("note: {n}");
     }
+}
+
+/// One table's line of `verify`'s summary: the numbers `SHOW BUDGET` shows for it (round 47,
+/// review "newuser", findings 1-3), from the same [`accounting::BudgetRow`], printed as the
+/// receipts print them: the guarantee (the largest budget ever in force, rounded up), the budget
+/// in force that what is left is measured against, the shares used and left of the filter's
+/// budget, the next ε (rounded down), the δ of partition selection spent (up) and left (down).
+/// A public table, or a key without a recorded policy, has no budget: `-`.
+fn table_row(t: &accounting::TableReport) -> Vec<String> {
+    let visibility = match t.visibility {
+        Some(Visibility::Private) => "private",
+        Some(Visibility::Public) => "public",
+        None => "session",
+    };
+    let mut row = vec![t.name.clone(), t.key.to_string(), visibility.to_string()];
+    match (&t.budget_row, t.policy.as_ref().map(|p| p.budget)) {
+        (Some(b), Some(now)) => {
+            let used = b.native.used_share;
+            row.extend([
+                b.filter.to_string(),
+                format!(
+                    "ε={} δ={}",
+                    num(b.epsilon, Round::Up),
+                    num(b.delta, Round::Up)
+                ),
+                format!(
+                    "ε={} δ={}",
+                    num(now.epsilon, Round::Down),
+                    num(now.delta, Round::Down)
+                ),
+                display::percent(used),
+                display::percent(display::SHARE_SCALE.saturating_sub(used)),
+                num(b.remaining, Round::Down),
+                num(b.delta_spent, Round::Up),
+                num(b.delta_left, Round::Down),
+            ]);
+        }
+        _ => row.extend(std::iter::repeat_n("-".to_string(), 8)),
+    }
+    row.push(t.charges.to_string());
+    row
 }

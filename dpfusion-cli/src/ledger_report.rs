@@ -2,22 +2,30 @@
 //!
 //! One self-contained HTML page (inline CSS and SVG, no script, nothing fetched), written only
 //! for a ledger that verifies ([`dpfusion::accounting::verify_with`]: chain, sidecar, witness). Per
-//! private table: the ε spent over time under the table's filter (the same composition
-//! `SHOW BUDGET` reports, recomputed after each charge from the events up to it), the budget
-//! and the share left, the ε by analyst and by function, and the table of charges. The page is
-//! also well-formed XML (every element closed, all text escaped), so a plain XML parser reads it.
+//! private table: the numbers `SHOW BUDGET` shows (the verified report's
+//! [`accounting::BudgetRow`], the same computation: round 47, review "newuser", findings 1-3):
+//! the guarantee (the largest budget ever in force), the budget in force, the sum used in the
+//! filter's unit against its budget, the shares used and left, the next ε and the δ of partition
+//! selection spent and left; then the share used over time, the shares by analyst and by
+//! function, and the table of charges. The page is also well-formed XML (every element closed,
+//! all text escaped), so a plain XML parser reads it.
 //!
-//! A charge's own ε is what the ledger records for it alone; charges compose under the filter,
-//! so the spent ε grows by less than the sum of the charges' ε. The by-analyst and by-function
-//! views add charges' own ε and say so; the by-function view splits a charge's ε evenly between
-//! the DP calls its SQL text names.
+//! A charge's cost is its sum in the filter's unit and its share is the difference of the
+//! running shares (millionths of the budget in force) before and after it, recomputed from the
+//! events under the policy in force, so the shares of a table's charges, and the by-analyst and
+//! by-function sums of them, add up exactly to its used share. No ε of a charge, and no
+//! conversion of the running sum, is shown: neither is a guarantee (docs/ACCOUNTING.md, "Why no
+//! 'ε charged'"). The by-function view splits a charge's share evenly between the DP calls it
+//! made on the table (its requests as written; in older ledgers, the calls its SQL text names).
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use dpfusion::accounting::display::{self, Round};
-use dpfusion::accounting::{self, LedgerEntry, LedgerReport, TableKey, TablePolicy, Visibility};
+use dpfusion::accounting::display::{self, Round, SHARE_SCALE};
+use dpfusion::accounting::{
+    self, BudgetRow, Filter, LedgerEntry, LedgerReport, LedgerTable, TableKey, TablePolicy, Usage,
+};
 use dpfusion_udfs::aggregates::registry;
 
 /// What went wrong: the ledger does not verify, or it cannot be read.
@@ -39,22 +47,38 @@ struct Row {
     time: String,
     analyst: String,
     query: String,
-    epsilon: f64,
-    delta: f64,
-    /// ε spent on the table after this charge, under its filter.
-    spent_after: f64,
+    /// The calls on this table as written (`dp_mean(ε 0.5, δ 1e-7, gaussian)`); empty in
+    /// ledgers written before issue 29.
+    requests: Vec<String>,
+    /// The DP functions this charge called on the table, for the by-function view.
     functions: Vec<String>,
+    /// Under the policy in force (`None`: no policy recorded, or it no longer compiles).
+    cost: Option<Cost>,
 }
 
-/// One private table's history.
+/// A charge under the table's filter in force.
+#[derive(Debug, Clone, Copy)]
+struct Cost {
+    /// Its sum in the filter's unit (rounded up).
+    main: f64,
+    /// Its share of the budget, millionths: the difference of the running shares.
+    share: u64,
+    /// The share used after it, millionths.
+    used_share: u64,
+    /// Its additive δ of partition selection.
+    delta: f64,
+}
+
+/// One table's history.
 #[derive(Debug)]
 struct TableHistory {
     key: TableKey,
     name: String,
+    /// The policy in force, as the verified replay applied it.
     policy: Option<TablePolicy>,
+    /// What `SHOW BUDGET` shows for it (private tables with a policy).
+    row: Option<BudgetRow>,
     rows: Vec<Row>,
-    /// Spent ε as the verified report computes it (authoritative).
-    spent: f64,
 }
 
 /// Verifies the ledger at `path` (with its witness, when given) and returns the report page.
@@ -65,99 +89,87 @@ pub fn html_report(path: &Path, witness: Option<&Path>) -> Result<String, Report
         source,
     };
     let file = std::fs::File::open(path).map_err(io)?;
-    let mut policies: BTreeMap<TableKey, TablePolicy> = BTreeMap::new();
-    let mut histories: Vec<TableHistory> = Vec::new();
-    let mut events: BTreeMap<TableKey, Vec<dpfusion_udfs::privacy::Event>> = BTreeMap::new();
+    // The charges of each key, in ledger order: (the charge, its part for this key).
+    let mut charges: BTreeMap<TableKey, Vec<(LedgerEntry, LedgerTable)>> = BTreeMap::new();
     // Only the lines that verified (a session may append meanwhile).
     for line in BufReader::new(file).lines().take(report.lines as usize) {
         let line = line.map_err(io)?;
         let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
             continue;
         };
-        match v.get("record").and_then(|r| r.as_str()) {
-            Some("policy" | "owner") => {
-                if let Ok(p) = serde_json::from_value::<TablePolicy>(v) {
-                    policies.insert(p.key.clone(), p);
-                }
+        if v.get("record").and_then(|r| r.as_str()) != Some("charge") {
+            continue;
+        }
+        let Ok(mut e) = serde_json::from_value::<LedgerEntry>(v) else {
+            continue;
+        };
+        for t in std::mem::take(&mut e.tables) {
+            charges
+                .entry(t.key.clone())
+                .or_default()
+                .push((e.clone(), t));
+        }
+    }
+    let mut histories: Vec<TableHistory> = report
+        .tables
+        .iter()
+        // Private tables, charged or not, and keys charged without a recorded policy; a public
+        // table has no budget.
+        .filter(|t| t.budget_row.is_some() || (t.policy.is_none() && t.charges > 0))
+        .map(|t| {
+            let filter = t
+                .budget_row
+                .as_ref()
+                .and(t.policy.as_ref())
+                .and_then(|p| p.compiled_filter().ok());
+            TableHistory {
+                key: t.key.clone(),
+                name: t.name.clone(),
+                policy: t.policy.clone(),
+                row: t.budget_row.clone(),
+                rows: history(filter.as_ref(), charges.remove(&t.key).unwrap_or_default()),
             }
-            Some("charge") => {
-                let Ok(e) = serde_json::from_value::<LedgerEntry>(v) else {
-                    continue;
-                };
-                charge(&e, &policies, &mut events, &mut histories);
-            }
-            _ => {}
-        }
-    }
-    for h in &mut histories {
-        if let Some(p) = policies.get(&h.key) {
-            h.policy = Some(p.clone());
-            h.name = p.name.clone();
-        }
-        if let Some(t) = report.tables.iter().find(|t| t.key == h.key) {
-            h.spent = t.spent;
-        }
-    }
-    // Private tables without charges yet still show their budget.
-    for (k, p) in &policies {
-        if p.visibility == Visibility::Private && !histories.iter().any(|h| &h.key == k) {
-            histories.push(TableHistory {
-                key: k.clone(),
-                name: p.name.clone(),
-                policy: Some(p.clone()),
-                rows: vec![],
-                spent: 0.0,
-            });
-        }
-    }
-    histories.retain(|h| {
-        h.policy
-            .as_ref()
-            .is_none_or(|p| p.visibility == Visibility::Private)
-    });
+        })
+        .collect();
     histories.sort_by(|a, b| a.name.cmp(&b.name).then(a.key.cmp(&b.key)));
     Ok(page(path, &report, &histories))
 }
 
-/// Adds one charge to the histories of the tables it charged.
-fn charge(
-    e: &LedgerEntry,
-    policies: &BTreeMap<TableKey, TablePolicy>,
-    events: &mut BTreeMap<TableKey, Vec<dpfusion_udfs::privacy::Event>>,
-    histories: &mut Vec<TableHistory>,
-) {
-    let functions = dp_functions(&e.query);
-    for t in &e.tables {
-        let evs = events.entry(t.key.clone()).or_default();
-        evs.extend(t.events.iter().cloned());
-        let spent_after = match policies.get(&t.key) {
-            Some(p) => accounting::spent_epsilon(p, evs),
-            None => f64::NAN,
-        };
-        let row = Row {
-            seq: e.seq,
-            time: e.time.clone(),
-            analyst: e
-                .analyst
-                .clone()
-                .unwrap_or_else(|| "(owner's session)".into()),
-            query: e.query.clone(),
-            epsilon: t.epsilon,
-            delta: t.delta,
-            spent_after,
-            functions: functions.clone(),
-        };
-        match histories.iter_mut().find(|h| h.key == t.key) {
-            Some(h) => h.rows.push(row),
-            None => histories.push(TableHistory {
-                key: t.key.clone(),
-                name: t.name.clone(),
-                policy: None,
-                rows: vec![row],
-                spent: 0.0,
-            }),
-        }
-    }
+/// The rows of one table's charges, each costed under `filter` (the policy in force) from its
+/// events, folded in ledger order as the accountant folds them.
+fn history(filter: Option<&Filter>, charges: Vec<(LedgerEntry, LedgerTable)>) -> Vec<Row> {
+    let mut used = Usage::default();
+    charges
+        .into_iter()
+        .map(|(e, t)| {
+            let cost = filter.map(|f| {
+                let before = f.share(&used);
+                used = f.currency().fold(std::mem::take(&mut used), &t.events);
+                let own = f.usage(&t.events);
+                let used_share = f.share(&used);
+                Cost {
+                    main: own.main,
+                    share: used_share.saturating_sub(before),
+                    used_share,
+                    delta: own.delta,
+                }
+            });
+            let functions = if t.requests.is_empty() {
+                dp_functions(&e.query)
+            } else {
+                t.requests.iter().map(|r| r.function.clone()).collect()
+            };
+            Row {
+                seq: e.seq,
+                time: e.time,
+                analyst: e.analyst.unwrap_or_else(|| "(owner's session)".into()),
+                query: e.query,
+                requests: t.requests.iter().map(ToString::to_string).collect(),
+                functions,
+                cost,
+            }
+        })
+        .collect()
 }
 
 /// The DP aggregates a query's text calls, in order (a name from the registry followed by `(`).
@@ -248,37 +260,58 @@ fn page(path: &Path, report: &LedgerReport, tables: &[TableHistory]) -> String {
         env!("CARGO_PKG_VERSION"),
     );
     h.push_str(
-        "<p class=\"note\">Spent ε is the ε of all charges together under the table's privacy \
-         filter (as SHOW BUDGET reports it); charges compose, so it grows by less than the sum \
-         of the charges' own ε. The views by analyst and by function add the charges' own ε; a \
-         charge's ε is split evenly between the DP calls its SQL names.</p>\n",
+        "<p class=\"note\">The numbers are those SHOW BUDGET shows analysts. A table's guarantee \
+         is the largest budget it has had in force; what is used and left is measured against \
+         the budget in force, in the unit of the table's privacy filter (μ² for gdp, ρ for \
+         zcdp, RDP ε at the filter's order for rdp). A charge's share is its part of that \
+         budget (the difference of the running shares, recomputed under the policy in force), \
+         so the shares of a table's charges, and the sums by analyst and by function, add up \
+         exactly to its share used; a charge made before the owner changed the budget or the \
+         filter may show another share than the one it was admitted with (dp_ledger()'s \
+         cost_pct). Next ε is the largest ε one more default query (one Gaussian call at δ \
+         1e-7) could use. No ε is shown per charge or as spent: conversions of a charge or of \
+         the running sum are not guarantees. Costs and amounts used are rounded up, what is \
+         left down. The view by function splits a charge's share evenly between its DP \
+         calls.</p>\n",
     );
     if tables.is_empty() {
         h.push_str("<p>No private table is recorded in this ledger yet.</p>\n");
     }
     h.push_str(
-        "<h2>Summary</h2>\n<table>\n<tr><th>table</th><th>budget ε</th><th>budget δ</th>\
-                <th>filter</th><th>spent ε</th><th>remaining ε</th><th>share left</th>\
-                <th>charges</th></tr>\n",
+        "<h2>Summary</h2>\n<table>\n<tr><th>table</th><th>guarantee ε</th>\
+         <th>guarantee δ</th><th>budget in force</th><th>filter</th><th>used</th><th>left</th>\
+         <th>next ε</th><th>δ sel. spent</th><th>δ sel. left</th><th>charges</th></tr>\n",
     );
     for t in tables {
-        let (eps, delta, filter) = budget_of(t);
-        let left = (eps - t.spent).max(0.0);
-        let _ = writeln!(
+        let _ = write!(
             h,
-            "<tr><td><a href=\"#{}\">{}</a></td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-             <td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td>\
-             <td class=\"n\">{}</td></tr>",
+            "<tr><td><a href=\"#{}\">{}</a></td>",
             anchor(&t.key),
-            esc(&t.name),
-            num(eps, Round::Nearest),
-            delta.map_or("—".into(), |d| format!("{d:e}")),
-            esc(&filter),
-            num(t.spent, Round::Up),
-            num(left, Round::Down),
-            share_bar(eps, t.spent),
-            t.rows.len()
+            esc(&t.name)
         );
+        match (&t.row, &t.policy) {
+            (Some(b), Some(p)) => {
+                let used = b.native.used_share;
+                let _ = write!(
+                    h,
+                    "<td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+                     <td>{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td>\
+                     <td class=\"n\">{}</td><td class=\"n\">{}</td>",
+                    num(b.epsilon, Round::Up),
+                    num(b.delta, Round::Up),
+                    esc(&in_force(p)),
+                    esc(&b.filter.to_string()),
+                    display::percent(used),
+                    share_bar(used),
+                    num(b.remaining, Round::Down),
+                    num(b.delta_spent, Round::Up),
+                    num(b.delta_left, Round::Down),
+                );
+            }
+            // No budget: a key charged without a recorded policy.
+            _ => h.push_str(&"<td>—</td>".repeat(9)),
+        }
+        let _ = writeln!(h, "<td class=\"n\">{}</td></tr>", t.rows.len());
     }
     h.push_str("</table>\n");
     for t in tables {
@@ -297,116 +330,184 @@ fn anchor(key: &TableKey) -> String {
     format!("t-{s}")
 }
 
-/// (budget ε, budget δ, filter name) of a table (ε NaN when no policy is recorded).
-fn budget_of(t: &TableHistory) -> (f64, Option<f64>, String) {
-    match &t.policy {
-        Some(p) => (
-            p.budget.epsilon,
-            Some(p.budget.delta),
-            p.filter.name().to_string(),
-        ),
-        None => (f64::NAN, None, "(session table)".into()),
-    }
+/// The budget in force: `ε 5, δ 1e-6` (what is left is measured against it; rounded down).
+fn in_force(p: &TablePolicy) -> String {
+    format!(
+        "ε {}, δ {}",
+        num(p.budget.epsilon, Round::Down),
+        num(p.budget.delta, Round::Down)
+    )
 }
 
-/// A small horizontal bar: the share of the budget left, with its percentage.
-fn share_bar(budget: f64, spent: f64) -> String {
-    if !(budget.is_finite() && budget > 0.0) {
-        return "—".into();
-    }
-    let left = ((budget - spent) / budget).clamp(0.0, 1.0);
+/// A small horizontal bar: the share of the budget left (millionths), with its percentage.
+fn share_bar(used_share: u64) -> String {
+    let left = SHARE_SCALE.saturating_sub(used_share);
     let w = 120.0;
+    let pct = display::percent(left);
     format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"170\" height=\"14\" \
-         role=\"img\" aria-label=\"{pct:.1}% left\"><rect x=\"0\" y=\"1\" width=\"{w}\" \
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"190\" height=\"14\" \
+         role=\"img\" aria-label=\"{pct} left\"><rect x=\"0\" y=\"1\" width=\"{w}\" \
          height=\"12\" fill=\"#eee\" stroke=\"#999\"/><rect x=\"0\" y=\"1\" width=\"{:.1}\" \
-         height=\"12\" fill=\"#4a8\"/><text x=\"{}\" y=\"11\">{pct:.1}%</text></svg>",
-        left * w,
+         height=\"12\" fill=\"#4a8\"/><text x=\"{}\" y=\"11\">{pct}</text></svg>",
+        left as f64 / SHARE_SCALE as f64 * w,
         w + 6.0,
-        // Rounded down: never more left than there is.
-        pct = (left * 1000.0).floor() / 10.0
     )
 }
 
 fn table_section(h: &mut String, t: &TableHistory) {
-    let (eps, delta, filter) = budget_of(t);
     let _ = write!(
         h,
-        "<h2 id=\"{}\">Table {}</h2>\n<p>Key <code>{}</code>; budget ε {} at δ {}, {} filter; \
-         spent ε {}, {} left ({} charges).</p>\n",
+        "<h2 id=\"{}\">Table {}</h2>\n<p>Key <code>{}</code>; ",
         anchor(&t.key),
         esc(&t.name),
         esc(&t.key.to_string()),
-        num(eps, Round::Nearest),
-        delta.map_or("—".into(), |d| format!("{d:e}")),
-        esc(&filter),
-        num(t.spent, Round::Up),
-        num((eps - t.spent).max(0.0), Round::Down),
-        t.rows.len()
     );
+    match (&t.row, &t.policy) {
+        (Some(b), Some(p)) => {
+            let used = b.native.used_share;
+            let _ = writeln!(
+                h,
+                "budget ε {} at δ {} (the guarantee: the largest budget the table has had in \
+                 force); in force now {}, {} filter: used {} {} of {} ({} used, {} left); one \
+                 more default query could use ε ≤ {}; δ of partition selection spent {}, {} \
+                 left ({} charges).</p>",
+                num(b.epsilon, Round::Up),
+                num(b.delta, Round::Up),
+                esc(&in_force(p)),
+                esc(&b.filter.to_string()),
+                esc(&b.native.unit),
+                num(b.native.used, Round::Up),
+                num(b.native.budget, Round::Down),
+                display::percent(used),
+                display::percent(SHARE_SCALE.saturating_sub(used)),
+                num(b.remaining, Round::Down),
+                num(b.delta_spent, Round::Up),
+                num(b.delta_left, Round::Down),
+                t.rows.len()
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                h,
+                "no policy recorded in the ledger (a session's own table: its policy lived in \
+                 that session's memory), so no budget or share is shown ({} charges).</p>",
+                t.rows.len()
+            );
+        }
+    }
     if t.rows.is_empty() {
         h.push_str("<p>No charge yet.</p>\n");
         return;
     }
-    h.push_str("<h3>ε spent over time</h3>\n");
-    h.push_str(&over_time(t, eps));
-    // By analyst and by function: sums of the charges' own ε.
-    let mut by_analyst: BTreeMap<&str, (u64, f64)> = BTreeMap::new();
-    let mut by_function: BTreeMap<String, (u64, f64)> = BTreeMap::new();
+    if t.row.is_some() {
+        h.push_str("<h3>Share of the budget used over time</h3>\n");
+        h.push_str(&over_time(t));
+    }
+    // By analyst and by function: sums of the charges' shares (and costs in the unit).
+    let mut by_analyst: BTreeMap<&str, Sum> = BTreeMap::new();
+    let mut by_function: BTreeMap<String, Sum> = BTreeMap::new();
     for r in &t.rows {
-        let a = by_analyst.entry(r.analyst.as_str()).or_default();
-        a.0 += 1;
-        a.1 += r.epsilon;
-        let share = r.epsilon / r.functions.len().max(1) as f64;
+        let (share, main) = r.cost.map_or((0, 0.0), |c| (c.share, c.main));
+        by_analyst
+            .entry(r.analyst.as_str())
+            .or_default()
+            .add(share, main);
         if r.functions.is_empty() {
-            let f = by_function.entry("(other)".into()).or_default();
-            f.0 += 1;
-            f.1 += r.epsilon;
+            by_function
+                .entry("(other)".into())
+                .or_default()
+                .add(share, main);
         }
-        for f in &r.functions {
-            let e = by_function.entry(f.clone()).or_default();
-            e.0 += 1;
-            e.1 += share;
+        let n = r.functions.len().max(1) as f64;
+        for (f, part) in r.functions.iter().zip(split(share, r.functions.len())) {
+            by_function
+                .entry(f.clone())
+                .or_default()
+                .add(part, main / n);
         }
     }
+    let unit = t.row.as_ref().map(|b| b.native.unit.clone());
     h.push_str("<h3>By analyst</h3>\n");
     h.push_str(&bars(
         "analyst",
         "charges",
+        unit.as_deref(),
         by_analyst.iter().map(|(k, v)| (k.to_string(), *v)),
     ));
     h.push_str("<h3>By function</h3>\n");
     h.push_str(&bars(
         "function",
         "calls",
+        unit.as_deref(),
         by_function.iter().map(|(k, v)| (k.clone(), *v)),
     ));
-    h.push_str(
+    let _ = writeln!(
+        h,
         "<h3>Charges</h3>\n<table>\n<tr><th>seq</th><th>time (UTC)</th><th>analyst</th>\
-         <th>ε of the charge</th><th>δ</th><th>spent ε after</th><th>functions</th>\
-         <th>query</th></tr>\n",
+         <th>requests</th><th>cost ({})</th><th>share</th><th>used after</th>\
+         <th>δ sel.</th><th>query</th></tr>",
+        esc(unit.as_deref().unwrap_or("—"))
     );
     for r in &t.rows {
+        let requests = if r.requests.is_empty() {
+            r.functions.join(", ")
+        } else {
+            r.requests.join(", ")
+        };
+        let (cost, share, after, delta) = match r.cost {
+            Some(c) => (
+                num(c.main, Round::Up),
+                display::percent_of(c.share, c.main),
+                display::percent(c.used_share),
+                num(c.delta, Round::Up),
+            ),
+            None => ("—".into(), "—".into(), "—".into(), "—".into()),
+        };
         let _ = writeln!(
             h,
-            "<tr><td class=\"n\">{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td>\
-             <td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td>\
+            "<tr><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
              <td class=\"q\"><code>{}</code></td></tr>",
             r.seq,
             esc(&r.time),
             esc(&r.analyst),
-            num(r.epsilon, Round::Up),
-            format_args!("{:e}", r.delta),
-            num(r.spent_after, Round::Up),
-            esc(&r.functions.join(", ")),
+            esc(&requests),
+            cost,
+            share,
+            after,
+            delta,
             esc(&r.query)
         );
     }
     h.push_str("</table>\n");
 }
 
-/// A step chart of the spent ε after each charge against its time, with the budget dashed.
-fn over_time(t: &TableHistory, budget: f64) -> String {
+/// `share` split evenly into `n` parts in whole millionths, the remainder to the first parts:
+/// they add up to `share`.
+fn split(share: u64, n: usize) -> impl Iterator<Item = u64> {
+    let n = n.max(1) as u64;
+    (0..n).map(move |i| share / n + u64::from(i < share % n))
+}
+
+/// A sum of charges: their number, their shares (millionths) and their costs in the unit.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sum {
+    n: u64,
+    share: u64,
+    main: f64,
+}
+
+impl Sum {
+    fn add(&mut self, share: u64, main: f64) {
+        self.n += 1;
+        self.share += share;
+        self.main += main;
+    }
+}
+
+/// A step chart of the share of the budget used after each charge against its time, with the
+/// budget (100%) dashed.
+fn over_time(t: &TableHistory) -> String {
     let (w, ht, l, r, top, bottom) = (720.0, 240.0, 56.0, 16.0, 12.0, 36.0);
     let times: Vec<f64> = t
         .rows
@@ -430,26 +531,20 @@ fn over_time(t: &TableHistory, budget: f64) -> String {
         xs.last().copied().unwrap_or(1.0),
     );
     let span = if x1 > x0 { x1 - x0 } else { 1.0 };
-    let ymax = t
-        .rows
-        .iter()
-        .map(|r| r.spent_after)
-        .filter(|v| v.is_finite())
-        .fold(if budget.is_finite() { budget } else { 0.0 }, f64::max)
-        .max(1e-12)
-        * 1.05;
+    // Shares are at most the whole budget.
+    let ymax = SHARE_SCALE as f64 * 1.05;
     let px = |x: f64| l + (x - x0) / span * (w - l - r);
     let py = |y: f64| top + (1.0 - y / ymax) * (ht - top - bottom);
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{ht}\" \
-         viewBox=\"0 0 {w} {ht}\" role=\"img\" aria-label=\"spent epsilon over time\">\n\
-         <rect x=\"{l}\" y=\"{top}\" width=\"{}\" height=\"{}\" fill=\"#fafafa\" \
+         viewBox=\"0 0 {w} {ht}\" role=\"img\" aria-label=\"share of the budget used over \
+         time\">\n<rect x=\"{l}\" y=\"{top}\" width=\"{}\" height=\"{}\" fill=\"#fafafa\" \
          stroke=\"#bbb\"/>\n",
         w - l - r,
         ht - top - bottom
     );
-    for i in 0..=4 {
-        let y = ymax * i as f64 / 4.0;
+    for i in 0..=4u64 {
+        let y = (SHARE_SCALE / 4 * i) as f64;
         let _ = writeln!(
             s,
             "<line x1=\"{l}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#e4e4e4\"/>\
@@ -459,28 +554,26 @@ fn over_time(t: &TableHistory, budget: f64) -> String {
             py(y),
             l - 4.0,
             py(y) + 4.0,
-            num(y, Round::Nearest)
+            display::percent(SHARE_SCALE / 4 * i)
         );
     }
-    if budget.is_finite() {
-        let _ = writeln!(
-            s,
-            "<line x1=\"{l}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#c33\" \
-             stroke-dasharray=\"6 4\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" \
-             fill=\"#c33\">budget ε {}</text>",
-            w - r,
-            py(budget),
-            py(budget),
-            w - r - 4.0,
-            py(budget) - 4.0,
-            num(budget, Round::Nearest)
-        );
-    }
+    let full = SHARE_SCALE as f64;
+    let _ = writeln!(
+        s,
+        "<line x1=\"{l}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#c33\" \
+         stroke-dasharray=\"6 4\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" \
+         fill=\"#c33\">budget in force</text>",
+        w - r,
+        py(full),
+        py(full),
+        w - r - 4.0,
+        py(full) - 4.0,
+    );
     let mut prev = py(0.0);
     let mut d = format!("M{:.1},{prev:.1}", px(x0));
     for (x, row) in xs.iter().zip(&t.rows) {
-        if row.spent_after.is_finite() {
-            let y = py(row.spent_after);
+        if let Some(c) = row.cost {
+            let y = py(c.used_share as f64);
             let _ = write!(d, " L{:.1},{prev:.1} L{:.1},{y:.1}", px(*x), px(*x));
             prev = y;
         }
@@ -490,16 +583,16 @@ fn over_time(t: &TableHistory, budget: f64) -> String {
         "<path d=\"{d}\" fill=\"none\" stroke=\"#2a6\" stroke-width=\"2\"/>"
     );
     for (x, row) in xs.iter().zip(&t.rows) {
-        if row.spent_after.is_finite() {
+        if let Some(c) = row.cost {
             let _ = writeln!(
                 s,
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#2a6\"><title>#{} {}: spent \
-                 ε {}</title></circle>",
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#2a6\"><title>#{} {}: {} \
+                 used</title></circle>",
                 px(*x),
-                py(row.spent_after),
+                py(c.used_share as f64),
                 row.seq,
                 esc(&row.time),
-                num(row.spent_after, Round::Up)
+                display::percent(c.used_share)
             );
         }
     }
@@ -524,23 +617,42 @@ fn over_time(t: &TableHistory, budget: f64) -> String {
     s
 }
 
-/// A table with one horizontal bar per row: (label, (count, ε)).
-fn bars(what: &str, count: &str, rows: impl Iterator<Item = (String, (u64, f64))>) -> String {
-    let rows: Vec<(String, (u64, f64))> = rows.collect();
-    let max = rows.iter().map(|(_, (_, e))| *e).fold(0.0, f64::max);
+/// A table with one horizontal bar per row: (label, sum of its charges), the bar the share.
+fn bars(
+    what: &str,
+    count: &str,
+    unit: Option<&str>,
+    rows: impl Iterator<Item = (String, Sum)>,
+) -> String {
+    let rows: Vec<(String, Sum)> = rows.collect();
+    let max = rows.iter().map(|(_, s)| s.share).max().unwrap_or(0);
     let mut s = format!(
-        "<table>\n<tr><th>{what}</th><th>{count}</th><th>ε of its charges (sum)</th>\
-         <th></th></tr>\n"
+        "<table>\n<tr><th>{what}</th><th>{count}</th><th>cost ({}, sum)</th>\
+         <th>share of the budget (sum)</th><th></th></tr>\n",
+        esc(unit.unwrap_or("—"))
     );
-    for (k, (n, e)) in rows {
-        let wpx = if max > 0.0 { e / max * 240.0 } else { 0.0 };
+    for (k, sum) in rows {
+        let wpx = if max > 0 {
+            sum.share as f64 / max as f64 * 240.0
+        } else {
+            0.0
+        };
+        let (cost, share) = if unit.is_some() {
+            (
+                num(sum.main, Round::Up),
+                display::percent_of(sum.share, sum.main),
+            )
+        } else {
+            ("—".into(), "—".into())
+        };
         let _ = writeln!(
             s,
-            "<tr><td>{}</td><td class=\"n\">{n}</td><td class=\"n\">{}</td><td><svg \
-             xmlns=\"http://www.w3.org/2000/svg\" width=\"250\" height=\"12\"><rect x=\"0\" \
-             y=\"1\" width=\"{wpx:.1}\" height=\"10\" fill=\"#58a\"/></svg></td></tr>",
+            "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{cost}</td>\
+             <td class=\"n\">{share}</td><td><svg xmlns=\"http://www.w3.org/2000/svg\" \
+             width=\"250\" height=\"12\"><rect x=\"0\" y=\"1\" width=\"{wpx:.1}\" \
+             height=\"10\" fill=\"#58a\"/></svg></td></tr>",
             esc(&k),
-            num(e, Round::Up)
+            sum.n,
         );
     }
     s.push_str("</table>\n");
@@ -550,6 +662,63 @@ fn bars(what: &str, count: &str, rows: impl Iterator<Item = (String, (u64, f64))
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dpfusion::dpfusion_udfs::privacy::Event;
+
+    /// Round 47 (review "newuser", finding 1): a charge's share is the difference of the running
+    /// shares under the policy in force, so the shares of the charges add up exactly to the
+    /// share the filter gives their sum (SHOW BUDGET's used_pct), and so do the even splits of
+    /// the by-function view; a charge of the same events costs the same in the unit.
+    #[test]
+    fn the_shares_of_the_charges_and_their_splits_add_up_to_the_share_used() {
+        let policy: TablePolicy = serde_json::from_value(serde_json::json!({
+            "key": "demo:t", "name": "t", "visibility": "private",
+            "neighbours": "add_remove", "public_columns": [],
+            "budget": { "epsilon": 1.0, "delta": 1e-6 },
+        }))
+        .unwrap();
+        let f = policy.compiled_filter().unwrap();
+        let charges: Vec<(LedgerEntry, LedgerTable)> = (0..7)
+            .map(|i| {
+                let t = LedgerTable {
+                    name: "t".into(),
+                    key: policy.key.clone(),
+                    epsilon: 0.0,
+                    delta: 0.0,
+                    events: vec![Event::Gaussian {
+                        mu: 0.05 + 0.01 * i as f64,
+                    }],
+                    requests: vec![],
+                    native: None,
+                };
+                let e = LedgerEntry {
+                    seq: i,
+                    time: String::new(),
+                    query: "SELECT dp_count(x, 0.1), dp_sum(y, 0, 1, 0.1) FROM t".into(),
+                    query_sha256: None,
+                    query_bytes: None,
+                    tables: vec![],
+                    analyst: None,
+                };
+                (e, t)
+            })
+            .collect();
+        let all: Vec<Event> = charges.iter().flat_map(|(_, t)| t.events.clone()).collect();
+        let rows = history(Some(&f), charges);
+        let used = f.share(&f.usage(&all));
+        assert!(used > 0);
+        let costs: Vec<Cost> = rows.iter().map(|r| r.cost.unwrap()).collect();
+        assert_eq!(costs.iter().map(|c| c.share).sum::<u64>(), used);
+        assert_eq!(costs.last().unwrap().used_share, used);
+        assert_eq!(rows[0].functions, ["dp_count", "dp_sum"]);
+        for c in &costs {
+            assert_eq!(split(c.share, 2).sum::<u64>(), c.share);
+            assert_eq!(split(c.share, 3).sum::<u64>(), c.share);
+        }
+        assert_eq!(split(7, 3).collect::<Vec<_>>(), [3, 2, 2]);
+        assert_eq!(split(5, 0).collect::<Vec<_>>(), [5]);
+        // Without a filter (no policy recorded): no cost, no share.
+        assert!(history(None, vec![]).is_empty());
+    }
 
     #[test]
     fn dp_calls_are_found_in_the_text_and_text_is_escaped() {

@@ -109,6 +109,14 @@ pub fn percent_of(share: u64, cost: f64) -> String {
     }
 }
 
+/// A charge's share in millionths as a number column gives it (`dp_ledger().cost_pct`,
+/// `EXPLAIN PRIVACY`): a positive cost whose share rounds to 0 millionths is one millionth,
+/// 0.0001%, rounded up as [`percent_of`]'s `< 0.0001%` (round 47: a float cannot say "<", and
+/// 0 read as a free charge).
+pub fn charge_share(share: u64, cost: f64) -> u64 {
+    if share == 0 && cost > 0.0 { 1 } else { share }
+}
+
 /// The share `used / budget` in millionths, rounded up (what is used never looks smaller than
 /// it is); a full or overfull budget is [`SHARE_SCALE`], an unbounded use too.
 pub fn share_used(used: f64, budget: f64) -> u64 {
@@ -160,6 +168,10 @@ mod tests {
         assert_eq!(percent_of(0, 1e-9), "< 0.0001%");
         assert_eq!(percent_of(0, 0.0), "0%");
         assert_eq!(percent_of(123_456, 0.5), "12.3456%");
+        // The same as a number: one millionth, never 0 for a positive cost.
+        assert_eq!(charge_share(0, 1e-9), 1);
+        assert_eq!(charge_share(0, 0.0), 0);
+        assert_eq!(charge_share(123_456, 0.5), 123_456);
     }
 
     #[test]

@@ -20,14 +20,14 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use dpfusion_udfs::privacy::Profile;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::checkpoint::{self, CheckpointRecord};
 use super::filter::{Currency, FilterKind, Usage};
 use super::{
-    AccountingError, Budget, LedgerEntry, TableKey, TablePolicy, Visibility, check_budget, io_error,
+    AccountingError, BudgetRow, DEFAULT_QUERY_DELTA, LedgerEntry, NativeCost, TableKey,
+    TablePolicy, Visibility, check_budget, display, io_error,
 };
 
 /// The most bytes of a statement's SQL text a charge stores: the JSON text of its `query` field
@@ -1330,10 +1330,18 @@ pub struct TableReport {
     pub name: String,
     /// `None` for a key charged without a recorded policy (session-local tables).
     pub visibility: Option<Visibility>,
-    pub budget: Option<Budget>,
-    /// ε of all charges, at the budget's δ (else at the δ of the last charge).
+    /// The policy in force, as replay applied the records (a `policy` record that would weaken
+    /// it is not applied): its budget is the one what is left is measured against. `None` for
+    /// a key charged without a recorded policy.
+    pub policy: Option<TablePolicy>,
+    /// A private table's budget state exactly as `SHOW BUDGET` / `dp_budget()` give it (round
+    /// 47): the guarantee (`epsilon`/`delta`, the largest budget ever in force), the filter's
+    /// sum, budget and share used (`native`), the next ε, the δ of partition selection spent and
+    /// left. `None` for a public table and for a key without a recorded policy.
+    pub budget_row: Option<BudgetRow>,
+    /// [`BudgetRow::spent`] (0 without a row): the filter's conversion of the running sum. Not a
+    /// guarantee and never shown (docs/ACCOUNTING.md, "Why no 'ε charged'").
     pub spent: f64,
-    pub delta: f64,
     pub charges: u64,
 }
 
@@ -1355,6 +1363,76 @@ pub struct LedgerReport {
     pub witness: Option<PathBuf>,
 }
 
+/// A private table's budget state from the replayed ledger: the one computation of the numbers
+/// `SHOW BUDGET`, `dp_budget()`, `dpfusion ledger verify` and `dpfusion ledger report` show
+/// (docs/ACCOUNTING.md, "What the numbers mean"). The guarantee is the largest budget the table
+/// has had in force; the share used, the next ε and the δ left are measured against the policy
+/// `p` in force. A policy that no longer compiles, or sums not kept in its filter's currency,
+/// show the table as exhausted.
+pub(super) fn budget_row(st: &State, p: &TablePolicy) -> BudgetRow {
+    let spend = st.tables.get(&p.key);
+    let queries = spend.map_or(0, |t| t.queries);
+    let compiled = p.compiled_filter().ok().and_then(|f| {
+        let u = match spend {
+            None => Usage::default(),
+            Some(t) => t.usage(f.currency())?.clone(),
+        };
+        Some((f, u))
+    });
+    let (spent, delta_spent, delta_left, native, next) = match compiled {
+        Some((f, u)) => {
+            let native = NativeCost {
+                unit: f.unit(),
+                cost: 0.0,
+                used: u.main,
+                budget: f.main_budget(),
+                share: 0,
+                used_share: f.share(&u),
+            };
+            (
+                f.epsilon(&u),
+                u.delta,
+                (f.delta_sel - u.delta).max(0.0),
+                native,
+                f.next_epsilon(&u, DEFAULT_QUERY_DELTA),
+            )
+        }
+        None => (
+            f64::INFINITY,
+            0.0,
+            0.0,
+            NativeCost {
+                used_share: display::SHARE_SCALE,
+                ..NativeCost::default()
+            },
+            0.0,
+        ),
+    };
+    // The guarantee is the largest budget the table has had; a lowered budget caps what is left
+    // (docs/ACCOUNTING.md, "Lowering a budget").
+    let epsilon = st
+        .largest_epsilon
+        .get(&p.key)
+        .map_or(p.budget.epsilon, |e| e.max(p.budget.epsilon));
+    let delta = st
+        .largest_delta
+        .get(&p.key)
+        .map_or(p.budget.delta, |d| d.max(p.budget.delta));
+    BudgetRow {
+        name: p.name.clone(),
+        key: p.key.clone(),
+        epsilon,
+        delta,
+        spent,
+        remaining: next,
+        native,
+        queries,
+        delta_spent,
+        delta_left,
+        filter: p.filter,
+    }
+}
+
 fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -> LedgerReport {
     let mut keys: Vec<&TableKey> = st.policies.keys().chain(st.tables.keys()).collect();
     keys.sort();
@@ -1368,11 +1446,10 @@ fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -
                 .iter()
                 .rev()
                 .find_map(|e| e.tables.iter().find(|t| &t.key == k));
-            let delta = policy
-                .map(|p| p.budget.delta)
-                .or(last.map(|t| t.delta))
-                .unwrap_or(0.0);
-            let spend = st.tables.get(k);
+            let private = policy.filter(|p| p.visibility == Visibility::Private);
+            // Round 47 (review "newuser", findings 1-3): the numbers SHOW BUDGET shows, from the
+            // same computation; no conversion of a running sum is reported.
+            let budget_row = private.map(|p| budget_row(st, p));
             TableReport {
                 key: k.clone(),
                 name: policy
@@ -1380,29 +1457,10 @@ fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -
                     .or(last.map(|t| t.name.clone()))
                     .unwrap_or_default(),
                 visibility: policy.map(|p| p.visibility),
-                budget: policy.map(|p| p.budget),
-                // Under the table's filter (docs/ACCOUNTING.md), as SHOW BUDGET reports it.
-                spent: match (policy, spend) {
-                    (Some(p), Some(s)) => p
-                        .compiled_filter()
-                        .ok()
-                        .and_then(|f| s.usage(f.currency()).map(|u| f.epsilon(u)))
-                        .unwrap_or(f64::INFINITY),
-                    // The composed profile of its charges (a full replay: every charge is in
-                    // `st.entries`).
-                    (None, Some(_)) => {
-                        let mut profile = Profile::zero();
-                        for t in st.entries.iter().flat_map(|e| &e.tables) {
-                            if &t.key == k {
-                                profile.compose(&Profile::from_events(&t.events));
-                            }
-                        }
-                        profile.epsilon(delta)
-                    }
-                    (_, None) => 0.0,
-                },
-                delta,
-                charges: spend.map_or(0, |s| s.queries),
+                policy: policy.cloned(),
+                spent: budget_row.as_ref().map_or(0.0, |r| r.spent),
+                budget_row,
+                charges: st.tables.get(k).map_or(0, |s| s.queries),
             }
         })
         .collect();

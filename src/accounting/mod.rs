@@ -334,9 +334,26 @@ impl fmt::Display for CallRequest {
         if let Some(d) = self.delta {
             parts.push(format!("δ {}", display::n6(d)));
         }
-        parts.push(self.mechanism.clone());
+        parts.push(written_mechanism(&self.function, &self.mechanism));
         write!(f, "{}({})", self.function, parts.join(", "))
     }
+}
+
+/// A call's mechanism as its analyst wrote it: a Laplace call (`mechanism => 'laplace'`) is
+/// charged as any pure ε-DP mechanism (`pure_dp`, as the quantiles are), and shown as
+/// `laplace` (round 47: the request text is the call as written). Only a function that declares
+/// the `mechanism` parameter can have been written so.
+pub fn written_mechanism(function: &str, mechanism: &str) -> String {
+    let laplace = dpfusion_udfs::aggregates::registry::get(function)
+        .is_some_and(|a| a.position("mechanism").is_some());
+    if !laplace {
+        return mechanism.to_string();
+    }
+    mechanism
+        .split('+')
+        .map(|t| if t == "pure_dp" { "laplace" } else { t })
+        .collect::<Vec<_>>()
+        .join("+")
 }
 
 /// One charge's cost in the table filter's own currency (docs/ACCOUNTING.md, "What the numbers
@@ -572,6 +589,9 @@ pub struct RefusalNumbers {
     pub next_epsilon: f64,
     /// For a query of one Gaussian call: the largest `epsilon =>` that call could use now.
     pub fix_epsilon: Option<f64>,
+    /// The mechanisms of this charge that the table's filter refuses, as [`mechanism_of`] names
+    /// them (`subsampled_gaussian`, `pure_dp`, …): which calls a mechanism refusal's fix is for.
+    pub refused_mechanisms: Vec<&'static str>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -762,14 +782,28 @@ fn exceeded_message(
         }
         Limit::Delta => {
             let left = (d.reserved - d.spent).max(0.0);
-            // A selection's additive δ is half the δ it is calibrated for.
+            // A selection's additive δ is half the δ it is calibrated for. A `delta` equal to
+            // the session's default counts as not naming one (the guard then caps the
+            // selection at the table's default share), so the value suggested is never the
+            // default: written, it does what the message says (round 47).
+            let mut most = display::shown(2.0 * left, Round::Down);
+            let mut why = String::new();
+            if most == DEFAULT_QUERY_DELTA {
+                most = display::shown(DEFAULT_QUERY_DELTA * (1.0 - 1e-6), Round::Down);
+                why = format!(
+                    "; just below the default {}, since a `delta =>` equal to \
+                     dpfusion.default_delta counts as not written and the selection then keeps \
+                     to the table's default cap",
+                    n6(DEFAULT_QUERY_DELTA)
+                );
+            }
             let fix = if left > 0.0 {
                 format!(
                     "lower `delta =>` to {} or less (partition selection then needs δ/2 ≤ {} \
-                     and keeps fewer small groups), group by public columns (declared by the \
-                     data owner), or ",
-                    num(2.0 * left, Round::Down),
-                    num(left, Round::Down)
+                     and keeps fewer small groups{why}), group by public columns (declared by \
+                     the data owner), or ",
+                    num(most, Round::Down),
+                    num(most / 2.0, Round::Down)
                 )
             } else {
                 "group by public columns (declared by the data owner), or ".to_string()
@@ -814,17 +848,59 @@ fn exceeded_message(
                     "rdp",
                 ),
             };
+            // What the analyst can write instead, only as arguments the refused functions
+            // declare (round 47: DP-SGD was told `mechanism => 'gaussian'`, which it does not
+            // have); nothing when the ledger already holds the refused charge.
+            let mut fixes: Vec<String> = Vec::new();
+            if !*earlier {
+                for r in &n.requests {
+                    let refused = r
+                        .mechanism
+                        .split('+')
+                        .any(|t| n.refused_mechanisms.contains(&t));
+                    if let Some(f) = refused.then(|| analyst_fix(&r.function)).flatten()
+                        && !fixes.contains(&f)
+                    {
+                        fixes.push(f);
+                    }
+                }
+            }
+            let instead = if fixes.is_empty() {
+                String::new()
+            } else {
+                format!("{}; or ", fixes.join("; "))
+            };
             // Only the data owner's surfaces set a filter (SQL cannot).
             format!(
                 "table '{table}' does not accept this query{asked}: it is accounted with the {} \
-                 filter, which accepts {accepts}, and {what}. Nothing was charged. Fix: use a \
-                 Gaussian call (`mechanism => 'gaussian'`) where one exists, or the data owner \
-                 can register the table with {advice}: `filter = \"{kind}\"` in the catalog, \
-                 --filter {kind} in single-user mode, or Registration::filter in \
-                 the Rust API.",
+                 filter, which accepts {accepts}, and {what}. Nothing was charged. Fix: \
+                 {instead}the data owner can register the table with {advice}: `filter = \
+                 \"{kind}\"` in the catalog, --filter {kind} in single-user mode, or \
+                 Registration::filter in the Rust API.",
                 filter.name()
             )
         }
+    }
+}
+
+/// What an analyst can write in a call of `function` whose mechanism a table's filter refuses,
+/// so that it is one Gaussian mechanism, which every filter accepts: an argument the function
+/// declares (its `noise` or `mechanism`), with the value to give. None: the function has no
+/// such variant (dp_quantile, dp_logreg_agd, rgm_mean_by).
+fn analyst_fix(function: &str) -> Option<String> {
+    let a = dpfusion_udfs::aggregates::registry::get(function)?;
+    if a.position("noise").is_some() {
+        Some(format!(
+            "train with `noise => 'mf'` in {function} (one pass with correlated Gaussian noise, \
+             which every filter accepts)"
+        ))
+    } else if a.position("mechanism").is_some() {
+        Some(format!(
+            "write `mechanism => 'gaussian'` in {function} (its Gaussian mechanism, which every \
+             filter accepts)"
+        ))
+    } else {
+        None
     }
 }
 
@@ -966,11 +1042,22 @@ impl Evaluation {
                 .filter(|e| *e > 0.0),
             _ => None,
         };
+        // The filter's own rule, event by event.
+        let mut refused_mechanisms = Vec::new();
+        for e in &self.events {
+            if self.filter.usage(std::slice::from_ref(e)).refused.is_some()
+                && let Some(t) = mechanism_token(e, false)
+                && !refused_mechanisms.contains(&t)
+            {
+                refused_mechanisms.push(t);
+            }
+        }
         RefusalNumbers {
             requests,
             native,
             next_epsilon: self.filter.next_epsilon(&self.before, DEFAULT_QUERY_DELTA),
             fix_epsilon,
+            refused_mechanisms,
         }
     }
 }
@@ -1466,73 +1553,9 @@ impl Accountant {
             .policies
             .values()
             .filter(|p| p.visibility == Visibility::Private)
-            .map(|p| {
-                let spend = st.tables.get(&p.key);
-                let queries = spend.map_or(0, |t| t.queries);
-                // A policy in the ledger was validated when written; if it no longer compiles
-                // (a budget the filter cannot support), show it as exhausted.
-                // Sums not kept in the filter's currency (the catch-up failed before it could
-                // compute them): shown as exhausted too.
-                let compiled = p.compiled_filter().ok().and_then(|f| {
-                    let u = match spend {
-                        None => Usage::default(),
-                        Some(t) => t.usage(f.currency())?.clone(),
-                    };
-                    Some((f, u))
-                });
-                let (spent, delta_spent, delta_left, native, next) = match compiled {
-                    Some((f, u)) => {
-                        let native = NativeCost {
-                            unit: f.unit(),
-                            cost: 0.0,
-                            used: u.main,
-                            budget: f.main_budget(),
-                            share: 0,
-                            used_share: f.share(&u),
-                        };
-                        (
-                            f.epsilon(&u),
-                            u.delta,
-                            (f.delta_sel - u.delta).max(0.0),
-                            native,
-                            f.next_epsilon(&u, DEFAULT_QUERY_DELTA),
-                        )
-                    }
-                    None => (
-                        f64::INFINITY,
-                        0.0,
-                        0.0,
-                        NativeCost {
-                            used_share: display::SHARE_SCALE,
-                            ..NativeCost::default()
-                        },
-                        0.0,
-                    ),
-                };
-                // The guarantee is the largest budget the table has had; a lowered budget caps
-                // what is left (docs/ACCOUNTING.md).
-                let guarantee = st
-                    .largest_epsilon
-                    .get(&p.key)
-                    .map_or(p.budget.epsilon, |e| e.max(p.budget.epsilon));
-                let delta_guarantee = st
-                    .largest_delta
-                    .get(&p.key)
-                    .map_or(p.budget.delta, |d| d.max(p.budget.delta));
-                BudgetRow {
-                    name: p.name.clone(),
-                    key: p.key.clone(),
-                    epsilon: guarantee,
-                    delta: delta_guarantee,
-                    spent,
-                    remaining: next,
-                    native,
-                    queries,
-                    delta_spent,
-                    delta_left,
-                    filter: p.filter,
-                }
-            })
+            // The one computation of a table's budget numbers, shared with `dpfusion ledger
+            // verify` and `report` (round 47).
+            .map(|p| ledger::budget_row(&st, p))
             .collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.key.cmp(&b.key)));
         rows
@@ -1556,17 +1579,7 @@ impl Accountant {
 pub fn mechanism_of(events: &[Event]) -> String {
     let sel = events.iter().any(|e| matches!(e, Event::Delta { .. }));
     let mut names: Vec<&str> = Vec::new();
-    for e in events {
-        let n = match e {
-            Event::Gaussian { .. } if sel => "gaussian threshold",
-            Event::Gaussian { .. } => "gaussian",
-            Event::Zcdp { .. } => "zcdp",
-            Event::Laplace { .. } => "laplace",
-            Event::PureDp { .. } => "pure_dp",
-            Event::Rgm { .. } => "rgm",
-            Event::SubsampledGaussian { .. } => "subsampled_gaussian",
-            Event::Delta { .. } => continue,
-        };
+    for n in events.iter().filter_map(|e| mechanism_token(e, sel)) {
         if !names.contains(&n) {
             names.push(n);
         }
@@ -1574,12 +1587,19 @@ pub fn mechanism_of(events: &[Event]) -> String {
     names.join("+")
 }
 
-/// The ε spent on `events` under `policy`'s filter (for reports); +∞ if the policy's filter
-/// does not compile or cannot account for an event.
-pub fn spent_epsilon(policy: &TablePolicy, events: &[Event]) -> f64 {
-    policy
-        .compiled_filter()
-        .map_or(f64::INFINITY, |f| f.epsilon(&f.usage(events)))
+/// One event's part of [`mechanism_of`] (`selection`: the call is a partition selection); None
+/// for an additive δ.
+fn mechanism_token(e: &Event, selection: bool) -> Option<&'static str> {
+    Some(match e {
+        Event::Gaussian { .. } if selection => "gaussian threshold",
+        Event::Gaussian { .. } => "gaussian",
+        Event::Zcdp { .. } => "zcdp",
+        Event::Laplace { .. } => "laplace",
+        Event::PureDp { .. } => "pure_dp",
+        Event::Rgm { .. } => "rgm",
+        Event::SubsampledGaussian { .. } => "subsampled_gaussian",
+        Event::Delta { .. } => return None,
+    })
 }
 
 /// `Err(PolicyChanged)` for the first of `planned` (the policies a statement was planned with)

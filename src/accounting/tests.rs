@@ -137,6 +137,7 @@ fn exceeded_message_format() {
                 },
                 next_epsilon: 0.1234567,
                 fix_epsilon: Some(0.2345678),
+                refused_mechanisms: vec![],
             },
         }),
     };
@@ -218,6 +219,156 @@ fn exceeded_message_format() {
         crate::Error::of(&eps),
         Some(crate::Error::BudgetExceeded { .. })
     ));
+}
+
+/// Round 47 (review newuser, findings 5 and 6): a refusal's fix names only arguments the
+/// refused function declares (DP-SGD has `noise`, not `mechanism`), none for a function without
+/// a variant the filter accepts, none when the ledger already holds the refused charge; the δ
+/// fix is never the session default, which counts as not written.
+#[test]
+fn refusal_fixes_name_arguments_the_function_has() {
+    let call = |function: &str, mechanism: &str| CallRequest {
+        key: TableKey::from("demo:t"),
+        function: function.into(),
+        epsilon: Some(1.0),
+        delta: Some(1e-7),
+        mechanism: mechanism.into(),
+    };
+    let refusal = |filter, limit, requests: Vec<CallRequest>, refused: Vec<&'static str>| {
+        AccountingError::BudgetExceeded {
+            table: "t".into(),
+            key: TableKey::from("demo:t"),
+            cost: 0.0,
+            spent: 0.0,
+            remaining: 0.0,
+            budget: Budget {
+                epsilon: 1.0,
+                delta: 1e-6,
+            },
+            why: Box::new(Refusal {
+                filter,
+                limit,
+                delta: DeltaState {
+                    cost: 1e-7,
+                    spent: 4.5e-7,
+                    reserved: 5e-7,
+                    delta_g: 5e-7,
+                },
+                numbers: RefusalNumbers {
+                    requests,
+                    refused_mechanisms: refused,
+                    ..RefusalNumbers::default()
+                },
+            }),
+        }
+        .to_string()
+    };
+    let mech = |e: &Event, earlier| Limit::Mechanism {
+        mechanism: filter::mechanism_name(e),
+        earlier,
+    };
+    let sgd = Event::SubsampledGaussian {
+        sample_rate: 0.01,
+        noise_multiplier: 1.0,
+        steps: 10,
+    };
+    for f in [FilterKind::Zcdp, FilterKind::Gdp] {
+        let m = refusal(
+            f,
+            mech(&sgd, false),
+            vec![call("dp_linreg_sgd", "subsampled_gaussian")],
+            vec!["subsampled_gaussian"],
+        );
+        assert!(
+            m.contains("Fix: train with `noise => 'mf'` in dp_linreg_sgd")
+                && !m.contains("mechanism =>"),
+            "{m}"
+        );
+    }
+    // A Laplace call on a gdp table: its own `mechanism` argument; the quantile beside it
+    // (pure DP too) has no variant, so no fix for it.
+    let pure = Event::PureDp { epsilon: 1.0 };
+    let m = refusal(
+        FilterKind::Gdp,
+        mech(&pure, false),
+        vec![call("dp_count", "pure_dp"), call("dp_quantile", "pure_dp")],
+        vec!["pure_dp"],
+    );
+    assert!(
+        m.contains("Fix: write `mechanism => 'gaussian'` in dp_count (")
+            && !m.contains("in dp_quantile")
+            && m.contains(
+                "(asked: dp_count(ε 1, δ 1e-7, laplace), dp_quantile(ε 1, δ 1e-7, pure_dp))"
+            ),
+        "{m}"
+    );
+    // A Gaussian call beside the refused one gets no fix.
+    let m = refusal(
+        FilterKind::Gdp,
+        mech(&Event::Zcdp { rho: 0.1 }, false),
+        vec![call("dp_mean", "gaussian"), call("dp_logreg_agd", "zcdp")],
+        vec!["zcdp"],
+    );
+    assert!(
+        m.contains("Fix: the data owner can register") && !m.contains("=> '"),
+        "{m}"
+    );
+    // The ledger holds the refused charge: only the owner can help.
+    let m = refusal(
+        FilterKind::Zcdp,
+        mech(&sgd, true),
+        vec![call("dp_linreg_sgd", "subsampled_gaussian")],
+        vec!["subsampled_gaussian"],
+    );
+    assert!(
+        m.contains("Fix: the data owner can register") && !m.contains("noise =>"),
+        "{m}"
+    );
+    // δ: 5e-8 left, so δ ≤ 1e-7, the default, which would count as not written: the fix is
+    // just below it.
+    let d = refusal(FilterKind::Zcdp, Limit::Delta, vec![], vec![]);
+    assert!(
+        d.contains("lower `delta =>` to 9.99999e-8 or less (partition selection then needs δ/2 ≤ 4.99999e-8")
+            && d.contains("just below the default 1e-7")
+            && !d.contains("to 1e-7 or less"),
+        "{d}"
+    );
+}
+
+/// Every fix a mechanism refusal can suggest, for every DP aggregate: the argument is one the
+/// function declares, and the value one its declaration accepts (round 47).
+#[test]
+fn every_suggested_argument_is_declared_with_that_value() {
+    for a in dpfusion_udfs::aggregates::registry::AGGREGATES {
+        let Some(fix) = analyst_fix(a.name) else {
+            continue;
+        };
+        let arg = fix.split('`').nth(1).expect("a backticked argument");
+        let (name, value) = arg.split_once(" => ").expect("name => value");
+        let p = a
+            .params
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("{}: no parameter {name} ({fix})", a.name));
+        assert!(
+            p.doc.contains(value),
+            "{}: {name} does not take {value}: {}",
+            a.name,
+            p.doc
+        );
+    }
+    assert!(
+        analyst_fix("dp_linreg_sgd")
+            .unwrap()
+            .contains("`noise => 'mf'`")
+    );
+    assert!(
+        analyst_fix("dp_count_ci")
+            .unwrap()
+            .contains("`mechanism => 'gaussian'`")
+    );
+    assert_eq!(analyst_fix("dp_quantile"), None);
+    assert_eq!(analyst_fix("rgm_mean_by"), None);
 }
 
 #[test]

@@ -14,6 +14,10 @@
 //!   path is read, not which table reads it. The data is then served from the very descriptor
 //!   that was checked, so there is no window between check and use; a symbolic link, a swapped
 //!   file or directory or an unresolvable entry is refused, never skipped or followed.
+//! - **A private CSV table's files** ([`PinnedFs::read_csv_as`]) are served whole, never a byte
+//!   range, and normalised record by record in the table's dialect ([`super::csv_total`]): a
+//!   record DataFusion's reader could not split into the table's fields reads as a row of NULLs
+//!   instead of failing the read (round 47, review "readers").
 //! - **Writes** (`COPY … TO`) create one new file directly in the owner's output directory
 //!   ([`PinnedFs::set_output_dir`]): the directory is opened without following links and must
 //!   still be the one pinned (same device and inode, not writable by group or others), and the
@@ -41,6 +45,7 @@ use datafusion::object_store::{
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
+use super::csv_total::{CsvDialect, Normaliser};
 use super::{FileSet, MAX_DEPTH, MAX_FILES};
 
 /// A file's identity: device and inode.
@@ -78,6 +83,8 @@ struct Pin {
     rechecked: bool,
     /// The regular files below a directory when it was pinned.
     files: HashSet<Ident>,
+    /// A private CSV table's dialect: its files are read normalised ([`PinnedFs::read_csv_as`]).
+    csv: Option<CsvDialect>,
 }
 
 impl Pin {
@@ -150,6 +157,11 @@ pub enum Refused {
         "dpfusion refused the file operation '{0}' (only reads and new output files are allowed)"
     )]
     Operation(String),
+    #[error(
+        "dpfusion refused to read part of '{0}': a private table's CSV file is read whole, \
+         record by record"
+    )]
+    Whole(String),
 }
 
 fn store_err(e: Refused) -> object_store::Error {
@@ -417,8 +429,18 @@ impl PinnedFs {
             private,
             rechecked,
             files,
+            csv: None,
         });
         Ok(id)
+    }
+
+    /// Serves the files of pin `id` (a private CSV table's) normalised in `dialect`
+    /// ([`super::csv_total`]), whole; called again once the table's number of columns is known.
+    pub fn read_csv_as(&self, id: PinId, dialect: CsvDialect) {
+        let mut pins = self.pins.write().expect("lock");
+        if let Some(p) = pins.pins.iter_mut().find(|p| p.id == id) {
+            p.csv = Some(dialect);
+        }
     }
 
     /// Removes a pin (a registration that failed after pinning).
@@ -466,6 +488,12 @@ impl PinnedFs {
 
     /// Opens a file for reading, checked against the pins (see the module documentation).
     pub fn open_read(&self, path: &Path) -> Result<(File, Metadata), Refused> {
+        self.open_read_as(path).map(|(f, m, _)| (f, m))
+    }
+
+    /// [`PinnedFs::open_read`], with the CSV dialect the file is read in when it is a private
+    /// CSV table's.
+    fn open_read_as(&self, path: &Path) -> Result<(File, Metadata, Option<CsvDialect>), Refused> {
         let pins = self.pins.read().expect("lock");
         let mut covering: Vec<&Pin> = pins.pins.iter().filter(|p| p.covers(path)).collect();
         if covering.is_empty() {
@@ -480,7 +508,7 @@ impl PinnedFs {
         let mut first = None;
         for pin in covering {
             match open_pinned(&pins, pin, path) {
-                Ok(ok) => return Ok(ok),
+                Ok((f, m)) => return Ok((f, m, pin.csv)),
                 Err(why) => {
                     first.get_or_insert(Refused::Changed {
                         path: path.display().to_string(),
@@ -728,6 +756,55 @@ fn read_exact_at(file: &File, range: Range<u64>, path: &Path) -> object_store::R
     Ok(Bytes::from(buf))
 }
 
+/// How much of a private CSV file is read at a time.
+const PIECE: usize = 1 << 20;
+
+/// The bytes of `file`, normalised in `dialect` ([`super::csv_total`]), read lazily piece by
+/// piece.
+fn normalised(
+    file: File,
+    dialect: CsvDialect,
+    path: PathBuf,
+) -> BoxStream<'static, object_store::Result<Bytes>> {
+    let start = Some((file, 0u64, Normaliser::new(dialect)));
+    futures::stream::try_unfold(start, move |state| {
+        let path = path.clone();
+        async move {
+            let Some((file, mut offset, mut n)) = state else {
+                return Ok(None);
+            };
+            blocking(move || {
+                let mut buf = vec![0u8; PIECE];
+                let mut out = Vec::new();
+                loop {
+                    let k = match file.read_at(&mut buf, offset) {
+                        Ok(k) => k,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            return Err(object_store::Error::Generic {
+                                store: "dpfusion",
+                                source: format!("reading {} at {offset}: {e}", path.display())
+                                    .into(),
+                            });
+                        }
+                    };
+                    if k == 0 {
+                        n.finish(&mut out);
+                        return Ok((!out.is_empty()).then(|| (Bytes::from(out), None)));
+                    }
+                    offset += k as u64;
+                    n.feed(&buf[..k], &mut out);
+                    if !out.is_empty() {
+                        return Ok(Some((Bytes::from(out), Some((file, offset, n)))));
+                    }
+                }
+            })
+            .await
+        }
+    })
+    .boxed()
+}
+
 #[async_trait]
 impl ObjectStore for PinnedFs {
     async fn put_opts(
@@ -763,9 +840,20 @@ impl ObjectStore for PinnedFs {
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
         let path = fs_path(location);
-        let (file, m) = self.open_read(&path).map_err(store_err)?;
+        let (file, m, csv) = self.open_read_as(&path).map_err(store_err)?;
         let meta = meta(location.clone(), &m);
         options.check_preconditions(&meta)?;
+        if let Some(dialect) = csv {
+            if options.range.is_some() {
+                return Err(store_err(Refused::Whole(path.display().to_string())));
+            }
+            return Ok(GetResult {
+                payload: GetResultPayload::Stream(normalised(file, dialect, path)),
+                attributes: Attributes::default(),
+                range: 0..meta.size,
+                meta,
+            });
+        }
         let range = match &options.range {
             Some(r) => r
                 .as_range(meta.size)
@@ -789,7 +877,10 @@ impl ObjectStore for PinnedFs {
         ranges: &[Range<u64>],
     ) -> object_store::Result<Vec<Bytes>> {
         let path = fs_path(location);
-        let (file, _) = self.open_read(&path).map_err(store_err)?;
+        let (file, _, csv) = self.open_read_as(&path).map_err(store_err)?;
+        if csv.is_some() {
+            return Err(store_err(Refused::Whole(path.display().to_string())));
+        }
         let ranges = ranges.to_vec();
         blocking(move || {
             ranges
@@ -1028,6 +1119,29 @@ mod tests {
         // One path under two names is one table to the ledger (its policy decides; the session
         // refuses a private registration of a path it serves as public).
         fs.pin("c2", &set(&d.join("priv/p.csv")), true).unwrap();
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A private CSV table's file is served whole and normalised (round 47): a record of
+    /// another width reads as empty fields, and a byte range is refused.
+    #[tokio::test]
+    async fn a_private_csv_file_is_served_whole_and_normalised() {
+        use datafusion::object_store::ObjectStoreExt;
+        let d = tmp("csv");
+        std::fs::write(d.join("priv/p.csv"), "a,b\n1,2\n3,4,5\n").unwrap();
+        let fs = PinnedFs::new();
+        let set =
+            super::super::resolve(&d.join("priv/p.csv").to_string_lossy(), Path::new("/")).unwrap();
+        let id = fs.pin("p", &set, true).unwrap();
+        let location = obj_path(&set.root).unwrap();
+        let raw = fs.get(&location).await.unwrap().bytes().await.unwrap();
+        assert_eq!(&raw[..], b"a,b\n1,2\n3,4,5\n", "not a CSV table's pin yet");
+        fs.read_csv_as(id, crate::owner::CsvFormat::default().dialect(Some(2)));
+        let out = fs.get(&location).await.unwrap().bytes().await.unwrap();
+        assert_eq!(&out[..], b"a,b\n1,2\n,\n");
+        let e = fs.get_range(&location, 0..4).await.unwrap_err().to_string();
+        assert!(e.contains("read whole"), "{e}");
+        assert!(fs.get_ranges(&location, &[0..2, 2..4]).await.is_err());
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -37,7 +37,8 @@ pub enum StatementKind {
     ShowTables,
     /// `DESCRIBE <table>`: the table's columns and types from its pinned schema; reads no row
     /// and charges nothing, for every table (as in the REPL). Also `HELP [function]`, which
-    /// describes the DP aggregates.
+    /// describes the DP aggregates. `DESCRIBE <query>` is refused before it is planned (round
+    /// 47: no guard sees its plan), so it is never of this kind.
     Describe,
     /// Anything else, named by what it would do: writes a table or a file, changes a setting,
     /// prepares a statement, starts a transaction, runs a plan (`EXPLAIN ANALYZE`), …
@@ -342,6 +343,28 @@ mod tests {
             let k = kind(sql).await.unwrap();
             assert!(!k.reads_only(), "{sql}: {k:?}");
         }
+    }
+
+    /// Round 47 (owner review, F2): DataFusion plans `DESCRIBE <query>` into the node of
+    /// `DESCRIBE <table>`, outside the guard. The server's kinds refuse it (default-deny), with
+    /// the message saying to describe a table; `DESCRIBE t` and `DESC t` stay `Describe`.
+    #[tokio::test]
+    async fn describe_of_a_query_is_refused() {
+        for sql in [
+            "DESCRIBE SELECT a FROM t",
+            "desc select a, a + 1 AS b FROM t WHERE a > 1",
+            "DESCRIBE WITH x AS (SELECT a FROM t) SELECT * FROM x",
+            "DESCRIBE VALUES (1)",
+            "EXPLAIN DESCRIBE SELECT a FROM t",
+        ] {
+            let e = kind(sql).await.unwrap_err();
+            // EXPLAIN DESCRIBE … may already fail in the parser; nothing is of a kind.
+            assert!(
+                e.contains("DESCRIBE takes a table name") || sql.starts_with("EXPLAIN"),
+                "{sql}: {e}"
+            );
+        }
+        assert_eq!(kind("DESC t").await.unwrap(), StatementKind::Describe);
     }
 
     /// The BigQuery clause's `max_groups_contributed` (the statement's L0) is in force where

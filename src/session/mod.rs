@@ -58,6 +58,41 @@ pub const DEFAULT_MEMORY_LIMIT: usize = 4 << 30;
 /// The default `delta` of a DP call that gives none (SQL.md: 1e-7 unless changed).
 pub const DEFAULT_CALL_DELTA: f64 = 1e-7;
 
+/// The owner's session settings no session may open with: a `default_delta` outside (0, 1) (the
+/// δ every call without one would carry: `SET dpfusion.default_delta` refuses it), a
+/// `memory_limit` of 0 bytes or `target_partitions` of 0. `Err` names the setting, what was
+/// given and the valid range. One rule for a catalog's `[session]` ([`crate::catalog`]) and for
+/// [`SessionOptions`] built through the Rust API ([`PrivateSession::open`]): before round 47
+/// neither checked them, and a bad value reached the analyst as refusals of a δ they never
+/// wrote.
+pub(crate) fn check_settings(
+    default_delta: Option<f64>,
+    memory_limit: Option<usize>,
+    target_partitions: Option<usize>,
+) -> std::result::Result<(), String> {
+    if let Some(d) = default_delta
+        && dpfusion_udfs::privacy::error::check_delta("default_delta", d).is_err()
+    {
+        return Err(format!(
+            "default_delta must be a number in the open interval (0, 1), got {d}: it is the δ of \
+             every DP call that names none (default 1e-7); give e.g. 1e-7, or leave it out"
+        ));
+    }
+    if memory_limit == Some(0) {
+        return Err(format!(
+            "memory_limit must be at least 1 byte, got 0: it is the memory a query may use \
+             (default 4 GiB, {DEFAULT_MEMORY_LIMIT}); give a number of bytes, or leave it out"
+        ));
+    }
+    if target_partitions == Some(0) {
+        let msg = "target_partitions must be at least 1, got 0: it is how many partitions \
+                   DataFusion splits a query into (default: the number of cores); give a whole \
+                   number ≥ 1, or leave it out";
+        return Err(msg.to_string());
+    }
+    Ok(())
+}
+
 tokio::task_local! {
     /// The analyst a statement runs for ([`PrivateSession::sql_as`]); admission runs in the
     /// statement's own task, so the charge it writes can name them.
@@ -153,6 +188,12 @@ impl PrivateSession {
     pub async fn open(options: SessionOptions) -> Result<Self> {
         crate::accounting::check_new_budget(&options.default_budget)
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        check_settings(
+            Some(options.default_delta),
+            Some(options.memory_limit),
+            options.target_partitions,
+        )
+        .map_err(|e| DataFusionError::Plan(format!("SessionOptions: {e}")))?;
         let witness = match &options.ledger_witness {
             Some(w) => w.clone(),
             None => crate::accounting::default_witness(&options.ledger_path).map_err(external)?,
@@ -180,6 +221,12 @@ impl PrivateSession {
         let execution = &mut config.options_mut().execution;
         execution.sort_spill_reservation_bytes =
             execution.sort_spill_reservation_bytes.min(reserve);
+        // No file statistics: a table's scan reads them from the session (DataFusion 55's
+        // ListingTable), and the scan of a private file would then take a column its statistics
+        // show constant (or missing, or all NULL) as a literal, unread: work, and a NOT NULL
+        // column's failure, that the file's values decide (round 47). Public tables lose the
+        // plans their statistics would allow (COUNT(*) from metadata, join order by size).
+        execution.collect_statistics = false;
         let pool = datafusion::execution::memory_pool::TrackConsumersPool::new(
             datafusion::execution::memory_pool::FairSpillPool::new(options.memory_limit),
             std::num::NonZeroUsize::new(5).expect("5 > 0"),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use datafusion::common::{DataFusionError, Result, plan_err};
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::sql::parser::{CopyToSource, DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
@@ -78,6 +79,7 @@ impl PrivateSession {
             );
         }
         let mut stmt = stmts.pop_front().expect("one");
+        refuse_describe_of_a_query(&stmt)?;
         if let Some((_, c)) = &clause {
             self.apply_dp_clause(&mut stmt, c)?;
         }
@@ -217,13 +219,22 @@ impl PrivateSession {
         // row made `WHERE v0 > 0` over a string fail; fuzzer seed 4646, round 46) and pushes a
         // filter on group keys below the DP aggregate, into the private region, unwrapped.
         // The filters stay where the checked plan has them.
+        // First of all, on the physical planner's plan, the sorts of released rows are pinned
+        // (guard::release_order): DataFusion's `EnsureRequirements` removed the guard's sort of
+        // a release under a window, an inner ORDER BY … LIMIT or an aggregate, which then saw
+        // the groups in the order the private rows set (round 47, review "fuzzgaps" F1).
         let sealed;
         let state = if checked.reads_private() {
-            let rules = state
-                .physical_optimizers()
-                .iter()
-                .filter(|r| !r.name().starts_with("FilterPushdown"))
-                .cloned()
+            let pin: Arc<dyn PhysicalOptimizerRule + Send + Sync> =
+                Arc::new(guard::release_order::PinReleaseOrder);
+            let rules = std::iter::once(pin)
+                .chain(
+                    state
+                        .physical_optimizers()
+                        .iter()
+                        .filter(|r| !r.name().starts_with("FilterPushdown"))
+                        .cloned(),
+                )
                 .collect();
             sealed = datafusion::execution::SessionStateBuilder::new_from_existing(state.clone())
                 .with_physical_optimizer_rules(rules)
@@ -491,6 +502,30 @@ fn resolve_df_statement(stmt: &mut DFStatement, delta: f64) -> std::result::Resu
             }
             CopyToSource::Relation(_) => Ok(()),
         },
+        _ => Ok(()),
+    }
+}
+
+/// Default-deny for `DESCRIBE` (round 47, owner review F2): only `DESCRIBE <table>` (sqlparser's
+/// `ExplainTable`, the table's pinned schema) is answered. DataFusion would plan `DESCRIBE
+/// <query>` (`Explain` with a DESCRIBE alias) into the same `DescribeTable` node, with the
+/// query's result schema, and no guard sees that plan; it is refused here, before planning, so
+/// the local session, `EXPLAIN PRIVACY` and the server's statement kinds all refuse it.
+fn refuse_describe_of_a_query(stmt: &DFStatement) -> Result<()> {
+    use datafusion::sql::sqlparser::ast::{DescribeAlias, Statement};
+    let s = match stmt {
+        DFStatement::Statement(s) => s.as_ref(),
+        DFStatement::Explain(e) => return refuse_describe_of_a_query(&e.statement),
+        _ => return Ok(()),
+    };
+    match s {
+        Statement::Explain {
+            describe_alias: DescribeAlias::Describe | DescribeAlias::Desc,
+            ..
+        } => refused!(
+            "dpfusion refused the query: DESCRIBE takes a table name (`DESCRIBE people`, or \
+             `\\d people` in the REPL), not a query; describe the tables the query reads"
+        ),
         _ => Ok(()),
     }
 }

@@ -116,13 +116,30 @@ impl PrivateSession {
                 (None, None) => None,
             };
             let scratch = self.fs.scratch_context()?;
+            // A private table's files are read totally (round 47: crate::owner), a CSV file
+            // normalised record by record (crate::files::csv_total) in the table's dialect and
+            // number of columns (at the first registration, its first record's until inferred).
+            let private = reg.visibility == Visibility::Private;
+            let csv_pin = |columns| {
+                if private && matches!(format, FileFormat::Csv) {
+                    self.fs.read_csv_as(pin, reg.csv.dialect(columns));
+                }
+            };
+            csv_pin(schema.as_ref().map(|s| s.fields().len()));
             let provider = match format {
                 FileFormat::Csv => {
-                    crate::owner::csv_provider(&scratch, &set.root, &reg.csv, schema.as_deref())
-                        .await?
+                    crate::owner::csv_provider(
+                        &scratch,
+                        &set.root,
+                        &reg.csv,
+                        schema.as_deref(),
+                        private,
+                    )
+                    .await?
                 }
                 FileFormat::Parquet => {
-                    crate::owner::parquet_provider(&scratch, &set.root, schema.as_deref()).await?
+                    crate::owner::parquet_provider(&scratch, &set.root, schema.as_deref(), private)
+                        .await?
                 }
             };
             if provider.schema().fields().is_empty() {
@@ -132,6 +149,7 @@ impl PrivateSession {
                      ([[table.columns]])"
                 );
             }
+            csv_pin(Some(provider.schema().fields().len()));
             reg.schema = Some(provider.schema());
             let format_text = match format {
                 FileFormat::Csv => reg.csv.describe(),
@@ -209,6 +227,9 @@ impl PrivateSession {
         }
         check_ratio_bounds(&name, &provider, &reg, &self.fs)?;
         let unit = check_unit(&name, &schema, &reg)?;
+        if let Some(u) = &unit {
+            self.check_domain_type(&name, &schema, u)?;
+        }
         let policy = TablePolicy {
             key: key.clone(),
             name: name.clone(),
@@ -271,6 +292,42 @@ impl PrivateSession {
             .expect("lock")
             .insert(name.clone(), guarded);
         Ok(policy)
+    }
+
+    /// The unit columns of one domain have one type: two tables of a domain are joined on their
+    /// unit columns only as they are, of one type (`guard::join`), so a second type (Int32
+    /// beside Int64, Utf8View from Parquet beside Utf8 from CSV) would make every such join
+    /// fail. Refused when the second table is registered, naming the pin that fixes it (round
+    /// 47; before, only the joins were refused).
+    fn check_domain_type(&self, name: &str, schema: &Schema, unit: &PrivacyUnit) -> Result<()> {
+        let Ok(field) = schema.field_with_name(&unit.column) else {
+            return Ok(());
+        };
+        let tables = self.tables.lock().expect("lock");
+        let mut others: Vec<_> = tables
+            .iter()
+            .filter(|(n, _)| n.as_str() != name)
+            .filter_map(|(n, t)| {
+                let u = t.info().unit.as_ref()?;
+                let s = t.schema();
+                let f = s.field_with_name(&u.column).ok()?;
+                (u.domain == unit.domain && f.data_type() != field.data_type())
+                    .then(|| (n.clone(), u.column.clone(), f.data_type().clone()))
+            })
+            .collect();
+        others.sort();
+        if let Some((other, column, ty)) = others.into_iter().next() {
+            return plan_err!(
+                "table '{name}': its privacy unit column '{}' is {}, while table '{other}' of \
+                 the same unit domain '{}' has '{column}' as {ty}; the unit columns of one \
+                 domain must have one type, or no join could pair them. Declare both with one \
+                 type (columns = [...] in the catalog, Registration::schema)",
+                unit.column,
+                field.data_type(),
+                unit.domain
+            );
+        }
+        Ok(())
     }
 }
 

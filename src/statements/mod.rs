@@ -63,17 +63,21 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
         ("delta", floats(rows.iter().map(|r| r.delta))),
         ("filter", strings(rows.iter().map(|r| r.filter.to_string()))),
         ("unit", strings(rows.iter().map(|r| r.native.unit.clone()))),
-        // Rounded up, but never past the budget when it is within it: `budget − used` is never
-        // negative for a table that is not overspent.
+        // Rounded up, but never past the budget shown when it is within it: `budget − used` is
+        // never negative for a table that is not overspent.
         (
             "used",
             floats(rows.iter().map(|r| {
-                let (used, budget) = (r.native.used, r.native.budget);
+                let (used, budget) = (r.native.used, shown(r.native.budget, Round::Down));
                 let up = shown(used, Round::Up);
                 if used <= budget { up.min(budget) } else { up }
             })),
         ),
-        ("budget", floats(rows.iter().map(|r| r.native.budget))),
+        // Rounded down, as refusals print it (round 47): a budget shown is never more than it.
+        (
+            "budget",
+            floats(rows.iter().map(|r| shown(r.native.budget, Round::Down))),
+        ),
         (
             "used_pct",
             floats(rows.iter().map(|r| pct(r.native.used_share))),
@@ -169,7 +173,12 @@ pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<Rec
             }));
             unit.push(t.native.as_ref().map(|n| n.unit.clone()));
             cost.push(t.native.as_ref().map(|n| shown(n.cost, Round::Up)));
-            cost_pct.push(t.native.as_ref().map(|n| pct(n.share)));
+            // Never 0 for a positive charge (round 47): `< 0.0001%` in the receipts.
+            cost_pct.push(
+                t.native
+                    .as_ref()
+                    .map(|n| pct(crate::accounting::display::charge_share(n.share, n.cost))),
+            );
             used_pct.push(t.native.as_ref().map(|n| pct(n.used_share)));
             delta.push(t.delta);
             profile.push(serde_json::to_string(&t.events).unwrap_or_default());
@@ -240,7 +249,11 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         release.push(c.display.clone());
         eps.push(finite(c.epsilon));
         delta.push(finite(c.delta));
-        mechanism.push(Some(crate::accounting::mechanism_of(&c.events)));
+        // As written (round 47): a Laplace call is `laplace`, not the `pure_dp` it is charged as.
+        mechanism.push(Some(crate::accounting::written_mechanism(
+            &c.function,
+            &crate::accounting::mechanism_of(&c.events),
+        )));
         cost.push(None);
         unit.push(None);
         cost_pct.push(None);
@@ -266,7 +279,12 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
                 .map(|c| shown(c, Round::Up)),
         );
         unit.push(Some(p.native.unit.clone()));
-        cost_pct.push(bounded.then(|| pct(p.native.share)));
+        cost_pct.push(bounded.then(|| {
+            pct(crate::accounting::display::charge_share(
+                p.native.share,
+                p.native.cost,
+            ))
+        }));
         used.push(bounded.then(|| pct(p.native.used_share)));
         left.push(Some(pct(p.left_share)));
         next.push(Some(shown(p.next_epsilon, Round::Down)));

@@ -51,3 +51,6 @@ CREATE TABLE res AS SELECT t.dept AS k0, CASE WHEN dp_mean_ci(t.id, 0, 100000, 0
 -- physical optimizer into the partition selection's filter and ran on unreleased groups: one
 -- row made the query fail (OutcomeDiffers under the staff plants).
 SELECT * FROM (SELECT t.remote, CASE WHEN dp_stddev_ci(t.age, epsilon => 0.1, lower => 20, upper => 1000000)['confidence'] THEN 'big' END v0,(100, 1000000, 0.5) FROM staff t WHERE t.id > 40 GROUP BY 1 ORDER BY ( CAST(min(name) AS VARCHAR))) r WHERE r.v0 > 0
+-- Round 47 (review "fuzzgaps"): the physical optimizer dropped the release's sort under a window,
+-- which then broke its noise-free ties in the order the hash aggregate met the groups.
+SELECT *, lag(k0) OVER (ORDER BY coalesce(length(CAST(k0 AS VARCHAR)) * 0, 0)) AS ox_w FROM (SELECT t.dept AS k0, dp_count(t.id, epsilon => 8) AS v0 FROM people t GROUP BY t.dept) r

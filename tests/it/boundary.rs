@@ -2535,3 +2535,98 @@ async fn r46_a_pattern_is_matched_by_a_bounded_dfa_whatever_the_rows_a_private_c
     }
     assert_eq!(refusals[0], refusals[1], "the same refusal on D and D′");
 }
+
+// ---- round 47: the order of released rows reaches every consumer (review "fuzzgaps" F1) ------
+
+/// D: table `t(g, x)` with groups A–H of 60 rows each, group by group; D′: D plus one row
+/// `(H, 3)` first. The CSV files of both, in `dir`.
+fn neighbouring_files(dir: &Path) -> (PathBuf, PathBuf) {
+    let rows: Vec<String> = ('A'..='H')
+        .flat_map(|g| (0..60).map(move |j| format!("{g},{j}")))
+        .collect();
+    let d = dir.join("d.csv");
+    let d2 = dir.join("d2.csv");
+    std::fs::write(&d, format!("g,x\n{}\n", rows.join("\n"))).unwrap();
+    std::fs::write(&d2, format!("g,x\nH,3\n{}\n", rows.join("\n"))).unwrap();
+    (d, d2)
+}
+
+/// Each query on a fresh session over `file` (`t`, private, add_remove) with `partitions`
+/// target partitions and a fixed noise seed: its cells, or its error.
+async fn run_on(dir: &Path, file: &Path, partitions: usize, queries: &[&str]) -> Vec<String> {
+    std::fs::create_dir_all(dir).unwrap();
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join(format!("ledger-{partitions}.jsonl")))
+            .with_default_budget(1_000_000.0, 1e-3)
+            .with_target_partitions(partitions)
+            .with_insecure_noise_seed(47),
+    )
+    .await
+    .unwrap();
+    s.register_csv("t", file, Registration::private())
+        .await
+        .unwrap();
+    let mut out = vec![];
+    for q in queries {
+        out.push(match s.sql(q).await {
+            Ok(r) => cells(&r).join(" "),
+            Err(e) => format!("error: {e}"),
+        });
+    }
+    out
+}
+
+/// Round 47 (review "fuzzgaps" F1, a privacy break): the guard's sort of each release by its
+/// keys was a `SortExec` that DataFusion's `EnsureRequirements` removed under a window, an inner
+/// `ORDER BY … LIMIT` or an aggregate, which then saw the groups in the order the hash aggregate
+/// first met them: one row of group H at the top of the file made `first_value(g) OVER (ORDER BY
+/// v0*0)` name H, moved every `row_number`, changed `lag`, the groups an inner `LIMIT` kept and
+/// the order of `string_agg`/`array_agg`. `v0*0` removes the noise, so the leak was exact. The
+/// sorts are now pinned (src/guard/release_order.rs): on D and D′ every result is the same, at
+/// 1, 2 and 16 target partitions, and the order-sensitive aggregates see the keys' order.
+#[tokio::test]
+async fn order_sensitive_consumers_of_releases_see_an_order_the_private_rows_do_not_set() {
+    let release = "(SELECT g, dp_count(x, epsilon => 1) AS v0 FROM t GROUP BY g) r";
+    let queries = [
+        format!(
+            "SELECT g, first_value(g) OVER (ORDER BY v0*0 ROWS BETWEEN UNBOUNDED PRECEDING AND \
+             UNBOUNDED FOLLOWING) AS fv FROM {release}"
+        ),
+        format!("SELECT g, row_number() OVER (ORDER BY v0*0) AS rn FROM {release}"),
+        format!("SELECT g, lag(g) OVER (ORDER BY v0*0) AS prev FROM {release}"),
+        format!(
+            "SELECT g FROM (SELECT g, v0 FROM {release} ORDER BY v0*0 LIMIT 3) s \
+             WHERE v0 IS NOT NULL"
+        ),
+        format!("SELECT min(g) FROM (SELECT g, v0 FROM {release} ORDER BY v0 * 0 LIMIT 1) s"),
+        format!("SELECT v0*0 AS k, string_agg(g, ',') AS gs FROM {release} GROUP BY v0*0"),
+        format!("SELECT v0*0 AS k, array_agg(g) AS gs FROM {release} GROUP BY v0*0"),
+    ];
+    let queries: Vec<&str> = queries.iter().map(String::as_str).collect();
+    let dir = temp_dir("r47-release-order");
+    let (d, d2) = neighbouring_files(&dir);
+    let mut failures = vec![];
+    for partitions in [1, 2, 16] {
+        let on_d = run_on(&dir.join("d"), &d, partitions, &queries).await;
+        let on_d2 = run_on(&dir.join("d2"), &d2, partitions, &queries).await;
+        for ((q, a), b) in queries.iter().zip(&on_d).zip(&on_d2) {
+            assert!(!a.starts_with("error"), "{partitions} partitions: {q}: {a}");
+            if a != b {
+                failures.push(format!(
+                    "{partitions} partitions: {q}\n  D:  {a}\n  D′: {b}"
+                ));
+            }
+        }
+        // The consumers see the released rows in the order of their keys.
+        for (i, expected) in [(5, "0 A,B,C,D,E,F,G,H"), (6, "0 [A, B, C, D, E, F, G, H]")] {
+            if on_d[i] != expected {
+                failures.push(format!(
+                    "{partitions} partitions: {}: {}",
+                    queries[i], on_d[i]
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

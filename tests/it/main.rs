@@ -9,6 +9,7 @@ mod common;
 mod fuzz;
 mod guarantee;
 mod owner;
+mod readers;
 mod session;
 mod sqllogictest;
 mod units;

@@ -862,3 +862,178 @@ async fn a_ledger_error_reaches_an_analyst_without_the_owners_paths() {
     assert!(m.contains("ledger.jsonl"), "{m}");
     assert!(s.ledger().is_err());
 }
+
+/// Round 47 (owner review, F1): `SessionOptions` built through the Rust API cannot carry a
+/// `default_delta` outside (0, 1), a memory limit or target partitions of 0: the session does
+/// not open, and the error names the setting, the value and the valid range.
+#[tokio::test]
+async fn session_options_out_of_range_are_refused_when_opened() {
+    let dir = temp_dir("bad-options");
+    let base = || SessionOptions::default().with_ledger(dir.join("ledger.jsonl"));
+    let mut cases = Vec::new();
+    for d in [f64::NAN, -1.0, 0.0, 1.0, f64::INFINITY] {
+        let mut o = base();
+        o.default_delta = d;
+        cases.push((
+            o,
+            "SessionOptions: default_delta must be a number in the open interval (0, 1)",
+        ));
+    }
+    cases.push((
+        base().with_memory_limit(0),
+        "SessionOptions: memory_limit must be at least 1 byte, got 0",
+    ));
+    cases.push((
+        base().with_target_partitions(0),
+        "SessionOptions: target_partitions must be at least 1, got 0",
+    ));
+    for (o, want) in cases {
+        let e = PrivateSession::open(o).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
+    let mut o = base().with_memory_limit(1 << 20).with_target_partitions(1);
+    o.default_delta = 1e-8;
+    PrivateSession::open(o).await.unwrap();
+}
+
+/// Round 47 (owner review, F2): default-deny for DESCRIBE. `DESCRIBE <query>` was answered
+/// with the query's result schema, private columns and a non-DP aggregate included, without the
+/// guard; it is refused, typed `Refused`, saying to describe a table. `DESCRIBE <table>` works
+/// on a private table as before, and neither charges anything.
+#[tokio::test]
+async fn describe_takes_a_table_and_refuses_a_query() {
+    let (s, _dir) = guard_session().await;
+    for q in [
+        "DESCRIBE SELECT salary, dept, (SELECT max(salary) FROM people) AS m FROM people \
+         WHERE salary > 100000",
+        "desc select age from people",
+        "DESCRIBE WITH x AS (SELECT salary FROM people) SELECT * FROM x",
+        "DESCRIBE SELECT 1",
+        "EXPLAIN PRIVACY DESCRIBE SELECT salary FROM people",
+    ] {
+        let e = s.sql(q).await.expect_err(q);
+        assert!(
+            matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Refused(_))),
+            "{q}: {e}"
+        );
+        let m = e.to_string();
+        assert!(m.contains("DESCRIBE takes a table name"), "{q}: {m}");
+    }
+    for q in ["DESCRIBE people", "DESC people", "describe depts"] {
+        let r = s.sql(q).await.expect(q);
+        assert!(r.receipt.is_none(), "{q}");
+        assert!(
+            r.batches.iter().map(|b| b.num_rows()).sum::<usize>() >= 1,
+            "{q}"
+        );
+    }
+    assert!(s.ledger().unwrap().is_empty());
+}
+
+/// The backticked `name => value` of a refusal's fix (the first after "Fix:").
+fn suggested_argument(message: &str) -> String {
+    let fix = &message[message.find("Fix:").expect("a fix")..];
+    fix.split('`')
+        .skip(1)
+        .step_by(2)
+        .find(|s| s.contains("=>"))
+        .unwrap_or_else(|| panic!("no argument in {message}"))
+        .to_string()
+}
+
+/// Round 47 (review newuser, 5): a table whose filter refuses a call's mechanism names, as the
+/// analyst's fix, an argument the refused function has. Followed as written it is admitted:
+/// independent DP-SGD on a zcdp and a gdp table (`noise => 'mf'`, never `mechanism`, which
+/// DP-SGD does not have), a Laplace count on a gdp table (`mechanism => 'gaussian'`).
+#[tokio::test]
+async fn a_mechanism_refusals_fix_is_an_argument_the_function_has_and_works() {
+    let dir = temp_dir("mechanism-fix");
+    let s = session(&dir, 100.0).await;
+    for (name, filter) in [
+        ("pz", dpfusion::session::FilterKind::Zcdp),
+        ("pg", dpfusion::session::FilterKind::Gdp),
+    ] {
+        let file = dir.join(format!("{name}.csv"));
+        std::fs::copy(people_csv(), &file).unwrap();
+        s.register_csv(name, &file, Registration::private().filter(filter))
+            .await
+            .unwrap();
+    }
+    let cases = [
+        (
+            "pz",
+            "dp_linreg_sgd(salary, [age], epsilon => 1",
+            "noise => 'mf'",
+        ),
+        (
+            "pg",
+            "dp_linreg_sgd(salary, [age], epsilon => 1",
+            "noise => 'mf'",
+        ),
+        (
+            "pg",
+            "dp_count(id, epsilon => 0.5, mechanism => 'laplace'",
+            "mechanism => 'gaussian'",
+        ),
+    ];
+    for (table, call, want) in cases {
+        let q = |c: String| format!("SELECT {c}) AS r FROM {table}");
+        let e = s.sql(&q(call.to_string())).await.expect_err(call);
+        let m = e.to_string();
+        assert!(
+            matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Refused(_))),
+            "{m}"
+        );
+        let arg = suggested_argument(&m);
+        assert_eq!(arg, want, "{m}");
+        // Followed as written: the refused argument replaced, or the suggested one added.
+        let fixed = match call.find(", mechanism =>") {
+            Some(i) => format!("{}, {arg}", &call[..i]),
+            None => format!("{call}, {arg}"),
+        };
+        let r = s.sql(&q(fixed.clone())).await.expect(&fixed);
+        let receipt = r.receipt.expect("charged");
+        assert!(
+            receipt.tables[0].requests[0].mechanism.contains("gaussian"),
+            "{fixed}: {:?}",
+            receipt.tables[0].requests
+        );
+    }
+}
+
+/// Round 47 (review newuser, 6): the δ refusal of a GROUP BY's partition selection suggests a
+/// `delta =>` that, written, gets the selection δ the message describes. With 5e-8 left the
+/// largest is 1e-7, the session's default, which counts as not written (the selection would
+/// drop to the table's default cap, 1e-9); the fix is just below it, and the selection runs at
+/// it.
+#[tokio::test]
+async fn the_delta_refusals_fix_gets_the_selection_it_describes() {
+    let dir = temp_dir("delta-fix");
+    let s = session(&dir, 100.0).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let q = |d: &str| {
+        format!(
+            "SELECT dept, dp_count(id, epsilon => 1, delta => {d}) AS n FROM people GROUP BY dept"
+        )
+    };
+    // δ_sel = 5e-7: a selection at δ 9e-7 spends 4.5e-7 of it.
+    s.sql(&q("9e-7")).await.unwrap();
+    let m = s.sql(&q("2e-7")).await.expect_err("5e-8 left").to_string();
+    assert!(m.contains("just below the default 1e-7"), "{m}");
+    let d = m
+        .split("lower `delta =>` to ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .unwrap_or_else(|| panic!("no delta in {m}"));
+    assert_eq!(d, "9.99999e-8", "{m}");
+    let r = s.sql(&q(d)).await.unwrap();
+    let receipt = r.receipt.expect("charged");
+    let sel = receipt.tables[0]
+        .requests
+        .iter()
+        .find(|r| r.function == "partition_selection")
+        .expect("a selection");
+    assert_eq!(sel.delta, Some(9.99999e-8), "{sel:?}");
+}

@@ -379,12 +379,28 @@ async fn joins_admitted_and_refused() {
         )
         .unwrap()
     };
+    // Round 47: refused when registered, as no join could pair it (it was refused at each join).
     let text: Vec<String> = (0..200).map(|i| i.to_string()).collect();
     let text = Arc::new(StringArray::from(text)) as ArrayRef;
+    let e = s
+        .register_batches(
+            "fvisits",
+            vec![svisits(DataType::Utf8, text.clone())],
+            unit_level().unit_domain("person"),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("its privacy unit column 'unit' is Utf8, while table")
+            && e.contains("of the same unit domain 'person' has 'unit' as Int64")
+            && e.contains("columns = [...] in the catalog"),
+        "{e}"
+    );
+    // Another domain may have another type.
     s.register_batches(
         "fvisits",
         vec![svisits(DataType::Utf8, text)],
-        unit_level().unit_domain("person"),
+        unit_level().unit_domain("text_people"),
     )
     .unwrap();
     let floats = Arc::new(Float64Array::from_iter_values((0..200).map(f64::from))) as ArrayRef;
@@ -509,7 +525,7 @@ async fn joins_admitted_and_refused() {
         ),
         (
             "SELECT dp_count(t.amount, epsilon => 1) FROM t JOIN fvisits v ON t.unit = v.unit",
-            "as they are (no cast, one type",
+            "unit domain 'person' and 'fvisits' has 'text_people'",
         ),
     ] {
         let b = (spent(&s, "t"), spent(&s, "visits"));

@@ -623,3 +623,50 @@ fn a_catalog_in_a_directory_others_can_write_is_refused_everywhere() {
     let o = run_catalog(&d, &catalog, &["-c", "SHOW BUDGET"]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// Round 47 (owner review, F1): a catalog whose `[session]` sets a `default_delta` outside
+/// (0, 1), a `memory_limit` of 0 or `target_partitions` of 0 opened a session, and its analysts
+/// met refusals of a δ they never wrote. The catalog is refused when loaded, by the REPL and by
+/// `dpfusion serve`, with the key, the value and the valid range; no ledger is created.
+#[test]
+fn a_catalog_with_session_settings_out_of_range_is_refused() {
+    let d = tmp("catalog-session");
+    let catalog = d.join("c.toml");
+    for (setting, want) in [
+        (
+            "default_delta = nan",
+            "[session] default_delta must be a number in the open interval (0, 1), got NaN",
+        ),
+        (
+            "default_delta = -1.0",
+            "[session] default_delta must be a number in the open interval (0, 1), got -1",
+        ),
+        (
+            "memory_limit = 0",
+            "[session] memory_limit must be at least 1 byte, got 0",
+        ),
+        (
+            "target_partitions = 0",
+            "[session] target_partitions must be at least 1, got 0",
+        ),
+    ] {
+        std::fs::write(
+            &catalog,
+            format!("[session]\nledger = \"l/ledger.jsonl\"\n{setting}\n"),
+        )
+        .unwrap();
+        for o in [
+            run_catalog(&d, &catalog, &["-c", "SHOW BUDGET"]),
+            Command::new(bin())
+                .args(["serve", "--catalog", catalog.to_str().unwrap()])
+                .args(["--listen", "127.0.0.1:0"])
+                .output()
+                .unwrap(),
+        ] {
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{setting}: {err}");
+            assert!(err.contains(want), "{setting}: {err}");
+        }
+        assert!(!d.join("l").exists(), "{setting}: no ledger");
+    }
+}

@@ -11,6 +11,7 @@ use dpfusion::accounting::{
 use dpfusion::dpfusion_udfs::privacy::Event;
 
 use crate::common::*;
+use dpfusion::accounting::display::{self, Round, SHARE_SCALE};
 
 /// Built from JSON, as the ledger stores it, so that fields added to `TablePolicy` later (with
 /// their serde defaults, which old ledgers need anyway) do not break this test.
@@ -105,10 +106,14 @@ fn intact_ledger_verifies_with_a_summary() {
         "{stdout}"
     );
     assert!(stdout.contains("tables: 1"), "{stdout}");
-    assert!(stdout.contains(&format!("{spent:.4}")), "{stdout}");
     let r = dpfusion::accounting::verify(&path).unwrap();
     assert_eq!(r.tables[0].spent, spent);
     assert_eq!(r.tables[0].charges, 3);
+    // The share used, as SHOW BUDGET shows it; no "spent ε" (round 47).
+    let used = r.tables[0].budget_row.as_ref().unwrap().native.used_share;
+    assert!(used > 0);
+    assert!(stdout.contains(&display::percent(used)), "{stdout}");
+    assert!(!stdout.contains("spent ε"), "{stdout}");
 }
 
 #[test]
@@ -1008,5 +1013,363 @@ fn one_file_under_two_names_with_two_policies_is_refused_at_registration() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// ---- Round 47 (review "newuser", findings 1-3): the owner's tools show SHOW BUDGET's numbers ----
+
+/// One table's numbers as `SHOW BUDGET` gives them.
+#[derive(Debug, Clone, PartialEq)]
+struct Shown {
+    epsilon: f64,
+    delta: f64,
+    filter: String,
+    used_pct: f64,
+    left_pct: f64,
+    remaining_epsilon: f64,
+    spent_delta: f64,
+    remaining_delta: f64,
+    queries: u64,
+}
+
+/// `SHOW BUDGET`'s rows by table name.
+async fn show_budget(s: &PrivateSession) -> std::collections::BTreeMap<String, Shown> {
+    use datafusion::arrow::util::display::array_value_to_string;
+    let r = s.sql("SHOW BUDGET").await.unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for b in &r.batches {
+        let col = |name: &str, i: usize| {
+            array_value_to_string(b.column_by_name(name).unwrap(), i).unwrap()
+        };
+        for i in 0..b.num_rows() {
+            let f = |name: &str| col(name, i).parse::<f64>().unwrap();
+            out.insert(
+                col("table", i),
+                Shown {
+                    epsilon: f("epsilon"),
+                    delta: f("delta"),
+                    filter: col("filter", i),
+                    used_pct: f("used_pct"),
+                    left_pct: f("left_pct"),
+                    remaining_epsilon: f("remaining_epsilon"),
+                    spent_delta: f("spent_delta"),
+                    remaining_delta: f("remaining_delta"),
+                    queries: col("queries", i).parse().unwrap(),
+                },
+            );
+        }
+    }
+    out
+}
+
+/// A percentage as the tools print it (`3.9266%`, `< 0.0001%` is 0) in millionths.
+fn millionths(pct: &str) -> u64 {
+    let p = pct.trim().trim_end_matches('%');
+    if p.starts_with('<') {
+        return 0;
+    }
+    let (whole, frac) = p.split_once('.').unwrap_or((p, ""));
+    whole.parse::<u64>().unwrap() * 10_000 + format!("{frac:0<4}").parse::<u64>().unwrap()
+}
+
+/// The text of each `<td>` of the first row of `html` after `from` (tags removed).
+fn cells_after(html: &str, from: &str) -> Vec<String> {
+    let start = html
+        .find(from)
+        .unwrap_or_else(|| panic!("{from} not in the report"));
+    let row = &html[start..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    row.split("<td")
+        .skip(1)
+        .map(|c| {
+            let c = &c[c.find('>').unwrap() + 1..];
+            let c = &c[..c.rfind("</td>").unwrap_or(c.len())];
+            // Tags out; text kept.
+            let mut text = String::new();
+            let mut in_tag = false;
+            for ch in c.chars() {
+                match ch {
+                    '<' => in_tag = true,
+                    '>' => in_tag = false,
+                    c if !in_tag => text.push(c),
+                    _ => {}
+                }
+            }
+            text
+        })
+        .collect()
+}
+
+/// Round 47 (review "newuser", findings 1-3): `dpfusion ledger verify` and `ledger report`
+/// showed an "ε spent" (the filter's conversion of the running sum, not a guarantee) that
+/// disagreed with SHOW BUDGET by large factors, summed per-charge ε by analyst (6.67 on a budget
+/// of 5), showed a lowered budget as the table's guarantee, rounded ε to nearest and gave public
+/// tables a budget. A quickstart-like sequence on a gdp, a zcdp and an rdp table (Gaussian,
+/// Laplace, partition selection, two analysts), one budget lowered by the owner: both tools show,
+/// for every table, exactly the numbers SHOW BUDGET and `PrivateSession::budget()` show; the
+/// lowered table's guarantee is the larger budget; the shares by analyst and of the charges add
+/// up to the share used.
+#[tokio::test]
+async fn ledger_verify_and_report_show_the_numbers_show_budget_shows() {
+    use dpfusion::accounting::FilterKind;
+    let dir = temp_dir("r47-numbers");
+    let ledger = dir.join("ledger").join("ledger.jsonl");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for t in ["g", "z", "r"] {
+        std::fs::copy(people_csv(), data.join(format!("{t}.csv"))).unwrap();
+    }
+    let open = || async {
+        PrivateSession::open(
+            SessionOptions::default()
+                .with_ledger(&ledger)
+                .with_target_partitions(2),
+        )
+        .await
+        .unwrap()
+    };
+    let csv = |t: &str| data.join(format!("{t}.csv"));
+    let gdp = |eps: f64| {
+        Registration::private()
+            .filter(FilterKind::Gdp)
+            .budget(eps, 1e-6)
+    };
+    let s = open().await;
+    s.register_csv("g", &csv("g"), gdp(5.0)).await.unwrap();
+    s.register_csv(
+        "z",
+        &csv("z"),
+        Registration::private()
+            .filter(FilterKind::Zcdp)
+            .budget(5.0, 1e-6),
+    )
+    .await
+    .unwrap();
+    s.register_csv(
+        "r",
+        &csv("r"),
+        Registration::private()
+            .replace()
+            .public_columns(["dept"])
+            .filter(FilterKind::Rdp { order: None })
+            .budget(5.0, 1e-6),
+    )
+    .await
+    .unwrap();
+    s.register_csv("depts", &depts_csv(), Registration::public())
+        .await
+        .unwrap();
+    for (who, q) in [
+        (
+            "alice",
+            "SELECT dp_count(id, epsilon => 0.25) AS n, \
+             dp_mean(salary, lower => 0, upper => 300000, epsilon => 0.5) AS m FROM g",
+        ),
+        (
+            "bob",
+            "SELECT dp_sum(salary, 0, 300000, 1.0) AS total FROM g",
+        ),
+        (
+            "alice",
+            "SELECT dept, dp_mean(salary, 0, 300000, 0.5) AS m FROM z GROUP BY dept",
+        ),
+        (
+            "bob",
+            "SELECT dp_count(id, epsilon => 0.3, mechanism => 'laplace') AS n FROM z",
+        ),
+        (
+            "alice",
+            "SELECT dept, dp_mean(salary, 0, 300000, 0.5) AS m FROM r GROUP BY dept",
+        ),
+        (
+            "bob",
+            "SELECT dp_count(salary, 0.25) AS n, dp_count(id, epsilon => 0.0001) AS tiny FROM r",
+        ),
+    ] {
+        s.sql_as(who, q)
+            .await
+            .unwrap_or_else(|e| panic!("{q}: {e}"));
+    }
+    drop(s);
+    // The owner lowers g's budget (stricter: recorded without a relaxation); one more charge.
+    let s = open().await;
+    s.register_csv("g", &csv("g"), gdp(2.0)).await.unwrap();
+    s.sql_as("bob", "SELECT dp_count(id, 0.1) AS n FROM g")
+        .await
+        .unwrap();
+    let shown = show_budget(&s).await;
+    let rows = s.budget();
+    drop(s);
+    assert_eq!(shown.len(), 3, "{shown:?}");
+    // SHOW BUDGET's guarantee for g is the larger budget, what is left against the lower one.
+    assert_eq!(shown["g"].epsilon, 5.0);
+    assert!(shown["g"].used_pct > 0.0 && shown["z"].spent_delta > 0.0);
+
+    // The library's verify: the same rows as PrivateSession::budget().
+    let r = dpfusion::accounting::verify(&ledger).unwrap();
+    for row in &rows {
+        let t = r.tables.iter().find(|t| t.key == row.key).unwrap();
+        let b = t
+            .budget_row
+            .as_ref()
+            .expect("a private table has its budget row");
+        assert_eq!(
+            (b.epsilon, b.delta, b.remaining, b.delta_spent, b.delta_left),
+            (
+                row.epsilon,
+                row.delta,
+                row.remaining,
+                row.delta_spent,
+                row.delta_left
+            ),
+            "{}",
+            row.name
+        );
+        assert_eq!(b.native, row.native, "{}", row.name);
+        assert_eq!((b.queries, b.filter), (row.queries, row.filter));
+    }
+    let depts = r.tables.iter().find(|t| t.name == "depts").unwrap();
+    assert!(depts.budget_row.is_none(), "a public table has no budget");
+
+    // `dpfusion ledger verify`: its columns against SHOW BUDGET's.
+    let out = verify_cli(&ledger);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}");
+    assert!(!stdout.contains("spent ε"), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.starts_with("  table "))
+        .unwrap();
+    let cols: Vec<&str> = lines[header]
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    let verify_rows: std::collections::BTreeMap<String, Vec<String>> = lines[header + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| {
+            let c: Vec<String> = l
+                .split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string)
+                .collect();
+            assert_eq!(c.len(), cols.len(), "{l}");
+            (c[0].clone(), c)
+        })
+        .collect();
+    let at =
+        |row: &[String], name: &str| row[cols.iter().position(|c| *c == name).unwrap()].clone();
+    for (name, b) in &shown {
+        let v = &verify_rows[name];
+        assert_eq!(at(v, "filter"), b.filter, "{name}");
+        assert_eq!(
+            at(v, "guarantee"),
+            format!(
+                "ε={} δ={}",
+                display::num(b.epsilon, Round::Up),
+                display::num(b.delta, Round::Up)
+            ),
+            "{name}: the guarantee is SHOW BUDGET's epsilon and delta"
+        );
+        assert_eq!(
+            millionths(&at(v, "used")) as f64 / 1e4,
+            b.used_pct,
+            "{name}"
+        );
+        assert_eq!(
+            millionths(&at(v, "left")) as f64 / 1e4,
+            b.left_pct,
+            "{name}"
+        );
+        assert_eq!(
+            at(v, "next ε").parse::<f64>().unwrap(),
+            b.remaining_epsilon,
+            "{name}"
+        );
+        assert_eq!(
+            at(v, "δ sel. spent").parse::<f64>().unwrap(),
+            b.spent_delta,
+            "{name}"
+        );
+        assert_eq!(
+            at(v, "δ sel. left").parse::<f64>().unwrap(),
+            b.remaining_delta,
+            "{name}"
+        );
+        assert_eq!(at(v, "charges"), b.queries.to_string(), "{name}");
+    }
+    // The lowered budget: the guarantee 5, the budget in force 2.
+    assert_eq!(at(&verify_rows["g"], "guarantee"), "ε=5 δ=1e-6");
+    assert_eq!(at(&verify_rows["g"], "in force"), "ε=2 δ=1e-6");
+    // A public table shows no budget.
+    let d = &verify_rows["depts"];
+    assert_eq!(at(d, "visibility"), "public");
+    for c in ["filter", "guarantee", "in force", "used", "left", "next ε"] {
+        assert_eq!(at(d, c), "-", "{c}: {stdout}");
+    }
+
+    // `dpfusion ledger report`: the summary row of each table, its charges and the shares by
+    // analyst against SHOW BUDGET's.
+    let html_path = dir.join("out").join("report.html");
+    std::fs::create_dir_all(html_path.parent().unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        .args(["ledger", "report", ledger.to_str().unwrap(), "-o"])
+        .arg(&html_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    assert!(
+        !html.contains("spent ε") && !html.contains("ε of"),
+        "no ε per charge or spent"
+    );
+    assert!(!html.contains(">depts<"), "a public table has no section");
+    for (name, b) in &shown {
+        let row = rows.iter().find(|r| &r.name == name).unwrap();
+        let anchor = format!("\">{name}</a></td>");
+        let c = cells_after(&html, &anchor);
+        // guarantee ε, guarantee δ, in force, filter, used, left, next ε, δ spent, δ left, charges
+        assert_eq!(c[0].parse::<f64>().unwrap(), b.epsilon, "{name}: {c:?}");
+        assert_eq!(c[1].parse::<f64>().unwrap(), b.delta, "{name}: {c:?}");
+        assert_eq!(c[3], b.filter, "{name}");
+        assert_eq!(millionths(&c[4]) as f64 / 1e4, b.used_pct, "{name}");
+        assert_eq!(millionths(&c[5]) as f64 / 1e4, b.left_pct, "{name}");
+        assert_eq!(c[6].parse::<f64>().unwrap(), b.remaining_epsilon, "{name}");
+        assert_eq!(c[7].parse::<f64>().unwrap(), b.spent_delta, "{name}");
+        assert_eq!(c[8].parse::<f64>().unwrap(), b.remaining_delta, "{name}");
+        assert_eq!(c[9], b.queries.to_string(), "{name}");
+        // The table's section: the shares of its charges, and by analyst, add up to its share
+        // used (sums of shares of the filter's budget, never of per-charge ε).
+        let section = &html[html.find(&format!(">Table {name}</h2>")).unwrap()..];
+        let section = &section[..section[1..].find("<h2").map_or(section.len(), |i| i + 1)];
+        let used = row.native.used_share;
+        let by_analyst: u64 = ["alice", "bob"]
+            .iter()
+            .filter(|a| section.contains(&format!("<tr><td>{a}</td>")))
+            .map(|a| millionths(&cells_after(section, &format!("<tr><td>{a}</td>"))[3]))
+            .sum();
+        assert_eq!(by_analyst, used, "{name}: by analyst");
+        let charges = &section[section.find("<h3>Charges</h3>").unwrap()..];
+        let shares: u64 = charges
+            .split("<tr><td class=\"n\">")
+            .skip(1)
+            .map(|r| millionths(&cells_after(&format!("<tr><td>{r}"), "<tr>")[5]))
+            .sum();
+        assert_eq!(shares, used, "{name}: the charges' shares");
+        assert!(used <= SHARE_SCALE);
+    }
+    // The lowered budget: the guarantee 5, the budget in force 2.
+    let g = &html[html.find(">Table g</h2>").unwrap()..];
+    assert!(
+        g.contains("budget ε 5 at δ 1e-6 (the guarantee") && g.contains("in force now ε 2, δ 1e-6"),
+        "{}",
+        &g[..g.find("</p>").unwrap()]
     );
 }

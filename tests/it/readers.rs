@@ -1,0 +1,416 @@
+//! The readers of private files are total (round 47, review "readers"): a private CSV file is
+//! never split at byte offsets (a quoted multi-line value stays one value however large the
+//! file and however many partitions); a value the pinned type cannot hold reads as NULL (CSV
+//! and Parquet) instead of failing the read; a CSV record the reader cannot split into the
+//! table's fields reads as a row of NULLs. Each query answers on D and on its neighbour D′, with
+//! the answers a huge ε makes exact.
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::util::display::array_value_to_string;
+use dpfusion::{PrivateSession, Registration, SessionOptions};
+
+use crate::common::*;
+
+/// A session over a fresh ledger in `dir` (noise from a fixed seed; ε large enough that the
+/// rounded counts are exact).
+async fn session(dir: &Path, partitions: usize) -> PrivateSession {
+    PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_default_budget(1e6, 1e-3)
+            .with_target_partitions(partitions)
+            .with_insecure_noise_seed(7),
+    )
+    .await
+    .unwrap()
+}
+
+fn private() -> Registration {
+    Registration::private().budget(1e6, 1e-5)
+}
+
+/// The rows of the first columns of a result, as text.
+async fn answer(s: &PrivateSession, sql: &str) -> Vec<Vec<String>> {
+    let r = s
+        .sql(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql} failed: {e}"));
+    let mut out = vec![];
+    for b in &r.batches {
+        for i in 0..b.num_rows() {
+            out.push(
+                b.columns()
+                    .iter()
+                    .map(|c| array_value_to_string(c, i).unwrap())
+                    .collect(),
+            );
+        }
+    }
+    out
+}
+
+/// `round(dp_count(col))` over `table` at ε 1e4 (exact).
+async fn count(s: &PrivateSession, table: &str, col: &str) -> i64 {
+    let v = answer(
+        s,
+        &format!("SELECT round(dp_count({col}, epsilon => 1e4)) FROM {table}"),
+    )
+    .await;
+    v[0][0].parse::<f64>().unwrap() as i64
+}
+
+/// The groups `GROUP BY g` releases.
+async fn groups(s: &PrivateSession, table: &str) -> BTreeSet<String> {
+    answer(
+        s,
+        &format!("SELECT g, dp_count(g, epsilon => 1e4) FROM {table} GROUP BY g"),
+    )
+    .await
+    .into_iter()
+    .map(|r| r[0].clone())
+    .collect()
+}
+
+/// `g,v` with `rows` rows `a,zzzzzzzzzz`, and in their middle one row of group `a` whose quoted
+/// value holds 1,500 lines `q,r` (each of which, read as a record, is a row of group `q`).
+fn multiline_csv(path: &Path, rows: usize) {
+    let mut text = String::from("g,v\n");
+    for i in 0..rows {
+        if i == rows / 2 {
+            text.push_str("a,\"");
+            text.push_str(&"q,r\n".repeat(1499));
+            text.push_str("q,r\"\n");
+        }
+        text.push_str("a,zzzzzzzzzz\n");
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+/// F1: a private CSV over 1 MiB (DataFusion's `repartition_file_min_size`) with a quoted
+/// multi-line value across the middle reads as the same rows as a small file does, at 2 and
+/// 16 partitions: one row's value never becomes records (before: +1,500 rows and a group `q`).
+#[tokio::test]
+async fn a_large_private_csv_is_never_split_inside_a_quoted_value() {
+    let dir = temp_dir("readers-split");
+    let big = dir.join("big.csv");
+    let small = dir.join("small.csv");
+    multiline_csv(&big, 100_000);
+    multiline_csv(&small, 1_000);
+    assert!(std::fs::metadata(&big).unwrap().len() > 1 << 20);
+    for partitions in [2, 16] {
+        let sdir = dir.join(format!("p{partitions}"));
+        std::fs::create_dir_all(&sdir).unwrap();
+        let s = session(&sdir, partitions).await;
+        s.register_csv("big", &big, private()).await.unwrap();
+        s.register_csv("small", &small, private()).await.unwrap();
+        assert_eq!(count(&s, "big", "g").await, 100_001, "{partitions}");
+        assert_eq!(count(&s, "small", "g").await, 1_001, "{partitions}");
+        let expected: BTreeSet<String> = ["a".to_string()].into();
+        assert_eq!(groups(&s, "big").await, expected, "{partitions}");
+        assert_eq!(groups(&s, "small").await, expected, "{partitions}");
+    }
+}
+
+/// `g,x,d` with 1,000 rows `a,<i>,2024-01-<dd>`, and, with `odd`, one more `a,zz,2024-02-30`.
+fn typed_csv(path: &Path, odd: bool) {
+    let mut text = String::from("g,x,d\n");
+    for i in 0..1000 {
+        text.push_str(&format!("a,{i},2024-01-{:02}\n", i % 28 + 1));
+    }
+    if odd {
+        text.push_str("a,zz,2024-02-30\n");
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+/// F2 (a): after the 1,000th record, `zz` in an Int64 column and `2024-02-30` in a Date32 one
+/// read as NULL, whether the types were declared or inferred (from every record): the query
+/// answers as on the neighbour without the row, the row's own count aside. Before, every read
+/// of the column failed after the charge.
+#[tokio::test]
+async fn a_csv_value_that_does_not_convert_reads_as_null() {
+    let dir = temp_dir("readers-convert");
+    let declared = Arc::new(Schema::new(vec![
+        Field::new("g", DataType::Utf8, true),
+        Field::new("x", DataType::Int64, true),
+        Field::new("d", DataType::Date32, true),
+    ]));
+    let mut answers = vec![];
+    for odd in [false, true] {
+        let sdir = dir.join(format!("s{odd}"));
+        std::fs::create_dir_all(&sdir).unwrap();
+        let f = sdir.join("t.csv");
+        typed_csv(&f, odd);
+        let s = session(&sdir, 2).await;
+        s.register_csv("t", &f, private().schema(declared.clone()))
+            .await
+            .unwrap();
+        // Inferred from every record: x holds `zz`, so it is text; d looks like dates.
+        let g = sdir.join("g.csv");
+        let dates: String = std::fs::read_to_string(&f)
+            .unwrap()
+            .lines()
+            .map(|l| l.rsplit(',').next().unwrap().to_string() + "\n")
+            .collect();
+        std::fs::write(&g, dates).unwrap();
+        s.register_csv("inferred", &g, private()).await.unwrap();
+        let (_, _, inferred) = s.tables().into_iter().find(|t| t.0 == "inferred").unwrap();
+        assert_eq!(inferred.field(0).data_type(), &DataType::Date32);
+        answers.push((
+            count(&s, "t", "g").await,
+            count(&s, "t", "x").await,
+            count(&s, "t", "d").await,
+            count(&s, "inferred", "d").await,
+            answer(
+                &s,
+                "SELECT round(dp_sum(x, 0, 1000, epsilon => 1e4)), \
+                 round(dp_count(CAST(d AS VARCHAR), epsilon => 1e4)) FROM t",
+            )
+            .await,
+        ));
+    }
+    let (without, with) = (&answers[0], &answers[1]);
+    assert_eq!(with.0, without.0 + 1, "the row itself counts");
+    assert_eq!(with.1, without.1, "zz reads as NULL");
+    assert_eq!(with.2, without.2, "2024-02-30 reads as NULL");
+    assert_eq!(with.3, without.3, "an inferred Date32 too");
+    assert_eq!(with.4, without.4);
+    assert_eq!(without.1, 1000);
+}
+
+fn write_parquet(path: &Path, values: impl Into<Int64Array>) {
+    write_parquet_column(path, "x", values)
+}
+
+/// A Parquet file of one nullable Int64 column `name`.
+fn write_parquet_column(path: &Path, name: &str, values: impl Into<Int64Array>) {
+    use dpfusion::datafusion::parquet::arrow::ArrowWriter;
+    let schema = Arc::new(Schema::new(vec![Field::new(name, DataType::Int64, true)]));
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(values.into())]).unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = ArrowWriter::try_new(file, schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+/// F2 (c): a Parquet column declared Int32 over a file's Int64 is adapted with a safe cast:
+/// 3,000,000,000 reads as NULL instead of failing the read.
+#[tokio::test]
+async fn a_parquet_value_that_does_not_fit_the_pinned_type_reads_as_null() {
+    let dir = temp_dir("readers-parquet");
+    let declared = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, true)]));
+    let mut answers = vec![];
+    for big in [false, true] {
+        let sdir = dir.join(format!("s{big}"));
+        std::fs::create_dir_all(&sdir).unwrap();
+        let f = sdir.join("t.parquet");
+        let mut values = vec![1, 2, 3];
+        if big {
+            values.push(3_000_000_000);
+        }
+        write_parquet(&f, values);
+        let s = session(&sdir, 2).await;
+        s.register_parquet("t", &f, private().schema(declared.clone()))
+            .await
+            .unwrap();
+        answers.push((
+            count(&s, "t", "x").await,
+            answer(&s, "SELECT round(dp_sum(x, 0, 10, epsilon => 1e4)) FROM t").await,
+        ));
+    }
+    assert_eq!(answers[0].0, 3);
+    assert_eq!(answers[1].0, 3, "the value that does not fit reads as NULL");
+    assert_eq!(answers[1].1, answers[0].1);
+}
+
+/// F2 (b): a private CSV record with more fields than the table's, and one holding a byte that
+/// is not UTF-8, read as rows of NULLs (the file is normalised record by record before
+/// DataFusion's reader sees it): the queries answer as on the same file with those records
+/// replaced by empty rows, whatever column they read, at the first registration (inference)
+/// and with the schema pinned. Before, every query on the table failed after the charge.
+#[tokio::test]
+async fn a_csv_record_the_reader_cannot_split_reads_as_a_row_of_nulls() {
+    let dir = temp_dir("readers-records");
+    let file = |bad: bool| {
+        let mut text = b"g,x\n".to_vec();
+        for i in 0..1200 {
+            text.extend_from_slice(format!("{},{i}\n", ["a", "b"][i % 2]).as_bytes());
+            if i == 1100 {
+                text.extend_from_slice(if bad { b"a,1,2\n" } else { b",\n" });
+                text.extend_from_slice(if bad { b"b,\"\xff\"\n" } else { b",\n" });
+            }
+        }
+        text
+    };
+    let sql = "SELECT round(dp_count(1, epsilon => 1e4)), round(dp_count(g, epsilon => 1e4)), \
+               round(dp_count(x, epsilon => 1e4)), \
+               round(dp_sum(x, 0, 2000, epsilon => 1e4)) FROM t";
+    let mut answers = vec![];
+    for bad in [false, true] {
+        let sdir = dir.join(format!("s{bad}"));
+        std::fs::create_dir_all(&sdir).unwrap();
+        let f = sdir.join("t.csv");
+        std::fs::write(&f, file(bad)).unwrap();
+        let mut got = vec![];
+        // The first registration infers the schema through the normaliser; the second session
+        // reads with the schema the ledger pinned.
+        for _ in 0..2 {
+            let s = session(&sdir, 2).await;
+            s.register_csv("t", &f, private()).await.unwrap();
+            got.push(answer(&s, sql).await);
+            got.push(groups(&s, "t").await.into_iter().map(|g| vec![g]).collect());
+        }
+        answers.push(got);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(
+        answers[0][0][0][..3],
+        ["1202", "1200", "1200"],
+        "the rows stay"
+    );
+}
+
+/// Round 47: in a private CSV table's columns declared NOT NULL (an Int64 and a Utf8), an empty
+/// value, a value that does not convert and a record with three fields among two-column rows
+/// read as the type's default (0, ""), at the first registration and with the schema pinned:
+/// the queries answer as over the same file with those values written as the defaults (0, and
+/// for "" an empty value, the only way a CSV file writes it). Nothing reads as NULL, and the
+/// table keeps the declared nullability. Before, every read failed.
+#[tokio::test]
+async fn a_not_null_csv_column_reads_its_types_default() {
+    let dir = temp_dir("readers-not-null");
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("g", DataType::Utf8, false),
+        Field::new("x", DataType::Int64, false),
+    ]));
+    // `odd`: the values to default; else the defaults written out.
+    let file = |odd: bool| {
+        let mut text = String::from("g,x\n");
+        for i in 0..1200 {
+            text.push_str(&format!("{},{i}\n", ["a", "b"][i % 2]));
+            if i == 1100 {
+                // An empty Utf8 value: "" either way (a CSV file cannot write "" otherwise).
+                text.push_str(",5\n");
+                text.push_str(if odd { "a,\n" } else { "a,0\n" });
+                text.push_str(if odd { "b,zz\n" } else { "b,0\n" });
+                text.push_str(if odd { "a,7,8\n" } else { ",0\n" });
+            }
+        }
+        text
+    };
+    let sql = "SELECT round(dp_count(1, epsilon => 1e4)), round(dp_count(g, epsilon => 1e4)), \
+               round(dp_count(x, epsilon => 1e4)), \
+               round(dp_sum(x, 0, 2000, epsilon => 1e4)) FROM t";
+    let mut answers = vec![];
+    for odd in [true, false] {
+        let sdir = dir.join(format!("s{odd}"));
+        std::fs::create_dir_all(&sdir).unwrap();
+        let f = sdir.join("t.csv");
+        std::fs::write(&f, file(odd)).unwrap();
+        let reg = private().schema(schema.clone());
+        let mut got = vec![];
+        // The declared schema, then the one the ledger pinned.
+        for again in [false, true] {
+            let s = session(&sdir, 2).await;
+            let reg = if again {
+                let mut r = reg.clone();
+                r.schema = None;
+                r
+            } else {
+                reg.clone()
+            };
+            s.register_csv("t", &f, reg).await.unwrap();
+            let (_, _, t) = s.tables().into_iter().find(|t| t.0 == "t").unwrap();
+            assert!(
+                !t.field(0).is_nullable() && !t.field(1).is_nullable(),
+                "{t:?}"
+            );
+            got.push(answer(&s, sql).await);
+            got.push(groups(&s, "t").await.into_iter().map(|g| vec![g]).collect());
+        }
+        answers.push(got);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(
+        answers[0][0][0][..3],
+        ["1204", "1204", "1204"],
+        "no NULL, every row stays"
+    );
+    assert!(
+        answers[0][1].contains(&vec![String::new()]),
+        "the group \"\""
+    );
+}
+
+/// Round 47: a private Parquet column declared NOT NULL over a file's nullable column reads a
+/// NULL, and a value that does not fit the declared type, as the type's default (0): the
+/// queries answer as over the file with 0 written there.
+#[tokio::test]
+async fn a_not_null_parquet_column_reads_its_types_default() {
+    let dir = temp_dir("readers-parquet-not-null");
+    let declared = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, false)]));
+    let sql = "SELECT round(dp_count(x, epsilon => 1e4)), \
+               round(dp_sum(x, 0, 10, epsilon => 1e4)) FROM t";
+    let mut answers = vec![];
+    for odd in [true, false] {
+        let sdir = dir.join(format!("s{odd}"));
+        std::fs::create_dir_all(&sdir).unwrap();
+        let f = sdir.join("t");
+        std::fs::create_dir_all(&f).unwrap();
+        if odd {
+            write_parquet(
+                &f.join("a.parquet"),
+                vec![Some(1), None, Some(3_000_000_000), Some(4)],
+            );
+        } else {
+            write_parquet(&f.join("a.parquet"), vec![1, 0, 0, 4]);
+        }
+        let s = session(&sdir, 2).await;
+        s.register_parquet("t", &f, private().schema(declared.clone()))
+            .await
+            .unwrap();
+        answers.push(answer(&s, sql).await);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0][0][0], "4", "no NULL");
+}
+
+/// Round 47 (open): a file of a private Parquet directory that lacks a column declared NOT
+/// NULL, or in which it is all NULL, should read the default as well. The adapter does so
+/// (`owner::tests::parquet_adaptation_fills_a_not_null_column_with_its_default`), but with
+/// `datafusion.execution.collect_statistics` on (DataFusion's default) the Parquet reader
+/// replaced a column its file statistics say is constant (all NULL, missing) by a NULL literal
+/// before the adapter saw it, and the read failed: sessions set
+/// `execution.collect_statistics = false` (src/session/mod.rs).
+#[tokio::test]
+async fn a_parquet_file_without_a_not_null_column_reads_its_default() {
+    let dir = temp_dir("readers-parquet-missing");
+    let declared = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, false)]));
+    let sql = "SELECT round(dp_count(x, epsilon => 1e4)), \
+               round(dp_sum(x, 0, 10, epsilon => 1e4)) FROM t";
+    let mut answers = vec![];
+    for odd in [true, false] {
+        let sdir = dir.join(format!("s{odd}"));
+        let f = sdir.join("t");
+        std::fs::create_dir_all(&f).unwrap();
+        write_parquet(&f.join("a.parquet"), vec![1, 4]);
+        if odd {
+            write_parquet_column(&f.join("b.parquet"), "y", vec![5, 6]);
+            write_parquet(&f.join("c.parquet"), vec![None, None]);
+        } else {
+            write_parquet(&f.join("b.parquet"), vec![0, 0]);
+            write_parquet(&f.join("c.parquet"), vec![0, 0]);
+        }
+        let s = session(&sdir, 2).await;
+        s.register_parquet("t", &f, private().schema(declared.clone()))
+            .await
+            .unwrap();
+        answers.push(answer(&s, sql).await);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0][0][0], "6", "no NULL");
+}
