@@ -1,7 +1,9 @@
 //! What belongs to the data owner (docs/PRIVACY.md, "Who decides what"): how the owner's files
 //! are read (format options, pinned schema; a private table's readers are total, round 47:
 //! [`TotalCsvTable`], [`SafeCasts`], a column declared NOT NULL reading its type's default
-//! where a value is missing, [`not_null_default`]), and which files analyst SQL may never register,
+//! where a value is missing, [`not_null_default`]; a type whose safe cast can still fail on a
+//! value refused at registration, [`total_type`]; each CSV file's header of the table's width,
+//! [`check_csv_widths`]), and which files analyst SQL may never register,
 //! read or write: the files of every private table the ledger knows, the ledger's directory and
 //! the owner's own files (the catalog).
 use std::path::{Path, PathBuf};
@@ -234,6 +236,53 @@ pub async fn csv_provider(
     }))
 }
 
+/// Refuses a private CSV table (`table`, files `set`, read with `format`, which has a header) a
+/// file whose header's width is not the table's (`schema`: declared, pinned in the ledger or
+/// inferred), naming the file: the normaliser ([`crate::files::csv_total`]) would read every
+/// record of that file as a row of NULLs, and queries would charge for nothing (round 47,
+/// review "fix-readers" F3: a column added to the file, a `columns` list one entry short, a
+/// directory whose files differ). Reads each file's first record only.
+pub fn check_csv_widths(
+    table: &str,
+    set: &FileSet,
+    format: &CsvFormat,
+    schema: &Schema,
+) -> Result<()> {
+    let ext = file_extension(&set.root, ".csv");
+    let want = schema.fields().len();
+    let dialect = format.dialect(None);
+    for f in &set.files {
+        if set.root_is_dir && !f.path.to_string_lossy().ends_with(&ext) {
+            continue;
+        }
+        let width = std::fs::File::open(&f.path)
+            .and_then(|file| files::csv_total::first_record_width(&dialect, file))
+            .map_err(|e| {
+                DataFusionError::Plan(format!(
+                    "table '{table}': cannot read the header of {}: {e}",
+                    f.path.display()
+                ))
+            })?;
+        if let Some(got) = width.filter(|&w| w != want) {
+            return Err(DataFusionError::Plan(format!(
+                "table '{table}': the header of {} has {got} column(s), but the table has \
+                 {want} ({}); every record of that file would read as a row of NULLs. Give the \
+                 file the table's columns in the table's order, or declare the columns as the \
+                 files have them (a table whose schema the ledger pinned keeps it: put files of \
+                 another layout under another path, as another table)",
+                f.path.display(),
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The extension a table's files are listed by: a directory's files end in `dir_ext`, a file
 /// is read whatever its own extension.
 fn file_extension(root: &Path, dir_ext: &str) -> String {
@@ -260,13 +309,15 @@ async fn provider_of(
 /// The schema a private CSV file is read with: every column `Utf8` and nullable (a column the
 /// owner declared NOT NULL gets its default in [`TotalCsvTable`]'s projection, which keeps the
 /// pinned nullability; round 47). Refuses a pinned type that `Utf8` cannot be cast to (the
-/// reader could never produce it), and a NOT NULL column of a type with no default.
+/// reader could never produce it), one a safe cast can still fail to produce ([`total_type`]),
+/// and a NOT NULL column of a type with no default.
 fn text_schema(pinned: &Schema) -> Result<Schema> {
     let mut fields = Vec::with_capacity(pinned.fields().len());
     for f in pinned.fields() {
         if !f.is_nullable() {
             not_null_default(f)?;
         }
+        total_type(f)?;
         // A Null column (nothing inferred) is refused with its own message (`check_typed`).
         if f.data_type() != &DataType::Null && !can_cast_types(&DataType::Utf8, f.data_type()) {
             return Err(DataFusionError::Plan(format!(
@@ -279,6 +330,130 @@ fn text_schema(pinned: &Schema) -> Result<Schema> {
         fields.push(Field::new(f.name(), DataType::Utf8, true));
     }
     Ok(Schema::new(fields))
+}
+
+/// Refuses a private file table's column whose type a safe cast can still fail to produce
+/// for some value (round 47, review "fix-readers" F1): arrow's `safe` casts give NULL for a
+/// value that does not convert, but in arrow-cast 59.3.2 these targets fail the cast whatever
+/// `safe` is, so one row would decide, after the charge, whether a read succeeds:
+///
+/// - a dictionary whose key is narrower than 32 bits (`Dictionary(Int8|UInt8|Int16|UInt16,
+///   …)`): the key overflows once a batch has more distinct values than the key can index
+///   (`cast/dictionary.rs`, `append(v)?`);
+/// - a list (List, LargeList, ListView, LargeListView, FixedSizeList), struct or run-end
+///   encoded type whose child is declared non-nullable: a child value that does not convert is
+///   NULL, which `try_new` then rejects (`cast/list.rs`, `cast/mod.rs` struct cast);
+/// - a map: Arrow requires its keys to be non-nullable (`MapArray::try_new`), so a key that does
+///   not convert fails the cast;
+/// - a timestamp whose time zone does not parse (every read fails, `tz.parse()?`).
+///
+/// Checked on the whole type (a dictionary inside a list too), declared, pinned or inferred,
+/// for CSV ([`text_schema`]) and Parquet ([`parquet_provider`]). The message names the column
+/// and the type, and what to declare instead. Left alone: offset overflow (a `LargeUtf8`,
+/// `Utf8View` or `LargeList` value read as `Utf8` or `List`) needs one batch of over 2 GiB.
+pub fn total_type(field: &Field) -> Result<()> {
+    let t = field.data_type();
+    let Some((part, advice)) = partial_part(t) else {
+        return Ok(());
+    };
+    let fixed = total_form(t);
+    let example = if partial_part(&fixed).is_none() {
+        format!(" (here: {fixed})")
+    } else {
+        String::new()
+    };
+    Err(DataFusionError::Plan(format!(
+        "column '{}' is {t}: a private table's read may not fail on any value (one that does \
+         not convert reads as NULL), but {part} can make one row's value fail the whole read \
+         after the query's charge; declare {advice}{example}",
+        field.name()
+    )))
+}
+
+/// The part of `t` a safe cast can fail to produce for some value, and what to declare
+/// instead ([`total_type`]).
+fn partial_part(t: &DataType) -> Option<(String, &'static str)> {
+    let child = |f: &FieldRef, what: &str| {
+        if f.is_nullable() {
+            partial_part(f.data_type())
+        } else {
+            Some((
+                format!("the non-nullable {what} '{}' ({})", f.name(), f.data_type()),
+                "nested fields nullable",
+            ))
+        }
+    };
+    match t {
+        DataType::Dictionary(key, value) => {
+            if !matches!(
+                key.as_ref(),
+                DataType::Int32 | DataType::Int64 | DataType::UInt32 | DataType::UInt64
+            ) {
+                return Some((
+                    format!("the dictionary key {key}, narrower than 32 bits,"),
+                    "a dictionary with a 32-bit key (Int32, UInt32, Int64 or UInt64), or the \
+                     values' type",
+                ));
+            }
+            partial_part(value)
+        }
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _) => child(f, "item"),
+        DataType::Struct(fields) => fields.iter().find_map(|f| child(f, "field")),
+        DataType::RunEndEncoded(_, values) => child(values, "values"),
+        DataType::Map(_, _) => Some((
+            format!("a map ({t}), whose keys Arrow requires to be non-nullable,"),
+            "a list of structs with nullable fields instead, e.g. \
+             List(Struct(\"key\": Utf8, \"value\": Int64))",
+        )),
+        DataType::Timestamp(_, Some(tz))
+            if tz
+                .parse::<datafusion::arrow::array::timezone::Tz>()
+                .is_err() =>
+        {
+            Some((
+                format!("the time zone '{tz}', which does not parse,"),
+                "a time zone such as +00:00 or Europe/Paris",
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// `t` with every dictionary key at least 32 bits and every nested field nullable (the
+/// suggestion of [`total_type`]'s message).
+fn total_form(t: &DataType) -> DataType {
+    let nullable = |f: &FieldRef| -> FieldRef {
+        Arc::new(
+            f.as_ref()
+                .clone()
+                .with_data_type(total_form(f.data_type()))
+                .with_nullable(true),
+        )
+    };
+    match t {
+        DataType::List(f) => DataType::List(nullable(f)),
+        DataType::LargeList(f) => DataType::LargeList(nullable(f)),
+        DataType::ListView(f) => DataType::ListView(nullable(f)),
+        DataType::LargeListView(f) => DataType::LargeListView(nullable(f)),
+        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(nullable(f), *n),
+        DataType::Struct(fields) => DataType::Struct(fields.iter().map(nullable).collect()),
+        DataType::RunEndEncoded(ends, values) => {
+            DataType::RunEndEncoded(Arc::clone(ends), nullable(values))
+        }
+        DataType::Dictionary(k, v) => {
+            let key = match k.as_ref() {
+                DataType::Int8 | DataType::Int16 => DataType::Int32,
+                DataType::UInt8 | DataType::UInt16 => DataType::UInt32,
+                other => other.clone(),
+            };
+            DataType::Dictionary(Box::new(key), Box::new(total_form(v)))
+        }
+        other => other.clone(),
+    }
 }
 
 /// What a private column the owner declared NOT NULL (catalog `nullable = false`, a
@@ -474,7 +649,7 @@ impl TableProvider for TotalCsvTable {
 /// under a pinned Int32, a later file of a directory with a wider type) reads as NULL instead
 /// of failing the read (round 47, review "readers" F2); in a column declared NOT NULL a NULL
 /// reads as the type's default ([`not_null_default`]; a NOT NULL column of a type with none is
-/// refused here).
+/// refused here, as is a type a safe cast can still fail to produce, [`total_type`]).
 pub async fn parquet_provider(
     tmp: &SessionContext,
     root: &Path,
@@ -499,8 +674,11 @@ pub async fn parquet_provider(
         Some(s) => Arc::new(s.clone()),
         None => listing.infer_schema(&tmp.state(), &url).await?,
     };
-    for f in resolved.fields().iter().filter(|f| !f.is_nullable()) {
-        not_null_default(f)?;
+    for f in resolved.fields() {
+        total_type(f)?;
+        if !f.is_nullable() {
+            not_null_default(f)?;
+        }
     }
     let config = ListingTableConfig::new(url)
         .with_listing_options(listing)
@@ -907,6 +1085,98 @@ mod tests {
         let bad = Schema::new(vec![Field::new("l", record, true)]);
         let e = text_schema(&bad).unwrap_err().to_string();
         assert!(e.contains("column 'l'"), "{e}");
+    }
+
+    /// Round 47 (review "fix-readers" F1): a type whose safe cast can still fail on a value is
+    /// refused anywhere in a column's type, naming the column, the type and what to declare;
+    /// 32-bit dictionary keys and nullable children pass.
+    #[test]
+    fn a_type_a_safe_cast_can_fail_to_produce_is_refused() {
+        let item = |t: DataType, nullable| Arc::new(Field::new("item", t, nullable));
+        let dict = |k: DataType| DataType::Dictionary(Box::new(k), Box::new(DataType::Utf8));
+        let refused = [
+            (dict(DataType::Int8), "here: Dictionary(Int32, Utf8)"),
+            (dict(DataType::UInt8), "32-bit key"),
+            (dict(DataType::Int16), "32-bit key"),
+            (dict(DataType::UInt16), "here: Dictionary(UInt32, Utf8)"),
+            (
+                DataType::List(item(DataType::Int64, false)),
+                "here: List(Int64)",
+            ),
+            (
+                DataType::LargeList(item(DataType::Int64, false)),
+                "nullable",
+            ),
+            (DataType::ListView(item(DataType::Int64, false)), "nullable"),
+            (
+                DataType::FixedSizeList(item(DataType::Int64, false), 2),
+                "nullable",
+            ),
+            (
+                DataType::Struct(vec![Field::new("a", DataType::Int64, false)].into()),
+                "nullable",
+            ),
+            (
+                DataType::List(item(
+                    DataType::Struct(vec![Field::new("a", DataType::Int64, false)].into()),
+                    true,
+                )),
+                "nullable",
+            ),
+            (
+                DataType::List(item(dict(DataType::Int8), true)),
+                "32-bit key",
+            ),
+            (
+                DataType::Map(
+                    Arc::new(Field::new(
+                        "entries",
+                        DataType::Struct(
+                            vec![
+                                Field::new("key", DataType::Utf8, false),
+                                Field::new("value", DataType::Int64, true),
+                            ]
+                            .into(),
+                        ),
+                        false,
+                    )),
+                    false,
+                ),
+                "list of structs",
+            ),
+            (
+                DataType::Timestamp(
+                    datafusion::arrow::datatypes::TimeUnit::Second,
+                    Some("Mars/Olympus".into()),
+                ),
+                "time zone",
+            ),
+        ];
+        for (t, instead) in refused {
+            let e = total_type(&Field::new("c", t.clone(), true))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("column 'c'") && e.contains(&t.to_string()) && e.contains(instead),
+                "{t}: {e}"
+            );
+            // The CSV reader's schema refuses it too.
+            assert!(text_schema(&Schema::new(vec![Field::new("c", t, true)])).is_err());
+        }
+        for t in [
+            dict(DataType::Int32),
+            dict(DataType::UInt32),
+            dict(DataType::Int64),
+            DataType::List(item(DataType::Int64, true)),
+            DataType::Struct(vec![Field::new("a", DataType::Int64, true)].into()),
+            DataType::Timestamp(
+                datafusion::arrow::datatypes::TimeUnit::Second,
+                Some("Europe/Paris".into()),
+            ),
+            DataType::Int64,
+        ] {
+            total_type(&Field::new("c", t.clone(), true)).unwrap_or_else(|e| panic!("{t}: {e}"));
+        }
     }
 
     /// A column declared NOT NULL reads its type's default where a value is missing; a type

@@ -372,6 +372,13 @@ fn print_report(r: &LedgerReport) {
         for row in &rows {
             line(&row.iter().map(String::as_str).collect::<Vec<_>>());
         }
+        // The ledger has no session: say at which δ its next ε is (round 47, review
+        // "newuser2", A).
+        println!(
+            "next ε: the largest ε of one more Gaussian call at δ {} (the default \
+             dpfusion.default_delta; a session with another default shows its own)",
+            display::budget(accounting::DEFAULT_QUERY_DELTA)
+        );
     }
     for n in &r.notes {
         println!("note: {n}");
@@ -380,9 +387,11 @@ fn print_report(r: &LedgerReport) {
 
 /// One table's line of `verify`'s summary: the numbers `SHOW BUDGET` shows for it (round 47,
 /// review "newuser", findings 1-3), from the same [`accounting::BudgetRow`], printed as the
-/// receipts print them: the guarantee (the largest budget ever in force, rounded up), the budget
-/// in force that what is left is measured against, the shares used and left of the filter's
-/// budget, the next ε (rounded down), the δ of partition selection spent (up) and left (down).
+/// receipts print them: the guarantee (the largest budget ever in force) and the budget in force
+/// that what is left is measured against, both as the owner wrote them ([`display::budget`]),
+/// the shares used and left of the filter's budget, the next ε (rounded down; one Gaussian call
+/// at δ [`accounting::DEFAULT_QUERY_DELTA`]), the δ of partition selection spent (up) and left
+/// (down).
 /// A public table, or a key without a recorded policy, has no budget: `-`.
 fn table_row(t: &accounting::TableReport) -> Vec<String> {
     let visibility = match t.visibility {
@@ -396,18 +405,20 @@ fn table_row(t: &accounting::TableReport) -> Vec<String> {
             let used = b.native.used_share;
             row.extend([
                 b.filter.to_string(),
+                // Budgets as the owner wrote them, one rule for both (round 47, review
+                // "newuser2", C: an unlowered budget showed guarantee ≠ in force).
                 format!(
                     "ε={} δ={}",
-                    num(b.epsilon, Round::Up),
-                    num(b.delta, Round::Up)
+                    display::budget(b.epsilon),
+                    display::budget(b.delta)
                 ),
                 format!(
                     "ε={} δ={}",
-                    num(now.epsilon, Round::Down),
-                    num(now.delta, Round::Down)
+                    display::budget(now.epsilon),
+                    display::budget(now.delta)
                 ),
                 display::percent(used),
-                display::percent(display::SHARE_SCALE.saturating_sub(used)),
+                display::percent_left(used, b.native.used, b.native.budget),
                 num(b.remaining, Round::Down),
                 num(b.delta_spent, Round::Up),
                 num(b.delta_left, Round::Down),

@@ -78,6 +78,8 @@ struct TableHistory {
     policy: Option<TablePolicy>,
     /// What `SHOW BUDGET` shows for it (private tables with a policy).
     row: Option<BudgetRow>,
+    /// A table made public after charges: the largest ε and δ budgets it had while private.
+    was_private: Option<(f64, f64)>,
     rows: Vec<Row>,
 }
 
@@ -113,9 +115,11 @@ pub fn html_report(path: &Path, witness: Option<&Path>) -> Result<String, Report
     let mut histories: Vec<TableHistory> = report
         .tables
         .iter()
-        // Private tables, charged or not, and keys charged without a recorded policy; a public
-        // table has no budget.
-        .filter(|t| t.budget_row.is_some() || (t.policy.is_none() && t.charges > 0))
+        // Private tables, charged or not, and every key with charges: one charged without a
+        // recorded policy, or a table the owner made public after charging it (round 47, review
+        // "newuser2", G: its charges, SQL and guarantee were dropped from the owner's page). A
+        // public table never charged has no budget.
+        .filter(|t| t.budget_row.is_some() || t.charges > 0)
         .map(|t| {
             let filter = t
                 .budget_row
@@ -127,6 +131,9 @@ pub fn html_report(path: &Path, witness: Option<&Path>) -> Result<String, Report
                 name: t.name.clone(),
                 policy: t.policy.clone(),
                 row: t.budget_row.clone(),
+                was_private: t
+                    .guarantee
+                    .filter(|_| t.visibility == Some(accounting::Visibility::Public)),
                 rows: history(filter.as_ref(), charges.remove(&t.key).unwrap_or_default()),
             }
         })
@@ -260,7 +267,7 @@ fn page(path: &Path, report: &LedgerReport, tables: &[TableHistory]) -> String {
         env!("CARGO_PKG_VERSION"),
     );
     h.push_str(
-        "<p class=\"note\">The numbers are those SHOW BUDGET shows analysts. A table's guarantee \
+        "<p class=\"note\">The numbers are those SHOW BUDGET shows analysts (at the default δ). A table's guarantee \
          is the largest budget it has had in force; what is used and left is measured against \
          the budget in force, in the unit of the table's privacy filter (μ² for gdp, ρ for \
          zcdp, RDP ε at the filter's order for rdp). A charge's share is its part of that \
@@ -269,7 +276,10 @@ fn page(path: &Path, report: &LedgerReport, tables: &[TableHistory]) -> String {
          exactly to its share used; a charge made before the owner changed the budget or the \
          filter may show another share than the one it was admitted with (dp_ledger()'s \
          cost_pct). Next ε is the largest ε one more default query (one Gaussian call at δ \
-         1e-7) could use. No ε is shown per charge or as spent: conversions of a charge or of \
+         1e-7, the default dpfusion.default_delta; a session with another default shows its \
+         own) could use. Budgets (the guarantee and the budget in force) are shown as the owner \
+         wrote them. A table made public after it was charged keeps its charges here, marked \
+         now public. No ε is shown per charge or as spent: conversions of a charge or of \
          the running sum are not guarantees. Costs and amounts used are rounded up, what is \
          left down. The view by function splits a charge's share evenly between its DP \
          calls.</p>\n",
@@ -297,15 +307,26 @@ fn page(path: &Path, report: &LedgerReport, tables: &[TableHistory]) -> String {
                     "<td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
                      <td>{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td>\
                      <td class=\"n\">{}</td><td class=\"n\">{}</td>",
-                    num(b.epsilon, Round::Up),
-                    num(b.delta, Round::Up),
+                    display::budget(b.epsilon),
+                    display::budget(b.delta),
                     esc(&in_force(p)),
                     esc(&b.filter.to_string()),
                     display::percent(used),
-                    share_bar(used),
+                    share_bar(used, b),
                     num(b.remaining, Round::Down),
                     num(b.delta_spent, Round::Up),
                     num(b.delta_left, Round::Down),
+                );
+            }
+            // Made public after charges: the guarantee it had; nothing is in force or left.
+            _ if t.was_private.is_some() => {
+                let (e, d) = t.was_private.unwrap_or_default();
+                let _ = write!(
+                    h,
+                    "<td class=\"n\">{}</td><td class=\"n\">{}</td><td>now public</td>{}",
+                    display::budget(e),
+                    display::budget(d),
+                    "<td>—</td>".repeat(6)
                 );
             }
             // No budget: a key charged without a recorded policy.
@@ -330,20 +351,26 @@ fn anchor(key: &TableKey) -> String {
     format!("t-{s}")
 }
 
-/// The budget in force: `ε 5, δ 1e-6` (what is left is measured against it; rounded down).
+/// The budget in force: `ε 5, δ 1e-6` (what is left is measured against it), as the owner
+/// wrote it ([`display::budget`], as the guarantee; round 47, review "newuser2", C).
 fn in_force(p: &TablePolicy) -> String {
     format!(
         "ε {}, δ {}",
-        num(p.budget.epsilon, Round::Down),
-        num(p.budget.delta, Round::Down)
+        display::budget(p.budget.epsilon),
+        display::budget(p.budget.delta)
     )
 }
 
-/// A small horizontal bar: the share of the budget left (millionths), with its percentage.
-fn share_bar(used_share: u64) -> String {
+/// A small horizontal bar: the share of the budget left (millionths), with its percentage
+/// (`< 0.0001%` while less than a millionth is left: [`display::percent_left`]).
+fn share_bar(used_share: u64, b: &BudgetRow) -> String {
     let left = SHARE_SCALE.saturating_sub(used_share);
     let w = 120.0;
-    let pct = display::percent(left);
+    let pct = esc(&display::percent_left(
+        used_share,
+        b.native.used,
+        b.native.budget,
+    ));
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"190\" height=\"14\" \
          role=\"img\" aria-label=\"{pct} left\"><rect x=\"0\" y=\"1\" width=\"{w}\" \
@@ -365,24 +392,38 @@ fn table_section(h: &mut String, t: &TableHistory) {
     match (&t.row, &t.policy) {
         (Some(b), Some(p)) => {
             let used = b.native.used_share;
+            // Used up, the budget down, apart where six digits would not keep them apart
+            // (round 47, review "newuser2", B).
+            let (used_n, budget_n) = display::used_of(b.native.used, b.native.budget);
             let _ = writeln!(
                 h,
                 "budget ε {} at δ {} (the guarantee: the largest budget the table has had in \
-                 force); in force now {}, {} filter: used {} {} of {} ({} used, {} left); one \
-                 more default query could use ε ≤ {}; δ of partition selection spent {}, {} \
-                 left ({} charges).</p>",
-                num(b.epsilon, Round::Up),
-                num(b.delta, Round::Up),
+                 force); in force now {}, {} filter: used {} {used_n} of {budget_n} ({} used, \
+                 {} left); one more default query could use ε ≤ {}; δ of partition selection \
+                 spent {}, {} left ({} charges).</p>",
+                display::budget(b.epsilon),
+                display::budget(b.delta),
                 esc(&in_force(p)),
                 esc(&b.filter.to_string()),
                 esc(&b.native.unit),
-                num(b.native.used, Round::Up),
-                num(b.native.budget, Round::Down),
                 display::percent(used),
-                display::percent(SHARE_SCALE.saturating_sub(used)),
+                esc(&display::percent_left(used, b.native.used, b.native.budget)),
                 num(b.remaining, Round::Down),
                 num(b.delta_spent, Round::Up),
                 num(b.delta_left, Round::Down),
+                t.rows.len()
+            );
+        }
+        _ if t.was_private.is_some() => {
+            let (e, d) = t.was_private.unwrap_or_default();
+            let _ = writeln!(
+                h,
+                "now public: the data owner made the table public after these charges, which \
+                 were made while it was private, under a budget of ε {} at δ {} at most (the \
+                 guarantee: the largest budget it had in force). Nothing is in force or left \
+                 now, so no share is shown ({} charges).</p>",
+                display::budget(e),
+                display::budget(d),
                 t.rows.len()
             );
         }

@@ -1339,6 +1339,10 @@ pub struct TableReport {
     /// sum, budget and share used (`native`), the next ε, the δ of partition selection spent and
     /// left. `None` for a public table and for a key without a recorded policy.
     pub budget_row: Option<BudgetRow>,
+    /// The largest ε and δ budgets the key has had while private (its guarantee), kept after
+    /// the owner made it public: `dpfusion ledger report` still shows the charges made while it
+    /// was private (round 47, review "newuser2", G). `None`: never private.
+    pub guarantee: Option<(f64, f64)>,
     /// [`BudgetRow::spent`] (0 without a row): the filter's conversion of the running sum. Not a
     /// guarantee and never shown (docs/ACCOUNTING.md, "Why no 'ε charged'").
     pub spent: f64,
@@ -1367,9 +1371,10 @@ pub struct LedgerReport {
 /// `SHOW BUDGET`, `dp_budget()`, `dpfusion ledger verify` and `dpfusion ledger report` show
 /// (docs/ACCOUNTING.md, "What the numbers mean"). The guarantee is the largest budget the table
 /// has had in force; the share used, the next ε and the δ left are measured against the policy
-/// `p` in force. A policy that no longer compiles, or sums not kept in its filter's currency,
+/// `p` in force; the next ε is one Gaussian call's at `default_delta` (a session's
+/// `dpfusion.default_delta`; [`DEFAULT_QUERY_DELTA`] in the ledger tools). A policy that no longer compiles, or sums not kept in its filter's currency,
 /// show the table as exhausted.
-pub(super) fn budget_row(st: &State, p: &TablePolicy) -> BudgetRow {
+pub(super) fn budget_row(st: &State, p: &TablePolicy, default_delta: f64) -> BudgetRow {
     let spend = st.tables.get(&p.key);
     let queries = spend.map_or(0, |t| t.queries);
     let compiled = p.compiled_filter().ok().and_then(|f| {
@@ -1394,7 +1399,7 @@ pub(super) fn budget_row(st: &State, p: &TablePolicy) -> BudgetRow {
                 u.delta,
                 (f.delta_sel - u.delta).max(0.0),
                 native,
-                f.next_epsilon(&u, DEFAULT_QUERY_DELTA),
+                f.next_epsilon(&u, default_delta),
             )
         }
         None => (
@@ -1425,6 +1430,7 @@ pub(super) fn budget_row(st: &State, p: &TablePolicy) -> BudgetRow {
         delta,
         spent,
         remaining: next,
+        remaining_delta_of: default_delta,
         native,
         queries,
         delta_spent,
@@ -1449,7 +1455,7 @@ fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -
             let private = policy.filter(|p| p.visibility == Visibility::Private);
             // Round 47 (review "newuser", findings 1-3): the numbers SHOW BUDGET shows, from the
             // same computation; no conversion of a running sum is reported.
-            let budget_row = private.map(|p| budget_row(st, p));
+            let budget_row = private.map(|p| budget_row(st, p, DEFAULT_QUERY_DELTA));
             TableReport {
                 key: k.clone(),
                 name: policy
@@ -1459,6 +1465,11 @@ fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -
                 visibility: policy.map(|p| p.visibility),
                 policy: policy.cloned(),
                 spent: budget_row.as_ref().map_or(0.0, |r| r.spent),
+                guarantee: st
+                    .largest_epsilon
+                    .get(k)
+                    .zip(st.largest_delta.get(k))
+                    .map(|(e, d)| (*e, *d)),
                 budget_row,
                 charges: st.tables.get(k).map_or(0, |s| s.queries),
             }

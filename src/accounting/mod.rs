@@ -396,9 +396,12 @@ pub struct ReceiptTable {
     pub native: NativeCost,
     /// What is left of the budget after this charge, millionths (1,000,000 − `native.used_share`).
     pub left_share: u64,
-    /// The largest ε one default query (one Gaussian call at δ = [`DEFAULT_QUERY_DELTA`]) could
+    /// The largest ε one default query (one Gaussian call at δ = `next_epsilon_delta`) could
     /// still use.
     pub next_epsilon: f64,
+    /// The δ of that default query: the session's `dpfusion.default_delta` (round 47, review
+    /// "newuser2", A).
+    pub next_epsilon_delta: f64,
     /// The ε of this charge alone under the table's filter (at δ_g). Not a guarantee and never
     /// shown: one charge's conversion is not its share of the budget.
     #[serde(skip)]
@@ -418,8 +421,10 @@ pub struct ReceiptTable {
     pub filter: FilterKind,
 }
 
-/// The δ of the "default query" in which what is left is also shown as an ε: the session's
-/// default call δ (dpfusion.default_delta's default).
+/// The δ of the "default query" in which what is left is also shown as an ε where no session
+/// says another (`dpfusion ledger verify`/`report`, [`Accountant::budget_rows`]): the default
+/// of `dpfusion.default_delta`. A session passes its own setting ([`Accountant::admit_planned`],
+/// [`Accountant::preview_at`], [`Accountant::budget_rows_at`]; round 47, review "newuser2", A).
 pub const DEFAULT_QUERY_DELTA: f64 = crate::session::DEFAULT_CALL_DELTA;
 
 /// What a query would be charged, without charging it (`EXPLAIN PRIVACY`).
@@ -460,8 +465,12 @@ pub struct BudgetRow {
     /// The filter's conversion of the sum so far at δ_g. Not shown: under adaptive choice the
     /// conversion of a running sum is not a guarantee (a valid odometer is the share used).
     pub spent: f64,
-    /// The largest ε one default query could still use (Gaussian, δ = [`DEFAULT_QUERY_DELTA`]).
+    /// The largest ε one default query could still use (Gaussian, δ = `remaining_delta_of`).
     pub remaining: f64,
+    /// The δ of that default query: the session's `dpfusion.default_delta` where a session
+    /// shows the row, [`DEFAULT_QUERY_DELTA`] in the ledger tools (round 47, review
+    /// "newuser2", A).
+    pub remaining_delta_of: f64,
     /// The sum in the filter's unit, its budget, and the share used (millionths).
     pub native: NativeCost,
     pub queries: u64,
@@ -580,18 +589,36 @@ pub struct Refusal {
 }
 
 /// The numbers of a refusal's text: what was asked, the shares, and the fixes.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RefusalNumbers {
     pub requests: Vec<CallRequest>,
     /// The refused charge in the filter's unit and as a share (`used`/`used_share`: before it).
     pub native: NativeCost,
-    /// The largest ε one default query could still use.
+    /// The largest ε one default query could still use (one Gaussian call at `default_delta`).
     pub next_epsilon: f64,
+    /// The session's default δ (`dpfusion.default_delta`): the δ of the default query, and the
+    /// `delta =>` that counts as not written, which the δ refusal never suggests (round 47,
+    /// review "newuser2", A).
+    pub default_delta: f64,
     /// For a query of one Gaussian call: the largest `epsilon =>` that call could use now.
     pub fix_epsilon: Option<f64>,
     /// The mechanisms of this charge that the table's filter refuses, as [`mechanism_of`] names
     /// them (`subsampled_gaussian`, `pure_dp`, …): which calls a mechanism refusal's fix is for.
     pub refused_mechanisms: Vec<&'static str>,
+}
+
+impl Default for RefusalNumbers {
+    /// No request, no cost, nothing left, at the default δ [`DEFAULT_QUERY_DELTA`].
+    fn default() -> Self {
+        RefusalNumbers {
+            requests: Vec::new(),
+            native: NativeCost::default(),
+            next_epsilon: 0.0,
+            default_delta: DEFAULT_QUERY_DELTA,
+            fix_epsilon: None,
+            refused_mechanisms: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -720,7 +747,7 @@ fn exceeded_message(
     b: &Budget,
     why: &Refusal,
 ) -> String {
-    use display::{Round, n6, num, percent};
+    use display::{Round, num};
     let (filter, d, n) = (&why.filter, &why.delta, &why.numbers);
     let asked = if n.requests.is_empty() {
         String::new()
@@ -739,7 +766,10 @@ fn exceeded_message(
     match &why.limit {
         Limit::Epsilon => {
             let c = &n.native;
-            let left = display::SHARE_SCALE.saturating_sub(c.used_share);
+            // Used up and the budget down, with more digits where six would contradict the
+            // true order; something left is never "0%" (round 47, review "newuser2", B).
+            let (used, budget) = display::used_of(c.used, c.budget);
+            let left = display::percent_left(c.used_share, c.used, c.budget);
             let what = if c.share >= display::SHARE_SCALE {
                 format!(
                     "this query alone needs more than the table's whole budget ({} {} against a \
@@ -750,13 +780,11 @@ fn exceeded_message(
                 )
             } else {
                 format!(
-                    "this query needs {} of the budget ({} {}) and {} is left ({} of {} used)",
+                    "this query needs {} of the budget ({} {}) and {left} is left ({used} of \
+                     {budget} used)",
                     display::percent_of(c.share, c.cost),
                     c.unit,
                     num(c.cost, Round::Up),
-                    percent(left),
-                    num(c.used, Round::Up),
-                    num(c.budget, Round::Down)
                 )
             };
             let fix = match (n.fix_epsilon, n.next_epsilon > 0.0) {
@@ -767,7 +795,7 @@ fn exceeded_message(
                 (None, true) => format!(
                     "Lower the calls' `epsilon =>` so that together they fit (one Gaussian call \
                      at δ = {} could still use ε ≤ {}), or ",
-                    n6(DEFAULT_QUERY_DELTA),
+                    display::budget(n.default_delta),
                     num(n.next_epsilon, Round::Down)
                 ),
                 (_, false) => "No query fits any more: ".to_string(),
@@ -776,8 +804,8 @@ fn exceeded_message(
                 "budget exceeded for table '{table}' (limit: the ε part of its {} filter, ε = {} \
                  at δ = {}){asked}: {what}. {fix}{owner}.",
                 filter.name(),
-                n6(b.epsilon),
-                n6(d.delta_g)
+                display::budget(b.epsilon),
+                num(d.delta_g, Round::Down)
             )
         }
         Limit::Delta => {
@@ -785,16 +813,18 @@ fn exceeded_message(
             // A selection's additive δ is half the δ it is calibrated for. A `delta` equal to
             // the session's default counts as not naming one (the guard then caps the
             // selection at the table's default share), so the value suggested is never the
-            // default: written, it does what the message says (round 47).
+            // default: written, it does what the message says (round 47; the session's own
+            // `dpfusion.default_delta`, not the constant 1e-7: review "newuser2", A).
+            let default = n.default_delta;
             let mut most = display::shown(2.0 * left, Round::Down);
             let mut why = String::new();
-            if most == DEFAULT_QUERY_DELTA {
-                most = display::shown(DEFAULT_QUERY_DELTA * (1.0 - 1e-6), Round::Down);
+            if most == default {
+                most = display::shown(default * (1.0 - 1e-6), Round::Down);
                 why = format!(
                     "; just below the default {}, since a `delta =>` equal to \
                      dpfusion.default_delta counts as not written and the selection then keeps \
                      to the table's default cap",
-                    n6(DEFAULT_QUERY_DELTA)
+                    display::budget(default)
                 );
             }
             let fix = if left > 0.0 {
@@ -813,8 +843,8 @@ fn exceeded_message(
                  selection, {} of the table's δ = {}){asked}: this query's GROUP BY needs \
                  δ = {}, {} is spent and {} is left; a lower epsilon does not help. Fix: {fix}\
                  {owner}, or a larger `delta_share`.",
-                n6(d.reserved),
-                n6(b.delta),
+                num(d.reserved, Round::Down),
+                display::budget(b.delta),
                 num(d.cost, Round::Up),
                 num(d.spent, Round::Up),
                 num(left, Round::Down),
@@ -892,7 +922,8 @@ fn analyst_fix(function: &str) -> Option<String> {
     if a.position("noise").is_some() {
         Some(format!(
             "train with `noise => 'mf'` in {function} (one pass with correlated Gaussian noise, \
-             which every filter accepts)"
+             which every filter accepts; without `sample_rate` or `epochs`, which it does not \
+             take: set `steps`)"
         ))
     } else if a.position("mechanism").is_some() {
         Some(format!(
@@ -1026,7 +1057,7 @@ impl Evaluation {
             .collect()
     }
     /// The refusal's numbers: the charge against what was used before it, and the fixes.
-    fn refusal_numbers(&self, requests: &[CallRequest]) -> RefusalNumbers {
+    fn refusal_numbers(&self, requests: &[CallRequest], default_delta: f64) -> RefusalNumbers {
         let requests = self.requests(requests);
         let mut native = self.native();
         native.used = self.before.main;
@@ -1055,7 +1086,8 @@ impl Evaluation {
         RefusalNumbers {
             requests,
             native,
-            next_epsilon: self.filter.next_epsilon(&self.before, DEFAULT_QUERY_DELTA),
+            next_epsilon: self.filter.next_epsilon(&self.before, default_delta),
+            default_delta,
             fix_epsilon,
             refused_mechanisms,
         }
@@ -1421,13 +1453,15 @@ impl Accountant {
         requests: &[CallRequest],
         analyst: Option<&str>,
     ) -> Result<Receipt, AccountingError> {
-        self.admit_planned(query, charges, requests, analyst, &[])
+        self.admit_planned(query, charges, requests, analyst, &[], DEFAULT_QUERY_DELTA)
     }
 
     /// [`Accountant::admit_requests`] of a statement planned with the policies `planned` (those
     /// a session registered for the tables the statement reads and charges): under the lock,
     /// after catching up, any of them the ledger no longer holds refuses the statement
-    /// ([`AccountingError::PolicyChanged`]), nothing written (round 46).
+    /// ([`AccountingError::PolicyChanged`]), nothing written (round 46). `default_delta` is the
+    /// session's `dpfusion.default_delta`: the δ at which the receipt's and a refusal's next ε
+    /// are computed, and the one the δ refusal never suggests (round 47).
     pub fn admit_planned(
         &self,
         query: &str,
@@ -1435,6 +1469,7 @@ impl Accountant {
         requests: &[CallRequest],
         analyst: Option<&str>,
         planned: &[TablePolicy],
+        default_delta: f64,
     ) -> Result<Receipt, AccountingError> {
         let mut st = self.state();
         let _lock = self.sync(&mut st)?;
@@ -1457,7 +1492,7 @@ impl Accountant {
                         reserved: e.filter.delta_sel,
                         delta_g: e.filter.delta_g,
                     },
-                    numbers: e.refusal_numbers(requests),
+                    numbers: e.refusal_numbers(requests, default_delta),
                 }),
             });
         }
@@ -1501,7 +1536,8 @@ impl Accountant {
                     requests: e.requests(requests),
                     native: e.native(),
                     left_share: e.left_share(),
-                    next_epsilon: e.filter.next_epsilon(&e.after, DEFAULT_QUERY_DELTA),
+                    next_epsilon: e.filter.next_epsilon(&e.after, default_delta),
+                    next_epsilon_delta: default_delta,
                     delta_cost: e.charge.delta,
                     cost: e.cost,
                     spent_after: e.spent_after,
@@ -1517,6 +1553,15 @@ impl Accountant {
 
     /// The same computation as [`Accountant::admit`], without charging.
     pub fn preview(&self, charges: &[TableCharge]) -> Result<Vec<PreviewRow>, AccountingError> {
+        self.preview_at(charges, DEFAULT_QUERY_DELTA)
+    }
+
+    /// [`Accountant::preview`] with the next ε at the session's default δ.
+    pub fn preview_at(
+        &self,
+        charges: &[TableCharge],
+        default_delta: f64,
+    ) -> Result<Vec<PreviewRow>, AccountingError> {
         let mut st = self.state();
         let _lock = self.sync(&mut st)?;
         Ok(evaluate(&st, charges)?
@@ -1525,9 +1570,9 @@ impl Accountant {
                 native: e.native(),
                 left_share: e.left_share(),
                 next_epsilon: if e.admitted() {
-                    e.filter.next_epsilon(&e.after, DEFAULT_QUERY_DELTA)
+                    e.filter.next_epsilon(&e.after, default_delta)
                 } else {
-                    e.filter.next_epsilon(&e.before, DEFAULT_QUERY_DELTA)
+                    e.filter.next_epsilon(&e.before, default_delta)
                 },
                 remaining_after: e.remaining_after(),
                 delta_spent_after: e.after.delta,
@@ -1544,8 +1589,13 @@ impl Accountant {
             .collect())
     }
 
-    /// Private tables only, sorted by name (then key).
+    /// Private tables only, sorted by name (then key); the next ε at [`DEFAULT_QUERY_DELTA`].
     pub fn budget_rows(&self) -> Vec<BudgetRow> {
+        self.budget_rows_at(DEFAULT_QUERY_DELTA)
+    }
+
+    /// [`Accountant::budget_rows`] with the next ε at the session's default δ (round 47).
+    pub fn budget_rows_at(&self, default_delta: f64) -> Vec<BudgetRow> {
         let mut st = self.state();
         // Best effort: a ledger error is reported by the next admission.
         let _ = self.sync(&mut st);
@@ -1555,7 +1605,7 @@ impl Accountant {
             .filter(|p| p.visibility == Visibility::Private)
             // The one computation of a table's budget numbers, shared with `dpfusion ledger
             // verify` and `report` (round 47).
-            .map(|p| ledger::budget_row(&st, p))
+            .map(|p| ledger::budget_row(&st, p, default_delta))
             .collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.key.cmp(&b.key)));
         rows

@@ -136,6 +136,7 @@ fn exceeded_message_format() {
                     used_share: 952_381,
                 },
                 next_epsilon: 0.1234567,
+                default_delta: DEFAULT_QUERY_DELTA,
                 fix_epsilon: Some(0.2345678),
                 refused_mechanisms: vec![],
             },
@@ -281,6 +282,8 @@ fn refusal_fixes_name_arguments_the_function_has() {
         );
         assert!(
             m.contains("Fix: train with `noise => 'mf'` in dp_linreg_sgd")
+                // Round 47, review "newuser2", E: the fix says what 'mf' does not take.
+                && m.contains("without `sample_rate` or `epochs`")
                 && !m.contains("mechanism =>"),
             "{m}"
         );
@@ -331,6 +334,53 @@ fn refusal_fixes_name_arguments_the_function_has() {
         d.contains("lower `delta =>` to 9.99999e-8 or less (partition selection then needs δ/2 ≤ 4.99999e-8")
             && d.contains("just below the default 1e-7")
             && !d.contains("to 1e-7 or less"),
+        "{d}"
+    );
+}
+
+/// Round 47, review "newuser2", A: the δ refusal compares with the session's own default δ
+/// (`dpfusion.default_delta`), not the constant 1e-7: with a default of 1e-8 and 5e-9 left it
+/// does not suggest 1e-8 (written, that counts as not naming a δ), and with 5e-8 left it may
+/// suggest 1e-7, which is then not the default. Its budget is shown as the owner wrote it.
+#[test]
+fn the_delta_refusal_avoids_the_sessions_own_default() {
+    let refusal = |spent: f64, default_delta: f64| {
+        AccountingError::BudgetExceeded {
+            table: "t".into(),
+            key: TableKey::from("demo:t"),
+            cost: 0.0,
+            spent: 0.0,
+            remaining: 0.0,
+            budget: Budget {
+                epsilon: 1.0000001,
+                delta: 1.0000001e-6,
+            },
+            why: Box::new(Refusal {
+                filter: FilterKind::Gdp,
+                limit: Limit::Delta,
+                delta: DeltaState {
+                    cost: 1e-7,
+                    spent,
+                    reserved: 5e-7,
+                    delta_g: 5e-7,
+                },
+                numbers: RefusalNumbers {
+                    default_delta,
+                    ..RefusalNumbers::default()
+                },
+            }),
+        }
+        .to_string()
+    };
+    let d = refusal(4.95e-7, 1e-8);
+    assert!(
+        !d.contains("to 1e-8 or less") && d.contains("just below the default 1e-8"),
+        "{d}"
+    );
+    assert!(d.contains("of the table's δ = 1.0000001e-6"), "{d}");
+    let d = refusal(4.5e-7, 1e-8);
+    assert!(
+        d.contains("lower `delta =>` to 1e-7 or less") && !d.contains("just below"),
         "{d}"
     );
 }
@@ -1559,6 +1609,7 @@ fn a_policy_changed_by_another_process_refuses_what_was_planned_under_the_old() 
         &[],
         None,
         std::slice::from_ref(&stricter),
+        DEFAULT_QUERY_DELTA,
     )
     .unwrap();
     // A row → unit change (allowed while the table has no charges) and fewer public columns
@@ -1872,6 +1923,7 @@ fn refused_at_admission(a: &Accountant, planned: &TablePolicy) -> AccountingErro
         &[],
         None,
         std::slice::from_ref(planned),
+        DEFAULT_QUERY_DELTA,
     )
     .unwrap_err()
 }

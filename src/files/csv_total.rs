@@ -40,7 +40,14 @@ impl CsvDialect {
 }
 
 /// Normalises a CSV byte stream record by record (see the module documentation): feed it the
-/// file's bytes in pieces ([`Normaliser::feed`]), then [`Normaliser::finish`].
+/// file's bytes in pieces ([`Normaliser::feed`], [`Normaliser::feed_until`]), then
+/// [`Normaliser::finish`].
+///
+/// Its memory is the current record's fields (a record of the table's width needs them to be
+/// checked and re-encoded) and their ends, nothing else in proportion to a record: a record
+/// already wider than the table's is discarded as it is read, in the buffers it has, and the
+/// end of the file is found with the same reader, not by reading the record again (round 47,
+/// review "fix-readers" F2).
 #[derive(Debug)]
 pub struct Normaliser {
     dialect: CsvDialect,
@@ -50,9 +57,9 @@ pub struct Normaliser {
     ends: Vec<usize>,
     nout: usize,
     nend: usize,
-    /// The current record's bytes as read (to tell, at the end of the file, a last record
-    /// without a line end from a quoted field left open).
-    raw: Vec<u8>,
+    /// The current record has more fields than the table: a row of NULLs, its fields and
+    /// ends no longer kept.
+    wide: bool,
 }
 
 impl Normaliser {
@@ -64,78 +71,98 @@ impl Normaliser {
             ends: vec![0; 64],
             nout: 0,
             nend: 0,
-            raw: Vec::new(),
+            wide: false,
         }
     }
 
     /// Reads `input` (the next bytes of the file), appending the normalised records it
     /// completes to `out`.
-    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) {
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) {
+        self.feed_until(input, out, usize::MAX);
+    }
+
+    /// As [`Normaliser::feed`], but stops after the record that brings `out` to `limit` bytes or
+    /// more (a short malformed line becomes a row of the table's width: the output of a piece
+    /// can be many times its input). Returns how many bytes of `input` it read; the caller feeds
+    /// the rest next.
+    pub fn feed_until(&mut self, input: &[u8], out: &mut Vec<u8>, limit: usize) -> usize {
+        let mut read = 0;
         // An empty input would tell csv_core the file ended.
-        while !input.is_empty() {
+        while read < input.len() {
+            let (res, nin, nout, nend) = self.reader.read_record(
+                &input[read..],
+                &mut self.fields[self.nout..],
+                &mut self.ends[self.nend..],
+            );
+            read += nin;
+            self.nout += nout;
+            self.nend += nend;
+            match res {
+                ReadRecordResult::InputEmpty | ReadRecordResult::End => break,
+                ReadRecordResult::OutputFull => self.full(false),
+                ReadRecordResult::OutputEndsFull => self.full(true),
+                ReadRecordResult::Record => {
+                    self.record(true, out);
+                    if out.len() >= limit {
+                        break;
+                    }
+                }
+            }
+        }
+        read
+    }
+
+    /// Ends the file: the last record, if it has no line end, is written too (as a row of
+    /// NULLs if a quoted field is still open). A line end is read first: it ends the record
+    /// unless a quoted field is open, where it is part of the value and the record ends only
+    /// with the file (so the reader itself tells the two apart, without the record's bytes
+    /// being kept or read again; round 47, review "fix-readers" F2). A last line that is a
+    /// comment without a line end is dropped as a comment (csv_core alone would end the file
+    /// with a record of one empty field).
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        let mut input: &[u8] = b"\n";
+        loop {
+            let ended = input.is_empty();
             let (res, nin, nout, nend) = self.reader.read_record(
                 input,
                 &mut self.fields[self.nout..],
                 &mut self.ends[self.nend..],
             );
-            self.raw.extend_from_slice(&input[..nin]);
             input = &input[nin..];
             self.nout += nout;
             self.nend += nend;
             match res {
-                ReadRecordResult::InputEmpty | ReadRecordResult::End => return,
-                ReadRecordResult::OutputFull => {
-                    let n = self.fields.len();
-                    self.fields.resize(n * 2, 0);
-                }
-                ReadRecordResult::OutputEndsFull => {
-                    let n = self.ends.len();
-                    self.ends.resize(n * 2, 0);
-                }
-                ReadRecordResult::Record => self.record(true, out),
-            }
-        }
-    }
-
-    /// Ends the file: the last record, if it has no line end, is written too (as a row of
-    /// NULLs if a quoted field is still open).
-    pub fn finish(&mut self, out: &mut Vec<u8>) {
-        loop {
-            let (res, _, nout, nend) = self.reader.read_record(
-                &[],
-                &mut self.fields[self.nout..],
-                &mut self.ends[self.nend..],
-            );
-            self.nout += nout;
-            self.nend += nend;
-            match res {
-                ReadRecordResult::OutputFull => {
-                    let n = self.fields.len();
-                    self.fields.resize(n * 2, 0);
-                }
-                ReadRecordResult::OutputEndsFull => {
-                    let n = self.ends.len();
-                    self.ends.resize(n * 2, 0);
-                }
-                ReadRecordResult::Record => {
-                    let closed = self.closed();
-                    self.record(closed, out);
-                }
+                ReadRecordResult::OutputFull => self.full(false),
+                ReadRecordResult::OutputEndsFull => self.full(true),
+                // Ended by a line end (ours or the file's): complete; by the end of the file
+                // only: a quoted field left open.
+                ReadRecordResult::Record => self.record(!ended, out),
+                ReadRecordResult::InputEmpty if !ended => {}
                 ReadRecordResult::InputEmpty | ReadRecordResult::End => return,
             }
         }
     }
 
-    /// Whether the current record's bytes end outside a quoted field: read again with a line
-    /// end added, they make a record only if no quote was left open.
-    fn closed(&self) -> bool {
-        let mut r = self.dialect.reader();
-        let mut input = self.raw.clone();
-        input.push(b'\n');
-        let mut fields = vec![0u8; input.len()];
-        let mut ends = vec![0usize; input.len() + 1];
-        let (res, nin, _, _) = r.read_record(&input, &mut fields, &mut ends);
-        res == ReadRecordResult::Record && nin == input.len()
+    /// csv_core filled the fields (`ends`: false) or the ends buffer: a record already wider
+    /// than the table's reads as a row of NULLs, so what it wrote is dropped and the buffers
+    /// are reused; else the buffer grows (by doubling: a record of the table's width needs
+    /// its fields whole).
+    fn full(&mut self, ends: bool) {
+        if let Some(columns) = self.dialect.columns
+            && (self.wide || self.nend > columns)
+        {
+            self.wide = true;
+            self.nout = 0;
+            self.nend = 0;
+            return;
+        }
+        if ends {
+            let n = self.ends.len();
+            self.ends.resize(n * 2, 0);
+        } else {
+            let n = self.fields.len();
+            self.fields.resize(n * 2, 0);
+        }
     }
 
     /// Writes the record just read (`ok`: complete) and starts the next.
@@ -143,7 +170,7 @@ impl Normaliser {
         let got = self.nend;
         let columns = *self.dialect.columns.get_or_insert(got);
         let mut start = 0;
-        let mut valid = ok && got == columns;
+        let mut valid = ok && !self.wide && got == columns;
         if valid {
             for &end in &self.ends[..got] {
                 if std::str::from_utf8(&self.fields[start..end]).is_err() {
@@ -171,7 +198,7 @@ impl Normaliser {
         out.push(b'\n');
         self.nout = 0;
         self.nend = 0;
-        self.raw.clear();
+        self.wide = false;
     }
 
     /// Writes one field so that the dialect's reader gives it back: quoted when it holds the
@@ -200,6 +227,47 @@ impl Normaliser {
             out.push(b);
         }
         out.push(d.quote);
+    }
+}
+
+/// The number of fields of the first record `read` gives in `dialect` (a CSV file's header;
+/// comment and blank lines skipped as arrow-csv skips them), read with fixed buffers whatever
+/// the record's size; None for a file without a record. The owner's registration compares it
+/// with the table's width (round 47, review "fix-readers" F3: [`crate::owner::check_csv_widths`]).
+pub fn first_record_width(
+    dialect: &CsvDialect,
+    mut read: impl std::io::Read,
+) -> std::io::Result<Option<usize>> {
+    let mut r = dialect.reader();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut fields = vec![0u8; 64 << 10];
+    let mut ends = vec![0usize; 256];
+    let (mut lo, mut hi, mut ended, mut width) = (0, 0, false, 0);
+    loop {
+        if lo == hi && !ended {
+            hi = match read.read(&mut buf) {
+                Ok(k) => k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            lo = 0;
+            if hi == 0 {
+                // A line end before the end, as the normaliser reads one (`finish`).
+                (buf[0], hi, ended) = (b'\n', 1, true);
+            }
+        }
+        // Once the input is empty, csv_core reads it as the end of the file.
+        let (res, nin, _, nend) = r.read_record(&buf[lo..hi], &mut fields, &mut ends);
+        lo += nin;
+        width += nend;
+        match res {
+            ReadRecordResult::Record => return Ok(Some(width)),
+            ReadRecordResult::End => return Ok(None),
+            ReadRecordResult::InputEmpty if ended && lo == hi && nin == 0 => return Ok(None),
+            ReadRecordResult::InputEmpty
+            | ReadRecordResult::OutputFull
+            | ReadRecordResult::OutputEndsFull => {}
+        }
     }
 }
 
@@ -365,7 +433,10 @@ mod tests {
                 .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
                 .collect();
             let out = normalise(&input, d);
-            let (before, after) = (records(&input, d), records(&out, d));
+            // With a line end added: a last line that is a comment without one is a comment
+            // (csv_core alone reads it as a record of one empty field; round 47).
+            let ended = [&input[..], b"\n"].concat();
+            let (before, after) = (records(&ended, d), records(&out, d));
             assert_eq!(before.len(), after.len(), "{input:?} -> {out:?}");
             for (b, a) in before.iter().zip(&after) {
                 assert_eq!(a.len(), d.columns.unwrap(), "{input:?} -> {out:?}");
@@ -377,6 +448,94 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Round 47 (review "fix-readers" F2): a last record of 4 MiB without a line end costs its
+    /// fields (at most twice its size, by doubling) and a fixed ends buffer, not a copy and a
+    /// re-read (before: about 10 bytes per byte); a record wider than the table's keeps fixed
+    /// buffers whatever its size.
+    #[test]
+    fn a_huge_last_record_is_normalised_in_bounded_memory() {
+        let d = dialect(Some(2));
+        let big = 4 << 20;
+        let mut input = b"g,v\na,".to_vec();
+        input.resize(input.len() + big, b'x');
+        for (piece, open) in [(64 << 10, false), (1 << 20, true)] {
+            let mut input = input.clone();
+            if open {
+                input.insert(6, b'"');
+            }
+            let mut n = Normaliser::new(d);
+            let mut out = vec![];
+            for chunk in input.chunks(piece) {
+                n.feed(chunk, &mut out);
+            }
+            n.finish(&mut out);
+            assert!(
+                n.fields.capacity() <= 2 * big + 4096,
+                "{}",
+                n.fields.capacity()
+            );
+            assert_eq!(n.ends.capacity(), 64);
+            if open {
+                assert_eq!(out, b"g,v\n,\n", "a quoted field left open");
+            } else {
+                assert_eq!(out.len(), 4 + 2 + big + 1);
+                assert_eq!(&out[out.len() - 2..], b"x\n");
+            }
+        }
+        // 2 M fields against a table of 2: fixed buffers, a row of NULLs.
+        let wide = "a,".repeat(1 << 20) + "a\n";
+        let mut n = Normaliser::new(d);
+        let mut out = vec![];
+        n.feed(b"g,v\n", &mut out);
+        n.feed(wide.as_bytes(), &mut out);
+        n.finish(&mut out);
+        assert_eq!(out, b"g,v\n,\n");
+        assert_eq!((n.fields.capacity(), n.ends.capacity()), (4096, 64));
+    }
+
+    /// Round 47 (review "fix-readers" F2): a piece of short malformed lines under a wide table
+    /// gives its output in bounded chunks (`feed_until`), and the chunks together are the
+    /// whole normalised file.
+    #[test]
+    fn the_output_is_given_in_bounded_chunks() {
+        let d = dialect(Some(1000));
+        let input = "x\n".repeat(1 << 14);
+        let limit = 64 << 10;
+        let mut n = Normaliser::new(d);
+        let (mut all, mut rest, mut chunks) = (vec![], input.as_bytes(), 0);
+        while !rest.is_empty() {
+            let mut out = vec![];
+            let read = n.feed_until(rest, &mut out, limit);
+            assert!(out.len() < limit + 1000, "{}", out.len());
+            rest = &rest[read..];
+            all.extend_from_slice(&out);
+            chunks += 1;
+        }
+        n.finish(&mut all);
+        assert!(chunks > 200, "{chunks}");
+        assert_eq!(all, normalise(input.as_bytes(), d));
+        assert_eq!(all.len(), (1 << 14) * 1000);
+    }
+
+    /// Round 47 (review "fix-readers" F3): the first record's width, past comment and blank
+    /// lines, across reads and whatever its size.
+    #[test]
+    fn the_first_records_width() {
+        let d = CsvDialect {
+            comment: Some(b'#'),
+            ..dialect(None)
+        };
+        let width = |b: &[u8]| first_record_width(&d, b).unwrap();
+        assert_eq!(width(b"a,b,c\n1,2\n"), Some(3));
+        assert_eq!(width(b"# note, with, commas\n\n\"a,b\",c"), Some(2));
+        assert_eq!(width(b""), None);
+        assert_eq!(width(b"\n#x\n"), None);
+        assert_eq!(width(b"#x"), None);
+        assert_eq!(width(b"a,\"b"), Some(2), "a quote open to the end");
+        let wide = "ab,".repeat(100_000) + "z\n";
+        assert_eq!(width(wide.as_bytes()), Some(100_001));
     }
 
     #[test]

@@ -40,7 +40,8 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, DataFusionError, Result, ScalarValue, TableReference};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{
-    Aggregate, Expr, ExprSchemable, Filter, LogicalPlan, Projection, SubqueryAlias, col, lit,
+    Aggregate, Expr, ExprSchemable, FetchType, Filter, LogicalPlan, Projection, SkipType,
+    SubqueryAlias, col, lit,
 };
 use dpfusion_udfs::aggregates::{dp_aggregate_data_args, dp_call_cost, dp_call_cost_with_data};
 use dpfusion_udfs::privacy::Event;
@@ -408,21 +409,49 @@ fn sort_after_combining(plan: LogicalPlan) -> Result<LogicalPlan> {
         return Ok(plan);
     }
     match plan {
-        // An ORDER BY over released rows: its ties broken by every column.
-        LogicalPlan::Sort(s) => Ok(LogicalPlan::Sort(break_ties(s)?)),
+        // An ORDER BY over released rows: its ties broken by every column; a sort right below
+        // it is redundant (this one is total).
+        LogicalPlan::Sort(s) if at_most_one_row(&s.input) => Ok(LogicalPlan::Sort(s)),
+        LogicalPlan::Sort(s) => {
+            let mut s = break_ties(s)?;
+            if let LogicalPlan::Sort(inner) = s.input.as_ref()
+                && inner.fetch.is_none()
+            {
+                s.input = Arc::clone(&inner.input);
+            }
+            Ok(LogicalPlan::Sort(s))
+        }
         // A LIMIT over released rows takes the first rows of a total order: DataFusion would
         // otherwise run the operators below it in parallel and keep the rows the threads
-        // delivered first (`WHERE … LIMIT 1` over a release, at 16 partitions).
-        LogicalPlan::Limit(l) if !matches!(l.input.as_ref(), LogicalPlan::Sort(_)) => {
-            let keys = sort_exprs(l.input.schema(), usize::MAX);
-            if keys.is_empty() {
-                return Ok(LogicalPlan::Limit(l));
-            }
-            let sorted = LogicalPlan::Sort(datafusion::logical_expr::Sort {
-                expr: keys,
-                input: l.input,
-                fetch: None,
-            });
+        // delivered first (`WHERE … LIMIT 1` over a release, at 16 partitions). The sort keeps
+        // only the rows the limit can take (a top-k, parallel and exact over a total order).
+        LogicalPlan::Limit(l) => {
+            let take = match (l.get_skip_type()?, l.get_fetch_type()?) {
+                (SkipType::Literal(skip), FetchType::Literal(Some(n))) => skip.checked_add(n),
+                _ => None,
+            };
+            let sorted = match Arc::unwrap_or_clone(Arc::clone(&l.input)) {
+                LogicalPlan::Sort(mut s) => {
+                    s.fetch = match (s.fetch, take) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    LogicalPlan::Sort(s)
+                }
+                input if at_most_one_row(&input) => input,
+                input => {
+                    let keys = total_sort_exprs(input.schema(), "a LIMIT")?;
+                    if keys.is_empty() {
+                        input
+                    } else {
+                        LogicalPlan::Sort(datafusion::logical_expr::Sort {
+                            expr: keys,
+                            input: Arc::new(input),
+                            fetch: take,
+                        })
+                    }
+                }
+            };
             Ok(LogicalPlan::Limit(datafusion::logical_expr::Limit {
                 input: Arc::new(sorted),
                 ..l
@@ -453,9 +482,23 @@ fn sort_after_combining_rows(plan: LogicalPlan) -> Result<LogicalPlan> {
                 .collect::<Result<Vec<_>>>()?;
             LogicalPlan::Aggregate(Aggregate::try_new(a.input, a.group_expr, aggr_expr)?)
         }
+        LogicalPlan::Window(w) => {
+            let window_expr = w
+                .window_expr
+                .iter()
+                .map(|e| order_sensitive_window(e.clone(), &w.input))
+                .collect::<Result<Vec<_>>>()?;
+            LogicalPlan::Window(datafusion::logical_expr::Window::try_new(
+                window_expr,
+                w.input,
+            )?)
+        }
         other => other,
     };
-    let keys = sort_exprs(plan.schema(), usize::MAX);
+    if at_most_one_row(&plan) {
+        return Ok(plan);
+    }
+    let keys = total_sort_exprs(plan.schema(), plan_kind(&plan))?;
     if keys.is_empty() {
         return Ok(plan);
     }
@@ -464,6 +507,170 @@ fn sort_after_combining_rows(plan: LogicalPlan) -> Result<LogicalPlan> {
         input: Arc::new(plan),
         fetch: None,
     }))
+}
+
+/// Does `plan` give at most one row (an aggregate without GROUP BY, under projections, filters,
+/// aliases, sorts and limits)? Such a result has no order to fix, so a value of a type nothing
+/// sorts (`rgm_mean_by`'s list of structs) may be released in it.
+fn at_most_one_row(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Aggregate(a) => a.group_expr.is_empty(),
+        LogicalPlan::Limit(l) => {
+            matches!(l.get_fetch_type(), Ok(FetchType::Literal(Some(0 | 1))))
+                || at_most_one_row(&l.input)
+        }
+        LogicalPlan::Projection(_)
+        | LogicalPlan::Filter(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::Sort(_) => at_most_one_row(plan.inputs()[0]),
+        _ => false,
+    }
+}
+
+fn plan_kind(plan: &LogicalPlan) -> &'static str {
+    match plan {
+        LogicalPlan::Union(_) => "a UNION",
+        LogicalPlan::Join(_) => "a join",
+        LogicalPlan::Window(_) => "a window",
+        _ => "an aggregate",
+    }
+}
+
+/// Sort keys for every column of `schema`, the rows of `what` over released rows: refused if a
+/// column's type cannot be sorted (a map, a union, a list of structs), since its rows' order
+/// would then be the order DataFusion's threads delivered them in, which a concurrent private
+/// scan can steer (round 47: a `UNION ALL` of two maps, then `LIMIT 1`, gave the row of the
+/// release whose private scan finished first).
+fn total_sort_exprs(
+    schema: &DFSchema,
+    what: &str,
+) -> Result<Vec<datafusion::logical_expr::SortExpr>> {
+    let mut keys = vec![];
+    for (q, f) in schema.iter() {
+        match sort_keys(
+            Expr::Column(Column::new(q.cloned(), f.name())),
+            f.data_type(),
+        ) {
+            Some(k) => keys.extend(k),
+            None => {
+                return Err(refuse(format!(
+                    "the column '{}' (of type {}) of {what} over released rows cannot be sorted, \
+                     and rows over released values are put in an order of their values alone, \
+                     so that it says nothing of the private rows behind them. Select its fields \
+                     or elements instead (scalars, strings, lists of them, or structs of these, \
+                     each field named once; a map's map_keys and map_values).",
+                    f.name(),
+                    f.data_type()
+                )));
+            }
+        }
+    }
+    Ok(keys)
+}
+
+/// Aggregates over released rows whose result does not depend on the order they meet their
+/// rows in (DataFusion 55's names; float sums and moments up to their last bits, see
+/// `sort_after_combining`). Every other aggregate is either ordered
+/// ([`ORDER_SENSITIVE_AGGREGATES`]) or refused: `any_value` keeps the first value it meets, the
+/// `approx_` quantiles merge digests in arrival order, and an aggregate DataFusion adds later is
+/// refused until it is listed.
+const ORDER_FREE_AGGREGATES: &[&str] = &[
+    "count",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "median",
+    "percentile_cont",
+    "bool_and",
+    "bool_or",
+    "bit_and",
+    "bit_or",
+    "bit_xor",
+    "approx_distinct",
+    "stddev",
+    "stddev_pop",
+    "var",
+    "var_pop",
+    "corr",
+    "covar_pop",
+    "covar_samp",
+    "regr_slope",
+    "regr_intercept",
+    "regr_count",
+    "regr_r2",
+    "regr_avgx",
+    "regr_avgy",
+    "regr_sxx",
+    "regr_syy",
+    "regr_sxy",
+    "grouping",
+];
+
+/// `e` (a window function over released rows) with its ORDER BY completed by every column of
+/// `input` where its result depends on the order of rows that tie (round 47, the review of the
+/// release order's second fix: a `WHERE` between a release and `first_value(g) OVER (PARTITION
+/// BY … ORDER BY v0*0 ROWS …)` let DataFusion's threads order the ties). `rank`, `dense_rank`,
+/// `percent_rank`, `cume_dist` and the order-free aggregates over a RANGE or GROUPS frame see the
+/// set of tied rows only, and stay as written. `row_number`, `ntile`, `lag` and `lead` ignore the
+/// frame; the value functions (`first_value`, `last_value`, `nth_value`), the ordered aggregates
+/// and any aggregate over a ROWS frame are completed when their frame is ROWS or the whole
+/// partition, where completing the order changes no frame (and `first_value` whenever its frame
+/// starts at the partition's start); over a RANGE or GROUPS frame bounded by the current row they
+/// are refused (completing the order would change which rows are peers).
+fn order_sensitive_window(e: Expr, input: &LogicalPlan) -> Result<Expr> {
+    use datafusion::logical_expr::{WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition};
+    let name = e.schema_name().to_string();
+    let aliased = matches!(e, Expr::Alias(_));
+    let ordered = e.transform_up(|x| {
+        let Expr::WindowFunction(w) = &x else {
+            return Ok(Transformed::no(x));
+        };
+        let (fname, aggregate) = match &w.fun {
+            WindowFunctionDefinition::AggregateUDF(a) => (a.name().to_ascii_lowercase(), true),
+            WindowFunctionDefinition::WindowUDF(u) => (u.name().to_ascii_lowercase(), false),
+        };
+        let frame = &w.params.window_frame;
+        let unbounded = |b: &WindowFrameBound| match b {
+            WindowFrameBound::Preceding(v) | WindowFrameBound::Following(v) => v.is_null(),
+            WindowFrameBound::CurrentRow => false,
+        };
+        let whole = unbounded(&frame.start_bound) && unbounded(&frame.end_bound);
+        let rows = frame.units == WindowFrameUnits::Rows;
+        let complete = match (aggregate, fname.as_str()) {
+            (false, "rank" | "dense_rank" | "percent_rank" | "cume_dist") => false,
+            (false, "row_number" | "ntile" | "lag" | "lead") => true,
+            (false, "first_value" | "last_value" | "nth_value") if rows || whole => true,
+            // The partition's first row, whatever the end of its frame.
+            (false, "first_value") if unbounded(&frame.start_bound) => true,
+            (true, f) if ORDER_FREE_AGGREGATES.contains(&f) => rows && !whole,
+            (true, f) if ORDER_SENSITIVE_AGGREGATES.contains(&f) && (rows || whole) => true,
+            _ => {
+                return Err(refuse(format!(
+                    "the window function {fname} over released rows: its result may depend on \
+                     the order of rows that tie on its ORDER BY, which DataFusion's threads \
+                     decide. Use a ROWS frame (ROWS BETWEEN …), or one of row_number, rank, \
+                     dense_rank, percent_rank, cume_dist, ntile, lag, lead, or an aggregate \
+                     whose result does not depend on order ({})",
+                    ORDER_FREE_AGGREGATES.join(", ")
+                )));
+            }
+        };
+        if !complete {
+            return Ok(Transformed::no(x));
+        }
+        let mut w = w.as_ref().clone();
+        for k in total_sort_exprs(input.schema(), "a window")? {
+            if !w.params.order_by.iter().any(|o| o.expr == k.expr) {
+                w.params.order_by.push(k);
+            }
+        }
+        Ok(Transformed::yes(Expr::WindowFunction(Box::new(w))))
+    })?;
+    Ok(match ordered {
+        t if t.transformed && !aliased => t.data.alias(name),
+        t => t.data,
+    })
 }
 
 /// The aggregates whose result depends on the order they meet their rows in (DataFusion 55's
@@ -488,8 +695,17 @@ fn order_sensitive_aggregate(e: Expr, input: &LogicalPlan) -> Result<Expr> {
             return Ok(Transformed::no(x));
         };
         let name = f.func.name().to_ascii_lowercase();
-        if !ORDER_SENSITIVE_AGGREGATES.contains(&name.as_str()) {
+        if ORDER_FREE_AGGREGATES.contains(&name.as_str()) || is_dp_function(&name) {
             return Ok(Transformed::no(x));
+        }
+        if !ORDER_SENSITIVE_AGGREGATES.contains(&name.as_str()) {
+            return Err(refuse(format!(
+                "{name} over released rows: its result may depend on the order it meets rows \
+                 in, which DataFusion's threads decide. Use an aggregate whose result does not \
+                 ({}), or array_agg, string_agg, first_value, last_value or nth_value (ordered \
+                 by their value).",
+                ORDER_FREE_AGGREGATES.join(", ")
+            )));
         }
         let Some(value) = f.params.args.first() else {
             return Ok(Transformed::no(x));
@@ -1402,10 +1618,13 @@ pub fn order_release(plan: LogicalPlan) -> Result<LogicalPlan> {
         _ if !reads_private(&plan) => return Ok(plan),
         _ => {}
     }
+    if at_most_one_row(&plan) {
+        return Ok(plan);
+    }
     if let Some(ordered) = tie_break_own_order(&plan)? {
         return Ok(ordered);
     }
-    let keys = sort_exprs(plan.schema(), usize::MAX);
+    let keys = total_sort_exprs(plan.schema(), "the query's output")?;
     if keys.is_empty() {
         return Ok(plan);
     }
@@ -1435,7 +1654,7 @@ fn tie_break_own_order(plan: &LogicalPlan) -> Result<Option<LogicalPlan>> {
 /// The query's own ORDER BY `s`, with every orderable column of its input added as a tie-break.
 fn break_ties(s: datafusion::logical_expr::Sort) -> Result<datafusion::logical_expr::Sort> {
     let mut expr = s.expr;
-    for k in sort_exprs(s.input.schema(), usize::MAX) {
+    for k in total_sort_exprs(s.input.schema(), "an ORDER BY")? {
         if !expr.iter().any(|e| e.expr == k.expr) {
             expr.push(k);
         }

@@ -254,7 +254,7 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::execution::SessionStateBuilder;
     use datafusion::execution::session_state::SessionState;
-    use datafusion::physical_plan::displayable;
+    use datafusion::physical_plan::{ExecutionPlanProperties, displayable};
     use datafusion::prelude::SessionConfig;
 
     /// A private table `t(g, x)`, groups A–H, and the checked plans of `queries` over it.
@@ -440,14 +440,22 @@ mod tests {
         /// `pinned`: the nearest operator above `plan` that reads rows is a pinned sort.
         fn unpinned(plan: &Arc<dyn ExecutionPlan>, pinned: bool, out: &mut Vec<String>) {
             let name = plan.name();
-            if combines(plan) && !pinned && reaches_release(plan) {
+            // DataFusion keeps a sort away only where it proves the order already holds (an
+            // aggregate streaming over a release sorted by its unique keys): one partition in a
+            // declared order is total.
+            let ordered = |p: &Arc<dyn ExecutionPlan>| {
+                p.output_ordering().is_some() && p.output_partitioning().partition_count() == 1
+            };
+            if combines(plan) && !pinned && !ordered(plan) && reaches_release(plan) {
                 out.push(name.to_string());
             }
-            let below = if plan.is::<PinnedSortExec>() {
-                true
-            } else {
-                pinned && (name.starts_with("Coalesce") || name == "RepartitionExec")
-            };
+            // A pinned sort, or a top-k (a sort with a fetch, and the merge of its partitions)
+            // over the total order the guard gives every sort over releases.
+            let total = plan.is::<PinnedSortExec>()
+                || name.starts_with("SortExec")
+                || name == "SortPreservingMergeExec";
+            let below =
+                total || pinned && (name.starts_with("Coalesce") || name == "RepartitionExec");
             for c in plan.children() {
                 unpinned(c, below, out);
             }
@@ -457,8 +465,11 @@ mod tests {
         /// a fetch whose ties the guard broke, right below the operators that move rows.
         fn limited_unsorted(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<String>) {
             let own = displayable(plan.as_ref()).one_line().to_string();
-            let sorts =
-                |p: &Arc<dyn ExecutionPlan>| p.is::<PinnedSortExec>() || p.name() == "SortExec";
+            let sorts = |p: &Arc<dyn ExecutionPlan>| {
+                p.is::<PinnedSortExec>()
+                    || p.name().starts_with("SortExec")
+                    || p.name() == "SortPreservingMergeExec"
+            };
             if own.contains("fetch=") && !sorts(plan) && reaches_release(plan) {
                 let mut below = plan.children()[0].clone();
                 while below.name().starts_with("Coalesce")
@@ -467,7 +478,9 @@ mod tests {
                 {
                     below = below.children()[0].clone();
                 }
-                if !sorts(&below) {
+                let ordered = below.output_ordering().is_some()
+                    && below.output_partitioning().partition_count() == 1;
+                if !sorts(&below) && !ordered {
                     out.push(own.clone());
                 }
             }

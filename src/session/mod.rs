@@ -156,7 +156,7 @@ pub struct PrivateSession {
     ctx: SessionContext,
     accountant: Arc<Accountant>,
     options: SessionOptions,
-    default_delta: RwLock<f64>,
+    default_delta: Arc<RwLock<f64>>,
     /// `SET dpfusion.max_groups_contributed` / `max_rows_contributed` (None: the tables').
     bounds: RwLock<guard::GuardOptions>,
     tables: Mutex<HashMap<String, Arc<GuardedTable>>>,
@@ -287,7 +287,7 @@ impl PrivateSession {
         let session = Self {
             ctx,
             accountant,
-            default_delta: RwLock::new(options.default_delta),
+            default_delta: Arc::new(RwLock::new(options.default_delta)),
             bounds: RwLock::new(guard::GuardOptions {
                 insecure_seed: options.insecure_noise_seed,
                 ..guard::GuardOptions::default()
@@ -299,7 +299,11 @@ impl PrivateSession {
             fs,
             last_receipt: Mutex::new(None),
         };
-        statements::register_table_functions(&session.ctx, session.accountant.clone());
+        statements::register_table_functions(
+            &session.ctx,
+            session.accountant.clone(),
+            Arc::clone(&session.default_delta),
+        );
         Ok(session)
     }
 
@@ -373,7 +377,8 @@ impl PrivateSession {
             .into_iter()
             .map(|(_, info, _)| info.key)
             .collect();
-        let mut rows = self.accountant.budget_rows();
+        // Next ε at the session's own default δ, as SHOW BUDGET computes it (round 47).
+        let mut rows = self.accountant.budget_rows_at(self.default_delta());
         rows.sort_by_key(|r| !current.contains(&r.key));
         rows
     }

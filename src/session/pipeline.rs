@@ -47,7 +47,9 @@ impl PrivateSession {
         let sql = match front(sql)? {
             Front::ExplainPrivacy(rest) => return self.explain_privacy(rest).await,
             Front::ShowBudget => {
-                return one(statements::budget_batch(&self.accountant.budget_rows())?);
+                // The next ε at this session's default δ (round 47, review "newuser2", A).
+                let rows = self.accountant.budget_rows_at(self.default_delta());
+                return one(statements::budget_batch(&rows)?);
             }
             Front::ShowTables => return one(statements::tables_batch(&self.policies())?),
             // `HELP [function]`: the DP aggregates' documentation (statements::help).
@@ -279,6 +281,7 @@ impl PrivateSession {
                 &requests_of(calls),
                 analyst.as_deref(),
                 planned,
+                self.default_delta(),
             )
             .map_err(crate::error::Error::from_accounting)?;
         *self.last_receipt.lock().expect("lock") = Some(receipt.clone());
@@ -290,7 +293,7 @@ impl PrivateSession {
         let charges = charges_of(checked.calls());
         let preview = self
             .accountant
-            .preview(&charges)
+            .preview_at(&charges, self.default_delta())
             .map_err(crate::error::Error::from_accounting)?;
         let batch = statements::explain_privacy_batch(checked.calls(), &preview)?;
         let mut r = QueryResult::of(vec![batch.clone()], batch.schema());

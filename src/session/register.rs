@@ -150,6 +150,19 @@ impl PrivateSession {
                 );
             }
             csv_pin(Some(provider.schema().fields().len()));
+            // Each file's header has the table's width, or its rows would all read as NULLs
+            // (round 47, review "fix-readers" F3). Not under a format the ledger is about to
+            // refuse (another delimiter splits the header otherwise): its message says why.
+            let refused_format = reg.relax.is_none()
+                && self
+                    .accountant
+                    .policy(&key)
+                    .and_then(|p| p.format)
+                    .is_some_and(|f| f != reg.csv.describe());
+            if private && matches!(format, FileFormat::Csv) && reg.csv.has_header && !refused_format
+            {
+                crate::owner::check_csv_widths(name, &set, &reg.csv, &provider.schema())?;
+            }
             reg.schema = Some(provider.schema());
             let format_text = match format {
                 FileFormat::Csv => reg.csv.describe(),

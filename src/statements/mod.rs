@@ -16,10 +16,10 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
-use crate::accounting::display::{Round, SHARE_SCALE, shown};
+use crate::accounting::display::{Round, SHARE_SCALE, shown, used_of_shown};
 use crate::accounting::{
-    Accountant, BudgetRow, DEFAULT_QUERY_DELTA, LedgerEntry, Neighbours, PreviewRow, Receipt,
-    TableKey, TablePolicy, Visibility,
+    Accountant, BudgetRow, LedgerEntry, Neighbours, PreviewRow, Receipt, TableKey, TablePolicy,
+    Visibility,
 };
 use crate::guard::{DpCall, GuardedTable, TableInfo};
 
@@ -53,9 +53,10 @@ fn pct(share: u64) -> f64 {
 /// `SHOW BUDGET` / `dp_budget()`: per private table, the guarantee (the largest ε and δ budgets
 /// in force), the filter and its unit, the sum used in that unit against its budget, the share
 /// used and left in percent, the largest ε one default query could still use
-/// (`remaining_epsilon`: one Gaussian call at δ 1e-7), the number of charged queries, and the
-/// additive δ of partition selection spent and left (docs/ACCOUNTING.md, "What the numbers
-/// mean").
+/// (`remaining_epsilon`: one Gaussian call at the δ the rows were computed at, the session's
+/// `dpfusion.default_delta` in `SHOW BUDGET`), the number of charged queries, and the additive
+/// δ of partition selection spent and left (docs/ACCOUNTING.md, "What the numbers mean"). The
+/// guarantee (`epsilon`, `delta`) is the owner's number, unrounded (display::budget).
 pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
     batch(vec![
         ("table", strings(rows.iter().map(|r| r.name.clone()))),
@@ -63,20 +64,22 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
         ("delta", floats(rows.iter().map(|r| r.delta))),
         ("filter", strings(rows.iter().map(|r| r.filter.to_string()))),
         ("unit", strings(rows.iter().map(|r| r.native.unit.clone()))),
-        // Rounded up, but never past the budget shown when it is within it: `budget − used` is
-        // never negative for a table that is not overspent.
+        // Used rounded up and the budget rounded down, shown together (display::used_of): with
+        // more digits where six would show a budget not used up as used up or overspent (round
+        // 47, review "newuser2", B).
         (
             "used",
-            floats(rows.iter().map(|r| {
-                let (used, budget) = (r.native.used, shown(r.native.budget, Round::Down));
-                let up = shown(used, Round::Up);
-                if used <= budget { up.min(budget) } else { up }
-            })),
+            floats(
+                rows.iter()
+                    .map(|r| used_of_shown(r.native.used, r.native.budget).0),
+            ),
         ),
-        // Rounded down, as refusals print it (round 47): a budget shown is never more than it.
         (
             "budget",
-            floats(rows.iter().map(|r| shown(r.native.budget, Round::Down))),
+            floats(
+                rows.iter()
+                    .map(|r| used_of_shown(r.native.used, r.native.budget).1),
+            ),
         ),
         (
             "used_pct",
@@ -218,9 +221,10 @@ pub fn ledger_batch(entries: &[LedgerEntry], viewer: Option<&str>) -> Result<Rec
 /// `EXPLAIN PRIVACY`: one row per DP release (its `epsilon`, `delta` and mechanism as written),
 /// then one summary row per table: the cost in the filter's unit (`cost`, `unit`) and as a share
 /// of the budget (`cost_pct`), the shares used and left after the query, the largest ε one
-/// default query could use after it (`remaining_epsilon_after`), the additive δ (partition
-/// selection) spent and left after it, the table's filter, and when it would be refused, the
-/// binding limit (`epsilon`, `delta for partition selection`, or the mechanism the filter does
+/// default query could use after it (`remaining_epsilon_after`, at the session's default δ; for
+/// a refused query, what it is now), the additive δ (partition selection) spent and left after
+/// it, the table's filter, and when it would be refused, the binding limit (and NULL shares
+/// used and left after it: nothing would be charged) (`epsilon`, `delta for partition selection`, or the mechanism the filter does
 /// not accept). A cost the filter cannot bound is NULL, never `inf`: the limit column says why.
 pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result<RecordBatch> {
     let mut table = Vec::new();
@@ -285,8 +289,10 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
                 p.native.cost,
             ))
         }));
-        used.push(bounded.then(|| pct(p.native.used_share)));
-        left.push(Some(pct(p.left_share)));
+        // A refused query leaves the table as it is: no share "after" it (round 47, review
+        // "newuser2", D: `used_after_pct 100`, `left_after_pct 0` as if admitted).
+        used.push((bounded && p.admitted).then(|| pct(p.native.used_share)));
+        left.push(p.admitted.then(|| pct(p.left_share)));
         next.push(Some(shown(p.next_epsilon, Round::Down)));
         admitted.push(Some(p.admitted));
         spent_delta.push(Some(shown(p.delta_spent_after, Round::Up)));
@@ -430,7 +436,7 @@ pub fn receipt_line(r: &Receipt) -> String {
                 num(n.cost, Round::Up),
                 percent(t.left_share),
                 num(t.next_epsilon, Round::Down),
-                crate::accounting::display::n6(DEFAULT_QUERY_DELTA),
+                crate::accounting::display::budget(t.next_epsilon_delta),
             );
             if t.delta_spent_after > 0.0 {
                 line.push_str(&format!(
@@ -445,8 +451,10 @@ pub fn receipt_line(r: &Receipt) -> String {
         .join("\n")
 }
 
+/// `dp_budget()`: the accountant, and the session's default δ, at which next ε is computed as
+/// SHOW BUDGET computes it (round 47).
 #[derive(Debug)]
-struct BudgetFn(Arc<Accountant>);
+struct BudgetFn(Arc<Accountant>, Arc<std::sync::RwLock<f64>>);
 #[derive(Debug)]
 struct LedgerFn(Arc<Accountant>);
 
@@ -469,7 +477,8 @@ fn system_table(name: &str, b: RecordBatch) -> Result<Arc<dyn TableProvider>> {
 
 impl TableFunctionImpl for BudgetFn {
     fn call_with_args(&self, _args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
-        system_table("dp_budget", budget_batch(&self.0.budget_rows())?)
+        let delta = *self.1.read().expect("lock");
+        system_table("dp_budget", budget_batch(&self.0.budget_rows_at(delta))?)
     }
 }
 
@@ -490,10 +499,42 @@ impl TableFunctionImpl for LedgerFn {
 }
 
 /// Registers `dp_budget()` and `dp_ledger()`.
-pub fn register_table_functions(ctx: &SessionContext, accountant: Arc<Accountant>) {
-    ctx.register_udtf("dp_budget", Arc::new(BudgetFn(accountant.clone())));
+pub fn register_table_functions(
+    ctx: &SessionContext,
+    accountant: Arc<Accountant>,
+    default_delta: Arc<std::sync::RwLock<f64>>,
+) {
+    ctx.register_udtf(
+        "dp_budget",
+        Arc::new(BudgetFn(accountant.clone(), default_delta)),
+    );
     ctx.register_udtf("dp_ledger", Arc::new(LedgerFn(accountant)));
 }
 
 #[allow(dead_code)]
 fn _types(_: DataType) {}
+
+#[cfg(test)]
+mod tests {
+    /// Round 47 (review "newuser2", F): docs/SQL.md's list of the functions
+    /// `dpfusion.max_rows_contributed` bounds is the code's: every aggregate that takes up to C
+    /// rows of a unit per group (`UnitRule::Rows`; the `_ci` variants follow their base), and
+    /// no other.
+    #[test]
+    fn the_sql_doc_lists_the_functions_max_rows_contributed_bounds() {
+        use dpfusion_udfs::aggregates::declaration::UnitRule;
+        let doc = include_str!("../../docs/SQL.md");
+        let line = doc
+            .lines()
+            .find(|l| l.starts_with("| `dpfusion.max_rows_contributed` = C"))
+            .expect("the setting's row");
+        for a in dpfusion_udfs::aggregates::registry::AGGREGATES {
+            if a.internal || a.name.ends_with("_ci") {
+                continue;
+            }
+            let listed = line.contains(&format!("`{}`", a.name));
+            let rows = a.units == UnitRule::Rows;
+            assert_eq!(rows, listed, "{}: {line}", a.name);
+        }
+    }
+}

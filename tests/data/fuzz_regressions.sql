@@ -54,3 +54,6 @@ SELECT * FROM (SELECT t.remote, CASE WHEN dp_stddev_ci(t.age, epsilon => 0.1, lo
 -- Round 47 (review "fuzzgaps"): the physical optimizer dropped the release's sort under a window,
 -- which then broke its noise-free ties in the order the hash aggregate met the groups.
 SELECT *, lag(k0) OVER (ORDER BY coalesce(length(CAST(k0 AS VARCHAR)) * 0, 0)) AS ox_w FROM (SELECT t.dept AS k0, dp_count(t.id, epsilon => 8) AS v0 FROM people t GROUP BY t.dept) r
+-- Round 47 (seed 4748, a false finding of the new exact comparison: partition selection released
+-- the NULL key on one side only, which the control ordered NULLs last could not see).
+SELECT coalesce(v0 * 0, 0), first_value(k0) AS ox_a, first_value(k0 ORDER BY k0 NULLS FIRST) AS oc_a, array_agg(k0 ORDER BY k0 NULLS FIRST) AS oc_s FROM (SELECT t.remote AS k0, dp_count(t.id, epsilon => 8) AS v0 FROM people t GROUP BY t.remote) r GROUP BY 1

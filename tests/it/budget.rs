@@ -176,3 +176,131 @@ async fn the_selection_delta_follows_the_tables_delta_unless_a_call_names_one() 
         "{e}"
     );
 }
+
+/// SHOW BUDGET's row of `people`, column by column, as text (CSV's full precision).
+async fn show_budget(s: &PrivateSession) -> std::collections::HashMap<String, String> {
+    use datafusion::arrow::util::display::array_value_to_string;
+    let r = s.sql("SHOW BUDGET").await.unwrap();
+    let b = &r.batches[0];
+    b.schema()
+        .fields()
+        .iter()
+        .zip(b.columns())
+        .map(|(f, c)| (f.name().clone(), array_value_to_string(c, 0).unwrap()))
+        .collect()
+}
+
+/// Round 47, review "newuser2", A: the next ε a session shows is computed at its own
+/// `dpfusion.default_delta`, so a default query at the number shown is admitted, and the
+/// receipt says at which δ; the δ refusal never suggests the session's default (a `delta =>`
+/// equal to it counts as not written), and what it suggests does what it says.
+#[tokio::test]
+async fn next_epsilon_and_the_delta_fix_follow_the_sessions_default_delta() {
+    let dir = temp_dir("r47-default-delta");
+    let s = session(&dir, 5.0, 1e-6).await;
+    s.sql("SET dpfusion.default_delta = 4e-7").await.unwrap();
+    let next = show_budget(&s).await["remaining_epsilon"].clone();
+    let r = s
+        .sql(&format!(
+            "SELECT dp_count(age, epsilon => {next}) AS n FROM people"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("a default query at the next ε shown ({next}): {e}"));
+    let receipt = r.receipt.expect("charged");
+    assert_eq!(receipt.tables[0].next_epsilon_delta, 4e-7);
+    let line = dpfusion::statements::receipt_line(&receipt);
+    assert!(line.contains("(Gaussian, δ 4e-7)"), "{line}");
+
+    let dir = temp_dir("r47-default-delta-fix");
+    let s = session(&dir, 50.0, 1e-6).await;
+    s.sql("SET dpfusion.default_delta = 1e-8").await.unwrap();
+    // δ_sel = 5e-7; a selection at 9.9e-7 spends 4.95e-7, about 5e-9 is left.
+    s.sql(
+        "SELECT dept, dp_count(age, epsilon => 0.1, delta => 9.9e-7) AS n FROM people \
+         GROUP BY dept",
+    )
+    .await
+    .unwrap();
+    let e = s
+        .sql(
+            "SELECT dept, dp_count(age, epsilon => 0.1, delta => 2e-8) AS n FROM people \
+             GROUP BY dept",
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    let at = e
+        .find("lower `delta =>` to ")
+        .unwrap_or_else(|| panic!("{e}"));
+    let fix = e[at + "lower `delta =>` to ".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    assert_ne!(
+        fix.parse::<f64>().unwrap(),
+        1e-8,
+        "the session's default: {e}"
+    );
+    // Written, it names the selection's δ (not capped as a default one would be).
+    let q = format!(
+        "SELECT dept, dp_count(age, epsilon => 0.1, delta => {fix}) AS n FROM people GROUP BY dept"
+    );
+    let ex = s.sql(&format!("EXPLAIN PRIVACY {q}")).await.unwrap();
+    let text = format!(
+        "{}",
+        datafusion::arrow::util::pretty::pretty_format_batches(&ex.batches).unwrap()
+    );
+    assert!(
+        text.contains(&format!("ε = 0.1, δ = {fix})")),
+        "{fix}: {text}"
+    );
+    s.sql(&q).await.unwrap_or_else(|e| panic!("{q}: {e}"));
+}
+
+/// Round 47, review "newuser2", B and C: spent up to the next ε shown, SHOW BUDGET and the ε
+/// refusal never show `used` at or above a budget that is not used up, nor 100% used; the
+/// refusal shows the budget as the owner wrote it (`1.0000001`, not `1`).
+#[tokio::test]
+async fn used_stays_below_an_unspent_budget_and_budgets_show_as_written() {
+    let dir = temp_dir("r47-used-below");
+    let s = session(&dir, 1.0000001, 1.0000001e-6).await;
+    for _ in 0..2 {
+        let next = show_budget(&s).await["remaining_epsilon"].clone();
+        if next.parse::<f64>().unwrap() == 0.0 {
+            break;
+        }
+        s.sql(&format!(
+            "SELECT dp_count(age, epsilon => {next}) AS n FROM people"
+        ))
+        .await
+        .unwrap();
+    }
+    let row = s.budget().remove(0);
+    let shown = show_budget(&s).await;
+    let f = |c: &str| shown[c].parse::<f64>().unwrap();
+    assert_eq!((f("epsilon"), f("delta")), (1.0000001, 1.0000001e-6));
+    if row.native.used < row.native.budget {
+        assert!(
+            row.native.used <= f("used") && f("used") < f("budget"),
+            "{shown:?} {row:?}"
+        );
+        assert!(f("budget") <= row.native.budget);
+        assert!(f("used_pct") < 100.0 && f("left_pct") > 0.0, "{shown:?}");
+    }
+    let e = s
+        .sql("SELECT dp_count(age, epsilon => 0.5) AS n FROM people")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ε = 1.0000001 at δ = "), "{e}");
+    let at = e.find(" is left (").unwrap_or_else(|| panic!("{e}"));
+    let mut words = e[at + " is left (".len()..].split_whitespace();
+    let x: f64 = words.next().unwrap().parse().unwrap();
+    assert_eq!(words.next(), Some("of"));
+    let y: f64 = words.next().unwrap().parse().unwrap();
+    if row.native.used < row.native.budget {
+        assert!(x < y, "{e}");
+        assert!(!e.contains("and 0% is left"), "{e}");
+    }
+}

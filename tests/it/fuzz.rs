@@ -1610,17 +1610,22 @@ impl Gen<'_> {
                 format!("SELECT *, {f} OVER ({order}{frame}) AS ox_w FROM ({inner}) r")
             }
             1 => {
+                // The controls: the same aggregate in key order (NULLs first, as the guard
+                // orders it), and the group set itself, so that a group set partition selection
+                // chose differently (a NULL key released on D′ only: seed 4748) gates the
+                // comparison.
                 let pairs = [
                     (
                         "string_agg(CAST(k0 AS VARCHAR), ',')",
-                        "string_agg(CAST(k0 AS VARCHAR), ',' ORDER BY k0)",
+                        "string_agg(CAST(k0 AS VARCHAR), ',' ORDER BY k0 NULLS FIRST)",
                     ),
-                    ("array_agg(k0)", "array_agg(k0 ORDER BY k0)"),
-                    ("first_value(k0)", "first_value(k0 ORDER BY k0)"),
+                    ("array_agg(k0)", "array_agg(k0 ORDER BY k0 NULLS FIRST)"),
+                    ("first_value(k0)", "first_value(k0 ORDER BY k0 NULLS FIRST)"),
                 ];
                 let (f, control) = pairs[self.rng.below(pairs.len())];
                 format!(
-                    "SELECT {tie} AS z, {f} AS ox_a, {control} AS oc_a FROM ({inner}) r GROUP BY 1"
+                    "SELECT {tie} AS z, {f} AS ox_a, {control} AS oc_a, \
+                     array_agg(k0 ORDER BY k0 NULLS FIRST) AS oc_s FROM ({inner}) r GROUP BY 1"
                 )
             }
             _ => {

@@ -414,3 +414,161 @@ async fn a_parquet_file_without_a_not_null_column_reads_its_default() {
     assert_eq!(answers[0], answers[1]);
     assert_eq!(answers[0][0][0], "6", "no NULL");
 }
+
+/// The error a registration gives (it must fail).
+async fn refusal(
+    r: impl std::future::Future<Output = datafusion::common::Result<impl Sized>>,
+) -> String {
+    match r.await {
+        Ok(_) => panic!("the registration was accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Round 47 (review "fix-readers" F1): a type whose safe cast can still fail on one value is
+/// refused at the registration of a private file table, naming the column, the type and what
+/// to declare: a dictionary with an Int8 key (its key overflows once a batch holds 129
+/// distinct values) over CSV, over Parquet declared, and in a Parquet file's own schema
+/// (inferred, as pandas writes categoricals); a list with non-null items over CSV (a value that
+/// does not convert is a NULL item, which the list refuses). Before, the read failed after the
+/// charge on the file with one more distinct value, or with one item `zz`.
+#[tokio::test]
+async fn a_type_a_safe_cast_can_fail_to_produce_is_refused_at_registration() {
+    use datafusion::arrow::array::{DictionaryArray, StringArray};
+    use datafusion::arrow::datatypes::Int8Type;
+    use dpfusion::datafusion::parquet::arrow::ArrowWriter;
+    let dir = temp_dir("readers-partial-types");
+    let s = session(&dir, 2).await;
+    let dict8 = DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8));
+    let csv = dir.join("t.csv");
+    let mut text = String::from("g,v\n");
+    for i in 0..1000 {
+        text.push_str(&format!("v{},{i}\n", i % 128));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let declared = |g: DataType| {
+        Arc::new(Schema::new(vec![
+            Field::new("g", g, true),
+            Field::new("v", DataType::Int64, true),
+        ]))
+    };
+    let e = refusal(s.register_csv("t", &csv, private().schema(declared(dict8.clone())))).await;
+    assert!(
+        e.contains("column 'g'")
+            && e.contains("Dictionary(Int8, Utf8)")
+            && e.contains("Dictionary(Int32, Utf8)"),
+        "{e}"
+    );
+    let list = DataType::List(Arc::new(Field::new("item", DataType::Int64, false)));
+    let e = refusal(s.register_csv("t", &csv, private().schema(declared(list)))).await;
+    assert!(
+        e.contains("column 'g'") && e.contains("List(non-null Int64)") && e.contains("List(Int64)"),
+        "{e}"
+    );
+    // Parquet: a Utf8 file under a declared Int8 dictionary, and a file whose own schema has one.
+    let utf8 = dir.join("utf8.parquet");
+    let own = dir.join("own.parquet");
+    for (path, dict) in [(&utf8, false), (&own, true)] {
+        let values: Vec<String> = (0..200).map(|i| format!("v{}", i % 100)).collect();
+        let column: datafusion::arrow::array::ArrayRef = if dict {
+            Arc::new(
+                values
+                    .iter()
+                    .map(|v| v.as_str())
+                    .collect::<DictionaryArray<Int8Type>>(),
+            )
+        } else {
+            Arc::new(StringArray::from(values))
+        };
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "g",
+            column.data_type().clone(),
+            true,
+        )]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![column]).unwrap();
+        let mut w =
+            ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
+    let pinned = Arc::new(Schema::new(vec![Field::new("g", dict8, true)]));
+    for (path, reg) in [(&utf8, private().schema(pinned)), (&own, private())] {
+        let e = refusal(s.register_parquet("p", path, reg)).await;
+        assert!(
+            e.contains("column 'g'")
+                && e.contains("Dictionary(Int8, Utf8)")
+                && e.contains("32-bit key"),
+            "{}: {e}",
+            path.display()
+        );
+    }
+    assert!(s.tables().is_empty(), "nothing registered");
+}
+
+/// Round 47 (review "fix-readers" F1): a dictionary with a 32-bit key still registers, declared
+/// and then pinned in the ledger, and reads 300 distinct values (more than an 8-bit key holds).
+#[tokio::test]
+async fn a_dictionary_with_a_32_bit_key_still_registers() {
+    let dir = temp_dir("readers-dict32");
+    let csv = dir.join("t.csv");
+    let mut text = String::from("g,v\n");
+    for i in 0..3000 {
+        text.push_str(&format!("v{},{i}\n", i % 300));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let dict32 = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+    let declared = Arc::new(Schema::new(vec![
+        Field::new("g", dict32.clone(), true),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    for again in [false, true] {
+        let s = session(&dir, 2).await;
+        let reg = if again {
+            private()
+        } else {
+            private().schema(declared.clone())
+        };
+        s.register_csv("t", &csv, reg).await.unwrap();
+        let (_, _, t) = s.tables().into_iter().find(|t| t.0 == "t").unwrap();
+        assert_eq!(t.field(0).data_type(), &dict32, "{again}");
+        assert_eq!(count(&s, "t", "g").await, 3000, "{again}");
+    }
+}
+
+/// Round 47 (review "fix-readers" F3): a private CSV file whose header's width is not the
+/// table's is refused at registration, naming the file: declared one column short, the
+/// ledger's pin after the owner added a column to the file, and a directory whose second file
+/// has another width at the first registration (inferred). Before, every record of that file
+/// read as a row of NULLs and queries charged for nothing.
+#[tokio::test]
+async fn a_csv_header_of_another_width_is_refused_naming_the_file() {
+    let dir = temp_dir("readers-width");
+    let f = dir.join("t.csv");
+    std::fs::write(&f, "g,v\na,1\nb,2\n").unwrap();
+    let s = session(&dir, 2).await;
+    let one = Arc::new(Schema::new(vec![Field::new("g", DataType::Utf8, true)]));
+    let e = refusal(s.register_csv("t", &f, private().schema(one))).await;
+    assert!(
+        e.contains("t.csv") && e.contains("has 2 column") && e.contains("has 1 (g)"),
+        "{e}"
+    );
+    // Pinned with two columns, then the file gets a third.
+    s.register_csv("t", &f, private()).await.unwrap();
+    std::fs::write(&f, "g,v,w\na,1,x\nb,2,y\n").unwrap();
+    let s = session(&dir, 2).await;
+    let e = refusal(s.register_csv("t", &f, private())).await;
+    assert!(
+        e.contains("t.csv") && e.contains("has 3 column") && e.contains("(g, v)"),
+        "{e}"
+    );
+    // A directory: the second file is narrower.
+    let d = dir.join("d");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("a.csv"), "g,v\na,1\n").unwrap();
+    std::fs::write(d.join("b.csv"), "g\nb\n").unwrap();
+    let e = refusal(s.register_csv("d", &d, private())).await;
+    assert!(e.contains("b.csv") && e.contains("has 1 column"), "{e}");
+    std::fs::write(d.join("b.csv"), "g,v\nb,2\n").unwrap();
+    s.register_csv("d", &d, private()).await.unwrap();
+    assert_eq!(count(&s, "d", "v").await, 2);
+}

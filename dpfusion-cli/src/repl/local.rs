@@ -133,12 +133,12 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
         }
         match budget.iter().find(|b| b.name == name) {
             Some(b) => {
-                use dpfusion::accounting::display::{Round, SHARE_SCALE, n6, num, percent};
+                use dpfusion::accounting::display::{Round, SHARE_SCALE, num, percent};
                 format!(
                     "private, budget ε {} at δ {}; {} filter, {} used, {} left (one more query \
                      could use ε ≤ {}); partition-selection δ {} spent, {} left",
-                    n6(b.epsilon),
-                    n6(b.delta),
+                    dpfusion::accounting::display::budget(b.epsilon),
+                    dpfusion::accounting::display::budget(b.delta),
                     b.filter,
                     percent(b.native.used_share),
                     percent(SHARE_SCALE.saturating_sub(b.native.used_share)),

@@ -10,7 +10,7 @@ use arrow_flight::sql::CommandGetTables;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use datafusion::arrow::array::{Array, BinaryArray, Float64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::SchemaRef;
-use dpfusion::accounting::display::{Round, n6, num, percent};
+use dpfusion::accounting::display::{Round, num, percent};
 use dpfusion::serve::StatementMetadata;
 use futures::StreamExt;
 use tonic::transport::Channel;
@@ -276,7 +276,7 @@ impl Backend for Remote {
         let policy = |name: &str| match budget.iter().find(|b| b.name == name) {
             Some(b) => format!(
                 "private, budget ε {}, {} left (one more query could use ε ≤ {})",
-                n6(b.epsilon),
+                dpfusion::accounting::display::budget(b.epsilon),
                 percent(b.left_share),
                 num(b.remaining, Round::Down)
             ),

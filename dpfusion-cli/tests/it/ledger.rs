@@ -11,7 +11,7 @@ use dpfusion::accounting::{
 use dpfusion::dpfusion_udfs::privacy::Event;
 
 use crate::common::*;
-use dpfusion::accounting::display::{self, Round, SHARE_SCALE};
+use dpfusion::accounting::display::{self, SHARE_SCALE};
 
 /// Built from JSON, as the ledger stores it, so that fields added to `TablePolicy` later (with
 /// their serde defaults, which old ledgers need anyway) do not break this test.
@@ -1269,10 +1269,10 @@ async fn ledger_verify_and_report_show_the_numbers_show_budget_shows() {
             at(v, "guarantee"),
             format!(
                 "ε={} δ={}",
-                display::num(b.epsilon, Round::Up),
-                display::num(b.delta, Round::Up)
+                display::budget(b.epsilon),
+                display::budget(b.delta)
             ),
-            "{name}: the guarantee is SHOW BUDGET's epsilon and delta"
+            "{name}: the guarantee is SHOW BUDGET's epsilon and delta, as the owner wrote them"
         );
         assert_eq!(
             millionths(&at(v, "used")) as f64 / 1e4,
@@ -1371,5 +1371,137 @@ async fn ledger_verify_and_report_show_the_numbers_show_budget_shows() {
         g.contains("budget ε 5 at δ 1e-6 (the guarantee") && g.contains("in force now ε 2, δ 1e-6"),
         "{}",
         &g[..g.find("</p>").unwrap()]
+    );
+}
+
+/// Round 47, review "newuser2": B, a table charged up to the advertised next ε never shows
+/// `used` at or above its budget while something is left (`2.81392 of 2.81391`); C, a budget
+/// nobody lowered shows the same guarantee and budget in force, as the owner wrote it
+/// (`1.0000001`, not `1.00001` and `1`); A, `verify` says at which δ its next ε is; G, a table
+/// made public after it was charged keeps its charges, SQL and guarantee in `ledger report`.
+#[tokio::test]
+async fn ledger_tools_show_budgets_as_written_and_keep_a_table_made_public() {
+    let dir = temp_dir("r47-newuser2");
+    let ledger = dir.join("ledger").join("ledger.jsonl");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for t in ["s", "p"] {
+        std::fs::copy(people_csv(), data.join(format!("{t}.csv"))).unwrap();
+    }
+    let open = || async {
+        PrivateSession::open(
+            SessionOptions::default()
+                .with_ledger(&ledger)
+                .with_target_partitions(2),
+        )
+        .await
+        .unwrap()
+    };
+    let s = open().await;
+    s.register_csv(
+        "s",
+        &data.join("s.csv"),
+        Registration::private().budget(1.0000001, 1.0000001e-6),
+    )
+    .await
+    .unwrap();
+    s.register_csv(
+        "p",
+        &data.join("p.csv"),
+        Registration::private().budget(5.0, 1e-6),
+    )
+    .await
+    .unwrap();
+    // Spend s up to the next ε SHOW BUDGET advertises, then once more: as close to the budget
+    // as admission goes.
+    for _ in 0..2 {
+        let next = show_budget(&s).await["s"].remaining_epsilon;
+        if next == 0.0 {
+            break;
+        }
+        s.sql(&format!(
+            "SELECT dp_count(id, epsilon => {next}) AS n FROM s"
+        ))
+        .await
+        .unwrap();
+    }
+    s.sql("SELECT dp_count(id, epsilon => 1) AS n FROM p")
+        .await
+        .unwrap();
+    let row = s.budget().into_iter().find(|r| r.name == "s").unwrap();
+    drop(s);
+    // The owner publishes p.
+    let s = open().await;
+    s.register_csv(
+        "p",
+        &data.join("p.csv"),
+        Registration::public().relax("published"),
+    )
+    .await
+    .unwrap();
+    drop(s);
+
+    let out = verify_cli(&ledger);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}");
+    let s_line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("s "))
+        .unwrap();
+    assert_eq!(
+        s_line.matches("ε=1.0000001 δ=1.0000001e-6").count(),
+        2,
+        "guarantee and budget in force as written, equal: {s_line}"
+    );
+    assert!(
+        stdout.contains("next ε: the largest ε of one more Gaussian call at δ 1e-7"),
+        "{stdout}"
+    );
+
+    let html_path = dir.join("out").join("report.html");
+    std::fs::create_dir_all(html_path.parent().unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        .args(["ledger", "report", ledger.to_str().unwrap(), "-o"])
+        .arg(&html_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&html_path).unwrap();
+    let section = &html[html.find(">Table s</h2>").unwrap()..];
+    let para = &section[..section.find("</p>").unwrap()];
+    assert!(
+        para.contains("budget ε 1.0000001 at δ 1.0000001e-6")
+            && para.contains("in force now ε 1.0000001, δ 1.0000001e-6"),
+        "{para}"
+    );
+    // "used <unit> X of Y": X < Y while the true amount used is below the budget.
+    let used = &para[para.find(" filter: used ").unwrap() + " filter: used ".len()..];
+    let mut words = used.split_whitespace().skip(1);
+    let x: f64 = words.next().unwrap().parse().unwrap();
+    assert_eq!(words.next(), Some("of"));
+    let y: f64 = words.next().unwrap().parse().unwrap();
+    assert!(row.native.used < row.native.budget, "{row:?}");
+    assert!(
+        row.native.used <= x && x < y && y <= row.native.budget,
+        "{x} of {y}: {para}"
+    );
+    assert!(
+        !para.contains("(100% used") && !para.contains(" 0% left"),
+        "{para}"
+    );
+    // p, now public, keeps its charge, its SQL and its guarantee.
+    let p = &html[html.find(">Table p</h2>").expect("p's section stays")..];
+    let p = &p[..p[1..].find("<h2").map_or(p.len(), |i| i + 1)];
+    assert!(
+        p.contains("now public") && p.contains("ε 5 at δ 1e-6"),
+        "{p}"
+    );
+    assert!(
+        p.contains("dp_count(id, epsilon =&gt; 1)") || p.contains("dp_count(id, epsilon => 1)"),
+        "{p}"
     );
 }
