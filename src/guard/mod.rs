@@ -399,11 +399,11 @@ fn visit(plan: LogicalPlan, cx: &mut Cx) -> Result<LogicalPlan> {
 /// such operator is now followed by a sort of its output (pinned: [`release_order`]), so nothing
 /// above it reads a row before all are there, in an order of the released values alone; and
 /// `array_agg`, `string_agg`, `first_value`, `last_value` and `nth_value` over released rows are
-/// ordered by their own ORDER BY, then by their value, so their result does not depend on the
-/// order they meet rows in. An ORDER BY over released rows has its ties broken by every column,
-/// and a LIMIT without one takes the first rows of a sort of all columns. (Float sums merged from
-/// partitions may still differ in the last bits from run to run: docs/PRIVACY.md, "The order of
-/// released rows".)
+/// ordered by their own ORDER BY, then by every column of their input, so their result does not
+/// depend on the order they meet rows in. An ORDER BY over released rows has its ties broken by
+/// every column, and a LIMIT without one takes the first rows of a sort of all columns. Float sums
+/// and moments over released rows, which DataFusion merges in the order their partial sums
+/// arrive, are refused ([`FLOAT_SUMS`]).
 fn sort_after_combining(plan: LogicalPlan) -> Result<LogicalPlan> {
     if !reads_private(&plan) {
         return Ok(plan);
@@ -569,8 +569,8 @@ fn total_sort_exprs(
 }
 
 /// Aggregates over released rows whose result does not depend on the order they meet their
-/// rows in (DataFusion 55's names; float sums and moments up to their last bits, see
-/// `sort_after_combining`). Every other aggregate is either ordered
+/// rows in (DataFusion 55's names; over floats, the sums and moments are not: [`FLOAT_SUMS`]).
+/// Every other aggregate is either ordered
 /// ([`ORDER_SENSITIVE_AGGREGATES`]) or refused: `any_value` keeps the first value it meets, the
 /// `approx_` quantiles merge digests in arrival order, and an aggregate DataFusion adds later is
 /// refused until it is listed.
@@ -620,9 +620,7 @@ const ORDER_FREE_AGGREGATES: &[&str] = &[
 /// are refused (completing the order would change which rows are peers).
 fn order_sensitive_window(e: Expr, input: &LogicalPlan) -> Result<Expr> {
     use datafusion::logical_expr::{WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition};
-    let name = e.schema_name().to_string();
-    let aliased = matches!(e, Expr::Alias(_));
-    let ordered = e.transform_up(|x| {
+    rewrite_keeping_name(e, |x| {
         let Expr::WindowFunction(w) = &x else {
             return Ok(Transformed::no(x));
         };
@@ -630,6 +628,9 @@ fn order_sensitive_window(e: Expr, input: &LogicalPlan) -> Result<Expr> {
             WindowFunctionDefinition::AggregateUDF(a) => (a.name().to_ascii_lowercase(), true),
             WindowFunctionDefinition::WindowUDF(u) => (u.name().to_ascii_lowercase(), false),
         };
+        if aggregate && FLOAT_SUMS.contains(&fname.as_str()) {
+            check_exact_sum(&fname, &w.params.args, input)?;
+        }
         let frame = &w.params.window_frame;
         let unbounded = |b: &WindowFrameBound| match b {
             WindowFrameBound::Preceding(v) | WindowFrameBound::Following(v) => v.is_null(),
@@ -641,8 +642,22 @@ fn order_sensitive_window(e: Expr, input: &LogicalPlan) -> Result<Expr> {
             (false, "rank" | "dense_rank" | "percent_rank" | "cume_dist") => false,
             (false, "row_number" | "ntile" | "lag" | "lead") => true,
             (false, "first_value" | "last_value" | "nth_value") if rows || whole => true,
-            // The partition's first row, whatever the end of its frame.
-            (false, "first_value") if unbounded(&frame.start_bound) => true,
+            // The partition's first row, where its frame ends at the current row or after it
+            // (never empty) and NULLs are not skipped (round 47, the third review: a GROUPS frame
+            // ending 1 PRECEDING, or IGNORE NULLS, gave other rows once completed).
+            (false, "first_value")
+                if unbounded(&frame.start_bound)
+                    && matches!(
+                        frame.end_bound,
+                        WindowFrameBound::CurrentRow | WindowFrameBound::Following(_)
+                    )
+                    && !matches!(
+                        w.params.null_treatment,
+                        Some(datafusion::logical_expr::expr::NullTreatment::IgnoreNulls)
+                    ) =>
+            {
+                true
+            }
             (true, f) if ORDER_FREE_AGGREGATES.contains(&f) => rows && !whole,
             (true, f) if ORDER_SENSITIVE_AGGREGATES.contains(&f) && (rows || whole) => true,
             _ => {
@@ -666,11 +681,60 @@ fn order_sensitive_window(e: Expr, input: &LogicalPlan) -> Result<Expr> {
             }
         }
         Ok(Transformed::yes(Expr::WindowFunction(Box::new(w))))
-    })?;
-    Ok(match ordered {
-        t if t.transformed && !aliased => t.data.alias(name),
-        t => t.data,
     })
+}
+
+/// `e` rewritten bottom-up by `f`, under the name it had: the column its plan's parent reads
+/// keeps its name when `f` adds an ORDER BY to a function (which changes the expression's name).
+fn rewrite_keeping_name(e: Expr, f: impl FnMut(Expr) -> Result<Transformed<Expr>>) -> Result<Expr> {
+    let name = e.schema_name().to_string();
+    let aliased = matches!(e, Expr::Alias(_));
+    let t = e.transform_up(f)?;
+    Ok(if t.transformed && !aliased {
+        t.data.alias(name)
+    } else {
+        t.data
+    })
+}
+
+/// The order-free aggregates that add floats: over float values their result depends on the
+/// order their partial sums arrive in (round 47, the third review of the release order: a sum
+/// of 1e20, -1e20 and ones over 20,000 released rows gave 0 or 8192 from run to run). Over
+/// released rows they are refused for floats; integers and decimals add exactly.
+const FLOAT_SUMS: &[&str] = &[
+    "sum",
+    "avg",
+    "stddev",
+    "stddev_pop",
+    "var",
+    "var_pop",
+    "corr",
+    "covar_pop",
+    "covar_samp",
+    "regr_slope",
+    "regr_intercept",
+    "regr_r2",
+    "regr_avgx",
+    "regr_avgy",
+    "regr_sxx",
+    "regr_syy",
+    "regr_sxy",
+];
+
+/// Refuses `name` (one of [`FLOAT_SUMS`]) over released rows when an argument is a float.
+fn check_exact_sum(name: &str, args: &[Expr], input: &LogicalPlan) -> Result<()> {
+    for a in args {
+        let t = a.get_type(input.schema())?;
+        if t.is_floating() {
+            return Err(refuse(format!(
+                "{name} of {t} values over released rows: DataFusion adds the partial sums of \
+                 its threads in the order they arrive, and float addition depends on that order \
+                 (a sum of 1e20, -1e20 and ones gave 0 or 8192 from run to run). Cast the values \
+                 to DECIMAL (e.g. CAST(v AS DECIMAL(38, 6))), whose sums do not depend on order."
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The aggregates whose result depends on the order they meet their rows in (DataFusion 55's
@@ -687,14 +751,14 @@ const ORDER_SENSITIVE_AGGREGATES: &[&str] = &[
 /// depends on the order of its rows: rows that tie on the completed order have the same value,
 /// so the result is one whatever order they come in. One whose value cannot be sorted is refused.
 fn order_sensitive_aggregate(e: Expr, input: &LogicalPlan) -> Result<Expr> {
-    // The column the aggregate's parent reads keeps its name.
-    let name = e.schema_name().to_string();
-    let aliased = matches!(e, Expr::Alias(_));
-    let ordered = e.transform_up(|x| {
+    rewrite_keeping_name(e, |x| {
         let Expr::AggregateFunction(f) = &x else {
             return Ok(Transformed::no(x));
         };
         let name = f.func.name().to_ascii_lowercase();
+        if FLOAT_SUMS.contains(&name.as_str()) {
+            check_exact_sum(&name, &f.params.args, input)?;
+        }
         if ORDER_FREE_AGGREGATES.contains(&name.as_str()) || is_dp_function(&name) {
             return Ok(Transformed::no(x));
         }
@@ -710,11 +774,23 @@ fn order_sensitive_aggregate(e: Expr, input: &LogicalPlan) -> Result<Expr> {
         let Some(value) = f.params.args.first() else {
             return Ok(Transformed::no(x));
         };
-        let t = value.get_type(input.schema())?;
-        let Some(keys) = sort_keys(value.clone(), &t) else {
-            return Err(refuse(format!(
-                "{name}({value}) over released rows: its result depends on the order it meets                  rows in, which is ordered by its value, and a value of type {t} cannot be                  sorted. Aggregate a sortable value (a scalar, a string, or a struct of these)."
-            )));
+        // Completed by every column of the input, so that every ordered aggregate of one
+        // aggregation picks its rows in one order and values of one row stay together
+        // (`DISTINCT ON` is one `first_value` per column: round 47, the third review of the
+        // release order); by the value alone where a column cannot be sorted.
+        let keys = match total_sort_exprs(input.schema(), "an ordered aggregate") {
+            Ok(keys) => keys,
+            Err(_) => {
+                let t = value.get_type(input.schema())?;
+                sort_keys(value.clone(), &t).ok_or_else(|| {
+                    refuse(format!(
+                        "{name}({value}) over released rows: its result depends on the order it \
+                         meets rows in, which is ordered by its value, and a value of type {t} \
+                         cannot be sorted. Aggregate a sortable value (a scalar, a string, or a \
+                         struct of these)."
+                    ))
+                })?
+            }
         };
         let mut f = f.clone();
         for k in keys {
@@ -723,10 +799,6 @@ fn order_sensitive_aggregate(e: Expr, input: &LogicalPlan) -> Result<Expr> {
             }
         }
         Ok(Transformed::yes(Expr::AggregateFunction(f)))
-    })?;
-    Ok(match ordered {
-        t if t.transformed && !aliased => t.data.alias(name),
-        t => t.data,
     })
 }
 

@@ -259,6 +259,15 @@ mod tests {
 
     /// A private table `t(g, x)`, groups A–H, and the checked plans of `queries` over it.
     async fn checked(queries: &[&str]) -> Vec<crate::guard::CheckedPlan> {
+        checks(queries)
+            .await
+            .into_iter()
+            .map(|c| c.unwrap())
+            .collect()
+    }
+
+    /// [`checked`], with the refusals.
+    async fn checks(queries: &[&str]) -> Vec<Result<crate::guard::CheckedPlan>> {
         let dir = crate::testdir::test_dir("release-order");
         let s = crate::PrivateSession::open(
             crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
@@ -284,9 +293,65 @@ mod tests {
             .unwrap();
         let mut out = vec![];
         for q in queries {
-            out.push(s.check(q).await.unwrap());
+            out.push(s.check(q).await);
         }
         out
+    }
+
+    /// Round 47, the third review of the release order: over released rows a float sum (whose
+    /// partial sums DataFusion adds in arrival order: 0 or 8192 from run to run) is refused and a
+    /// decimal one admitted; `first_value` over a frame that can be empty, or skipping NULLs, is
+    /// refused (completing its order changed its value); the ordered aggregates of one GROUP BY
+    /// share one order, so `DISTINCT ON`'s columns come from one row.
+    #[tokio::test]
+    async fn order_dependent_results_over_releases_are_refused_or_made_one() {
+        let r = "(SELECT g, dp_count(x, epsilon => 1) AS v0 FROM t GROUP BY g) r";
+        let refused = [
+            format!("SELECT sum(CAST(v0 AS DOUBLE)) AS s FROM {r}"),
+            format!("SELECT g, v0, avg(v0 * 0.5) OVER () AS a FROM {r}"),
+            format!(
+                "SELECT g, v0, first_value(g) OVER (ORDER BY v0 * 0 GROUPS BETWEEN UNBOUNDED \
+                 PRECEDING AND 1 PRECEDING) AS f FROM {r}"
+            ),
+            format!(
+                "SELECT g, v0, first_value(CASE WHEN g > 'B' THEN g END) IGNORE NULLS \
+                 OVER (ORDER BY v0 * 0) AS f FROM {r}"
+            ),
+        ];
+        let admitted = [
+            format!("SELECT sum(CAST(v0 AS DECIMAL(38, 6))) AS s FROM {r}"),
+            format!("SELECT g, v0, first_value(g) OVER (ORDER BY v0 * 0) AS f FROM {r}"),
+            format!(
+                "SELECT v0 * 0 AS k, first_value(g) AS a, first_value(v0) AS b FROM {r} \
+                 GROUP BY v0 * 0"
+            ),
+        ];
+        let queries: Vec<&str> = refused
+            .iter()
+            .chain(&admitted)
+            .map(String::as_str)
+            .collect();
+        let results = checks(&queries).await;
+        for (q, c) in queries.iter().zip(&results).take(refused.len()) {
+            let e = c.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains("over released rows"), "{q}: {e}");
+        }
+        for (q, c) in queries.iter().zip(&results).skip(refused.len()) {
+            assert!(c.is_ok(), "{q}: {:?}", c.as_ref().err());
+        }
+        // Both first_values are ordered by every column, in one order.
+        let plan = results
+            .last()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .plan()
+            .display_indent()
+            .to_string();
+        let order = "ORDER BY [r.g ASC NULLS FIRST, r.v0 ASC NULLS FIRST]";
+        for f in ["first_value(r.g)", "first_value(r.v0)"] {
+            assert!(plan.contains(&format!("{f} {order}")), "{plan}");
+        }
     }
 
     /// A session state with DataFusion's physical rules, [`PinReleaseOrder`] first if `pin`.
