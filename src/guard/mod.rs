@@ -569,15 +569,13 @@ fn total_sort_exprs(
 }
 
 /// Aggregates over released rows whose result does not depend on the order they meet their
-/// rows in (DataFusion 55's names; over floats, the sums and moments are not: [`FLOAT_SUMS`]).
-/// Every other aggregate is either ordered
+/// rows in (DataFusion 55's names), besides the sums and moments of [`FLOAT_SUMS`], which are
+/// too over integers and decimals. Every other aggregate is either ordered
 /// ([`ORDER_SENSITIVE_AGGREGATES`]) or refused: `any_value` keeps the first value it meets, the
 /// `approx_` quantiles merge digests in arrival order, and an aggregate DataFusion adds later is
 /// refused until it is listed.
 const ORDER_FREE_AGGREGATES: &[&str] = &[
     "count",
-    "sum",
-    "avg",
     "min",
     "max",
     "median",
@@ -588,24 +586,25 @@ const ORDER_FREE_AGGREGATES: &[&str] = &[
     "bit_or",
     "bit_xor",
     "approx_distinct",
-    "stddev",
-    "stddev_pop",
-    "var",
-    "var_pop",
-    "corr",
-    "covar_pop",
-    "covar_samp",
-    "regr_slope",
-    "regr_intercept",
     "regr_count",
-    "regr_r2",
-    "regr_avgx",
-    "regr_avgy",
-    "regr_sxx",
-    "regr_syy",
-    "regr_sxy",
     "grouping",
 ];
+
+/// Is `name` an aggregate whose result over released rows does not depend on the order it meets
+/// rows in ([`ORDER_FREE_AGGREGATES`], and [`FLOAT_SUMS`] over integers and decimals)?
+fn order_free(name: &str) -> bool {
+    ORDER_FREE_AGGREGATES.contains(&name) || FLOAT_SUMS.contains(&name)
+}
+
+/// The order-free aggregates, for messages.
+fn order_free_names() -> String {
+    FLOAT_SUMS
+        .iter()
+        .chain(ORDER_FREE_AGGREGATES)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// `e` (a window function over released rows) with its ORDER BY completed by every column of
 /// `input` where its result depends on the order of rows that tie (round 47, the review of the
@@ -658,7 +657,7 @@ fn order_sensitive_window(e: Expr, input: &LogicalPlan) -> Result<Expr> {
             {
                 true
             }
-            (true, f) if ORDER_FREE_AGGREGATES.contains(&f) => rows && !whole,
+            (true, f) if order_free(f) => rows && !whole,
             (true, f) if ORDER_SENSITIVE_AGGREGATES.contains(&f) && (rows || whole) => true,
             _ => {
                 return Err(refuse(format!(
@@ -667,7 +666,7 @@ fn order_sensitive_window(e: Expr, input: &LogicalPlan) -> Result<Expr> {
                      decide. Use a ROWS frame (ROWS BETWEEN …), or one of row_number, rank, \
                      dense_rank, percent_rank, cume_dist, ntile, lag, lead, or an aggregate \
                      whose result does not depend on order ({})",
-                    ORDER_FREE_AGGREGATES.join(", ")
+                    order_free_names()
                 )));
             }
         };
@@ -747,9 +746,10 @@ const ORDER_SENSITIVE_AGGREGATES: &[&str] = &[
     "nth_value",
 ];
 
-/// `e` (an aggregate over released rows) with its ORDER BY completed by its value, if its result
-/// depends on the order of its rows: rows that tie on the completed order have the same value,
-/// so the result is one whatever order they come in. One whose value cannot be sorted is refused.
+/// `e` (an aggregate over released rows) with its ORDER BY completed by every column of its input
+/// (by its value where a column cannot be sorted), if its result depends on the order of its
+/// rows: rows that tie on the completed order are equal, so the result is one whatever order
+/// they come in; an aggregate neither order-free nor ordered is refused, and so is a float sum.
 fn order_sensitive_aggregate(e: Expr, input: &LogicalPlan) -> Result<Expr> {
     rewrite_keeping_name(e, |x| {
         let Expr::AggregateFunction(f) = &x else {
@@ -759,7 +759,7 @@ fn order_sensitive_aggregate(e: Expr, input: &LogicalPlan) -> Result<Expr> {
         if FLOAT_SUMS.contains(&name.as_str()) {
             check_exact_sum(&name, &f.params.args, input)?;
         }
-        if ORDER_FREE_AGGREGATES.contains(&name.as_str()) || is_dp_function(&name) {
+        if order_free(&name) || is_dp_function(&name) {
             return Ok(Transformed::no(x));
         }
         if !ORDER_SENSITIVE_AGGREGATES.contains(&name.as_str()) {
@@ -768,7 +768,7 @@ fn order_sensitive_aggregate(e: Expr, input: &LogicalPlan) -> Result<Expr> {
                  in, which DataFusion's threads decide. Use an aggregate whose result does not \
                  ({}), or array_agg, string_agg, first_value, last_value or nth_value (ordered \
                  by their value).",
-                ORDER_FREE_AGGREGATES.join(", ")
+                order_free_names()
             )));
         }
         let Some(value) = f.params.args.first() else {
