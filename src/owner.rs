@@ -243,6 +243,7 @@ pub async fn csv_provider(
 /// review "fix-readers" F3: a column added to the file, a `columns` list one entry short, a
 /// directory whose files differ). Reads each file's first record only.
 pub fn check_csv_widths(
+    fs: &PinnedFs,
     table: &str,
     set: &FileSet,
     format: &CsvFormat,
@@ -255,8 +256,11 @@ pub fn check_csv_widths(
         if set.root_is_dir && !f.path.to_string_lossy().ends_with(&ext) {
             continue;
         }
-        let width = std::fs::File::open(&f.path)
-            .and_then(|file| files::csv_total::first_record_width(&dialect, file))
+        // Opened through the pins, as every read of the table's files (not by its path again).
+        let width = fs
+            .open_read(&f.path)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|(file, _)| files::csv_total::first_record_width(&dialect, file))
             .map_err(|e| {
                 DataFusionError::Plan(format!(
                     "table '{table}': cannot read the header of {}: {e}",

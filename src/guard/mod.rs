@@ -499,14 +499,7 @@ fn sort_after_combining_rows(plan: LogicalPlan) -> Result<LogicalPlan> {
         return Ok(plan);
     }
     let keys = total_sort_exprs(plan.schema(), plan_kind(&plan))?;
-    if keys.is_empty() {
-        return Ok(plan);
-    }
-    Ok(LogicalPlan::Sort(datafusion::logical_expr::Sort {
-        expr: keys,
-        input: Arc::new(plan),
-        fetch: None,
-    }))
+    Ok(sorted(plan, keys))
 }
 
 /// Does `plan` give at most one row (an aggregate without GROUP BY, under projections, filters,
@@ -1658,14 +1651,19 @@ fn sort_exprs(schema: &DFSchema, take: usize) -> Vec<datafusion::logical_expr::S
 /// so every operator above reads the release in the order of its keys.
 fn sort_by_group_keys(release: LogicalPlan, n_group: usize) -> Result<LogicalPlan> {
     let keys = sort_exprs(release.schema(), n_group);
+    Ok(sorted(release, keys))
+}
+
+/// `plan` sorted by `keys` (as it is when there are none).
+fn sorted(plan: LogicalPlan, keys: Vec<datafusion::logical_expr::SortExpr>) -> LogicalPlan {
     if keys.is_empty() {
-        return Ok(release);
+        return plan;
     }
-    Ok(LogicalPlan::Sort(datafusion::logical_expr::Sort {
+    LogicalPlan::Sort(datafusion::logical_expr::Sort {
         expr: keys,
-        input: Arc::new(release),
+        input: Arc::new(plan),
         fetch: None,
-    }))
+    })
 }
 
 /// The final order of a query that reads a private table: its rows sorted by every released
@@ -1697,14 +1695,7 @@ pub fn order_release(plan: LogicalPlan) -> Result<LogicalPlan> {
         return Ok(ordered);
     }
     let keys = total_sort_exprs(plan.schema(), "the query's output")?;
-    if keys.is_empty() {
-        return Ok(plan);
-    }
-    Ok(LogicalPlan::Sort(datafusion::logical_expr::Sort {
-        expr: keys,
-        input: Arc::new(plan),
-        fetch: None,
-    }))
+    Ok(sorted(plan, keys))
 }
 
 /// `plan` with its own ORDER BY's ties broken, if a Sort stands at its top below only nodes that

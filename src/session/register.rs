@@ -161,7 +161,7 @@ impl PrivateSession {
                     .is_some_and(|f| f != reg.csv.describe());
             if private && matches!(format, FileFormat::Csv) && reg.csv.has_header && !refused_format
             {
-                crate::owner::check_csv_widths(name, &set, &reg.csv, &provider.schema())?;
+                crate::owner::check_csv_widths(&self.fs, name, &set, &reg.csv, &provider.schema())?;
             }
             reg.schema = Some(provider.schema());
             let format_text = match format {
