@@ -210,12 +210,52 @@ async fn check_query(
     let budget = super::sized::budget(state.runtime_env().memory_pool.memory_limit());
     let plan = super::sized::wrap(plan.clone(), budget)?;
     let optimized = state.optimize(&plan)?;
-    let guarded = super::guard_with(optimized, opts)?;
+    let dropped = dp_call_count(&plan).saturating_sub(dp_call_count(&optimized));
+    let guarded = super::guard_with(optimized, opts).map_err(|e| dropped_calls(e, dropped))?;
     // Audited before the public sides run too, so a refused query runs nothing at all.
     audit(&guarded.plan, &opts)?;
     let plan = settle(state, guarded.plan, &guarded.public_sides).await?;
     audit(&plan, &opts)?;
     Ok((plan, guarded.calls))
+}
+
+/// How many DP calls `plan` makes (its subqueries' included).
+fn dp_call_count(plan: &LogicalPlan) -> usize {
+    let mut n = 0;
+    let _ = plan.apply_with_subqueries(|p| {
+        for e in p.expressions() {
+            let _ = e.apply(|x| {
+                if let Expr::AggregateFunction(f) = x
+                    && is_dp_function(f.func.name())
+                {
+                    n += 1;
+                }
+                Ok(TreeNodeRecursion::Continue)
+            });
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    n
+}
+
+/// A refusal of a plan from which DataFusion's optimizer removed `dropped` DP calls whose results
+/// the query does not use (`SELECT g FROM (SELECT g, dp_count(…) AS n … GROUP BY g)`): what is
+/// left reads the private table as plain SQL, and the guard's reason ("GROUP BY … without a DP
+/// aggregate") would name a query the analyst did not write. The refusal says so and what to
+/// write instead; other errors pass unchanged.
+fn dropped_calls(e: DataFusionError, dropped: usize) -> DataFusionError {
+    let why = match crate::error::Error::of(&e) {
+        Some(crate::error::Error::Refused(why)) if dropped > 0 => why,
+        _ => return e,
+    };
+    refuse(format!(
+        "the query does not use the result of {dropped} of its DP calls, and DataFusion's \
+         optimizer removes a call whose result is not used; without it, what is left reads the \
+         private table as plain SQL ({}). Use every DP call's result, e.g. SELECT g, n FROM \
+         (SELECT g, dp_count(x, 1.0) AS n FROM t GROUP BY g), or count(n) to count the \
+         released groups.",
+        why.trim_start_matches("dpfusion refused the query: ")
+    ))
 }
 
 // ---- settlement of the public sides of joins -----------------------------------------------------
