@@ -18,6 +18,10 @@
 //! serves one file under one policy ([`Accountant::register_table_beside`]). A failure after the
 //! fsync (the sidecar, the witness) is [`AccountingError::Unsealed`]: the charge stands.
 //!
+//! A refusal's fixes (the most ε its one call can use, found on the admission rule for that
+//! call's own mechanism; the filters that would accept a refused mechanism) are computed from
+//! the evaluation's copies after the locks are released (round 48).
+//!
 //! The ledger and its witness are refused at open in a place another user could move them
 //! from (a directory on the way that others can write, [`crate::files::path_others_control`];
 //! round 46), and must be on a local file system of one host (docs/LEDGER.md).
@@ -600,11 +604,26 @@ pub struct RefusalNumbers {
     /// `delta =>` that counts as not written, which the δ refusal never suggests (round 47,
     /// review "newuser2", A).
     pub default_delta: f64,
-    /// For a query of one Gaussian call: the largest `epsilon =>` that call could use now.
+    /// For a query of one call, of any mechanism: the largest `epsilon =>` that call could use
+    /// now, as shown (six digits, rounded down) and admitted so (round 48, review "docsuser",
+    /// F1: it was computed for a Gaussian call only, and a dp_median was told the Gaussian
+    /// default query's ε, three times what it could use).
     pub fix_epsilon: Option<f64>,
+    /// The charge has events other than Gaussian ones and the δ of partition selection: the
+    /// next ε of one default (Gaussian) query is not what its calls can use (round 48).
+    pub other_mechanisms: bool,
     /// The mechanisms of this charge that the table's filter refuses, as [`mechanism_of`] names
     /// them (`subsampled_gaussian`, `pure_dp`, …): which calls a mechanism refusal's fix is for.
     pub refused_mechanisms: Vec<&'static str>,
+    /// The filters the data owner could register the table with instead that accept every
+    /// event of this charge, at its budget and δ share (zcdp before rdp; after an earlier
+    /// charge the filter could not account for, only rdp, which accepts every mechanism): each
+    /// compiled and checked on the events (round 48, review "docsuser", F2: DP-SGD and
+    /// rgm_mean_by on a gdp table were told zcdp, which refuses them too).
+    pub accepting_filters: Vec<FilterKind>,
+    /// The table's policy is recorded in the ledger (its key is not session-local): a change of
+    /// its filter needs the owner's `relax` (docs/CATALOG.md, "Changing a policy"; round 48).
+    pub recorded: bool,
 }
 
 impl Default for RefusalNumbers {
@@ -616,7 +635,10 @@ impl Default for RefusalNumbers {
             next_epsilon: 0.0,
             default_delta: DEFAULT_QUERY_DELTA,
             fix_epsilon: None,
+            other_mechanisms: false,
             refused_mechanisms: Vec::new(),
+            accepting_filters: Vec::new(),
+            recorded: false,
         }
     }
 }
@@ -788,16 +810,22 @@ fn exceeded_message(
                 )
             };
             let fix = match (n.fix_epsilon, n.next_epsilon > 0.0) {
-                (Some(e), true) => format!(
+                (Some(e), _) => format!(
                     "Lower `epsilon =>` to at most {} (the most this call can use now), or ",
                     num(e, Round::Down)
                 ),
-                (None, true) => format!(
+                (None, true) if !n.other_mechanisms => format!(
                     "Lower the calls' `epsilon =>` so that together they fit (one Gaussian call \
                      at δ = {} could still use ε ≤ {}), or ",
                     display::budget(n.default_delta),
                     num(n.next_epsilon, Round::Down)
                 ),
+                // Not all Gaussian (round 48, review "docsuser", F1): the default query's ε is
+                // not theirs, and no number is given for them.
+                (None, true) => "Lower the calls' `epsilon =>` until EXPLAIN PRIVACY shows \
+                                 that the query fits (not all are Gaussian calls, whose next ε \
+                                 SHOW BUDGET gives: the others are charged otherwise), or "
+                    .to_string(),
                 (_, false) => "No query fits any more: ".to_string(),
             };
             format!(
@@ -867,16 +895,25 @@ fn exceeded_message(
             } else {
                 format!("this query uses a mechanism of the kind {mechanism}")
             };
-            let (advice, kind) = match filter {
-                FilterKind::Gdp => (
-                    "the filter zcdp (Gaussian, zCDP, Laplace) or rdp (every mechanism, \
-                     rgm_mean_by included)",
-                    "zcdp",
-                ),
-                _ => (
-                    "the filter rdp (every mechanism, rgm_mean_by included)",
-                    "rdp",
-                ),
+            // Only filters that accept every refused mechanism, as compiled and checked on the
+            // charge's events (round 48, review "docsuser", F2: zcdp was named for DP-SGD and
+            // rgm_mean_by, which it refuses too).
+            let rdp = "rdp (every mechanism, rgm_mean_by and DP-SGD included)";
+            let zcdp = "zcdp (Gaussian, zCDP, Laplace and pure DP)";
+            let has = |k: &str| n.accepting_filters.iter().any(|f| f.name() == k);
+            let owner_fix = match (has("zcdp"), has("rdp")) {
+                (true, true) => Some((format!("the filter {zcdp} or {rdp}"), "zcdp")),
+                (true, false) => Some((format!("the filter {zcdp}"), "zcdp")),
+                (false, true) => {
+                    // (After an earlier charge only rdp is named, which says nothing of zcdp.)
+                    let not_zcdp = if matches!(filter, FilterKind::Gdp) && !*earlier {
+                        "; zcdp does not accept it either"
+                    } else {
+                        ""
+                    };
+                    Some((format!("the filter {rdp}{not_zcdp}"), "rdp"))
+                }
+                (false, false) => None,
             };
             // What the analyst can write instead, only as arguments the refused functions
             // declare (round 47: DP-SGD was told `mechanism => 'gaussian'`, which it does not
@@ -900,13 +937,40 @@ fn exceeded_message(
             } else {
                 format!("{}; or ", fixes.join("; "))
             };
-            // Only the data owner's surfaces set a filter (SQL cannot).
+            // Only the data owner's surfaces set a filter (SQL cannot); a recorded table's
+            // filter changes only with the owner's reason (round 48, review "docsuser", F2).
+            let by_owner = match owner_fix {
+                Some((advice, kind)) => {
+                    let relax = if n.recorded {
+                        format!(
+                            ". The table's {} filter is recorded in the ledger, so the change \
+                             also needs the owner's reason: `relax = \"<reason>\"` on the table \
+                             in the catalog, --relax \"<reason>\" in single-user mode, or \
+                             Registration::relax in the Rust API (docs/CATALOG.md, \"Changing a \
+                             policy\")",
+                            filter.name()
+                        )
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "the data owner can register the table with {advice}: `filter = \
+                         \"{kind}\"` in the catalog, --filter {kind} in single-user mode, or \
+                         Registration::filter in the Rust API{relax}."
+                    )
+                }
+                None => format!(
+                    "no filter accepts it at this table's budget (rdp, which accepts every \
+                     mechanism, cannot hold ε = {} at δ = {}); the data owner can raise the \
+                     budget and register the table with the filter rdp.",
+                    display::budget(b.epsilon),
+                    num(d.delta_g, Round::Down)
+                ),
+            };
             format!(
                 "table '{table}' does not accept this query{asked}: it is accounted with the {} \
                  filter, which accepts {accepts}, and {what}. Nothing was charged. Fix: \
-                 {instead}the data owner can register the table with {advice}: `filter = \
-                 \"{kind}\"` in the catalog, --filter {kind} in single-user mode, or \
-                 Registration::filter in the Rust API.",
+                 {instead}{by_owner}",
                 filter.name()
             )
         }
@@ -1062,17 +1126,14 @@ impl Evaluation {
         let mut native = self.native();
         native.used = self.before.main;
         native.used_share = self.filter.share(&self.before);
-        let gaussian_only = self
-            .events
-            .iter()
-            .all(|e| matches!(e, Event::Gaussian { .. }));
-        let fix_epsilon = match (requests.as_slice(), gaussian_only) {
-            ([one], true) => one
-                .delta
-                .map(|d| self.filter.next_epsilon(&self.before, d))
-                .filter(|e| *e > 0.0),
+        let fix_epsilon = match (requests.as_slice(), &self.limit) {
+            ([one], Some(Limit::Epsilon)) => self.most_epsilon(one),
             _ => None,
         };
+        let other_mechanisms = self
+            .events
+            .iter()
+            .any(|e| !matches!(e, Event::Gaussian { .. } | Event::Delta { .. }));
         // The filter's own rule, event by event.
         let mut refused_mechanisms = Vec::new();
         for e in &self.events {
@@ -1089,9 +1150,232 @@ impl Evaluation {
             next_epsilon: self.filter.next_epsilon(&self.before, default_delta),
             default_delta,
             fix_epsilon,
+            other_mechanisms,
             refused_mechanisms,
+            accepting_filters: self.accepting_filters(),
+            recorded: !self.policy.key.is_session_local(),
         }
     }
+
+    /// The largest `epsilon =>` the one call of this charge, `call`, can use now, as shown:
+    /// its events calibrated again at another ε ([`call_events_at`], checked to give back the
+    /// charged events at the call's own ε), that ε found on the admission rule, then rounded
+    /// down to the six digits shown and checked again, so that the call written with the number
+    /// shown is admitted (round 48, review "docsuser", F1). One Gaussian event has the closed
+    /// form of [`Filter::next_epsilon`] at the call's δ, as before; DP-SGD's sampled Gaussian
+    /// the bisection of its noise multiplier ([`Evaluation::sampled_epsilon`]); every other
+    /// call the bisection of its ε. None: the events are not ones this calibrates again (a
+    /// selection's δ, or not the call's own at its ε), or no ε fits.
+    fn most_epsilon(&self, call: &CallRequest) -> Option<f64> {
+        if let ([Event::Gaussian { .. }], Some(d)) = (self.events.as_slice(), call.delta) {
+            return Some(self.filter.next_epsilon(&self.before, d)).filter(|e| *e > 0.0);
+        }
+        let asked = call.epsilon.filter(|e| e.is_finite() && *e > 0.0)?;
+        if !same_events(&call_events_at(&self.events, call, asked)?, &self.events) {
+            return None;
+        }
+        let fits = |e: f64| {
+            call_events_at(&self.events, call, e).is_some_and(|ev| {
+                self.filter
+                    .check(&self.before, &self.filter.usage(&ev))
+                    .is_none()
+            })
+        };
+        let mut most = match self.events.as_slice() {
+            [
+                Event::SubsampledGaussian {
+                    sample_rate,
+                    noise_multiplier,
+                    steps,
+                },
+            ] => self.sampled_epsilon(*sample_rate, *noise_multiplier, *steps, call.delta?)?,
+            _ => largest_below(asked, &fits)?,
+        };
+        // The number shown, and admitted as written: six digits, rounded down, checked.
+        for _ in 0..8 {
+            let shown = display::shown(most, display::Round::Down);
+            if shown > 0.0 && fits(shown) {
+                return Some(shown);
+            }
+            most = shown * (1.0 - 1e-6);
+        }
+        None
+    }
+
+    /// The ε of the least noise a DP-SGD call's `SubsampledGaussian { q, z, steps }` event
+    /// could have now: its noise multiplier z bisected on the admission rule (the event's RDP
+    /// curve, cheap), then that multiplier's ε at `delta` by the accountant its calibration
+    /// inverts (`sgd::epsilon`, PLD). The calibration itself runs that accountant many times,
+    /// too slow for every step of a bisection; [`Evaluation::most_epsilon`] checks the result
+    /// with one calibration.
+    fn sampled_epsilon(&self, q: f64, z: f64, steps: u64, delta: f64) -> Option<f64> {
+        let fits = |z: f64| {
+            let e = Event::SubsampledGaussian {
+                sample_rate: q,
+                noise_multiplier: z,
+                steps,
+            };
+            self.filter
+                .check(&self.before, &self.filter.usage([&e]))
+                .is_none()
+        };
+        // [lo, hi]: lo refused (the charged z is), hi admitted; more noise costs less.
+        let (mut lo, mut hi) = (z, z);
+        while !fits(hi) {
+            lo = hi;
+            hi *= 2.0;
+            if hi > 1e8 {
+                return None;
+            }
+        }
+        while hi / lo > 1.0 + 1e-9 {
+            let mid = (lo * hi).sqrt();
+            if fits(mid) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        dpfusion_udfs::privacy::sgd::epsilon(q, hi, steps, delta).ok()
+    }
+
+    /// The filters the data owner could register this table with instead that accept every
+    /// event of this charge ([`RefusalNumbers::accepting_filters`]): zcdp, then rdp at its
+    /// default order, each compiled at the table's budget and δ share (one that cannot hold
+    /// the budget is left out) and given the events. After an earlier charge this filter could
+    /// not account for (`before.refused`), whose events are not at hand, only rdp, which
+    /// accepts every mechanism.
+    fn accepting_filters(&self) -> Vec<FilterKind> {
+        let earlier = self.before.refused.is_some();
+        [FilterKind::Zcdp, FilterKind::Rdp { order: None }]
+            .into_iter()
+            .filter(|k| !k.same_kind(&self.filter.kind))
+            .filter(|k| !earlier || matches!(k, FilterKind::Rdp { .. }))
+            .filter(|k| {
+                Filter::new(&self.policy.budget, *k, self.policy.delta_share)
+                    .is_ok_and(|f| f.usage(&self.events).refused.is_none())
+            })
+            .collect()
+    }
+}
+
+/// The largest ε below `asked` (refused) at which `fits`, to a part in 1e9: a bracket found by
+/// quartering, then geometric bisection (the cost of a call's events grows with its ε: more
+/// ε, less noise). None when nothing from `asked`·1e-12 up fits.
+fn largest_below(asked: f64, fits: &dyn Fn(f64) -> bool) -> Option<f64> {
+    let (mut lo, mut hi) = (asked, asked);
+    loop {
+        lo /= 4.0;
+        if lo < asked * 1e-12 {
+            return None;
+        }
+        if fits(lo) {
+            break;
+        }
+        hi = lo;
+    }
+    while hi / lo > 1.0 + 1e-9 {
+        let mid = (lo * hi).sqrt();
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
+/// The events of one call at another `epsilon`: `events`, charged for `call` at its own ε and
+/// δ, each calibrated again at `epsilon` by the function its declaration calibrates it with
+/// (dpfusion_udfs: `gaussian_mu` for a Gaussian release and DP-SGD's 'mf', `zcdp_rho` for
+/// DP-AGD, `calibrate_rgm_sigma` for the relative Gaussian mechanism, `sgd::noise_multiplier`
+/// for Poisson-subsampled DP-SGD; a pure ε-DP or Laplace event in proportion to ε). None for an
+/// event no call's ε alone sets (a partition selection's δ), a call without the δ its events
+/// need, or an ε the calibration refuses. [`Evaluation::most_epsilon`] uses it only where it
+/// gives back the charged events at the call's own ε ([`same_events`]).
+fn call_events_at(events: &[Event], call: &CallRequest, epsilon: f64) -> Option<Vec<Event>> {
+    use dpfusion_udfs::privacy::{gaussian_mu, sgd, zcdp_rho};
+    let asked = call.epsilon?;
+    let delta = call.delta;
+    events
+        .iter()
+        .map(|e| {
+            Some(match *e {
+                Event::Gaussian { .. } => Event::Gaussian {
+                    mu: gaussian_mu(epsilon, delta?).ok()?,
+                },
+                Event::Zcdp { .. } => Event::Zcdp {
+                    rho: zcdp_rho(epsilon, delta?).ok()?,
+                },
+                Event::PureDp { epsilon: e } => Event::PureDp {
+                    epsilon: e / asked * epsilon,
+                },
+                Event::Laplace { epsilon: e } => Event::Laplace {
+                    epsilon: e / asked * epsilon,
+                },
+                Event::Rgm {
+                    gamma, dims, steps, ..
+                } => Event::Rgm {
+                    sigma: dpfusion_udfs::mechanisms::rgm::calibrate_rgm_sigma(
+                        epsilon, delta?, gamma, dims, steps,
+                    )
+                    .ok()?,
+                    gamma,
+                    dims,
+                    steps,
+                },
+                Event::SubsampledGaussian {
+                    sample_rate, steps, ..
+                } => Event::SubsampledGaussian {
+                    sample_rate,
+                    noise_multiplier: sgd::noise_multiplier(sample_rate, steps, epsilon, delta?)
+                        .ok()?,
+                    steps,
+                },
+                Event::Delta { .. } => return None,
+            })
+        })
+        .collect()
+}
+
+/// The same events, their parameters equal to a part in 1e8 (two calibrations of the relative
+/// Gaussian mechanism bisect to different widths).
+fn same_events(a: &[Event], b: &[Event]) -> bool {
+    let near = |x: f64, y: f64| x == y || (x - y).abs() <= 1e-8 * x.abs().max(y.abs());
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (Event::Gaussian { mu: x }, Event::Gaussian { mu: y }) => near(*x, *y),
+            (Event::Zcdp { rho: x }, Event::Zcdp { rho: y }) => near(*x, *y),
+            (Event::PureDp { epsilon: x }, Event::PureDp { epsilon: y })
+            | (Event::Laplace { epsilon: x }, Event::Laplace { epsilon: y }) => near(*x, *y),
+            (
+                Event::Rgm {
+                    sigma: s1,
+                    gamma: g1,
+                    dims: d1,
+                    steps: t1,
+                },
+                Event::Rgm {
+                    sigma: s2,
+                    gamma: g2,
+                    dims: d2,
+                    steps: t2,
+                },
+            ) => near(*s1, *s2) && g1 == g2 && d1 == d2 && t1 == t2,
+            (
+                Event::SubsampledGaussian {
+                    sample_rate: q1,
+                    noise_multiplier: z1,
+                    steps: t1,
+                },
+                Event::SubsampledGaussian {
+                    sample_rate: q2,
+                    noise_multiplier: z2,
+                    steps: t2,
+                },
+            ) => q1 == q2 && near(*z1, *z2) && t1 == t2,
+            _ => false,
+        })
 }
 
 impl Accountant {
@@ -1476,6 +1760,11 @@ impl Accountant {
         still_in_force(&mut st, planned)?;
         let evals = evaluate(&st, charges)?;
         if let Some(e) = evals.iter().find(|e| !e.admitted()) {
+            // The refusal's fixes calibrate the call again at many ε (a DP-SGD fit's noise by
+            // its accountant each time): from the evaluation's own copies, after the ledger's
+            // locks are released, so that no other admission waits for them (round 48).
+            drop(_lock);
+            drop(st);
             return Err(AccountingError::BudgetExceeded {
                 table: e.policy.name.clone(),
                 key: e.policy.key.clone(),

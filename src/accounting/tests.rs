@@ -138,7 +138,10 @@ fn exceeded_message_format() {
                 next_epsilon: 0.1234567,
                 default_delta: DEFAULT_QUERY_DELTA,
                 fix_epsilon: Some(0.2345678),
+                other_mechanisms: false,
                 refused_mechanisms: vec![],
+                accepting_filters: vec![],
+                recorded: true,
             },
         }),
     };
@@ -170,7 +173,10 @@ fn exceeded_message_format() {
                 reserved: 5e-7,
                 delta_g: 5e-7,
             },
-            numbers: RefusalNumbers::default(),
+            numbers: RefusalNumbers {
+                accepting_filters: vec![FilterKind::Zcdp, FilterKind::Rdp { order: None }],
+                ..RefusalNumbers::default()
+            },
         }),
     };
     let d = mk(Limit::Delta, FilterKind::Gdp).to_string();
@@ -258,6 +264,7 @@ fn refusal_fixes_name_arguments_the_function_has() {
                 numbers: RefusalNumbers {
                     requests,
                     refused_mechanisms: refused,
+                    accepting_filters: vec![FilterKind::Rdp { order: None }],
                     ..RefusalNumbers::default()
                 },
             }),
@@ -1926,4 +1933,194 @@ fn refused_at_admission(a: &Accountant, planned: &TablePolicy) -> AccountingErro
         DEFAULT_QUERY_DELTA,
     )
     .unwrap_err()
+}
+
+/// Round 48, review "docsuser", F2: the filter a mechanism refusal advises accepts the refused
+/// mechanism, for every mechanism kind a filter can refuse and every filter that can refuse
+/// one: the filter named in `filter = "…"` is compiled at the table's budget and δ share and
+/// given the event. zcdp is named only where it accepts it (never for DP-SGD's sampled curve
+/// nor the relative Gaussian mechanism), and a table recorded in the ledger is told that the
+/// change needs `relax` (a session-local one is not).
+#[test]
+fn r48_the_filter_a_mechanism_refusal_advises_accepts_the_refused_mechanism() {
+    let kinds = [
+        Event::Zcdp { rho: 0.01 },
+        Event::PureDp { epsilon: 0.1 },
+        Event::Laplace { epsilon: 0.1 },
+        Event::Rgm {
+            sigma: 5.0,
+            gamma: 0.01,
+            dims: 1,
+            steps: 1,
+        },
+        Event::SubsampledGaussian {
+            sample_rate: 0.01,
+            noise_multiplier: 1.0,
+            steps: 100,
+        },
+    ];
+    let mut refusals = 0;
+    for filter in [FilterKind::Gdp, FilterKind::Zcdp] {
+        for ev in &kinds {
+            for key in ["t:a", "mem:a"] {
+                let path = temp_ledger();
+                let acc = Accountant::open(&path).unwrap();
+                let mut p = private(key, "a", 5.0);
+                p.filter = filter;
+                acc.register_table(p.clone()).unwrap();
+                let own = p.compiled_filter().unwrap();
+                let charge = [TableCharge {
+                    key: TableKey::from(key),
+                    events: vec![ev.clone()],
+                }];
+                let m = match acc.admit("q", &charge) {
+                    Ok(_) => {
+                        assert!(own.usage([ev]).refused.is_none(), "{filter} {ev:?}");
+                        continue;
+                    }
+                    Err(e) => e.to_string(),
+                };
+                refusals += 1;
+                assert!(own.usage([ev]).refused.is_some(), "{m}");
+                let named = m
+                    .split("`filter = \"")
+                    .nth(1)
+                    .and_then(|r| r.split('"').next())
+                    .unwrap_or_else(|| panic!("no filter named: {m}"));
+                let kind: FilterKind = named.parse().unwrap();
+                let advised = Filter::new(&p.budget, kind, p.delta_share).unwrap();
+                assert!(advised.usage([ev]).refused.is_none(), "{named}: {m}");
+                // Every filter the advice names accepts it.
+                if m.contains("the filter zcdp") {
+                    let z = Filter::new(&p.budget, FilterKind::Zcdp, p.delta_share).unwrap();
+                    assert!(z.usage([ev]).refused.is_none(), "{m}");
+                }
+                assert_eq!(m.contains("`relax = \"<reason>\"`"), key == "t:a", "{m}");
+            }
+        }
+    }
+    // gdp refuses all five, zcdp the last two; each under both keys.
+    assert_eq!(refusals, 2 * (5 + 2));
+}
+
+/// Round 48, review "docsuser", F1: the events of one call calibrated again at another ε give
+/// back, at the call's own ε, the events its declaration charges (so that the bisection of
+/// the most ε a refused call can use runs on that call's own costs), for every mechanism; a
+/// partition selection's δ is none of a call's ε alone.
+#[test]
+fn r48_a_calls_events_at_its_own_epsilon_are_its_charged_events() {
+    let call = |function: &str, delta: Option<f64>| CallRequest {
+        key: TableKey::from("t:a"),
+        function: function.into(),
+        epsilon: Some(0.7),
+        delta,
+        mechanism: String::new(),
+    };
+    let rgm_sigma =
+        dpfusion_udfs::mechanisms::rgm::calibrate_rgm_sigma(0.7, 1e-7, 0.02, 1, 1).unwrap();
+    let sgd_z = dpfusion_udfs::privacy::sgd::noise_multiplier(0.01, 100, 0.7, 1e-7).unwrap();
+    let cases = [
+        (
+            call("dp_median", None),
+            vec![Event::PureDp { epsilon: 0.7 }],
+        ),
+        (
+            call("dp_logreg_agd", Some(1e-7)),
+            vec![Event::Zcdp {
+                rho: dpfusion_udfs::privacy::zcdp_rho(0.7, 1e-7).unwrap(),
+            }],
+        ),
+        (
+            call("rgm_mean_by", Some(1e-7)),
+            vec![Event::Rgm {
+                sigma: rgm_sigma,
+                gamma: 0.02,
+                dims: 1,
+                steps: 1,
+            }],
+        ),
+        (
+            call("dp_linreg_sgd", Some(1e-7)),
+            vec![Event::SubsampledGaussian {
+                sample_rate: 0.01,
+                noise_multiplier: sgd_z,
+                steps: 100,
+            }],
+        ),
+    ];
+    for (c, events) in &cases {
+        let again = call_events_at(events, c, 0.7).unwrap();
+        assert!(same_events(&again, events), "{again:?} {events:?}");
+        // Less ε, more noise: a smaller charge under every filter's curve.
+        let less = call_events_at(events, c, 0.63).unwrap();
+        let p = |e: &[Event]| dpfusion_udfs::privacy::Profile::from_events(e).epsilon(1e-7);
+        assert!(p(&less) < p(events), "{less:?} {events:?}");
+    }
+    // A selection's δ is no call's ε alone.
+    let sel = [Event::Gaussian { mu: 0.1 }, Event::Delta { delta: 1e-9 }];
+    assert!(call_events_at(&sel, &call("partition_selection", Some(2e-9)), 0.5).is_none());
+}
+
+/// Round 48, review "docsuser", F1 and F2, the texts: calls that are not all Gaussian and have
+/// no number of their own are not told the Gaussian default query's ε; after an earlier charge
+/// the filter cannot account for, rdp alone is named, without a word on zcdp; a session-local
+/// table is not told about `relax`.
+#[test]
+fn r48_refusal_texts_without_a_gaussian_number_or_a_wrong_filter() {
+    let refusal = |limit, numbers| {
+        AccountingError::BudgetExceeded {
+            table: "t".into(),
+            key: TableKey::from("t:a"),
+            cost: 0.0,
+            spent: 0.0,
+            remaining: 0.0,
+            budget: Budget {
+                epsilon: 1.0,
+                delta: 1e-6,
+            },
+            why: Box::new(Refusal {
+                filter: FilterKind::Gdp,
+                limit,
+                delta: DeltaState {
+                    cost: 0.0,
+                    spent: 0.0,
+                    reserved: 5e-7,
+                    delta_g: 5e-7,
+                },
+                numbers,
+            }),
+        }
+        .to_string()
+    };
+    let e = refusal(
+        Limit::Epsilon,
+        RefusalNumbers {
+            next_epsilon: 2.2648,
+            other_mechanisms: true,
+            ..RefusalNumbers::default()
+        },
+    );
+    assert!(
+        e.contains("Lower the calls' `epsilon =>` until EXPLAIN PRIVACY shows that the query fits")
+            && !e.contains("2.2648")
+            && !e.contains("one Gaussian call"),
+        "{e}"
+    );
+    let m = refusal(
+        Limit::Mechanism {
+            mechanism: filter::mechanism_name(&Event::Zcdp { rho: 0.1 }),
+            earlier: true,
+        },
+        RefusalNumbers {
+            accepting_filters: vec![FilterKind::Rdp { order: None }],
+            recorded: false,
+            ..RefusalNumbers::default()
+        },
+    );
+    assert!(
+        m.contains("`filter = \"rdp\"`")
+            && !m.contains("zcdp does not accept")
+            && !m.contains("relax"),
+        "{m}"
+    );
 }

@@ -476,10 +476,79 @@ fn system_table(name: &str, b: RecordBatch) -> Result<Arc<dyn TableProvider>> {
 }
 
 impl TableFunctionImpl for BudgetFn {
-    fn call_with_args(&self, _args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+    /// `dp_budget()`: every private table's row; `dp_budget('t')`: t's only (round 48, review
+    /// "docsuser", F7: the argument was ignored, while the docs used `dp_budget('people')`).
+    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
         let delta = *self.1.read().expect("lock");
-        system_table("dp_budget", budget_batch(&self.0.budget_rows_at(delta))?)
+        let rows = budget_rows_of(self.0.budget_rows_at(delta), args.exprs())?;
+        system_table("dp_budget", budget_batch(&rows)?)
     }
+}
+
+/// The rows `dp_budget(…)` shows: all of `rows` without an argument, with a table's name as a
+/// string only that table's (exact name, else the same name in another case). Refused: a name
+/// that is no private table's (unknown, or public: a public table has no budget), naming the
+/// private tables there are; an argument that is not one string. The names listed are those
+/// `dp_budget()` shows anyway.
+fn budget_rows_of(
+    rows: Vec<BudgetRow>,
+    args: &[datafusion::logical_expr::Expr],
+) -> Result<Vec<BudgetRow>> {
+    use datafusion::common::ScalarValue;
+    use datafusion::logical_expr::Expr;
+    let name = match args {
+        [] => return Ok(rows),
+        [
+            Expr::Literal(
+                ScalarValue::Utf8(Some(s))
+                | ScalarValue::LargeUtf8(Some(s))
+                | ScalarValue::Utf8View(Some(s)),
+                _,
+            ),
+        ] => s.as_str(),
+        _ => {
+            return crate::error::refused!(
+                "dpfusion refused the query: dp_budget takes no argument (every private table) \
+                 or one table's name as a string, e.g. dp_budget('people'); got {} argument{}",
+                args.len(),
+                if args.len() == 1 {
+                    " that is not a string"
+                } else {
+                    "s"
+                }
+            );
+        }
+    };
+    let exact: Vec<BudgetRow> = rows.iter().filter(|r| r.name == name).cloned().collect();
+    let found = if exact.is_empty() {
+        rows.iter()
+            .filter(|r| r.name.eq_ignore_ascii_case(name))
+            .cloned()
+            .collect()
+    } else {
+        exact
+    };
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    let mut names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    names.dedup();
+    let listed = if names.is_empty() {
+        "there is none".to_string()
+    } else {
+        format!(
+            "name one of {}",
+            names
+                .iter()
+                .map(|n| format!("'{n}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    crate::error::refused!(
+        "dpfusion refused the query: dp_budget('{name}'): no private table is named '{name}' (a \
+         public table has no budget); {listed}, or call dp_budget() for every private table"
+    )
 }
 
 impl TableFunctionImpl for LedgerFn {

@@ -304,3 +304,196 @@ async fn used_stays_below_an_unspent_budget_and_budgets_show_as_written() {
         assert!(!e.contains("and 0% is left"), "{e}");
     }
 }
+
+/// A session over `people` with `reg`'s policy, most of whose budget one Gaussian dp_count has
+/// spent (0.9 × the next ε SHOW BUDGET shows, so that about a fifth is left).
+async fn nearly_spent(dir: &Path, reg: Registration) -> PrivateSession {
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_target_partitions(2),
+    )
+    .await
+    .unwrap();
+    s.register_csv("people", people_csv(), reg).await.unwrap();
+    let next: f64 = show_budget(&s).await["remaining_epsilon"].parse().unwrap();
+    s.sql(&format!(
+        "SELECT dp_count(age, epsilon => {}) AS n FROM people",
+        0.9 * next
+    ))
+    .await
+    .unwrap();
+    s
+}
+
+/// The ε of "Lower `epsilon =>` to at most X (the most this call can use now)" in `e`.
+fn fix_epsilon(e: &str) -> f64 {
+    let at = e
+        .find("Lower `epsilon =>` to at most ")
+        .unwrap_or_else(|| panic!("no ε fix: {e}"));
+    let rest = &e[at + "Lower `epsilon =>` to at most ".len()..];
+    assert!(rest.contains("(the most this call can use now)"), "{e}");
+    rest.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// Round 48, review "docsuser", F1: a refused call of any mechanism (a pure-DP quantile at
+/// 8192 bins, a Laplace count, the models: Gaussian, zCDP, Poisson-subsampled DP-SGD, and the
+/// relative Gaussian mechanism) is told the most ε it can use now, found on the admission rule
+/// for its own mechanism, not the Gaussian default query's: written as shown, it is admitted,
+/// and 1% more is refused.
+#[tokio::test]
+async fn r48_the_epsilon_fix_of_one_call_of_any_mechanism_is_admitted_as_written() {
+    use dpfusion::accounting::FilterKind;
+    let rdp = FilterKind::Rdp { order: None };
+    let cases: Vec<(&str, Registration, &str)> = vec![
+        (
+            "median",
+            Registration::private()
+                .budget(1.0, 1e-6)
+                .filter(FilterKind::Zcdp),
+            "SELECT dp_median(salary, 0, 200000, {e}, bins => 8192) AS m FROM people",
+        ),
+        (
+            "laplace",
+            Registration::private()
+                .budget(1.0, 1e-6)
+                .filter(FilterKind::Zcdp),
+            "SELECT dp_count(age, epsilon => {e}, mechanism => 'laplace') AS n FROM people",
+        ),
+        (
+            "linreg",
+            Registration::private().budget(1.0, 1e-6),
+            "SELECT dp_linreg_gd(salary / 100000, [age / 100], epsilon => {e}) AS m FROM people",
+        ),
+        (
+            "logreg",
+            Registration::private()
+                .budget(1.0, 1e-6)
+                .filter(FilterKind::Zcdp),
+            "SELECT dp_logreg_agd(CAST(remote AS DOUBLE), [age / 100], epsilon => {e}) AS m \
+             FROM people",
+        ),
+        (
+            "sgd",
+            Registration::private().budget(1.0, 1e-6).filter(rdp),
+            "SELECT dp_linreg_sgd(salary / 100000, [age / 100], epsilon => {e}, steps => 100) \
+             AS m FROM people",
+        ),
+        (
+            "rgm",
+            Registration::private()
+                .budget(200.0, 1e-6)
+                .filter(rdp)
+                .replace()
+                .public_columns(["dept"])
+                .ratio_bound("salary", "dept", 1.6),
+            "SELECT rgm_mean_by(salary, dept, 1.6, epsilon => {e}, min_group_size => 50) AS m \
+             FROM people",
+        ),
+    ];
+    for (name, reg, q) in cases {
+        let dir = temp_dir(&format!("r48-fix-{name}"));
+        let s = nearly_spent(&dir, reg).await;
+        let at = |e: f64| q.replace("{e}", &e.to_string());
+        let budget: f64 = show_budget(&s).await["epsilon"].parse().unwrap();
+        let e = s.sql(&at(budget)).await.unwrap_err().to_string();
+        assert!(!e.contains("one Gaussian call"), "{name}: {e}");
+        let fix = fix_epsilon(&e);
+        // 1% more is refused (a refusal charges nothing), the number as written is admitted.
+        let more = s.sql(&at(fix * 1.01)).await.unwrap_err().to_string();
+        assert!(more.contains("limit: the ε part"), "{name}: {more}");
+        let used = s.budget()[0].queries;
+        s.sql(&at(fix))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: the fix {fix} as written: {e}"));
+        assert_eq!(s.budget()[0].queries, used + 1, "{name}");
+    }
+}
+
+/// Round 48, review "docsuser", F7: `dp_budget('t')` gives t's row only (the argument was
+/// ignored, while the docs used `dp_budget('people')`); `dp_budget()` every private table's.
+/// A name that is no private table's (unknown, or public) is refused naming it and the
+/// private tables there are; a non-string or a second argument is refused saying the form.
+#[tokio::test]
+async fn r48_dp_budget_of_a_table_is_that_tables_row() {
+    use datafusion::arrow::array::{Array, StringArray};
+    let dir = temp_dir("r48-dp-budget");
+    let s = session(&dir, 1.0, 1e-6).await;
+    s.register_csv("depts", crate::common::depts_csv(), Registration::public())
+        .await
+        .unwrap();
+    s.register_csv(
+        "others",
+        crate::common::purchases_csv(),
+        Registration::private(),
+    )
+    .await
+    .unwrap();
+    let tables = |sql: &'static str| {
+        let s = &s;
+        async move {
+            let r = s.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let mut names = Vec::new();
+            for b in &r.batches {
+                let c = b
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .unwrap()
+                    .clone();
+                names.extend((0..c.len()).map(|i| c.value(i).to_string()));
+            }
+            names
+        }
+    };
+    assert_eq!(
+        tables("SELECT \"table\" FROM dp_budget() ORDER BY 1").await,
+        ["others", "people"]
+    );
+    assert_eq!(
+        tables("SELECT \"table\" FROM dp_budget('people')").await,
+        ["people"]
+    );
+    assert_eq!(
+        tables("SELECT \"table\" FROM dp_budget('others')").await,
+        ["others"]
+    );
+    for (q, says) in [
+        (
+            "SELECT * FROM dp_budget('nobody')",
+            vec![
+                "dp_budget('nobody')",
+                "no private table is named 'nobody'",
+                "'others', 'people'",
+            ],
+        ),
+        (
+            "SELECT * FROM dp_budget('depts')",
+            vec![
+                "no private table is named 'depts'",
+                "a public table has no budget",
+            ],
+        ),
+        (
+            "SELECT * FROM dp_budget(1)",
+            vec![
+                "dp_budget takes no argument",
+                "one table's name as a string",
+            ],
+        ),
+        (
+            "SELECT * FROM dp_budget('people', 'others')",
+            vec!["dp_budget takes no argument", "got 2 arguments"],
+        ),
+    ] {
+        let e = s.sql(q).await.unwrap_err();
+        let m = e.to_string();
+        assert!(
+            matches!(dpfusion::Error::of(&e), Some(dpfusion::Error::Refused(_))),
+            "{q}: {m}"
+        );
+        for w in says {
+            assert!(m.contains(w), "{q}: {w}: {m}");
+        }
+    }
+}

@@ -501,8 +501,10 @@ pub(crate) struct NormalisedInterval {
     pub sd: f64,
 }
 
-/// The delta-method interval of v = m₂ − m₁² from S̃₁ (half-units), S̃₂ (square-grid units,
-/// 2^shift), ñ (module docs, `dp_variance`).
+/// The interval of v = m₂ − m₁² from S̃₁ (half-units), S̃₂ (square-grid units, 2^shift), ñ: a
+/// conservative box over the three noisy sums (a union bound, coverage ≥ `level` at every n),
+/// with the delta-method standard deviation of v̂ beside it (`interval` module docs; round 48,
+/// review "docsuser" F4: this said "delta-method interval").
 pub(crate) fn variance_normalised_interval(
     (fp, sq): (&FixedPoint, &SquareGrid),
     (s1, s2, n): (f64, f64, f64),
@@ -603,7 +605,8 @@ pub const DP_STDDEV: Aggregate = Aggregate {
 
 super::interval::ci_variant!(VarianceParams, DP_VARIANCE => DP_VARIANCE_CI, "dp_variance_ci",
     DpVarianceCi, dp_variance_ci_udaf,
-    "dp_variance's release with its confidence interval (delta method)");
+    "dp_variance's release with its confidence interval (conservative: a union bound over the \
+     three noisy sums; the `stddev` field is the delta method's)");
 
 super::interval::ci_variant!(StddevParams, DP_STDDEV => DP_STDDEV_CI, "dp_stddev_ci",
     DpStddevCi, dp_stddev_ci_udaf,
