@@ -425,6 +425,9 @@ fn audit_refusal(what: impl std::fmt::Display) -> DataFusionError {
 ///     aggregate, window, unnest, projection and filter shapes the guard generates (unit
 ///     bounding, marked by their internal column names and functions), every expression in the typed fragment (`fragment::check_expr_typed`) or a
 ///     guard-generated total-evaluation wrapper of such an expression.
+/// (d) Over a unit-level table, a join that keeps a public side's unmatched rows (a public key
+///     set) joins every public row a second time as a copy that matches nothing, so that no
+///     public group can vanish in the contribution bounding ([`audit_copies`]; round 48).
 pub(super) fn audit(plan: &LogicalPlan, opts: &GuardOptions) -> Result<()> {
     if let Some(f) = super::sized::unwrapped(plan) {
         return Err(audit_refusal(format_args!(
@@ -822,10 +825,12 @@ fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
             audit_region(&j.right, cx)
         }
         (true, false) => {
+            audit_copies(j, true, cx)?;
             audit_region(&j.left, cx)?;
             audit_node(&j.right, opts)
         }
         (false, true) => {
+            audit_copies(j, false, cx)?;
             audit_node(&j.left, opts)?;
             audit_region(&j.right, cx)
         }
@@ -833,6 +838,66 @@ fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
             "a JOIN that reads no private table in a private region",
         )),
     }
+}
+
+/// A join of a private region (the left side if `private_left`) with a public side that keeps
+/// the public side's unmatched rows (a public key set, join.rs) over a unit-level table: every
+/// public row must also reach the contribution bounding unmatched, or a group whose every
+/// matching unit kept K other groups would vanish (round 48, review "units", finding 1). So the
+/// public side is the public plan `CROSS JOIN` exactly the guard's two copies
+/// ([`super::join::copies_plan`]), and one equality key pairs its copy column with the private
+/// side's `0 AS __dpfusion_copy0`, a literal of the projection right below the join: copy 1
+/// matches nothing.
+fn audit_copies(j: &Join, private_left: bool, cx: &Region) -> Result<()> {
+    use super::join::{COPY, COPY_ZERO, copies_plan};
+    use datafusion::common::ScalarValue;
+    let keeps_public = matches!(
+        (j.join_type, private_left),
+        (JoinType::Right, true) | (JoinType::Left, false)
+    );
+    let Some(unit) = cx.unit.as_ref().filter(|_| keeps_public) else {
+        return Ok(());
+    };
+    let (private, public) = if private_left {
+        (&j.left, &j.right)
+    } else {
+        (&j.right, &j.left)
+    };
+    let copies = copies_plan()?;
+    let crossed = matches!(
+        public.as_ref(),
+        LogicalPlan::Join(c) if c.join_type == JoinType::Inner
+            && c.on.is_empty()
+            && c.filter.is_none()
+            && c.right.as_ref() == &copies
+    );
+    // The private key: the column `__dpfusion_copy0` of the projection below the join, the
+    // literal 0 there.
+    let zero = |e: &Expr| {
+        let (Expr::Column(c), LogicalPlan::Projection(p)) = (e, private.as_ref()) else {
+            return false;
+        };
+        c.name == COPY_ZERO
+            && p.schema.index_of_column(c).is_ok_and(|i| {
+                matches!(&p.expr[i], Expr::Alias(a) if a.name == COPY_ZERO
+                    && matches!(a.expr.as_ref(), Expr::Literal(ScalarValue::Int64(Some(0)), _)))
+            })
+    };
+    let copy = |e: &Expr| matches!(e, Expr::Column(c) if c.relation.is_none() && c.name == COPY);
+    let keyed = j.on.iter().any(|(l, r)| {
+        let (p, q) = if private_left { (l, r) } else { (r, l) };
+        zero(p) && copy(q)
+    });
+    if crossed && keyed {
+        return Ok(());
+    }
+    Err(audit_refusal(format_args!(
+        "a {} JOIN that keeps the rows of a public side over unit-level table '{}' without a \
+         second, unmatched copy of every public row (the contribution bounding could drop a \
+         public group by the units that matched it)",
+        j.join_type.to_string().to_uppercase(),
+        unit.table
+    )))
 }
 
 /// With GROUP BY, the unit bounding (units.rs) as one shape: the aggregate over the private
@@ -1176,8 +1241,8 @@ mod tests {
         assert!(audit(&values, &GuardOptions::default()).is_ok());
     }
 
-    /// A unit-level table (g, unit, other, amount) with K = 2, C = 3, and the checked plan of
-    /// `sql` over it.
+    /// A unit-level table t(g, unit, other, amount) with K = 2, C = 3, a public table k(g, name)
+    /// with g unique, and the checked plan of `sql` over them.
     async fn unit_plan(sql: &str) -> LogicalPlan {
         use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array};
         use datafusion::arrow::datatypes::DataType;
@@ -1213,6 +1278,22 @@ mod tests {
                 .budget(10.0, 1e-5),
         )
         .unwrap();
+        // A public key table g → name (round 48's key-set test).
+        let keys = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("g", DataType::Int64, false),
+                Field::new("name", DataType::Utf8, false),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(vec![0, 1, 2])) as ArrayRef,
+                Arc::new(datafusion::arrow::array::StringArray::from(vec![
+                    "a", "b", "c",
+                ])),
+            ],
+        )
+        .unwrap();
+        s.register_batches("k", vec![keys], crate::Registration::public())
+            .unwrap();
         let plan = s.check(sql).await.unwrap().plan().clone();
         let _ = std::fs::remove_dir_all(&dir);
         plan
@@ -1338,5 +1419,74 @@ mod tests {
             .data;
         // (Its calls now read columns the bare rows lack, or it has no bounding: refused.)
         assert!(audit(&bare, &opts).is_err());
+    }
+
+    /// Round 48 (review "units", finding 1): a public key set over a unit-level table joins every
+    /// public row a second time, as a copy that matches nothing, so that no group can vanish in
+    /// the contribution bounding. The audit refuses the join without the copy key, with a
+    /// private copy that is not 0, or with other copies on the public side.
+    #[tokio::test]
+    async fn the_audit_refuses_a_unit_key_set_without_its_unmatched_copy() {
+        use super::super::join::{COPY, COPY_ZERO};
+        use datafusion::logical_expr::{LogicalPlan::Values, logical_plan::Values as V};
+        let opts = GuardOptions::default();
+        let plan = unit_plan(
+            "SELECT k.name, dp_count(t.amount, epsilon => 1) AS n FROM t RIGHT JOIN k \
+             ON t.g = k.g GROUP BY k.name",
+        )
+        .await;
+        audit(&plan, &opts).unwrap();
+        let refused = |p: &LogicalPlan| {
+            let m = audit(p, &opts).unwrap_err().to_string();
+            assert!(
+                m.contains("over unit-level table 't' without a second, unmatched copy"),
+                "{m}"
+            );
+        };
+        // Without the copy key: copy 1 matches as copy 0 does.
+        let unkeyed = plan
+            .clone()
+            .transform_up(|node| match node {
+                LogicalPlan::Join(j) if j.on.len() > 1 => {
+                    let on =
+                        j.on.iter()
+                            .filter(|(_, r)| !matches!(r, Expr::Column(c) if c.name == COPY))
+                            .cloned()
+                            .collect();
+                    Ok(Transformed::yes(LogicalPlan::Join(Join::try_new(
+                        j.left,
+                        j.right,
+                        on,
+                        j.filter,
+                        j.join_type,
+                        j.join_constraint,
+                        j.null_equality,
+                        j.null_aware,
+                    )?)))
+                }
+                n => Ok(Transformed::no(n)),
+            })
+            .unwrap()
+            .data;
+        refused(&unkeyed);
+        // The private side's copy 1: every public row's copy 1 matches.
+        let one = rewrite(&plan, |e| match e {
+            Expr::Alias(a) if a.name == COPY_ZERO => Some(lit(1i64).alias(COPY_ZERO)),
+            _ => None,
+        });
+        refused(&one);
+        // Copies 0 and 0 on the public side: no copy is left unmatched.
+        let zeros = plan
+            .clone()
+            .transform_up(|node| match node {
+                Values(v) => Ok(Transformed::yes(Values(V {
+                    schema: v.schema,
+                    values: vec![vec![lit(0i64)], vec![lit(0i64)]],
+                }))),
+                n => Ok(Transformed::no(n)),
+            })
+            .unwrap()
+            .data;
+        refused(&zeros);
     }
 }

@@ -25,6 +25,20 @@
 //!   carries, NULL on the NULL-extended row), so a group without private rows releases noise
 //!   around its empty value. No WHERE may stand above such a join (it could drop whole groups by
 //!   private values); filter the private side in a subquery or use a FILTER clause.
+//!
+//!   On a table with a privacy unit the contribution bounding (units.rs) stands above the join
+//!   and keeps at most K groups per unit, dropping the unit's rows of its other groups. A public
+//!   row that has matches produces no NULL-extended row, so when every unit that matched it kept
+//!   other groups, its group vanished, and whether it did depended on those units (review r48,
+//!   units, finding 1). There every public row is therefore joined twice ([`COPY`]): the public
+//!   side is `public CROSS JOIN (VALUES (0), (1))`, the private side carries the constant
+//!   `0 AS __dpfusion_copy0`, and the pair is one more equality key. Copy 0 joins as above; copy
+//!   1 matches nothing, so every public row reaches the bounding at least once NULL-extended,
+//!   with a NULL unit, which the bounding keeps (each group once) and no DP call reads. The key
+//!   stays unique with the copy; the public side is settled (run, checked, materialised) as the
+//!   analyst wrote it, below the cross join. The final audit (checked.rs) refuses a join that
+//!   keeps a public side's rows over a unit table without these copies. Tables without a unit
+//!   keep the plan above.
 //! - **Two private tables of one unit domain** joined on their unit columns ([`unit_join`]).
 //!
 //! Everything else (other joins of two private tables, a join that can repeat a private row, `FULL`
@@ -41,7 +55,9 @@
 use std::sync::Arc;
 
 use datafusion::common::{Column, JoinType, Result};
-use datafusion::logical_expr::{Expr, Join, LogicalPlan, Projection, SubqueryAlias, lit};
+use datafusion::logical_expr::{
+    Expr, Join, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias, lit,
+};
 
 use super::{Cx, Region, any_private_table, base_columns, check_fragment, not_in_fragment};
 
@@ -144,13 +160,20 @@ pub(super) fn region_join(
         out.private_filter = true;
     }
     if preserving {
+        // The analyst's public plan and keys: settled (run, keys checked unique, materialised)
+        // as written, also where the key set below pairs each of its rows with two copies (the
+        // node is replaced inside the cross join; the key plus the copy is then unique too).
         cx.public_sides.push(PublicSide {
             plan: public_plan.clone(),
             keys: public_keys.into_iter().cloned().collect(),
             private_table: table.to_string(),
         });
     }
-    // A public key set: the private side carries a marker, NULL on the NULL-extended rows.
+    // A public key set on a table with a privacy unit keeps every public row through the
+    // contribution bounding (round 48): see [`COPY`].
+    let copies = key_set && out.table.as_ref().is_some_and(|t| t.unit.is_some());
+    // A public key set: the private side carries a marker, NULL on the NULL-extended rows (and on
+    // a unit table the copy it matches, always 0).
     let private_plan = if key_set {
         out.key_set = true;
         let mut exprs: Vec<Expr> = private_plan
@@ -160,9 +183,19 @@ pub(super) fn region_join(
             .map(Expr::Column)
             .collect();
         exprs.push(lit(true).alias(MATCHED));
+        if copies {
+            exprs.push(lit(0i64).alias(COPY_ZERO));
+        }
         LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(private_plan))?)
     } else {
         private_plan
+    };
+    let public_plan = if copies {
+        LogicalPlanBuilder::from(public_plan)
+            .cross_join(copies_plan()?)?
+            .build()?
+    } else {
+        public_plan
     };
     let (left, right) = if private_left {
         (private_plan, public_plan)
@@ -173,7 +206,18 @@ pub(super) fn region_join(
         Some(f) => Some(super::total::wrap(f.clone(), &j.schema)?),
         None => None,
     };
-    let on = total_keys(j)?;
+    let mut on = total_keys(j)?;
+    if copies {
+        let (private_key, public_key) = (
+            Expr::Column(Column::new_unqualified(COPY_ZERO)),
+            Expr::Column(Column::new_unqualified(COPY)),
+        );
+        on.push(if private_left {
+            (private_key, public_key)
+        } else {
+            (public_key, private_key)
+        });
+    }
     Ok(LogicalPlan::Join(Join::try_new(
         Arc::new(left),
         Arc::new(right),
@@ -345,6 +389,25 @@ fn key_set_not_on_top(table: &str) -> datafusion::common::DataFusionError {
 
 /// The marker column of a public key set's private side (NULL on the NULL-extended rows).
 const MATCHED: &str = "__dpfusion_matched";
+
+/// The column of a public row's copy in a public key set on a table with a privacy unit (module
+/// docs; round 48): copy 0 joins as any key set does, copy 1 matches no private row (each
+/// private row's [`COPY_ZERO`] is 0), so every public row reaches the contribution bounding at least once
+/// NULL-extended, with a NULL unit, and its group cannot vanish there.
+pub(super) const COPY: &str = "__dpfusion_copy";
+
+/// The private side's copy in a key set on a unit table: always 0 ([`COPY`]).
+pub(super) const COPY_ZERO: &str = "__dpfusion_copy0";
+
+/// The two copies of every public row of a key set on a unit table ([`COPY`]): `VALUES (0), (1)`
+/// as the column `__dpfusion_copy`. The final audit requires exactly this plan there.
+pub(super) fn copies_plan() -> Result<LogicalPlan> {
+    LogicalPlanBuilder::values(vec![vec![lit(0i64)], vec![lit(1i64)]])?
+        .project(vec![
+            Expr::Column(Column::new_unqualified("column1")).alias(COPY),
+        ])?
+        .build()
+}
 
 /// Is `c`, a column of `plan`'s output, a column of the public side of the key-set join below
 /// (traced through projections of bare columns and aliases)?

@@ -11,6 +11,9 @@
 //!   G releases of dp_sum on D and on D′ = D plus one heavy unit in each of G groups; the 95%
 //!   lower confidence bound on ε stays below the claimed ε with bounding, and exceeds it when the
 //!   same data is registered with row-level neighbours (no bounding).
+//! - `a_public_key_set_on_a_unit_table_releases_every_public_group` (round 48): a unit in every
+//!   group of a public key set cannot remove a group through the bounding; over 20 seeded runs
+//!   the released groups are the public table's, with and without that unit.
 //! - the SQL surface: settings, refusals, EXPLAIN PRIVACY.
 
 use std::sync::Arc;
@@ -582,6 +585,10 @@ async fn a_public_key_set_gives_exactly_its_groups() {
             ["dp_count"],
             "no partition selection (unit: {unit})"
         );
+        // Round 48: on a unit table every public row is joined a second time, as a copy that
+        // matches nothing (join.rs); a table without a unit has no bounding and keeps its plan.
+        let plan = checked.plan().display_indent().to_string();
+        assert_eq!(plan.contains("__dpfusion_copy"), unit, "{plan}");
         let r = s.sql(sql).await.unwrap();
         let names: Vec<String> = r
             .batches
@@ -598,7 +605,28 @@ async fn a_public_key_set_gives_exactly_its_groups() {
         // The empty group releases noise around 0 (σ = 1/μ(1, 1e-7) ≈ 5, or √1·1 in unit mode
         // with C = 3: ≈ 15; 10σ bands), the others around 100 (unit: 3 rows of 100 units).
         assert!(counts[4].abs() < 160.0, "empty group: {}", counts[4]);
+        // A key that is not unique: refused naming the key as written and its value, copies or
+        // not.
+        let dups = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("g", DataType::Int64, false),
+                Field::new("name", DataType::Utf8, false),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(vec![0, 1, 1])) as ArrayRef,
+                Arc::new(StringArray::from(vec!["a", "b", "c"])),
+            ],
+        )
+        .unwrap();
+        s.register_batches("kd", vec![dups], Registration::public())
+            .unwrap();
         for (sql, want) in [
+            (
+                "SELECT kd.name, dp_count(t.amount, epsilon => 1) FROM t RIGHT JOIN kd \
+                 ON t.g = kd.g GROUP BY kd.name",
+                "the join key (kd.g) is not unique in the public side joined with private table \
+                 't': (1) appears 2 times",
+            ),
             (
                 "SELECT t.g, dp_count(t.amount, epsilon => 1) FROM t RIGHT JOIN k ON t.g = k.g \
                  GROUP BY t.g",
@@ -629,6 +657,96 @@ async fn a_public_key_set_gives_exactly_its_groups() {
         ] {
             let e = s.sql(sql).await.unwrap_err().to_string();
             assert!(e.contains(want), "{sql}: {e}");
+        }
+    }
+}
+
+/// Review r48 (units, finding 1): the groups of a public key set on a unit-level table are the
+/// public table's rows, whatever the bounding keeps. D: 100 units in group 0 and a victim unit
+/// with one row in each of the four public groups; D′: D without the victim. With K = 1 the
+/// victim keeps one of its groups and the bounding drops its rows of the other three; a public
+/// row that has a match produces no NULL-extended row, so those groups vanished on D, while on D′
+/// (no match) they are NULL-extended and always released. Now every public row also reaches the
+/// bounding once unmatched (join.rs, round 48): over 20 seeded runs (each seed its own group
+/// choice), the released groups are the public table's, on D and on D′, with the owner's K = 1
+/// and with the owner's K = 4 lowered to 1 by the session's SET; and the counts are the bounded
+/// truth (ε = 1000: the noise is far below one count), the victim counted in exactly K = 1 group.
+/// (At HEAD before round 48 every run on D lost at least two of the groups b, c and d.)
+#[tokio::test]
+async fn a_public_key_set_on_a_unit_table_releases_every_public_group() {
+    use dpfusion::datafusion::arrow::array::StringArray;
+    let keys = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, false),
+        ])),
+        vec![
+            Arc::new(Int64Array::from(vec![0, 1, 2, 3])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["a", "b", "c", "d"])),
+        ],
+    )
+    .unwrap();
+    let without: Vec<(i64, i64, f64)> = (0..100).map(|u| (0, u, 1.0)).collect();
+    let mut with = without.clone();
+    with.extend((0..4).map(|g| (g, 999, 1.0)));
+    let right = "SELECT k.name, dp_count(t.amount, epsilon => 1000) AS n \
+                 FROM t RIGHT JOIN k ON t.g = k.g GROUP BY k.name ORDER BY k.name";
+    // The same key set written from the public side.
+    let left = "SELECT k.name, dp_count(t.amount, epsilon => 1000) AS n \
+                FROM k LEFT JOIN t ON k.g = t.g GROUP BY k.name ORDER BY k.name";
+    // The owner's K, whether the session lowers it to 1, the query.
+    for (k, set, sql) in [(1, false, right), (4, true, right), (1, false, left)] {
+        for seed in 0..20u64 {
+            let mut released = vec![];
+            for rows in [&with, &without] {
+                let dir = crate::common::temp_dir("units-keyset-victim");
+                let s = PrivateSession::open(
+                    SessionOptions::default()
+                        .with_ledger(dir.join("ledger.jsonl"))
+                        .with_insecure_noise_seed(seed),
+                )
+                .await
+                .unwrap();
+                let reg = Registration::private()
+                    .privacy_unit("unit")
+                    .contribution_bounds(k, 3)
+                    .budget(1e6, 1e-5);
+                s.register_batches("t", vec![batch(rows)], reg).unwrap();
+                s.register_batches("k", vec![keys.clone()], Registration::public())
+                    .unwrap();
+                if set {
+                    s.sql("SET dpfusion.max_groups_contributed = 1")
+                        .await
+                        .unwrap();
+                }
+                let r = s.sql(sql).await.unwrap();
+                let names: Vec<String> = r
+                    .batches
+                    .iter()
+                    .flat_map(|b| {
+                        let a = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+                        (0..a.len())
+                            .map(|i| a.value(i).to_string())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                released.push((names, column_f64(&r.batches, 1)));
+            }
+            let at = format!("K = {k}, SET: {set}, {sql}, seed {seed}: {released:?}");
+            let ((names, counts), (names_without, counts_without)) = (&released[0], &released[1]);
+            assert_eq!(
+                names,
+                &["a", "b", "c", "d"],
+                "every public group on D; {at}"
+            );
+            assert_eq!(names_without, names, "the same groups on D′; {at}");
+            assert_eq!(counts_without, &[100.0, 0.0, 0.0, 0.0], "{at}");
+            // The victim counts once, in one of its groups (K = 1, C = 3 ≥ its one row there).
+            assert_eq!(counts.iter().sum::<f64>(), 101.0, "{at}");
+            assert!(
+                counts[0] >= 100.0 && counts.iter().skip(1).all(|&n| n == 0.0 || n == 1.0),
+                "{at}"
+            );
         }
     }
 }
