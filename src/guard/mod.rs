@@ -1158,7 +1158,8 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         }
         // A model's feature count must be known before any row is read: rows whose list has
         // another length are skipped, so a length chosen per row would decide, from the data,
-        // which rows count (and the released model's size).
+        // which rows count (and the released model's size). The count decided here is the one
+        // the function is given (step 4; round 48).
         let spec = dpfusion_udfs::aggregates::registry::get(name);
         for (d, a) in spec
             .map(|s| s.data)
@@ -1166,7 +1167,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             .iter()
             .zip(&f.params.args)
         {
-            if d.name == "features" && !feature_count_known(a, &agg.input) {
+            if d.name == "features" && feature_count(a, &agg.input).is_none() {
                 return Err(refuse(format!(
                     "the features of {name} must have a length fixed in the query: write them as \
                      [x1, x2, ...] or make_array(x1, x2, ...) (or a fixed-size list), not {a}"
@@ -1367,16 +1368,31 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         // The neighbour relation is the table's, never the user's.
         let mut with_mode = params.clone();
         with_mode.push(ScalarValue::Utf8(Some(call_mode.clone())));
+        // A model's feature count as the query writes it (checked in 1.): given to the cost here
+        // and to the function below (round 48).
+        let features = model_features(&name, &f.params.args, &agg.input);
         // The data arguments' shape as written (e.g. a feature list's length), never data. A
         // fixed-size list column is given with its type (a CAST to it), so that its length is
         // known as `[x1, …, xd]`'s is (review of round 45's fix: a 16,000-wide column was
-        // counted as 1,024 features).
+        // counted as 1,024 features); so is a model's feature list with the count decided
+        // above, written through a cast or shared by two calls (round 48).
         let shaped: Vec<Expr> = f.params.args[..data_args]
             .iter()
-            .map(|a| match a.get_type(agg.input.schema()) {
-                Ok(t @ DataType::FixedSizeList(..)) => {
+            .enumerate()
+            .map(|(j, a)| match (a.get_type(agg.input.schema()), features) {
+                (Ok(t @ DataType::FixedSizeList(..)), _) => {
                     Expr::Cast(datafusion::logical_expr::Cast::new(Box::new(a.clone()), t))
                 }
+                (_, Some((i, k))) if i == j => Expr::Cast(datafusion::logical_expr::Cast::new(
+                    Box::new(a.clone()),
+                    DataType::FixedSizeList(
+                        Arc::new(datafusion::arrow::datatypes::Field::new_list_field(
+                            DataType::Float64,
+                            true,
+                        )),
+                        i32::try_from(k).unwrap_or(i32::MAX),
+                    ),
+                )),
                 _ => a.clone(),
             })
             .collect();
@@ -1417,6 +1433,10 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             .iter()
             .map(|a| total::wrap(a.clone(), in_schema))
             .collect::<Result<Vec<_>>>()?;
+        if let Some((i, k)) = features {
+            let a = std::mem::replace(&mut args[i], lit(ScalarValue::Null));
+            args[i] = with_feature_count(a, k, in_schema)?;
+        }
         let mut filter = match &f.params.filter {
             Some(filter) => Some(total::wrap(filter.as_ref().clone(), in_schema)?),
             None => None,
@@ -1740,24 +1760,88 @@ fn charge_joined_tables(cx: &mut Cx, from: usize, also: &[TableInfo]) {
     cx.calls.extend(extra);
 }
 
-/// Is the length of a feature-list expression fixed by the query (a `make_array` of k
-/// arguments, or a fixed-size list type)? A column that a projection under the aggregate defines
-/// is looked through: DataFusion's common-subexpression pass moves a feature list shared by two
-/// calls into such a column (`__common_expr_1`).
-fn feature_count_known(e: &Expr, input: &LogicalPlan) -> bool {
-    match e {
-        Expr::Alias(a) => feature_count_known(&a.expr, input),
-        Expr::Cast(c) if feature_count_known(&c.expr, input) => true,
-        Expr::ScalarFunction(f) if matches!(f.func.name(), "make_array" | "make_list") => true,
-        e => {
-            if let (Expr::Column(c), LogicalPlan::Projection(p)) = (e, input)
-                && let Ok(i) = p.schema.index_of_column(c)
-            {
-                return feature_count_known(&p.expr[i], &p.input);
-            }
-            matches!(e.get_type(input.schema()), Ok(DataType::FixedSizeList(..)))
-        }
+/// The feature count of a model's feature list as the query fixes it, or `None` when it could
+/// vary per row (round 48: the count every model function is given, [`with_feature_count`]):
+/// - a fixed-size list type: its width;
+/// - `make_array`/`make_list` (`[x1, …, xk]`): its k arguments;
+/// - an alias, or a CAST or TRY_CAST to a (large) list, which keeps each list's length: its
+///   operand's count;
+/// - a column that a projection under the aggregate defines: its definition's count.
+///   DataFusion's common-subexpression pass moves a feature list shared by two calls into such a
+///   column (`__common_expr_1`).
+fn feature_count(e: &Expr, input: &LogicalPlan) -> Option<usize> {
+    if let Ok(DataType::FixedSizeList(_, k)) = e.get_type(input.schema()) {
+        return usize::try_from(k).ok();
     }
+    match e {
+        Expr::Alias(a) => feature_count(&a.expr, input),
+        Expr::Cast(datafusion::logical_expr::Cast { expr, field })
+        | Expr::TryCast(datafusion::logical_expr::TryCast { expr, field })
+            if matches!(
+                field.data_type(),
+                DataType::List(_) | DataType::LargeList(_)
+            ) =>
+        {
+            feature_count(expr, input)
+        }
+        Expr::ScalarFunction(f) if matches!(f.func.name(), "make_array" | "make_list") => {
+            Some(f.args.len())
+        }
+        Expr::Column(c) => match input {
+            LogicalPlan::Projection(p) => {
+                let i = p.schema.index_of_column(c).ok()?;
+                feature_count(&p.expr[i], &p.input)
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The position of a model call's `features` among its arguments and its count
+/// ([`feature_count`]); `None` for a call without features (or whose count is not fixed, which
+/// step 1 of [`rewrite_dp_aggregate`] refuses).
+fn model_features(name: &str, args: &[Expr], input: &LogicalPlan) -> Option<(usize, usize)> {
+    let spec = dpfusion_udfs::aggregates::registry::get(name)?;
+    let i = spec.data.iter().position(|d| d.name == "features")?;
+    Some((i, feature_count(args.get(i)?, input)?))
+}
+
+/// A model call's features `e` (over `schema`, made total) given the count `k` the guard decided
+/// (round 48, review "models", finding 1): a bare `make_array`/`make_list` call and a fixed-size
+/// list show it themselves (the function reads the argument count or the width, and the bare
+/// call keeps the physical plan's spread form, udfs `bind.rs`); anything else (a cast of a
+/// written list, a shared list's column `__common_expr_1`) becomes a TRY_CAST to its own type
+/// whose target field carries the count in its metadata (udfs `FEATURE_COUNT_KEY`), which the
+/// function reads from the argument's field. The function never takes a count from the rows,
+/// and builds no accumulator without one.
+///
+/// Why metadata and not a CAST to `FixedSizeList(k)`, which the functions also read: the typed
+/// fragment allows a cast to a fixed-size list only from one of the same width
+/// (`fragment::cast_target`), and the audit checks the plan that runs; why not a hidden literal
+/// argument: the arguments after the data are the declared parameters and the unit key, read by
+/// position (the declarations, the unit audit of `checked.rs`). A cast of a list to its own type
+/// reads and writes nothing new (the fragment's list-to-list cast, no node or column more), and
+/// its field crosses DataFusion's physical planning and Ballista's codec with its metadata.
+fn with_feature_count(e: Expr, k: usize, schema: &DFSchema) -> Result<Expr> {
+    let mut e = e;
+    while let Expr::Alias(a) = e {
+        e = *a.expr;
+    }
+    let t = e.get_type(schema)?;
+    let bare = matches!(&e, Expr::ScalarFunction(f) if matches!(f.func.name(), "make_array" | "make_list"));
+    if bare || matches!(t, DataType::FixedSizeList(..)) {
+        return Ok(e);
+    }
+    let field = datafusion::arrow::datatypes::Field::new("features", t, true).with_metadata(
+        std::collections::HashMap::from([(
+            dpfusion_udfs::optim::rows::FEATURE_COUNT_KEY.to_string(),
+            k.to_string(),
+        )]),
+    );
+    Ok(Expr::TryCast(
+        datafusion::logical_expr::TryCast::new_from_field(Box::new(e), Arc::new(field)),
+    ))
 }
 
 /// A DP call as the user would write it: `dp_mean(age, lower => 0, upper => 100, epsilon => 0.5,

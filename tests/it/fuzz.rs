@@ -1419,6 +1419,16 @@ impl Gen<'_> {
                     format!("depts r LEFT JOIN {b} t ON r.dept = t.dept")
                 }
             }
+            17 if b == "orders" => {
+                // A public key set on a unit table: every public row once, whatever the unit
+                // bounding keeps (round 48, review "units": groups vanished).
+                self.scope = vec![("t".into(), T_ORDERS), ("i".into(), T_ITEMS)];
+                if self.rng.pct(50) {
+                    "orders t RIGHT JOIN items i ON t.item = i.item".to_string()
+                } else {
+                    "items i LEFT JOIN orders t ON i.item = t.item".to_string()
+                }
+            }
             _ => format!("{b} t"),
         };
         let unit = self

@@ -26,7 +26,13 @@
 //! buffer interleaves the columns into the matrix directly ([`crate::optim::rows::RowBuffer::spread`]);
 //! the accumulator is built from the call's own argument expressions (parameters, feature count)
 //! as written. Rows kept, skipped and counted are those of the list (tested in `optim::rows`, and
-//! here through SQL: spread and as written release the same seeded model).
+//! here through SQL: spread and as written release the same seeded model). The feature count is
+//! the call's in both forms (round 48): the spread d is the `make_array` call's argument count,
+//! which the buffer checks against the count it plans from the call
+//! ([`crate::optim::rows::RowBuffer::planned`]); features that are not a bare call (a cast of a
+//! written list, a list shared by two calls, to which the dpfusion session's guard gives its
+//! count in the argument's field: [`crate::optim::rows::FEATURE_COUNT_KEY`]) are not spread and
+//! are read as lists.
 use std::any::Any;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;

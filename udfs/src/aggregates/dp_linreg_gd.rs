@@ -33,6 +33,11 @@
 //! predicate the analyst writes into `label` or `features`): a row with a NULL/NaN label or
 //! feature, or a feature list of the wrong length, is skipped and counts as missing
 //! ([`crate::optim::rows`]). Errors are raised only at planning, from types and literals.
+//! The feature count d is the one the query fixes (a written list, a fixed-size list column, or
+//! the count the session's guard gives a cast or shared list), never one learned from the rows
+//! (round 48, review "models", finding 1): the model has d coefficients even with no usable row,
+//! and a call that fixes none gets no accumulator. It is NULL only where n is public and below
+//! what the kernel needs (`'gaussian'` with a public n of 0, `'rgm'` below `min_rows`).
 //! A noise scale that is not representable (e.g. `clip => 1e308`) is refused at planning, in the
 //! cost and in the accumulator alike ([`LinregParams::gaussian`]).
 //!
@@ -58,7 +63,7 @@ use crate::optim::linreg::{
     GaussianGd, RGM_GRID_BITS, RGM_MIN_GRID_BITS, RgmGd, rgm_gamma_acc, rgm_sigma,
 };
 use crate::optim::model::{Model, model_data_type};
-use crate::optim::rows::{LabelKind, RowBuffer, planned_dims_logical, planned_dims_physical};
+use crate::optim::rows::{LabelKind, RowBuffer, planned_dims_logical};
 use crate::optim::units::{check_key_type, check_unit_key, split_unit_key};
 use crate::privacy::{Event, PrivacyError, gaussian_mu};
 
@@ -474,25 +479,25 @@ impl ModelUdaf for DpLinregGd {
         let lits = literal_params(&DP_LINREG_GD, exprs)?;
         let p = LinregParams::from_literals(&lits).map_err(|e| plan_error(name, e))?;
         check_unit_key(name, p.neighbours.is_units(), key.is_some())?;
-        let dims = args
-            .exprs
-            .get(1)
-            .and_then(|e| planned_dims_physical(e, args.expr_fields.get(1).map(|f| f.as_ref())));
+        // The planned feature count (the query's, never the rows': round 48), or no accumulator.
+        let mut buffer = RowBuffer::planned(
+            name,
+            LabelKind::Real,
+            args.exprs.get(1),
+            args.expr_fields.get(1).map(|f| f.as_ref()),
+            spread,
+        )?;
         let kernel = match p.mechanism {
             LinregMechanism::Gaussian => {
                 Kernel::Gaussian(p.gaussian().map_err(|e| plan_error(name, e))?)
             }
-            LinregMechanism::Rgm => Kernel::Rgm(p.rgm(dims).map_err(|e| plan_error(name, e))?),
-        };
-        let mut buffer = match dims {
-            Some(d) => RowBuffer::with_dims(LabelKind::Real, d),
-            None => RowBuffer::new(LabelKind::Real),
+            LinregMechanism::Rgm => Kernel::Rgm(
+                p.rgm(Some(buffer.dims()))
+                    .map_err(|e| plan_error(name, e))?,
+            ),
         };
         if key.is_some() {
             buffer = buffer.with_units();
-        }
-        if let Some(d) = spread {
-            buffer = buffer.spread(d);
         }
         Ok(Box::new(LinregAccumulator {
             buffer,
@@ -519,11 +524,9 @@ impl Accumulator for LinregAccumulator {
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
-        let Some(d) = self.buffer.dims() else {
-            // No usable row and a feature count the query does not fix (a list column): there
-            // is no model shape to release.
-            return Ok(Model::null_scalar());
-        };
+        // The planned count (round 48): with no usable row the model still has d coefficients,
+        // each noise around 0.
+        let d = self.buffer.dims();
         let mut rng = match self.insecure_seed {
             Some(s) => SecureRng::insecure_from_seed(s),
             None => SecureRng::from_os_entropy(),
@@ -564,9 +567,9 @@ impl Accumulator for LinregAccumulator {
 
     fn size(&self) -> usize {
         // The fit's working set is reserved with the buffer (`GaussianGd::working_bytes`).
-        let fit = match (&self.kernel, self.buffer.dims()) {
-            (Kernel::Gaussian(k), Some(d)) => k.working_bytes(self.buffer.rows().n(), d),
-            _ => 0,
+        let fit = match &self.kernel {
+            Kernel::Gaussian(k) => k.working_bytes(self.buffer.rows().n(), self.buffer.dims()),
+            Kernel::Rgm(_) => 0,
         };
         self.buffer.size() + size_of::<Self>() + fit
     }

@@ -7,9 +7,10 @@
 //!   is skipped and counts as missing ([`crate::optim::rows`]): no data value fails the query
 //!   (an error that depends on data would be a 1-bit oracle on any predicate written into the
 //!   label expression, e.g. `CASE WHEN name = 'x' THEN 2 ELSE y END`).
-//! - `features`: a list of numbers (`[x1, x2]`, `make_array(...)`, a list column); a row whose
-//!   list has another length than the model's (fixed by the query, or else by the first usable
-//!   row) is skipped likewise. Wrong types fail at planning.
+//! - `features`: a list of numbers (`[x1, x2]`, `make_array(...)`, a fixed-size list column); its
+//!   length is the one the query fixes (round 48: never learned from the rows, so the model has
+//!   that many coefficients even with no usable row; [`crate::optim::rows`]), and a row whose
+//!   list has another length is skipped likewise. Wrong types fail at planning.
 //! - Cost: ρ = `zcdp_rho(epsilon, delta)` (tight CKS inverse), recorded as `Event::Zcdp { rho }`;
 //!   the call is (epsilon, delta)-DP. Under the table's `replace` neighbours (the hidden trailing
 //!   `neighbours` literal the session appends: 'replace', 'replace_public_n' or
@@ -341,17 +342,16 @@ impl ModelUdaf for DpLogregAgd {
     ) -> Result<Box<dyn Accumulator>> {
         let (params, units) = self.params(&args)?;
         let plan = params.plan().map_err(|e| plan_error(Self::NAME, e))?;
-        let mut buffer = match args.expr_fields.get(1).map(|f| f.data_type()) {
-            Some(DataType::FixedSizeList(_, k)) if *k >= 0 => {
-                RowBuffer::with_dims(LabelKind::Binary, *k as usize)
-            }
-            _ => RowBuffer::new(LabelKind::Binary),
-        };
+        // The planned feature count (the query's, never the rows': round 48), or no accumulator.
+        let mut buffer = RowBuffer::planned(
+            Self::NAME,
+            LabelKind::Binary,
+            args.exprs.get(1),
+            args.expr_fields.get(1).map(|f| f.as_ref()),
+            spread,
+        )?;
         if units {
             buffer = buffer.with_units();
-        }
-        if let Some(d) = spread {
-            buffer = buffer.spread(d);
         }
         Ok(Box::new(AgdAccumulator {
             buffer,
@@ -395,7 +395,8 @@ impl Accumulator for AgdAccumulator {
         if result.stop == crate::optim::agd::Stop::Cancelled {
             return Err(crate::progress::cancelled_error("dp_logreg_agd"));
         }
-        // A row buffer that never saw a row does not know d; its coefficients are then empty.
+        // The planned count (round 48): with no usable row the fit still has d coefficients,
+        // its noisy gradients drawn for each.
         Ok(Model {
             coefficients: result.coefficients,
             intercept: result.intercept,

@@ -18,7 +18,9 @@
 //! - `steps` 0 (default): 1000 with `'independent'`, 100 with `'mf'`; `epochs` > 0 instead sets
 //!   T = ⌈epochs/q⌉ (`'independent'` only; `'mf'` is one epoch). Both set is refused.
 //! - Rows with a NULL/NaN label or feature, a wrong-length list, or a label outside the model's
-//!   classes contribute nothing (never an error: [`crate::optim::rows`]).
+//!   classes contribute nothing (never an error: [`crate::optim::rows`]). The feature count is
+//!   the one the query fixes, never one learned from the rows (round 48): the model's
+//!   coefficients (the network's `inputs`) have that size even with no usable row.
 //! - Privacy units (`units:K:C`): the key after `neighbours`, as for `dp_logreg_agd`; units are
 //!   sampled and clipped as a whole.
 //!
@@ -529,17 +531,17 @@ impl ModelUdaf for DpSgd {
             (SgdKind::Mlp, c) if c > 2 => LabelKind::Real,
             _ => LabelKind::Binary,
         };
-        let mut buffer = match args.expr_fields.get(1).map(|f| f.data_type()) {
-            Some(DataType::FixedSizeList(_, k)) if *k >= 0 => {
-                RowBuffer::with_dims(kind, *k as usize)
-            }
-            _ => RowBuffer::new(kind),
-        };
+        // The planned feature count (the query's, never the rows': round 48), or no accumulator:
+        // the network's shape (its `inputs`) is fixed before any row is read.
+        let mut buffer = RowBuffer::planned(
+            self.kind.name(),
+            kind,
+            args.exprs.get(1),
+            args.expr_fields.get(1).map(|f| f.as_ref()),
+            spread,
+        )?;
         if units {
             buffer = buffer.with_units();
-        }
-        if let Some(d) = spread {
-            buffer = buffer.spread(d);
         }
         Ok(Box::new(SgdAccumulator {
             kind: self.kind,
@@ -591,7 +593,7 @@ impl Accumulator for SgdAccumulator {
         let iterations = u32::try_from(fit.steps).unwrap_or(u32::MAX);
         Ok(match self.kind {
             SgdKind::Mlp => MlpModel {
-                inputs: self.buffer.rows().d as u32,
+                inputs: u32::try_from(self.buffer.dims()).unwrap_or(u32::MAX),
                 hidden: self.params.hidden as u32,
                 classes: self.params.classes as u32,
                 weights: fit.theta,

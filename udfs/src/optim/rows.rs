@@ -24,9 +24,19 @@
 //! [`RowBuffer::seen`], not in the rows):
 //! - a row whose label or feature list is NULL, or whose label or any feature is NULL or NaN;
 //! - with [`LabelKind::Binary`], a row whose label is not 0/1 (or a Boolean);
-//! - a row whose feature list has another length than the expected one (fixed at planning by
-//!   [`RowBuffer::with_dims`] when the query fixes it, otherwise by the first usable row read),
-//!   and, when partitions are merged, a partition's rows of another length.
+//! - a row whose feature list has another length than the planned one, and, when partitions are
+//!   merged, a partition's rows of another length.
+//!
+//! **The feature count is planned, never learned from rows** (round 48, review "models",
+//! finding 1). A buffer is built only with its count ([`RowBuffer::new`]); a model call's
+//! accumulator takes it from the call ([`RowBuffer::planned`], [`planned_dims_physical`]): a bare
+//! `make_array(x1, …, xd)` call's argument count, a `FixedSizeList(d)` type's width, or the count
+//! the dpfusion session's guard decided from what the query writes and gave the argument in its
+//! field metadata ([`FEATURE_COUNT_KEY`]: a cast of a written list, a list shared by two calls
+//! that the optimizer moved into a column). Without one, the accumulator is not built (a planning
+//! error). Before, the first usable row fixed the count: with no usable row the model had
+//! another shape (NULL, no coefficient) than with one, which released one row's presence. Now
+//! the released model has the planned shape whatever the rows.
 //!
 //! ±infinity is kept: each kernel clamps or clips it like any other out-of-range value. Wrong
 //! types (known before any row is read) remain errors.
@@ -133,15 +143,15 @@ impl Rows {
 #[derive(Debug, Clone)]
 pub struct RowBuffer {
     kind: LabelKind,
-    /// The feature count, once fixed (by the first row, a merged state, or at planning).
-    dims: Option<usize>,
+    /// The rows; `rows.d` is the planned feature count (module docs), fixed when the buffer is
+    /// built.
     rows: Rows,
     /// Rows that reached the aggregate (after its FILTER), skipped ones included.
     seen: u64,
     /// Unit-level mode: the privacy-unit key of each kept row (module docs).
     keys: Option<KeyBuffer>,
-    /// The features come as this many columns instead of one list ([`Self::spread`]).
-    spread: Option<usize>,
+    /// The features come as `rows.d` columns instead of one list ([`Self::spread`]).
+    spread: bool,
 }
 
 /// The privacy-unit keys of the kept rows, in row order: key i is
@@ -333,14 +343,48 @@ fn labels_f64(label: &ArrayRef, kind: LabelKind) -> Result<Vec<f64>> {
 }
 
 impl RowBuffer {
-    pub fn new(kind: LabelKind) -> Self {
+    /// A buffer of rows with `d` features: the feature count is planned, never taken from the
+    /// rows (module docs; round 48). Rows of another length are skipped.
+    pub fn new(kind: LabelKind, d: usize) -> Self {
         Self {
             kind,
-            dims: None,
-            rows: Rows::default(),
+            rows: Rows {
+                d,
+                ..Rows::default()
+            },
             seen: 0,
             keys: None,
-            spread: None,
+            spread: false,
+        }
+    }
+
+    /// The buffer of a model call's accumulator, with the call's planned feature count
+    /// ([`planned_dims_physical`] of its `features` argument `features` and its field `field`),
+    /// spread into `spread` columns when the physical plan spreads a `make_array` call
+    /// ([`crate::aggregates::bind`]). A planning error names `function` when the call fixes no
+    /// count: the dpfusion session's guard gives every call one (round 48), so only a call
+    /// planned without it (a plain DataFusion session, a list column) gets there.
+    pub fn planned(
+        function: &str,
+        kind: LabelKind,
+        features: Option<&std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>>,
+        field: Option<&Field>,
+        spread: Option<usize>,
+    ) -> Result<Self> {
+        let Some(d) = features.and_then(|e| planned_dims_physical(e, field)) else {
+            return Err(DataFusionError::Plan(format!(
+                "{function}: the number of features is not fixed by the query: write the \
+                 features as [x1, …, xd] or make_array(x1, …, xd), or give a fixed-size list \
+                 column (a count taken from the rows would depend on them)"
+            )));
+        };
+        let buffer = Self::new(kind, d);
+        match spread {
+            None => Ok(buffer),
+            Some(s) if s == d => Ok(buffer.spread()),
+            Some(s) => Err(DataFusionError::Internal(format!(
+                "{function}: {s} spread feature columns for a planned count of {d}"
+            ))),
         }
     }
 
@@ -356,30 +400,11 @@ impl RowBuffer {
         self.keys.is_some()
     }
 
-    /// A buffer whose feature count is fixed in advance (e.g. from a `FixedSizeList` type or a
-    /// `make_array` call with a known number of arguments, at planning time).
-    pub fn with_dims(kind: LabelKind, d: usize) -> Self {
-        Self {
-            kind,
-            dims: Some(d),
-            rows: Rows {
-                d,
-                ..Rows::default()
-            },
-            seen: 0,
-            keys: None,
-            spread: None,
-        }
-    }
-
-    /// The features come as `d` columns (a `make_array(x1, …, xd)` call spread by the physical
-    /// plan, [`crate::aggregates::bind`]) instead of one list: [`Self::update_values`] then
-    /// reads `values` as `[label, x1, …, xd, unit key?]`. Fixes the feature count to `d`, as the
-    /// list of a `make_array` call with d arguments would.
-    pub fn spread(mut self, d: usize) -> Self {
-        self.dims = Some(d);
-        self.rows.d = d;
-        self.spread = Some(d);
+    /// The features come as d columns, d the buffer's count (a `make_array(x1, …, xd)` call
+    /// spread by the physical plan, [`crate::aggregates::bind`]) instead of one list:
+    /// [`Self::update_values`] then reads `values` as `[label, x1, …, xd, unit key?]`.
+    pub fn spread(mut self) -> Self {
+        self.spread = true;
         self
     }
 
@@ -389,12 +414,13 @@ impl RowBuffer {
     pub fn update_values(&mut self, values: &[ArrayRef], key_index: usize) -> Result<()> {
         let missing = || DataFusionError::Internal("model aggregate: missing arguments".into());
         match self.spread {
-            None => {
+            false => {
                 let key = self.keys.as_ref().and(values.get(key_index));
                 let label = values.first().ok_or_else(missing)?;
                 self.update_keyed(label, values.get(1).ok_or_else(missing)?, key)
             }
-            Some(d) => {
+            true => {
+                let d = self.rows.d;
                 if values.len() < 1 + d {
                     return Err(missing());
                 }
@@ -460,22 +486,15 @@ impl RowBuffer {
         self.kind
     }
 
-    /// The feature count, once known.
-    pub fn dims(&self) -> Option<usize> {
-        self.dims
+    /// The planned feature count.
+    pub fn dims(&self) -> usize {
+        self.rows.d
     }
 
-    /// Fixes the feature count to `d` if it is not fixed yet; whether rows of length `d` are
-    /// kept.
-    fn accepts(&mut self, d: usize) -> bool {
-        match self.dims {
-            Some(e) => e == d,
-            None => {
-                self.dims = Some(d);
-                self.rows.d = d;
-                true
-            }
-        }
+    /// Whether rows of length `d` are kept: only those of the planned count. Never fixes a count
+    /// from a row (round 48: the first usable row used to fix it; module docs).
+    fn accepts(&self, d: usize) -> bool {
+        d == self.rows.d
     }
 
     /// Appends the rows of one batch (module docs for what is skipped). Errors only for
@@ -529,11 +548,10 @@ impl RowBuffer {
             _ => None,
         };
         self.seen = self.seen.saturating_add(y.len() as u64);
-        // The common batch (issue 32): no unit keys, no NULL list or element, every list of one
-        // length d, no NaN label or feature. Then every row is kept, in order, exactly as the
-        // row-by-row loop below would keep it (d is the length that loop's first row would fix
-        // or check): one bulk copy, the NaN checks as vectorised counts. Any other batch takes
-        // the loop.
+        // The common batch (issue 32): no unit keys, no NULL list or element, every list of the
+        // planned length, no NaN label or feature. Then every row is kept, in order, exactly as
+        // the row-by-row loop below would keep it: one bulk copy, the NaN checks as vectorised
+        // counts. Any other batch takes the loop.
         if encoded.is_none()
             && f.valid.is_none()
             && vnulls.is_none_or(|n| n.null_count() == 0)
@@ -561,8 +579,8 @@ impl RowBuffer {
                 continue;
             }
             let (a, b) = (f.offsets[i], f.offsets[i + 1]);
-            // A list of another length: skipped, counted as missing (module docs). The first
-            // usable row fixes the length when the query does not.
+            // A list of another length than the planned one: skipped, counted as missing
+            // (module docs).
             if !self.accepts(b - a) {
                 continue;
             }
@@ -582,7 +600,7 @@ impl RowBuffer {
     }
 
     /// The state fields: `labels` and row-major `features` (`List<Float64>`), `dims`
-    /// (`UInt64`, NULL while no row fixed it) and `seen` (`UInt64`, rows that reached the
+    /// (`UInt64`, the planned feature count) and `seen` (`UInt64`, rows that reached the
     /// aggregate, skipped ones included).
     pub fn state_fields(name: &str) -> Vec<FieldRef> {
         Self::state_fields_for(name, false)
@@ -631,7 +649,7 @@ impl RowBuffer {
         let mut out = vec![
             list_scalar(std::mem::take(&mut self.rows.labels)),
             list_scalar(std::mem::take(&mut self.rows.x)),
-            ScalarValue::UInt64(self.dims.map(|d| d as u64)),
+            ScalarValue::UInt64(Some(self.rows.d as u64)),
             ScalarValue::UInt64(Some(self.seen)),
         ];
         if let Some(kb) = self.keys.as_mut().map(std::mem::take) {
@@ -786,27 +804,40 @@ pub fn planned_dims_logical(features: &datafusion::logical_expr::Expr) -> Option
     }
 }
 
-/// The same on the physical side (accumulator creation): a `make_array` call with k arguments,
-/// or a `FixedSizeList(k)` type.
+/// The field metadata key by which the dpfusion session gives a model call's `features`
+/// argument the feature count its guard decided from what the query writes (round 48), when the
+/// argument does not show it itself (a cast of a written list; a list shared by two calls, which
+/// DataFusion's common-subexpression pass moves into a column): the guard casts the argument to
+/// its own type with this key in the target field's metadata, and the count reaches the
+/// accumulator in the argument's field ([`planned_dims_physical`]). The value is the count in
+/// decimal.
+pub const FEATURE_COUNT_KEY: &str = "dpfusion.feature_count";
+
+/// The planned feature count of a model call's `features` argument at accumulator creation, from
+/// the physical argument and its field (module docs; round 48): a `FixedSizeList(k)` type's
+/// width, the count in the field's metadata ([`FEATURE_COUNT_KEY`]), a bare `make_array` call's
+/// argument count. `None` when there is none, or when two of them disagree (or the metadata is
+/// not a count): the accumulator is then not built. Never read from rows.
 pub fn planned_dims_physical(
     features: &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
     field: Option<&Field>,
 ) -> Option<usize> {
     use datafusion::physical_expr::ScalarFunctionExpr;
-    use datafusion::physical_expr::expressions::CastExpr;
-    if let Some(DataType::FixedSizeList(_, k)) = field.map(|f| f.data_type()) {
-        return Some(*k as usize);
-    }
-    if let Some(f) = features.downcast_ref::<ScalarFunctionExpr>() {
-        return (f.name() == "make_array").then_some(f.args().len());
-    }
-    if let Some(c) = features.downcast_ref::<CastExpr>() {
-        if let DataType::FixedSizeList(_, k) = c.cast_type() {
-            return Some(*k as usize);
-        }
-        return planned_dims_physical(c.expr(), None);
-    }
-    None
+    let typed = match field.map(|f| f.data_type()) {
+        Some(DataType::FixedSizeList(_, k)) => Some(usize::try_from(*k).ok()?),
+        _ => None,
+    };
+    let given = match field.and_then(|f| f.metadata().get(FEATURE_COUNT_KEY)) {
+        Some(v) => Some(v.parse::<usize>().ok()?),
+        None => None,
+    };
+    let written = features
+        .downcast_ref::<ScalarFunctionExpr>()
+        .filter(|f| f.name() == "make_array")
+        .map(|f| f.args().len());
+    let mut found = [typed, given, written].into_iter().flatten();
+    let d = found.next()?;
+    found.all(|e| e == d).then_some(d)
 }
 
 #[cfg(test)]
@@ -819,10 +850,86 @@ mod tests {
         Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(rows))
     }
 
+    /// Round 48 (review "models", finding 1): the feature count is planned, never learned from
+    /// rows. A buffer has its count from the start (the released model's shape with no row at
+    /// all); rows of another length, through the bulk copy, the row loop or a merged state, are
+    /// skipped and never set it. A call whose argument fixes no count gets no buffer (a planning
+    /// error); the count is a fixed-size list's width, the session's metadata count or a bare
+    /// `make_array`'s argument count, and two of them that disagree (or metadata that is not a
+    /// count) give none.
+    #[test]
+    fn the_feature_count_is_planned_never_learned_from_rows() {
+        use datafusion::common::config::ConfigOptions;
+        use datafusion::physical_expr::expressions::Column;
+        use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
+        use std::collections::HashMap;
+
+        let mut b = RowBuffer::new(LabelKind::Real, 2);
+        assert_eq!((b.dims(), b.rows().d, b.rows().n()), (2, 2, 0));
+        let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 2.0]));
+        let ones = list(vec![Some(vec![Some(1.0)]), Some(vec![Some(3.0)])]);
+        b.update(&y, &ones).unwrap();
+        b.update(&y, &list(vec![Some(vec![Some(1.0)]), None]))
+            .unwrap();
+        let mut c = RowBuffer::new(LabelKind::Real, 1);
+        c.update(&y, &ones).unwrap();
+        let state: Vec<ArrayRef> = c
+            .state()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.to_array().unwrap())
+            .collect();
+        b.merge(&state).unwrap();
+        assert_eq!((b.dims(), b.rows().n(), b.seen()), (2, 0, 6));
+        assert_eq!(b.state().unwrap()[2], ScalarValue::UInt64(Some(2)));
+
+        let column: Arc<dyn PhysicalExpr> = Arc::new(Column::new("f", 1));
+        let listed = Field::new("f", list_f64(), true);
+        let with = |f: &Field, v: &str| {
+            f.clone().with_metadata(HashMap::from([(
+                FEATURE_COUNT_KEY.to_string(),
+                v.to_string(),
+            )]))
+        };
+        let fsl = Field::new(
+            "f",
+            DataType::FixedSizeList(Arc::new(Field::new_list_field(DataType::Float64, true)), 4),
+            true,
+        );
+        let planned = |e: &Arc<dyn PhysicalExpr>, f: &Field, spread| {
+            RowBuffer::planned("m", LabelKind::Real, Some(e), Some(f), spread).map(|b| b.dims())
+        };
+        let e = planned(&column, &listed, None).unwrap_err().to_string();
+        assert!(e.contains("not fixed by the query"), "{e}");
+        assert!(RowBuffer::planned("m", LabelKind::Real, None, None, None).is_err());
+        assert_eq!(planned(&column, &with(&listed, "3"), None).unwrap(), 3);
+        assert_eq!(planned(&column, &fsl, None).unwrap(), 4);
+        assert!(planned(&column, &with(&fsl, "3"), None).is_err());
+        assert!(planned(&column, &with(&listed, "three"), None).is_err());
+        assert!(planned(&column, &with(&listed, "3"), Some(2)).is_err());
+        // A bare make_array of two columns: two features, spread or not; a metadata count that
+        // disagrees with it gives none.
+        let schema = datafusion::arrow::datatypes::Schema::new(vec![
+            Field::new("a", DataType::Float64, true),
+            Field::new("b", DataType::Float64, true),
+        ]);
+        let call: Arc<dyn PhysicalExpr> = Arc::new(
+            ScalarFunctionExpr::try_new(
+                datafusion::functions_nested::make_array::make_array_udf(),
+                vec![Arc::new(Column::new("a", 0)), Arc::new(Column::new("b", 1))],
+                &schema,
+                Arc::new(ConfigOptions::default()),
+            )
+            .unwrap(),
+        );
+        assert_eq!(planned(&call, &listed, None).unwrap(), 2);
+        assert_eq!(planned(&call, &listed, Some(2)).unwrap(), 2);
+        assert!(planned(&call, &with(&listed, "3"), None).is_err());
+    }
+
     /// The bulk copy of a clean batch keeps exactly the rows the row-by-row loop keeps (the
-    /// same batch with one bad row appended takes the loop), fixes the same length, and keeps
-    /// nothing when the length was fixed to another one; a sliced fixed-size list is read from
-    /// its offset.
+    /// same batch with one bad row appended takes the loop), and keeps nothing when the planned
+    /// length is another one; a sliced fixed-size list is read from its offset.
     #[test]
     fn bulk_copy_equals_the_row_loop() {
         let n = 100;
@@ -830,11 +937,11 @@ mod tests {
         let xs: Vec<Vec<Option<f64>>> = (0..n)
             .map(|i| (0..3).map(|j| Some((i * 3 + j) as f64 - 0.25)).collect())
             .collect();
-        let mut fast = RowBuffer::new(LabelKind::Real);
+        let mut fast = RowBuffer::new(LabelKind::Real, 3);
         let y: ArrayRef = Arc::new(Float64Array::from(ys.clone()));
         fast.update(&y, &list(xs.iter().cloned().map(Some).collect()))
             .unwrap();
-        let mut slow = RowBuffer::new(LabelKind::Real);
+        let mut slow = RowBuffer::new(LabelKind::Real, 3);
         let mut ys2: Vec<f64> = ys.clone();
         ys2.push(f64::NAN);
         let mut xs2: Vec<Option<Vec<Option<f64>>>> = xs.iter().cloned().map(Some).collect();
@@ -843,9 +950,9 @@ mod tests {
         slow.update(&y2, &list(xs2)).unwrap();
         assert_eq!(fast.rows(), slow.rows());
         assert_eq!((fast.seen(), slow.seen()), (n as u64, n as u64 + 1));
-        assert_eq!((fast.dims(), fast.rows().n()), (Some(3), n));
+        assert_eq!((fast.dims(), fast.rows().n()), (3, n));
 
-        let mut fixed = RowBuffer::with_dims(LabelKind::Real, 4);
+        let mut fixed = RowBuffer::new(LabelKind::Real, 4);
         fixed
             .update(&y, &list(xs.iter().cloned().map(Some).collect()))
             .unwrap();
@@ -859,7 +966,7 @@ mod tests {
             None,
         );
         let sliced: ArrayRef = Arc::new(fsl.slice(10, 20));
-        let mut b = RowBuffer::new(LabelKind::Real);
+        let mut b = RowBuffer::new(LabelKind::Real, 3);
         b.update(&y.slice(10, 20), &sliced).unwrap();
         assert_eq!(b.rows().x, flat[30..90].to_vec());
         assert_eq!(b.rows().labels, ys[10..30].to_vec());
@@ -867,7 +974,7 @@ mod tests {
 
     #[test]
     fn skips_null_and_nan_rows() {
-        let mut b = RowBuffer::new(LabelKind::Real);
+        let mut b = RowBuffer::new(LabelKind::Real, 2);
         let y: ArrayRef = Arc::new(Float64Array::from(vec![
             Some(1.0),
             None,
@@ -900,7 +1007,7 @@ mod tests {
     /// data-dependent error is a 1-bit oracle: module docs).
     #[test]
     fn wrong_length_is_skipped() {
-        let mut b = RowBuffer::new(LabelKind::Real);
+        let mut b = RowBuffer::new(LabelKind::Real, 1);
         let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 2.0]));
         b.update(
             &y,
@@ -923,8 +1030,8 @@ mod tests {
         b.update(&y, &list(vec![Some(vec![]), Some(vec![Some(2.0)])]))
             .unwrap();
         assert_eq!(b.rows().n(), 4);
-        // Length fixed at planning: the first row does not get to choose.
-        let mut p = RowBuffer::with_dims(LabelKind::Real, 2);
+        // The planned length: the first row does not get to choose.
+        let mut p = RowBuffer::new(LabelKind::Real, 2);
         let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 2.0]));
         p.update(
             &y,
@@ -939,7 +1046,7 @@ mod tests {
 
     #[test]
     fn state_merge_round_trip_and_dims_agree() {
-        let mut a = RowBuffer::new(LabelKind::Binary);
+        let mut a = RowBuffer::new(LabelKind::Binary, 2);
         let y: ArrayRef = Arc::new(BooleanArray::from(vec![true, false]));
         a.update(
             &y,
@@ -951,14 +1058,14 @@ mod tests {
         .unwrap();
         let (sa, se) = (
             a.state().unwrap(),
-            RowBuffer::new(LabelKind::Binary).state().unwrap(),
+            RowBuffer::new(LabelKind::Binary, 2).state().unwrap(),
         );
         // `state` moves the rows out.
         assert_eq!((a.rows().n(), a.seen()), (0, 2));
         let states: Vec<ArrayRef> = (0..4)
             .map(|k| ScalarValue::iter_to_array([sa[k].clone(), se[k].clone()]).unwrap())
             .collect();
-        let mut m = RowBuffer::new(LabelKind::Binary);
+        let mut m = RowBuffer::new(LabelKind::Binary, 2);
         m.merge(&states).unwrap();
         m.merge(&states).unwrap();
         assert_eq!(m.rows().n(), 4);
@@ -966,18 +1073,15 @@ mod tests {
         assert_eq!(m.rows().row(3), &[3.0, 4.0]);
         assert_eq!(m.seen(), 4);
         // Partitions of another length are skipped (counted as missing), not an error.
-        let mut other = RowBuffer::with_dims(LabelKind::Binary, 3);
+        let mut other = RowBuffer::new(LabelKind::Binary, 3);
         other.merge(&states).unwrap();
-        assert_eq!(
-            (other.rows().n(), other.seen(), other.dims()),
-            (0, 2, Some(3))
-        );
+        assert_eq!((other.rows().n(), other.seen(), other.dims()), (0, 2, 3));
     }
 
     /// A classification label other than 0/1 skips the row (counted as missing), no error.
     #[test]
     fn binary_labels_outside_0_1_are_skipped() {
-        let mut b = RowBuffer::new(LabelKind::Binary);
+        let mut b = RowBuffer::new(LabelKind::Binary, 1);
         let x = list(vec![Some(vec![Some(1.0)]), Some(vec![Some(1.0)])]);
         let ok: ArrayRef = Arc::new(Int64Array::from(vec![Some(0), None]));
         b.update(&ok, &x).unwrap();
@@ -991,7 +1095,7 @@ mod tests {
 
     #[test]
     fn fixed_size_and_integer_lists() {
-        let mut b = RowBuffer::new(LabelKind::Real);
+        let mut b = RowBuffer::new(LabelKind::Real, 2);
         let fsl = FixedSizeListArray::from_iter_primitive::<Int64Type, _, _>(
             vec![
                 Some(vec![Some(1), Some(2)]),
@@ -1008,7 +1112,7 @@ mod tests {
     }
 
     fn keyed(labels: Vec<f64>, xs: Vec<f64>, keys: ArrayRef) -> RowBuffer {
-        let mut b = RowBuffer::new(LabelKind::Real).with_units();
+        let mut b = RowBuffer::new(LabelKind::Real, 1).with_units();
         let y: ArrayRef = Arc::new(Float64Array::from(labels));
         let x = list(xs.into_iter().map(|v| Some(vec![Some(v)])).collect());
         b.update_keyed(&y, &x, Some(&keys)).unwrap();
@@ -1032,7 +1136,7 @@ mod tests {
             Arc::new(StringArray::from(vec!["bob", "cy"])),
         );
         assert_eq!((a.rows().n(), a.seen()), (2, 3));
-        assert!(a.size() > RowBuffer::new(LabelKind::Real).size() + 2 * 2 * 8);
+        assert!(a.size() > RowBuffer::new(LabelKind::Real, 1).size() + 2 * 2 * 8);
         let (sa, sb) = (a.state().unwrap(), b.state().unwrap());
         let states: Vec<ArrayRef> = (0..5)
             .map(|k| ScalarValue::iter_to_array([sa[k].clone(), sb[k].clone()]).unwrap())
@@ -1040,7 +1144,7 @@ mod tests {
         let fields = RowBuffer::state_fields_for("f", true);
         assert_eq!(fields.len(), 5);
         assert_eq!(states[4].data_type(), fields[4].data_type());
-        let mut m = RowBuffer::new(LabelKind::Real).with_units();
+        let mut m = RowBuffer::new(LabelKind::Real, 1).with_units();
         m.merge(&states).unwrap();
         assert_eq!(m.seen(), 5);
         let units = m.group_units().unwrap();
@@ -1064,7 +1168,7 @@ mod tests {
         let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0]));
         let x = list(vec![Some(vec![Some(1.0)])]);
         assert!(f.update(&y, &x).is_err());
-        let mut plain = RowBuffer::new(LabelKind::Real);
+        let mut plain = RowBuffer::new(LabelKind::Real, 1);
         assert!(plain.update_keyed(&y, &x, Some(&y)).is_err());
         assert!(plain.group_units().is_none());
     }
@@ -1108,8 +1212,8 @@ mod tests {
         };
         for kind in [LabelKind::Real, LabelKind::Binary] {
             for units in [false, true] {
-                let mut listed = RowBuffer::with_dims(kind, 2);
-                let mut spread = RowBuffer::new(kind).spread(2);
+                let mut listed = RowBuffer::new(kind, 2);
+                let mut spread = RowBuffer::new(kind, 2).spread();
                 if units {
                     listed = listed.with_units();
                     spread = spread.with_units();
