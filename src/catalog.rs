@@ -109,6 +109,9 @@ pub struct SessionSection {
     pub memory_limit: Option<usize>,
     /// DataFusion's target partitions (default: the number of cores).
     pub target_partitions: Option<usize>,
+    /// The most bytes one value of a private table may take when read (default 64 KiB; round
+    /// 48: [`SessionOptions::max_value_bytes`]).
+    pub max_value_bytes: Option<usize>,
 }
 
 /// One `[[table]]`.
@@ -316,8 +319,13 @@ impl Catalog {
         // Round 47 (owner review, F1): a bad `[session]` value is the owner's error, refused
         // here, never left for the analyst to meet query by query.
         let s = &f.session;
-        crate::session::check_settings(s.default_delta, s.memory_limit, s.target_partitions)
-            .map_err(|e| err(path, format!("[session] {e}")))?;
+        crate::session::check_settings(
+            s.default_delta,
+            s.memory_limit,
+            s.target_partitions,
+            s.max_value_bytes,
+        )
+        .map_err(|e| err(path, format!("[session] {e}")))?;
         let c = Catalog {
             path: path.to_path_buf(),
             session: f.session,
@@ -391,6 +399,9 @@ impl Catalog {
         }
         if let Some(n) = s.target_partitions {
             o = o.with_target_partitions(n);
+        }
+        if let Some(n) = s.max_value_bytes {
+            o = o.with_max_value_bytes(n);
         }
         // The catalog and the server's TLS certificate and key: no table, the owner's or an
         // analyst's, may read them (review r45).
@@ -753,6 +764,32 @@ mod tests {
             (o.default_delta, o.memory_limit, o.target_partitions),
             (0.9, 1 << 20, Some(1))
         );
+    }
+
+    /// Round 48 (review "resources" §2): `[session] max_value_bytes` is the owner's bound on a
+    /// private value read; outside 1 KiB to 256 MiB the catalog is refused, with the key, the
+    /// value and the range; within, it reaches the session's options; left out, the default.
+    #[test]
+    fn max_value_bytes_is_set_in_the_session_section_within_its_range() {
+        for bad in ["0", "1023", "268435457"] {
+            let e = parse(&format!("[session]\nmax_value_bytes = {bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!(
+                    "[session] max_value_bytes must be from 1024 (1 KiB) to 268435456 (256 \
+                     MiB), got {bad}"
+                )),
+                "{e}"
+            );
+        }
+        let o = parse("[session]\nmax_value_bytes = 1048576")
+            .unwrap()
+            .session_options();
+        assert_eq!(o.max_value_bytes, 1 << 20);
+        let o = parse("[session]").unwrap().session_options();
+        assert_eq!(o.max_value_bytes, crate::session::DEFAULT_MAX_VALUE_BYTES);
+        assert_eq!(crate::session::DEFAULT_MAX_VALUE_BYTES, 65_536);
     }
 
     /// Round 46, review of the fixes (F5): whoever could write the catalog's directory swapped

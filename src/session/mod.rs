@@ -58,10 +58,18 @@ pub const DEFAULT_MEMORY_LIMIT: usize = 4 << 30;
 /// The default `delta` of a DP call that gives none (SQL.md: 1e-7 unless changed).
 pub const DEFAULT_CALL_DELTA: f64 = 1e-7;
 
+/// The default bound on the bytes of one value read from a private table (64 KiB; round 48:
+/// [`SessionOptions::max_value_bytes`]).
+pub const DEFAULT_MAX_VALUE_BYTES: usize = 64 << 10;
+
+/// The values the owner may give `max_value_bytes`: 1 KiB to 256 MiB (round 48).
+pub const MAX_VALUE_BYTES_RANGE: std::ops::RangeInclusive<usize> = (1 << 10)..=(256 << 20);
+
 /// The owner's session settings no session may open with: a `default_delta` outside (0, 1) (the
 /// δ every call without one would carry: `SET dpfusion.default_delta` refuses it), a
-/// `memory_limit` of 0 bytes or `target_partitions` of 0. `Err` names the setting, what was
-/// given and the valid range. One rule for a catalog's `[session]` ([`crate::catalog`]) and for
+/// `memory_limit` of 0 bytes, `target_partitions` of 0, or a `max_value_bytes` outside
+/// [`MAX_VALUE_BYTES_RANGE`] (round 48). `Err` names the setting, what was given and the valid
+/// range. One rule for a catalog's `[session]` ([`crate::catalog`]) and for
 /// [`SessionOptions`] built through the Rust API ([`PrivateSession::open`]): before round 47
 /// neither checked them, and a bad value reached the analyst as refusals of a δ they never
 /// wrote.
@@ -69,6 +77,7 @@ pub(crate) fn check_settings(
     default_delta: Option<f64>,
     memory_limit: Option<usize>,
     target_partitions: Option<usize>,
+    max_value_bytes: Option<usize>,
 ) -> std::result::Result<(), String> {
     if let Some(d) = default_delta
         && dpfusion_udfs::privacy::error::check_delta("default_delta", d).is_err()
@@ -89,6 +98,18 @@ pub(crate) fn check_settings(
                    DataFusion splits a query into (default: the number of cores); give a whole \
                    number ≥ 1, or leave it out";
         return Err(msg.to_string());
+    }
+    if let Some(n) = max_value_bytes
+        && !MAX_VALUE_BYTES_RANGE.contains(&n)
+    {
+        return Err(format!(
+            "max_value_bytes must be from {} (1 KiB) to {} (256 MiB), got {n}: it is the most \
+             bytes one value of a private table may take when it is read (a larger value reads \
+             as NULL, or as its type's default in a column declared NOT NULL; default 64 KiB, \
+             {DEFAULT_MAX_VALUE_BYTES}); give a number of bytes in that range, or leave it out",
+            MAX_VALUE_BYTES_RANGE.start(),
+            MAX_VALUE_BYTES_RANGE.end()
+        ));
     }
     Ok(())
 }
@@ -192,6 +213,7 @@ impl PrivateSession {
             Some(options.default_delta),
             Some(options.memory_limit),
             options.target_partitions,
+            Some(options.max_value_bytes),
         )
         .map_err(|e| DataFusionError::Plan(format!("SessionOptions: {e}")))?;
         let witness = match &options.ledger_witness {
@@ -200,7 +222,13 @@ impl PrivateSession {
         };
         let accountant =
             Arc::new(Accountant::open_witnessed(&options.ledger_path, &witness).map_err(external)?);
-        let mut config = SessionConfig::new().with_information_schema(false);
+        // The bound on a private value, read by every private scan (round 48); an extension,
+        // which no SQL statement can set.
+        let mut config = SessionConfig::new()
+            .with_information_schema(false)
+            .with_extension(Arc::new(guard::table::MaxValueBytes(
+                options.max_value_bytes,
+            )));
         if let Some(n) = options.target_partitions {
             config = config.with_target_partitions(n);
         }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use datafusion::arrow::datatypes::SchemaRef;
 
-use super::{DEFAULT_CALL_DELTA, DEFAULT_MEMORY_LIMIT};
+use super::{DEFAULT_CALL_DELTA, DEFAULT_MAX_VALUE_BYTES, DEFAULT_MEMORY_LIMIT};
 use crate::accounting::{Budget, FilterKind, Neighbours, PrivacyUnit, Visibility};
 use crate::guard::table::RatioBound;
 use crate::owner::CsvFormat;
@@ -28,6 +28,13 @@ pub struct SessionOptions {
     /// limit fails (with the fixed message when it reads a private table) instead of taking the
     /// process down.
     pub memory_limit: usize,
+    /// The most bytes one value of a private table may take when it is read (default 64 KiB,
+    /// [`DEFAULT_MAX_VALUE_BYTES`]; 1 KiB to 256 MiB, [`super::MAX_VALUE_BYTES_RANGE`]): a
+    /// larger value (a string's or binary's bytes, a list's items' …) reads as NULL, or, in a
+    /// column declared NOT NULL, as its type's default (round 48). So one row's values, and
+    /// what an expression copies of them, are bounded whatever the data; raise it for a table
+    /// whose values are legitimately larger. The analyst cannot change it.
+    pub max_value_bytes: usize,
     /// The only directory `COPY ... TO` may write into (None, the default: COPY is refused). Set
     /// by the data owner; never the ledger's directory or a table's.
     pub output_dir: Option<PathBuf>,
@@ -61,6 +68,7 @@ impl Default for SessionOptions {
             default_delta: DEFAULT_CALL_DELTA,
             target_partitions: None,
             memory_limit: DEFAULT_MEMORY_LIMIT,
+            max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             output_dir: None,
             analyst_files: AnalystFiles::None,
             owner_paths: vec![],
@@ -92,6 +100,12 @@ impl SessionOptions {
     /// The memory limit of a query, in bytes.
     pub fn with_memory_limit(mut self, bytes: usize) -> Self {
         self.memory_limit = bytes;
+        self
+    }
+    /// The most bytes one value of a private table may take when it is read
+    /// ([`SessionOptions::max_value_bytes`]; checked when the session opens).
+    pub fn with_max_value_bytes(mut self, bytes: usize) -> Self {
+        self.max_value_bytes = bytes;
         self
     }
     /// The directory `COPY ... TO` may write into.

@@ -2,8 +2,9 @@
 //! never split at byte offsets (a quoted multi-line value stays one value however large the
 //! file and however many partitions); a value the pinned type cannot hold reads as NULL (CSV
 //! and Parquet) instead of failing the read; a CSV record the reader cannot split into the
-//! table's fields reads as a row of NULLs. Each query answers on D and on its neighbour D′, with
-//! the answers a huge ε makes exact.
+//! table's fields reads as a row of NULLs; a value over the owner's `max_value_bytes` reads as
+//! NULL (or its type's default under NOT NULL, round 48). Each query answers on D and on its
+//! neighbour D′, with the answers a huge ε makes exact.
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,15 +19,17 @@ use crate::common::*;
 /// A session over a fresh ledger in `dir` (noise from a fixed seed; ε large enough that the
 /// rounded counts are exact).
 async fn session(dir: &Path, partitions: usize) -> PrivateSession {
-    PrivateSession::open(
-        SessionOptions::default()
-            .with_ledger(dir.join("ledger.jsonl"))
-            .with_default_budget(1e6, 1e-3)
-            .with_target_partitions(partitions)
-            .with_insecure_noise_seed(7),
-    )
-    .await
-    .unwrap()
+    PrivateSession::open(options(dir, partitions))
+        .await
+        .unwrap()
+}
+
+fn options(dir: &Path, partitions: usize) -> SessionOptions {
+    SessionOptions::default()
+        .with_ledger(dir.join("ledger.jsonl"))
+        .with_default_budget(1e6, 1e-3)
+        .with_target_partitions(partitions)
+        .with_insecure_noise_seed(7)
 }
 
 fn private() -> Registration {
@@ -571,4 +574,234 @@ async fn a_csv_header_of_another_width_is_refused_naming_the_file() {
     std::fs::write(d.join("b.csv"), "g,v\nb,2\n").unwrap();
     s.register_csv("d", &d, private()).await.unwrap();
     assert_eq!(count(&s, "d", "v").await, 2);
+}
+
+/// `g,s,n`: 1,000 rows of short values, one row `b` whose `s` and `n` are exactly 64 KiB (the
+/// default cap), and with `big` one more row `a` whose `s` and `n` are 100 KiB.
+fn wide_rows(big: bool) -> Vec<[String; 3]> {
+    let mut rows: Vec<[String; 3]> = (0..1000)
+        .map(|i| {
+            [
+                ["a", "b"][i % 2].to_string(),
+                format!("s{}", i % 3),
+                format!("n{}", i % 2),
+            ]
+        })
+        .collect();
+    rows.push(["b".into(), "s".repeat(64 << 10), "n".repeat(64 << 10)]);
+    if big {
+        rows.push(["a".into(), "z".repeat(100 << 10), "y".repeat(100 << 10)]);
+    }
+    rows
+}
+
+/// The counts and clipped sums of lengths over `t(g, s, n)`, and its groups by `g` and by `s`.
+async fn wide_answers(
+    s: &PrivateSession,
+) -> (Vec<Vec<String>>, BTreeSet<String>, BTreeSet<String>) {
+    let sql = "SELECT round(dp_count(1, epsilon => 1e4)), round(dp_count(g, epsilon => 1e4)), \
+               round(dp_count(s, epsilon => 1e4)), round(dp_count(n, epsilon => 1e4)), \
+               round(dp_sum(length(s), 0, 10, epsilon => 1e4)), \
+               round(dp_sum(length(n), 0, 10, epsilon => 1e4)) FROM t";
+    let by_s = answer(s, "SELECT s, dp_count(s, epsilon => 1e4) FROM t GROUP BY s")
+        .await
+        .into_iter()
+        .map(|r| r[0].clone())
+        .collect();
+    (answer(s, sql).await, groups(s, "t").await, by_s)
+}
+
+/// Round 48 (review "resources" §2): in a private CSV table and a private Parquet table, a value
+/// over `max_value_bytes` (100 KiB against the default 64 KiB) reads as NULL in a nullable
+/// column (`s`) and as "" in a column declared NOT NULL (`n`), while its row's other value (`g`),
+/// a value of exactly 64 KiB and every other row read as they are: D′ (with that row) answers as
+/// D but for the row's own count. With the cap raised to 256 KiB the value reads whole. Before,
+/// nothing bounded a value (so the guard's bound of 32 copies of a row was none in bytes).
+#[tokio::test]
+async fn a_private_value_over_max_value_bytes_reads_as_null_or_its_default() {
+    use dpfusion::datafusion::parquet::arrow::ArrowWriter;
+    let dir = temp_dir("readers-value-cap");
+    for parquet in [false, true] {
+        // Parquet reads strings as views: Utf8View declared, the cap's other layout.
+        let text = if parquet {
+            DataType::Utf8View
+        } else {
+            DataType::Utf8
+        };
+        let declared = Arc::new(Schema::new(vec![
+            Field::new("g", text.clone(), true),
+            Field::new("s", text.clone(), true),
+            Field::new("n", text.clone(), false),
+        ]));
+        let mut answers = vec![];
+        for (big, cap) in [(false, None), (true, None), (true, Some(256 << 10))] {
+            let sdir = dir.join(format!("{parquet}-{big}-{cap:?}"));
+            std::fs::create_dir_all(&sdir).unwrap();
+            let rows = wide_rows(big);
+            let f = if parquet {
+                let f = sdir.join("t.parquet");
+                let column = |k: usize| -> datafusion::arrow::array::ArrayRef {
+                    Arc::new(datafusion::arrow::array::StringArray::from_iter_values(
+                        rows.iter().map(|r| r[k].as_str()),
+                    ))
+                };
+                let schema = Arc::new(Schema::new(vec![
+                    Field::new("g", DataType::Utf8, true),
+                    Field::new("s", DataType::Utf8, true),
+                    Field::new("n", DataType::Utf8, false),
+                ]));
+                let batch =
+                    RecordBatch::try_new(schema.clone(), vec![column(0), column(1), column(2)])
+                        .unwrap();
+                let mut w =
+                    ArrowWriter::try_new(std::fs::File::create(&f).unwrap(), schema, None).unwrap();
+                w.write(&batch).unwrap();
+                w.close().unwrap();
+                f
+            } else {
+                let f = sdir.join("t.csv");
+                let mut csv = String::from("g,s,n\n");
+                for r in &rows {
+                    csv.push_str(&r.join(","));
+                    csv.push('\n');
+                }
+                std::fs::write(&f, csv).unwrap();
+                f
+            };
+            let mut o = options(&sdir, 2);
+            if let Some(cap) = cap {
+                o = o.with_max_value_bytes(cap);
+            }
+            let s = PrivateSession::open(o).await.unwrap();
+            let reg = private().schema(declared.clone());
+            if parquet {
+                s.register_parquet("t", &f, reg).await.unwrap();
+            } else {
+                s.register_csv("t", &f, reg).await.unwrap();
+            }
+            answers.push(wide_answers(&s).await);
+        }
+        let [d, d1, raised] = &answers[..] else {
+            unreachable!()
+        };
+        let counts = |a: &(Vec<Vec<String>>, _, _)| a.0[0].clone();
+        assert_eq!(
+            counts(d),
+            ["1001", "1001", "1001", "1001", "2010.0", "2010.0"],
+            "{parquet}: the 64 KiB values read whole"
+        );
+        assert_eq!(
+            counts(d1),
+            ["1002", "1002", "1001", "1002", "2010.0", "2010.0"],
+            "{parquet}: s over the cap is NULL, n (NOT NULL) is \"\" (length 0), g stays"
+        );
+        assert_eq!(
+            counts(raised),
+            ["1002", "1002", "1002", "1002", "2020.0", "2020.0"],
+            "{parquet}: under a cap of 256 KiB the value reads whole"
+        );
+        let groups_of = |a: &(_, BTreeSet<String>, BTreeSet<String>)| (a.1.clone(), a.2.clone());
+        assert_eq!(
+            groups_of(d),
+            groups_of(d1),
+            "{parquet}: every other row as it is"
+        );
+        assert_eq!(
+            d.2.iter().filter(|g| g.len() == 2).count(),
+            3,
+            "{parquet}: {:?}",
+            d.2.iter().map(String::len).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// Round 48: `max_value_bytes` is the owner's. The Rust API refuses a session with a cap
+/// outside 1 KiB to 256 MiB, saying so; analyst SQL cannot set it.
+#[tokio::test]
+async fn max_value_bytes_is_the_owners_and_within_its_range() {
+    let dir = temp_dir("readers-value-cap-owner");
+    for bad in [0, 1023, (256 << 20) + 1] {
+        let e = PrivateSession::open(options(&dir, 2).with_max_value_bytes(bad))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "max_value_bytes must be from 1024 (1 KiB) to 268435456 (256 MiB), got {bad}"
+            )),
+            "{e}"
+        );
+    }
+    let s = session(&dir, 2).await;
+    for sql in [
+        "SET dpfusion.max_value_bytes = 268435456",
+        "SET datafusion.dpfusion.max_value_bytes = 268435456",
+    ] {
+        let e = s.sql(sql).await.unwrap_err().to_string();
+        assert!(e.contains("is not allowed"), "{sql}: {e}");
+    }
+}
+
+/// Round 48 (review "resources" §2), the reviewer's attack scaled down: `t(s, x)` of 2,000
+/// short rows, and D′ with one more row whose `s` is 4 MiB (one person's free text). A
+/// `GROUP BY` of 32 copies of `s` (admitted: the guard bounds an expression by 32 copies of a
+/// row) at a memory limit of 64 MiB and 2 partitions answers on both, with the same groups: the
+/// value reads as NULL (a group of one row, not released). The control: with the cap at its
+/// largest (256 MiB, as before round 48 nothing bounded the value), D′ fails with the fixed
+/// message (its key of 128 MiB cannot fit the pool) while D answers: success or failure then
+/// told whether the person's row was there.
+#[tokio::test]
+async fn one_large_private_value_cannot_make_an_admitted_group_by_fail() {
+    let dir = temp_dir("readers-value-cap-attack");
+    let key = vec!["s"; 32].join(" || ");
+    let sql = format!(
+        "SELECT k, dp_count(x, epsilon => 1) AS n FROM (SELECT {key} AS k, x FROM t) GROUP BY k"
+    );
+    let mut outcomes = vec![];
+    for cap in [None, Some(256 << 20)] {
+        for big in [false, true] {
+            let sdir = dir.join(format!("{cap:?}-{big}"));
+            std::fs::create_dir_all(&sdir).unwrap();
+            let f = sdir.join("t.csv");
+            let mut csv = String::from("s,x\n");
+            for i in 0..2000 {
+                csv.push_str(&format!("job{},{}\n", i % 20, i % 7));
+            }
+            if big {
+                csv.push_str(&"z".repeat(4 << 20));
+                csv.push_str(",1\n");
+            }
+            std::fs::write(&f, csv).unwrap();
+            let mut o = options(&sdir, 2).with_memory_limit(64 << 20);
+            if let Some(cap) = cap {
+                o = o.with_max_value_bytes(cap);
+            }
+            let s = PrivateSession::open(o).await.unwrap();
+            s.register_csv("t", &f, private()).await.unwrap();
+            let outcome = match s.sql(&sql).await {
+                Ok(r) => Ok(r
+                    .batches
+                    .iter()
+                    .flat_map(|b| {
+                        (0..b.num_rows())
+                            .map(|i| array_value_to_string(b.column(0), i).unwrap())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect::<BTreeSet<String>>()),
+                Err(e) => Err(e.to_string()),
+            };
+            outcomes.push(((cap, big), outcome));
+        }
+    }
+    let [(_, d), (_, d1), (_, uncapped_d), (_, uncapped_d1)] = &outcomes[..] else {
+        unreachable!()
+    };
+    let d = d.as_ref().expect("D answers");
+    assert_eq!(d.len(), 20, "{d:?}");
+    assert_eq!(d1.as_ref().expect("D′ answers"), d, "the same groups");
+    assert_eq!(uncapped_d.as_ref().expect("D answers, uncapped"), d);
+    let e = uncapped_d1
+        .as_ref()
+        .expect_err("the control: D′ fails without the cap");
+    assert!(e.contains(dpfusion::session::EXECUTION_FAILED), "{e}");
 }
