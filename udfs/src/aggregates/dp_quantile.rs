@@ -57,8 +57,9 @@
 //! ([`rate_down`]: less ε used than charged, never more), and the bin is drawn by
 //! permute-and-flip ([`sample_permute_and_flip`], McKenna and Sheldon 2020: the bins in a
 //! uniformly random order, each accepted by an exact Bernoulli(exp(−A·(D_b − D_min)/2^60))
-//! trial, no floating-point exponential; at most B trials per release, and B losses to compute:
-//! O(B) time per release). It is ε-DP at the
+//! trial, no floating-point exponential; all B trials are run whichever is accepted first, so the
+//! number of trials says nothing of the data (round 48), and B losses to compute: O(B) time per
+//! release). It is ε-DP at the
 //! exponential mechanism's calibration and its expected loss is never larger (ibid., Theorems 1
 //! and 2); OpenDP's quantile (report-noisy-max with exponential noise) is the same mechanism.
 //! It is markedly more accurate when a few bins are close to the target: docs/UTILITY.md,
