@@ -1269,6 +1269,23 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             .max_groups_contributed
             .unwrap_or(u.max_groups_contributed),
     });
+    // A GROUP BY on the unit column itself makes every group one unit's, which partition
+    // selection keeps with probability at most δ/(2K): the query is charged and releases
+    // (almost) nothing (round 48, review "docsuser" F5). Refused before anything is charged.
+    if let Some(u) = &table.unit
+        && let Some(g) = agg
+            .group_expr
+            .iter()
+            .find(|g| exact_column(g, &agg.input).as_deref() == Some(u.column.as_str()))
+    {
+        return Err(refuse(format!(
+            "GROUP BY {g} groups by the privacy unit column '{}' of '{}': every group would hold \
+             one unit, and partition selection keeps a one-unit group with probability at most \
+             δ/(2K), so the query would be charged and release nothing. Group by other columns \
+             (or buckets of units, e.g. {} % 10), or count units with dp_count_distinct({}, …).",
+            u.column, table.name, u.column, u.column
+        )));
+    }
     let (mode, needs_selection) = match table.neighbours {
         // The groups of a public key set are the public table's rows: no selection.
         _ if bounds.is_some() => (Mode::AddRemove, grouped && matched.is_none()),
