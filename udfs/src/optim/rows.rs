@@ -38,8 +38,13 @@
 //! another shape (NULL, no coefficient) than with one, which released one row's presence. Now
 //! the released model has the planned shape whatever the rows.
 //!
-//! ±infinity is kept: each kernel clamps or clips it like any other out-of-range value. Wrong
-//! types (known before any row is read) remain errors.
+//! ±infinity is kept: each kernel clamps or clips it like any other out-of-range value. A buffer
+//! with a feature limit ([`RowBuffer::with_feature_limit`]: `dp_logreg_agd`'s ±1e100) clamps
+//! every feature to it as it stores the row (±∞ included; [`clamp_features`]), in every path
+//! (bulk copy, row loop, spread columns, merged states), so its kernel reads the rows in place
+//! (round 48, review "agd", finding 2: the kernel used to copy the whole matrix when one value
+//! was out of range, so one private value decided n·d·8 bytes). Wrong types (known before any row
+//! is read) remain errors.
 //!
 //! **Privacy units** ([`RowBuffer::with_units`], unit-level neighbours `units:K:C`). Each kept
 //! row also keeps its privacy-unit key, as the bytes of arrow's row format
@@ -152,6 +157,8 @@ pub struct RowBuffer {
     keys: Option<KeyBuffer>,
     /// The features come as `rows.d` columns instead of one list ([`Self::spread`]).
     spread: bool,
+    /// Features are stored clamped to ±this ([`Self::with_feature_limit`]); ∞: as they come.
+    feature_limit: f64,
 }
 
 /// The privacy-unit keys of the kept rows, in row order: key i is
@@ -220,6 +227,18 @@ fn list_scalar(values: Vec<f64>) -> ScalarValue {
         None,
     );
     ScalarValue::List(Arc::new(arr))
+}
+
+/// Clamps every value of `x` to ±`limit` (±∞ included; NaN stays NaN, and a NaN or negative
+/// `limit` leaves `x` as it is): how a buffer with a feature limit stores its features
+/// ([`RowBuffer::with_feature_limit`]), and how rows given to a kernel from Rust are brought to
+/// the same form (module docs).
+pub fn clamp_features(x: &mut [f64], limit: f64) {
+    if (0.0..f64::INFINITY).contains(&limit) {
+        for v in x {
+            *v = v.clamp(-limit, limit);
+        }
+    }
 }
 
 /// Appends the rows of `columns` (equal lengths, feature j of row i is `columns[j][i]`) to the
@@ -355,6 +374,7 @@ impl RowBuffer {
             seen: 0,
             keys: None,
             spread: false,
+            feature_limit: f64::INFINITY,
         }
     }
 
@@ -393,6 +413,20 @@ impl RowBuffer {
     pub fn with_units(mut self) -> Self {
         self.keys = Some(KeyBuffer::default());
         self
+    }
+
+    /// Features are stored clamped to ±`limit`, ±∞ included ([`clamp_features`]), whichever
+    /// way they arrive (module docs; round 48: `dp_logreg_agd`'s ±1e100, so that its kernel
+    /// never copies the rows).
+    pub fn with_feature_limit(mut self, limit: f64) -> Self {
+        self.feature_limit = limit;
+        self
+    }
+
+    /// Clamps the features stored from value `at` on (the rows just appended) to the buffer's
+    /// limit ([`Self::with_feature_limit`]).
+    fn clamp_from(&mut self, at: usize) {
+        clamp_features(&mut self.rows.x[at..], self.feature_limit);
     }
 
     /// Whether the buffer keeps privacy-unit keys.
@@ -459,7 +493,9 @@ impl RowBuffer {
             {
                 self.seen = self.seen.saturating_add(n as u64);
                 self.rows.labels.extend_from_slice(&y);
+                let at = self.rows.x.len();
                 interleave_rows(&mut self.rows.x, &cols);
+                self.clamp_from(at);
                 return Ok(());
             }
         }
@@ -506,7 +542,21 @@ impl RowBuffer {
 
     /// [`Self::update`] with each row's privacy-unit key (required in unit-level mode, refused
     /// otherwise: an internal error, never a data one). A row whose key is NULL is skipped.
+    /// The features kept are clamped to the buffer's limit ([`Self::with_feature_limit`]).
     pub fn update_keyed(
+        &mut self,
+        label: &ArrayRef,
+        features: &ArrayRef,
+        keys: Option<&ArrayRef>,
+    ) -> Result<()> {
+        let at = self.rows.x.len();
+        let appended = self.append_keyed(label, features, keys);
+        self.clamp_from(at);
+        appended
+    }
+
+    /// [`Self::update_keyed`] before the clamp.
+    fn append_keyed(
         &mut self,
         label: &ArrayRef,
         features: &ArrayRef,
@@ -715,7 +765,9 @@ impl RowBuffer {
                 continue;
             }
             self.rows.labels.extend_from_slice(l.values());
+            let at = self.rows.x.len();
             self.rows.x.extend_from_slice(f.values());
+            self.clamp_from(at);
             if let (Some(k), Some(kb)) = (k, self.keys.as_mut()) {
                 for key in k.iter().flatten() {
                     kb.push(key);
@@ -759,6 +811,26 @@ impl RowBuffer {
         self.rows.x = x;
         self.keys = Some(keys);
         Some(units)
+    }
+
+    /// The most bytes [`Self::group_units`] holds at once beyond the buffer (0 without keys): the
+    /// map from keys to units (at most 4n + 8 slots of a key reference, an index and a control
+    /// byte, its growth included) and the dense unit of each row, then the grouping's vectors
+    /// ([`super::units::Units::group`]: the permutation, two counts per unit, the bounds, which
+    /// the fit keeps) with the reordered copies of the labels, features and keys made while the
+    /// originals are alive (round 48, review "agd", finding 2: a model's accumulator counts them
+    /// in its size). A function of n, d and the keys' bytes.
+    pub fn group_units_bytes(&self) -> usize {
+        let Some(kb) = self.keys.as_ref() else {
+            return 0;
+        };
+        let (n, d) = (kb.ends.len(), self.rows.d);
+        let word = size_of::<usize>();
+        let index = (4 * n + 8) * (size_of::<(&[u8], u32)>() + 1);
+        let unit = n * size_of::<u32>();
+        let grouping = (4 * n + 1) * word;
+        let copies = n * size_of::<f64>() * (1 + d) + kb.bytes.len() + n * word;
+        unit + index.max(grouping + copies)
     }
 
     /// Rows that reached the aggregate (after its FILTER clause), including rows skipped for
@@ -1233,6 +1305,97 @@ mod tests {
                 assert!(spread.rows().n() > 400 && spread.rows().n() < n, "{kind:?}");
                 assert_eq!(spread.state().unwrap(), listed.state().unwrap());
             }
+        }
+    }
+
+    /// Round 48, review "agd", finding 2: a buffer with a feature limit stores every feature
+    /// clamped to it (±∞ and values beyond it), whichever way the rows arrive: the bulk copy,
+    /// the row loop (a batch with a skipped row), spread columns (interleaved, and through the
+    /// list), and merged states of a buffer without the limit. Without a limit values are kept.
+    /// `group_units_bytes` covers the regrouping's copies, and is 0 without units.
+    #[test]
+    fn feature_limit_clamps_every_path() {
+        const L: f64 = 1e100;
+        let wild = [f64::INFINITY, -1e300, 2e100, -0.5, f64::NEG_INFINITY, L];
+        let clamped = [L, -L, L, -0.5, -L, L];
+        let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 0.0, 1.0]));
+        let as_list = |v: &[f64]| {
+            list(
+                v.chunks(2)
+                    .map(|r| Some(r.iter().map(|&a| Some(a)).collect()))
+                    .collect(),
+            )
+        };
+        // Bulk copy and row loop (the NaN label of a fourth row sends the batch to the loop).
+        let mut bulk = RowBuffer::new(LabelKind::Real, 2).with_feature_limit(L);
+        bulk.update(&y, &as_list(&wild)).unwrap();
+        assert_eq!(bulk.rows().x, clamped);
+        let y4: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 0.0, 1.0, f64::NAN]));
+        let mut looped = RowBuffer::new(LabelKind::Real, 2).with_feature_limit(L);
+        let mut w4 = wild.to_vec();
+        w4.extend([1.0, 2.0]);
+        looped.update(&y4, &as_list(&w4)).unwrap();
+        assert_eq!(
+            (looped.rows().x.as_slice(), looped.seen()),
+            (&clamped[..], 4)
+        );
+        // Spread columns: clean (interleaved) and with a NULL (through the list).
+        let col = |j: usize| -> ArrayRef {
+            Arc::new(Float64Array::from(
+                (0..3).map(|i| wild[2 * i + j]).collect::<Vec<_>>(),
+            ))
+        };
+        let mut spread = RowBuffer::new(LabelKind::Real, 2)
+            .spread()
+            .with_feature_limit(L);
+        spread
+            .update_values(&[Arc::clone(&y), col(0), col(1)], 99)
+            .unwrap();
+        assert_eq!(spread.rows().x, clamped);
+        let with_null: ArrayRef = Arc::new(Float64Array::from(vec![Some(f64::INFINITY), None]));
+        let y2: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 1.0]));
+        let other: ArrayRef = Arc::new(Float64Array::from(vec![-1e200, 3.0]));
+        spread.update_values(&[y2, with_null, other], 99).unwrap();
+        assert_eq!(spread.rows().x[6..], [L, -L]);
+        // A merged state of a buffer without the limit (it kept ±∞).
+        let mut free = RowBuffer::new(LabelKind::Real, 2);
+        free.update(&y, &as_list(&wild)).unwrap();
+        assert_eq!(free.rows().x, wild);
+        let state: Vec<ArrayRef> = free
+            .state()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.to_array().unwrap())
+            .collect();
+        let mut merged = RowBuffer::new(LabelKind::Real, 2).with_feature_limit(L);
+        merged.merge(&state).unwrap();
+        assert_eq!(merged.rows().x, clamped);
+        assert!(merged.rows().x.iter().all(|v| v.abs() <= L));
+        // The free function: NaN stays, no limit (∞, NaN, negative) changes nothing.
+        let mut v = [f64::NAN, f64::INFINITY, -3.0];
+        clamp_features(&mut v, 2.0);
+        assert!(v[0].is_nan() && v[1..] == [2.0, -2.0]);
+        for limit in [f64::INFINITY, f64::NAN, -1.0] {
+            let mut w = wild;
+            clamp_features(&mut w, limit);
+            assert_eq!(w, wild);
+        }
+        // The regrouping's bytes: 0 without units; with n keyed rows of d features at least the
+        // copies of labels, features and keys (and their ends) made while the originals live.
+        assert_eq!(merged.group_units_bytes(), 0);
+        for n in [0usize, 1, 1000] {
+            let mut b = RowBuffer::new(LabelKind::Real, 1).with_units();
+            let y: ArrayRef = Arc::new(Float64Array::from(vec![1.0; n]));
+            let x = list((0..n).map(|i| Some(vec![Some(i as f64)])).collect());
+            let keys: ArrayRef =
+                Arc::new(Int64Array::from_iter_values((0..n as i64).map(|i| i / 2)));
+            b.update_keyed(&y, &x, Some(&keys)).unwrap();
+            let key_bytes = b.keys.as_ref().unwrap().bytes.len();
+            let copies = n * 8 * 2 + key_bytes + n * 8;
+            let bytes = b.group_units_bytes();
+            assert!(bytes >= copies + n * 4, "{n}: {bytes}");
+            assert!(bytes <= 200 * n + 1000, "{n}: {bytes}");
+            b.group_units().unwrap();
         }
     }
 }
