@@ -428,6 +428,9 @@ fn audit_refusal(what: impl std::fmt::Display) -> DataFusionError {
 /// (d) Over a unit-level table, a join that keeps a public side's unmatched rows (a public key
 ///     set) joins every public row a second time as a copy that matches nothing, so that no
 ///     public group can vanish in the contribution bounding ([`audit_copies`]; round 48).
+/// (e) Every node over private rows (the DP aggregate, the region's projections, filters, joins
+///     and bounding aggregates) holds at most 64 times a row plus 64 KiB per row at once, its
+///     values summed ([`audit_node_bytes`]; round 48).
 pub(super) fn audit(plan: &LogicalPlan, opts: &GuardOptions) -> Result<()> {
     if let Some(f) = super::sized::unwrapped(plan) {
         return Err(audit_refusal(format_args!(
@@ -443,7 +446,8 @@ fn audit_node(plan: &LogicalPlan, opts: &GuardOptions) -> Result<()> {
         LogicalPlan::Aggregate(a)
             if is_dp_aggregate(a) && raw_private_table(&a.input).is_some() =>
         {
-            return audit_dp_aggregate(a, opts);
+            audit_dp_aggregate(a, opts)?;
+            return audit_node_bytes(plan);
         }
         LogicalPlan::TableScan(scan) => {
             let info =
@@ -689,8 +693,39 @@ fn unit_table_in(plan: &LogicalPlan) -> Option<String> {
 }
 
 /// The private region below a DP aggregate: the fragment's nodes, the guard's bounding shapes,
-/// joins of the allowed forms.
+/// joins of the allowed forms ([`audit_region_node`]); then, once the region below is audited,
+/// what each node holds at once ([`audit_node_bytes`]).
 fn audit_region(plan: &LogicalPlan, cx: &mut Region) -> Result<()> {
+    audit_region_node(plan, cx)?;
+    audit_node_bytes(plan)
+}
+
+/// (e) What one node over private rows holds per row at once, the values it computes and those
+/// it passes on summed ([`fragment::check_node_bytes`]): each expression is bounded alone (c),
+/// but a node's batch holds them all together, outside the memory pool (round 48, review
+/// "resources", finding 3: 300 GROUP BY keys of 32 copies each of a 100-byte string aborted
+/// `dpfusion serve` at 7.8 GB over an ordinary 10,000-row table).
+fn audit_node_bytes(plan: &LogicalPlan) -> Result<()> {
+    let what = match plan {
+        LogicalPlan::Projection(_) => "a SELECT list (projection)",
+        LogicalPlan::Filter(_) => "a WHERE clause (filter)",
+        LogicalPlan::Join(_) => "a JOIN (both sides' values, its keys and its condition)",
+        LogicalPlan::Aggregate(a) if is_dp_aggregate(a) => {
+            "a DP aggregate (its GROUP BY keys and its calls' arguments)"
+        }
+        LogicalPlan::Aggregate(_) => {
+            "an aggregate of the unit bounding (its GROUP BY keys and the values it keeps)"
+        }
+        _ => return Ok(()),
+    };
+    match fragment::check_node_bytes(plan, what) {
+        None => Ok(()),
+        Some(why) => Err(audit_refusal(why)),
+    }
+}
+
+/// One node of a private region ([`audit_region`]).
+fn audit_region_node(plan: &LogicalPlan, cx: &mut Region) -> Result<()> {
     let opts = cx.opts;
     match plan {
         LogicalPlan::TableScan(scan) => {
@@ -815,14 +850,14 @@ fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
             }
             cx.private_joins += 1;
             if cx.private_joins > 1 {
-                return Err(audit_refusal(
-                    "more than one join of private tables in one private region (each multiplies \
-                     a unit's rows, so the work would grow as a power of a private count); join \
-                     two tables, aggregate, then combine the releases",
-                ));
+                return Err(audit_refusal(super::join::PRIVATE_JOIN_CHAIN));
             }
-            audit_region(&j.left, cx)?;
-            audit_region(&j.right, cx)
+            // Each side bounded per unit before the join, at M = K·C rows of a unit (round 48),
+            // K and C those in force for the left table, whose unit the bounding above reads.
+            let (k, c) = super::units::bounds_in_force(lt.unit.as_ref().expect("paired"), opts);
+            let rows = u64::from(k) * u64::from(c);
+            audit_join_prebound(&j.left, rows, cx)?;
+            audit_join_prebound(&j.right, rows, cx)
         }
         (true, false) => {
             audit_copies(j, true, cx)?;
@@ -838,6 +873,123 @@ fn audit_region_join(j: &Join, cx: &mut Region) -> Result<()> {
             "a JOIN that reads no private table in a private region",
         )),
     }
+}
+
+/// A side of a join of two private tables (round 48, review "resources", finding 1): exactly the
+/// guard's pre-bound ([`super::units::join_prebound`]) over a private region, so that a unit's
+/// pairs are at most `rows`² whatever its rows. A projection of columns over the unnested
+/// (`__dpfusion_join_sample`, list then struct) aggregate GROUP BY `u AS __dpfusion_join_unit` of
+/// `__dpfusion_unit_sample(M, columns…) AS __dpfusion_join_sample` alone, where `u` reads the
+/// privacy unit column of a unit-level table, M = `rows` (K·C in force) and at most
+/// [`super::units::MAX_JOIN_ROWS`]; then the region below it.
+fn audit_join_prebound(side: &LogicalPlan, rows: u64, cx: &mut Region) -> Result<()> {
+    use super::units::{JOIN_SAMPLE, JOIN_UNIT, MAX_JOIN_ROWS};
+    use datafusion::common::ScalarValue;
+    let opts = cx.opts;
+    let unbounded = || {
+        audit_refusal(
+            "a side of a join of private tables that is not bounded per unit before the join \
+             (one unit's rows on both sides would make every pair: work that grows as the \
+             square of a private count)",
+        )
+    };
+    let LogicalPlan::Projection(p) = side else {
+        return Err(unbounded());
+    };
+    let sample = |u: &datafusion::logical_expr::Unnest| {
+        matches!(u.exec_columns.as_slice(),
+            [c] if c.relation.is_none() && c.name == JOIN_SAMPLE)
+    };
+    let LogicalPlan::Unnest(structs) = p.input.as_ref() else {
+        return Err(unbounded());
+    };
+    let LogicalPlan::Unnest(lists) = structs.input.as_ref() else {
+        return Err(unbounded());
+    };
+    let LogicalPlan::Aggregate(a) = lists.input.as_ref() else {
+        return Err(unbounded());
+    };
+    if !sample(structs) || !sample(lists) {
+        return Err(unbounded());
+    }
+    let [Expr::Alias(unit)] = a.group_expr.as_slice() else {
+        return Err(unbounded());
+    };
+    let [Expr::Alias(al)] = a.aggr_expr.as_slice() else {
+        return Err(unbounded());
+    };
+    let Expr::AggregateFunction(f) = al.expr.as_ref() else {
+        return Err(unbounded());
+    };
+    let q = &f.params;
+    // The sample's own cap (what runs) and its literal (what the plan shows) alike.
+    let cap = (f.func.inner().as_ref() as &dyn std::any::Any)
+        .downcast_ref::<Sample>()
+        .map(Sample::cap);
+    let [Expr::Literal(ScalarValue::UInt64(Some(m)), _), cols @ ..] = q.args.as_slice() else {
+        return Err(unbounded());
+    };
+    if unit.name != JOIN_UNIT
+        || al.name != JOIN_SAMPLE
+        || f.func.name() != SAMPLE_FN
+        || cap.is_none()
+        || q.distinct
+        || q.filter.is_some()
+        || !q.order_by.is_empty()
+        || q.null_treatment.is_some()
+        || !cols.iter().all(|c| matches!(c, Expr::Column(_)))
+    {
+        return Err(unbounded());
+    }
+    // The unit key is the owner's unit column of a unit-level table.
+    match column_source(&unit.expr, &a.input) {
+        Some((info, column))
+            if info.private && info.unit.as_ref().is_some_and(|u| u.column == column) => {}
+        _ => {
+            return Err(audit_refusal(format_args!(
+                "a side of a join of private tables bounded by {}, which is not a table's \
+                 privacy unit column",
+                unit.expr
+            )));
+        }
+    }
+    if cap != Some(*m) {
+        return Err(audit_refusal(format_args!(
+            "a side of a join of private tables whose sample keeps {} row(s) of each unit while \
+             its plan shows {m}",
+            cap.unwrap_or_default()
+        )));
+    }
+    if *m != rows || *m > MAX_JOIN_ROWS {
+        return Err(audit_refusal(format_args!(
+            "a side of a join of private tables keeps {m} row(s) of each unit, but the bounds \
+             in force say {rows} (max_groups_contributed × max_rows_contributed, at most \
+             {MAX_JOIN_ROWS})"
+        )));
+    }
+    let cols_below = fragment::column_bytes(&a.input);
+    let below = a.input.schema();
+    region_expr(
+        &unit.expr,
+        below,
+        &cols_below,
+        "the unit key of a join's pre-bound",
+        opts,
+    )?;
+    for c in cols {
+        region_expr(
+            c,
+            below,
+            &cols_below,
+            "the rows a join's pre-bound samples",
+            opts,
+        )?;
+    }
+    let cols_above = fragment::column_bytes(&p.input);
+    for e in &p.expr {
+        region_expr(e, p.input.schema(), &cols_above, "SELECT", opts)?;
+    }
+    audit_region(&a.input, cx)
 }
 
 /// A join of a private region (the left side if `private_left`) with a public side that keeps
@@ -1058,6 +1210,10 @@ fn column_source(e: &Expr, plan: &LogicalPlan) -> Option<(TableInfo, String)> {
     let Expr::Column(c) = e else {
         return None;
     };
+    // A unit join's side bounded per unit (round 48) passes its unit key on.
+    if let Some((unit, below)) = super::units::through_join_prebound(c, plan) {
+        return column_source(unit, below);
+    }
     match plan {
         LogicalPlan::TableScan(scan) => {
             scan.projected_schema.has_column(c).then_some(())?;
@@ -1488,5 +1644,229 @@ mod tests {
             .unwrap()
             .data;
         refused(&zeros);
+    }
+
+    /// Round 48 (review "resources", finding 3): the final audit bounds what one node holds at
+    /// once, its values summed. The reviewer's attack B scaled down (a private table with a string
+    /// column; 300 distinct GROUP BY keys of 32 copies each, every one within the bound of an
+    /// expression) and attack A (16 such keys) are refused at planning, nothing read or charged;
+    /// two such keys are admitted.
+    #[tokio::test]
+    async fn the_audit_refuses_a_node_that_holds_too_many_copies_at_once() {
+        use datafusion::arrow::array::{ArrayRef, Int64Array, StringArray};
+        use datafusion::arrow::datatypes::DataType;
+        let dir = crate::testdir::test_dir("audit-node-bytes");
+        let s = crate::PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("s", DataType::Utf8, true),
+                Field::new("x", DataType::Int64, true),
+            ])),
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    (0..100).map(|i| format!("{:03}{}", i % 20, "y".repeat(97))),
+                )) as ArrayRef,
+                Arc::new(Int64Array::from_iter_values((0..100).map(|i| i % 7))),
+            ],
+        )
+        .unwrap();
+        s.register_batches(
+            "t",
+            vec![batch],
+            crate::Registration::private().budget(1000.0, 1e-3),
+        )
+        .unwrap();
+        // The reviewer's queries (resources-repro.py): n keys, each '<i>' || s || … (32 copies),
+        // or each s || … (32 copies), one value that common-subexpression elimination computes
+        // once, named n times (copied apart by the aggregate's group keys).
+        let keyed = |n: usize, distinct: bool| {
+            let k = vec!["s"; 32].join(" || ");
+            let keys: Vec<String> = (0..n)
+                .map(|i| match distinct {
+                    true => format!("'{i}' || {k} AS k{i}"),
+                    false => format!("{k} AS k{i}"),
+                })
+                .collect();
+            let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            format!(
+                "SELECT length(k0) AS l, dp_count(x, epsilon => 1) AS n FROM (SELECT {}, x FROM t) \
+                 GROUP BY {}",
+                keys.join(", "),
+                names.join(", ")
+            )
+        };
+        let query = |n: usize| keyed(n, true);
+        assert!(
+            s.check(&keyed(16, false))
+                .await
+                .unwrap_err()
+                .to_string()
+                .contains("holds values of up to 512 times a row")
+        );
+        for (n, rows) in [(300, 9600), (16, 512)] {
+            let m = s.check(&query(n)).await.unwrap_err().to_string();
+            assert!(
+                m.contains(&format!("holds values of up to {rows} times a row")),
+                "{m}"
+            );
+            assert!(m.contains("split the query"), "{m}");
+            let m = s.sql(&query(n)).await.unwrap_err().to_string();
+            assert!(m.contains("holds values of up to"), "{m}");
+        }
+        assert_eq!(s.scans("t"), 0, "nothing read");
+        assert!(s.ledger().unwrap().is_empty(), "nothing charged");
+        s.check(&query(2)).await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Round 48 (review "resources", finding 1): each side of a join of two private tables is
+    /// bounded per unit before the join, at M = K·C rows of a unit (units.rs, `join_prebound`).
+    /// The audit passes the guard's plan, grouped or not, and refuses a side without its
+    /// pre-bound (one unit's rows on both sides would make every pair), and a pre-bound that
+    /// keeps another number of rows than the K·C in force.
+    #[tokio::test]
+    async fn the_audit_refuses_a_unit_join_side_without_its_prebound() {
+        use super::super::units::JOIN_SAMPLE;
+        use datafusion::common::ScalarValue;
+        let opts = GuardOptions::default();
+        let ungrouped = unit_plan(
+            "SELECT dp_mean(t.amount, 0, 10, epsilon => 1) AS m FROM t JOIN t AS t2 \
+             ON t.unit = t2.unit",
+        )
+        .await;
+        audit(&ungrouped, &opts).unwrap();
+        let plan = unit_plan(
+            "SELECT t.g, dp_count(t2.amount, epsilon => 1) AS n FROM t JOIN t AS t2 \
+             ON t.unit = t2.unit GROUP BY t.g",
+        )
+        .await;
+        audit(&plan, &opts).unwrap();
+        let refused = |p: &LogicalPlan, what: &str| {
+            let m = audit(p, &opts).unwrap_err().to_string();
+            assert!(m.contains(what), "{what}: {m}");
+        };
+        // `p` with argument `i` of every call of the aggregate `name` set to `v`. With GROUP BY
+        // only the pre-bounds sample with SAMPLE_FN: K·C = 2 × 3 = 6 rows there (the literal;
+        // the sample that runs keeps its own).
+        let with_literal = |p: &LogicalPlan, name: &str, i: usize, v: u64| {
+            rewrite(p, |e| match e {
+                Expr::AggregateFunction(f) if f.func.name() == name => {
+                    let mut f = f.clone();
+                    f.params.args[i] = Expr::Literal(ScalarValue::UInt64(Some(v)), None);
+                    Some(Expr::AggregateFunction(f))
+                }
+                _ => None,
+            })
+        };
+        // The literal is checked against the sample that runs.
+        refused(
+            &with_literal(&plan, SAMPLE_FN, 0, 7),
+            "whose sample keeps 6 row(s) of each unit while its plan shows 7",
+        );
+        // Under a session C of 4, K·C = 8 is in force: the bounding with C = 4 and the
+        // pre-bounds of 6 rows are refused.
+        let c4 = GuardOptions {
+            max_rows_contributed: Some(4),
+            ..opts
+        };
+        let bounding_c4 = with_literal(&plan, TOP_GROUPS_FN, 1, 4);
+        let m = audit(&bounding_c4, &c4).unwrap_err().to_string();
+        assert!(
+            m.contains("keeps 6 row(s) of each unit, but the bounds in force say 8"),
+            "{m}"
+        );
+        // A side without its pre-bound (the first `strip` sides met replaced by the rows below
+        // the pre-bound): refused.
+        let without = |strip: usize| {
+            let left = std::cell::Cell::new(strip);
+            plan.clone()
+                .transform_up(|node| match &node {
+                    LogicalPlan::Projection(p) if left.get() > 0 => match p.input.as_ref() {
+                        LogicalPlan::Unnest(u)
+                            if u.exec_columns.iter().any(|c| c.name == JOIN_SAMPLE) =>
+                        {
+                            let LogicalPlan::Unnest(v) = u.input.as_ref() else {
+                                panic!("the list's unnest")
+                            };
+                            let LogicalPlan::Aggregate(a) = v.input.as_ref() else {
+                                panic!("the aggregate by unit")
+                            };
+                            let LogicalPlan::Filter(f) = a.input.as_ref() else {
+                                panic!("the filter on the unit")
+                            };
+                            left.set(left.get() - 1);
+                            Ok(Transformed::yes(f.input.as_ref().clone()))
+                        }
+                        _ => Ok(Transformed::no(node)),
+                    },
+                    _ => Ok(Transformed::no(node)),
+                })
+                .unwrap()
+                .data
+        };
+        let what =
+            "a side of a join of private tables that is not bounded per unit before the join";
+        refused(&without(1), what);
+        refused(&without(2), what);
+    }
+
+    /// Round 48: over a unit-level table the bounding keeps copies of its arguments in structs
+    /// and unnests them back; each unnested column holds what its own argument held, so a group
+    /// key of 32 copies with two string columns sampled beside it is within the node bound at
+    /// every node, and three such keys are not.
+    #[tokio::test]
+    async fn the_node_bound_follows_the_unit_bounding_field_by_field() {
+        use datafusion::arrow::array::{ArrayRef, Int64Array, StringArray};
+        use datafusion::arrow::datatypes::DataType;
+        let dir = crate::testdir::test_dir("audit-node-bytes-units");
+        let s = crate::PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        let strings = |f: fn(i64) -> String| {
+            Arc::new(StringArray::from_iter_values((0..60).map(f))) as ArrayRef
+        };
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("u", DataType::Int64, false),
+                Field::new("s", DataType::Utf8, true),
+                Field::new("s2", DataType::Utf8, true),
+            ])),
+            vec![
+                Arc::new(Int64Array::from_iter_values((0..60).map(|i| i % 20))) as ArrayRef,
+                strings(|i| format!("s{}", i % 3)),
+                strings(|i| format!("t{}", i % 5)),
+            ],
+        )
+        .unwrap();
+        s.register_batches(
+            "t",
+            vec![batch],
+            crate::Registration::private()
+                .privacy_unit("u")
+                .contribution_bounds(2, 3)
+                .budget(1000.0, 1e-3),
+        )
+        .unwrap();
+        let k = vec!["s"; 32].join(" || ");
+        let keys = |n: usize| {
+            let cols: Vec<String> = (0..n).map(|i| format!("'{i}' || {k} AS k{i}")).collect();
+            let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            format!(
+                "SELECT dp_count(s, epsilon => 1) AS a, dp_count(s2, epsilon => 1) AS b FROM \
+                 (SELECT {}, s, s2, u FROM t) GROUP BY {}",
+                cols.join(", "),
+                names.join(", ")
+            )
+        };
+        s.check(&keys(1)).await.unwrap();
+        let m = s.check(&keys(3)).await.unwrap_err().to_string();
+        assert!(m.contains("holds values of up to 96 times a row"), "{m}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

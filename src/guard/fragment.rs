@@ -12,6 +12,9 @@
 //! row's value may take are bounded at planning from types and literals ([`bytes`]): never by a
 //! number the analyst chooses (`repeat`, `lpad`, `rpad`, `replace`, `range`, `array_repeat`,
 //! `levenshtein` are not in the list; `FixedSizeList(2147483647, …)` is not a cast target).
+//! What one plan node holds at once is bounded too, its values summed ([`node_bytes`], the node
+//! bounds of [`LIMITS`]; on every statement, what one step writes: [`WRITTEN_NODE_BYTES`]): a
+//! node's batch holds them all together, outside the memory pool (round 48).
 //! Every expression is evaluated totally: rewritten at planning into a total form where one
 //! exists, wrapped as a last resort ([`super::total`]; [`Total`] says which functions need it).
 //! A literal regular-expression or LIKE pattern is compiled at planning within bounds into a
@@ -237,7 +240,8 @@ pub fn function(name: &str) -> Option<&'static Function> {
     FUNCTIONS.iter().find(|f| f.name == name)
 }
 
-/// Bounds per expression over private rows, so that no expression can copy a row many times.
+/// Bounds per expression (and per plan node) over private rows, so that no expression can copy a
+/// row many times, nor a node hold many such copies together.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Expression nodes.
@@ -252,6 +256,13 @@ pub struct Limits {
     /// the row it is computed from, plus `constant_bytes` ([`Bytes`]).
     pub row_copies: u64,
     pub constant_bytes: u64,
+    /// Bytes a row of one plan node may hold at once, summed over its values ([`node_bytes`]):
+    /// at most `node_row_copies` times the row plus `node_constant_bytes`. A node's batch holds
+    /// every value it computes and passes on together, outside the memory pool, so the bound on
+    /// each expression alone did not bound the batch (round 48: 300 GROUP BY keys of 32 copies
+    /// each aborted the process at 7.8 GB).
+    pub node_row_copies: u64,
+    pub node_constant_bytes: u64,
 }
 
 pub const LIMITS: Limits = Limits {
@@ -261,6 +272,8 @@ pub const LIMITS: Limits = Limits {
     in_list: 10_000,
     row_copies: 32,
     constant_bytes: 16 * 1024,
+    node_row_copies: 64,
+    node_constant_bytes: 64 * 1024,
 };
 
 /// The most items of a feature list of bare columns over private rows (declared beside the
@@ -345,13 +358,23 @@ pub const WRITTEN_VALUE_BYTES: u64 = 4 << 20;
 /// 8,192 rows, which a function's output fills outside any memory pool, stays within 512 MiB.
 pub const WRITTEN_ROW_BYTES: u64 = 64 << 10;
 
+/// The most bytes one step of a plan (a projection, aggregate, join, window, unnest, VALUES, UNION,
+/// filter or sort over more than one row) may write a row, its values summed
+/// ([`written_by_node`]): 128 KiB, twice [`WRITTEN_ROW_BYTES`], so that a value at its own bound
+/// leaves room beside it, and a batch of 8,192 rows, which holds every value of the step at once
+/// outside any memory pool, stays within 1 GiB: a quarter of the default memory limit, what
+/// sized.rs lets one call write a batch at run time. Each value was bounded alone, so N columns
+/// of 64 KiB made N × 512 MiB a batch (round 48, review "resources", finding 3).
+pub const WRITTEN_NODE_BYTES: u64 = 2 * WRITTEN_ROW_BYTES;
+
 /// The most times a value may copy the values of a row it reads ([`Written::rows`]), on public
 /// tables and constants: 1,024 (over private rows the typed fragment allows 32).
 pub const WRITTEN_ROW_COPIES: u64 = 1024;
 
 /// Refuses a statement that writes a value of more than [`WRITTEN_VALUE_BYTES`], or more than
-/// [`WRITTEN_ROW_BYTES`] a row, or that copies a row's values more than [`WRITTEN_ROW_COPIES`]
-/// times (see there), composed through the statement's subqueries and common table expressions:
+/// [`WRITTEN_ROW_BYTES`] a row, or more than [`WRITTEN_NODE_BYTES`] a row in one step (its values
+/// summed), or that copies a row's values more than [`WRITTEN_ROW_COPIES`] times (see there),
+/// composed through the statement's subqueries and common table expressions:
 /// a column counts what its definition writes ([`written_columns`]), so that `s || s`, level
 /// after level, is counted (it made values of 2^34 times their start and aborted the process).
 /// A recursive query's step may not grow the values it reads from the step before. The message
@@ -379,6 +402,20 @@ pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()>
                 w.rows
             ));
             return Ok(TreeNodeRecursion::Stop);
+        }
+        // Round 48: the values of one step summed, each of which may be within its bound (one
+        // value past its own bound is named below instead).
+        if !one_row(node)
+            && let Some(b) = written_by_node(node, &inputs)
+            && b > WRITTEN_NODE_BYTES
+        {
+            problem = Some(format!(
+                "{} writes up to {b} bytes a row in all, its values summed (at most \
+                 {WRITTEN_NODE_BYTES} bytes a row a step, and {WRITTEN_ROW_BYTES} a value: a batch \
+                 of 8,192 rows holds every value of a step at once, outside the memory pool); \
+                 compute fewer large values in one step, or split the query",
+                step_name(node)
+            ));
         }
         // A value larger than a row's bound, in a relation of more than one row, is copied
         // into every row of each batch: a 4 MiB constant projected over a table, or joined
@@ -480,6 +517,96 @@ pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()>
     match problem {
         Some(why) => Err(super::refuse(&why)),
         None => Ok(()),
+    }
+}
+
+/// What one step of more than one row writes a row at once, its values summed ([`Written::bytes`],
+/// saturating; `inputs`: its inputs' schemas and columns; round 48): a projection, VALUES or UNION
+/// its output's columns (a column passed on counts what it wrote below: it is held beside the
+/// new ones); an aggregate its group keys and what its calls read (arguments, FILTER, ORDER BY);
+/// a join both sides' columns (copied into every row it makes), its keys and its condition; a
+/// window its input's columns and what its calls read; an unnest its input's columns; a filter
+/// or a sort what its predicate or keys write. None for any other node.
+fn written_by_node(node: &LogicalPlan, inputs: &[(&DFSchema, Vec<Written>)]) -> Option<u64> {
+    let lookup = |c: &Column| lookup_written(inputs, c);
+    let add = |a: u64, b: u64| a.saturating_add(b);
+    let exprs =
+        |es: &mut dyn Iterator<Item = &Expr>| es.map(|e| written(e, &lookup).bytes).fold(0, add);
+    let columns = |i: usize| {
+        inputs
+            .get(i)
+            .map_or(0, |(_, cols)| cols.iter().map(|w| w.bytes).fold(0, add))
+    };
+    Some(match node {
+        LogicalPlan::Projection(p) => exprs(&mut p.expr.iter()),
+        LogicalPlan::Values(_) | LogicalPlan::Union(_) => {
+            written_columns(node).iter().map(|w| w.bytes).fold(0, add)
+        }
+        LogicalPlan::Aggregate(a) => exprs(
+            &mut a
+                .group_expr
+                .iter()
+                .chain(a.aggr_expr.iter().flat_map(aggregate_inputs)),
+        ),
+        LogicalPlan::Join(j) => add(
+            add(columns(0), columns(1)),
+            exprs(
+                &mut j
+                    .on
+                    .iter()
+                    .flat_map(|(l, r)| [l, r])
+                    .chain(j.filter.as_ref())
+                    .filter(|e| passed_on(e).is_none()),
+            ),
+        ),
+        LogicalPlan::Window(w) => add(
+            columns(0),
+            exprs(&mut w.window_expr.iter().flat_map(window_inputs)),
+        ),
+        LogicalPlan::Unnest(_) => columns(0),
+        LogicalPlan::Filter(f) => exprs(&mut std::iter::once(&f.predicate)),
+        LogicalPlan::Sort(s) => exprs(
+            &mut s
+                .expr
+                .iter()
+                .map(|k| &k.expr)
+                .filter(|e| passed_on(e).is_none()),
+        ),
+        _ => return None,
+    })
+}
+
+/// What a window expression reads: its call's arguments, FILTER, PARTITION BY and ORDER BY (`e`
+/// itself if it is not a call).
+fn window_inputs(e: &Expr) -> Vec<&Expr> {
+    match e {
+        Expr::Alias(a) => window_inputs(&a.expr),
+        Expr::WindowFunction(w) => {
+            let p = &w.params;
+            p.args
+                .iter()
+                .chain(p.filter.as_deref())
+                .chain(&p.partition_by)
+                .chain(p.order_by.iter().map(|s| &s.expr))
+                .collect()
+        }
+        e => vec![e],
+    }
+}
+
+/// A step of a plan as a message names it.
+fn step_name(node: &LogicalPlan) -> &'static str {
+    match node {
+        LogicalPlan::Projection(_) => "a SELECT list (projection)",
+        LogicalPlan::Values(_) => "a VALUES list",
+        LogicalPlan::Union(_) => "a UNION",
+        LogicalPlan::Aggregate(_) => "an aggregate (its GROUP BY keys and its calls' arguments)",
+        LogicalPlan::Join(_) => "a JOIN (both sides' values, its keys and its condition)",
+        LogicalPlan::Window(_) => "a window (its input and its calls' arguments)",
+        LogicalPlan::Unnest(_) => "an UNNEST",
+        LogicalPlan::Filter(_) => "a WHERE clause (filter)",
+        LogicalPlan::Sort(_) => "an ORDER BY",
+        _ => "a step",
     }
 }
 
@@ -2081,6 +2208,303 @@ pub fn check_expr_typed(e: &Expr, schema: &DFSchema, cols: &[Bytes]) -> Option<S
     })
 }
 
+// ---- what one node holds at once (round 48) ------------------------------------------------------
+
+/// A column passed on as it is, renamed or not.
+fn passed_on(e: &Expr) -> Option<&Column> {
+    match e {
+        Expr::Column(c) => Some(c),
+        Expr::Alias(a) => passed_on(&a.expr),
+        _ => None,
+    }
+}
+
+fn sum_bytes(xs: impl IntoIterator<Item = Bytes>) -> Bytes {
+    xs.into_iter().fold(Bytes::default(), Bytes::plus)
+}
+
+/// What one column of a batch holds per row beyond the rows of the private tables the plan reads
+/// (in the units of [`Bytes`]; [`held`]), and, for a struct (or a list of structs) whose fields
+/// are known, what each field holds: the unit bounding keeps copies of its arguments in such
+/// structs and unnests them back into columns (units.rs), each field one argument.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Part {
+    pub bytes: Bytes,
+    pub fields: Vec<(String, Part)>,
+}
+
+impl Part {
+    fn value(bytes: Bytes) -> Part {
+        Part {
+            bytes,
+            fields: vec![],
+        }
+    }
+}
+
+/// What the columns `parts` hold together: every column counted, also two that share one array
+/// (a hash repartition, a filter, a join or an aggregate's group keys copy each column apart).
+pub fn held_total(parts: &[Part]) -> Bytes {
+    sum_bytes(parts.iter().map(|p| p.bytes))
+}
+
+/// `e`, evaluated over `input` (whose columns hold `held_in`; `sizes`: their [`column_bytes`]): a
+/// column passed on holds what it held there; a computed value its [`bytes`], a new array.
+fn held_of(e: &Expr, input: &LogicalPlan, held_in: &[Part], sizes: &[Bytes]) -> Part {
+    let schema = input.schema();
+    match passed_on(e).and_then(|c| schema.index_of_column(c).ok()) {
+        Some(i) if i < held_in.len() => held_in[i].clone(),
+        _ => Part::value(<Bytes as ColumnBound>::expr(e, schema, sizes)),
+    }
+}
+
+/// The expressions an aggregate evaluates for `e`, one of its aggregate expressions: the call's
+/// arguments, then its FILTER and ORDER BY (`e` itself if it is not a call).
+fn aggregate_inputs(e: &Expr) -> Vec<&Expr> {
+    match e {
+        Expr::Alias(a) => aggregate_inputs(&a.expr),
+        Expr::AggregateFunction(f) => f
+            .params
+            .args
+            .iter()
+            .chain(f.params.filter.as_deref())
+            .chain(f.params.order_by.iter().map(|s| &s.expr))
+            .collect(),
+        e => vec![e],
+    }
+}
+
+/// The result of `e`, an aggregate expression whose inputs ([`aggregate_inputs`]) hold `inputs`:
+/// what its inputs hold together; for the unit bounding's calls, whose results keep copies of
+/// their arguments in structs, each field's argument, as units.rs lays them out (`kept_fields`:
+/// `c0 …` the group keys then the totals, `sample` the sampled rows; `sample_fields`: `pos`,
+/// then `c0 …` the sampled columns).
+fn aggregate_part(e: &Expr, inputs: &[Part]) -> Part {
+    use super::units::{Sample, TopGroups};
+    let bytes = sum_bytes(inputs.iter().map(|p| p.bytes));
+    let call = match e {
+        Expr::Alias(a) => a.expr.as_ref(),
+        e => e,
+    };
+    let Expr::AggregateFunction(f) = call else {
+        return Part::value(bytes);
+    };
+    let inner = f.func.inner().as_ref() as &dyn std::any::Any;
+    let named = |from: &[Part]| -> Vec<(String, Part)> {
+        from.iter()
+            .enumerate()
+            .map(|(j, p)| (format!("c{j}"), p.clone()))
+            .collect()
+    };
+    let args = &inputs[..f.params.args.len().min(inputs.len())];
+    let fields = if let Some(top) = inner.downcast_ref::<TopGroups>() {
+        // (K, C, hash, g…, t…, s…)
+        let l = top.layout;
+        match args.get(3..) {
+            Some(rest) if rest.len() == l.groups + l.totals + l.sampled => {
+                let (kept, sampled) = rest.split_at(l.groups + l.totals);
+                let mut fields = named(kept);
+                if l.rows {
+                    let sample = Part {
+                        bytes: sum_bytes(sampled.iter().map(|p| p.bytes)),
+                        fields: named(sampled),
+                    };
+                    fields.push(("sample".to_string(), sample));
+                }
+                fields
+            }
+            _ => vec![],
+        }
+    } else if inner.is::<Sample>() {
+        // (C, x…)
+        args.get(1..).map(named).unwrap_or_default()
+    } else {
+        vec![]
+    };
+    Part { bytes, fields }
+}
+
+/// What each column of a batch of `plan`'s output holds per row beyond the rows of the private
+/// tables it reads (round 48): a column read from a private table nothing (it is the row); a
+/// column of a plan that reads no private table the constant part of its [`column_bytes`] (a
+/// settled public side's measured bytes, copied into every row a join makes); a computed value
+/// its [`bytes`]; a column passed on by a projection, filter, alias, sort, limit or join what it
+/// held below (values computed level after level and passed on are held together); an
+/// aggregate's group keys as values and each result what the values it reads hold
+/// ([`aggregate_part`]); an unnested item what its list held, an unnested field what that field
+/// held (a field not known: its width if fixed, else all its struct held).
+pub fn held(plan: &LogicalPlan) -> Vec<Part> {
+    let n = plan.schema().fields().len();
+    let kept = |h: Vec<Part>| {
+        if h.len() == n {
+            h
+        } else {
+            vec![Part::value(held_total(&h)); n]
+        }
+    };
+    // A plan that reads no private table (a join's public side): a public row is no private
+    // row's copy.
+    if super::any_private_table(plan).is_none() {
+        return column_bytes(plan)
+            .into_iter()
+            .map(|b| Part::value(Bytes::constant(b.constant)))
+            .collect();
+    }
+    match plan {
+        LogicalPlan::TableScan(_) => vec![Part::default(); n],
+        LogicalPlan::Projection(p) => {
+            let (held_in, sizes) = (held(&p.input), column_bytes(&p.input));
+            p.expr
+                .iter()
+                .map(|e| held_of(e, &p.input, &held_in, &sizes))
+                .collect()
+        }
+        LogicalPlan::Filter(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::Repartition(_)
+        | LogicalPlan::Distinct(datafusion::logical_expr::Distinct::All(_)) => {
+            kept(held(plan.inputs()[0]))
+        }
+        LogicalPlan::Join(j) => {
+            use datafusion::logical_expr::JoinType::*;
+            match j.join_type {
+                LeftSemi | LeftAnti => kept(held(&j.left)),
+                RightSemi | RightAnti => kept(held(&j.right)),
+                _ => kept(held(&j.left).into_iter().chain(held(&j.right)).collect()),
+            }
+        }
+        LogicalPlan::Aggregate(a) => {
+            let (held_in, sizes) = (held(&a.input), column_bytes(&a.input));
+            let of = |e: &Expr| held_of(e, &a.input, &held_in, &sizes);
+            let mut out: Vec<Part> = a.group_expr.iter().map(of).collect();
+            for e in &a.aggr_expr {
+                let inputs: Vec<Part> = aggregate_inputs(e).into_iter().map(of).collect();
+                out.push(aggregate_part(e, &inputs));
+            }
+            kept(out)
+        }
+        LogicalPlan::Unnest(u) => {
+            let held_in = held(&u.input);
+            let (in_schema, out_schema) = (u.input.schema(), plan.schema());
+            // The next field of each struct column unnested, in order.
+            let mut next = vec![0usize; held_in.len()];
+            (0..n)
+                .map(|i| {
+                    let Some(&j) = u.dependency_indices.get(i) else {
+                        return Part::value(held_total(&held_in));
+                    };
+                    let from = held_in.get(j).cloned().unwrap_or_default();
+                    let width = fixed_width(out_schema.field(i).data_type());
+                    if u.struct_type_columns.contains(&j) {
+                        let k = next[j];
+                        next[j] += 1;
+                        let name = match in_schema.field(j).data_type() {
+                            DataType::Struct(fs) => fs.get(k).map(|f| f.name().clone()),
+                            _ => None,
+                        };
+                        let known = name.and_then(|name| {
+                            from.fields.iter().find(|(f, _)| *f == name).map(|(_, p)| p)
+                        });
+                        match (known, width) {
+                            (Some(p), _) => p.clone(),
+                            (None, Some(w)) => Part::value(Bytes::constant(w)),
+                            (None, None) => Part::value(from.bytes),
+                        }
+                    } else if u.list_type_columns.iter().any(|(c, _)| *c == j) {
+                        width.map_or(from, |w| Part::value(Bytes::constant(w)))
+                    } else {
+                        from
+                    }
+                })
+                .collect()
+        }
+        other => {
+            let all: Vec<Part> = other.inputs().into_iter().flat_map(held).collect();
+            vec![Part::value(held_total(&all)); n]
+        }
+    }
+}
+
+/// What one node over private rows holds per row at once, in the units of [`Bytes`] (round 48,
+/// review "resources", finding 3): a projection its output ([`held`]: the values it computes and
+/// those it passes on); an aggregate its group keys and every value its calls read (arguments,
+/// FILTER, ORDER BY); a filter its input and its predicate; a join both its sides and the keys
+/// and condition it evaluates. None for a node that evaluates no expression. Every column
+/// counts, also two copies of one value (they are copied apart, [`held_total`]). Beside this, a
+/// node holds its input's batch (bounded at its own node) and one expression's values on the
+/// way (each bounded alone, [`check_expr_typed`]).
+pub fn node_bytes(plan: &LogicalPlan) -> Option<Bytes> {
+    let computed = |exprs: &mut dyn Iterator<Item = &Expr>, schema: &DFSchema, sizes: &[Bytes]| {
+        sum_bytes(
+            exprs
+                .filter(|e| passed_on(e).is_none())
+                .map(|e| <Bytes as ColumnBound>::expr(e, schema, sizes)),
+        )
+    };
+    match plan {
+        LogicalPlan::Projection(_) => Some(held_total(&held(plan))),
+        LogicalPlan::Aggregate(a) => {
+            let (held_in, sizes) = (held(&a.input), column_bytes(&a.input));
+            let read = a
+                .group_expr
+                .iter()
+                .chain(a.aggr_expr.iter().flat_map(aggregate_inputs));
+            Some(sum_bytes(
+                read.map(|e| held_of(e, &a.input, &held_in, &sizes).bytes),
+            ))
+        }
+        LogicalPlan::Filter(f) => Some(held_total(&held(&f.input)).plus(computed(
+            &mut std::iter::once(&f.predicate),
+            f.input.schema(),
+            &column_bytes(&f.input),
+        ))),
+        LogicalPlan::Join(j) => {
+            let (ls, rs) = (column_bytes(&j.left), column_bytes(&j.right));
+            let keys = computed(&mut j.on.iter().map(|(l, _)| l), j.left.schema(), &ls).plus(
+                computed(&mut j.on.iter().map(|(_, r)| r), j.right.schema(), &rs),
+            );
+            // The condition sees both sides' columns (also where the output has one side's).
+            let both = j.left.schema().join(j.right.schema()).ok();
+            let sizes: Vec<Bytes> = ls.iter().chain(&rs).copied().collect();
+            let condition = match (&j.filter, &both) {
+                (Some(f), Some(schema)) => computed(&mut std::iter::once(f), schema, &sizes),
+                (Some(f), None) => computed(&mut std::iter::once(f), &j.schema, &sizes),
+                (None, _) => Bytes::default(),
+            };
+            Some(
+                held_total(&held(&j.left))
+                    .plus(held_total(&held(&j.right)))
+                    .plus(keys)
+                    .plus(condition),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// Why `plan`, a node over private rows that a message calls `what`, holds too much at once
+/// ([`node_bytes`] past [`LIMITS`]' node bounds; None: within them).
+pub fn check_node_bytes(plan: &LogicalPlan, what: &str) -> Option<String> {
+    let b = node_bytes(plan)?;
+    (b.row > LIMITS.node_row_copies || b.constant > LIMITS.node_constant_bytes).then(|| {
+        format!(
+            "{what} holds values of up to {} times a row plus {} bytes per row at once (over \
+             private rows at most {} times a row plus {} bytes a step, and {} times a row plus {} \
+             bytes a value: the values one step computes and passes on stay in memory together \
+             for a whole batch); compute fewer large values in one step (fewer or smaller \
+             GROUP BY keys, SELECT expressions or copies of a column), or split the query",
+            b.row,
+            b.constant,
+            LIMITS.node_row_copies,
+            LIMITS.node_constant_bytes,
+            LIMITS.row_copies,
+            LIMITS.constant_bytes
+        )
+    })
+}
+
 fn typed_node(x: &Expr, schema: &DFSchema) -> Option<String> {
     let ty = |e: &Expr| e.get_type(schema).ok();
     match x {
@@ -2483,6 +2907,174 @@ mod tests {
             .and_then(|p| p.build())
             .expect("scan");
         assert_eq!(column_bytes(&scan)[1], ONE_ROW);
+    }
+
+    /// Round 48 (review "resources", finding 3): what one node holds at once is its values
+    /// summed, each of which the per-expression bound admits alone: the reviewer's 300 GROUP BY
+    /// keys of 32 copies each (attack B) and 16 of them (attack A) are refused, two are admitted;
+    /// bare columns are shared, not copied; values computed level after level count where they
+    /// are held together.
+    #[test]
+    fn a_node_holds_its_values_summed() {
+        use datafusion::functions_aggregate::expr_fn::count;
+        use datafusion::logical_expr::{LogicalPlanBuilder, binary_expr, table_scan};
+        let df = schema();
+        // '<tag>' || s || s || … (n copies of s), named k<tag>.
+        let value = |tag: usize, n: usize| {
+            let mut e = lit(tag.to_string());
+            for _ in 0..n {
+                e = binary_expr(e, Operator::StringConcat, col("s"));
+            }
+            e
+        };
+        let copies = |tag: usize, n: usize| value(tag, n).alias(format!("k{tag}"));
+        let scan = || table_scan(Some("t"), df.as_arrow(), None).expect("scan");
+        let build = |b: datafusion::common::Result<LogicalPlanBuilder>| {
+            b.and_then(|b| b.build()).expect("plan")
+        };
+        let refused = |p: &LogicalPlan, rows: u64| {
+            let why = check_node_bytes(p, "the node").expect("refused");
+            assert!(
+                why.starts_with(&format!(
+                    "the node holds values of up to {rows} times a row"
+                )),
+                "{why}"
+            );
+            assert!(why.contains("split the query"), "{why}");
+        };
+        let admitted = |p: &LogicalPlan| assert_eq!(check_node_bytes(p, "the node"), None);
+        let keys: Vec<Expr> = (0..300).map(|i| copies(i, 32)).collect();
+        for k in &keys {
+            assert_eq!(check_expr_typed(k, &df, &[]), None, "{k}");
+        }
+        // Computed in a projection below the aggregate, or by the aggregate itself.
+        let projected = build(scan().project(keys.clone()));
+        refused(&projected, 9600);
+        let grouped = build(scan().aggregate(keys[..16].to_vec(), vec![count(col("i"))]));
+        refused(&grouped, 512);
+        // The aggregate over the projection groups by columns passed on: what it holds below.
+        let over = build(
+            LogicalPlanBuilder::from(projected.clone())
+                .aggregate((0..300).map(|i| col(format!("k{i}"))), vec![count(lit(1))]),
+        );
+        refused(&over, 9600);
+        admitted(&build(scan().project(keys[..2].to_vec())));
+        // A call's arguments and FILTER count with the keys.
+        let args = build(scan().aggregate(
+            keys[..1].to_vec(),
+            vec![count(value(1, 32)), count(value(2, 1))],
+        ));
+        refused(&args, 65);
+        // Bare columns (renamed or not) are shared with the scan: nothing held.
+        let wide = datafusion::arrow::datatypes::Schema::new(
+            (0..40)
+                .map(|i| Field::new(format!("c{i}"), DataType::Utf8, true))
+                .collect::<Vec<_>>(),
+        );
+        let bare =
+            build(table_scan(Some("w"), &wide, None).and_then(|p| {
+                p.project((0..40).map(|i| col(format!("c{i}")).alias(format!("d{i}"))))
+            }));
+        assert_eq!(node_bytes(&bare), Some(Bytes::default()));
+        // Level after level (subqueries the optimizer does not merge): a value computed below
+        // and passed on is held beside the new ones; dropped, it is not.
+        let one = scan()
+            .project(vec![copies(0, 32), col("s"), col("i")])
+            .unwrap();
+        let two = one
+            .project(vec![col("k0"), copies(1, 32), col("s"), col("i")])
+            .unwrap();
+        admitted(&build(Ok(two.clone())));
+        refused(
+            &build(
+                two.clone()
+                    .project(vec![col("k0"), col("k1"), copies(2, 1), col("i")]),
+            ),
+            65,
+        );
+        admitted(&build(two.clone().project(vec![col("k1"), copies(2, 32)])));
+        // A column passed on twice is two columns (a repartition, a filter or the aggregate's
+        // group keys copy each apart): the attack A shape, one key written 16 times and merged
+        // by common-subexpression elimination into one value named 16 times.
+        refused(
+            &build(
+                two.clone()
+                    .project(vec![col("k0"), col("k0").alias("again"), col("k1")]),
+            ),
+            96,
+        );
+        // A filter holds its input and its predicate; a fixed-width result its width.
+        let filtered = build(
+            two.clone()
+                .filter(call("length", vec![copies(3, 1)]).gt(lit(0i64))),
+        );
+        assert_eq!(
+            node_bytes(&filtered),
+            Some(Bytes {
+                row: 64,
+                constant: 1 + 2
+            })
+        );
+        // Fixed-width values sum their widths.
+        let fixed = build(
+            scan().project((0..100).map(|i| (col("i") + lit(i as i64)).alias(format!("n{i}")))),
+        );
+        assert_eq!(node_bytes(&fixed), Some(Bytes::constant(800)));
+    }
+
+    /// Round 48 (review "resources", finding 3): on public tables too, what one step writes a row
+    /// is its values summed, each of which may be within its own bound: three values of 60,000
+    /// bytes (`lpad(s, 15000)`: four bytes a character) are refused, two admitted; a value written below and passed on counts
+    /// where it is held beside new ones; an aggregate counts what its calls read; a row of
+    /// constants is not a relation of many rows.
+    #[test]
+    fn written_sizes_are_summed_over_a_step() {
+        use datafusion::functions_aggregate::expr_fn::count;
+        use datafusion::logical_expr::{LogicalPlanBuilder, table_scan};
+        let df = schema();
+        let big = |name: &str| call("lpad", vec![col("s"), lit(15_000i64)]).alias(name);
+        let scan = || table_scan(Some("t"), df.as_arrow(), None).expect("scan");
+        let build = |b: datafusion::common::Result<LogicalPlanBuilder>| {
+            b.and_then(|b| b.build()).expect("plan")
+        };
+        let refused = |p: &LogicalPlan, what: &str, bytes: u64| {
+            let why = check_written_sizes(p).unwrap_err().to_string();
+            assert!(
+                why.contains(&format!("{what} writes up to {bytes} bytes a row in all")),
+                "{why}"
+            );
+        };
+        check_written_sizes(&build(scan().project(vec![big("a"), big("b")]))).unwrap();
+        refused(
+            &build(scan().project(vec![big("a"), big("b"), big("c")])),
+            "a SELECT list (projection)",
+            180_000,
+        );
+        let two = scan().project(vec![big("a"), big("b"), col("s")]).unwrap();
+        refused(
+            &build(two.clone().project(vec![col("a"), col("b"), big("c")])),
+            "a SELECT list (projection)",
+            180_000,
+        );
+        check_written_sizes(&build(two.project(vec![col("b"), big("c")]))).unwrap();
+        refused(
+            &build(scan().aggregate(
+                vec![big("a")],
+                vec![
+                    count(call("lpad", vec![col("s"), lit(15_000i64)])).alias("n1"),
+                    count(call("lpad", vec![col("s"), lit(15_001i64)])).alias("n2"),
+                ],
+            )),
+            "an aggregate (its GROUP BY keys and its calls' arguments)",
+            180_004,
+        );
+        let constants =
+            |n: usize| {
+                build(LogicalPlanBuilder::empty(true).project((0..n).map(|i| {
+                    call("repeat", vec![lit("x"), lit(60_000i64)]).alias(format!("c{i}"))
+                })))
+            };
+        check_written_sizes(&constants(3)).unwrap();
     }
 
     #[test]

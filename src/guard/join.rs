@@ -39,7 +39,17 @@
 //!   analyst wrote it, below the cross join. The final audit (checked.rs) refuses a join that
 //!   keeps a public side's rows over a unit table without these copies. Tables without a unit
 //!   keep the plan above.
-//! - **Two private tables of one unit domain** joined on their unit columns ([`unit_join`]).
+//! - **Two private tables of one unit domain** joined on their unit columns ([`unit_join`]). Each
+//!   side keeps, of each unit, at most M = K·C of its rows before the join (the statement's
+//!   `max_groups_contributed` × `max_rows_contributed`; a join is refused when M > 1,024), a
+//!   sample chosen by the bounding's keyed, order-independent row sample under a key of each
+//!   side's own ([`units::join_prebound`], round 48): a unit's pairs are at most M², whatever its
+//!   rows, so the join's work no longer grows as the square of one unit's rows. The pre-bound is
+//!   a function of one unit's own rows (with the key and randomness), so adding or removing a
+//!   unit still changes only that unit's rows of the join, and the contribution bounding above
+//!   the join (K groups, C rows) and its sensitivities are unchanged. A `dp_sum` over such a join
+//!   totals the pairs of each side's sample: of a unit with more than M rows in a table, M of
+//!   them. The final audit (checked.rs) requires the pre-bound on both sides.
 //!
 //! Everything else (other joins of two private tables, a join that can repeat a private row, `FULL`
 //! joins, a join without equality keys) stays refused.
@@ -59,7 +69,12 @@ use datafusion::logical_expr::{
     Expr, Join, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias, lit,
 };
 
-use super::{Cx, Region, any_private_table, base_columns, check_fragment, not_in_fragment};
+use super::units::{self, JoinSide};
+use super::{
+    Cx, GuardOptions, Region, TableInfo, any_private_table, base_columns, check_fragment,
+    not_in_fragment,
+};
+use crate::accounting::PrivacyUnit;
 
 /// A public side whose join keys must be unique, checked (and materialised) by the session
 /// before admission.
@@ -263,6 +278,14 @@ pub(super) fn condition_columns(
 /// applied after the join and bounds a unit's contribution whatever its number of rows in
 /// either table: adding or removing a unit from the domain changes only its own rows of the
 /// join. Each call is charged to both tables.
+///
+/// Each side is also bounded per unit before the join ([`units::join_prebound`], round 48): at
+/// most M = K·C of a unit's rows (K and C in force for the statement, [`join_rows`]; refused when
+/// M > 1,024), a keyed random sample under a key of each side's own, so one unit's pairs are at
+/// most M² whatever its rows (until round 48 a unit with n rows in each table made n² pairs
+/// before anything was capped: the time, and over the server success or `DeadlineExceeded`,
+/// depended on one unit). The sample is a function of that unit's own rows, so the argument
+/// above is unchanged.
 fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<LogicalPlan> {
     let refuse_with = |why: String| {
         not_in_fragment(
@@ -293,6 +316,11 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
     if left.key_set || right.key_set {
         return Err(key_set_not_on_top(table));
     }
+    // A side that already joins two private tables: a chain (the final audit refuses it too;
+    // refused here, at planning, before its sides are bounded; round 48).
+    if !left.also.is_empty() || !right.also.is_empty() {
+        return Err(super::refuse(PRIVATE_JOIN_CHAIN));
+    }
     let (Some(lt), Some(rt)) = (left.table.clone(), right.table.clone()) else {
         return Err(refuse_with("a side could not be traced".into()));
     };
@@ -308,14 +336,17 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
             lt.name, lu.domain, rt.name, ru.domain
         )));
     }
-    if !pairs_units(j, &lu.column, &ru.column) {
+    let Some((left_unit, right_unit)) = unit_keys(j, &lu.column, &ru.column) else {
         return Err(refuse_with(format!(
             "the keys do not pair '{}.{}' with '{}.{}' as they are (no cast, one type: a \
              unit is compared as the identifier it is, so the data owner declares the unit \
              columns of one domain with one type)",
             lt.name, lu.column, rt.name, ru.column
         )));
-    }
+    };
+    // Each side bounded per unit before the join (round 48, review "resources", finding 1): at
+    // most M = K·C rows of each unit, so at most M² pairs of a unit reach the bounding.
+    let rows = join_rows(&lt, &rt, lu, &cx.opts)?;
     for (l, r) in &j.on {
         check_fragment(l, j.left.schema(), "the JOIN keys", table)?;
         check_fragment(r, j.right.schema(), "the JOIN keys", table)?;
@@ -335,6 +366,9 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
     // The keys made total too: a key that fails on one row must not fail the query (issue 26,
     // class 4); a NULL key matches nothing.
     let on = total_keys(j)?;
+    let key = units::query_key(cx.opts.insecure_seed);
+    let left_plan = units::join_prebound(left_plan, &left_unit, rows, key, JoinSide::Left)?;
+    let right_plan = units::join_prebound(right_plan, &right_unit, rows, key, JoinSide::Right)?;
     Ok(LogicalPlan::Join(Join::try_new(
         Arc::new(left_plan),
         Arc::new(right_plan),
@@ -347,25 +381,75 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
     )?))
 }
 
-/// The equality keys of `j`, each made total over its side's schema.
+/// M, the rows of each unit each side of a unit join keeps ([`units::join_prebound`]): K·C of
+/// the bounds in force for the statement (those of the left table `lt`, whose unit `lu` the
+/// contribution bounding above the join reads, or the session's), refused past
+/// [`units::MAX_JOIN_ROWS`] (round 48).
+fn join_rows(lt: &TableInfo, rt: &TableInfo, lu: &PrivacyUnit, opts: &GuardOptions) -> Result<u64> {
+    let (k, c) = units::bounds_in_force(lu, opts);
+    let rows = u64::from(k) * u64::from(c);
+    if rows <= units::MAX_JOIN_ROWS {
+        return Ok(rows);
+    }
+    let most = units::MAX_JOIN_ROWS;
+    let k_fit = u64::from(k).min(most);
+    Err(super::refuse(format!(
+        "a JOIN of private tables '{}' and '{}' on their privacy unit keeps, before the join, at \
+         most max_groups_contributed × max_rows_contributed rows of each unit from each table \
+         (so that one unit's pairs stay bounded whatever its number of rows), and that product \
+         may be at most {most}; the bounds in force are max_groups_contributed = {k} and \
+         max_rows_contributed = {c}, {rows} rows. Set smaller bounds for this query, e.g. SET \
+         dpfusion.max_groups_contributed = {k_fit} and SET dpfusion.max_rows_contributed = {} \
+         (each may be set from 1 to 1,000,000, their product at most {most} for such a join), \
+         or ask the data owner to lower the bounds of table '{}'.",
+        lt.name,
+        rt.name,
+        (most / k_fit).max(1),
+        lt.name
+    )))
+}
+
 /// Does one of `j`'s equality keys pair the unit column `left` of its left side with `right` of
 /// its right side, both as they are (no cast anywhere: [`super::exact_column`]) and of one type?
 /// Shared by the guard's unit join and the final audit.
 pub(super) fn pairs_units(j: &Join, left: &str, right: &str) -> bool {
+    unit_keys(j, left, right).is_some()
+}
+
+/// The key columns of [`pairs_units`]'s pair (the first), over the left and the right side. A
+/// side bounded per unit before the join ([`units::join_prebound`], in the plan the audit reads)
+/// is seen through to the unit below it.
+fn unit_keys(j: &Join, left: &str, right: &str) -> Option<(Column, Column)> {
     use datafusion::logical_expr::ExprSchemable;
-    j.on.iter().any(|(l, r)| {
+    // The base column a key is, through a side's pre-bound if it has one.
+    let exact = |c: &Column, side: &LogicalPlan| match units::through_join_prebound(c, side) {
+        Some((unit, below)) => super::exact_column(unit, below),
+        None => super::exact_column(&Expr::Column(c.clone()), side),
+    };
+    j.on.iter().find_map(|(l, r)| {
         // The guard's total wrappers, if any, seen through (a wrapped key is computed).
         let plain = |e: &Expr| super::total::unwrap(e.clone()).unwrap_or_else(|_| e.clone());
         let (l, r) = (plain(l), plain(r));
-        super::exact_column(&l, &j.left).as_deref() == Some(left)
-            && super::exact_column(&r, &j.right).as_deref() == Some(right)
+        // (Aliases seen through, as exact_column does.)
+        fn column(e: &Expr) -> Option<&Column> {
+            match e {
+                Expr::Column(c) => Some(c),
+                Expr::Alias(a) => column(&a.expr),
+                _ => None,
+            }
+        }
+        let (lc, rc) = (column(&l)?, column(&r)?);
+        (exact(lc, &j.left).as_deref() == Some(left)
+            && exact(rc, &j.right).as_deref() == Some(right)
             && matches!(
                 (l.get_type(j.left.schema()), r.get_type(j.right.schema())),
                 (Ok(a), Ok(b)) if a == b
-            )
+            ))
+        .then(|| (lc.clone(), rc.clone()))
     })
 }
 
+/// The equality keys of `j`, each made total over its side's schema.
 fn total_keys(j: &Join) -> Result<Vec<(Expr, Expr)>> {
     j.on.iter()
         .map(|(l, r)| {
@@ -376,6 +460,12 @@ fn total_keys(j: &Join) -> Result<Vec<(Expr, Expr)>> {
         })
         .collect()
 }
+
+/// The refusal of a second join of private tables in one private region (the guard's and the
+/// final audit's).
+pub(super) const PRIVATE_JOIN_CHAIN: &str = "more than one join of private tables in one private \
+     region (each multiplies a unit's rows, so the work would grow as a power of a private \
+     count); join two tables, aggregate, then combine the releases";
 
 /// The refusal of anything but projections above a public key set.
 fn key_set_not_on_top(table: &str) -> datafusion::common::DataFusionError {

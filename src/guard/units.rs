@@ -61,6 +61,13 @@
 //! every call's FILTER leaves them out (they stay in the plan only so that the NULL-extended
 //! row of a public key set keeps its group, join.rs). Any number of calls on any columns share
 //! the one aggregate (calls on the same value and FILTER share one total).
+//!
+//! Below a join of two private tables on their unit (join.rs, `unit_join`) each side is bounded
+//! per unit before the join too ([`join_prebound`], round 48): at most M = K·C rows of each unit
+//! (K as declared or set, even without GROUP BY; M ≤ [`MAX_JOIN_ROWS`]), by the same row sample
+//! under a key of each side's own, so the join pairs at most M² rows of a unit. That pre-bound is
+//! a function of one unit's own rows (with the key and randomness), so the argument above holds
+//! for the joined rows unchanged; it only limits the work of one unit's rows.
 use std::sync::Arc;
 
 use std::hash::Hasher;
@@ -77,7 +84,8 @@ use datafusion::logical_expr::{
 };
 use dpfusion_udfs::noise::rng::SecureRng;
 
-use super::{TableInfo, bare_column, refuse};
+use super::{GuardOptions, TableInfo, bare_column, refuse};
+use crate::accounting::PrivacyUnit;
 
 mod top;
 pub(super) use top::TOP_GROUPS_FN;
@@ -101,6 +109,14 @@ pub(super) const KEPT: &str = "__dpfusion_kept";
 /// rows without a unit (each its own group: they are all kept).
 pub(super) const NO_UNIT: &str = "__dpfusion_no_unit";
 
+/// The unit key of one side of a unit join after its pre-bound ([`join_prebound`], round 48).
+pub(super) const JOIN_UNIT: &str = "__dpfusion_join_unit";
+/// One side of a unit join: its sample of at most M rows of each unit ([`join_prebound`]).
+pub(super) const JOIN_SAMPLE: &str = "__dpfusion_join_sample";
+/// The most rows of one unit each side of a join of two private tables keeps (M = K·C may not be
+/// more: a unit's pairs are then at most M² = 1,048,576; [`join_prebound`], round 48).
+pub const MAX_JOIN_ROWS: u64 = 1024;
+
 /// Whether a function is one of the bounding's own (they hold per-query state, such as the
 /// secret group key, that no codec carries: the distributed path refuses plans with them).
 #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
@@ -119,6 +135,17 @@ pub struct Bounds {
     pub rows: u32,
     /// K as the owner or the session set it (shown even without GROUP BY).
     pub declared_groups: u32,
+}
+
+/// K and C in force for a table's unit: the session's (or the statement's) where it sets them,
+/// else the data owner's.
+pub(super) fn bounds_in_force(unit: &PrivacyUnit, opts: &GuardOptions) -> (u32, u32) {
+    (
+        opts.max_groups_contributed
+            .unwrap_or(unit.max_groups_contributed),
+        opts.max_rows_contributed
+            .unwrap_or(unit.max_rows_contributed),
+    )
 }
 
 /// How one unit contributes to a call after bounding.
@@ -543,6 +570,151 @@ pub fn query_key(insecure_seed: Option<u64>) -> [u64; 2] {
     [rng.next_u64(), rng.next_u64()]
 }
 
+// ---- the pre-bound of a unit join's sides (round 48) ---------------------------------------------
+
+/// A side of a join of two private tables on their unit ([`join_prebound`]): each samples under a
+/// key of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum JoinSide {
+    Left,
+    Right,
+}
+
+/// One side of a join of two private tables on their privacy unit (join.rs, `unit_join`),
+/// bounded per unit before the join (round 48, review "resources", finding 1): of each unit it
+/// keeps at most `rows` (M = K·C) of its rows, a uniform sample without replacement drawn by the
+/// bounding's keyed, order-independent row sample ([`Sample`]) under a key derived from the
+/// query's key for this side alone (independent of the other side's and of the group choice's),
+/// so the join pairs at most M² rows of a unit whatever its rows in either table. Rows whose unit
+/// is NULL are dropped (an `=` join never matches them). The shape, as the final audit
+/// (checked.rs) requires it on both sides of a private join:
+///
+/// ```text
+/// Projection  the side's columns under their own names: __dpfusion_join_unit AS <unit>,
+///             __dpfusion_join_sample.cJ AS <column J>
+///   Unnest  __dpfusion_join_sample (list, then struct)
+///     Aggregate  GROUP BY <unit> AS __dpfusion_join_unit:
+///                __dpfusion_unit_sample(M, <the other columns>…) AS __dpfusion_join_sample
+///       Filter  <unit> IS NOT NULL
+///         the side (its private region)
+/// ```
+///
+/// DataFusion's hash aggregate by unit (parallel, spills to disk), as [`Bounding::plan`] without
+/// GROUP BY. The sample is a function of one unit's own rows, the key and randomness: adding or
+/// removing a unit changes only its own rows on either side, so the contribution bounding above
+/// the join, and the sensitivities it gives, are as before.
+pub(super) fn join_prebound(
+    side: LogicalPlan,
+    unit: &Column,
+    rows: u64,
+    query_key: [u64; 2],
+    which: JoinSide,
+) -> Result<LogicalPlan> {
+    let key = derive_key(
+        query_key,
+        match which {
+            JoinSide::Left => b"dpfusion unit join sample, left side",
+            JoinSide::Right => b"dpfusion unit join sample, right side",
+        },
+    );
+    let schema = side.schema().clone();
+    let at = schema.index_of_column(unit)?;
+    let columns = schema.columns();
+    let sampled: Vec<&Column> = columns
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != at)
+        .map(|(_, c)| c)
+        .collect();
+    let unit = Expr::Column(unit.clone());
+    let side = Filter::try_new(unit.clone().is_not_null(), Arc::new(side))?;
+    let mut args = vec![lit(rows)];
+    args.extend(sampled.iter().map(|c| Expr::Column((*c).clone())));
+    let plan = LogicalPlan::Aggregate(Aggregate::try_new(
+        Arc::new(LogicalPlan::Filter(side)),
+        vec![unit.alias(JOIN_UNIT)],
+        vec![keyed_sample_udaf(rows, key).call(args).alias(JOIN_SAMPLE)],
+    )?);
+    let plan = LogicalPlanBuilder::from(plan)
+        .unnest_column(Column::from_name(JOIN_SAMPLE))?
+        .unnest_column(Column::from_name(JOIN_SAMPLE))?
+        .build()?;
+    let exprs = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let from = match i.cmp(&at) {
+                std::cmp::Ordering::Equal => JOIN_UNIT.to_string(),
+                std::cmp::Ordering::Less => format!("{JOIN_SAMPLE}.c{i}"),
+                std::cmp::Ordering::Greater => format!("{JOIN_SAMPLE}.c{}", i - 1),
+            };
+            Expr::Column(Column::from_name(from)).alias_qualified(c.relation.clone(), &c.name)
+        })
+        .collect();
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::new(plan),
+    )?))
+}
+
+/// The aggregate and the top projection of a unit join side's pre-bound ([`join_prebound`]) if
+/// `plan` is one, recognised by its internal names (the final audit checks the whole shape).
+fn prebound_parts(plan: &LogicalPlan) -> Option<(&Aggregate, &Projection)> {
+    let LogicalPlan::Projection(p) = plan else {
+        return None;
+    };
+    let sample = |u: &datafusion::logical_expr::Unnest| {
+        u.exec_columns
+            .iter()
+            .all(|c| c.relation.is_none() && c.name == JOIN_SAMPLE)
+            && !u.exec_columns.is_empty()
+    };
+    let LogicalPlan::Unnest(u1) = p.input.as_ref() else {
+        return None;
+    };
+    let LogicalPlan::Unnest(u2) = u1.input.as_ref() else {
+        return None;
+    };
+    let LogicalPlan::Aggregate(a) = u2.input.as_ref() else {
+        return None;
+    };
+    let unit_key = matches!(a.group_expr.as_slice(), [Expr::Alias(g)] if g.name == JOIN_UNIT);
+    (sample(u1) && sample(u2) && unit_key).then_some((a, p))
+}
+
+/// Is `e` the pre-bound's unit as its projection passes it on (`__dpfusion_join_unit AS u`)?
+fn is_prebound_unit(e: &Expr) -> bool {
+    matches!(e, Expr::Alias(a) if matches!(a.expr.as_ref(),
+        Expr::Column(c) if c.relation.is_none() && c.name == JOIN_UNIT))
+}
+
+/// The column `c` of `plan`'s output, when `plan` is a unit join side's pre-bound and `c` its
+/// unit: the unit key below the pre-bound (over the aggregate's input) and that input. How the
+/// guard's and the audit's tracing of a unit column go through the pre-bound (`pairs_units`,
+/// `expose`, the audit's `column_source`).
+pub(super) fn through_join_prebound<'a>(
+    c: &Column,
+    plan: &'a LogicalPlan,
+) -> Option<(&'a Expr, &'a LogicalPlan)> {
+    let (a, p) = prebound_parts(plan)?;
+    let i = p.schema.index_of_column(c).ok()?;
+    if !is_prebound_unit(&p.expr[i]) {
+        return None;
+    }
+    let [Expr::Alias(g)] = a.group_expr.as_slice() else {
+        return None;
+    };
+    Some((g.expr.as_ref(), a.input.as_ref()))
+}
+
+/// The output column that carries the unit of a unit join side's pre-bound, if `plan` is one.
+fn prebound_unit_column(plan: &LogicalPlan) -> Option<Column> {
+    let (_, p) = prebound_parts(plan)?;
+    let i = p.expr.iter().position(is_prebound_unit)?;
+    let (q, f) = p.schema.qualified_field(i);
+    Some(Column::new(q.cloned(), f.name()))
+}
+
 // ---- the group choice: a keyed hash of (unit, group) ---------------------------------------------
 
 /// `__dpfusion_unit_group_key(unit, g…)`: SipHash-2-4 (Aumasson and Bernstein, "SipHash: a fast
@@ -666,10 +838,23 @@ impl std::fmt::Debug for Sample {
     }
 }
 
+impl Sample {
+    /// The most rows it keeps of a group (what runs: the final audit checks it).
+    pub(super) fn cap(&self) -> u64 {
+        self.cap
+    }
+}
+
+/// The row sample of the bounding, under the query's key ([`sample_key`]).
 fn sample_udaf(cap: u64, query_key: [u64; 2]) -> AggregateUDF {
+    keyed_sample_udaf(cap, sample_key(query_key))
+}
+
+/// A row sample of at most `cap` rows under its own (derived) PRF key.
+fn keyed_sample_udaf(cap: u64, key: [u64; 2]) -> AggregateUDF {
     AggregateUDF::from(Sample {
         cap,
-        key: sample_key(query_key),
+        key,
         ids: RowIds::default(),
         signature: Signature::variadic_any(Volatility::Volatile),
     })
@@ -678,10 +863,16 @@ fn sample_udaf(cap: u64, query_key: [u64; 2]) -> AggregateUDF {
 /// The row sample's key: its own, domain-separated from the group choice's (SipHash of the
 /// query key).
 fn sample_key(query_key: [u64; 2]) -> [u64; 2] {
+    derive_key(query_key, b"dpfusion unit row sample")
+}
+
+/// A key of its own for `domain`, derived from the query's key (SipHash of the domain under it):
+/// to anyone without the query key, the keys of distinct domains are independent.
+fn derive_key(query_key: [u64; 2], domain: &[u8]) -> [u64; 2] {
     let derive = |i: u64| {
         #[allow(deprecated)] // SipHash-2-4 with a key: the PRF wanted, in std.
         let mut h = std::hash::SipHasher::new_with_keys(query_key[0], query_key[1]);
-        h.write(b"dpfusion unit row sample");
+        h.write(domain);
         h.write_u64(i);
         h.finish()
     };
@@ -881,6 +1072,10 @@ impl Accumulator for SampleAccumulator {
 /// `plan` (a checked private region) with the unit column carried up to its output, and the
 /// expression that reads it there.
 fn expose(plan: &LogicalPlan, column: &str, table: &TableInfo) -> Result<(LogicalPlan, Expr)> {
+    // A unit join's side, bounded per unit before the join, passes its unit on (round 48).
+    if let Some(unit) = prebound_unit_column(plan) {
+        return Ok((plan.clone(), Expr::Column(unit)));
+    }
     match plan {
         LogicalPlan::TableScan(scan) => {
             let schema = scan.source.schema();

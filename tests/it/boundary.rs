@@ -1003,6 +1003,39 @@ fn class_c() -> Vec<Case> {
             SUM,
             "people",
         ),
+        // Round 48 (review "resources", finding 3): what one node holds at once is bounded, its
+        // values summed. The reviewer's attack B (300 distinct GROUP BY keys, each 32 copies of
+        // a string: every one within the bound of an expression; it aborted the process at
+        // 7.8 GB) and attack A (16 such keys) are refused; two are within the node's bound.
+        refused(
+            keys_of_copies(300, true),
+            "holds values of up to 9600 times a row",
+        ),
+        refused(
+            keys_of_copies(16, false),
+            "holds values of up to 512 times a row",
+        ),
+        refused(
+            keys_of_copies(16, true),
+            "holds values of up to 512 times a row",
+        ),
+        admitted(keys_of_copies(2, true), COUNT_GROUPED, "people"),
+        // Bare columns, renamed, are the row itself: nothing is held.
+        admitted(
+            format!(
+                "SELECT dp_count(age, 1.0) FROM (SELECT {}, age FROM people) t GROUP BY {}",
+                (0..40)
+                    .map(|i| format!("dept AS d{i}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                (0..40)
+                    .map(|i| format!("d{i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            COUNT_GROUPED,
+            "people",
+        ),
     ]
 }
 
@@ -2639,4 +2672,24 @@ async fn order_sensitive_consumers_of_releases_see_an_order_the_private_rows_do_
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `n` GROUP BY keys over people, as the reviewer's resources-repro.py writes them (round 48):
+/// each `'<i>' || dept || … || dept` (32 copies) if `distinct` (the literal keeps
+/// common-subexpression elimination from merging them), else each `dept || … || dept`, one
+/// value computed once and named n times (attack A).
+fn keys_of_copies(n: usize, distinct: bool) -> String {
+    let copies = vec!["dept"; 32].join(" || ");
+    let keys: Vec<String> = (0..n)
+        .map(|i| match distinct {
+            true => format!("'{i}' || {copies} AS k{i}"),
+            false => format!("{copies} AS k{i}"),
+        })
+        .collect();
+    let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+    format!(
+        "SELECT dp_count(age, 1.0) AS n FROM (SELECT {}, age FROM people) t GROUP BY {}",
+        keys.join(", "),
+        names.join(", ")
+    )
 }
