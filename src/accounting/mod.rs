@@ -1765,6 +1765,30 @@ impl Accountant {
             // locks are released, so that no other admission waits for them (round 48).
             drop(_lock);
             drop(st);
+            let mut numbers = e.refusal_numbers(requests, default_delta);
+            // The same call charged to other tables too (a join of private tables charges
+            // each): the ε shown must fit every one of them, so it is the least of their fixes
+            // (round 48, review "fixudfs" F1: the first table's fix was refused by the second).
+            if numbers.fix_epsilon.is_some() {
+                let written = |r: &CallRequest| (r.function.clone(), r.epsilon, r.delta);
+                for other in evals
+                    .iter()
+                    .filter(|o| !o.admitted() && o.policy.key != e.policy.key)
+                {
+                    let theirs = other.refusal_numbers(requests, default_delta);
+                    let same_call = match (numbers.requests.as_slice(), theirs.requests.as_slice())
+                    {
+                        ([a], [b]) => written(a) == written(b) && a.mechanism == b.mechanism,
+                        _ => false,
+                    };
+                    if same_call {
+                        numbers.fix_epsilon = match (numbers.fix_epsilon, theirs.fix_epsilon) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            _ => None,
+                        };
+                    }
+                }
+            }
             return Err(AccountingError::BudgetExceeded {
                 table: e.policy.name.clone(),
                 key: e.policy.key.clone(),
@@ -1781,7 +1805,7 @@ impl Accountant {
                         reserved: e.filter.delta_sel,
                         delta_g: e.filter.delta_g,
                     },
-                    numbers: e.refusal_numbers(requests, default_delta),
+                    numbers,
                 }),
             });
         }

@@ -497,3 +497,41 @@ async fn r48_dp_budget_of_a_table_is_that_tables_row() {
         }
     }
 }
+
+/// Round 48, review "fixudfs", F1: one call charged to two private tables (a join on their
+/// unit) is told the most ε that fits both: the first table's fix was refused by the second.
+#[tokio::test]
+async fn r48_the_epsilon_fix_of_a_call_charged_to_two_tables_fits_both() {
+    let dir = temp_dir("r48-fix-join");
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_target_partitions(2),
+    )
+    .await
+    .unwrap();
+    let unit = || {
+        Registration::private()
+            .budget(1.0, 1e-6)
+            .privacy_unit("id")
+            .unit_domain("person")
+    };
+    // Two files (one file under two names is one table to the ledger).
+    for t in ["a", "b"] {
+        let path = dir.join(format!("{t}.csv"));
+        std::fs::copy(people_csv(), &path).unwrap();
+        s.register_csv(t, &path, unit()).await.unwrap();
+    }
+    // b has less left than a.
+    s.sql("SELECT dp_count(age, epsilon => 0.6) AS n FROM b")
+        .await
+        .unwrap();
+    let q = |e: f64| {
+        format!("SELECT dp_count(a.age, epsilon => {e}) AS n FROM a JOIN b ON a.id = b.id")
+    };
+    let e = s.sql(&q(3.0)).await.unwrap_err().to_string();
+    let fix = fix_epsilon(&e);
+    s.sql(&q(fix))
+        .await
+        .unwrap_or_else(|e| panic!("the fix {fix} was refused: {e}"));
+}
