@@ -73,6 +73,10 @@ pub struct ServerSection {
     /// The bytes of the tables one analyst may ingest over Flight SQL into their own schema
     /// `mine` (default 256 MiB).
     pub max_ingest_bytes_per_analyst: Option<usize>,
+    /// The most bytes the server holds for all analysts together, results waiting to be
+    /// fetched and uploads (default: the analysts' shares' sum; round 48:
+    /// `serve::ServeOptions::max_held_bytes`).
+    pub max_held_bytes: Option<usize>,
     /// How long a result waits to be fetched before it is dropped, in seconds (default 600).
     pub result_ttl_secs: Option<f64>,
     /// How many connections may be open at once (default 256).
@@ -105,8 +109,15 @@ pub struct SessionSection {
     pub analyst_read_dirs: Vec<PathBuf>,
     /// The `delta` of a DP call that gives none (default 1e-7).
     pub default_delta: Option<f64>,
-    /// The memory a query may use, in bytes (default 4 GiB).
+    /// The memory one statement may use, in bytes (default 4 GiB), each statement a pool of
+    /// its own (round 48).
     pub memory_limit: Option<usize>,
+    /// Where statements spill to disk (default: the OS temporary directory; round 48:
+    /// [`SessionOptions::spill_dir`]).
+    pub spill_dir: Option<PathBuf>,
+    /// The most bytes one statement may spill (default 16 GiB; 0: never; round 48:
+    /// [`SessionOptions::max_spill_bytes`]).
+    pub max_spill_bytes: Option<u64>,
     /// DataFusion's target partitions (default: the number of cores).
     pub target_partitions: Option<usize>,
     /// The most bytes one value of a private table may take when read (default 64 KiB; round
@@ -396,6 +407,12 @@ impl Catalog {
         }
         if let Some(m) = s.memory_limit {
             o = o.with_memory_limit(m);
+        }
+        if let Some(d) = &s.spill_dir {
+            o = o.with_spill_dir(self.resolve(d));
+        }
+        if let Some(n) = s.max_spill_bytes {
+            o = o.with_max_spill_bytes(n);
         }
         if let Some(n) = s.target_partitions {
             o = o.with_target_partitions(n);
@@ -764,6 +781,28 @@ mod tests {
             (o.default_delta, o.memory_limit, o.target_partitions),
             (0.9, 1 << 20, Some(1))
         );
+    }
+
+    /// Round 48 (review "server48" F3): `[session] spill_dir` (relative to the catalog) and
+    /// `max_spill_bytes` reach the session's options; left out, the OS temporary directory and
+    /// 16 GiB. `[server] max_held_bytes` is read (the server checks it at start).
+    #[test]
+    fn spill_dir_and_max_spill_bytes_are_the_sessions() {
+        let c = parse(
+            "[session]\nspill_dir = \"spill\"\nmax_spill_bytes = 0\n[server]\nmax_held_bytes = 1",
+        )
+        .unwrap();
+        let o = c.session_options();
+        assert_eq!(o.spill_dir.as_deref(), Some(Path::new("/srv/owner/spill")));
+        assert_eq!(o.max_spill_bytes, 0);
+        assert_eq!(c.server.max_held_bytes, Some(1));
+        let o = parse("[session]").unwrap().session_options();
+        assert_eq!(o.spill_dir, None);
+        assert_eq!(o.max_spill_bytes, crate::session::DEFAULT_MAX_SPILL_BYTES);
+        let e = parse("[session]\nmax_spill_bytes = -1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_spill_bytes"), "{e}");
     }
 
     /// Round 48 (review "resources" §2): `[session] max_value_bytes` is the owner's bound on a

@@ -58,6 +58,43 @@ pub enum Error {
     /// cause is not shown because it could depend on the data (or names the owner's files).
     #[error("{}", EXECUTION_FAILED)]
     ExecutionFailed,
+    /// A statement that reads no private table stopped at a bound the data owner sets on one
+    /// statement: its memory ([`MEMORY_EXCEEDED`], `memory_limit`) or its spill files
+    /// (`max_spill_bytes`). The message names the setting and nothing else of the failure: no
+    /// operator, no size, no other statement (round 48: DataFusion's message listed the top
+    /// consumers of a pool shared with other analysts' results and private queries). A query
+    /// that reads a private table gets [`Error::ExecutionFailed`] instead.
+    #[error("{0}")]
+    ResourceLimit(String),
+}
+
+/// The one message of a statement that reads no private table and needed more memory than
+/// one statement may use (round 48).
+pub const MEMORY_EXCEEDED: &str = "dpfusion: the statement stopped: it needed more memory than \
+one statement may use (the data owner's [session] memory_limit; sorts, hash aggregates and joins \
+spill to disk past their share, unless max_spill_bytes is 0). Select fewer rows or columns, \
+aggregate before joining or sorting, or ask the data owner for a larger memory_limit.";
+
+/// The [`Error::ResourceLimit`] of `e` when a statement's memory or spill bound stopped it: a
+/// `ResourcesExhausted` anywhere in its chain (the variant, never its text, which names the
+/// pool's consumers and sizes), or the typed [`crate::session::SpillLimit`] inside the I/O error
+/// of a spill write. None otherwise.
+pub(crate) fn resource_limit(e: &DataFusionError) -> Option<Error> {
+    let mut at: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(x) = at {
+        if let Some(DataFusionError::ResourcesExhausted(_)) = x.downcast_ref::<DataFusionError>() {
+            return Some(Error::ResourceLimit(MEMORY_EXCEEDED.to_string()));
+        }
+        if let Some(limit) = x
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<crate::session::SpillLimit>())
+        {
+            return Some(Error::ResourceLimit(limit.to_string()));
+        }
+        at = x.source();
+    }
+    None
 }
 
 impl Error {
@@ -85,6 +122,10 @@ impl Error {
     pub(crate) fn classify(e: DataFusionError) -> DataFusionError {
         if Self::of(&e).is_some() {
             return e;
+        }
+        // A statement's memory or spill bound, as one fixed text (round 48).
+        if let Some(limit) = resource_limit(&e) {
+            return limit.into();
         }
         // A ledger error that reached the statement untyped (`dp_ledger()`): for an analyst, the
         // fixed message (round 46).
@@ -359,6 +400,64 @@ mod tests {
             }
         }
         assert!(untyped.is_empty(), "untyped refusals: {untyped:?}");
+    }
+
+    /// Round 48 (review "server48" F2): a statement's memory error, however DataFusion wrapped
+    /// it, is one fixed text: nothing of its message (which listed the memory pool's top
+    /// consumers, another analyst's results and their sizes among them). A spill past
+    /// `max_spill_bytes`, inside the I/O error of the spill write, names the setting. A typed
+    /// error (the fixed message of a private query) stays as it is.
+    #[test]
+    fn memory_and_spill_errors_are_fixed_texts() {
+        use std::sync::Arc;
+        let pool = || {
+            DataFusionError::ResourcesExhausted(
+                "Additional allocation failed for HashJoinInput[1] with top memory consumers \
+                 (across reservations) as: dpfusion serve result of bob#0 consumed 217.5 MB"
+                    .into(),
+            )
+        };
+        for e in [
+            pool(),
+            pool().context("while joining"),
+            DataFusionError::Shared(Arc::new(pool())),
+            DataFusionError::External(Box::new(pool())),
+            DataFusionError::ArrowError(
+                Box::new(datafusion::arrow::error::ArrowError::ExternalError(
+                    Box::new(pool()),
+                )),
+                None,
+            ),
+        ] {
+            let e = Error::classify(e);
+            assert!(
+                matches!(Error::of(&e), Some(Error::ResourceLimit(_))),
+                "{e}"
+            );
+            assert_eq!(e.to_string(), format!("External error: {MEMORY_EXCEEDED}"));
+        }
+        let io = std::io::Error::other(crate::session::SpillLimit { max: 1024 });
+        let spill = DataFusionError::ArrowError(
+            Box::new(datafusion::arrow::error::ArrowError::IoError(
+                io.to_string(),
+                io,
+            )),
+            None,
+        );
+        let e = Error::classify(spill.context("sorting"));
+        let text = e.to_string();
+        assert!(
+            matches!(Error::of(&e), Some(Error::ResourceLimit(_))),
+            "{text}"
+        );
+        assert!(
+            text.contains("1024 bytes") && text.contains("max_spill_bytes"),
+            "{text}"
+        );
+        let private = Error::classify(Error::ExecutionFailed.into());
+        assert!(matches!(Error::of(&private), Some(Error::ExecutionFailed)));
+        let other = Error::classify(DataFusionError::Execution("divide by zero".into()));
+        assert!(Error::of(&other).is_none(), "{other}");
     }
 
     /// The file store's refusal, surfacing through the object store, is a typed refusal.

@@ -209,6 +209,10 @@ fn options(a: &ServeArgs, c: &Catalog) -> Result<ServeOptions, String> {
     )? {
         o.max_ingest_bytes_per_analyst = n;
     }
+    // Round 48: the memory held for all analysts (0 in the options: their shares' sum).
+    if let Some(n) = at_least_one(s.max_held_bytes, "max_held_bytes")? {
+        o.max_held_bytes = n;
+    }
     if let Some(t) = seconds(s.result_ttl_secs, "result_ttl_secs")? {
         o.result_ttl = t;
     }

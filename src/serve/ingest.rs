@@ -14,9 +14,10 @@
 //!   can be queried as is, and joined with private tables under the usual rules (the public
 //!   side of a join).
 //! - **A byte quota** per analyst (the owner's `[server] max_ingest_bytes_per_analyst`): the
-//!   batches are counted (`get_array_memory_size`) as they arrive, and in the session's memory
-//!   pool (`memory_limit`) for as long as the table is kept; past either the upload is
-//!   refused with `ResourceExhausted` and nothing is stored.
+//!   batches are counted (`get_array_memory_size`) as they arrive, and in the memory the server
+//!   holds for the analyst (a pool of their own, never one a statement runs in: round 48) for as
+//!   long as the table is kept; past either the upload is refused with `ResourceExhausted` and
+//!   nothing is stored.
 //! - **Caps on what `GetTables` lists** (round 46): an analyst keeps at most [`MAX_TABLES`]
 //!   tables, whose schemas take at most [`MAX_SCHEMA_BYTES`] encoded as Arrow IPC (what
 //!   `GetTables` sends of each). `GetTables` with `include_schema` encodes every listed table's
@@ -64,7 +65,7 @@ pub const MAX_TABLES: usize = 256;
 /// answer's size are this and the owner's schemas, whatever the byte quota).
 pub const MAX_SCHEMA_BYTES: usize = 4 << 20;
 
-/// One ingested table, its bytes counted in the memory pool for as long as it is kept.
+/// One ingested table, its bytes counted in its analyst's held memory for as long as it is kept.
 struct Upload {
     table: Arc<GuardedTable>,
     schema: SchemaRef,
@@ -115,8 +116,8 @@ impl Uploads {
         all.get(analyst).map_or((0, 0), |m| kept_except(m, except))
     }
 
-    /// Reads one upload of `analyst` from `data` and keeps it as `mine.<table>`: the rows
-    /// ingested.
+    /// Reads one upload of `analyst` from `data` and keeps it as `mine.<table>`, its bytes
+    /// counted in `pool` (the memory the server holds for the analyst): the rows ingested.
     pub async fn ingest<S>(
         &self,
         analyst: &str,
@@ -165,8 +166,8 @@ impl Uploads {
         }
         // The table being replaced or appended to is counted once, with what is kept of it.
         let (others, others_schemas) = self.bytes(analyst, Some(&name));
-        let reservation =
-            MemoryConsumer::new(format!("dpfusion serve ingest of {analyst}")).register(pool);
+        // Named without the analyst (round 48).
+        let reservation = MemoryConsumer::new("dpfusion serve upload").register(pool);
         let (mut batches, mut bytes, mut schema_bytes) = match (&current, exists) {
             (Some((_, b, n, s)), TableExistsOption::Append) => (b.clone(), *n, *s),
             _ => (Vec::new(), 0, 0),
@@ -180,12 +181,10 @@ impl Uploads {
         // it reads.
         let room = max_bytes.saturating_sub(others.saturating_add(bytes));
         let mut seen = 0usize;
-        // A dictionary no batch uses yet lives in the decoder only: counted in the memory limit
+        // A dictionary no batch uses yet lives in the decoder only: counted in the held memory
         // too, until the upload ends (batches, and the dictionaries they use, are counted
         // below as they arrive).
-        let dictionaries =
-            MemoryConsumer::new(format!("dpfusion serve ingest dictionaries of {analyst}"))
-                .register(pool);
+        let dictionaries = MemoryConsumer::new("dpfusion serve upload dictionaries").register(pool);
         let data = data.map(move |d| {
             let d = d.and_then(super::wire::plain_ipc)?;
             seen = seen.saturating_add(d.data_header.len() + d.data_body.len());
@@ -363,8 +362,10 @@ fn over_quota(max_bytes: usize) -> Status {
 
 fn memory_full() -> Status {
     super::quota_refusal(
-        "dpfusion refused the upload (nothing was stored): the server's memory limit is reached \
-         (the data owner's memory_limit). Upload less, or try again later",
+        "dpfusion refused the upload (nothing was stored): the memory the server holds for you \
+         is full with your results waiting to be fetched and your uploads (the data owner's \
+         [server] max_pending_bytes + max_result_bytes + max_ingest_bytes_per_analyst). Fetch \
+         your earlier results or replace a table you no longer need, then upload again",
     )
 }
 
@@ -487,7 +488,11 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
-        assert!(e.message().contains("memory_limit"), "{}", e.message());
+        assert!(
+            e.message().contains("max_ingest_bytes_per_analyst"),
+            "{}",
+            e.message()
+        );
         assert!(uploads.schemas("a").is_empty());
         assert_eq!(small.reserved(), 0);
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));

@@ -37,21 +37,33 @@
 //!   Every call that plans or runs (prepare, parameter binding, ingest) waits for its turns and
 //!   ends at the statement's time limit, its turns given back at the deadline even if its task is
 //!   busy (the query is cancelled at its next await point; an admitted charge stands); the work
-//!   runs on query threads with a large stack, behind the SQL's complexity limit; results are
-//!   counted in the session's memory limit as they are computed and bounded by
-//!   `max_result_bytes`; the SQL's size is bounded, and a request's size by its method (only
-//!   statements, prepares and `DoPut` carry more than [`SMALL_REQUEST`]). Metadata commands
-//!   (`GetSqlInfo`, `GetTables`, …) have their fields bounded (ids, table types, name lengths)
-//!   before any work, their name patterns matched by hand ([`Pattern`]: no regular
+//!   runs on query threads with a large stack, behind the SQL's complexity limit; each
+//!   statement runs in a memory pool of its own (`memory_limit`) and spills within its own
+//!   `max_spill_bytes` (round 48: [`PrivateSession`]'s statement state); results are counted,
+//!   as they are computed, in the memory the server holds for their analyst (below) and
+//!   bounded by `max_result_bytes`; the SQL's size is bounded, and a request's size by its
+//!   method (only statements, prepares and `DoPut` carry more than [`SMALL_REQUEST`]). Metadata
+//!   commands (`GetSqlInfo`, `GetTables`, …) have their fields bounded (ids, table types, name
+//!   lengths) before any work, their name patterns matched by hand ([`Pattern`]: no regular
 //!   expression), and `GetTables` encodes at most the owner's schemas and the analyst's own,
 //!   which [`ingest`] caps; so they run on the query threads within their place and the time
 //!   limit but wait for no statement turn, only for the analyst's one metadata turn
 //!   ([`Work::Metadata`], review r46). A client that goes away cancels its query (the charge
 //!   stands).
+//! - **Held memory is each analyst's own** (round 48): an analyst's results waiting to be
+//!   fetched or being sent and their uploads are counted in a pool of their own,
+//!   [`ServeOptions::held_per_analyst`] bytes (`max_pending_bytes + max_result_bytes +
+//!   max_ingest_bytes_per_analyst`), apart from the pools statements run in: one analyst's
+//!   holdings never change the memory a statement runs in, nor refuse another analyst's result
+//!   or upload. All analysts' shares together are at most `max_held_bytes`, checked at start.
+//!   So the process holds at most `max_concurrent_queries × memory_limit` for statements and
+//!   `max_held_bytes` for held data, beside the calls in flight.
 //! - **Errors** are the REPL's messages, as Flight status codes: `InvalidArgument` for a
 //!   refusal or invalid input, `FailedPrecondition` for a budget refusal, `ResourceExhausted`
 //!   for a full quota, `Unauthenticated`, `DeadlineExceeded`; a statement's error carries its
-//!   machine-readable code, and each result its receipt ([`wire`]).
+//!   machine-readable code, and each result its receipt ([`wire`]). A statement stopped by its
+//!   memory or spill bound gets one fixed text naming the setting, never DataFusion's message
+//!   (which listed the pool's consumers: round 48).
 pub use crate::auth;
 pub mod cmd;
 pub mod conn;
@@ -86,7 +98,9 @@ use datafusion::arrow::array::{RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::common::DataFusionError;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{
+    GreedyMemoryPool, MemoryConsumer, MemoryPool, MemoryReservation,
+};
 use futures::{Stream, TryStreamExt};
 use prost::Message;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -142,8 +156,13 @@ pub struct ServeOptions {
     /// How many connections may be open at once ([`conn`]).
     pub max_connections: usize,
     /// How many bytes of tables one analyst may ingest into their own schema `mine`
-    /// ([`ingest`]), counted in the memory limit too.
+    /// ([`ingest`]), counted in the analyst's held memory too.
     pub max_ingest_bytes_per_analyst: usize,
+    /// The most bytes the server holds for all analysts together: results waiting to be
+    /// fetched or being sent, and uploads (round 48). Each analyst's share is
+    /// [`ServeOptions::held_per_analyst`], a pool of their own; the server refuses to start
+    /// when the catalog's analysts' shares add up to more. 0: the default, exactly their sum.
+    pub max_held_bytes: usize,
     /// How long a new connection may take to make its first authenticated call.
     pub handshake_timeout: Duration,
     /// How long a connection may go without an authenticated call.
@@ -210,6 +229,35 @@ impl ServeOptions {
         }
     }
 
+    /// The memory the server holds for one analyst (round 48): their results waiting to be
+    /// fetched (`max_pending_bytes`), one more statement's result (`max_result_bytes`: the
+    /// quota is checked before a statement starts) and their uploads
+    /// (`max_ingest_bytes_per_analyst`). Each analyst's is a pool of their own: past it their
+    /// own public result or upload is refused, never another analyst's.
+    pub fn held_per_analyst(&self) -> usize {
+        self.max_pending_bytes
+            .saturating_add(self.max_result_bytes)
+            .saturating_add(self.max_ingest_bytes_per_analyst)
+    }
+
+    /// [`ServeOptions::max_held_bytes`] for `analysts` analysts, 0 meaning the default (their
+    /// shares' sum); `Err` when their shares add up to more than it.
+    fn held_bytes(&self, analysts: usize) -> Result<usize, String> {
+        let needed = self.held_per_analyst().saturating_mul(analysts);
+        match self.max_held_bytes {
+            0 => Ok(needed),
+            max if needed <= max => Ok(max),
+            max => Err(format!(
+                "max_held_bytes ({max}) is less than what the server must hold for its {analysts} \
+                 analysts: {needed} bytes, each analyst's results waiting to be fetched, one more \
+                 result and their uploads (max_pending_bytes {} + max_result_bytes {} + \
+                 max_ingest_bytes_per_analyst {}, times the analysts). Lower those quotas, or \
+                 raise max_held_bytes (or leave it out: the default is their sum)",
+                self.max_pending_bytes, self.max_result_bytes, self.max_ingest_bytes_per_analyst
+            )),
+        }
+    }
+
     /// The largest request the server decodes for a call that carries SQL or data
     /// (`GetFlightInfo`, `DoAction`, each message of a `DoPut`): the SQL text's limit and a
     /// margin, at least 4 MiB. Other calls are decoded within [`SMALL_REQUEST`].
@@ -236,6 +284,7 @@ impl Default for ServeOptions {
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             max_connections: 256,
             max_ingest_bytes_per_analyst: ingest::DEFAULT_MAX_INGEST_BYTES,
+            max_held_bytes: 0,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(600),
             tls: None,
@@ -332,7 +381,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A result waiting for its `DoGet`, its bytes counted in the memory limit until it is sent.
+/// A result waiting for its `DoGet`, its bytes counted in its analyst's held memory until it is
+/// sent.
 struct Pending {
     result: QueryResult,
     bytes: usize,
@@ -360,6 +410,10 @@ struct Namespace {
     calls: Arc<tokio::sync::Semaphore>,
     /// The analyst's one turn for metadata work ([`Work::Metadata`]).
     metadata: Arc<tokio::sync::Semaphore>,
+    /// The memory the server holds for the analyst: their results waiting or being sent, and
+    /// their uploads ([`ServeOptions::held_per_analyst`] bytes; round 48). Statements run in
+    /// pools of their own, never in this one.
+    held: Arc<dyn MemoryPool>,
 }
 
 impl Namespace {
@@ -606,6 +660,11 @@ pub async fn bind(
             analysts.len()
         )));
     }
+    // Each analyst's held memory is a pool of their own; together they must fit in
+    // max_held_bytes (round 48).
+    options
+        .held_bytes(analysts.len())
+        .map_err(ServeError::Limits)?;
     let uploads = Arc::new(ingest::Uploads::default());
     session
         .register_schema(
@@ -676,6 +735,16 @@ fn cut(mut m: String) -> String {
 /// The status a client gets for a statement's error: the REPL's message, its kind as the gRPC
 /// code and as the machine-readable [`ErrorCode`] in the details ([`wire`]).
 pub fn status_of(e: &DataFusionError) -> Status {
+    // A memory or spill bound's error is its fixed text, even one that reached here untyped:
+    // DataFusion's own listed the memory pool's consumers and their sizes (round 48).
+    let limit;
+    let e = match crate::error::resource_limit(e).filter(|_| Error::of(e).is_none()) {
+        Some(l) => {
+            limit = DataFusionError::from(l);
+            &limit
+        }
+        None => e,
+    };
     let full = e.to_string();
     let msg = full
         .strip_prefix("Error during planning: ")
@@ -687,7 +756,7 @@ pub fn status_of(e: &DataFusionError) -> Status {
         Some(Error::BudgetExceeded { .. }) => ErrorCode::BudgetExceeded,
         Some(Error::Refused(_) | Error::Policy(_)) => ErrorCode::Refused,
         Some(Error::Invalid(_)) => ErrorCode::Invalid,
-        Some(Error::ExecutionFailed) | None => ErrorCode::ExecutionFailed,
+        Some(Error::ExecutionFailed | Error::ResourceLimit(_)) | None => ErrorCode::ExecutionFailed,
     };
     wire::coded(code.grpc(), code, msg)
 }
@@ -1005,7 +1074,14 @@ impl DpFlightSql {
                 turns: Arc::new(tokio::sync::Semaphore::new(o.queries_per_analyst())),
                 calls: Arc::new(tokio::sync::Semaphore::new(o.calls_per_analyst())),
                 metadata: Arc::new(tokio::sync::Semaphore::new(1)),
+                held: Arc::new(GreedyMemoryPool::new(o.held_per_analyst())),
             })
+    }
+
+    /// The memory the server holds for `analyst` ([`Namespace::held`]).
+    fn held(&self, analyst: &str) -> Arc<dyn MemoryPool> {
+        let mut spaces = self.0.spaces.lock().expect("lock");
+        Arc::clone(&self.namespace(&mut spaces, analyst).held)
     }
 
     /// Takes a place for one more result of `analyst`, before their statement is admitted:
@@ -1052,6 +1128,7 @@ impl DpFlightSql {
             )));
         }
         let place = self.reserve(analyst)?;
+        let held = self.held(analyst);
         let session = Arc::clone(&self.0.session);
         let (who, text, max) = (analyst.to_string(), sql.to_string(), o.max_result_bytes);
         let pending = self
@@ -1076,9 +1153,9 @@ impl DpFlightSql {
                         Ok(kind) => kind,
                         Err(e) => return Err(status_of(&e)),
                     };
-                let mut reservation =
-                    MemoryConsumer::new(format!("dpfusion serve result of {who}"))
-                        .register(&session.memory_pool());
+                // In the analyst's own held memory, never in the statement's pool; named
+                // without the analyst (round 48).
+                let mut reservation = MemoryConsumer::new("dpfusion serve result").register(&held);
                 let result = session
                     .sql_as_bounded(&who, &text, &kind, &mut reservation, max)
                     .await
@@ -1525,7 +1602,7 @@ impl FlightSqlService for DpFlightSql {
                  (a DP query is charged again)",
             ));
         };
-        // The result's bytes stay counted in the memory limit, and in the analyst's quota,
+        // The result's bytes stay counted in the analyst's held memory, and in their quota,
         // until the stream is done or dropped.
         let Pending {
             result,
@@ -1881,7 +1958,7 @@ impl FlightSqlService for DpFlightSql {
     }
 
     /// Bulk ingest into the analyst's own schema `mine` ([`ingest`]), within their turn and
-    /// the statement's time limit, bounded by their byte quota and the memory limit.
+    /// the statement's time limit, bounded by their byte quota and their held memory.
     async fn do_put_statement_ingest(
         &self,
         command: CommandStatementIngest,
@@ -1890,7 +1967,7 @@ impl FlightSqlService for DpFlightSql {
         // The call's place is taken before its stream is read (round 46).
         let call = self.call(&request)?;
         let uploads = Arc::clone(&self.0.uploads);
-        let pool = self.0.session.memory_pool();
+        let pool = self.held(&call.analyst);
         let max = self.0.options.max_ingest_bytes_per_analyst;
         let data = request.into_inner().into_peekable();
         let who = call.analyst.clone();

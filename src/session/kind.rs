@@ -10,7 +10,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SessionState;
-use datafusion::execution::memory_pool::{MemoryPool, MemoryReservation};
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DFStatement;
 use futures::{FutureExt, StreamExt};
@@ -169,16 +169,12 @@ impl PrivateSession {
         Ok(())
     }
 
-    /// The memory pool of the session's runtime (the data owner's `memory_limit`).
-    pub fn memory_pool(&self) -> Arc<dyn MemoryPool> {
-        Arc::clone(&self.ctx.runtime_env().memory_pool)
-    }
-
     /// [`PrivateSession::sql_as`] with a bounded result, for a statement of `kind`
     /// ([`PrivateSession::statement_kind`]). A query that reads no private
     /// table and makes no DP call runs as a stream whose batches are counted, one by one, in
-    /// `reservation` (the session's memory limit) and against `max_result_bytes`; past either
-    /// it stops with a clear message. Any other query (a DP release, small) runs the plan it
+    /// `reservation` (the server's: the memory it holds for the analyst, never the pool the
+    /// statement runs in; round 48) and against `max_result_bytes`; past either it stops with
+    /// a clear message. Any other query (a DP release, small) runs the plan it
     /// was checked as, admitted and executed as [`PrivateSession::sql_as`] would (planned and
     /// checked once), and any other statement as [`PrivateSession::sql_as`]; the result is
     /// counted in `reservation` without refusal, and one larger than `max_result_bytes` fails
@@ -197,10 +193,11 @@ impl PrivateSession {
                 return counted(r, reservation, max_result_bytes);
             }
             // One snapshot of the session and one check, in one statement scope (as in `sql`):
-            // the plan checked here is the plan that runs, not planned and checked again.
+            // the plan checked here is the plan that runs, not planned and checked again, in
+            // the statement's own memory pool and spill files (round 48).
             let query = async {
                 use crate::error::Error;
-                let state = self.ctx.state();
+                let state = self.statement_state().map_err(Error::classify)?;
                 // Trimmed as `sql` trims it (`front`): the text the ledger records.
                 let text = super::pipeline::text(sql).map_err(Error::classify)?;
                 let checked = self
@@ -256,9 +253,10 @@ impl PrivateSession {
             reservation.try_grow(size).map_err(|_| {
                 crate::error::Error::refused(format!(
                     "dpfusion refused the query: its result ({total} bytes so far) does not \
-                     fit in the server's memory limit beside the results waiting to be \
-                     fetched (the data owner's [session] memory_limit). Select fewer rows, or \
-                     fetch your earlier results first"
+                     fit in the memory the server holds for you beside your results waiting to \
+                     be fetched and your uploads (the data owner's [server] max_pending_bytes + \
+                     max_result_bytes + max_ingest_bytes_per_analyst). Fetch your earlier \
+                     results first, or select fewer rows"
                 ))
             })?;
             batches.push(b);
@@ -289,6 +287,13 @@ fn counted(r: QueryResult, reservation: &mut MemoryReservation, max: usize) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pool for a bounded run's result (the server's held memory for one analyst).
+    fn held() -> Arc<dyn datafusion::execution::memory_pool::MemoryPool> {
+        Arc::new(datafusion::execution::memory_pool::GreedyMemoryPool::new(
+            1 << 30,
+        ))
+    }
 
     async fn kind(sql: &str) -> std::result::Result<StatementKind, String> {
         let dir = crate::testdir::test_dir("kind");
@@ -416,7 +421,7 @@ mod tests {
                 assert_eq!(kind, StatementKind::Query);
                 let mut reservation =
                     datafusion::execution::memory_pool::MemoryConsumer::new("test")
-                        .register(&s.memory_pool());
+                        .register(&held());
                 s.sql_as_bounded("ana", &sql, &kind, &mut reservation, 1 << 20)
                     .await
                     .unwrap()
@@ -476,8 +481,8 @@ mod tests {
         let kind = s.statement_kind(sql).await.unwrap();
         assert_eq!(kind, StatementKind::Query);
         let before = (s.scans("t"), s.scans("u"));
-        let mut reservation = datafusion::execution::memory_pool::MemoryConsumer::new("test")
-            .register(&s.memory_pool());
+        let mut reservation =
+            datafusion::execution::memory_pool::MemoryConsumer::new("test").register(&held());
         let r = s
             .sql_as_bounded("ana", sql, &kind, &mut reservation, 1 << 20)
             .await

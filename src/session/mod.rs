@@ -15,7 +15,9 @@
 //! - `ddl`: what analyst SQL may change (`CREATE TABLE AS`, `CREATE EXTERNAL TABLE`, `DROP`,
 //!   `SET`) and what it may not (views, DML, transactions);
 //! - `limits`: the complexity limits of a statement's text, checked before parsing;
-//! - `kind`: what a statement is, from its plan, and a run with a bounded result (the server).
+//! - `kind`: what a statement is, from its plan, and a run with a bounded result (the server);
+//! - `runtime`: the runtime each statement runs in, a memory pool and spill files of its own
+//!   (round 48).
 //!
 //! Where a file may be read or written (`CREATE EXTERNAL TABLE`, `COPY … TO`) is decided beside
 //! the data owner's protection code ([`crate::owner`]).
@@ -45,14 +47,17 @@ pub(crate) mod limits;
 mod options;
 mod pipeline;
 mod register;
+mod runtime;
 
 pub use ddl::{ROLLBACK_REFUSED, is_plain_name};
 pub use kind::StatementKind;
 pub use limits::{MAX_CHAIN, MAX_DEPTH, MAX_SQL_BYTES};
 pub use options::{AnalystFiles, Registration, SessionOptions};
 pub use pipeline::{EXECUTION_FAILED, STATEMENT_PANICKED};
+pub use runtime::DEFAULT_MAX_SPILL_BYTES;
+pub(crate) use runtime::SpillLimit;
 
-/// The default memory limit of a query (4 GiB).
+/// The default memory limit of one statement (4 GiB).
 pub const DEFAULT_MEMORY_LIMIT: usize = 4 << 30;
 
 /// The default `delta` of a DP call that gives none (SQL.md: 1e-7 unless changed).
@@ -89,7 +94,7 @@ pub(crate) fn check_settings(
     }
     if memory_limit == Some(0) {
         return Err(format!(
-            "memory_limit must be at least 1 byte, got 0: it is the memory a query may use \
+            "memory_limit must be at least 1 byte, got 0: it is the memory one statement may use \
              (default 4 GiB, {DEFAULT_MEMORY_LIMIT}); give a number of bytes, or leave it out"
         ));
     }
@@ -187,6 +192,8 @@ pub struct PrivateSession {
     protection: Arc<Protection>,
     /// The file system door: what each table may read, and the output directory.
     fs: Arc<crate::files::PinnedFs>,
+    /// Where statements spill, and how much each may (None: spilling off; round 48).
+    spills: Option<Arc<runtime::Spills>>,
     /// The receipt of the latest charge this session admitted: the REPL prints it for a query
     /// cancelled after its charge (the charge stands; issue 33).
     last_receipt: Mutex<Option<Receipt>>,
@@ -255,15 +262,19 @@ impl PrivateSession {
         // column's failure, that the file's values decide (round 47). Public tables lose the
         // plans their statistics would allow (COUNT(*) from metadata, join order by size).
         execution.collect_statistics = false;
-        let pool = datafusion::execution::memory_pool::TrackConsumersPool::new(
-            datafusion::execution::memory_pool::FairSpillPool::new(options.memory_limit),
-            std::num::NonZeroUsize::new(5).expect("5 > 0"),
-        );
-        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
-            .with_memory_pool(Arc::new(pool))
-            .build_arc()?;
+        // Each statement runs in a runtime of its own, derived from this one (round 48:
+        // `statement_state`): a memory pool of `memory_limit` bytes (no consumer tracker, whose
+        // error listed every holder of the one pool the session had, other analysts' results
+        // included) and spill files of its own, in the session's spill directory. This runtime
+        // is the same kind, for what runs outside a statement.
+        let spills = runtime::Spills::open(options.spill_dir.as_deref(), options.max_spill_bytes)
+            .map_err(|e| DataFusionError::Plan(format!("SessionOptions: {e}")))?
+            .map(Arc::new);
+        let plain = datafusion::execution::runtime_env::RuntimeEnvBuilder::new().build()?;
+        let runtime = runtime::runtime(&plain, options.memory_limit, spills.as_ref())?;
         // Every file the context reads or writes goes through the pins (crate::files::store):
-        // opened without following links and compared with what was registered.
+        // opened without following links and compared with what was registered. A statement's
+        // runtime shares this one's object store registry, so the pins hold there too.
         let fs = crate::files::PinnedFs::new();
         fs.install(&runtime);
         #[cfg(feature = "distributed")]
@@ -279,14 +290,33 @@ impl PrivateSession {
                 ctx.register_udaf(udaf);
             }
         }
+        // The witness is the owner's too.
+        let owner_paths: Vec<_> = options
+            .owner_paths
+            .iter()
+            .cloned()
+            .chain([witness])
+            .collect();
+        if let Some(s) = &spills {
+            // The spill directory holds private rows in clear: it may not lie in a private
+            // table's files, the ledger or the catalog (round 48), and from now on it is the
+            // owner's (no table, the owner's or an analyst's, reads it; COPY never writes there).
+            let set = crate::files::FileSet::path_only(s.dir());
+            Protection::new(accountant.clone(), owner_paths.clone())
+                .check_read(&set, None, Role::Analyst)
+                .map_err(|_| {
+                    DataFusionError::Plan(format!(
+                        "the spill directory {} lies inside a private table's files, the \
+                         ledger or the catalog; choose a spill_dir of its own",
+                        s.dir().display()
+                    ))
+                })?;
+        }
         let protection = Arc::new(Protection::new(
             accountant.clone(),
-            // The witness is the owner's too.
-            options
-                .owner_paths
-                .iter()
-                .cloned()
-                .chain([witness])
+            owner_paths
+                .into_iter()
+                .chain(spills.as_ref().map(|s| s.dir().to_path_buf()))
                 .collect(),
         ));
         if let Some(dir) = &options.output_dir {
@@ -325,6 +355,7 @@ impl PrivateSession {
             owned: Mutex::new(Default::default()),
             protection,
             fs,
+            spills,
             last_receipt: Mutex::new(None),
         };
         statements::register_table_functions(
@@ -333,6 +364,36 @@ impl PrivateSession {
             Arc::clone(&session.default_delta),
         );
         Ok(session)
+    }
+
+    /// The state one statement runs in, from planning to its last row (round 48): a snapshot
+    /// of the session's state (`SessionContext::state`: settings and functions copied, catalogs
+    /// shared) with a runtime of its own ([`runtime::runtime`]): a memory pool of
+    /// `memory_limit` bytes that no other statement, and none of the server's held results or
+    /// uploads, takes from, and spill files of its own, at most `max_spill_bytes`; the object
+    /// stores (the pins) and caches are the session's. Every path of a statement plans, checks
+    /// (a join's public sides run there), admits and runs under it: `sql`, `sql_as`, `check`,
+    /// `EXPLAIN PRIVACY`, the server's bounded run, `CREATE TABLE AS` and `COPY`. On a Ballista
+    /// cluster (feature `distributed`) the session's state as it is: the cluster's executors
+    /// have their own runtimes.
+    pub(super) fn statement_state(&self) -> Result<datafusion::execution::SessionState> {
+        let state = self.ctx.state();
+        #[cfg(feature = "distributed")]
+        if self.options.cluster.is_some() {
+            return Ok(state);
+        }
+        let runtime = runtime::runtime(
+            state.runtime_env(),
+            self.options.memory_limit,
+            self.spills.as_ref(),
+        )?;
+        let id = state.session_id().to_string();
+        Ok(
+            datafusion::execution::SessionStateBuilder::new_from_existing(state)
+                .with_session_id(id)
+                .with_runtime_env(runtime)
+                .build(),
+        )
     }
 
     /// The accountant (budgets, ledger).

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use datafusion::arrow::datatypes::SchemaRef;
 
-use super::{DEFAULT_CALL_DELTA, DEFAULT_MAX_VALUE_BYTES, DEFAULT_MEMORY_LIMIT};
+use super::{
+    DEFAULT_CALL_DELTA, DEFAULT_MAX_SPILL_BYTES, DEFAULT_MAX_VALUE_BYTES, DEFAULT_MEMORY_LIMIT,
+};
 use crate::accounting::{Budget, FilterKind, Neighbours, PrivacyUnit, Visibility};
 use crate::guard::table::RatioBound;
 use crate::owner::CsvFormat;
@@ -24,10 +26,24 @@ pub struct SessionOptions {
     pub default_delta: f64,
     /// DataFusion's target partitions (None: the number of cores).
     pub target_partitions: Option<usize>,
-    /// The memory a query may use (DataFusion's memory pool; default 4 GiB). A query over its
-    /// limit fails (with the fixed message when it reads a private table) instead of taking the
-    /// process down.
+    /// The memory one statement may use (default 4 GiB): each statement runs in a memory pool
+    /// of its own of this size (round 48), so what other statements, or the server's held
+    /// results and uploads, hold never changes it. A statement over its limit fails (with the
+    /// fixed message when it reads a private table) instead of taking the process down; the
+    /// process may use this much for each statement running at once.
     pub memory_limit: usize,
+    /// Where statements spill to disk (round 48): the session makes a directory of its own in
+    /// it (`dpfusion-spill-XXXX`, mode 0700) at the first spill and removes it when it closes.
+    /// It must be a directory no other user controls (the ledger directory's rule); made, mode
+    /// 0700, if missing. None (the default): the OS temporary directory. Analyst SQL can
+    /// never read or write the session's spill directory.
+    pub spill_dir: Option<PathBuf>,
+    /// The most bytes one statement's spill files may hold at once (default 16 GiB,
+    /// [`super::DEFAULT_MAX_SPILL_BYTES`]; round 48): each statement has its own bound, so
+    /// one analyst's spills never take another's room; past it the statement fails (naming
+    /// this setting when it reads no private table, else with the fixed message). 0: never
+    /// spill (a statement past its memory fails as out of memory).
+    pub max_spill_bytes: u64,
     /// The most bytes one value of a private table may take when it is read (default 64 KiB,
     /// [`DEFAULT_MAX_VALUE_BYTES`]; 1 KiB to 256 MiB, [`super::MAX_VALUE_BYTES_RANGE`]): a
     /// larger value (a string's or binary's bytes, a list's items' …) reads as NULL, or, in a
@@ -68,6 +84,8 @@ impl Default for SessionOptions {
             default_delta: DEFAULT_CALL_DELTA,
             target_partitions: None,
             memory_limit: DEFAULT_MEMORY_LIMIT,
+            spill_dir: None,
+            max_spill_bytes: DEFAULT_MAX_SPILL_BYTES,
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             output_dir: None,
             analyst_files: AnalystFiles::None,
@@ -97,9 +115,21 @@ impl SessionOptions {
         self.target_partitions = Some(n);
         self
     }
-    /// The memory limit of a query, in bytes.
+    /// The memory limit of one statement, in bytes ([`SessionOptions::memory_limit`]).
     pub fn with_memory_limit(mut self, bytes: usize) -> Self {
         self.memory_limit = bytes;
+        self
+    }
+    /// The directory statements spill into ([`SessionOptions::spill_dir`]; checked when the
+    /// session opens).
+    pub fn with_spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.spill_dir = Some(dir.into());
+        self
+    }
+    /// The most bytes one statement may spill ([`SessionOptions::max_spill_bytes`]; 0: never
+    /// spill).
+    pub fn with_max_spill_bytes(mut self, bytes: u64) -> Self {
+        self.max_spill_bytes = bytes;
         self
     }
     /// The most bytes one value of a private table may take when it is read

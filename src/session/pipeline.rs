@@ -62,8 +62,9 @@ impl PrivateSession {
             stmt => {
                 // One snapshot of the session's state serves the statement from planning to
                 // execution: the plan that is checked is planned, and runs, under the same
-                // settings and functions (and each snapshot copies the function registries).
-                let state = self.ctx.state();
+                // settings and functions (and each snapshot copies the function registries),
+                // in the statement's own memory pool and spill files (round 48).
+                let state = self.statement_state()?;
                 let plan = state.statement_to_plan(stmt).await?;
                 self.run_plan(sql, &state, plan).await
             }
@@ -95,7 +96,9 @@ impl PrivateSession {
     /// that would run (with the guard's rewrites, its joins' public sides settled) and the DP
     /// calls it would make.
     pub async fn check(&self, sql: &str) -> Result<guard::CheckedPlan> {
-        let state = self.ctx.state();
+        let state = self
+            .statement_state()
+            .map_err(crate::error::Error::classify)?;
         let run = async { self.plan_query(&state, text(sql)?).await };
         STATEMENT_L0
             .scope(std::cell::Cell::new(None), run)
@@ -289,7 +292,7 @@ impl PrivateSession {
     }
 
     pub(super) async fn explain_privacy(&self, sql: &str) -> Result<QueryResult> {
-        let checked = self.plan_query(&self.ctx.state(), sql).await?;
+        let checked = self.plan_query(&self.statement_state()?, sql).await?;
         let charges = charges_of(checked.calls());
         let preview = self
             .accountant

@@ -2872,3 +2872,207 @@ async fn metadata_calls_do_not_wait_for_the_analysts_statement_turn() {
     slow.abort();
     eprintln!("alice's metadata calls beside her running statement took {took:?}");
 }
+
+/// A server in this process on a session opened here (round 48): `people` private (budget
+/// 1e6, 1e-3), each statement's memory `memory_limit`, one partition, every DP function's noise
+/// from the INSECURE seed `seed` (tests only: the Rust API alone sets it), with `options`.
+async fn serve_seeded(
+    tag: &str,
+    memory_limit: usize,
+    seed: u64,
+    options: dpfusion::serve::ServeOptions,
+) -> InProcess {
+    let dir = crate::common::temp_dir(tag);
+    let ledger = dir.join("ledger.jsonl");
+    let session = dpfusion::PrivateSession::open(
+        dpfusion::SessionOptions::default()
+            .with_ledger(&ledger)
+            .with_memory_limit(memory_limit)
+            .with_target_partitions(1)
+            .with_insecure_noise_seed(seed),
+    )
+    .await
+    .unwrap();
+    session
+        .register_csv(
+            "people",
+            crate::common::people_csv(),
+            dpfusion::Registration::private().budget(1e6, 1e-3),
+        )
+        .await
+        .unwrap();
+    let analysts = dpfusion::serve::auth::Analysts::new(vec![
+        ("alice".to_string(), TokenHash::new(ALICE)),
+        ("bob".to_string(), TokenHash::new(BOB)),
+    ]);
+    let options = dpfusion::serve::ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..options
+    };
+    let bound = dpfusion::serve::bind(Arc::new(session), analysts, options)
+        .await
+        .unwrap();
+    let addr = bound.addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(bound.serve(async {
+        let _ = stopped.await;
+    }));
+    InProcess {
+        addr,
+        ledger,
+        dir,
+        _stop: stop,
+    }
+}
+
+/// Holds results of `c`'s analyst (GetFlightInfo, never DoGet): one-row results of `start`
+/// bytes while the server keeps them, then of half as many, down to a few bytes, until even
+/// the smallest is refused (nothing charged: public statements). Returns what is held.
+async fn hold_until_refused(
+    c: &mut FlightSqlServiceClient<Channel>,
+    start: usize,
+) -> Vec<FlightInfo> {
+    let (mut held, mut n) = (Vec::new(), start);
+    while n >= 8 {
+        match c
+            .execute(format!("SELECT repeat('x', {n}) AS s"), None)
+            .await
+        {
+            Ok(info) => held.push(info),
+            Err(e) => {
+                let e = status(e);
+                assert!(
+                    matches!(e.code(), Code::ResourceExhausted | Code::InvalidArgument),
+                    "{e:?}"
+                );
+                n /= 2;
+            }
+        }
+    }
+    held
+}
+
+/// Round 48 (review "server48" F1): one memory pool served every statement and held every
+/// analyst's unfetched results, so alice's holdings set the memory bob's charged DP query ran
+/// in (it failed after its charge), and a private GROUP BY succeeded or failed by its group
+/// count at a threshold alice chose. Now each statement runs in a pool of its own and each
+/// analyst's results are held in memory of their own: with alice's results held up to her
+/// quota, bob's DP query succeeds, and releases exactly what it releases on a server where
+/// nobody holds anything (the same insecure seed, the first release of each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_analysts_held_results_change_nothing_of_anothers_dp_query() {
+    const MEMORY: usize = 32 << 20;
+    const Q: &str = "SELECT dept, dp_count(id, epsilon => 5.0) AS n FROM people GROUP BY dept \
+                     ORDER BY dept";
+    let options = || dpfusion::serve::ServeOptions {
+        max_pending_results: 1000,
+        max_pending_bytes: MEMORY,
+        max_result_bytes: 8 << 20,
+        ..Default::default()
+    };
+    let quiet = serve_seeded("serve-held-quiet", MEMORY, 7, options()).await;
+    let mut bob = client(quiet.addr, Some(BOB)).await;
+    let alone = query(&mut bob, Q).await.unwrap();
+    assert_eq!(rows(&alone), 4, "every department released");
+
+    let busy = serve_seeded("serve-held-busy", MEMORY, 7, options()).await;
+    let mut alice = client(busy.addr, Some(ALICE)).await;
+    let held = hold_until_refused(&mut alice, 2 << 20).await;
+    assert!(
+        held.len() >= 8,
+        "alice holds her quota: {} results",
+        held.len()
+    );
+    let mut bob = client(busy.addr, Some(BOB)).await;
+    let beside = query(&mut bob, Q)
+        .await
+        .expect("bob's query runs in memory of its own");
+    assert_eq!(
+        dpfusion::arrow::util::pretty::pretty_format_batches(&beside)
+            .unwrap()
+            .to_string(),
+        dpfusion::arrow::util::pretty::pretty_format_batches(&alone)
+            .unwrap()
+            .to_string(),
+        "the same release beside alice's holdings as alone"
+    );
+    assert_eq!(charges_of(&busy.ledger, "bob"), 1);
+    assert_eq!(charges_of(&busy.ledger, "alice"), 0);
+    // Alice's results are still hers to fetch.
+    let one = fetch(&mut alice, held.into_iter().next().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(rows(&one), 1);
+}
+
+/// Round 48 (review "server48" F2): a public query's memory error was DataFusion's, verbatim,
+/// listing the shared pool's top consumers: another analyst's name, how many results they hold
+/// and their sizes (and a concurrent private query's operators). Now it is one fixed text that
+/// names the setting, whoever holds what.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_querys_memory_error_names_no_one_and_no_size() {
+    const MEMORY: usize = 48 << 20;
+    let s = serve_seeded(
+        "serve-oom-text",
+        MEMORY,
+        1,
+        dpfusion::serve::ServeOptions {
+            max_result_bytes: 8 << 20,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut bob = client(s.addr, Some(BOB)).await;
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        held.push(
+            bob.execute("SELECT repeat('x', 2097152) AS s".to_string(), None)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let e = query(
+        &mut alice,
+        "SELECT count(*) AS n FROM (SELECT v FROM generate_series(1, 8000000) t(v)) a \
+         JOIN (SELECT v FROM generate_series(1, 8000000) t(v)) b ON a.v = b.v",
+    )
+    .await
+    .unwrap_err();
+    let m = e.message();
+    assert!(m.contains("more memory than one statement may use"), "{m}");
+    assert!(m.contains("memory_limit"), "{m}");
+    for leak in ["bob", "result of", "consumed", "MB", "KB", "HashJoin", "#"] {
+        assert!(!m.contains(leak), "{leak:?} in {m}");
+    }
+    assert_eq!(code_of(&e), Some(ErrorCode::ExecutionFailed), "{e:?}");
+    still_serving(s.addr).await;
+    assert_eq!(rows(&fetch(&mut bob, held.remove(0)).await.unwrap()), 1);
+}
+
+/// Round 48 (review "server48" F1): each analyst's held memory is a pool of their own, of
+/// `max_pending_bytes + max_result_bytes + max_ingest_bytes_per_analyst` bytes; a catalog whose
+/// analysts' shares add up to more than `[server] max_held_bytes` is refused at start, saying
+/// what to lower; one where they fit starts.
+#[tokio::test]
+async fn held_memory_beyond_max_held_bytes_is_refused_at_start() {
+    let dir = crate::common::temp_dir("serve-held-bytes");
+    // Two analysts of 1,000 + 1,000 + 1,000 bytes each: 6,000 bytes.
+    let quotas = "max_pending_bytes = 1000\nmax_result_bytes = 1000\n\
+                  max_ingest_bytes_per_analyst = 1000";
+    let catalog = write_catalog(&dir, 1.0, &format!("{quotas}\nmax_held_bytes = 5999"));
+    let e = match dpfusion::serve::cmd::bind_catalog(&catalog, None).await {
+        Ok(_) => panic!("a server whose analysts' shares exceed max_held_bytes started"),
+        Err(e) => e,
+    };
+    assert!(
+        e.contains("max_held_bytes (5999)") && e.contains("6000 bytes"),
+        "{e}"
+    );
+    let catalog = write_catalog(&dir, 1.0, &format!("{quotas}\nmax_held_bytes = 6000"));
+    assert!(
+        dpfusion::serve::cmd::bind_catalog(&catalog, None)
+            .await
+            .is_ok()
+    );
+}
