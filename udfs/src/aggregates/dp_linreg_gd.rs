@@ -2,9 +2,13 @@
 //! fit_intercept[, mechanism[, feature_bound[, label_bound[, min_rows]]]]]]]]]])`: a linear
 //! regression model fitted by differentially private gradient descent.
 //!
-//! The rows (label, feature list) are buffered in a mergeable [`RowBuffer`]; the fit runs once, in
-//! `evaluate`, over the merged rows, and returns the model struct of SQL.md
-//! ([`crate::optim::model`]). The two mechanisms, their calibration and the proofs are in
+//! The rows (label, feature list) are buffered in a mergeable [`RowBuffer`], labels and features
+//! clamped to ±[`VALUE_CLAMP`] = ±1e150 (±∞ included) as they are stored, so that the kernels read
+//! the rows in place; the fit runs once, in `evaluate`, over the merged rows, and returns the
+//! model struct of SQL.md ([`crate::optim::model`]). The accumulator's size counts the fit's
+//! working set, the regrouping by privacy unit included (round 48, follow-up of review "agd",
+//! finding 2: one value beyond the clamp made the kernel copy the whole matrix outside the
+//! memory pool). The two mechanisms, their calibration and the proofs are in
 //! [`crate::optim::linreg`]:
 //! - `'gaussian'` (default): per-example gradient clipping at `clip`, Gaussian noise on each
 //!   iteration's gradient sum, a noisy count released once (or the public n under
@@ -60,7 +64,7 @@ use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS
 use super::params::{Neighbours, Params, literal_params, plan_error, representable};
 use crate::noise::SecureRng;
 use crate::optim::linreg::{
-    GaussianGd, RGM_GRID_BITS, RGM_MIN_GRID_BITS, RgmGd, rgm_gamma_acc, rgm_sigma,
+    GaussianGd, RGM_GRID_BITS, RGM_MIN_GRID_BITS, RgmGd, VALUE_CLAMP, rgm_gamma_acc, rgm_sigma,
 };
 use crate::optim::model::{Model, model_data_type};
 use crate::optim::rows::{LabelKind, RowBuffer, planned_dims_logical};
@@ -499,12 +503,12 @@ impl ModelUdaf for DpLinregGd {
         if key.is_some() {
             buffer = buffer.with_units();
         }
-        Ok(Box::new(LinregAccumulator {
+        Ok(Box::new(LinregAccumulator::new(
             buffer,
             kernel,
-            params: p,
-            insecure_seed: self.insecure_seed,
-        }))
+            p,
+            self.insecure_seed,
+        )))
     }
 }
 
@@ -515,6 +519,28 @@ struct LinregAccumulator {
     kernel: Kernel,
     params: LinregParams,
     insecure_seed: Option<u64>,
+}
+
+impl LinregAccumulator {
+    /// The accumulator over `buffer`, which stores labels and features clamped to
+    /// ±[`VALUE_CLAMP`] (round 48, follow-up of review "agd", finding 2: the kernels then read
+    /// the rows in place, never a copy whose allocation one out-of-range value decided;
+    /// [`crate::optim::linreg`], "Bad values").
+    fn new(
+        buffer: RowBuffer,
+        kernel: Kernel,
+        params: LinregParams,
+        insecure_seed: Option<u64>,
+    ) -> Self {
+        Self {
+            buffer: buffer
+                .with_feature_limit(VALUE_CLAMP)
+                .with_label_limit(VALUE_CLAMP),
+            kernel,
+            params,
+            insecure_seed,
+        }
+    }
 }
 
 impl Accumulator for LinregAccumulator {
@@ -565,13 +591,20 @@ impl Accumulator for LinregAccumulator {
         .to_scalar())
     }
 
+    /// The buffer and the fit's whole working set, reserved before `evaluate` runs: what the
+    /// kernel holds beyond the rows ([`GaussianGd::working_bytes`], [`RgmGd::working_bytes`])
+    /// and, under privacy units, what regrouping the rows holds while the originals are alive
+    /// ([`RowBuffer::group_units_bytes`]; round 48, follow-up of review "agd", finding 2: it
+    /// was left out). A function of n, d, the keys' bytes and the literals, never of values.
     fn size(&self) -> usize {
-        // The fit's working set is reserved with the buffer (`GaussianGd::working_bytes`).
+        let (n, d) = (self.buffer.rows().n(), self.buffer.dims());
         let fit = match &self.kernel {
-            Kernel::Gaussian(k) => k.working_bytes(self.buffer.rows().n(), self.buffer.dims()),
-            Kernel::Rgm(_) => 0,
+            Kernel::Gaussian(k) => k.working_bytes(n, d),
+            Kernel::Rgm(k) => k.working_bytes(n),
         };
-        self.buffer.size() + size_of::<Self>() + fit
+        self.buffer.size() + size_of::<Self>() - size_of::<RowBuffer>()
+            + fit
+            + self.buffer.group_units_bytes()
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
@@ -598,7 +631,8 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
          neighbours, no filter and public GROUP BY keys (n public); groups with fewer than \
          `min_rows` rows get NULL. Rows with a NULL or NaN label or feature, or a feature list \
          of the wrong length, are skipped (counted as missing; no data value ever fails the \
-         query). Scale features to about [-1, 1].",
+         query). Labels and features of ±infinity (or beyond ±1e150) are clamped to ±1e150. \
+         Scale features to about [-1, 1].",
         "dp_linreg_gd(label, features, epsilon[, delta[, iterations[, clip[, learning_rate[, \
          l2[, fit_intercept[, mechanism[, feature_bound[, label_bound[, min_rows]]]]]]]]]])",
     )
@@ -726,3 +760,235 @@ pub const DP_LINREG_GD: Aggregate = Aggregate {
     cost: linreg_cost,
     noise: linreg_noise,
 };
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Array, Float64Array, Int64Array, ListArray};
+    use datafusion::arrow::datatypes::{Field, Float64Type, Schema};
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::datasource::MemTable;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    use super::*;
+    use crate::optim::kernel;
+
+    /// A table `t(id, x, y)`: x in [−1, 1), y = 0.5·x + 0.2 plus a little spread (test data from
+    /// a fixed LCG, not noise), in `parts` partitions, with `dp_linreg_gd` under a fixed
+    /// (insecure) seed.
+    fn table(n: usize, parts: usize) -> SessionContext {
+        let mut state = 48u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let rows: Vec<(i64, f64, f64)> = (0..n as i64)
+            .map(|i| {
+                let x = 2.0 * next() - 1.0;
+                (i, x, 0.5 * x + 0.2 + 0.1 * (next() - 0.5))
+            })
+            .collect();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("x", DataType::Float64, false),
+            Field::new("y", DataType::Float64, false),
+        ]));
+        let batches = rows
+            .chunks(n.div_ceil(parts).max(1))
+            .map(|c| {
+                vec![
+                    RecordBatch::try_new(
+                        Arc::clone(&schema),
+                        vec![
+                            Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.0))),
+                            Arc::new(Float64Array::from_iter_values(c.iter().map(|r| r.1))),
+                            Arc::new(Float64Array::from_iter_values(c.iter().map(|r| r.2))),
+                        ],
+                    )
+                    .unwrap(),
+                ]
+            })
+            .collect();
+        let ctx = SessionContext::new_with_config(
+            SessionConfig::new()
+                .with_target_partitions(parts)
+                .with_batch_size(128),
+        );
+        ctx.register_udaf(DpLinregGd::with_insecure_seed(48).into());
+        ctx.register_table("t", Arc::new(MemTable::try_new(schema, batches).unwrap()))
+            .unwrap();
+        ctx
+    }
+
+    /// The model a one-row query returns, as its scalar.
+    async fn model(ctx: &SessionContext, sql: &str) -> ScalarValue {
+        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+        ScalarValue::try_from_array(batches[0].column(0), 0).unwrap()
+    }
+
+    /// Literal parameters: ε = 1 and, with `units`, the unit-level neighbours after the
+    /// defaults.
+    fn params(units: bool) -> LinregParams {
+        let mut lits = vec![ScalarValue::Float64(Some(1.0))];
+        if units {
+            lits.extend([
+                ScalarValue::Float64(Some(1e-6)),
+                ScalarValue::Float64(Some(5.0)),
+                ScalarValue::Float64(Some(0.5)),
+                ScalarValue::Float64(Some(1.0)),
+                ScalarValue::Float64(Some(0.0)),
+                ScalarValue::Boolean(Some(true)),
+                ScalarValue::Utf8(Some("gaussian".into())),
+                ScalarValue::Float64(Some(1.0)),
+                ScalarValue::Float64(Some(1.0)),
+                ScalarValue::Float64(Some(10000.0)),
+                ScalarValue::Utf8(Some("units:1:1".into())),
+            ]);
+        }
+        LinregParams::from_literals(&lits).unwrap()
+    }
+
+    fn accumulator(d: usize, units: bool) -> LinregAccumulator {
+        let p = params(units);
+        let mut buffer = RowBuffer::new(LabelKind::Real, d);
+        if units {
+            buffer = buffer.with_units();
+        }
+        LinregAccumulator::new(buffer, Kernel::Gaussian(p.gaussian().unwrap()), p, Some(1))
+    }
+
+    /// Round 48, follow-up of review "agd", finding 2: labels and features are clamped to
+    /// ±1e150 where the buffer stores them, so one private value never decides a copy of the
+    /// matrix: with a fixed (insecure) seed a row whose feature and label are 1e300, +∞ or
+    /// 1e150 gives the same model, in one partition or four (and the four-partition model is
+    /// the one-partition one: exact sums); the accumulator's buffer holds ±1e150.
+    #[tokio::test]
+    async fn one_huge_value_gives_the_clamped_fit() {
+        let mut by_parts = Vec::new();
+        for parts in [1, 4] {
+            let ctx = table(400, parts);
+            let mut seen = Vec::new();
+            for v in ["1e300", "'Infinity'::double", "1e150"] {
+                let sql = format!(
+                    "SELECT dp_linreg_gd(CASE WHEN id = 7 THEN {v} ELSE y END, \
+                     [CASE WHEN id = 7 THEN -{v} ELSE x END, x], 1.0, 1e-6, 20) AS m FROM t"
+                );
+                seen.push(model(&ctx, &sql).await);
+            }
+            assert_eq!(seen[0], seen[2], "{parts}");
+            assert_eq!(seen[1], seen[2], "{parts}");
+            let ScalarValue::Struct(s) = &seen[2] else {
+                panic!("{:?}", seen[2])
+            };
+            assert!(!s.is_null(0));
+            by_parts.push(seen.pop().unwrap());
+        }
+        assert_eq!(by_parts[0], by_parts[1]);
+
+        let mut acc = accumulator(2, false);
+        let y: ArrayRef = Arc::new(Float64Array::from(vec![f64::INFINITY, -1e300, 0.5]));
+        let x: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(vec![
+            Some(vec![Some(f64::INFINITY), Some(0.5)]),
+            Some(vec![Some(-1e300), Some(f64::NEG_INFINITY)]),
+            Some(vec![Some(1e150), Some(-2.0)]),
+        ]));
+        acc.update_batch(&[y, x]).unwrap();
+        let rows = acc.buffer.rows();
+        assert_eq!(rows.labels, [1e150, -1e150, 0.5]);
+        assert_eq!(rows.x, [1e150, 0.5, -1e150, -1e150, 1e150, -2.0]);
+    }
+
+    /// One batch of n rows of d features (and, with `units`, a key shared by three rows at
+    /// the unit key's index).
+    fn batch(n: usize, d: usize, units: bool) -> Vec<ArrayRef> {
+        let y: ArrayRef = Arc::new(Float64Array::from_iter_values(
+            (0..n).map(|i| (i % 5) as f64 / 5.0),
+        ));
+        let x: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(
+            (0..n).map(|i| Some(vec![Some(i as f64 / n as f64); d])),
+        ));
+        let mut v = vec![y, x];
+        if units {
+            v.extend(std::iter::repeat_n(
+                Arc::new(Int64Array::from(vec![0i64; n])) as ArrayRef,
+                DP_LINREG_GD.unit_key_index() - 2,
+            ));
+            v.push(Arc::new(Int64Array::from_iter_values(
+                (0..n as i64).map(|i| i / 3),
+            )));
+        }
+        v
+    }
+
+    /// Round 48, follow-up of review "agd", finding 2: the accumulator's size covers the fit's
+    /// whole working set, against a bound computed here from what the fit allocates: beyond the
+    /// buffered rows (8(d + 1) bytes a row), ‖x̃ᵢ‖ (8 bytes a row) and, when the passes with
+    /// rows in lanes run, the transposed features (8d); under privacy units, also the
+    /// regrouping's copies of labels, features, keys and their ends (8(d + 2) bytes a row plus
+    /// the keys), the dense unit index (4) and the permutation (8), and no more than a fixed
+    /// part beyond those (about 120 bytes a row for the key map). `'rgm'` counts its clipped
+    /// rows and labels (8(p + 1) bytes a row).
+    #[test]
+    fn size_covers_the_working_set() {
+        let (n, d) = (1024usize, 3usize);
+        let p = d + 1;
+        let empty = accumulator(d, false);
+        let fixed = empty.size() - empty.buffer.size();
+        assert!(fixed < 1 << 10, "{fixed}");
+        let mut acc = accumulator(d, false);
+        acc.update_batch(&batch(n, d, false)).unwrap();
+        assert!(acc.buffer.size() >= n * 8 * (d + 1));
+        let Kernel::Gaussian(k) = &acc.kernel else {
+            panic!()
+        };
+        let blocks = kernel::lanes(&k.clipper(p).unwrap(), p);
+        let fit = acc.size() - acc.buffer.size() - fixed;
+        assert_eq!(fit, n * 8 + if blocks { n * d * 8 } else { 0 });
+        assert!(fit >= n * 8 && fit <= n * 8 * (d + 1));
+        assert!(acc.evaluate().is_ok());
+
+        let mut keyed = accumulator(d, true);
+        keyed.update_batch(&batch(n, d, true)).unwrap();
+        assert_eq!(keyed.buffer.rows().n(), n);
+        let regroup = keyed.size() - keyed.buffer.size() - fixed - fit;
+        let key_bytes = n * 9; // an Int64 key in arrow's row format: a null byte and 8
+        let copies = n * 8 * (d + 1) + key_bytes + n * 8;
+        assert!(regroup >= copies + n * (4 + 8), "{regroup} < {copies}");
+        assert!(regroup <= copies + 120 * n, "{regroup}");
+        // The fit runs within what was counted (a model of d coefficients).
+        let ScalarValue::Struct(s) = keyed.evaluate().unwrap() else {
+            panic!()
+        };
+        assert!(!s.is_null(0));
+
+        // 'rgm' (a public n): its clipped rows and labels.
+        let mut lits = vec![
+            ScalarValue::Float64(Some(1.0)),
+            ScalarValue::Float64(Some(1e-6)),
+        ];
+        lits.extend(
+            [5.0, 0.5, 1.0, 1.0]
+                .map(|v| ScalarValue::Float64(Some(v)))
+                .to_vec(),
+        );
+        lits.extend([
+            ScalarValue::Boolean(Some(true)),
+            ScalarValue::Utf8(Some("rgm".into())),
+            ScalarValue::Float64(Some(1.0)),
+            ScalarValue::Float64(Some(1.0)),
+            ScalarValue::Float64(Some(1000.0)),
+            ScalarValue::Utf8(Some("replace_public_n".into())),
+        ]);
+        let rp = LinregParams::from_literals(&lits).unwrap();
+        let kernel = Kernel::Rgm(rp.rgm(Some(d)).unwrap());
+        let mut rgm =
+            LinregAccumulator::new(RowBuffer::new(LabelKind::Real, d), kernel, rp, Some(1));
+        rgm.update_batch(&batch(n, d, false)).unwrap();
+        assert_eq!(rgm.size() - rgm.buffer.size() - fixed, n * 8 * (p + 1));
+        assert!(rgm.evaluate().is_ok());
+    }
+}

@@ -87,8 +87,19 @@
 //! up to factors 1 ± O(e^{−2π²S²}) (Canonne, Kamath, Steinke 2020, §2.2 and Thm. 15).
 //!
 //! **Bad values.** Features and labels are clamped to ±[`VALUE_CLAMP`] (±∞ included) before
-//! anything else: a fixed per-row map, so the sensitivity argument is unchanged. A row whose
-//! residual is NaN (overflow of θ·x) contributes 0 to that iteration.
+//! anything else: a fixed per-row map, so the sensitivity argument is unchanged. The clamp is
+//! applied where `dp_linreg_gd`'s row buffer stores the rows
+//! ([`super::rows::RowBuffer::with_feature_limit`], [`super::rows::RowBuffer::with_label_limit`];
+//! every path, merged partitions and the regrouping by unit included), and the kernels read the
+//! buffered rows in place (round 48, follow-up of review "agd", finding 2: `Design` used to copy
+//! the whole feature matrix, and the labels, when one value was beyond the clamp, so one private
+//! value added 8·n·d bytes outside the memory pool). The values the kernels see are the ones the
+//! copy held (the same map, applied once; a clamped value is its own clamp), so every per-row
+//! integer vector, and with it "Exact sums" below, is unchanged bit for bit. Rows given to the
+//! kernels from Rust should be clamped the same way ([`super::rows::clamp_features`]); any other
+//! value still gives each row's integers within ⌊clip/q⌋ (the integer check holds whatever the
+//! inputs: [`Clipper::contribution`]), only not the clamped value's. A row whose residual is NaN
+//! (overflow of θ·x) contributes 0 to that iteration.
 //!
 //! **Output.** The average of the iterates θ_{T/2+1}, …, θ_T (tail averaging: post-processing
 //! that cuts the stationary noise of constant-step GD; chosen by measurement, see the README).
@@ -128,6 +139,7 @@ use datafusion::common::{DataFusionError, Result};
 
 use super::clip::{Clipper, SMALL_INT, round_i64};
 use super::kernel::{self, RowPath};
+use super::rows::clamp_features;
 use super::units::{Units, clip_int};
 use crate::mechanisms::GaussianMechanism;
 use crate::mechanisms::exact::{exact_log2, pow2, release_exact};
@@ -135,7 +147,8 @@ use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, Profile};
 use crate::progress;
 
-/// Features and labels are clamped to ±1e150 (squares and products of two stay finite).
+/// Features and labels are clamped to ±1e150 (squares and products of two stay finite), where
+/// `dp_linreg_gd`'s row buffer stores them (module docs, "Bad values"; round 48).
 pub const VALUE_CLAMP: f64 = 1e150;
 
 /// The progress name.
@@ -154,13 +167,14 @@ fn pow2_floor(x: f64) -> i32 {
     e
 }
 
-/// The design matrix as the kernels see it: features clamped to ±[`VALUE_CLAMP`], labels too,
-/// and p = d (+1 for the intercept, stored implicitly).
+/// The design matrix as the kernels see it: the buffered rows in place, never copied (features
+/// and labels within ±[`VALUE_CLAMP`], clamped by the row buffer: module docs, "Bad values";
+/// round 48), and p = d (+1 for the intercept, stored implicitly).
 struct Design<'a> {
     d: usize,
     intercept: bool,
-    x: std::borrow::Cow<'a, [f64]>,
-    y: std::borrow::Cow<'a, [f64]>,
+    x: &'a [f64],
+    y: &'a [f64],
     /// The features transposed in blocks for the blocked pass ([`kernel::transpose_blocks`]),
     /// built by [`Self::with_blocks`]; empty otherwise.
     xt: Vec<f64>,
@@ -168,22 +182,11 @@ struct Design<'a> {
 
 impl<'a> Design<'a> {
     fn new(rows: &'a super::rows::Rows, intercept: bool) -> Self {
-        let clamp = |v: &'a [f64]| -> std::borrow::Cow<'a, [f64]> {
-            if v.iter().all(|a| a.abs() <= VALUE_CLAMP) {
-                std::borrow::Cow::Borrowed(v)
-            } else {
-                std::borrow::Cow::Owned(
-                    v.iter()
-                        .map(|a| a.clamp(-VALUE_CLAMP, VALUE_CLAMP))
-                        .collect(),
-                )
-            }
-        };
         Design {
             d: rows.d,
             intercept,
-            x: clamp(&rows.x),
-            y: clamp(&rows.labels),
+            x: &rows.x,
+            y: &rows.labels,
             xt: Vec::new(),
         }
     }
@@ -191,7 +194,7 @@ impl<'a> Design<'a> {
     /// they run ([`kernel::lanes`]; n·d more values held during the fit).
     fn with_blocks(mut self, clipper: &Clipper) -> Self {
         if kernel::lanes(clipper, self.p()) {
-            self.xt = kernel::transpose_blocks(&self.x, self.d);
+            self.xt = kernel::transpose_blocks(self.x, self.d);
         }
         self
     }
@@ -354,8 +357,9 @@ impl GaussianGd {
         Ok(Clipper::new(self.clip, exp, p))
     }
 
-    /// The integer contribution of one example (x, y) at θ, computed exactly as in [`Self::fit`]
-    /// (clamping, residual, norm, clipping): for tests of the clipping bound.
+    /// The integer contribution of one example (x, y) at θ, computed exactly as in
+    /// `dp_linreg_gd`'s fit (the row buffer's clamp to ±[`VALUE_CLAMP`], then residual, norm,
+    /// clipping): for tests of the clipping bound.
     /// Also returns whether the row contributed (false: NaN residual or a failed integer check).
     pub fn example_contribution(
         &self,
@@ -363,11 +367,13 @@ impl GaussianGd {
         y: f64,
         theta: &[f64],
     ) -> Result<(Vec<i64>, bool)> {
-        let rows = super::rows::Rows {
+        let mut rows = super::rows::Rows {
             d: x.len(),
             labels: vec![y],
             x: x.to_vec(),
         };
+        clamp_features(&mut rows.x, VALUE_CLAMP);
+        clamp_features(&mut rows.labels, VALUE_CLAMP);
         let design = Design::new(&rows, self.fit_intercept);
         let p = design.p();
         let clipper = self.clipper(p)?;
@@ -378,9 +384,10 @@ impl GaussianGd {
         Ok((v, used))
     }
 
-    /// Fits on `rows`; `public_n` is the public row count (used only with
-    /// [`Divisor::Public`]). Returns θ (p values; the intercept last), or `None` when the public
-    /// n is 0. A unit-level kernel refuses (it needs [`Self::fit_units`]).
+    /// Fits on `rows` (read in place, as `dp_linreg_gd`'s buffer stores them: within
+    /// ±[`VALUE_CLAMP`], module docs "Bad values"); `public_n` is the public row count (used
+    /// only with [`Divisor::Public`]). Returns θ (p values; the intercept last), or `None` when
+    /// the public n is 0. A unit-level kernel refuses (it needs [`Self::fit_units`]).
     pub fn fit(
         &self,
         rows: &super::rows::Rows,
@@ -460,8 +467,10 @@ impl GaussianGd {
 
     /// The bytes a fit over n rows of d features holds beyond the buffered rows: ‖x̃ᵢ‖ per row,
     /// and the transposed features of the passes with rows in lanes when they apply
-    /// ([`Design::with_blocks`]). The accumulator counts them in its size, so that the
-    /// session's memory limit bounds the fit's working set as well as the buffer.
+    /// ([`Design::with_blocks`]); the rows themselves are read in place, never copied (module
+    /// docs, "Bad values"; round 48). The accumulator counts them in its size, so that the
+    /// session's memory limit bounds the fit's working set as well as the buffer. A function of
+    /// n, d and the call's literals only.
     pub fn working_bytes(&self, n: usize, d: usize) -> usize {
         let p = d + usize::from(self.fit_intercept);
         let blocks = if self.clipper(p).is_ok_and(|c| kernel::lanes(&c, p)) {
@@ -496,9 +505,9 @@ impl GaussianGd {
             let pass = kernel::Pass {
                 d: design.d,
                 intercept: self.fit_intercept,
-                x: &design.x,
+                x: design.x,
                 xt: &design.xt,
-                y: &design.y,
+                y: design.y,
                 norms,
                 theta,
                 clipper,
@@ -858,7 +867,17 @@ impl RgmGd {
         self.learning_rate / (1.0 + 2.0 * self.p() as f64 * self.sigma * self.sigma * g * g)
     }
 
-    /// Fits on `rows` with public row count `n` (rows skipped for NULL/NaN count in n and
+    /// The bytes a fit over n rows holds beyond the buffered rows (read in place: module docs,
+    /// "Bad values"; round 48): the clipped rows x̃ᵢ (p values each) and the clamped labels, in
+    /// [`Self::fit`]. The accumulator counts them in its size, as `'gaussian'`'s
+    /// ([`GaussianGd::working_bytes`]). A function of n and the call's literals only.
+    pub fn working_bytes(&self, n: usize) -> usize {
+        n.saturating_mul(self.p() as usize + 1)
+            .saturating_mul(size_of::<f64>())
+    }
+
+    /// Fits on `rows` (read in place, within ±[`VALUE_CLAMP`] as `dp_linreg_gd`'s buffer stores
+    /// them) with public row count `n` (rows skipped for NULL/NaN count in n and
     /// contribute 0). `None` when n < min_rows.
     pub fn fit(
         &self,
@@ -1082,5 +1101,48 @@ mod tests {
         let r = c.grad_mech.sigma / b.grad_mech.sigma;
         assert!((r - 3.0).abs() < 1e-5, "{r}");
         assert!(GaussianGd::new_units(mu, Neighbours::AddRemove, 12, 0.5, 0.5, 0.0, true).is_err());
+    }
+
+    /// Round 48, follow-up of review "agd", finding 2: `Design` reads the rows in place (a
+    /// reference to the buffer's features and labels, never a copy, whatever the values:
+    /// out-of-range ones included), and the kernels see the values the old copy held when the
+    /// rows come clamped as `dp_linreg_gd`'s buffer stores them: the exact gradient sums of rows
+    /// with 1e300 and ±∞ clamped by `clamp_features` are those of rows written at ±1e150, and
+    /// `example_contribution` clamps as the buffer does.
+    #[test]
+    fn design_reads_rows_in_place() {
+        let mut rows = super::super::rows::Rows::synthetic(300, 3, false, 4);
+        rows.x[4] = f64::INFINITY;
+        rows.x[7] = -1e300;
+        rows.labels[9] = f64::NEG_INFINITY;
+        let design = Design::new(&rows, true);
+        assert!(std::ptr::eq(design.x, rows.x.as_slice()));
+        assert!(std::ptr::eq(design.y, rows.labels.as_slice()));
+        let k = GaussianGd::new(0.8, 5, 0.5, 0.5, 0.0, true, false, false).unwrap();
+        let mut clamped = rows.clone();
+        clamp_features(&mut clamped.x, VALUE_CLAMP);
+        clamp_features(&mut clamped.labels, VALUE_CLAMP);
+        let mut written = rows.clone();
+        (written.x[4], written.x[7], written.labels[9]) = (1e150, -1e150, -1e150);
+        assert_eq!(clamped, written);
+        for theta in [[0.0; 4], [0.3, -0.2, 1.5, 0.1], [1e-140; 4]] {
+            let a = k.gradient_sum(&clamped, None, &theta).unwrap();
+            assert_eq!(a, k.gradient_sum(&written, None, &theta).unwrap());
+            for path in [RowPath::Portable, RowPath::Reference] {
+                assert_eq!(
+                    a,
+                    k.gradient_sum_with(&clamped, None, &theta, path).unwrap()
+                );
+            }
+        }
+        let theta = [0.1, 0.2];
+        for (x, y) in [([f64::INFINITY], -1e300), ([-1e300], f64::INFINITY)] {
+            let at = [x[0].clamp(-VALUE_CLAMP, VALUE_CLAMP)];
+            assert_eq!(
+                k.example_contribution(&x, y, &theta).unwrap(),
+                k.example_contribution(&at, y.clamp(-VALUE_CLAMP, VALUE_CLAMP), &theta)
+                    .unwrap()
+            );
+        }
     }
 }

@@ -39,12 +39,14 @@
 //! the released model has the planned shape whatever the rows.
 //!
 //! ±infinity is kept: each kernel clamps or clips it like any other out-of-range value. A buffer
-//! with a feature limit ([`RowBuffer::with_feature_limit`]: `dp_logreg_agd`'s ±1e100) clamps
-//! every feature to it as it stores the row (±∞ included; [`clamp_features`]), in every path
-//! (bulk copy, row loop, spread columns, merged states), so its kernel reads the rows in place
-//! (round 48, review "agd", finding 2: the kernel used to copy the whole matrix when one value
-//! was out of range, so one private value decided n·d·8 bytes). Wrong types (known before any row
-//! is read) remain errors.
+//! with a feature limit ([`RowBuffer::with_feature_limit`]: `dp_logreg_agd`'s ±1e100,
+//! `dp_linreg_gd`'s ±1e150) clamps every feature to it as it stores the row (±∞ included;
+//! [`clamp_features`]), and a buffer with a label limit ([`RowBuffer::with_label_limit`]:
+//! `dp_linreg_gd`'s ±1e150) every label, in every path (bulk copy, row loop, spread columns,
+//! merged states), so its kernel reads the rows in place (round 48, review "agd", finding 2: the
+//! kernel used to copy the whole matrix when one value was out of range, so one private value
+//! decided n·d·8 bytes; `dp_linreg_gd`'s likewise, and its labels' n·8). Wrong types (known
+//! before any row is read) remain errors.
 //!
 //! **Privacy units** ([`RowBuffer::with_units`], unit-level neighbours `units:K:C`). Each kept
 //! row also keeps its privacy-unit key, as the bytes of arrow's row format
@@ -159,6 +161,8 @@ pub struct RowBuffer {
     spread: bool,
     /// Features are stored clamped to ±this ([`Self::with_feature_limit`]); ∞: as they come.
     feature_limit: f64,
+    /// Labels are stored clamped to ±this ([`Self::with_label_limit`]); ∞: as they come.
+    label_limit: f64,
 }
 
 /// The privacy-unit keys of the kept rows, in row order: key i is
@@ -375,6 +379,7 @@ impl RowBuffer {
             keys: None,
             spread: false,
             feature_limit: f64::INFINITY,
+            label_limit: f64::INFINITY,
         }
     }
 
@@ -423,10 +428,19 @@ impl RowBuffer {
         self
     }
 
-    /// Clamps the features stored from value `at` on (the rows just appended) to the buffer's
-    /// limit ([`Self::with_feature_limit`]).
+    /// Labels are stored clamped to ±`limit`, ±∞ included, by the same map as features
+    /// ([`clamp_features`]), whichever way they arrive (module docs; round 48: `dp_linreg_gd`'s
+    /// ±1e150, so that its kernels never copy the labels).
+    pub fn with_label_limit(mut self, limit: f64) -> Self {
+        self.label_limit = limit;
+        self
+    }
+
+    /// Clamps the rows stored from row `at` on (the rows just appended) to the buffer's limits
+    /// ([`Self::with_feature_limit`], [`Self::with_label_limit`]).
     fn clamp_from(&mut self, at: usize) {
-        clamp_features(&mut self.rows.x[at..], self.feature_limit);
+        clamp_features(&mut self.rows.labels[at..], self.label_limit);
+        clamp_features(&mut self.rows.x[at * self.rows.d..], self.feature_limit);
     }
 
     /// Whether the buffer keeps privacy-unit keys.
@@ -492,8 +506,8 @@ impl RowBuffer {
                 && self.accepts(d)
             {
                 self.seen = self.seen.saturating_add(n as u64);
+                let at = self.rows.n();
                 self.rows.labels.extend_from_slice(&y);
-                let at = self.rows.x.len();
                 interleave_rows(&mut self.rows.x, &cols);
                 self.clamp_from(at);
                 return Ok(());
@@ -542,14 +556,15 @@ impl RowBuffer {
 
     /// [`Self::update`] with each row's privacy-unit key (required in unit-level mode, refused
     /// otherwise: an internal error, never a data one). A row whose key is NULL is skipped.
-    /// The features kept are clamped to the buffer's limit ([`Self::with_feature_limit`]).
+    /// The rows kept are clamped to the buffer's limits ([`Self::with_feature_limit`],
+    /// [`Self::with_label_limit`]).
     pub fn update_keyed(
         &mut self,
         label: &ArrayRef,
         features: &ArrayRef,
         keys: Option<&ArrayRef>,
     ) -> Result<()> {
-        let at = self.rows.x.len();
+        let at = self.rows.n();
         let appended = self.append_keyed(label, features, keys);
         self.clamp_from(at);
         appended
@@ -764,8 +779,8 @@ impl RowBuffer {
             if l.is_empty() || !self.accepts(d) {
                 continue;
             }
+            let at = self.rows.n();
             self.rows.labels.extend_from_slice(l.values());
-            let at = self.rows.x.len();
             self.rows.x.extend_from_slice(f.values());
             self.clamp_from(at);
             if let (Some(k), Some(kb)) = (k, self.keys.as_mut()) {
@@ -1397,5 +1412,96 @@ mod tests {
             assert!(bytes <= 200 * n + 1000, "{n}: {bytes}");
             b.group_units().unwrap();
         }
+    }
+
+    /// Round 48, `dp_linreg_gd` (follow-up of review "agd", finding 2): a buffer with a label
+    /// limit stores every label clamped to it (±∞ and values beyond it) whichever way the rows
+    /// arrive (bulk copy, row loop, spread columns, merged states, keyed rows), with its features
+    /// clamped to their own limit in the same rows; without a label limit labels are kept, and a
+    /// feature limit alone leaves labels as they come.
+    #[test]
+    fn label_limit_clamps_every_path() {
+        const L: f64 = 1e150;
+        let wild = [f64::INFINITY, -1e300, 2e150, -0.5, f64::NEG_INFINITY, L];
+        let clamped = [L, -L, L, -0.5, -L, L];
+        let limited = || {
+            RowBuffer::new(LabelKind::Real, 1)
+                .with_feature_limit(L)
+                .with_label_limit(L)
+        };
+        let labels: ArrayRef = Arc::new(Float64Array::from(wild.to_vec()));
+        // Features the mirror of the labels: both clamped, each row still in step.
+        let mirrored = || list(wild.iter().map(|&v| Some(vec![Some(-v)])).collect());
+        let negated: Vec<f64> = clamped.iter().map(|v| -v).collect();
+        // Bulk copy.
+        let mut bulk = limited();
+        bulk.update(&labels, &mirrored()).unwrap();
+        assert_eq!(
+            (bulk.rows().labels.as_slice(), bulk.rows().x.as_slice()),
+            (&clamped[..], &negated[..])
+        );
+        // Row loop (a NaN label sends the batch there, and skips its row).
+        let mut with_nan = wild.to_vec();
+        with_nan.push(f64::NAN);
+        let y7: ArrayRef = Arc::new(Float64Array::from(with_nan));
+        let mut x7: Vec<Option<Vec<Option<f64>>>> =
+            wild.iter().map(|&v| Some(vec![Some(-v)])).collect();
+        x7.push(Some(vec![Some(1.0)]));
+        let mut looped = limited();
+        looped.update(&y7, &list(x7)).unwrap();
+        assert_eq!(looped.rows().labels, clamped);
+        assert_eq!(
+            (looped.rows().x.as_slice(), looped.seen()),
+            (&negated[..], 7)
+        );
+        // Spread columns: clean (interleaved) and with a NULL feature (through the list).
+        let column: ArrayRef = Arc::new(Float64Array::from(
+            wild.iter().map(|v| -v).collect::<Vec<_>>(),
+        ));
+        let mut spread = limited().spread();
+        spread
+            .update_values(&[Arc::clone(&labels), Arc::clone(&column)], 99)
+            .unwrap();
+        assert_eq!(spread.rows().labels, clamped);
+        let y2: ArrayRef = Arc::new(Float64Array::from(vec![-1e200, f64::INFINITY]));
+        let x2: ArrayRef = Arc::new(Float64Array::from(vec![None, Some(3.0)]));
+        spread.update_values(&[y2, x2], 99).unwrap();
+        assert_eq!(spread.rows().labels[6..], [L]);
+        // Merged state of a buffer without limits (it kept ±∞).
+        let mut free = RowBuffer::new(LabelKind::Real, 1);
+        free.update(&labels, &mirrored()).unwrap();
+        assert_eq!(free.rows().labels, wild);
+        let state: Vec<ArrayRef> = free
+            .state()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.to_array().unwrap())
+            .collect();
+        let mut merged = limited();
+        merged.merge(&state).unwrap();
+        assert_eq!(
+            (merged.rows().labels.as_slice(), merged.rows().x.as_slice()),
+            (&clamped[..], &negated[..])
+        );
+        // Keyed rows, before and after regrouping by unit.
+        let mut units = limited().with_units();
+        let keys: ArrayRef = Arc::new(Int64Array::from(vec![1, 0, 1, 0, 1, 0]));
+        units
+            .update_keyed(&labels, &mirrored(), Some(&keys))
+            .unwrap();
+        assert_eq!(units.rows().labels, clamped);
+        units.group_units().unwrap();
+        assert!(units.rows().labels.iter().all(|v| v.abs() <= L));
+        assert!((0..6).all(|i| units.rows().x[i] == -units.rows().labels[i]));
+        // A feature limit alone leaves the labels.
+        let mut features_only = RowBuffer::new(LabelKind::Real, 1).with_feature_limit(L);
+        features_only.update(&labels, &mirrored()).unwrap();
+        assert_eq!(
+            (
+                features_only.rows().labels.as_slice(),
+                features_only.rows().x.as_slice()
+            ),
+            (&wild[..], &negated[..])
+        );
     }
 }
