@@ -63,7 +63,7 @@ use super::join::PublicSide;
 use super::table::{GuardedTable, TableInfo};
 use super::units::{
     GROUP_KEY_FN, GroupKey, KEPT, NO_UNIT, SAMPLE, SAMPLE_FN, Sample, TOP_GROUPS_FN, TOTAL,
-    TopGroups, UNIT,
+    TOTAL_FN, TopGroups, UNIT, UnitTotal,
 };
 use super::{
     DpCall, GuardOptions, PARTITION_SELECT, aggregate_function, any_private_table, construct_name,
@@ -1301,8 +1301,9 @@ fn audit_unit_key(a: &Aggregate, cx: &mut Region) -> Result<(u32, u32)> {
 }
 
 /// Without GROUP BY, the unit bounding (units.rs) as one shape: the aggregate GROUP BY `u AS
-/// __dpfusion_unit` alone ([`audit_unit_key`]); each aggregate either `sum(v) AS
-/// __dpfusion_total_i` (`v` a dp_sum call's argument, under its FILTER, in the fragment) or
+/// __dpfusion_unit` alone ([`audit_unit_key`]); each aggregate either `__dpfusion_unit_total(v)
+/// AS __dpfusion_total_i` (the exact total, units.rs `UnitTotal`, round 48; `v` a dp_sum call's
+/// argument, under its FILTER, in the fragment) or
 /// `__dpfusion_unit_sample(C, columns…) AS __dpfusion_sample` with C the owner's (or the
 /// session's) C of that table.
 fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<()> {
@@ -1329,7 +1330,10 @@ fn audit_bounding_aggregate(a: &Aggregate, cx: &mut Region) -> Result<()> {
             return Err(bad());
         }
         match (f.func.name(), p.args.as_slice()) {
-            ("sum", [v]) if al.name.starts_with(TOTAL) => {
+            (TOTAL_FN, [v])
+                if al.name.starts_with(TOTAL)
+                    && (f.func.inner().as_ref() as &dyn std::any::Any).is::<UnitTotal>() =>
+            {
                 audit_total(v, schema, &input_cols, opts)?
             }
             (SAMPLE_FN, [Expr::Literal(cap, _), cols @ ..])

@@ -563,7 +563,9 @@ fn written_by_node(node: &LogicalPlan, inputs: &[(&DFSchema, Vec<Written>)]) -> 
             columns(0),
             exprs(&mut w.window_expr.iter().flat_map(window_inputs)),
         ),
-        LogicalPlan::Unnest(_) => columns(0),
+        // Its rows are its output's: an element of each list beside the other columns (a
+        // one-row input of a long list, `unnest(range(1, 200000))`, writes rows of 8 bytes).
+        LogicalPlan::Unnest(_) => written_columns(node).iter().map(|w| w.bytes).fold(0, add),
         LogicalPlan::Filter(f) => exprs(&mut std::iter::once(&f.predicate)),
         LogicalPlan::Sort(s) => exprs(
             &mut s

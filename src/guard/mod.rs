@@ -1281,8 +1281,9 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         return Err(refuse(format!(
             "GROUP BY {g} groups by the privacy unit column '{}' of '{}': every group would hold \
              one unit, and partition selection keeps a one-unit group with probability at most \
-             δ/(2K), so the query would be charged and release nothing. Group by other columns \
-             (or buckets of units, e.g. {} % 10), or count units with dp_count_distinct({}, …).",
+             δ/(2K), so the query would be charged and release nothing (so would any key that \
+             keeps units apart). Group by other columns (or a few coarse buckets of units, e.g. \
+             {} % 10), or count units with dp_count_distinct({}, …).",
             u.column, table.name, u.column, u.column
         )));
     }
@@ -1467,7 +1468,7 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
             });
         }
         if let (Some(b), Some(h)) = (bounding.as_mut(), how) {
-            (args, filter) = b.bound_call(h, args, filter)?;
+            (args, filter) = b.bound_call(h, (&name, &params), args, filter)?;
         }
         args.extend(params.into_iter().map(|v| Expr::Literal(v, None)));
         args.push(lit(call_mode));

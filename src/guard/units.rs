@@ -21,9 +21,10 @@
 //! ```
 //!
 //! Without GROUP BY (one group: K = 1 holds with no choice) the aggregate by unit is `GROUP BY
-//! unit AS __dpfusion_unit` of `sum(value) AS __dpfusion_total_i` (per dp_sum value and FILTER)
-//! and `__dpfusion_unit_sample(C, x…) AS __dpfusion_sample` ([`Sample`], if a call reads rows),
-//! and the projection over its unnest is not needed.
+//! unit AS __dpfusion_unit` of `__dpfusion_unit_total(value) AS __dpfusion_total_i` (per dp_sum
+//! value, FILTER and grid: [`UnitTotal`]) and `__dpfusion_unit_sample(C, x…) AS
+//! __dpfusion_sample` ([`Sample`], if a call reads rows), and the projection over its unnest is
+//! not needed.
 //!
 //! Nothing sorts, and there is one aggregate: DataFusion's hash aggregate by unit (parallel,
 //! spilling to disk under the memory pool) with a state of at most K entries of totals and C rows
@@ -40,9 +41,10 @@
 //!   - [`Contribution::Rows`] (`dp_count`, `dp_mean`, …): at most C rows of each (unit, group),
 //!     a uniform sample ([`Sample`]) carried through the aggregate and unnested
 //!     (`__dpfusion_rn <= C`);
-//!   - [`Contribution::Total`] (`dp_sum`): the unit's total per group, one value (`sum(value)`
-//!     of the (unit, group)), which `dp_sum` clamps to [lower, upper] like any value: the
-//!     per-unit pre-aggregation of ZetaSQL's `ANON_SUM`;
+//!   - [`Contribution::Total`] (`dp_sum`): the unit's total per group, one value (the exact sum
+//!     of the (unit, group)'s values on the grid of the call's bounds, [`Grid`]), which `dp_sum`
+//!     clamps to [lower, upper] like any value: the per-unit pre-aggregation of ZetaSQL's
+//!     `ANON_SUM`;
 //!   - [`Contribution::Once`] (`dp_count_distinct`, partition selection): one per (unit, group)
 //!     (`__dpfusion_rn = 1`);
 //!   - [`Contribution::PerUnit`] (the models): every row, with the unit key passed to the
@@ -57,10 +59,16 @@
 //!
 //! Each selection depends only on the unit's own rows, the key and randomness, so after it one
 //! unit changes at most K groups, and each by at most C rows (or one value): the sensitivity
-//! bounds of `units:K:C` hold for every data set. Rows whose unit is NULL belong to no unit:
-//! every call's FILTER leaves them out (they stay in the plan only so that the NULL-extended
-//! row of a public key set keeps its group, join.rs). Any number of calls on any columns share
-//! the one aggregate (calls on the same value and FILTER share one total).
+//! bounds of `units:K:C` hold for every data set. What a unit's rows present to the calls is a
+//! function of those rows too, not of the order in which they, or the partial states that hold
+//! them, arrive (round 48, review "topgroups"): a kept entry's group key is canonical (a float
+//! key's −0.0 stored as 0.0, [`canonical_key`], so its rows read one value whichever came first),
+//! and its totals are exact sums ([`Grid`]: a float sum in arrival order let cancelling values
+//! chosen through CASE make a total 0 or 5 by thread timing that another unit's volume steered).
+//! Rows whose unit is NULL belong to no unit: every call's FILTER leaves them out (they stay in
+//! the plan only so that the NULL-extended row of a public key set keeps its group, join.rs).
+//! Any number of calls on any columns share the one aggregate (calls on the same value, FILTER
+//! and grid share one total).
 //!
 //! Below a join of two private tables on their unit (join.rs, `unit_join`) each side is bounded
 //! per unit before the join too ([`join_prebound`], round 48): at most M = K·C rows of each unit
@@ -72,15 +80,18 @@ use std::sync::Arc;
 
 use std::hash::Hasher;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, UInt64Array, new_empty_array};
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, UInt64Type};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Float64Array, UInt64Array, new_empty_array,
+};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type, UInt64Type};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{Column, DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::{
-    Accumulator, Aggregate, AggregateUDF, AggregateUDFImpl, ColumnarValue, Expr, Filter, Join,
-    LogicalPlan, LogicalPlanBuilder, Projection, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
-    Signature, SubqueryAlias, TableScanBuilder, Volatility, cast, col, lit, when,
+    Accumulator, Aggregate, AggregateUDF, AggregateUDFImpl, ColumnarValue, EmitTo, Expr, Filter,
+    GroupsAccumulator, Join, LogicalPlan, LogicalPlanBuilder, Projection, ScalarFunctionArgs,
+    ScalarUDF, ScalarUDFImpl, Signature, SubqueryAlias, TableScanBuilder, Volatility, cast, col,
+    lit, when,
 };
 use dpfusion_udfs::noise::rng::SecureRng;
 
@@ -105,6 +116,8 @@ pub(super) const GROUP_KEY_FN: &str = "__dpfusion_unit_group_key";
 pub(super) const SAMPLE_FN: &str = "__dpfusion_unit_sample";
 /// The kept (unit, group) rows of a unit ([`TopGroups`]).
 pub(super) const KEPT: &str = "__dpfusion_kept";
+/// A unit's exact total of a dp_sum value without GROUP BY ([`UnitTotal`]).
+pub(super) const TOTAL_FN: &str = "__dpfusion_unit_total";
 /// The second key of the per-unit aggregate: NULL for a unit, the (unit, group)'s hash for the
 /// rows without a unit (each its own group: they are all kept).
 pub(super) const NO_UNIT: &str = "__dpfusion_no_unit";
@@ -121,7 +134,7 @@ pub const MAX_JOIN_ROWS: u64 = 1024;
 /// secret group key, that no codec carries: the distributed path refuses plans with them).
 #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
 pub(crate) fn is_bounding_fn(name: &str) -> bool {
-    name == GROUP_KEY_FN || name == SAMPLE_FN || name == TOP_GROUPS_FN
+    name == GROUP_KEY_FN || name == SAMPLE_FN || name == TOP_GROUPS_FN || name == TOTAL_FN
 }
 
 /// The bounds in force for one query on a unit-level table.
@@ -282,8 +295,8 @@ pub struct Bounding {
     groups: Vec<Expr>,
     bounds: Bounds,
     /// The values the `dp_sum` calls total per (unit, group) (each under its FILTER, NULL where
-    /// it does not count), with their column names.
-    totals: Vec<(Expr, String)>,
+    /// it does not count), with the grid of each total and their column names.
+    totals: Vec<(Expr, Grid, String)>,
     /// The columns of `region` that row-level calls read (their arguments and FILTERs).
     sampled: Vec<Column>,
     /// Does a call read rows (then each (unit, group) keeps a sample of its rows)?
@@ -353,10 +366,12 @@ impl Bounding {
         }
     }
 
-    /// A call's data arguments and FILTER, bounded as `how` says.
+    /// A call's data arguments and FILTER, bounded as `how` says; `name` and `params` are the
+    /// call's function and literal parameters (a total's grid is its bounds', [`Grid`]).
     pub fn bound_call(
         &mut self,
         how: Contribution,
+        (name, params): (&str, &[ScalarValue]),
         args: Vec<Expr>,
         filter: Option<Expr>,
     ) -> Result<(Vec<Expr>, Option<Expr>)> {
@@ -374,8 +389,11 @@ impl Bounding {
                 (args, Some(and(cond, filter)))
             }
             Contribution::Total => {
-                // The unit's total per group of the rows its FILTER keeps, summed in Float64 (no
-                // overflow error: ±infinity is clamped by dp_sum, NaN is skipped).
+                // The unit's total per group of the rows its FILTER keeps: an exact sum on the
+                // grid of the call's bounds ([`Grid`]; NaN is skipped, ±infinity clamped), the
+                // same whatever order the rows and partial states arrive in (round 48, review
+                // "topgroups" F2).
+                let grid = Grid::of_call(name, params)?;
                 let value = cast(
                     args.into_iter().next().unwrap_or(lit(0.0)),
                     DataType::Float64,
@@ -384,13 +402,17 @@ impl Bounding {
                     Some(f) => when(f, value).end()?,
                     None => value,
                 };
-                // Calls on the same value and FILTER (dp_sum beside dp_sum_ci, say) share one
-                // total: each call draws its own noise.
-                let name = match self.totals.iter().find(|(e, _)| e == &value) {
-                    Some((_, name)) => name.clone(),
+                // Calls on the same value, FILTER and grid (dp_sum beside dp_sum_ci with the same
+                // bounds, say) share one total: each call draws its own noise.
+                let name = match self
+                    .totals
+                    .iter()
+                    .find(|(e, g, _)| e == &value && *g == grid)
+                {
+                    Some((_, _, name)) => name.clone(),
                     None => {
                         let name = format!("{TOTAL}{}", self.totals.len());
-                        self.totals.push((value, name.clone()));
+                        self.totals.push((value, grid, name.clone()));
                         name
                     }
                 };
@@ -414,13 +436,13 @@ impl Bounding {
         let cap = u64::from(self.bounds.rows);
         let plan = if self.groups.is_empty() {
             // 1. Without GROUP BY (one group: K = 1 holds with no choice), one row per unit:
-            //    DataFusion's hash aggregate (parallel, spills), its totals and its row sample.
+            //    DataFusion's hash aggregate (parallel, spills), its exact totals ([`UnitTotal`],
+            //    not DataFusion's float `sum`, whose result follows the order of its partial
+            //    states: round 48, review "topgroups" F2) and its row sample.
             let mut aggr: Vec<Expr> = self
                 .totals
                 .iter()
-                .map(|(v, name)| {
-                    datafusion::functions_aggregate::expr_fn::sum(v.clone()).alias(name)
-                })
+                .map(|(v, grid, name)| unit_total_udaf(*grid).call(vec![v.clone()]).alias(name))
                 .collect();
             if self.rows {
                 let mut args = vec![lit(cap)];
@@ -448,13 +470,14 @@ impl Bounding {
             };
             let mut args = vec![lit(u64::from(self.bounds.groups)), lit(cap), hash.clone()];
             args.extend(self.groups.iter().cloned());
-            args.extend(self.totals.iter().map(|(v, _)| v.clone()));
+            args.extend(self.totals.iter().map(|(v, _, _)| v.clone()));
             args.extend(self.sampled.iter().cloned().map(Expr::Column));
             // Rows without a unit are kept, each (group) its own (they reach no call; see `new`).
             let no_unit = when(self.unit.clone().is_null(), hash)
                 .end()?
                 .alias(NO_UNIT);
-            let kept = top::top_groups_udaf(layout, sample_key(self.key))
+            let grids = self.totals.iter().map(|(_, g, _)| *g).collect();
+            let kept = top::top_groups_udaf(layout, grids, sample_key(self.key))
                 .call(args)
                 .alias(KEPT);
             let plan = LogicalPlan::Aggregate(Aggregate::try_new(
@@ -476,7 +499,7 @@ impl Bounding {
                     g => field(format!("c{j}")).alias(g.schema_name().to_string()),
                 });
             }
-            for (j, (_, name)) in self.totals.iter().enumerate() {
+            for (j, (_, _, name)) in self.totals.iter().enumerate() {
                 cols.push(field(format!("c{}", self.groups.len() + j)).alias(name));
             }
             if self.rows {
@@ -717,6 +740,23 @@ fn prebound_unit_column(plan: &LogicalPlan) -> Option<Column> {
 
 // ---- the group choice: a keyed hash of (unit, group) ---------------------------------------------
 
+/// A group key column (or the unit's) as the bounding hashes and stores it: a top-level float
+/// (Float16/32/64) −0.0 made 0.0, the one value DataFusion's GROUP BY folds (`GroupValuesRows`
+/// normalises with this very function, the primitive group values canonicalise alike), so that
+/// the keyed hash ([`GroupKey`]) and the key a kept entry stores ([`TopGroups`]) see one value.
+/// Round 46 folded ±0 in the hash only: unfolded, a unit's K groups could all be one released
+/// group, K·C rows in it. Round 48 (review "topgroups" F1) stores the folded value too: the entry
+/// kept the key of its first row (or first merged state), which the DP aggregate grouped by and
+/// every row-level call of the entry read in place of its own value, so whether a FILTER on
+/// `CAST(x AS VARCHAR) = '-0.0'` counted a unit depended on row order, across partitions on
+/// thread timing that another unit's volume steered. NaN payloads stay apart in both (two
+/// entries, each stored as met, so each entry's rows read one value); floats nested in structs or
+/// lists and dictionaries of floats are folded by neither DataFusion's GROUP BY nor the hash
+/// (row format, by value), so ±0 there are two groups and two entries, each again one value.
+pub(super) fn canonical_key(column: &ArrayRef) -> ArrayRef {
+    datafusion::common::utils::normalize_float_zero(column)
+}
+
 /// `__dpfusion_unit_group_key(unit, g…)`: SipHash-2-4 (Aumasson and Bernstein, "SipHash: a fast
 /// short-input PRF", INDOCRYPT 2012) under the query's secret key of the row encoding of (unit,
 /// g…). A PRF: to anyone without the key the values of distinct (unit, group) pairs are
@@ -754,13 +794,10 @@ impl ScalarUDFImpl for GroupKey {
         Ok(DataType::UInt64)
     }
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        // −0.0 and +0.0 are one group to DataFusion's GROUP BY (`GroupValuesRows` normalises
-        // them with this very function) but two rows in the row format: unnormalised, a unit's
-        // K groups could all be one released group, K·C rows in it (round 46). NaN payloads
-        // stay apart in both, and floats nested in structs or lists are normalised by neither.
+        // The values as the bounding stores them ([`canonical_key`], round 46).
         let arrays: Vec<_> = ColumnarValue::values_to_arrays(&args.args)?
             .iter()
-            .map(datafusion::common::utils::normalize_float_zero)
+            .map(canonical_key)
             .collect();
         let fields = arrays
             .iter()
@@ -1069,6 +1106,290 @@ impl Accumulator for SampleAccumulator {
     }
 }
 
+// ---- a unit's exact total (round 48) ----------------------------------------------------------
+
+/// The grid of a unit's total for one `dp_sum` (round 48, review "topgroups" F2). A unit's total
+/// per group was a float sum in the order its rows and partial states arrived (per row and per
+/// merged state in [`TopGroups`], DataFusion's Float64 `sum` without GROUP BY): with values the
+/// analyst chooses through CASE (1e300, −1e300, 5) a total was 0 or 5 by the order of the
+/// partitions' states, which another unit's volume steered (a release moved by 1,500 with
+/// sensitivity 10). Now a total is Σ q(v) over the unit's non-NULL, non-NaN values, in `i128`
+/// with wrapping addition (associative and commutative: a function of the multiset of values
+/// alone, whatever the order, partitioning or spilling; exact unless more than 2^46 values reach
+/// the extreme), where
+///
+/// - g = 2^e with e = ⌈log2 u⌉ − 40, u = max(|lower|, |upper|) of the call (the grid `dp_sum`
+///   quantises its values on, `FixedPoint`: e clamped to [−1023, 984], e = 0 when u = 0), and
+/// - q(v) = round(clamp(v/g, −2^80, 2^80)) (to nearest, ties to even; ±∞ clamp to ±2^80), so the
+///   values are clamped to ±R = ±2^80·g ≥ ±2^40·u.
+///
+/// The total the call reads is (Σ q)·g as `f64` ([`Grid::total`]), which `dp_sum` clamps to
+/// [lower, upper] as any value: a total within ±2^53·g is exact on the call's own grid. Calls
+/// share a total only on one value, FILTER and grid. The grid depends on the call's literals
+/// only, so it is public; it decides the precision of a total, never whether it is a function of
+/// the unit's rows alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Grid {
+    /// e: the grid is 2^e.
+    exp: i32,
+}
+
+/// The largest |q(v)|: values are clamped to ±2^80 grid steps (2^40 times the bound).
+const GRID_REACH: i32 = 80;
+
+impl Grid {
+    /// The grid of values bounded by [lower, upper] (finite, lower ≤ upper).
+    pub(super) fn for_bounds(lower: f64, upper: f64) -> Self {
+        let exp = dpfusion_udfs::mechanisms::exact::FixedPoint::new(lower, upper).exp;
+        Self { exp }
+    }
+
+    /// The grid of the call `name` with literal parameters `params` (its `lower` and `upper`).
+    fn of_call(name: &str, params: &[ScalarValue]) -> Result<Self> {
+        use dpfusion_udfs::aggregates::{params::Params, registry};
+        let bounds = registry::get(name)
+            .filter(|a| a.position("lower").is_some() && a.position("upper").is_some())
+            .ok_or_else(|| {
+                DataFusionError::Internal(format!("{name} totals a unit's values without bounds"))
+            })
+            .and_then(|a| {
+                Params::new(a, params)
+                    .and_then(|p| p.bounds())
+                    .map_err(|e| DataFusionError::Plan(format!("{name}: {e}")))
+            })?;
+        Ok(Self::for_bounds(bounds.0, bounds.1))
+    }
+
+    /// q(v) of a value, `None` for NaN (skipped like NULL).
+    pub(super) fn quantise(self, v: f64) -> Option<i128> {
+        use dpfusion_udfs::mechanisms::exact::pow2;
+        if v.is_nan() {
+            return None;
+        }
+        // −e ∈ [−984, 1023]: 2^−e is a finite power of two, and the product is v/g exactly
+        // (or ±∞ or a rounded tiny value past the range: a function of v all the same).
+        let reach = pow2(GRID_REACH);
+        let y = (v * pow2(-self.exp)).clamp(-reach, reach);
+        Some(y.round_ties_even() as i128)
+    }
+
+    /// The total of a sum of q(v): (Σ q)·g, rounded once to `f64`.
+    pub(super) fn total(self, sum: i128) -> f64 {
+        sum as f64 * dpfusion_udfs::mechanisms::exact::pow2(self.exp)
+    }
+}
+
+/// Bytes of a sum of q(v) in a partial state: the `i128`, little-endian (exact).
+const SUM_BYTES: i32 = 16;
+
+/// The type of a sum of q(v) in a partial state.
+pub(super) fn sum_type() -> DataType {
+    DataType::FixedSizeBinary(SUM_BYTES)
+}
+
+/// Sums of q(v) as a partial state's column (NULL: no value counted).
+pub(super) fn sums_array(sums: impl IntoIterator<Item = Option<i128>>) -> Result<ArrayRef> {
+    use datafusion::arrow::array::FixedSizeBinaryArray;
+    let bytes = sums.into_iter().map(|s| s.map(i128::to_le_bytes));
+    Ok(Arc::new(
+        FixedSizeBinaryArray::try_from_sparse_iter_with_size(bytes, SUM_BYTES)?,
+    ))
+}
+
+/// Row `i` of a partial state's column of sums ([`sums_array`]).
+pub(super) fn sum_at(
+    column: &datafusion::arrow::array::FixedSizeBinaryArray,
+    i: usize,
+) -> Option<i128> {
+    column
+        .is_valid(i)
+        .then(|| i128::from_le_bytes(column.value(i).try_into().unwrap_or([0; 16])))
+}
+
+/// `__dpfusion_unit_total(value)`: a unit's exact total of a `dp_sum` value without GROUP BY
+/// (aggregated by unit; with GROUP BY [`TopGroups`] keeps the same sums per entry): Σ q(v) on its
+/// [`Grid`], NULL when no value counts. A [`GroupsAccumulator`] (one state for all units, as
+/// DataFusion's `sum` it replaces) whose partial state is the exact `i128` sum.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(super) struct UnitTotal {
+    grid: Grid,
+    signature: Signature,
+}
+
+fn unit_total_udaf(grid: Grid) -> AggregateUDF {
+    AggregateUDF::from(UnitTotal {
+        grid,
+        signature: Signature::exact(vec![DataType::Float64], Volatility::Immutable),
+    })
+}
+
+impl AggregateUDFImpl for UnitTotal {
+    fn name(&self) -> &str {
+        TOTAL_FN
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float64)
+    }
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        Ok(vec![Arc::new(Field::new(
+            format!("{}[sum]", args.name),
+            sum_type(),
+            true,
+        ))])
+    }
+    fn accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        Ok(Box::new(UnitTotalAccumulator::new(self.grid)))
+    }
+    fn groups_accumulator_supported(&self, _: AccumulatorArgs) -> bool {
+        true
+    }
+    fn create_groups_accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
+        Ok(Box::new(UnitTotalAccumulator::new(self.grid)))
+    }
+}
+
+/// The sums of [`UnitTotal`]: per group, Σ q(v) (wrapping) and whether any value counted.
+#[derive(Debug)]
+struct UnitTotalAccumulator {
+    grid: Grid,
+    sums: Vec<i128>,
+    valid: Vec<bool>,
+}
+
+impl UnitTotalAccumulator {
+    fn new(grid: Grid) -> Self {
+        Self {
+            grid,
+            sums: vec![],
+            valid: vec![],
+        }
+    }
+
+    fn grow(&mut self, groups: usize) {
+        if self.sums.len() < groups {
+            self.sums.resize(groups, 0);
+            self.valid.resize(groups, false);
+        }
+    }
+
+    fn add(&mut self, group: usize, sum: Option<i128>) {
+        if let Some(s) = sum {
+            self.sums[group] = self.sums[group].wrapping_add(s);
+            self.valid[group] = true;
+        }
+    }
+
+    /// The groups `emit_to` takes: their sums, NULL where no value counted.
+    fn take(&mut self, emit_to: EmitTo) -> Vec<Option<i128>> {
+        let sums = emit_to.take_needed(&mut self.sums);
+        let valid = emit_to.take_needed(&mut self.valid);
+        sums.into_iter()
+            .zip(valid)
+            .map(|(s, v)| v.then_some(s))
+            .collect()
+    }
+}
+
+fn counts(filter: Option<&BooleanArray>, i: usize) -> bool {
+    filter.is_none_or(|f| f.is_valid(i) && f.value(i))
+}
+
+impl GroupsAccumulator for UnitTotalAccumulator {
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        opt_filter: Option<&BooleanArray>,
+        total_num_groups: usize,
+    ) -> Result<()> {
+        self.grow(total_num_groups);
+        let v = values[0].as_primitive::<Float64Type>();
+        for (i, &g) in group_indices.iter().enumerate() {
+            if counts(opt_filter, i) && v.is_valid(i) {
+                self.add(g, self.grid.quantise(v.value(i)));
+            }
+        }
+        Ok(())
+    }
+
+    fn merge_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        total_num_groups: usize,
+    ) -> Result<()> {
+        self.grow(total_num_groups);
+        let sums = values[0].as_fixed_size_binary();
+        for (i, &g) in group_indices.iter().enumerate() {
+            self.add(g, sum_at(sums, i));
+        }
+        Ok(())
+    }
+
+    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        let grid = self.grid;
+        let totals: Float64Array = self
+            .take(emit_to)
+            .into_iter()
+            .map(|s| s.map(|s| grid.total(s)))
+            .collect();
+        Ok(Arc::new(totals))
+    }
+
+    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        Ok(vec![sums_array(self.take(emit_to))?])
+    }
+
+    fn convert_to_state(
+        &self,
+        values: &[ArrayRef],
+        opt_filter: Option<&BooleanArray>,
+    ) -> Result<Vec<ArrayRef>> {
+        let v = values[0].as_primitive::<Float64Type>();
+        let sums = (0..v.len()).map(|i| {
+            (counts(opt_filter, i) && v.is_valid(i))
+                .then(|| self.grid.quantise(v.value(i)))
+                .flatten()
+        });
+        Ok(vec![sums_array(sums)?])
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self)
+            + self.sums.capacity() * std::mem::size_of::<i128>()
+            + self.valid.capacity()
+    }
+}
+
+/// One group (DataFusion asks for a plain accumulator where it runs no groups accumulator).
+impl Accumulator for UnitTotalAccumulator {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        GroupsAccumulator::update_batch(self, values, &vec![0; values[0].len()], None, 1)
+    }
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        GroupsAccumulator::merge_batch(self, states, &vec![0; states[0].len()], 1)
+    }
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        self.grow(1);
+        let sum = self.valid[0].then_some(self.sums[0]);
+        Ok(vec![ScalarValue::FixedSizeBinary(
+            SUM_BYTES,
+            sum.map(|s| s.to_le_bytes().to_vec()),
+        )])
+    }
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        self.grow(1);
+        let total = self.valid[0].then(|| self.grid.total(self.sums[0]));
+        Ok(ScalarValue::Float64(total))
+    }
+    fn size(&self) -> usize {
+        GroupsAccumulator::size(self)
+    }
+}
+
 /// `plan` (a checked private region) with the unit column carried up to its output, and the
 /// expression that reads it there.
 fn expose(plan: &LogicalPlan, column: &str, table: &TableInfo) -> Result<(LogicalPlan, Expr)> {
@@ -1272,6 +1593,119 @@ mod tests {
             .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
             .values()
             .to_vec()
+    }
+
+    /// Round 48, review "topgroups" F2: a total's grid is its `dp_sum`'s (2^(⌈log2 u⌉ − 40),
+    /// u = max(|lower|, |upper|)); q clamps ±∞ (and values past ±2^40·u) to ±2^80 steps, skips
+    /// NaN, is odd, and a total within the bounds comes back exactly.
+    #[test]
+    fn a_totals_grid_is_its_bounds_and_q_is_exact_within_them() {
+        use dpfusion_udfs::mechanisms::exact::{FixedPoint, pow2};
+        for (lower, upper) in [(0.0, 10.0), (-3.0, 1e6), (0.0, pow2(-1000)), (-1e300, 0.0)] {
+            let grid = Grid::for_bounds(lower, upper);
+            let step = FixedPoint::new(lower, upper).step();
+            assert_eq!(grid.total(1), step, "[{lower}, {upper}]");
+            let reach = 1i128 << 80;
+            assert_eq!(grid.quantise(f64::INFINITY), Some(reach));
+            assert_eq!(grid.quantise(f64::NEG_INFINITY), Some(-reach));
+            // Past R = 2^80 steps (≥ 2^40·u), values clamp to it.
+            assert_eq!(grid.quantise(grid.total(reach) * 2.0), Some(reach));
+            assert_eq!(grid.quantise(f64::NAN), None);
+            for v in [lower, upper, upper / 3.0, 0.1 * upper] {
+                let q = grid.quantise(v).unwrap();
+                assert_eq!(grid.quantise(-v), Some(-q));
+                // On the grid and within the bounds, a value's total is the value.
+                assert_eq!(
+                    grid.total(grid.quantise(grid.total(q)).unwrap()),
+                    grid.total(q)
+                );
+            }
+            // (These bounds are on their grid: 2^−1000's is the floor 2^−1023, as dp_sum's.)
+            assert_eq!(grid.total(grid.quantise(upper).unwrap()), upper);
+        }
+        // No bound (lower = upper = 0, dp_sum releases 0): a grid all the same.
+        assert_eq!(Grid::for_bounds(0.0, 0.0).total(1), 1.0);
+    }
+
+    /// The no-GROUP-BY totals ([`UnitTotal`]): three partial states of two units' values that
+    /// cancel in floating point, merged in all 6 orders, give one total per unit, bit for bit:
+    /// the exact sum on the grid of [0, 10] (5 and −2.5; a float `sum` gave 0 or 5 by the order,
+    /// round 48, review "topgroups" F2). Also from the rows in any order, converted row by row,
+    /// or through the one-group accumulator; a unit with only NULL or NaN values has no total.
+    #[test]
+    fn a_units_total_without_group_by_is_one_value_in_all_6_orders_of_3_partial_states() {
+        let grid = Grid::for_bounds(0.0, 10.0);
+        // (unit, value): unit 2's values are all NULL or NaN.
+        let parts: [&[(usize, Option<f64>)]; 3] = [
+            &[(0, Some(1e300)), (1, Some(-1e300)), (2, None)],
+            &[(0, Some(-1e300)), (1, Some(1e300)), (2, Some(f64::NAN))],
+            &[(0, Some(5.0)), (1, Some(-2.5)), (0, Some(1e-30))],
+        ];
+        let input = |rows: &[(usize, Option<f64>)]| -> (Vec<ArrayRef>, Vec<usize>) {
+            let v = Float64Array::from_iter(rows.iter().map(|r| r.1));
+            (vec![Arc::new(v)], rows.iter().map(|r| r.0).collect())
+        };
+        let totals = |a: &mut UnitTotalAccumulator| -> Vec<Option<u64>> {
+            let t = GroupsAccumulator::evaluate(a, EmitTo::All).unwrap();
+            let t = t.as_primitive::<Float64Type>();
+            (0..t.len())
+                .map(|i| t.is_valid(i).then(|| t.value(i).to_bits()))
+                .collect()
+        };
+        let states: Vec<Vec<ArrayRef>> = parts
+            .iter()
+            .map(|rows| {
+                let mut a = UnitTotalAccumulator::new(grid);
+                let (v, g) = input(rows);
+                GroupsAccumulator::update_batch(&mut a, &v, &g, None, 3).unwrap();
+                GroupsAccumulator::state(&mut a, EmitTo::All).unwrap()
+            })
+            .collect();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut orders = vec![];
+        for a in 0..3 {
+            for b in (0..3).filter(|&b| b != a) {
+                orders.push([a, b, 3 - a - b]);
+            }
+        }
+        assert_eq!(orders.len(), 6);
+        for order in orders {
+            let mut merged = UnitTotalAccumulator::new(grid);
+            for i in order {
+                GroupsAccumulator::merge_batch(&mut merged, &states[i], &[0, 1, 2], 3).unwrap();
+            }
+            seen.insert(totals(&mut merged));
+            let rows: Vec<(usize, Option<f64>)> = order
+                .iter()
+                .flat_map(|&i| parts[i].iter().copied())
+                .collect();
+            let (v, g) = input(&rows);
+            let mut updated = UnitTotalAccumulator::new(grid);
+            GroupsAccumulator::update_batch(&mut updated, &v, &g, None, 3).unwrap();
+            seen.insert(totals(&mut updated));
+            let mut converted = UnitTotalAccumulator::new(grid);
+            let state = converted.convert_to_state(&v, None).unwrap();
+            GroupsAccumulator::merge_batch(&mut converted, &state, &g, 3).unwrap();
+            seen.insert(totals(&mut converted));
+            // Unit 0 alone through the one-group accumulator, its states merged in this order.
+            let mut one = UnitTotalAccumulator::new(grid);
+            for i in order {
+                let mut part = UnitTotalAccumulator::new(grid);
+                let mine: Vec<Option<f64>> =
+                    parts[i].iter().filter(|r| r.0 == 0).map(|r| r.1).collect();
+                Accumulator::update_batch(&mut part, &[Arc::new(Float64Array::from(mine))])
+                    .unwrap();
+                let state = Accumulator::state(&mut part).unwrap();
+                let state: Vec<ArrayRef> = state.iter().map(|s| s.to_array().unwrap()).collect();
+                Accumulator::merge_batch(&mut one, &state).unwrap();
+            }
+            let ScalarValue::Float64(Some(t)) = Accumulator::evaluate(&mut one).unwrap() else {
+                panic!("a total")
+            };
+            assert_eq!(t, 5.0);
+        }
+        let expected = vec![Some(5.0f64.to_bits()), Some((-2.5f64).to_bits()), None];
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![expected]);
     }
 
     /// Round 46: a unit's rows {a, a, b} with C = 1 keep `a` with probability 2/3 whether they

@@ -18,6 +18,12 @@
 //!   tables on their unit pairs exactly M² = (K·C)² rows of a unit with 3,000 rows in each (the
 //!   joins' output rows in DataFusion's metrics), not 3,000²; past K·C = 1,024 the join is
 //!   refused naming the bounds (`a_unit_join_past_1024_rows_of_a_unit_is_refused_naming_the_bounds`).
+//! - `a_units_float_group_key_is_canonical_whatever_row_comes_first` (round 48, review
+//!   "topgroups" F1): a unit's rows x = −0.0 and x = 0.0 in either order (or in two files read by
+//!   two partitions) read one key, 0.0: a FILTER on the key's text counts the same.
+//! - `a_units_total_is_exact_whatever_order_its_partial_states_merge_in` (F2): the reviewer's
+//!   cancelling totals (1e300, −1e300, 5 in three files, 3 partitions) release 300 × 5 on D and
+//!   on D′ = D plus a heavy unit, every run, with and without GROUP BY.
 //! - the SQL surface: settings, refusals, EXPLAIN PRIVACY.
 
 use std::sync::Arc;
@@ -989,14 +995,14 @@ async fn every_kind_of_call_in_one_unit_query() {
 /// Issue 28: a unit query at `target_partitions = 16` under a tight memory pool (256 MiB: about
 /// 2 MiB per spilling operator of the plan's 16 partitions; DataFusion 55's aggregates need about
 /// 1–2 MiB to take one batch of 8,192 groups' states, so at 128 MiB the row sample's final
-/// aggregate fails before it holds anything) spills to disk (checked: DataFusion's spill
-/// directory appears) and completes, and its bounded values are exactly those with ample memory
-/// (1 GiB, no spill), under a fixed insecure seed (the group choice's key comes from it; the
-/// per-(unit, group) totals are exact sums of small integers). The releases are compared rounded
-/// at an ε that makes the noise < 0.5: the seeded noise itself follows the order in which the
-/// final aggregate meets its groups, which spilling changes. With the bounding as one aggregate by
-/// unit (round 39) the state is small enough that the 240,000 rows this test had before no longer
-/// spill: 1.2M rows do.
+/// aggregate fails before it holds anything) spills to disk (checked: the session's spill
+/// directory appears below its `spill_dir`) and completes, and its bounded values are exactly
+/// those with ample memory (1 GiB, no spill), under a fixed insecure seed (the group choice's key
+/// comes from it; the per-(unit, group) totals are exact sums, round 48). The releases are
+/// compared rounded at an ε that makes the noise < 0.5: the seeded noise itself follows the order
+/// in which the final aggregate meets its groups, which spilling changes. With the bounding as one
+/// aggregate by unit (round 39) the state is small enough that the 240,000 rows this test had
+/// before no longer spill: 1.2M rows do.
 #[tokio::test]
 async fn a_unit_query_spills_at_16_partitions_and_releases_the_same() {
     // 1.2M rows, 200,000 units, each in 6 of 50 groups (K = 2 keeps 2 of them).
@@ -1008,19 +1014,20 @@ async fn a_unit_query_spills_at_16_partitions_and_releases_the_same() {
                round(dp_count_distinct(unit, epsilon => 1e4, delta => 1e-6)) AS n, \
                round(dp_count(amount, epsilon => 1e4, delta => 1e-6)) AS c \
                FROM t GROUP BY g";
-    // DataFusion makes its spill directory in the temporary directory at the first spill and
-    // keeps it while the session lives: pointed here, it tells whether a query spilled.
-    let spills = crate::common::temp_dir("units-spill-files");
-    tempfile::env::override_temp_dir(&spills).expect("the first override in this process");
-    let spilled = || std::fs::read_dir(&spills).unwrap().count() > 0;
+    // A session makes its spill directory below its `spill_dir` at the first spill and keeps
+    // it while the session lives (round 48, session/runtime.rs): it tells whether a query
+    // spilled.
     let mut out = vec![];
     for (limit, tag) in [(1usize << 30, "units-ample"), (256 << 20, "units-spill")] {
         let dir = crate::common::temp_dir(tag);
+        let spills = dir.join("spill");
+        let spilled = || std::fs::read_dir(&spills).is_ok_and(|d| d.count() > 0);
         let s = PrivateSession::open(
             SessionOptions::default()
                 .with_ledger(dir.join("ledger.jsonl"))
                 .with_target_partitions(16)
                 .with_memory_limit(limit)
+                .with_spill_dir(&spills)
                 .with_insecure_noise_seed(5),
         )
         .await
@@ -1373,4 +1380,156 @@ async fn a_unit_join_past_1024_rows_of_a_unit_is_refused_naming_the_bounds() {
         .await
         .unwrap();
     s.sql(sql).await.unwrap();
+}
+
+/// A session at `partitions` target partitions, noise and the bounding's keys from the insecure
+/// test `seed`, on a fresh ledger in `dir`.
+async fn seeded_session(dir: &std::path::Path, partitions: usize, seed: u64) -> PrivateSession {
+    PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_target_partitions(partitions)
+            .with_insecure_noise_seed(seed),
+    )
+    .await
+    .unwrap()
+}
+
+/// Writes `rows` (already CSV lines) under the header `header` to `path`.
+fn write_csv(path: &std::path::Path, header: &str, rows: impl IntoIterator<Item = String>) {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    writeln!(f, "{header}").unwrap();
+    for r in rows {
+        writeln!(f, "{r}").unwrap();
+    }
+    f.flush().unwrap();
+}
+
+/// Round 48, review "topgroups" F1: the group key a unit's entry stores, which its rows' calls
+/// read in place of their own value and the DP aggregate groups by, is canonical (a float key's
+/// −0.0 stored as 0.0, as the group hash and DataFusion's GROUP BY already fold it), so it does
+/// not depend on which of the unit's rows arrives first. 300 units, each with the rows (x = −0.0,
+/// v = 1) and (x = 0.0, v = 2): in that order in `a.csv`, swapped in `b.csv`, and the two rows in
+/// two files of a directory read by 2 partitions (which arrives first is thread timing). Before
+/// the fix the stored key was the first row's: `neg` (the rows whose x reads '-0.0') was 300 on
+/// `a` and 0 on `b` (the reviewer's pair; this test failed so at HEAD df38bd2).
+#[tokio::test]
+async fn a_units_float_group_key_is_canonical_whatever_row_comes_first() {
+    let dir = crate::common::temp_dir("units-canonical-key");
+    let row = |u: i64, neg: bool| {
+        if neg {
+            format!("{u},-0.0,1")
+        } else {
+            format!("{u},0.0,2")
+        }
+    };
+    let units = 1..=300i64;
+    write_csv(
+        &dir.join("a.csv"),
+        "u,x,v",
+        units.clone().flat_map(|u| [row(u, true), row(u, false)]),
+    );
+    write_csv(
+        &dir.join("b.csv"),
+        "u,x,v",
+        units.clone().flat_map(|u| [row(u, false), row(u, true)]),
+    );
+    std::fs::create_dir(dir.join("d")).unwrap();
+    write_csv(
+        &dir.join("d/1.csv"),
+        "u,x,v",
+        units.clone().map(|u| row(u, true)),
+    );
+    write_csv(&dir.join("d/2.csv"), "u,x,v", units.map(|u| row(u, false)));
+    let s = seeded_session(&dir, 2, 48).await;
+    let reg = || {
+        Registration::private()
+            .privacy_unit("u")
+            .contribution_bounds(1, 1)
+            .budget(1e6, 1e-5)
+    };
+    for (t, path) in [("a", "a.csv"), ("b", "b.csv"), ("d", "d")] {
+        s.register_csv(t, dir.join(path), reg()).await.unwrap();
+    }
+    let mut out = vec![];
+    for t in ["a", "b", "d"] {
+        let sql = format!(
+            "SELECT x, round(dp_count(1, epsilon => 1000)) AS n, \
+             round(dp_count(1, epsilon => 1000) FILTER (WHERE CAST(x AS VARCHAR) = '-0.0')) \
+             AS neg FROM {t} GROUP BY x"
+        );
+        let r = s.sql(&sql).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        let x = column_f64(&r.batches, 0);
+        assert_eq!(x.len(), 1, "{t}: one group");
+        assert!(
+            x[0] == 0.0 && x[0].is_sign_positive(),
+            "{t}: the released key is 0.0: {x:?}"
+        );
+        out.push((
+            t,
+            column_f64(&r.batches, 1)[0],
+            column_f64(&r.batches, 2)[0],
+        ));
+    }
+    for (t, n, neg) in &out {
+        assert_eq!((*n, *neg), (300.0, 0.0), "{t}: {out:?}");
+    }
+}
+
+/// Round 48, review "topgroups" F2: a unit's total per group is an exact sum (integers on the
+/// grid of its dp_sum's bounds, units.rs `Grid`), a function of the unit's rows whatever order
+/// its partial states merge in. The reviewer's attack scaled down: a directory of 3 files read by
+/// 3 partitions, each file holding units 1..300 at x = 0, the value of file i chosen by the
+/// analyst's CASE as 1e300, −1e300 and 5 (each unit's exact total is 5, its float sum 0 or 5 by
+/// the order of its three partial states); D adds unit 100000 with 20,000 rows at x = 5 to the
+/// third file, D′ also unit 200000 with 60,000 rows at x = 7 to the second (their volume steered
+/// the order: the release moved by 1,500 with sensitivity 10). Now every run releases 300 × 5
+/// = 1,500 (ε = 1000: the noise is far below 1), with GROUP BY and without.
+#[tokio::test]
+async fn a_units_total_is_exact_whatever_order_its_partial_states_merge_in() {
+    let dir = crate::common::temp_dir("units-exact-total");
+    for (t, extra) in [("d0", false), ("d1", true)] {
+        std::fs::create_dir(dir.join(t)).unwrap();
+        for i in 1..=3i64 {
+            let mut rows: Vec<String> = (1..=300).map(|u| format!("{u},0,{i}")).collect();
+            if i == 3 {
+                rows.extend((0..20_000).map(|_| "100000,5,9".to_string()));
+            }
+            if i == 2 && extra {
+                rows.extend((0..60_000).map(|_| "200000,7,9".to_string()));
+            }
+            write_csv(&dir.join(format!("{t}/f{i}.csv")), "u,x,v", rows);
+        }
+    }
+    let s = seeded_session(&dir, 3, 48).await;
+    for t in ["d0", "d1"] {
+        let reg = Registration::private()
+            .privacy_unit("u")
+            .contribution_bounds(1, 1)
+            .budget(1e6, 1e-5);
+        s.register_csv(t, dir.join(t), reg).await.unwrap();
+    }
+    let value =
+        "CASE WHEN v = 1 THEN 1e300 WHEN v = 2 THEN -1e300 WHEN v = 3 THEN 5.0 ELSE 0.0 END";
+    for sql in [
+        format!(
+            "SELECT round(dp_sum({value}, 0, 10, epsilon => 1000)) AS s FROM {{t}} GROUP BY x \
+             HAVING x = 0"
+        ),
+        format!("SELECT round(dp_sum({value}, 0, 10, epsilon => 1000)) AS s FROM {{t}}"),
+    ] {
+        let mut out = vec![];
+        for _ in 0..3 {
+            for t in ["d0", "d1"] {
+                let q = sql.replace("{t}", t);
+                let r = s.sql(&q).await.unwrap_or_else(|e| panic!("{q}: {e}"));
+                out.push((t, column_f64(&r.batches, 0)));
+            }
+        }
+        assert!(
+            out.iter().all(|(_, s)| s == &vec![1500.0]),
+            "{sql}: {out:?}"
+        );
+    }
 }

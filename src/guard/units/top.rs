@@ -17,12 +17,19 @@
 //! would share one entry, the group of the first met; the bounds hold all the same (still K
 //! entries, each at most C rows or one total), only that unit's rows of the second group count
 //! under the first.
+//!
+//! What an entry holds is a function of its unit's rows, not of the order they or the partial
+//! states arrive in (round 48, review "topgroups"): its group keys are stored canonical
+//! ([`super::canonical_key`], F1: the first row's −0.0 or 0.0 was kept, and every row of the
+//! entry read it), and its totals are exact `i128` sums on the grid of their `dp_sum`
+//! ([`super::Grid`], F2: a float sum in arrival order let cancelling values make a total 0 or 5
+//! by thread timing), carried exactly in a partial state (16 bytes, little-endian).
 use std::hash::Hasher;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Float64Array, ListArray, StructArray, UInt64Array,
-    new_empty_array,
+    Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, Float64Array, ListArray,
+    StructArray, UInt64Array, new_empty_array,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float64Type, UInt64Type};
@@ -33,11 +40,14 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, EmitTo, GroupsAccumulator, Signature, Volatility,
 };
 
+use super::Grid;
+
 /// Each unit's K groups of smallest keyed hash, with their totals and samples ([`TopGroups`]).
 pub(in crate::guard) const TOP_GROUPS_FN: &str = "__dpfusion_unit_groups";
 
 /// What follows `(K, C, hash)` in a call: `groups` GROUP BY keys, `totals` Float64 values (one
-/// per `dp_sum` total: the value under its FILTER, NULL where it does not count), `sampled`
+/// per `dp_sum` total: the value under its FILTER, NULL where it does not count; summed exactly
+/// on its grid, [`TopGroups::grids`]), `sampled`
 /// columns; `rows`: each kept (unit, group) keeps a sample of at most C of its rows (also with no
 /// sampled column: `dp_count(*)` counts them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -99,6 +109,8 @@ pub(super) fn struct_list(
 #[derive(PartialEq, Eq, Hash)]
 pub(in crate::guard) struct TopGroups {
     pub(in crate::guard) layout: Layout,
+    /// The grid of each total (its `dp_sum`'s bounds': the precision of the total, public).
+    grids: Vec<Grid>,
     key: [u64; 2],
     /// The query's row ids, shared by every accumulator of this aggregate (round 46).
     ids: super::RowIds,
@@ -109,16 +121,22 @@ impl std::fmt::Debug for TopGroups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "TopGroups {{ layout: {:?}, key: <secret> }}",
-            self.layout
+            "TopGroups {{ layout: {:?}, grids: {:?}, key: <secret> }}",
+            self.layout, self.grids
         )
     }
 }
 
-/// The aggregate for `layout`, its row sample keyed by `sample_key` (the query's, derived).
-pub(in crate::guard) fn top_groups_udaf(layout: Layout, sample_key: [u64; 2]) -> AggregateUDF {
+/// The aggregate for `layout`, its totals on `grids`, its row sample keyed by `sample_key` (the
+/// query's, derived).
+pub(in crate::guard) fn top_groups_udaf(
+    layout: Layout,
+    grids: Vec<Grid>,
+    sample_key: [u64; 2],
+) -> AggregateUDF {
     AggregateUDF::from(TopGroups {
         layout,
+        grids,
         key: sample_key,
         ids: super::RowIds::default(),
         signature: Signature::variadic_any(Volatility::Volatile),
@@ -145,13 +163,19 @@ pub(super) fn list_of(fields: Fields) -> DataType {
 }
 
 /// The struct of a kept (unit, group): `hash` first in a state; `c0 …` the group keys then the
-/// totals; `sample` if rows are sampled (its rows' first field `key` in a state, `pos` out).
+/// totals (Float64 out, the exact sums in a state: [`super::sum_type`]); `sample` if rows are
+/// sampled (its rows' first field `key` in a state, `pos` out).
 fn kept_fields(layout: &Layout, groups: &[DataType], sampled: &[DataType], state: bool) -> Fields {
     let mut f: Vec<Field> = vec![];
     if state {
         f.push(Field::new("hash", DataType::UInt64, true));
     }
-    let totals = std::iter::repeat_n(DataType::Float64, layout.totals);
+    let total = if state {
+        super::sum_type()
+    } else {
+        DataType::Float64
+    };
+    let totals = std::iter::repeat_n(total, layout.totals);
     for (j, t) in groups.iter().cloned().chain(totals).enumerate() {
         f.push(Field::new(format!("c{j}"), t, true));
     }
@@ -241,15 +265,16 @@ impl AggregateUDFImpl for TopGroups {
         if types[self.layout.args()[1].clone()]
             .iter()
             .any(|t| t != &DataType::Float64)
+            || self.grids.len() != self.layout.totals
         {
             return Err(DataFusionError::Internal(format!(
-                "{TOP_GROUPS_FN}: totals must be Float64"
+                "{TOP_GROUPS_FN}: totals must be Float64, each with its grid"
             )));
         }
         Ok(Box::new(TopGroupsAccumulator::new(
-            k,
-            c,
+            (k, c),
             self.layout,
+            self.grids.clone(),
             self.key,
             self.ids.clone(),
             g,
@@ -368,7 +393,8 @@ impl Store {
 /// The state of [`TopGroups`] for all units of one aggregate, without an allocation per entry:
 /// unit `u`'s kept entries (`units[u].1` ≤ K of them) fill a chain of blocks of B slots from
 /// `units[u].0` (slot i of block b is entry b·B + i: its hash in `hashes`, its row and sample in
-/// `slots`, its totals at `totals[entry·T ..]`), their samples chains of [`Drawn`]; group keys and
+/// `slots`, its totals (exact sums, [`Grid`]) at `totals[entry·T ..]`), their samples chains of
+/// [`Drawn`]; group keys (canonical, [`super::canonical_key`]) and
 /// sampled values stay in the input arrays ([`Store`]). A batch's rows are added in about unit
 /// order ([`by_unit`]) with the state of the unit [`AHEAD`] rows on prefetched, and the arenas grow
 /// by an eighth ([`room`]), so that what the memory pool counts is what is held.
@@ -376,6 +402,8 @@ struct TopGroupsAccumulator {
     k: usize,
     c: usize,
     layout: Layout,
+    /// The grid of each total.
+    grids: Vec<Grid>,
     /// The row sample's PRF key.
     key: [u64; 2],
     /// B.
@@ -388,7 +416,8 @@ struct TopGroupsAccumulator {
     slots: Vec<Slot>,
     /// Entries kept, over all units.
     live: usize,
-    totals: Vec<f64>,
+    /// Σ q(v) of each entry's totals (wrapping: a function of the multiset of values).
+    totals: Vec<i128>,
     valid: Vec<bool>,
     drawn: Vec<Drawn>,
     /// Sampled rows kept (the first `slen` of every chain).
@@ -415,10 +444,12 @@ impl std::fmt::Debug for TopGroupsAccumulator {
 }
 
 impl TopGroupsAccumulator {
+    /// For K and C, `layout`, the totals' `grids`, the sample's `key` and the query's
+    /// row `ids`, the group keys' and sampled columns' types.
     fn new(
-        k: usize,
-        c: usize,
+        (k, c): (usize, usize),
         layout: Layout,
+        grids: Vec<Grid>,
         key: [u64; 2],
         ids: super::RowIds,
         groups: Vec<DataType>,
@@ -435,6 +466,7 @@ impl TopGroupsAccumulator {
             k: k.max(1),
             c: c.max(1),
             layout,
+            grids,
             key,
             b: k.clamp(1, BLOCK),
             units: vec![],
@@ -527,7 +559,7 @@ impl TopGroupsAccumulator {
                         slen: 0,
                     },
                 );
-                self.totals.resize(slots * t, 0.0);
+                self.totals.resize(slots * t, 0);
                 self.valid.resize(slots * t, false);
                 if last == NONE {
                     self.units[u].0 = id;
@@ -553,7 +585,7 @@ impl TopGroupsAccumulator {
         slot.row = row;
         self.drawn_live -= slot.slen as usize;
         slot.slen = 0;
-        self.totals[m * t..(m + 1) * t].fill(0.0);
+        self.totals[m * t..(m + 1) * t].fill(0);
         self.valid[m * t..(m + 1) * t].fill(false);
         Ok(Some(m))
     }
@@ -582,14 +614,31 @@ impl TopGroupsAccumulator {
         }
     }
 
-    /// Adds row `i` of the totals' columns to entry `slot`.
+    /// Adds row `i` of the totals' columns (values) to entry `slot`: q(v) on each total's grid,
+    /// NULL and NaN skipped.
     fn add_totals(&mut self, slot: usize, columns: &[&Float64Array], i: usize) {
-        let t = self.layout.totals;
         for (j, c) in columns.iter().enumerate() {
             if c.is_valid(i) {
-                self.totals[slot * t + j] += c.value(i);
-                self.valid[slot * t + j] = true;
+                self.add_sum(slot, j, self.grids[j].quantise(c.value(i)));
             }
+        }
+    }
+
+    /// Adds entry `e` of a state's totals (exact sums) to entry `slot`.
+    fn merge_totals(&mut self, slot: usize, columns: &[&FixedSizeBinaryArray], e: usize) {
+        for (j, c) in columns.iter().enumerate() {
+            self.add_sum(slot, j, super::sum_at(c, e));
+        }
+    }
+
+    /// Adds a sum of q(v) (none: nothing counted) to total `j` of entry `slot`: wrapping `i128`
+    /// addition, associative and commutative, so the total is the same for any order of rows and
+    /// states (round 48, review "topgroups" F2).
+    fn add_sum(&mut self, slot: usize, j: usize, sum: Option<i128>) {
+        if let Some(s) = sum {
+            let at = slot * self.layout.totals + j;
+            self.totals[at] = self.totals[at].wrapping_add(s);
+            self.valid[at] = true;
         }
     }
 
@@ -698,9 +747,9 @@ impl TopGroupsAccumulator {
     fn retain_from(&mut self, n: usize) -> Result<()> {
         let t = self.layout.totals;
         let mut next = Self::new(
-            self.k,
-            self.c,
+            (self.k, self.c),
             self.layout,
+            self.grids.clone(),
             self.key,
             self.ids.clone(),
             self.groups.types.clone(),
@@ -750,10 +799,17 @@ impl TopGroupsAccumulator {
         let rows: Vec<Ref> = ids.iter().map(|&s| self.slots[s].row).collect();
         arrays.extend(self.groups.gather(&rows)?);
         for j in 0..t {
-            arrays
-                .push(Arc::new(Float64Array::from_iter(ids.iter().map(|&s| {
-                    self.valid[s * t + j].then_some(self.totals[s * t + j])
-                }))));
+            let sums = ids
+                .iter()
+                .map(|&s| self.valid[s * t + j].then_some(self.totals[s * t + j]));
+            arrays.push(if state {
+                super::sums_array(sums)?
+            } else {
+                let grid = self.grids[j];
+                Arc::new(Float64Array::from_iter(
+                    sums.map(|s| s.map(|s| grid.total(s))),
+                ))
+            });
         }
         if self.layout.rows {
             let (mut firsts, mut refs, mut lens) = (vec![], vec![], vec![]);
@@ -871,6 +927,11 @@ fn f64s(columns: &[ArrayRef]) -> Vec<&Float64Array> {
         .collect()
 }
 
+/// Group key columns as an entry stores them ([`super::canonical_key`], round 48).
+fn canonical(columns: &[ArrayRef]) -> Vec<ArrayRef> {
+    columns.iter().map(super::canonical_key).collect()
+}
+
 impl GroupsAccumulator for TopGroupsAccumulator {
     fn update_batch(
         &mut self,
@@ -884,7 +945,8 @@ impl GroupsAccumulator for TopGroupsAccumulator {
         let n = group_indices.len();
         let hashes = values[2].as_primitive::<UInt64Type>().clone();
         let [g, t, s] = l.args();
-        let group_cols = &values[g];
+        // Canonical before they are stored: every row of an entry reads one key (F1).
+        let group_cols = &canonical(&values[g]);
         let totals = f64s(&values[t]);
         let sampled = &values[s];
         let keys = if l.rows {
@@ -934,7 +996,10 @@ impl GroupsAccumulator for TopGroupsAccumulator {
         // K, C and the hash: 2 places further on), then the sample.
         let [g, t, s] = l.args().map(|r| r.start - 2..r.end - 2);
         let group_cols = &entries.columns()[g];
-        let totals = f64s(&entries.columns()[t]);
+        let totals: Vec<&FixedSizeBinaryArray> = entries.columns()[t]
+            .iter()
+            .map(|c| c.as_fixed_size_binary())
+            .collect();
         let sample = l.rows.then(|| entries.column(s.start).as_list::<i32>());
         let (gb, sb) = (self.groups.next_batch()?, self.sampled.next_batch()?);
         let (mut g_used, mut s_used) = (false, false);
@@ -963,7 +1028,7 @@ impl GroupsAccumulator for TopGroupsAccumulator {
                     continue;
                 };
                 g_used |= self.slots[slot].row == row;
-                self.add_totals(slot, &totals, e);
+                self.merge_totals(slot, &totals, e);
                 if let Some(sample) = sample {
                     let keys = sample.values().as_struct().column(0);
                     let keys = keys.as_primitive::<UInt64Type>();
@@ -975,7 +1040,9 @@ impl GroupsAccumulator for TopGroupsAccumulator {
             }
         }
         if g_used {
-            self.groups.push(&owned(group_cols, e0, e1)?, e1 - e0);
+            // (A state's keys are canonical already; made so again, as every key stored.)
+            let keys = canonical(&owned(group_cols, e0, e1)?);
+            self.groups.push(&keys, e1 - e0);
         }
         if s_used && let Some(sample) = sample {
             let values = sample.values().as_struct();
@@ -1015,8 +1082,15 @@ impl GroupsAccumulator for TopGroupsAccumulator {
             .collect();
         let mut arrays: Vec<ArrayRef> = vec![filter(hashes, &keep)?];
         let [g, t, s] = l.args();
-        for c in &values[g.start..t.end] {
+        for c in canonical(&values[g]) {
             arrays.push(filter(c.as_ref(), &keep)?);
+        }
+        // Each kept row's totals as the exact sums of its one value.
+        for (c, grid) in f64s(&values[t]).into_iter().zip(&self.grids) {
+            let sums = (0..n)
+                .filter(|&i| keep.value(i))
+                .map(|i| c.is_valid(i).then(|| grid.quantise(c.value(i))).flatten());
+            arrays.push(super::sums_array(sums)?);
         }
         if l.rows {
             let sampled = &values[s];
@@ -1040,7 +1114,7 @@ impl GroupsAccumulator for TopGroupsAccumulator {
             + self.next_block.capacity() * std::mem::size_of::<u32>()
             + self.hashes.capacity() * std::mem::size_of::<u64>()
             + self.slots.capacity() * std::mem::size_of::<Slot>()
-            + self.totals.capacity() * std::mem::size_of::<f64>()
+            + self.totals.capacity() * std::mem::size_of::<i128>()
             + self.valid.capacity()
             + self.drawn.capacity() * std::mem::size_of::<Drawn>()
             + self.groups.size()
@@ -1083,11 +1157,17 @@ mod tests {
         }
     }
 
+    /// The grid of the tests' totals: values up to 2^20 (integers here: their sums are exact as
+    /// `f64` too).
+    fn grid() -> Grid {
+        Grid::for_bounds(0.0, (1 << 20) as f64)
+    }
+
     fn accumulator(k: usize, c: usize) -> TopGroupsAccumulator {
         TopGroupsAccumulator::new(
-            k,
-            c,
+            (k, c),
             layout(),
+            vec![grid()],
             [1, 2],
             super::super::RowIds::default(),
             vec![DataType::Int64],
@@ -1309,11 +1389,161 @@ mod tests {
         assert_eq!(totals(&mut merged), totals(&mut updated));
     }
 
+    /// The permutations of `0..n` (n ≤ 4 here).
+    fn orders(n: usize) -> Vec<Vec<usize>> {
+        if n == 0 {
+            return vec![vec![]];
+        }
+        let mut out = vec![];
+        for rest in orders(n - 1) {
+            for at in 0..=rest.len() {
+                let mut o = rest.clone();
+                o.insert(at, n - 1);
+                out.push(o);
+            }
+        }
+        out
+    }
+
+    /// An accumulator over one Float64 group key, one total on `grid` and the key sampled.
+    fn float_keyed(grid: Grid) -> TopGroupsAccumulator {
+        TopGroupsAccumulator::new(
+            (1, 1),
+            layout(),
+            vec![grid],
+            [1, 2],
+            super::super::RowIds::default(),
+            vec![DataType::Float64],
+            vec![DataType::Float64],
+        )
+        .unwrap()
+    }
+
+    /// One unit's rows (group key x, total value v), all of one entry (one hash: the group hash
+    /// folds ±0, `GroupKey`), with x sampled too.
+    fn float_rows(rows: &[(f64, f64)]) -> Vec<ArrayRef> {
+        let n = rows.len();
+        vec![
+            Arc::new(UInt64Array::from(vec![1u64; n])) as ArrayRef,
+            Arc::new(UInt64Array::from(vec![1u64; n])),
+            Arc::new(UInt64Array::from(vec![42u64; n])),
+            Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.0))),
+        ]
+    }
+
+    /// The one entry's key and total of an evaluated list, as bits.
+    fn key_and_total(list: &ArrayRef) -> (u64, u64) {
+        let list = list.as_list::<i32>();
+        assert_eq!(list.len(), 1);
+        let v = list.value(0);
+        let s = v.as_struct();
+        assert_eq!(s.len(), 1, "one entry");
+        let key = s.column(0).as_primitive::<Float64Type>().value(0);
+        let total = s.column(1).as_primitive::<Float64Type>().value(0);
+        (key.to_bits(), total.to_bits())
+    }
+
+    /// Round 48, review "topgroups" F1: a unit's entry stores its group key canonical (0.0 for a
+    /// −0.0 or 0.0 key, which the group hash folds into one entry): partial states of the rows
+    /// (x = −0.0) and (x = 0.0) merged in either order, the rows updated in either order, or
+    /// converted row by row, emit the key 0.0, bit for bit. (Before, the first row's or the
+    /// first merged state's key was kept: −0.0 or 0.0 by arrival order.)
+    #[test]
+    fn an_entrys_float_key_is_canonical_whatever_arrives_first() {
+        let grid = Grid::for_bounds(0.0, 10.0);
+        let (neg, pos) = ((-0.0, 1.0), (0.0, 2.0));
+        let mut seen = vec![];
+        for (a, b) in [(neg, pos), (pos, neg)] {
+            let mut merged = float_keyed(grid);
+            for row in [a, b] {
+                let mut part = float_keyed(grid);
+                part.update_batch(&float_rows(&[row]), &[0], None, 1)
+                    .unwrap();
+                let state = part.state(EmitTo::All).unwrap();
+                merged.merge_batch(&state, &[0], 1).unwrap();
+            }
+            seen.push(key_and_total(&merged.evaluate(EmitTo::All).unwrap()));
+            let mut updated = float_keyed(grid);
+            updated
+                .update_batch(&float_rows(&[a, b]), &[0, 0], None, 1)
+                .unwrap();
+            seen.push(key_and_total(&updated.evaluate(EmitTo::All).unwrap()));
+            let mut converted = float_keyed(grid);
+            let state = converted
+                .convert_to_state(&float_rows(&[a, b]), None)
+                .unwrap();
+            converted.merge_batch(&state, &[0, 0], 1).unwrap();
+            seen.push(key_and_total(&converted.evaluate(EmitTo::All).unwrap()));
+        }
+        assert!(
+            seen.iter()
+                .all(|&(key, total)| key == 0.0f64.to_bits() && total == 3.0f64.to_bits()),
+            "{seen:x?}"
+        );
+    }
+
+    /// Round 48, review "topgroups" F2: an entry's total is one value whatever order its partial
+    /// states merge in: three states of one (unit, group) holding values that cancel in floating
+    /// point (1e300 and −1e300 beside 5, 0.1 beside −0.1, a tiny 1e−30), merged in all 6 orders,
+    /// give one total, bit for bit, and it is the exact sum on the grid of [0, 10]: 5 (1e300 and
+    /// −1e300 clamp to ±2^80 steps and cancel; −0.1 is the negation of 0.1 on the grid; 1e−30 is
+    /// below half a step). A float sum in arrival order gave 0 or 5 by the order. Also when the
+    /// same values come as rows in any order, or converted row by row.
+    #[test]
+    fn an_entrys_total_is_one_value_in_all_6_orders_of_3_partial_states() {
+        let grid = Grid::for_bounds(0.0, 10.0);
+        let parts: [&[(f64, f64)]; 3] = [
+            &[(1.5, 1e300), (1.5, 0.1)],
+            &[(1.5, -1e300), (1.5, 1e-30)],
+            &[(1.5, 5.0), (1.5, -0.1)],
+        ];
+        let states: Vec<Vec<ArrayRef>> = parts
+            .iter()
+            .map(|rows| {
+                let mut a = float_keyed(grid);
+                let n = rows.len();
+                a.update_batch(&float_rows(rows), &vec![0; n], None, 1)
+                    .unwrap();
+                a.state(EmitTo::All).unwrap()
+            })
+            .collect();
+        let mut totals = std::collections::BTreeSet::new();
+        for order in orders(3) {
+            let mut merged = float_keyed(grid);
+            for &i in &order {
+                merged.merge_batch(&states[i], &[0], 1).unwrap();
+            }
+            totals.insert(key_and_total(&merged.evaluate(EmitTo::All).unwrap()).1);
+            // The same values as rows, in this order of the parts, and each part's rows reversed.
+            let rows: Vec<(f64, f64)> = order
+                .iter()
+                .flat_map(|&i| parts[i].iter().rev().copied())
+                .collect();
+            let mut updated = float_keyed(grid);
+            updated
+                .update_batch(&float_rows(&rows), &vec![0; rows.len()], None, 1)
+                .unwrap();
+            totals.insert(key_and_total(&updated.evaluate(EmitTo::All).unwrap()).1);
+            let mut converted = float_keyed(grid);
+            let state = converted
+                .convert_to_state(&float_rows(&rows), None)
+                .unwrap();
+            converted
+                .merge_batch(&state, &vec![0; rows.len()], 1)
+                .unwrap();
+            totals.insert(key_and_total(&converted.evaluate(EmitTo::All).unwrap()).1);
+        }
+        let totals: Vec<f64> = totals.into_iter().map(f64::from_bits).collect();
+        assert_eq!(totals, vec![5.0]);
+    }
+
     /// The key is never printed.
     #[test]
     fn the_sample_key_is_never_printed() {
         let key = [0x0123_4567_89ab_cdef_u64, 0x0fed_cba9_8765_4321];
-        let f = top_groups_udaf(layout(), key);
+        let f = top_groups_udaf(layout(), vec![grid()], key);
         let shown = format!("{f:?}");
         for k in key {
             assert!(!shown.contains(&k.to_string()), "{shown}");
