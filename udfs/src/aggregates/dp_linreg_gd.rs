@@ -767,24 +767,17 @@ mod tests {
 
     use datafusion::arrow::array::{Array, Float64Array, Int64Array, ListArray};
     use datafusion::arrow::datatypes::{Field, Float64Type, Schema};
-    use datafusion::arrow::record_batch::RecordBatch;
-    use datafusion::datasource::MemTable;
-    use datafusion::prelude::{SessionConfig, SessionContext};
+    use datafusion::prelude::SessionContext;
 
     use super::*;
+    use crate::aggregates::test_support::{lcg, one_model, session_over};
     use crate::optim::kernel;
 
     /// A table `t(id, x, y)`: x in [−1, 1), y = 0.5·x + 0.2 plus a little spread (test data from
     /// a fixed LCG, not noise), in `parts` partitions, with `dp_linreg_gd` under a fixed
     /// (insecure) seed.
     fn table(n: usize, parts: usize) -> SessionContext {
-        let mut state = 48u64;
-        let mut next = || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut next = lcg(48);
         let rows: Vec<(i64, f64, f64)> = (0..n as i64)
             .map(|i| {
                 let x = 2.0 * next() - 1.0;
@@ -796,38 +789,24 @@ mod tests {
             Field::new("x", DataType::Float64, false),
             Field::new("y", DataType::Float64, false),
         ]));
-        let batches = rows
-            .chunks(n.div_ceil(parts).max(1))
-            .map(|c| {
-                vec![
-                    RecordBatch::try_new(
-                        Arc::clone(&schema),
-                        vec![
-                            Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.0))),
-                            Arc::new(Float64Array::from_iter_values(c.iter().map(|r| r.1))),
-                            Arc::new(Float64Array::from_iter_values(c.iter().map(|r| r.2))),
-                        ],
-                    )
-                    .unwrap(),
-                ]
-            })
-            .collect();
-        let ctx = SessionContext::new_with_config(
-            SessionConfig::new()
-                .with_target_partitions(parts)
-                .with_batch_size(128),
-        );
-        ctx.register_udaf(DpLinregGd::with_insecure_seed(48).into());
-        ctx.register_table("t", Arc::new(MemTable::try_new(schema, batches).unwrap()))
-            .unwrap();
-        ctx
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.2))),
+        ];
+        session_over(
+            "t",
+            schema,
+            columns,
+            parts,
+            128,
+            DpLinregGd::with_insecure_seed(48).into(),
+        )
     }
 
     /// The model a one-row query returns, as its scalar.
     async fn model(ctx: &SessionContext, sql: &str) -> ScalarValue {
-        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
-        ScalarValue::try_from_array(batches[0].column(0), 0).unwrap()
+        one_model(ctx, sql).await
     }
 
     /// Literal parameters: ε = 1 and, with `units`, the unit-level neighbours after the

@@ -578,22 +578,15 @@ mod tests {
 
     use datafusion::arrow::array::{Array, AsArray, Float64Array, Int64Array, ListArray};
     use datafusion::arrow::datatypes::{Field, Float64Type, Schema};
-    use datafusion::arrow::record_batch::RecordBatch;
-    use datafusion::datasource::MemTable;
-    use datafusion::prelude::{SessionConfig, SessionContext};
+    use datafusion::prelude::SessionContext;
 
     use super::*;
+    use crate::aggregates::test_support::{lcg, one_model, session_over};
 
     /// A `patients`-like table: `id`, `age` in [20, 90) and `disease` 0/1 independent of age
     /// (test data from a fixed LCG, not noise), in `parts` partitions.
     fn patients(n: usize, parts: usize, seed: u64) -> SessionContext {
-        let mut state = seed;
-        let mut next = || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut next = lcg(seed);
         let rows: Vec<(i64, f64, i64)> = (0..n as i64)
             .map(|i| (i, 20.0 + (70.0 * next()).floor(), i64::from(next() < 0.3)))
             .collect();
@@ -602,41 +595,24 @@ mod tests {
             Field::new("age", DataType::Float64, false),
             Field::new("disease", DataType::Int64, false),
         ]));
-        let batches = rows
-            .chunks(n.div_ceil(parts).max(1))
-            .map(|c| {
-                vec![
-                    RecordBatch::try_new(
-                        Arc::clone(&schema),
-                        vec![
-                            Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.0))),
-                            Arc::new(Float64Array::from_iter_values(c.iter().map(|r| r.1))),
-                            Arc::new(Int64Array::from_iter_values(c.iter().map(|r| r.2))),
-                        ],
-                    )
-                    .unwrap(),
-                ]
-            })
-            .collect();
-        let ctx = SessionContext::new_with_config(
-            SessionConfig::new()
-                .with_target_partitions(parts)
-                .with_batch_size(256),
-        );
-        ctx.register_udaf(DpLogregAgd::with_insecure_seed(48).into());
-        ctx.register_table(
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+        ];
+        session_over(
             "patients",
-            Arc::new(MemTable::try_new(schema, batches).unwrap()),
+            schema,
+            columns,
+            parts,
+            256,
+            DpLogregAgd::with_insecure_seed(48).into(),
         )
-        .unwrap();
-        ctx
     }
 
     /// The model a one-row query returns, as its scalar.
     async fn model(ctx: &SessionContext, sql: &str) -> ScalarValue {
-        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
-        ScalarValue::try_from_array(batches[0].column(0), 0).unwrap()
+        one_model(ctx, sql).await
     }
 
     /// Round 48, review "agd", finding 1: the reviewer's query (`splits => 3`, `gamma =>

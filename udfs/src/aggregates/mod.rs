@@ -178,4 +178,6 @@ pub fn dp_call_cost_with_data(
 }
 
 #[cfg(test)]
+pub(crate) mod test_support;
+#[cfg(test)]
 mod tests;
