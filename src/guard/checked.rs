@@ -334,8 +334,8 @@ async fn settle(
         let widest: Vec<u64> = (0..arrow_schema.fields().len())
             .map(|c| {
                 batches.iter().fold(0u64, |w, b| {
-                    let a = b.column(c);
-                    (0..a.len()).fold(w, |w, r| w.max(super::sized::value_bytes(a, r)))
+                    let per_row = super::table::value_bytes_per_row(b.column(c));
+                    per_row.into_iter().fold(w, u64::max)
                 })
             })
             .collect();

@@ -473,8 +473,9 @@ fn bound(name: &str, args: &[ColumnarValue], rows: u64) -> Size {
     }
 }
 
-/// The bytes of each row's value of `v`: its width, its string's or binary's length, or the
-/// bytes of its slice.
+/// The bytes of each row's value of `v`: its width, or the one measure of a value's bytes
+/// ([`super::table::value_bytes_per_row`], round 49: before, a nested value's slice, which
+/// counted the whole child buffer it shares).
 fn row_bytes(v: &ColumnarValue) -> PerRow<u64> {
     match v {
         ColumnarValue::Scalar(s) => PerRow::All(scalar_bytes(s)),
@@ -482,7 +483,7 @@ fn row_bytes(v: &ColumnarValue) -> PerRow<u64> {
             if let Some(w) = a.data_type().primitive_width() {
                 return PerRow::All(w as u64);
             }
-            PerRow::Each((0..a.len()).map(|i| value_bytes(a, i)).collect())
+            PerRow::Each(super::table::value_bytes_per_row(a))
         }
     }
 }
@@ -496,26 +497,6 @@ fn scalar_bytes(s: &ScalarValue) -> u64 {
         | ScalarValue::LargeBinary(Some(b))
         | ScalarValue::BinaryView(Some(b)) => b.len() as u64,
         s => s.size() as u64,
-    }
-}
-
-/// The bytes of row `i`'s value of `a` (0 for NULL).
-pub(super) fn value_bytes(a: &ArrayRef, i: usize) -> u64 {
-    if a.is_null(i) {
-        return 0;
-    }
-    match a.data_type() {
-        DataType::Utf8 => a.as_string::<i32>().value(i).len() as u64,
-        DataType::LargeUtf8 => a.as_string::<i64>().value(i).len() as u64,
-        DataType::Utf8View => a.as_string_view().value(i).len() as u64,
-        DataType::Binary => a.as_binary::<i32>().value(i).len() as u64,
-        DataType::LargeBinary => a.as_binary::<i64>().value(i).len() as u64,
-        DataType::BinaryView => a.as_binary_view().value(i).len() as u64,
-        _ => a
-            .slice(i, 1)
-            .to_data()
-            .get_slice_memory_size()
-            .map_or(u64::MAX, |n| n as u64),
     }
 }
 

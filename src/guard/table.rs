@@ -503,13 +503,16 @@ fn replace_rows(a: &ArrayRef, rows: &[usize], with: &ArrayRef) -> Result<ArrayRe
     Ok(make_array(out.freeze()))
 }
 
-/// The bytes of each row's value of `a`, the one measure of [`ValueCap`] (docs/CATALOG.md,
-/// `max_value_bytes`): a string's or binary's length in bytes
-/// ([`super::sized::value_bytes`], which the runtime bounds of `Sized` use too); a fixed-width
-/// value's width ([`super::fragment::fixed_width`], as the guard counts it); a list's, map's or
-/// struct's, the sum of its items' or fields' bytes; a dictionary's or run-end encoded value's,
-/// its value's bytes. A NULL string, binary, list or struct takes 0. Measured on the row alone,
-/// never on the buffers it shares with other rows.
+/// The bytes of each row's value of `a`, the one measure of a value's size: [`ValueCap`]'s
+/// (docs/CATALOG.md, `max_value_bytes`), the runtime bounds of `Sized` calls
+/// (`super::sized`) and the audit's widest public value (`super::checked`). A string's or
+/// binary's length in bytes; a fixed-width value's width ([`super::fragment::fixed_width`], as
+/// the guard counts it); a list's or map's, the sum of its items' bytes, each item with the
+/// bytes its container spends on it ([`item_overhead`]: an offset, a view, a dictionary key;
+/// round 49), so that a list of empty strings or empty lists is not free; a struct's, the sum of
+/// its fields'; a dictionary's or run-end encoded value's, its value's bytes. A NULL string,
+/// binary, list or struct takes 0. Measured on the row alone, never on the buffers it shares
+/// with other rows.
 pub fn value_bytes_per_row(a: &ArrayRef) -> Vec<u64> {
     let n = a.len();
     let t = a.data_type();
@@ -518,6 +521,7 @@ pub fn value_bytes_per_row(a: &ArrayRef) -> Vec<u64> {
     }
     // The items in `offsets[i]..offsets[i] + sizes[i]`, summed per row (NULL rows: 0).
     let items = |child: &ArrayRef, range: &dyn Fn(usize) -> (usize, usize)| -> Vec<u64> {
+        let extra = item_overhead(child.data_type());
         let inner = value_bytes_per_row(child);
         (0..n)
             .map(|i| {
@@ -525,9 +529,10 @@ pub fn value_bytes_per_row(a: &ArrayRef) -> Vec<u64> {
                     return 0;
                 }
                 let (from, to) = range(i);
-                inner
-                    .get(from..to)
-                    .map_or(0, |s| s.iter().fold(0u64, |x, y| x.saturating_add(*y)))
+                inner.get(from..to).map_or(0, |s| {
+                    s.iter()
+                        .fold(0u64, |x, y| x.saturating_add(y.saturating_add(extra)))
+                })
             })
             .collect()
     };
@@ -601,9 +606,49 @@ pub fn value_bytes_per_row(a: &ArrayRef) -> Vec<u64> {
             DataType::Int16 => runs::<Int16Type>(a),
             DataType::Int32 => runs::<Int32Type>(a),
             DataType::Int64 => runs::<Int64Type>(a),
-            _ => (0..n).map(|i| super::sized::value_bytes(a, i)).collect(),
+            _ => (0..n).map(|i| leaf_bytes(a, i)).collect(),
         },
-        _ => (0..n).map(|i| super::sized::value_bytes(a, i)).collect(),
+        _ => (0..n).map(|i| leaf_bytes(a, i)).collect(),
+    }
+}
+
+/// The bytes a list or map spends on each of its items beyond the item's own
+/// ([`value_bytes_per_row`]): the offset of a string, binary, list or map (4, or 8 for the
+/// large ones), a view (16; a list view's offset and size), a dictionary's key, and 1 for an
+/// item whose type takes no bytes (NULL, an empty struct), as `fixed_width` counts a
+/// fixed-size list's; 0 for a fixed-width item, whose width is already its bytes.
+fn item_overhead(t: &DataType) -> u64 {
+    match t {
+        DataType::Utf8 | DataType::Binary | DataType::List(_) | DataType::Map(_, _) => 4,
+        DataType::LargeUtf8 | DataType::LargeBinary | DataType::LargeList(_) => 8,
+        DataType::ListView(_) => 8,
+        DataType::Utf8View | DataType::BinaryView | DataType::LargeListView(_) => 16,
+        DataType::Dictionary(k, _) => k.primitive_width().map_or(8, |w| w as u64),
+        t => match super::fragment::fixed_width(t) {
+            Some(0) => 1,
+            _ => 0,
+        },
+    }
+}
+
+/// The bytes of row `i`'s value of a leaf array (0 for NULL): a string's or binary's length, or
+/// the bytes of its one-row slice for a type [`value_bytes_per_row`] does not take apart.
+fn leaf_bytes(a: &ArrayRef, i: usize) -> u64 {
+    if a.is_null(i) {
+        return 0;
+    }
+    match a.data_type() {
+        DataType::Utf8 => a.as_string::<i32>().value(i).len() as u64,
+        DataType::LargeUtf8 => a.as_string::<i64>().value(i).len() as u64,
+        DataType::Utf8View => a.as_string_view().value(i).len() as u64,
+        DataType::Binary => a.as_binary::<i32>().value(i).len() as u64,
+        DataType::LargeBinary => a.as_binary::<i64>().value(i).len() as u64,
+        DataType::BinaryView => a.as_binary_view().value(i).len() as u64,
+        _ => a
+            .slice(i, 1)
+            .to_data()
+            .get_slice_memory_size()
+            .map_or(u64::MAX, |n| n as u64),
     }
 }
 
@@ -736,7 +781,8 @@ mod tests {
         let offsets = datafusion::arrow::buffer::OffsetBuffer::new(vec![0, 2, 3, 4].into());
         let field = Arc::new(Field::new("item", DataType::Utf8, true));
         let list: ArrayRef = Arc::new(ListArray::new(field, offsets, Arc::new(strings), None));
-        assert_eq!(value_bytes_per_row(&list), vec![1200, 1, 1]);
+        // Each string item with its 4-byte offset (round 49).
+        assert_eq!(value_bytes_per_row(&list), vec![1208, 5, 5]);
         let got = capped(list, true);
         assert!(got.is_null(0) && got.is_valid(1) && got.is_valid(2));
         assert_eq!(got.as_list::<i32>().values().len(), 2, "the items are gone");
@@ -794,6 +840,29 @@ mod tests {
             ),
         ]));
         assert_eq!(value_bytes_per_row(&structs), vec![608, 9]);
+    }
+
+    /// A list of empty items is not free: a million empty strings or empty lists in one row take
+    /// their offsets (4 MB) and are over the cap, as their buffers are (round 49).
+    #[test]
+    fn empty_items_count_their_offsets() {
+        let n = 1_000_000usize;
+        let one_row = |child: ArrayRef| -> ArrayRef {
+            let field = Arc::new(Field::new("item", child.data_type().clone(), true));
+            let offsets = datafusion::arrow::buffer::OffsetBuffer::new(vec![0i32, n as i32].into());
+            Arc::new(ListArray::new(field, offsets, child, None))
+        };
+        let empty_strings = one_row(Arc::new(StringArray::from(vec![""; n])));
+        assert_eq!(value_bytes_per_row(&empty_strings), vec![4 * n as u64]);
+        let empty_lists = one_row(Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
+            (0..n).map(|_| Some(Vec::<Option<i32>>::new())),
+        )));
+        assert_eq!(value_bytes_per_row(&empty_lists), vec![4 * n as u64]);
+        let nulls = one_row(Arc::new(datafusion::arrow::array::NullArray::new(n)));
+        assert_eq!(value_bytes_per_row(&nulls), vec![n as u64]);
+        for a in [empty_strings, empty_lists, nulls] {
+            assert!(capped(a, true).is_null(0), "over the cap, NULL");
+        }
     }
 
     /// A sliced batch (a reader's) is measured on its own rows.
