@@ -354,10 +354,16 @@ fn unit_join(j: &Join, out: &mut Region, cx: &mut Cx, table: &str) -> Result<Log
     if let Some(f) = &j.filter {
         check_fragment(f, &j.schema, "the JOIN condition", table)?;
     }
+    // The other tables, each once and never the region's own (round 49, review
+    // "composition", F1): a table joined with itself on its unit (or one file under two names,
+    // one ledger key) spends its budget once, as one table does: every joined row belongs to
+    // one unit, and the pre-bound and the bounding cap that unit's pairs as they cap its rows.
+    for t in std::iter::once(rt).chain(left.also).chain(right.also) {
+        if t.key != lt.key && !out.also.iter().any(|o| o.key == t.key) {
+            out.also.push(t);
+        }
+    }
     out.table = Some(lt);
-    out.also.push(rt);
-    out.also.extend(left.also);
-    out.also.extend(right.also);
     out.private_filter = true;
     let filter = match &j.filter {
         Some(f) => Some(super::total::wrap(f.clone(), &j.schema)?),

@@ -1517,8 +1517,15 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
     // session's default), capped so that its additive δ (half of it) is at most the table's
     // default share δ_sel/1000 (docs/ACCOUNTING.md, "Partition selection"): 1,000 GROUP BYs fit
     // a table's lifetime by default, and a call that names its `delta` chooses.
-    let min_delta = min_delta.map(|d| match table.selection_delta {
-        Some(cap) if cap > 0.0 && !named_delta => d.min(2.0 * cap),
+    // Over a unit join, the least cap of the joined tables, each of which the selection charges
+    // (round 49, review "composition", F2: the left table's alone made the charge to the others
+    // follow the join's order).
+    let cap = std::iter::once(&table)
+        .chain(&below.also)
+        .filter_map(|t| t.selection_delta.filter(|c| *c > 0.0))
+        .reduce(f64::min);
+    let min_delta = min_delta.map(|d| match cap {
+        Some(cap) if !named_delta => d.min(2.0 * cap),
         _ => d,
     });
     let Some(delta) = min_delta else {

@@ -553,6 +553,72 @@ async fn joins_admitted_and_refused() {
     }
 }
 
+/// Round 49, review "composition": a table joined with itself on its unit (or one file under
+/// two names) spends its budget once, as the same release over the table alone does (F1: it
+/// was charged twice); and a unit join's partition selection caps its δ by the least default
+/// of the joined tables, whichever side each is on (F2: the left table's cap alone set it).
+#[tokio::test]
+async fn a_self_join_spends_once_and_the_selection_delta_ignores_the_join_order() {
+    let t: Vec<(i64, i64, f64)> = (0..600).map(|i| (i % 6, i / 3, 10.0)).collect();
+    let v: Vec<(i64, i64, f64)> = (0..400).map(|i| (i % 4, i / 2, 1.0)).collect();
+    let spent = |s: &PrivateSession, name: &str| {
+        s.budget()
+            .into_iter()
+            .find(|r| r.name == name)
+            .map(|r| r.spent)
+            .unwrap()
+    };
+    let (t, v) = (&t, &v);
+    let open = |tag: &'static str| async move {
+        let (s, dir) = session(tag).await;
+        s.register_batches("t", vec![batch(t)], unit_level().unit_domain("person"))
+            .unwrap();
+        // Another table of the same people whose budget's δ is 100 times smaller: its default
+        // selection cap is too.
+        s.register_batches(
+            "v",
+            vec![batch(v)],
+            unit_level().unit_domain("person").budget(1e6, 1e-7),
+        )
+        .unwrap();
+        (s, dir)
+    };
+    // F1. The same count over t alone, and over t joined with itself.
+    let (alone, _d1) = open("units-self-alone").await;
+    alone
+        .sql("SELECT dp_count(amount, epsilon => 1) FROM t")
+        .await
+        .unwrap();
+    let (joined, _d2) = open("units-self-joined").await;
+    let r = joined
+        .sql("SELECT dp_count(x.amount, epsilon => 1) FROM t x JOIN t y ON x.unit = y.unit")
+        .await
+        .unwrap();
+    assert_eq!(r.batches[0].num_rows(), 1);
+    assert!(spent(&alone, "t") > 0.0);
+    assert_eq!(
+        spent(&joined, "t"),
+        spent(&alone, "t"),
+        "a self-join on the unit spends t's budget once"
+    );
+    // F2. One GROUP BY on a private column over t JOIN v, then over v JOIN t: each table is
+    // charged the same, whatever side it is on.
+    let mut by_order = Vec::new();
+    for (tag, from) in [
+        ("units-sel-tv", "t JOIN v ON t.unit = v.unit"),
+        ("units-sel-vt", "v JOIN t ON v.unit = t.unit"),
+    ] {
+        let (s, _d) = open(tag).await;
+        let sql = format!("SELECT t.g, dp_count(t.amount, epsilon => 1) FROM {from} GROUP BY t.g");
+        s.sql(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        by_order.push((spent(&s, "t"), spent(&s, "v")));
+    }
+    assert_eq!(
+        by_order[0], by_order[1],
+        "the charges follow the join's order"
+    );
+}
+
 /// Public key sets (issue 18): a RIGHT JOIN onto a public table, grouped by its columns, releases
 /// exactly one group per public value (an empty one with noise around 0), with no partition
 /// selection and no δ for it, on row-level and unit-level tables alike.
