@@ -753,8 +753,89 @@ fn prebound_unit_column(plan: &LogicalPlan) -> Option<Column> {
 /// entries, each stored as met, so each entry's rows read one value); floats nested in structs or
 /// lists and dictionaries of floats are folded by neither DataFusion's GROUP BY nor the hash
 /// (row format, by value), so ±0 there are two groups and two entries, each again one value.
+///
+/// Round 49 (review "types", L1): a NULL struct's fields are made NULL too, at every depth
+/// ([`null_hidden_fields`]). The row format, and so the hash and DataFusion's grouping, sees
+/// every NULL struct as one value whatever its fields hold, while `get_field` reads the fields
+/// without the struct's NULL: an entry stored with the first row's hidden fields would let a
+/// row-level call read the first row's value. Nulling them changes no group (the row format
+/// never saw them), so the folding above stays DataFusion's.
 pub(super) fn canonical_key(column: &ArrayRef) -> ArrayRef {
-    datafusion::common::utils::normalize_float_zero(column)
+    null_hidden_fields(&datafusion::common::utils::normalize_float_zero(column))
+}
+
+/// `a` with the fields under each NULL struct made NULL, through structs, lists and maps at every
+/// depth; `a` itself (the same buffers) when no struct in it hides a value.
+fn null_hidden_fields(a: &ArrayRef) -> ArrayRef {
+    use datafusion::arrow::array::{
+        FixedSizeListArray, LargeListArray, ListArray, MapArray, StructArray, make_array,
+    };
+    use datafusion::arrow::buffer::NullBuffer;
+    match a.data_type() {
+        DataType::Struct(fields) => {
+            let s = a.as_struct();
+            let parent = s.nulls();
+            let columns: Vec<ArrayRef> = s
+                .columns()
+                .iter()
+                .map(|c| {
+                    let c = null_hidden_fields(c);
+                    let nulls = NullBuffer::union(parent, c.nulls());
+                    if parent.is_none()
+                        || matches!(c.data_type(), DataType::Null)
+                        || nulls.as_ref().map(NullBuffer::null_count)
+                            == c.nulls().map(NullBuffer::null_count)
+                    {
+                        return c;
+                    }
+                    match c.to_data().into_builder().nulls(nulls).build() {
+                        Ok(d) => make_array(d),
+                        Err(_) => c,
+                    }
+                })
+                .collect();
+            Arc::new(StructArray::new(fields.clone(), columns, parent.cloned()))
+        }
+        DataType::List(f) => {
+            let l = a.as_list::<i32>();
+            Arc::new(ListArray::new(
+                f.clone(),
+                l.offsets().clone(),
+                null_hidden_fields(l.values()),
+                l.nulls().cloned(),
+            ))
+        }
+        DataType::LargeList(f) => {
+            let l = a.as_list::<i64>();
+            Arc::new(LargeListArray::new(
+                f.clone(),
+                l.offsets().clone(),
+                null_hidden_fields(l.values()),
+                l.nulls().cloned(),
+            ))
+        }
+        DataType::FixedSizeList(f, k) => {
+            let l = a.as_fixed_size_list();
+            Arc::new(FixedSizeListArray::new(
+                f.clone(),
+                *k,
+                null_hidden_fields(l.values()),
+                l.nulls().cloned(),
+            ))
+        }
+        DataType::Map(f, sorted) => {
+            let m = a.as_map();
+            let entries = null_hidden_fields(&(Arc::new(m.entries().clone()) as ArrayRef));
+            Arc::new(MapArray::new(
+                f.clone(),
+                m.offsets().clone(),
+                entries.as_struct().clone(),
+                m.nulls().cloned(),
+                *sorted,
+            ))
+        }
+        _ => Arc::clone(a),
+    }
 }
 
 /// `__dpfusion_unit_group_key(unit, g…)`: SipHash-2-4 (Aumasson and Bernstein, "SipHash: a fast
@@ -1478,6 +1559,41 @@ fn expose(plan: &LogicalPlan, column: &str, table: &TableInfo) -> Result<(Logica
 mod tests {
     use super::*;
     use datafusion::arrow::array::Int64Array;
+
+    /// Round 49 (review "types", L1): a NULL struct's hidden fields are NULL in the key a unit's
+    /// entry stores, so no row-level call reads the first row's hidden value; visible values,
+    /// and NULL structs inside lists, are canonical alike.
+    #[test]
+    fn a_null_structs_hidden_fields_are_null_in_the_stored_key() {
+        use datafusion::arrow::array::{AsArray, StructArray};
+        use datafusion::arrow::buffer::NullBuffer;
+        let fields = vec![Arc::new(Field::new("a", DataType::Int64, true))];
+        let child: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3]));
+        let s: ArrayRef = Arc::new(StructArray::new(
+            fields.into(),
+            vec![child],
+            Some(NullBuffer::from(vec![true, false, true])),
+        ));
+        let got = canonical_key(&s);
+        let a = got
+            .as_struct()
+            .column(0)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        assert_eq!(a.iter().collect::<Vec<_>>(), vec![Some(1), None, Some(3)]);
+        assert!(got.is_null(1) && got.is_valid(0));
+        // The same inside a list: the item's hidden field is NULL too.
+        let offsets = datafusion::arrow::buffer::OffsetBuffer::new(vec![0i32, 3].into());
+        let item = Arc::new(Field::new("item", s.data_type().clone(), true));
+        let list: ArrayRef = Arc::new(datafusion::arrow::array::ListArray::new(
+            item, offsets, s, None,
+        ));
+        let got = canonical_key(&list);
+        let items = got.as_list::<i32>().values().as_struct().column(0).clone();
+        assert!(items.is_null(1) && items.is_valid(0));
+        // Nothing hidden: the same array back.
+        let plain: ArrayRef = Arc::new(Int64Array::from(vec![1, 2]));
+        assert!(Arc::ptr_eq(&canonical_key(&plain), &plain) || canonical_key(&plain) == plain);
+    }
 
     #[test]
     fn the_group_key_is_never_printed() {
