@@ -2693,3 +2693,167 @@ fn keys_of_copies(n: usize, distinct: bool) -> String {
         names.join(", ")
     )
 }
+
+// ---- round 49: work per row that grows faster than the row (review "surface" F1) -------------
+
+/// Round 49 (review "surface" F1): the trims took the characters to remove from the row, and
+/// DataFusion compares every character trimmed with every character of the set, so
+/// `btrim(s, concat(upper(s), s))` cost the square of one private value (0.12 s without and
+/// 16.2 s with one 60 KB row, per call, debug build); `strpos` with a substring from the row
+/// compares it at every position (here: 16 calls in each of 32 aggregates took 13.4 s with such a
+/// row and 1.0 s without). Every spelling of a trim with a set from the row, and of `strpos` with a
+/// substring from the row, is refused at planning, naming what to write instead, with the same
+/// message on D and D′, before anything is read or charged; the review's attack among them.
+/// A literal set of at most 64 characters (and a literal substring) is admitted and counts what
+/// the same function counts over the public copy of the table.
+#[tokio::test]
+async fn r49_trim_sets_and_strpos_substrings_over_private_rows_are_literals() {
+    let dir = temp_dir("r49-trim-sets");
+    let rows: String = (0..50).map(|i| format!("{i},abc,k\n")).collect();
+    let d = dir.join("d.csv");
+    let d_prime = dir.join("d_prime.csv");
+    std::fs::write(&d, format!("id,s,k\n{rows}")).unwrap();
+    std::fs::write(
+        &d_prime,
+        format!(
+            "id,s,k\n{rows}50,{},{}a\n",
+            "a".repeat(60_000),
+            "`".repeat(30_000)
+        ),
+    )
+    .unwrap();
+    let count = |cond: &str| format!("SELECT dp_count(id, 1.0) AS n FROM t WHERE {cond}");
+    // 64 characters, `'` among them (written twice in SQL), '`' the last.
+    let set64: String = ('!'..='`').collect::<String>().replace('\'', "''");
+    let refused = [
+        (
+            // The review's attack.
+            "SELECT dp_count(1, 0.1, 1e-8) FILTER (WHERE btrim(s, concat(upper(s), s)) = 'x') \
+             AS n FROM t"
+                .to_string(),
+            "btrim(s, characters) (also written trim(s, characters) or TRIM(BOTH characters \
+             FROM s)) whose characters to trim are not a literal",
+        ),
+        (count("btrim(s, k) = 'x'"), "btrim(s, characters)"),
+        (count("trim(s, k) = 'x'"), "btrim(s, characters)"),
+        (count("TRIM(BOTH k FROM s) = 'x'"), "btrim(s, characters)"),
+        (count("TRIM(k FROM s) = 'x'"), "btrim(s, characters)"),
+        (
+            count("TRIM(LEADING s || s FROM s) = 'x'"),
+            "ltrim(s, characters) (also written TRIM(LEADING characters FROM s))",
+        ),
+        (count("ltrim(s, k) = 'x'"), "ltrim(s, characters)"),
+        (
+            count("TRIM(TRAILING k FROM s) = 'x'"),
+            "rtrim(s, characters) (also written TRIM(TRAILING characters FROM s))",
+        ),
+        (count("rtrim(s, upper(k)) = 'x'"), "rtrim(s, characters)"),
+        // The value a literal, the set from the row.
+        (count("btrim('abc', s) = 'x'"), "btrim(s, characters)"),
+        // Computed in a subquery, passed on as a column.
+        (
+            "SELECT dp_count(v, 1.0) FROM (SELECT btrim(s, k) AS v FROM t)".to_string(),
+            "btrim(s, characters)",
+        ),
+        (
+            count(&format!("btrim(s, '{set64}a') = 'x'")),
+            "with 65 characters to trim (at most 64 over private rows, repeats counted",
+        ),
+        (
+            count("strpos(s, right(s, 30000)) > 0"),
+            "strpos(s, substring) (also written instr(s, substring)) whose substring is not a \
+             literal",
+        ),
+        (count("instr(s, k) > 0"), "whose substring is not a literal"),
+    ];
+    let mut messages: Vec<Vec<String>> = vec![];
+    for file in [&d, &d_prime] {
+        let ledger_dir = dir.join(format!("l{}", messages.len()));
+        std::fs::create_dir_all(&ledger_dir).unwrap();
+        let s = open(&ledger_dir, SessionOptions::default()).await;
+        s.register_csv("t", file, Registration::private())
+            .await
+            .unwrap();
+        let (scans, budget) = (s.scans("t"), format!("{:?}", s.budget()));
+        let mut these = vec![];
+        for (sql, needle) in &refused {
+            let e = s.sql(sql).await.expect_err(sql).to_string();
+            assert!(
+                e.contains("dpfusion refused the query") && e.contains(needle),
+                "{sql}: {e}"
+            );
+            these.push(e);
+        }
+        // This build plans no POSITION(x IN s) (DataFusion without `unicode_expressions`):
+        // refused on any table, from the query text alone.
+        let e = s
+            .sql(&count("POSITION(k IN s) > 0"))
+            .await
+            .expect_err("not planned")
+            .to_string();
+        assert!(e.contains("Position not supported"), "{e}");
+        these.push(e);
+        assert_eq!(s.scans("t"), scans, "nothing read");
+        assert_eq!(format!("{:?}", s.budget()), budget, "nothing charged");
+        // Literal sets (64 characters the most) and substrings run, also over the 60 KB row.
+        for cond in [
+            format!("btrim(s, '{set64}') = 'x'"),
+            // Every character of the 30,000 trimmed compared with the set's 64.
+            format!("btrim(k, '{set64}') = 'a'"),
+            "TRIM(BOTH 'ab' FROM s) = 'c'".to_string(),
+            "TRIM(LEADING 'a' FROM s) = 'bc'".to_string(),
+            "rtrim(s, NULL) IS NULL".to_string(),
+            "trim(s) = 'abc'".to_string(),
+            "strpos(s, 'bc') = 2".to_string(),
+        ] {
+            let sql = count(&cond);
+            let r = s.sql(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            assert_eq!(cells(&r).len(), 1);
+        }
+        messages.push(these);
+    }
+    assert_eq!(messages[0], messages[1], "the same refusals on D and D′");
+}
+
+/// Round 49: a literal trim set or substring counts over private rows what DataFusion's function
+/// counts over the public copy of the same table (the count at a large ε, rounded), in every
+/// spelling.
+#[tokio::test]
+async fn r49_literal_trim_sets_and_substrings_count_what_public_rows_count() {
+    let dir = temp_dir("r49-trim-counts");
+    let s = open(&dir, SessionOptions::default()).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let copy = dir.join("people_pub.csv");
+    std::fs::copy(people_csv(), &copy).unwrap();
+    s.register_csv("people_pub", &copy, Registration::public())
+        .await
+        .unwrap();
+    for (cond, expected) in [
+        ("btrim(dept, 'es') = 'al'", "50"),
+        ("trim(dept, 'es') = 'al'", "50"),
+        ("TRIM(BOTH 'sh' FROM dept) = 'r'", "50"),
+        ("TRIM('sh' FROM dept) = 'r'", "50"),
+        ("ltrim(dept, 'eo') IN ('ng', 'ps')", "100"),
+        ("TRIM(LEADING 'o' FROM dept) = 'ps'", "50"),
+        ("rtrim(dept, 'rs') IN ('h', 'op')", "100"),
+        ("TRIM(TRAILING 's' FROM dept) = 'op'", "50"),
+        ("strpos(dept, 'le') = 3", "50"),
+        ("instr(dept, 'p') = 2", "50"),
+    ] {
+        let private = s
+            .sql(&format!(
+                "SELECT CAST(round(dp_count(id, epsilon => 10000.0)) AS BIGINT) FROM people \
+                 WHERE {cond}"
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{cond}: {e}"));
+        let public = s
+            .sql(&format!("SELECT count(id) FROM people_pub WHERE {cond}"))
+            .await
+            .unwrap();
+        assert_eq!(cells(&private), cells(&public), "{cond}");
+        assert_eq!(cells(&public), [expected], "{cond}");
+    }
+}
