@@ -382,10 +382,27 @@ fn visit(plan: LogicalPlan, cx: &mut Cx) -> Result<LogicalPlan> {
     let plan = plan
         .map_subqueries(|sub| visit(sub, cx).map(Transformed::yes))?
         .data;
+    // The node's schema computed again from its new children: `map_children` keeps the old one,
+    // and the guard's rewrites below (a total wrapper, a partition selection) can make a column
+    // nullable that the query's plan had as NOT NULL. The stale schema then failed DataFusion's
+    // physical planner on every run (round 49, review "generator" F1: a DISTINCT over a release
+    // grouped by a CASE of literals was admitted, charged and always failed).
     let plan = plan
         .map_children(|child| visit(child, cx).map(Transformed::yes))?
         .data;
-    sort_after_combining(plan)
+    sort_after_combining(fresh_schema(plan)?)
+}
+
+/// `plan` with its schema derived again from its inputs ([`LogicalPlan::recompute_schema`]; a
+/// `UNION`'s too, which DataFusion's keeps as long as its width is unchanged): a column is
+/// nullable wherever an input's is.
+fn fresh_schema(plan: LogicalPlan) -> Result<LogicalPlan> {
+    match plan {
+        LogicalPlan::Union(u) => Ok(LogicalPlan::Union(
+            datafusion::logical_expr::Union::try_new_with_loose_types(u.inputs)?,
+        )),
+        plan => plan.recompute_schema(),
+    }
 }
 
 /// An operator that combines the rows of releases, sorted by all its (orderable) columns, and

@@ -488,3 +488,27 @@ async fn two_rgm_fits_sharing_a_written_list_are_admitted() {
     );
     assert_eq!(s.ledger().unwrap().len(), 1);
 }
+
+/// Round 49 (review "generator" F1): an operator over a release grouped by an expression that
+/// the query's plan had as NOT NULL (a CASE of literals, a concatenation with a literal) ran with
+/// its old schema, while the guard's total wrapper made the key nullable: DataFusion's physical
+/// planner refused the plan on every run, after the charge. Each now runs and releases.
+#[tokio::test]
+async fn operators_over_a_release_keyed_by_an_expression_run() {
+    let dir = temp_dir("nullable-keys");
+    let s = people(&dir).await;
+    for sql in [
+        "SELECT DISTINCT k0, v0 FROM (SELECT CASE WHEN age < 40 THEN 'young' ELSE 'old' END AS k0, \
+         dp_count(salary, epsilon => 1) AS v0 FROM people GROUP BY 1) r",
+        "SELECT k0, count(v0) AS n FROM (SELECT 'x' || dept AS k0, dp_count(salary, epsilon => 1) \
+         AS v0 FROM people GROUP BY 1) r GROUP BY k0",
+        "SELECT k0, v0 FROM (SELECT CASE WHEN age < 40 THEN 'young' ELSE 'old' END AS k0, \
+         dp_sum(salary, 0, 100000, epsilon => 1) AS v0 FROM people GROUP BY 1) r \
+         UNION SELECT 'none', 0.0",
+    ] {
+        let r = s.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert!(r.receipt.is_some(), "{sql}: charged");
+        let rows: usize = r.batches.iter().map(|b| b.num_rows()).sum();
+        assert!(rows >= 1, "{sql}: released rows");
+    }
+}
