@@ -420,13 +420,19 @@ fn bound(name: &str, args: &[ColumnarValue], rows: u64) -> Size {
                     .saturating_add(bytes.at(i))
             })
         }
-        // Each item's text (64 bytes for a number) with the separator and the NULL text.
+        // Each item's text with the separator and the NULL text: a fixed-width item's longest
+        // text (`fragment::fixed_text_bytes`, round 49: a flat 64 fell short of an interval's
+        // 76), a string's its bytes (counted in the list's bytes), and at least 64.
         "array_to_string" => {
             let (a, sep, null) = (arg(0).map_or(PerRow::All(0), leaves), len(1), len(2));
             let bytes = len(0);
+            let text = arg(0)
+                .map(|v| leaf_type(&v.data_type()))
+                .and_then(|t| super::fragment::fixed_width(&t).map(|_| t))
+                .map_or(64, |t| super::fragment::fixed_text_bytes(&t).max(64));
             sum(&|i| {
                 a.at(i)
-                    .saturating_mul(64u64.saturating_add(sep.at(i)).saturating_add(null.at(i)))
+                    .saturating_mul(text.saturating_add(sep.at(i)).saturating_add(null.at(i)))
                     .saturating_add(bytes.at(i))
             })
         }
@@ -522,6 +528,18 @@ fn counts(v: &ColumnarValue) -> PerRow<u64> {
 }
 
 /// The items (leaves, through nested lists) of each row's list.
+/// The item type of a list at its deepest level (`t` itself when it is not a list).
+fn leaf_type(t: &DataType) -> DataType {
+    match t {
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _) => leaf_type(f.data_type()),
+        t => t.clone(),
+    }
+}
+
 fn leaves(v: &ColumnarValue) -> PerRow<u64> {
     match v {
         ColumnarValue::Scalar(s) => match s.to_array() {
