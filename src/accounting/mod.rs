@@ -31,6 +31,7 @@ pub mod filter;
 mod ledger;
 mod policy;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -390,7 +391,14 @@ pub struct Receipt {
 /// of the budget, and what is left (docs/ACCOUNTING.md, "What the numbers mean").
 #[derive(Clone, Debug, Serialize)]
 pub struct ReceiptTable {
+    /// The table as the statement read it: the first of the names it read the table's file by
+    /// (round 49, review composition F3: the name registered last, which the statement may not
+    /// have written).
     pub name: String,
+    /// The other names the statement read the same file by (one table, one budget, charged
+    /// once); empty, and not sent, when it read one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub also_read_as: Vec<String>,
     /// Not sent to clients: a file table's key is a path on the data owner's machine.
     #[serde(skip)]
     pub key: TableKey,
@@ -425,6 +433,63 @@ pub struct ReceiptTable {
     pub filter: FilterKind,
 }
 
+impl ReceiptTable {
+    /// Every name the statement read the table by: [`ReceiptTable::name`], then
+    /// [`ReceiptTable::also_read_as`].
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.name.as_str()).chain(self.also_read_as.iter().map(String::as_str))
+    }
+}
+
+impl Receipt {
+    /// Every name of the tables charged, as the statement read them, in the receipt's order
+    /// (the REPL's prompt shows their budgets).
+    pub fn table_names(&self) -> Vec<String> {
+        self.tables
+            .iter()
+            .flat_map(ReceiptTable::names)
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+tokio::task_local! {
+    /// The receipt slot of the statement that runs in this task ([`ReceiptSlot::scope`]).
+    static RECEIPT_SLOT: ReceiptSlot;
+}
+
+/// Where the receipt of the statement that runs in a task is kept for its front end, from its
+/// admission on (round 49, review composition F4). A statement that fails, is cancelled or
+/// runs out of time after its admission has its charge, which stands: its front end (the REPL,
+/// `-c`, `dpfusion serve`) shows that charge from here as it shows a finished statement's
+/// receipt. The receipt is computed at admission, before any row is read, so it tells nothing
+/// of the data. Each statement has a slot of its own: on a server, no other analyst's statement
+/// writes to it (unlike [`crate::PrivateSession::take_last_receipt`], one for the session). The
+/// admission must run in the task the slot was scoped in (it does: a statement is admitted in
+/// its own task, before anything of it is spawned).
+#[derive(Clone, Debug, Default)]
+pub struct ReceiptSlot(std::sync::Arc<Mutex<Option<Receipt>>>);
+
+impl ReceiptSlot {
+    /// Runs `statement` with this slot as its receipt's: the receipt of a charge admitted in
+    /// it (its task) is put here.
+    pub async fn scope<F: std::future::Future>(&self, statement: F) -> F::Output {
+        RECEIPT_SLOT.scope(self.clone(), statement).await
+    }
+
+    /// Takes the receipt of the charge admitted in the scope (None: nothing was charged).
+    pub fn take(&self) -> Option<Receipt> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Puts `receipt` in the slot of the statement that runs in this task, if it has one.
+    fn put(receipt: &Receipt) {
+        let _ = RECEIPT_SLOT.try_with(|slot| {
+            *slot.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(receipt.clone());
+        });
+    }
+}
+
 /// The δ of the "default query" in which what is left is also shown as an ε where no session
 /// says another (`dpfusion ledger verify`/`report`, [`Accountant::budget_rows`]): the default
 /// of `dpfusion.default_delta`. A session passes its own setting ([`Accountant::admit_planned`],
@@ -456,7 +521,9 @@ pub struct PreviewRow {
     pub next_epsilon: f64,
 }
 
-/// One private table's budget state (`SHOW BUDGET`).
+/// One private table's budget state (`SHOW BUDGET`), under one of its names: a session that
+/// serves one file under several names has one row per name, each with the same numbers (one
+/// budget: [`Accountant::budget_rows_at`]; rows of one `key` are one budget).
 #[derive(Clone, Debug)]
 pub struct BudgetRow {
     pub name: String,
@@ -1045,6 +1112,9 @@ fn io_error(path: &Path) -> impl Fn(std::io::Error) -> AccountingError + '_ {
 /// The per-table accountant over one ledger file. Cheap to share (`Arc`); all methods take
 /// `&self`.
 pub struct Accountant {
+    /// The names this accountant's session serves each key under, sorted, as its registrations
+    /// told it (round 49, review composition F3): budget rows are shown under every one.
+    names: Mutex<BTreeMap<TableKey, Vec<String>>>,
     path: PathBuf,
     /// The witness file (docs/LEDGER.md), outside the ledger's directory; None: no witness.
     witness: Option<PathBuf>,
@@ -1065,7 +1135,10 @@ impl fmt::Debug for Accountant {
 
 /// One table's evaluation of a charge under its filter.
 struct Evaluation {
+    /// The table's policy; its `name`, the table as the statement read it ([`name_as_read`]).
     policy: TablePolicy,
+    /// The other names the statement read the table by.
+    also_read_as: Vec<String>,
     filter: Filter,
     events: Vec<Event>,
     before: Usage,
@@ -1426,6 +1499,7 @@ impl Accountant {
             }
         }
         let acc = Accountant {
+            names: Mutex::new(BTreeMap::new()),
             path: path.to_path_buf(),
             witness: witness.map(Path::to_path_buf),
             file,
@@ -1536,7 +1610,39 @@ impl Accountant {
     /// file is one table to the ledger, with one policy, and a name registered earlier would
     /// go on planning its statements under the old one (round 46, F2 of the review of its
     /// fixes: a row-level count under one name beside a unit policy under the other).
+    ///
+    /// The name it returns is then one of those this accountant's session serves the key under,
+    /// and no other key's ([`Accountant::budget_rows_at`]).
     pub fn register_table_beside(
+        &self,
+        policy: TablePolicy,
+        stated: FilterChoice,
+        relax: Option<&str>,
+        served: &[TablePolicy],
+    ) -> Result<TablePolicy, AccountingError> {
+        let registered = self.register_in_ledger(policy, stated, relax, served)?;
+        self.serve_name(&registered.key, &registered.name);
+        Ok(registered)
+    }
+
+    /// Notes that this accountant's session serves `key` under `name`, and `name` no other key
+    /// (a name registered again for another file): the one map from a key to its names, which
+    /// [`Accountant::budget_rows_at`] shows the key's budget under (round 49, review composition
+    /// F3: the rows showed the name registered last only).
+    fn serve_name(&self, key: &TableKey, name: &str) {
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        for v in names.values_mut() {
+            v.retain(|n| n != name);
+        }
+        names.retain(|_, v| !v.is_empty());
+        let v = names.entry(key.clone()).or_default();
+        v.push(name.to_string());
+        v.sort();
+    }
+
+    /// [`Accountant::register_table_beside`]'s check and record, in the ledger (or this
+    /// session's memory for a session-local key).
+    fn register_in_ledger(
         &self,
         mut policy: TablePolicy,
         stated: FilterChoice,
@@ -1745,7 +1851,10 @@ impl Accountant {
     /// after catching up, any of them the ledger no longer holds refuses the statement
     /// ([`AccountingError::PolicyChanged`]), nothing written (round 46). `default_delta` is the
     /// session's `dpfusion.default_delta`: the δ at which the receipt's and a refusal's next ε
-    /// are computed, and the one the δ refusal never suggests (round 47).
+    /// are computed, and the one the δ refusal never suggests (round 47). The receipt, the
+    /// charge's record and a refusal name each table as the statement read it, by the names of
+    /// `planned` ([`name_as_read`]; round 49). The receipt of a durable charge is also put in
+    /// the statement's [`ReceiptSlot`], if it has one (round 49).
     pub fn admit_planned(
         &self,
         query: &str,
@@ -1758,7 +1867,8 @@ impl Accountant {
         let mut st = self.state();
         let _lock = self.sync(&mut st)?;
         still_in_force(&mut st, planned)?;
-        let evals = evaluate(&st, charges)?;
+        let mut evals = evaluate(&st, charges)?;
+        name_as_read(&mut evals, planned);
         if let Some(e) = evals.iter().find(|e| !e.admitted()) {
             // The refusal's fixes calibrate the call again at many ε (a DP-SGD fit's noise by
             // its accountant each time): from the evaluation's own copies, after the ledger's
@@ -1833,18 +1943,12 @@ impl Accountant {
                 })
                 .collect(),
         };
-        ledger::append(
-            &self.file,
-            &self.path,
-            self.witness.as_deref(),
-            &mut st,
-            Record::Charge(entry),
-        )?;
-        Ok(Receipt {
+        let receipt = Receipt {
             tables: evals
                 .iter()
                 .map(|e| ReceiptTable {
                     name: e.policy.name.clone(),
+                    also_read_as: e.also_read_as.clone(),
                     key: e.policy.key.clone(),
                     requests: e.requests(requests),
                     native: e.native(),
@@ -1861,7 +1965,21 @@ impl Accountant {
                     filter: e.filter.kind,
                 })
                 .collect(),
-        })
+        };
+        let appended = ledger::append(
+            &self.file,
+            &self.path,
+            self.witness.as_deref(),
+            &mut st,
+            Record::Charge(entry),
+        );
+        // A durable charge (also one whose seals failed after it: `Unsealed`, the charge
+        // stands) has its receipt in the statement's slot, whatever happens to the statement
+        // next (round 49, review composition F4).
+        if matches!(appended, Ok(()) | Err(AccountingError::Unsealed { .. })) {
+            ReceiptSlot::put(&receipt);
+        }
+        appended.map(|()| receipt)
     }
 
     /// The same computation as [`Accountant::admit`], without charging.
@@ -1903,22 +2021,41 @@ impl Accountant {
     }
 
     /// Private tables only, sorted by name (then key); the next ε at [`DEFAULT_QUERY_DELTA`].
+    /// A key this accountant's session serves under several names has one row under each,
+    /// with the same numbers: every name an analyst can query has its budget shown (round 49,
+    /// review composition F3). A key it serves under no name (a table of the ledger this
+    /// session did not register) has one row, under the name the ledger holds.
     pub fn budget_rows(&self) -> Vec<BudgetRow> {
         self.budget_rows_at(DEFAULT_QUERY_DELTA)
     }
 
     /// [`Accountant::budget_rows`] with the next ε at the session's default δ (round 47).
     pub fn budget_rows_at(&self, default_delta: f64) -> Vec<BudgetRow> {
-        let mut st = self.state();
-        // Best effort: a ledger error is reported by the next admission.
-        let _ = self.sync(&mut st);
-        let mut rows: Vec<BudgetRow> = st
-            .policies
-            .values()
-            .filter(|p| p.visibility == Visibility::Private)
-            // The one computation of a table's budget numbers, shared with `dpfusion ledger
-            // verify` and `report` (round 47).
-            .map(|p| ledger::budget_row(&st, p, default_delta))
+        let rows: Vec<BudgetRow> = {
+            let mut st = self.state();
+            // Best effort: a ledger error is reported by the next admission.
+            let _ = self.sync(&mut st);
+            st.policies
+                .values()
+                .filter(|p| p.visibility == Visibility::Private)
+                // The one computation of a table's budget numbers, shared with `dpfusion ledger
+                // verify` and `report` (round 47).
+                .map(|p| ledger::budget_row(&st, p, default_delta))
+                .collect()
+        };
+        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rows: Vec<BudgetRow> = rows
+            .into_iter()
+            .flat_map(|row| match names.get(&row.key) {
+                Some(served) => served
+                    .iter()
+                    .map(|name| BudgetRow {
+                        name: name.clone(),
+                        ..row.clone()
+                    })
+                    .collect(),
+                None => vec![row],
+            })
             .collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.key.cmp(&b.key)));
         rows
@@ -2076,6 +2213,41 @@ fn same_as_served(result: &TablePolicy, served: &[TablePolicy]) -> Result<(), Ac
     Ok(())
 }
 
+/// Names each evaluation's table as the statement read it (round 49, review composition F3:
+/// receipts, charges and refusals named the table by the name registered last, which the
+/// statement may not have written): by the names of the policies of `planned` (those the session
+/// planned the statement under, one for each name it read, in the order the plan reads them;
+/// [`crate::guard::checked::planned_policies`]) with the table's key, the first as its name and
+/// the others as `also_read_as`. A table none of them names (an admission without `planned`)
+/// keeps the ledger's name.
+fn name_as_read(evals: &mut [Evaluation], planned: &[TablePolicy]) {
+    for e in evals {
+        let read = planned.iter().map(|p| (&p.key, p.name.as_str()));
+        let mut names = names_read(read, &e.policy.key).into_iter();
+        if let Some(first) = names.next() {
+            e.policy.name = first;
+            e.also_read_as = names.collect();
+        }
+    }
+}
+
+/// The names a statement read the table `key` by, each once, in the order it read them, from
+/// the `(key, name)` of each table it read (its planned policies at admission, its DP calls'
+/// tables in `EXPLAIN PRIVACY`): the first names the table in receipts, charges, refusals and
+/// `EXPLAIN PRIVACY`, the others are its `also_read_as` (round 49, review composition F3).
+pub fn names_read<'a>(
+    read: impl IntoIterator<Item = (&'a TableKey, &'a str)>,
+    key: &TableKey,
+) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for (_, name) in read.into_iter().filter(|(k, _)| *k == key) {
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    names
+}
+
 /// Per private table of the charge (merged by key, in order of first appearance): the sums of
 /// its filter before, of the charge, and after; the ε reported for each (the filter's own
 /// conversion, never a minimum over conversions); and the binding limit if the rectangle of
@@ -2117,6 +2289,7 @@ fn evaluate(st: &State, charges: &[TableCharge]) -> Result<Vec<Evaluation>, Acco
         let after = before.plus(&charge);
         let limit = filter.check(&before, &charge);
         out.push(Evaluation {
+            also_read_as: Vec::new(),
             cost: filter.epsilon(&charge),
             spent_before: filter.epsilon(&before),
             spent_after: filter.epsilon(&after),

@@ -2124,3 +2124,123 @@ fn r48_refusal_texts_without_a_gaussian_number_or_a_wrong_filter() {
         "{m}"
     );
 }
+
+/// Round 49 (review composition, F3): one file served under two names has one budget, and its
+/// rows listed only the name registered last. Now every name the session serves a key under
+/// has a row, with the same numbers; a name registered again for another file moves with it;
+/// a key no name of this accountant serves keeps the ledger's name.
+#[test]
+fn budget_rows_show_every_name_a_key_is_served_under() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let a = acc.register_table(private("demo:t", "a", 3.0)).unwrap();
+    let a2 = acc
+        .register_table_beside(
+            private("demo:t", "a2", 3.0),
+            FilterChoice::default(),
+            None,
+            std::slice::from_ref(&a),
+        )
+        .unwrap();
+    assert_eq!(a2.name, "a2");
+    acc.admit("q", &gauss("demo:t", 0.1)).unwrap();
+    let rows = acc.budget_rows();
+    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a", "a2"]);
+    assert_eq!(rows[0].key, rows[1].key);
+    assert_eq!(rows[0].native, rows[1].native, "one budget");
+    assert_eq!(rows[0].queries, 1);
+    assert!(rows[0].native.used_share > 0);
+    // `a2` now names another file: `a` alone serves demo:t.
+    acc.register_table(private("demo:u", "a2", 1.0)).unwrap();
+    let rows = acc.budget_rows();
+    let named: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.name.as_str(), r.key.as_str()))
+        .collect();
+    assert_eq!(named, [("a", "demo:t"), ("a2", "demo:u")]);
+    // Another accountant on the ledger serves no name: one row a key, under the ledger's.
+    let other = Accountant::open(&path).unwrap();
+    let rows = other.budget_rows();
+    let named: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.name.as_str(), r.key.as_str()))
+        .collect();
+    assert_eq!(named, [("a", "demo:t"), ("a2", "demo:u")]);
+}
+
+/// Round 49 (review composition, F3): a charge, its receipt and a refusal named the table by
+/// the name registered last (`charged a2` for a query on `a`). Now by the names the statement
+/// read it by (its planned policies): the first as the name, the others as `also_read_as`.
+#[test]
+fn receipts_and_charges_name_the_table_as_the_statement_read_it() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let a = acc.register_table(private("demo:t", "a", 1.0)).unwrap();
+    let a2 = acc
+        .register_table_beside(
+            private("demo:t", "a2", 1.0),
+            FilterChoice::default(),
+            None,
+            std::slice::from_ref(&a),
+        )
+        .unwrap();
+    let admit = |planned: &[TablePolicy], mu: f64| {
+        acc.admit_planned("q", &gauss("demo:t", mu), &[], None, planned, 1e-7)
+    };
+    let r = admit(std::slice::from_ref(&a), 0.1).unwrap();
+    assert_eq!(r.tables[0].name, "a");
+    assert!(r.tables[0].also_read_as.is_empty());
+    assert_eq!(r.table_names(), ["a"]);
+    let json = serde_json::to_value(&r).unwrap();
+    assert!(json["tables"][0].get("also_read_as").is_none(), "{json}");
+    assert_eq!(acc.ledger_entries().unwrap()[0].tables[0].name, "a");
+    // Read under both names (charged once): named by both, in the order read.
+    let r = admit(&[a2.clone(), a.clone()], 0.1).unwrap();
+    assert_eq!(r.tables.len(), 1);
+    assert_eq!(r.tables[0].name, "a2");
+    assert_eq!(r.tables[0].also_read_as, ["a"]);
+    assert_eq!(r.table_names(), ["a2", "a"]);
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["tables"][0]["also_read_as"][0], "a", "{json}");
+    // A refusal names the table as read too.
+    let e = admit(std::slice::from_ref(&a), 100.0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("budget exceeded for table 'a'"), "{e}");
+    // Without planned policies: the ledger's name (the last registered).
+    let r = acc.admit("q", &gauss("demo:t", 0.01)).unwrap();
+    assert_eq!(r.tables[0].name, "a2");
+}
+
+/// Round 49 (review composition, F4): a statement that failed after its admission showed no
+/// receipt. Its admission now puts the receipt in the statement's slot (in the task it runs
+/// in): a charge's receipt is there, a refusal leaves it empty, and outside a scope nothing is
+/// kept.
+#[tokio::test]
+async fn a_charge_puts_its_receipt_in_the_statements_slot() {
+    let path = temp_ledger();
+    let acc = Arc::new(Accountant::open(&path).unwrap());
+    acc.register_table(private("demo:t", "t", 1.0)).unwrap();
+    let slot = ReceiptSlot::default();
+    let r = slot
+        .scope(async { acc.admit("q", &gauss("demo:t", 0.1)).unwrap() })
+        .await;
+    let kept = slot.take().expect("the charge's receipt");
+    assert_eq!(kept.tables[0].native, r.tables[0].native);
+    assert_eq!(kept.tables[0].left_share, r.tables[0].left_share);
+    assert!(slot.take().is_none(), "taken once");
+    let refused = slot
+        .scope(async { acc.admit("q", &gauss("demo:t", 100.0)) })
+        .await;
+    assert!(refused.is_err());
+    assert!(slot.take().is_none(), "a refusal charges nothing");
+    // Outside any scope, and in a scope of its own: each statement's slot is its own.
+    acc.admit("q", &gauss("demo:t", 0.01)).unwrap();
+    let other = ReceiptSlot::default();
+    other
+        .scope(async { acc.admit("q", &gauss("demo:t", 0.01)).unwrap() })
+        .await;
+    assert!(slot.take().is_none());
+    assert!(other.take().is_some());
+}

@@ -61,7 +61,8 @@
 //! - **Errors** are the REPL's messages, as Flight status codes: `InvalidArgument` for a
 //!   refusal or invalid input, `FailedPrecondition` for a budget refusal, `ResourceExhausted`
 //!   for a full quota, `Unauthenticated`, `DeadlineExceeded`; a statement's error carries its
-//!   machine-readable code, and each result its receipt ([`wire`]). A statement stopped by its
+//!   machine-readable code, and each result its receipt ([`wire`]); an error after admission
+//!   carries the receipt too ([`RECEIPT_HEADER`], round 49). A statement stopped by its
 //!   memory or spill bound gets one fixed text naming the setting, never DataFusion's message
 //!   (which listed the pool's consumers: round 48).
 pub use crate::auth;
@@ -105,6 +106,7 @@ use futures::{Stream, TryStreamExt};
 use prost::Message;
 use tonic::{Code, Request, Response, Status, Streaming};
 
+use crate::accounting::ReceiptSlot;
 use crate::error::Error;
 use crate::session::{PrivateSession, QueryResult, StatementKind};
 use auth::Analysts;
@@ -761,6 +763,67 @@ pub fn status_of(e: &DataFusionError) -> Status {
     wire::coded(code.grpc(), code, msg)
 }
 
+/// The binary metadata key of a statement's error that carries what the statement was charged:
+/// one that failed, exceeded the result bound, ran out of time or was stopped after its
+/// admission (its charge stands). The value is the [`StatementMetadata`] JSON a result carries
+/// ([`wire`]), its receipt computed at admission, before any row was read (round 49, review
+/// composition F4: an error carried no receipt). [`receipt_of`] reads it.
+pub const RECEIPT_HEADER: &str = "x-dpfusion-receipt-bin";
+
+/// What [`RECEIPT_HEADER`] says of a statement whose receipt is longer than clients accept in an
+/// error's metadata even without its calls as written.
+const RECEIPT_TOO_LONG: &str = "the statement was charged, and its receipt is too long to send \
+with an error; SHOW BUDGET and dp_ledger() show the charge";
+
+/// `status`, with `receipt` (the charge of the statement it ends, if it was admitted) in its
+/// [`RECEIPT_HEADER`]. A status travels in headers, which clients bound: the metadata is at
+/// most [`MAX_MESSAGE`] bytes of JSON, without the calls as written when it would be longer,
+/// and else [`RECEIPT_TOO_LONG`] alone. Its length depends on the statement's text and the
+/// tables' names only.
+fn with_receipt(mut status: Status, receipt: Option<crate::accounting::Receipt>) -> Status {
+    let Some(receipt) = receipt else {
+        return status;
+    };
+    let metadata = |r: crate::accounting::Receipt| {
+        let tables = r.table_names();
+        StatementMetadata::of(&QueryResult {
+            schema: Arc::new(Schema::empty()),
+            batches: vec![],
+            receipt: Some(r),
+            tables,
+        })
+        .to_json()
+    };
+    let mut json = metadata(receipt.clone());
+    if json.len() > MAX_MESSAGE {
+        let mut short = receipt;
+        for t in &mut short.tables {
+            t.requests.clear();
+        }
+        json = metadata(short);
+    }
+    if json.len() > MAX_MESSAGE {
+        json = StatementMetadata {
+            receipt: None,
+            receipt_text: Some(RECEIPT_TOO_LONG.to_string()),
+            tables: vec![],
+        }
+        .to_json();
+    }
+    status.metadata_mut().insert_bin(
+        RECEIPT_HEADER,
+        tonic::metadata::MetadataValue::from_bytes(json.as_bytes()),
+    );
+    status
+}
+
+/// What a statement's error says it was charged ([`RECEIPT_HEADER`]); None: nothing (it was
+/// not admitted), or a server without it.
+pub fn receipt_of(status: &Status) -> Option<StatementMetadata> {
+    let value = status.metadata().get_bin(RECEIPT_HEADER)?;
+    serde_json::from_slice(&value.to_bytes().ok()?).ok()
+}
+
 /// The server's own refusal of a request (nothing charged): `InvalidArgument`, code `refused`.
 fn refusal(msg: impl Into<String>) -> Status {
     wire::coded(Code::InvalidArgument, ErrorCode::Refused, cut(msg.into()))
@@ -1131,6 +1194,11 @@ impl DpFlightSql {
         let held = self.held(analyst);
         let session = Arc::clone(&self.0.session);
         let (who, text, max) = (analyst.to_string(), sql.to_string(), o.max_result_bytes);
+        // The statement's own receipt slot: its admission puts its receipt there, and an error
+        // after it (a failure, the result bound, the time limit, a shutdown) carries what was
+        // charged (round 49, review composition F4).
+        let slot = ReceiptSlot::default();
+        let scoped = slot.clone();
         let pending = self
             .limited(call, async move {
                 // A positive list of plan kinds: queries and the read-only statements.
@@ -1156,8 +1224,8 @@ impl DpFlightSql {
                 // In the analyst's own held memory, never in the statement's pool; named
                 // without the analyst (round 48).
                 let mut reservation = MemoryConsumer::new("dpfusion serve result").register(&held);
-                let result = session
-                    .sql_as_bounded(&who, &text, &kind, &mut reservation, max)
+                let result = scoped
+                    .scope(session.sql_as_bounded(&who, &text, &kind, &mut reservation, max))
                     .await
                     .map_err(|e| status_of(&e))?;
                 let bytes = reservation.size();
@@ -1169,7 +1237,8 @@ impl DpFlightSql {
                     app_metadata: None,
                 })
             })
-            .await?;
+            .await
+            .map_err(|status| with_receipt(status, slot.take()))?;
         Ok((place, pending))
     }
 
@@ -2626,5 +2695,81 @@ mod tests {
         let m = cut("é".repeat(5000));
         assert!(m.len() <= MAX_MESSAGE + '…'.len_utf8());
         assert!(m.ends_with('…'));
+    }
+
+    /// Round 49 (review composition, F4): an error after admission carries its receipt in its
+    /// metadata, as a result's statement metadata; a status travels in headers, which clients
+    /// bound, so a receipt too long for them goes without its calls as written, or else as a
+    /// note alone. A status without a receipt gets none.
+    #[test]
+    fn an_errors_receipt_fits_in_its_metadata() {
+        use crate::accounting::{CallRequest, NativeCost, Receipt, ReceiptTable};
+        let table = |name: &str, calls: usize| ReceiptTable {
+            name: name.to_string(),
+            also_read_as: vec![],
+            key: name.into(),
+            requests: (0..calls)
+                .map(|_| CallRequest {
+                    key: name.into(),
+                    function: "dp_mean".into(),
+                    epsilon: Some(0.5),
+                    delta: Some(1e-7),
+                    mechanism: "gaussian".into(),
+                })
+                .collect(),
+            native: NativeCost {
+                unit: "μ²".into(),
+                share: 10_000,
+                used_share: 20_000,
+                ..NativeCost::default()
+            },
+            left_share: 980_000,
+            next_epsilon: 1.5,
+            next_epsilon_delta: 1e-7,
+            cost: 0.1,
+            spent_after: 0.2,
+            remaining_after: 0.8,
+            budget: crate::accounting::Budget {
+                epsilon: 1.0,
+                delta: 1e-6,
+            },
+            delta_cost: 0.0,
+            delta_spent_after: 0.0,
+            delta_left_after: 5e-7,
+            filter: crate::accounting::FilterKind::Gdp,
+        };
+        let sent = |r: Receipt| {
+            let s = with_receipt(Status::internal("failed"), Some(r));
+            let bytes = s.metadata().get_bin(RECEIPT_HEADER).unwrap().to_bytes();
+            assert!(bytes.unwrap().len() <= MAX_MESSAGE);
+            receipt_of(&s).expect("readable")
+        };
+        let small = sent(Receipt {
+            tables: vec![table("people", 2)],
+        });
+        assert_eq!(small.tables, ["people"]);
+        let text = small.receipt_text.unwrap();
+        assert!(text.starts_with("charged people: dp_mean(ε 0.5, δ 1e-7, gaussian), dp_mean("));
+        assert_eq!(small.receipt.unwrap()["tables"][0]["left_share"], 980_000);
+        // Many calls: the costs and what is left, without the calls.
+        let calls = sent(Receipt {
+            tables: vec![table("people", 200)],
+        });
+        let text = calls.receipt_text.unwrap();
+        assert!(
+            text.starts_with("charged people: cost 1% of the budget"),
+            "{text}"
+        );
+        assert_eq!(
+            calls.receipt.unwrap()["tables"][0]["requests"],
+            serde_json::json!([])
+        );
+        // Too many tables even so: the note.
+        let tables = sent(Receipt {
+            tables: (0..100).map(|i| table(&format!("t{i}"), 1)).collect(),
+        });
+        assert_eq!(tables.receipt_text.as_deref(), Some(RECEIPT_TOO_LONG));
+        assert!(tables.receipt.is_none());
+        assert!(receipt_of(&with_receipt(Status::internal("x"), None)).is_none());
     }
 }

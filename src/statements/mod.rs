@@ -56,8 +56,32 @@ fn pct(share: u64) -> f64 {
 /// (`remaining_epsilon`: one Gaussian call at the δ the rows were computed at, the session's
 /// `dpfusion.default_delta` in `SHOW BUDGET`), the number of charged queries, and the additive
 /// δ of partition selection spent and left (docs/ACCOUNTING.md, "What the numbers mean"). The
-/// guarantee (`epsilon`, `delta`) is the owner's number, unrounded (display::budget).
+/// guarantee (`epsilon`, `delta`) is the owner's number, unrounded (display::budget). A table
+/// served under several names has a row under each (every name an analyst can query), with
+/// the same numbers, and `same_budget_as` lists its other names: one budget, to be counted
+/// once (NULL for a table of one name; round 49, review composition F3).
 pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
+    budget_batch_of(rows, rows)
+}
+
+/// The other names of `row`'s table among `rows` (rows of its key under another name): the
+/// names the session serves the same file under, whose rows show the same budget (round 49).
+pub fn same_budget_as<'a>(row: &BudgetRow, rows: &'a [BudgetRow]) -> Vec<&'a str> {
+    rows.iter()
+        .filter(|r| r.key == row.key && r.name != row.name)
+        .map(|r| r.name.as_str())
+        .collect()
+}
+
+/// [`budget_batch`] of `rows`, their other names found among `all`.
+fn budget_batch_of(rows: &[BudgetRow], all: &[BudgetRow]) -> Result<RecordBatch> {
+    let shared: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| {
+            let others = same_budget_as(r, all);
+            (!others.is_empty()).then(|| others.join(", "))
+        })
+        .collect();
     batch(vec![
         ("table", strings(rows.iter().map(|r| r.name.clone()))),
         ("epsilon", floats(rows.iter().map(|r| r.epsilon))),
@@ -109,6 +133,10 @@ pub fn budget_batch(rows: &[BudgetRow]) -> Result<RecordBatch> {
         (
             "remaining_delta",
             floats(rows.iter().map(|r| shown(r.delta_left, Round::Down))),
+        ),
+        (
+            "same_budget_as",
+            Arc::new(StringArray::from(shared)) as ArrayRef,
         ),
     ])
 }
@@ -271,8 +299,17 @@ pub fn explain_privacy_batch(calls: &[DpCall], preview: &[PreviewRow]) -> Result
         limit.push(None);
     }
     for p in preview {
-        table.push(p.name.clone());
-        release.push(format!("total for table '{}'", p.name));
+        // Named as the statement read it (its calls' tables), not by the name registered last
+        // (round 49, review composition F3).
+        let read = calls.iter().map(|c| (&c.table.key, c.table.name.as_str()));
+        let names = crate::accounting::names_read(read, &p.key);
+        let name = names.first().cloned().unwrap_or_else(|| p.name.clone());
+        let also = names.get(1..).unwrap_or_default();
+        release.push(format!(
+            "total for table {}",
+            read_as(&format!("'{name}'"), also)
+        ));
+        table.push(name);
         eps.push(None);
         delta.push(Some(p.budget.delta));
         mechanism.push(None);
@@ -430,7 +467,7 @@ pub fn receipt_line(r: &Receipt) -> String {
             let mut line = format!(
                 "charged {}:{asked} cost {} of the budget ({} {}); {} left, one more query \
                  could use ε ≤ {} (Gaussian, δ {})",
-                t.name,
+                read_as(&t.name, &t.also_read_as),
                 crate::accounting::display::percent_of(n.share, n.cost),
                 n.unit,
                 num(n.cost, Round::Up),
@@ -449,6 +486,18 @@ pub fn receipt_line(r: &Receipt) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// A table as a statement read it: its name, and when the statement read the same file by
+/// other names too, those, saying that they are one table (round 49, review composition F3).
+fn read_as(name: &str, also: &[String]) -> String {
+    if also.is_empty() {
+        return name.to_string();
+    }
+    format!(
+        "{name} (also read as {}: one table, one budget)",
+        also.join(", ")
+    )
 }
 
 /// `dp_budget()`: the accountant, and the session's default δ, at which next ε is computed as
@@ -480,8 +529,9 @@ impl TableFunctionImpl for BudgetFn {
     /// "docsuser", F7: the argument was ignored, while the docs used `dp_budget('people')`).
     fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
         let delta = *self.1.read().expect("lock");
-        let rows = budget_rows_of(self.0.budget_rows_at(delta), args.exprs())?;
-        system_table("dp_budget", budget_batch(&rows)?)
+        let all = self.0.budget_rows_at(delta);
+        let rows = budget_rows_of(all.clone(), args.exprs())?;
+        system_table("dp_budget", budget_batch_of(&rows, &all)?)
     }
 }
 

@@ -535,3 +535,211 @@ async fn r48_the_epsilon_fix_of_a_call_charged_to_two_tables_fits_both() {
         .await
         .unwrap_or_else(|e| panic!("the fix {fix} was refused: {e}"));
 }
+
+/// The string column `name` of `batches`, NULL as None.
+fn string_column(
+    batches: &[datafusion::arrow::array::RecordBatch],
+    name: &str,
+) -> Vec<Option<String>> {
+    use datafusion::arrow::array::{Array, StringArray};
+    let mut out = Vec::new();
+    for b in batches {
+        let c = b
+            .column_by_name(name)
+            .unwrap_or_else(|| panic!("no column {name}"))
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        out.extend((0..c.len()).map(|i| (!c.is_null(i)).then(|| c.value(i).to_string())));
+    }
+    out
+}
+
+/// A session with one file (people) registered private under the names `a` and `a2` (one
+/// table, one budget: docs/CATALOG.md), with a privacy unit, and private `b`, another file.
+async fn one_file_two_names(dir: &Path) -> PrivateSession {
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_target_partitions(2),
+    )
+    .await
+    .unwrap();
+    let unit = || {
+        Registration::private()
+            .budget(3.0, 1e-6)
+            .privacy_unit("id")
+            .unit_domain("person")
+    };
+    let path = dir.join("people.csv");
+    std::fs::copy(people_csv(), &path).unwrap();
+    for name in ["a", "a2"] {
+        s.register_csv(name, &path, unit()).await.unwrap();
+    }
+    let other = dir.join("b.csv");
+    std::fs::copy(people_csv(), &other).unwrap();
+    s.register_csv("b", &other, Registration::private())
+        .await
+        .unwrap();
+    s
+}
+
+/// Round 49 (review composition, F3): one file registered under two names is one table with one
+/// budget, and every budget surface kept only the name registered last: `SHOW BUDGET` and
+/// `dp_budget()` listed `a2` only, `dp_budget('a')` was refused, a query on `a` printed
+/// `charged a2`. Now every name has its row (the same numbers, `same_budget_as` naming the
+/// others: one budget, counted once), `dp_budget('a')` is `a`'s row, and the receipt, the
+/// ledger's charge and a refusal name the table as the query wrote it.
+#[tokio::test]
+async fn r49_one_file_under_two_names_shows_its_budget_under_each() {
+    use dpfusion::statements::receipt_line;
+    let dir = temp_dir("r49-two-names");
+    let s = one_file_two_names(&dir).await;
+    let r = s
+        .sql("SELECT dp_count(age, epsilon => 0.1) AS n FROM a")
+        .await
+        .unwrap();
+    let receipt = r.receipt.expect("charged");
+    assert_eq!(receipt.tables.len(), 1);
+    assert_eq!(receipt.tables[0].name, "a");
+    assert!(receipt.tables[0].also_read_as.is_empty());
+    let line = receipt_line(&receipt);
+    assert!(line.starts_with("charged a: dp_count(ε 0.1"), "{line}");
+    assert_eq!(r.tables, ["a"]);
+    let charged = receipt.tables[0].native.used_share;
+    // SHOW BUDGET and dp_budget(): a row under each name, the same numbers, marked as one.
+    for q in ["SHOW BUDGET", "SELECT * FROM dp_budget()"] {
+        let b = s.sql(q).await.unwrap().batches;
+        assert_eq!(
+            string_column(&b, "table"),
+            [Some("a".into()), Some("a2".into()), Some("b".into())],
+            "{q}"
+        );
+        assert_eq!(
+            string_column(&b, "same_budget_as"),
+            [Some("a2".into()), Some("a".into()), None],
+            "{q}"
+        );
+    }
+    let rows = s.budget();
+    let a = rows.iter().find(|r| r.name == "a").expect("a's row");
+    let a2 = rows.iter().find(|r| r.name == "a2").expect("a2's row");
+    assert_eq!(a.key, a2.key);
+    assert_eq!((a.native.used_share, a.queries), (charged, 1));
+    assert_eq!((a2.native.used_share, a2.queries), (charged, 1));
+    // dp_budget('a'): a's row, which says it is a2's budget too.
+    let b = s
+        .sql("SELECT * FROM dp_budget('a')")
+        .await
+        .unwrap_or_else(|e| panic!("dp_budget('a'): {e}"))
+        .batches;
+    assert_eq!(string_column(&b, "table"), [Some("a".into())]);
+    assert_eq!(string_column(&b, "same_budget_as"), [Some("a2".into())]);
+    // The ledger's charge names `a` too.
+    let ledger = s.ledger().unwrap();
+    assert_eq!(ledger.last().unwrap().tables[0].name, "a");
+    // Both names in one statement (a self-join on the unit: charged once): named by both.
+    let r = s
+        .sql("SELECT dp_count(x.age, epsilon => 0.1) AS n FROM a x JOIN a2 y ON x.id = y.id")
+        .await
+        .unwrap();
+    let receipt = r.receipt.expect("charged");
+    assert_eq!(receipt.tables.len(), 1, "one table, charged once");
+    assert_eq!(receipt.tables[0].name, "a");
+    assert_eq!(receipt.tables[0].also_read_as, ["a2"]);
+    let line = receipt_line(&receipt);
+    assert!(
+        line.starts_with("charged a (also read as a2: one table, one budget): dp_count("),
+        "{line}"
+    );
+    // EXPLAIN PRIVACY's total row, and a refusal, name it as written.
+    let b = s
+        .sql("EXPLAIN PRIVACY SELECT dp_count(age, epsilon => 0.1) AS n FROM a")
+        .await
+        .unwrap()
+        .batches;
+    let release = string_column(&b, "release");
+    assert_eq!(
+        release.last().unwrap().as_deref(),
+        Some("total for table 'a'")
+    );
+    assert!(
+        string_column(&b, "table")
+            .iter()
+            .all(|t| t.as_deref() == Some("a")),
+        "{b:?}"
+    );
+    let e = s
+        .sql("SELECT dp_count(age, epsilon => 1000) AS n FROM a")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("budget exceeded for table 'a'"), "{e}");
+}
+
+/// Round 49 (review composition, F4): a statement that failed after its admission showed no
+/// receipt, though its charge stands. Its admission puts the receipt in the statement's slot
+/// (`ReceiptSlot`), which the front ends read: what was charged, the share used and what is
+/// left, the numbers the budget then shows; the error is the one fixed message, unchanged.
+#[tokio::test]
+async fn r49_a_statement_that_fails_after_admission_keeps_its_receipt() {
+    use dpfusion::accounting::ReceiptSlot;
+    use dpfusion::session::EXECUTION_FAILED;
+    let dir = temp_dir("r49-failed-receipt");
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_memory_limit(1),
+    )
+    .await
+    .unwrap();
+    s.register_csv(
+        "people",
+        people_csv(),
+        Registration::private().budget(10.0, 1e-6),
+    )
+    .await
+    .unwrap();
+    let slot = ReceiptSlot::default();
+    let e = slot
+        .scope(s.sql("SELECT id, dp_count(age, 1.0) AS n FROM people GROUP BY id"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            dpfusion::Error::of(&e),
+            Some(dpfusion::Error::ExecutionFailed)
+        ),
+        "{e}"
+    );
+    assert_eq!(e.to_string(), format!("External error: {EXECUTION_FAILED}"));
+    let receipt = slot.take().expect("admitted: its receipt");
+    assert_eq!(receipt.tables[0].name, "people");
+    assert_eq!(receipt.table_names(), ["people"]);
+    let t = &receipt.tables[0];
+    assert_eq!(t.requests[0].function, "dp_count");
+    assert!(
+        t.requests
+            .iter()
+            .any(|r| r.function == "partition_selection")
+    );
+    let ledger = s.ledger().unwrap();
+    assert_eq!(ledger.len(), 1, "the charge stands");
+    let recorded = ledger[0].tables[0].native.as_ref().unwrap();
+    assert_eq!(
+        (t.native.share, t.native.used_share),
+        (recorded.share, recorded.used_share)
+    );
+    let row = &s.budget()[0];
+    assert_eq!(row.native.used_share, t.native.used_share);
+    assert_eq!(t.left_share, SHARE_SCALE - row.native.used_share);
+    // A statement refused before admission leaves its slot empty.
+    let refused = ReceiptSlot::default();
+    assert!(
+        refused
+            .scope(s.sql("SELECT age FROM people"))
+            .await
+            .is_err()
+    );
+    assert!(refused.take().is_none());
+}

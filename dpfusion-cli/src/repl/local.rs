@@ -3,12 +3,13 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
+use dpfusion::accounting::ReceiptSlot;
 use dpfusion::accounting::display::SHARE_SCALE;
 use dpfusion::session::PrivateSession;
 use dpfusion::statements::{budget_batch, ledger_batch, receipt_line};
 
 use super::format::OutputFormat;
-use super::{Answer, Backend, Outcome, TableBudget, error_message};
+use super::{Answer, Backend, Charged, Outcome, TableBudget, error_message};
 
 /// A session in this process.
 pub struct Local {
@@ -32,6 +33,33 @@ fn answer(r: dpfusion::QueryResult) -> Answer {
     }
 }
 
+/// What the statement whose receipt slot is `slot` was charged, if it was admitted: its receipt
+/// line and the tables it charged, as it read them.
+fn charged(slot: &ReceiptSlot) -> Option<Charged> {
+    slot.take().map(|r| Charged {
+        receipt: receipt_line(&r),
+        tables: r.table_names(),
+    })
+}
+
+/// The outcome of a statement that ended (`run`: what its task gave; Err: it panicked) with the
+/// receipt slot `slot`: an error after its admission is [`Outcome::Failed`], with what it was
+/// charged (round 49, review composition F4).
+fn outcome(
+    run: Result<datafusion::error::Result<dpfusion::QueryResult>, tokio::task::JoinError>,
+    slot: &ReceiptSlot,
+) -> Outcome {
+    let e = match run {
+        Ok(Ok(r)) => return Outcome::Done(Ok(answer(r))),
+        Ok(Err(e)) => error_message(&e),
+        Err(_) => dpfusion::Error::ExecutionFailed.to_string(),
+    };
+    match charged(slot) {
+        Some(c) => Outcome::Failed(e, c),
+        None => Outcome::Done(Err(e)),
+    }
+}
+
 impl Backend for Local {
     fn greeting(&self) -> String {
         "differentially private SQL".to_string()
@@ -45,18 +73,23 @@ impl Backend for Local {
             .map_err(|e| error_message(&e))
     }
 
+    async fn sql_outcome(&mut self, sql: &str) -> Outcome {
+        let slot = ReceiptSlot::default();
+        let run = slot.scope(self.session.sql(sql)).await;
+        outcome(Ok(run), &slot)
+    }
+
     async fn sql_interruptible(&mut self, sql: &str) -> Outcome {
         // The query runs in its own task: a model fit is CPU work inside one poll of the query,
-        // and Ctrl-C must still be seen while it runs.
+        // and Ctrl-C must still be seen while it runs. Its admission puts its receipt in the
+        // statement's slot, read when it fails or is cancelled after it (round 49).
         let session = self.session.clone();
         let text = sql.to_string();
-        let _ = self.session.take_last_receipt();
-        let mut task = tokio::spawn(async move { session.sql(&text).await });
+        let slot = ReceiptSlot::default();
+        let scoped = slot.clone();
+        let mut task = tokio::spawn(async move { scoped.scope(session.sql(&text)).await });
         tokio::select! {
-            r = &mut task => Outcome::Done(match r {
-                Ok(r) => r.map(answer).map_err(|e| error_message(&e)),
-                Err(_) => Err(dpfusion::Error::ExecutionFailed.to_string()),
-            }),
+            r = &mut task => outcome(r, &slot),
             _ = tokio::signal::ctrl_c() => {
                 // Stop a running model fit at its next iteration, and the scan with the task.
                 dpfusion_udfs::progress::cancel_running();
@@ -65,10 +98,7 @@ impl Backend for Local {
                 // wait for it briefly, so that a charge made just now shows its receipt.
                 let _ = tokio::time::timeout(std::time::Duration::from_millis(500), &mut task).await;
                 // Admitted before the cancellation: its receipt, as for a finished query.
-                Outcome::Cancelled(self.session.take_last_receipt().map(|rcpt| {
-                    let tables = rcpt.tables.iter().map(|t| t.name.clone()).collect();
-                    (receipt_line(&rcpt), tables)
-                }))
+                Outcome::Cancelled(charged(&slot))
             }
         }
     }
@@ -134,9 +164,16 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
         match budget.iter().find(|b| b.name == name) {
             Some(b) => {
                 use dpfusion::accounting::display::{Round, SHARE_SCALE, num, percent};
+                // The same file under other names: one budget (round 49, review composition F3).
+                let others = dpfusion::statements::same_budget_as(b, &budget);
+                let shared = if others.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (one budget with {}: the same file)", others.join(", "))
+                };
                 format!(
-                    "private, budget ε {} at δ {}; {} filter, {} used, {} left (one more query \
-                     could use ε ≤ {}); partition-selection δ {} spent, {} left",
+                    "private, budget ε {} at δ {}{shared}; {} filter, {} used, {} left (one more \
+                     query could use ε ≤ {}); partition-selection δ {} spent, {} left",
                     dpfusion::accounting::display::budget(b.epsilon),
                     dpfusion::accounting::display::budget(b.delta),
                     b.filter,

@@ -69,11 +69,24 @@ impl Answer {
     }
 }
 
-/// What an interruptible statement ([`Backend::sql_interruptible`]) did.
+/// What a statement admitted before it stopped (failed, or cancelled) was charged: the charge
+/// stands (round 49, review composition F4).
+pub struct Charged {
+    /// Its receipt's line, as a finished statement's (`charged people: …`).
+    pub receipt: String,
+    /// The tables it charged, as it read them (the prompt shows their budget).
+    pub tables: Vec<String>,
+}
+
+/// What a statement ([`Backend::sql_outcome`], [`Backend::sql_interruptible`]) did.
 pub enum Outcome {
     Done(Result<Answer, String>),
-    /// Ctrl-C cancelled it; if it had been admitted before, its receipt line and tables.
-    Cancelled(Option<(String, Vec<String>)>),
+    /// It failed after its admission: the error, and what it was charged (round 49, review
+    /// composition F4: only the fixed message was shown, and the prompt kept the tables of the
+    /// statement before).
+    Failed(String, Charged),
+    /// Ctrl-C cancelled it; if it had been admitted before, what it was charged.
+    Cancelled(Option<Charged>),
 }
 
 /// One private table's budget, as the prompt and `\d` show it.
@@ -99,7 +112,13 @@ pub trait Backend {
     fn greeting(&self) -> String;
     /// Runs one statement; an error is the message to show (see [`error_text`]).
     async fn sql(&mut self, sql: &str) -> Result<Answer, String>;
-    /// As [`Backend::sql`], but Ctrl-C cancels it (a charge already made stands).
+    /// As [`Backend::sql`], with what a statement that failed after its admission was charged
+    /// ([`Outcome::Failed`]) where the backend knows it (the `-c`/`-f` scripts). The default
+    /// knows none.
+    async fn sql_outcome(&mut self, sql: &str) -> Outcome {
+        Outcome::Done(self.sql(sql).await)
+    }
+    /// As [`Backend::sql_outcome`], but Ctrl-C cancels it (a charge already made stands).
     async fn sql_interruptible(&mut self, sql: &str) -> Outcome;
     /// The private tables' budgets (for the prompt and `\d`).
     async fn budget(&mut self) -> Vec<TableBudget>;
@@ -247,12 +266,14 @@ impl<B: Backend> Repl<B> {
                      cancellation can depend on the data)"
                 );
                 // Admitted before the cancellation: its receipt, as for a finished query.
-                if let Some((receipt, tables)) = admitted {
-                    if !self.quiet {
-                        eprintln!("{}", terminal_safe(&receipt, Escape::Text));
-                    }
-                    self.last_tables = tables;
+                if let Some(charged) = admitted {
+                    self.charged(charged);
                 }
+            }
+            // Failed after its admission: the error, then what it was charged (round 49).
+            Outcome::Failed(e, charged) => {
+                eprintln!("{}", error_text(sql, &e));
+                self.charged(charged);
             }
             Outcome::Done(Ok(r)) => {
                 if !r.tables.is_empty() {
@@ -266,6 +287,17 @@ impl<B: Backend> Repl<B> {
         }
         if self.timing {
             eprintln!("Elapsed {:.3} s", start.elapsed().as_secs_f64());
+        }
+    }
+
+    /// What a statement that stopped after its admission was charged: its receipt (unless
+    /// quiet), and the prompt moves to its tables, as after a finished statement.
+    fn charged(&mut self, charged: Charged) {
+        if !self.quiet {
+            eprintln!("{}", terminal_safe(&charged.receipt, Escape::Text));
+        }
+        if !charged.tables.is_empty() {
+            self.last_tables = charged.tables;
         }
     }
 
@@ -501,15 +533,118 @@ pub async fn run_on<B: Backend>(
         return run_repl(backend, format, quiet).await;
     }
     install_progress();
-    crate::cli::run_scripts(scripts, async |sql: &str| match backend.sql(sql).await {
-        Ok(r) => match print_answer(&r, format, quiet) {
-            Ok(()) => Ran::Shown,
-            Err(e) => Ran::Unprintable(e),
-        },
-        Err(e) => {
-            clear_progress();
-            Ran::Failed(error_text(sql, &e))
+    crate::cli::run_scripts(scripts, async |sql: &str| {
+        let (e, charged) = match backend.sql_outcome(sql).await {
+            Outcome::Done(Ok(r)) => {
+                return match print_answer(&r, format, quiet) {
+                    Ok(()) => Ran::Shown,
+                    Err(e) => Ran::Unprintable(e),
+                };
+            }
+            Outcome::Done(Err(e)) => (e, None),
+            Outcome::Failed(e, charged) => (e, Some(charged)),
+            Outcome::Cancelled(charged) => (
+                "the statement was cancelled (if it was admitted, its charge stands)".to_string(),
+                charged,
+            ),
+        };
+        clear_progress();
+        // Failed after its admission: the error, then what it was charged, as the REPL shows
+        // them (round 49, review composition F4); the receipt unless quiet, as a finished
+        // statement's.
+        let mut block = error_text(sql, &e);
+        if let Some(c) = charged.filter(|_| !quiet) {
+            block.push('\n');
+            block.push_str(&terminal_safe(&c.receipt, Escape::Text));
         }
+        Ran::Failed(block)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend whose statements end as `outcome` says, with the budget rows `rows`.
+    struct Scripted {
+        outcome: fn() -> Outcome,
+        rows: Vec<(&'static str, u64)>,
+    }
+
+    impl Backend for Scripted {
+        fn greeting(&self) -> String {
+            String::new()
+        }
+        async fn sql(&mut self, _: &str) -> Result<Answer, String> {
+            Err("not scripted".into())
+        }
+        async fn sql_outcome(&mut self, _: &str) -> Outcome {
+            (self.outcome)()
+        }
+        async fn sql_interruptible(&mut self, _: &str) -> Outcome {
+            (self.outcome)()
+        }
+        async fn budget(&mut self) -> Vec<TableBudget> {
+            self.rows
+                .iter()
+                .map(|(name, left_share)| TableBudget {
+                    name: name.to_string(),
+                    epsilon: 1.0,
+                    left_share: *left_share,
+                    remaining: 0.5,
+                    delta_spent: 0.0,
+                    delta_left: 0.0,
+                })
+                .collect()
+        }
+        async fn budget_table(&mut self) -> Result<Answer, String> {
+            Err(String::new())
+        }
+        async fn ledger_table(&mut self, _: OutputFormat) -> Result<Answer, String> {
+            Err(String::new())
+        }
+        async fn tables(&mut self) -> Vec<(String, SchemaRef)> {
+            vec![]
+        }
+        async fn describe(&mut self, _: &str) -> String {
+            String::new()
+        }
+    }
+
+    fn failed() -> Outcome {
+        Outcome::Failed(
+            "the query failed while it ran".into(),
+            Charged {
+                receipt: "charged a: dp_count(ε 1, δ 1e-7, gaussian) cost 10% of the budget".into(),
+                tables: vec!["a".into()],
+            },
+        )
+    }
+
+    /// Round 49 (review composition, F4): after a statement that failed after its admission,
+    /// the prompt kept the tables of the statement before (and showed nothing of the charge).
+    /// Now it moves to the failed statement's tables, as after a finished one; a failure
+    /// before admission leaves it where it was.
+    #[tokio::test]
+    async fn a_failure_after_admission_moves_the_prompt_to_its_tables() {
+        let mut repl = Repl {
+            backend: Scripted {
+                outcome: failed,
+                rows: vec![("a", 900_000), ("b", 500_000)],
+            },
+            format: OutputFormat::Table,
+            quiet: true,
+            timing: false,
+            last_tables: vec!["b".into()],
+        };
+        assert_eq!(repl.prompt().await, "dpfusion[b 50% left, ε ≤ 0.5]> ");
+        repl.run_sql("SELECT dp_count(x, 1.0) FROM a").await;
+        assert_eq!(repl.last_tables, ["a"]);
+        assert_eq!(repl.prompt().await, "dpfusion[a 90% left, ε ≤ 0.5]> ");
+        repl.backend.outcome = || Outcome::Done(Err("refused".into()));
+        repl.last_tables = vec!["b".into()];
+        repl.run_sql("SELECT x FROM a").await;
+        assert_eq!(repl.last_tables, ["b"], "nothing was charged");
+    }
 }

@@ -3076,3 +3076,60 @@ async fn held_memory_beyond_max_held_bytes_is_refused_at_start() {
             .is_ok()
     );
 }
+
+/// Round 49 (review composition, F4): over the server, a statement that failed after its
+/// admission answered with its code and the fixed message only, though its charge stands.
+/// Now its status carries the receipt (`x-dpfusion-receipt-bin`: the statement metadata a
+/// result carries), computed at admission, before any row was read; the message is the same
+/// fixed text. A statement refused before admission carries none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r49_an_error_after_admission_carries_its_receipt() {
+    let s = serve_seeded("serve-r49-receipt", 1, 3, Default::default()).await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let e = query(
+        &mut alice,
+        "SELECT id, dp_count(age, epsilon => 1.0) AS n FROM people GROUP BY id",
+    )
+    .await
+    .expect_err("fails at the memory limit, after its admission");
+    assert_eq!(code_of(&e), Some(ErrorCode::ExecutionFailed), "{e:?}");
+    assert_eq!(
+        e.message(),
+        dpfusion::session::EXECUTION_FAILED,
+        "the fixed text"
+    );
+    let meta = dpfusion::serve::receipt_of(&e).expect("the error carries its receipt");
+    assert_eq!(meta.tables, ["people"]);
+    let text = meta.receipt_text.expect("its text");
+    assert!(
+        text.starts_with("charged people: dp_count(ε 1, δ 1e-7, gaussian)"),
+        "{text}"
+    );
+    let receipt = meta.receipt.expect("its JSON");
+    assert_eq!(receipt["tables"][0]["name"], "people");
+    // Its numbers are the ledger's.
+    let line = crate::common::lines(&s.ledger)
+        .into_iter()
+        .rev()
+        .find(|l| l.contains(r#""record":"charge""#))
+        .expect("the charge stands");
+    let charge: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(charge["analyst"], "alice");
+    assert_eq!(
+        receipt["tables"][0]["native"]["used_share"],
+        charge["tables"][0]["native"]["used_share"]
+    );
+    // Refused before admission: nothing charged, no receipt.
+    let refused = query(&mut alice, "SELECT age FROM people")
+        .await
+        .expect_err("refused");
+    assert_eq!(code_of(&refused), Some(ErrorCode::Refused));
+    assert!(dpfusion::serve::receipt_of(&refused).is_none());
+    // A result's receipt still travels with the result only.
+    let ok = alice
+        .execute("SELECT 1 AS one".to_string(), None)
+        .await
+        .unwrap();
+    let meta: StatementMetadata = serde_json::from_slice(&ok.app_metadata).unwrap();
+    assert!(meta.receipt.is_none());
+}
