@@ -16,7 +16,7 @@ use futures::StreamExt;
 use tonic::transport::Channel;
 
 use super::format::OutputFormat;
-use super::{Answer, Backend, Outcome, TableBudget};
+use super::{Answer, Backend, Charged, Outcome, TableBudget};
 
 /// A connection to a `dpfusion serve`.
 pub struct Remote {
@@ -105,12 +105,19 @@ impl Remote {
     }
 
     async fn fetch(&mut self, info: arrow_flight::FlightInfo) -> Result<Vec<RecordBatch>, String> {
+        self.fetch_flight(info).await.map_err(message)
+    }
+
+    async fn fetch_flight(
+        &mut self,
+        info: arrow_flight::FlightInfo,
+    ) -> Result<Vec<RecordBatch>, FlightError> {
         let mut out = Vec::new();
         for ep in info.endpoint {
             let Some(ticket) = ep.ticket else { continue };
-            let mut stream = self.client.do_get(ticket).await.map_err(message)?;
+            let mut stream = self.client.do_get(ticket).await?;
             while let Some(b) = stream.next().await {
-                out.push(b.map_err(message)?);
+                out.push(b?);
             }
         }
         Ok(out)
@@ -118,25 +125,53 @@ impl Remote {
 
     /// Runs one statement on the server.
     pub async fn run(&mut self, sql: &str) -> Result<Answer, String> {
+        self.run_charged(sql).await.map_err(|(e, _)| e)
+    }
+
+    /// [`Remote::run`], with what a statement that failed after its admission was charged: the
+    /// server sends its receipt with the error (`dpfusion::serve::RECEIPT_HEADER`, round 49,
+    /// review composition F4).
+    async fn run_charged(&mut self, sql: &str) -> Result<Answer, (String, Option<Charged>)> {
+        let failed = |e: FlightError| {
+            let charged = match &e {
+                FlightError::Tonic(s) => dpfusion::serve::receipt_of(s).and_then(|m| {
+                    Some(Charged {
+                        receipt: m.receipt_text?,
+                        tables: m.tables,
+                    })
+                }),
+                _ => None,
+            };
+            (message(e), charged)
+        };
         let info = self
             .client
             .execute(sql.to_string(), None)
             .await
-            .map_err(message)?;
+            .map_err(failed)?;
         let meta: StatementMetadata =
             serde_json::from_slice(&info.app_metadata).unwrap_or_default();
         let schema = info
             .clone()
             .try_decode_schema()
             .map(std::sync::Arc::new)
-            .map_err(|e| format!("the server sent a bad schema: {e}"))?;
-        let batches = self.fetch(info).await?;
+            .map_err(|e| (format!("the server sent a bad schema: {e}"), None))?;
+        let batches = self.fetch_flight(info).await.map_err(failed)?;
         Ok(Answer {
             schema,
             batches,
             receipt: meta.receipt_text,
             tables: meta.tables,
         })
+    }
+
+    /// The outcome of one statement: [`Outcome::Failed`] when it failed after its admission.
+    async fn outcome(&mut self, sql: &str) -> Outcome {
+        match self.run_charged(sql).await {
+            Ok(a) => Outcome::Done(Ok(a)),
+            Err((e, Some(c))) => Outcome::Failed(e, c),
+            Err((e, None)) => Outcome::Done(Err(e)),
+        }
     }
 
     /// The server's tables and their schemas.
@@ -225,9 +260,13 @@ impl Backend for Remote {
         self.run(sql).await
     }
 
+    async fn sql_outcome(&mut self, sql: &str) -> Outcome {
+        self.outcome(sql).await
+    }
+
     async fn sql_interruptible(&mut self, sql: &str) -> Outcome {
         tokio::select! {
-            r = self.run(sql) => Outcome::Done(r),
+            r = self.outcome(sql) => r,
             // The server cancels a query whose client went away (its charge stands); which
             // charge was made, if any, is in the ledger (`\ledger`).
             _ = tokio::signal::ctrl_c() => Outcome::Cancelled(None),

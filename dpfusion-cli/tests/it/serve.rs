@@ -3133,3 +3133,38 @@ async fn r49_an_error_after_admission_carries_its_receipt() {
     let meta: StatementMetadata = serde_json::from_slice(&ok.app_metadata).unwrap();
     assert!(meta.receipt.is_none());
 }
+
+/// Round 49 (review composition F4): `dpfusion --connect -c` prints a failed statement's receipt
+/// after the unchanged fixed message, from the receipt the server's error carries.
+#[tokio::test(flavor = "multi_thread")]
+async fn r49_the_connected_cli_shows_a_failed_statements_receipt() {
+    let s = serve_seeded("serve-r49-cli-receipt", 1, 3, Default::default()).await;
+    let token = s.dir.join("token");
+    std::fs::write(&token, ALICE).unwrap();
+    let url = format!("grpc://{}", s.addr);
+    let out = tokio::task::block_in_place(|| {
+        Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .args(["--connect", &url, "--token-file"])
+            .arg(&token)
+            .args([
+                "-c",
+                "SELECT id, dp_count(age, epsilon => 1.0) AS n FROM people GROUP BY id",
+            ])
+            .output()
+            .unwrap()
+    });
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(dpfusion::session::EXECUTION_FAILED),
+        "the fixed message: {text}"
+    );
+    assert!(
+        text.contains("charged people: dp_count(ε 1, δ 1e-7, gaussian)"),
+        "the receipt: {text}"
+    );
+}
