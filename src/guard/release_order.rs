@@ -23,6 +23,18 @@
 //! up when it is complete, at a time its private rows decide, so the guard sorts every UNION that
 //! reads private rows, and every join, aggregate and window over releases (`super::sort_after_combining`), and that sort is pinned too.
 //!
+//! The sort that orders a query's output is often not at the root: the guard keeps the query's
+//! own `ORDER BY` below a projection, an alias or a limit ([`super::order_release`]). DataFusion
+//! reads a subquery's order as not binding: `EnsureRequirements` puts a round-robin repartition
+//! under an operator above the sort that computes (a projection of `value * 2`), and the root
+//! then has as many partitions as `target_partitions`, merged in the order the threads finish
+//! (round 49, review "physical" F1; stock DataFusion does the same over a plain `SortExec`, and
+//! its `OutputRequirementExec` cannot help: it requires an ordering of the root's own columns,
+//! and the sort's column may be projected away). [`KeepOutputOrder`], after DataFusion's rules,
+//! takes every repartition off the path from the root down to the sort that defines the output's
+//! order: everything above that sort runs in its one partition, in its order, to the root.
+//! [`with_release_order`] places both rules.
+//!
 //! A Ballista cluster's scheduler runs its own physical optimizer: there the pin does not apply
 //! (the cluster is inside the data owner's trust boundary; docs/PRIVACY.md, "The order of
 //! released rows").
@@ -32,17 +44,22 @@ use std::sync::Arc;
 use datafusion::arrow::compute::BatchCoalescer;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Result, Statistics, internal_datafusion_err};
+use datafusion::common::{Result, Statistics, internal_datafusion_err, internal_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::scalar_subquery::ScalarSubqueryExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     ChildStats, ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan,
-    InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions, StatisticsArgs,
+    ExecutionPlanProperties, InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
+    StatisticsArgs,
 };
 use futures::StreamExt;
 
@@ -247,6 +264,121 @@ impl PhysicalOptimizerRule for PinReleaseOrder {
     }
 }
 
+/// A physical optimizer rule, as a session holds them.
+pub type Rule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;
+
+/// The physical rules of a plan that reads a private table: DataFusion's `rules` with
+/// [`PinReleaseOrder`] first, on the physical planner's plan, and [`KeepOutputOrder`] after
+/// every rule that may add a repartition (before `SanityCheckPlan`, DataFusion's last rule, which
+/// then checks the plan it leaves; or last).
+pub fn with_release_order(rules: impl IntoIterator<Item = Rule>) -> Vec<Rule> {
+    let mut out: Vec<Rule> = vec![Arc::new(PinReleaseOrder)];
+    out.extend(rules);
+    let at = out
+        .iter()
+        .position(|r| r.name() == "SanityCheckPlan")
+        .unwrap_or(out.len());
+    out.insert(at, Arc::new(KeepOutputOrder));
+    out
+}
+
+/// The physical optimizer rule that keeps a plan's output in the order of the sort that defines
+/// it, in one partition, up to the root (round 49, review "physical" F1).
+///
+/// From the root it walks down as DataFusion's `OutputRequirements` looks for the query's
+/// global order: through operators with one input (or a `ScalarSubqueryExec`'s main input) that
+/// keep their input's order and do not require one of their own, and also through the
+/// repartitions and merges `EnsureRequirements` put on that path, down to the sort that defines
+/// the order: a [`PinnedSortExec`], a `SortExec` of one partition, or (when no such sort is
+/// below it) a `SortPreservingMergeExec`, each one partition in a total order (the guard breaks
+/// the ties of every sort over released rows). Every `RepartitionExec` on that path is taken off,
+/// and the operators above it are rebuilt on one partition; a merge left there merges that one
+/// partition. A plan whose root is still not one partition is refused (an internal error, which
+/// the session refuses before admission); a plan whose path reaches no such sort is left as it
+/// is. What is below the sort keeps its parallelism.
+#[derive(Debug, Default)]
+pub struct KeepOutputOrder;
+
+impl PhysicalOptimizerRule for KeepOutputOrder {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let Some(kept) = ordered_path(&plan)? else {
+            return Ok(plan);
+        };
+        if kept.output_partitioning().partition_count() != 1 {
+            return internal_err!(
+                "the order of a private plan's output is not kept to its root: {} partitions",
+                kept.output_partitioning().partition_count()
+            );
+        }
+        Ok(kept)
+    }
+
+    fn name(&self) -> &str {
+        "KeepOutputOrder"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// `plan` with no repartition between it and the sort that defines its order
+/// ([`KeepOutputOrder`]); None when its path reaches no such sort.
+fn ordered_path(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let sorted_here = plan.is::<PinnedSortExec>()
+        || plan
+            .downcast_ref::<SortExec>()
+            .is_some_and(|s| !s.preserve_partitioning());
+    if sorted_here {
+        return Ok(Some(Arc::clone(plan)));
+    }
+    let children = plan.children();
+    let below = match order_child(plan) {
+        Some(i) => ordered_path(children[i])?.map(|c| (i, c)),
+        None => None,
+    };
+    let Some((i, child)) = below else {
+        // A merge of sorted partitions orders its output itself.
+        return Ok(plan
+            .is::<SortPreservingMergeExec>()
+            .then(|| Arc::clone(plan)));
+    };
+    if plan.is::<RepartitionExec>() {
+        return Ok(Some(child));
+    }
+    if Arc::ptr_eq(&child, children[i]) {
+        return Ok(Some(Arc::clone(plan)));
+    }
+    let mut new: Vec<Arc<dyn ExecutionPlan>> = children.into_iter().cloned().collect();
+    new[i] = child;
+    let recompute = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+    Arc::clone(plan).replace_children(new, recompute).map(Some)
+}
+
+/// The input of `plan` whose order is its output's order, on the path [`KeepOutputOrder`] walks.
+fn order_child(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    if plan.is::<RepartitionExec>()
+        || plan.is::<CoalescePartitionsExec>()
+        || plan.is::<SortPreservingMergeExec>()
+    {
+        return Some(0);
+    }
+    if plan.children().len() != 1 && !plan.is::<ScalarSubqueryExec>() {
+        return None;
+    }
+    let keeps = plan.maintains_input_order().first().copied() == Some(true);
+    let requires = plan
+        .required_input_ordering()
+        .first()
+        .and_then(Option::as_ref)
+        .is_some_and(|o| !matches!(o, datafusion::physical_expr::OrderingRequirements::Soft(_)));
+    (keeps && !requires).then_some(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,17 +486,19 @@ mod tests {
         }
     }
 
-    /// A session state with DataFusion's physical rules, [`PinReleaseOrder`] first if `pin`.
+    /// A session state with DataFusion's physical rules, with the release order's
+    /// ([`with_release_order`]) if `pin`.
     fn state(partitions: usize, pin: bool) -> SessionState {
         let plain = SessionStateBuilder::new()
             .with_config(SessionConfig::new().with_target_partitions(partitions))
             .with_default_features()
             .build();
-        let mut rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> = vec![];
-        if pin {
-            rules.push(Arc::new(PinReleaseOrder));
-        }
-        rules.extend(plain.physical_optimizers().iter().cloned());
+        let datafusion = plain.physical_optimizers().iter().cloned();
+        let rules: Vec<Rule> = if pin {
+            with_release_order(datafusion)
+        } else {
+            datafusion.collect()
+        };
         SessionStateBuilder::new_from_existing(plain)
             .with_physical_optimizer_rules(rules)
             .build()
@@ -446,6 +580,12 @@ mod tests {
                     if pin {
                         assert!(leaks.is_empty(), "{q}: {leaks:?}\n{text}");
                         assert!(text.contains("PinnedSortExec"), "{q}\n{text}");
+                        // The output in one order: one partition at the root (round 49).
+                        assert_eq!(
+                            physical.output_partitioning().partition_count(),
+                            1,
+                            "{q}\n{text}"
+                        );
                     } else {
                         unpinned_leaks += leaks.len();
                     }
@@ -454,6 +594,91 @@ mod tests {
         }
         // The test sees the break it guards against.
         assert!(unpinned_leaks > 0);
+    }
+
+    /// Round 49 (review "physical" F1): the guard keeps a query's own `ORDER BY` below the
+    /// projection that computes from it, and pins it; DataFusion then put a round-robin
+    /// repartition between the two, and the root had as many partitions as
+    /// `target_partitions`: the rows came in the order the threads finished. With
+    /// [`KeepOutputOrder`] the root is one partition and the rows come in the sort's order, a
+    /// top-k or a scalar subquery on the way too; with the pin alone (before round 49) the
+    /// root of the review's shape has 16 partitions at 16.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_output_keeps_the_order_of_its_sort_up_to_the_root() {
+        let rows = "(SELECT dp_count(x, epsilon => 1) AS n FROM t) r CROSS JOIN range(200000) v";
+        let h = "upper(lower(upper(concat(CAST(value AS VARCHAR), 'abcdefghijklmnopqrstuvwxyz'))))";
+        let queries = [
+            format!(
+                "SELECT n, value * 2 AS w, {h} AS h FROM (SELECT r.n, v.value FROM {rows} \
+                 ORDER BY v.value) s"
+            ),
+            format!(
+                "SELECT n, value * 2 AS w, {h} AS h FROM (SELECT r.n, v.value FROM {rows} \
+                 ORDER BY v.value LIMIT 150000) s"
+            ),
+            // Under a filter, the guard sorts the output itself.
+            format!(
+                "SELECT n, value * 2 AS w, {h} AS h FROM (SELECT r.n, v.value FROM {rows} \
+                 ORDER BY v.value LIMIT 150000) s WHERE value % 3 <> 1"
+            ),
+            format!(
+                "SELECT n, value * 2 AS w, {h} AS h, (SELECT max(value) FROM range(10)) AS m \
+                 FROM (SELECT r.n, v.value FROM {rows} ORDER BY v.value) s"
+            ),
+        ];
+        let queries: Vec<&str> = queries.iter().map(String::as_str).collect();
+        let plans = checked(&queries).await;
+        for partitions in [2, 16] {
+            for (q, checked) in queries.iter().zip(&plans) {
+                let state = state(partitions, true);
+                let physical = state
+                    .query_planner()
+                    .create_physical_plan(checked.plan(), &state)
+                    .await
+                    .unwrap();
+                let text = displayable(physical.as_ref()).indent(true).to_string();
+                if std::env::var("SHOW_PLANS").is_ok() {
+                    eprintln!("{q}\n{text}");
+                }
+                assert_eq!(
+                    physical.output_partitioning().partition_count(),
+                    1,
+                    "{q}\n{text}"
+                );
+                let batches = datafusion::physical_plan::collect(physical, state.task_ctx())
+                    .await
+                    .unwrap();
+                let w: Vec<i64> = batches
+                    .iter()
+                    .flat_map(|b| {
+                        let i = b.schema().index_of("w").unwrap();
+                        b.column(i)
+                            .as_any()
+                            .downcast_ref::<Int64Array>()
+                            .unwrap()
+                            .values()
+                            .to_vec()
+                    })
+                    .collect();
+                assert!(w.len() >= 100_000, "{q}: {} rows", w.len());
+                let descents = w.windows(2).filter(|p| p[0] >= p[1]).count();
+                assert_eq!(descents, 0, "{q} at {partitions} partitions\n{text}");
+            }
+        }
+        // Before round 49: the pin alone, then DataFusion's rules.
+        let plain = state(16, false);
+        let rules: Vec<Rule> = std::iter::once(Arc::new(PinReleaseOrder) as Rule)
+            .chain(plain.physical_optimizers().iter().cloned())
+            .collect();
+        let old = SessionStateBuilder::new_from_existing(plain)
+            .with_physical_optimizer_rules(rules)
+            .build();
+        let physical = old
+            .query_planner()
+            .create_physical_plan(plans[0].plan(), &old)
+            .await
+            .unwrap();
+        assert_eq!(physical.output_partitioning().partition_count(), 16);
     }
 
     /// A UNION, join, aggregate or window over releases is read only through a pinned sort

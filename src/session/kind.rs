@@ -175,8 +175,10 @@ impl PrivateSession {
     /// `reservation` (the server's: the memory it holds for the analyst, never the pool the
     /// statement runs in; round 48) and against `max_result_bytes`; past either it stops with
     /// a clear message. Any other query (a DP release, small) runs the plan it
-    /// was checked as, admitted and executed as [`PrivateSession::sql_as`] would (planned and
-    /// checked once), and any other statement as [`PrivateSession::sql_as`]; the result is
+    /// was checked as, planned, admitted and executed as [`PrivateSession::sql_as`] would
+    /// (checked once; its physical plan built before admission, so a plan the physical planner
+    /// refuses is refused with nothing charged: round 49), and any other statement as
+    /// [`PrivateSession::sql_as`]; the result is
     /// counted in `reservation` without refusal, and one larger than `max_result_bytes` fails
     /// with the one fixed message (its charge stands).
     pub async fn sql_as_bounded(
@@ -210,14 +212,17 @@ impl PrivateSession {
                         .await
                         .map_err(Error::classify);
                 }
-                // Admitted, then exactly that plan run, as `sql` runs a checked query.
+                // Its physical plan built, then admitted, then that plan run, as `sql` runs a
+                // checked query (`execute_guarded`: a plan the physical planner refuses is
+                // refused before admission, nothing charged; round 49).
                 let r = self
                     .execute_guarded(text, &state, checked)
                     .await
                     .map_err(Error::classify)?;
                 counted(r, reservation, max_result_bytes)
             };
-            // A panic before admission (planning, the guard) is the fixed message, as in `sql`;
+            // A panic before admission (planning, the guard, the physical plan) is the fixed
+            // message, as in `sql`;
             // after it, `execute_guarded` has made it the execution's fixed message.
             let scoped = STATEMENT_L0.scope(std::cell::Cell::new(None), query);
             match std::panic::AssertUnwindSafe(scoped).catch_unwind().await {
@@ -506,5 +511,60 @@ mod tests {
             charges[0].query,
             "SELECT dp_sum(t.x, 0, 10, epsilon => 0.5) FROM t JOIN u ON t.k = u.k"
         );
+    }
+
+    /// Round 49 (review "physical", F2): the server's bounded run planned the physical plan of
+    /// a DP query after admitting it, so a placeholder in its released columns was charged and
+    /// then failed. It is refused before admission now, nothing charged; the same query with a
+    /// value is charged once.
+    #[tokio::test]
+    async fn a_bounded_query_the_physical_planner_refuses_charges_nothing() {
+        use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch};
+        let dir = crate::testdir::test_dir("bounded-unplannable");
+        let s = PrivateSession::open(
+            crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
+        )
+        .await
+        .unwrap();
+        let b = RecordBatch::try_from_iter(vec![(
+            "x",
+            Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0])) as ArrayRef,
+        )])
+        .unwrap();
+        s.register_batches(
+            "t",
+            vec![b],
+            crate::Registration::private().budget(10.0, 1e-6),
+        )
+        .unwrap();
+        let run = |sql: &'static str| {
+            let s = &s;
+            async move {
+                let kind = s.statement_kind(sql).await.unwrap();
+                assert_eq!(kind, StatementKind::Query, "{sql}");
+                let mut reservation =
+                    datafusion::execution::memory_pool::MemoryConsumer::new("test")
+                        .register(&held());
+                s.sql_as_bounded("ana", sql, &kind, &mut reservation, 1 << 20)
+                    .await
+            }
+        };
+        let e = run("SELECT dp_count(x, 1.0) AS n, $1 AS p FROM t")
+            .await
+            .expect_err("unplannable");
+        assert!(
+            matches!(
+                crate::error::Error::of(&e),
+                Some(crate::error::Error::Refused(_))
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("could not be planned"), "{e}");
+        assert!(s.ledger().unwrap().is_empty(), "nothing charged");
+        let r = run("SELECT dp_count(x, 1.0) AS n, 1 AS p FROM t")
+            .await
+            .unwrap();
+        assert!(r.receipt.is_some());
+        assert_eq!(s.ledger().unwrap().len(), 1, "charged once");
     }
 }

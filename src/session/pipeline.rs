@@ -1,15 +1,16 @@
 //! The one path every statement takes: the statements answered before parsing (`EXPLAIN
 //! PRIVACY`, `SHOW BUDGET`, `SHOW TABLES`, `HELP`), parsing (with the BigQuery clause and named
-//! arguments), planning, the guard, admission (the durable charge) and execution of exactly the
-//! checked plan. The server's bounded run ([`super::kind`]) shares its front and its physical
-//! planning. A failure after admission is the one fixed message [`EXECUTION_FAILED`]; a panic
-//! anywhere, [`STATEMENT_PANICKED`].
+//! arguments), planning, the guard, the physical plan of exactly the checked plan, admission (the
+//! durable charge) and execution of that physical plan. A checked query the physical planner
+//! cannot plan is refused before admission, with nothing charged ([`UNPLANNABLE`], round 49). The
+//! server's bounded run ([`super::kind`]) shares its front and its physical planning. A failure
+//! after admission is the one fixed message [`EXECUTION_FAILED`]; a panic anywhere,
+//! [`STATEMENT_PANICKED`].
 use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result, plan_err};
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::sql::parser::{CopyToSource, DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
@@ -175,10 +176,12 @@ impl PrivateSession {
         self.execute_guarded(sql, state, checked).await
     }
 
-    /// Admits (charges durably) and runs a checked plan, the only kind of plan a query runs as.
-    /// Once a query that reads a private table is admitted, any error or panic of its planning or
-    /// execution reaches the analyst as the one fixed message [`EXECUTION_FAILED`]: it may depend
-    /// on the data (docs/PRIVACY.md).
+    /// Plans, admits (charges durably) and runs a checked plan, the only kind of plan a query
+    /// runs as. Its physical plan is built first, from the checked plan under the statement's
+    /// state ([`Self::planned`]): a plan the physical planner refuses is refused with nothing
+    /// charged (round 49, review "physical" F2). Once a query that reads a private table is
+    /// admitted, any error or panic of its execution reaches the analyst as the one fixed message
+    /// [`EXECUTION_FAILED`]: it may depend on the data (docs/PRIVACY.md).
     pub(super) async fn execute_guarded(
         &self,
         sql: &str,
@@ -191,13 +194,27 @@ impl PrivateSession {
         if self.options.cluster.is_some() {
             crate::distributed::admissible(&checked)?;
         }
-        let receipt = self.admit(sql, &checked)?;
+        // A statement the budgets refuse is refused first, before its physical plan, as before
+        // round 49: a budget refusal plans no scan of a table (`PrivateSession::scans`) and does
+        // no planning work. Then the plan is built, and only a plan that was built is admitted
+        // (round 49, review "physical" F2).
+        let (physical, receipt) = if self.within_budgets(&checked)? {
+            let physical = self.planned(state, &checked).await?;
+            (Some(physical), self.admit(sql, &checked)?)
+        } else {
+            // The accountant's own refusal, nothing written. Only if the ledger changed between
+            // the preview and this admission so that it now admits the charge (the owner
+            // relaxed a budget in between) is it admitted here, and planned after it.
+            (None, self.admit(sql, &checked)?)
+        };
         let private = checked.reads_private();
         let schema = checked.schema();
-        let task = state.task_ctx();
         let run = async {
-            let physical = self.physical_plan(state, &checked).await?;
-            datafusion::physical_plan::collect(physical, task).await
+            let physical = match physical {
+                Some(p) => p,
+                None => self.physical_plan(state, &checked).await?,
+            };
+            datafusion::physical_plan::collect(physical, state.task_ctx()).await
         };
         let batches = sanitise(private, run).await?;
         Ok(QueryResult {
@@ -208,11 +225,57 @@ impl PrivateSession {
         })
     }
 
+    /// Whether admission would charge `checked` now: every table's budget holds its charge (a
+    /// preview under the ledger's lock, nothing written). Admission decides again, atomically.
+    fn within_budgets(&self, checked: &guard::CheckedPlan) -> Result<bool> {
+        let charges = charges_of(checked.calls());
+        if charges.is_empty() {
+            return Ok(true);
+        }
+        let preview = self
+            .accountant
+            .preview_at(&charges, self.default_delta())
+            .map_err(crate::error::Error::from_accounting)?;
+        Ok(preview.iter().all(|row| row.admitted))
+    }
+
+    /// [`Self::physical_plan`] of a query about to be admitted: built before admission (round
+    /// 49, review "physical" F2: it was built after, so a placeholder left in the released
+    /// columns, `SELECT dp_count(salary, 1.0) AS n, $1 AS p FROM salaries`, was charged and then
+    /// failed). When the plan reads a private table, an error is the refusal [`UNPLANNABLE`],
+    /// nothing charged: planning reads no private row (see [`Self::physical_plan`]), so the
+    /// refusal depends on the query and the owner's tables, not on their rows; the planner's
+    /// own message is not shown (it can name the owner's files). A public plan's error is
+    /// DataFusion's, as before.
+    async fn planned(
+        &self,
+        state: &SessionState,
+        checked: &guard::CheckedPlan,
+    ) -> Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        match self.physical_plan(state, checked).await {
+            Err(_) if checked.reads_private() => Err(crate::error::Error::refused(UNPLANNABLE)),
+            planned => planned,
+        }
+    }
+
     /// The physical plan of exactly the checked plan: the one way a checked plan becomes
     /// executable (here and in the server's bounded run, [`super::kind`]). The literal
     /// parameters of the DP calls served by the exact-partials accumulator are then bound into
     /// their function instances ([`dpfusion_udfs::aggregates::bind`]): the same calls with the
-    /// same literals, without DataFusion filling one array per parameter and batch.
+    /// same literals, without DataFusion filling one array per parameter and batch; and the
+    /// statement's cancellation flag (`CANCEL`, set by the server for the whole statement, so
+    /// it is in scope here, before admission) into its model fits.
+    ///
+    /// It runs before admission ([`Self::planned`]) and reads no private row (round 49): the
+    /// physical planner only calls each table's `scan`, and a private table's
+    /// (`GuardedTable::scan`) lists its files and wraps its reader, with no filter and no limit
+    /// (DataFusion's `ListingTable` reads no file footer or statistics, `collect_statistics`
+    /// being off, and a CSV table's schema is pinned, never inferred); the reader is a sealed
+    /// `PrivateScanExec` with no statistics and no ordering, and the physical optimizer's rules
+    /// read plan properties and statistics, never rows. No plan is executed here: scalar
+    /// subqueries run in `ScalarSubqueryExec` when the plan runs, and a Ballista plan is
+    /// submitted to the cluster when it is executed. The rows of a join's public side were read
+    /// while the plan was checked (public rows).
     pub(super) async fn physical_plan(
         &self,
         state: &SessionState,
@@ -227,20 +290,20 @@ impl PrivateSession {
         // First of all, on the physical planner's plan, the sorts of released rows are pinned
         // (guard::release_order): DataFusion's `EnsureRequirements` removed the guard's sort of
         // a release under a window, an inner ORDER BY … LIMIT or an aggregate, which then saw
-        // the groups in the order the private rows set (round 47, review "fuzzgaps" F1).
+        // the groups in the order the private rows set (round 47, review "fuzzgaps" F1). After
+        // DataFusion's rules, the path from the root to the sort that orders the output is kept
+        // in that sort's one partition: a round-robin repartition under a computing projection
+        // above it gave the rows in the order the threads finished (round 49, review "physical"
+        // F1).
         let sealed;
         let state = if checked.reads_private() {
-            let pin: Arc<dyn PhysicalOptimizerRule + Send + Sync> =
-                Arc::new(guard::release_order::PinReleaseOrder);
-            let rules = std::iter::once(pin)
-                .chain(
-                    state
-                        .physical_optimizers()
-                        .iter()
-                        .filter(|r| !r.name().starts_with("FilterPushdown"))
-                        .cloned(),
-                )
-                .collect();
+            let rules = guard::release_order::with_release_order(
+                state
+                    .physical_optimizers()
+                    .iter()
+                    .filter(|r| !r.name().starts_with("FilterPushdown"))
+                    .cloned(),
+            );
             sealed = datafusion::execution::SessionStateBuilder::new_from_existing(state.clone())
                 .with_physical_optimizer_rules(rules)
                 .build();
@@ -397,6 +460,15 @@ impl PrivateSession {
 pub const EXECUTION_FAILED: &str = "dpfusion: the query failed while it ran. Its charge stands (a \
 failure can depend on the data, so it is not refunded), and the error is not shown because it \
 could reveal private values. Check the query's types and functions against docs/SQL.md.";
+
+/// The refusal of a checked query that reads a private table and that the physical planner
+/// could not plan (round 49): nothing was charged. It names no cause: the planner's message can
+/// name the data owner's files.
+pub(crate) const UNPLANNABLE: &str = "dpfusion refused the query: it passed the privacy checks, \
+but it could not be planned for execution. Nothing was charged and no private row was read. The \
+planner's error is not shown, as it can name the data owner's files. A common cause is a \
+parameter ($1 or ?) left without a value: give every parameter a value, or write the value in \
+the query. Otherwise simplify what the query computes from its DP results (docs/SQL.md).";
 
 /// Runs `fut`; when `private`, any error or panic becomes [`EXECUTION_FAILED`]. A panic never
 /// leaves it (a panic of a query must not take down an embedding process or the server): on a
@@ -714,6 +786,41 @@ mod tests {
 
         assert!(!options.optimizer.enable_topk_dynamic_filter_pushdown);
         assert!(!options.optimizer.enable_aggregate_dynamic_filter_pushdown);
+    }
+
+    /// Round 49 (review "physical" F1): the review's shape, a projection that computes over
+    /// the query's own ORDER BY of a release beside 200,000 rows, at 16 partitions. DataFusion
+    /// put a round-robin repartition under the projection, and the root had 16 partitions,
+    /// merged in the order the threads finished; the session's rules keep it in one.
+    #[tokio::test]
+    async fn an_ordered_release_is_one_partition_at_the_root_of_the_sessions_plan() {
+        use datafusion::physical_plan::{ExecutionPlanProperties, displayable};
+        let dir = crate::testdir::test_dir("ordered-root");
+        let people = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/people.csv");
+        let s = PrivateSession::open(
+            crate::SessionOptions::default()
+                .with_ledger(dir.join("ledger.jsonl"))
+                .with_target_partitions(16),
+        )
+        .await
+        .unwrap();
+        s.register_csv("people", people, crate::Registration::private())
+            .await
+            .unwrap();
+        let sql = "SELECT n, value * 2 AS w, upper(lower(concat(CAST(value AS VARCHAR), 'abc'))) \
+                   AS h FROM (SELECT r.n, v.value FROM (SELECT dp_count(salary, 0.001) AS n \
+                   FROM people) r CROSS JOIN range(200000) v ORDER BY v.value) s";
+        let state = s.statement_state().unwrap();
+        let checked = s.plan_query(&state, sql).await.unwrap();
+        let physical = s.physical_plan(&state, &checked).await.unwrap();
+        let text = displayable(physical.as_ref()).indent(true).to_string();
+        assert_eq!(
+            physical.output_partitioning().partition_count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("PinnedSortExec"), "{text}");
+        assert!(s.ledger().unwrap().is_empty(), "planned, not run");
     }
 
     /// Round 46, F6 of the review of its fixes: a join's public side is run and replaced by its

@@ -1037,3 +1037,98 @@ async fn the_delta_refusals_fix_gets_the_selection_it_describes() {
         .expect("a selection");
     assert_eq!(sel.delta, Some(9.99999e-8), "{sel:?}");
 }
+
+/// Round 49 (review "physical", F2): physical planning ran after admission, so a checked query
+/// the physical planner rejects (a placeholder in the released columns, which the guard lets
+/// through as post-processing) was charged and then failed with the fixed message ("Its charge
+/// stands"). It is planned before admission now: refused, typed, with what to do, and nothing
+/// charged (ledger, spent ε, query count); a query that plans is still charged once and
+/// released.
+#[tokio::test]
+async fn a_checked_query_the_physical_planner_refuses_is_refused_and_charges_nothing() {
+    use dpfusion::Error;
+    let dir = temp_dir("unplannable");
+    let s = session(&dir, 10.0).await;
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let spent = |s: &PrivateSession| {
+        let row = s.budget().into_iter().find(|r| r.name == "people").unwrap();
+        (row.spent, row.queries, row.native.used)
+    };
+    let before = spent(&s);
+    for sql in [
+        "SELECT dp_count(salary, 1.0) AS n, $1 AS p FROM people",
+        "SELECT dept, dp_count(salary, 1.0) AS n, $1 AS p FROM people GROUP BY dept",
+    ] {
+        // The guard passes it: it plans and checks.
+        s.check(sql).await.expect(sql);
+        let e = s.sql(sql).await.expect_err(sql);
+        assert!(
+            matches!(Error::of(&e), Some(Error::Refused(_))),
+            "{sql}: {e}"
+        );
+        let m = e.to_string();
+        assert!(m.contains("could not be planned"), "{m}");
+        assert!(m.contains("Nothing was charged"), "{m}");
+        assert!(m.contains("give every parameter a value"), "{m}");
+        assert!(!m.contains("charge stands"), "{m}");
+        assert!(s.ledger().unwrap().is_empty(), "{sql}: nothing charged");
+        assert_eq!(spent(&s), before, "{sql}: nothing spent");
+    }
+    let r = s
+        .sql("SELECT dp_count(salary, 1.0) AS n, 1 AS p FROM people")
+        .await
+        .unwrap();
+    assert!(r.receipt.is_some(), "charged");
+    assert_eq!(r.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    assert_eq!(s.ledger().unwrap().len(), 1, "charged once");
+    assert_eq!(spent(&s).1, before.1 + 1);
+}
+
+/// Round 49 (review "physical", F1): at `target_partitions = 16`, a projection that computes
+/// over the query's own ORDER BY (kept by the guard below it, and pinned) got a round-robin
+/// repartition under it, and the rows came back in the order the threads finished (descents at
+/// batch boundaries, another order in another run). They come back in the ORDER BY's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_by_below_a_computing_projection_orders_the_output_at_16_partitions() {
+    let dir = temp_dir("order-16");
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_default_budget(10.0, 1e-6)
+            .with_target_partitions(16),
+    )
+    .await
+    .unwrap();
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    let sql = "SELECT n, value * 2 AS w, upper(lower(upper(lower(concat(CAST(value AS VARCHAR), \
+               'abcdefghijklmnopqrstuvwxyz'))))) AS h \
+               FROM (SELECT r.n, v.value \
+                     FROM (SELECT dp_count(salary, 0.001) AS n FROM people) r \
+                     CROSS JOIN range(200000) v \
+                     ORDER BY v.value) s";
+    for _ in 0..2 {
+        let r = s.sql(sql).await.unwrap();
+        let w: Vec<i64> = r
+            .batches
+            .iter()
+            .flat_map(|b| {
+                b.column(1)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        // Compared by position, not printed whole (200,000 values).
+        let out_of_place = w
+            .iter()
+            .zip((0..200_000).map(|v| v * 2))
+            .position(|(got, want)| *got != want);
+        assert_eq!((w.len(), out_of_place), (200_000, None));
+    }
+}
