@@ -87,7 +87,7 @@ pub type Recheck = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 pub struct GuardedTable {
     inner: Arc<dyn TableProvider>,
     info: TableInfo,
-    scans: AtomicU64,
+    scans: Arc<AtomicU64>,
     recheck: Option<Recheck>,
     /// The bytes of each column's largest value, where they were measured (the settled public
     /// side of a join, checked.rs): the audit bounds what private rows copy of them.
@@ -111,7 +111,7 @@ impl GuardedTable {
         Self {
             inner,
             info,
-            scans: AtomicU64::new(0),
+            scans: Arc::new(AtomicU64::new(0)),
             recheck: None,
             widest: None,
             policy: None,
@@ -141,7 +141,11 @@ impl GuardedTable {
     pub fn info(&self) -> &TableInfo {
         &self.info
     }
-    /// How many times a scan of this table was planned for execution.
+    /// How many times this table's rows were read: for a private table, each partition of a
+    /// scan that ran ([`PrivateScanExec::execute`]; round 49: a scan is now planned before the
+    /// statement is admitted, and planning reads no row, so a query refused then counts none);
+    /// for a public table, each scan planned for execution; on a Ballista cluster, each plan
+    /// submitted.
     pub fn scans(&self) -> u64 {
         self.scans.load(Ordering::SeqCst)
     }
@@ -172,7 +176,9 @@ impl TableProvider for GuardedTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.scans.fetch_add(1, Ordering::SeqCst);
+        if !self.info.private {
+            self.scans.fetch_add(1, Ordering::SeqCst);
+        }
         if let Some(check) = &self.recheck {
             check()?;
         }
@@ -188,7 +194,8 @@ impl TableProvider for GuardedTable {
                 .get_extension::<MaxValueBytes>()
                 .map_or(crate::session::DEFAULT_MAX_VALUE_BYTES, |m| m.0);
             let cap = ValueCap::new(&self.info.name, &inner.schema(), bytes)?;
-            return Ok(Arc::new(PrivateScanExec::new(inner, Arc::new(cap))));
+            let reads = Arc::clone(&self.scans);
+            return Ok(Arc::new(PrivateScanExec::new(inner, Arc::new(cap), reads)));
         }
         self.inner.scan(state, projection, filters, limit).await
     }
@@ -246,10 +253,12 @@ pub struct PrivateScanExec {
     inner: Arc<dyn ExecutionPlan>,
     cap: Arc<ValueCap>,
     properties: Arc<PlanProperties>,
+    /// The table's count of reads ([`GuardedTable::scans`]).
+    reads: Arc<AtomicU64>,
 }
 
 impl PrivateScanExec {
-    fn new(inner: Arc<dyn ExecutionPlan>, cap: Arc<ValueCap>) -> Self {
+    fn new(inner: Arc<dyn ExecutionPlan>, cap: Arc<ValueCap>, reads: Arc<AtomicU64>) -> Self {
         let properties = (**inner.properties())
             .clone()
             .with_eq_properties(EquivalenceProperties::new(inner.schema()));
@@ -257,6 +266,7 @@ impl PrivateScanExec {
             inner,
             cap,
             properties: Arc::new(properties),
+            reads,
         }
     }
 }
@@ -317,7 +327,11 @@ impl ExecutionPlan for PrivateScanExec {
             .inner
             .repartitioned(target_partitions, config)?
             .map(|inner| {
-                Arc::new(Self::new(inner, Arc::clone(&self.cap))) as Arc<dyn ExecutionPlan>
+                Arc::new(Self::new(
+                    inner,
+                    Arc::clone(&self.cap),
+                    Arc::clone(&self.reads),
+                )) as Arc<dyn ExecutionPlan>
             }))
     }
 
@@ -326,6 +340,7 @@ impl ExecutionPlan for PrivateScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         let stream = self.inner.execute(partition, context)?;
         let schema = stream.schema();
         let cap = Arc::clone(&self.cap);
