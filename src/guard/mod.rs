@@ -395,11 +395,13 @@ fn visit(plan: LogicalPlan, cx: &mut Cx) -> Result<LogicalPlan> {
 
 /// `plan` with its schema derived again from its inputs ([`LogicalPlan::recompute_schema`]; a
 /// `UNION`'s too, which DataFusion's keeps as long as its width is unchanged): a column is
-/// nullable wherever an input's is.
+/// nullable wherever an input's is. A `UNION` whose inputs' types differ is an error here,
+/// before admission (strict types: DataFusion's physical union checks none, so the query would
+/// fail while it ran, after its charge).
 fn fresh_schema(plan: LogicalPlan) -> Result<LogicalPlan> {
     match plan {
         LogicalPlan::Union(u) => Ok(LogicalPlan::Union(
-            datafusion::logical_expr::Union::try_new_with_loose_types(u.inputs)?,
+            datafusion::logical_expr::Union::try_new(u.inputs)?,
         )),
         plan => plan.recompute_schema(),
     }

@@ -369,15 +369,24 @@ fn bound(name: &str, args: &[ColumnarValue], rows: u64) -> Size {
             let (s, n) = (len(0), count(1));
             sum(&|i| n.at(i).saturating_mul(4).max(s.at(i)))
         }
+        // Each item with what the list spends on it beyond its bytes (`table::item_overhead`,
+        // round 49: a struct of empty strings is 0 bytes, its items in a list are not).
         "array_repeat" => {
             let (v, n) = (len(0), count(1));
-            sum(&|i| v.at(i).max(8).saturating_mul(n.at(i)))
+            let extra = arg(0).map_or(0, |v| super::table::item_overhead(&v.data_type()));
+            sum(&|i| v.at(i).saturating_add(extra).max(8).saturating_mul(n.at(i)))
         }
         "array_resize" => {
             let (a, n, fill) = (len(0), count(1), len(2));
+            let extra = match arg(0).map(ColumnarValue::data_type) {
+                Some(DataType::List(f) | DataType::LargeList(f)) => {
+                    super::table::item_overhead(f.data_type())
+                }
+                _ => 16,
+            };
             sum(&|i| {
                 n.at(i)
-                    .saturating_mul(fill.at(i).max(a.at(i)).max(8))
+                    .saturating_mul(fill.at(i).max(a.at(i)).saturating_add(extra).max(8))
                     .saturating_add(a.at(i))
             })
         }
@@ -426,10 +435,19 @@ fn bound(name: &str, args: &[ColumnarValue], rows: u64) -> Size {
         "array_to_string" => {
             let (a, sep, null) = (arg(0).map_or(PerRow::All(0), leaves), len(1), len(2));
             let bytes = len(0);
+            // DataFusion's array_to_string writes a float with Rust's `{}`, which never uses an
+            // exponent: 5e-324 is 326 bytes, -f64::MAX 310 (the review of round 49's fixes).
             let text = arg(0)
                 .map(|v| leaf_type(&v.data_type()))
-                .and_then(|t| super::fragment::fixed_width(&t).map(|_| t))
-                .map_or(64, |t| super::fragment::fixed_text_bytes(&t).max(64));
+                .map_or(64, |t| match t {
+                    DataType::Float64 => 330,
+                    DataType::Float32 => 60,
+                    DataType::Float16 => 24,
+                    t if super::fragment::fixed_width(&t).is_some() => {
+                        super::fragment::fixed_text_bytes(&t).max(64)
+                    }
+                    _ => 64,
+                });
             sum(&|i| {
                 a.at(i)
                     .saturating_mul(text.saturating_add(sep.at(i)).saturating_add(null.at(i)))

@@ -632,17 +632,27 @@ pub fn value_bytes_per_row(a: &ArrayRef) -> Vec<u64> {
 /// large ones), a view (16; a list view's offset and size), a dictionary's key, and 1 for an
 /// item whose type takes no bytes (NULL, an empty struct), as `fixed_width` counts a
 /// fixed-size list's; 0 for a fixed-width item, whose width is already its bytes.
-fn item_overhead(t: &DataType) -> u64 {
-    match t {
+///
+/// A struct item spends what each of its fields spends on it (round 49, the review of the fixes:
+/// a list of `{a: ''}` counted 0, so `array_repeat` of it was unbounded), at least 1; a run-end
+/// encoded item, its run ends and values (8).
+pub(super) fn item_overhead(t: &DataType) -> u64 {
+    let own = match t {
         DataType::Utf8 | DataType::Binary | DataType::List(_) | DataType::Map(_, _) => 4,
         DataType::LargeUtf8 | DataType::LargeBinary | DataType::LargeList(_) => 8,
         DataType::ListView(_) => 8,
         DataType::Utf8View | DataType::BinaryView | DataType::LargeListView(_) => 16,
         DataType::Dictionary(k, _) => k.primitive_width().map_or(8, |w| w as u64),
-        t => match super::fragment::fixed_width(t) {
-            Some(0) => 1,
-            _ => 0,
-        },
+        DataType::RunEndEncoded(_, _) => 8,
+        DataType::Struct(fields) if super::fragment::fixed_width(t).is_none() => fields
+            .iter()
+            .map(|f| item_overhead(f.data_type()))
+            .fold(0u64, u64::saturating_add),
+        _ => 0,
+    };
+    match super::fragment::fixed_width(t) {
+        Some(w) => w.max(1) - w,
+        None => own.max(1),
     }
 }
 
@@ -878,6 +888,26 @@ mod tests {
         for a in [empty_strings, empty_lists, nulls] {
             assert!(capped(a, true).is_null(0), "over the cap, NULL");
         }
+        // Structs of empty strings (and a map's entries) are not free either (the review of
+        // round 49's fixes: a struct item counted 0).
+        let structs: ArrayRef = Arc::new(datafusion::arrow::array::StructArray::from(vec![(
+            Arc::new(Field::new("a", DataType::Utf8, true)),
+            Arc::new(StringArray::from(vec![""; n])) as ArrayRef,
+        )]));
+        let list_of_structs = one_row(structs);
+        assert_eq!(value_bytes_per_row(&list_of_structs), vec![4 * n as u64]);
+        assert_eq!(item_overhead(list_of_structs.data_type()), 4);
+        let mixed = DataType::Struct(
+            vec![
+                Field::new("x", DataType::Int64, true),
+                Field::new("s", DataType::LargeUtf8, true),
+                Field::new("z", DataType::Null, true),
+            ]
+            .into(),
+        );
+        assert_eq!(item_overhead(&mixed), 8 + 1);
+        assert_eq!(item_overhead(&DataType::Int64), 0);
+        assert_eq!(item_overhead(&DataType::Null), 1);
     }
 
     /// A sliced batch (a reader's) is measured on its own rows.

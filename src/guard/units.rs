@@ -779,19 +779,23 @@ fn null_hidden_fields(a: &ArrayRef) -> ArrayRef {
                 .columns()
                 .iter()
                 .map(|c| {
-                    let c = null_hidden_fields(c);
+                    // The struct's NULLs first, then the field's own fields: a field nulled here
+                    // hides its own fields in turn (the review of round 49's fixes: recursing
+                    // first left a NULL grandparent's grandchildren as they were).
                     let nulls = NullBuffer::union(parent, c.nulls());
-                    if parent.is_none()
+                    let c = if parent.is_none()
                         || matches!(c.data_type(), DataType::Null)
                         || nulls.as_ref().map(NullBuffer::null_count)
                             == c.nulls().map(NullBuffer::null_count)
                     {
-                        return c;
-                    }
-                    match c.to_data().into_builder().nulls(nulls).build() {
-                        Ok(d) => make_array(d),
-                        Err(_) => c,
-                    }
+                        Arc::clone(c)
+                    } else {
+                        match c.to_data().into_builder().nulls(nulls).build() {
+                            Ok(d) => make_array(d),
+                            Err(_) => Arc::clone(c),
+                        }
+                    };
+                    null_hidden_fields(&c)
                 })
                 .collect();
             Arc::new(StructArray::new(fields.clone(), columns, parent.cloned()))
@@ -1590,6 +1594,21 @@ mod tests {
         let got = canonical_key(&list);
         let items = got.as_list::<i32>().values().as_struct().column(0).clone();
         assert!(items.is_null(1) && items.is_valid(0));
+        // A struct in a NULL struct: its field is NULL too (every depth).
+        let inner_fields = vec![Arc::new(Field::new("a", DataType::Int64, true))];
+        let inner: ArrayRef = Arc::new(StructArray::new(
+            inner_fields.into(),
+            vec![Arc::new(Int64Array::from(vec![1, 2, 3])) as ArrayRef],
+            None,
+        ));
+        let outer: ArrayRef = Arc::new(StructArray::new(
+            vec![Arc::new(Field::new("s", inner.data_type().clone(), true))].into(),
+            vec![inner],
+            Some(NullBuffer::from(vec![true, false, true])),
+        ));
+        let got = canonical_key(&outer);
+        let leaf = got.as_struct().column(0).as_struct().column(0).clone();
+        assert!(leaf.is_null(1) && leaf.is_valid(0) && leaf.is_valid(2));
         // Nothing hidden: the same array back.
         let plain: ArrayRef = Arc::new(Int64Array::from(vec![1, 2]));
         assert!(Arc::ptr_eq(&canonical_key(&plain), &plain) || canonical_key(&plain) == plain);

@@ -512,3 +512,23 @@ async fn operators_over_a_release_keyed_by_an_expression_run() {
         assert!(rows >= 1, "{sql}: released rows");
     }
 }
+
+/// The review of round 49's fixes, F1 and F2: a list of structs of empty strings was measured as
+/// free by the one value measure, so nested `array_repeat`s over public rows were bounded at 0
+/// bytes (one statement allocated 16.9 GB and aborted the process), and `array_to_string`
+/// counted a float's text as 64 bytes where DataFusion writes 5e-324 as 326. Both are now refused
+/// before they run.
+#[tokio::test]
+async fn nested_repeats_of_empty_structs_and_float_texts_are_bounded_before_they_run() {
+    let dir = temp_dir("repeat-bounds");
+    let s = people(&dir).await;
+    for sql in [
+        "SELECT cardinality(array_repeat(array_repeat(named_struct('a', s), m), n)) AS c \
+         FROM (VALUES ('', 46000, 46000)) t(s, m, n)",
+        "SELECT length(array_to_string(a, ',')) FROM (SELECT array_agg(CAST(5e-324 AS DOUBLE)) \
+         AS a FROM range(4000000))",
+    ] {
+        let e = err(&s, sql).await;
+        assert!(e.contains("would write up to"), "{sql}: {e}");
+    }
+}
