@@ -1,7 +1,9 @@
 //! dpfusion on Apache DataFusion Ballista (feature `distributed`, issue 9): the same queries run in
 //! this process and on an in-process Ballista cluster (loopback only) are admitted and charged
 //! identically and release statistically equivalent values, and noise is drawn once per release,
-//! at the final aggregation, not once per partition.
+//! at the final aggregation, not once per partition. What a cluster cannot run as it was checked
+//! (the guard's per-query functions, a condition on released values, a plan its scheduler cannot
+//! plan) is refused before admission, nothing charged (round 49).
 //!
 //! Sessions draw noise from the OS (no seed reaches a session), so the checks are statistical:
 //! a GROUP BY over G = 2000 groups with identical data gives 2000 independent releases of the
@@ -441,8 +443,50 @@ async fn a_plan_that_cannot_cross_as_checked_is_refused_on_a_cluster() {
     assert!(err.to_string().contains("privacy unit"), "{err}");
     assert_eq!(cluster.scans("pu"), 0, "a refused query reads nothing");
     assert!(cluster.ledger().unwrap().is_empty(), "nothing charged");
+    // Round 49 (review "distributed" F4): an ungrouped dp_sum's bounding sums each unit's rows
+    // exactly in `__dpfusion_unit_total` (round 48), so it no longer crosses either; an ungrouped
+    // dp_count_distinct keeps one row per unit with no function of the bounding's, and runs on
+    // the cluster.
+    let sum = "SELECT dp_sum(v, 0, 1, epsilon => 1.0) AS s FROM pu";
+    let err = cluster.sql(sum).await.unwrap_err();
+    assert!(err.to_string().contains("privacy unit"), "{err}");
+    assert!(cluster.ledger().unwrap().is_empty(), "nothing charged");
+    let distinct = "SELECT dp_count_distinct(k, epsilon => 1.0) AS n FROM pu";
+    let r = cluster.sql(distinct).await.unwrap();
+    assert!(r.receipt.is_some(), "charged");
+    assert_eq!(column(&r, 0).len(), 1);
+    assert_eq!(cluster.scans("pu"), 1, "submitted to the cluster");
     local.register_parquet("pu", &u, units).await.unwrap();
     assert!(local.sql(sql).await.unwrap().receipt.is_some());
+    assert!(local.sql(sum).await.unwrap().receipt.is_some());
+
+    // Round 49 (review "distributed" F4): a LIKE or regular-expression match over private rows
+    // is always made total (its matcher is built inside the guard's wrapper), so it is refused
+    // on a cluster too.
+    let jobs = write_jobs_table(&dir.join("data"), false);
+    let private = Registration::private().budget(50.0, 1e-5);
+    for s in [&cluster, &local] {
+        s.register_parquet("jobs", &jobs, private.clone())
+            .await
+            .unwrap();
+    }
+    for sql in [
+        "SELECT dp_count(salary, 1.0) AS n FROM jobs WHERE job LIKE 'j1%'",
+        "SELECT dp_count(salary, 1.0) AS n FROM jobs WHERE regexp_like(job, '^j1')",
+    ] {
+        let err = cluster.sql(sql).await.unwrap_err();
+        assert!(
+            err.to_string().contains("cannot cross Ballista's codec"),
+            "{sql}: {err}"
+        );
+        assert!(local.sql(sql).await.unwrap().receipt.is_some(), "{sql}");
+    }
+    assert_eq!(cluster.scans("jobs"), 0, "a refused query reads nothing");
+    assert_eq!(
+        cluster.ledger().unwrap().len(),
+        1,
+        "only dp_count_distinct charged"
+    );
 }
 
 /// A private CSV table is read in the client, whole and record by record (round 47), so its
@@ -485,4 +529,228 @@ async fn a_private_csv_table_runs_in_the_client() {
     );
     assert!(!err.contains("in-memory"), "{err}");
     assert_eq!(cluster.ledger().unwrap().len(), charged, "nothing charged");
+}
+
+/// Table `jobs` under `dir`: 200 jobs of 100 rows each, all released, in one Parquet file, and,
+/// when `target`, one more row, of job 'target' (never released: one row is far below partition
+/// selection's threshold). The final aggregation's batches then hold many groups each, most of
+/// them released.
+fn write_jobs_table(dir: &Path, target: bool) -> PathBuf {
+    let out = dir.join(if target { "jobs-target" } else { "jobs" });
+    std::fs::create_dir_all(&out).unwrap();
+    let mut job: Vec<String> = (0..200)
+        .flat_map(|j| std::iter::repeat_n(format!("j{j}"), 100))
+        .collect();
+    if target {
+        job.push("target".into());
+    }
+    let salary = vec![1.0; job.len()];
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "job",
+            Arc::new(datafusion::arrow::array::StringArray::from(job)) as ArrayRef,
+        ),
+        ("salary", Arc::new(Float64Array::from(salary)) as ArrayRef),
+    ])
+    .unwrap();
+    write_parquet(&out.join("part-0.parquet"), &batch);
+    out
+}
+
+/// Round 49, review "distributed" F1: a condition on released values that fails only on a group
+/// that was not released. The guard leaves it above the release; a scheduler that optimized the
+/// plan again merged it into the partition selection's filter, where it ran on the group
+/// 'target' too: on the standalone cluster the query failed (charged) exactly when a row of job
+/// 'target' existed, and returned the 200 released groups when none did.
+const CONDITION_ON_RELEASES: &str = "SELECT * FROM (SELECT job, dp_count(salary, 1.0) AS n \
+     FROM jobs GROUP BY job) r \
+     WHERE r.job <> 'target' OR 1 / (character_length(r.job) - 6) = 5 OR r.n < -1e300";
+
+fn rows(r: &QueryResult) -> usize {
+    r.batches.iter().map(|b| b.num_rows()).sum()
+}
+
+/// On a cluster, a WHERE, HAVING or JOIN condition above a DP release is refused before
+/// admission (nothing read, nothing charged), with what to do: the DP query alone, then the
+/// condition on its result in this client, or no cluster. Without a cluster the query runs, and
+/// the condition sees released groups only, with or without the row of 'target'. What stays above
+/// a release on a cluster (an aggregate, a sort and a limit) runs there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_condition_on_released_values_is_refused_on_a_cluster() {
+    let dir = data_dir("released");
+    let private = Registration::private().budget(50.0, 1e-5);
+    for target in [false, true] {
+        let jobs = write_jobs_table(&dir.join("data"), target);
+        let cluster = open(
+            &dir,
+            &format!("cluster-{target}.jsonl"),
+            SessionOptions::default().with_ballista_standalone(),
+        )
+        .await;
+        cluster
+            .register_parquet("jobs", &jobs, private.clone())
+            .await
+            .unwrap();
+        let join = "SELECT r.job, r.n, s.m FROM \
+             (SELECT job, dp_count(salary, 1.0) AS n FROM jobs GROUP BY job) r JOIN \
+             (SELECT job, dp_count(salary, 1.0) AS m FROM jobs GROUP BY job) s \
+             ON r.job = s.job AND (r.job <> 'target' OR 1 / (character_length(s.job) - 6) = 5)";
+        let having = "SELECT job, dp_count(salary, 1.0) AS n FROM jobs GROUP BY job \
+             HAVING job <> 'target' OR 1 / (character_length(job) - 6) = 5 OR n < -1e300";
+        for (sql, what) in [
+            (CONDITION_ON_RELEASES, "a WHERE or HAVING condition"),
+            (having, "a WHERE or HAVING condition"),
+            (join, "a JOIN's keys or condition"),
+        ] {
+            let err = cluster.sql(sql).await.unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("{what} applies to the results of a DP aggregate"))
+                    && err.contains("CREATE TABLE r AS")
+                    && err.contains("Nothing was charged"),
+                "{sql}: {err}"
+            );
+        }
+        assert_eq!(cluster.scans("jobs"), 0, "a refused query reads nothing");
+        assert!(cluster.ledger().unwrap().is_empty(), "nothing charged");
+
+        // What the refusal says to do: the DP query alone on the cluster, then the condition on
+        // its result in this client.
+        cluster
+            .sql("CREATE TABLE r AS SELECT job, dp_count(salary, 1.0) AS n FROM jobs GROUP BY job")
+            .await
+            .unwrap();
+        assert_eq!(cluster.scans("jobs"), 1, "the release ran on the cluster");
+        let r = cluster
+            .sql("SELECT * FROM r WHERE r.job <> 'target' OR 1 / (character_length(r.job) - 6) = 5")
+            .await
+            .unwrap();
+        assert_eq!(rows(&r), 200, "target = {target}");
+        // An aggregate, a sort and a limit above a release run on the cluster.
+        let r = cluster
+            .sql(
+                "SELECT count(*) AS groups, max(n) AS most FROM (SELECT job, \
+                 dp_count(salary, 1.0) AS n FROM jobs GROUP BY job ORDER BY n DESC LIMIT 150) r",
+            )
+            .await
+            .unwrap();
+        assert!(r.receipt.is_some());
+        assert_eq!(column(&r, 0), vec![150.0]);
+        assert_eq!(cluster.scans("jobs"), 2);
+
+        let local = open(
+            &dir,
+            &format!("local-{target}.jsonl"),
+            SessionOptions::default(),
+        )
+        .await;
+        local
+            .register_parquet("jobs", &jobs, private.clone())
+            .await
+            .unwrap();
+        let r = local.sql(CONDITION_ON_RELEASES).await.unwrap();
+        assert!(r.receipt.is_some());
+        assert_eq!(rows(&r), 200, "target = {target}");
+    }
+}
+
+/// Round 49, review "distributed" F1, the second layer: a dpfusion scheduler plans the checked
+/// plan as it is. Its session runs no logical optimizer rule, no physical FilterPushdown, no
+/// dynamic filter, no file statistics and not Ballista's adaptive planner, whatever the job's
+/// settings; so the condition of the review's query stays above the partition selection there,
+/// where Ballista's default session moved it into the selection's filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dpfusion_scheduler_plans_the_checked_plan_as_it_is() {
+    use ballista::prelude::SessionConfigExt;
+    use datafusion::prelude::SessionConfig;
+    let mut asked = SessionConfig::new_with_ballista().with_ballista_adaptive_query_planner(true);
+    asked.options_mut().execution.collect_statistics = true;
+    asked.options_mut().optimizer.enable_dynamic_filter_pushdown = true;
+    asked
+        .options_mut()
+        .optimizer
+        .enable_topk_dynamic_filter_pushdown = true;
+    let state = dpfusion::distributed::scheduler_state(asked).unwrap();
+    assert!(state.optimizers().is_empty(), "no logical optimizer rule");
+    assert!(
+        !state
+            .physical_optimizers()
+            .iter()
+            .any(|r| r.name().starts_with("FilterPushdown"))
+    );
+    let config = state.config();
+    assert!(!config.ballista_adaptive_query_planner_enabled());
+    let options = config.options();
+    assert!(!options.execution.collect_statistics);
+    assert!(!options.optimizer.enable_dynamic_filter_pushdown);
+    assert!(!options.optimizer.enable_topk_dynamic_filter_pushdown);
+    assert!(!options.optimizer.enable_join_dynamic_filter_pushdown);
+    assert!(!options.optimizer.enable_aggregate_dynamic_filter_pushdown);
+    // The dpfusion functions are there: the scheduler resolves them by name.
+    assert!(state.aggregate_functions().contains_key("dp_count"));
+
+    // The review's plan, checked (in a session without a cluster, which admits it).
+    let dir = data_dir("scheduler");
+    let jobs = write_jobs_table(&dir.join("data"), true);
+    let local = open(&dir, "local.jsonl", SessionOptions::default()).await;
+    local
+        .register_parquet("jobs", &jobs, Registration::private().budget(50.0, 1e-5))
+        .await
+        .unwrap();
+    let checked = local.check(CONDITION_ON_RELEASES).await.unwrap();
+    let written = checked.plan().display_indent().to_string();
+    let merged = |text: &str| {
+        text.lines()
+            .any(|l| l.contains("Filter: __dpfusion_partition_select AND"))
+    };
+    assert!(!merged(&written), "{written}");
+    let kept = state.optimize(checked.plan()).unwrap();
+    assert_eq!(kept.display_indent().to_string(), written);
+    // Ballista's default session (before round 49, the session of every dpfusion scheduler)
+    // merged the condition into the selection's filter.
+    let ballista = dpfusion::distributed::function_state(SessionConfig::new_with_ballista())
+        .unwrap()
+        .optimize(checked.plan())
+        .unwrap()
+        .display_indent()
+        .to_string();
+    assert!(merged(&ballista), "{ballista}");
+}
+
+/// Round 49, review "distributed" F2: on a cluster the physical plan in the client is lazy (the
+/// plan is encoded, sent and planned by the scheduler when it runs, after admission), so a query
+/// the scheduler cannot plan was charged, then failed. The client now plans it as the scheduler
+/// will, and encodes it, before admission: refused, nothing charged, nothing read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_the_cluster_cannot_plan_is_refused_before_admission() {
+    let dir = data_dir("unplannable");
+    let jobs = write_jobs_table(&dir.join("data"), false);
+    let cluster = open(
+        &dir,
+        "cluster.jsonl",
+        SessionOptions::default().with_ballista_standalone(),
+    )
+    .await;
+    cluster
+        .register_parquet("jobs", &jobs, Registration::private().budget(50.0, 1e-5))
+        .await
+        .unwrap();
+    let err = cluster
+        .sql("SELECT dp_count(salary, 1.0) AS n, $1 AS p FROM jobs")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("could not be planned") && err.contains("Nothing was charged"),
+        "{err}"
+    );
+    assert!(!err.contains(&dir.to_string_lossy().to_string()), "{err}");
+    assert!(cluster.ledger().unwrap().is_empty(), "nothing charged");
+    assert_eq!(cluster.scans("jobs"), 0, "nothing read");
+    // The same session runs a plannable query.
+    let r = cluster
+        .sql("SELECT dp_count(salary, 1.0) AS n FROM jobs")
+        .await
+        .unwrap();
+    assert!(r.receipt.is_some());
+    assert_eq!(cluster.ledger().unwrap().len(), 1);
 }
