@@ -234,8 +234,9 @@ pub fn wrap(e: Expr, schema: &DFSchema) -> Result<Expr> {
     ))
 }
 
-/// `e` with every wrapper removed, and every [`PatternMatcher`] back to the match it was (for a
-/// cluster, whose codec resolves functions by name, and for the audit of the fragment).
+/// `e` with every wrapper removed, and every [`PatternMatcher`] back to the match it was: for the
+/// audit of the fragment, and to name a wrapped expression in a cluster's refusal (a plan with a
+/// wrapper is refused on a cluster, never unwrapped to run there).
 pub fn unwrap(e: Expr) -> Result<Expr> {
     Ok(e.transform_up(|x| {
         if let Some(original) = PatternMatcher::original(&x) {
