@@ -232,11 +232,9 @@ impl PrivateSession {
         if charges.is_empty() {
             return Ok(true);
         }
-        let preview = self
-            .accountant
-            .preview_at(&charges, self.default_delta())
-            .map_err(crate::error::Error::from_accounting)?;
-        Ok(preview.iter().all(|row| row.admitted))
+        self.accountant
+            .would_admit(&charges)
+            .map_err(crate::error::Error::from_accounting)
     }
 
     /// [`Self::physical_plan`] of a query about to be admitted: built before admission (round
