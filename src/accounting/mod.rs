@@ -2038,6 +2038,25 @@ impl Accountant {
         self.budget_rows_at(DEFAULT_QUERY_DELTA)
     }
 
+    /// The rows of the tables this accountant's session serves, under each name it serves them
+    /// by ([`Accountant::budget_rows_at`] without the ledger's other tables): what `SHOW
+    /// BUDGET`, `dp_budget()` and the REPL show (round 49, review "newuser" F1: another
+    /// session's tables of the same ledger were listed too, one of them under the same name as
+    /// this session's, with nothing to tell the two rows apart).
+    pub fn served_budget_rows_at(&self, default_delta: f64) -> Vec<BudgetRow> {
+        let served: std::collections::HashSet<TableKey> = self
+            .names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        self.budget_rows_at(default_delta)
+            .into_iter()
+            .filter(|r| served.contains(&r.key))
+            .collect()
+    }
+
     /// [`Accountant::budget_rows`] with the next ε at the session's default δ (round 47).
     pub fn budget_rows_at(&self, default_delta: f64) -> Vec<BudgetRow> {
         let rows: Vec<BudgetRow> = {

@@ -457,17 +457,17 @@ impl PrivateSession {
 
     /// Per private table: budget, spent, remaining, number of charged queries.
     pub fn budget(&self) -> Vec<BudgetRow> {
-        // The ledger may hold two tables of one name (an owner who pointed the name at another
-        // file: two keys). The one registered in this session comes first, so that whatever
-        // looks a table up by name (the REPL's prompt and `\d`, a client's) finds it (review
-        // r45: the prompt showed the other file's budget).
+        // The tables this session serves (round 49); the ledger may hold another of the same
+        // name (an owner who pointed the name at another file: two keys), which is not shown.
+        // Those registered in this session come first all the same, so that whatever looks a
+        // table up by name (the REPL's prompt and `\d`, a client's) finds it (review r45).
         let current: std::collections::HashSet<_> = self
             .tables()
             .into_iter()
             .map(|(_, info, _)| info.key)
             .collect();
         // Next ε at the session's own default δ, as SHOW BUDGET computes it (round 47).
-        let mut rows = self.accountant.budget_rows_at(self.default_delta());
+        let mut rows = self.accountant.served_budget_rows_at(self.default_delta());
         rows.sort_by_key(|r| !current.contains(&r.key));
         rows
     }

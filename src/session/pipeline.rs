@@ -49,7 +49,7 @@ impl PrivateSession {
             Front::ExplainPrivacy(rest) => return self.explain_privacy(rest).await,
             Front::ShowBudget => {
                 // The next ε at this session's default δ (round 47, review "newuser2", A).
-                let rows = self.accountant.budget_rows_at(self.default_delta());
+                let rows = self.accountant.served_budget_rows_at(self.default_delta());
                 return one(statements::budget_batch(&rows)?);
             }
             Front::ShowTables => return one(statements::tables_batch(&self.policies())?),

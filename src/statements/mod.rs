@@ -529,7 +529,7 @@ impl TableFunctionImpl for BudgetFn {
     /// "docsuser", F7: the argument was ignored, while the docs used `dp_budget('people')`).
     fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
         let delta = *self.1.read().expect("lock");
-        let all = self.0.budget_rows_at(delta);
+        let all = self.0.served_budget_rows_at(delta);
         let rows = budget_rows_of(all.clone(), args.exprs())?;
         system_table("dp_budget", budget_batch_of(&rows, &all)?)
     }

@@ -743,3 +743,52 @@ async fn r49_a_statement_that_fails_after_admission_keeps_its_receipt() {
     );
     assert!(refused.take().is_none());
 }
+
+/// Round 49, review "newuser" F1: SHOW BUDGET, `dp_budget()` and `PrivateSession::budget` show
+/// the tables this session serves. A second session on the same ledger, with its own `people`
+/// (another file) and a table of the first's it does not register, listed both of the first's
+/// tables too, one of them under the same name as its own, with nothing to tell them apart.
+#[tokio::test]
+async fn r49_budget_displays_show_the_sessions_own_tables() {
+    let dir = temp_dir("r49-served");
+    let ledger = dir.join("ledger.jsonl");
+    let open = || async {
+        PrivateSession::open(SessionOptions::default().with_ledger(&ledger))
+            .await
+            .unwrap()
+    };
+    let other = dir.join("other.csv");
+    std::fs::copy(people_csv(), &other).unwrap();
+    let first = open().await;
+    first
+        .register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    first
+        .register_csv("staff", &other, Registration::private())
+        .await
+        .unwrap();
+    first
+        .sql("SELECT dp_count(age, epsilon => 0.1) AS n FROM staff")
+        .await
+        .unwrap();
+    drop(first);
+    // The second session: its `people` is the first's `staff` file; the first's people file
+    // is not registered.
+    let second = open().await;
+    second
+        .register_csv("people", &other, Registration::private())
+        .await
+        .unwrap();
+    for q in ["SHOW BUDGET", "SELECT * FROM dp_budget()"] {
+        let b = second.sql(q).await.unwrap().batches;
+        assert_eq!(string_column(&b, "table"), [Some("people".into())], "{q}");
+    }
+    let rows = second.budget();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].name, "people");
+    assert_eq!(
+        rows[0].queries, 1,
+        "the file's own charge, made under another name"
+    );
+}

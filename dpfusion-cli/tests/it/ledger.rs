@@ -1192,8 +1192,30 @@ async fn ledger_verify_and_report_show_the_numbers_show_budget_shows() {
     }
     drop(s);
     // The owner lowers g's budget (stricter: recorded without a relaxation); one more charge.
+    // z and r are registered again as they were: SHOW BUDGET shows the tables a session serves
+    // (round 49).
     let s = open().await;
     s.register_csv("g", &csv("g"), gdp(2.0)).await.unwrap();
+    s.register_csv(
+        "z",
+        &csv("z"),
+        Registration::private()
+            .filter(FilterKind::Zcdp)
+            .budget(5.0, 1e-6),
+    )
+    .await
+    .unwrap();
+    s.register_csv(
+        "r",
+        &csv("r"),
+        Registration::private()
+            .replace()
+            .public_columns(["dept"])
+            .filter(FilterKind::Rdp { order: None })
+            .budget(5.0, 1e-6),
+    )
+    .await
+    .unwrap();
     s.sql_as("bob", "SELECT dp_count(id, 0.1) AS n FROM g")
         .await
         .unwrap();
