@@ -2226,7 +2226,9 @@ fn same_as_served(result: &TablePolicy, served: &[TablePolicy]) -> Result<(), Ac
              table to the ledger, with one policy, and '{}' would go on planning its \
              statements under the old one. Nothing was recorded, and '{}' keeps its policy. \
              Register the file under one name, or give every name of it the same policy \
-             (visibility, privacy unit, public columns, budget, filter)",
+             (visibility, privacy unit and its unit_domain, which defaults to the table's \
+             name, so give every name of the file the same unit_domain; public columns, \
+             budget, filter)",
             result.name,
             s.name,
             changes

@@ -457,7 +457,9 @@ impl PrivateSession {
 /// value, no row and no error class: any of them could depend on the data.
 pub const EXECUTION_FAILED: &str = "dpfusion: the query failed while it ran. Its charge stands (a \
 failure can depend on the data, so it is not refunded), and the error is not shown because it \
-could reveal private values. Check the query's types and functions against docs/SQL.md.";
+could reveal private values. Check the query's types and functions against docs/SQL.md; a query \
+that needs more memory than the data owner's memory_limit fails too: fewer groups or columns, or \
+ask the owner.";
 
 /// The refusal of a checked query that reads a private table and that the physical planner
 /// could not plan (round 49): nothing was charged. It names no cause: the planner's message can

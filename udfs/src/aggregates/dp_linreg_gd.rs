@@ -205,8 +205,10 @@ impl LinregParams {
                     "mechanism",
                     "'rgm'",
                     "'gaussian' here: 'rgm' needs a public row count n, i.e. a table \
-                     registered with replace neighbours ('dp.neighbours' 'replace'), no WHERE \
-                     filter or FILTER clause, and GROUP BY only on public columns",
+                     the data owner registered with replace neighbours (`neighbours = \
+                     \"replace\"` in the catalog, `Registration::replace()` in Rust; an \
+                     analyst cannot set it), no WHERE filter or FILTER clause, and GROUP BY \
+                     only on public columns",
                 ));
             }
             if l2 <= 0.0 {
