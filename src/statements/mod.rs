@@ -477,7 +477,7 @@ pub fn receipt_line(r: &Receipt) -> String {
             );
             if t.delta_spent_after > 0.0 {
                 line.push_str(&format!(
-                    "; partition-selection δ {} spent, {} left",
+                    "; partition-selection δ spent so far {}, {} left",
                     num(t.delta_spent_after, Round::Up),
                     num(t.delta_left_after, Round::Down)
                 ));
