@@ -35,6 +35,7 @@ __all__ = [
     "Refused",
     "InvalidQuery",
     "ExecutionFailed",
+    "Failed",
     "RECEIPT_KEY",
     "CODE_HEADER",
 ]
@@ -51,7 +52,7 @@ class Error(Exception):
     """An error from the server or the connection.
 
     ``code`` is the server's machine-readable code (``budget_exceeded``, ``refused``,
-    ``invalid``, ``execution_failed``) or None; ``message`` the server's message, which says
+    ``invalid``, ``execution_failed``, ``failed``) or None; ``message`` the server's message, which says
     what to do. The ADBC error is the ``__cause__``.
     """
 
@@ -89,7 +90,16 @@ class ExecutionFailed(Error):
     code = "execution_failed"
 
 
-_BY_CODE = {c.code: c for c in (BudgetExceeded, Refused, InvalidQuery, ExecutionFailed)}
+class Failed(Error):
+    """The statement failed as it ran and nothing was charged (a statement that reads no private
+    table, or one stopped by its memory or spill bound): the message says why."""
+
+    code = "failed"
+
+
+_BY_CODE = {
+    c.code: c for c in (BudgetExceeded, Refused, InvalidQuery, ExecutionFailed, Failed)
+}
 
 
 def _code_of(e: BaseException) -> Optional[str]:

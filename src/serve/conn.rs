@@ -115,6 +115,13 @@ impl Conn {
         true
     }
 
+    /// Whether the connection carries another analyst's calls than `analyst`'s (its first
+    /// authenticated call was theirs): why [`Conn::authenticated`] refused `analyst`'s call,
+    /// when it was not for one connection more than their share (round 49, review wire F4).
+    pub fn carries_another(&self, analyst: &str) -> bool {
+        self.analyst.get().is_some_and(|a| a != analyst)
+    }
+
     fn is_authenticated(&self) -> bool {
         self.authenticated.load(Ordering::Acquire)
     }
@@ -396,5 +403,7 @@ mod tests {
             .0;
         assert!(alices.authenticated("alice"));
         assert!(!alices.authenticated("bob"));
+        // Round 49 (review wire F4): why bob's call was refused.
+        assert!(alices.carries_another("bob") && !alices.carries_another("alice"));
     }
 }

@@ -25,11 +25,12 @@
 //!   cost 4 s of CPU and a 78 MB answer per call.
 //! - **Table definition options**: a new table is created unless the client asks to fail;
 //!   an existing one is replaced or appended to when asked, else the upload fails.
+//! - **Malformed uploads** (round 49, review wire F1) are `invalid` and store nothing: each
+//!   message is checked, then decoded under `catch_unwind` ([`super::wire::Decoded`]; arrow-ipc
+//!   panicked on them, and the analyst got the statement's internal failure).
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use arrow_flight::decode::FlightRecordBatchStream;
-use arrow_flight::error::FlightError;
 use arrow_flight::sql::{CommandStatementIngest, TableExistsOption, TableNotExistOption};
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
@@ -38,7 +39,7 @@ use datafusion::catalog::{SchemaProvider, TableProvider};
 use datafusion::common::DataFusionError;
 use datafusion::datasource::MemTable;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt};
 use tonic::Status;
 
 use crate::accounting::{Neighbours, TableKey};
@@ -186,7 +187,7 @@ impl Uploads {
         // below as they arrive).
         let dictionaries = MemoryConsumer::new("dpfusion serve upload dictionaries").register(pool);
         let data = data.map(move |d| {
-            let d = d.and_then(super::wire::plain_ipc)?;
+            let d = d?;
             seen = seen.saturating_add(d.data_header.len() + d.data_body.len());
             if seen > room {
                 return Err(over_quota(max_bytes));
@@ -198,16 +199,13 @@ impl Uploads {
             }
             Ok(d)
         });
-        let mut stream =
-            FlightRecordBatchStream::new_from_flight_data(data.map_err(FlightError::from));
+        // Each message checked (compression, delta dictionaries, buffers within the body), then
+        // decoded under catch_unwind: a malformed upload is `invalid`, nothing stored (round 49,
+        // review wire F1: a panic of arrow-ipc answered the statement's internal failure).
+        let mut stream = super::wire::Decoded::new(data);
         let mut rows: i64 = 0;
         while let Some(batch) = stream.next().await {
-            let batch = batch.map_err(|e| match e {
-                FlightError::Tonic(s) => *s,
-                other => Status::invalid_argument(format!(
-                    "the uploaded data could not be read as Arrow record batches: {other}"
-                )),
-            })?;
+            let batch = batch?;
             if batch.num_rows() == 0 {
                 continue;
             }
@@ -235,7 +233,7 @@ impl Uploads {
             (Some(s), _) => Arc::clone(s),
             (None, Some(s)) if exists == TableExistsOption::Append => Arc::clone(s),
             (None, _) => {
-                return Err(Status::invalid_argument(
+                return Err(super::invalid(
                     "the upload holds no schema: send the table's schema (an empty table is a \
                      schema with no batches)",
                 ));
@@ -249,7 +247,7 @@ impl Uploads {
                 .map(|f| (f.name(), f.data_type()))
                 .eq(schema.fields().iter().map(|f| (f.name(), f.data_type())))
         {
-            return Err(Status::invalid_argument(format!(
+            return Err(super::invalid(format!(
                 "the upload's columns are not those of {SCHEMA}.{name}: append rows of the same \
                  columns and types, or replace the table"
             )));
@@ -276,9 +274,9 @@ impl Uploads {
             .into_iter()
             .map(|b| RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec()))
             .collect::<Result<_, _>>()
-            .map_err(|e| Status::invalid_argument(format!("the upload is not one table: {e}")))?;
+            .map_err(|e| super::invalid(format!("the upload is not one table: {e}")))?;
         let mem = MemTable::try_new(Arc::clone(&schema), vec![batches.clone()])
-            .map_err(|e| Status::invalid_argument(format!("the upload is not one table: {e}")))?;
+            .map_err(|e| super::invalid(format!("the upload is not one table: {e}")))?;
         let info = TableInfo {
             name: format!("{SCHEMA}.{name}"),
             key: TableKey::from(format!("{SCHEMA}:{name}")),
@@ -331,7 +329,7 @@ fn ipc_len(schema: &datafusion::arrow::datatypes::Schema) -> Result<usize, Statu
     let message: arrow_flight::IpcMessage = arrow_flight::SchemaAsIpc::new(schema, &options)
         .try_into()
         .map_err(|e: datafusion::arrow::error::ArrowError| {
-            Status::invalid_argument(format!("the upload's schema cannot be encoded: {e}"))
+            super::invalid(format!("the upload's schema cannot be encoded: {e}"))
         })?;
     Ok(message.0.len())
 }
@@ -378,7 +376,7 @@ fn target(
     if let Some(catalog) = c.catalog.as_deref().filter(|s| !s.is_empty())
         && catalog != super::CATALOG_NAME
     {
-        return Err(Status::invalid_argument(format!(
+        return Err(super::invalid(format!(
             "ingested tables go to the catalog {} (schema {SCHEMA}), not {catalog:?}",
             super::CATALOG_NAME
         )));
@@ -386,7 +384,7 @@ fn target(
     if let Some(schema) = c.schema.as_deref().filter(|s| !s.is_empty())
         && !schema.eq_ignore_ascii_case(SCHEMA)
     {
-        return Err(Status::invalid_argument(format!(
+        return Err(super::invalid(format!(
             "ingested tables go to your own schema {SCHEMA} (query them as {SCHEMA}.<table>), \
              not {schema:?}: leave the schema out or name {SCHEMA}"
         )));
@@ -394,7 +392,7 @@ fn target(
     let name = c.table.as_str();
     let simple = crate::session::is_plain_name(name) && name.len() <= MAX_NAME;
     if !simple {
-        return Err(Status::invalid_argument(format!(
+        return Err(super::invalid(format!(
             "the table name must be letters, digits and '_' (not starting with a digit), at \
              most {MAX_NAME} characters; got {:?}",
             super::cut(name.to_string())
@@ -436,6 +434,7 @@ impl SchemaProvider for MineSchema {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::TryStreamExt;
 
     fn command(table: &str) -> CommandStatementIngest {
         CommandStatementIngest {

@@ -64,7 +64,11 @@
 //!   machine-readable code, and each result its receipt ([`wire`]); an error after admission
 //!   carries the receipt too ([`RECEIPT_HEADER`], round 49). A statement stopped by its
 //!   memory or spill bound gets one fixed text naming the setting, never DataFusion's message
-//!   (which listed the pool's consumers: round 48).
+//!   (which listed the pool's consumers: round 48). Round 49 (review wire): a statement that
+//!   failed with nothing charged is `failed`, never `execution_failed` (a charge that stands);
+//!   a command arrow-flight cannot decode is `invalid` ([`ByMethod`]); every status fits the
+//!   8 KiB of headers gRPC C++ and Java clients accept ([`wire::fit`]); a malformed upload is
+//!   `invalid`, decoded under `catch_unwind` ([`wire::Decoded`]).
 pub use crate::auth;
 pub mod cmd;
 pub mod conn;
@@ -117,9 +121,6 @@ pub const SCHEMA_NAME: &str = "public";
 
 /// How many calls one connection may carry at once.
 const MAX_STREAMS_PER_CONNECTION: u32 = 64;
-
-/// The longest status message sent (a gRPC status travels in a header, which clients bound).
-const MAX_MESSAGE: usize = 4096;
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -323,6 +324,7 @@ pub enum ServeError {
 }
 
 pub use wire::{ErrorCode, StatementMetadata};
+use wire::{MAX_MESSAGE, cut};
 
 /// The runtime statements run on, apart from the one serving calls. Shut down in the
 /// background when the server goes (it may be dropped inside an async context).
@@ -472,9 +474,20 @@ enum Work {
 }
 
 /// The [`Call`] the router ([`ByMethod`]) admitted, in its request's extensions: the handler
-/// uses it rather than authenticating again or taking a second place.
+/// uses it rather than authenticating again or taking a second place. Its flag is set when a
+/// handler of the service takes it ([`Admitted::take`]), so that the router knows whether an
+/// error came from the handler or from before it (arrow-flight's dispatch, which decodes the
+/// command: round 49, review wire F3).
 #[derive(Clone)]
-struct Admitted(Call);
+struct Admitted(Call, Arc<std::sync::atomic::AtomicBool>);
+
+impl Admitted {
+    /// The call, for its handler: marks it handled.
+    fn take(&self) -> Call {
+        self.1.store(true, std::sync::atomic::Ordering::Release);
+        self.0.clone()
+    }
+}
 
 /// A place for one result in an analyst's namespace, taken before the statement runs
 /// ([`DpFlightSql::reserve`]); given back when dropped unless the result was kept.
@@ -721,22 +734,20 @@ pub async fn bind(
     })
 }
 
-/// Cuts a message to [`MAX_MESSAGE`] bytes (at a character boundary).
-fn cut(mut m: String) -> String {
-    if m.len() > MAX_MESSAGE {
-        let mut end = MAX_MESSAGE;
-        while !m.is_char_boundary(end) {
-            end -= 1;
-        }
-        m.truncate(end);
-        m.push('…');
-    }
-    m
+/// The status a client gets for a statement's error: the REPL's message, its kind as the gRPC
+/// code and as the machine-readable [`ErrorCode`] in the details ([`wire`]). For a statement
+/// that may have been admitted: an error of no dpfusion kind is `execution_failed` (the server
+/// knows, [`statement_status`]).
+pub fn status_of(e: &DataFusionError) -> Status {
+    statement_status(e, true)
 }
 
-/// The status a client gets for a statement's error: the REPL's message, its kind as the gRPC
-/// code and as the machine-readable [`ErrorCode`] in the details ([`wire`]).
-pub fn status_of(e: &DataFusionError) -> Status {
+/// [`status_of`] for a statement whose admission is known: when nothing was `charged` (its
+/// receipt slot is empty), an error of no dpfusion kind (DataFusion's own error of a statement
+/// that reads no private table, `SELECT ?` with no value, a panic before admission) and a
+/// memory or spill bound are `failed`, never `execution_failed`, whose documented meaning is a
+/// charge that stands (round 49, review wire F3).
+fn statement_status(e: &DataFusionError, charged: bool) -> Status {
     // A memory or spill bound's error is its fixed text, even one that reached here untyped:
     // DataFusion's own listed the memory pool's consumers and their sizes (round 48).
     let limit;
@@ -758,7 +769,9 @@ pub fn status_of(e: &DataFusionError) -> Status {
         Some(Error::BudgetExceeded { .. }) => ErrorCode::BudgetExceeded,
         Some(Error::Refused(_) | Error::Policy(_)) => ErrorCode::Refused,
         Some(Error::Invalid(_)) => ErrorCode::Invalid,
-        Some(Error::ExecutionFailed | Error::ResourceLimit(_)) | None => ErrorCode::ExecutionFailed,
+        Some(Error::ExecutionFailed) => ErrorCode::ExecutionFailed,
+        Some(Error::ResourceLimit(_)) | None if charged => ErrorCode::ExecutionFailed,
+        Some(Error::ResourceLimit(_)) | None => ErrorCode::Failed,
     };
     wire::coded(code.grpc(), code, msg)
 }
@@ -776,10 +789,14 @@ const RECEIPT_TOO_LONG: &str = "the statement was charged, and its receipt is to
 with an error; SHOW BUDGET and dp_ledger() show the charge";
 
 /// `status`, with `receipt` (the charge of the statement it ends, if it was admitted) in its
-/// [`RECEIPT_HEADER`]. A status travels in headers, which clients bound: the metadata is at
-/// most [`MAX_MESSAGE`] bytes of JSON, without the calls as written when it would be longer,
-/// and else [`RECEIPT_TOO_LONG`] alone. Its length depends on the statement's text and the
-/// tables' names only.
+/// [`RECEIPT_HEADER`]. A status travels in headers, which clients bound: the metadata is the
+/// longest of three forms that fits, with the status, in [`wire::STATUS_HEADER_BYTES`] as sent
+/// (round 49, review wire F2: the message, its details and the receipt together were past
+/// 8 KiB, and the client saw neither), and at most [`MAX_MESSAGE`] bytes of JSON: the whole
+/// receipt, the receipt without the calls as written, or [`RECEIPT_TOO_LONG`] alone, which
+/// always fits beside a status of [`wire::coded`] (else the status's message is cut). Which
+/// one depends on the statement's text, the tables' names and the status's message only, a
+/// fixed text after admission.
 fn with_receipt(mut status: Status, receipt: Option<crate::accounting::Receipt>) -> Status {
     let Some(receipt) = receipt else {
         return status;
@@ -794,15 +811,20 @@ fn with_receipt(mut status: Status, receipt: Option<crate::accounting::Receipt>)
         })
         .to_json()
     };
+    let room = wire::STATUS_HEADER_BYTES.saturating_sub(wire::header_bytes(&status));
+    let fits = |json: &str| {
+        json.len() <= MAX_MESSAGE
+            && wire::entry_bytes(RECEIPT_HEADER, wire::base64_len(json.len())) <= room
+    };
     let mut json = metadata(receipt.clone());
-    if json.len() > MAX_MESSAGE {
+    if !fits(&json) {
         let mut short = receipt;
         for t in &mut short.tables {
             t.requests.clear();
         }
         json = metadata(short);
     }
-    if json.len() > MAX_MESSAGE {
+    if !fits(&json) {
         json = StatementMetadata {
             receipt: None,
             receipt_text: Some(RECEIPT_TOO_LONG.to_string()),
@@ -814,7 +836,7 @@ fn with_receipt(mut status: Status, receipt: Option<crate::accounting::Receipt>)
         RECEIPT_HEADER,
         tonic::metadata::MetadataValue::from_bytes(json.as_bytes()),
     );
-    status
+    wire::fit(status, wire::STATUS_HEADER_BYTES)
 }
 
 /// What a statement's error says it was charged ([`RECEIPT_HEADER`]); None: nothing (it was
@@ -889,8 +911,8 @@ impl DpFlightSql {
     /// owner of its bearer token, which must be one of the catalog's (the call's connection is
     /// then marked authenticated, [`conn`]).
     fn analyst<T>(&self, request: &Request<T>) -> Result<String, Status> {
-        if let Some(Admitted(call)) = request.extensions().get::<Admitted>() {
-            return Ok(call.analyst.clone());
+        if let Some(admitted) = request.extensions().get::<Admitted>() {
+            return Ok(admitted.take().analyst);
         }
         let header = request
             .metadata()
@@ -912,12 +934,23 @@ impl DpFlightSql {
         if let Some(c) = conn
             && !c.authenticated(&name)
         {
+            // The cause, as it is (round 49, review wire F4: "you hold 128 connections" was
+            // said to an analyst who held none, on a connection another analyst had used).
+            if c.carries_another(&name) {
+                return Err(wire::coded(
+                    Code::PermissionDenied,
+                    ErrorCode::Refused,
+                    "dpfusion refused the call: this connection carries another analyst's calls, \
+                     and a connection serves one analyst: open a connection of your own (a new \
+                     client or channel) with your token"
+                        .to_string(),
+                ));
+            }
             return Err(quota_refusal(format!(
                 "dpfusion refused the call: you hold {} connections to this server already, your \
                  share of its {} (the data owner's [server] max_connections, divided among the \
-                 catalog's analysts), or this connection is another analyst's. Reuse an open \
-                 connection (a client's channel carries many calls), or close one; this one is \
-                 closed at the server's handshake timeout",
+                 catalog's analysts). Reuse an open connection (a client's channel carries many \
+                 calls), or close one; this one is closed at the server's handshake timeout",
                 self.0.connections_per_analyst(),
                 self.0.options.max_connections
             )));
@@ -960,8 +993,8 @@ impl DpFlightSql {
     /// before the request's body was read), else one authenticated and given one of the
     /// analyst's places for calls in flight now.
     fn call<T>(&self, request: &Request<T>) -> Result<Call, Status> {
-        if let Some(Admitted(call)) = request.extensions().get::<Admitted>() {
-            return Ok(call.clone());
+        if let Some(admitted) = request.extensions().get::<Admitted>() {
+            return Ok(admitted.take());
         }
         let analyst = self.analyst(request)?;
         self.call_of(analyst)
@@ -1219,7 +1252,8 @@ impl DpFlightSql {
                             )));
                         }
                         Ok(kind) => kind,
-                        Err(e) => return Err(status_of(&e)),
+                        // Planned only: nothing charged.
+                        Err(e) => return Err(statement_status(&e, false)),
                     };
                 // In the analyst's own held memory, never in the statement's pool; named
                 // without the analyst (round 48).
@@ -1227,7 +1261,12 @@ impl DpFlightSql {
                 let result = scoped
                     .scope(session.sql_as_bounded(&who, &text, &kind, &mut reservation, max))
                     .await
-                    .map_err(|e| status_of(&e))?;
+                    .map_err(|e| {
+                        // Its receipt, if it was admitted, goes with its status (an empty slot:
+                        // nothing was charged).
+                        let receipt = scoped.take();
+                        with_receipt(statement_status(&e, receipt.is_some()), receipt)
+                    })?;
                 let bytes = reservation.size();
                 Ok(Pending {
                     result,
@@ -1290,8 +1329,6 @@ impl DpFlightSql {
         &self,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<Option<RecordBatch>, Status> {
-        use arrow_flight::decode::FlightRecordBatchStream;
-        use arrow_flight::error::FlightError;
         let max = self.0.options.max_sql_bytes;
         let mut seen = 0usize;
         let data = request.into_inner().into_peekable().and_then(move |d| {
@@ -1304,20 +1341,16 @@ impl DpFlightSql {
                          statement (the data owner's [server] max_sql_bytes)"
                     )))
                 } else {
-                    wire::plain_ipc(d)
+                    Ok(d)
                 }
             }
         });
-        let mut stream =
-            FlightRecordBatchStream::new_from_flight_data(data.map_err(FlightError::from));
+        // Checked and decoded under catch_unwind: a malformed upload is `invalid` (round 49,
+        // review wire F1: a panic of arrow-ipc reset the call with no status).
+        let mut stream = wire::Decoded::new(data);
         let mut batches = Vec::new();
         while let Some(b) = futures::StreamExt::next(&mut stream).await {
-            batches.push(b.map_err(|e| match e {
-                FlightError::Tonic(s) => *s,
-                other => invalid(format!(
-                    "the parameters are not Arrow record batches: {other}"
-                )),
-            })?);
+            batches.push(b?);
         }
         let Some(schema) = stream
             .schema()
@@ -2177,7 +2210,10 @@ impl tonic::codegen::Service<HttpRequest> for ByMethod {
             Ok(call) => call,
             Err(status) => return Box::pin(std::future::ready(Ok(status.into_http()))),
         };
-        request.extensions_mut().insert(Admitted(call.clone()));
+        let handled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        request
+            .extensions_mut()
+            .insert(Admitted(call.clone(), Arc::clone(&handled)));
         let answer = if Self::LARGE.contains(&request.uri().path()) {
             self.large.call(request)
         } else {
@@ -2187,7 +2223,14 @@ impl tonic::codegen::Service<HttpRequest> for ByMethod {
         // (a handler's work that outlives it holds a clone, [`DpFlightSql::limited`]) and the
         // answer's body ([`Held`]) included.
         Box::pin(async move {
-            let response = answer.await?;
+            let mut response = answer.await?;
+            // An error answered before the body: tonic keeps its status in the extensions.
+            let settled = response.extensions().get::<Status>().and_then(|status| {
+                settle(status, handled.load(std::sync::atomic::Ordering::Acquire))
+            });
+            if let Some(status) = settled {
+                response = status.into_http();
+            }
             Ok(response.map(|body| {
                 tonic::body::Body::new(Held {
                     body,
@@ -2197,6 +2240,58 @@ impl tonic::codegen::Service<HttpRequest> for ByMethod {
             }))
         })
     }
+}
+
+/// What the router answers instead of an error `status` (None: the status itself), `handled`
+/// when a handler of the service took the call ([`Admitted`]), round 49:
+/// - an error from before the handler with no dpfusion code, `Internal` or `InvalidArgument`, is
+///   a request that could not be decoded: arrow-flight's dispatch answers a command it cannot
+///   decode inside a valid `Any` with `Internal` and Rust's debug text (review wire F3),
+///   which reads as a crash; it is `invalid`, with the decoder's words;
+/// - a status past [`wire::STATUS_HEADER_BYTES`] as sent (one not built by [`wire::coded`]:
+///   a long message outside printable ASCII takes three bytes a byte) is cut to fit
+///   (review wire F2: past 8 KiB of headers, gRPC C++ clients saw `ResourceExhausted`).
+fn settle(status: &Status, handled: bool) -> Option<Status> {
+    if !handled
+        && wire::code_of(status).is_none()
+        && matches!(status.code(), Code::Internal | Code::InvalidArgument)
+    {
+        return Some(invalid(format!(
+            "dpfusion could not read the request: it is not a valid Flight SQL request ({}). \
+             Send a command as a Flight SQL client builds it (a google.protobuf.Any holding \
+             one of the protocol's messages); nothing was run or charged",
+            readable(status.message())
+        )));
+    }
+    (wire::header_bytes(status) > wire::STATUS_HEADER_BYTES)
+        .then(|| wire::fit(status.clone(), wire::STATUS_HEADER_BYTES))
+}
+
+/// A decoder's error as arrow-flight's dispatch formats it (Rust's debug text:
+/// `ParseError("Unable to decode Any value: …")`, `DecodeError { description: "…", stack: … }`),
+/// as words: the quoted text, else the message as it is.
+fn readable(message: &str) -> String {
+    // The text of a Rust string literal at the start of `s`, unescaped (roughly: `\n` is `n`).
+    let quoted = |s: &str| {
+        let mut out = String::new();
+        let mut chars = s.strip_prefix('"')?.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => out.push(chars.next()?),
+                '"' => return Some(out),
+                c => out.push(c),
+            }
+        }
+        None
+    };
+    let shown = match message.split_once("description: ") {
+        Some((_, rest)) => quoted(rest),
+        None => message.split_once('(').and_then(|(name, rest)| {
+            let named = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric());
+            named.then(|| quoted(rest)).flatten()
+        }),
+    };
+    shown.unwrap_or_else(|| message.to_string())
 }
 
 /// An answer's body holding its [`Call`]'s place until it is dropped: hyper drops it once it has
@@ -2417,6 +2512,79 @@ mod tests {
         let s = status_of(&DataFusionError::Plan("x".into()));
         assert_eq!(wire::code_of(&s), Some(ErrorCode::ExecutionFailed));
         assert_eq!(ErrorCode::BudgetExceeded.grpc(), Code::FailedPrecondition);
+        // Round 49 (review wire F3): with nothing charged, DataFusion's own error and a memory
+        // bound are `failed` (InvalidArgument), never a charged failure's code or gRPC code; a
+        // typed execution failure keeps its code.
+        for e in [
+            DataFusionError::Execution("Placeholder '?' was not provided a value".into()),
+            DataFusionError::External(Box::new(Error::ResourceLimit("memory".into()))),
+        ] {
+            let s = statement_status(&e, false);
+            assert_eq!(
+                (s.code(), wire::code_of(&s)),
+                (Code::InvalidArgument, Some(ErrorCode::Failed)),
+                "{e}"
+            );
+            assert!(!s.message().contains("charge"), "{}", s.message());
+            let s = statement_status(&e, true);
+            assert_eq!(wire::code_of(&s), Some(ErrorCode::ExecutionFailed), "{e}");
+        }
+        let s = statement_status(
+            &DataFusionError::External(Box::new(Error::ExecutionFailed)),
+            false,
+        );
+        assert_eq!(wire::code_of(&s), Some(ErrorCode::ExecutionFailed));
+    }
+
+    /// Round 49 (review wire F3): an error from before the handler (arrow-flight's dispatch,
+    /// which decodes the command) with no dpfusion code is `invalid`, in words; the same status
+    /// from a handler is left alone, and so is one with a code or of another gRPC code.
+    #[test]
+    fn r49_an_undecodable_command_is_invalid_in_words() {
+        let dispatch = Status::internal(
+            "ParseError(\"Unable to decode Any value: failed to decode Protobuf message: \
+             invalid wire type value: 6\")",
+        );
+        let s = settle(&dispatch, false).expect("answered anew");
+        assert_eq!(
+            (s.code(), wire::code_of(&s)),
+            (Code::InvalidArgument, Some(ErrorCode::Invalid))
+        );
+        assert!(
+            s.message().contains(
+                "not a valid Flight SQL request (Unable to decode Any value: failed to decode \
+                 Protobuf message: invalid wire type value: 6)"
+            ),
+            "{}",
+            s.message()
+        );
+        let any = Status::invalid_argument(
+            "DecodeError { description: \"invalid wire type value: 7\", stack: [(\"Any\", \
+             \"value\")] }",
+        );
+        let s = settle(&any, false).unwrap();
+        assert!(
+            s.message().contains("request (invalid wire type value: 7)"),
+            "{}",
+            s.message()
+        );
+        assert!(settle(&dispatch, true).is_none(), "a handler's own");
+        assert!(settle(&invalid("x"), false).is_none(), "coded");
+        assert!(settle(&Status::unimplemented("x"), false).is_none());
+        assert_eq!(readable("as it is (1)"), "as it is (1)");
+        // A status past the headers' budget is cut to it, its code kept.
+        let long = wire::coded(Code::InvalidArgument, ErrorCode::Invalid, "é".repeat(1000));
+        let mut over = Status::with_details_and_metadata(
+            long.code(),
+            "é".repeat(4000),
+            bytes::Bytes::copy_from_slice(long.details()),
+            long.metadata().clone(),
+        );
+        over.metadata_mut().insert("x-other", "y".parse().unwrap());
+        let s = settle(&over, true).expect("cut");
+        assert!(wire::header_bytes(&s) <= wire::STATUS_HEADER_BYTES);
+        assert_eq!(wire::code_of(&s), Some(ErrorCode::Invalid));
+        assert_eq!(s.metadata().get("x-other").unwrap(), "y");
     }
 
     /// Round 46: an analyst's calls in flight (running or waiting for their turn) are bounded:
@@ -2701,10 +2869,10 @@ mod tests {
     /// metadata, as a result's statement metadata; a status travels in headers, which clients
     /// bound, so a receipt too long for them goes without its calls as written, or else as a
     /// note alone. A status without a receipt gets none.
-    #[test]
-    fn an_errors_receipt_fits_in_its_metadata() {
-        use crate::accounting::{CallRequest, NativeCost, Receipt, ReceiptTable};
-        let table = |name: &str, calls: usize| ReceiptTable {
+    /// A receipt's table `name` with `calls` DP calls.
+    fn receipt_table(name: &str, calls: usize) -> crate::accounting::ReceiptTable {
+        use crate::accounting::{CallRequest, NativeCost, ReceiptTable};
+        ReceiptTable {
             name: name.to_string(),
             also_read_as: vec![],
             key: name.into(),
@@ -2737,7 +2905,13 @@ mod tests {
             delta_spent_after: 0.0,
             delta_left_after: 5e-7,
             filter: crate::accounting::FilterKind::Gdp,
-        };
+        }
+    }
+
+    #[test]
+    fn an_errors_receipt_fits_in_its_metadata() {
+        use crate::accounting::Receipt;
+        let table = receipt_table;
         let sent = |r: Receipt| {
             let s = with_receipt(Status::internal("failed"), Some(r));
             let bytes = s.metadata().get_bin(RECEIPT_HEADER).unwrap().to_bytes();
@@ -2771,5 +2945,62 @@ mod tests {
         assert_eq!(tables.receipt_text.as_deref(), Some(RECEIPT_TOO_LONG));
         assert!(tables.receipt.is_none());
         assert!(receipt_of(&with_receipt(Status::internal("x"), None)).is_none());
+    }
+
+    /// Round 49 (review wire F2): a status and its receipt together stay within what a gRPC C++
+    /// or Java client accepts (8 KiB of headers): the receipt takes the longest form that fits
+    /// beside the message (a charged failure's fixed text leaves room for the whole receipt);
+    /// beside a long message outside ASCII, its shortest; the code survives either way.
+    #[test]
+    fn r49_a_long_message_and_a_long_receipt_fit_a_clients_headers() {
+        use crate::accounting::Receipt;
+        let receipt = |tables: usize, calls: usize| Receipt {
+            tables: (0..tables)
+                .map(|i| receipt_table(&format!("t{i}"), calls))
+                .collect(),
+        };
+        let failed = || {
+            wire::coded(
+                Code::Internal,
+                ErrorCode::ExecutionFailed,
+                crate::session::EXECUTION_FAILED.to_string(),
+            )
+        };
+        // The fixed text: the whole receipt of a few calls, and as much as fits of a longer.
+        let s = with_receipt(failed(), Some(receipt(1, 3)));
+        let meta = receipt_of(&s).unwrap();
+        assert_eq!(
+            meta.receipt.unwrap()["tables"][0]["requests"]
+                .as_array()
+                .unwrap()
+                .len(),
+            3
+        );
+        for (tables, calls) in [(1, 3), (1, 30), (3, 40), (20, 1), (200, 1)] {
+            let s = with_receipt(failed(), Some(receipt(tables, calls)));
+            assert!(wire::header_bytes(&s) <= wire::STATUS_HEADER_BYTES);
+            assert_eq!(s.message(), crate::session::EXECUTION_FAILED);
+            assert!(receipt_of(&s).unwrap().receipt_text.is_some());
+        }
+        // The longest message, outside ASCII, with the longest receipt.
+        let long = wire::coded(Code::Internal, ErrorCode::ExecutionFailed, "é".repeat(4096));
+        let s = with_receipt(long, Some(receipt(3, 40)));
+        assert!(
+            wire::header_bytes(&s) <= wire::STATUS_HEADER_BYTES,
+            "{}",
+            wire::header_bytes(&s)
+        );
+        assert_eq!(wire::code_of(&s), Some(ErrorCode::ExecutionFailed));
+        let meta = receipt_of(&s).expect("a receipt, in some form");
+        assert!(meta.receipt_text.is_some());
+        let response = s.into_http::<tonic::body::Body>();
+        let sent: usize = response
+            .headers()
+            .iter()
+            .map(|(k, v)| wire::entry_bytes(k.as_str(), v.len()))
+            .sum::<usize>()
+            + wire::entry_bytes(":status", 3)
+            + wire::entry_bytes("date", 29);
+        assert!(sent < wire::CLIENT_HEADER_BYTES, "{sent}");
     }
 }

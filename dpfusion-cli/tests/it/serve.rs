@@ -3045,7 +3045,13 @@ async fn a_public_querys_memory_error_names_no_one_and_no_size() {
     for leak in ["bob", "result of", "consumed", "MB", "KB", "HashJoin", "#"] {
         assert!(!m.contains(leak), "{leak:?} in {m}");
     }
-    assert_eq!(code_of(&e), Some(ErrorCode::ExecutionFailed), "{e:?}");
+    // Nothing was charged (a public query): `failed`, not a charged failure's code (round 49,
+    // review wire F3).
+    assert_eq!(
+        (e.code(), code_of(&e)),
+        (Code::InvalidArgument, Some(ErrorCode::Failed)),
+        "{e:?}"
+    );
     still_serving(s.addr).await;
     assert_eq!(rows(&fetch(&mut bob, held.remove(0)).await.unwrap()), 1);
 }
@@ -3166,5 +3172,311 @@ async fn r49_the_connected_cli_shows_a_failed_statements_receipt() {
     assert!(
         text.contains("charged people: dp_count(ε 1, δ 1e-7, gaussian)"),
         "the receipt: {text}"
+    );
+}
+
+/// `message` in an `Any` of type `T`, encoded: a Flight SQL command as a client sends it.
+fn any_of<T: arrow_flight::sql::ProstMessageExt>(value: &[u8]) -> Vec<u8> {
+    use prost::Message;
+    arrow_flight::sql::Any {
+        type_url: T::type_url().to_string(),
+        value: value.to_vec().into(),
+    }
+    .encode_to_vec()
+}
+
+/// `request` with alice's token.
+fn as_alice<T>(request: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(request);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {ALICE}").parse().unwrap());
+    r
+}
+
+/// A DoPut of `messages` (the first carries `command`) with alice's token: its status, from the
+/// call or its first answer.
+async fn put(
+    addr: SocketAddr,
+    command: Vec<u8>,
+    mut messages: Vec<arrow_flight::FlightData>,
+) -> Result<(), Status> {
+    messages[0].flight_descriptor = Some(FlightDescriptor::new_cmd(command));
+    let mut raw = FlightServiceClient::new(channel(addr).await);
+    let mut answers = raw
+        .do_put(as_alice(futures::stream::iter(messages)))
+        .await?
+        .into_inner();
+    while let Some(a) = answers.next().await {
+        a?;
+    }
+    Ok(())
+}
+
+/// Round 49 (review wire F1): malformed Arrow IPC from an analyst made arrow-ipc panic: an
+/// ingest answered the statement's internal failure ("if it was admitted, its charge stands"),
+/// a prepared statement's parameters and executemany's a stream reset with no status, and the
+/// owner's stderr got a line per upload. The review's uploads (a data buffer declared 1 MiB
+/// long in a body of 64 bytes; a 112-byte schema message arrow-ipc panics on; a schema of a
+/// `Decimal128(0, 2)`, whose values panicked when bound) are now `invalid` on every path,
+/// "malformed", nothing charged or stored, nothing on stderr; the server serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r49_malformed_uploads_are_invalid_on_every_path_and_print_nothing() {
+    use arrow_flight::sql::{
+        CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementIngest,
+        ProstMessageExt,
+    };
+    use dpfusion::arrow::array::{Decimal128Array, Int64Array};
+    use prost::Message;
+    let mut s = start("serve-r49-ipc", 1.0, "");
+    let stderr = s.child.stderr.take().unwrap();
+    let encode = |batch: RecordBatch| async move {
+        arrow_flight::encode::FlightDataEncoderBuilder::new()
+            .build(futures::stream::iter([Ok(batch)]))
+            .map(Result::unwrap)
+            .collect::<Vec<_>>()
+            .await
+    };
+    // The review's repro_ipc_panic.py: an int64 column's data buffer declared 1 MiB long.
+    let ints =
+        RecordBatch::try_from_iter([("a", Arc::new(Int64Array::from(vec![1, 2])) as _)]).unwrap();
+    let mut long = encode(ints).await;
+    let mut header = long[1].data_header.to_vec();
+    let at = header
+        .windows(16)
+        .position(|w| w[..8] == 0i64.to_le_bytes() && w[8..] == 16i64.to_le_bytes())
+        .unwrap();
+    header[at + 8..at + 16].copy_from_slice(&(1i64 << 20).to_le_bytes());
+    long[1].data_header = header.into();
+    // One of ipcfuzz.py's: a schema message arrow-ipc 59 panics on.
+    let hex = "1000000000000a000c000600050008000a000000000104000c00000008000800000004000800\
+               0000040000000100000014000000100014000800060007000c00000010001000000000001000\
+               100000001800000004000000000000000200000063300000040004000400000000000000";
+    let schema = vec![arrow_flight::FlightData {
+        data_header: (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect::<Vec<u8>>()
+            .into(),
+        ..Default::default()
+    }];
+    // A decimal of precision 0 (arrow-rs writes it; its values panicked when bound).
+    let zero = Decimal128Array::from(vec![1i128, 2])
+        .with_data_type(dpfusion::arrow::datatypes::DataType::Decimal128(0, 2));
+    let decimal = encode(RecordBatch::try_from_iter([("d", Arc::new(zero) as _)]).unwrap()).await;
+    let commands = [
+        (
+            "ingest",
+            CommandStatementIngest {
+                table: "p".into(),
+                ..Default::default()
+            }
+            .as_any()
+            .encode_to_vec(),
+        ),
+        (
+            "prepared statement parameters",
+            CommandPreparedStatementQuery {
+                prepared_statement_handle: "SELECT ?".into(),
+            }
+            .as_any()
+            .encode_to_vec(),
+        ),
+        (
+            "executemany",
+            CommandPreparedStatementUpdate {
+                prepared_statement_handle: "SELECT ?".into(),
+            }
+            .as_any()
+            .encode_to_vec(),
+        ),
+    ];
+    for (path, command) in &commands {
+        for upload in [&long, &schema, &decimal] {
+            let e = put(s.addr, command.clone(), upload.clone())
+                .await
+                .expect_err(path);
+            assert_eq!(
+                (e.code(), code_of(&e)),
+                (Code::InvalidArgument, Some(ErrorCode::Invalid)),
+                "{path}: {e:?}"
+            );
+            assert!(
+                e.message()
+                    .starts_with("the uploaded Arrow data is malformed: ")
+                    && e.message().contains("Nothing was charged or stored"),
+                "{path}: {}",
+                e.message()
+            );
+        }
+    }
+    still_serving(s.addr).await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let e = query(&mut alice, "SELECT * FROM mine.p").await.unwrap_err();
+    assert_eq!(
+        code_of(&e),
+        Some(ErrorCode::Invalid),
+        "nothing stored: {e:?}"
+    );
+    assert_eq!(charges_of(&s.ledger, "alice"), 0);
+    let _ = s.child.kill();
+    let _ = s.child.wait();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut { stderr }, &mut err).unwrap();
+    assert!(!err.contains("panic"), "{err}");
+}
+
+/// Round 49 (review wire F3): a command that does not decode inside a valid `Any` was answered
+/// by arrow-flight's dispatch with `Internal`, Rust's debug text and no dpfusion code, on every
+/// method that carries a command. It is `invalid`, in words, nothing run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r49_a_command_that_does_not_decode_is_invalid_in_words() {
+    use arrow_flight::sql::{
+        ActionCreatePreparedStatementRequest, CommandStatementIngest, CommandStatementQuery,
+        TicketStatementQuery,
+    };
+    let s = serve_here("serve-r49-command", 1.0, "").await;
+    let mut raw = FlightServiceClient::new(channel(s.addr).await);
+    // Field 1 with wire type 6, which protobuf does not have.
+    let bad = [0x0e];
+    let check = |e: Status| {
+        assert_eq!(
+            (e.code(), code_of(&e)),
+            (Code::InvalidArgument, Some(ErrorCode::Invalid)),
+            "{e:?}"
+        );
+        assert!(
+            e.message()
+                .contains("not a valid Flight SQL request (Unable to decode")
+                && !e.message().contains("ParseError("),
+            "{}",
+            e.message()
+        );
+    };
+    let descriptor = FlightDescriptor::new_cmd(any_of::<CommandStatementQuery>(&bad));
+    check(raw.get_flight_info(as_alice(descriptor)).await.unwrap_err());
+    let ticket = Ticket::new(any_of::<TicketStatementQuery>(&bad));
+    match raw.do_get(as_alice(ticket)).await {
+        Ok(mut answer) => check(answer.get_mut().next().await.unwrap().unwrap_err()),
+        Err(e) => check(e),
+    }
+    let action = arrow_flight::Action {
+        r#type: "CreatePreparedStatement".into(),
+        body: any_of::<ActionCreatePreparedStatementRequest>(&bad).into(),
+    };
+    check(raw.do_action(as_alice(action)).await.unwrap_err());
+    let schema = arrow_flight::FlightData::default();
+    check(
+        put(s.addr, any_of::<CommandStatementIngest>(&bad), vec![schema])
+            .await
+            .unwrap_err(),
+    );
+    still_serving(s.addr).await;
+}
+
+/// Round 49 (review wire F3): a statement that fails as it runs with nothing charged (here
+/// `SELECT ?` with no value) was `Internal` with the code `execution_failed`, "failed after
+/// admission; the charge stands". It is `failed` (`InvalidArgument`), DataFusion's message, no
+/// receipt, and the ledger has no charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r49_a_statement_that_fails_with_nothing_charged_says_so() {
+    let s = serve_here("serve-r49-failed", 1.0, "").await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let e = query(&mut alice, "SELECT ?").await.unwrap_err();
+    assert_eq!(
+        (e.code(), code_of(&e)),
+        (Code::InvalidArgument, Some(ErrorCode::Failed)),
+        "{e:?}"
+    );
+    assert!(e.message().contains("Placeholder"), "{}", e.message());
+    assert!(!e.message().contains("charge"), "{}", e.message());
+    assert!(dpfusion::serve::receipt_of(&e).is_none());
+    assert_eq!(charges_of(&s.ledger, "alice"), 0);
+}
+
+/// Round 49 (review wire F2): an error's status (its message percent-encoded, its copy in the
+/// details in base64) took up to 18 KB of headers, past the 8 KiB a gRPC C++ or Java client
+/// accepts: the client saw `ResourceExhausted` with neither message nor code. A name of 3,000
+/// `é` and a wide table's list of columns now come back cut to fit, with their code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r49_a_long_error_fits_a_clients_headers_with_its_code() {
+    use dpfusion::arrow::datatypes::{DataType, Field, Schema};
+    use dpfusion::serve::wire::{CLIENT_HEADER_BYTES, entry_bytes, header_bytes};
+    let s = serve_here("serve-r49-headers", 1.0, "").await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let fields: Vec<Field> = (0..300)
+        .map(|i| Field::new(format!("column_{i:03}"), DataType::Int64, false))
+        .collect();
+    let wide = RecordBatch::new_empty(Arc::new(Schema::new(fields)));
+    ingest(
+        &mut alice,
+        "wide",
+        arrow_flight::sql::TableExistsOption::Fail,
+        vec![wide],
+    )
+    .await
+    .unwrap();
+    let name = "é".repeat(3000);
+    for (sql, starts) in [
+        (
+            format!("SELECT * FROM \"{name}\""),
+            "table 'datafusion.public.é",
+        ),
+        (
+            "SELECT nosuch FROM mine.wide".to_string(),
+            "Schema error: No field named nosuch",
+        ),
+    ] {
+        let e = query(&mut alice, &sql).await.unwrap_err();
+        assert_eq!(
+            (e.code(), code_of(&e)),
+            (Code::InvalidArgument, Some(ErrorCode::Invalid)),
+            "{e:?}"
+        );
+        assert!(
+            e.message().starts_with(starts) && e.message().ends_with('…'),
+            "{}",
+            e.message()
+        );
+        // All the response's headers (the status's own, content-type and date in its metadata)
+        // and its :status, as gRPC C++ counts them.
+        let sent = header_bytes(&e) + entry_bytes(":status", 3);
+        assert!(sent < CLIENT_HEADER_BYTES, "{sent}");
+    }
+}
+
+/// Round 49 (review wire F4): bob's call on a connection alice used first was refused with "you
+/// hold 128 connections to this server already", though he held none. The refusal says that a
+/// connection serves one analyst and that he should open his own; on his own connection he is
+/// served, and alice's connection still carries her calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r49_a_call_on_another_analysts_connection_is_told_the_true_reason() {
+    let s = serve_here("serve-r49-conn", 1.0, "").await;
+    let shared = channel(s.addr).await;
+    let mut alice = FlightSqlServiceClient::new(shared.clone());
+    alice.set_token(ALICE.to_string());
+    assert_eq!(
+        rows(&query(&mut alice, "SELECT 1 AS one").await.unwrap()),
+        1
+    );
+    let mut bob = FlightSqlServiceClient::new(shared);
+    bob.set_token(BOB.to_string());
+    let e = query(&mut bob, "SELECT 1 AS one").await.unwrap_err();
+    assert_eq!(
+        (e.code(), code_of(&e)),
+        (Code::PermissionDenied, Some(ErrorCode::Refused)),
+        "{e:?}"
+    );
+    assert!(
+        e.message().contains("another analyst's calls")
+            && e.message().contains("open a connection of your own"),
+        "{}",
+        e.message()
+    );
+    assert!(!e.message().contains("you hold"), "{}", e.message());
+    let mut own = client(s.addr, Some(BOB)).await;
+    assert_eq!(rows(&query(&mut own, "SELECT 1 AS one").await.unwrap()), 1);
+    assert_eq!(
+        rows(&query(&mut alice, "SELECT 1 AS one").await.unwrap()),
+        1
     );
 }
