@@ -6,49 +6,19 @@ usage: remote_session.py BINARY URL TOKEN_FILE HISTORY
 Exits 0 on success; on failure prints the transcript and the failed expectation, exits 1.
 """
 import os
-import pty
 import re
-import select
-import sys
-import time
 import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pty_session import Session  # noqa: E402
 
 # Bounded: a client that hangs fails the test instead of holding it up.
 signal.alarm(120)
 
 BIN, URL, TOKEN_FILE, HISTORY = sys.argv[1:5]
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-pid, fd = pty.fork()
-if pid == 0:
-    env = dict(os.environ, DPFUSION_HISTORY=HISTORY, TERM="xterm", COLUMNS="200", LINES="50")
-    os.execve(BIN, [BIN, "--connect", URL, "--token-file", TOKEN_FILE], env)
-
-transcript = ""
-
-
-def read_until(pattern, timeout=60):
-    global transcript
-    seen = ""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        r, _, _ = select.select([fd], [], [], 0.2)
-        if fd in r:
-            try:
-                data = os.read(fd, 65536).decode("utf-8", "replace")
-            except OSError:
-                break
-            seen += data
-            transcript += data
-            if re.search(pattern, ANSI.sub("", seen)):
-                return ANSI.sub("", seen)
-    print("---- transcript ----\n" + ANSI.sub("", transcript))
-    print(f"---- expected /{pattern}/ within {timeout}s, got since last step:\n" + ANSI.sub("", seen))
-    sys.exit(1)
-
-
-def send(text):
-    os.write(fd, text.encode())
+s = Session([BIN, "--connect", URL, "--token-file", TOKEN_FILE], env={"DPFUSION_HISTORY": HISTORY})
+read_until, send = s.read_until, s.send
 
 
 # The banner names the server and lists its tables with their budgets.
@@ -78,7 +48,4 @@ out = read_until(r"salary")
 send("\x03")
 read_until(r"\^C")
 send("\\q\r")
-_, status = os.waitpid(pid, 0)
-if status != 0:
-    print("---- transcript ----\n" + ANSI.sub("", transcript))
-    sys.exit(f"dpfusion exited with {status}")
+s.finish()

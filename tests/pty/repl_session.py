@@ -6,48 +6,16 @@ usage: repl_session.py BINARY LEDGER HISTORY
 Exits 0 on success; on failure prints the transcript and the failed expectation, exits 1.
 """
 import os
-import pty
 import re
-import select
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pty_session import Session  # noqa: E402
+
 BIN, LEDGER, HISTORY = sys.argv[1], sys.argv[2], sys.argv[3]
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-pid, fd = pty.fork()
-if pid == 0:
-    env = dict(os.environ, DPFUSION_HISTORY=HISTORY, TERM="xterm", COLUMNS="200", LINES="50")
-    os.execve(BIN, [BIN, "--ledger", LEDGER], env)
-
-transcript = ""
-
-
-def read_until(pattern, timeout=120):
-    """Reads the terminal until `pattern` (regex) appears in the text read since the last call."""
-    global transcript
-    seen = ""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        r, _, _ = select.select([fd], [], [], 0.2)
-        if fd in r:
-            try:
-                data = os.read(fd, 65536).decode("utf-8", "replace")
-            except OSError:
-                break
-            seen += data
-            transcript += data
-            if re.search(pattern, ANSI.sub("", seen)):
-                return ANSI.sub("", seen)
-    print("---- transcript ----\n" + ANSI.sub("", transcript))
-    print(f"---- expected /{pattern}/ within {timeout}s, got since last step:\n" + ANSI.sub("", seen))
-    print("---- its end: " + repr(seen[-120:]))
-    sys.exit(1)
-
-
-def send(text):
-    os.write(fd, text.encode())
-
+s = Session([BIN, "--ledger", LEDGER], env={"DPFUSION_HISTORY": HISTORY})
+read_until, send = s.read_until, s.send
 
 read_until(r"dpfusion> ")
 # A multi-line query: the first line has no ';', so the REPL waits for more.
@@ -97,10 +65,10 @@ numbers = lambda text: re.findall(r"\d+\.\d+", text[text.find("table"):text.rfin
 assert numbers(before) != numbers(after), (before, after)
 # A fit that ends (DP-AGD may stop before its last planned iteration): its progress line is
 # erased before the result, so the table and the receipt never start on a progress line.
-start = len(transcript)
+start = len(s.transcript)
 send("SELECT dp_logreg_agd(disease, [age, bmi], epsilon => 0.3) AS m FROM patients;\r")
 read_until(r"\+\s*\n[\s\S]*charged patients[\s\S]*dpfusion\[patients[^\n]*\]> \s*$", timeout=120)
-raw = transcript[start:]
+raw = s.transcript[start:]
 last = raw.rfind("iteration ")
 table = raw.find("+", last if last >= 0 else 0)
 assert last >= 0, "no progress was shown: " + repr(raw[:300])
@@ -112,9 +80,4 @@ assert "dp_mean(value, lower, upper, epsilon" in out and "neighbour mode" not in
 send("\\h\r")
 out = read_until(r"DP aggregates[\s\S]*rgm_mean_by[\s\S]*\]> \s*$")
 send("\\q\r")
-_, status = os.waitpid(pid, 0)
-if os.waitstatus_to_exitcode(status) != 0:
-    print("---- transcript ----\n" + ANSI.sub("", transcript))
-    print("exit status", status)
-    sys.exit(1)
-print("ok")
+s.finish()

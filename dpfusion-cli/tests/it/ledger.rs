@@ -1134,28 +1134,32 @@ async fn ledger_verify_and_report_show_the_numbers_show_budget_shows() {
             .filter(FilterKind::Gdp)
             .budget(eps, 1e-6)
     };
+    // z and r, as each session registers them.
+    async fn z_and_r(s: &PrivateSession, data: &std::path::Path) {
+        s.register_csv(
+            "z",
+            data.join("z.csv"),
+            Registration::private()
+                .filter(FilterKind::Zcdp)
+                .budget(5.0, 1e-6),
+        )
+        .await
+        .unwrap();
+        s.register_csv(
+            "r",
+            data.join("r.csv"),
+            Registration::private()
+                .replace()
+                .public_columns(["dept"])
+                .filter(FilterKind::Rdp { order: None })
+                .budget(5.0, 1e-6),
+        )
+        .await
+        .unwrap();
+    }
     let s = open().await;
     s.register_csv("g", &csv("g"), gdp(5.0)).await.unwrap();
-    s.register_csv(
-        "z",
-        &csv("z"),
-        Registration::private()
-            .filter(FilterKind::Zcdp)
-            .budget(5.0, 1e-6),
-    )
-    .await
-    .unwrap();
-    s.register_csv(
-        "r",
-        &csv("r"),
-        Registration::private()
-            .replace()
-            .public_columns(["dept"])
-            .filter(FilterKind::Rdp { order: None })
-            .budget(5.0, 1e-6),
-    )
-    .await
-    .unwrap();
+    z_and_r(&s, &data).await;
     s.register_csv("depts", &depts_csv(), Registration::public())
         .await
         .unwrap();
@@ -1196,26 +1200,7 @@ async fn ledger_verify_and_report_show_the_numbers_show_budget_shows() {
     // (round 49).
     let s = open().await;
     s.register_csv("g", &csv("g"), gdp(2.0)).await.unwrap();
-    s.register_csv(
-        "z",
-        &csv("z"),
-        Registration::private()
-            .filter(FilterKind::Zcdp)
-            .budget(5.0, 1e-6),
-    )
-    .await
-    .unwrap();
-    s.register_csv(
-        "r",
-        &csv("r"),
-        Registration::private()
-            .replace()
-            .public_columns(["dept"])
-            .filter(FilterKind::Rdp { order: None })
-            .budget(5.0, 1e-6),
-    )
-    .await
-    .unwrap();
+    z_and_r(&s, &data).await;
     s.sql_as("bob", "SELECT dp_count(id, 0.1) AS n FROM g")
         .await
         .unwrap();

@@ -202,65 +202,15 @@ async fn r49_the_local_backend_reports_a_failed_statements_charge() {
 /// statement that failed after its admission, the error, its receipt, and the prompt on its
 /// table; a query on `a` is `charged a` and the prompt shows `a`'s budget; `\d` lists `a` with
 /// its budget.
-const REPL_SCRIPT: &str = r#"
-import os, pty, re, select, sys, time
-BIN, DIR = sys.argv[1], sys.argv[2]
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-pid, fd = pty.fork()
-if pid == 0:
-    os.chdir(DIR)
-    env = dict(os.environ, DPFUSION_HISTORY=os.path.join(DIR, "history"), TERM="xterm",
-               COLUMNS="200", LINES="50")
-    os.execve(BIN, [BIN, "--catalog", "c.toml"], env)
-transcript = ""
-def read_until(pattern, timeout=120):
-    global transcript
-    seen = ""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        r, _, _ = select.select([fd], [], [], 0.2)
-        if fd in r:
-            try:
-                data = os.read(fd, 65536).decode("utf-8", "replace")
-            except OSError:
-                break
-            seen += data
-            transcript += data
-            if re.search(pattern, ANSI.sub("", seen)):
-                return ANSI.sub("", seen)
-    print("---- transcript ----\n" + ANSI.sub("", transcript))
-    print(f"---- expected /{pattern}/ within {timeout}s, got:\n" + ANSI.sub("", seen))
-    sys.exit(1)
-def send(text):
-    os.write(fd, text.encode())
-read_until(r"dpfusion> \s*$")
-send("SELECT dp_count(age, epsilon => 0.1) AS n FROM b;\r")
-read_until(r"charged b: [\s\S]*dpfusion\[b [\d.]+% left, ε ≤ [\d.]+\]> \s*$")
-send("SELECT id, dp_count(age, epsilon => 0.3) AS n FROM a2 GROUP BY id;\r")
-out = read_until(r"charged a2: [\s\S]*dpfusion\[a2 [\d.]+% left, ε ≤ [\d.]+[^\n]*\]> \s*$")
-assert re.search(r"ERROR in: SELECT id[\s\S]*the query failed while it ran[\s\S]*charged a2: dp_count\(ε 0\.3", out), out
-send("SELECT dp_count(age, epsilon => 0.1) AS n FROM a;\r")
-out = read_until(r"charged a: [\s\S]*dpfusion\[a [\d.]+% left, ε ≤ [\d.]+[^\n]*\]> \s*$")
-assert "charged a2" not in out, out
-send("\\d\r")
-out = read_until(r"Tables:[\s\S]*\\d TABLE[\s\S]*\]> \s*$")
-line = next(l for l in out.splitlines() if l.strip().startswith("a "))
-assert "private, budget ε 3 at δ 1e-6 (one budget with a2: the same file)" in line, line
-send("\\q\r")
-_, status = os.waitpid(pid, 0)
-if os.waitstatus_to_exitcode(status) != 0:
-    print("---- transcript ----\n" + ANSI.sub("", transcript))
-    sys.exit(1)
-print("ok")
-"#;
-
 #[test]
 fn r49_the_repl_prompt_follows_a_failed_statement_and_every_name() {
     let d = catalog("pty");
-    let script = d.join("repl.py");
-    std::fs::write(&script, REPL_SCRIPT).unwrap();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/pty/failed_receipt_session.py"
+    );
     let o = Command::new("python3")
-        .args([script.to_str().unwrap(), bin(), d.to_str().unwrap()])
+        .args([script, bin(), d.to_str().unwrap()])
         .output()
         .expect("python3");
     assert!(
