@@ -562,9 +562,13 @@ fn unwrap_guarded(plan: &LogicalPlan) -> Result<LogicalPlan> {
         .map(|t| t.data)
 }
 
-/// Counts a scan planned for execution on each guarded table `plan` reads
-/// (`PrivateSession::scans`), once the cluster's plan of it was built.
-fn record_remote_scans(plan: &LogicalPlan) -> Result<()> {
+/// Counts a scan on each guarded table a checked plan that runs on the cluster reads
+/// (`PrivateSession::scans`): called once the statement is admitted, when its plan is about to
+/// be submitted (its physical plan is built before admission and reads no row).
+pub(crate) fn record_submitted(plan: &LogicalPlan) -> Result<()> {
+    if placement(plan)? != Placement::Cluster {
+        return Ok(());
+    }
     plan.apply_with_subqueries(|node| {
         if let LogicalPlan::TableScan(scan) = node
             && let (_, Some(wrapper)) = unwrap_scan(scan)?
@@ -651,7 +655,6 @@ impl QueryPlanner for DpQueryPlanner {
                             .map_err(|e| cluster_unplannable(e, private))?,
                     );
                 }
-                record_remote_scans(logical_plan)?;
                 Ok(physical)
             }
         }

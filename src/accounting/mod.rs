@@ -1988,15 +1988,6 @@ impl Accountant {
     }
 
     /// [`Accountant::preview`] with the next ε at the session's default δ.
-    /// Whether admission would charge `charges` now (every table's filter holds its charge):
-    /// [`Accountant::preview_at`]'s decision alone, without the numbers a preview shows (their
-    /// ε conversions are bisections). Nothing is written; admission decides again, atomically.
-    pub fn would_admit(&self, charges: &[TableCharge]) -> Result<bool, AccountingError> {
-        let mut st = self.state();
-        let _lock = self.sync(&mut st)?;
-        Ok(evaluate(&st, charges)?.iter().all(Evaluation::admitted))
-    }
-
     pub fn preview_at(
         &self,
         charges: &[TableCharge],

@@ -194,28 +194,18 @@ impl PrivateSession {
         if self.options.cluster.is_some() {
             crate::distributed::admissible(&checked)?;
         }
-        // A statement the budgets refuse is refused first, before its physical plan, as before
-        // round 49: a budget refusal plans no scan of a table (`PrivateSession::scans`) and does
-        // no planning work. Then the plan is built, and only a plan that was built is admitted
-        // (round 49, review "physical" F2).
-        let (physical, receipt) = if self.within_budgets(&checked)? {
-            let physical = self.planned(state, &checked).await?;
-            (Some(physical), self.admit(sql, &checked)?)
-        } else {
-            // The accountant's own refusal, nothing written. Only if the ledger changed between
-            // the preview and this admission so that it now admits the charge (the owner
-            // relaxed a budget in between) is it admitted here, and planned after it.
-            (None, self.admit(sql, &checked)?)
-        };
+        // The physical plan first, then the charge: only a plan that was built is admitted
+        // (round 49, review "physical" F2). Planning reads no row ([`Self::physical_plan`]), so
+        // a statement its budgets then refuse has read nothing either.
+        let physical = self.planned(state, &checked).await?;
+        let receipt = self.admit(sql, &checked)?;
+        #[cfg(feature = "distributed")]
+        if self.options.cluster.is_some() {
+            crate::distributed::record_submitted(checked.plan())?;
+        }
         let private = checked.reads_private();
         let schema = checked.schema();
-        let run = async {
-            let physical = match physical {
-                Some(p) => p,
-                None => self.physical_plan(state, &checked).await?,
-            };
-            datafusion::physical_plan::collect(physical, state.task_ctx()).await
-        };
+        let run = datafusion::physical_plan::collect(physical, state.task_ctx());
         let batches = sanitise(private, run).await?;
         Ok(QueryResult {
             schema,
@@ -223,18 +213,6 @@ impl PrivateSession {
             receipt,
             tables: checked.tables().to_vec(),
         })
-    }
-
-    /// Whether admission would charge `checked` now: every table's budget holds its charge (a
-    /// preview under the ledger's lock, nothing written). Admission decides again, atomically.
-    fn within_budgets(&self, checked: &guard::CheckedPlan) -> Result<bool> {
-        let charges = charges_of(checked.calls());
-        if charges.is_empty() {
-            return Ok(true);
-        }
-        self.accountant
-            .would_admit(&charges)
-            .map_err(crate::error::Error::from_accounting)
     }
 
     /// [`Self::physical_plan`] of a query about to be admitted: built before admission (round
