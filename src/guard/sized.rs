@@ -438,7 +438,7 @@ fn bound(name: &str, args: &[ColumnarValue], rows: u64) -> Size {
             // DataFusion's array_to_string writes a float with Rust's `{}`, which never uses an
             // exponent: 5e-324 is 326 bytes, -f64::MAX 310 (the review of round 49's fixes).
             let text = arg(0)
-                .map(|v| leaf_type(&v.data_type()))
+                .map(|v| datafusion::common::utils::base_type(&v.data_type()))
                 .map_or(64, |t| match t {
                     DataType::Float64 => 330,
                     DataType::Float32 => 60,
@@ -546,18 +546,6 @@ fn counts(v: &ColumnarValue) -> PerRow<u64> {
 }
 
 /// The items (leaves, through nested lists) of each row's list.
-/// The item type of a list at its deepest level (`t` itself when it is not a list).
-fn leaf_type(t: &DataType) -> DataType {
-    match t {
-        DataType::List(f)
-        | DataType::LargeList(f)
-        | DataType::ListView(f)
-        | DataType::LargeListView(f)
-        | DataType::FixedSizeList(f, _) => leaf_type(f.data_type()),
-        t => t.clone(),
-    }
-}
-
 fn leaves(v: &ColumnarValue) -> PerRow<u64> {
     match v {
         ColumnarValue::Scalar(s) => match s.to_array() {
