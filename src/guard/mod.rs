@@ -38,7 +38,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, DataFusionError, Result, ScalarValue, TableReference};
-use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::expr::{AggregateFunction, ScalarFunction};
 use datafusion::logical_expr::{
     Aggregate, Expr, ExprSchemable, FetchType, Filter, LogicalPlan, Projection, SkipType,
     SubqueryAlias, col, lit,
@@ -1614,10 +1614,23 @@ fn rewrite_dp_aggregate(agg: &Aggregate, cx: &mut Cx) -> Result<LogicalPlan> {
         cx,
     )?;
     let filter = Filter::try_new(col(SELECT_ALIAS), Arc::new(new))?;
+    // The kept rows' columns, each whose type can keep the dropped rows' bytes (a view array's
+    // buffers hold the keys of every group the aggregate met) compacted, so that nothing above
+    // the selection sees a dropped group (round 50, review "metadata" F1;
+    // dpfusion_udfs::scalars::compact).
+    let compact = Arc::new(dpfusion_udfs::scalars::compact::Compact::udf());
     let cols: Vec<Expr> = agg
         .schema
         .iter()
-        .map(|(q, f)| Expr::Column(Column::new(q.cloned(), f.name())))
+        .map(|(q, f)| {
+            let c = Expr::Column(Column::new(q.cloned(), f.name()));
+            if dpfusion_udfs::scalars::compact::shares_bytes(f.data_type()) {
+                Expr::ScalarFunction(ScalarFunction::new_udf(Arc::clone(&compact), vec![c]))
+                    .alias_qualified(q.cloned(), f.name())
+            } else {
+                c
+            }
+        })
         .collect();
     let proj = Projection::try_new(cols, Arc::new(LogicalPlan::Filter(filter)))?;
     sort_by_group_keys(LogicalPlan::Projection(proj), n_group)

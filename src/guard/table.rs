@@ -476,12 +476,9 @@ impl ValueCap {
             return Ok(None);
         }
         let capped = replace_rows(a, &rows, &fill.row)?;
-        // A view array keeps the buffers its views pointed into: rewritten without them.
-        Ok(Some(match capped.data_type() {
-            DataType::Utf8View => Arc::new(capped.as_string_view().gc()),
-            DataType::BinaryView => Arc::new(capped.as_binary_view().gc()),
-            _ => capped,
-        }))
+        // A view array (or a dictionary, at any depth) keeps the buffers its rows pointed into:
+        // rewritten without them.
+        Ok(Some(dpfusion_udfs::scalars::compact::compact(&capped)))
     }
 
     /// The rows of `a` holding a value over the cap, in order.

@@ -2857,3 +2857,98 @@ async fn r49_literal_trim_sets_and_substrings_count_what_public_rows_count() {
         assert_eq!(cells(&public), [expected], "{cond}");
     }
 }
+
+/// Every byte of every buffer of `d` and its children: what Arrow IPC (Flight, an Arrow file)
+/// writes of an array.
+fn buffer_bytes(d: &datafusion::arrow::array::ArrayData, out: &mut Vec<u8>) {
+    for b in d.buffers() {
+        out.extend_from_slice(b.as_slice());
+    }
+    for c in d.child_data() {
+        buffer_bytes(c, out);
+    }
+}
+
+fn batches_hold(batches: &[datafusion::arrow::array::RecordBatch], needle: &str) -> bool {
+    let mut bytes = vec![];
+    for b in batches {
+        for c in b.columns() {
+            buffer_bytes(&c.to_data(), &mut bytes);
+        }
+    }
+    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// Round 50 (review "metadata" F1, a privacy break): a `Utf8View` key column keeps, in its data
+/// buffers, the keys of every group the DP aggregate met, and partition selection's filter (then
+/// the sort, a join, the coalescing of batches) copied the kept rows' views only. One query read
+/// a group that was never released, a single person's value, from the released column's buffers,
+/// over Flight or in a `COPY … STORED AS ARROW` file. The guard now compacts every released column
+/// whose type can share bytes right above the selection: on D′ the planted key is in no buffer of
+/// the result, of a release joined with a public table, or of the Arrow file, and the buffers
+/// are as large as on D.
+#[tokio::test]
+async fn r50_released_keys_hold_no_byte_of_a_group_partition_selection_dropped() {
+    const SECRET: &str = "SECRET_planted_individual_value_ALICE_SMITH_1234";
+    let dir = temp_dir("r50-view-buffers");
+    let rows: String = ["ops", "eng", "hr", "sales", "legal", "it"]
+        .iter()
+        .flat_map(|j| (0..300).map(move |i| format!("{j},{i}\n")))
+        .collect();
+    let d = dir.join("d.csv");
+    let d_prime = dir.join("d_prime.csv");
+    std::fs::write(&d, format!("job,salary\n{rows}")).unwrap();
+    std::fs::write(&d_prime, format!("job,salary\n{rows}{SECRET},7\n")).unwrap();
+    let queries = [
+        // The review's attack, on a CSV column cast to a view type; and a key padded past the
+        // 12 bytes a view holds inline.
+        "SELECT CAST(job AS VARCHAR) AS k, dp_count(salary, 1.0, 1e-6) AS n FROM t \
+         GROUP BY CAST(job AS VARCHAR)"
+            .to_string(),
+        "SELECT k, n FROM (SELECT arrow_cast(concat(job, '_padded_past_twelve_bytes'), \
+         'Utf8View') AS k, dp_count(salary, 1.0, 1e-6) AS n FROM t GROUP BY 1) r \
+         JOIN (VALUES ('ops_padded_past_twelve_bytes')) v(j) ON r.k = v.j"
+            .to_string(),
+        // A struct and a list of views.
+        "SELECT named_struct('k', arrow_cast(job, 'Utf8View')) AS k, \
+         dp_count(salary, 1.0, 1e-6) AS n FROM t GROUP BY 1"
+            .to_string(),
+    ];
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut sizes: Vec<Vec<usize>> = vec![];
+    for (i, file) in [&d, &d_prime].into_iter().enumerate() {
+        let ledger_dir = dir.join(format!("l{i}"));
+        std::fs::create_dir_all(&ledger_dir).unwrap();
+        let s = open(&ledger_dir, SessionOptions::default().with_output_dir(&out)).await;
+        s.register_csv("t", file, Registration::private())
+            .await
+            .unwrap();
+        let mut these = vec![];
+        for q in &queries {
+            let r = s.sql(q).await.unwrap_or_else(|e| panic!("{q}: {e}"));
+            assert!(!cells(&r).iter().any(|c| c.contains("SECRET")), "{q}");
+            assert!(
+                !batches_hold(&r.batches, SECRET),
+                "{q}: a buffer holds the dropped key"
+            );
+            these.push(
+                r.batches
+                    .iter()
+                    .map(|b| b.get_array_memory_size())
+                    .sum::<usize>(),
+            );
+        }
+        s.sql(&format!("COPY ({}) TO 'r{i}.arrow' STORED AS ARROW", queries[0]))
+            .await
+            .unwrap();
+        let bytes = std::fs::read(out.join(format!("r{i}.arrow"))).unwrap();
+        assert!(
+            !bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+            "the Arrow file holds the dropped key"
+        );
+        these.push(bytes.len());
+        sizes.push(these);
+    }
+    assert_eq!(sizes[0], sizes[1], "the same sizes on D and D′");
+}

@@ -1,7 +1,9 @@
 //! Scalar functions: planning helpers (read no data, cost nothing) and post-processing.
+pub mod compact;
 pub mod planning;
 pub mod predict;
 
+use compact::Compact;
 use datafusion::logical_expr::ScalarUDF;
 use planning::{HelperKind, PlanningHelper};
 use predict::{MlpPredict, Predict, PredictKind};
@@ -18,5 +20,6 @@ pub fn all_scalar_udfs() -> Vec<ScalarUDF> {
         Predict::udf(PredictKind::LogisticProba),
         MlpPredict::udf(true),
         MlpPredict::udf(false),
+        Compact::udf(),
     ]
 }

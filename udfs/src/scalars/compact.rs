@@ -1,0 +1,231 @@
+//! `__dpfusion_compact(x)`: `x` unchanged, in arrays that hold no byte no row refers to.
+//!
+//! Some Arrow arrays share their bytes with the arrays they were cut from. A `Utf8View` or
+//! `BinaryView` array is a vector of views into data buffers, and filtering, sorting or taking
+//! its rows copies the views only: the result keeps every data buffer of the input, with the
+//! bytes of the rows it dropped. A dictionary keeps its whole dictionary when its keys are
+//! filtered; a list view keeps its whole child. Arrow IPC (Flight, `COPY … STORED AS ARROW`)
+//! writes those buffers as they are, and the sizes of the arrays count them.
+//!
+//! That is harmless where every row is released, and a leak where rows were dropped for privacy:
+//! partition selection's filter drops the groups of a DP aggregate whose noisy count stays under
+//! the threshold, and DataFusion's aggregate wrote the keys of all its groups into one set of
+//! buffers. Round 50 (review "metadata" F1): a rare private value, a group that was never
+//! released, could be read from the released key column's buffers. The guard therefore passes
+//! every released column whose type can share bytes ([`shares_bytes`]) through this function,
+//! right above partition selection (`src/guard/mod.rs`, `partition_select`), so that nothing
+//! above it (sorts, joins, streams, files, the result's sizes) sees a dropped row's bytes.
+//!
+//! [`compact`] is total: it never fails and returns an array equal to its input, of the same
+//! type, length and nulls.
+use std::sync::Arc;
+
+use arrow_select::dictionary::garbage_collect_any_dictionary;
+use datafusion::arrow::array::{Array, ArrayData, ArrayRef, AsArray, MutableArrayData, make_array};
+use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::common::Result;
+use datafusion::logical_expr::{
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
+};
+
+/// The function's name. It is the guard's: analysts have no use for it (it returns its argument).
+pub const COMPACT: &str = "__dpfusion_compact";
+
+/// Can an array of type `t` hold bytes that none of its rows refers to after a filter (views,
+/// dictionaries, list views, at any depth)?
+pub fn shares_bytes(t: &DataType) -> bool {
+    use DataType::*;
+    match t {
+        Utf8View | BinaryView | Dictionary(..) | ListView(_) | LargeListView(_) => true,
+        List(f) | LargeList(f) | FixedSizeList(f, _) | Map(f, _) => shares_bytes(f.data_type()),
+        Struct(fs) => fs.iter().any(|f| shares_bytes(f.data_type())),
+        Union(fs, _) => fs.iter().any(|(_, f)| shares_bytes(f.data_type())),
+        RunEndEncoded(_, v) => shares_bytes(v.data_type()),
+        _ => false,
+    }
+}
+
+/// `a` with only the bytes its rows refer to: views rewritten into fresh buffers, dictionaries
+/// without unreferenced values, list views copied element by element, at every depth. Other
+/// arrays are returned as they are.
+pub fn compact(a: &ArrayRef) -> ArrayRef {
+    if !shares_bytes(a.data_type()) {
+        return Arc::clone(a);
+    }
+    match a.data_type() {
+        DataType::Utf8View => Arc::new(a.as_string_view().gc()),
+        DataType::BinaryView => Arc::new(a.as_binary_view().gc()),
+        DataType::Dictionary(..) => {
+            // Only the values some key refers to (it cannot fail: the keys are remapped onto the
+            // kept values), then those values compacted in turn.
+            let kept = garbage_collect_any_dictionary(a.as_any_dictionary())
+                .unwrap_or_else(|_| Arc::clone(a));
+            let d = kept.as_any_dictionary();
+            d.with_values(compact(d.values()))
+        }
+        DataType::ListView(_) | DataType::LargeListView(_) => {
+            // Each element's items copied in order into a new child.
+            let data = a.to_data();
+            let mut copy = MutableArrayData::new(vec![&data], false, data.len());
+            match copy.try_extend(0, 0, data.len()) {
+                Ok(()) => with_compact_children(make_array(copy.freeze())),
+                // Elements sharing items whose copies overflow the offsets: the child as it is,
+                // its own children compacted.
+                Err(_) => with_compact_children(Arc::clone(a)),
+            }
+        }
+        _ => with_compact_children(Arc::clone(a)),
+    }
+}
+
+/// `a` with each child array compacted (same buffers, offsets and nulls of its own).
+fn with_compact_children(a: ArrayRef) -> ArrayRef {
+    let data = a.to_data();
+    let children: Vec<ArrayData> = data
+        .child_data()
+        .iter()
+        .map(|c| compact(&make_array(c.clone())).to_data())
+        .collect();
+    match data.into_builder().child_data(children).build() {
+        Ok(d) => make_array(d),
+        // Not reached: the children keep their types and lengths.
+        Err(_) => a,
+    }
+}
+
+/// The scalar function over [`compact`].
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Compact {
+    signature: Signature,
+}
+
+impl Compact {
+    pub fn udf() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Compact {
+            signature: Signature::any(1, Volatility::Immutable),
+        })
+    }
+}
+
+impl ScalarUDFImpl for Compact {
+    fn name(&self) -> &str {
+        COMPACT
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        Ok(arg_types[0].clone())
+    }
+
+    /// The argument's field: its type, nullability and metadata are the result's.
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        Ok(Arc::clone(&args.arg_fields[0]))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        Ok(match &args.args[0] {
+            ColumnarValue::Array(a) => ColumnarValue::Array(compact(a)),
+            // A scalar owns its value.
+            scalar => scalar.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{
+        BooleanArray, DictionaryArray, Int32Array, ListBuilder, StringViewArray, StringViewBuilder,
+        StructArray,
+    };
+    use datafusion::arrow::compute::filter;
+    use datafusion::arrow::datatypes::{Field, Int32Type};
+
+    /// Every byte of every buffer of `a` and its descendants (what Arrow IPC would write).
+    fn all_bytes(d: &ArrayData, out: &mut Vec<u8>) {
+        for b in d.buffers() {
+            out.extend_from_slice(b.as_slice());
+        }
+        for c in d.child_data() {
+            all_bytes(c, out);
+        }
+    }
+
+    fn holds(a: &ArrayRef, needle: &str) -> bool {
+        let mut bytes = vec![];
+        all_bytes(&a.to_data(), &mut bytes);
+        bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+    }
+
+    const SECRET: &str = "SECRET_planted_individual_value_ALICE";
+
+    fn keys() -> StringViewArray {
+        StringViewArray::from(vec![
+            "a_released_key_longer_than_twelve",
+            SECRET,
+            "another_released_key_that_is_long",
+        ])
+    }
+
+    fn drop_middle(a: &ArrayRef) -> ArrayRef {
+        filter(a, &BooleanArray::from(vec![true, false, true])).unwrap()
+    }
+
+    #[test]
+    fn a_filtered_view_array_keeps_the_dropped_bytes_and_compact_removes_them() {
+        let kept = drop_middle(&(Arc::new(keys()) as ArrayRef));
+        assert!(holds(&kept, SECRET), "arrow's filter copies views only");
+        let c = compact(&kept);
+        assert!(!holds(&c, SECRET));
+        assert_eq!(c.as_ref(), kept.as_ref());
+        assert_eq!(c.data_type(), kept.data_type());
+    }
+
+    #[test]
+    fn dictionaries_structs_lists_and_list_views_are_compacted_at_every_depth() {
+        // A dictionary of views: the dropped value, and the bytes of its view.
+        let dict: ArrayRef = Arc::new(DictionaryArray::<Int32Type>::new(
+            Int32Array::from(vec![0, 1, 2]),
+            Arc::new(keys()),
+        ));
+        // A struct with a view field.
+        let strukt: ArrayRef = Arc::new(StructArray::from(vec![(
+            Arc::new(Field::new("k", DataType::Utf8View, true)),
+            Arc::new(keys()) as ArrayRef,
+        )]));
+        // A list of views, and the same as a list view.
+        let mut lb = ListBuilder::new(StringViewBuilder::new());
+        for k in keys().iter() {
+            lb.values().append_option(k);
+            lb.append(true);
+        }
+        let list: ArrayRef = Arc::new(lb.finish());
+        let list_view: ArrayRef = datafusion::arrow::compute::cast(
+            &list,
+            &DataType::ListView(Arc::new(Field::new_list_field(DataType::Utf8View, true))),
+        )
+        .unwrap();
+        for a in [dict, strukt, list, list_view] {
+            let kept = drop_middle(&a);
+            assert!(holds(&kept, SECRET), "{}", a.data_type());
+            let c = compact(&kept);
+            assert!(!holds(&c, SECRET), "{}", a.data_type());
+            assert_eq!(c.as_ref(), kept.as_ref(), "{}", a.data_type());
+            assert!(shares_bytes(a.data_type()));
+        }
+    }
+
+    #[test]
+    fn other_types_are_returned_as_they_are() {
+        let a: ArrayRef = Arc::new(Int32Array::from(vec![1, 2, 3]));
+        assert!(!shares_bytes(a.data_type()));
+        assert!(Arc::ptr_eq(&compact(&a), &a));
+        assert!(!shares_bytes(&DataType::List(Arc::new(
+            Field::new_list_field(DataType::Utf8, true)
+        ))));
+    }
+}
