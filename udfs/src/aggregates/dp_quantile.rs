@@ -39,8 +39,16 @@
 //! ε/2·u_b/(2·max(q, 1 − q)) also covers (ε/2·1/max(q, 1 − q) ≤ ε). Under `units:K:C` a unit
 //! changes up to C rows in each of at most K groups: Δu = C·max(q, 1 − q) in each, and K
 //! releases compose, so each group uses ε/K, i.e. the exponent ε/(K·C)·u_b/(2·max(q, 1 − q))
-//! ([`super::params::Neighbours::pure_factor`]). `dp_quantiles` uses the largest max(q, 1 − q)
-//! of its quantiles for all of them (one rate; valid for each).
+//! ([`super::params::Neighbours::pure_factor`], split by [`groups_and_rows`] into the ε/K of a
+//! group and the C of its Δu). `dp_quantiles` uses the largest max(q, 1 − q) of its quantiles
+//! for all of them (one rate; valid for each).
+//!
+//! EXPLAIN PRIVACY states what runs ([`noise_of`], round 50): the ε' of each draw in each group
+//! (ε/k, over K groups on a unit table, over 2 under `replace_private_keys`), Δu with its value
+//! for this q and these neighbours (C·max(q, 1 − q) on a unit table, 1 under `replace`) and the
+//! exponent ε'/(2Δu) read back from the sampler's rate, e.g. for `dp_median(x, 0, 100, 1)` on a
+//! unit table with K = 4, C = 2: `ε = 0.25 in each of K = 4 groups, score sensitivity
+//! Δ = C·max(q, 1 − q) = 1 (C = 2), exponent ε/(2Δ) = 0.125`.
 //!
 //! `dp_quantiles` with k quantiles draws k independent selections from the same
 //! histogram, each at ε/k (basic composition of pure DP: total ε); the released values are then
@@ -93,7 +101,7 @@ use super::declaration::{
 };
 use super::params::{Neighbours, Params, plan_error};
 use crate::mechanisms::exact::FixedPoint;
-use crate::mechanisms::exponential::{rate_down, sample_permute_and_flip};
+use crate::mechanisms::exponential::{EXP_BITS, rate_down, sample_permute_and_flip};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError};
 
@@ -243,7 +251,15 @@ pub(crate) struct QuantileRelease {
     pub upper: f64,
     /// Q = round(q·2^20) per quantile.
     pub q_fixed: Vec<u128>,
-    /// The exponential mechanism's rate A (exponent A·D_b/2^60), per quantile.
+    /// ε' of each quantile's draw in each group, rounded down: ε/k, divided by the groups one
+    /// change reaches ([`groups_and_rows`]: K, or 2 under `replace_private_keys`).
+    pub epsilon_each: f64,
+    /// The score's sensitivity Δ_D = 2^20·Δu of the rounded q's (module docs, "Exact
+    /// sampling"): 2^20 under `replace`, max(Q, 2^20 − Q) otherwise (the largest over the
+    /// call's quantiles), times C under `units:K:C`.
+    pub delta_d: u128,
+    /// The exponential mechanism's rate A (exponent A·D_b/2^60), per quantile: ε'/(2·Δ_D)
+    /// rounded down.
     pub rate: u128,
     /// The histogram's bins (a power of two).
     pub bins: usize,
@@ -256,30 +272,47 @@ impl QuantileRelease {
             p.qs.iter()
                 .map(|&q| (q * (1u64 << Q_BITS) as f64).round() as u128)
                 .collect();
-        // ε' = ε/k/factor, each division lowered by one ulp (never more ε than charged); the
+        // ε' = ε/k/groups, each division lowered by one ulp (never more ε than charged); the
         // exponent per unit of D is ε'/(2·Δ_D) (module docs, "Score and sensitivity"), rounded
         // down: Δ_D = 2^20 under `replace`/`replace_public_n`, max(Q, 2^20 − Q) otherwise (the
-        // largest over the call's quantiles: one rate for all of them).
-        let eps_each = ((p.epsilon / k).next_down() / p.neighbours.pure_factor()).next_down();
-        let delta_d = match p.neighbours {
-            Neighbours::Replace | Neighbours::ReplacePublicN => 1u128 << Q_BITS,
-            _ => q_fixed
-                .iter()
-                .map(|&q| q.max((1u128 << Q_BITS) - q))
-                .max()
-                .unwrap_or(1u128 << Q_BITS),
-        };
-        // Δ_D ≤ 2^20 is exact in f64; the division rounds to nearest, hence next_down.
-        let rate = rate_down((eps_each / (2.0 * delta_d as f64)).next_down());
+        // largest over the call's quantiles: one rate for all of them), times the rows C one
+        // unit has in a group. EXPLAIN PRIVACY prints these three (round 50: [`noise_of`]).
+        let (groups, rows) = groups_and_rows(p.neighbours);
+        let epsilon_each = ((p.epsilon / k).next_down() / groups as f64).next_down();
+        let delta_d = rows as u128
+            * match p.neighbours {
+                Neighbours::Replace | Neighbours::ReplacePublicN => 1u128 << Q_BITS,
+                _ => q_fixed
+                    .iter()
+                    .map(|&q| q.max((1u128 << Q_BITS) - q))
+                    .max()
+                    .unwrap_or(1u128 << Q_BITS),
+            };
+        // Δ_D ≤ 2^20·10^6 < 2^40 is exact in f64; the division rounds to nearest, hence
+        // next_down.
+        let rate = rate_down((epsilon_each / (2.0 * delta_d as f64)).next_down());
         Ok(Self {
             fp: FixedPoint::new(p.lower, p.upper),
             kind: p.kind,
             lower: p.lower,
             upper: p.upper,
             q_fixed,
+            epsilon_each,
+            delta_d,
             rate,
             bins: p.bins,
         })
+    }
+
+    /// The score's sensitivity Δ in ranks (Δ_D/2^20), as sampled.
+    pub fn sensitivity(&self) -> f64 {
+        self.delta_d as f64 / (1u64 << Q_BITS) as f64
+    }
+
+    /// The exponent per rank of score the sampler uses, ε'/(2Δ) rounded down: its rate A per
+    /// unit of D = 2^20·u is A/2^60, so A·2^20/2^60 per rank.
+    pub fn exponent(&self) -> f64 {
+        self.rate as f64 / (1u64 << (EXP_BITS - Q_BITS)) as f64
     }
 
     /// The bin of a fixed-point integer x ∈ [lo, hi].
@@ -409,7 +442,8 @@ const HOW: &str = "Differentially private quantile(s) of the values clamped to [
      of two in [2, 8192], default 1024; public: it does not change the cost; the state is \
      8·bins bytes per group) (score: \
      minus the distance from the target rank q·n to the ranks the bin covers, sensitivity \
-     max(q, 1 − q), 1 on replace tables; McSherry and Talwar 2007, Smith 2011), drawn by \
+     max(q, 1 − q), 1 on replace tables, C·max(q, 1 − q) at ε/K per group on tables with a \
+     privacy unit; McSherry and Talwar 2007, Smith 2011), drawn by \
      permute-and-flip (McKenna and Sheldon 2020), exactly (no floating-point exponential). Pure epsilon-DP (no \
      delta). The result is the chosen bin's midpoint: resolution (upper − lower)/bins. \
      dp_quantiles spends epsilon/k on each of its k quantiles and returns them sorted. NULL and \
@@ -631,27 +665,61 @@ pub fn cost_of(kind: QuantileKind, params: &[ScalarValue]) -> Result<Vec<Event>,
     QuantileParams::from_literals(kind, params)?.cost()
 }
 
+/// How one change splits over a call's releases (module docs, "Neighbour modes"): the groups
+/// whose releases it reaches (each draw gets ε/groups) and the rows it changes in each (the
+/// score's sensitivity is rows·max(q, 1 − q)). Their product is [`Neighbours::pure_factor`].
+fn groups_and_rows(n: Neighbours) -> (u32, u32) {
+    match n {
+        Neighbours::Units { groups, rows } => (groups, rows),
+        Neighbours::ReplacePrivateKeys => (2, 1),
+        _ => (1, 1),
+    }
+}
+
 /// What EXPLAIN PRIVACY shows as a quantile call's noise, from its literals alone: the
-/// exponential mechanism's bins and the ε each quantile's draw uses (module docs).
+/// exponential mechanism's bins, the ε' of each draw, the score's sensitivity Δ and the
+/// exponent ε'/(2Δ), all three read from the release the sampler uses (round 50: the text
+/// said "sensitivity 1" whatever q and the neighbours, and showed ε/(K·C) as the ε on unit
+/// tables), e.g. `…, ε = 1, score sensitivity Δ = max(q, 1 − q) = 0.5, exponent ε/(2Δ) = 1`.
 pub fn noise_of(kind: QuantileKind, params: &[ScalarValue]) -> Option<String> {
     let p = QuantileParams::from_literals(kind, params).ok()?;
     let short = crate::mechanisms::noise::short;
     if p.lower == p.upper {
         return Some("none (lower = upper)".into());
     }
+    let rel = QuantileRelease::new(&p).ok()?;
     let k = p.qs.len();
-    let each = p.epsilon / k as f64 / p.neighbours.pure_factor();
-    let per = if k == 1 {
-        String::new()
+    let (groups, rows) = groups_and_rows(p.neighbours);
+    let mut each = String::new();
+    if k > 1 {
+        each += &format!(" for each of {k} quantiles");
+    }
+    match p.neighbours {
+        Neighbours::Units { .. } if groups > 1 => {
+            each += &format!(" in each of K = {groups} groups")
+        }
+        Neighbours::ReplacePrivateKeys => each += " in each of the 2 groups a row may change",
+        _ => {}
+    }
+    let largest = if k > 1 {
+        "; the largest over the quantiles"
     } else {
-        format!(" for each of {k} quantiles")
+        ""
+    };
+    let delta = short(rel.sensitivity());
+    let delta = match p.neighbours {
+        Neighbours::Replace | Neighbours::ReplacePublicN => format!("{delta} (replace)"),
+        Neighbours::Units { .. } => format!("C·max(q, 1 − q) = {delta} (C = {rows}{largest})"),
+        _ if k > 1 => format!("max(q, 1 − q) = {delta} (the largest over the quantiles)"),
+        _ => format!("max(q, 1 − q) = {delta}"),
     };
     Some(format!(
-        "exponential mechanism over {} bins of width {}, ε = {}{per} (rank score, \
-         sensitivity 1)",
+        "exponential mechanism over {} bins of width {}, ε = {}{each}, score sensitivity \
+         Δ = {delta}, exponent ε/(2Δ) = {}",
         p.bins,
         short((p.upper - p.lower) / p.bins as f64),
-        short(each)
+        short(rel.epsilon_each),
+        short(rel.exponent())
     ))
 }
 
@@ -738,3 +806,183 @@ pub const DP_QUANTILES: Aggregate = Aggregate {
     cost: |_, p| cost_of(QuantileKind::Quantiles, p),
     noise: |p| noise_of(QuantileKind::Quantiles, p),
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mechanisms::noise::short;
+
+    fn f(v: f64) -> ScalarValue {
+        ScalarValue::Float64(Some(v))
+    }
+
+    /// A call's literals on [0, 100] with 2 bins under `neighbours`.
+    fn literals(
+        kind: QuantileKind,
+        qs: &[f64],
+        epsilon: f64,
+        neighbours: &str,
+    ) -> Vec<ScalarValue> {
+        let mut l = vec![f(0.0), f(100.0)];
+        match kind {
+            QuantileKind::Median => {}
+            QuantileKind::Quantile => l.push(f(qs[0])),
+            QuantileKind::Quantiles => l.push(ScalarValue::List(ScalarValue::new_list_nullable(
+                &qs.iter().map(|&q| f(q)).collect::<Vec<_>>(),
+                &DataType::Float64,
+            ))),
+        }
+        l.extend([
+            f(epsilon),
+            f(2.0),
+            ScalarValue::Utf8(Some(neighbours.into())),
+        ]);
+        l
+    }
+
+    /// The text between `label` and the next ',' or ' ' of EXPLAIN PRIVACY's noise.
+    fn field<'a>(text: &'a str, label: &str) -> &'a str {
+        let at = text
+            .find(label)
+            .unwrap_or_else(|| panic!("{label} in {text}"))
+            + label.len();
+        let rest = &text[at..];
+        &rest[..rest.find([',', ' ']).unwrap_or(rest.len())]
+    }
+
+    /// (round 50) EXPLAIN PRIVACY's quantile noise states what runs: for q = 0.5 and 0.9 (and
+    /// both in one `dp_quantiles`), under add/remove, `replace`, `replace_public_n`,
+    /// `replace_private_keys` and on unit tables, the printed ε, Δ and exponent are the closed
+    /// forms ε/k/groups, rows·max(q, 1 − q) (1 under replace) and their ε/(2Δ) (the rounded
+    /// q's: 0.9 is 943718/2^20), and the exponent printed is the sampler's (its rate read back,
+    /// within 1e-10 of the closed form). It was "sensitivity 1" whatever q, with ε/(K·C) as ε.
+    #[test]
+    fn explained_exponent_is_the_samplers() {
+        let q09 = 943_718.0 / 1_048_576.0;
+        // (neighbours, groups the ε is split over, rows C, replace)
+        let modes = [
+            ("add_remove", 1.0, 1.0, false),
+            ("replace", 1.0, 1.0, true),
+            ("replace_public_n", 1.0, 1.0, true),
+            ("replace_private_keys", 2.0, 1.0, false),
+            ("units:4:2", 4.0, 2.0, false),
+            ("units:1:3", 1.0, 3.0, false),
+        ];
+        let calls: [(QuantileKind, &[f64], f64); 4] = [
+            (QuantileKind::Median, &[0.5], 0.5),
+            (QuantileKind::Quantile, &[0.5], 0.5),
+            (QuantileKind::Quantile, &[0.9], q09),
+            (QuantileKind::Quantiles, &[0.5, 0.9], q09),
+        ];
+        for (nb, groups, rows, replace) in modes {
+            for (kind, qs, max_q) in calls {
+                let epsilon = 3.0;
+                let lits = literals(kind, qs, epsilon, nb);
+                let text = noise_of(kind, &lits).unwrap();
+                let rel =
+                    QuantileRelease::new(&QuantileParams::from_literals(kind, &lits).unwrap())
+                        .unwrap();
+                let eps = epsilon / qs.len() as f64 / groups;
+                let delta = if replace { 1.0 } else { rows * max_q };
+                let exponent = eps / (2.0 * delta);
+                let case = format!("{nb} {kind:?} {qs:?}: {text}");
+                // The sampler's rate is the closed form, rounded down.
+                let used = rel.exponent();
+                assert!(
+                    used <= exponent && used > exponent * (1.0 - 1e-10),
+                    "{case}: {used}"
+                );
+                assert_eq!(field(&text, "ε = "), short(eps), "{case}");
+                assert_eq!(field(&text, "ε/(2Δ) = "), short(used), "{case}");
+                assert_eq!(field(&text, "ε/(2Δ) = "), short(exponent), "{case}");
+                let shown_delta = if replace {
+                    field(&text, "Δ = ")
+                } else {
+                    field(&text, "1 − q) = ")
+                };
+                assert_eq!(shown_delta, short(delta), "{case}");
+                assert!(!text.contains("sensitivity 1)"), "{case}");
+            }
+        }
+        // The texts, whole: row level, replace, a unit table, several quantiles.
+        let noise = |kind, qs: &[f64], nb| noise_of(kind, &literals(kind, qs, 1.0, nb)).unwrap();
+        assert_eq!(
+            noise(QuantileKind::Median, &[], "add_remove"),
+            "exponential mechanism over 2 bins of width 50, ε = 1, score sensitivity \
+             Δ = max(q, 1 − q) = 0.5, exponent ε/(2Δ) = 1"
+        );
+        assert_eq!(
+            noise(QuantileKind::Quantile, &[0.9], "replace"),
+            "exponential mechanism over 2 bins of width 50, ε = 1, score sensitivity \
+             Δ = 1 (replace), exponent ε/(2Δ) = 0.5"
+        );
+        assert_eq!(
+            noise(QuantileKind::Median, &[], "units:4:2"),
+            "exponential mechanism over 2 bins of width 50, ε = 0.25 in each of K = 4 groups, \
+             score sensitivity Δ = C·max(q, 1 − q) = 1 (C = 2), exponent ε/(2Δ) = 0.125"
+        );
+        assert_eq!(
+            noise(QuantileKind::Quantiles, &[0.5, 0.9], "add_remove"),
+            "exponential mechanism over 2 bins of width 50, ε = 0.5 for each of 2 quantiles, \
+             score sensitivity Δ = max(q, 1 − q) = 0.9 (the largest over the quantiles), \
+             exponent ε/(2Δ) = 0.2778"
+        );
+        assert_eq!(
+            noise(QuantileKind::Quantiles, &[0.5, 0.9], "units:2:3"),
+            "exponential mechanism over 2 bins of width 50, ε = 0.25 for each of 2 quantiles in \
+             each of K = 2 groups, score sensitivity Δ = C·max(q, 1 − q) = 2.7 (C = 3; the \
+             largest over the quantiles), exponent ε/(2Δ) = 0.0463"
+        );
+        // The split of a mode's L1 factor multiplies back to it.
+        for nb in modes.map(|m| Neighbours::parse(m.0).unwrap()) {
+            let (g, r) = groups_and_rows(nb);
+            assert_eq!(g as f64 * r as f64, nb.pure_factor(), "{nb}");
+        }
+    }
+
+    /// Seeded, statistical: the sampler draws at the printed exponent. On the review's
+    /// neighbouring dataset (2 bins of [0, 100]: 6 values in bin 0, 5 in bin 1; the median's
+    /// target 5.5 lies in bin 0, bin 1 is 0.5 ranks away; q = 0.9's target 9.9 lies in bin 1,
+    /// bin 0 is 3.9 away), permute-and-flip picks the worse bin with probability
+    /// ½·exp(−x·loss) for the exponent x read from EXPLAIN PRIVACY's text. 20,000 draws each:
+    /// within 5 binomial sd; the former "sensitivity 1" reading (x = ε/2 at the median, row
+    /// level) lies outside.
+    #[test]
+    fn sampler_draws_at_the_explained_exponent() {
+        let counts = [6u64, 5];
+        let n = 20_000;
+        let cases: [(QuantileKind, &[f64], f64, &str, u64); 6] = [
+            (QuantileKind::Median, &[], 1.0, "add_remove", 1),
+            (QuantileKind::Median, &[], 1.0, "replace", 2),
+            (QuantileKind::Quantile, &[0.9], 1.0, "add_remove", 3),
+            (QuantileKind::Quantile, &[0.9], 1.0, "replace", 4),
+            (QuantileKind::Median, &[], 8.0, "units:4:2", 5),
+            (QuantileKind::Quantile, &[0.9], 8.0, "units:4:2", 6),
+        ];
+        for (kind, qs, epsilon, nb, seed) in cases {
+            let lits = literals(kind, qs, epsilon, nb);
+            let text = noise_of(kind, &lits).unwrap();
+            let x: f64 = field(&text, "ε/(2Δ) = ").parse().unwrap();
+            let rel =
+                QuantileRelease::new(&QuantileParams::from_literals(kind, &lits).unwrap()).unwrap();
+            let losses = QuantileRelease::losses(&counts, rel.q_fixed[0], 2);
+            let worse = if losses[0] > losses[1] { 0 } else { 1 };
+            let gap = losses[0].abs_diff(losses[1]) as f64 / (1u64 << Q_BITS) as f64;
+            let want = 0.5 * (-x * gap).exp();
+            let mut rng = SecureRng::insecure_from_seed(seed);
+            let hits = (0..n)
+                .filter(|_| rel.release(&mut rng, &counts)[0] == rel.midpoint(worse))
+                .count();
+            let got = hits as f64 / n as f64;
+            let tol = 5.0 * (want * (1.0 - want) / n as f64).sqrt();
+            assert!(
+                (got - want).abs() <= tol,
+                "{nb} {kind:?}: {got} vs {want} ± {tol} ({text})"
+            );
+            if nb == "add_remove" && kind == QuantileKind::Median {
+                let old = 0.5 * (-epsilon / 2.0 * gap).exp();
+                assert!((got - old).abs() > tol, "cannot tell {want} from {old}");
+            }
+        }
+    }
+}

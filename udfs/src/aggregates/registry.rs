@@ -161,11 +161,14 @@ mod tests {
             );
         }
         let noise = |name: &str, l: Vec<ScalarValue>| (get(name).unwrap().noise)(&l).unwrap();
-        // dp_quantiles: 1024 bins of width 100/1024, ε/2 each.
+        // dp_quantiles: 1024 bins of width 100/1024, ε/2 each, the score's sensitivity of the
+        // larger max(q, 1 − q) and the exponent the sampler uses (round 50: it said
+        // "sensitivity 1"; dp_quantile's tests check every neighbour mode).
         assert_eq!(
             noise("dp_quantiles", lits("dp_quantiles")),
             "exponential mechanism over 1024 bins of width 0.09766, ε = 0.5 for each of 2 \
-             quantiles (rank score, sensitivity 1)"
+             quantiles, score sensitivity Δ = max(q, 1 − q) = 0.75 (the largest over the \
+             quantiles), exponent ε/(2Δ) = 0.3333"
         );
         // dp_variance, add_remove: μ₁² = μ²/2 on the centred sum (sensitivity h = 50 in value
         // units), μ_c² = μ²/4 on the count (sensitivity 1): σ₁ = 50/(μ/√2), σ_c = 1/(μ/2), with
