@@ -368,8 +368,11 @@ async fn settle(
             .filter(col("n").gt(lit(1i64)))?
             .limit(0, Some(1))?
             .build()?;
+        let keys: Vec<String> = side.keys.iter().map(|k| k.to_string()).collect();
         let physical = state.create_physical_plan(&dup).await?;
-        let found = datafusion::physical_plan::collect(physical, state.task_ctx()).await?;
+        let found = datafusion::physical_plan::collect(physical, state.task_ctx())
+            .await
+            .map_err(|e| key_cast_refusal(e, &keys, &side.private_table))?;
         if let Some(b) = found.iter().find(|b| b.num_rows() > 0) {
             let show = |k: usize| {
                 datafusion::arrow::util::display::array_value_to_string(b.column(k), 0)
@@ -377,7 +380,6 @@ async fn settle(
             };
             // The keys' columns, then the count (the aggregate keeps a key written twice once).
             let n = b.num_columns() - 1;
-            let keys: Vec<String> = side.keys.iter().map(|k| k.to_string()).collect();
             let values: Vec<String> = (0..n).map(show).collect();
             return Err(refuse(format!(
                 "the join key ({}) is not unique in the public side joined with private table \
@@ -402,6 +404,28 @@ async fn settle(
             Ok(Transformed::no(node))
         })?
         .data)
+}
+
+/// A public side's join key that DataFusion cannot cast: the join compares two types and
+/// DataFusion's coercion casts one side's key to the other's type, which fails on a public value
+/// (`ON t.store = s.region`, a number against 'north'). Only public rows were read and nothing
+/// is charged; the refusal says what to write instead of the raw Arrow text alone. Any other
+/// error is passed on as it is.
+fn key_cast_refusal(e: DataFusionError, keys: &[String], private_table: &str) -> DataFusionError {
+    use datafusion::arrow::error::ArrowError;
+    match e.find_root() {
+        DataFusionError::ArrowError(a, _) if matches!(a.as_ref(), ArrowError::CastError(_)) => {
+            refuse(format!(
+                "the join key ({}) of the public side joined with private table '{}' cannot be \
+                 compared with the private side's key: the two have different types and a \
+                 public value does not convert ({a}). Join on columns of one type, or cast both \
+                 sides to the type you mean (e.g. CAST(… AS VARCHAR) on each side).",
+                keys.join(", "),
+                private_table
+            ))
+        }
+        _ => e,
+    }
 }
 
 // ---- the final audit ---------------------------------------------------------------------------
