@@ -223,7 +223,10 @@ fn policy_currency(p: &TablePolicy) -> Option<Currency> {
 /// The fields not marked `serde(skip)` are the accountant's state: what replay produces, stored
 /// as a whole in a checkpoint (module `checkpoint`; a change to their serialised form must bump
 /// `checkpoint::LAYOUT`). The skipped ones say where the file was read to, and the log.
-#[derive(Debug, Default, Serialize, Deserialize)]
+///
+/// `Clone` is for [`apply_all`]'s copy, which moves the two logs (`entries`, `hashes`) rather
+/// than cloning them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct State {
     /// Byte offset of the end of the last record read (always the end of a complete line).
@@ -283,6 +286,14 @@ pub(super) struct State {
     /// not fsync'd. Never set by a session or the CLI.
     #[serde(skip)]
     pub insecure_no_fsync: bool,
+    /// A session's state, no longer only a replay: set by `Accountant::open_with` once its
+    /// opening replay is done. The session then puts in it what no line says (the policies of
+    /// its session-local tables, a recorded policy kept under the name registered now, and the
+    /// sums of their currencies), so a `checkpoint` record its catch-ups read is checked for its
+    /// place (its line count, its `prev`) but not for its digest, which names a replay's state
+    /// (round 50, review crash F1; `checkpoint::check_record`). Never checkpointed.
+    #[serde(skip)]
+    pub live: bool,
 }
 
 /// The part of a ledger before the checkpoint a [`State`] was loaded from.
@@ -984,7 +995,9 @@ struct Leftover {
 
 /// Verifies, then applies, every complete line after `st.offset`; in [`Mode::Repair`] also cuts
 /// a torn last line, brings the sidecar up to date and initialises a new ledger. Nothing is
-/// changed (in the file or in `st`) unless the new lines and the sidecar verify.
+/// changed (in the file or in `st`) unless the new lines and the sidecar verify and every new
+/// line applies ([`apply_all`]: all of them or none, round 50); once they have, a failure of the
+/// repair leaves them applied (they verified) and the file as the repair left it.
 fn read(
     file: &File,
     path: &Path,
@@ -1023,11 +1036,7 @@ fn read(
         None => (None, false),
     };
     let head_state = check_head(path, st, &scanned, head.as_ref())?;
-    for (rec, hash, n) in scanned.lines {
-        apply_line(file, path, st, rec, hash, n)?;
-    }
-    // A session's own policies (session-local tables) are not records: their sums too.
-    track_currencies(file, path, st)?;
+    apply_all(file, path, st, scanned.lines)?;
     let mut left = Leftover {
         torn: scanned.torn,
         witness_behind,
@@ -1070,6 +1079,46 @@ fn read(
         write_witness(path, wp, st, Sync::NoFsync)?;
     }
     Ok(Leftover::default())
+}
+
+/// Applies the verified complete `lines` after the lines of `st`, then gives a session's own
+/// policies (session-local tables, which are not records) the sums of their currencies
+/// ([`track_currencies`]): all or nothing (round 50, review crash F2). A line that does not
+/// apply (a checkpoint record at the wrong place, a record with an invalid budget, …) or a
+/// failed read leaves `st` as it was, so the next catch-up reads the same lines again from the
+/// same place: none is skipped (no under-count) and none is half-applied. The lines are applied
+/// to a copy, swapped in on success; the copy costs the per-table maps only, since the two
+/// logs, which only grow, are moved to it (not cloned) and cut back to their length on failure.
+fn apply_all(
+    file: &File,
+    path: &Path,
+    st: &mut State,
+    lines: Vec<(Record, Hash, u64)>,
+) -> Result<(), AccountingError> {
+    if lines.is_empty() {
+        // Changes `st` only once it has succeeded.
+        return track_currencies(file, path, st);
+    }
+    let (n_entries, n_hashes) = (st.entries.len(), st.hashes.len());
+    let entries = std::mem::take(&mut st.entries);
+    let hashes = std::mem::take(&mut st.hashes);
+    let mut next = st.clone();
+    next.entries = entries;
+    next.hashes = hashes;
+    let applied = lines
+        .into_iter()
+        .try_for_each(|(rec, hash, n)| apply_line(file, path, &mut next, rec, hash, n))
+        .and_then(|()| track_currencies(file, path, &mut next));
+    match applied {
+        Ok(()) => *st = next,
+        Err(_) => {
+            next.entries.truncate(n_entries);
+            next.hashes.truncate(n_hashes);
+            st.entries = next.entries;
+            st.hashes = next.hashes;
+        }
+    }
+    applied
 }
 
 /// Applies the complete line `rec` (of hash `hash`, `len` bytes with its newline, already in
@@ -1134,7 +1183,8 @@ pub(super) fn track_currencies(
         return Err(corrupt(
             path,
             st.lines,
-            "the ledger's lines no longer hash to the chain this session read (the file was              changed under the lock)"
+            "the ledger's lines no longer hash to the chain this session read (the file was \
+             changed under the lock)"
                 .to_string(),
         ));
     }

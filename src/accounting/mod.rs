@@ -18,6 +18,13 @@
 //! serves one file under one policy ([`Accountant::register_table_beside`]). A failure after the
 //! fsync (the sidecar, the witness) is [`AccountingError::Unsealed`]: the charge stands.
 //!
+//! A catch-up applies the lines it read all or none (a line that does not apply leaves the
+//! state as it was, and the next catch-up reads them again). The session's state is the replay
+//! plus what no line says (its session-local tables' policies, a recorded policy kept under the
+//! name registered now), so a checkpoint record another process appended is checked there for
+//! its place in the chain, not for its state digest, which every full replay compares (round
+//! 50, review crash; module `checkpoint`).
+//!
 //! A refusal's fixes (the most ε its one call can use, found on the admission rule for that
 //! call's own mechanism; the filters that would accept a refused mechanism) are computed from
 //! the evaluation's copies after the locks are released (round 48).
@@ -1512,6 +1519,9 @@ impl Accountant {
             acc.check_not_replaced()?;
             let _lock = FileLock::exclusive(&acc.file).map_err(io_error(&acc.path))?;
             checkpoint::open_replay(&acc.file, &acc.path, acc.witness.as_deref(), &mut st)?;
+            // From here on the state is the session's, not only a replay: its catch-ups check a
+            // checkpoint record's place, not its digest (round 50, review crash F1).
+            st.live = true;
         }
         Ok(acc)
     }

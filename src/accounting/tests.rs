@@ -2244,3 +2244,240 @@ async fn a_charge_puts_its_receipt_in_the_statements_slot() {
     assert!(slot.take().is_none());
     assert!(other.take().is_some());
 }
+
+/// Round 50 (review crash, F1): another process charges `key` (registered under `name`) on
+/// [`checkpoint::EVERY`] lines, then another one opens the ledger, which appends a checkpoint
+/// record right after its replay.
+fn another_process_checkpoints(path: &Path, key: &str, name: &str) {
+    let b = Accountant::open(path).unwrap();
+    b.register_table(private(key, name, 10.0)).unwrap();
+    for i in 0..checkpoint::EVERY {
+        b.admit(&format!("SELECT {i}"), &gauss(key, 0.001)).unwrap();
+    }
+    drop(b);
+    let before = verify(path).unwrap().checkpoint_records;
+    drop(Accountant::open(path).unwrap());
+    assert_eq!(
+        verify(path).unwrap().checkpoint_records,
+        before + 1,
+        "a checkpoint record was appended"
+    );
+}
+
+/// The numbers of `rows` without the names they are shown under (a session shows a key under
+/// the names it serves it by, a new session under the ledger's).
+fn numbers(rows: Vec<BudgetRow>) -> String {
+    let rows: Vec<BudgetRow> = rows
+        .into_iter()
+        .map(|r| BudgetRow {
+            name: String::new(),
+            ..r
+        })
+        .collect();
+    format!("{rows:?}")
+}
+
+/// Round 50 (review crash, F1, variant A): a session that registered a recorded table under a
+/// new name holds the recorded policy under that name, which no line has, so its state is not
+/// a replay's. A checkpoint record another process appended is still read as a checkpoint, not
+/// as a forgery: the session goes on admitting, with the numbers of a new session.
+#[test]
+fn a_session_holding_a_renamed_table_admits_after_another_process_checkpoints() {
+    let path = temp_ledger();
+    {
+        let first = Accountant::open(&path).unwrap();
+        first
+            .register_table(private("demo:t", "staff", 10.0))
+            .unwrap();
+        first.admit("q0", &gauss("demo:t", 0.01)).unwrap();
+    }
+    let a = Accountant::open(&path).unwrap();
+    let kept = a.register_table(private("demo:t", "people", 10.0)).unwrap();
+    assert_eq!(kept.name, "people");
+    assert_eq!(a.state().policies[&TableKey::from("demo:t")].name, "people");
+    a.admit("before", &gauss("demo:t", 0.01)).unwrap();
+    another_process_checkpoints(&path, "demo:t", "staff");
+    let r = a.admit("after", &gauss("demo:t", 0.01)).unwrap();
+    assert_eq!(r.tables[0].name, "people");
+    assert_eq!(a.state().checkpoint_records, 1, "read as a checkpoint");
+    // Its decisions and numbers are a new session's (which starts from that checkpoint).
+    let fresh = Accountant::open(&path).unwrap();
+    assert!(fresh.state().prefix.is_some());
+    assert_eq!(numbers(a.budget_rows()), numbers(fresh.budget_rows()));
+    assert_eq!(a.budget_rows()[0].queries, checkpoint::EVERY + 3);
+    let big = gauss("demo:t", 500.0);
+    let strip = |v: Vec<PreviewRow>| {
+        v.into_iter()
+            .map(|p| {
+                format!(
+                    "{:?}",
+                    PreviewRow {
+                        name: String::new(),
+                        ..p
+                    }
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        strip(a.preview(&big).unwrap()),
+        strip(fresh.preview(&big).unwrap())
+    );
+    assert!(!a.preview(&big).unwrap()[0].admitted);
+    verify(&path).unwrap();
+}
+
+/// Round 50 (review crash, F1, variant B): a session holding a session-local table (a `result:`
+/// key: its policy is never written, its charges are) admits after another process appended a
+/// checkpoint; the session-local table's charges are all counted.
+#[test]
+fn a_session_holding_a_session_local_table_admits_after_another_process_checkpoints() {
+    let path = temp_ledger();
+    let a = Accountant::open(&path).unwrap();
+    a.register_table(private("demo:t", "t", 10.0)).unwrap();
+    let mut local = private("result:r", "r", 5.0);
+    // Another currency than the recorded table's: its sums are in the session's state only.
+    local.filter = FilterKind::Rdp { order: Some(8.0) };
+    a.register_table(local).unwrap();
+    let both = [gauss("demo:t", 0.01), gauss("result:r", 0.1)].concat();
+    a.admit("before", &both).unwrap();
+    another_process_checkpoints(&path, "demo:t", "t");
+    let r = a.admit("after", &both).unwrap();
+    assert_eq!(r.tables.len(), 2);
+    let rows = a.budget_rows();
+    let local_row = rows.iter().find(|r| r.name == "r").unwrap();
+    assert_eq!(local_row.queries, 2);
+    let fresh = Accountant::open(&path).unwrap();
+    let recorded = |rows: Vec<BudgetRow>| {
+        numbers(
+            rows.into_iter()
+                .filter(|r| r.key == TableKey::from("demo:t"))
+                .collect(),
+        )
+    };
+    assert_eq!(recorded(a.budget_rows()), recorded(fresh.budget_rows()));
+    assert!(fresh.policy(&TableKey::from("result:r")).is_none());
+    verify(&path).unwrap();
+}
+
+/// Appends `record` (a JSON object without its `prev`) chained after the ledger's last line,
+/// and seals it in the sidecar: what someone who can write the ledger's directory can do.
+/// Returns the new line's number.
+fn append_chained(path: &Path, mut record: serde_json::Value) -> u64 {
+    let text = fs::read_to_string(path).unwrap();
+    let last = text.lines().last().unwrap();
+    record["prev"] = serde_json::Value::String(sha256_hex_for_test(last.as_bytes()));
+    let line = record.to_string();
+    append_raw(path, &format!("{line}\n"));
+    let n = text.lines().count() as u64 + 1;
+    let head: serde_json::Value =
+        serde_json::from_slice(&fs::read(head_path(path)).unwrap()).unwrap();
+    let seal = serde_json::json!({"format": LEDGER_FORMAT, "ledger_id": head["ledger_id"],
+        "lines": n, "hash": sha256_hex_for_test(line.as_bytes())});
+    fs::write(head_path(path), seal.to_string()).unwrap();
+    n
+}
+
+/// Round 50 (review crash, F1): a checkpoint record whose digest is not the replay's is refused
+/// by every replay from line 1 (`verify`, `reseal`, a session opening without a checkpoint
+/// file), as before; a running session, whose state is not a replay, checks its place in the
+/// chain (its line count, its `prev`) and goes on: it never loads a state from the record.
+#[test]
+fn a_checkpoint_record_is_checked_for_its_place_in_a_catch_up_and_its_digest_in_a_replay() {
+    let path = temp_ledger();
+    let a = Accountant::open(&path).unwrap();
+    a.register_table(private("demo:t", "t", 10.0)).unwrap();
+    a.admit("q", &gauss("demo:t", 0.1)).unwrap();
+    let lines = fs::read_to_string(&path).unwrap().lines().count();
+    let forged = append_chained(
+        &path,
+        serde_json::json!({"record": "checkpoint", "lines": lines,
+            "layout": checkpoint::LAYOUT, "state_sha256": "00".repeat(32)}),
+    );
+    a.admit("q", &gauss("demo:t", 0.1)).unwrap();
+    assert_eq!(a.budget_rows()[0].queries, 2);
+    let digest = |e: AccountingError| {
+        assert!(
+            matches!(e, AccountingError::Corrupt { line, .. } if line == forged),
+            "{e}"
+        );
+        assert!(e.to_string().contains("state digest"), "{e}");
+    };
+    digest(verify(&path).unwrap_err());
+    digest(reseal(&path, None).unwrap_err());
+    digest(Accountant::open(&path).err().unwrap());
+    // At the wrong place (naming one line too few), a running session refuses it too.
+    let path = temp_ledger();
+    let a = Accountant::open(&path).unwrap();
+    a.register_table(private("demo:t", "t", 10.0)).unwrap();
+    let lines = fs::read_to_string(&path).unwrap().lines().count();
+    let misplaced = append_chained(
+        &path,
+        serde_json::json!({"record": "checkpoint", "lines": lines - 1,
+            "layout": checkpoint::LAYOUT, "state_sha256": "00".repeat(32)}),
+    );
+    let err = a.admit("q", &gauss("demo:t", 0.1)).unwrap_err();
+    assert!(
+        matches!(err, AccountingError::Corrupt { line, .. } if line == misplaced),
+        "{err}"
+    );
+    assert!(err.to_string().contains("reordered"), "{err}");
+}
+
+/// Round 50 (review crash, F2): a catch-up that fails at a line (here a checkpoint record at the
+/// wrong place after three charges of another process) applies none of the lines it read: the
+/// state is as it was, the budget shown too, and nothing is admitted. The next catch-up reads
+/// them again from the same place, so once the owner removed the bad line every charge counts
+/// (never an under-count).
+#[test]
+fn a_catch_up_that_fails_at_a_line_leaves_the_state_as_it_was() {
+    let path = temp_ledger();
+    let a = Accountant::open(&path).unwrap();
+    a.register_table(private("demo:t", "t", 10.0)).unwrap();
+    a.admit("q", &gauss("demo:t", 0.1)).unwrap();
+    let snapshot = |a: &Accountant| {
+        let st = a.state();
+        (
+            checkpoint::state_bytes(&st).unwrap(),
+            (st.offset, st.lines, st.hashes.len(), st.entries.len()),
+            (st.checkpoint_line, st.checkpoint_records),
+        )
+    };
+    let before = snapshot(&a);
+    let rows = format!("{:?}", a.budget_rows());
+    let b = Accountant::open(&path).unwrap();
+    for _ in 0..3 {
+        b.admit("b", &gauss("demo:t", 0.1)).unwrap();
+    }
+    drop(b);
+    let good = file_len(&path);
+    let lines = fs::read_to_string(&path).unwrap().lines().count();
+    let bad = append_chained(
+        &path,
+        serde_json::json!({"record": "checkpoint", "lines": lines - 1,
+            "layout": checkpoint::LAYOUT, "state_sha256": "00".repeat(32)}),
+    );
+    let err = a.admit("q", &gauss("demo:t", 0.1)).unwrap_err();
+    assert!(
+        matches!(err, AccountingError::Corrupt { line, .. } if line == bad),
+        "{err}"
+    );
+    assert_eq!(snapshot(&a), before, "none of the lines before it applied");
+    assert_eq!(format!("{:?}", a.budget_rows()), rows);
+    assert!(a.preview(&gauss("demo:t", 0.1)).is_err());
+    // The owner removes the line and reseals: the next catch-up counts the three charges.
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(good)
+        .unwrap();
+    reseal(&path, None).unwrap();
+    a.admit("q", &gauss("demo:t", 0.1)).unwrap();
+    let fresh = Accountant::open(&path).unwrap();
+    assert_eq!(a.budget_rows()[0].queries, 5);
+    assert_eq!(
+        format!("{:?}", a.budget_rows()),
+        format!("{:?}", fresh.budget_rows())
+    );
+}
