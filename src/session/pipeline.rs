@@ -59,7 +59,7 @@ impl PrivateSession {
         };
         match self.parse(sql)? {
             DFStatement::CreateExternalTable(c) => self.create_external_table(c).await,
-            DFStatement::Reset(_) => refused!("dpfusion refused the query: RESET is not allowed"),
+            DFStatement::Reset(_) => refused!("{}", super::ddl::RESET_REFUSED),
             stmt => {
                 // One snapshot of the session's state serves the statement from planning to
                 // execution: the plan that is checked is planned, and runs, under the same
@@ -84,6 +84,8 @@ impl PrivateSession {
         }
         let mut stmt = stmts.pop_front().expect("one");
         refuse_describe_of_a_query(&stmt)?;
+        // A SET DataFusion cannot plan gets dpfusion's SET refusal, not its debug dump (round 50).
+        super::ddl::check_set_statement(&stmt)?;
         if let Some((_, c)) = &clause {
             self.apply_dp_clause(&mut stmt, c)?;
         }
@@ -579,8 +581,8 @@ fn refuse_describe_of_a_query(stmt: &DFStatement) -> Result<()> {
             describe_alias: DescribeAlias::Describe | DescribeAlias::Desc,
             ..
         } => refused!(
-            "dpfusion refused the query: DESCRIBE takes a table name (`DESCRIBE people`, or \
-             `\\d people` in the REPL), not a query; describe the tables the query reads"
+            "dpfusion refused the query: DESCRIBE takes a table name (`DESCRIBE salaries`, or \
+             `\\d salaries` in the REPL), not a query; describe the tables the query reads"
         ),
         _ => Ok(()),
     }

@@ -467,12 +467,7 @@ fn check_column(table: &str, schema: &Schema, column: &str, what: &str) -> Resul
 /// later row as NULL and let DP calls charge for nothing. Refused at registration, with what to
 /// declare instead (issue 33).
 fn check_typed(table: &str, schema: &Schema) -> Result<()> {
-    let untyped: Vec<&str> = schema
-        .fields()
-        .iter()
-        .filter(|f| f.data_type().is_null())
-        .map(|f| f.name().as_str())
-        .collect();
+    let untyped = untyped_columns(schema);
     if untyped.is_empty() {
         return Ok(());
     }
@@ -488,6 +483,17 @@ fn check_typed(table: &str, schema: &Schema) -> Result<()> {
          API, Registration::schema; in CREATE EXTERNAL TABLE, a column list (name TYPE, ...)",
         untyped.join("', '")
     )
+}
+
+/// The columns of `schema` that have no type (Arrow `Null`): refused in an owner's registration
+/// ([`check_typed`]) and, before its charge, in a `CREATE TABLE … AS` (`ddl`, round 50).
+pub(super) fn untyped_columns(schema: &Schema) -> Vec<&str> {
+    schema
+        .fields()
+        .iter()
+        .filter(|f| f.data_type().is_null())
+        .map(|f| f.name().as_str())
+        .collect()
 }
 
 /// Checks the declared ratio bounds on the data (the owner's registration; the errors may name

@@ -1132,3 +1132,307 @@ async fn an_order_by_below_a_computing_projection_orders_the_output_at_16_partit
         assert_eq!((w.len(), out_of_place), (200_000, None));
     }
 }
+
+/// What has been charged so far: the ledger's charges and `people`'s spent ε and query count
+/// (SHOW BUDGET's row).
+fn charged(s: &PrivateSession) -> (usize, f64, u64) {
+    let row = s.budget().into_iter().find(|r| r.name == "people").unwrap();
+    (s.ledger().unwrap().len(), row.spent, row.queries)
+}
+
+/// The names of the session's tables (SHOW TABLES, `\d`).
+fn table_names(s: &PrivateSession) -> Vec<String> {
+    s.tables().into_iter().map(|(n, _, _)| n).collect()
+}
+
+fn assert_refused(e: &datafusion::error::DataFusionError, sql: &str) -> String {
+    assert!(
+        matches!(dpfusion::Error::of(e), Some(dpfusion::Error::Refused(_))),
+        "{sql}: {e}"
+    );
+    e.to_string()
+}
+
+/// A session over `people` (private, ε = 10) whose analyst may register the files below
+/// `dir/pub`, which holds `depts.csv`.
+async fn ddl_session(tag: &str) -> (PrivateSession, TestPath) {
+    let dir = temp_dir(tag);
+    let public = dir.join("pub");
+    std::fs::create_dir_all(&public).unwrap();
+    std::fs::write(public.join("depts.csv"), "dept,floor\neng,1\nops,2\n").unwrap();
+    let s = PrivateSession::open(
+        SessionOptions::default()
+            .with_ledger(dir.join("ledger.jsonl"))
+            .with_default_budget(10.0, 1e-6)
+            .with_target_partitions(2)
+            .with_analyst_files(dpfusion::AnalystFiles::Under(vec![public])),
+    )
+    .await
+    .unwrap();
+    s.register_csv("people", people_csv(), Registration::private())
+        .await
+        .unwrap();
+    (s, dir)
+}
+
+/// Round 50 (review "settings" F1): `CREATE TABLE … AS <DP query>` was charged, and only then
+/// was its table refused (a NULL-typed column, with the owner's message about files and the
+/// catalog) or installed unreadable (two columns `n`: every later query failed). Both are
+/// checked on the checked plan's schema before admission: refused, worded for the statement,
+/// nothing charged, no table; written as the message says, it is charged once and readable.
+#[tokio::test]
+async fn r50_ctas_checks_its_table_before_the_charge() {
+    let (s, _dir) = ddl_session("r50-ctas-checks").await;
+    let before = charged(&s);
+    for (sql, says) in [
+        (
+            "CREATE TABLE r AS SELECT dp_count(salary, epsilon => 1) AS n, NULL AS z FROM people",
+            "give column z a type: CAST(NULL AS DOUBLE)",
+        ),
+        (
+            "CREATE TABLE r AS SELECT a.n, b.n FROM (SELECT dp_count(salary, epsilon => 1) AS n \
+             FROM people) a CROSS JOIN (SELECT 1 AS n) b",
+            "name the columns apart: … AS n2",
+        ),
+        (
+            "CREATE TABLE r AS WITH p AS (SELECT 'eng' AS dept) SELECT s.dept, p.dept, \
+             dp_count(s.salary, epsilon => 1) AS n FROM people s JOIN p ON s.dept = p.dept \
+             GROUP BY s.dept, p.dept",
+            "name the columns apart: … AS dept2",
+        ),
+    ] {
+        let e = s.sql(sql).await.expect_err(sql);
+        let m = assert_refused(&e, sql);
+        assert!(m.contains(says), "{sql}: {m}");
+        assert!(m.contains("Nothing was charged"), "{sql}: {m}");
+        assert!(!m.contains("catalog"), "{sql}: {m}");
+        assert_eq!(charged(&s), before, "{sql}: nothing charged");
+        assert!(!table_names(&s).contains(&"r".to_string()), "{sql}");
+        s.sql("SELECT * FROM r").await.expect_err("no table r");
+    }
+    let r = s
+        .sql(
+            "CREATE TABLE r AS SELECT dp_count(salary, epsilon => 1) AS n, \
+             CAST(NULL AS DOUBLE) AS z FROM people",
+        )
+        .await
+        .unwrap();
+    assert!(r.receipt.is_some(), "charged");
+    assert_eq!(charged(&s).0, before.0 + 1, "charged once");
+    let r = s.sql("SELECT n, z FROM r").await.unwrap();
+    assert_eq!(r.batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+}
+
+/// Round 50 (review "settings" F2): `CREATE TABLE IF NOT EXISTS r AS <DP query>` over an
+/// existing `r` ran and charged the query again and replaced `r`, and a plain `CREATE TABLE r
+/// AS …` did the same. Now IF NOT EXISTS does nothing (nothing planned, read or charged), a
+/// plain CREATE is refused with what to write (nothing charged), OR REPLACE replaces (charged).
+/// CREATE EXTERNAL TABLE follows the same rules.
+#[tokio::test]
+async fn r50_create_table_if_not_exists_charges_nothing_when_it_exists() {
+    let (s, dir) = ddl_session("r50-ctas-exists").await;
+    let q = "SELECT dp_count(salary, epsilon => 0.5) AS n FROM people";
+    s.sql(&format!("CREATE TABLE r AS {q}")).await.unwrap();
+    let once = charged(&s);
+    assert_eq!(once.0, 1);
+    let kept = f64_value(&s.sql("SELECT n FROM r").await.unwrap());
+
+    let r = s
+        .sql(&format!("CREATE TABLE IF NOT EXISTS r AS {q}"))
+        .await
+        .unwrap();
+    assert!(r.receipt.is_none(), "nothing charged");
+    assert_eq!(charged(&s), once, "IF NOT EXISTS over r: nothing charged");
+    assert_eq!(s.scans("people"), 1, "nor read");
+    assert_eq!(f64_value(&s.sql("SELECT n FROM r").await.unwrap()), kept);
+
+    let sql = format!("CREATE TABLE r AS {q}");
+    let m = assert_refused(&s.sql(&sql).await.expect_err(&sql), &sql);
+    assert!(m.contains("DROP TABLE r"), "{m}");
+    assert!(m.contains("CREATE OR REPLACE TABLE r"), "{m}");
+    assert!(m.contains("Nothing was charged"), "{m}");
+    assert_eq!(charged(&s), once, "a refused CREATE TABLE: nothing charged");
+    assert_eq!(f64_value(&s.sql("SELECT n FROM r").await.unwrap()), kept);
+
+    let r = s
+        .sql(
+            "CREATE OR REPLACE TABLE r AS SELECT dp_count(salary, epsilon => 0.5) AS m FROM people",
+        )
+        .await
+        .unwrap();
+    assert!(r.receipt.is_some());
+    assert_eq!(charged(&s).0, 2, "OR REPLACE: charged and replaced");
+    s.sql("SELECT m FROM r").await.unwrap();
+
+    // Public data: the first table is kept.
+    s.sql("CREATE TABLE IF NOT EXISTS r2 AS SELECT 1 AS a")
+        .await
+        .unwrap();
+    s.sql("CREATE TABLE IF NOT EXISTS r2 AS SELECT 2 AS a")
+        .await
+        .unwrap();
+    assert_eq!(f64_value(&s.sql("SELECT a FROM r2").await.unwrap()), 1.0);
+
+    // CREATE EXTERNAL TABLE: the same rules, and a CTAS over an external table too.
+    let location = dir.join("pub").join("depts.csv");
+    let ext = |how: &str| {
+        format!(
+            "CREATE {how} STORED AS CSV LOCATION '{}'",
+            location.display()
+        )
+    };
+    s.sql(&ext("EXTERNAL TABLE e")).await.unwrap();
+    let sql = ext("EXTERNAL TABLE e");
+    let m = assert_refused(&s.sql(&sql).await.expect_err(&sql), &sql);
+    assert!(m.contains("DROP TABLE e"), "{m}");
+    assert!(m.contains("CREATE OR REPLACE EXTERNAL TABLE e"), "{m}");
+    let r = s.sql(&ext("EXTERNAL TABLE IF NOT EXISTS e")).await.unwrap();
+    assert!(
+        r.batches.is_empty(),
+        "IF NOT EXISTS over e: nothing registered"
+    );
+    s.sql(&ext("OR REPLACE EXTERNAL TABLE e")).await.unwrap();
+    s.sql(&format!("CREATE TABLE IF NOT EXISTS e AS {q}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        f64_value(&s.sql("SELECT count(*) FROM e").await.unwrap()),
+        2.0
+    );
+    assert_eq!(charged(&s).0, 2, "nothing charged over e");
+}
+
+/// Round 50 (review "settings" F3): `DROP TABLE IF EXISTS nosuch.r` dropped nothing in
+/// DataFusion, but the session forgot `r` (SHOW TABLES, COPY's check of registered files) while
+/// queries still read it. A qualified name is refused, as in CREATE EXTERNAL TABLE (and in
+/// CREATE TABLE, which installed `x.r` as `r`); a DROP forgets a table only when it was dropped.
+#[tokio::test]
+async fn r50_drop_table_takes_a_bare_name() {
+    let (s, dir) = ddl_session("r50-drop-bare").await;
+    s.sql("CREATE TABLE r AS SELECT dp_count(salary, epsilon => 0.1) AS n FROM people")
+        .await
+        .unwrap();
+    let once = charged(&s);
+    for sql in [
+        "DROP TABLE IF EXISTS nosuch.r",
+        "DROP TABLE public.r",
+        "DROP TABLE datafusion.public.r",
+        "CREATE TABLE nosuch.r2 AS SELECT 1 AS a",
+        "CREATE TABLE public.r2 AS SELECT dp_count(salary, epsilon => 0.1) AS n FROM people",
+    ] {
+        let m = assert_refused(&s.sql(sql).await.expect_err(sql), sql);
+        assert!(m.contains("give a bare table name"), "{sql}: {m}");
+        assert!(
+            table_names(&s).contains(&"r".to_string()),
+            "{sql}: r is kept"
+        );
+        assert!(!table_names(&s).contains(&"r2".to_string()), "{sql}");
+        s.sql("SELECT n FROM r").await.expect(sql);
+        assert_eq!(charged(&s), once, "{sql}: nothing charged");
+    }
+    s.sql("DROP TABLE r").await.unwrap();
+    assert!(!table_names(&s).contains(&"r".to_string()));
+    s.sql("SELECT n FROM r").await.expect_err("dropped");
+    s.sql("DROP TABLE IF EXISTS r").await.unwrap();
+    s.sql("DROP TABLE r").await.expect_err("no table r");
+
+    // An external table dropped: gone from the session, and registered again from scratch.
+    let location = dir.join("pub").join("depts.csv");
+    let create = format!(
+        "CREATE EXTERNAL TABLE e STORED AS CSV LOCATION '{}'",
+        location.display()
+    );
+    s.sql(&create).await.unwrap();
+    s.sql("DROP TABLE e").await.unwrap();
+    assert!(!table_names(&s).contains(&"e".to_string()));
+    s.sql(&create).await.unwrap();
+    assert_eq!(
+        f64_value(&s.sql("SELECT count(*) FROM e").await.unwrap()),
+        2.0
+    );
+    assert_eq!(charged(&s), once, "nothing charged by any DROP");
+}
+
+/// Round 50 (review "settings", naming): `CREATE TABLE "R4" AS …` was installed as `r4`, and
+/// `SELECT * FROM "R4"` then found no table. Every table is named in lower case (the data
+/// owner's too), so a quoted name that is not is refused, nothing charged, with the name to
+/// write; unquoted, `R4` is `r4`.
+#[tokio::test]
+async fn r50_a_quoted_table_name_that_is_not_lower_case_is_refused() {
+    let (s, dir) = ddl_session("r50-quoted-name").await;
+    let before = charged(&s);
+    let location = dir.join("pub").join("depts.csv");
+    for sql in [
+        "CREATE TABLE \"R4\" AS SELECT dp_count(salary, epsilon => 1) AS n FROM people".to_string(),
+        "CREATE TABLE \"r4X\" AS SELECT 1 AS a".to_string(),
+        format!(
+            "CREATE EXTERNAL TABLE \"E4\" STORED AS CSV LOCATION '{}'",
+            location.display()
+        ),
+        "DROP TABLE IF EXISTS \"R4\"".to_string(),
+    ] {
+        let m = assert_refused(&s.sql(&sql).await.expect_err(&sql), &sql);
+        assert!(m.contains("lower case"), "{sql}: {m}");
+        assert_eq!(charged(&s), before, "{sql}: nothing charged");
+        assert_eq!(table_names(&s), vec!["people".to_string()], "{sql}");
+    }
+    s.sql("CREATE TABLE R4 AS SELECT dp_count(salary, epsilon => 1) AS n FROM people")
+        .await
+        .unwrap();
+    for sql in [
+        "SELECT n FROM r4",
+        "SELECT n FROM R4",
+        "SELECT n FROM \"r4\"",
+    ] {
+        s.sql(sql).await.expect(sql);
+    }
+    s.sql("CREATE EXTERNAL TABLE \"e4\" STORED AS CSV LOCATION 'x.csv'")
+        .await
+        .expect_err("not an allowed file");
+    assert_eq!(charged(&s).0, before.0 + 1);
+}
+
+/// Round 50 (review "settings", minor): `SET TIME ZONE 'UTC'` answered with DataFusion's debug
+/// dump of the statement; every SET variant gets dpfusion's one SET refusal, nothing charged.
+/// `SET dpfusion.default_delta = DEFAULT` restores the session's opening δ (it was refused),
+/// as DEFAULT restores the tables' own bounds.
+#[tokio::test]
+async fn r50_every_set_variant_gets_the_one_set_refusal() {
+    let (s, _dir) = ddl_session("r50-set").await;
+    let before = charged(&s);
+    for sql in [
+        "SET TIME ZONE 'UTC'",
+        "SET ROLE analyst",
+        "SET NAMES 'utf8'",
+        "SET a = 1, b = 2",
+        "SET timezone = 'UTC'",
+        "SET datafusion.execution.batch_size = 1 + 1",
+    ] {
+        let m = assert_refused(&s.sql(sql).await.expect_err(sql), sql);
+        assert!(
+            m.contains("is not allowed; the settings are dpfusion.default_delta"),
+            "{sql}: {m}"
+        );
+        assert!(
+            !m.contains("Span") && !m.contains("not implemented"),
+            "{sql}: {m}"
+        );
+    }
+    let m = assert_refused(
+        &s.sql("RESET dpfusion.default_delta").await.unwrap_err(),
+        "RESET",
+    );
+    assert!(m.contains("SET dpfusion.default_delta = DEFAULT"), "{m}");
+    let opening = s.default_delta();
+    s.sql("SET dpfusion.default_delta = 1e-9").await.unwrap();
+    assert_eq!(s.default_delta(), 1e-9);
+    s.sql("SET dpfusion.default_delta = DEFAULT").await.unwrap();
+    assert_eq!(s.default_delta(), opening);
+    let e = s
+        .sql("SET dpfusion.default_delta = 'none'")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("or DEFAULT"), "{e}");
+    assert_eq!(charged(&s), before, "nothing charged");
+}
