@@ -57,3 +57,10 @@ SELECT *, lag(k0) OVER (ORDER BY coalesce(length(CAST(k0 AS VARCHAR)) * 0, 0)) A
 -- Round 47 (seed 4748, a false finding of the new exact comparison: partition selection released
 -- the NULL key on one side only, which the control ordered NULLs last could not see).
 SELECT coalesce(v0 * 0, 0), first_value(k0) AS ox_a, first_value(k0 ORDER BY k0 NULLS FIRST) AS oc_a, array_agg(k0 ORDER BY k0 NULLS FIRST) AS oc_s FROM (SELECT t.remote AS k0, dp_count(t.id, epsilon => 8) AS v0 FROM people t GROUP BY t.remote) r GROUP BY 1
+-- Round 50 (review "metadata" F1, a privacy break): a view key longer than 12 bytes kept, in its
+-- buffers, the key of the group partition selection dropped (D′'s new 'ZQXPLANT' group); the
+-- oracle now reads the raw bytes of results. Without the fix the struct key shows it (the sort's
+-- concatenation of several batches happened to rewrite the plain key's buffers here).
+SELECT CAST(concat(t.dept, '-past-twelve-bytes') AS VARCHAR) AS k0, dp_count(t.id, epsilon => 50) AS v0 FROM people t GROUP BY 1
+SELECT k0, v0 FROM (SELECT CAST(concat(t.dept, '-past-twelve-bytes') AS VARCHAR) AS k0, dp_count(t.id, epsilon => 50) AS v0 FROM people t GROUP BY 1) r JOIN (VALUES ('eng-past-twelve-bytes')) v(j) ON r.k0 = v.j
+SELECT named_struct('k', CAST(concat(t.dept, '-past-twelve-bytes') AS VARCHAR)) AS k0, dp_count(t.id, epsilon => 50) AS v0 FROM people t GROUP BY 1

@@ -9,7 +9,8 @@
 //!   planning error and every message that could carry a value);
 //! - no panic, no hang;
 //! - no planted value (`ZQXPLANT`, `987654.32…`, id 987654) in an output cell or message of D′
-//!   that D does not show too (the query text itself may name them);
+//!   that D does not show too (the query text itself may name them), nor in the raw bytes of its
+//!   result's arrays (every buffer, at every depth: round 50, [`raw_markers`]);
 //! - the same result schema; the same ledger delta (tables, ε, δ, events) on D and D′, equal to
 //!   the cost `EXPLAIN PRIVACY` declared; `EXPLAIN PRIVACY` itself identical on D and D′;
 //! - the released groups: the same set and order when no partition selection was charged (the
@@ -886,6 +887,12 @@ impl Gen<'_> {
             17 => "(SELECT min(name) FROM people)".to_string(),
             18 => format!("left({}, 1)", self.str_(d)),
             19 => format!("arrow_typeof({})", self.num(d)),
+            // Longer than the 12 bytes a view holds inline, as a view (`VARCHAR` is `Utf8View`):
+            // its bytes sit in the array's shared buffers (round 50, review "metadata" F1).
+            20 => format!(
+                "CAST(concat({}, '-past-twelve-bytes') AS VARCHAR)",
+                self.str_(d)
+            ),
             _ => self.col('s'),
         }
     }
@@ -1861,6 +1868,8 @@ struct Obs {
     /// EXPLAIN PRIVACY of the statement, run just before it: per table (cost ε, admitted), or
     /// the error.
     explain: Option<Explained>,
+    /// Planted values in the raw bytes of its result ([`raw_markers`]).
+    raw: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -1929,21 +1938,21 @@ fn verbose() -> bool {
 }
 
 /// Runs one statement, catching panics and hangs.
-async fn run_sql(
-    s: &PrivateSession,
-    sql: &str,
-    dirs: &[&Path],
-) -> (Outcome, Vec<(String, String)>, Vec<Vec<String>>) {
+/// What a statement gave: its outcome, its columns (name, type), its rows as text, and how many
+/// planted values its arrays' raw bytes hold ([`raw_markers`]).
+type Ran = (Outcome, Vec<(String, String)>, Vec<Vec<String>>, usize);
+
+async fn run_sql(s: &PrivateSession, sql: &str, dirs: &[&Path]) -> Ran {
     let fut = std::panic::AssertUnwindSafe(s.sql(sql)).catch_unwind();
     match tokio::time::timeout(Duration::from_secs(60), fut).await {
-        Err(_) => (Outcome::Timeout, vec![], vec![]),
+        Err(_) => (Outcome::Timeout, vec![], vec![], 0),
         Ok(Err(p)) => {
             let m = p
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            (Outcome::Panic(m), vec![], vec![])
+            (Outcome::Panic(m), vec![], vec![], 0)
         }
         Ok(Ok(Ok(r))) => {
             let (c, rows) = render(&r.batches);
@@ -1956,17 +1965,49 @@ async fn run_sql(
             } else {
                 c
             };
-            (Outcome::Ok, c, rows)
+            (Outcome::Ok, c, rows, raw_markers(&r.batches))
         }
         Ok(Ok(Err(e))) => {
             let m = e.to_string();
             if m.contains(EXECUTION_FAILED) {
-                (Outcome::Failed, vec![], vec![])
+                (Outcome::Failed, vec![], vec![], 0)
             } else {
-                (Outcome::Error(normalise(&m, dirs)), vec![], vec![])
+                (Outcome::Error(normalise(&m, dirs)), vec![], vec![], 0)
             }
         }
     }
+}
+
+/// How many planted values (the name's bytes in either case, the id as an `i64`, the salary as
+/// an `f64`, little-endian) the raw bytes of `batches` hold: every buffer of every array at every
+/// depth, what Arrow IPC writes, not only what the rows show. Round 50 (review "metadata" F1): a
+/// released view column's buffers held the keys of groups partition selection dropped, and bytes
+/// under a NULL or past a slice are never rendered.
+fn raw_markers(batches: &[datafusion::arrow::array::RecordBatch]) -> usize {
+    fn bytes(d: &datafusion::arrow::array::ArrayData, out: &mut Vec<u8>) {
+        for b in d.buffers() {
+            out.extend_from_slice(b.as_slice());
+        }
+        for c in d.child_data() {
+            bytes(c, out);
+        }
+    }
+    let mut raw = vec![];
+    for b in batches {
+        for c in b.columns() {
+            bytes(&c.to_data(), &mut raw);
+        }
+    }
+    let needles: [Vec<u8>; 4] = [
+        b"ZQXPLANT".to_vec(),
+        b"zqxplant".to_vec(),
+        PLANT_ID.to_le_bytes().to_vec(),
+        PLANT_SALARY.to_le_bytes().to_vec(),
+    ];
+    needles
+        .iter()
+        .map(|n| raw.windows(n.len()).filter(|w| w == n).count())
+        .sum()
 }
 
 fn private_scans(s: &PrivateSession) -> u64 {
@@ -1986,7 +2027,7 @@ async fn observe(case: &Case, neighbour: bool) -> Vec<Obs> {
     let mut out = vec![];
     for sql in &case.statements {
         let explain = if explainable(sql) {
-            let (o, _, rows) = run_sql(&s, &format!("EXPLAIN PRIVACY {sql}"), &dirs).await;
+            let (o, _, rows, _) = run_sql(&s, &format!("EXPLAIN PRIVACY {sql}"), &dirs).await;
             Some(match o {
                 Outcome::Ok => {
                     let mut per_table = BTreeMap::new();
@@ -2005,7 +2046,7 @@ async fn observe(case: &Case, neighbour: bool) -> Vec<Obs> {
         };
         let ledger_before = s.ledger().unwrap().len();
         let scans_before = private_scans(&s);
-        let (outcome, columns, rows) = run_sql(&s, sql, &dirs).await;
+        let (outcome, columns, rows, raw) = run_sql(&s, sql, &dirs).await;
         let charges = s.ledger().unwrap()[ledger_before..]
             .iter()
             .flat_map(|e| e.tables.iter())
@@ -2033,6 +2074,7 @@ async fn observe(case: &Case, neighbour: bool) -> Vec<Obs> {
             charges,
             scans: private_scans(&s) - scans_before,
             explain,
+            raw,
         });
     }
     drop(s);
@@ -2252,6 +2294,16 @@ fn compare(case: &Case, i: usize, a: &Obs, b: &Obs, before: Before, out: &mut Ve
                 "D′ shows {mb} planted markers, D {ma}: {:?} {:?}",
                 b.outcome,
                 b.rows.iter().take(5).collect::<Vec<_>>()
+            ),
+        );
+    }
+    if b.raw > a.raw {
+        f(
+            Kind::PlantedLeak,
+            format!(
+                "D′'s result holds {} planted values in its arrays' raw bytes, D's {} (not in \
+                 the rows shown: buffers, bytes under NULLs, past slices)",
+                b.raw, a.raw
             ),
         );
     }
