@@ -134,6 +134,9 @@ pub fn register_functions(state: &mut SessionState) -> Result<()> {
     for udf in dpfusion_udfs::scalars::all_scalar_udfs() {
         state.register_udf(Arc::new(udf))?;
     }
+    // The guard's own function, in the checked plans the scheduler and executors decode by name
+    // (round 50; never in a local session's registry, so no analyst writes it).
+    state.register_udf(Arc::new(dpfusion_udfs::scalars::compact::Compact::udf()))?;
     for udaf in dpfusion_udfs::aggregates::all_udafs() {
         state.register_udaf(Arc::new(udaf))?;
     }

@@ -57,9 +57,7 @@ impl SqlHelper {
         names.extend(
             dpfusion_udfs::scalars::all_scalar_udfs()
                 .iter()
-                .map(|f| f.name().to_string())
-                // The guard's own (`__dpfusion_compact`), not for analysts.
-                .filter(|n| !n.starts_with("__dpfusion")),
+                .map(|f| f.name().to_string()),
         );
         names.extend(["dp_budget", "dp_ledger"].map(String::from));
         for (t, schema) in tables {
