@@ -1105,20 +1105,30 @@ fn apply_all(
     let mut next = st.clone();
     next.entries = entries;
     next.hashes = hashes;
-    let applied = lines
-        .into_iter()
-        .try_for_each(|(rec, hash, n)| apply_line(file, path, &mut next, rec, hash, n))
-        .and_then(|()| track_currencies(file, path, &mut next));
+    // A panic while applying (none is known) must not lose the logs either (round 50, review
+    // "fixes" F3): they are put back, cut to their length, before it goes on unwinding.
+    let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        lines
+            .into_iter()
+            .try_for_each(|(rec, hash, n)| apply_line(file, path, &mut next, rec, hash, n))
+            .and_then(|()| track_currencies(file, path, &mut next))
+    }));
     match applied {
-        Ok(()) => *st = next,
-        Err(_) => {
+        Ok(Ok(())) => {
+            *st = next;
+            Ok(())
+        }
+        failed => {
             next.entries.truncate(n_entries);
             next.hashes.truncate(n_hashes);
             st.entries = next.entries;
             st.hashes = next.hashes;
+            match failed {
+                Ok(e) => e,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
         }
     }
-    applied
 }
 
 /// Applies the complete line `rec` (of hash `hash`, `len` bytes with its newline, already in

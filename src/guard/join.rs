@@ -86,6 +86,9 @@ pub struct PublicSide {
     pub keys: Vec<Expr>,
     /// The private table it is joined with (for messages).
     pub private_table: String,
+    /// Whether the join matches a NULL key with a NULL key (`IS NOT DISTINCT FROM`); with `=`
+    /// a public row whose key is NULL matches no private row, so it is no duplicate.
+    pub nulls_match: bool,
 }
 
 /// The private region's join `j` (one side private, the other public), checked, with the
@@ -182,6 +185,7 @@ pub(super) fn region_join(
             plan: public_plan.clone(),
             keys: public_keys.into_iter().cloned().collect(),
             private_table: table.to_string(),
+            nulls_match: j.null_equality == datafusion::common::NullEquality::NullEqualsNull,
         });
     }
     // A public key set on a table with a privacy unit keeps every public row through the

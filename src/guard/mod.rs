@@ -372,9 +372,20 @@ fn visit(plan: LogicalPlan, cx: &mut Cx) -> Result<LogicalPlan> {
             }
         }
         p if is_statement_node(p) => {
+            // Named by its kind, not by DataFusion's debug text of the node (round 50, review
+            // "fixes": `EXPLAIN PRIVACY CREATE TABLE r AS …` printed `Bare { table: "r" }`).
+            let what = match p {
+                LogicalPlan::Ddl(d) => d.name(),
+                LogicalPlan::Dml(d) => d.name(),
+                LogicalPlan::Statement(s) => s.name(),
+                LogicalPlan::Copy(_) => "COPY",
+                LogicalPlan::DescribeTable(_) => "DESCRIBE",
+                _ => "a statement that is not a query",
+            };
             return Err(refuse(format!(
-                "{} is not allowed inside a query",
-                plan.display()
+                "{what} is not allowed inside a query (nor after EXPLAIN PRIVACY, which takes a \
+                 query: to see what CREATE TABLE r AS SELECT … or COPY (SELECT …) TO … would \
+                 cost, write EXPLAIN PRIVACY SELECT …)"
             )));
         }
         _ => {}
