@@ -2378,6 +2378,17 @@ fn append_chained(path: &Path, mut record: serde_json::Value) -> u64 {
     n
 }
 
+/// Appends, chained and sealed, a checkpoint record at the wrong place (naming one line too
+/// few, with a made-up digest); its line number.
+fn append_misplaced_checkpoint(path: &Path) -> u64 {
+    let lines = fs::read_to_string(path).unwrap().lines().count();
+    append_chained(
+        path,
+        serde_json::json!({"record": "checkpoint", "lines": lines - 1,
+            "layout": checkpoint::LAYOUT, "state_sha256": "00".repeat(32)}),
+    )
+}
+
 /// Round 50 (review crash, F1): a checkpoint record whose digest is not the replay's is refused
 /// by every replay from line 1 (`verify`, `reseal`, a session opening without a checkpoint
 /// file), as before; a running session, whose state is not a replay, checks its place in the
@@ -2410,12 +2421,7 @@ fn a_checkpoint_record_is_checked_for_its_place_in_a_catch_up_and_its_digest_in_
     let path = temp_ledger();
     let a = Accountant::open(&path).unwrap();
     a.register_table(private("demo:t", "t", 10.0)).unwrap();
-    let lines = fs::read_to_string(&path).unwrap().lines().count();
-    let misplaced = append_chained(
-        &path,
-        serde_json::json!({"record": "checkpoint", "lines": lines - 1,
-            "layout": checkpoint::LAYOUT, "state_sha256": "00".repeat(32)}),
-    );
+    let misplaced = append_misplaced_checkpoint(&path);
     let err = a.admit("q", &gauss("demo:t", 0.1)).unwrap_err();
     assert!(
         matches!(err, AccountingError::Corrupt { line, .. } if line == misplaced),
@@ -2451,12 +2457,7 @@ fn a_catch_up_that_fails_at_a_line_leaves_the_state_as_it_was() {
     }
     drop(b);
     let good = file_len(&path);
-    let lines = fs::read_to_string(&path).unwrap().lines().count();
-    let bad = append_chained(
-        &path,
-        serde_json::json!({"record": "checkpoint", "lines": lines - 1,
-            "layout": checkpoint::LAYOUT, "state_sha256": "00".repeat(32)}),
-    );
+    let bad = append_misplaced_checkpoint(&path);
     let err = a.admit("q", &gauss("demo:t", 0.1)).unwrap_err();
     assert!(
         matches!(err, AccountingError::Corrupt { line, .. } if line == bad),
