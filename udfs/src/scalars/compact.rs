@@ -29,9 +29,10 @@ use std::sync::Arc;
 
 use arrow_select::dictionary::garbage_collect_any_dictionary;
 use datafusion::arrow::array::{
-    Array, ArrayData, ArrayRef, AsArray, MutableArrayData, RecordBatch, make_array,
+    Array, ArrayData, ArrayRef, AsArray, Int64Array, MutableArrayData, RecordBatch, UInt32Array,
+    make_array,
 };
-use datafusion::arrow::compute::cast;
+use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::Result;
 use datafusion::logical_expr::{
@@ -66,24 +67,14 @@ pub fn compact(a: &ArrayRef) -> ArrayRef {
     match a.data_type() {
         DataType::Utf8View => Arc::new(a.as_string_view().gc()),
         DataType::BinaryView => Arc::new(a.as_binary_view().gc()),
-        DataType::Dictionary(_, values) => {
-            // Encoded again, in the order the rows first name each value: only the values some
-            // row refers to, and in an order that is a function of the rows (a dictionary
-            // concatenated from pieces lists their values in the order the pieces came, which
-            // the threads set: round 50, review "bytes" F1).
-            let again = cast(a, values).and_then(|plain| cast(&compact(&plain), a.data_type()));
-            match again {
-                Ok(d) => d,
-                // A value type arrow does not encode: the values no key refers to dropped (it
-                // cannot fail: the keys are remapped onto the kept values), then compacted.
-                Err(_) => {
-                    let kept = garbage_collect_any_dictionary(a.as_any_dictionary())
-                        .unwrap_or_else(|_| Arc::clone(a));
-                    let d = kept.as_any_dictionary();
-                    d.with_values(compact(d.values()))
-                }
-            }
-        }
+        DataType::Dictionary(..) => canonical_dictionary(a).unwrap_or_else(|| {
+            // Not reached (the keys fit their type, as before): the values no key refers to
+            // dropped (it cannot fail: the keys are remapped onto the kept values), compacted.
+            let kept = garbage_collect_any_dictionary(a.as_any_dictionary())
+                .unwrap_or_else(|_| Arc::clone(a));
+            let d = kept.as_any_dictionary();
+            d.with_values(compact(d.values()))
+        }),
         DataType::ListView(_) | DataType::LargeListView(_) => {
             // Each element's items copied in order into a new child.
             let data = a.to_data();
@@ -113,6 +104,51 @@ pub fn compact_batch(b: RecordBatch) -> Result<RecordBatch> {
     }
     let columns = b.columns().iter().map(compact).collect();
     Ok(RecordBatch::try_new(b.schema(), columns)?)
+}
+
+/// The dictionary `a` encoded again: only the values some row refers to, in the order the rows
+/// first name them (a dictionary concatenated from pieces lists their values in the order the
+/// pieces came, which the threads set: round 50, review "bytes" F1), themselves compacted. The
+/// values are taken, not the rows materialised: the work is one pass over the keys and one take
+/// of the kept values.
+fn canonical_dictionary(a: &ArrayRef) -> Option<ArrayRef> {
+    let DataType::Dictionary(key_type, _) = a.data_type() else {
+        return None;
+    };
+    let d = a.as_any_dictionary();
+    if d.values().is_empty() {
+        // Every key is NULL (`normalized_keys` needs a value): nothing to keep.
+        return Some(Arc::clone(a));
+    }
+    let nulls = d.keys().nulls().cloned();
+    let mut new_of_old = vec![u32::MAX; d.values().len()];
+    let mut order: Vec<u32> = vec![];
+    let keys: Vec<i64> = d
+        .normalized_keys()
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| {
+            if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
+                return 0;
+            }
+            if new_of_old[k] == u32::MAX {
+                new_of_old[k] = order.len() as u32;
+                order.push(k as u32);
+            }
+            i64::from(new_of_old[k])
+        })
+        .collect();
+    let values = take(d.values(), &UInt32Array::from(order), None).ok()?;
+    let keys = cast(&Int64Array::new(keys.into(), nulls), key_type).ok()?;
+    let keys = keys.to_data();
+    let data = ArrayData::builder(a.data_type().clone())
+        .len(keys.len())
+        .nulls(keys.nulls().cloned())
+        .add_buffer(keys.buffers()[0].clone())
+        .add_child_data(compact(&values).to_data())
+        .build()
+        .ok()?;
+    Some(make_array(data))
 }
 
 /// `a` with each child array compacted (same buffers, offsets and nulls of its own).
@@ -261,8 +297,8 @@ mod tests {
     /// strings and a dictionary's values in the order of the rows.
     #[test]
     fn the_same_rows_from_pieces_in_either_order_have_the_same_bytes() {
-        use datafusion::arrow::array::{StringArray, UInt32Array};
-        use datafusion::arrow::compute::{concat, take};
+        use datafusion::arrow::array::StringArray;
+        use datafusion::arrow::compute::concat;
         let pieces: [ArrayRef; 2] = [
             Arc::new(StringViewArray::from(vec![
                 "a_key_of_the_first_piece_long",
@@ -301,6 +337,50 @@ mod tests {
             assert_eq!(raw(&compact(&ab)), raw(&compact(&ba)), "{}", ab.data_type());
             assert_eq!(compact(&ab).as_ref(), ab.as_ref());
         }
+    }
+
+    /// Dictionaries with NULL keys, only NULL keys, no rows, a NULL value, and keys of every
+    /// width are encoded again (not by the fallback) and stay equal.
+    #[test]
+    fn dictionaries_with_nulls_and_every_key_width_stay_equal() {
+        use datafusion::arrow::array::StringArray;
+        let strings: ArrayRef = Arc::new(StringArray::from(vec![
+            Some("b"),
+            None,
+            Some("a"),
+            Some("b"),
+            None,
+        ]));
+        let all_null: ArrayRef = Arc::new(StringArray::from(vec![None::<&str>, None]));
+        let empty: ArrayRef = Arc::new(StringArray::from(Vec::<&str>::new()));
+        for key in [
+            DataType::Int8,
+            DataType::Int16,
+            DataType::Int32,
+            DataType::Int64,
+            DataType::UInt8,
+            DataType::UInt16,
+            DataType::UInt32,
+            DataType::UInt64,
+        ] {
+            let t = DataType::Dictionary(Box::new(key.clone()), Box::new(DataType::Utf8));
+            for plain in [&strings, &all_null, &empty] {
+                let a = datafusion::arrow::compute::cast(plain, &t).unwrap();
+                let sliced = a.slice(a.len().min(1), a.len() - a.len().min(1));
+                for a in [a, sliced] {
+                    assert!(canonical_dictionary(&a).is_some(), "{key}");
+                    let c = compact(&a);
+                    assert_eq!(c.as_ref(), a.as_ref(), "{key}");
+                    assert_eq!(c.data_type(), a.data_type());
+                }
+            }
+        }
+        // A key referring to a NULL value keeps it.
+        let d: ArrayRef = Arc::new(DictionaryArray::<Int32Type>::new(
+            Int32Array::from(vec![1, 0, 1]),
+            Arc::new(StringArray::from(vec![Some("x"), None])),
+        ));
+        assert_eq!(compact(&d).as_ref(), d.as_ref());
     }
 
     #[test]
