@@ -349,7 +349,10 @@ fn text_schema(pinned: &Schema) -> Result<Schema> {
 ///   NULL, which `try_new` then rejects (`cast/list.rs`, `cast/mod.rs` struct cast);
 /// - a map: Arrow requires its keys to be non-nullable (`MapArray::try_new`), so a key that does
 ///   not convert fails the cast;
-/// - a timestamp whose time zone does not parse (every read fails, `tz.parse()?`).
+/// - a timestamp whose time zone does not parse (every read fails, `tz.parse()?`);
+/// - a dictionary of values Arrow cannot encode as a dictionary (booleans, durations,
+///   intervals, lists: [`packable`]): a `GROUP BY` on it fails as soon as one group exists
+///   (round 50, review "fixes2" F2).
 ///
 /// Checked on the whole type (a dictionary inside a list too), declared, pinned or inferred,
 /// for CSV ([`text_schema`]) and Parquet ([`parquet_provider`]). The message names the column
@@ -372,6 +375,21 @@ pub fn total_type(field: &Field) -> Result<()> {
          after the query's charge; declare {advice}{example}",
         field.name()
     )))
+}
+
+/// Whether Arrow can encode values of type `t` as a dictionary (arrow-cast's
+/// `cast_to_dictionary`: numbers, decimals, dates, times, timestamps, strings, binaries and
+/// structs of these; not booleans, durations, intervals, lists, …).
+fn packable(t: &DataType) -> bool {
+    use DataType::*;
+    match t {
+        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float16 | Float32
+        | Float64 | Decimal32(..) | Decimal64(..) | Decimal128(..) | Decimal256(..) | Date32
+        | Date64 | Time32(_) | Time64(_) | Timestamp(..) | Utf8 | LargeUtf8 | Utf8View | Binary
+        | LargeBinary | BinaryView | FixedSizeBinary(_) => true,
+        Struct(fields) => fields.iter().all(|f| packable(f.data_type())),
+        _ => false,
+    }
 }
 
 /// The part of `t` a safe cast can fail to produce for some value, and what to declare
@@ -397,6 +415,20 @@ fn partial_part(t: &DataType) -> Option<(String, &'static str)> {
                     format!("the dictionary key {key}, narrower than 32 bits,"),
                     "a dictionary with a 32-bit key (Int32, UInt32, Int64 or UInt64), or the \
                      values' type",
+                ));
+            }
+            if !packable(value) {
+                // Round 50 (review "fixes2" F2): a GROUP BY on the column encodes its groups as
+                // a dictionary again (DataFusion's row group values cast back to the column's
+                // type), which Arrow cannot do for these values; the cast runs only when a group
+                // exists, so whether a query failed after its charge told whether any row
+                // matched its WHERE. A Boolean dictionary also panics in the Parquet reader.
+                return Some((
+                    format!(
+                        "a dictionary of {value} (a GROUP BY on it encodes its groups as a \
+                         dictionary again, which Arrow cannot do for {value} values)"
+                    ),
+                    "the values' type instead of the dictionary",
                 ));
             }
             partial_part(value)
@@ -448,6 +480,7 @@ fn total_form(t: &DataType) -> DataType {
         DataType::RunEndEncoded(ends, values) => {
             DataType::RunEndEncoded(Arc::clone(ends), nullable(values))
         }
+        DataType::Dictionary(_, v) if !packable(v) => total_form(v),
         DataType::Dictionary(k, v) => {
             let key = match k.as_ref() {
                 DataType::Int8 | DataType::Int16 => DataType::Int32,
@@ -1154,6 +1187,20 @@ mod tests {
                     Some("Mars/Olympus".into()),
                 ),
                 "time zone",
+            ),
+            // Round 50 (review "fixes2" F2): values Arrow cannot encode as a dictionary again.
+            (
+                DataType::Dictionary(
+                    Box::new(DataType::Int32),
+                    Box::new(DataType::Duration(
+                        datafusion::arrow::datatypes::TimeUnit::Second,
+                    )),
+                ),
+                "(here: Duration(s))",
+            ),
+            (
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Boolean)),
+                "(here: Boolean)",
             ),
         ];
         for (t, instead) in refused {
