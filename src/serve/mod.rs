@@ -68,7 +68,12 @@
 //!   failed with nothing charged is `failed`, never `execution_failed` (a charge that stands);
 //!   a command arrow-flight cannot decode is `invalid` ([`ByMethod`]); every status fits the
 //!   8 KiB of headers gRPC C++ and Java clients accept ([`wire::fit`]); a malformed upload is
-//!   `invalid`, decoded under `catch_unwind` ([`wire::Decoded`]).
+//!   `invalid`, decoded under `catch_unwind` ([`wire::Decoded`]). Round 50 (review python F2,
+//!   F3): a statement stopped by the time limit or at shutdown keeps its gRPC code
+//!   (`DeadlineExceeded`, `Unavailable`) and carries a code as well, `failed`, or `execution_failed`
+//!   with its receipt once admitted ([`charged_status`]); a result with a row past the largest
+//!   message the server sends ([`MAX_SENT_MESSAGE_BYTES`]) ends its `DoGet` with the same code
+//!   and receipt ([`sent_within`]), not with tonic's bare error.
 pub use crate::auth;
 pub mod cmd;
 pub mod conn;
@@ -189,6 +194,12 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 
 /// The default largest result of one statement (256 MiB).
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 256 << 20;
+
+/// The largest message the server sends (tonic's encoding limit), 64 MiB: a result's batches
+/// are sent in pieces of about 2 MiB, but a row is never split, so one row is one message at
+/// least. A client should accept this much (`dpfusion --connect` does: round 50, review python
+/// F3); a statement's result with a row past it is not sent ([`DpFlightSql::do_get_statement`]).
+pub const MAX_SENT_MESSAGE_BYTES: usize = 64 << 20;
 
 /// The fewest calls of one analyst in flight by default ([`ServeOptions::calls_per_analyst`]).
 pub const DEFAULT_CALLS_PER_ANALYST: usize = 16;
@@ -839,6 +850,20 @@ fn with_receipt(mut status: Status, receipt: Option<crate::accounting::Receipt>)
     wire::fit(status, wire::STATUS_HEADER_BYTES)
 }
 
+/// The status of a statement that ended with `status` after `receipt` was taken (None: it was
+/// not admitted): an admitted statement's error is `execution_failed`, its charge stands,
+/// whatever stopped it (the time limit, a shutdown), its gRPC code kept; the receipt added
+/// ([`with_receipt`]). Round 50 (review python F2): a charged timeout carried its receipt but
+/// no code, and a client took it for a failure of the connection.
+fn charged_status(status: Status, receipt: Option<crate::accounting::Receipt>) -> Status {
+    let status = match (&receipt, wire::code_of(&status)) {
+        (Some(_), Some(ErrorCode::ExecutionFailed)) | (None, Some(_)) => status,
+        (Some(_), _) => wire::with_code(status, ErrorCode::ExecutionFailed),
+        (None, None) => wire::with_code(status, ErrorCode::Failed),
+    };
+    with_receipt(status, receipt)
+}
+
 /// What a statement's error says it was charged ([`RECEIPT_HEADER`]); None: nothing (it was
 /// not admitted), or a server without it.
 pub fn receipt_of(status: &Status) -> Option<StatementMetadata> {
@@ -876,6 +901,58 @@ fn batches_stream_with(
         .build(futures::stream::iter(batches.into_iter().map(Ok)))
         .map_err(Status::from);
     Box::pin(stream)
+}
+
+/// What the `DoGet` of a statement's result says when a message of it (a row at least) is
+/// larger than [`MAX_SENT_MESSAGE_BYTES`]: the stream ends there (round 50, review python F3:
+/// tonic's own error carried neither the code nor the receipt). A fixed text: what is known is
+/// that a released row is too wide, never which or by how much.
+fn too_wide(charged: bool) -> String {
+    let what = if charged {
+        "The statement was admitted: its charge stands (its receipt is with this error)"
+    } else {
+        "Nothing was charged"
+    };
+    format!(
+        "dpfusion: the result cannot be sent: one of its rows is larger than the \
+         {MAX_SENT_MESSAGE_BYTES} bytes this server sends in one message (a row is never split). \
+         {what}. Select fewer or smaller columns"
+    )
+}
+
+/// `stream` (a statement's result) with each message checked against `limit` bytes as encoded
+/// before tonic sees it: the first one past it ends the stream with the statement's status
+/// ([`too_wide`]: `execution_failed` with `receipt` when it was charged, else `failed`), never
+/// tonic's bare error; so does an error of the encoder ([`charged_status`]).
+fn sent_within(
+    stream: DoGetStream,
+    limit: usize,
+    receipt: Option<crate::accounting::Receipt>,
+) -> DoGetStream {
+    let (mut receipt, mut ended) = (receipt, false);
+    Box::pin(futures::StreamExt::scan(stream, (), move |(), item| {
+        let out = match item {
+            // The stream has failed: it ends there.
+            _ if ended => None,
+            Ok(d) if d.encoded_len() > limit => {
+                ended = true;
+                let r = receipt.take();
+                let code = match r {
+                    Some(_) => ErrorCode::ExecutionFailed,
+                    None => ErrorCode::Failed,
+                };
+                let status = wire::coded(code.grpc(), code, too_wide(r.is_some()));
+                Some(Err(with_receipt(status, r)))
+            }
+            // The encoder's own error: coded, with the receipt, as any error of the statement.
+            Err(e) => {
+                ended = true;
+                Some(Err(charged_status(e, receipt.take())))
+            }
+            ok => Some(ok),
+        };
+        std::future::ready(out)
+    }))
 }
 
 /// The `FlightInfo` of `command`, its descriptor echoed without its `path` (a command has
@@ -1081,7 +1158,16 @@ impl DpFlightSql {
         let token = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let _cancel = CancelOnDrop(Arc::clone(&token));
         let in_flight = Arc::clone(&call.in_flight);
-        let closed = |_| Status::unavailable("the server is shutting down");
+        // A statement's every status carries a code (round 50, review python F2): `failed`
+        // here, where what was admitted is not known; `run` makes it `execution_failed` when
+        // the statement's receipt was taken. The gRPC code is kept (the docs promise
+        // `DeadlineExceeded` at the time limit). A metadata command is no statement: its
+        // statuses carry none.
+        let ended = move |status: Status| match kind {
+            Work::Statement => wire::with_code(status, ErrorCode::Failed),
+            Work::Metadata => status,
+        };
+        let closed = |_| ended(Status::unavailable("the server is shutting down"));
         let run = async {
             let (mine, _turn) = match kind {
                 Work::Statement => {
@@ -1138,18 +1224,18 @@ impl DpFlightSql {
                      cancelled; nothing was charged. Retry it, or narrow it with a name pattern \
                      (the data owner's [server] query_timeout_secs)"
                 ))),
-                Err(_) => Err(Status::deadline_exceeded(format!(
+                Err(_) => Err(ended(Status::deadline_exceeded(format!(
                     "the statement ran longer than the server's limit of {secs} s and was \
                      cancelled; if it was admitted, its charge stands (the data owner's \
                      [server] query_timeout_secs)"
-                ))),
+                )))),
             },
-            _ = cancel.wait_for(|c| *c) => Err(Status::unavailable(match kind {
+            _ = cancel.wait_for(|c| *c) => Err(ended(Status::unavailable(match kind {
                 Work::Statement => "the server is shutting down and cancelled the statement; if \
                                     it was admitted, its charge stands",
                 Work::Metadata => "the server is shutting down and cancelled the metadata \
                                    call; nothing was charged",
-            })),
+            }))),
         }
     }
 
@@ -1277,7 +1363,7 @@ impl DpFlightSql {
                 })
             })
             .await
-            .map_err(|status| with_receipt(status, slot.take()))?;
+            .map_err(|status| charged_status(status, slot.take()))?;
         Ok((place, pending))
     }
 
@@ -1719,6 +1805,7 @@ impl FlightSqlService for DpFlightSql {
             bytes,
         };
         let stream = batches_stream_with(result.schema, result.batches, app_metadata);
+        let stream = sent_within(stream, MAX_SENT_MESSAGE_BYTES, result.receipt);
         let stream = futures::StreamExt::map(stream, move |item| {
             let _counted = (&reservation, &sending);
             item
@@ -2179,7 +2266,7 @@ impl ByMethod {
         let with = |limit| {
             FlightServiceServer::new(service.clone())
                 .max_decoding_message_size(limit)
-                .max_encoding_message_size(64 << 20)
+                .max_encoding_message_size(MAX_SENT_MESSAGE_BYTES)
         };
         Self {
             large: with(service.0.options.request_limit()),
@@ -3002,5 +3089,132 @@ mod tests {
             + wire::entry_bytes(":status", 3)
             + wire::entry_bytes("date", 29);
         assert!(sent < wire::CLIENT_HEADER_BYTES, "{sent}");
+    }
+
+    /// Round 50 (review python F2): a statement stopped by the server's time limit or at its
+    /// shutdown carried no code (a client took it for a failure of the connection), though an
+    /// admitted one carried its receipt. Now its status is `failed`, or `execution_failed` once
+    /// a receipt was taken, with the receipt, its gRPC code kept (`DeadlineExceeded`,
+    /// `Unavailable`). A metadata command is no statement: its status carries none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn r50_a_statement_the_server_stops_carries_its_code() {
+        use crate::accounting::Receipt;
+        let options = ServeOptions {
+            query_timeout: Duration::from_millis(200),
+            ..ServeOptions::default()
+        };
+        let (bound, _dir) = two_analysts("r50-stopped", options).await;
+        let svc = bound.service.clone();
+        let call = || svc.call_of("a".to_string()).unwrap();
+        let forever = || std::future::pending::<Result<(), Status>>();
+        let late = svc.limited(&call(), forever()).await.unwrap_err();
+        assert_eq!(
+            (late.code(), wire::code_of(&late)),
+            (Code::DeadlineExceeded, Some(ErrorCode::Failed)),
+            "{late:?}"
+        );
+        let metadata = svc
+            .bounded(Work::Metadata, &call(), forever())
+            .await
+            .unwrap_err();
+        assert_eq!(metadata.code(), Code::DeadlineExceeded);
+        assert_eq!(wire::code_of(&metadata), None);
+        // As `run` ends it: admitted (a receipt taken), or not.
+        let receipt = Receipt {
+            tables: vec![receipt_table("people", 1)],
+        };
+        let charged = charged_status(late.clone(), Some(receipt));
+        assert_eq!(
+            (charged.code(), wire::code_of(&charged)),
+            (Code::DeadlineExceeded, Some(ErrorCode::ExecutionFailed))
+        );
+        assert_eq!(charged.message(), late.message(), "the same text");
+        assert_eq!(
+            charged.metadata().get(wire::CODE_HEADER).unwrap(),
+            "execution_failed"
+        );
+        assert_eq!(receipt_of(&charged).unwrap().tables, ["people"]);
+        let uncharged = charged_status(late, None);
+        assert_eq!(wire::code_of(&uncharged), Some(ErrorCode::Failed));
+        assert!(receipt_of(&uncharged).is_none());
+        // A status without a code (built elsewhere) gets one; a coded one keeps its own.
+        let bare = charged_status(Status::internal("x"), None);
+        assert_eq!(wire::code_of(&bare), Some(ErrorCode::Failed));
+        let refused = charged_status(refusal("no"), None);
+        assert_eq!(wire::code_of(&refused), Some(ErrorCode::Refused));
+        // At shutdown.
+        let waiting = {
+            let svc = svc.clone();
+            let call = call();
+            tokio::spawn(async move { svc.limited(&call, forever()).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        svc.0.cancel.send_replace(true);
+        let stopped = waiting.await.unwrap().unwrap_err();
+        assert_eq!(
+            (stopped.code(), wire::code_of(&stopped)),
+            (Code::Unavailable, Some(ErrorCode::Failed)),
+            "{stopped:?}"
+        );
+    }
+
+    /// Round 50 (review python F3): a result whose row is past the server's message limit
+    /// failed in tonic's encoder after its charge, with neither code nor receipt. Now the
+    /// stream ends at that message with the statement's status: `execution_failed` and the
+    /// receipt when it was charged, else `failed`; the messages before it are sent, and a
+    /// result within the limit is sent whole.
+    #[tokio::test]
+    async fn r50_a_row_past_the_message_limit_ends_the_result_with_its_code_and_receipt() {
+        use crate::accounting::Receipt;
+        use datafusion::arrow::array::StringArray;
+        let batch = |widths: &[usize]| {
+            let values: Vec<String> = widths.iter().map(|w| "x".repeat(*w)).collect();
+            RecordBatch::try_from_iter(vec![(
+                "s",
+                Arc::new(StringArray::from(values)) as datafusion::arrow::array::ArrayRef,
+            )])
+            .unwrap()
+        };
+        let limit = 100_000;
+        let receipt = || {
+            Some(Receipt {
+                tables: vec![receipt_table("people", 1)],
+            })
+        };
+        let sent = |batches: Vec<RecordBatch>, receipt| {
+            let schema = batches[0].schema();
+            futures::StreamExt::collect::<Vec<_>>(sent_within(
+                batches_stream(schema, batches),
+                limit,
+                receipt,
+            ))
+        };
+        // Within the limit: every message, no error.
+        let whole = sent(vec![batch(&[10, 20]), batch(&[limit / 2])], receipt()).await;
+        assert!(whole.iter().all(Result::is_ok));
+        assert_eq!(whole.len(), 3, "the schema and two batches");
+        for (receipt, code) in [
+            (receipt(), ErrorCode::ExecutionFailed),
+            (None, ErrorCode::Failed),
+        ] {
+            let charged = receipt.is_some();
+            let out = sent(
+                vec![batch(&[10]), batch(&[2 * limit]), batch(&[5])],
+                receipt,
+            )
+            .await;
+            assert_eq!(
+                out.len(),
+                3,
+                "the schema, the first batch, then the error: {out:?}"
+            );
+            assert!(out[0].is_ok() && out[1].is_ok());
+            let e = out[2].as_ref().unwrap_err();
+            assert_eq!((e.code(), wire::code_of(e)), (code.grpc(), Some(code)));
+            assert_eq!(e.message(), too_wide(charged));
+            assert_eq!(receipt_of(e).is_some(), charged, "{e:?}");
+        }
+        assert!(too_wide(true).contains("its charge stands"));
+        assert!(too_wide(false).contains("Nothing was charged"));
     }
 }

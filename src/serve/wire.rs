@@ -14,6 +14,9 @@
 //!   in a Python exception's `details`. The gRPC code is the status class: a budget refusal is
 //!   `FailedPrecondition` (the state of the table's budget, not the request, is what fails; ADBC
 //!   maps it to `INVALID_STATE`, a `ProgrammingError` in Python), never `Internal` (a crash's).
+//!   A statement the server stops keeps its gRPC code (`DeadlineExceeded` at the time limit,
+//!   `Unavailable` at shutdown) and carries a code too ([`with_code`], round 50, review python
+//!   F2): `execution_failed` once it was admitted, else `failed`.
 //! - **Header budget** (round 49, review wire F2). A status travels in headers, and gRPC C++ and
 //!   Java clients accept 8 KiB of them by default (past it the client sees `ResourceExhausted`,
 //!   neither the message nor the code). Every status is cut to fit [`STATUS_HEADER_BYTES`] as
@@ -140,7 +143,22 @@ const ERROR_INFO_URL: &str = "type.googleapis.com/google.rpc.ErrorInfo";
 /// A status of `grpc` code with `message`, carrying `code` in its details and metadata; the
 /// message cut to fit [`MESSAGE_HEADER_BYTES`] as sent ([`fit`]).
 pub fn coded(grpc: Code, code: ErrorCode, message: String) -> Status {
+    fit(
+        with_code(Status::new(grpc, message), code),
+        MESSAGE_HEADER_BYTES,
+    )
+}
+
+/// `status` carrying `code` (in its details and [`CODE_HEADER`], any code it carried replaced),
+/// its gRPC code, message and other metadata (a receipt) kept: a status built elsewhere (the
+/// server's time limit, `DeadlineExceeded`; its shutdown, `Unavailable`) given the code of the
+/// statement it ends (round 50, review python F2: they carried none, and a client took a charged
+/// statement's timeout for a failure of the connection). Not cut: [`coded`] fits a status before
+/// its receipt is added, the server's `with_receipt` after.
+pub fn with_code(status: Status, code: ErrorCode) -> Status {
     use prost::Message;
+    let grpc = status.code();
+    let message = status.message().to_string();
     let info = ErrorInfo {
         reason: code.as_str().to_ascii_uppercase(),
         domain: DOMAIN.to_string(),
@@ -156,14 +174,12 @@ pub fn coded(grpc: Code, code: ErrorCode, message: String) -> Status {
             value: info.encode_to_vec(),
         }],
     };
-    let mut meta = tonic::metadata::MetadataMap::new();
+    let mut meta = status.metadata().clone();
     meta.insert(
         CODE_HEADER,
         tonic::metadata::MetadataValue::from_static(code.as_str()),
     );
-    let status =
-        Status::with_details_and_metadata(grpc, message, body.encode_to_vec().into(), meta);
-    fit(status, MESSAGE_HEADER_BYTES)
+    Status::with_details_and_metadata(grpc, message, body.encode_to_vec().into(), meta)
 }
 
 /// The longest status message sent, in bytes of text (at a character boundary, then `…`), before
@@ -611,6 +627,28 @@ mod tests {
         }
         assert_eq!(code_of(&Status::internal("x")), None);
         assert_ne!(ErrorCode::BudgetExceeded.grpc(), Code::Internal);
+    }
+
+    /// Round 50 (review python F2): a status built elsewhere gets a code with its gRPC code,
+    /// message and other metadata kept; a code it carried is replaced, in both places.
+    #[test]
+    fn r50_with_code_keeps_the_status_and_sets_its_code() {
+        use prost::Message;
+        let mut s = Status::deadline_exceeded("ran too long");
+        s.metadata_mut().insert("x-other", "kept".parse().unwrap());
+        let s = with_code(s, ErrorCode::Failed);
+        assert_eq!(s.code(), Code::DeadlineExceeded);
+        assert_eq!(s.message(), "ran too long");
+        assert_eq!(code_of(&s), Some(ErrorCode::Failed));
+        assert_eq!(s.metadata().get("x-other").unwrap(), "kept");
+        let s = with_code(s, ErrorCode::ExecutionFailed);
+        assert_eq!(code_of(&s), Some(ErrorCode::ExecutionFailed));
+        assert_eq!(s.metadata().get(CODE_HEADER).unwrap(), "execution_failed");
+        assert_eq!(s.metadata().get_all(CODE_HEADER).iter().count(), 1);
+        let details = RpcStatus::decode(s.details()).unwrap();
+        assert_eq!(details.code, Code::DeadlineExceeded as i32);
+        assert_eq!(details.message, "ran too long");
+        assert_eq!(details.details.len(), 1);
     }
 
     /// The FlightData of `batch` (its schema, then the batch), as a client sends them.

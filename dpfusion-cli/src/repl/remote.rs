@@ -2,10 +2,14 @@
 //! client of `dpfusion serve`. Statements run on the server, exactly as they would locally; the
 //! prompt shows the remaining budget of the tables used last (from `SHOW BUDGET`), `\d` the
 //! server's tables (Flight SQL `GetTables`), and completion knows their names and columns.
+//! Results are read in messages up to the server's largest
+//! (`dpfusion::serve::MAX_SENT_MESSAGE_BYTES`), and a statement that was charged and failed,
+//! its result not read included, shows its receipt ([`Outcome::Failed`], round 50).
 use std::path::Path;
 use std::time::Duration;
 
 use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::sql::CommandGetTables;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use datafusion::arrow::array::{Array, BinaryArray, Float64Array, RecordBatch, StringArray};
@@ -94,7 +98,12 @@ impl Remote {
             .connect()
             .await
             .map_err(|e| format!("cannot connect to {url}: {e}"))?;
-        let mut client = FlightSqlServiceClient::new(channel);
+        // Messages up to the server's largest, not tonic's default 4 MiB: the server never
+        // splits a row, and a result with a row of 8 MB was charged, then could not be decoded
+        // (round 50, review python F3).
+        let inner = FlightServiceClient::new(channel)
+            .max_decoding_message_size(dpfusion::serve::MAX_SENT_MESSAGE_BYTES);
+        let mut client = FlightSqlServiceClient::new_from_inner(inner);
         client.set_token(token.to_string());
         let mut r = Remote {
             client,
@@ -130,33 +139,25 @@ impl Remote {
 
     /// [`Remote::run`], with what a statement that failed after its admission was charged: the
     /// server sends its receipt with the error (`dpfusion::serve::RECEIPT_HEADER`, round 49,
-    /// review composition F4).
+    /// review composition F4), or, when its result cannot be read, with the result
+    /// ([`failed`]).
     async fn run_charged(&mut self, sql: &str) -> Result<Answer, (String, Option<Charged>)> {
-        let failed = |e: FlightError| {
-            let charged = match &e {
-                FlightError::Tonic(s) => dpfusion::serve::receipt_of(s).and_then(|m| {
-                    Some(Charged {
-                        receipt: m.receipt_text?,
-                        tables: m.tables,
-                    })
-                }),
-                _ => None,
-            };
-            (message(e), charged)
-        };
         let info = self
             .client
             .execute(sql.to_string(), None)
             .await
-            .map_err(failed)?;
+            .map_err(|e| failed(e, None))?;
         let meta: StatementMetadata =
             serde_json::from_slice(&info.app_metadata).unwrap_or_default();
         let schema = info
             .clone()
             .try_decode_schema()
             .map(std::sync::Arc::new)
-            .map_err(|e| (format!("the server sent a bad schema: {e}"), None))?;
-        let batches = self.fetch_flight(info).await.map_err(failed)?;
+            .map_err(|e| (format!("the server sent a bad schema: {e}"), charged(&meta)))?;
+        let batches = self
+            .fetch_flight(info)
+            .await
+            .map_err(|e| failed(e, Some(&meta)))?;
         Ok(Answer {
             schema,
             batches,
@@ -214,6 +215,31 @@ impl Remote {
         }
         Ok(out)
     }
+}
+
+/// What a statement that ended with `e` was charged, with the error's message: the receipt
+/// the error carries, else the one its result carried (`answered`: the statement's `FlightInfo`
+/// metadata, when it was answered). Round 50 (review python F3): a result charged, then not
+/// fetched or not decoded (a row wider than the client's limit) showed no charge; it is a
+/// charged failure, [`Outcome::Failed`].
+fn failed(e: FlightError, answered: Option<&StatementMetadata>) -> (String, Option<Charged>) {
+    let sent = match &e {
+        FlightError::Tonic(s) => dpfusion::serve::receipt_of(s),
+        _ => None,
+    };
+    let charged = sent
+        .as_ref()
+        .and_then(charged)
+        .or_else(|| answered.and_then(charged));
+    (message(e), charged)
+}
+
+/// The charge `m` (a statement's metadata) says, if it was charged.
+fn charged(m: &StatementMetadata) -> Option<Charged> {
+    Some(Charged {
+        receipt: m.receipt_text.clone()?,
+        tables: m.tables.clone(),
+    })
 }
 
 /// A column of `b` by name and type.
@@ -384,5 +410,52 @@ mod tests {
         assert_eq!(percent(rows[1].left_share), "33.3334%");
         assert_eq!((rows[1].delta_spent, rows[1].delta_left), (3e-7, 7e-7));
         assert_eq!(rows[1].epsilon, 1.0);
+    }
+
+    /// Round 50 (review python F3): a result charged, then not decoded (a row past the
+    /// client's limit), showed no charge. Now the receipt its `FlightInfo` carried makes it a
+    /// charged failure; a receipt the error carries comes first; an uncharged statement's error
+    /// and one before any answer show none.
+    #[test]
+    fn r50_a_result_charged_then_not_read_shows_its_charge() {
+        let meta = |text: &str, table: &str| StatementMetadata {
+            receipt: None,
+            receipt_text: Some(text.to_string()),
+            tables: vec![table.to_string()],
+        };
+        let answered = meta("charged a: dp_count(ε 1) cost 10% of the budget", "a");
+        let decode = || FlightError::DecodeError("decoded message length too large".into());
+        let (e, c) = failed(decode(), Some(&answered));
+        assert!(e.contains("too large"), "{e}");
+        let c = c.expect("charged");
+        assert_eq!(
+            (c.receipt.as_str(), c.tables),
+            (
+                answered.receipt_text.as_deref().unwrap(),
+                vec!["a".to_string()]
+            )
+        );
+        assert!(
+            failed(decode(), None).1.is_none(),
+            "no answer: no charge known"
+        );
+        assert!(
+            failed(decode(), Some(&StatementMetadata::default()))
+                .1
+                .is_none(),
+            "answered, not charged"
+        );
+        // The error's own receipt first.
+        let mut status = tonic::Status::internal("failed");
+        status.metadata_mut().insert_bin(
+            dpfusion::serve::RECEIPT_HEADER,
+            tonic::metadata::MetadataValue::from_bytes(
+                serde_json::to_string(&meta("charged b: cost 1%", "b"))
+                    .unwrap()
+                    .as_bytes(),
+            ),
+        );
+        let (_, c) = failed(FlightError::Tonic(Box::new(status)), Some(&answered));
+        assert_eq!(c.unwrap().tables, ["b"]);
     }
 }

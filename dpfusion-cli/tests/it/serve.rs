@@ -865,8 +865,42 @@ async fn a_client_that_goes_away_or_a_time_limit_cancels_the_statement() {
         "{}",
         e.message()
     );
+    // Round 50 (review python F2): it carries its code too, `failed` (it reads no private
+    // table: nothing was charged), and no receipt.
+    assert_eq!(code_of(&e), Some(ErrorCode::Failed), "{e:?}");
+    assert!(dpfusion::serve::receipt_of(&e).is_none());
+    // A DP statement stopped after its admission (a fit of minutes): `execution_failed` in
+    // the details and `x-dpfusion-code`, its gRPC code still `DeadlineExceeded`, with its
+    // receipt; the charge is in the ledger. Bob's: alice's turn is held until her task ends.
+    let mut bob = client(s.addr, Some(BOB)).await;
+    let e = tokio::time::timeout(Duration::from_secs(30), query(&mut bob, SLOW_DP))
+        .await
+        .expect("the time limit stops it")
+        .unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    assert_eq!(code_of(&e), Some(ErrorCode::ExecutionFailed), "{e:?}");
+    assert_eq!(
+        e.metadata()
+            .get(dpfusion::serve::wire::CODE_HEADER)
+            .unwrap(),
+        "execution_failed"
+    );
+    assert!(e.message().contains("its charge stands"), "{}", e.message());
+    let meta = dpfusion::serve::receipt_of(&e).expect("its receipt");
+    assert_eq!(meta.tables, ["people"]);
+    assert!(
+        meta.receipt_text
+            .unwrap()
+            .starts_with("charged people: dp_linreg_gd(ε 0.01, δ 1e-7, gaussian)")
+    );
+    assert_eq!(charges_of(&s.ledger, "bob"), 1, "the charge stands");
     still_serving(s.addr).await;
 }
+
+/// A DP statement that runs for seconds after its admission (a model fit of 100,000
+/// iterations: 6.6 s in a debug build).
+const SLOW_DP: &str = "SELECT dp_linreg_gd(salary, [age], epsilon => 0.01, delta => 1e-7, \
+                       iterations => 100000) AS m FROM people";
 
 #[tokio::test]
 async fn charges_without_an_analyst_keep_their_old_bytes_and_verify_with_new_ones() {
@@ -3479,4 +3513,70 @@ async fn r49_a_call_on_another_analysts_connection_is_told_the_true_reason() {
         rows(&query(&mut alice, "SELECT 1 AS one").await.unwrap()),
         1
     );
+}
+
+/// `dpfusion --connect URL --token-file … --format csv -c sql` as alice, on `addr`.
+fn connected_cli(addr: SocketAddr, dir: &Path, sql: &str) -> std::process::Output {
+    let token = dir.join("token");
+    std::fs::write(&token, ALICE).unwrap();
+    tokio::task::block_in_place(|| {
+        Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .args(["--connect", &format!("grpc://{addr}"), "--token-file"])
+            .arg(&token)
+            .args(["--format", "csv", "-c", sql])
+            .output()
+            .unwrap()
+    })
+}
+
+/// Round 50 (review python F3): `dpfusion --connect` kept tonic's 4 MiB decoding limit, and a
+/// charged result of one row of 8 MB (two 4 MB values, each within the guard's bound) was
+/// charged, then failed to decode, with no charge shown. It reads up to the server's largest
+/// message now.
+#[tokio::test(flavor = "multi_thread")]
+async fn r50_the_connected_cli_reads_a_row_wider_than_4_mib() {
+    let s = serve_here("serve-r50-wide", 1.0, "").await;
+    let out = connected_cli(
+        s.addr,
+        &s.dir,
+        "SELECT dp_count(age, 0.01) AS n, repeat('x', 4000000) AS a, repeat('y', 4000000) AS b \
+         FROM people",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(out.stdout.len() > 8_000_000, "{}", out.stdout.len());
+    assert!(err.contains("charged people: dp_count(ε 0.01"), "{err}");
+}
+
+/// Round 50 (review python F3): a charged result with a row past the server's own message
+/// limit (64 MiB: 17 values of 4 MB) failed in tonic's encoder, with neither code nor receipt.
+/// Now the `DoGet` ends with `execution_failed` and the receipt, which `dpfusion --connect`
+/// shows after the error; the charge is in the ledger.
+#[tokio::test(flavor = "multi_thread")]
+async fn r50_a_row_past_the_servers_message_limit_fails_with_its_code_and_receipt() {
+    let s = serve_here("serve-r50-too-wide", 1.0, "").await;
+    let columns: Vec<String> = (0..17)
+        .map(|i| format!("repeat('x', 4000000) AS c{i}"))
+        .collect();
+    let sql = format!(
+        "SELECT dp_count(age, 0.01) AS n, {} FROM people",
+        columns.join(", ")
+    );
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let e = query(&mut alice, &sql).await.expect_err("not sent");
+    assert_eq!(code_of(&e), Some(ErrorCode::ExecutionFailed), "{e:?}");
+    assert!(
+        e.message().contains("larger than the 67108864 bytes"),
+        "{}",
+        e.message()
+    );
+    let meta = dpfusion::serve::receipt_of(&e).expect("its receipt");
+    assert_eq!(meta.tables, ["people"]);
+    assert_eq!(charges_of(&s.ledger, "alice"), 1);
+    let out = connected_cli(s.addr, &s.dir, &sql);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("its charge stands"), "{err}");
+    assert!(err.contains("charged people: dp_count(ε 0.01"), "{err}");
+    assert_eq!(charges_of(&s.ledger, "alice"), 2);
 }
