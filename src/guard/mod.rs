@@ -518,10 +518,37 @@ fn sort_after_combining_rows(plan: LogicalPlan) -> Result<LogicalPlan> {
                 .iter()
                 .map(|e| order_sensitive_window(e.clone(), &w.input))
                 .collect::<Result<Vec<_>>>()?;
-            LogicalPlan::Window(datafusion::logical_expr::Window::try_new(
-                window_expr,
-                w.input,
-            )?)
+            // One window node per ORDER BY, as DataFusion's planner makes them (a window whose
+            // order the tie-break completed and one it left, `row_number` and `rank` over the
+            // same key, no longer share theirs; DataFusion's physical planner requires it of a
+            // node: round 50, review "rawgen" F1).
+            let keys = |e: &Expr| match e {
+                Expr::Alias(a) => match a.expr.as_ref() {
+                    Expr::WindowFunction(f) => {
+                        Some((f.params.partition_by.clone(), f.params.order_by.clone()))
+                    }
+                    _ => None,
+                },
+                Expr::WindowFunction(f) => {
+                    Some((f.params.partition_by.clone(), f.params.order_by.clone()))
+                }
+                _ => None,
+            };
+            let mut groups: Vec<(_, Vec<Expr>)> = vec![];
+            for e in window_expr {
+                let k = keys(&e);
+                match groups.iter_mut().find(|(g, _)| *g == k) {
+                    Some((_, es)) => es.push(e),
+                    None => groups.push((k, vec![e])),
+                }
+            }
+            let mut plan = w.input;
+            for (_, es) in groups {
+                plan = Arc::new(LogicalPlan::Window(
+                    datafusion::logical_expr::Window::try_new(es, plan)?,
+                ));
+            }
+            Arc::unwrap_or_clone(plan)
         }
         other => other,
     };
