@@ -390,6 +390,15 @@ pub const WRITTEN_ROW_BYTES: u64 = 64 << 10;
 /// of 64 KiB made N × 512 MiB a batch (round 48, review "resources", finding 3).
 pub const WRITTEN_NODE_BYTES: u64 = 2 * WRITTEN_ROW_BYTES;
 
+/// The most bytes the steps of one row of a statement (no FROM, an aggregate without GROUP BY,
+/// one VALUES row, and what passes one on) may write, their values summed over every such step
+/// ([`written_by_node`]): 64 MiB, the largest message `dpfusion serve` sends. DataFusion folds
+/// their constants while it plans, before admission and outside any memory pool, and each value
+/// was bounded alone ([`WRITTEN_VALUE_BYTES`]): 40 columns of `repeat('x', 4000000)` held 785 MB,
+/// and a statement of 1 MiB could ask for about 160 GB (round 50, found while fixing the
+/// server's message limit). A value passed on through several such steps counts at each.
+pub const WRITTEN_ONE_ROW_BYTES: u64 = 64 << 20;
+
 /// The most times a value may copy the values of a row it reads ([`Written::rows`]), on public
 /// tables and constants: 1,024 (over private rows the typed fragment allows 32).
 pub const WRITTEN_ROW_COPIES: u64 = 1024;
@@ -407,6 +416,7 @@ pub const WRITTEN_ROW_COPIES: u64 = 1024;
 pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()> {
     check_pattern_count(plan)?;
     let mut problem = None;
+    let mut one_row_bytes = 0u64;
     plan.apply_with_subqueries(|node| {
         let inputs: Vec<(&DFSchema, Vec<Written>)> = node
             .inputs()
@@ -425,6 +435,12 @@ pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()>
                 w.rows
             ));
             return Ok(TreeNodeRecursion::Stop);
+        }
+        // Round 50: the steps of one row, summed over the statement ([`WRITTEN_ONE_ROW_BYTES`]).
+        if one_row(node)
+            && let Some(b) = written_by_node(node, &inputs)
+        {
+            one_row_bytes = one_row_bytes.saturating_add(b);
         }
         // Round 48: the values of one step summed, each of which may be within its bound (one
         // value past its own bound is named below instead).
@@ -537,6 +553,14 @@ pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()>
             })
         })
     })?;
+    if problem.is_none() && one_row_bytes > WRITTEN_ONE_ROW_BYTES {
+        problem = Some(format!(
+            "the steps of one row of this statement write up to {one_row_bytes} bytes in all, \
+             their values summed (at most {WRITTEN_ONE_ROW_BYTES}: DataFusion computes their \
+             constants while it plans, outside the memory pool); write fewer or smaller \
+             constants, or split the statement"
+        ));
+    }
     match problem {
         Some(why) => Err(super::refuse(&why)),
         None => Ok(()),
@@ -3217,6 +3241,32 @@ mod tests {
                 })))
             };
         check_written_sizes(&constants(3)).unwrap();
+        // Round 50: the steps of one row, summed over the statement: 16 constants of 4,000,000
+        // bytes pass (64,000,000 ≤ 64 MiB), 17 do not, in one SELECT list or in as many
+        // subqueries (each one row, none over its own bound).
+        let huge =
+            |n: usize| {
+                build(LogicalPlanBuilder::empty(true).project((0..n).map(|i| {
+                    call("repeat", vec![lit("x"), lit(4_000_000i64)]).alias(format!("c{i}"))
+                })))
+            };
+        check_written_sizes(&huge(16)).unwrap();
+        let why = check_written_sizes(&huge(17)).unwrap_err().to_string();
+        assert!(
+            why.contains("the steps of one row of this statement write up to 68000000 bytes"),
+            "{why}"
+        );
+        let exists = (0..17).fold(LogicalPlanBuilder::empty(true), |b, _| {
+            b.filter(datafusion::logical_expr::exists(Arc::new(huge(1))))
+                .expect("filter")
+        });
+        let why = check_written_sizes(&build(Ok(exists)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            why.contains("the steps of one row of this statement"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -3550,10 +3550,13 @@ async fn r50_the_connected_cli_reads_a_row_wider_than_4_mib() {
 
 /// Round 50 (review python F3): a charged result with a row past the server's own message
 /// limit (64 MiB: 17 values of 4 MB) failed in tonic's encoder, with neither code nor receipt.
-/// Now the `DoGet` ends with `execution_failed` and the receipt, which `dpfusion --connect`
-/// shows after the error; the charge is in the ledger.
+/// The guard now bounds what the steps of one row write, summed over the statement, by that
+/// limit (`fragment::WRITTEN_ONE_ROW_BYTES`): such a statement is refused before admission,
+/// nothing charged, and `dpfusion --connect` says so. (A row past the limit that still reached
+/// the encoder would end the `DoGet` with `execution_failed` and its receipt:
+/// `serve::tests::r50_a_row_past_the_message_limit_ends_the_result_with_its_code_and_receipt`.)
 #[tokio::test(flavor = "multi_thread")]
-async fn r50_a_row_past_the_servers_message_limit_fails_with_its_code_and_receipt() {
+async fn r50_a_row_past_the_servers_message_limit_is_refused_before_its_charge() {
     let s = serve_here("serve-r50-too-wide", 1.0, "").await;
     let columns: Vec<String> = (0..17)
         .map(|i| format!("repeat('x', 4000000) AS c{i}"))
@@ -3563,20 +3566,20 @@ async fn r50_a_row_past_the_servers_message_limit_fails_with_its_code_and_receip
         columns.join(", ")
     );
     let mut alice = client(s.addr, Some(ALICE)).await;
-    let e = query(&mut alice, &sql).await.expect_err("not sent");
-    assert_eq!(code_of(&e), Some(ErrorCode::ExecutionFailed), "{e:?}");
+    let e = query(&mut alice, &sql).await.expect_err("refused");
+    assert_eq!(code_of(&e), Some(ErrorCode::Refused), "{e:?}");
     assert!(
-        e.message().contains("larger than the 67108864 bytes"),
+        e.message()
+            .contains("the steps of one row of this statement write up to"),
         "{}",
         e.message()
     );
-    let meta = dpfusion::serve::receipt_of(&e).expect("its receipt");
-    assert_eq!(meta.tables, ["people"]);
-    assert_eq!(charges_of(&s.ledger, "alice"), 1);
+    assert!(dpfusion::serve::receipt_of(&e).is_none());
+    assert_eq!(charges_of(&s.ledger, "alice"), 0);
     let out = connected_cli(s.addr, &s.dir, &sql);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("its charge stands"), "{err}");
-    assert!(err.contains("charged people: dp_count(ε 0.01"), "{err}");
-    assert_eq!(charges_of(&s.ledger, "alice"), 2);
+    assert!(err.contains("the steps of one row"), "{err}");
+    assert!(!err.contains("charged people"), "{err}");
+    assert_eq!(charges_of(&s.ledger, "alice"), 0);
 }
