@@ -391,8 +391,9 @@ pub const WRITTEN_ROW_BYTES: u64 = 64 << 10;
 pub const WRITTEN_NODE_BYTES: u64 = 2 * WRITTEN_ROW_BYTES;
 
 /// The most bytes the steps of one row of a statement (no FROM, an aggregate without GROUP BY,
-/// one VALUES row, and what passes one on) may write, their values summed over every such step
-/// ([`written_by_node`]): 64 MiB, the largest message `dpfusion serve` sends. DataFusion folds
+/// and what passes one on) and the rows of its VALUES lists may write, their values summed over
+/// every such step and row ([`written_by_node`]): 64 MiB, the largest message `dpfusion serve`
+/// sends. DataFusion folds
 /// their constants while it plans, before admission and outside any memory pool, and each value
 /// was bounded alone ([`WRITTEN_VALUE_BYTES`]): 40 columns of `repeat('x', 4000000)` held 785 MB,
 /// and a statement of 1 MiB could ask for about 160 GB (round 50, found while fixing the
@@ -436,8 +437,13 @@ pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()>
             ));
             return Ok(TreeNodeRecursion::Stop);
         }
-        // Round 50: the steps of one row, summed over the statement ([`WRITTEN_ONE_ROW_BYTES`]).
-        if one_row(node)
+        // Round 50: the steps of one row, and every row of a VALUES list, summed over the
+        // statement ([`WRITTEN_ONE_ROW_BYTES`]; review "fixes3" F2: 12,000 VALUES rows of 64 KiB
+        // each held 3.3 GB before admission).
+        if let LogicalPlan::Values(v) = node {
+            let rows = v.values.iter().flatten().map(|e| written(e, &lookup).bytes);
+            one_row_bytes = rows.fold(one_row_bytes, u64::saturating_add);
+        } else if one_row(node)
             && let Some(b) = written_by_node(node, &inputs)
         {
             one_row_bytes = one_row_bytes.saturating_add(b);
@@ -555,10 +561,10 @@ pub fn check_written_sizes(plan: &LogicalPlan) -> datafusion::common::Result<()>
     })?;
     if problem.is_none() && one_row_bytes > WRITTEN_ONE_ROW_BYTES {
         problem = Some(format!(
-            "the steps of one row of this statement write up to {one_row_bytes} bytes in all, \
-             their values summed (at most {WRITTEN_ONE_ROW_BYTES}: DataFusion computes their \
-             constants while it plans, outside the memory pool); write fewer or smaller \
-             constants, or split the statement"
+            "the steps of one row of this statement and the rows of its VALUES lists write up \
+             to {one_row_bytes} bytes in all, their values summed (at most \
+             {WRITTEN_ONE_ROW_BYTES}: DataFusion computes their constants while it plans, \
+             outside the memory pool); write fewer or smaller constants, or split the statement"
         ));
     }
     match problem {
@@ -3252,10 +3258,7 @@ mod tests {
             };
         check_written_sizes(&huge(16)).unwrap();
         let why = check_written_sizes(&huge(17)).unwrap_err().to_string();
-        assert!(
-            why.contains("the steps of one row of this statement write up to 68000000 bytes"),
-            "{why}"
-        );
+        assert!(why.contains("write up to 68000000 bytes in all"), "{why}");
         let exists = (0..17).fold(LogicalPlanBuilder::empty(true), |b, _| {
             b.filter(datafusion::logical_expr::exists(Arc::new(huge(1))))
                 .expect("filter")
@@ -3267,6 +3270,18 @@ mod tests {
             why.contains("the steps of one row of this statement"),
             "{why}"
         );
+        // Every row of a VALUES list too (review "fixes3" F2): 1,100 rows of 64,000 bytes are
+        // 70,400,000 bytes, each row within its own bound.
+        let rows = |n: usize| {
+            build(LogicalPlanBuilder::values(
+                (0..n)
+                    .map(|_| vec![call("repeat", vec![lit("x"), lit(64_000i64)])])
+                    .collect(),
+            ))
+        };
+        check_written_sizes(&rows(1_000)).unwrap();
+        let why = check_written_sizes(&rows(1_100)).unwrap_err().to_string();
+        assert!(why.contains("write up to 70400000 bytes in all"), "{why}");
     }
 
     #[test]

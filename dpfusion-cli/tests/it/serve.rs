@@ -3583,3 +3583,29 @@ async fn r50_a_row_past_the_servers_message_limit_is_refused_before_its_charge()
     assert!(!err.contains("charged people"), "{err}");
     assert_eq!(charges_of(&s.ledger, "alice"), 0);
 }
+
+/// Round 50 (review "fixes3" F1): Arrow IPC writes a view array's whole data buffers with every
+/// slice of it that arrow-flight's encoder cuts (about 2 MiB each), so a result of long `Utf8View`
+/// strings was sent as n messages of its whole size: 120 MB of strings aborted the server
+/// (`memory allocation of 240014938 bytes failed`), and 70 MB of 10 KB rows were refused as too
+/// wide. The server now cuts and compacts the slices itself: a 24 MB result arrives whole, and
+/// what the client decodes holds about the result's bytes, not a multiple of them.
+#[tokio::test(flavor = "multi_thread")]
+async fn r50_a_result_of_long_view_strings_is_sent_in_slices_of_its_own_bytes() {
+    let s = serve_here("serve-r50-view-slices", 1.0, "").await;
+    let mut alice = client(s.addr, Some(ALICE)).await;
+    let sql = "SELECT repeat('x', 30000) || CAST(value AS VARCHAR) AS s \
+               FROM generate_series(1, 800)";
+    let b = query(&mut alice, sql).await.expect("sent");
+    assert_eq!(rows(&b), 800);
+    assert_eq!(
+        b[0].schema().field(0).data_type(),
+        &dpfusion::arrow::datatypes::DataType::Utf8View
+    );
+    let held: usize = b.iter().map(|b| b.get_array_memory_size()).sum();
+    assert!(
+        held < 3 * 800 * 30_000,
+        "the decoded slices hold {held} bytes for a result of about 24 MB"
+    );
+    still_serving(s.addr).await;
+}
