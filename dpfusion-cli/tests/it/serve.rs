@@ -3570,7 +3570,7 @@ async fn r50_a_row_past_the_servers_message_limit_is_refused_before_its_charge()
     assert_eq!(code_of(&e), Some(ErrorCode::Refused), "{e:?}");
     assert!(
         e.message()
-            .contains("the steps of one row of this statement write up to"),
+            .contains("the steps of one row of this statement"),
         "{}",
         e.message()
     );
