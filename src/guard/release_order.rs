@@ -33,7 +33,13 @@
 //! and the sort's column may be projected away). [`KeepOutputOrder`], after DataFusion's rules,
 //! takes every repartition off the path from the root down to the sort that defines the output's
 //! order: everything above that sort runs in its one partition, in its order, to the root.
-//! [`with_release_order`] places both rules.
+//!
+//! The bytes of released rows are pinned too (round 50, reviews "bytes" and "fixes2"): a sort, a
+//! top-k, a join or a union keeps the Arrow buffers its rows came in (a view column's strings, a
+//! dictionary's values), laid out in the order the threads or the private rows set, and Arrow
+//! IPC writes them. [`CompactOutput`], the last rule, passes every batch of the output through
+//! [`CompactExec`] (under the sink of a `COPY`), which lays them out in row order.
+//! [`with_release_order`] places the three rules.
 //!
 //! A Ballista cluster's scheduler runs its own physical optimizer: there the pin does not apply
 //! (the cluster is inside the data owner's trust boundary; docs/PRIVACY.md, "The order of

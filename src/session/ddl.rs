@@ -272,8 +272,9 @@ impl PrivateSession {
                 Ok(QueryResult::empty())
             }
             LogicalPlan::Ddl(other) => refused!(
-                "dpfusion refused the query: {} is not allowed; register tables with CREATE \
-                 EXTERNAL TABLE ... OPTIONS ('dp.visibility' ...)",
+                "dpfusion refused the query: {} is not allowed; analyst SQL may CREATE TABLE \
+                 name AS SELECT …, CREATE EXTERNAL TABLE over files the data owner lets analysts \
+                 read (public, no 'dp.*' options: policy is the owner's), and DROP TABLE",
                 other.name()
             ),
             LogicalPlan::Dml(d) => refused!(

@@ -13,15 +13,16 @@
 //! buffers. Round 50 (review "metadata" F1): a rare private value, a group that was never
 //! released, could be read from the released key column's buffers. The guard therefore passes
 //! every released column whose type can share bytes ([`shares_bytes`]) through this function,
-//! right above partition selection (`src/guard/mod.rs`, `partition_select`), so that nothing
+//! right above partition selection (`src/guard/mod.rs`, `rewrite_dp_aggregate`), so that nothing
 //! above it (sorts, joins, streams, files, the result's sizes) sees a dropped row's bytes.
 //!
-//! The pinned sorts of released rows (src/guard/release_order.rs) pass every batch they emit
-//! through [`compact_batch`] as well: the sort and the concatenation of the pieces of a release
-//! (the aggregate's partitions, the inputs of a `UNION`) keep each piece's buffers in the order
-//! the pieces arrived, which the threads set and the bytes would show (round 50, review "bytes"
-//! F1: which of two private scans finished first); compacted in row order, the bytes of a batch
-//! are a function of its rows.
+//! The output of every plan that reads a private table passes through [`compact_batch`] as well,
+//! at its root (`CompactOutput`, src/guard/release_order.rs): a sort, a top-k, a join or a union
+//! keeps the buffers its rows came in, in the order the threads delivered the pieces of a release
+//! or the aggregate first met its groups (round 50, reviews "bytes" F1 and "fixes2" F1: which of
+//! two private scans finished first, which group came first in the file); compacted in row
+//! order, the bytes of a batch are a function of its rows. `dpfusion serve` compacts each slice
+//! it sends again (`serve::wire_slices`): a slice of a view array shares its parent's buffers.
 //!
 //! [`compact`] is total: it never fails and returns an array equal to its input, of the same
 //! type, length and nulls.
@@ -40,7 +41,9 @@ use datafusion::logical_expr::{
     Volatility,
 };
 
-/// The function's name. It is the guard's: analysts have no use for it (it returns its argument).
+/// The function's name. It is the guard's: no session registers it, so analysts cannot write it;
+/// a Ballista scheduler and executor do (`distributed::register_functions`), to decode the
+/// checked plans that hold it.
 pub const COMPACT: &str = "__dpfusion_compact";
 
 /// Can an array of type `t` hold bytes that none of its rows refers to after a filter (views,
