@@ -173,6 +173,22 @@ fn any_private_table(plan: &LogicalPlan) -> Option<TableInfo> {
     found
 }
 
+/// A table registered as private (not an unknown source, which [`any_private_table`] also counts
+/// as private) read anywhere below `plan`.
+fn registered_private_table(plan: &LogicalPlan) -> Option<TableInfo> {
+    let mut found = None;
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(s) = node
+            && let Some(info) = table_info(s).filter(|i| i.private)
+        {
+            found = Some(info);
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
 /// The names of the private tables read anywhere below `plan`.
 pub fn private_tables(plan: &LogicalPlan) -> Vec<String> {
     let mut names = Vec::new();
@@ -352,12 +368,23 @@ fn visit(plan: LogicalPlan, cx: &mut Cx) -> Result<LogicalPlan> {
                 )));
             }
         }
-        LogicalPlan::RecursiveQuery(_) => {
-            if let Some(t) = any_private_table(&plan) {
+        LogicalPlan::RecursiveQuery(r) => {
+            if let Some(t) = registered_private_table(&plan) {
                 return Err(refuse(format!(
                     "a recursive query that reads private table '{}' is not allowed: it could run \
                      a DP aggregate many times under one charge.",
                     t.name
+                )));
+            }
+            if any_private_table(&plan).is_some() {
+                // Only the recursive CTE's own work table is unknown to the guard (default-deny
+                // counts an unknown table as private): say what was refused, not "private table
+                // 'w'" (round 50, review "fixes3").
+                return Err(refuse(format!(
+                    "recursive queries (WITH RECURSIVE {}) are not supported: the guard cannot \
+                     check the table a recursive CTE builds. For a sequence of numbers use \
+                     generate_series(a, b) or range(a, b).",
+                    r.name
                 )));
             }
         }

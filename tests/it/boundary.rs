@@ -1869,6 +1869,11 @@ fn class_h() -> Vec<Case> {
             "WITH RECURSIVE r(i) AS (SELECT id FROM people WHERE id = 17 UNION ALL SELECT i + 1 FROM r WHERE i < 20) SELECT dp_count(i, 1.0) FROM r",
             "recursive|private table 'people'",
         ),
+        // over constants: refused by what it is, not as a "private table" (round 50)
+        refused(
+            "WITH RECURSIVE w(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM w WHERE n < 3) SELECT * FROM w",
+            "recursive queries (WITH RECURSIVE w) are not supported",
+        ),
         // unnest in the private region
         refused(
             "SELECT dp_count(u, 1.0) FROM (SELECT unnest(make_array(age, age, age)) AS u FROM people) t",
