@@ -129,25 +129,33 @@ fn ballista_error(e: impl std::error::Error + Send + Sync + 'static) -> DataFusi
     DataFusionError::External(Box::new(e))
 }
 
-/// Registers every dpfusion function (aggregates and scalars) on a DataFusion state.
+/// Registers every dpfusion function an analyst may call (aggregates and scalars) on a
+/// DataFusion state: the client's registry.
 pub fn register_functions(state: &mut SessionState) -> Result<()> {
     for udf in dpfusion_udfs::scalars::all_scalar_udfs() {
         state.register_udf(Arc::new(udf))?;
     }
-    // The guard's own function, in the checked plans the scheduler and executors decode by name
-    // (round 50; never in a local session's registry, so no analyst writes it).
-    state.register_udf(Arc::new(dpfusion_udfs::scalars::compact::Compact::udf()))?;
     for udaf in dpfusion_udfs::aggregates::all_udafs() {
         state.register_udaf(Arc::new(udaf))?;
     }
     Ok(())
 }
 
-/// Ballista's default session for `config`, with every dpfusion function registered: the function
-/// registry of an executor, and what [`scheduler_state`] and the client's state start from.
+/// [`register_functions`], and the guard's own function, which the checked plans the scheduler
+/// and executors decode by name (round 50). Only there: a client's registry never holds it, so no
+/// analyst writes it (round 51, review "cluster" F3: the client's registry had it).
+fn register_cluster_functions(state: &mut SessionState) -> Result<()> {
+    register_functions(state)?;
+    state.register_udf(Arc::new(dpfusion_udfs::scalars::compact::Compact::udf()))?;
+    Ok(())
+}
+
+/// Ballista's default session for `config`, with every dpfusion function registered, the
+/// guard's own included: the function registry of an executor, and what [`scheduler_state`]
+/// starts from.
 pub fn function_state(config: SessionConfig) -> Result<SessionState> {
     let mut state = default_session_builder(config.upgrade_for_ballista())?;
-    register_functions(&mut state)?;
+    register_cluster_functions(&mut state)?;
     Ok(state)
 }
 
@@ -211,8 +219,15 @@ pub fn scheduler_state(config: SessionConfig) -> Result<SessionState> {
 /// keeps DataFusion's logical optimizer (and Ballista's rule): the guard checks the plan that
 /// optimizer made (`guard::check`). An in-process cluster's scheduler and executor get
 /// [`scheduler_state`] (before round 49 they got the client's state, optimizer included, which
-/// the standalone scheduler then used for every job).
-pub(crate) async fn connect(cluster: &Cluster, config: SessionConfig) -> Result<SessionContext> {
+/// the standalone scheduler then used for every job). The client runs in the session's
+/// `runtime`: its memory pool, spill files and the file pins (`crate::files::PinnedFs`) hold for
+/// what runs in the client (round 51, review "cluster" F4: it ran in Ballista's default runtime,
+/// with no pool and no pins).
+pub(crate) async fn connect(
+    cluster: &Cluster,
+    config: SessionConfig,
+    runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
+) -> Result<SessionContext> {
     let config = sealed_config(config);
     let url = match cluster {
         Cluster::Standalone => {
@@ -223,7 +238,9 @@ pub(crate) async fn connect(cluster: &Cluster, config: SessionConfig) -> Result<
         }
         Cluster::Remote(url) => url.clone(),
     };
-    let ctx = SessionContext::remote_with_state(&url, function_state(config)?).await?;
+    let mut state = default_session_builder(config.upgrade_for_ballista())?;
+    register_functions(&mut state)?;
+    let ctx = SessionContext::remote_with_state(&url, state).await?;
     // Ballista's `upgrade_for_ballista` replaced the client's function lists with DataFusion's
     // defaults: register ours again. And wrap its query planner (see `DpQueryPlanner`).
     let client = ctx.state();
@@ -235,6 +252,7 @@ pub(crate) async fn connect(cluster: &Cluster, config: SessionConfig) -> Result<
     let mut client = SessionStateBuilder::new_from_existing(client)
         .with_session_id(session_id)
         .with_query_planner(planner)
+        .with_runtime_env(runtime)
         .build();
     register_functions(&mut client)?;
     Ok(SessionContext::new_with_state(client))
@@ -338,6 +356,17 @@ fn placement(plan: &LogicalPlan) -> Result<Placement> {
 /// asynchronous (a file table's scan lists its files), and this check is not.
 pub(crate) fn admissible(checked: &CheckedPlan) -> Result<()> {
     if placement(checked.plan())? == Placement::Cluster {
+        if matches!(checked.plan(), LogicalPlan::Copy(_)) {
+            // The executors would write the file, outside the client's pins (a new file only,
+            // in the owner's output directory) and without the compaction of its bytes (round
+            // 51, review "cluster" F2 and F4).
+            return refused!(
+                "dpfusion refused the query on the Ballista cluster: COPY of a query over file \
+                 tables would be written by the cluster's executors, outside the checks this \
+                 client makes on the file it writes. Run the query and save its result, or COPY \
+                 in a session without a cluster. Nothing was charged."
+            );
+        }
         crosses(checked.plan())?;
     }
     Ok(())
@@ -350,10 +379,15 @@ pub(crate) fn admissible(checked: &CheckedPlan) -> Result<()> {
 fn crosses(plan: &LogicalPlan) -> Result<()> {
     let mut wrapped = None;
     let mut bounding = false;
+    let mut sized = None;
     plan.apply_with_subqueries(|node| {
         node.apply_expressions(|e| {
             e.apply(|x| {
                 match x {
+                    Expr::ScalarFunction(f) if crate::guard::sized::is_sized(&f.func) => {
+                        sized = Some(f.func.name().to_string());
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
                     Expr::ScalarFunction(f) if f.func.name() == crate::guard::total::TOTAL => {
                         wrapped = Some(crate::guard::total::unwrap(x.clone())?.to_string());
                         return Ok(TreeNodeRecursion::Stop);
@@ -397,7 +431,21 @@ fn crosses(plan: &LogicalPlan) -> Result<()> {
              without a cluster. Nothing was charged."
         );
     }
-    post_processing_stays(plan)
+    post_processing_stays(plan)?;
+    if let Some(f) = sized {
+        // Ballista's codec sends a function by its name, and the scheduler decodes DataFusion's
+        // own: the bound on what the call may write would not run (round 51, review "cluster"
+        // F1; crate::guard::sized).
+        return refused!(
+            "dpfusion refused the query on the Ballista cluster: it calls {f}(), whose output the \
+             session bounds (a call outside the private fragment may write at most a share of \
+             the memory limit; docs/SQL.md, \"Values the query sizes\"), and that bound cannot \
+             cross Ballista's codec. Compute what the query needs from its DP results with the \
+             functions of the private fragment (docs/PRIVACY.md), or run the query in a session \
+             without a cluster. Nothing was charged."
+        );
+    }
+    Ok(())
 }
 
 /// Is `name` a function whose aggregate is a DP release: a DP aggregate, or the guard's

@@ -754,3 +754,113 @@ async fn a_plan_the_cluster_cannot_plan_is_refused_before_admission() {
     assert!(r.receipt.is_some());
     assert_eq!(cluster.ledger().unwrap().len(), 1);
 }
+
+/// A private Parquet table `longjobs` whose job names are longer than the 12 bytes a string view
+/// holds inline, so a released job's bytes sit in the view column's data buffers.
+fn write_long_jobs_table(dir: &Path) -> PathBuf {
+    let out = dir.join("longjobs");
+    std::fs::create_dir_all(&out).unwrap();
+    let job: Vec<String> = (0..200)
+        .flat_map(|j| std::iter::repeat_n(format!("a-long-job-name-{j:04}"), 100))
+        .collect();
+    let salary = vec![1.0; job.len()];
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "job",
+            Arc::new(datafusion::arrow::array::StringArray::from(job)) as ArrayRef,
+        ),
+        ("salary", Arc::new(Float64Array::from(salary)) as ArrayRef),
+    ])
+    .unwrap();
+    write_parquet(&out.join("part-0.parquet"), &batch);
+    out
+}
+
+/// Round 51, review "cluster":
+/// - F2: the client's plan of a cluster query is Ballista's, planned with no physical rule, so
+///   `CompactOutput` did not wrap it, and the decoded batches carried the executors' buffers as
+///   they were (the view bytes of released keys in the order the aggregate met them). Now the
+///   bytes of every released view lie in row order, in one buffer per batch.
+/// - F3: the guard's `__dpfusion_compact` was in the client's registry; analysts cannot call it.
+/// - F1: a call the session bounds (`Sized`, crossing Ballista's codec by name as DataFusion's
+///   own function) is refused before admission.
+/// - F2/F4: `COPY` of a query the cluster runs is refused (the executors would write the file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round51_what_a_cluster_query_returns_and_calls_is_what_the_client_checked() {
+    let dir = data_dir("round51");
+    std::fs::create_dir_all(dir.join("out")).unwrap();
+    let cluster = open(
+        &dir,
+        "cluster.jsonl",
+        SessionOptions::default()
+            .with_ballista_standalone()
+            .with_output_dir(dir.join("out")),
+    )
+    .await;
+    let jobs = write_long_jobs_table(&dir.join("data"));
+    cluster
+        .register_parquet(
+            "longjobs",
+            &jobs,
+            Registration::private().budget(50.0, 1e-5),
+        )
+        .await
+        .unwrap();
+
+    let r = cluster
+        .sql(
+            "SELECT job, dp_count(salary, 1.0) AS n FROM longjobs GROUP BY job \
+             ORDER BY job DESC",
+        )
+        .await
+        .unwrap();
+    assert!(rows(&r) > 150, "most groups released: {}", rows(&r));
+    for b in &r.batches {
+        let col = b.column(0);
+        let Some(v) = col
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::StringViewArray>()
+        else {
+            continue;
+        };
+        assert!(v.data_buffers().len() <= 1, "one buffer per batch");
+        let mut next = 0u32;
+        let mut long = 0usize;
+        for view in v.views().iter() {
+            let len = *view as u32;
+            if len <= 12 {
+                continue;
+            }
+            let offset = (*view >> 96) as u32;
+            assert_eq!(offset, next, "the bytes of released rows lie in row order");
+            next += len;
+            long += len as usize;
+        }
+        let held: usize = v.data_buffers().iter().map(|b| b.len()).sum();
+        assert_eq!(held, long, "no byte but the released keys'");
+    }
+
+    let charged = cluster.ledger().unwrap().len();
+    let err = cluster
+        .sql("SELECT __dpfusion_compact(job) AS j, n FROM (SELECT job, dp_count(salary, 1.0) AS n FROM longjobs GROUP BY job)")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("__dpfusion_compact"), "{err}");
+    let err = cluster
+        .sql("SELECT repeat(job, 2) AS j, n FROM (SELECT job, dp_count(salary, 1.0) AS n FROM longjobs GROUP BY job)")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("repeat()") && err.contains("cannot cross Ballista's codec"),
+        "{err}"
+    );
+    let err = cluster
+        .sql("COPY (SELECT dp_count(salary, 1.0) AS n FROM longjobs) TO 'n.parquet'")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("COPY of a query over file tables"), "{err}");
+    assert_eq!(cluster.ledger().unwrap().len(), charged, "nothing charged");
+}

@@ -335,6 +335,26 @@ impl PhysicalOptimizerRule for CompactOutput {
     }
 }
 
+/// `plan` with its output compacted ([`CompactOutput`]) unless a [`CompactExec`] is in it
+/// already: for a plan the session's physical rules did not reach, the client's plan of a
+/// Ballista cluster query (`DistributedQueryExec`, which Ballista plans with no physical rule), whose
+/// decoded batches carry the executors' buffers as they are (round 51, review "cluster" F2).
+pub fn compacted(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut found = false;
+    plan.apply(|p| {
+        found = p.downcast_ref::<CompactExec>().is_some();
+        Ok(if found {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    })?;
+    if found {
+        return Ok(plan);
+    }
+    CompactOutput.optimize(plan, &ConfigOptions::default())
+}
+
 /// Its input, each batch compacted in row order
 /// (`dpfusion_udfs::scalars::compact::compact_batch`: a view column's strings copied in row
 /// order into one buffer, a dictionary encoded in the order its rows first name each value):

@@ -106,7 +106,9 @@ fn wrap_call(x: Expr, budget: u64) -> Result<Transformed<Expr>> {
     }
 }
 
-fn is_sized(f: &ScalarUDF) -> bool {
+/// Is `f` a call [`wrap`] bounded? Its name is the inner function's, so only its type tells (a
+/// Ballista cluster, whose codec sends functions by name, refuses it: crate::distributed).
+pub fn is_sized(f: &ScalarUDF) -> bool {
     (f.inner().as_ref() as &dyn Any).is::<Sized>()
 }
 

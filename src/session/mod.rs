@@ -279,7 +279,7 @@ impl PrivateSession {
         fs.install(&runtime);
         #[cfg(feature = "distributed")]
         let ctx = match &options.cluster {
-            Some(cluster) => crate::distributed::connect(cluster, config).await?,
+            Some(cluster) => crate::distributed::connect(cluster, config, runtime).await?,
             None => SessionContext::new_with_config_rt(config, runtime),
         };
         #[cfg(not(feature = "distributed"))]

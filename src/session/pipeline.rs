@@ -289,10 +289,15 @@ impl PrivateSession {
         } else {
             state
         };
-        let plan = state
+        let mut plan = state
             .query_planner()
             .create_physical_plan(checked.plan(), state)
             .await?;
+        if checked.reads_private() {
+            // Locally `CompactOutput` did it (the last rule above); a cluster query's client
+            // plan is planned by Ballista without the session's rules (round 51).
+            plan = guard::release_order::compacted(plan)?;
+        }
         let plan = dpfusion_udfs::aggregates::bind::bind_literal_parameters(plan)?;
         match super::CANCEL.try_with(Arc::clone) {
             Ok(token) => dpfusion_udfs::aggregates::bind::bind_cancellation(plan, &token),
