@@ -201,6 +201,7 @@ async fn check_query(
     plan: &LogicalPlan,
     opts: GuardOptions,
 ) -> Result<(LogicalPlan, Vec<DpCall>)> {
+    refuse_reserved_names(plan)?;
     // On the plan as written, before type coercion hides what was written, and before the
     // optimizer evaluates constants (allocating them in full).
     super::fragment::check_written_sizes(plan)?;
@@ -217,6 +218,63 @@ async fn check_query(
     let plan = settle(state, guarded.plan, &guarded.public_sides).await?;
     audit(&plan, &opts)?;
     Ok((plan, guarded.calls))
+}
+
+/// The prefix of the names of the columns, tables and aliases the guard and the session add to
+/// a plan (`__dpfusion_unit`, `__dpfusion_partition_select`, `__dpfusion_public_0`, …).
+pub const RESERVED_PREFIX: &str = "__dpfusion_";
+
+/// Is `name` reserved ([`RESERVED_PREFIX`], in any case)?
+pub fn is_reserved(name: &str) -> bool {
+    name.get(..RESERVED_PREFIX.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_PREFIX))
+}
+
+/// Refuses a query as written that names a column, alias, table or subquery with the
+/// [`RESERVED_PREFIX`] (round 51, review "names" F3: an analyst's alias beside a column the
+/// guard adds failed with DataFusion's "ambiguous" error naming the guard's columns). Owners'
+/// tables and columns cannot have such names (`session::register`), so only the analyst's own
+/// names are refused here, before anything is planned further.
+fn refuse_reserved_names(plan: &LogicalPlan) -> Result<()> {
+    let mut found: Option<String> = None;
+    let mut note = |name: &str| {
+        if found.is_none() && is_reserved(name) {
+            found = Some(name.to_string());
+        }
+    };
+    plan.apply_with_subqueries(|node| {
+        match node {
+            LogicalPlan::SubqueryAlias(a) => note(a.alias.table()),
+            LogicalPlan::TableScan(t) => note(t.table_name.table()),
+            _ => {}
+        }
+        node.apply_expressions(|e| {
+            e.apply(|x| {
+                match x {
+                    Expr::Alias(a) => note(&a.name),
+                    Expr::Column(c) => {
+                        note(&c.name);
+                        if let Some(r) = &c.relation {
+                            note(r.table());
+                        }
+                    }
+                    _ => {}
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })?;
+        for f in node.schema().fields() {
+            note(f.name());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    match found {
+        Some(name) => Err(refuse(format!(
+            "the name '{name}' is reserved: names that start with {RESERVED_PREFIX} are those of \
+             the columns and tables dpfusion adds to a query. Rename it (e.g. drop the prefix)."
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// How many DP calls `plan` makes (its subqueries' included).
@@ -279,6 +337,11 @@ fn subquery_reading_private(e: &Expr) -> Option<TableInfo> {
     });
     found
 }
+
+/// The count of a public side's rows per join key, in [`settle`]: a reserved name, so that no key
+/// of the analyst's shares it (round 51, review "names" F2: a key column `n` made every join with
+/// it fail as "ambiguous").
+const DUPLICATES: &str = "__dpfusion_duplicates";
 
 /// The public sides of joins in private regions (join.rs), settled: each is checked to read no
 /// private table (its plan and the join keys evaluated on it, subqueries included), then run
@@ -377,9 +440,9 @@ async fn settle(
         let counted = matching
             .aggregate(
                 side.keys.clone(),
-                vec![datafusion::functions_aggregate::expr_fn::count(lit(1)).alias("n")],
+                vec![datafusion::functions_aggregate::expr_fn::count(lit(1)).alias(DUPLICATES)],
             )?
-            .filter(col("n").gt(lit(1i64)))?;
+            .filter(col(DUPLICATES).gt(lit(1i64)))?;
         // The smallest duplicated key, so that the refusal names the same one on every run (the
         // first one the threads met varied: round 50, the fuzzer), in the order the releases'
         // keys are sorted in (structs by their fields); keys of a type nothing sorts are left in

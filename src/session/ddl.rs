@@ -384,6 +384,14 @@ impl PrivateSession {
     /// (round 50: it was installed as `r4`, and `SELECT * FROM "R4"` then found no table).
     fn analyst_name(&self, name: &str, what: &str) -> Result<String> {
         self.check_not_owned(name, what)?;
+        if crate::guard::checked::is_reserved(name) {
+            return refused!(
+                "dpfusion refused the statement: {what} {name}: names that start with {} are \
+                 those of the tables and columns dpfusion adds to a query (round 51). Choose \
+                 another name.",
+                crate::guard::checked::RESERVED_PREFIX
+            );
+        }
         let lower = name.to_ascii_lowercase();
         if name != lower {
             return refused!(

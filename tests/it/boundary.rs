@@ -483,6 +483,35 @@ fn class_a() -> Vec<Case> {
             "SELECT dp_count(a.x, 1.0) FROM (VALUES (1), (1)) a(x) JOIN (SELECT id FROM people) b ON a.x = b.id",
             "is not unique in the public side",
         ),
+        // A public key named `n` (the name the key check's count had: round 51, review "names"
+        // F2, every such join failed as "ambiguous").
+        admitted(
+            "SELECT dp_count(a.n, 1.0) FROM (VALUES (1)) a(n) JOIN (SELECT id FROM people) b ON a.n = b.id",
+            &[("dp_count", 1.0)],
+            "people",
+        ),
+        // The guard's own aggregate, and names with the prefix of the guard's (round 51, review
+        // "names" F1, F3).
+        refused(
+            "SELECT dept, dp_count(age, 1.0) AS c, dp_partition_select(1, 3.0, 1e-7) AS p FROM people GROUP BY dept",
+            "dp_partition_select is dpfusion's own",
+        ),
+        refused(
+            "SELECT dp_partition_select(1, 1.0) AS p FROM people",
+            "dp_partition_select is dpfusion's own",
+        ),
+        refused(
+            "SELECT dept AS __dpfusion_unit, dp_count(age, 1.0) AS c FROM people GROUP BY dept",
+            "the name '__dpfusion_unit' is reserved",
+        ),
+        refused(
+            "WITH \"__DPFUSION_X\" AS (SELECT age FROM people) SELECT dp_count(age, 1.0) AS c FROM \"__DPFUSION_X\"",
+            "is reserved",
+        ),
+        refused(
+            "SELECT c FROM (SELECT dp_count(age, 1.0) AS c FROM people) \"__dpfusion_public_0\"",
+            "the name '__dpfusion_public_0' is reserved",
+        ),
         // Decorrelated into a join of the public VALUES (unique key 17) with people: each private
         // row matches at most once, so it is a noisy count of the rows with id 17 (issue 16).
         admitted(
@@ -3044,4 +3073,36 @@ async fn r50_the_bytes_of_released_rows_do_not_follow_the_private_rows_order() {
             );
         }
     }
+}
+
+/// Round 51, review "names" F3: an owner's table or column named with the prefix of the columns
+/// the guard adds (`__dpfusion_unit`, …) is refused at registration, and an analyst's table too;
+/// before, every query that read such a column failed with DataFusion's "ambiguous" error.
+#[tokio::test]
+async fn r51_names_with_the_guards_prefix_are_refused_where_they_are_given() {
+    use datafusion::arrow::array::{Int32Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+    let dir = temp_dir("r51-reserved");
+    let s = open(&dir, SessionOptions::default()).await;
+    let batch = |name: &str| {
+        let schema = Arc::new(Schema::new(vec![Field::new(name, DataType::Int32, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int32Array::from(vec![1, 2]))]).unwrap()
+    };
+    for (table, column) in [("t", "__DPFUSION_unit"), ("__dpfusion_t", "x")] {
+        let e = s
+            .register_batches(table, vec![batch(column)], Registration::private())
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("starts with __dpfusion_"), "{e}");
+    }
+    s.register_batches("t", vec![batch("x")], Registration::private())
+        .unwrap();
+    let e = s
+        .sql("CREATE TABLE __dpfusion_r AS SELECT dp_count(x, 1.0) AS n FROM t")
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("start with __dpfusion_"), "{e}");
+    assert!(s.ledger().unwrap().is_empty(), "nothing charged");
 }
