@@ -53,5 +53,6 @@ SELECT * FROM patients LIMIT 5;
 SELECT dp_count(salary, epsilon => 10) FROM salaries;
 
 -- 11. Every charge, oldest first: the calls as written and each charge's share of its table's
---     budget (the shares of a table add up to its used_pct in SHOW BUDGET).
+--     budget (the shares of a table add up to its used_pct in SHOW BUDGET; a charge below a
+--     millionth of the budget shows 0.0001 and adds that much more).
 SELECT seq, "table", request, cost_pct, query FROM dp_ledger();
