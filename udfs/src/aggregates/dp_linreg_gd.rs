@@ -597,16 +597,15 @@ impl Accumulator for LinregAccumulator {
     /// kernel holds beyond the rows ([`GaussianGd::working_bytes`], [`RgmGd::working_bytes`])
     /// and, under privacy units, what regrouping the rows holds while the originals are alive
     /// ([`RowBuffer::group_units_bytes`]; round 48, follow-up of review "agd", finding 2: it
-    /// was left out). A function of n, d, the keys' bytes and the literals, never of values.
+    /// was left out; the sum is [`RowBuffer::accumulator_size`], shared with the other model
+    /// fits: round 51). A function of n, d, the keys' bytes and the literals, never of values.
     fn size(&self) -> usize {
         let (n, d) = (self.buffer.rows().n(), self.buffer.dims());
         let fit = match &self.kernel {
             Kernel::Gaussian(k) => k.working_bytes(n, d),
             Kernel::Rgm(k) => k.working_bytes(n),
         };
-        self.buffer.size() + size_of::<Self>() - size_of::<RowBuffer>()
-            + fit
-            + self.buffer.group_units_bytes()
+        self.buffer.accumulator_size::<Self>(fit)
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {

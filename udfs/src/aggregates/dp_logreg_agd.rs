@@ -433,12 +433,12 @@ impl Accumulator for AgdAccumulator {
     /// `dp_linreg_gd` counts its own): what the fit holds beyond the rows
     /// ([`AgdPlan::working_bytes`]) and, under privacy units, what regrouping the rows holds
     /// while the originals are alive ([`RowBuffer::group_units_bytes`]), so that the session's
-    /// memory pool bounds the fit before `evaluate` runs.
+    /// memory pool bounds the fit before `evaluate` runs (the sum is
+    /// [`RowBuffer::accumulator_size`], shared with the other model fits: round 51).
     fn size(&self) -> usize {
         let (n, d) = (self.buffer.rows().n(), self.buffer.dims());
-        self.buffer.size() + size_of::<Self>() - size_of::<RowBuffer>()
-            + self.plan.working_bytes(n, d)
-            + self.buffer.group_units_bytes()
+        self.buffer
+            .accumulator_size::<Self>(self.plan.working_bytes(n, d))
     }
 }
 

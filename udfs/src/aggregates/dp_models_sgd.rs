@@ -617,8 +617,16 @@ impl Accumulator for SgdAccumulator {
             }
         })
     }
+    /// The buffer, what regrouping it by privacy unit holds ([`RowBuffer::group_units_bytes`])
+    /// and under `'mf'` the batches ([`SgdPlan::rows_bytes`]), all allocated by `evaluate`
+    /// after DataFusion's last look at this size (round 51, review "sgd", F1: they were left
+    /// out, so a unit-table fit used 3–4 times the pool after its charge). The fit's
+    /// per-parameter working set is bounded at planning instead ([`MAX_FIT_BYTES`]). A function
+    /// of n, d, the keys' bytes and the literals, never of values.
     fn size(&self) -> usize {
-        self.buffer.size() + size_of::<Self>() - size_of::<RowBuffer>()
+        let n = self.buffer.rows().n();
+        self.buffer
+            .accumulator_size::<Self>(self.plan.rows_bytes(n))
     }
 }
 
@@ -952,5 +960,163 @@ mod tests {
         let col = crate::optim::sgd::max_column_norm(50);
         let sigma = p.plan().unwrap().sigma();
         assert!(sigma >= col / mu && sigma < col / mu * 1.001, "{sigma}");
+    }
+
+    /// Round 51, review "sgd", F1: a DP-SGD accumulator's size counts what `evaluate` allocates
+    /// in proportion to the rows after DataFusion's last look at it: under privacy units the
+    /// regrouping ([`RowBuffer::group_units_bytes`], the sum every model fit counts through
+    /// [`RowBuffer::accumulator_size`]), and under 'mf' the batches, 4 bytes a unit twice and
+    /// T + 1 offsets. Both fits then run within what was counted.
+    #[test]
+    fn size_covers_the_regrouping_and_the_mf_batches() {
+        use datafusion::arrow::array::{Array, Float64Array, Int64Array, ListArray};
+        use datafusion::arrow::datatypes::Float64Type;
+        use std::sync::Arc;
+        let (n, d, steps) = (1024usize, 3usize, 40usize);
+        let batch = |units: bool| {
+            let y: ArrayRef = Arc::new(Float64Array::from_iter_values(
+                (0..n).map(|i| (i % 2) as f64),
+            ));
+            let x: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(
+                (0..n).map(|i| Some(vec![Some(i as f64 / n as f64); d])),
+            ));
+            let mut v = vec![y, x];
+            if units {
+                let at = SgdKind::Logistic.declaration().unit_key_index();
+                v.extend(std::iter::repeat_n(
+                    Arc::new(Int64Array::from(vec![0i64; n])) as ArrayRef,
+                    at - 2,
+                ));
+                v.push(Arc::new(Int64Array::from_iter_values(
+                    (0..n as i64).map(|i| i / 3),
+                )));
+            }
+            v
+        };
+        let acc = |noise: &str, units: bool| {
+            let mut lits = vec![f(1.0), f(1e-6), f(0.0), f(steps as f64), f(0.0), f(1.0)];
+            lits.extend([f(0.5), s(noise)]);
+            if units {
+                lits.push(s("units:1:1"));
+            }
+            let params = SgdParams::from_literals(SgdKind::Logistic, &lits).unwrap();
+            let mut buffer = RowBuffer::new(LabelKind::Binary, d);
+            if units {
+                buffer = buffer.with_units();
+            }
+            let mut a = SgdAccumulator {
+                kind: SgdKind::Logistic,
+                buffer,
+                plan: params.plan().unwrap(),
+                params,
+                insecure_seed: Some(3),
+            };
+            a.update_batch(&batch(units)).unwrap();
+            assert_eq!(a.buffer.rows().n(), n);
+            a
+        };
+        let fixed = size_of::<SgdAccumulator>() - size_of::<RowBuffer>();
+        // Row level, Poisson: the rows alone.
+        let plain = acc("independent", false);
+        assert_eq!(plain.size(), plain.buffer.size() + fixed);
+        // Units: the regrouping too, at least its copies of labels, features, keys and their
+        // ends, the dense unit index and the permutation, and no more than the key map's
+        // ~100 bytes a row beyond them.
+        let mut keyed = acc("independent", true);
+        let regroup = keyed.size() - keyed.buffer.size() - fixed;
+        assert_eq!(regroup, keyed.buffer.group_units_bytes());
+        let copies = n * 8 * (d + 1) + n * 9 + n * 8; // an Int64 key: a null byte and 8
+        assert!(regroup >= copies + n * (4 + 8), "{regroup} < {copies}");
+        assert!(regroup <= copies + 120 * n, "{regroup}");
+        // 'mf': the batches on top, exactly.
+        let mut mf = acc("mf", true);
+        assert_eq!(
+            mf.size() - keyed.size(),
+            2 * n * size_of::<u32>() + (steps + 1) * size_of::<usize>()
+        );
+        let row_mf = acc("mf", false);
+        assert_eq!(row_mf.size() - plain.size(), mf.size() - keyed.size());
+        for a in [&mut keyed, &mut mf] {
+            let ScalarValue::Struct(m) = a.evaluate().unwrap() else {
+                panic!("a model struct")
+            };
+            assert!(!m.is_null(0));
+        }
+    }
+
+    /// Round 51, review "sgd", F1, end to end: with a memory pool that holds the rows of a
+    /// unit-level DP-SGD fit but not their regrouping, the fit fails with the pool's error (in
+    /// a dpfusion session, the fixed resource message) instead of regrouping outside the pool;
+    /// the same rows at row level (no regrouping) fit in the same pool. 300,000 rows of one
+    /// feature and distinct Int64 keys: about 33 bytes a row buffered (at most twice that with
+    /// the vectors' growth, under 20 MB), 104 more to regroup (31 MB); the pool is 32 MiB.
+    #[tokio::test]
+    async fn a_unit_fit_whose_regrouping_passes_the_pool_fails() {
+        use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
+        use datafusion::datasource::MemTable;
+        use datafusion::execution::memory_pool::GreedyMemoryPool;
+        use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        use datafusion::prelude::{SessionConfig, SessionContext};
+        use std::sync::Arc;
+        let n = 300_000usize;
+        let batches: Vec<RecordBatch> = (0..n)
+            .step_by(8192)
+            .map(|at| {
+                let r = at..(at + 8192).min(n);
+                RecordBatch::try_from_iter([
+                    (
+                        "u",
+                        Arc::new(Int64Array::from_iter_values(r.clone().map(|i| i as i64)))
+                            as ArrayRef,
+                    ),
+                    (
+                        "c",
+                        Arc::new(Float64Array::from_iter_values(
+                            r.clone().map(|i| (i % 2) as f64),
+                        )),
+                    ),
+                    (
+                        "x",
+                        Arc::new(Float64Array::from_iter_values(
+                            r.map(|i| (i % 7) as f64 - 3.0),
+                        )),
+                    ),
+                ])
+                .unwrap()
+            })
+            .collect();
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(GreedyMemoryPool::new(32 << 20)))
+            .build_arc()
+            .unwrap();
+        let ctx = SessionContext::new_with_config_rt(
+            SessionConfig::new().with_target_partitions(1),
+            runtime,
+        );
+        crate::register_all(&ctx);
+        let schema = batches[0].schema();
+        ctx.register_table(
+            "t",
+            Arc::new(MemTable::try_new(schema, vec![batches]).unwrap()),
+        )
+        .unwrap();
+        let fit = |tail: &str| {
+            format!(
+                "SELECT dp_logreg_sgd(c, [x], 1.0, 1e-6, 0, 1, 0, 1, 0.5, 'independent'{tail}) \
+                 FROM t"
+            )
+        };
+        let run = |sql: String| {
+            let ctx = ctx.clone();
+            async move { ctx.sql(&sql).await?.collect().await }
+        };
+        run(fit(""))
+            .await
+            .expect("row level: the rows fit the pool");
+        let err = run(fit(", 'units:1:1', u"))
+            .await
+            .expect_err("the regrouping is counted")
+            .to_string();
+        assert!(err.contains("Resources exhausted"), "{err}");
     }
 }

@@ -848,6 +848,16 @@ impl RowBuffer {
         unit + index.max(grouping + copies)
     }
 
+    /// The size of a model accumulator `A` that holds this buffer, for its `size()`: `A` itself,
+    /// the buffered rows ([`Self::size`]), what regrouping them by privacy unit holds while the
+    /// originals are alive ([`Self::group_units_bytes`]) and the fit's own `working` bytes, so
+    /// that the session's memory pool bounds the fit before `evaluate` runs. One declaration of
+    /// the sum for every model aggregate (round 51, review "sgd", F1: the DP-SGD fits left the
+    /// regrouping out).
+    pub fn accumulator_size<A>(&self, working: usize) -> usize {
+        size_of::<A>() - size_of::<Self>() + self.size() + self.group_units_bytes() + working
+    }
+
     /// Rows that reached the aggregate (after its FILTER clause), including rows skipped for
     /// NULL/NaN. Under `replace_public_n` neighbours this is the public n.
     pub fn seen(&self) -> u64 {

@@ -338,6 +338,18 @@ impl SgdPlan {
         }
     }
 
+    /// The most bytes [`Self::fit`] allocates in proportion to the rows beyond the buffer and
+    /// its grouping, for a fit on `n` rows (so on at most n units): under `'mf'` the batches
+    /// ([`Batches::bytes`]), 0 under `'independent'` (its sampling holds no per-unit state). A
+    /// model accumulator counts it in its size, so that the session's memory pool bounds it
+    /// before `evaluate` (round 51, review "sgd", F1: it was allocated outside the pool).
+    pub fn rows_bytes(&self, n: usize) -> usize {
+        match self.noise {
+            NoiseKind::Independent => 0,
+            NoiseKind::Mf => Batches::bytes(n, self.steps as usize),
+        }
+    }
+
     /// The per-coordinate noise σ of one step's release (Poisson: z·clip; mf: of Y).
     pub fn sigma(&self) -> f64 {
         self.mech.sigma
@@ -369,6 +381,56 @@ pub struct SgdFit {
     pub net: Net,
     pub steps: u64,
     pub cancelled: bool,
+}
+
+/// The `'mf'` batches (module docs, step 1): each of n units in one of T batches drawn
+/// uniformly and independently, held as one flat vector of unit indices grouped by batch
+/// (ascending within a batch) and T + 1 offsets, built by a counting sort with exact
+/// capacities (as [`Units::group`] groups rows, but keeping empty batches). Round 51, review
+/// "sgd", F1: T vectors grown by `push` were allocated outside the memory pool.
+#[derive(Debug, Default)]
+struct Batches {
+    units: Vec<u32>,
+    /// Batch t holds `units[starts[t]..starts[t + 1]]`.
+    starts: Vec<usize>,
+}
+
+impl Batches {
+    /// Draws the batch of each unit `0..n` in order (one `uniform_below(t)` each) and groups them.
+    fn draw(n: usize, t: usize, rng: &mut SecureRng) -> Self {
+        let bin: Vec<u32> = (0..n)
+            .map(|_| rng.uniform_below(t as u128) as u32)
+            .collect();
+        // Counts, then inclusive prefix sums (ends); placing units from the last down leaves
+        // each entry at its batch's start and each batch ascending.
+        let mut starts = vec![0usize; t + 1];
+        for &b in &bin {
+            starts[b as usize] += 1;
+        }
+        let mut acc = 0;
+        for s in starts.iter_mut() {
+            acc += *s;
+            *s = acc;
+        }
+        let mut units = vec![0u32; n];
+        for (u, &b) in bin.iter().enumerate().rev() {
+            let slot = &mut starts[b as usize];
+            *slot -= 1;
+            units[*slot] = u as u32;
+        }
+        Batches { units, starts }
+    }
+
+    /// The units of batch `t`.
+    fn batch(&self, t: usize) -> &[u32] {
+        &self.units[self.starts[t]..self.starts[t + 1]]
+    }
+
+    /// The most bytes [`Self::draw`] holds at once for n units in t batches: the drawn batch of
+    /// each unit and the grouped indices (4 bytes a unit each), and the t + 1 offsets.
+    fn bytes(n: usize, t: usize) -> usize {
+        2 * n * size_of::<u32>() + (t + 1) * size_of::<usize>()
+    }
 }
 
 /// The clipping and exact-sum machinery of one fit.
@@ -573,17 +635,13 @@ impl SgdPlan {
         let mut count_sum = 0.0;
         // mf: the batches (each unit in one, uniformly at random) and the release histories.
         let (c, dinv, bins) = if self.noise == NoiseKind::Mf {
-            let mut bins = vec![Vec::new(); t_total];
-            for u in 0..ctx.n_units() {
-                bins[rng.uniform_below(t_total as u128) as usize].push(u as u32);
-            }
             (
                 sqrt_factor_fixed(t_total),
                 sqrt_factor_inverse(t_total),
-                bins,
+                Batches::draw(ctx.n_units(), t_total, rng),
             )
         } else {
-            (Vec::new(), Vec::new(), Vec::new())
+            (Vec::new(), Vec::new(), Batches::default())
         };
         let mut hist_g: Vec<Vec<i128>> = Vec::new();
         let mut centre = vec![0i128; p + 1];
@@ -617,7 +675,7 @@ impl SgdPlan {
                         .collect::<Result<_>>()?
                 }
                 NoiseKind::Mf => {
-                    for &u in &bins[t] {
+                    for &u in bins.batch(t) {
                         ctx.add(u as usize, &theta, &mut w, &mut acc);
                     }
                     hist_g.push(acc.clone());
@@ -667,6 +725,26 @@ impl SgdPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Round 51, review "sgd", F1: the 'mf' batches are built with exact capacities (n unit
+    /// indices, T + 1 offsets) and are the batches the former per-batch vectors held, from the
+    /// same draws (each unit once, ascending within its batch; empty batches kept).
+    #[test]
+    fn mf_batches_are_exact_and_draw_as_before() {
+        for (n, t) in [(0usize, 1usize), (1, 1), (7, 50), (1000, 1), (5000, 37)] {
+            let b = Batches::draw(n, t, &mut SecureRng::insecure_from_seed(9));
+            assert_eq!((b.units.capacity(), b.starts.capacity()), (n, t + 1));
+            let mut rng = SecureRng::insecure_from_seed(9);
+            let mut bins = vec![Vec::new(); t];
+            for u in 0..n {
+                bins[rng.uniform_below(t as u128) as usize].push(u as u32);
+            }
+            for (k, bin) in bins.iter().enumerate() {
+                assert_eq!(b.batch(k), bin.as_slice(), "{n} units, batch {k} of {t}");
+            }
+            assert_eq!(Batches::bytes(n, t), 8 * n + 8 * (t + 1));
+        }
+    }
 
     #[test]
     fn square_root_factor_squares_to_the_prefix_sum_matrix() {

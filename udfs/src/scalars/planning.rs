@@ -2,12 +2,15 @@
 //! `dp_sgd_epsilon`, `dp_sgd_sigma`.
 //!
 //! They read no data and cost nothing: they answer "how much noise for this (ε, δ)?" and "what ε
-//! does this noise give?" with the same arithmetic the accountant uses. With literal arguments
-//! they are folded to a constant while the query is planned, so an invalid argument is a planning
-//! error that names it. With column arguments they are evaluated row by row.
+//! does this noise give?" with the same arithmetic the accountant uses. Their arguments are
+//! literals (or constant expressions): the call is folded to a constant while the query is
+//! planned, so an invalid argument is a planning error that names it. An argument that is not
+//! constant (a column, an expression over rows) is refused at planning, naming it (round 51,
+//! review "sgd", F2: evaluated row by row, `dp_sgd_sigma` ran one full PLD calibration, seconds
+//! of CPU, per row inside one poll that no time limit interrupts, so a 100-byte statement over
+//! `generate_series` held a server thread for hours).
 use std::sync::{Arc, LazyLock};
 
-use datafusion::arrow::array::{Array, ArrayRef, Float64Array};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::{DataFusionError, Result, ScalarValue, plan_err};
 use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
@@ -190,6 +193,13 @@ fn to_plan_error(name: &str, e: PrivacyError) -> DataFusionError {
     DataFusionError::Plan(format!("{name}: {e}"))
 }
 
+/// The refusal of an argument that is not a constant (module docs; round 51, review "sgd", F2).
+fn not_literal(name: &str, param: &str) -> DataFusionError {
+    DataFusionError::Plan(format!(
+        "{name}: argument '{param}' must be a literal number (or an expression of literals), not          a column or an expression over rows: a planning helper is computed once, while the          query is planned. Write the value in the query, one call per value"
+    ))
+}
+
 /// A literal argument as f64, or None when the expression is not a constant.
 fn literal_f64(e: &Expr) -> Option<Option<f64>> {
     match e {
@@ -221,46 +231,37 @@ impl ScalarUDFImpl for PlanningHelper {
         Ok(Arc::new(Field::new(self.name(), DataType::Float64, false)))
     }
 
+    /// One value from constant arguments (how DataFusion folds the call while it plans). An
+    /// argument that varies by row never gets here from a planned query ([`Self::simplify`]
+    /// refuses it); should one arrive (a plan built without the simplifier), it is refused the
+    /// same way rather than computed row by row (round 51, review "sgd", F2).
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let n = args.number_rows;
-        let arrays: Vec<ArrayRef> = args
-            .args
-            .iter()
-            .map(|a| a.to_array(n))
-            .collect::<Result<_>>()?;
-        let cols: Vec<&Float64Array> = arrays
-            .iter()
-            .map(|a| datafusion::common::cast::as_float64_array(a))
-            .collect::<Result<_>>()?;
-        let mut out = Vec::with_capacity(n);
-        let mut row = vec![0.0; cols.len()];
-        for i in 0..n {
-            for (j, c) in cols.iter().enumerate() {
-                if c.is_null(i) {
-                    return plan_err!(
-                        "{}: argument '{}' must not be NULL",
-                        self.name(),
-                        self.kind.params()[j]
-                    );
-                }
-                row[j] = c.value(i);
+        let mut row = Vec::with_capacity(args.args.len());
+        for (j, a) in args.args.iter().enumerate() {
+            let param = self.kind.params()[j];
+            let ColumnarValue::Scalar(v) = a else {
+                return Err(not_literal(self.name(), param));
+            };
+            match v.cast_to(&DataType::Float64)? {
+                ScalarValue::Float64(Some(x)) => row.push(x),
+                _ => return plan_err!("{}: argument '{param}' must not be NULL", self.name()),
             }
-            out.push(
-                self.kind
-                    .compute(&row)
-                    .map_err(|e| to_plan_error(self.name(), e))?,
-            );
         }
-        Ok(ColumnarValue::Array(Arc::new(Float64Array::from(out))))
+        let v = self
+            .kind
+            .compute(&row)
+            .map_err(|e| to_plan_error(self.name(), e))?;
+        Ok(ColumnarValue::Scalar(ScalarValue::Float64(Some(v))))
     }
 
     /// With literal arguments the call is folded at planning time, so invalid arguments are
-    /// planning errors that name the argument.
+    /// planning errors that name the argument; an argument that is not constant is refused
+    /// (module docs).
     fn simplify(&self, args: Vec<Expr>, _info: &SimplifyContext) -> Result<ExprSimplifyResult> {
         let mut row = Vec::with_capacity(args.len());
         for (j, a) in args.iter().enumerate() {
             match literal_f64(a) {
-                None => return Ok(ExprSimplifyResult::Original(args)),
+                None => return Err(not_literal(self.name(), self.kind.params()[j])),
                 Some(None) => {
                     return plan_err!(
                         "{}: argument '{}' must not be NULL",
@@ -390,23 +391,85 @@ mod tests {
         }
     }
 
+    /// Round 51, review "sgd", F2: an argument that varies by row is refused at planning,
+    /// naming it and saying to write a literal, before any row is read: the review's statement
+    /// (one PLD calibration per row, 1.7 s a row in a debug build) fails at once. Constant
+    /// expressions are still folded, and a row-varying argument reaching `invoke_with_args`
+    /// directly (a plan built without the simplifier) is refused the same way.
     #[tokio::test]
-    async fn column_arguments_are_evaluated_per_row() {
+    async fn arguments_that_vary_by_row_are_refused_at_planning() {
         let ctx = SessionContext::new();
         crate::register_all(&ctx);
-        let batches = ctx
-            .sql("SELECT dp_gaussian_sigma(e, 1e-6, 100) FROM (VALUES (0.5), (1.0)) AS t(e)")
-            .await
-            .unwrap()
-            .collect()
+        let cases = [
+            (
+                "SELECT max(dp_sgd_sigma(0.01 + value * 1e-9, 1000000, 1.0, 1e-6)) \
+                 FROM generate_series(1, 10)",
+                "'sample_rate'",
+            ),
+            (
+                "SELECT dp_sgd_epsilon(0.01, 1.0, 1000, e) FROM (VALUES (1e-5), (1e-6)) AS t(e)",
+                "'delta'",
+            ),
+            (
+                "SELECT dp_gaussian_sigma(e, 1e-6, 100) FROM (VALUES (0.5), (1.0)) AS t(e)",
+                "'epsilon'",
+            ),
+            ("SELECT dp_zcdp_epsilon(random(), 1e-6)", "'rho'"),
+        ];
+        let started = std::time::Instant::now();
+        for (sql, needle) in cases {
+            let err = match ctx.sql(sql).await {
+                Ok(df) => df.collect().await.expect_err(sql),
+                Err(e) => e,
+            }
+            .to_string();
+            assert!(err.contains("Error during planning"), "{sql}: {err}");
+            assert!(err.contains(needle), "{sql}: {err}");
+            assert!(err.contains("must be a literal"), "{sql}: {err}");
+        }
+        // Refused, not computed: far below one calibration of the first case.
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // A constant expression is folded as before.
+        let s = one("SELECT dp_gaussian_sigma(0.25 + 0.25, 1e-6, 50 * 2)")
             .await
             .unwrap();
-        let col = batches[0]
-            .column(0)
-            .as_any()
-            .downcast_ref::<Float64Array>()
-            .unwrap();
-        assert!((col.value(0) / 805.7618480725032 - 1.0).abs() < 1e-6);
-        assert!(col.value(1) < col.value(0));
+        assert!((s / 805.7618480725032 - 1.0).abs() < 1e-6, "{s}");
+        // The direct call: scalars give one value, an array is refused.
+        let helper = PlanningHelper::new(HelperKind::GaussianSigma);
+        let arg_fields: Vec<FieldRef> = helper
+            .kind
+            .params()
+            .iter()
+            .map(|p| Arc::new(Field::new(*p, DataType::Float64, false)))
+            .collect();
+        let call = |args: Vec<ColumnarValue>| {
+            helper.invoke_with_args(ScalarFunctionArgs {
+                args,
+                arg_fields: arg_fields.clone(),
+                number_rows: 2,
+                return_field: Arc::new(Field::new("s", DataType::Float64, false)),
+                config_options: Arc::new(Default::default()),
+            })
+        };
+        let lit = |v: f64| ColumnarValue::Scalar(ScalarValue::Float64(Some(v)));
+        let Ok(ColumnarValue::Scalar(ScalarValue::Float64(Some(s)))) =
+            call(vec![lit(0.5), lit(1e-6), lit(100.0)])
+        else {
+            panic!("one scalar");
+        };
+        assert!((s / 805.7618480725032 - 1.0).abs() < 1e-6, "{s}");
+        let column = ColumnarValue::Array(Arc::new(Float64Array::from(vec![0.5, 1.0])));
+        let err = call(vec![column, lit(1e-6), lit(100.0)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'epsilon' must be a literal"), "{err}");
+        let err = call(vec![
+            lit(0.5),
+            lit(1e-6),
+            ColumnarValue::Scalar(ScalarValue::Float64(None)),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("'sensitivity' must not be NULL"), "{err}");
     }
 }
