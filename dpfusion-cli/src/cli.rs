@@ -1,4 +1,5 @@
-//! Command-line arguments and the non-interactive runner (`-c`, `-f`).
+//! Command-line arguments and the non-interactive runner (`-c`, `-f`): SQL statements, and
+//! meta-command lines (`\budget`, `\d t`) carried out as the REPL does (round 51).
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -122,8 +123,10 @@ EXAMPLES:
     dpfusion --catalog examples/catalog/dpfusion.toml -f examples/catalog/analyst.sql
 
 SCRIPTS:
-    Statements end with ';'. '--' starts a comment. A statement preceded by the comment
-    '-- @expect-error' is expected to fail: its error is printed and the script goes on.
+    Statements end with ';'. '--' starts a comment. A line that starts with '\\' is a REPL
+    meta-command (\\budget, \\ledger, \\d [TABLE], \\explain SQL, \\format F, ...; \\? in the
+    REPL lists them). A statement preceded by the comment '-- @expect-error' is expected to fail:
+    its error is printed and the script goes on.
 
 EXIT STATUS:
     0 when every statement succeeded; 1 at the first statement that fails (its error on stderr);
@@ -330,7 +333,8 @@ impl Cli {
 }
 
 /// Splits SQL text into statements at `;` outside quotes and comments. `--` starts a comment to
-/// the end of the line.
+/// the end of the line. A line that starts a statement with `\` is a meta-command to the end of
+/// the line ([`crate::repl::is_meta`]), as the REPL reads it.
 pub fn split_statements(text: &str) -> Vec<String> {
     split_script(text).into_iter().map(|s| s.sql).collect()
 }
@@ -368,6 +372,24 @@ pub fn split_script(text: &str) -> Vec<ScriptStatement> {
                 if comment.trim_start_matches('-').trim() == "@expect-error" {
                     expect_error = true;
                 }
+                continue;
+            }
+            // A meta-command (`\budget`, `\d t`) is one line, as the REPL reads it; `;` and
+            // quotes in it are its own (round 51, review "newuser": `-c '\budget'` was SQL).
+            '\\' if !in_single && !in_double && cur.trim().is_empty() => {
+                let mut line = String::from(c);
+                for n in chars.by_ref() {
+                    if n == '\n' {
+                        break;
+                    }
+                    line.push(n);
+                }
+                out.push(ScriptStatement {
+                    sql: line.trim().to_string(),
+                    expect_error,
+                });
+                expect_error = false;
+                cur.clear();
                 continue;
             }
             ';' if !in_single && !in_double => {
@@ -498,11 +520,14 @@ pub enum Ran {
     Unprintable(String),
     /// It failed (the error block to show).
     Failed(String),
+    /// `\q`: the scripts end here, successfully.
+    Quit,
 }
 
-/// Runs the `-c` and `-f` scripts in order, statement by statement, through `exec` (a local
-/// session or `--connect`'s server). Stops at the first failure, unless the statement is marked
-/// `-- @expect-error`, whose error goes to stdout; a marked statement that succeeds is a failure.
+/// Runs the `-c` and `-f` scripts in order, statement by statement (SQL, or a meta-command line),
+/// through `exec` (a local session or `--connect`'s server, [`crate::repl::run_on`]). Stops at the
+/// first failure, unless the statement is marked `-- @expect-error`, whose error goes to stdout;
+/// a marked statement that succeeds is a failure. `\q` ends them successfully.
 pub async fn run_scripts(scripts: &[Script], mut exec: impl AsyncFnMut(&str) -> Ran) -> ExitCode {
     for script in scripts {
         let text = match script {
@@ -525,6 +550,7 @@ pub async fn run_scripts(scripts: &[Script], mut exec: impl AsyncFnMut(&str) -> 
                     return ExitCode::from(1);
                 }
                 Ran::Shown => {}
+                Ran::Quit => return ExitCode::SUCCESS,
                 Ran::Unprintable(e) => {
                     eprintln!("dpfusion: {e}");
                     return ExitCode::from(1);
@@ -552,6 +578,31 @@ mod tests {
         assert_eq!(
             s.iter().map(|x| x.expect_error).collect::<Vec<_>>(),
             vec![false, true, false]
+        );
+    }
+
+    /// Round 51 (review "newuser"): a meta-command line of a script is one statement, to the end
+    /// of its line, as the REPL reads it; a `\` inside SQL is SQL.
+    #[test]
+    fn a_meta_command_is_one_line_of_a_script() {
+        let s = split_script(
+            "\\budget\nSELECT '\\x' AS a;\n  \\d salaries\n-- @expect-error\n\\nope 'a;b\nSELECT 2",
+        );
+        assert_eq!(
+            s.iter()
+                .map(|x| (x.sql.as_str(), x.expect_error))
+                .collect::<Vec<_>>(),
+            vec![
+                ("\\budget", false),
+                ("SELECT '\\x' AS a", false),
+                ("\\d salaries", false),
+                ("\\nope 'a;b", true),
+                ("SELECT 2", false),
+            ]
+        );
+        assert_eq!(
+            split_statements("\\explain SELECT 1;"),
+            ["\\explain SELECT 1;"]
         );
     }
 

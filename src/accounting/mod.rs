@@ -835,6 +835,19 @@ fn changed_by(here: bool) -> &'static str {
     }
 }
 
+/// How to get a larger budget, as a budget refusal ends. An analyst of `dpfusion serve` (`served`)
+/// can only ask the data owner: the single-user flags are no option over the wire (round 51,
+/// review "newuser"). The same words for every analyst, whatever the data.
+fn larger_budget_advice(served: bool) -> &'static str {
+    if served {
+        "ask the data owner for a larger budget (the table's `epsilon`/`delta` in the server's \
+         catalog)"
+    } else {
+        "ask the data owner for a larger budget (the catalog's `epsilon`/`delta` of the table, or \
+         --epsilon/--delta in single-user mode)"
+    }
+}
+
 fn exceeded_message(
     table: &str,
     _cost: f64,
@@ -857,8 +870,9 @@ fn exceeded_message(
                 .join(", ")
         )
     };
-    let owner = "ask the data owner for a larger budget (the catalog's `epsilon`/`delta` of the \
-                 table, or --epsilon/--delta in single-user mode)";
+    // Written within the statement (`Error::from_accounting`), where the server's analyst is
+    // known (round 51).
+    let owner = larger_budget_advice(crate::session::current_analyst().is_some());
     match &why.limit {
         Limit::Epsilon => {
             let c = &n.native;

@@ -1187,7 +1187,9 @@ pub(super) fn type_bytes(t: &DataType) -> u64 {
     }
 }
 
-/// Every model call's feature list holds numbers as written (issue: a mixed list).
+/// Every model call's feature list holds numbers as written (issue: a mixed list), and no DP
+/// call has the wildcard `*` among its arguments (round 51, review "newuser": `dp_count(*, ε)` was
+/// refused as "the expression kind Wildcard … between private table …"; [`wildcard_refusal`]).
 ///
 /// Checked on the plan as the SQL planner made it, before the analyzer's type coercion: there,
 /// `[x0, name]` with `name` a string is coerced to one element type (the string cast to a number,
@@ -1213,6 +1215,12 @@ pub fn check_feature_lists(plan: &LogicalPlan) -> datafusion::common::Result<()>
             let Some(spec) = dpfusion_udfs::aggregates::registry::get(&name) else {
                 continue;
             };
+            for a in &f.params.args {
+                if a.exists(|x| Ok(is_wildcard(x)))? {
+                    problem = Some(wildcard_refusal(&name, spec));
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
             let Some(i) = spec.data.iter().position(|d| d.name == "features") else {
                 continue;
             };
@@ -1249,6 +1257,33 @@ pub fn check_feature_lists(plan: &LogicalPlan) -> datafusion::common::Result<()>
         Some(m) => Err(super::refuse(m)),
         None => Ok(()),
     }
+}
+
+/// `*` or `t.*` (DataFusion's deprecated `Expr::Wildcard`, which its SQL planner still leaves
+/// in a function's arguments).
+#[allow(deprecated)]
+fn is_wildcard(e: &Expr) -> bool {
+    matches!(e, Expr::Wildcard { .. })
+}
+
+/// The refusal of a wildcard among the arguments of the DP aggregate `spec`, called as `name`:
+/// it is never one, and the message says what to write in the function's own terms (round 51).
+fn wildcard_refusal(name: &str, spec: &dpfusion_udfs::aggregates::registry::Aggregate) -> String {
+    let counts = dpfusion_udfs::aggregates::registry::base_of(name).map(|b| b.name);
+    if counts == Some("dp_count") {
+        return format!(
+            "{name} counts the non-NULL values of a column, and `*` is no column: write \
+             {name}(col, epsilon) (any NOT NULL column counts every row). Its arguments: {}.",
+            spec.usage()
+        );
+    }
+    let data: Vec<&str> = spec.data.iter().map(|d| d.name).collect();
+    format!(
+        "`*` is no argument of {name} (nor of any DP function): write {}, with a column or an \
+         expression over one row's columns as {}.",
+        spec.usage(),
+        data.join(", ")
+    )
 }
 
 /// Binary operators allowed over private rows (all total once wrapped, constant cost per row,
@@ -2973,6 +3008,45 @@ mod tests {
         ] {
             check(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
         }
+    }
+
+    /// Round 51 (review "newuser"): `*` among a DP call's arguments is refused on the plan as
+    /// written, in the function's own words, not as "the expression kind Wildcard".
+    #[tokio::test]
+    async fn a_wildcard_in_a_dp_call_is_refused_in_the_functions_words() {
+        let ctx = datafusion::prelude::SessionContext::new();
+        for u in dpfusion_udfs::aggregates::all_udafs() {
+            ctx.register_udaf(u);
+        }
+        let batch = datafusion::arrow::array::RecordBatch::new_empty(Arc::new(Schema::new(vec![
+            Field::new("x", DataType::Int64, true),
+        ])));
+        ctx.register_batch("t", batch).unwrap();
+        for (sql, says) in [
+            (
+                "SELECT dp_count(*, 1.0) FROM t",
+                "dp_count counts the non-NULL values of a column, and `*` is no column: write \
+                 dp_count(col, epsilon) (any NOT NULL column counts every row). Its arguments: \
+                 dp_count(value, epsilon[, delta][, mechanism]).",
+            ),
+            (
+                "SELECT dp_count_ci(t.*, epsilon => 1.0) AS n FROM t",
+                "dp_count_ci counts the non-NULL values",
+            ),
+            (
+                "SELECT dp_sum(*, 0, 1, 1.0) FROM t GROUP BY x",
+                "`*` is no argument of dp_sum (nor of any DP function): write dp_sum(value, \
+                 lower, upper, epsilon",
+            ),
+        ] {
+            let plan = ctx.state().create_logical_plan(sql).await.unwrap();
+            let e = check_feature_lists(&plan).unwrap_err().to_string();
+            assert!(e.contains(says), "{sql}: {e}");
+            assert!(!e.contains("Wildcard"), "{e}");
+        }
+        let state = ctx.state();
+        let plan = state.create_logical_plan("SELECT dp_count(x, 1.0) FROM t");
+        check_feature_lists(&plan.await.unwrap()).unwrap();
     }
 
     /// Issue 26, class 2: casts and functions whose per-row size the query chooses.

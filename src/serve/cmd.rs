@@ -352,11 +352,7 @@ pub async fn run_serve(args: &[String]) -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    println!(
-        "dpfusion serve: listening on {} ({} analysts, {tables} tables)",
-        bound.url(),
-        analysts
-    );
+    println!("{}", listening(&bound.url(), analysts, tables));
     use std::io::Write;
     let _ = std::io::stdout().flush();
     match bound.serve(shutdown_signal()).await {
@@ -409,9 +405,29 @@ pub fn run_token(args: &[String]) -> ExitCode {
     }
 }
 
+/// The line `dpfusion serve` prints once it listens (tests read the address from it).
+fn listening(url: &str, analysts: usize, tables: usize) -> String {
+    // "1 analyst", not "1 analysts" (round 51, review "newuser").
+    let n = |k: usize, noun: &str| format!("{k} {noun}{}", if k == 1 { "" } else { "s" });
+    format!(
+        "dpfusion serve: listening on {url} ({}, {})",
+        n(analysts, "analyst"),
+        n(tables, "table")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_listening_line_counts_in_words() {
+        assert_eq!(
+            listening("grpc://127.0.0.1:1", 1, 1),
+            "dpfusion serve: listening on grpc://127.0.0.1:1 (1 analyst, 1 table)"
+        );
+        assert!(listening("grpc://h:1", 2, 4).ends_with("(2 analysts, 4 tables)"));
+    }
 
     fn args(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()

@@ -121,7 +121,7 @@ impl SqlHelper {
 /// a meta-command, or it is blank.
 pub fn input_complete(text: &str) -> bool {
     let t = text.trim();
-    if t.is_empty() || t.starts_with('\\') {
+    if t.is_empty() || super::is_meta(t) {
         return true;
     }
     let (mut single, mut double, mut last_semicolon_end) = (false, false, false);

@@ -4,7 +4,9 @@
 //!
 //! Written once over a [`Backend`]: a local [`PrivateSession`](dpfusion::PrivateSession)
 //! ([`local::Local`]) or a `dpfusion serve` reached with `--connect` ([`remote::Remote`]). The
-//! `-c`/`-f` scripts ([`crate::cli::run_scripts`]) run through the same backends.
+//! `-c`/`-f` scripts ([`crate::cli::run_scripts`]) run through the same backends, and a script's
+//! meta-command line (`\budget`, `\d t`) through the same [`Repl::meta`] as typed or piped input
+//! (round 51, review "newuser": it reached the SQL parser).
 pub mod format;
 pub mod helper;
 pub mod local;
@@ -176,8 +178,10 @@ pub fn error_message(e: &datafusion::error::DataFusionError) -> String {
 
 /// A refusal or error as one readable block: `ERROR in: <first line of the statement>` then the
 /// message (what, why, what to do; never a stack trace), both made safe to print on a terminal
-/// ([`terminal_safe`]: a message can quote text chosen by someone else).
+/// ([`terminal_safe`]: a message can quote text chosen by someone else). An unknown table gets
+/// a pointer to the tables there are ([`unknown_table_hint`]).
 pub fn error_text(stmt: &str, msg: &str) -> String {
+    let msg = unknown_table_hint(msg);
     let first = stmt.lines().next().unwrap_or("").trim();
     let shown = if first.chars().count() > 70 {
         format!("{}…", first.chars().take(70).collect::<String>())
@@ -187,8 +191,26 @@ pub fn error_text(stmt: &str, msg: &str) -> String {
     format!(
         "ERROR in: {}\n  {}",
         terminal_safe(&shown, Escape::Cell),
-        terminal_safe(msg, Escape::Text)
+        terminal_safe(&msg, Escape::Text)
     )
+}
+
+/// DataFusion's message for a table that does not exist, `table 'datafusion.public.t' not
+/// found`, as an analyst reads it: the name as written (without the default catalog and schema,
+/// which the analyst never wrote) and where to find the tables (round 51, review "newuser": no
+/// pointer). The whole message must be DataFusion's: anything else is shown as it is. Local and
+/// `--connect` sessions alike (the server sends DataFusion's text).
+pub fn unknown_table_hint(msg: &str) -> std::borrow::Cow<'_, str> {
+    match msg
+        .strip_prefix("table '")
+        .and_then(|m| m.strip_suffix("' not found"))
+    {
+        Some(name) if !name.contains('\'') => {
+            let name = name.strip_prefix("datafusion.public.").unwrap_or(name);
+            format!("table '{name}' not found (SHOW TABLES lists the tables you can read)").into()
+        }
+        _ => msg.into(),
+    }
 }
 
 /// Prints a line to stdout, made safe for a terminal ([`format::terminal_safe`]); a closed pipe
@@ -213,13 +235,35 @@ struct Repl<B> {
     last_tables: Vec<String>,
 }
 
-/// What the user asked for with one input.
-enum Flow {
-    Continue,
+/// What a meta-command line leaves to its caller, the REPL or a script (round 51).
+enum MetaDone {
+    /// Carried out: its answer, if any, is shown.
+    Shown,
+    /// It failed: the error block to show ([`error_text`]).
+    Failed(String),
+    /// `\explain QUERY`: this statement is to run as any other.
+    Sql(String),
+    /// `\q`.
     Quit,
 }
 
+/// Whether an input line (or a script's statement) is a meta-command: it starts with `\`. The
+/// REPL, its line editor and the `-c`/`-f` scripts decide with this (round 51).
+pub fn is_meta(text: &str) -> bool {
+    text.trim_start().starts_with('\\')
+}
+
 impl<B: Backend> Repl<B> {
+    fn new(backend: B, format: OutputFormat, quiet: bool) -> Self {
+        Repl {
+            backend,
+            format,
+            quiet,
+            timing: false,
+            last_tables: vec![],
+        }
+    }
+
     /// `dpfusion[salaries 97.5% left, ε ≤ 4.1]> `: per table the last query used, the share
     /// of its budget left and the largest ε one default query could still use
     /// (docs/ACCOUNTING.md, "What the numbers mean"), and `δ 3e-7 left` for partition
@@ -301,41 +345,91 @@ impl<B: Backend> Repl<B> {
         }
     }
 
-    fn show(&self, b: Result<Answer, String>) {
-        match b {
-            Ok(r) => {
-                if let Err(e) = print_answer(&r, self.format, true) {
-                    eprintln!("dpfusion: {e}");
-                }
-            }
-            Err(e) => eprintln!("{}", error_text("", &e)),
+    /// A meta-command's table (`\budget`, `\ledger`), shown as the REPL shows it (no receipt).
+    fn show(&self, line: &str, b: Result<Answer, String>) -> MetaDone {
+        match b.and_then(|r| print_answer(&r, self.format, true)) {
+            Ok(()) => MetaDone::Shown,
+            Err(e) => MetaDone::Failed(error_text(line, &e)),
         }
     }
 
-    async fn meta(&mut self, line: &str) -> Flow {
+    /// Carries out one meta-command line, typed, piped or in a `-c`/`-f` script alike.
+    async fn meta(&mut self, line: &str) -> MetaDone {
         match Meta::parse(line, &mut self.format, &mut self.timing) {
-            Meta::Quit => return Flow::Quit,
+            Meta::Quit => MetaDone::Quit,
             Meta::Budget => {
                 let b = self.backend.budget_table().await;
-                self.show(b)
+                self.show(line, b)
             }
             Meta::Ledger => {
                 let b = self.backend.ledger_table(self.format).await;
-                self.show(b)
+                self.show(line, b)
             }
-            Meta::Explain(query) => self.run_sql(&format!("EXPLAIN PRIVACY {query}")).await,
+            Meta::Explain(query) => MetaDone::Sql(format!("EXPLAIN PRIVACY {query}")),
             Meta::Describe(table) => {
                 let d = self.backend.describe(table).await;
-                println!("{}", terminal_safe(&d, Escape::Text));
+                out(&d);
+                MetaDone::Shown
             }
-            Meta::Done => {}
+            Meta::Mistake(e) => MetaDone::Failed(error_text(line, &e)),
+            Meta::Done => MetaDone::Shown,
         }
-        Flow::Continue
+    }
+
+    /// One statement of a `-c`/`-f` script: a meta-command line as the REPL carries it out
+    /// (round 51, review "newuser": `-c '\budget'` got the SQL parser's error), else SQL.
+    async fn script_statement(&mut self, stmt: &str) -> crate::cli::Ran {
+        use crate::cli::Ran;
+        if !is_meta(stmt) {
+            return self.script_sql(stmt).await;
+        }
+        match self.meta(stmt).await {
+            MetaDone::Shown => Ran::Shown,
+            MetaDone::Failed(block) => Ran::Failed(block),
+            MetaDone::Sql(sql) => self.script_sql(&sql).await,
+            MetaDone::Quit => Ran::Quit,
+        }
+    }
+
+    /// One SQL statement of a script: its answer, or the error block, with what it was charged
+    /// if it failed after its admission.
+    async fn script_sql(&mut self, sql: &str) -> crate::cli::Ran {
+        use crate::cli::Ran;
+        let start = Instant::now();
+        let outcome = self.backend.sql_outcome(sql).await;
+        if self.timing {
+            eprintln!("Elapsed {:.3} s", start.elapsed().as_secs_f64());
+        }
+        let (e, charged) = match outcome {
+            Outcome::Done(Ok(r)) => {
+                return match print_answer(&r, self.format, self.quiet) {
+                    Ok(()) => Ran::Shown,
+                    Err(e) => Ran::Unprintable(e),
+                };
+            }
+            Outcome::Done(Err(e)) => (e, None),
+            Outcome::Failed(e, charged) => (e, Some(charged)),
+            Outcome::Cancelled(charged) => (
+                "the statement was cancelled (if it was admitted, its charge stands)".to_string(),
+                charged,
+            ),
+        };
+        clear_progress();
+        // Failed after its admission: the error, then what it was charged, as the REPL shows
+        // them (round 49, review composition F4); the receipt unless quiet, as a finished
+        // statement's.
+        let mut block = error_text(sql, &e);
+        if let Some(c) = charged.filter(|_| !self.quiet) {
+            block.push('\n');
+            block.push_str(&terminal_safe(&c.receipt, Escape::Text));
+        }
+        Ran::Failed(block)
     }
 }
 
-/// A meta-command (`\budget`, `\d t`, …) that needs the backend. Both REPLs, the local one and
-/// `--connect`'s, read their input through [`Meta::parse`]: only what they do with these differs.
+/// A meta-command (`\budget`, `\d t`, …) that needs the backend. The REPL (local or
+/// `--connect`'s, typed or piped) and the `-c`/`-f` scripts read meta-commands through
+/// [`Meta::parse`] and carry them out in [`Repl::meta`].
 pub enum Meta<'a> {
     Quit,
     Budget,
@@ -344,13 +438,16 @@ pub enum Meta<'a> {
     Explain(&'a str),
     /// `\d [TABLE]` (empty: every table).
     Describe(&'a str),
-    /// Carried out already (`\?`, `\format`, `\timing`), or a mistake already reported.
+    /// Carried out already (`\?`, `\format`, `\timing`).
     Done,
+    /// A mistake (an unknown command, a bad format): what to tell the user. A script stops
+    /// there, as at a failed statement.
+    Mistake(String),
 }
 
 impl<'a> Meta<'a> {
     /// Parses one meta-command line, carrying out at once what needs no backend: `\?`,
-    /// `\format` (on `format`), `\timing` (on `timing`), and the messages for mistakes.
+    /// `\format` (on `format`), `\timing` (on `timing`).
     pub fn parse(line: &'a str, format: &mut OutputFormat, timing: &mut bool) -> Meta<'a> {
         let line = line.trim().trim_end_matches(';').trim();
         let (cmd, arg) = match line.split_once(char::is_whitespace) {
@@ -364,7 +461,9 @@ impl<'a> Meta<'a> {
             "\\d" => return Meta::Describe(arg),
             "\\explain" if !arg.is_empty() => return Meta::Explain(arg),
             "\\explain" => {
-                eprintln!("\\explain needs a query, e.g. \\explain SELECT dp_count(x, 0.1) FROM t")
+                return Meta::Mistake(
+                    "\\explain needs a query, e.g. \\explain SELECT dp_count(x, 0.1) FROM t".into(),
+                );
             }
             "\\?" | "\\help" if arg.is_empty() => println!("{META_HELP}"),
             // `\h` lists the DP aggregates, `\h NAME` documents one (statements::help).
@@ -374,13 +473,15 @@ impl<'a> Meta<'a> {
                     *format = f;
                     println!("output format: {}", arg.to_ascii_lowercase());
                 }
-                Err(e) => eprintln!("{e}"),
+                Err(e) => return Meta::Mistake(e),
             },
             "\\timing" => {
                 *timing = !*timing;
                 println!("timing is {}", if *timing { "on" } else { "off" });
             }
-            other => eprintln!("unknown command {other}: \\? lists the commands"),
+            other => {
+                return Meta::Mistake(format!("unknown command {other}: \\? lists the commands"));
+            }
         }
         Meta::Done
     }
@@ -457,13 +558,7 @@ pub async fn run_repl<B: Backend>(backend: B, format: OutputFormat, quiet: bool)
         }
     };
     install_progress();
-    let mut repl = Repl {
-        backend,
-        format,
-        quiet,
-        timing: false,
-        last_tables: vec![],
-    };
+    let mut repl = Repl::new(backend, format, quiet);
     let helper = SqlHelper::new(std::io::stdout().is_terminal());
     helper.refresh_tables(&repl.backend.tables().await);
     rl.set_helper(Some(helper));
@@ -487,9 +582,12 @@ pub async fn run_repl<B: Backend>(backend: B, format: OutputFormat, quiet: bool)
                     continue;
                 }
                 let _ = rl.add_history_entry(text);
-                if text.starts_with('\\') {
-                    if let Flow::Quit = repl.meta(text).await {
-                        break;
+                if is_meta(text) {
+                    match repl.meta(text).await {
+                        MetaDone::Quit => break,
+                        MetaDone::Sql(sql) => repl.run_sql(&sql).await,
+                        MetaDone::Failed(block) => eprintln!("{block}"),
+                        MetaDone::Shown => {}
                     }
                 } else {
                     for stmt in crate::cli::split_statements(text) {
@@ -523,41 +621,18 @@ pub async fn run_repl<B: Backend>(backend: B, format: OutputFormat, quiet: bool)
 
 /// Runs the `-c`/`-f` scripts (`cli.scripts`), or the REPL when there are none, on `backend`.
 pub async fn run_on<B: Backend>(
-    mut backend: B,
+    backend: B,
     scripts: &[crate::cli::Script],
     format: OutputFormat,
     quiet: bool,
 ) -> ExitCode {
-    use crate::cli::Ran;
     if scripts.is_empty() {
         return run_repl(backend, format, quiet).await;
     }
     install_progress();
-    crate::cli::run_scripts(scripts, async |sql: &str| {
-        let (e, charged) = match backend.sql_outcome(sql).await {
-            Outcome::Done(Ok(r)) => {
-                return match print_answer(&r, format, quiet) {
-                    Ok(()) => Ran::Shown,
-                    Err(e) => Ran::Unprintable(e),
-                };
-            }
-            Outcome::Done(Err(e)) => (e, None),
-            Outcome::Failed(e, charged) => (e, Some(charged)),
-            Outcome::Cancelled(charged) => (
-                "the statement was cancelled (if it was admitted, its charge stands)".to_string(),
-                charged,
-            ),
-        };
-        clear_progress();
-        // Failed after its admission: the error, then what it was charged, as the REPL shows
-        // them (round 49, review composition F4); the receipt unless quiet, as a finished
-        // statement's.
-        let mut block = error_text(sql, &e);
-        if let Some(c) = charged.filter(|_| !quiet) {
-            block.push('\n');
-            block.push_str(&terminal_safe(&c.receipt, Escape::Text));
-        }
-        Ran::Failed(block)
+    let mut repl = Repl::new(backend, format, quiet);
+    crate::cli::run_scripts(scripts, async |stmt: &str| {
+        repl.script_statement(stmt).await
     })
     .await
 }
@@ -610,6 +685,34 @@ mod tests {
         async fn describe(&mut self, _: &str) -> String {
             String::new()
         }
+    }
+
+    /// Round 51 (review "newuser"): DataFusion's unknown-table message, and only it, gets the
+    /// name as written and where the tables are listed.
+    #[test]
+    fn an_unknown_table_points_to_show_tables() {
+        assert_eq!(
+            unknown_table_hint("table 'datafusion.public.nosuch' not found"),
+            "table 'nosuch' not found (SHOW TABLES lists the tables you can read)"
+        );
+        assert_eq!(
+            unknown_table_hint("table 'other.s.t' not found"),
+            "table 'other.s.t' not found (SHOW TABLES lists the tables you can read)"
+        );
+        for kept in [
+            "dpfusion refused the query: table 'people' not found in the ledger",
+            "table 'a' and table 'b' not found",
+        ] {
+            assert_eq!(unknown_table_hint(kept), kept);
+        }
+        assert!(
+            error_text(
+                "SELECT 1 FROM nosuch",
+                "table 'datafusion.public.nosuch' not found"
+            )
+            .ends_with("(SHOW TABLES lists the tables you can read)")
+        );
+        assert!(is_meta("  \\d t") && !is_meta("SELECT '\\d'"));
     }
 
     fn failed() -> Outcome {

@@ -670,3 +670,68 @@ fn a_catalog_with_session_settings_out_of_range_is_refused() {
         assert!(!d.join("l").exists(), "{setting}: no ledger");
     }
 }
+
+/// Round 51 (review "newuser"): a meta-command given to `-c` (`\budget`, `\d salaries`,
+/// `\ledger`) or on a line of a `-f` script is carried out as the REPL carries out typed or piped
+/// input (it got the SQL parser's `ParserError`); `\format` holds for the statements after it; a
+/// mistake is a failed statement (stdout under `-- @expect-error`, else exit 1); `\q` ends the
+/// scripts successfully. An unknown table's error says where the tables are listed.
+#[test]
+fn r51_scripts_carry_out_meta_commands_as_the_repl_does() {
+    let d = tmp("r51-meta");
+    let o = run(
+        &d,
+        &[
+            "-c",
+            "SELECT dp_count(salary, 1.0) AS n FROM salaries",
+            "-c",
+            "\\budget",
+            "-c",
+            "\\d salaries",
+            "-c",
+            "\\ledger",
+        ],
+    );
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(!err.contains("ParserError"), "{err}");
+    assert!(out.contains("remaining_epsilon"), "\\budget: {out}");
+    assert!(out.contains("private, budget ε"), "\\d salaries: {out}");
+    assert!(out.contains("cost_pct"), "\\ledger: {out}");
+
+    let f = d.join("meta.sql");
+    std::fs::write(
+        &f,
+        "-- meta-commands in a script\n\\format json\nSELECT dp_count(salary, 1.0) AS n FROM \
+         salaries;\n\\explain SELECT dp_count(salary, 0.5) AS n FROM salaries\n-- @expect-error\n\
+         \\nope\n\\q\nSELECT 'never' AS x;\n",
+    )
+    .unwrap();
+    let o = run(&d, &["-f", f.to_str().unwrap()]);
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.starts_with("output format: json\n[{\"n\":"), "{out}");
+    assert!(out.contains("\"cost_pct\""), "\\explain, in JSON: {out}");
+    assert!(
+        out.contains("ERROR in: \\nope\n  unknown command \\nope: \\? lists the commands"),
+        "{out}"
+    );
+    assert!(!out.contains("never"), "\\q ends the script: {out}");
+
+    let o = run(&d, &["-c", "\\nope", "-c", "SELECT 'never' AS x"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("unknown command \\nope"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stdout(&o).contains("never"));
+
+    let o = run(&d, &["-c", "SELECT dp_count(x, 0.5) FROM nosuch"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("table 'nosuch' not found (SHOW TABLES lists the tables you can read)"),
+        "{}",
+        stderr(&o)
+    );
+}

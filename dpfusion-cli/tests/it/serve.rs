@@ -819,6 +819,68 @@ async fn the_command_line_connects_to_a_server_with_a_token_file() {
     assert!(text.contains(r#""analyst":"bob""#), "{text}");
 }
 
+/// Round 51 (review "newuser"): over `--connect`, `-c '\budget'`, `-c '\d people'` and
+/// `-c '\ledger'` run as in the REPL (they got the SQL parser's error); a budget refusal tells a
+/// served analyst to ask the data owner, never to use the single-user flags, which no analyst of
+/// a server has; an unknown table's error says where the tables are listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r51_connected_scripts_run_meta_commands_and_refusals_advise_the_analyst() {
+    let s = serve_here("serve-r51-meta", 1.0, "").await;
+    let token = s.dir.join("token");
+    std::fs::write(&token, format!("{ALICE}\n")).unwrap();
+    let url = format!("grpc://{}", s.addr);
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+            .args(["--connect", &url, "--token-file"])
+            .arg(&token)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, out, err) = tokio::task::block_in_place(|| {
+        run(&[
+            "-c",
+            "SELECT dp_count(id, 0.25) AS n FROM people",
+            "-c",
+            "\\budget",
+            "-c",
+            "\\d people",
+            "-c",
+            "\\ledger",
+        ])
+    });
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(!err.contains("ParserError"), "{err}");
+    assert!(out.contains("remaining_epsilon"), "\\budget: {out}");
+    assert!(out.contains("private, budget ε 1"), "\\d people: {out}");
+    assert!(out.contains("cost_pct"), "\\ledger: {out}");
+
+    let (code, _, err) =
+        tokio::task::block_in_place(|| run(&["-c", "SELECT dp_count(id, 100.0) AS n FROM people"]));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "ask the data owner for a larger budget (the table's `epsilon`/`delta` in the \
+             server's catalog)."
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("single-user"), "{err}");
+
+    let (code, _, err) =
+        tokio::task::block_in_place(|| run(&["-c", "SELECT dp_count(id, 0.5) AS n FROM nosuch"]));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("table 'nosuch' not found (SHOW TABLES lists the tables you can read)"),
+        "{err}"
+    );
+}
+
 /// A statement that runs for minutes (a count over 10^11 generated rows).
 const SLOW: &str = "SELECT count(*) AS n FROM generate_series(1, 100000000000) a";
 
