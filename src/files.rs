@@ -16,6 +16,7 @@
 use std::path::{Component, Path, PathBuf};
 
 pub mod csv_total;
+pub mod parquet_total;
 pub mod store;
 pub use csv_total::CsvDialect;
 pub use store::{PinId, PinnedFs};

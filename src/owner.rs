@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::compute::{CastOptions, can_cast_types};
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::format::DEFAULT_FORMAT_OPTIONS;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
@@ -104,7 +104,9 @@ impl CsvFormat {
     }
 
     /// How a private table's files are split into records ([`crate::files::csv_total`]),
-    /// `columns` its number of columns (None: the first record's).
+    /// `columns` its number of columns (None: the first record's); its fields are bounded once
+    /// given the owner's `max_value_bytes` ([`crate::files::CsvDialect::with_max_value_bytes`],
+    /// round 51).
     pub fn dialect(&self, columns: Option<usize>) -> crate::files::CsvDialect {
         crate::files::CsvDialect {
             delimiter: self.delimiter,
@@ -112,6 +114,8 @@ impl CsvFormat {
             escape: self.escape,
             comment: self.comment,
             columns,
+            max_value_bytes: None,
+            empty_is_null: self.null_regex.is_none(),
         }
     }
 
@@ -686,7 +690,10 @@ impl TableProvider for TotalCsvTable {
 /// under a pinned Int32, a later file of a directory with a wider type) reads as NULL instead
 /// of failing the read (round 47, review "readers" F2); in a column declared NOT NULL a NULL
 /// reads as the type's default ([`not_null_default`]; a NOT NULL column of a type with none is
-/// refused here, as is a type a safe cast can still fail to produce, [`total_type`]).
+/// refused here, as is a type a safe cast can still fail to produce, [`total_type`]). Its scan
+/// reads text as bytes ([`crate::files::parquet_total::total_reads`], applied to every private
+/// scan: round 51), which [`SafeCasts`] casts to the pinned types, bytes that are not UTF-8
+/// reading as NULL.
 pub async fn parquet_provider(
     tmp: &SessionContext,
     root: &Path,
@@ -740,13 +747,41 @@ impl PhysicalExprAdapterFactory for SafeCasts {
         logical_file_schema: SchemaRef,
         physical_file_schema: SchemaRef,
     ) -> Result<Arc<dyn PhysicalExprAdapter>> {
+        // Round 51 (review "limits" F2): a private file's text is read as bytes
+        // (crate::files::parquet_total); a column of bytes under a type bytes do not cast to
+        // (a number, a date, a time) is read through text, its bytes safely cast to Utf8 first
+        // (bytes that are not UTF-8 read as NULL), as DataFusion read it before.
+        let via_text: Vec<String> = physical_file_schema
+            .fields()
+            .iter()
+            .filter(|f| {
+                matches!(
+                    f.data_type(),
+                    DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+                ) && logical_file_schema
+                    .field_with_name(f.name())
+                    .is_ok_and(|l| {
+                        !can_cast_types(f.data_type(), l.data_type())
+                            && can_cast_types(&DataType::Utf8, l.data_type())
+                    })
+            })
+            .map(|f| f.name().clone())
+            .collect();
+        let seen: Fields = physical_file_schema
+            .fields()
+            .iter()
+            .map(|f| match via_text.contains(f.name()) {
+                true => Arc::new(f.as_ref().clone().with_data_type(DataType::Utf8)),
+                false => Arc::clone(f),
+            })
+            .collect();
+        let seen = Schema::new_with_metadata(seen, physical_file_schema.metadata().clone());
         Ok(Arc::new(SafeCastAdapter {
-            default: DefaultPhysicalExprAdapterFactory.create(
-                Arc::clone(&logical_file_schema),
-                Arc::clone(&physical_file_schema),
-            )?,
+            default: DefaultPhysicalExprAdapterFactory
+                .create(Arc::clone(&logical_file_schema), Arc::new(seen))?,
             logical: logical_file_schema,
             physical: physical_file_schema,
+            via_text,
         }))
     }
 }
@@ -756,6 +791,8 @@ struct SafeCastAdapter {
     default: Arc<dyn PhysicalExprAdapter>,
     logical: SchemaRef,
     physical: SchemaRef,
+    /// The file's columns of bytes read through text (round 51): shown to `default` as Utf8.
+    via_text: Vec<String>,
 }
 
 impl PhysicalExprAdapter for SafeCastAdapter {
@@ -779,6 +816,15 @@ impl PhysicalExprAdapter for SafeCastAdapter {
         self.default
             .rewrite(expr)?
             .transform_up(|e| safe_cast(&e))
+            .data()?
+            .transform_up(|e| match e.downcast_ref::<Column>() {
+                Some(c) if self.via_text.iter().any(|n| n == c.name()) => {
+                    let text: Arc<dyn PhysicalExpr> =
+                        Arc::new(CastExpr::new(e, DataType::Utf8, Some(SAFE_CAST)));
+                    Ok(Transformed::yes(text))
+                }
+                _ => Ok(Transformed::no(e)),
+            })
             .data()
     }
 }
@@ -1309,6 +1355,38 @@ mod tests {
             .unwrap();
         let lit = expr.downcast_ref::<Literal>().unwrap();
         assert_eq!(lit.value(), &ScalarValue::Int32(Some(0)));
+    }
+
+    /// Round 51 (review "limits" F2): a private file's text is read as bytes; under a pinned
+    /// type bytes do not cast to (Int64), the adapter reads them through text: "12" is 12, bytes
+    /// that are not UTF-8 or not a number are NULL (DataFusion's adapter refuses the cast).
+    #[test]
+    fn parquet_adaptation_reads_bytes_through_text() {
+        use datafusion::arrow::array::BinaryArray;
+        let logical = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
+        let physical = Arc::new(Schema::new(vec![Field::new("x", DataType::Binary, true)]));
+        let col: Arc<dyn PhysicalExpr> = Arc::new(Column::new("x", 0));
+        assert!(
+            DefaultPhysicalExprAdapterFactory
+                .create(Arc::clone(&logical), Arc::clone(&physical))
+                .unwrap()
+                .rewrite(Arc::clone(&col))
+                .is_err()
+        );
+        let values: Vec<&[u8]> = vec![b"12", &[0xFF, 0xFE], b"zz"];
+        let batch = RecordBatch::try_new(
+            Arc::clone(&physical),
+            vec![Arc::new(BinaryArray::from(values))],
+        )
+        .unwrap();
+        let expr = SafeCasts
+            .create(logical, physical)
+            .unwrap()
+            .rewrite(col)
+            .unwrap();
+        let out = expr.evaluate(&batch).unwrap().into_array(3).unwrap();
+        let out = out.as_any().downcast_ref::<Int64Array>().unwrap();
+        assert_eq!(out.iter().collect::<Vec<_>>(), vec![Some(12), None, None]);
     }
 
     /// The adapter's cast of a file's Int64 to a pinned Int32 gives NULL for a value that does

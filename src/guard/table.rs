@@ -189,6 +189,10 @@ impl TableProvider for GuardedTable {
             // Every value it reads is bounded by the owner's max_value_bytes (round 48), carried
             // in the session's config as an extension no statement can set.
             let inner = self.inner.scan(state, projection, &[], None).await?;
+            // A private Parquet file's text is read as bytes and cast safely, so a value that is
+            // not UTF-8 reads as NULL instead of failing the read (round 51, review "limits" F2;
+            // crate::files::parquet_total).
+            let inner = crate::files::parquet_total::total_reads(inner)?;
             let bytes = state
                 .config()
                 .get_extension::<MaxValueBytes>()

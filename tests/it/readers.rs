@@ -805,3 +805,208 @@ async fn one_large_private_value_cannot_make_an_admitted_group_by_fail() {
         .expect_err("the control: D′ fails without the cap");
     assert!(e.contains(dpfusion::session::EXECUTION_FAILED), "{e}");
 }
+
+/// A Parquet file written with parquet's own writer, every column annotated as text and holding
+/// `values` (`s`, `v`, `d`, `j` optional, `n` required, `j` annotated JSON; the list `l` holds
+/// each value as its one item, the struct `st` as its field `f`). Arrow's writer cannot write
+/// such a file (its strings are UTF-8); pyarrow's `binary().view(string())` writes the same.
+fn write_text_parquet(path: &Path, values: &[&[u8]], dictionary: bool) {
+    use dpfusion::datafusion::parquet::data_type::{ByteArray, ByteArrayType};
+    use dpfusion::datafusion::parquet::file::properties::WriterProperties;
+    use dpfusion::datafusion::parquet::file::writer::SerializedFileWriter;
+    use dpfusion::datafusion::parquet::schema::parser::parse_message_type;
+    let message = "message t {
+        optional binary s (STRING);
+        required binary n (UTF8);
+        optional binary v (STRING);
+        optional binary d (STRING);
+        optional binary j (JSON);
+        optional group l (LIST) { repeated group list { optional binary element (STRING); } }
+        optional group st { optional binary f (STRING); }
+    }";
+    let schema = Arc::new(parse_message_type(message).unwrap());
+    let props = WriterProperties::builder()
+        .set_dictionary_enabled(dictionary)
+        .build();
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = SerializedFileWriter::new(file, schema, Arc::new(props)).unwrap();
+    let mut rg = w.next_row_group().unwrap();
+    let bytes: Vec<ByteArray> = values.iter().map(|v| ByteArray::from(v.to_vec())).collect();
+    let n = values.len();
+    // Leaf order: s, n, v, d, j, l.list.element, st.f; each value present at its leaf's
+    // definition level (1 for a top-level optional leaf, 0 for n, 3 in the list, 2 in st).
+    let levels: [(Option<i16>, bool); 7] = [
+        (Some(1), false),
+        (None, false),
+        (Some(1), false),
+        (Some(1), false),
+        (Some(1), false),
+        (Some(3), true),
+        (Some(2), false),
+    ];
+    for (def, repeated) in levels {
+        let mut c = rg.next_column().unwrap().unwrap();
+        let defs = def.map(|d| vec![d; n]);
+        let reps = repeated.then(|| vec![0i16; n]);
+        c.typed::<ByteArrayType>()
+            .write_batch(&bytes, defs.as_deref(), reps.as_deref())
+            .unwrap();
+        c.close().unwrap();
+    }
+    assert!(rg.next_column().unwrap().is_none());
+    rg.close().unwrap();
+    w.close().unwrap();
+}
+
+/// Round 51 (review "limits" F2): a private Parquet table whose text columns hold, on D′, one
+/// more row whose value is not UTF-8 (bytes FF FE) answers on D and on D′, charged once a
+/// query: the value reads as NULL (one fewer counted than rows), or in the column declared NOT
+/// NULL as "" (counted, and found by `= ''`), whatever the declared text type (Utf8, Utf8View,
+/// a dictionary), over a JSON column, inside a list and a struct, dictionary-encoded or plain.
+/// Before, parquet-rs checked UTF-8 while decoding and every query reading the column failed
+/// after its charge on D′ only.
+#[tokio::test]
+async fn a_parquet_text_value_that_is_not_utf8_reads_as_null() {
+    let dir = temp_dir("readers-parquet-utf8");
+    let text = |name: &str, t: DataType, nullable: bool| Field::new(name, t, nullable);
+    let declared = Arc::new(Schema::new(vec![
+        text("s", DataType::Utf8, true),
+        text("n", DataType::Utf8, false),
+        text("v", DataType::Utf8View, true),
+        text(
+            "d",
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+            true,
+        ),
+        text("j", DataType::Utf8, true),
+        Field::new_list("l", Field::new_list_field(DataType::Utf8, true), true),
+        Field::new_struct("st", vec![Field::new("f", DataType::Utf8, true)], true),
+    ]));
+    let sql = [
+        "SELECT round(dp_count(s, epsilon => 1e4)), round(dp_count(n, epsilon => 1e4)), \
+         round(dp_count(v, epsilon => 1e4)), round(dp_count(d, epsilon => 1e4)), \
+         round(dp_count(j, epsilon => 1e4)) FROM t",
+        "SELECT round(dp_count(n, epsilon => 1e4)) FROM t WHERE n = ''",
+        "SELECT round(dp_count(l, epsilon => 1e4)), \
+         round(dp_count(get_field(st, 'f'), epsilon => 1e4)) FROM t",
+    ];
+    for dictionary in [true, false] {
+        let mut answers = vec![];
+        for odd in [false, true] {
+            let sdir = dir.join(format!("s{dictionary}-{odd}"));
+            std::fs::create_dir_all(&sdir).unwrap();
+            let f = sdir.join("t.parquet");
+            let mut values: Vec<&[u8]> = vec![b"a", b"b", b"c"];
+            if odd {
+                values.push(&[0xFF, 0xFE]);
+            }
+            write_text_parquet(&f, &values, dictionary);
+            let s = session(&sdir, 2).await;
+            s.register_parquet("t", &f, private().schema(declared.clone()))
+                .await
+                .unwrap();
+            let mut a = vec![];
+            for q in sql {
+                let charges = s.ledger().unwrap().len();
+                a.push(answer(&s, q).await);
+                assert_eq!(s.ledger().unwrap().len(), charges + 1, "{q}: charged once");
+            }
+            answers.push(a);
+        }
+        let [d, d1] = [&answers[0], &answers[1]];
+        assert_eq!(d[0], vec![vec!["3"; 5]], "{dictionary}: D");
+        assert_eq!(
+            d1[0],
+            vec![vec!["3", "4", "3", "3", "3"]],
+            "{dictionary}: D′, the value not UTF-8 is NULL, or \"\" under NOT NULL"
+        );
+        assert_eq!((&d[1][0][0], &d1[1][0][0]), (&"0".into(), &"1".into()));
+        assert_eq!(
+            d[2],
+            vec![vec!["3", "3"]],
+            "{dictionary}: D, list and struct"
+        );
+        assert_eq!(
+            d1[2],
+            vec![vec!["4", "3"]],
+            "{dictionary}: D′, the list read (its item NULL), the struct's field NULL"
+        );
+    }
+}
+
+/// Round 51 (review "limits" F1, CSV): the CSV reader does not hold a value over
+/// `max_value_bytes` (crate::files::csv_total drops it as it reads). `t(g, s, n, x)` of 1,000
+/// short rows (D), and D′ with one more row whose `s` is 5 MB of quoted text holding quotes,
+/// delimiters and line ends, whose `n` (declared NOT NULL) is 5 MB, and whose `x` (Int64) is
+/// the number 7 padded with 70,000 zeros: at the default cap (64 KiB) D′ reads the same rows
+/// as D plus that row, `s` NULL, `n` "" and `x` NULL (a CSV field over the cap reads as a
+/// missing value whatever the column's type), `g` as it is, and every other row as it is.
+/// Under the owner's cap raised to 8 MiB the row reads whole (`x` is 7): the cap that bounds
+/// the reader is the owner's.
+#[tokio::test]
+async fn a_csv_value_over_max_value_bytes_is_not_held_by_the_reader() {
+    let dir = temp_dir("readers-csv-value-cap");
+    let declared = Arc::new(Schema::new(vec![
+        Field::new("g", DataType::Utf8, true),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("n", DataType::Utf8, false),
+        Field::new("x", DataType::Int64, true),
+    ]));
+    let sql = "SELECT round(dp_count(1, epsilon => 1e4)), round(dp_count(g, epsilon => 1e4)), \
+               round(dp_count(s, epsilon => 1e4)), round(dp_count(n, epsilon => 1e4)), \
+               round(dp_count(x, epsilon => 1e4)), round(dp_sum(x, 0, 10, epsilon => 1e4)), \
+               round(dp_sum(length(n), 0, 10, epsilon => 1e4)) FROM t";
+    let mut answers = vec![];
+    for (big, cap) in [(false, None), (true, None), (true, Some(8 << 20))] {
+        let sdir = dir.join(format!("{big}-{cap:?}"));
+        std::fs::create_dir_all(&sdir).unwrap();
+        let mut csv = String::from("g,s,n,x\n");
+        for i in 0..1000 {
+            csv.push_str(&format!(
+                "{},s{},n{},{}\n",
+                ["a", "b"][i % 2],
+                i % 3,
+                i % 2,
+                i % 5
+            ));
+        }
+        if big {
+            csv.push_str("a,\"");
+            csv.push_str(&"q,\"\"r\r\n".repeat((5 << 20) / 8));
+            csv.push_str("\",");
+            csv.push_str(&"y".repeat(5 << 20));
+            csv.push(',');
+            csv.push_str(&"0".repeat(70_000));
+            csv.push_str("7\n");
+        }
+        let f = sdir.join("t.csv");
+        std::fs::write(&f, csv).unwrap();
+        let mut o = options(&sdir, 2);
+        if let Some(cap) = cap {
+            o = o.with_max_value_bytes(cap);
+        }
+        let s = PrivateSession::open(o).await.unwrap();
+        s.register_csv("t", &f, private().schema(declared.clone()))
+            .await
+            .unwrap();
+        answers.push((answer(&s, sql).await, groups(&s, "t").await));
+    }
+    let [(d, dg), (d1, d1g), (raised, _)] = &answers[..] else {
+        unreachable!()
+    };
+    assert_eq!(
+        d[0],
+        ["1000", "1000", "1000", "1000", "1000", "2000.0", "2000.0"]
+    );
+    assert_eq!(
+        d1[0],
+        ["1001", "1001", "1000", "1001", "1000", "2000.0", "2000.0"],
+        "s is NULL, n is \"\" (length 0), x is NULL, g is as it is"
+    );
+    assert_eq!(dg, d1g, "the same groups");
+    assert_eq!(
+        raised[0],
+        ["1001", "1001", "1001", "1001", "1001", "2007.0", "2010.0"],
+        "under the owner's cap of 8 MiB the row reads whole"
+    );
+}
