@@ -857,9 +857,21 @@ mod tests {
     /// Before, Ballista built both from one state.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_standalone_client_keeps_the_optimizer_its_scheduler_does_not_run() {
-        let ctx = connect(&Cluster::Standalone, SessionConfig::new())
+        let runtime = Arc::new(
+            datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+                .build()
+                .unwrap(),
+        );
+        let ctx = connect(&Cluster::Standalone, SessionConfig::new(), runtime)
             .await
             .unwrap();
+        // The guard's own function is the scheduler's and executors', not the client's (round
+        // 51, review "cluster" F3).
+        assert!(
+            !ctx.state()
+                .scalar_functions()
+                .contains_key(dpfusion_udfs::scalars::compact::Compact::udf().name())
+        );
         let client = ctx.state();
         let rules: Vec<&str> = client.optimizers().iter().map(|r| r.name()).collect();
         for rule in datafusion::optimizer::Optimizer::new().rules {
