@@ -379,15 +379,10 @@ pub(crate) fn admissible(checked: &CheckedPlan) -> Result<()> {
 fn crosses(plan: &LogicalPlan) -> Result<()> {
     let mut wrapped = None;
     let mut bounding = false;
-    let mut sized = None;
     plan.apply_with_subqueries(|node| {
         node.apply_expressions(|e| {
             e.apply(|x| {
                 match x {
-                    Expr::ScalarFunction(f) if crate::guard::sized::is_sized(&f.func) => {
-                        sized = Some(f.func.name().to_string());
-                        return Ok(TreeNodeRecursion::Stop);
-                    }
                     Expr::ScalarFunction(f) if f.func.name() == crate::guard::total::TOTAL => {
                         wrapped = Some(crate::guard::total::unwrap(x.clone())?.to_string());
                         return Ok(TreeNodeRecursion::Stop);
@@ -432,20 +427,44 @@ fn crosses(plan: &LogicalPlan) -> Result<()> {
         );
     }
     post_processing_stays(plan)?;
-    if let Some(f) = sized {
-        // Ballista's codec sends a function by its name, and the scheduler decodes DataFusion's
-        // own: the bound on what the call may write would not run (round 51, review "cluster"
-        // F1; crate::guard::sized).
-        return refused!(
-            "dpfusion refused the query on the Ballista cluster: it calls {f}(), whose output the \
-             session bounds (a call outside the private fragment may write at most a share of \
-             the memory limit; docs/SQL.md, \"Values the query sizes\"), and that bound cannot \
-             cross Ballista's codec. Compute what the query needs from its DP results with the \
-             functions of the private fragment (docs/PRIVACY.md), or run the query in a session \
-             without a cluster. Nothing was charged."
-        );
+    match sized_call(plan)? {
+        Some(f) => Err(sized_refusal(&f)),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// The first call in `plan` that the session bounds in what it may write
+/// ([`crate::guard::sized::Sized`]), if any. Ballista's codec sends a function by its name, and
+/// the scheduler decodes DataFusion's own: the bound would not run (round 51, review "cluster"
+/// F1).
+fn sized_call(plan: &LogicalPlan) -> Result<Option<String>> {
+    let mut sized = None;
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|x| {
+                if let Expr::ScalarFunction(f) = x
+                    && crate::guard::sized::is_sized(&f.func)
+                {
+                    sized = Some(f.func.name().to_string());
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    Ok(sized)
+}
+
+/// The refusal of a plan with a call [`sized_call`] found.
+fn sized_refusal(f: &str) -> DataFusionError {
+    crate::error::Error::refused(format!(
+        "dpfusion refused the query on the Ballista cluster: it calls {f}(), whose output the \
+         session bounds (a call outside the private fragment may write at most a share of the \
+         memory limit; docs/SQL.md, \"Values the query sizes\"), and that bound cannot cross \
+         Ballista's codec. Compute what the query needs from its DP results with the functions \
+         of the private fragment (docs/PRIVACY.md), or run the query in a session without a \
+         cluster. Nothing was charged."
+    ))
 }
 
 /// Is `name` a function whose aggregate is a DP release: a DP aggregate, or the guard's
@@ -690,6 +709,12 @@ impl QueryPlanner for DpQueryPlanner {
         match placement(logical_plan)? {
             Placement::Client => self.local.create_physical_plan(logical_plan, session).await,
             Placement::Cluster => {
+                // Every plan the cluster would run, a join's public side that the guard runs
+                // while it checks a query included (round 51, review "fixes" F1: only the
+                // admitted plan was checked, after the public sides had run).
+                if let Some(f) = sized_call(logical_plan)? {
+                    return Err(sized_refusal(&f));
+                }
                 let plan = unwrap_guarded(logical_plan)?;
                 let private = crate::guard::reads_private(logical_plan);
                 plan_as_the_scheduler(&plan, session)

@@ -750,29 +750,25 @@ impl PhysicalExprAdapterFactory for SafeCasts {
         // Round 51 (review "limits" F2): a private file's text is read as bytes
         // (crate::files::parquet_total); a column of bytes under a type bytes do not cast to
         // (a number, a date, a time) is read through text, its bytes safely cast to Utf8 first
-        // (bytes that are not UTF-8 read as NULL), as DataFusion read it before.
-        let via_text: Vec<String> = physical_file_schema
+        // (bytes that are not UTF-8 read as NULL), as DataFusion read it before; at any depth
+        // (a list's items, a struct's fields: the second review of round 51, "readers" F1).
+        let via_text: Vec<(String, DataType)> = physical_file_schema
             .fields()
             .iter()
-            .filter(|f| {
-                matches!(
-                    f.data_type(),
-                    DataType::Binary | DataType::LargeBinary | DataType::BinaryView
-                ) && logical_file_schema
-                    .field_with_name(f.name())
-                    .is_ok_and(|l| {
-                        !can_cast_types(f.data_type(), l.data_type())
-                            && can_cast_types(&DataType::Utf8, l.data_type())
-                    })
+            .filter_map(|f| {
+                let l = logical_file_schema.field_with_name(f.name()).ok()?;
+                Some((
+                    f.name().clone(),
+                    through_text(f.data_type(), l.data_type())?,
+                ))
             })
-            .map(|f| f.name().clone())
             .collect();
         let seen: Fields = physical_file_schema
             .fields()
             .iter()
-            .map(|f| match via_text.contains(f.name()) {
-                true => Arc::new(f.as_ref().clone().with_data_type(DataType::Utf8)),
-                false => Arc::clone(f),
+            .map(|f| match via_text.iter().find(|(n, _)| n == f.name()) {
+                Some((_, t)) => Arc::new(f.as_ref().clone().with_data_type(t.clone())),
+                None => Arc::clone(f),
             })
             .collect();
         let seen = Schema::new_with_metadata(seen, physical_file_schema.metadata().clone());
@@ -791,8 +787,9 @@ struct SafeCastAdapter {
     default: Arc<dyn PhysicalExprAdapter>,
     logical: SchemaRef,
     physical: SchemaRef,
-    /// The file's columns of bytes read through text (round 51): shown to `default` as Utf8.
-    via_text: Vec<String>,
+    /// The file's columns with bytes read through text (round 51), and the type `default` is
+    /// shown for each ([`through_text`]).
+    via_text: Vec<(String, DataType)>,
 }
 
 impl PhysicalExprAdapter for SafeCastAdapter {
@@ -817,15 +814,64 @@ impl PhysicalExprAdapter for SafeCastAdapter {
             .rewrite(expr)?
             .transform_up(|e| safe_cast(&e))
             .data()?
-            .transform_up(|e| match e.downcast_ref::<Column>() {
-                Some(c) if self.via_text.iter().any(|n| n == c.name()) => {
-                    let text: Arc<dyn PhysicalExpr> =
-                        Arc::new(CastExpr::new(e, DataType::Utf8, Some(SAFE_CAST)));
-                    Ok(Transformed::yes(text))
+            .transform_up(|e| {
+                let seen = e
+                    .downcast_ref::<Column>()
+                    .and_then(|c| self.via_text.iter().find(|(n, _)| n == c.name()));
+                match seen {
+                    Some((_, t)) => {
+                        let text: Arc<dyn PhysicalExpr> =
+                            Arc::new(CastExpr::new(e, t.clone(), Some(SAFE_CAST)));
+                        Ok(Transformed::yes(text))
+                    }
+                    None => Ok(Transformed::no(e)),
                 }
-                _ => Ok(Transformed::no(e)),
             })
             .data()
+    }
+}
+
+/// The type a file's column of `physical` type is read as before it is cast to the table's
+/// `logical` type, when some bytes in it must be read through text (None: as it is). Bytes
+/// (`Binary`, `LargeBinary`, `BinaryView`) under a type they do not cast to but text does (a
+/// number, a date) become Utf8, at any depth of lists and structs (round 51): the safe cast of
+/// bytes to Utf8 reads bytes that are not UTF-8 as NULL.
+fn through_text(physical: &DataType, logical: &DataType) -> Option<DataType> {
+    use DataType::*;
+    let item = |p: &FieldRef, l: &DataType| -> Option<FieldRef> {
+        let t = through_text(p.data_type(), l)?;
+        Some(Arc::new(p.as_ref().clone().with_data_type(t)))
+    };
+    let list_item = |l: &DataType| match l {
+        List(f) | LargeList(f) | FixedSizeList(f, _) | ListView(f) | LargeListView(f) => {
+            Some(f.data_type().clone())
+        }
+        _ => None,
+    };
+    match physical {
+        Binary | LargeBinary | BinaryView => {
+            (!can_cast_types(physical, logical) && can_cast_types(&Utf8, logical)).then_some(Utf8)
+        }
+        List(p) => Some(List(item(p, &list_item(logical)?)?)),
+        LargeList(p) => Some(LargeList(item(p, &list_item(logical)?)?)),
+        FixedSizeList(p, n) => Some(FixedSizeList(item(p, &list_item(logical)?)?, *n)),
+        Struct(ps) => {
+            let Struct(ls) = logical else { return None };
+            let mut changed = false;
+            let fields: Fields = ps
+                .iter()
+                .map(|p| {
+                    let t = ls
+                        .iter()
+                        .find(|l| l.name() == p.name())
+                        .and_then(|l| item(p, l.data_type()));
+                    changed |= t.is_some();
+                    t.unwrap_or_else(|| Arc::clone(p))
+                })
+                .collect();
+            changed.then_some(Struct(fields))
+        }
+        _ => None,
     }
 }
 
@@ -1387,6 +1433,76 @@ mod tests {
         let out = expr.evaluate(&batch).unwrap().into_array(3).unwrap();
         let out = out.as_any().downcast_ref::<Int64Array>().unwrap();
         assert_eq!(out.iter().collect::<Vec<_>>(), vec![Some(12), None, None]);
+    }
+
+    /// Bytes nested in a list or a struct under a number are read through text too (the second
+    /// review of round 51, "readers" F1: only a top-level column was, so a file's `list<string>`
+    /// under a pinned `List(Int64)` failed every read after the charge).
+    #[test]
+    fn nested_bytes_are_read_through_text() {
+        use datafusion::arrow::array::{
+            ArrayRef, AsArray, BinaryArray, BinaryBuilder, ListBuilder, StructArray,
+        };
+        let item = |t: DataType| Arc::new(Field::new("item", t, true));
+        let logical = Arc::new(Schema::new(vec![
+            Field::new("l", DataType::List(item(DataType::Int64)), true),
+            Field::new(
+                "st",
+                DataType::Struct(vec![Field::new("a", DataType::Int64, true)].into()),
+                true,
+            ),
+        ]));
+        let physical = Arc::new(Schema::new(vec![
+            Field::new("l", DataType::List(item(DataType::Binary)), true),
+            Field::new(
+                "st",
+                DataType::Struct(vec![Field::new("a", DataType::Binary, true)].into()),
+                true,
+            ),
+        ]));
+        assert_eq!(
+            through_text(physical.field(0).data_type(), logical.field(0).data_type()),
+            Some(DataType::List(item(DataType::Utf8)))
+        );
+        assert_eq!(through_text(&DataType::Binary, &DataType::Utf8), None);
+        let mut l = ListBuilder::new(BinaryBuilder::new()).with_field(item(DataType::Binary));
+        l.values().append_value(b"7");
+        l.values().append_value([0xFF, 0xFE]);
+        l.append(true);
+        let st = StructArray::new(
+            vec![Field::new("a", DataType::Binary, true)].into(),
+            vec![Arc::new(BinaryArray::from(vec![&b"12"[..]])) as ArrayRef],
+            None,
+        );
+        let batch = RecordBatch::try_new(
+            Arc::clone(&physical),
+            vec![Arc::new(l.finish()), Arc::new(st)],
+        )
+        .unwrap();
+        let adapter = SafeCasts.create(logical, physical).unwrap();
+        let l = adapter
+            .rewrite(Arc::new(Column::new("l", 0)))
+            .unwrap()
+            .evaluate(&batch)
+            .unwrap()
+            .into_array(1)
+            .unwrap();
+        let items = l.as_list::<i32>().value(0);
+        let items = items.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        assert_eq!(items.iter().collect::<Vec<_>>(), vec![Some(7), None]);
+        let st = adapter
+            .rewrite(Arc::new(Column::new("st", 1)))
+            .unwrap()
+            .evaluate(&batch)
+            .unwrap()
+            .into_array(1)
+            .unwrap();
+        let a = st
+            .as_struct()
+            .column(0)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+            .value(0);
+        assert_eq!(a, 12);
     }
 
     /// The adapter's cast of a file's Int64 to a pinned Int32 gives NULL for a value that does

@@ -856,6 +856,39 @@ async fn round51_what_a_cluster_query_returns_and_calls_is_what_the_client_check
         err.contains("repeat()") && err.contains("cannot cross Ballista's codec"),
         "{err}"
     );
+    // The public side of a join runs while the query is checked: on the cluster it would run
+    // without its bound too, so it is refused there, before anything runs (review "fixes" F1).
+    let public = dir.join("data").join("pubjobs");
+    std::fs::create_dir_all(&public).unwrap();
+    let names: Vec<String> = (0..200)
+        .map(|j| format!("a-long-job-name-{j:04}"))
+        .collect();
+    let pubs = RecordBatch::try_from_iter(vec![
+        (
+            "job",
+            Arc::new(datafusion::arrow::array::StringArray::from(names)) as ArrayRef,
+        ),
+        ("n", Arc::new(Int64Array::from(vec![2i64; 200])) as ArrayRef),
+    ])
+    .unwrap();
+    write_parquet(&public.join("part-0.parquet"), &pubs);
+    cluster
+        .register_parquet("pubjobs", &public, Registration::public())
+        .await
+        .unwrap();
+    let err = cluster
+        .sql(
+            "SELECT dp_count(s.salary, 1.0) AS c FROM longjobs s JOIN (SELECT job, \
+             repeat(job, n) AS pad FROM pubjobs) p ON s.job = p.job",
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("repeat()") && err.contains("cannot cross Ballista's codec"),
+        "{err}"
+    );
+    assert_eq!(cluster.scans("pubjobs"), 0, "the public side did not run");
     let err = cluster
         .sql("COPY (SELECT dp_count(salary, 1.0) AS n FROM longjobs) TO 'n.parquet'")
         .await

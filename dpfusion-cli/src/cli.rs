@@ -550,6 +550,15 @@ pub async fn run_scripts(scripts: &[Script], mut exec: impl AsyncFnMut(&str) -> 
                     return ExitCode::from(1);
                 }
                 Ran::Shown => {}
+                // `\q` ends the scripts; marked as expected to fail, it is a statement that
+                // did not fail (round 51, review "fixes" F3).
+                Ran::Quit if stmt.expect_error => {
+                    eprintln!(
+                        "dpfusion: this statement was marked '-- @expect-error' but succeeded: {}",
+                        stmt.sql
+                    );
+                    return ExitCode::from(1);
+                }
                 Ran::Quit => return ExitCode::SUCCESS,
                 Ran::Unprintable(e) => {
                     eprintln!("dpfusion: {e}");

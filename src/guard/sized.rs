@@ -208,6 +208,18 @@ impl ScalarUDFImpl for Sized {
         if COUNTED.contains(&self.inner.name()) && before.row > row_most {
             return Err(self.refuse(before.row, row_most, ROW));
         }
+        if QUADRATIC.contains(&self.inner.name()) {
+            let cells = cells(&args.args, rows);
+            if cells > MOST_CELLS {
+                return Err(super::refuse(format!(
+                    "a call of {}() would compare up to {cells} pairs of bytes, more than the \
+                     {MOST_CELLS} one call may (its work grows with the product of its two \
+                     arguments' lengths, and no time limit stops a call while it runs); compare \
+                     shorter values, e.g. left(s, 1000)",
+                    self.inner.name()
+                )));
+            }
+        }
         let out = self.inner.invoke_with_args(args)?;
         let written = match &out {
             ColumnarValue::Array(a) => a.get_array_memory_size() as u64,
@@ -339,6 +351,36 @@ struct Size {
 /// The functions whose output a count, length or range chooses: a row of theirs may take at most
 /// [`super::fragment::WRITTEN_ROW_BYTES`] (4 MiB for a constant), which the bound before
 /// planning counts for them where the count is read from a column.
+/// Functions whose work is the product of their two arguments' lengths (a dynamic-programming
+/// table of one cell per pair of characters): bounded in that work per call, before it runs
+/// (round 51, review "modelsfix" F1: `levenshtein(repeat('a', 2000000), repeat('b', 2000000))`,
+/// folded while the query was planned, ran for hours in one poll; its output is one number).
+const QUADRATIC: &[&str] = &["levenshtein"];
+
+/// The most pairs of bytes one call of a [`QUADRATIC`] function may compare (about a second of
+/// work in a release build).
+pub const MOST_CELLS: u64 = 1 << 28;
+
+/// The pairs of bytes a call of a [`QUADRATIC`] function over `args` (the first two, each a
+/// column or a constant for `rows` rows) compares: the sum over rows of the product of the
+/// two values' bytes.
+fn cells(args: &[ColumnarValue], rows: u64) -> u64 {
+    let per_row = |v: &ColumnarValue| -> Vec<u64> {
+        match v {
+            ColumnarValue::Array(a) => super::table::value_bytes_per_row(a),
+            ColumnarValue::Scalar(s) => match s.to_array_of_size(1) {
+                Ok(a) => vec![super::table::value_bytes_per_row(&a)[0]; rows as usize],
+                Err(_) => vec![u64::MAX; rows as usize],
+            },
+        }
+    };
+    let [a, b, ..] = args else { return 0 };
+    per_row(a)
+        .iter()
+        .zip(per_row(b))
+        .fold(0u64, |n, (x, y)| n.saturating_add(x.saturating_mul(y)))
+}
+
 const COUNTED: &[&str] = &[
     "repeat",
     "lpad",
@@ -705,6 +747,19 @@ mod tests {
         for f in super::super::fragment::FUNCTIONS {
             assert!(!outside_fragment(f.name), "{}", f.name);
         }
+    }
+
+    /// Round 51, review "modelsfix" F1: levenshtein's work is the product of its arguments'
+    /// lengths, summed over rows.
+    #[test]
+    fn a_quadratic_calls_work_is_the_product_of_its_arguments_lengths() {
+        use datafusion::arrow::array::StringArray;
+        let s = |t: &str| ColumnarValue::Scalar(ScalarValue::Utf8(Some(t.to_string())));
+        assert_eq!(cells(&[s("abc"), s("de")], 1), 6);
+        let column = ColumnarValue::Array(Arc::new(StringArray::from(vec!["a", "bb", "ccc"])));
+        assert_eq!(cells(&[column, s("xy")], 3), 2 + 4 + 6);
+        let long = "x".repeat(20_000);
+        assert!(cells(&[s(&long), s(&long)], 1) > MOST_CELLS);
     }
 
     fn bound_total(name: &str, args: &[ColumnarValue], rows: u64) -> u64 {

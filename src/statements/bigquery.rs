@@ -84,6 +84,15 @@ pub fn strip_dp_clause(sql: &str) -> Result<Option<(String, DpClause)>, Error> {
     if !tokens.iter().any(|t| is_word(t, "DIFFERENTIAL_PRIVACY")) {
         return Ok(None);
     }
+    // The marker is the rewrite's own: a statement that already holds it would have a second
+    // SELECT rewritten as if it had the clause, its aggregates made DP at a second ε (round 51,
+    // review "fixes" F2: `OPTIONS(epsilon = 1)` spent 2).
+    if tokens.iter().any(|t| t.to_string().contains(MARKER)) {
+        return Err(refusal(format!(
+            "the text '{MARKER}' is reserved (dpfusion marks the clause's SELECT with it); \
+             remove it from the statement"
+        )));
+    }
     // Indices of the significant tokens.
     let sig: Vec<usize> = (0..tokens.len())
         .filter(|&i| !matches!(tokens[i], Token::Whitespace(_)))
@@ -738,6 +747,18 @@ mod tests {
              dp_quantile(x, lower => 0, upper => 100, q => 0.5, epsilon => 0.25) AS \
              \"PERCENTILE_CONT(x, 0.5)\" FROM t GROUP BY k"
         );
+    }
+
+    /// Round 51, review "fixes" F2: a second SELECT marked by the analyst was rewritten too.
+    #[test]
+    fn the_marker_written_by_the_analyst_is_refused() {
+        let e = rewrite(&format!(
+            "SELECT * FROM (SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1) job, COUNT(*) AS \
+             n FROM salaries GROUP BY job) a JOIN (SELECT '{MARKER}', job AS j2, COUNT(*) AS c2 \
+             FROM salaries GROUP BY job) b ON a.job = b.j2"
+        ))
+        .unwrap_err();
+        assert!(e.contains("is reserved"), "{e}");
     }
 
     #[test]

@@ -206,7 +206,10 @@ pub fn unknown_table_hint(msg: &str) -> std::borrow::Cow<'_, str> {
         .and_then(|m| m.strip_suffix("' not found"))
     {
         Some(name) if !name.contains('\'') => {
-            let name = name.strip_prefix("datafusion.public.").unwrap_or(name);
+            let name = name
+                .strip_prefix("datafusion.public.")
+                .or_else(|| name.strip_prefix("datafusion."))
+                .unwrap_or(name);
             format!("table '{name}' not found (SHOW TABLES lists the tables you can read)").into()
         }
         _ => msg.into(),
@@ -694,6 +697,10 @@ mod tests {
         assert_eq!(
             unknown_table_hint("table 'datafusion.public.nosuch' not found"),
             "table 'nosuch' not found (SHOW TABLES lists the tables you can read)"
+        );
+        assert_eq!(
+            unknown_table_hint("table 'datafusion.nope.x' not found"),
+            "table 'nope.x' not found (SHOW TABLES lists the tables you can read)"
         );
         assert_eq!(
             unknown_table_hint("table 'other.s.t' not found"),

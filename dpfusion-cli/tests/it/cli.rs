@@ -734,4 +734,9 @@ fn r51_scripts_carry_out_meta_commands_as_the_repl_does() {
         "{}",
         stderr(&o)
     );
+
+    // `\q` marked as expected to fail did not fail (review "fixes" F3).
+    let o = run(&d, &["-c", "-- @expect-error\n\\q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("marked '-- @expect-error' but succeeded"));
 }

@@ -196,7 +196,9 @@ fn to_plan_error(name: &str, e: PrivacyError) -> DataFusionError {
 /// The refusal of an argument that is not a constant (module docs; round 51, review "sgd", F2).
 fn not_literal(name: &str, param: &str) -> DataFusionError {
     DataFusionError::Plan(format!(
-        "{name}: argument '{param}' must be a literal number (or an expression of literals), not          a column or an expression over rows: a planning helper is computed once, while the          query is planned. Write the value in the query, one call per value"
+        "{name}: argument '{param}' must be a literal number (or an expression of literals), not \
+         a column or an expression over rows: a planning helper is computed once, while the \
+         query is planned. Write the value in the query, one call per value"
     ))
 }
 
