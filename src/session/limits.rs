@@ -28,6 +28,13 @@ pub const MAX_LITERAL_DEPTH_BYTES: usize = 8 << 20;
 /// each time the planner meets a call: a statement may call them once in all (round 46: 1,500
 /// calls of `dp_ledger()` in one 66 KB statement held 2.8 GB while it was planned).
 const STATE_COPIES: &[&str] = &["dp_ledger", "dp_budget"];
+/// The planning helpers that calibrate by a numerical search (each call takes about 0.2 s in a
+/// release build, computed while the statement is planned, which no time limit stops): a
+/// statement may call them at most [`MAX_CALIBRATIONS`] times (round 51, review "modelsfix" F2:
+/// a 1 MiB statement held about 19,000 calls, hours of one thread).
+const CALIBRATIONS: &[&str] = &["dp_sgd_sigma", "dp_sgd_epsilon"];
+/// The most calls of [`CALIBRATIONS`] in one statement.
+pub const MAX_CALIBRATIONS: usize = 16;
 
 pub(super) fn check_complexity(sql: &str) -> Result<()> {
     use datafusion::sql::sqlparser::keywords::Keyword;
@@ -53,11 +60,17 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
     // Calls of the table functions that copy the accountant's state while the statement is
     // planned, and the word before the current token.
     let (mut copies, mut word): (usize, Option<&str>) = (0, None);
+    let mut calibrations = 0usize;
     for t in &tokens {
         if let Token::LParen = t
             && word.is_some_and(|w| STATE_COPIES.iter().any(|f| w.eq_ignore_ascii_case(f)))
         {
             copies += 1;
+        }
+        if let Token::LParen = t
+            && word.is_some_and(|w| CALIBRATIONS.iter().any(|f| w.eq_ignore_ascii_case(f)))
+        {
+            calibrations += 1;
         }
         match t {
             Token::Whitespace(_) | Token::Period => {}
@@ -203,6 +216,14 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
             heavy.1
         );
     }
+    if calibrations > MAX_CALIBRATIONS {
+        return refused!(
+            "dpfusion refused the query: it calls dp_sgd_sigma() or dp_sgd_epsilon() \
+             {calibrations} times; a statement may call them {MAX_CALIBRATIONS} times in all \
+             (each call searches for its answer while the statement is planned). Split the \
+             calls over several statements."
+        );
+    }
     if copies > 1 {
         return refused!(
             "dpfusion refused the query: it calls dp_ledger() or dp_budget() {copies} times; a \
@@ -328,6 +349,22 @@ mod tests {
             short = format!("reverse({short})");
         }
         check_complexity(&format!("SELECT {short}")).expect("short literals, deep");
+    }
+
+    /// Round 51 (review "modelsfix" F2): the calibrating helpers, at most 16 calls a statement.
+    #[test]
+    fn calibrating_helpers_are_bounded_per_statement() {
+        let calls = |n: usize| {
+            let c: Vec<String> = (0..n)
+                .map(|i| format!("DP_SGD_SIGMA(0.01, {}, 1.0, 1e-6)", 100 + i))
+                .collect();
+            format!("SELECT {}", c.join(", "))
+        };
+        check_complexity(&calls(MAX_CALIBRATIONS)).expect("16 calls");
+        let e = check_complexity(&calls(MAX_CALIBRATIONS + 1))
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("17 times"), "{e}");
     }
 
     /// A FROM list of derived tables, a chain of CTEs, a list of correlated subqueries and a
