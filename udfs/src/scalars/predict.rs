@@ -382,7 +382,8 @@ impl ScalarUDFImpl for MlpPredict {
             DataType::Null => {}
             t => {
                 return plan_err!(
-                    "{name}: `model` must be a network struct (the result of a dp_mlp_sgd call),                      got {t}"
+                    "{name}: `model` must be a network struct (the result of a dp_mlp_sgd call), \
+                     got {t}"
                 );
             }
         }
