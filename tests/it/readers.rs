@@ -1010,3 +1010,90 @@ async fn a_csv_value_over_max_value_bytes_is_not_held_by_the_reader() {
         "under the owner's cap of 8 MiB the row reads whole"
     );
 }
+
+/// Round 51 (reviews "readers" F1 and "filegen" F1, F2), end to end: a directory table pinned
+/// from its first file (`l List(Int64)`, `s Struct(a Int32)`, `d Utf8`), and a second file,
+/// one person's record, whose `l` is a list of text, whose `s` has no field `a`, and whose `d`
+/// is a date arrow cannot write as text. Each query answers on D and on D′ (D plus that file),
+/// charged once: the text in the list is read through text ('7' is 7), the struct without the
+/// pinned field reads as NULL, the date as NULL.
+#[tokio::test]
+async fn a_later_file_whose_columns_do_not_fit_the_pin_reads_as_missing_values() {
+    use datafusion::arrow::array::{
+        ArrayRef, Date32Array, Int32Array, ListBuilder, StringBuilder, StructArray,
+    };
+    use dpfusion::datafusion::parquet::arrow::ArrowWriter;
+    let write = |path: &Path, batch: RecordBatch| {
+        let file = std::fs::File::create(path).unwrap();
+        let mut w = ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    };
+    let dir = temp_dir("readers-parquet-later-file");
+    let item = |t: DataType| Arc::new(Field::new("item", t, true));
+    let base = || {
+        let mut l = ListBuilder::new(datafusion::arrow::array::Int64Builder::new())
+            .with_field(item(DataType::Int64));
+        for v in [1i64, 2, 3] {
+            l.values().append_value(v);
+            l.append(true);
+        }
+        let s = StructArray::new(
+            vec![Field::new("a", DataType::Int32, true)].into(),
+            vec![Arc::new(Int32Array::from(vec![4, 5, 6])) as ArrayRef],
+            None,
+        );
+        RecordBatch::try_from_iter_with_nullable(vec![
+            ("l", Arc::new(l.finish()) as ArrayRef, true),
+            ("s", Arc::new(s) as ArrayRef, true),
+            (
+                "d",
+                Arc::new(datafusion::arrow::array::StringArray::from(vec![
+                    "x", "y", "z",
+                ])) as ArrayRef,
+                true,
+            ),
+        ])
+        .unwrap()
+    };
+    let odd = || {
+        let mut l = ListBuilder::new(StringBuilder::new()).with_field(item(DataType::Utf8));
+        l.values().append_value("7");
+        l.append(true);
+        let s = StructArray::new(
+            vec![Field::new("b", DataType::Int32, true)].into(),
+            vec![Arc::new(Int32Array::from(vec![9])) as ArrayRef],
+            None,
+        );
+        RecordBatch::try_from_iter_with_nullable(vec![
+            ("l", Arc::new(l.finish()) as ArrayRef, true),
+            ("s", Arc::new(s) as ArrayRef, true),
+            (
+                "d",
+                Arc::new(Date32Array::from(vec![1_000_000_000])) as ArrayRef,
+                true,
+            ),
+        ])
+        .unwrap()
+    };
+    let sql = "SELECT round(dp_count(l, epsilon => 1e4)), round(dp_sum(l[1], 0, 10, epsilon => \
+               1e4)), round(dp_count(get_field(s, 'a'), epsilon => 1e4)), \
+               round(dp_count(d, epsilon => 1e4)) FROM t";
+    let mut answers = vec![];
+    for later in [false, true] {
+        let sdir = dir.join(format!("s{later}"));
+        let data = sdir.join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        write(&data.join("a.parquet"), base());
+        let s = session(&sdir, 2).await;
+        s.register_parquet("t", &data, private()).await.unwrap();
+        if later {
+            write(&data.join("b.parquet"), odd());
+        }
+        let charges = s.ledger().unwrap().len();
+        answers.push(answer(&s, sql).await);
+        assert_eq!(s.ledger().unwrap().len(), charges + 1, "charged once");
+    }
+    assert_eq!(answers[0], vec![vec!["3", "6.0", "3", "3"]]);
+    assert_eq!(answers[1], vec![vec!["4", "13.0", "3", "3"]], "D′");
+}
