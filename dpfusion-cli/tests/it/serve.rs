@@ -775,25 +775,28 @@ async fn python_package_reads_receipts_and_tells_a_budget_refusal_from_a_crash()
     dpfusion::accounting::verify(&s.ledger).unwrap();
 }
 
+/// `dpfusion --connect URL --token-file TOKEN ARGS…`: its exit code, stdout and stderr.
+fn connected_cli(url: &str, token: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
+        .args(["--connect", url, "--token-file"])
+        .arg(token)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_connects_to_a_server_with_a_token_file() {
     let s = serve_here("serve-connect", 1.0, "").await;
     let token = s.dir.join("token");
     std::fs::write(&token, format!("{BOB}\n")).unwrap();
     let url = format!("grpc://{}", s.addr);
-    let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
-            .args(["--connect", &url, "--token-file"])
-            .arg(&token)
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
+    let run = |args: &[&str]| connected_cli(&url, &token, args);
     let (code, out, err) = tokio::task::block_in_place(|| {
         run(&[
             "-c",
@@ -829,19 +832,7 @@ async fn r51_connected_scripts_run_meta_commands_and_refusals_advise_the_analyst
     let token = s.dir.join("token");
     std::fs::write(&token, format!("{ALICE}\n")).unwrap();
     let url = format!("grpc://{}", s.addr);
-    let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
-            .args(["--connect", &url, "--token-file"])
-            .arg(&token)
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
+    let run = |args: &[&str]| connected_cli(&url, &token, args);
     let (code, out, err) = tokio::task::block_in_place(|| {
         run(&[
             "-c",
