@@ -776,7 +776,7 @@ async fn python_package_reads_receipts_and_tells_a_budget_refusal_from_a_crash()
 }
 
 /// `dpfusion --connect URL --token-file TOKEN ARGS…`: its exit code, stdout and stderr.
-fn connected_cli(url: &str, token: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+fn cli_with_token(url: &str, token: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dpfusion"))
         .args(["--connect", url, "--token-file"])
         .arg(token)
@@ -796,7 +796,7 @@ async fn the_command_line_connects_to_a_server_with_a_token_file() {
     let token = s.dir.join("token");
     std::fs::write(&token, format!("{BOB}\n")).unwrap();
     let url = format!("grpc://{}", s.addr);
-    let run = |args: &[&str]| connected_cli(&url, &token, args);
+    let run = |args: &[&str]| cli_with_token(&url, &token, args);
     let (code, out, err) = tokio::task::block_in_place(|| {
         run(&[
             "-c",
@@ -832,7 +832,7 @@ async fn r51_connected_scripts_run_meta_commands_and_refusals_advise_the_analyst
     let token = s.dir.join("token");
     std::fs::write(&token, format!("{ALICE}\n")).unwrap();
     let url = format!("grpc://{}", s.addr);
-    let run = |args: &[&str]| connected_cli(&url, &token, args);
+    let run = |args: &[&str]| cli_with_token(&url, &token, args);
     let (code, out, err) = tokio::task::block_in_place(|| {
         run(&[
             "-c",
