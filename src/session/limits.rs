@@ -36,6 +36,82 @@ const CALIBRATIONS: &[&str] = &["dp_sgd_sigma", "dp_sgd_epsilon"];
 /// The most calls of [`CALIBRATIONS`] in one statement.
 pub const MAX_CALIBRATIONS: usize = 16;
 
+/// The most steps (plan nodes) a statement's plan may have, each use of a common table
+/// expression counted as the copy it is (round 51, review "fixes3" F1: 18 levels of CTEs each
+/// read twice, 650 bytes of SQL, held 1.76 GB and a thread while the copies were planned).
+pub const MAX_PLAN_NODES: u64 = 20_000;
+
+/// Refuses a planned statement whose plan, with every use of a CTE counted, has more than
+/// [`MAX_PLAN_NODES`] steps or more than [`MAX_CALIBRATIONS`] calls of the calibrating helpers
+/// (each use of a CTE that calls one calibrates again). Checked on the plan the SQL planner
+/// made, before the optimizer folds any constant. Shared subplans are weighed once and their
+/// weight reused, so the check is linear in the plan as held in memory.
+pub(crate) fn check_plan_size(plan: &datafusion::logical_expr::LogicalPlan) -> Result<()> {
+    let mut memo = std::collections::HashMap::new();
+    let (nodes, calibrations) = weigh(plan, &mut memo)?;
+    if nodes > MAX_PLAN_NODES {
+        return refused!(
+            "dpfusion refused the query: its plan has {nodes} steps once every use of a common \
+             table expression is counted (each use is a copy), more than {MAX_PLAN_NODES}. Use \
+             each common table expression fewer times, or store a result with CREATE TABLE … AS \
+             and read the table."
+        );
+    }
+    if calibrations > MAX_CALIBRATIONS as u64 {
+        return refused!(
+            "dpfusion refused the query: it calls dp_sgd_sigma() or dp_sgd_epsilon() \
+             {calibrations} times once every use of a common table expression is counted; a \
+             statement may call them {MAX_CALIBRATIONS} times in all (each call searches for its \
+             answer while the statement is planned). Split the calls over several statements."
+        );
+    }
+    Ok(())
+}
+
+/// The steps of `plan` and its calls of [`CALIBRATIONS`], every use counted ([`check_plan_size`]).
+fn weigh(
+    plan: &datafusion::logical_expr::LogicalPlan,
+    memo: &mut std::collections::HashMap<usize, (u64, u64)>,
+) -> Result<(u64, u64)> {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    use datafusion::logical_expr::{Expr, LogicalPlan};
+    let key = plan as *const LogicalPlan as usize;
+    if let Some(w) = memo.get(&key) {
+        return Ok(*w);
+    }
+    let (mut nodes, mut calibrations) = (1u64, 0u64);
+    plan.apply_expressions(|e| {
+        e.apply(|x| {
+            if let Expr::ScalarFunction(f) = x
+                && CALIBRATIONS
+                    .iter()
+                    .any(|c| f.func.name().eq_ignore_ascii_case(c))
+            {
+                calibrations += 1;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+    })?;
+    let mut subqueries = vec![];
+    plan.apply_subqueries(|s| {
+        if let LogicalPlan::Subquery(s) = s {
+            subqueries.push(std::sync::Arc::clone(&s.subquery));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let children = plan
+        .inputs()
+        .into_iter()
+        .chain(subqueries.iter().map(|s| s.as_ref()));
+    for child in children {
+        let (n, c) = weigh(child, memo)?;
+        nodes = nodes.saturating_add(n);
+        calibrations = calibrations.saturating_add(c);
+    }
+    memo.insert(key, (nodes, calibrations));
+    Ok((nodes, calibrations))
+}
+
 pub(super) fn check_complexity(sql: &str) -> Result<()> {
     use datafusion::sql::sqlparser::keywords::Keyword;
     use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
@@ -249,6 +325,76 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
 /// expression there could make it allocate without bound (`generate_series(1, CASE WHEN
 /// arrow_cast(NULL, 'FixedSizeList(2147483647, Int64)') IS NULL THEN 2 END)`) and end the
 /// process.
+/// Refuses a statement whose common table expressions, each use counted as the copy DataFusion's
+/// SQL planner makes of it, weigh more than [`MAX_PLAN_NODES`] table references, before it is
+/// planned (round 51, review "fixes3" F1: the planner copies a CTE's plan at every use, so CTEs
+/// each read twice, level after level, made a plan, and planning time, that doubled with each
+/// level of 30 bytes). A CTE weighs one plus the weights of the tables and CTEs it reads; the
+/// statement the weights of everything it reads. Over-approximated where names are shadowed (a
+/// name weighs its heaviest definition anywhere in the statement).
+pub(super) fn check_cte_uses(stmt: &datafusion::sql::parser::Statement) -> Result<()> {
+    use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
+    use datafusion::sql::sqlparser::ast::{ObjectNamePart, Query, Visit, Visitor, visit_relations};
+    use std::collections::HashMap;
+    use std::ops::ControlFlow;
+    #[derive(Default)]
+    struct Weights(HashMap<String, u64>);
+    impl Weights {
+        fn of<V: Visit>(&self, node: &V) -> u64 {
+            let mut w = 0u64;
+            let _ = visit_relations(node, |r| {
+                // The last part's value, without quotes: `"c0"` reads the CTE c0 too.
+                let name = match r.0.last() {
+                    Some(ObjectNamePart::Identifier(i)) => i.value.to_ascii_lowercase(),
+                    _ => r.to_string().to_ascii_lowercase(),
+                };
+                w = w.saturating_add(self.0.get(&name).copied().unwrap_or(1));
+                ControlFlow::<()>::Continue(())
+            });
+            w
+        }
+    }
+    impl Visitor for Weights {
+        type Break = ();
+        fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
+            for cte in q.with.iter().flat_map(|w| &w.cte_tables) {
+                let w = 1u64.saturating_add(self.of(&*cte.query));
+                let e = self
+                    .0
+                    .entry(cte.alias.name.value.to_ascii_lowercase())
+                    .or_insert(0);
+                *e = (*e).max(w);
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut weights = Weights::default();
+    let total = match stmt {
+        DFStatement::Statement(s) => {
+            let _ = s.visit(&mut weights);
+            weights.of(&**s)
+        }
+        DFStatement::Explain(e) => return check_cte_uses(&e.statement),
+        DFStatement::CopyTo(c) => match &c.source {
+            CopyToSource::Query(q) => {
+                let _ = q.visit(&mut weights);
+                weights.of(&**q)
+            }
+            CopyToSource::Relation(_) => 0,
+        },
+        _ => 0,
+    };
+    if total > MAX_PLAN_NODES {
+        return refused!(
+            "dpfusion refused the query: its common table expressions, each use counted as the \
+             copy it is, read about {total} tables, more than {MAX_PLAN_NODES}. Use each common \
+             table expression fewer times, or store a result with CREATE TABLE … AS and read the \
+             table."
+        );
+    }
+    Ok(())
+}
+
 pub(super) fn check_table_function_args(stmt: &datafusion::sql::parser::Statement) -> Result<()> {
     use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
     use datafusion::sql::sqlparser::ast::{
@@ -365,6 +511,81 @@ mod tests {
             .expect_err("refused")
             .to_string();
         assert!(e.contains("17 times"), "{e}");
+    }
+
+    /// Round 51 (review "fixes3" F1): CTEs each read twice, level after level, are refused by
+    /// the plan's size with every use counted; a calibrating helper in a CTE read 17 times too.
+    #[tokio::test]
+    async fn a_plan_is_weighed_with_every_use_of_a_cte() {
+        let ctx = datafusion::prelude::SessionContext::new();
+        dpfusion_udfs::register_all(&ctx);
+        let doubling = |levels: usize| {
+            let mut sql = "WITH c0 AS (SELECT 1 AS s)".to_string();
+            for i in 1..=levels {
+                sql.push_str(&format!(
+                    ", c{i} AS (SELECT a.s FROM c{} a, c{} b)",
+                    i - 1,
+                    i - 1
+                ));
+            }
+            format!("{sql} SELECT s FROM c{levels}")
+        };
+        let plan = |sql: String| {
+            let ctx = ctx.clone();
+            async move { ctx.state().create_logical_plan(&sql).await.unwrap() }
+        };
+        check_plan_size(&plan(doubling(4)).await).expect("16 copies");
+        let e = check_plan_size(&plan(doubling(14)).await)
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("every use of a common table expression"), "{e}");
+        let reads: Vec<String> = (0..17).map(|i| format!("c c{i}")).collect();
+        let sql = format!(
+            "WITH c AS (SELECT dp_sgd_sigma(0.01, 1000, 1.0, 1e-5) AS s) SELECT c0.s FROM {}",
+            reads.join(", ")
+        );
+        let e = check_plan_size(&plan(sql).await)
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("17 times"), "{e}");
+    }
+
+    /// Round 51 (review "fixes3" F1): the CTE weights are counted from the statement's text,
+    /// before planning copies anything.
+    #[test]
+    fn ctes_read_level_after_level_are_refused_before_planning() {
+        let doubling = |levels: usize, q: &str| {
+            let mut sql = "WITH c0 AS (SELECT 1 AS s)".to_string();
+            for i in 1..=levels {
+                sql.push_str(&format!(
+                    ", C{i} AS (SELECT a.s FROM {q}c{}{q} a, {q}c{}{q} b)",
+                    i - 1,
+                    i - 1
+                ));
+            }
+            format!("{sql} SELECT s FROM c{levels}")
+        };
+        let parse = |sql: &str| {
+            datafusion::sql::parser::DFParser::parse_sql(sql)
+                .unwrap()
+                .pop_front()
+                .unwrap()
+        };
+        check_cte_uses(&parse(&doubling(8, ""))).expect("8 levels");
+        let e = check_cte_uses(&parse(&doubling(14, "")))
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("each use counted as the copy it is"), "{e}");
+        // Quoted, or nested in a derived table: still counted.
+        assert!(check_cte_uses(&parse(&doubling(14, "\""))).is_err());
+        let nested = format!("SELECT * FROM ({}) t", doubling(14, ""));
+        assert!(check_cte_uses(&parse(&nested)).is_err());
+        let many = (0..50)
+            .map(|i| format!("t{i} AS (SELECT 1 AS s)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        check_cte_uses(&parse(&format!("WITH {many} SELECT * FROM t0, t1, t49")))
+            .expect("many CTEs each read once");
     }
 
     /// A FROM list of derived tables, a chain of CTEs, a list of correlated subqueries and a

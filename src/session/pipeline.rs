@@ -92,6 +92,7 @@ impl PrivateSession {
         let delta = self.default_delta();
         resolve_df_statement(&mut stmt, delta).map_err(DataFusionError::Plan)?;
         super::limits::check_table_function_args(&stmt)?;
+        super::limits::check_cte_uses(&stmt)?;
         Ok(stmt)
     }
 
