@@ -513,29 +513,31 @@ mod tests {
         assert!(e.contains("17 times"), "{e}");
     }
 
+    /// `levels` CTEs, each reading the one before twice (its name quoted with `q`).
+    fn doubling(levels: usize, q: &str) -> String {
+        let mut sql = "WITH c0 AS (SELECT 1 AS s)".to_string();
+        for i in 1..=levels {
+            sql.push_str(&format!(
+                ", C{i} AS (SELECT a.s FROM {q}c{}{q} a, {q}c{}{q} b)",
+                i - 1,
+                i - 1
+            ));
+        }
+        format!("{sql} SELECT s FROM c{levels}")
+    }
+
     /// Round 51 (review "fixes3" F1): CTEs each read twice, level after level, are refused by
     /// the plan's size with every use counted; a calibrating helper in a CTE read 17 times too.
     #[tokio::test]
     async fn a_plan_is_weighed_with_every_use_of_a_cte() {
         let ctx = datafusion::prelude::SessionContext::new();
         dpfusion_udfs::register_all(&ctx);
-        let doubling = |levels: usize| {
-            let mut sql = "WITH c0 AS (SELECT 1 AS s)".to_string();
-            for i in 1..=levels {
-                sql.push_str(&format!(
-                    ", c{i} AS (SELECT a.s FROM c{} a, c{} b)",
-                    i - 1,
-                    i - 1
-                ));
-            }
-            format!("{sql} SELECT s FROM c{levels}")
-        };
         let plan = |sql: String| {
             let ctx = ctx.clone();
             async move { ctx.state().create_logical_plan(&sql).await.unwrap() }
         };
-        check_plan_size(&plan(doubling(4)).await).expect("16 copies");
-        let e = check_plan_size(&plan(doubling(14)).await)
+        check_plan_size(&plan(doubling(4, "")).await).expect("16 copies");
+        let e = check_plan_size(&plan(doubling(14, "")).await)
             .expect_err("refused")
             .to_string();
         assert!(e.contains("every use of a common table expression"), "{e}");
@@ -554,17 +556,6 @@ mod tests {
     /// before planning copies anything.
     #[test]
     fn ctes_read_level_after_level_are_refused_before_planning() {
-        let doubling = |levels: usize, q: &str| {
-            let mut sql = "WITH c0 AS (SELECT 1 AS s)".to_string();
-            for i in 1..=levels {
-                sql.push_str(&format!(
-                    ", C{i} AS (SELECT a.s FROM {q}c{}{q} a, {q}c{}{q} b)",
-                    i - 1,
-                    i - 1
-                ));
-            }
-            format!("{sql} SELECT s FROM c{levels}")
-        };
         let parse = |sql: &str| {
             datafusion::sql::parser::DFParser::parse_sql(sql)
                 .unwrap()
