@@ -110,12 +110,25 @@ struct Share {
 }
 
 /// Is the call bounded by [`Sized`]: a function outside the private fragment, or `strpos`
-/// (`instr`, `position`) with a needle that is not a literal, whose search DataFusion then does
-/// position by position (quadratic; over private rows the fragment requires a literal needle,
-/// with which the search is linear: round 51, review "work" F2).
+/// (`instr`, `position`) with a needle that varies by row (it reads a column or a subquery),
+/// whose search DataFusion then does position by position (quadratic; a constant needle, which
+/// the fragment requires over private rows, is searched in linear time: round 51, review "work"
+/// F2).
 fn bounded(f: &datafusion::logical_expr::expr::ScalarFunction) -> bool {
+    let varies = |e: &Expr| {
+        e.exists(|x| {
+            Ok(matches!(
+                x,
+                Expr::Column(_)
+                    | Expr::OuterReferenceColumn(..)
+                    | Expr::ScalarSubquery(_)
+                    | Expr::Placeholder(_)
+            ))
+        })
+        .unwrap_or(true)
+    };
     outside_fragment(f.func.name())
-        || (f.func.name() == "strpos" && !matches!(f.args.get(1), Some(Expr::Literal(..))))
+        || (f.func.name() == "strpos" && f.args.get(1).is_some_and(varies))
 }
 
 fn wrap_call(x: Expr, share: Share) -> Result<Transformed<Expr>> {
