@@ -202,7 +202,7 @@ async fn check_query(
     opts: GuardOptions,
 ) -> Result<(LogicalPlan, Vec<DpCall>)> {
     refuse_reserved_names(plan)?;
-    crate::session::limits::check_plan_size(plan)?;
+    crate::session::limits::check_calibrations(plan)?;
     // On the plan as written, before type coercion hides what was written, and before the
     // optimizer evaluates constants (allocating them in full).
     super::fragment::check_written_sizes(plan)?;

@@ -1,4 +1,7 @@
-//! The complexity limits of one statement's text, checked before it is parsed.
+//! The complexity limits of one statement: of its text before it is parsed
+//! ([`check_complexity`]), of its parsed form before it is planned (table-function arguments,
+//! [`check_cte_uses`]), and of the plan the SQL planner made before it is optimized
+//! ([`check_calibrations`], called by the guard's check).
 use datafusion::common::{DataFusionError, Result};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
@@ -30,86 +33,46 @@ pub const MAX_LITERAL_DEPTH_BYTES: usize = 8 << 20;
 const STATE_COPIES: &[&str] = &["dp_ledger", "dp_budget"];
 /// The planning helpers that calibrate by a numerical search (each call takes about 0.2 s in a
 /// release build, computed while the statement is planned, which no time limit stops): a
-/// statement may call them at most [`MAX_CALIBRATIONS`] times (round 51, review "modelsfix" F2:
-/// a 1 MiB statement held about 19,000 calls, hours of one thread).
+/// statement may make at most [`MAX_CALIBRATIONS`] such calls, each use of a common table
+/// expression that calls one counted (round 51, reviews "modelsfix" F2 and "fixes3" F1: a
+/// 1 MiB statement held about 19,000 calls, and a CTE read 8 times calibrated 8 times).
 const CALIBRATIONS: &[&str] = &["dp_sgd_sigma", "dp_sgd_epsilon"];
 /// The most calls of [`CALIBRATIONS`] in one statement.
 pub const MAX_CALIBRATIONS: usize = 16;
+/// The most tables a statement's common table expressions may read, each use of one counted as
+/// the copy DataFusion's planner makes of it ([`check_cte_uses`]).
+pub const MAX_CTE_READS: u64 = 20_000;
 
-/// The most steps (plan nodes) a statement's plan may have, each use of a common table
-/// expression counted as the copy it is (round 51, review "fixes3" F1: 18 levels of CTEs each
-/// read twice, 650 bytes of SQL, held 1.76 GB and a thread while the copies were planned).
-pub const MAX_PLAN_NODES: u64 = 20_000;
-
-/// Refuses a planned statement whose plan, with every use of a CTE counted, has more than
-/// [`MAX_PLAN_NODES`] steps or more than [`MAX_CALIBRATIONS`] calls of the calibrating helpers
-/// (each use of a CTE that calls one calibrates again). Checked on the plan the SQL planner
-/// made, before the optimizer folds any constant. Shared subplans are weighed once and their
-/// weight reused, so the check is linear in the plan as held in memory.
-pub(crate) fn check_plan_size(plan: &datafusion::logical_expr::LogicalPlan) -> Result<()> {
-    let mut memo = std::collections::HashMap::new();
-    let (nodes, calibrations) = weigh(plan, &mut memo)?;
-    if nodes > MAX_PLAN_NODES {
+/// Refuses a planned statement with more than [`MAX_CALIBRATIONS`] calls of the calibrating
+/// helpers, on the plan the SQL planner made (where each use of a CTE is a copy), before the
+/// optimizer folds them.
+pub(crate) fn check_calibrations(plan: &datafusion::logical_expr::LogicalPlan) -> Result<()> {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    use datafusion::logical_expr::Expr;
+    let mut calls = 0usize;
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|x| {
+                if let Expr::ScalarFunction(f) = x
+                    && CALIBRATIONS
+                        .iter()
+                        .any(|c| f.func.name().eq_ignore_ascii_case(c))
+                {
+                    calls += 1;
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    if calls > MAX_CALIBRATIONS {
         return refused!(
-            "dpfusion refused the query: its plan has {nodes} steps once every use of a common \
-             table expression is counted (each use is a copy), more than {MAX_PLAN_NODES}. Use \
-             each common table expression fewer times, or store a result with CREATE TABLE … AS \
-             and read the table."
-        );
-    }
-    if calibrations > MAX_CALIBRATIONS as u64 {
-        return refused!(
-            "dpfusion refused the query: it calls dp_sgd_sigma() or dp_sgd_epsilon() \
-             {calibrations} times once every use of a common table expression is counted; a \
-             statement may call them {MAX_CALIBRATIONS} times in all (each call searches for its \
-             answer while the statement is planned). Split the calls over several statements."
+            "dpfusion refused the query: it calls dp_sgd_sigma() or dp_sgd_epsilon() {calls} \
+             times, each use of a common table expression counted; a statement may call them \
+             {MAX_CALIBRATIONS} times in all (each call searches for its answer while the \
+             statement is planned). Split the calls over several statements."
         );
     }
     Ok(())
-}
-
-/// The steps of `plan` and its calls of [`CALIBRATIONS`], every use counted ([`check_plan_size`]).
-fn weigh(
-    plan: &datafusion::logical_expr::LogicalPlan,
-    memo: &mut std::collections::HashMap<usize, (u64, u64)>,
-) -> Result<(u64, u64)> {
-    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-    use datafusion::logical_expr::{Expr, LogicalPlan};
-    let key = plan as *const LogicalPlan as usize;
-    if let Some(w) = memo.get(&key) {
-        return Ok(*w);
-    }
-    let (mut nodes, mut calibrations) = (1u64, 0u64);
-    plan.apply_expressions(|e| {
-        e.apply(|x| {
-            if let Expr::ScalarFunction(f) = x
-                && CALIBRATIONS
-                    .iter()
-                    .any(|c| f.func.name().eq_ignore_ascii_case(c))
-            {
-                calibrations += 1;
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })
-    })?;
-    let mut subqueries = vec![];
-    plan.apply_subqueries(|s| {
-        if let LogicalPlan::Subquery(s) = s {
-            subqueries.push(std::sync::Arc::clone(&s.subquery));
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    let children = plan
-        .inputs()
-        .into_iter()
-        .chain(subqueries.iter().map(|s| s.as_ref()));
-    for child in children {
-        let (n, c) = weigh(child, memo)?;
-        nodes = nodes.saturating_add(n);
-        calibrations = calibrations.saturating_add(c);
-    }
-    memo.insert(key, (nodes, calibrations));
-    Ok((nodes, calibrations))
 }
 
 pub(super) fn check_complexity(sql: &str) -> Result<()> {
@@ -136,17 +99,11 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
     // Calls of the table functions that copy the accountant's state while the statement is
     // planned, and the word before the current token.
     let (mut copies, mut word): (usize, Option<&str>) = (0, None);
-    let mut calibrations = 0usize;
     for t in &tokens {
         if let Token::LParen = t
             && word.is_some_and(|w| STATE_COPIES.iter().any(|f| w.eq_ignore_ascii_case(f)))
         {
             copies += 1;
-        }
-        if let Token::LParen = t
-            && word.is_some_and(|w| CALIBRATIONS.iter().any(|f| w.eq_ignore_ascii_case(f)))
-        {
-            calibrations += 1;
         }
         match t {
             Token::Whitespace(_) | Token::Period => {}
@@ -292,14 +249,6 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
             heavy.1
         );
     }
-    if calibrations > MAX_CALIBRATIONS {
-        return refused!(
-            "dpfusion refused the query: it calls dp_sgd_sigma() or dp_sgd_epsilon() \
-             {calibrations} times; a statement may call them {MAX_CALIBRATIONS} times in all \
-             (each call searches for its answer while the statement is planned). Split the \
-             calls over several statements."
-        );
-    }
     if copies > 1 {
         return refused!(
             "dpfusion refused the query: it calls dp_ledger() or dp_budget() {copies} times; a \
@@ -326,7 +275,7 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
 /// arrow_cast(NULL, 'FixedSizeList(2147483647, Int64)') IS NULL THEN 2 END)`) and end the
 /// process.
 /// Refuses a statement whose common table expressions, each use counted as the copy DataFusion's
-/// SQL planner makes of it, weigh more than [`MAX_PLAN_NODES`] table references, before it is
+/// SQL planner makes of it, weigh more than [`MAX_CTE_READS`] table references, before it is
 /// planned (round 51, review "fixes3" F1: the planner copies a CTE's plan at every use, so CTEs
 /// each read twice, level after level, made a plan, and planning time, that doubled with each
 /// level of 30 bytes). A CTE weighs one plus the weights of the tables and CTEs it reads; the
@@ -384,10 +333,10 @@ pub(super) fn check_cte_uses(stmt: &datafusion::sql::parser::Statement) -> Resul
         },
         _ => 0,
     };
-    if total > MAX_PLAN_NODES {
+    if total > MAX_CTE_READS {
         return refused!(
             "dpfusion refused the query: its common table expressions, each use counted as the \
-             copy it is, read about {total} tables, more than {MAX_PLAN_NODES}. Use each common \
+             copy it is, read about {total} tables, more than {MAX_CTE_READS}. Use each common \
              table expression fewer times, or store a result with CREATE TABLE … AS and read the \
              table."
         );
@@ -497,22 +446,6 @@ mod tests {
         check_complexity(&format!("SELECT {short}")).expect("short literals, deep");
     }
 
-    /// Round 51 (review "modelsfix" F2): the calibrating helpers, at most 16 calls a statement.
-    #[test]
-    fn calibrating_helpers_are_bounded_per_statement() {
-        let calls = |n: usize| {
-            let c: Vec<String> = (0..n)
-                .map(|i| format!("DP_SGD_SIGMA(0.01, {}, 1.0, 1e-6)", 100 + i))
-                .collect();
-            format!("SELECT {}", c.join(", "))
-        };
-        check_complexity(&calls(MAX_CALIBRATIONS)).expect("16 calls");
-        let e = check_complexity(&calls(MAX_CALIBRATIONS + 1))
-            .expect_err("refused")
-            .to_string();
-        assert!(e.contains("17 times"), "{e}");
-    }
-
     /// `levels` CTEs, each reading the one before twice (its name quoted with `q`).
     fn doubling(levels: usize, q: &str) -> String {
         let mut sql = "WITH c0 AS (SELECT 1 AS s)".to_string();
@@ -526,27 +459,33 @@ mod tests {
         format!("{sql} SELECT s FROM c{levels}")
     }
 
-    /// Round 51 (review "fixes3" F1): CTEs each read twice, level after level, are refused by
-    /// the plan's size with every use counted; a calibrating helper in a CTE read 17 times too.
+    /// Round 51 (reviews "modelsfix" F2, "fixes3" F1): at most 16 calls of the calibrating
+    /// helpers a statement, written or through the uses of a CTE.
     #[tokio::test]
-    async fn a_plan_is_weighed_with_every_use_of_a_cte() {
+    async fn calibrating_helpers_are_counted_per_use() {
         let ctx = datafusion::prelude::SessionContext::new();
         dpfusion_udfs::register_all(&ctx);
         let plan = |sql: String| {
             let ctx = ctx.clone();
             async move { ctx.state().create_logical_plan(&sql).await.unwrap() }
         };
-        check_plan_size(&plan(doubling(4, "")).await).expect("16 copies");
-        let e = check_plan_size(&plan(doubling(14, "")).await)
+        let written = |n: usize| {
+            let c: Vec<String> = (0..n)
+                .map(|i| format!("DP_SGD_SIGMA(0.01, {}, 1.0, 1e-6)", 100 + i))
+                .collect();
+            format!("SELECT {}", c.join(", "))
+        };
+        check_calibrations(&plan(written(MAX_CALIBRATIONS)).await).expect("16 calls");
+        let e = check_calibrations(&plan(written(MAX_CALIBRATIONS + 1)).await)
             .expect_err("refused")
             .to_string();
-        assert!(e.contains("every use of a common table expression"), "{e}");
+        assert!(e.contains("17 times"), "{e}");
         let reads: Vec<String> = (0..17).map(|i| format!("c c{i}")).collect();
         let sql = format!(
             "WITH c AS (SELECT dp_sgd_sigma(0.01, 1000, 1.0, 1e-5) AS s) SELECT c0.s FROM {}",
             reads.join(", ")
         );
-        let e = check_plan_size(&plan(sql).await)
+        let e = check_calibrations(&plan(sql).await)
             .expect_err("refused")
             .to_string();
         assert!(e.contains("17 times"), "{e}");
