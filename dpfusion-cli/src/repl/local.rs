@@ -148,13 +148,14 @@ impl Backend for Local {
             .collect()
     }
 
-    async fn describe(&mut self, table: &str) -> String {
+    async fn describe(&mut self, table: &str) -> Result<String, String> {
         describe(&self.session, table)
     }
 }
 
-/// `\d` and `\d TABLE`: what a user needs to know to query a table privately.
-pub fn describe(session: &PrivateSession, table: &str) -> String {
+/// `\d` and `\d TABLE`: what a user needs to know to query a table privately; an error naming
+/// the tables for a table that does not exist.
+pub fn describe(session: &PrivateSession, table: &str) -> Result<String, String> {
     let tables = session.tables();
     let budget = session.budget();
     let policy = |name: &str, private: bool| -> String {
@@ -193,9 +194,11 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
     };
     if table.is_empty() {
         if tables.is_empty() {
-            return "no tables: the data owner declares them (dpfusion --catalog FILE, or \
-                    --private NAME=PATH in single-user mode)"
-                .to_string();
+            return Ok(
+                "no tables: the data owner declares them (dpfusion --catalog FILE, or \
+                       --private NAME=PATH in single-user mode)"
+                    .to_string(),
+            );
         }
         let mut out = String::from("Tables:\n");
         for (name, info, schema) in &tables {
@@ -211,18 +214,18 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
             ));
         }
         out.push_str("\\d TABLE shows its columns.");
-        return out;
+        return Ok(out);
     }
     let want = table.to_ascii_lowercase();
     let Some((name, info, schema)) = tables.iter().find(|(n, _, _)| *n == want) else {
-        return format!(
+        return Err(format!(
             "no table '{table}' (tables: {})",
             tables
                 .iter()
                 .map(|t| t.0.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
-        );
+        ));
     };
     let mut out = format!("Table {name}: {}\n", policy(name, info.private));
     if let Some((p, by)) = session
@@ -294,5 +297,5 @@ pub fn describe(session: &PrivateSession, table: &str) -> String {
     if let Some(note) = crate::demo::describe_demo(name, &info.key) {
         out.push_str(&format!("  about: {note}\n"));
     }
-    out.trim_end().to_string()
+    Ok(out.trim_end().to_string())
 }

@@ -130,8 +130,9 @@ pub trait Backend {
     async fn ledger_table(&mut self, format: OutputFormat) -> Result<Answer, String>;
     /// The tables and their schemas (for completion).
     async fn tables(&mut self) -> Vec<(String, SchemaRef)>;
-    /// `\d` (empty `table`: every table) and `\d TABLE`.
-    async fn describe(&mut self, table: &str) -> String;
+    /// `\d` (empty `table`: every table) and `\d TABLE`; an error for a table that does not
+    /// exist (so that a script's `\d nope` fails, as its SQL would).
+    async fn describe(&mut self, table: &str) -> Result<String, String>;
 }
 
 /// Prints one statement's answer in `format` (stdout) and, unless `quiet`, its charge receipt
@@ -369,11 +370,13 @@ impl<B: Backend> Repl<B> {
                 self.show(line, b)
             }
             Meta::Explain(query) => MetaDone::Sql(format!("EXPLAIN PRIVACY {query}")),
-            Meta::Describe(table) => {
-                let d = self.backend.describe(table).await;
-                out(&d);
-                MetaDone::Shown
-            }
+            Meta::Describe(table) => match self.backend.describe(table).await {
+                Ok(d) => {
+                    out(&d);
+                    MetaDone::Shown
+                }
+                Err(e) => MetaDone::Failed(error_text(line, &e)),
+            },
             Meta::Mistake(e) => MetaDone::Failed(error_text(line, &e)),
             Meta::Done => MetaDone::Shown,
         }
@@ -573,7 +576,7 @@ pub async fn run_repl<B: Backend>(backend: B, format: OutputFormat, quiet: bool)
         terminal_safe(&repl.backend.greeting(), Escape::Text)
     );
     // The policy in force, as the data owner set it (docs/CATALOG.md).
-    let d = repl.backend.describe("").await;
+    let d = repl.backend.describe("").await.unwrap_or_else(|e| e);
     println!("{}", terminal_safe(&d, Escape::Text));
     loop {
         let prompt = repl.prompt().await;
@@ -685,8 +688,8 @@ mod tests {
         async fn tables(&mut self) -> Vec<(String, SchemaRef)> {
             vec![]
         }
-        async fn describe(&mut self, _: &str) -> String {
-            String::new()
+        async fn describe(&mut self, _: &str) -> Result<String, String> {
+            Ok(String::new())
         }
     }
 

@@ -332,11 +332,8 @@ impl Backend for Remote {
         self.server_tables().await.unwrap_or_default()
     }
 
-    async fn describe(&mut self, table: &str) -> String {
-        let tables = match self.server_tables().await {
-            Ok(t) => t,
-            Err(e) => return e,
-        };
+    async fn describe(&mut self, table: &str) -> Result<String, String> {
+        let tables = self.server_tables().await?;
         let budget = self.budget().await;
         let policy = |name: &str| match budget.iter().find(|b| b.name == name) {
             Some(b) => format!(
@@ -357,25 +354,25 @@ impl Backend for Remote {
                 ));
             }
             out.push_str("\\d TABLE shows its columns.");
-            return out;
+            return Ok(out);
         }
         let want = table.to_ascii_lowercase();
         let Some((name, schema)) = tables.iter().find(|(n, _)| *n == want) else {
-            return format!(
+            return Err(format!(
                 "no table '{table}' (tables: {})",
                 tables
                     .iter()
                     .map(|t| t.0.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
-            );
+            ));
         };
         let mut out = format!("Table {name}: {}\n  columns:\n", policy(name));
         for f in schema.fields() {
             out.push_str(&format!("    {:<14} {}\n", f.name(), f.data_type()));
         }
         out.push_str("  (SHOW TABLES shows neighbours and public columns)");
-        out
+        Ok(out)
     }
 }
 

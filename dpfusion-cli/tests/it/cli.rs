@@ -739,4 +739,13 @@ fn r51_scripts_carry_out_meta_commands_as_the_repl_does() {
     let o = run(&d, &["-c", "-- @expect-error\n\\q"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("marked '-- @expect-error' but succeeded"));
+    // `\d` of a table that does not exist fails the script as its SQL would (round 52).
+    let o = run(&d, &["-c", "\\d nosuch", "-c", "SELECT 'never' AS x"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("ERROR in: \\d nosuch\n  no table 'nosuch' (tables: "),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stdout(&o).contains("never"));
 }

@@ -160,7 +160,7 @@ async fn r49_the_local_backend_reports_a_failed_statements_charge() {
     let d = catalog("local");
     let cat = dpfusion::catalog::Catalog::load(d.join("c.toml")).unwrap();
     let session = cat.open().await.unwrap();
-    let table = describe(&session, "");
+    let table = describe(&session, "").unwrap();
     let a = table
         .lines()
         .find(|l| l.trim_start().starts_with("a "))
@@ -169,7 +169,10 @@ async fn r49_the_local_backend_reports_a_failed_statements_charge() {
         a.contains("private, budget ε 3 at δ 1e-6 (one budget with a2: the same file);"),
         "{a}"
     );
-    assert!(describe(&session, "a").contains("100% left"), "{table}");
+    assert!(
+        describe(&session, "a").unwrap().contains("100% left"),
+        "{table}"
+    );
     let mut local = Local::new(session);
     match local.sql_interruptible(FAILS).await {
         Outcome::Failed(e, charged) => {
