@@ -110,25 +110,31 @@ struct Share {
 }
 
 /// Is the call bounded by [`Sized`]: a function outside the private fragment, or `strpos`
-/// (`instr`, `position`) with a needle that varies by row (it reads a column or a subquery),
-/// whose search DataFusion then does position by position (quadratic; a constant needle, which
-/// the fragment requires over private rows, is searched in linear time: round 51, review "work"
-/// F2).
+/// (`instr`, `position`) in any form but the one DataFusion searches in linear time, a haystack
+/// of a column's values and a needle that is one constant for the whole batch (the form the
+/// fragment requires over private rows; `strpos_scalar_needle`). Any other form is searched
+/// position by position, quadratic: a needle that varies by row (it reads a column, a subquery
+/// or a parameter: round 51, review "work" F2), a volatile one (`random()` makes it an array),
+/// or a haystack that is itself a constant (folded while the query is planned, or a constant
+/// array at run time: round 52, review "fixes" F2).
 fn bounded(f: &datafusion::logical_expr::expr::ScalarFunction) -> bool {
-    let varies = |e: &Expr| {
+    let reads = |e: &Expr, any: bool| {
         e.exists(|x| {
-            Ok(matches!(
-                x,
-                Expr::Column(_)
-                    | Expr::OuterReferenceColumn(..)
-                    | Expr::ScalarSubquery(_)
-                    | Expr::Placeholder(_)
-            ))
+            Ok(match x {
+                Expr::Column(_) | Expr::OuterReferenceColumn(..) => true,
+                Expr::ScalarSubquery(_) | Expr::Placeholder(_) => any,
+                _ => false,
+            })
         })
         .unwrap_or(true)
     };
-    outside_fragment(f.func.name())
-        || (f.func.name() == "strpos" && f.args.get(1).is_some_and(varies))
+    let linear = |args: &[Expr]| match args {
+        [haystack, needle] => {
+            reads(haystack, false) && !reads(needle, true) && !needle.is_volatile()
+        }
+        _ => false,
+    };
+    outside_fragment(f.func.name()) || (f.func.name() == "strpos" && !linear(&f.args))
 }
 
 fn wrap_call(x: Expr, share: Share) -> Result<Transformed<Expr>> {

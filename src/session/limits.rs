@@ -268,67 +268,25 @@ pub(super) fn check_complexity(sql: &str) -> Result<()> {
     Ok(())
 }
 
-/// The arguments of a table function (`generate_series(1, 10)`, `dp_budget('people')`) are
-/// numbers or strings written as such. DataFusion evaluates them while it plans the statement,
-/// before any check of the plan can see them (the plan keeps only the function's scan), so an
-/// expression there could make it allocate without bound (`generate_series(1, CASE WHEN
-/// arrow_cast(NULL, 'FixedSizeList(2147483647, Int64)') IS NULL THEN 2 END)`) and end the
-/// process.
 /// Refuses a statement whose common table expressions, each use counted as the copy DataFusion's
 /// SQL planner makes of it, weigh more than [`MAX_CTE_READS`] table references, before it is
 /// planned (round 51, review "fixes3" F1: the planner copies a CTE's plan at every use, so CTEs
 /// each read twice, level after level, made a plan, and planning time, that doubled with each
-/// level of 30 bytes). A CTE weighs one plus the weights of the tables and CTEs it reads; the
-/// statement the weights of everything it reads. Over-approximated where names are shadowed (a
-/// name weighs its heaviest definition anywhere in the statement).
+/// level of 30 bytes). A CTE weighs one plus the weights of the tables and CTEs its body reads;
+/// a query the weights of what it reads, its subqueries' included; the statement the weights of
+/// everything it reads outside a CTE's body. A name resolves as the planner resolves it: to the
+/// CTE of that name in the nearest enclosing `WITH` defined before the reference (in a `WITH
+/// RECURSIVE`, a CTE's reference to itself is its recursion, planned once), else to a table
+/// (weight 1). Weighed in one pass, each CTE when its body has been read (round 52, review
+/// "fixes" F1: weighed when its `WITH` was first met, a CTE defined inside another's body was not
+/// known yet and weighed 1, so CTEs nested in each other's bodies doubled unseen).
 pub(super) fn check_cte_uses(stmt: &datafusion::sql::parser::Statement) -> Result<()> {
     use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
-    use datafusion::sql::sqlparser::ast::{ObjectNamePart, Query, Visit, Visitor, visit_relations};
-    use std::collections::HashMap;
-    use std::ops::ControlFlow;
-    #[derive(Default)]
-    struct Weights(HashMap<String, u64>);
-    impl Weights {
-        fn of<V: Visit>(&self, node: &V) -> u64 {
-            let mut w = 0u64;
-            let _ = visit_relations(node, |r| {
-                // The last part's value, without quotes: `"c0"` reads the CTE c0 too.
-                let name = match r.0.last() {
-                    Some(ObjectNamePart::Identifier(i)) => i.value.to_ascii_lowercase(),
-                    _ => r.to_string().to_ascii_lowercase(),
-                };
-                w = w.saturating_add(self.0.get(&name).copied().unwrap_or(1));
-                ControlFlow::<()>::Continue(())
-            });
-            w
-        }
-    }
-    impl Visitor for Weights {
-        type Break = ();
-        fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
-            for cte in q.with.iter().flat_map(|w| &w.cte_tables) {
-                let w = 1u64.saturating_add(self.of(&*cte.query));
-                let e = self
-                    .0
-                    .entry(cte.alias.name.value.to_ascii_lowercase())
-                    .or_insert(0);
-                *e = (*e).max(w);
-            }
-            ControlFlow::Continue(())
-        }
-    }
-    let mut weights = Weights::default();
     let total = match stmt {
-        DFStatement::Statement(s) => {
-            let _ = s.visit(&mut weights);
-            weights.of(&**s)
-        }
+        DFStatement::Statement(s) => cte_weight(&**s),
         DFStatement::Explain(e) => return check_cte_uses(&e.statement),
         DFStatement::CopyTo(c) => match &c.source {
-            CopyToSource::Query(q) => {
-                let _ = q.visit(&mut weights);
-                weights.of(&**q)
-            }
+            CopyToSource::Query(q) => cte_weight(&**q),
             CopyToSource::Relation(_) => 0,
         },
         _ => 0,
@@ -344,6 +302,112 @@ pub(super) fn check_cte_uses(stmt: &datafusion::sql::parser::Statement) -> Resul
     Ok(())
 }
 
+/// The table references `node` makes, each CTE use counted as the copy of its body it is
+/// ([`check_cte_uses`]; saturating).
+fn cte_weight<V: datafusion::sql::sqlparser::ast::Visit>(node: &V) -> u64 {
+    use datafusion::sql::sqlparser::ast::{ObjectName, ObjectNamePart, Query, Visitor};
+    use std::collections::HashMap;
+    use std::ops::ControlFlow;
+    /// A query being read.
+    struct Frame {
+        /// The CTEs of its `WITH` whose bodies have been read, by name, with their weights.
+        defined: HashMap<String, u64>,
+        /// Its `WITH` is `RECURSIVE`.
+        recursive: bool,
+        /// Its CTEs' bodies (by address) and names, to know a body when it is met.
+        bodies: Vec<(*const Query, String)>,
+        /// This query is the body of the CTE of this name (of the frame below).
+        defines: Option<String>,
+        /// The weight read so far.
+        sum: u64,
+    }
+    struct Weights(Vec<Frame>);
+    fn frame(q: Option<&Query>, defines: Option<String>) -> Frame {
+        let with = q.and_then(|q| q.with.as_ref());
+        Frame {
+            defined: HashMap::new(),
+            recursive: with.is_some_and(|w| w.recursive),
+            bodies: with
+                .into_iter()
+                .flat_map(|w| &w.cte_tables)
+                .map(|c| {
+                    (
+                        &*c.query as *const Query,
+                        c.alias.name.value.to_ascii_lowercase(),
+                    )
+                })
+                .collect(),
+            defines,
+            sum: 0,
+        }
+    }
+    impl Visitor for Weights {
+        type Break = ();
+        fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
+            let defines = self.0.last().and_then(|f| {
+                f.bodies
+                    .iter()
+                    .find(|(b, _)| std::ptr::eq(*b, q))
+                    .map(|(_, n)| n.clone())
+            });
+            self.0.push(frame(Some(q), defines));
+            ControlFlow::Continue(())
+        }
+        fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+            // The root frame stays: every pre_visit_query pushed one above it.
+            if self.0.len() > 1 {
+                let done = self.0.pop().expect("a frame per query");
+                let below = self.0.last_mut().expect("the root frame");
+                match done.defines {
+                    Some(name) => {
+                        let w = done.sum.saturating_add(1);
+                        let e = below.defined.entry(name).or_insert(0);
+                        *e = (*e).max(w);
+                    }
+                    None => below.sum = below.sum.saturating_add(done.sum),
+                }
+            }
+            ControlFlow::Continue(())
+        }
+        fn pre_visit_relation(&mut self, r: &ObjectName) -> ControlFlow<()> {
+            // The last part's value, without quotes: `"c0"` reads the CTE c0 too.
+            let name = match r.0.last() {
+                Some(ObjectNamePart::Identifier(i)) => i.value.to_ascii_lowercase(),
+                _ => r.to_string().to_ascii_lowercase(),
+            };
+            // The nearest frame that defined it; a recursive CTE's reference to itself (from
+            // its body, the frame right above the one whose WITH it is in) is one read.
+            let mut w = 1;
+            for (i, f) in self.0.iter().enumerate().rev() {
+                if let Some(d) = f.defined.get(&name) {
+                    w = *d;
+                    break;
+                }
+                let recursion = f.recursive
+                    && self
+                        .0
+                        .get(i + 1)
+                        .is_some_and(|b| b.defines.as_deref() == Some(name.as_str()));
+                if recursion {
+                    break;
+                }
+            }
+            let top = self.0.last_mut().expect("the root frame");
+            top.sum = top.sum.saturating_add(w);
+            ControlFlow::Continue(())
+        }
+    }
+    let mut weights = Weights(vec![frame(None, None)]);
+    let _ = node.visit(&mut weights);
+    weights.0.first().map_or(0, |f| f.sum)
+}
+
+/// The arguments of a table function (`generate_series(1, 10)`, `dp_budget('people')`) are
+/// numbers or strings written as such. DataFusion evaluates them while it plans the statement,
+/// before any check of the plan can see them (the plan keeps only the function's scan), so an
+/// expression there could make it allocate without bound (`generate_series(1, CASE WHEN
+/// arrow_cast(NULL, 'FixedSizeList(2147483647, Int64)') IS NULL THEN 2 END)`) and end the
+/// process.
 pub(super) fn check_table_function_args(stmt: &datafusion::sql::parser::Statement) -> Result<()> {
     use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
     use datafusion::sql::sqlparser::ast::{
@@ -516,6 +580,40 @@ mod tests {
             .join(", ");
         check_cte_uses(&parse(&format!("WITH {many} SELECT * FROM t0, t1, t49")))
             .expect("many CTEs each read once");
+        // Round 52 (review "fixes" F1): each level defined inside the next one's body, each
+        // with its own name: weighed once its body is read.
+        let nested = |k: usize| {
+            let mut q = "SELECT 1 AS s".to_string();
+            for i in 1..=k {
+                q = format!("WITH x{i} AS ({q}) SELECT a.s FROM x{i} a, x{i} b");
+            }
+            q
+        };
+        check_cte_uses(&parse(&nested(8))).expect("8 nested levels");
+        let e = check_cte_uses(&parse(&nested(14)))
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("each use counted as the copy it is"), "{e}");
+        assert!(check_cte_uses(&parse(&nested(30))).is_err());
+        // A nested CTE reading an outer one twice, itself read twice: 2 · (1 + 2 · w(a)).
+        let outer = format!(
+            "WITH a AS ({}) SELECT * FROM (WITH b AS (SELECT * FROM a x, a y) SELECT * FROM b p, \
+             b q) t",
+            doubling(12, "")
+        );
+        assert!(check_cte_uses(&parse(&outer)).is_err());
+        // Scoping as the planner resolves names: a CTE's body cannot read a later CTE of its
+        // WITH, and a name read outside a CTE's scope is a table.
+        check_cte_uses(&parse(
+            "WITH a AS (SELECT * FROM b x, b y), b AS (SELECT * FROM t) SELECT * FROM a, b",
+        ))
+        .expect("light");
+        // A recursive CTE reads itself once: its recursion.
+        check_cte_uses(&parse(
+            "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 3) \
+             SELECT * FROM r",
+        ))
+        .expect("recursion");
     }
 
     /// A FROM list of derived tables, a chain of CTEs, a list of correlated subqueries and a
