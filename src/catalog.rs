@@ -7,7 +7,10 @@
 //! Relative paths are relative to the catalog file's directory. Unknown keys are errors (a typo
 //! must never silently leave a default in force). A catalog that another user could replace or
 //! write (its directory, one on the way, or the file itself) is refused when loaded: it chooses
-//! the ledger and the budgets (round 46; docs/CATALOG.md, "Who must own what").
+//! the ledger and the budgets (round 46; docs/CATALOG.md, "Who must own what"). A catalog whose
+//! ledger does not exist yet while a witness it may have kept does is refused when opened, before
+//! anything is created: an edited `ledger` never starts every budget at zero silently (round 52;
+//! [`Catalog::check_ledger_continues`], docs/CATALOG.md, "Moving the ledger").
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -33,7 +36,10 @@ pub struct Catalog {
 }
 
 /// One `[[analyst]]`: a name (recorded with every charge the analyst makes over the server) and
-/// the salted hash of their bearer token (`dpfusion token` prints one).
+/// the salted hash of their bearer token (`dpfusion token` prints one). The name is the analyst's
+/// identity in the ledger (`dp_ledger()` shows an analyst the SQL recorded under it), so it is
+/// never given to another person; `dpfusion serve` reads the analysts when it starts, so a
+/// revoked or rotated token takes effect at its restart (round 52; docs/CATALOG.md).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AnalystSection {
@@ -96,7 +102,8 @@ pub struct ServerSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionSection {
-    /// The ledger (default `.dpfusion/ledger.jsonl` beside the catalog).
+    /// The ledger (default `.dpfusion/ledger.jsonl` beside the catalog): where every table's
+    /// budget lives, so one dataset has one ledger (docs/CATALOG.md, "One dataset, one ledger").
     pub ledger: Option<PathBuf>,
     /// The ledger's witness (docs/LEDGER.md), outside the ledger's directory. Default:
     /// `<catalog file>.witness` beside the catalog; when that is the ledger's directory, the
@@ -283,6 +290,23 @@ fn check_file(path: &Path, opened: &std::fs::Metadata) -> Result<()> {
     Ok(())
 }
 
+/// The ledger a witness file names, for a message: its path and id as the witness recorded
+/// them (docs/LEDGER.md, "The witness"), or what it is when it is no witness.
+fn witnessed(w: &Path) -> String {
+    let read = std::fs::symlink_metadata(w)
+        .ok()
+        .filter(|m| m.is_file() && m.len() <= 64 * 1024)
+        .and_then(|_| std::fs::read(w).ok())
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    match read
+        .as_ref()
+        .and_then(|v| Some((v.get("ledger")?.as_str()?, v.get("ledger_id")?.as_str()?)))
+    {
+        Some((ledger, id)) => format!("the ledger {ledger} (id {id})"),
+        None => "a ledger (the file is not a readable witness)".to_string(),
+    }
+}
+
 fn one_byte(path: &Path, table: &str, key: &str, s: &str) -> Result<u8> {
     match s.as_bytes() {
         [b] => Ok(*b),
@@ -357,6 +381,87 @@ impl Catalog {
             .unwrap_or_else(|| PathBuf::from("."))
     }
 
+    /// `<catalog file>.witness` beside the catalog: the default witness of a ledger outside the
+    /// catalog's own directory.
+    fn witness_beside(&self) -> PathBuf {
+        let mut name = self.path.file_name().unwrap_or_default().to_os_string();
+        name.push(".witness");
+        self.dir().join(name)
+    }
+
+    /// Refuses to start a new ledger while a witness this catalog has kept names another one
+    /// (round 52, review "operator", F4). Changing `[session] ledger` to a path in the catalog's
+    /// own directory moved the default witness too (`<catalog>.witness` is never in the
+    /// ledger's directory), so the new, empty ledger met no witness and started every budget
+    /// at zero, silently, where the same edit to any other path was refused. So, when the
+    /// ledger `options` name does not exist yet (or is empty), every witness the catalog may
+    /// have kept is looked at: the one it uses now, `<catalog>.witness` beside it, and, unless
+    /// `ledger_witness` names one, the default witnesses of ledgers directly in the catalog's
+    /// directory (`<catalog dir>.witness/*.witness`). Any of them existing refuses the open,
+    /// before anything is created (the ledger's directory included). [`Catalog::open`] checks
+    /// it; an embedder that opens a session on [`Catalog::session_options`] itself calls it
+    /// first.
+    pub fn check_ledger_continues(&self, options: &SessionOptions) -> Result<()> {
+        let ledger = &options.ledger_path;
+        match std::fs::metadata(ledger) {
+            Ok(m) if m.len() > 0 => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // Not ours to judge: the ledger's own open reports it.
+            Err(_) => return Ok(()),
+        }
+        let in_use = match &options.ledger_witness {
+            Some(w) => Some(w.clone()),
+            None => crate::accounting::default_witness(ledger).ok(),
+        };
+        let mut kept: Vec<(PathBuf, bool)> = in_use
+            .into_iter()
+            .chain([self.witness_beside()])
+            .map(|w| (w, false))
+            .collect();
+        if self.session.ledger_witness.is_none()
+            && let Ok(w) = crate::accounting::default_witness(&self.dir().join("ledger"))
+            && let Some(Ok(entries)) = w.parent().map(std::fs::read_dir)
+        {
+            let mut shared: Vec<PathBuf> = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "witness"))
+                .collect();
+            shared.sort();
+            kept.extend(shared.into_iter().map(|w| (w, true)));
+        }
+        for (w, shared) in kept {
+            if std::fs::symlink_metadata(&w).is_err() {
+                continue;
+            }
+            let other = if shared {
+                " If it is the witness of another catalog's ledger in this directory, name this \
+                 catalog's own witness with `ledger_witness` in [session]."
+            } else {
+                ""
+            };
+            return Err(err(
+                &self.path,
+                format!(
+                    "its ledger {} does not exist (or is empty), but {} does: the witness of {}. \
+                     The catalog's `ledger` was changed, or the ledger was deleted or moved; \
+                     opening it would start a new ledger, every table's budget at zero, so \
+                     nothing was opened or created. Point `ledger` back at the ledger the \
+                     witness names, or restore that ledger with its .head sidecar from a backup \
+                     (to move a ledger, see docs/CATALOG.md, \"Moving the ledger\"). Only if the \
+                     data owner decides to start a new ledger, with new budgets for every table \
+                     (the charges recorded so far no longer count), move {} aside first.{other}",
+                    ledger.display(),
+                    w.display(),
+                    witnessed(&w),
+                    w.display(),
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// A path of the catalog, relative to its directory.
     pub fn resolve(&self, p: &Path) -> PathBuf {
         if p.is_absolute() {
@@ -379,9 +484,7 @@ impl Catalog {
         o.ledger_witness = match &s.ledger_witness {
             Some(w) => Some(self.resolve(w)),
             None => {
-                let mut name = self.path.file_name().unwrap_or_default().to_os_string();
-                name.push(".witness");
-                let beside = self.dir().join(name);
+                let beside = self.witness_beside();
                 let dir = |p: &Path| {
                     std::path::absolute(p.parent().unwrap_or(Path::new("."))).unwrap_or_default()
                 };
@@ -604,6 +707,7 @@ impl Catalog {
     pub async fn open_protecting(&self, also: &[PathBuf]) -> Result<PrivateSession> {
         let mut options = self.session_options();
         options.owner_paths.extend(also.iter().cloned());
+        self.check_ledger_continues(&options)?;
         let session = PrivateSession::open(options).await?;
         self.register(&session).await?;
         Ok(session)
@@ -903,5 +1007,88 @@ mod tests {
             chown(&shared, 0);
             load().unwrap();
         }
+    }
+
+    /// Round 52 (review "operator", F4): `[session] ledger` edited to a path in the catalog's own
+    /// directory moved the default witness with it, and the new, empty ledger started every
+    /// budget at zero, silently (the same edit to another path was refused). A new ledger is
+    /// refused while any witness the catalog may have kept exists, whichever way the ledger
+    /// moved, an empty ledger file included; an existing ledger, or a deliberately named witness
+    /// of its own, is not.
+    #[test]
+    fn a_new_ledger_is_refused_while_a_witness_the_catalog_kept_exists() {
+        let d = crate::testdir::test_dir("catalog-new-ledger");
+        let path = d.join("c.toml");
+        let check = |session: &str| {
+            std::fs::write(&path, format!("[session]\n{session}\n")).unwrap();
+            let c = Catalog::load(&path).unwrap();
+            c.check_ledger_continues(&c.session_options())
+                .map_err(|e| e.to_string())
+        };
+        let witness = |p: &Path, ledger: &Path| {
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(
+                p,
+                format!(
+                    r#"{{"format":2,"ledger":"{}","ledger_id":"abc123","lines":3,"bytes":9,"hash":"00"}}"#,
+                    ledger.display()
+                ),
+            )
+            .unwrap();
+        };
+        // A catalog's first session: nothing kept, nothing refused.
+        check("ledger = \".dpfusion/ledger.jsonl\"").unwrap();
+        check("ledger = \"ledger.jsonl\"").unwrap();
+        // The catalog's witness names .dpfusion/ledger.jsonl; `ledger` now names another path,
+        // in the catalog's directory (the review's step) or below it.
+        let beside = d.join("c.toml.witness");
+        let old = d.join(".dpfusion/ledger.jsonl");
+        witness(&beside, &old);
+        for ledger in [
+            "ledger.jsonl",
+            "elsewhere/ledger.jsonl",
+            ".dpfusion/ledger.jsonl",
+        ] {
+            let e = check(&format!("ledger = \"{ledger}\"")).unwrap_err();
+            for needle in [
+                format!("its ledger {} does not exist", d.join(ledger).display()),
+                format!(
+                    "but {} does: the witness of the ledger {} (id abc123)",
+                    beside.display(),
+                    old.display()
+                ),
+                "every table's budget at zero".to_string(),
+                "Point `ledger` back".to_string(),
+                format!("move {} aside first", beside.display()),
+            ] {
+                assert!(e.contains(&needle), "{ledger}: {needle} not in: {e}");
+            }
+            assert!(!e.contains("another catalog's ledger"), "{e}");
+        }
+        assert!(!d.join("elsewhere").exists(), "nothing created");
+        // An empty ledger file is no ledger.
+        std::fs::write(d.join("empty.jsonl"), "").unwrap();
+        check("ledger = \"empty.jsonl\"").unwrap_err();
+        // The ledger the witness names, or any existing one, opens as before.
+        std::fs::create_dir_all(d.join(".dpfusion")).unwrap();
+        std::fs::write(&old, "{}\n").unwrap();
+        check("ledger = \".dpfusion/ledger.jsonl\"").unwrap();
+        // The other way: the ledger was in the catalog's directory, so its witness is
+        // <dir>.witness/ledger.jsonl.witness, and `ledger` now names .dpfusion/new.jsonl.
+        std::fs::remove_file(&beside).unwrap();
+        let in_dir = d.join("ledger.jsonl");
+        let shared = crate::accounting::default_witness(&in_dir).unwrap();
+        witness(&shared, &in_dir);
+        let e = check("ledger = \".dpfusion/new.jsonl\"").unwrap_err();
+        assert!(e.contains(&format!("but {} does", shared.display())), "{e}");
+        assert!(
+            e.contains("name this catalog's own witness with `ledger_witness`"),
+            "{e}"
+        );
+        // A witness the catalog names is the catalog's: the default places are not searched.
+        check("ledger = \".dpfusion/new.jsonl\"\nledger_witness = \"w/new.witness\"").unwrap();
+        // ... but <catalog>.witness still is.
+        witness(&beside, &old);
+        check("ledger = \".dpfusion/new.jsonl\"\nledger_witness = \"w/new.witness\"").unwrap_err();
     }
 }

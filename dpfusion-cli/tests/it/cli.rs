@@ -749,3 +749,86 @@ fn r51_scripts_carry_out_meta_commands_as_the_repl_does() {
     );
     assert!(!stdout(&o).contains("never"));
 }
+
+/// Round 52 (review "operator", F4): editing `[session] ledger` to a path in the catalog's own
+/// directory (a "tidy-up") started a new, empty ledger with every budget at zero, silently,
+/// while the same edit to any other path was refused (after creating that path's directory).
+/// Both are refused now, before anything is created, with the witness and the ledger it names;
+/// a ledger moved with its `.head` (docs/CATALOG.md, "Moving the ledger") keeps its charges, and
+/// only moving the witness aside, the owner's decision, starts a new ledger.
+#[test]
+fn r52_a_catalog_edited_to_a_new_ledger_is_refused_while_its_witness_names_the_old_one() {
+    let d = tmp("catalog-moved-ledger");
+    std::fs::create_dir(d.join("data")).unwrap();
+    std::fs::copy(
+        crate::common::repo_root().join("tests/data/people.csv"),
+        d.join("data/people.csv"),
+    )
+    .unwrap();
+    let catalog = d.join("dpfusion.toml");
+    let with_ledger = |ledger: &str| {
+        std::fs::write(
+            &catalog,
+            format!(
+                "[session]\nledger = \"{ledger}\"\n[[table]]\nname = \"people\"\n\
+                 path = \"data/people.csv\"\nepsilon = 1.0\ndelta = 1e-6\n"
+            ),
+        )
+        .unwrap();
+    };
+    let queries = |o: &Output| {
+        assert!(o.status.success(), "{}", stderr(o));
+        let rows: serde_json::Value = serde_json::from_str(&stdout(o)).unwrap();
+        rows[0]["queries"].as_u64().unwrap()
+    };
+    with_ledger(".dpfusion/ledger.jsonl");
+    let o = run_catalog(
+        &d,
+        &catalog,
+        &[
+            "-c",
+            "SELECT dp_count(age, epsilon => 0.5) AS n FROM people",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let old = d.join(".dpfusion/ledger.jsonl");
+    let witness = d.join("dpfusion.toml.witness");
+    assert!(witness.exists());
+    let show = ["--format", "json", "-c", "SHOW BUDGET"];
+    for (ledger, made) in [
+        ("ledger.jsonl".to_string(), d.join("ledger.jsonl")),
+        (
+            d.join("disk2/ledger.jsonl").display().to_string(),
+            d.join("disk2"),
+        ),
+    ] {
+        with_ledger(&ledger);
+        let o = run_catalog(&d, &catalog, &show);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{ledger}: {err}");
+        for needle in [
+            format!(
+                "but {} does: the witness of the ledger {}",
+                witness.display(),
+                old.display()
+            ),
+            "every table's budget at zero".to_string(),
+            "Point `ledger` back".to_string(),
+        ] {
+            assert!(err.contains(&needle), "{ledger}: {needle} not in: {err}");
+        }
+        assert!(!made.exists(), "{ledger}: {} created", made.display());
+        assert!(!d.with_extension("witness").exists(), "no new witness");
+    }
+    // Moved with its sidecar, the ledger keeps its charge (the witness stays the catalog's).
+    std::fs::create_dir(d.join("disk2")).unwrap();
+    for f in ["ledger.jsonl", "ledger.jsonl.head"] {
+        std::fs::rename(d.join(".dpfusion").join(f), d.join("disk2").join(f)).unwrap();
+    }
+    with_ledger(&d.join("disk2/ledger.jsonl").display().to_string());
+    assert_eq!(queries(&run_catalog(&d, &catalog, &show)), 1);
+    // The owner's decision: the witness moved aside, a new ledger starts, its budgets at zero.
+    std::fs::rename(&witness, d.join("old.witness")).unwrap();
+    with_ledger("ledger.jsonl");
+    assert_eq!(queries(&run_catalog(&d, &catalog, &show)), 0);
+}
