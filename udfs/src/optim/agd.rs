@@ -109,14 +109,19 @@
 //! mapped to the integer grid q_g·ℤᵖ by truncation toward zero (|trunc(v)| ≤ |v| coordinatewise,
 //! so truncation never increases the norm), with an exact integer check
 //! Σⱼ kⱼ² ≤ B² (B = ⌊C_grad/q_g⌋; a row failing it, which floating-point clipping makes
-//! impossible in practice, is shrunk until it passes). The integer sum Σᵢ kᵢ therefore has L2
-//! sensitivity B (add/remove) or 2B (replace) in grid units, exactly. It is released as
-//! Σᵢ kᵢ + Z, Zⱼ ~ N_ℤ(0, s²) i.i.d., the discrete Gaussian of Canonne, Kamath, Steinke 2020
-//! (sampled exactly, [`crate::noise::discrete`]); a product of discrete Gaussians with integer
-//! shift v has Rényi divergence α‖v‖²/(2s²) (CKS 2020, Thm. 4 per coordinate, additive over
-//! independent coordinates), so with s = ⌈Δ/√(2ρ)⌉ the release is ρ-zCDP (Bun and Steinke 2016,
-//! Lemma 3.6 of the paper). The grid q_g is a power of two chosen so that s < 2^28 for the
-//! smallest charge that can occur (γ·ρ_ng at the first averaging), see [`AgdPlan::new`].
+//! impossible in practice, is shrunk until it passes). The clipping's ‖x̃ᵢ‖ is
+//! [`super::clip::l2_norm`] and the check's Σⱼ kⱼ² is [`super::clip::norm2_int`], saturating
+//! in `u128` (round 52, review "unsafe", F2: √Σxⱼ² was 0 for features ≤ 2⁻⁵³⁸, so the clip
+//! never clipped, f·xⱼ saturated at i64::MIN and an `i128` Σⱼ kⱼ² overflowed for two such
+//! coordinates: a panic in a debug build, an accepted row of 2⁶³·√2 grid units in release).
+//! The integer sum Σᵢ kᵢ therefore has L2 sensitivity B (add/remove) or 2B (replace) in grid
+//! units, exactly. It is released as Σᵢ kᵢ + Z, Zⱼ ~ N_ℤ(0, s²) i.i.d., the discrete Gaussian
+//! of Canonne, Kamath, Steinke 2020 (sampled exactly, [`crate::noise::discrete`]); a product of
+//! discrete Gaussians with integer shift v has Rényi divergence α‖v‖²/(2s²) (CKS 2020, Thm. 4
+//! per coordinate, additive over independent coordinates), so with s = ⌈Δ/√(2ρ)⌉ the release
+//! is ρ-zCDP (Bun and Steinke 2016, Lemma 3.6 of the paper). The grid q_g is a power of two
+//! chosen so that s < 2^28 for the smallest charge that can occur (γ·ρ_ng at the first
+//! averaging), see [`AgdPlan::new`].
 //!
 //! **Scores.** Each row's clipped loss min(ℓ, C_obj) ∈ [0, C_obj] is floored to the grid
 //! q_o·ℕ (q_o = 2^(⌊log₂ C_obj⌋ − 32)), an integer in [0, U], U = ⌊C_obj/q_o⌋; F_k is the exact
@@ -235,6 +240,7 @@ use crate::privacy::Neighbours;
 use crate::privacy::PrivacyError;
 use crate::progress;
 
+use super::clip::{l2_norm, norm2_int};
 use super::kernel::{self, LANES, RECURRENCE_RANGE, RowPath, Simd};
 use super::rows::Rows;
 use super::units::{Units, clip_int};
@@ -671,26 +677,28 @@ struct Data<'a> {
     d: usize,
     x: &'a [f64],
     positive: Vec<bool>,
-    /// Σⱼ xᵢⱼ² per row (the gradient clipping's ‖x̃ᵢ‖² without the intercept's 1), computed
-    /// once per fit, by the same operations the row pass used per row and iteration.
-    sq: Vec<f64>,
+    /// ‖x̃ᵢ‖ per row (the gradient clipping's norm, with the intercept's 1 when the fit has
+    /// one), computed once per fit by [`l2_norm`], the function the reference pass calls per
+    /// row (round 52, review "unsafe", F2: Σⱼ xᵢⱼ² underflowed to 0 for features ≤ 2⁻⁵³⁸, so
+    /// the clip never clipped).
+    norm: Vec<f64>,
 }
 
 impl<'a> Data<'a> {
-    /// Bytes a fit over n rows holds in `Data` beyond the rows: `sq` and `positive`.
+    /// Bytes a fit over n rows holds in `Data` beyond the rows: `norm` and `positive`.
     const BYTES_PER_ROW: usize = size_of::<f64>() + size_of::<bool>();
 
-    fn new(rows: &'a Rows) -> Self {
+    fn new(rows: &'a Rows, intercept: bool) -> Self {
         let (x, d) = (rows.x.as_slice(), rows.d);
-        let sq = (0..rows.n())
-            .map(|i| x[i * d..(i + 1) * d].iter().map(|v| v * v).sum::<f64>())
+        let norm = (0..rows.n())
+            .map(|i| l2_norm(&x[i * d..(i + 1) * d], intercept))
             .collect();
         Self {
             n: rows.n(),
             d,
             x,
             positive: rows.labels.iter().map(|&y| y > 0.5).collect(),
-            sq,
+            norm,
         }
     }
     #[inline]
@@ -845,9 +853,9 @@ impl Kernels<'_, '_> {
 
     /// Row i's clipped, truncated gradient at z_i = `zz` into `k` (module docs, "Noisy
     /// gradient"): ‖k‖² ≤ B² exactly. Returns false (k unspecified) when the row contributes 0.
-    /// The integers of [`Self::row_gradient_reference`], with ‖x̃ᵢ‖² from the per-fit
-    /// `Data::sq` (the same sum) and `(f·xⱼ) as i64` for `(f·xⱼ).trunc() as i64` (`as`
-    /// truncates toward zero: the same integer).
+    /// The integers of [`Self::row_gradient_reference`], with ‖x̃ᵢ‖ from the per-fit
+    /// `Data::norm` (the same function of the row) and `(f·xⱼ) as i64` for
+    /// `(f·xⱼ).trunc() as i64` (`as` truncates toward zero: the same integer).
     #[inline(always)]
     fn row_gradient(&self, i: usize, zz: f64, k: &mut [i64]) -> bool {
         let plan = self.plan;
@@ -861,8 +869,7 @@ impl Kernels<'_, '_> {
         if r == 0.0 || !r.is_finite() {
             return false;
         }
-        let xn2 = if fi { 1.0 } else { 0.0 } + self.data.sq[i];
-        let norm = r.abs() * xn2.sqrt();
+        let norm = r.abs() * self.data.norm[i];
         let scale = if norm > target { target / norm } else { 1.0 };
         let f = r * scale / q;
         if fi {
@@ -875,26 +882,29 @@ impl Kernels<'_, '_> {
                 *kj = (f * xj) as i64;
             }
         }
-        // Exact check ‖k‖² ≤ B² (module docs); shrink otherwise.
-        let b2 = (b as i128) * (b as i128);
-        let n2: i128 = k.iter().map(|&v| (v as i128) * (v as i128)).sum();
+        // Exact check ‖k‖² ≤ B² (module docs), saturating: 2⁶³·√2 and more never pass (round
+        // 52, review "unsafe", F2: an i128 sum overflowed); shrink otherwise.
+        let b2 = (b as u128) * (b as u128);
+        let n2 = norm2_int(k);
         if n2 > b2 {
             return self.shrink(k, n2);
         }
         true
     }
 
-    /// Shrinks `k` (‖k‖² = `n2` > B²) until ‖k‖² ≤ B² (module docs, "Noisy gradient"); true.
+    /// Shrinks `k` (‖k‖² = `n2` > B², [`norm2_int`]: saturated at u128::MAX when larger)
+    /// until ‖k‖² ≤ B² (module docs, "Noisy gradient"); true. Each pass scales by
+    /// B/√n2·(1 − 10⁻⁶) < 1 and truncates toward zero, so it ends, at worst at 0.
     #[cold]
-    fn shrink(&self, k: &mut [i64], mut n2: i128) -> bool {
+    fn shrink(&self, k: &mut [i64], mut n2: u128) -> bool {
         let b = self.plan.grad_units;
-        let b2 = (b as i128) * (b as i128);
+        let b2 = (b as u128) * (b as u128);
         while n2 > b2 {
             let s = (b as f64 / (n2 as f64).sqrt()) * (1.0 - 1e-6);
             for kj in k.iter_mut() {
                 *kj = (*kj as f64 * s).trunc() as i64;
             }
-            n2 = k.iter().map(|&v| (v as i128) * (v as i128)).sum();
+            n2 = norm2_int(k);
         }
         true
     }
@@ -906,15 +916,14 @@ impl Kernels<'_, '_> {
         let q = plan.grad_q;
         let b = plan.grad_units;
         let target = b as f64 * q * CLIP_SHRINK; // clip to just under B grid units
-        let b2 = (b as i128) * (b as i128);
+        let b2 = (b as u128) * (b as u128);
         let x = self.data.row(i);
         let y = if self.data.positive[i] { 1.0 } else { 0.0 };
         let r = sigmoid(zz) - y; // ∇ℓ = (σ(z) − y)·x̃ (docs/research/dpagd.md §1.5)
         if r == 0.0 || !r.is_finite() {
             return false;
         }
-        let xn2 = if fi { 1.0 } else { 0.0 } + x.iter().map(|v| v * v).sum::<f64>();
-        let norm = r.abs() * xn2.sqrt();
+        let norm = r.abs() * l2_norm(x, fi);
         let scale = if norm > target { target / norm } else { 1.0 };
         let f = r * scale / q;
         if fi {
@@ -927,14 +936,14 @@ impl Kernels<'_, '_> {
                 *kj = (f * xj).trunc() as i64;
             }
         }
-        // Exact check ‖k‖² ≤ B² (module docs); shrink otherwise.
-        let mut n2: i128 = k.iter().map(|&v| (v as i128) * (v as i128)).sum();
+        // Exact check ‖k‖² ≤ B² (module docs), saturating (round 52); shrink otherwise.
+        let mut n2 = norm2_int(k);
         while n2 > b2 {
             let s = (b as f64 / (n2 as f64).sqrt()) * (1.0 - 1e-6);
             for kj in k.iter_mut() {
                 *kj = (*kj as f64 * s).trunc() as i64;
             }
-            n2 = k.iter().map(|&v| (v as i128) * (v as i128)).sum();
+            n2 = norm2_int(k);
         }
         true
     }
@@ -1393,7 +1402,7 @@ pub fn exact_sums(
     let p = rows.d + usize::from(plan.config.fit_intercept);
     let k = Kernels {
         plan,
-        data: Data::new(rows),
+        data: Data::new(rows, plan.config.fit_intercept),
         p,
         units,
     };
@@ -1420,7 +1429,7 @@ pub fn row_passes_with(
     let p = rows.d + usize::from(plan.config.fit_intercept);
     let k = Kernels {
         plan,
-        data: Data::new(rows),
+        data: Data::new(rows, plan.config.fit_intercept),
         p,
         units: None,
     };
@@ -1433,7 +1442,7 @@ pub fn row_passes_with(
 
 fn fit_inner(plan: &AgdPlan, rows: &Rows, units: Option<&Units>, rng: &mut SecureRng) -> AgdFit {
     let cfg = &plan.config;
-    let data = Data::new(rows);
+    let data = Data::new(rows, cfg.fit_intercept);
     let d = data.d;
     let p = d + usize::from(cfg.fit_intercept);
     let k = Kernels {
@@ -1977,7 +1986,7 @@ mod tests {
             let p = d + usize::from(c.fit_intercept);
             let k = Kernels {
                 plan: &plan,
-                data: Data::new(&rows),
+                data: Data::new(&rows, plan.config.fit_intercept),
                 p,
                 units: None,
             };
@@ -2013,7 +2022,7 @@ mod tests {
         let run = |r: &Rows| {
             let k = Kernels {
                 plan: &plan,
-                data: Data::new(r),
+                data: Data::new(r, plan.config.fit_intercept),
                 p: 4,
                 units: None,
             };
@@ -2043,7 +2052,7 @@ mod tests {
         let plan = AgdPlan::new(config(0.5)).unwrap();
         let k = Kernels {
             plan: &plan,
-            data: Data::new(&rows),
+            data: Data::new(&rows, plan.config.fit_intercept),
             p: 4,
             units: None,
         };
@@ -2433,20 +2442,20 @@ mod tests {
 
     /// Round 48, review "agd", finding 2: the fit reads the rows in place (`Data` holds a
     /// reference, never a copy, whatever the values: out-of-range ones included), and its working
-    /// set beyond the rows is what `working_bytes` counts: 17 bytes a row (z, ‖x‖², the label)
+    /// set beyond the rows is what `working_bytes` counts: 17 bytes a row (z, ‖x̃‖, the label)
     /// plus a part that depends only on d and the literals.
     #[test]
     fn the_fit_reads_rows_in_place_and_counts_its_working_set() {
         let mut rows = synthetic(100, 3, 2);
         rows.x[4] = f64::INFINITY;
         rows.x[7] = -1e300;
-        let data = Data::new(&rows);
+        let data = Data::new(&rows, true);
         assert!(std::ptr::eq(data.x, rows.x.as_slice()));
-        assert_eq!((data.sq.len(), data.positive.len()), (100, 100));
+        assert_eq!((data.norm.len(), data.positive.len()), (100, 100));
         let plan = AgdPlan::new(config(0.1)).unwrap();
         let fixed = plan.working_bytes(0, 3);
         for n in [0, 1, 1000, 1_000_000] {
-            let per_row = size_of::<f64>() /* z */ + size_of::<f64>() /* sq */ + 1;
+            let per_row = size_of::<f64>() /* z */ + size_of::<f64>() /* norm */ + 1;
             assert_eq!(plan.working_bytes(n, 3), fixed + n * per_row);
         }
         // The fixed part covers the charges' record of the longest fit and the p-vectors.

@@ -17,8 +17,12 @@
 //!   check Σⱼ vⱼ² ≤ c² becomes max |vⱼ| ≤ c and Σ vⱼ² ≤ c² without an early exit (equivalent:
 //!   the scalar check stops at the first prefix that exceeds, and prefixes of non-negative
 //!   terms only grow), and the row is added under a mask. A row is taken by this fast path
-//!   only when |f/q|·‖x̃ᵢ‖ ≤ 2⁵⁰ (so every |f·xⱼ/q| < 2⁵¹) and f/q is finite; any other row
-//!   (huge residuals, non-finite norms) goes through `Clipper::contribution` itself.
+//!   only when |f/q|·‖x̃ᵢ‖ ≤ 2⁵⁰ (so every |f·xⱼ/q| < 2⁵¹, since the norm the fit computes is
+//!   never below maxⱼ|x̃ᵢⱼ|: [`super::clip::l2_norm`], round 52; the sum of squares it replaced
+//!   underflowed to 0 for features ≤ 2⁻⁵³⁸) and f/q is finite; any other row (huge residuals,
+//!   non-finite norms) goes through `Clipper::contribution` itself. The integer check itself
+//!   does not rely on that range: on every build it rejects any integer the rounding can give
+//!   outside it (`Pass::add_rows_lanes_avx2`).
 //! - **Runtime dispatch.** The same source is compiled three times: for baseline x86-64, inside
 //!   a `#[target_feature(enable = "avx2")]` function, and inside one with AVX-512 (F, DQ, VL,
 //!   BW), chosen with `is_x86_feature_detected!` at each pass (the widest the CPU has). No
@@ -417,8 +421,12 @@ impl Pass<'_> {
     /// 64-bit absolute value or maximum and no unsigned comparison: the truncation is read
     /// through the magic constant 1.5·2⁵² (exact for |t| < 2⁵¹, as in `round_fast`), |v| is
     /// (v ⊕ s) − s with s the sign mask, the maximum a signed compare and blend, and the checks
-    /// signed compares (every |v| < 2⁵¹ and, when max ≤ c < 2²⁹, Σ v² < 32·2⁵⁸ = 2⁶³; when max
-    /// > c the row fails whatever Σ v² reads).
+    /// signed compares (every |v| < 2⁵¹ and, when max ≤ c < 2²⁹, Σ v² < 32·2⁵⁸ = 2⁶³; when
+    /// max > c the row fails whatever Σ v² reads). The check holds on every input, not only on
+    /// the fast path's range: outside it the magic constant gives some integer of magnitude
+    /// ≥ 2⁵¹, above c, so the lane fails, or, for t = −3·2⁵², i64::MIN, whose |v| wraps to
+    /// itself and is negative; a lane with a negative |v| fails too (round 52, review "unsafe",
+    /// F1: it used to pass, one row adding 2⁶³ grid units).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn add_rows_lanes_avx2(&self, rows: std::ops::Range<usize>, part: &mut [i64]) -> u64 {
@@ -493,16 +501,25 @@ impl Pass<'_> {
                 let v = |j: usize| round(if j < d { _mm256_mul_pd(fq, col(j)) } else { fq });
                 let mut max = zero_i;
                 let mut sq = zero_i;
+                // The OR of every |vⱼ| of the lane: its sign bit is set iff some |vⱼ| is
+                // negative, which happens for vⱼ = i64::MIN alone (|i64::MIN| wraps to itself).
+                let mut neg = zero_i;
                 for (j, a) in acc[..p].iter_mut().enumerate() {
                     let vj = v(j);
                     a[h] = _mm256_add_epi64(a[h], vj);
                     let s = _mm256_cmpgt_epi64(zero_i, vj);
                     let m = _mm256_sub_epi64(_mm256_xor_si256(vj, s), s);
+                    neg = _mm256_or_si256(neg, m);
                     max = _mm256_blendv_epi8(max, m, _mm256_cmpgt_epi64(m, max));
                     sq = _mm256_add_epi64(sq, _mm256_mul_epu32(m, m));
                 }
-                let bad =
-                    _mm256_or_si256(_mm256_cmpgt_epi64(max, cap), _mm256_cmpgt_epi64(sq, cap2));
+                // A lane with a negative |vⱼ| fails (round 52, review "unsafe", F1: the signed
+                // maximum skipped it and its low 32 bits squared to 0, so a row whose integer
+                // was i64::MIN passed the check; the AVX-512 build compares unsigned).
+                let bad = _mm256_or_si256(
+                    _mm256_or_si256(_mm256_cmpgt_epi64(max, cap), _mm256_cmpgt_epi64(sq, cap2)),
+                    _mm256_cmpgt_epi64(zero_i, neg),
+                );
                 let bad_lanes = _mm256_movemask_pd(_mm256_castsi256_pd(bad));
                 if bad_lanes != 0 {
                     // Rare (the float target keeps the integer norm within c).
@@ -915,10 +932,7 @@ mod tests {
             let y: Vec<f64> = (0..n).map(|_| 3.0 * u()).collect();
             x[17 * d] = f64::INFINITY; // a non-finite norm: its block runs row by row
             let norms: Vec<f64> = (0..n)
-                .map(|i| {
-                    let s: f64 = x[i * d..(i + 1) * d].iter().map(|v| v * v).sum();
-                    (s + if intercept { 1.0 } else { 0.0 }).sqrt()
-                })
+                .map(|i| super::super::clip::l2_norm(&x[i * d..(i + 1) * d], intercept))
                 .collect();
             let p = d + usize::from(intercept);
             let theta: Vec<f64> = (0..p).map(|_| u()).collect();
@@ -960,6 +974,75 @@ mod tests {
                             reference,
                             "{path:?} {rows:?}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Round 52, review "unsafe", F1: a row whose rounded integer is i64::MIN (features 2⁻⁵³⁸,
+    /// no intercept, clip 2⁻⁸⁰ so q = 2⁻¹⁰⁰, θ = 0 and label 3·2⁴⁹⁰, so f·xⱼ/q = −3·2⁵² and the
+    /// magic-constant rounding reads i64::MIN). With the norm the fits used to compute (0: the
+    /// squares underflow) the row takes the fast path; the AVX2 lanes accepted it (|i64::MIN| is
+    /// negative, its low 32 bits square to 0) and added 2⁶³ grid units. Every path must give
+    /// the reference's integers: with that norm (the check alone guards), and with the norm of
+    /// `clip::l2_norm` (the row is clipped to ⌊clip/q⌋). `RowPath::Avx2` runs the AVX2 build
+    /// with rows in lanes on a CPU with AVX2 (this machine), whatever `Auto` picks.
+    #[test]
+    fn a_row_whose_integer_is_i64_min_fails_on_every_path() {
+        use super::super::clip::l2_norm;
+        let tiny = crate::mechanisms::exact::pow2(-538);
+        let label = 3.0 * crate::mechanisms::exact::pow2(490);
+        let clipper = Clipper::new(crate::mechanisms::exact::pow2(-80), -100, 3);
+        assert_eq!(-label * clipper.inv_q() * tiny, -3.0 * TWO52);
+        for d in [1usize, 3] {
+            let n = 24;
+            // Attack rows at 3 and 12..16 (several in one half-block) and 21; the rest zero.
+            let hit = |i: usize| i == 3 || (12..16).contains(&i) || i == 21;
+            let x: Vec<f64> = (0..n * d)
+                .map(|k| if hit(k / d) { tiny } else { 0.0 })
+                .collect();
+            let y: Vec<f64> = (0..n).map(|i| if hit(i) { label } else { 0.0 }).collect();
+            let theta = vec![0.0; d];
+            let xt = transpose_blocks(&x, d);
+            let underflowed = vec![0.0; n];
+            let robust: Vec<f64> = (0..n)
+                .map(|i| l2_norm(&x[i * d..(i + 1) * d], false))
+                .collect();
+            assert!(robust.iter().enumerate().all(|(i, &v)| (v > 0.0) == hit(i)));
+            for (norms, clipped) in [(&underflowed, false), (&robust, true)] {
+                let run = |xt: &[f64], rows: std::ops::Range<usize>, path: RowPath| {
+                    let pass = Pass {
+                        d,
+                        intercept: false,
+                        x: &x,
+                        xt,
+                        y: &y,
+                        norms,
+                        theta: &theta,
+                        clipper: &clipper,
+                    };
+                    let mut part = vec![0i64; d];
+                    let used = pass.add_rows(rows, &mut part, path);
+                    (part, used)
+                };
+                for rows in [0..n, 0..8, 8..16, 3..4, 13..23] {
+                    let reference = run(&[], rows.clone(), RowPath::Reference);
+                    let hits = rows.clone().filter(|&i| hit(i)).count() as i64;
+                    // Zero rows count; an attack row counts only when clipped, by ≤ c each.
+                    let zeros = rows.len() as u64 - hits as u64;
+                    if clipped {
+                        assert_eq!(reference.1, rows.len() as u64);
+                        let c = clipper.c_int as i64;
+                        for &v in &reference.0 {
+                            assert!(v <= 0 && v >= -hits * c && (hits == 0 || v < -hits * c / 2));
+                        }
+                    } else {
+                        assert_eq!(reference, (vec![0; d], zeros), "{rows:?}");
+                    }
+                    for path in [RowPath::Avx2, RowPath::Auto, RowPath::Portable] {
+                        assert_eq!(run(&xt, rows.clone(), path), reference, "{path:?} {rows:?}");
+                        assert_eq!(run(&[], rows.clone(), path), reference, "{path:?} {rows:?}");
                     }
                 }
             }

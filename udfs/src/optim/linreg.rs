@@ -78,7 +78,11 @@
 //! gradient mechanism's grid step q = 2^e (a power of two, ≤ 2⁻²⁰·Δ, chosen from the literal
 //! parameters only) is also the fixed-point unit: each clipped gradient is mapped to integers
 //! vᵢ = round(clip(gᵢ)/q) and the check Σⱼ vᵢⱼ² ≤ ⌊clip/q⌋² is made **in integers** (a row
-//! that fails it, which float rounding could cause only in principle, contributes 0). The sums
+//! that fails it, which float rounding could cause only in principle, contributes 0). The
+//! clipping reads ‖x̃ᵢ‖ from [`super::clip::l2_norm`], which never underflows to 0 for x̃ᵢ ≠ 0
+//! and is never below maxⱼ|x̃ᵢⱼ|, and the check holds on every input on every build of
+//! [`super::kernel`] (round 52, review "unsafe", F1: features ≤ 2⁻⁵³⁸ made the norm 0, so no
+//! row was clipped, and the AVX2 lanes accepted a rounded integer of i64::MIN). The sums
 //! Σᵢ vᵢ are exact `i128` sums, independent of row order and partitioning, so the L2 sensitivity
 //! is exactly ⌊clip/q⌋·q ≤ clip (2·clip under replace); the integer sum is released as
 //! (Σᵢ vᵢ + Y)·q with Y a discrete Gaussian vector on the same grid, with no rounding step
@@ -137,7 +141,7 @@
 //! accountant uses γ_acc = (1 + γ)(1 + 2⁻⁴⁰) + 2^{−k} − 1 ≥ the true ratio bound − 1.
 use datafusion::common::{DataFusionError, Result};
 
-use super::clip::{Clipper, SMALL_INT, round_i64};
+use super::clip::{Clipper, SMALL_INT, l2_norm, round_i64};
 use super::kernel::{self, RowPath};
 use super::rows::clamp_features;
 use super::units::{Units, clip_int};
@@ -208,10 +212,11 @@ impl<'a> Design<'a> {
     fn row(&self, i: usize) -> &[f64] {
         &self.x[i * self.d..(i + 1) * self.d]
     }
-    /// ‖x̃ᵢ‖.
+    /// ‖x̃ᵢ‖, never below maxⱼ|x̃ᵢⱼ| and never 0 for x̃ᵢ ≠ 0 ([`super::clip::l2_norm`]; round 52:
+    /// the sum of squares underflowed to 0 for features ≤ 2⁻⁵³⁸, so the clip never clipped and
+    /// the blocked pass's range argument failed).
     fn norm(&self, i: usize) -> f64 {
-        let s: f64 = self.row(i).iter().map(|v| v * v).sum();
-        (s + if self.intercept { 1.0 } else { 0.0 }).sqrt()
+        l2_norm(self.row(i), self.intercept)
     }
     /// θ·x̃ᵢ.
     #[inline]
@@ -902,7 +907,7 @@ impl RgmGd {
         let mut yt = vec![0.0; m];
         for i in 0..m {
             let x = design.row(i);
-            let nrm = x.iter().map(|v| v * v).sum::<f64>().sqrt();
+            let nrm = l2_norm(x, false);
             let s = if nrm > cx { cx / nrm } else { 1.0 };
             let out = &mut xt[i * p..(i + 1) * p];
             for (o, v) in out[..d].iter_mut().zip(x) {
@@ -947,14 +952,10 @@ impl RgmGd {
             for (s, &th) in sums.iter_mut().zip(&theta) {
                 *s += (nf * self.l2 * th * inv_q).round() as i128;
             }
-            let g_norm = sums
-                .iter()
-                .map(|&s| {
-                    let v = s as f64 * q / nf;
-                    v * v
-                })
-                .sum::<f64>()
-                .sqrt();
+            // ‖ĝ‖ by `l2_norm` (round 52: Σ ĝⱼ² underflowed to 0 for |ĝⱼ| ≤ 2⁻⁵³⁸, which dropped
+            // the γ‖ĝ‖ term from the noise scale; the same bits wherever it did not underflow).
+            let g: Vec<f64> = sums.iter().map(|&s| s as f64 * q / nf).collect();
+            let g_norm = l2_norm(&g, false);
             // std in sum units (of q): ⌈σ(A_e + γ'‖ĝ‖)·n/q⌉, rounded outward.
             let s_mean =
                 self.sigma * (a_e + gamma * (1.0 + pow2(-48)) * g_norm) * (1.0 + pow2(-45));

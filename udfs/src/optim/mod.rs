@@ -6,7 +6,9 @@
 //! - [`linreg`]: DP gradient descent for linear regression (`dp_linreg_gd`): per-example clipped
 //!   Gaussian GD, and relative-Gaussian-mechanism GD on the ridge objective.
 //! - [`clip`]: per-example clipping into exact integers ([`clip::Clipper`]), shared by the GD
-//!   kernels and DP-SGD.
+//!   kernels and DP-SGD; the one float norm every fit's clipping reads ([`clip::l2_norm`]: no
+//!   underflow to 0, never below the largest entry) and the one saturating integer squared norm
+//!   every exact check compares ([`clip::norm2_int`]) (round 52).
 //! - [`kernel`]: the blocked, runtime-dispatched (AVX2 or baseline) row passes of `dp_linreg_gd`
 //!   and `dp_logreg_agd`: exact integer sums, the same for any split of the rows.
 //! - [`agd`]: DP-AGD for logistic regression (`dp_logreg_agd`).

@@ -515,11 +515,7 @@ impl<'a> Contrib<'a> {
         v[p] = self.kappa_int;
         // The integer check (the float clipping leaves room; a failure contributes 0).
         let c = self.clipper.c_int as u128;
-        let sq = v
-            .iter()
-            .map(|&x| (x.unsigned_abs() as u128).saturating_mul(x.unsigned_abs() as u128))
-            .fold(0u128, |a, b| a.saturating_add(b));
-        if sq > c * c {
+        if super::clip::norm2_int(v) > c * c {
             return;
         }
         for (a, &x) in acc.iter_mut().zip(v.iter()) {
@@ -547,9 +543,10 @@ impl Work {
     }
 }
 
-/// Scales `g` to L2 norm ≤ `target`.
+/// Scales `g` to L2 norm ≤ `target`, the norm by [`super::clip::l2_norm`] (round 52: a sum of
+/// squares underflowed to 0 for entries ≤ 2⁻⁵³⁸, and then `g` was not scaled).
 fn scale_to(g: &mut [f64], target: f64) {
-    let n = g.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let n = super::clip::l2_norm(g, false);
     if n > target && n > 0.0 {
         let f = target / n;
         g.iter_mut().for_each(|x| *x *= f);

@@ -110,14 +110,7 @@ impl Units {
 /// Returns whether `v` was changed.
 pub fn clip_int(v: &mut [i128], bound: u64) -> bool {
     let b2 = (bound as u128) * (bound as u128);
-    let norm2 = |v: &[i128]| -> u128 {
-        v.iter()
-            .map(|&x| {
-                let a = x.unsigned_abs();
-                a.saturating_mul(a)
-            })
-            .fold(0u128, |s, x| s.saturating_add(x))
-    };
+    let norm2 = super::clip::norm2_int::<i128>;
     let mut n2 = norm2(v);
     if n2 <= b2 {
         return false;

@@ -382,3 +382,199 @@ fn agd_any_split_gives_the_same_sums() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Round 52, review "unsafe", F1–F2: features so small that their squares round to 0 (2⁻⁵³⁸),
+// with no intercept. The fits computed ‖x̃‖ = √Σxⱼ² = 0, so the clip never clipped and only the
+// exact integer checks stood between one row and the sums; the AVX2 lanes accepted a row whose
+// integer was i64::MIN (2⁶³ grid units), and AGD's i128 sum of squares overflowed (a panic in
+// debug, an accepted row in release). The norm is now `clip::l2_norm` and every check total.
+
+use dpfusion_udfs::mechanisms::exact::pow2;
+
+/// 2⁻⁵³⁸: its square rounds to 0.
+const TINY: f64 = 1.1113793747425387e-162;
+
+/// `base` zero rows (label 0) and, when `attack`, one more row at position 3 (inside the first
+/// block of lanes) with every feature `x` and label `label`.
+fn attack_rows(d: usize, base: usize, attack: bool, x: &[f64], label: f64) -> Rows {
+    let mut rows = Rows {
+        d,
+        labels: vec![],
+        x: vec![],
+    };
+    for i in 0..base + usize::from(attack) {
+        let hit = attack && i == 3;
+        rows.labels.push(if hit { label } else { 0.0 });
+        for j in 0..d {
+            rows.x.push(if hit { x[j % x.len()] } else { 0.0 });
+        }
+    }
+    rows
+}
+
+/// Σⱼ (aⱼ − bⱼ)², exactly.
+fn dist2(a: &[i128], b: &[i128]) -> u128 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).unsigned_abs().pow(2))
+        .sum()
+}
+
+/// `dp_linreg_gd`'s gradient sum at θ = 0 on neighbouring datasets: D has one row of tiny
+/// features and a huge label, D′ lacks it (add/remove) or has a zero row in its place
+/// (replace). Every path gives the reference's integers (the AVX2 lanes used to add 2⁶³ grid
+/// units for the row: review F1's label makes f·x/q = −3·2⁵² exactly), and the sums differ by
+/// at most ⌊clip/q⌋ in L2; for features 2⁻⁵³⁸ the row is clipped (it moves the sum by more than
+/// half the bound), no longer let through unclipped or dropped.
+#[test]
+fn tiny_features_with_a_huge_label_move_the_gradient_within_the_clip() {
+    let mut checked = 0;
+    for replace in [false, true] {
+        for intercept in [false, true] {
+            for d in [1usize, 2, 5] {
+                let k = kernel(pow2(-80), intercept, replace);
+                let p = d + usize::from(intercept);
+                let c = k.clipper(p).unwrap().c_int;
+                let q = k.grid();
+                let th = vec![0.0; p];
+                // Clipped: the row's gradient norm is above the clip (with an intercept, through
+                // its constant 1 alone: |r| ≫ clip; 2⁻¹⁰⁷⁴·1e150 is below the clip).
+                for (x, label, clipped) in [
+                    (vec![TINY], 3.0 * pow2(52) * q / TINY, true),
+                    (vec![TINY], 9.590011546570728e147, true),
+                    (vec![pow2(-1074)], 1e150, intercept),
+                    (
+                        vec![TINY, pow2(-1074), -TINY],
+                        3.0 * pow2(52) * q / TINY,
+                        true,
+                    ),
+                    (vec![1e200, TINY], 1e150, true),
+                    // clip/‖x̃‖ = 2⁻⁸⁰/1e308 underflows to 0: the row adds 0.
+                    (vec![1e308, TINY], 1e150, false),
+                ] {
+                    let with = attack_rows(d, 15, true, &x, label);
+                    let without = attack_rows(d, 15 + usize::from(replace), false, &x, label);
+                    let a = same_on_every_path(&k, &with, None, &th);
+                    let b = same_on_every_path(&k, &without, None, &th);
+                    let moved = dist2(&a, &b);
+                    assert!(moved <= u128::from(c).pow(2), "{x:?} {label}: {moved}");
+                    if clipped {
+                        assert!(4 * moved > u128::from(c).pow(2), "{x:?} {label}: {moved}");
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 2 * 2 * 3 * 6);
+}
+
+/// End to end (review F1's query as a fit): one iteration, step 1, no intercept, clip 2⁻⁸⁰,
+/// `replace_public_n` (public n, so the two fits divide by the same n), the same insecure seed
+/// (the same noise draws) on D (15 zero rows and the attack row) and D′ (16 zero rows): the
+/// coefficients differ by the attack row's clipped gradient alone, at most clip/n and more
+/// than half of it.
+#[test]
+fn tiny_features_with_a_huge_label_move_a_fit_within_its_clipped_bound() {
+    let clip = pow2(-80);
+    let k = GaussianGd::new(0.9, 1, clip, 1.0, 0.0, false, true, true).unwrap();
+    let label = 3.0 * pow2(52) * k.grid() / TINY;
+    for d in [1usize, 2] {
+        let fit = |rows: &Rows| {
+            let mut rng = SecureRng::insecure_from_seed(52);
+            k.fit(rows, 16, &mut rng).unwrap().unwrap()
+        };
+        let a = fit(&attack_rows(d, 15, true, &[TINY], label));
+        let b = fit(&attack_rows(d, 16, false, &[TINY], label));
+        let moved = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let bound = clip / 16.0;
+        assert!(
+            moved <= bound * (1.0 + 1e-9),
+            "{a:?} {b:?}: {moved} > {bound}"
+        );
+        assert!(moved > bound / 2.0, "{a:?} {b:?}: {moved}");
+    }
+}
+
+fn tiny_clip_plan(intercept: bool) -> AgdPlan {
+    AgdPlan::new(AgdConfig {
+        rho: 0.5,
+        neighbours: Neighbours::AddRemove,
+        clip_grad: 1e-180,
+        clip_obj: 3.0,
+        splits: 20.0,
+        gamma: 0.1,
+        l2: 1e-3,
+        fit_intercept: intercept,
+        max_step: 2.0,
+        momentum: 0.0,
+    })
+    .unwrap()
+}
+
+/// `dp_logreg_agd` with review F2's inputs: features 2⁻⁵³⁸ (two of them made Σk² = 2¹²⁷, past
+/// i128), no intercept, `clip_grad` 1e-180 (q ≈ 2⁻⁶²⁸, so f·xⱼ ≈ 2⁸⁹ saturates at i64::MIN).
+/// Every path gives the reference's gradient (no panic), the selection pass's scores agree
+/// between builds and stay in [0, U] per row (`ScoreGrid` and `floor_small`'s 0 ≤ y < 2⁵²
+/// hold), and adding the row moves the gradient sum by at most B in L2 (by more than B/2 when
+/// the row is clipped) and every score by the same-signed c ∈ [0, U].
+#[test]
+fn agd_tiny_features_and_a_tiny_clip_stay_within_the_bounds() {
+    let mut checked = 0;
+    for intercept in [false, true] {
+        let plan = tiny_clip_plan(intercept);
+        let b = u128::try_from(plan.grad_units).unwrap();
+        let cap = u128::from(plan.obj_units);
+        for d in [1usize, 2, 3] {
+            let p = d + usize::from(intercept);
+            for (x, clipped) in [
+                (vec![TINY], true),
+                (vec![TINY, -TINY], true),
+                (vec![pow2(-1074)], false),
+                (vec![TINY, pow2(-1074), 1e-300], true),
+                (vec![1e100, TINY], true),
+            ] {
+                let with = attack_rows(d, 15, true, &x, 1.0);
+                let without = attack_rows(d, 15, false, &x, 1.0);
+                let w = vec![0.0; p];
+                let u: Vec<f64> = (0..p)
+                    .map(|j| if j % 2 == 0 { 1.0 } else { -1e160 })
+                    .collect();
+                for steps in [grid(2.0), grid(1e-150)] {
+                    agd_paths(&plan, &with, &w, &u, &steps);
+                    let (ga, sa) = agd::exact_sums(&plan, &with, None, &w, &u, &steps);
+                    let (gb, sb) = agd::exact_sums(&plan, &without, None, &w, &u, &steps);
+                    let moved = dist2(&ga, &gb);
+                    assert!(moved <= b * b, "{x:?}: {moved} > {}", b * b);
+                    // With an intercept the row is clipped through its constant 1.
+                    if clipped || intercept {
+                        assert!(4 * moved > b * b, "{x:?}: {moved}");
+                    }
+                    for (sa, sb) in sa.iter().zip(&sb) {
+                        assert!(sa >= sb && sa - sb <= cap, "{x:?}: {sa} {sb}");
+                        assert!(*sa <= cap * 16);
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 2 * 3 * 5 * 2);
+    // Whole fits on both datasets, seeded: no panic, a finite model.
+    for intercept in [false, true] {
+        let plan = tiny_clip_plan(intercept);
+        for attack in [false, true] {
+            let rows = attack_rows(2, 15, attack, &[TINY], 1.0);
+            let mut rng = SecureRng::insecure_from_seed(52);
+            let fit = agd::fit(&plan, &rows, &mut rng);
+            assert!(fit.coefficients.iter().all(|v| v.is_finite()));
+            assert!(fit.intercept.is_finite());
+        }
+    }
+}
