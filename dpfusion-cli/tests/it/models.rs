@@ -222,6 +222,47 @@ async fn refusals_cost_nothing_and_read_nothing() {
     assert_eq!(s.scans("patients"), 0, "nothing read");
 }
 
+/// Round 52, review "extremes", F1, F2 and the minor items: `dp_logreg_agd` with `clip_grad`
+/// 1e-310 looped forever while it planned (EXPLAIN PRIVACY was enough, and no deadline could
+/// stop it), and with `clip_obj` 1e-320 its score sums overflowed after the charge. Both, as
+/// statements and under EXPLAIN PRIVACY, are refused at planning naming the argument, with
+/// the value in exponent form; `dp_sum` at ±f64::MAX names `upper` (not an argument
+/// 'sensitivity'). Nothing is charged and nothing read.
+#[tokio::test]
+async fn extreme_model_and_sum_arguments_are_refused_at_planning() {
+    let dir = temp_dir("extremes");
+    let s = session(&dir).await;
+    let rdp = Registration::private().filter(dpfusion::accounting::FilterKind::Rdp { order: None });
+    s.register_batches("patients", patient_batches(), rdp)
+        .unwrap();
+    let agd = |args: &str| {
+        format!(
+            "SELECT dp_logreg_agd(smoker, [age], epsilon => 0.5, delta => 1e-7, {args}) AS m \
+             FROM patients"
+        )
+    };
+    let cases = [
+        (agd("clip_grad => 1e-310"), "'clip_grad': got 1e-310"),
+        (agd("clip_grad => 5e-324"), "'clip_grad': got 5e-324"),
+        (agd("clip_obj => 1e-320"), "'clip_obj': got 1e-320"),
+        (
+            "SELECT dp_sum(cost, -1.7976931348623157e308, 1.7976931348623157e308, 1.0) \
+             FROM patients"
+                .to_string(),
+            "'upper': got 1.7976931348623157e308 (lower -1.7976931348623157e308)",
+        ),
+    ];
+    for (sql, needle) in &cases {
+        for sql in [sql.clone(), format!("EXPLAIN PRIVACY {sql}")] {
+            let e = s.sql(&sql).await.expect_err(&sql).to_string();
+            assert!(e.contains(needle), "{sql}: {e}");
+            assert!(!e.contains("0.0000") && !e.contains("'sensitivity'"), "{e}");
+        }
+    }
+    assert!(s.ledger().unwrap().is_empty(), "nothing charged");
+    assert_eq!(s.scans("patients"), 0, "nothing read");
+}
+
 /// A 'replace' table with the rows of `patients` (n public when unfiltered).
 #[tokio::test]
 async fn rgm_on_a_replace_table() {

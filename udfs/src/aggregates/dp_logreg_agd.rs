@@ -47,7 +47,9 @@ use super::common::{DOC_SECTION_DP, ModelUdaf, coerce_features, coerce_param, is
 use super::declaration::{self, Aggregate, DELTA, EPSILON, MODEL_DATA, NEIGHBOURS, UnitRule};
 use super::params::{Neighbours, Params, literal_params, plan_error};
 use crate::noise::SecureRng;
-use crate::optim::agd::{AgdConfig, AgdPlan, FEATURE_LIMIT, fit, fit_units};
+use crate::optim::agd::{
+    AgdConfig, AgdPlan, FEATURE_LIMIT, check_clip, fit, fit_units, literal_text,
+};
 use crate::optim::model::{Model, model_data_type};
 use crate::optim::rows::{LabelKind, RowBuffer};
 use crate::optim::units::{check_key_type, check_unit_key, split_unit_key};
@@ -96,7 +98,8 @@ fn in_range(
     if v.is_finite() && ok(v) {
         Ok(v)
     } else {
-        Err(PrivacyError::invalid(name, v, expected))
+        // Shortest digits, exponent form at the extremes (round 52, review "extremes", minor).
+        Err(PrivacyError::invalid(name, literal_text(v), expected))
     }
 }
 
@@ -106,20 +109,15 @@ impl AgdParams {
         let p = Params::new(&DP_LOGREG_AGD, args)?;
         let epsilon = p.epsilon()?;
         let delta = p.delta()?;
-        let positive = |x: f64| x > 0.0 && x <= 1e100;
-        let clip_grad = in_range(
+        // In [CLIP_MIN, CLIP_MAX], the plan's own check (round 52, review "extremes", F1, F2:
+        // below 2⁻¹⁰²² the grid was 0 and planning never ended).
+        let clip_grad = check_clip(
             "clip_grad",
-            p.number("clip_grad")?,
-            DEFAULT_CLIP_GRAD,
-            positive,
-            "a finite number > 0 (at most 1e100)",
+            p.number("clip_grad")?.unwrap_or(DEFAULT_CLIP_GRAD),
         )?;
-        let clip_obj = in_range(
+        let clip_obj = check_clip(
             "clip_obj",
-            p.number("clip_obj")?,
-            DEFAULT_CLIP_OBJ,
-            positive,
-            "a finite number > 0 (at most 1e100)",
+            p.number("clip_obj")?.unwrap_or(DEFAULT_CLIP_OBJ),
         )?;
         // 0 (the default) is automatic: a function of ε and δ only (agd.rs, "Schedule").
         let splits = in_range(
@@ -477,11 +475,12 @@ static DOC: LazyLock<Documentation> = LazyLock::new(|| {
     )
     .with_argument(
         "clip_grad",
-        "Per-example gradient clipping norm C_grad > 0 (default 3).",
+        "Per-example gradient clipping norm C_grad in [1e-200, 1e100] (default 3).",
     )
     .with_argument(
         "clip_obj",
-        "Per-example loss clipping C_obj > 0 for the step selection (default 3).",
+        "Per-example loss clipping C_obj in [1e-200, 1e100] for the step selection (default \
+         3).",
     )
     .with_argument(
         "splits",
@@ -736,5 +735,94 @@ mod tests {
         let m = keyed.evaluate().unwrap();
         let ScalarValue::Struct(s) = m else { panic!() };
         assert!(!s.is_null(0));
+    }
+
+    /// Round 52, review "extremes", F2: the reviewer's neighbours D (2729 rows) and D′ (2728;
+    /// y = i mod 2, x = (i mod 7)/7) in one partition. With `clip_obj` 1e-320 the plan had
+    /// q_o = 0 and U = 2⁶⁴ − 1, and D's lane sums overflowed after the charge (a panic in a
+    /// debug build) while D′ gave a model: now both are refused at planning with the same
+    /// message. At the smallest accepted `clip_obj` (and `clip_grad`) both give a finite model
+    /// with the same fixed (insecure) seed.
+    #[tokio::test]
+    async fn neighbours_at_tiny_clips_have_the_same_outcome() {
+        let table = |n: i64| {
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("y", DataType::Int64, false),
+                Field::new("x", DataType::Float64, false),
+            ]));
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(Int64Array::from_iter_values((0..n).map(|i| i % 2))),
+                Arc::new(Float64Array::from_iter_values(
+                    (0..n).map(|i| (i % 7) as f64 / 7.0),
+                )),
+            ];
+            session_over(
+                "t",
+                schema,
+                columns,
+                1,
+                8192,
+                DpLogregAgd::with_insecure_seed(52).into(),
+            )
+        };
+        let (d, d_prime) = (table(2729), table(2728));
+        let run = |ctx: &SessionContext, sql: &str| {
+            let (ctx, sql) = (ctx.clone(), sql.to_string());
+            async move {
+                match ctx.sql(&sql).await {
+                    Ok(df) => df.collect().await.map(|_| ()).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        };
+        for (args, name) in [
+            ("3, 1e-320", "'clip_obj'"),
+            ("1e-310, 3", "'clip_grad'"),
+            ("5e-324, 3", "'clip_grad'"),
+        ] {
+            let sql = format!("SELECT dp_logreg_agd(y, [x], 1.0, 1e-6, {args}) AS m FROM t");
+            let a = run(&d, &sql).await.unwrap_err();
+            let b = run(&d_prime, &sql).await.unwrap_err();
+            assert_eq!(a, b, "{args}");
+            assert!(a.contains(name) && a.contains("[1e-200, 1e100]"), "{a}");
+            assert!(!a.contains("0.0000"), "{a}");
+        }
+        for args in ["3, 1e-200", "1e-200, 3", "1e-200, 1e-200"] {
+            let sql = format!("SELECT dp_logreg_agd(y, [x], 1.0, 1e-6, {args}) AS m FROM t");
+            for ctx in [&d, &d_prime] {
+                let ScalarValue::Struct(s) = model(ctx, &sql).await else {
+                    panic!("{args}")
+                };
+                assert!(!s.is_null(0), "{args}");
+                let c = s
+                    .column_by_name("coefficients")
+                    .unwrap()
+                    .as_list::<i32>()
+                    .value(0);
+                let c = c.as_primitive::<Float64Type>();
+                assert!(c.values().iter().all(|v| v.is_finite()), "{args}");
+            }
+        }
+    }
+
+    /// The literal checks name the argument, with the value in exponent form at the extremes
+    /// (round 52; a subnormal `gamma` printed 324 digits in the "epsilon too small" error).
+    #[test]
+    fn tiny_clip_literals_are_refused_before_planning() {
+        let f = |x: f64| ScalarValue::Float64(Some(x));
+        for (args, needle) in [
+            (vec![f(0.5), f(1e-7), f(1e-310)], "'clip_grad': got 1e-310"),
+            (
+                vec![f(0.5), f(1e-7), f(3.0), f(1e-320)],
+                "'clip_obj': got 1e-320",
+            ),
+            (
+                vec![f(0.5), f(1e-7), f(3.0), f(3.0), f(0.0), f(5e-324)],
+                "gamma = 5e-324)",
+            ),
+        ] {
+            let e = AgdParams::from_literals(&args).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
     }
 }

@@ -18,7 +18,8 @@
 //! A call whose noise is not representable (σ = Δ/μ above 2^1000, e.g. bounds ±1e308, or below
 //! 2^−990, e.g. bounds ±1e-300 at a large ε) is refused at planning with an error naming the
 //! argument to change, by the same constructor that the accountant's cost uses
-//! ([`SumRelease::new`]); no charge is made.
+//! ([`SumRelease::new`]); no charge is made. Bounds whose sensitivity overflows `f64` (near
+//! ±`f64::MAX`) are refused the same way, naming `upper` (round 52).
 //!
 //! When lower = upper = 0 every clamped value is 0, the sum is identically 0, and 0 is returned
 //! without noise (a constant is private).
@@ -149,6 +150,25 @@ pub(crate) fn ceil_sqrt2_times(m: i64) -> i64 {
     (if k * k < t { k + 1 } else { k }) as i64
 }
 
+/// The sensitivity in value units, refused at planning when it overflows `f64` (bounds near
+/// ±`f64::MAX`, or a width or unit factor that takes them there), naming the analyst's
+/// arguments (round 52, review "extremes": the mechanism's own check answered "invalid argument
+/// 'sensitivity': got inf", an argument `dp_sum` does not have).
+pub(crate) fn finite_sensitivity(sensitivity: f64, bounds: &str) -> Result<f64, PrivacyError> {
+    if sensitivity.is_finite() {
+        Ok(sensitivity)
+    } else {
+        Err(PrivacyError::invalid(
+            "upper",
+            bounds,
+            "bounds whose sensitivity (max(|lower|, |upper|), or upper − lower when a row may be \
+             replaced, times the privacy unit's factor) is a finite number: at these bounds it \
+             overflows f64 (above 1.8e308); give lower and upper that enclose the values \
+             closely, e.g. within ±1e300 (the noise grows with them)",
+        ))
+    }
+}
+
 impl SumRelease {
     /// The calibration (module docs; Laplace: module docs, "Laplace"); also
     /// called by [`SumParams::cost`], so the accountant refuses exactly what the planner
@@ -156,7 +176,8 @@ impl SumRelease {
     pub fn new(p: &SumParams) -> Result<Self, PrivacyError> {
         let fp = FixedPoint::new(p.lower, p.upper);
         let m = fp.max_abs();
-        let bounds = format!("{} (lower {})", p.upper, p.lower);
+        // Exponent form: `{}` printed ±1e308 with 309 digits (round 52, review "extremes").
+        let bounds = format!("{:e} (lower {:e})", p.upper, p.lower);
         let noise = match p.mechanism {
             Mechanism::Gaussian => {
                 // L2 sensitivity in grid units (module docs) and the rounding slack in steps.
@@ -172,7 +193,7 @@ impl SumRelease {
                 }
                 // units ≤ 2^41 and q = 2^e: the product is exact, or +∞ (refused by the
                 // mechanism).
-                let sensitivity = units as f64 * fp.step();
+                let sensitivity = finite_sensitivity(units as f64 * fp.step(), &bounds)?;
                 let build = |epsilon: f64| {
                     // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
                     let mu = p.neighbours.calibration_mu(gaussian_mu(epsilon, p.delta)?);
@@ -195,7 +216,7 @@ impl SumRelease {
                 // K·C under `units:K:C` (1 otherwise), on the sensitivity and the slack.
                 let f = p.neighbours.unit_l1_factor();
                 // units ≤ 2^42, K·C ≤ 10^12, q = 2^e: products exact or rounded up by one ulp.
-                let sensitivity = (f * units * fp.step()).next_up();
+                let sensitivity = finite_sensitivity((f * units * fp.step()).next_up(), &bounds)?;
                 let build = |epsilon: f64| {
                     LaplaceMechanism::from_epsilon_with_slack(epsilon, sensitivity, f * slack)
                 };
@@ -282,3 +303,51 @@ pub const DP_SUM: Aggregate = Aggregate {
 super::interval::ci_variant!(SumParams, DP_SUM => DP_SUM_CI, "dp_sum_ci",
     DpSumCi, dp_sum_ci_udaf,
     "dp_sum's release with its confidence interval");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(lower: f64, upper: f64, mechanism: Mechanism, neighbours: Neighbours) -> SumParams {
+        SumParams {
+            lower,
+            upper,
+            epsilon: 1.0,
+            delta: 1e-6,
+            mechanism,
+            neighbours,
+        }
+    }
+
+    /// Bounds at ±f64::MAX (and ±1e308 when a row may be replaced: upper − lower overflows)
+    /// are refused naming `upper`, with the bounds in exponent form and what to do, never as
+    /// an argument 'sensitivity' the function does not have (round 52, review "extremes").
+    #[test]
+    fn overflowing_sensitivity_names_the_bounds() {
+        let max = f64::MAX;
+        for (lower, upper, neighbours) in [
+            (-max, max, Neighbours::AddRemove),
+            (0.0, max, Neighbours::AddRemove),
+            (-1e308, 1e308, Neighbours::Replace),
+        ] {
+            for mechanism in [Mechanism::Gaussian, Mechanism::Laplace] {
+                let err = SumRelease::new(&params(lower, upper, mechanism, neighbours))
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains("'upper'"), "{err}");
+                assert!(!err.contains("sensitivity'"), "{err}");
+                assert!(err.contains("e308 (lower "), "{err}");
+                assert!(err.contains("enclose the values"), "{err}");
+                assert!(err.len() < 600, "{err}");
+            }
+        }
+        // Wide but finite: a release (or a refusal about epsilon, never about 'sensitivity').
+        let ok = SumRelease::new(&params(
+            -1e300,
+            1e300,
+            Mechanism::Gaussian,
+            Neighbours::AddRemove,
+        ));
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+}

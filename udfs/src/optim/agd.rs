@@ -234,6 +234,18 @@
 //! beyond the rows is [`AgdPlan::working_bytes`], counted in the accumulator's size. No branch
 //! depends on n or on the data beyond the released outputs; an empty input runs the same loop on
 //! zero rows.
+//!
+//! `clip_grad` and `clip_obj` are in [[`CLIP_MIN`], [`CLIP_MAX`]] = [1e-200, 1e100]
+//! ([`check_clip`], for SQL literals and [`AgdPlan::new`] alike), so that both grids,
+//! q_g ≥ C_grad·2⁻³⁰ and q_o > C_obj·2⁻³³, are normal numbers (about 2⁻⁶⁹⁷ or more) and the
+//! plan computes them from the exponent bits (`floor_log2`), with no loop. Round 52, review
+//! "extremes", F1, F2: below 2⁻¹⁰²² the old `powi`-based floor gave a grid of 0, so planning
+//! (EXPLAIN PRIVACY included, before any charge) doubled 0 forever for `clip_grad` 1e-310, and
+//! `clip_obj` 1e-320 gave U = 2⁶⁴ − 1, whose lane sums overflowed after the charge once ~2,700
+//! rows fell in one range (a failure that depended on the data). The plan now also checks the
+//! grids' invariants (q_g, q_o normal; B ∈ [8, 2³⁰]; U ∈ [2³², 2³³), which the kernels' lane
+//! sums rely on) and refuses a plan that breaks one.
+use crate::mechanisms::exact::pow2;
 use crate::noise::SecureRng;
 use crate::noise::discrete::{bernoulli_exp, discrete_gaussian_int};
 use crate::privacy::Neighbours;
@@ -260,6 +272,19 @@ pub const FEATURE_LIMIT: f64 = 1e100;
 pub const FIT_VECTORS: usize = 64;
 /// The largest integer scale the discrete Gaussian sampler accepts (exclusive).
 const MAX_GAUSS_STEPS: f64 = (1u64 << 28) as f64;
+/// The smallest `clip_grad` and `clip_obj` ([`check_clip`]; module docs, "Numbers"; round 52,
+/// review "extremes", F1, F2): the grids q_g ≥ C_grad·2⁻³⁰ and q_o ≥ C_obj·2⁻³³ are then normal
+/// numbers near 2⁻⁶⁹⁷ or above, far from the subnormal range. Below it a grid rounded to 0 (an
+/// endless loop at planning, a score grid of U = 2⁶⁴ − 1 whose lane sums overflowed).
+pub const CLIP_MIN: f64 = 1e-200;
+/// The largest `clip_grad` and `clip_obj`: the released gradient sums and their squares stay
+/// finite.
+pub const CLIP_MAX: f64 = 1e100;
+/// The finest gradient grid: B = ⌊C_grad/q_g⌋ ≤ 2³⁰ ([`AgdPlan::new`]).
+const GRAD_UNITS_MAX: f64 = (1u64 << 30) as f64;
+/// The score grid's bits: q_o = 2^(⌊log₂ C_obj⌋ − 32), so U = ⌊C_obj/q_o⌋ ∈ [2³², 2³³)
+/// ([`score_grid`]; the kernels' lane sums rely on U < 2³³, `kernel::ScoreGrid`).
+const OBJ_GRID_BITS: i32 = 32;
 /// The filter's cap is ρ·(1 − this): floating-point sums of a few thousand charges err by far
 /// less, so the exact sum of the charges never exceeds ρ.
 const FILTER_MARGIN: f64 = 1e-9;
@@ -495,19 +520,114 @@ fn sensitivity_factor(n: Neighbours) -> f64 {
 }
 
 fn invalid(name: &str, v: f64, expected: &str) -> PrivacyError {
-    PrivacyError::invalid(name, v, expected)
+    PrivacyError::invalid(name, literal_text(v), expected)
 }
 
-/// The largest power of two ≤ x (x > 0 finite).
-fn pow2_floor(x: f64) -> f64 {
-    let mut e = x.log2().floor() as i32;
-    while 2f64.powi(e) > x {
-        e -= 1;
+/// A number as a message shows it (round 52, review "extremes", minor): Rust's shortest
+/// round-trip digits, in exponent form outside [10⁻⁴, 10¹⁶) (`{}` printed 5e-324 with 324
+/// digits).
+pub fn literal_text(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() || (1e-4..1e16).contains(&v.abs()) {
+        format!("{v}")
+    } else {
+        format!("{v:e}")
     }
-    while 2f64.powi(e + 1) <= x {
+}
+
+/// `clip_grad` or `clip_obj` (`name`) checked: in [[`CLIP_MIN`], [`CLIP_MAX`]], so that the
+/// plan's grids are normal numbers (module docs, "Numbers"; round 52, review "extremes", F1,
+/// F2). The one check of both arguments, for SQL literals and for [`AgdPlan::new`].
+pub fn check_clip(name: &str, v: f64) -> Result<f64, PrivacyError> {
+    if (CLIP_MIN..=CLIP_MAX).contains(&v) {
+        Ok(v)
+    } else {
+        Err(invalid(
+            name,
+            v,
+            &format!(
+                "a number in [{CLIP_MIN:e}, {CLIP_MAX:e}] (the fit's grid is {name}/2^{} and \
+                 must stay a normal floating-point number); it bounds each row's {}, so give a \
+                 value near its typical size (default 3)",
+                if name == "clip_obj" {
+                    OBJ_GRID_BITS + 1
+                } else {
+                    30
+                },
+                if name == "clip_obj" {
+                    "loss"
+                } else {
+                    "gradient norm"
+                }
+            ),
+        ))
+    }
+}
+
+/// ⌊log₂ x⌋ for finite x > 0, normal or subnormal, exactly: from the exponent bits, so that
+/// `pow2(floor_log2(x))` is the largest power of two ≤ x (round 52, review "extremes", F1: the
+/// grids used a `pow2_floor` built on `2f64.powi(e)`, which is 1/2^|e| = 0 for e < −1023, so
+/// every x < 2⁻¹⁰²² gave 0 and the grid loop of [`AgdPlan::new`] never ended).
+pub(crate) fn floor_log2(x: f64) -> i32 {
+    debug_assert!(x.is_finite() && x > 0.0, "{x}");
+    let bits = x.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    if exp == 0 {
+        // Subnormal: x = bits·2⁻¹⁰⁷⁴, its highest set bit gives the power.
+        63 - bits.leading_zeros() as i32 - 1074
+    } else {
+        exp - 1023
+    }
+}
+
+/// The score grid of C_obj (module docs, "Scores"): q_o = 2^(⌊log₂ C_obj⌋ − 32) and
+/// U = ⌊C_obj/q_o⌋ ∈ [2³², 2³³) (C_obj/q_o is an exact power-of-two scaling when q_o is normal,
+/// which [`check_clip`] ensures; [`check_grids`] checks it).
+fn score_grid(clip_obj: f64) -> (f64, u64) {
+    let q = pow2(floor_log2(clip_obj) - OBJ_GRID_BITS);
+    (q, (clip_obj / q).floor() as u64)
+}
+
+/// The gradient grid: q_g = 2^e, the smallest power of two with C_grad/q_g ≤ `units_cap`, and
+/// B = ⌊C_grad/q_g⌋ ∈ (units_cap/2, units_cap] (round 52, review "extremes", F1: computed from
+/// the exponents; the loop that doubled q_g from a q_g of 0 never ended). With
+/// C_grad = m_c·2ᵃ and units_cap = m_u·2ᵇ (m_c, m_u ∈ [1, 2)): C_grad/2^(a−b−1) =
+/// m_c·2^(b+1), above units_cap; C_grad/2^(a−b) = m_c·2ᵇ, at most units_cap iff m_c ≤ m_u;
+/// C_grad/2^(a−b+1) = m_c·2^(b−1), below units_cap. So e ∈ {a − b, a − b + 1}, one comparison
+/// (each quotient is an exact scaling by a power of two: no rounding).
+fn gradient_grid(clip_grad: f64, units_cap: f64) -> (f64, i64) {
+    let mut e = floor_log2(clip_grad) - floor_log2(units_cap);
+    if clip_grad / pow2(e) > units_cap {
         e += 1;
     }
-    2f64.powi(e)
+    let q = pow2(e);
+    (q, (clip_grad / q).floor() as i64)
+}
+
+/// The invariants the kernels rely on (round 52, review "extremes", F2): q_g and q_o normal
+/// (≥ 2⁻¹⁰²²), B ∈ [8, 2³⁰], U ∈ [2³², 2³³) (`kernel::ScoreGrid` sums up to 2³⁰ rows of at
+/// most U in a `u64` lane). [`check_clip`] makes them hold; a plan that breaks one anyway is
+/// refused here, at planning, before any charge, never after it as a panic or a wrapped sum.
+fn check_grids(
+    grad_q: f64,
+    grad_units: i64,
+    obj_q: f64,
+    obj_units: u64,
+) -> Result<(), PrivacyError> {
+    let ok = grad_q.is_finite()
+        && grad_q >= f64::MIN_POSITIVE
+        && (8..=1i64 << 30).contains(&grad_units)
+        && obj_q.is_finite()
+        && obj_q >= f64::MIN_POSITIVE
+        && (1u64 << OBJ_GRID_BITS..1u64 << (OBJ_GRID_BITS + 1)).contains(&obj_units);
+    if ok {
+        Ok(())
+    } else {
+        Err(PrivacyError::Infeasible(format!(
+            "the fit's grids are outside their range (gradient grid {grad_q:e} for {grad_units} \
+             units, score grid {obj_q:e} for {obj_units} units): give clip_grad and clip_obj in \
+             [{CLIP_MIN:e}, {CLIP_MAX:e}]"
+        )))
+    }
 }
 
 impl AgdPlan {
@@ -529,8 +649,8 @@ impl AgdPlan {
             }
         };
         pos("rho", c.rho)?;
-        pos("clip_grad", c.clip_grad)?;
-        pos("clip_obj", c.clip_obj)?;
+        check_clip("clip_grad", c.clip_grad)?;
+        check_clip("clip_obj", c.clip_obj)?;
         pos("gamma", c.gamma)?;
         pos("max_step", c.max_step)?;
         if !(c.momentum.is_finite() && (0.0..1.0).contains(&c.momentum)) {
@@ -542,8 +662,9 @@ impl AgdPlan {
         if !(c.l2.is_finite() && c.l2 >= 0.0) {
             return Err(invalid("l2", c.l2, "a finite number >= 0"));
         }
-        if !(c.clip_grad <= 1e100 && c.clip_obj <= 1e100 && c.max_step <= 1e100) {
-            return Err(invalid("clip_grad", c.clip_grad, "at most 1e100"));
+        // (round 52: this check named clip_grad for any of the three.)
+        if c.max_step > 1e100 {
+            return Err(invalid("max_step", c.max_step, "at most 1e100"));
         }
         pos("rho_ng", rho_ng)?;
         pos("rho_nm", rho_nm)?;
@@ -554,27 +675,24 @@ impl AgdPlan {
         let mu_min = (2.0 * rho_min).sqrt();
         // Gradient grid: B = C_grad/q_g as fine as 2^30, but small enough that the largest
         // noise scale s = ⌈factor·B/μ_min⌉ stays below 2^28 (with a factor 4 of headroom).
-        let units_cap = (mu_min * MAX_GAUSS_STEPS / (4.0 * factor)).min(2f64.powi(30));
+        let units_cap = (mu_min * MAX_GAUSS_STEPS / (4.0 * factor)).min(GRAD_UNITS_MAX);
         if units_cap.is_nan() || units_cap < 16.0 {
             return Err(PrivacyError::invalid(
                 "epsilon",
                 format!(
-                    "{} (with splits = {}, gamma = {})",
-                    "too small", c.splits, c.gamma
+                    "too small (with splits = {}, gamma = {})",
+                    literal_text(c.splits),
+                    literal_text(c.gamma)
                 ),
                 "a budget whose per-step share is representable: raise epsilon, or lower splits, \
                  or raise gamma",
             ));
         }
-        // q_g: the smallest power of two with C_grad/q_g ≤ units_cap.
-        let mut grad_q = pow2_floor(c.clip_grad / units_cap);
-        while c.clip_grad / grad_q > units_cap {
-            grad_q *= 2.0;
-        }
-        let grad_units = (c.clip_grad / grad_q).floor() as i64;
-        debug_assert!(grad_units >= 8);
-        let obj_q = pow2_floor(c.clip_obj) * 2f64.powi(-32);
-        let obj_units = (c.clip_obj / obj_q).floor() as u64;
+        // q_g: the smallest power of two with C_grad/q_g ≤ units_cap; q_o and U (round 52,
+        // review "extremes", F1, F2: computed, no loop; their range checked before any use).
+        let (grad_q, grad_units) = gradient_grid(c.clip_grad, units_cap);
+        let (obj_q, obj_units) = score_grid(c.clip_obj);
+        check_grids(grad_q, grad_units, obj_q, obj_units)?;
         let temperature = factor * obj_units as f64 / (8.0 * rho_nm).sqrt() * OUTWARD;
         if !(temperature.is_finite() && temperature < 1e35) {
             return Err(invalid(
@@ -2079,8 +2197,7 @@ mod tests {
         let (mut rows_seen, mut differ) = (0u64, 0u64);
         for trial in 0..20_000 {
             let c = [0.5, 3.0, 40.0, 700.0][trial % 4];
-            let q = pow2_floor(c) * (2f64).powi(-32);
-            let cap = (c / q).floor() as u64;
+            let (q, cap) = score_grid(c);
             let amax = [0.01, 0.5, 2.0, 30.0][(trial / 4) % 4];
             let steps: Vec<f64> = (0..=CANDIDATES)
                 .map(|i| i as f64 * amax / CANDIDATES as f64)
@@ -2468,5 +2585,164 @@ mod tests {
         c.splits = 1e5;
         let big = AgdPlan::new(c).unwrap();
         assert!(big.working_bytes(0, 3) >= 4 * 100_000 * size_of::<Charge>());
+    }
+
+    /// Round 52, review "extremes", F1: the largest power of two ≤ x, pow2(floor_log2(x)), is
+    /// exact for every power of two and its neighbours, subnormals included (the `powi` one gave
+    /// 0 below 2⁻¹⁰²²).
+    #[test]
+    fn pow2_floor_is_exact_on_subnormals() {
+        let pow2_floor = |x: f64| pow2(floor_log2(x));
+        for e in -1074..=1023 {
+            let x = pow2(e);
+            assert!(x > 0.0 && x.is_finite(), "{e}");
+            assert_eq!(floor_log2(x), e);
+            assert_eq!(pow2_floor(x), x);
+            if e < 1023 {
+                assert_eq!(floor_log2(pow2(e + 1).next_down()), e);
+            }
+            if e > -1074 {
+                assert_eq!(floor_log2(x.next_down()), e - 1);
+                assert_eq!(pow2_floor(x * 1.5), x, "{e}");
+            }
+        }
+        assert_eq!(pow2_floor(f64::from_bits(1)), f64::from_bits(1));
+        assert_eq!(pow2_floor(5e-324), 5e-324);
+        assert_eq!(floor_log2(f64::MAX), 1023);
+        assert_eq!(floor_log2(f64::MIN_POSITIVE), -1022);
+        assert_eq!(floor_log2(f64::MIN_POSITIVE.next_down()), -1023);
+        for x in [1e-310, 3e-320, 1e-308, 2.5e-315] {
+            let p = pow2_floor(x);
+            assert!(p > 0.0 && p <= x && x < 2.0 * p, "{x}: {p}");
+        }
+    }
+
+    /// The gradient grid is the smallest power of two q with C/q ≤ cap, as a scan over every
+    /// exponent finds it, for clips and caps across their ranges.
+    #[test]
+    fn gradient_grid_is_the_smallest_fitting_power() {
+        let mut g = SecureRng::insecure_from_seed(52);
+        for trial in 0..3_000 {
+            let clip = match trial % 4 {
+                0 => CLIP_MIN,
+                1 => CLIP_MAX,
+                _ => pow2(g.uniform_below(1_200) as i32 - 700) * (1.0 + g.uniform_f64()),
+            }
+            .clamp(CLIP_MIN, CLIP_MAX);
+            let cap = (16.0 + g.uniform_f64() * GRAD_UNITS_MAX).min(GRAD_UNITS_MAX);
+            let cap = [cap, 16.0, GRAD_UNITS_MAX, pow2(20)][trial % 4];
+            let (q, b) = gradient_grid(clip, cap);
+            let e = (-1074..=1023)
+                .find(|&e| clip / pow2(e) <= cap)
+                .expect("a fitting power");
+            assert_eq!(q, pow2(e), "{clip} {cap}");
+            assert_eq!(b, (clip / q).floor() as i64);
+            assert!(
+                b as f64 <= cap && 2 * b + 2 > cap as i64,
+                "{clip} {cap} {b}"
+            );
+            check_grids(q, b, 1.0, 1 << 32).unwrap();
+        }
+    }
+
+    /// Round 52, review "extremes", F1, F2: `clip_grad` 1e-310 or 5e-324 (whose grid was 0: an
+    /// endless loop at planning) and `clip_obj` 1e-320 (U = 2⁶⁴ − 1: lane sums overflowed
+    /// after the charge) are refused by the plan, naming the argument, with the value in
+    /// exponent form; the ceiling names its own argument (it named clip_grad for all three).
+    #[test]
+    fn clips_outside_the_grid_range_are_refused_at_planning() {
+        for (grad, obj, name, shown) in [
+            (1e-310, 3.0, "clip_grad", "1e-310"),
+            (5e-324, 3.0, "clip_grad", "5e-324"),
+            (1e-305, 3.0, "clip_grad", "1e-305"),
+            (CLIP_MIN.next_down(), 3.0, "clip_grad", "e-201"),
+            (3.0, 1e-320, "clip_obj", "1e-320"),
+            (3.0, 5e-324, "clip_obj", "5e-324"),
+            (3.0, 1e-300, "clip_obj", "1e-300"),
+            (1e101, 3.0, "clip_grad", "1e101"),
+            (3.0, 1e101, "clip_obj", "1e101"),
+        ] {
+            for rho in [1e-6, 0.5, 50.0] {
+                let mut c = config(rho);
+                c.clip_grad = grad;
+                c.clip_obj = obj;
+                let e = AgdPlan::new(c).unwrap_err().to_string();
+                assert!(e.contains(&format!("'{name}'")), "{e}");
+                assert!(e.contains(shown) && e.contains("[1e-200, 1e100]"), "{e}");
+                assert!(e.len() < 400, "{e}");
+            }
+        }
+        let mut c = config(0.5);
+        c.max_step = 1e101;
+        let e = AgdPlan::new(c).unwrap_err().to_string();
+        assert!(e.contains("'max_step'"), "{e}");
+    }
+
+    /// At the ends of the accepted range the grids are normal and keep the kernels' invariants
+    /// (B ∈ [8, 2³⁰], U ∈ [2³², 2³³)) under every neighbour relation and budget.
+    #[test]
+    fn grids_at_the_clip_extremes_keep_their_invariants() {
+        let relations = [
+            Neighbours::AddRemove,
+            Neighbours::Replace,
+            Neighbours::Units {
+                groups: 1000,
+                rows: 1,
+            },
+        ];
+        for clip in [
+            CLIP_MIN,
+            CLIP_MIN.next_up(),
+            1e-150,
+            0.75,
+            3.0,
+            1e99,
+            CLIP_MAX,
+        ] {
+            for rho in [1e-6, 1e-3, 0.5, 50.0] {
+                for neighbours in relations {
+                    let mut c = config(rho);
+                    (c.clip_grad, c.clip_obj, c.neighbours) = (clip, clip, neighbours);
+                    let plan = AgdPlan::new(c).unwrap();
+                    assert!(plan.grad_q >= f64::MIN_POSITIVE && plan.obj_q >= f64::MIN_POSITIVE);
+                    assert!((8..=1 << 30).contains(&plan.grad_units), "{clip} {rho}");
+                    assert!((1u64 << 32..1u64 << 33).contains(&plan.obj_units), "{clip}");
+                    assert!(plan.grad_units as f64 * plan.grad_q <= clip);
+                    assert!(plan.obj_units as f64 * plan.obj_q <= clip);
+                    let (s, _) = plan.gauss_scale(plan.rho_ng * plan.config.gamma.min(1.0));
+                    assert!(s >= 1);
+                }
+            }
+        }
+    }
+
+    /// A plan whose grids break an invariant is an error, not a panic (q_o = 0 and
+    /// U = 2⁶⁴ − 1 is review F2's plan).
+    #[test]
+    fn check_grids_refuses_a_degenerate_plan() {
+        check_grids(pow2(-20), 1 << 20, pow2(-31), 3 << 31).unwrap();
+        for (gq, b, oq, u) in [
+            (pow2(-20), 1 << 20, 0.0, u64::MAX),
+            (0.0, 1 << 20, pow2(-31), 3 << 31),
+            (pow2(-1030), 1 << 20, pow2(-31), 3 << 31),
+            (pow2(-20), 7, pow2(-31), 3 << 31),
+            (pow2(-20), (1 << 30) + 1, pow2(-31), 3 << 31),
+            (pow2(-20), 1 << 20, pow2(-31), 1 << 33),
+            (pow2(-20), 1 << 20, f64::NAN, 3 << 31),
+        ] {
+            let e = check_grids(gq, b, oq, u).unwrap_err().to_string();
+            assert!(e.contains("clip_grad and clip_obj"), "{e}");
+        }
+    }
+
+    #[test]
+    fn literal_text_is_short_at_the_extremes() {
+        assert_eq!(literal_text(5e-324), "5e-324");
+        assert_eq!(literal_text(1e-310), "1e-310");
+        assert_eq!(literal_text(f64::MAX), "1.7976931348623157e308");
+        assert_eq!(literal_text(0.5), "0.5");
+        assert_eq!(literal_text(-3.0), "-3");
+        assert_eq!(literal_text(0.0), "0");
+        assert_eq!(literal_text(f64::INFINITY), "inf");
     }
 }

@@ -298,9 +298,10 @@ fn agd_passes_on_every_path() {
             for wild in [false, true] {
                 let rows = agd_data(n, d, wild, &mut g);
                 let p = d + usize::from(intercept);
-                // C_obj: the default, large, and tiny enough that 1/q_o is not a normal number
-                // (the selection pass then divides instead of multiplying).
-                for &(clip_obj, replace) in &[(3.0, false), (700.0, true), (1e-305, false)] {
+                // C_obj: the default, large, and the smallest the plan accepts (round 52, review
+                // "extremes": 1e-305, whose q_o = 2⁻¹⁰⁴⁶ is subnormal, is now refused, so the
+                // selection pass always multiplies by a normal 1/q_o).
+                for &(clip_obj, replace) in &[(3.0, false), (700.0, true), (agd::CLIP_MIN, false)] {
                     let plan = agd_plan(clip_obj, intercept, replace);
                     for (scale, amax) in [(1e-2, 0.1), (0.5, 2.0), (5.0, 30.0), (1e200, 2.0)] {
                         let w = theta(p, scale, &mut g);
