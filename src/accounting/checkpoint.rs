@@ -66,7 +66,7 @@ pub(super) const EVERY: u64 = 256;
 /// The serialised form of [`State`]. Bump it when a field of `State`, `Spend` or anything they
 /// contain changes its serialised form (the test `layout_is_pinned` fails then): checkpoints of
 /// another layout are not used (a full replay instead) and their records are not compared.
-pub(super) const LAYOUT: u32 = 2;
+pub(super) const LAYOUT: u32 = 3;
 
 /// The largest checkpoint file read: the compact state is a few tens of kilobytes per table, so
 /// a larger file is not a checkpoint this version wrote (not used: a full replay instead).
@@ -803,6 +803,21 @@ mod tests {
         };
         let p = private("demo:a", "a", 2.5);
         st.largest_epsilon.insert(p.key.clone(), 2.5);
+        // Round 52 (review operator F2, F3): the relaxations and the lost guarantee.
+        st.relaxations.insert(
+            p.key.clone(),
+            vec![crate::accounting::Relaxation {
+                line: 2,
+                note: "why [budget ε 1 → 2.5]".to_string(),
+            }],
+        );
+        st.no_guarantee.insert(
+            p.key.clone(),
+            crate::accounting::NoGuarantee {
+                line: 2,
+                why: "made public".to_string(),
+            },
+        );
         st.policies.insert(p.key.clone(), p);
         let events = vec![Event::Gaussian { mu: 0.5 }, Event::Delta { delta: 1e-9 }];
         let sums = [
@@ -835,8 +850,8 @@ mod tests {
         assert_eq!(
             (LAYOUT, hex(&sha256(&bytes)).as_str()),
             (
-                2,
-                "aa474cf4cdceb46f68557484a58c0227337bf55337e4f048030f9cd93751b9d0"
+                3,
+                "b4aee83afe32ea78464207a1feda4ea465fcab6b2d036d2689e02f9b64847c30"
             ),
             "{}",
             String::from_utf8_lossy(&bytes)

@@ -14,6 +14,10 @@
 //!
 //! A charge stores at most [`QUERY_CAP`] bytes of its SQL text (and the SHA-256 of the whole),
 //! in the file and in memory.
+//!
+//! Replay also keeps, per table, every relaxation the owner recorded and the line from which the
+//! table has no guarantee (round 52, review operator F2, F3: [`State::relaxations`],
+//! [`State::no_guarantee`]); `verify` lists both.
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -26,8 +30,8 @@ use sha2::{Digest, Sha256};
 use super::checkpoint::{self, CheckpointRecord};
 use super::filter::{Currency, FilterKind, Usage};
 use super::{
-    AccountingError, BudgetRow, DEFAULT_QUERY_DELTA, LedgerEntry, NativeCost, TableKey,
-    TablePolicy, Visibility, check_budget, display, io_error,
+    AccountingError, BudgetRow, DEFAULT_QUERY_DELTA, LedgerEntry, NativeCost, NoGuarantee,
+    Relaxation, TableKey, TablePolicy, Visibility, check_budget, display, io_error,
 };
 
 /// The most bytes of a statement's SQL text a charge stores: the JSON text of its `query` field
@@ -267,6 +271,13 @@ pub(super) struct State {
     /// Number of `policy` and `owner` records.
     pub policy_records: u64,
     pub owner_records: u64,
+    /// Per key, every relaxation an `owner` record recorded, in ledger order (round 52, review
+    /// operator F2): a reason approves one change ([`super::policy::reason_recorded`]), and
+    /// `dpfusion ledger verify` lists them.
+    pub relaxations: HashMap<TableKey, Vec<Relaxation>>,
+    /// Per key, the first line from which the table has no guarantee, and why (round 52, review
+    /// operator F3; [`note_no_guarantee`]).
+    pub no_guarantee: HashMap<TableKey, NoGuarantee>,
     /// Number of `checkpoint` records read: all of them on a full replay (`dpfusion ledger
     /// verify`), those after the checkpoint a session started from otherwise. Not part of the
     /// checkpointed state.
@@ -316,8 +327,57 @@ fn note_largest(st: &mut State, p: &TablePolicy) {
     }
 }
 
-/// Applies one record to the state: the only way the state changes, on replay and on append.
-fn apply(st: &mut State, rec: Record) -> Result<(), String> {
+/// Notes that the table of `p`, a `policy` or `owner` record applied at line `line` over the
+/// policy `e` in force before it, has no guarantee from that line on, when it has none yet
+/// (round 52, review operator F3):
+/// - a private table made public: its rows could be read in clear, so no budget bounds what
+///   its releases reveal together;
+/// - a table that was public made private: its rows could be read in clear before;
+/// - a change of the neighbour relation ([`super::policy::Change::voids_charges`]) of a table
+///   with charges: their ε under the new relation is unbounded.
+///
+/// The filter goes on bounding later charges; only the guarantee shown changes ([`budget_row`]).
+fn note_no_guarantee(st: &mut State, e: Option<&TablePolicy>, p: &TablePolicy, line: u64) {
+    let Some(e) = e else {
+        return;
+    };
+    if st.no_guarantee.contains_key(&p.key) {
+        return;
+    }
+    let charged = st.tables.get(&p.key).is_some_and(|t| t.events > 0);
+    let why = match (e.visibility, p.visibility) {
+        (Visibility::Private, Visibility::Public) => {
+            Some("the table was made public: its rows could be read in clear".to_string())
+        }
+        (Visibility::Public, Visibility::Private) => Some(
+            "the table was public before it was made private: its rows could be read in clear"
+                .to_string(),
+        ),
+        (Visibility::Private, Visibility::Private) if charged => {
+            let relation: Vec<String> = super::policy::changes(e, p)
+                .into_iter()
+                .filter(|c| c.voids_charges)
+                .map(|c| c.what)
+                .collect();
+            (!relation.is_empty()).then(|| {
+                format!(
+                    "the neighbour relation changed on a table with charges ({}): their ε under \
+                     the new relation is unbounded",
+                    relation.join("; ")
+                )
+            })
+        }
+        _ => None,
+    };
+    if let Some(why) = why {
+        st.no_guarantee
+            .insert(p.key.clone(), NoGuarantee { line, why });
+    }
+}
+
+/// Applies one record, line `line` of the ledger, to the state: the only way the state
+/// changes, on replay and on append.
+fn apply(st: &mut State, rec: Record, line: u64) -> Result<(), String> {
     match rec {
         Record::Header(h) => {
             if st.ledger_id.is_some() {
@@ -334,6 +394,8 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
                 .get(&p.key)
                 .is_some_and(|e| !super::policy::no_weaker(e, &p));
             if !keep {
+                let e = st.policies.get(&p.key).cloned();
+                note_no_guarantee(st, e.as_ref(), &p, line);
                 note_largest(st, &p);
                 st.policies.insert(p.key.clone(), p);
             }
@@ -341,7 +403,18 @@ fn apply(st: &mut State, rec: Record) -> Result<(), String> {
         }
         Record::Owner(p) => {
             check_budget(&p.budget).map_err(|e| e.to_string())?;
+            let e = st.policies.get(&p.key).cloned();
+            note_no_guarantee(st, e.as_ref(), &p, line);
             note_largest(st, &p);
+            if let Some(note) = &p.relaxed {
+                st.relaxations
+                    .entry(p.key.clone())
+                    .or_default()
+                    .push(Relaxation {
+                        line,
+                        note: note.clone(),
+                    });
+            }
             st.policies.insert(p.key.clone(), p);
             st.owner_records += 1;
         }
@@ -1147,7 +1220,7 @@ fn apply_line(
     let line_no = st.lines + 1;
     let policy = matches!(rec, Record::Policy(_) | Record::Owner(_));
     // With `st.lines` still the lines before it.
-    apply(st, rec).map_err(|m| corrupt(path, line_no, m))?;
+    apply(st, rec, line_no).map_err(|m| corrupt(path, line_no, m))?;
     st.offset += len;
     st.lines += 1;
     st.hashes.push(hash);
@@ -1407,6 +1480,14 @@ pub struct TableReport {
     /// guarantee and never shown (docs/ACCOUNTING.md, "Why no 'ε charged'").
     pub spent: f64,
     pub charges: u64,
+    /// Every relaxation the owner recorded for the key, in ledger order (round 52, review
+    /// operator F2).
+    pub relaxations: Vec<Relaxation>,
+    /// Since when the key has no guarantee (round 52, review operator F3): the budget row's
+    /// `epsilon` is then +∞. `guarantee` stays the largest budget of the charges made while the
+    /// table was private, their bound as charged, which says nothing of what the table's rows
+    /// revealed since.
+    pub no_guarantee: Option<NoGuarantee>,
 }
 
 /// What `dpfusion ledger verify` found in a ledger that verifies.
@@ -1421,7 +1502,9 @@ pub struct LedgerReport {
     pub checkpoint_records: u64,
     pub charges: u64,
     pub tables: Vec<TableReport>,
-    /// Things an interrupted writer left, which the next session repairs.
+    /// Things an interrupted writer left, which the next session repairs; then, per table, every
+    /// relaxation the owner recorded and since when a table has no guarantee (round 52, review
+    /// operator F2, F3: what `dpfusion ledger verify` prints as `note:` lines).
     pub notes: Vec<String>,
     /// The witness checked (None: none was given, or there is none yet).
     pub witness: Option<PathBuf>,
@@ -1474,11 +1557,16 @@ pub(super) fn budget_row(st: &State, p: &TablePolicy, default_delta: f64) -> Bud
         ),
     };
     // The guarantee is the largest budget the table has had; a lowered budget caps what is left
-    // (docs/ACCOUNTING.md, "Lowering a budget").
-    let epsilon = st
-        .largest_epsilon
-        .get(&p.key)
-        .map_or(p.budget.epsilon, |e| e.max(p.budget.epsilon));
+    // (docs/ACCOUNTING.md, "Lowering a budget"). None (+∞) since a record voided it (round 52,
+    // review operator F3).
+    let no_guarantee = st.no_guarantee.get(&p.key).cloned();
+    let epsilon = match &no_guarantee {
+        Some(_) => f64::INFINITY,
+        None => st
+            .largest_epsilon
+            .get(&p.key)
+            .map_or(p.budget.epsilon, |e| e.max(p.budget.epsilon)),
+    };
     let delta = st
         .largest_delta
         .get(&p.key)
@@ -1488,6 +1576,7 @@ pub(super) fn budget_row(st: &State, p: &TablePolicy, default_delta: f64) -> Bud
         key: p.key.clone(),
         epsilon,
         delta,
+        no_guarantee,
         spent,
         remaining: next,
         remaining_delta_of: default_delta,
@@ -1499,11 +1588,11 @@ pub(super) fn budget_row(st: &State, p: &TablePolicy, default_delta: f64) -> Bud
     }
 }
 
-fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -> LedgerReport {
+fn report(path: &Path, witness: Option<&Path>, st: &State, mut notes: Vec<String>) -> LedgerReport {
     let mut keys: Vec<&TableKey> = st.policies.keys().chain(st.tables.keys()).collect();
     keys.sort();
     keys.dedup();
-    let tables = keys
+    let tables: Vec<TableReport> = keys
         .into_iter()
         .map(|k| {
             let policy = st.policies.get(k);
@@ -1532,9 +1621,26 @@ fn report(path: &Path, witness: Option<&Path>, st: &State, notes: Vec<String>) -
                     .map(|(e, d)| (*e, *d)),
                 budget_row,
                 charges: st.tables.get(k).map_or(0, |s| s.queries),
+                relaxations: st.relaxations.get(k).cloned().unwrap_or_default(),
+                no_guarantee: st.no_guarantee.get(k).cloned(),
             }
         })
         .collect();
+    // The owner's decisions, for the owner to see (round 52, review operator F2, F3).
+    for t in &tables {
+        for r in &t.relaxations {
+            notes.push(format!(
+                "table '{}' ({}): the owner relaxed its policy at line {}: {}",
+                t.name, t.key, r.line, r.note
+            ));
+        }
+        if let Some(n) = &t.no_guarantee {
+            notes.push(format!(
+                "table '{}' ({}): guarantee: none since line {} ({})",
+                t.name, t.key, n.line, n.why
+            ));
+        }
+    }
     LedgerReport {
         path: path.to_path_buf(),
         ledger_id: st.ledger_id.clone(),
@@ -1740,13 +1846,13 @@ pub fn migrate(path: &Path, witness: Option<&Path>) -> Result<Migration, Account
         st.lines += 1;
         st.hashes.push(hash);
         let n = st.lines;
-        apply(&mut st, rec).map_err(|m| corrupt(path, n - 1, m))?;
+        apply(&mut st, rec, n).map_err(|m| corrupt(path, n - 1, m))?;
     }
     // Read back what will be written: the same chain and the same state.
     let mut check = State::default();
     let again = scan(path, &check, out.as_bytes())?;
-    for (rec, _, _) in again.lines {
-        apply(&mut check, rec).map_err(|m| other(path, m))?;
+    for (n, (rec, _, _)) in (1..).zip(again.lines) {
+        apply(&mut check, rec, n).map_err(|m| other(path, m))?;
     }
     if check.entries != st.entries || check.policies != st.policies || again.torn != 0 {
         return Err(other(

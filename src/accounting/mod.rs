@@ -18,6 +18,14 @@
 //! serves one file under one policy ([`Accountant::register_table_beside`]). A failure after the
 //! fsync (the sidecar, the witness) is [`AccountingError::Unsealed`]: the charge stands.
 //!
+//! Round 52 (review operator): a relaxation's reason approves one change (a reason the ledger
+//! recorded for the key before is refused for a new one; module `policy`); a record that makes a
+//! private table public, a public one private, or changes the neighbour relation of a table with
+//! charges leaves the table no guarantee from its line on ([`NoGuarantee`], in the replay state:
+//! `SHOW BUDGET`'s `epsilon` is +∞); a new private file key under the name of another private
+//! file key with charges (its data moved?) needs the owner's reason; a unit domain not stated
+//! keeps the recorded one.
+//!
 //! A catch-up applies the lines it read all or none (a line that does not apply leaves the
 //! state as it was, and the next catch-up reads them again). The session's state is the replay
 //! plus what no line says (its session-local tables' policies, a recorded policy kept under the
@@ -528,6 +536,32 @@ pub struct PreviewRow {
     pub next_epsilon: f64,
 }
 
+/// One relaxation the data owner recorded for a table (round 52, review operator F2): the line
+/// of its `owner` record and the text it recorded (`relaxed`: the reason, then the changes in
+/// brackets). `dpfusion ledger verify` lists every one, and a reason approves one change: a
+/// registration that gives a reason already recorded for its key, to make a new change, is
+/// refused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Relaxation {
+    pub line: u64,
+    pub note: String,
+}
+
+/// Since which line of the ledger a table has no guarantee, and why (round 52, review operator
+/// F3): a record made a private table public (its rows could be read in clear), made a table
+/// that was public private, or changed the neighbour relation of a table with charges (their ε
+/// under the new relation is unbounded). From that line on no budget bounds what the table's
+/// releases reveal together: `SHOW BUDGET`'s `epsilon` is +∞ and `dpfusion ledger verify` says
+/// "guarantee: none since line N (why)". The filter still bounds later charges (what is left,
+/// refusals) as before.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoGuarantee {
+    pub line: u64,
+    pub why: String,
+}
+
 /// One private table's budget state (`SHOW BUDGET`), under one of its names: a session that
 /// serves one file under several names has one row per name, each with the same numbers (one
 /// budget: [`Accountant::budget_rows_at`]; rows of one `key` are one budget).
@@ -536,10 +570,14 @@ pub struct BudgetRow {
     pub name: String,
     pub key: TableKey,
     /// The table's ε guarantee: the largest budget it has had in force (a lowered budget
-    /// caps what is left, never the guarantee shown).
+    /// caps what is left, never the guarantee shown); +∞ once the table has none
+    /// (`no_guarantee`; round 52).
     pub epsilon: f64,
     /// The table's δ guarantee: the largest δ budget it has had in force.
     pub delta: f64,
+    /// Set when the table has no guarantee since a line of the ledger (round 52, review
+    /// operator F3): `epsilon` is then +∞.
+    pub no_guarantee: Option<NoGuarantee>,
     /// The filter's conversion of the sum so far at δ_g. Not shown: under adaptive choice the
     /// conversion of a running sum is not a guarantee (a valid odometer is the share used).
     pub spent: f64,
@@ -1701,20 +1739,52 @@ impl Accountant {
             if policy.format.is_none() {
                 policy.format = e.format.clone();
             }
+            // Nor a unit domain (its default is the table's name): the recorded one, so that a
+            // rename is no change of the neighbour relation (round 52, review operator F6).
+            policy::keep_recorded_domain(e, &mut policy);
         }
         // Validate the request (and resolve the default rdp order from its budget) before
         // anything is written.
         policy.filter = policy.compiled_filter()?.kind;
         let existing = st.policies.get(&policy.key).cloned();
         let charged = st.tables.get(&policy.key).is_some_and(|s| s.events > 0);
+        let reason = relax.map(str::trim).filter(|r| !r.is_empty());
+        // A new key under the name of another private key with charges: a new budget for what
+        // may be the same data moved, only with the owner's reason (round 52, review operator
+        // F1).
+        if existing.is_none() {
+            let others = charged_under_name(&st, &policy);
+            if !others.is_empty() {
+                let Some(reason) = reason else {
+                    return Err(AccountingError::PolicyConflict(policy::new_budget_message(
+                        &policy, &others, &self.path,
+                    )));
+                };
+                let change = policy::new_budget(&policy.name, &others);
+                same_as_served(&policy, served)?;
+                return self.append_owner(&mut st, policy, reason, &[change]);
+            }
+        }
         let decision = match policy::reconcile(existing.as_ref(), &policy, charged, &self.path) {
-            Err(AccountingError::PolicyConflict(_))
-                if relax.is_some_and(|r| !r.trim().is_empty()) =>
-            {
+            Err(AccountingError::PolicyConflict(_)) if reason.is_some() => {
+                let reason = reason.unwrap_or_default();
                 let e = existing.expect("a conflict has a recorded policy");
                 let changes = policy::changes(&e, &policy);
+                // A reason approves the change it was written for (round 52, review operator
+                // F2): one the ledger recorded for this key before approves nothing new.
+                if let Some(earlier) = st
+                    .relaxations
+                    .get(&policy.key)
+                    .and_then(|v| policy::reason_recorded(v, reason))
+                {
+                    return Err(AccountingError::PolicyConflict(
+                        policy::reason_reused_message(
+                            &policy, reason, earlier, &changes, &self.path,
+                        ),
+                    ));
+                }
                 same_as_served(&policy, served)?;
-                return self.append_owner(&mut st, policy, relax.unwrap_or_default(), &changes);
+                return self.append_owner(&mut st, policy, reason, &changes);
             }
             other => other?,
         };
@@ -2227,6 +2297,42 @@ fn files_now_private(st: &mut State, planned: &[TablePolicy]) -> Result<(), Acco
     Ok(())
 }
 
+/// The other private file tables the ledger holds under the name of `req`, a private file
+/// table it does not know yet, that have charges, each with what it used (round 52, review
+/// operator F1): `req` may be one of them moved or copied, and would start a new budget. Keys
+/// that are not files (the demo tables, a session's own tables, `CREATE TABLE AS` results) and
+/// public tables are never such; a file under two names is one key. The name of a kept policy
+/// is the one this session registered it under, so a table renamed in this session is known
+/// by its new name.
+fn charged_under_name(st: &State, req: &TablePolicy) -> Vec<(TablePolicy, String)> {
+    if req.visibility != Visibility::Private || !req.key.is_file() {
+        return Vec::new();
+    }
+    let mut out: Vec<(TablePolicy, String)> = st
+        .policies
+        .values()
+        .filter(|p| {
+            p.key != req.key
+                && p.key.is_file()
+                && p.visibility == Visibility::Private
+                && p.name == req.name
+                && st.tables.get(&p.key).is_some_and(|t| t.events > 0)
+        })
+        .map(|p| {
+            let row = ledger::budget_row(st, p, DEFAULT_QUERY_DELTA);
+            let used = format!(
+                "{} of its budget ε {} δ {} used",
+                display::percent(row.native.used_share),
+                display::budget(p.budget.epsilon),
+                display::budget(p.budget.delta)
+            );
+            (p.clone(), used)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+    out
+}
+
 /// Refuses a registration whose resulting policy `result` differs from one a session already
 /// serves its key under, by another name (`served`; [`Accountant::register_table_beside`]).
 fn same_as_served(result: &TablePolicy, served: &[TablePolicy]) -> Result<(), AccountingError> {
@@ -2241,9 +2347,10 @@ fn same_as_served(result: &TablePolicy, served: &[TablePolicy]) -> Result<(), Ac
              table to the ledger, with one policy, and '{}' would go on planning its \
              statements under the old one. Nothing was recorded, and '{}' keeps its policy. \
              Register the file under one name, or give every name of it the same policy \
-             (visibility, privacy unit and its unit_domain, which defaults to the table's \
-             name, so give every name of the file the same unit_domain; public columns, \
-             budget, filter)",
+             (visibility, privacy unit and its unit_domain, which defaults to the recorded \
+             domain, or to the table's name for a file the ledger does not know yet, so give \
+             every name of the file the same unit_domain or none; public columns, budget, \
+             filter)",
             result.name,
             s.name,
             changes

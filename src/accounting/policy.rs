@@ -17,9 +17,17 @@
 //! (kind and order) and the δ share are neither: changing them changes how past charges are
 //! counted, so it needs an explicit relaxation. Lowering a budget stops later admissions earlier;
 //! it does not make earlier admissions cheaper (docs/ACCOUNTING.md).
+//!
+//! Round 52 (review operator): a reason approves one change, the one it was recorded with: a
+//! relaxation whose reason the ledger already recorded for the key, to make a new change, is
+//! refused ([`reason_recorded`]); a registration whose unit domain is its own name (the default)
+//! keeps the recorded domain, so a rename is no change of the relation
+//! ([`keep_recorded_domain`]); a new private file key under the name of another private file key
+//! with charges would start a new budget for what may be the same data moved, and needs a
+//! relaxation ([`new_budget`]; docs/LEDGER.md, "A table's budget belongs to its path").
 use std::path::Path;
 
-use super::{AccountingError, FilterKind, Neighbours, TablePolicy, Visibility};
+use super::{AccountingError, FilterKind, Neighbours, Relaxation, TablePolicy, Visibility};
 
 pub(super) enum Decision {
     /// The ledger's policy stays in force (returned with the session's name for the table).
@@ -272,6 +280,105 @@ fn conflict_message(
 pub(super) fn relaxation_note(reason: &str, changes: &[Change]) -> String {
     let what: Vec<&str> = changes.iter().map(|c| c.what.as_str()).collect();
     format!("{reason} [{}]", what.join("; "))
+}
+
+/// The earlier relaxation of a key, among its `relaxations`, that recorded the (trimmed)
+/// `reason` ([`relaxation_note`]: the reason, then the changes in brackets). A reason approves
+/// the change it was written for, not every later one (round 52, review operator F2: a `relax`
+/// left in the catalog recorded every later weakening under the old reason, silently).
+pub(super) fn reason_recorded<'a>(
+    relaxations: &'a [Relaxation],
+    reason: &str,
+) -> Option<&'a Relaxation> {
+    let prefix = format!("{reason} [");
+    relaxations
+        .iter()
+        .find(|r| r.note == reason || (r.note.starts_with(&prefix) && r.note.ends_with(']')))
+}
+
+/// The refusal of a relaxation whose reason `earlier` already recorded for the key (round 52,
+/// review operator F2).
+pub(super) fn reason_reused_message(
+    req: &TablePolicy,
+    reason: &str,
+    earlier: &Relaxation,
+    changes: &[Change],
+    ledger: &Path,
+) -> String {
+    let what: Vec<&str> = changes.iter().map(|c| c.what.as_str()).collect();
+    format!(
+        "table '{}' (file {}): the reason '{reason}' was recorded for an earlier change at line \
+         {} of ledger {} ({}); write a new reason for this one ([{}]). A reason approves the \
+         change it was written for: remove `relax` from the catalog once its change is \
+         recorded. dpfusion kept the recorded policy and registered nothing.",
+        req.name,
+        req.key,
+        earlier.line,
+        ledger.display(),
+        earlier.note,
+        what.join("; ")
+    )
+}
+
+/// The change an owner's registration of a new key makes when the ledger holds the same table
+/// name for another private key with charges (round 52, review operator F1): a new budget.
+pub(super) fn new_budget(name: &str, others: &[(TablePolicy, String)]) -> Change {
+    let from: Vec<String> = others
+        .iter()
+        .map(|(p, used)| format!("{} ({used})", p.key))
+        .collect();
+    Change::new(
+        format!(
+            "a new budget for table '{name}', registered before from {}",
+            from.join(", ")
+        ),
+        false,
+    )
+}
+
+/// The refusal of a new key registered under the name of another private key with charges,
+/// `others` (each with what it used), without the owner's reason (round 52, review operator F1).
+pub(super) fn new_budget_message(
+    req: &TablePolicy,
+    others: &[(TablePolicy, String)],
+    ledger: &Path,
+) -> String {
+    let from: Vec<String> = others
+        .iter()
+        .map(|(p, used)| format!("{} with charges ({used})", p.key))
+        .collect();
+    let old = others
+        .first()
+        .map_or(String::new(), |(p, _)| p.key.to_string());
+    format!(
+        "table '{}' was registered from {} in ledger {}; a registration from {} would start a \
+         new budget: the ledger knows a table by the path of its files, and a new path is a new \
+         table with a full budget. If it is the same data moved or copied, register it from \
+         {old} (move the files back, or point the table's path there) to keep its budget; to \
+         start a new budget deliberately (other data under the same name, or data moved for \
+         good), add relax = \"<reason>\" to the table in the catalog (--relax in single-user \
+         mode, Registration::relax in the Rust API): the ledger records it (docs/LEDGER.md, \
+         \"A table's budget belongs to its path\"). dpfusion registered nothing.",
+        req.name,
+        from.join(", "),
+        ledger.display(),
+        req.key,
+    )
+}
+
+/// A registration's privacy unit whose domain is the table's own name (`req.name`: the default
+/// of a registration that states none) takes the domain the ledger recorded, `e`'s (round 52,
+/// review operator F6: renaming a unit table changed its default domain, a change of the
+/// neighbour relation, and the owner was sent to `relax`). As a budget, filter or δ share not
+/// stated takes the recorded one. A domain stated equal to the table's name reads the same as
+/// none (docs/CATALOG.md, "Changing a policy"): a shared domain is best named unlike any table.
+pub(super) fn keep_recorded_domain(e: &TablePolicy, req: &mut TablePolicy) {
+    if let (Some(eu), Some(ru)) = (&e.unit, &mut req.unit)
+        && ru.domain == req.name
+        && ru.domain != eu.domain
+    {
+        ru.domain = eu.domain.clone();
+    }
 }
 
 #[cfg(test)]

@@ -755,8 +755,18 @@ fn policy_conflicts() {
     let acc = Accountant::open(&path).unwrap();
     let rows = acc.budget_rows();
     assert_eq!(rows.len(), 1);
-    // The guarantee shown is the largest budget the table ever had; 1.0 caps what is left.
-    assert_eq!(rows[0].epsilon, 2.0);
+    // The table was public, its rows readable in clear: it has no guarantee since it was made
+    // public (round 52, review operator F3; it showed 2, the largest budget it had); 1.0 caps
+    // what is left.
+    assert_eq!(rows[0].epsilon, f64::INFINITY);
+    assert!(
+        rows[0]
+            .no_guarantee
+            .as_ref()
+            .is_some_and(|n| n.why.contains("made public")),
+        "{:?}",
+        rows[0].no_guarantee
+    );
     let current = Filter::new(&rows_budget(1.0), FilterKind::Gdp, DEFAULT_DELTA_SHARE).unwrap();
     assert!(rows[0].remaining <= current.next_epsilon(&Usage::default(), DEFAULT_QUERY_DELTA));
 
@@ -2481,4 +2491,350 @@ fn a_catch_up_that_fails_at_a_line_leaves_the_state_as_it_was() {
         format!("{:?}", a.budget_rows()),
         format!("{:?}", fresh.budget_rows())
     );
+}
+
+/// Every `FilterChoice` stated (the registration states its budget, filter and δ share).
+fn all_stated() -> FilterChoice {
+    FilterChoice {
+        kind: true,
+        delta_share: true,
+        budget: true,
+    }
+}
+
+/// Round 52 (review operator, F2): a `relax` left in the catalog recorded every later weakening
+/// under its old reason, silently. A reason approves one change: a registration that gives a
+/// reason the ledger recorded for the key before, and would make a new change, is refused with
+/// nothing written (also after a restart, and from a checkpoint); the same registration with
+/// it is kept; a new reason is recorded; `verify` lists every relaxation.
+#[test]
+fn a_relax_reason_approves_one_change() {
+    let path = temp_ledger();
+    let key = "/data/salaries.csv";
+    let acc = Accountant::open(&path).unwrap();
+    acc.register_table(private(key, "salaries", 1.0)).unwrap();
+    acc.admit("q", &gauss(key, 0.1)).unwrap();
+    let board = "approved by the board 2026-01";
+    acc.register_table_with(private(key, "salaries", 2.0), all_stated(), Some(board))
+        .unwrap();
+    let relaxed_at = verify(&path).unwrap().lines;
+    // Left in the catalog, it keeps the same registration (nothing differs, nothing written).
+    let before = file_len(&path);
+    let kept = acc
+        .register_table_with(private(key, "salaries", 2.0), all_stated(), Some(board))
+        .unwrap();
+    assert_eq!(kept.budget.epsilon, 2.0);
+    assert_eq!(file_len(&path), before);
+    // A slip under the old reason: refused, naming the earlier change and the new one.
+    let mut slip = private(key, "salaries", 50.0);
+    slip.public_columns = vec!["salary".into()];
+    let refused = |acc: &Accountant, reason: &str| match acc.register_table_with(
+        slip.clone(),
+        all_stated(),
+        Some(reason),
+    ) {
+        Err(AccountingError::PolicyConflict(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    for reason in [board, "  approved by the board 2026-01 "] {
+        let m = refused(&acc, reason);
+        assert!(
+            m.contains(&format!(
+                "the reason '{board}' was recorded for an earlier change at line {relaxed_at}"
+            )) && m.contains("[budget ε 1 → 2]")
+                && m.contains("write a new reason for this one ([budget ε 2 → 50; public columns [] → [salary]])")
+                && m.contains("remove `relax`"),
+            "{m}"
+        );
+        assert_eq!(file_len(&path), before, "nothing written");
+    }
+    assert_eq!(
+        acc.policy(&TableKey::from(key)).unwrap().budget.epsilon,
+        2.0
+    );
+    // The same after a restart, and from a checkpoint (the reasons are in its state).
+    drop(acc);
+    another_process_checkpoints(&path, "/data/other.csv", "other");
+    let acc = Accountant::open(&path).unwrap();
+    assert!(
+        acc.state().checkpoint_line > 0,
+        "opened from the checkpoint"
+    );
+    refused(&acc, board);
+    // A new reason approves the new change.
+    let r = acc
+        .register_table_with(slip.clone(), all_stated(), Some("second board decision"))
+        .unwrap();
+    assert!(
+        r.relaxed
+            .as_deref()
+            .is_some_and(|n| n.starts_with("second board decision [budget ε 2 → 50")),
+        "{r:?}"
+    );
+    // A reason is the key's own: another key may give the same one.
+    acc.register_table(private("/data/b.csv", "b", 1.0))
+        .unwrap();
+    acc.register_table_with(private("/data/b.csv", "b", 3.0), all_stated(), Some(board))
+        .unwrap();
+    // `verify` lists every relaxation, with its line.
+    let report = verify(&path).unwrap();
+    let t = report
+        .tables
+        .iter()
+        .find(|t| t.key.as_str() == key)
+        .unwrap();
+    assert_eq!(t.relaxations.len(), 2, "{:?}", t.relaxations);
+    assert_eq!(t.relaxations[0].line, relaxed_at);
+    let notes: Vec<&String> = report
+        .notes
+        .iter()
+        .filter(|n| n.contains("the owner relaxed its policy at line"))
+        .collect();
+    assert_eq!(notes.len(), 3, "{:?}", report.notes);
+    assert!(
+        notes[0].contains("table 'b' (/data/b.csv): the owner relaxed its policy at line")
+            && notes[1].contains(&format!("at line {relaxed_at}: {board} [budget ε 1 → 2]")),
+        "{notes:?}"
+    );
+}
+
+/// Round 52 (review operator, F3): a record that voids a table's guarantee (private → public,
+/// public → private, a change of the neighbour relation on a table with charges) makes its
+/// guarantee none from that line on: `SHOW BUDGET`'s `epsilon` is +∞ and `verify` says "guarantee:
+/// none since line N (why)", also after a restart. What is left and the refusals are as before.
+/// A lowered budget, and a relation change on a table without charges, keep the guarantee.
+#[test]
+fn a_public_period_or_a_relation_change_on_charges_leaves_no_guarantee() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let public = |key: &str, name: &str| TablePolicy {
+        visibility: Visibility::Public,
+        ..private(key, name, 1.0)
+    };
+    let replace = |key: &str, name: &str| TablePolicy {
+        neighbours: Neighbours::Replace,
+        ..private(key, name, 1.0)
+    };
+    // a: private, charged, made public by the owner, then private again (stricter).
+    acc.register_table(private("/d/a.csv", "a", 1.0)).unwrap();
+    acc.admit("q", &gauss("/d/a.csv", 0.1)).unwrap();
+    acc.owner_set_policy(public("/d/a.csv", "a"), "open data release")
+        .unwrap();
+    let a_public = verify(&path).unwrap().lines;
+    acc.register_table(private("/d/a.csv", "a", 0.5)).unwrap();
+    // b: public first, then private (a `policy` record).
+    acc.register_table(public("/d/b.csv", "b")).unwrap();
+    acc.register_table(private("/d/b.csv", "b", 1.0)).unwrap();
+    let b_private = verify(&path).unwrap().lines;
+    // c: replace, charged, then add_remove with the owner's reason.
+    acc.register_table(replace("/d/c.csv", "c")).unwrap();
+    acc.admit("q", &gauss("/d/c.csv", 0.1)).unwrap();
+    acc.register_table_with(
+        private("/d/c.csv", "c", 1.0),
+        all_stated(),
+        Some("presence"),
+    )
+    .unwrap();
+    let c_relation = verify(&path).unwrap().lines;
+    // d: replace → add_remove without charges (stricter: recorded); e: charged, budget lowered.
+    acc.register_table(replace("/d/d.csv", "d")).unwrap();
+    acc.register_table(private("/d/d.csv", "d", 1.0)).unwrap();
+    acc.register_table(private("/d/e.csv", "e", 1.0)).unwrap();
+    acc.admit("q", &gauss("/d/e.csv", 0.1)).unwrap();
+    acc.register_table(private("/d/e.csv", "e", 0.5)).unwrap();
+    let check = |acc: &Accountant| {
+        let rows: BTreeMap<String, BudgetRow> = acc
+            .budget_rows()
+            .into_iter()
+            .map(|r| (r.name.clone(), r))
+            .collect();
+        for (name, line, why) in [
+            ("a", a_public, "made public"),
+            ("b", b_private, "was public before"),
+            ("c", c_relation, "neighbours replace → add_remove"),
+        ] {
+            let r = &rows[name];
+            assert_eq!(r.epsilon, f64::INFINITY, "{name}");
+            let n = r.no_guarantee.as_ref().unwrap();
+            assert_eq!(n.line, line, "{name}: {n:?}");
+            assert!(n.why.contains(why), "{name}: {n:?}");
+        }
+        assert_eq!(rows["d"].epsilon, 1.0);
+        assert_eq!(
+            rows["e"].epsilon, 1.0,
+            "a lowered budget keeps the guarantee"
+        );
+        assert!(rows["d"].no_guarantee.is_none() && rows["e"].no_guarantee.is_none());
+        // What is left is measured against the budget in force, as before.
+        assert!(rows["c"].native.used_share > 0);
+    };
+    check(&acc);
+    // The filter still bounds later charges.
+    exhaust(&acc, "/d/c.csv", 0.3);
+    drop(acc);
+    let acc = Accountant::open(&path).unwrap();
+    check(&acc);
+    let report = verify(&path).unwrap();
+    for (name, line) in [("a", a_public), ("b", b_private), ("c", c_relation)] {
+        let t = report.tables.iter().find(|t| t.name == name).unwrap();
+        assert_eq!(
+            t.budget_row.as_ref().map(|r| r.epsilon),
+            Some(f64::INFINITY),
+            "{name}"
+        );
+        assert_eq!(
+            t.no_guarantee.as_ref().map(|n| n.line),
+            Some(line),
+            "{name}"
+        );
+        assert!(
+            report.notes.iter().any(|n| n.contains(&format!(
+                "table '{name}' (/d/{name}.csv): guarantee: none since line {line} ("
+            ))),
+            "{name}: {:?}",
+            report.notes
+        );
+    }
+    assert!(
+        !report
+            .notes
+            .iter()
+            .any(|n| n.contains("table 'd'") || n.contains("table 'e'")),
+        "{:?}",
+        report.notes
+    );
+}
+
+/// Round 52 (review operator, F6): renaming a table with a privacy unit whose domain was the
+/// default (its name) changed the domain, a change of the neighbour relation that needed
+/// `relax`. A registration whose domain is its own name (the default) keeps the recorded domain,
+/// with nothing written; a domain stated otherwise is still a change.
+#[test]
+fn renaming_a_unit_table_keeps_its_recorded_domain() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let with_unit = |name: &str, domain: &str| TablePolicy {
+        unit: Some(PrivacyUnit {
+            domain: domain.to_string(),
+            ..PrivacyUnit::new("customer", name)
+        }),
+        ..private("/d/purchases.csv", name, 1.0)
+    };
+    acc.register_table(with_unit("purchases", "purchases"))
+        .unwrap();
+    acc.admit("q", &gauss("/d/purchases.csv", 0.1)).unwrap();
+    let before = file_len(&path);
+    let kept = acc.register_table(with_unit("orders", "orders")).unwrap();
+    assert_eq!(kept.name, "orders");
+    assert_eq!(kept.unit.as_ref().unwrap().domain, "purchases");
+    assert_eq!(file_len(&path), before, "nothing written");
+    assert_eq!(acc.budget_rows()[0].queries, 1, "the same budget");
+    // A domain stated otherwise is a change of the relation, on a table with charges.
+    match acc.register_table(with_unit("orders", "people")) {
+        Err(AccountingError::PolicyConflict(m)) => {
+            assert!(
+                m.contains("(domain purchases) → customer (domain people)"),
+                "{m}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    // A recorded domain of another name is kept too when the registration states none.
+    acc.register_table_with(
+        with_unit("orders", "people"),
+        all_stated(),
+        Some("one domain"),
+    )
+    .unwrap();
+    let kept = acc.register_table(with_unit("sales", "sales")).unwrap();
+    assert_eq!(kept.unit.as_ref().unwrap().domain, "people");
+}
+
+/// Round 52 (review operator, F1, the name part): moving a private table's file (a new path,
+/// a new key) gave it a fresh budget, silently. A new private file key registered under a name
+/// the ledger holds for another private file key with charges is refused, naming both paths and
+/// what was used, unless the owner relaxes it; then an `owner` record says so. Not refused: a
+/// key without charges under the name, a public registration, a key that is not a file (demo,
+/// session-local), another name, the same key, a table this session registered under another
+/// name since.
+#[test]
+fn a_new_path_under_a_charged_tables_name_needs_the_owners_reason() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let (old, new) = ("/data/salaries.csv", "/data2/salaries.csv");
+    acc.register_table(private(old, "salaries", 1.0)).unwrap();
+    acc.register_table(private("/data/idle.csv", "idle", 1.0))
+        .unwrap();
+    acc.admit("q", &gauss(old, 0.1)).unwrap();
+    let before = file_len(&path);
+    let m = match acc.register_table(private(new, "salaries", 1.0)) {
+        Err(AccountingError::PolicyConflict(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        m.contains(&format!(
+            "table 'salaries' was registered from {old} with charges ("
+        )) && m.contains("% of its budget ε 1 δ 1e-6 used)")
+            && m.contains(&format!(
+                "a registration from {new} would start a new budget"
+            ))
+            && m.contains(&format!("register it from {old}"))
+            && m.contains("relax = \"<reason>\""),
+        "{m}"
+    );
+    // The same after a restart.
+    drop(acc);
+    let acc = Accountant::open(&path).unwrap();
+    assert!(acc.register_table(private(new, "salaries", 1.0)).is_err());
+    assert_eq!(file_len(&path), before, "nothing written");
+    // Not refused.
+    acc.register_table(private("/data2/idle.csv", "idle", 1.0))
+        .unwrap();
+    acc.register_table(TablePolicy {
+        visibility: Visibility::Public,
+        ..private("/data3/salaries.csv", "salaries", 1.0)
+    })
+    .unwrap();
+    acc.register_table(private("demo:salaries", "salaries", 1.0))
+        .unwrap();
+    acc.register_table(private("mem:salaries", "salaries", 1.0))
+        .unwrap();
+    acc.register_table(private("/data2/pay.csv", "pay", 1.0))
+        .unwrap();
+    acc.register_table(private(old, "salaries", 1.0)).unwrap();
+    // With the owner's reason: an `owner` record with the reason and the new budget.
+    let r = acc
+        .register_table_with(
+            private(new, "salaries", 1.0),
+            all_stated(),
+            Some("moved to a new disk for good"),
+        )
+        .unwrap();
+    let note = r.relaxed.unwrap();
+    assert!(
+        note.starts_with("moved to a new disk for good [a new budget for table 'salaries'")
+            && note.contains(old),
+        "{note}"
+    );
+    // Left in the catalog: kept, nothing written.
+    let before = file_len(&path);
+    acc.register_table_with(
+        private(new, "salaries", 1.0),
+        all_stated(),
+        Some("moved to a new disk for good"),
+    )
+    .unwrap();
+    assert_eq!(file_len(&path), before);
+    assert!(
+        verify(&path)
+            .unwrap()
+            .notes
+            .iter()
+            .any(|n| n.contains("moved to a new disk for good")),
+    );
+    // A table this session serves under another name since does not hold the name.
+    acc.register_table(private("/d/x.csv", "x", 1.0)).unwrap();
+    acc.admit("q", &gauss("/d/x.csv", 0.1)).unwrap();
+    acc.register_table(private("/d/x.csv", "y", 1.0)).unwrap();
+    acc.register_table(private("/e/x.csv", "x", 1.0)).unwrap();
 }

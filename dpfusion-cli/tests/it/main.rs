@@ -11,6 +11,7 @@ mod ledger;
 mod library;
 mod models;
 mod onboard;
+mod owner_policy;
 mod receipts;
 mod refusals;
 mod serve;
