@@ -1400,13 +1400,6 @@ fn private_options() -> OpenOptions {
 /// opened as it is. The header is written by the first [`catch_up`].
 pub(super) fn open_file(path: &Path, witness: Option<&Path>) -> Result<File, AccountingError> {
     let parent = path.parent().filter(|d| !d.as_os_str().is_empty());
-    if let Some(dir) = parent {
-        let mut b = fs::DirBuilder::new();
-        b.recursive(true);
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
-        b.create(dir).map_err(io_error(path))?;
-    }
     let hp = head_path(path);
     if !path.exists() && hp.exists() {
         // Checked before creating anything: a deleted ledger is not a new one.
@@ -1432,6 +1425,15 @@ pub(super) fn open_file(path: &Path, witness: Option<&Path>) -> Result<File, Acc
                 wp.display()
             ),
         ));
+    }
+    // Created only once the refusals above are passed: a refused open creates nothing (round 52,
+    // review "operator" F4: a refused ledger left its empty directory behind).
+    if let Some(dir) = parent {
+        let mut b = fs::DirBuilder::new();
+        b.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        b.create(dir).map_err(io_error(path))?;
     }
     match private_options()
         .read(true)

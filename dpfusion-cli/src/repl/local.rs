@@ -172,11 +172,24 @@ pub fn describe(session: &PrivateSession, table: &str) -> Result<String, String>
                 } else {
                     format!(" (one budget with {}: the same file)", others.join(", "))
                 };
+                // A table whose guarantee the owner voided shows why, not "budget ε inf"
+                // (round 52, review "operator" F3).
+                let guarantee = match &b.no_guarantee {
+                    Some(n) => format!(
+                        "no DP guarantee since ledger line {} ({}), δ {}",
+                        n.line,
+                        n.why,
+                        dpfusion::accounting::display::budget(b.delta)
+                    ),
+                    None => format!(
+                        "budget ε {} at δ {}",
+                        dpfusion::accounting::display::budget(b.epsilon),
+                        dpfusion::accounting::display::budget(b.delta)
+                    ),
+                };
                 format!(
-                    "private, budget ε {} at δ {}{shared}; {} filter, {} used, {} left (one more \
+                    "private, {guarantee}{shared}; {} filter, {} used, {} left (one more \
                      query could use ε ≤ {}); partition-selection δ {} spent, {} left",
-                    dpfusion::accounting::display::budget(b.epsilon),
-                    dpfusion::accounting::display::budget(b.delta),
                     b.filter,
                     percent(b.native.used_share),
                     percent(SHARE_SCALE.saturating_sub(b.native.used_share)),

@@ -336,6 +336,13 @@ impl Backend for Remote {
         let tables = self.server_tables().await?;
         let budget = self.budget().await;
         let policy = |name: &str| match budget.iter().find(|b| b.name == name) {
+            // An infinite guarantee is one the owner voided (round 52, review "operator" F3).
+            Some(b) if b.epsilon.is_infinite() => format!(
+                "private, no DP guarantee (the owner's ledger says since when), {} left (one \
+                 more query could use ε ≤ {})",
+                percent(b.left_share),
+                num(b.remaining, Round::Down)
+            ),
             Some(b) => format!(
                 "private, budget ε {}, {} left (one more query could use ε ≤ {})",
                 dpfusion::accounting::display::budget(b.epsilon),

@@ -211,4 +211,12 @@ fn a_rename_keeps_the_budget_and_a_public_period_leaves_no_guarantee() {
         )) && v.contains("ε=∞ δ=1e-6"),
         "{v}"
     );
+    // `\d` says so in words, not "budget ε inf".
+    let out = ok(&d, &["-c", "\\d orders"]);
+    assert!(
+        out.contains(&format!(
+            "private, no DP guarantee since ledger line {public_at} (the table was made public"
+        )) && !out.contains("budget ε inf"),
+        "{out}"
+    );
 }
