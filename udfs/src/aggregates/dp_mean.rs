@@ -81,6 +81,7 @@ use super::common::DataArg;
 use super::declaration::{
     self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, UnitRule, VALUE,
 };
+use super::dp_sum::finite_sensitivity;
 use super::interval::{fieller, laplace_ratio_set, laplace_sum_quantile, pow2_neg18};
 use super::params::{Mechanism, Neighbours, Params, representable};
 use crate::mechanisms::exact::{FixedPoint, pow2};
@@ -195,12 +196,18 @@ pub(crate) struct MeanRelease {
 /// with ε_s + ε_c ≤ ε is private; the rounding only moves it off the optimum by an ulp).
 pub(crate) const CBRT_4: f64 = 1.587_401_051_968_199_4;
 
+/// The bounds as messages show them, in exponent form (round 52, review "extremes": `{}` printed
+/// ±1e308 with 309 digits).
+fn bounds_text(p: &MeanParams) -> String {
+    format!("{:e} (lower {:e})", p.upper, p.lower)
+}
+
 impl MeanRelease {
     /// The calibration (module docs); also called by [`MeanParams::cost`], so the accountant
     /// refuses exactly what the planner refuses. A noise that is not representable fails with
     /// the range of epsilon (or of the bounds) that works.
     pub fn new(p: &MeanParams) -> Result<Self, PrivacyError> {
-        let bounds = format!("{} (lower {})", p.upper, p.lower);
+        let bounds = bounds_text(p);
         representable(p.epsilon, ("upper", &bounds), |epsilon| match p.mechanism {
             // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
             Mechanism::Gaussian => Self::gaussian(
@@ -222,7 +229,8 @@ impl MeanRelease {
             let h = w as f64; // worst |m − c|, half-units
             match p.neighbours {
                 Neighbours::ReplacePublicN => {
-                    sum_mech = Some(GaussianMechanism::from_mu(mu, 2.0 * h * half_unit)?);
+                    let sensitivity = finite_sensitivity(2.0 * h * half_unit, &bounds_text(p))?;
+                    sum_mech = Some(GaussianMechanism::from_mu(mu, sensitivity)?);
                 }
                 nb => {
                     // Δ_s = h (add/remove) or 2h (replace modes), in half-units (module docs).
@@ -235,7 +243,7 @@ impl MeanRelease {
                     let slack = if nb.moves_between_groups() { 2.0 } else { 1.0 };
                     sum_mech = Some(GaussianMechanism::from_mu_with_slack(
                         mu_s,
-                        ds * half_unit,
+                        finite_sensitivity(ds * half_unit, &bounds_text(p))?,
                         slack,
                     )?);
                     count_mech = Some(GaussianMechanism::from_mu(mu_c, 1.0)?);
@@ -261,7 +269,7 @@ impl MeanRelease {
             if nb == Neighbours::ReplacePublicN {
                 sum_mech = Some(LaplaceMechanism::from_epsilon_with_slack(
                     epsilon,
-                    2.0 * w * half_unit,
+                    finite_sensitivity(2.0 * w * half_unit, &bounds_text(p))?,
                     1.0,
                 )?);
             } else {
@@ -283,7 +291,7 @@ impl MeanRelease {
                 let eps_c = (epsilon - eps_s).next_down();
                 sum_mech = Some(LaplaceMechanism::from_epsilon_with_slack(
                     eps_s,
-                    (ds * half_unit).next_up(),
+                    finite_sensitivity((ds * half_unit).next_up(), &bounds_text(p))?,
                     ss,
                 )?);
                 count_mech = Some(LaplaceMechanism::from_epsilon_with_slack(eps_c, dc, sc)?);
@@ -513,3 +521,37 @@ pub const DP_MEAN: Aggregate = Aggregate {
 super::interval::ci_variant!(MeanParams, DP_MEAN => DP_MEAN_CI, "dp_mean_ci",
     DpMeanCi, dp_mean_ci_udaf,
     "dp_mean's release with its confidence interval");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Round 52 (review "extremes"): bounds whose sensitivity overflows f64 are refused naming
+    /// `upper` and the bounds in exponent form, as `dp_sum` refuses them, not as "invalid
+    /// argument 'sensitivity': got inf" (an argument dp_mean does not have).
+    #[test]
+    fn overflowing_sensitivity_names_the_bounds() {
+        let max = f64::MAX;
+        for (lower, upper, neighbours) in [
+            (-max, max, Neighbours::AddRemove),
+            (-1e308, 1e308, Neighbours::Replace),
+            (-max, max, Neighbours::ReplacePublicN),
+        ] {
+            for mechanism in [Mechanism::Gaussian, Mechanism::Laplace] {
+                let p = MeanParams {
+                    lower,
+                    upper,
+                    epsilon: 1.0,
+                    delta: 1e-6,
+                    mechanism,
+                    neighbours,
+                };
+                let err = MeanRelease::new(&p).map(|_| ()).unwrap_err().to_string();
+                assert!(err.contains("'upper'"), "{err}");
+                assert!(!err.contains("sensitivity'"), "{err}");
+                assert!(err.contains("e308 (lower "), "{err}");
+                assert!(err.len() < 600, "{err}");
+            }
+        }
+    }
+}

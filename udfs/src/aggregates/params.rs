@@ -149,7 +149,7 @@ pub(crate) fn representable<T>(
         scale.0,
         scale.1,
         &format!(
-            "a value whose noise is representable at some epsilon ≤ {max:e}: {why} at epsilon              = {epsilon}"
+            "a value whose noise is representable at some epsilon ≤ {max:e}: {why} at epsilon = {epsilon}"
         ),
     ))
 }
