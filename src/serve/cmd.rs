@@ -35,7 +35,8 @@ OPTIONS:
         --query-timeout SECS         A statement's time limit (default: [server]
                                      query_timeout_secs, else 300)
         --max-concurrent-queries N   Statements running at once (default: [server]
-                                     max_concurrent_queries, else the number of cores)
+                                     max_concurrent_queries, else the number of cores and at
+                                     least 2; 1 is refused with two analysts or more)
         --max-connections N          Connections open at once (default: [server]
                                      max_connections, else 256)
         --max-result-bytes N         The largest result of one statement (default: [server]

@@ -1,10 +1,27 @@
 //! The server's connections, bounded before any token is checked (issue 27, class 6).
 //!
 //! - **A connection limit**: each accepted connection holds one permit of a semaphore of
-//!   [`ConnLimits::max_connections`]. At the limit, the accept loop closes the oldest
-//!   connection that has not yet made an authenticated call, then waits for its permit; when
-//!   every connection is authenticated, it waits (new connections queue in the kernel's
-//!   backlog). File descriptors stay bounded, and idle strangers cannot keep analysts out.
+//!   [`ConnLimits::max_connections`]. At the limit, the accept loop closes one connection that
+//!   has not yet made an authenticated call (a stranger), then waits for its permit; when every
+//!   connection is authenticated, it waits (new connections queue in the kernel's backlog). File
+//!   descriptors stay bounded, and idle strangers cannot keep analysts out.
+//! - **Strangers counted by their source** (round 52, review "isolation" F1): each connection's
+//!   peer address is recorded at accept, as a [`Source`] (an IPv4 address; an IPv6 address's /64,
+//!   the block one host commonly holds). At the limit, the stranger closed is the oldest of the
+//!   source holding the most strangers (of sources holding as many, the oldest stranger among
+//!   them), never simply the oldest one. A client that churned connections from one address
+//!   (thousands a second) cycled through every stranger, so that any client needing longer than
+//!   that cycle to send its first authenticated call (one network round trip, a TLS handshake)
+//!   was closed before it could; now such a flood closes only its own strangers, and a client
+//!   from another source is closed only once it holds as many strangers as the flood. No source
+//!   is capped below the limit: clients of one address (every local one, or every one behind a
+//!   NAT) opening many connections at once keep the whole limit (a cap of an eighth, then of
+//!   half, churned them: the load test of 24 clients connecting at once beside idle strangers,
+//!   all on loopback, lost its good clients). Behind a reverse proxy every client comes from the
+//!   proxy's address, one source, and one client's flood closes the others' new connections as
+//!   before: the proxy must limit each client itself. A flood from many addresses, holding more
+//!   strangers each than a client does, is not bounded here (SECURITY.md, "What is not
+//!   protected").
 //! - **A handshake timeout**: a connection that has made no authenticated call within
 //!   [`ConnLimits::handshake_timeout`] of being accepted is closed (TLS and HTTP/2 handshakes
 //!   included: they read through this connection).
@@ -23,8 +40,9 @@
 //! authenticated ([`Conn::authenticated`]): the router does, from a call's headers, before any
 //! byte of its body is read (`serve::ByMethod`, round 46), so a connection is authenticated, and
 //! an analyst's, from their first call's headers.
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::net::{IpAddr, Ipv6Addr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -48,6 +66,24 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
 }
 
+/// Where a connection comes from, as its strangers are counted (round 52): an IPv4 address,
+/// or the /64 of an IPv6 one (a host commonly holds a whole /64, and could take a new address
+/// of it for each connection); an IPv4-mapped IPv6 address (a server listening on `[::]`) is
+/// its IPv4 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Source(IpAddr);
+
+impl Source {
+    pub fn of(ip: IpAddr) -> Self {
+        match ip.to_canonical() {
+            IpAddr::V6(v6) => Self(IpAddr::V6(Ipv6Addr::from(
+                u128::from(v6) & !(u128::from(u64::MAX)),
+            ))),
+            v4 => Self(v4),
+        }
+    }
+}
+
 /// One connection's state, shared by its I/O and the calls it carries.
 #[derive(Debug)]
 pub struct Conn {
@@ -62,10 +98,12 @@ pub struct Conn {
     /// Every open connection (the accept loop's list), and an analyst's share of them.
     peers: Weak<Mutex<VecDeque<Weak<Conn>>>>,
     per_analyst: usize,
+    /// Where it comes from (round 52): a source's strangers are counted together.
+    source: Source,
 }
 
 impl Conn {
-    fn new(peers: Weak<Mutex<VecDeque<Weak<Conn>>>>, per_analyst: usize) -> Self {
+    fn new(peers: Weak<Mutex<VecDeque<Weak<Conn>>>>, per_analyst: usize, source: Source) -> Self {
         Self {
             accepted: Instant::now(),
             last_call_ms: AtomicU64::new(0),
@@ -75,6 +113,7 @@ impl Conn {
             analyst: std::sync::OnceLock::new(),
             peers,
             per_analyst,
+            source,
         }
     }
 
@@ -124,6 +163,11 @@ impl Conn {
 
     fn is_authenticated(&self) -> bool {
         self.authenticated.load(Ordering::Acquire)
+    }
+
+    /// Open and not yet authenticated.
+    fn is_stranger(&self) -> bool {
+        !self.is_authenticated() && !self.closed.load(Ordering::Acquire)
     }
 
     /// Closes the connection: its next read fails, and the server drops it.
@@ -260,37 +304,50 @@ struct Acceptor {
     listener: TcpListener,
     limits: ConnLimits,
     permits: Arc<Semaphore>,
-    /// Open connections, oldest first (dead ones are pruned as they are met).
-    open: Arc<Mutex<VecDeque<Weak<Conn>>>>,
+    open: Arc<Open>,
     backoff: Duration,
 }
 
 const MIN_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-impl Acceptor {
-    /// Closes the oldest connection that has made no authenticated call; whether there was one.
-    fn evict_a_stranger(&self) -> bool {
-        let mut open = self.open.lock().expect("lock");
-        open.retain(|w| w.strong_count() > 0);
-        for w in open.iter() {
-            if let Some(c) = w.upgrade()
-                && !c.is_authenticated()
-                && !c.closed.load(Ordering::Acquire)
-            {
-                c.close();
-                return true;
-            }
-        }
-        false
-    }
+/// The open connections, oldest first (dead ones are pruned as they are met).
+type Open = Mutex<VecDeque<Weak<Conn>>>;
 
+/// At the limit: closes the oldest stranger of the source holding the most strangers (of two
+/// that hold as many, the one whose oldest stranger is older), never simply the oldest
+/// stranger (round 52, review "isolation" F1: a flood from one address closed everyone
+/// else's new connections); whether there was one.
+fn close_a_stranger(open: &Open) -> bool {
+    let mut open = open.lock().expect("lock");
+    open.retain(|w| w.strong_count() > 0);
+    let strangers: Vec<Arc<Conn>> = open
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|c| c.is_stranger())
+        .collect();
+    let mut held: HashMap<Source, usize> = HashMap::new();
+    for c in &strangers {
+        *held.entry(c.source).or_default() += 1;
+    }
+    let most = held.values().copied().max();
+    // Oldest first: the first stranger of a source holding the most is its oldest.
+    match strangers.iter().find(|c| Some(held[&c.source]) == most) {
+        Some(c) => {
+            c.close();
+            true
+        }
+        None => false,
+    }
+}
+
+impl Acceptor {
     async fn next(&mut self) -> LimitedIo {
         loop {
-            let tcp = match self.listener.accept().await {
-                Ok((tcp, _)) => {
+            let (tcp, peer) = match self.listener.accept().await {
+                Ok(accepted) => {
                     self.backoff = MIN_BACKOFF;
-                    tcp
+                    accepted
                 }
                 Err(_) => {
                     // Out of descriptors or buffers, or a connection reset before it was
@@ -300,10 +357,12 @@ impl Acceptor {
                     continue;
                 }
             };
+            let source = Source::of(peer.ip());
             let permit = match Arc::clone(&self.permits).try_acquire_owned() {
                 Ok(p) => p,
                 Err(_) => {
-                    self.evict_a_stranger();
+                    // Its permit comes back as its connection is dropped.
+                    close_a_stranger(&self.open);
                     match tokio::time::timeout(
                         self.limits.handshake_timeout,
                         Arc::clone(&self.permits).acquire_owned(),
@@ -321,6 +380,7 @@ impl Acceptor {
             let conn = Arc::new(Conn::new(
                 Arc::downgrade(&self.open),
                 self.limits.per_analyst,
+                source,
             ));
             {
                 let mut open = self.open.lock().expect("lock");
@@ -361,16 +421,87 @@ pub fn incoming(
 mod tests {
     use super::*;
 
+    fn source(ip: &str) -> Source {
+        Source::of(ip.parse().unwrap())
+    }
+
+    fn local() -> Source {
+        source("127.0.0.1")
+    }
+
+    /// Connections accepted in this order from these addresses, in one list.
+    fn accepted(open: &Arc<Open>, from: &[&str]) -> Vec<Arc<Conn>> {
+        from.iter()
+            .map(|ip| {
+                let c = Arc::new(Conn::new(Arc::downgrade(open), 64, source(ip)));
+                open.lock().unwrap().push_back(Arc::downgrade(&c));
+                c
+            })
+            .collect()
+    }
+
+    fn closed(conns: &[Arc<Conn>]) -> Vec<usize> {
+        (0..conns.len())
+            .filter(|&i| conns[i].closed.load(Ordering::Acquire))
+            .collect()
+    }
+
+    /// Round 52 (review "isolation" F1): an IPv6 client is counted by its /64, an IPv4-mapped
+    /// address as its IPv4 one, and two IPv4 addresses (two of loopback's too) apart.
+    #[test]
+    fn sources_are_ipv4_addresses_and_ipv6_slash_64s() {
+        assert_eq!(source("2001:db8:1:2::1"), source("2001:db8:1:2:ffff:1:2:3"));
+        assert_ne!(source("2001:db8:1:2::1"), source("2001:db8:1:3::1"));
+        assert_eq!(source("::ffff:192.0.2.7"), source("192.0.2.7"));
+        assert_ne!(source("192.0.2.7"), source("192.0.2.8"));
+        assert_ne!(source("127.0.0.1"), source("127.0.0.2"));
+    }
+
+    /// Round 52 (review "isolation" F1): at the limit the stranger closed is the oldest of the
+    /// address holding the most strangers, never the globally oldest (another address's client
+    /// still in its handshake), nor an authenticated connection.
+    #[test]
+    fn a_flood_from_one_address_closes_only_its_own_strangers() {
+        let open: Arc<Open> = Arc::new(Mutex::new(VecDeque::new()));
+        let conns = accepted(
+            &open,
+            &[
+                "192.0.2.1",    // 0: a client mid-handshake, the oldest stranger
+                "198.51.100.9", // 1: the flood's
+                "2001:db8::5",  // 2: an authenticated analyst's
+                "198.51.100.9", // 3
+                "2001:db8::6",  // 4: another client of the same /64 as 2
+                "198.51.100.9", // 5
+            ],
+        );
+        assert!(conns[2].authenticated("alice"));
+        // At the limit: the flood's oldest, not client 0 (older) nor 2.
+        assert!(close_a_stranger(&open));
+        assert_eq!(closed(&conns), [1]);
+        // The flood now holds 2, the /64 one stranger (4; 2 is authenticated), 192.0.2.1 one.
+        assert!(close_a_stranger(&open));
+        assert_eq!(closed(&conns), [1, 3]);
+        // One each: the oldest source's oldest stranger.
+        assert!(close_a_stranger(&open));
+        assert_eq!(closed(&conns), [0, 1, 3]);
+
+        // Only authenticated connections left: nothing to close.
+        let open: Arc<Open> = Arc::new(Mutex::new(VecDeque::new()));
+        let conns = accepted(&open, &["192.0.2.1"]);
+        assert!(conns[0].authenticated("bob"));
+        assert!(!close_a_stranger(&open));
+    }
+
     /// Review r45: each analyst holds at most their share of the connections, counted under one
     /// lock (the first version locked each connection's analyst while holding the list's, and
     /// two first calls at once deadlocked the threads serving every call); a connection is one
     /// analyst's.
     #[test]
     fn first_calls_at_once_keep_each_analyst_within_their_share() {
-        let open: Arc<Mutex<VecDeque<Weak<Conn>>>> = Arc::new(Mutex::new(VecDeque::new()));
+        let open: Arc<Open> = Arc::new(Mutex::new(VecDeque::new()));
         let conns: Vec<Arc<Conn>> = (0..64)
             .map(|_| {
-                let c = Arc::new(Conn::new(Arc::downgrade(&open), 5));
+                let c = Arc::new(Conn::new(Arc::downgrade(&open), 5, local()));
                 open.lock().unwrap().push_back(Arc::downgrade(&c));
                 c
             })

@@ -22,7 +22,9 @@
 //! - **Analysts are isolated**: each analyst's results waiting to be fetched live in their own
 //!   namespace, with their own quotas (count and bytes), checked *before* admission: a full
 //!   quota refuses the new statement with nothing charged, and never drops anyone's charged
-//!   result. Each analyst has their own turns (`max_queries_per_analyst`) within the server's.
+//!   result. Each analyst has their own turns (`max_queries_per_analyst`) within the server's,
+//!   with two analysts or more never all of them (round 52, review "isolation" F2: [`bind`]
+//!   refuses `max_concurrent_queries = 1` then, and an analyst's turns are at most all but one).
 //!   Prepared statements keep no state: a handle is its SQL (and, once parameters are bound,
 //!   the bound SQL: [`params`]), held by the client. Transactions group nothing: a charge is
 //!   durable when its statement is admitted, so a rollback is refused (nothing can be undone).
@@ -137,12 +139,15 @@ pub struct ServeOptions {
     pub insecure_listen_any: bool,
     /// A statement's time limit: waiting for its turn, admission and execution.
     pub query_timeout: Duration,
-    /// How many statements run at once.
+    /// How many statements run at once (by default the cores, at least 2). With two analysts
+    /// or more it must be at least 2, so that no analyst holds every turn ([`bind`] refuses 1:
+    /// round 52, review "isolation" F2).
     pub max_concurrent_queries: usize,
     /// The longest SQL text accepted, in bytes.
     pub max_sql_bytes: usize,
     /// How many statements (and prepares) of one analyst run at once; 0: half of
-    /// `max_concurrent_queries`, rounded up ([`ServeOptions::queries_per_analyst`]).
+    /// `max_concurrent_queries`, rounded up; with two analysts or more, at most
+    /// `max_concurrent_queries - 1` ([`ServeOptions::queries_per_analyst`]).
     pub max_queries_per_analyst: usize,
     /// How many calls of one analyst may be in flight at once: every call, from its headers
     /// until its answer is sent (its request's body being received, its turn awaited, its work
@@ -219,13 +224,22 @@ const SMALL_REQUEST: usize = 64 << 10;
 const QUERY_THREAD_STACK: usize = 16 << 20;
 
 impl ServeOptions {
-    /// [`ServeOptions::max_queries_per_analyst`], 0 meaning the default: half the statements
-    /// that run at once (rounded up), so that one analyst never holds every turn.
-    pub fn queries_per_analyst(&self) -> usize {
-        match self.max_queries_per_analyst {
-            0 => self.max_concurrent_queries.max(1).div_ceil(2),
-            n => n.min(self.max_concurrent_queries.max(1)),
-        }
+    /// [`ServeOptions::max_queries_per_analyst`] on a server of `analysts` analysts, 0 meaning
+    /// the default: half the statements that run at once (rounded up). With two analysts or
+    /// more, the default and an explicit value alike are at most `max_concurrent_queries - 1`
+    /// (and at least 1), so that one analyst never holds every turn: round 52 (review
+    /// "isolation" F2), 1 of 1 turns let one analyst's statements decide when, and whether,
+    /// another's ran, and time them. Several analysts together can still hold every turn:
+    /// `k` analysts with `max_queries_per_analyst` turns each leave a turn for the others only
+    /// while `k × max_queries_per_analyst < max_concurrent_queries` (docs/CATALOG.md).
+    pub fn queries_per_analyst(&self, analysts: usize) -> usize {
+        let all = self.max_concurrent_queries.max(1);
+        let most = if analysts >= 2 { all - 1 } else { all };
+        let n = match self.max_queries_per_analyst {
+            0 => all.div_ceil(2),
+            n => n,
+        };
+        n.min(most).max(1)
     }
 
     /// [`ServeOptions::max_calls_per_analyst`], 0 meaning the default: twice the analyst's
@@ -236,9 +250,9 @@ impl ServeOptions {
     /// calls in flight hold about 100 MiB, a 40th of the default `memory_limit`. An answer not
     /// yet read holds its place too ([`Held`]): a prepare's echoes its SQL, a `GetTables`
     /// answer holds at most the capped schemas, a result at most `max_result_bytes`.
-    pub fn calls_per_analyst(&self) -> usize {
+    pub fn calls_per_analyst(&self, analysts: usize) -> usize {
         match self.max_calls_per_analyst {
-            0 => (2 * self.queries_per_analyst()).max(DEFAULT_CALLS_PER_ANALYST),
+            0 => (2 * self.queries_per_analyst(analysts)).max(DEFAULT_CALLS_PER_ANALYST),
             n => n,
         }
     }
@@ -286,9 +300,12 @@ impl Default for ServeOptions {
             listen: DEFAULT_LISTEN.parse().expect("a valid address"),
             insecure_listen_any: false,
             query_timeout: Duration::from_secs(300),
+            // At least 2 (round 52, review "isolation" F2: a 1-CPU host gave one turn, which
+            // one analyst held); the query runtime has at least 2 threads too.
             max_concurrent_queries: std::thread::available_parallelism()
                 .map(|n| n.get())
-                .unwrap_or(2),
+                .unwrap_or(2)
+                .max(2),
             max_sql_bytes: 1 << 20,
             max_queries_per_analyst: 0,
             max_calls_per_analyst: 0,
@@ -558,6 +575,17 @@ impl Shared {
     fn connections_per_analyst(&self) -> usize {
         (self.options.max_connections / self.analysts.len().max(1)).max(1)
     }
+
+    /// Each analyst's statement turns ([`ServeOptions::queries_per_analyst`] for the catalog's
+    /// analysts).
+    fn queries_per_analyst(&self) -> usize {
+        self.options.queries_per_analyst(self.analysts.len())
+    }
+
+    /// Each analyst's places for calls in flight ([`ServeOptions::calls_per_analyst`]).
+    fn calls_per_analyst(&self) -> usize {
+        self.options.calls_per_analyst(self.analysts.len())
+    }
 }
 
 /// The Flight SQL service (cheap to clone: it shares one state).
@@ -683,6 +711,19 @@ pub async fn bind(
             "max_connections ({}) must be at least the number of analysts ({}): each analyst \
              holds a share of the connections",
             options.max_connections,
+            analysts.len()
+        )));
+    }
+    // Round 52 (review "isolation" F2): with one turn, one analyst's statement holds it and
+    // every other analyst waits for it to end (and can time it).
+    if options.max_concurrent_queries < 2 && analysts.len() >= 2 {
+        return Err(ServeError::Limits(format!(
+            "max_concurrent_queries is {} with {} analysts: one analyst's statement would hold \
+             every turn, and the others would wait for it to end (and could time it). Set \
+             max_concurrent_queries in [server] (or --max-concurrent-queries) to at least 2; \
+             each analyst then runs at most one fewer than all (max_queries_per_analyst, \
+             docs/CATALOG.md)",
+            options.max_concurrent_queries,
             analysts.len()
         )));
     }
@@ -1145,7 +1186,7 @@ impl DpFlightSql {
                 Status::unavailable("the server is shutting down")
             }
             tokio::sync::TryAcquireError::NoPermits => {
-                let max = self.0.options.calls_per_analyst();
+                let max = self.0.calls_per_analyst();
                 quota_refusal(format!(
                     "dpfusion refused the call before it started (nothing was charged): you \
                      have {max} calls in flight on this server (being sent, running, waiting \
@@ -1284,6 +1325,7 @@ impl DpFlightSql {
         analyst: &str,
     ) -> &'a mut Namespace {
         let o = &self.0.options;
+        let (turns, calls) = (self.0.queries_per_analyst(), self.0.calls_per_analyst());
         spaces
             .entry(analyst.to_string())
             .or_insert_with(|| Namespace {
@@ -1291,8 +1333,8 @@ impl DpFlightSql {
                 reserved: 0,
                 sending: 0,
                 sending_bytes: 0,
-                turns: Arc::new(tokio::sync::Semaphore::new(o.queries_per_analyst())),
-                calls: Arc::new(tokio::sync::Semaphore::new(o.calls_per_analyst())),
+                turns: Arc::new(tokio::sync::Semaphore::new(turns)),
+                calls: Arc::new(tokio::sync::Semaphore::new(calls)),
                 metadata: Arc::new(tokio::sync::Semaphore::new(1)),
                 held: Arc::new(GreedyMemoryPool::new(o.held_per_analyst())),
             })
@@ -2547,24 +2589,75 @@ mod tests {
     /// `a-token`, `b-token`), with `options` (its address replaced); and the directory of its
     /// ledger, removed when dropped.
     async fn two_analysts(tag: &str, options: ServeOptions) -> (Bound, crate::testdir::TestPath) {
+        let (bound, dir) = analysts_named(tag, &["a", "b"], options).await;
+        (bound.unwrap(), dir)
+    }
+
+    /// [`two_analysts`] for the analysts `names` (tokens `<name>-token`), or why it is refused.
+    async fn analysts_named(
+        tag: &str,
+        names: &[&str],
+        options: ServeOptions,
+    ) -> (Result<Bound, ServeError>, crate::testdir::TestPath) {
         let dir = crate::testdir::test_dir(tag);
         let session = PrivateSession::open(
             crate::SessionOptions::default().with_ledger(dir.join("ledger.jsonl")),
         )
         .await
         .unwrap();
-        let analysts = Analysts::new(vec![
-            ("a".into(), auth::TokenHash::new("a-token")),
-            ("b".into(), auth::TokenHash::new("b-token")),
-        ]);
+        let analysts = Analysts::new(
+            names
+                .iter()
+                .map(|n| (n.to_string(), auth::TokenHash::new(&format!("{n}-token"))))
+                .collect(),
+        );
         let options = ServeOptions {
             listen: "127.0.0.1:0".parse().unwrap(),
             ..options
         };
-        (
-            bind(Arc::new(session), analysts, options).await.unwrap(),
-            dir,
-        )
+        (bind(Arc::new(session), analysts, options).await, dir)
+    }
+
+    /// Round 52 (review "isolation" F2): with two analysts or more, no analyst holds every
+    /// statement turn, by default or by an explicit `max_queries_per_analyst`; the default
+    /// `max_concurrent_queries` is at least 2, and 1 with two analysts is refused at start
+    /// with what to set. One analyst alone may have every turn.
+    #[tokio::test]
+    async fn no_analyst_holds_every_turn_with_two_analysts_or_more() {
+        let o = |all, mine| ServeOptions {
+            max_concurrent_queries: all,
+            max_queries_per_analyst: mine,
+            ..ServeOptions::default()
+        };
+        assert!(ServeOptions::default().max_concurrent_queries >= 2);
+        for analysts in [2, 3, 40] {
+            assert_eq!(o(2, 0).queries_per_analyst(analysts), 1);
+            assert_eq!(o(2, 2).queries_per_analyst(analysts), 1);
+            assert_eq!(o(3, 0).queries_per_analyst(analysts), 2);
+            assert_eq!(o(3, 9).queries_per_analyst(analysts), 2);
+            assert_eq!(o(8, 0).queries_per_analyst(analysts), 4);
+            assert_eq!(o(8, 1).queries_per_analyst(analysts), 1);
+            assert!(
+                ServeOptions::default().queries_per_analyst(analysts)
+                    < ServeOptions::default().max_concurrent_queries
+            );
+        }
+        assert_eq!(o(1, 0).queries_per_analyst(1), 1);
+        assert_eq!(o(2, 2).queries_per_analyst(1), 2);
+        assert_eq!(o(2, 0).calls_per_analyst(2), DEFAULT_CALLS_PER_ANALYST);
+
+        let (refused, _dir) = analysts_named("one-turn", &["a", "b"], o(1, 0)).await;
+        let Err(e @ ServeError::Limits(_)) = refused else {
+            panic!("one turn for two analysts was accepted");
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains("max_concurrent_queries is 1 with 2 analysts")
+                && e.contains("to at least 2"),
+            "{e}"
+        );
+        let (alone, _dir) = analysts_named("one-turn-alone", &["a"], o(1, 0)).await;
+        assert!(alone.is_ok());
     }
 
     /// Class 5 of issue 27: a statement whose task is busy inside one poll (here: blocked on a
@@ -2572,10 +2665,12 @@ mod tests {
     /// runs while the first is still busy. Review r45: the analyst's own turn stays with the
     /// busy task until it ends, so one analyst's stuck statements hold at most their share of
     /// the query threads (their next statement waits, and times out, until the task ends).
+    /// Round 52: one turn is refused with two analysts; of two, a's one turn is held by the
+    /// busy task, and both of the server's are free.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_servers_turn_is_given_back_at_the_deadline_and_the_analysts_when_the_work_ends() {
         let options = ServeOptions {
-            max_concurrent_queries: 1,
+            max_concurrent_queries: 2,
             query_timeout: Duration::from_millis(300),
             ..ServeOptions::default()
         };
@@ -2594,12 +2689,13 @@ mod tests {
             .await;
         assert_eq!(busy.unwrap_err().code(), tonic::Code::DeadlineExceeded);
         // The first task still holds its thread and a's turn; the server's turn is free.
+        assert_eq!(svc.0.running.available_permits(), 2);
         let other = tokio::time::timeout(
             Duration::from_secs(30),
             svc.limited(&call("b"), async { Ok(42) }),
         )
         .await
-        .expect("the server's turn was given back at the deadline");
+        .expect("another analyst's statement runs");
         assert_eq!(other.unwrap(), 42);
         let mine = svc.limited(&call("a"), async { Ok(7) }).await;
         assert_eq!(mine.unwrap_err().code(), tonic::Code::DeadlineExceeded);

@@ -877,11 +877,12 @@ const SLOW: &str = "SELECT count(*) AS n FROM generate_series(1, 100000000000) a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_or_a_time_limit_cancels_the_statement() {
-    // One statement at a time: the next one can start only once the first has let go.
+    // One statement of alice's at a time (two turns, one each: round 52 refuses one turn for
+    // two analysts): her next one can start only once the first has let go.
     let s = serve_here(
         "serve-cancel",
         1.0,
-        "max_concurrent_queries = 1\nquery_timeout_secs = 60",
+        "max_concurrent_queries = 2\nquery_timeout_secs = 60",
     )
     .await;
     let mut c = client(s.addr, Some(ALICE)).await;
@@ -893,18 +894,21 @@ async fn a_client_that_goes_away_or_a_time_limit_cancels_the_statement() {
     );
     drop(c);
     let started = Instant::now();
-    let mut b = client(s.addr, Some(BOB)).await;
-    tokio::time::timeout(Duration::from_secs(30), query(&mut b, "SELECT 1 AS one"))
-        .await
-        .expect("the abandoned statement was cancelled")
-        .unwrap();
+    let mut again = client(s.addr, Some(ALICE)).await;
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        query(&mut again, "SELECT 1 AS one"),
+    )
+    .await
+    .expect("the abandoned statement was cancelled")
+    .unwrap();
     assert!(started.elapsed() < Duration::from_secs(30));
     drop(s);
 
     let s = serve_here(
         "serve-timeout",
         1.0,
-        "max_concurrent_queries = 1\nquery_timeout_secs = 1",
+        "max_concurrent_queries = 2\nquery_timeout_secs = 1",
     )
     .await;
     let mut c = client(s.addr, Some(ALICE)).await;
@@ -1292,6 +1296,197 @@ fn idle_connections(addr: SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
     (0..n)
         .filter_map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok())
         .collect()
+}
+
+/// A TCP proxy on a loopback port to `to`, delaying every piece by `delay` each way (and the
+/// connection's opening): a client `2 × delay` of round trip away, as over a WAN.
+async fn latency_proxy(to: SocketAddr, delay: Duration) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn delayed(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        delay: Duration,
+    ) {
+        let mut buf = vec![0u8; 64 << 10];
+        while let Ok(n @ 1..) = from.read(&mut buf).await {
+            tokio::time::sleep(delay).await;
+            if to.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let Ok(server) = tokio::net::TcpStream::connect(to).await else {
+                    return;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::join!(delayed(cr, sw, delay), delayed(sr, cw, delay));
+            });
+        }
+    });
+    addr
+}
+
+/// Round 52 (review "isolation" F1): a client with no token churned TCP connections from one
+/// address (about 1,000 a second, holding up to 200, sending nothing); each new one closed the
+/// globally oldest stranger, so a client a 100 ms round trip away was closed before its first
+/// call's headers arrived (0 of 6 in the review). Now at the limit the stranger closed is the
+/// oldest of the source holding the most: a flood from 127.0.0.2 and 127.0.0.3 (about 450
+/// connects a second here, far past the limit of 16) closes only its own strangers, and alice,
+/// from 127.0.0.1 through a 50 ms-each-way proxy, connects and queries, each time on a fresh
+/// connection (before the fix: a broken pipe at the first attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r52_a_connection_flood_from_one_address_keeps_no_one_else_out() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let s = start_with(
+        "serve-flood",
+        10.0,
+        "",
+        "max_connections = 16\nhandshake_timeout_secs = 10",
+        None,
+    );
+    still_serving(s.addr).await;
+    let proxy = latency_proxy(s.addr, Duration::from_millis(50)).await;
+    // The flood: connects from 127.0.0.2 and 127.0.0.3 in turn (Linux routes all of 127/8 to
+    // loopback), each in a task of its own (a full backlog makes a connect wait), at most 256
+    // under way.
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let held = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+    let under_way = Arc::new(tokio::sync::Semaphore::new(256));
+    let flood = {
+        let (stop, opened, held, server) = (
+            Arc::clone(&stop),
+            Arc::clone(&opened),
+            Arc::clone(&held),
+            s.addr,
+        );
+        tokio::spawn(async move {
+            let mut from = ["127.0.0.2:0", "127.0.0.3:0"].into_iter().cycle();
+            while !stop.load(Ordering::Relaxed) {
+                let from: SocketAddr = from.next().unwrap().parse().unwrap();
+                if let Ok(place) = Arc::clone(&under_way).try_acquire_owned() {
+                    let (opened, held) = (Arc::clone(&opened), Arc::clone(&held));
+                    tokio::spawn(async move {
+                        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                        socket.bind(from).unwrap();
+                        let connect = socket.connect(server);
+                        if let Ok(Ok(c)) =
+                            tokio::time::timeout(Duration::from_secs(2), connect).await
+                        {
+                            opened.fetch_add(1, Ordering::Relaxed);
+                            let mut held = held.lock().unwrap();
+                            held.push_back(c);
+                            if held.len() > 200 {
+                                held.drain(..100);
+                            }
+                        }
+                        drop(place);
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = opened.load(Ordering::Relaxed);
+    for attempt in 0..3 {
+        let started = Instant::now();
+        let answered = tokio::time::timeout(Duration::from_secs(20), async {
+            let ch = Channel::from_shared(format!("http://{proxy}"))
+                .unwrap()
+                .connect_timeout(Duration::from_secs(10))
+                .connect()
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            let mut c = FlightSqlServiceClient::new(ch);
+            c.set_token(ALICE.to_string());
+            query(&mut c, "SELECT 1 AS one").await
+        })
+        .await;
+        let b = answered
+            .unwrap_or_else(|_| panic!("attempt {attempt}: no answer in 20 s"))
+            .unwrap_or_else(|e| panic!("attempt {attempt}: {e:?}"));
+        assert_eq!(rows(&b), 1);
+        eprintln!(
+            "attempt {attempt}: answered through the flood in {:?}",
+            started.elapsed()
+        );
+    }
+    let during = opened.load(Ordering::Relaxed) - before;
+    stop.store(true, Ordering::Relaxed);
+    flood.await.unwrap();
+    eprintln!("the flood opened {during} connections while alice queried");
+    assert!(during >= 300, "the flood was too slow to test: {during}");
+    held.lock().unwrap().clear();
+    still_serving(s.addr).await;
+}
+
+/// Round 52 (review "isolation" F2): with `max_concurrent_queries = 1` one analyst held every
+/// turn, and another's `SELECT 1` waited for (and timed) each of their statements. With two
+/// analysts no analyst holds every turn, even when the owner sets `max_queries_per_analyst`
+/// to all of them: with bob's statements on both turns' worth, alice's `SELECT 1` answers at
+/// once; and one turn for two analysts is refused at start with what to set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r52_no_analyst_holds_every_turn_and_one_turn_for_two_is_refused() {
+    let s = serve_here(
+        "serve-turns",
+        1.0,
+        "max_concurrent_queries = 2\nmax_queries_per_analyst = 2\nquery_timeout_secs = 6",
+    )
+    .await;
+    let addr = s.addr;
+    // Bob's two statements that run until their time limit (6 s).
+    let bobs: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut b = client(addr, Some(BOB)).await;
+                query(&mut b, SLOW).await.unwrap_err()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let started = Instant::now();
+    let mut alice = client(addr, Some(ALICE)).await;
+    let b = tokio::time::timeout(
+        Duration::from_secs(20),
+        query(&mut alice, "SELECT 1 AS one"),
+    )
+    .await
+    .expect("answered")
+    .unwrap();
+    let took = started.elapsed();
+    assert_eq!(rows(&b), 1);
+    assert!(
+        took < Duration::from_secs(3),
+        "alice waited {took:?} for bob's statements"
+    );
+    for b in bobs {
+        let e = tokio::time::timeout(Duration::from_secs(30), b)
+            .await
+            .expect("bob's statements end at their time limit")
+            .unwrap();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    }
+    eprintln!("alice answered in {took:?} beside bob's two slow statements");
+
+    let dir = crate::common::temp_dir("serve-one-turn");
+    let catalog = write_catalog(&dir, 1.0, "max_concurrent_queries = 1");
+    let e = dpfusion::serve::cmd::bind_catalog(&catalog, None)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        e.contains("max_concurrent_queries is 1 with 2 analysts") && e.contains("at least 2"),
+        "{e}"
+    );
 }
 
 /// Class 4: `SELECT … INTO` (and every other statement that would change the shared session or
