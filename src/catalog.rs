@@ -56,7 +56,8 @@ pub struct ServerSection {
     pub listen: Option<String>,
     /// A statement's time limit in seconds, admission and execution (default 300).
     pub query_timeout_secs: Option<f64>,
-    /// How many statements run at once; more wait their turn (default: the number of cores).
+    /// How many statements run at once; more wait their turn (default: the number of cores, at
+    /// least 2; 1 is refused with two analysts or more: round 52).
     pub max_concurrent_queries: Option<usize>,
     /// The longest SQL text accepted, in bytes (default 1 MiB).
     pub max_sql_bytes: Option<usize>,
@@ -64,7 +65,8 @@ pub struct ServerSection {
     /// in seconds (default 10).
     pub shutdown_grace_secs: Option<f64>,
     /// How many statements (and prepares) of one analyst run at once (default: half of
-    /// `max_concurrent_queries`, rounded up).
+    /// `max_concurrent_queries`, rounded up; with two analysts or more, at most all the turns
+    /// but one, whatever is set: round 52).
     pub max_queries_per_analyst: Option<usize>,
     /// How many calls of one analyst may be in flight, running or waiting for a turn (default:
     /// twice `max_queries_per_analyst`, at least 16; round 46).
