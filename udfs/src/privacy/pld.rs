@@ -24,7 +24,12 @@
 //! is at most 10⁻¹⁵ by a Chernoff bound (`dp_accounting`, `common.compute_self_convolve_bounds`);
 //! that 10⁻¹⁵ is added to the mass at +∞ (aliased mass can only add). ε at δ is the smallest ε
 //! whose δ(ε) of the composed PLD is at most δ, for each direction; the larger one is reported.
-use super::normal::{phi, phi_inv};
+//!
+//! Extremes (round 52, review "pld" F1): where e^ε overflows or Φ underflows, remove's δ(ε) is
+//! computed in logs; a point that cannot be computed at all (σ² overflows) gives no PLD (None:
+//! the caller, `sgd::epsilon`, uses the RDP bound), never δ = 0, which would move loss mass
+//! below its true loss.
+use super::normal::{log_phi, phi, phi_inv};
 
 /// The grid step h of the privacy loss (dp_accounting's PLD accountant's default).
 pub const DISCRETISATION: f64 = 1e-4;
@@ -39,6 +44,9 @@ const TAIL_MASS_TRUNCATION: f64 = 1e-15;
 /// little: the connect-the-dots error is of second order in h (measured against dp_accounting
 /// at h = 1e-4 over the grid of `udfs/tests/it/sgd_accounting.rs`: within 3%, docs/ACCOUNTING.md).
 pub const MAX_LEN: usize = 1 << 17;
+/// Below this x*/σ, remove's δ(ε) is computed in logs ([`Direction::delta`]): Φ(−37) ≈ 6e-300
+/// is still a normal f64, below it Φ underflows toward 0 (round 52).
+const LOG_BRANCH: f64 = -37.0;
 /// The float error allowance added to ε (relative): FFT round-off is about 1e-13 of ε here.
 const FLOAT_SLACK: f64 = 1e-9;
 
@@ -72,19 +80,53 @@ impl Direction {
 
     /// The hockey-stick divergence δ(ε) = sup_S P(S) − e^ε Q(S) of one step, in closed form:
     /// the supremum is attained at S = {x ≤ x*}, x* the point where the loss equals ε.
+    ///
+    /// NaN when it cannot be computed (a non-finite intermediate: σ² or σ²·ln(…) overflows);
+    /// the caller then gives up the PLD (round 52, review "pld" F1: an overflow that came out as
+    /// δ = 0 moved every loss above ≈ 705 down to ≈ 705). Never 0 by overflow.
     pub fn delta(self, q: f64, sigma: f64, eps: f64) -> f64 {
         let s2 = sigma * sigma;
+        if !s2.is_finite() || s2 == 0.0 || eps.is_nan() {
+            return f64::NAN;
+        }
         let d = match self {
             Direction::Remove => {
                 // Loss ≥ ln(1−q) everywhere: below it, δ = 1 − e^ε.
                 if eps <= (-q).ln_1p() {
                     return -eps.exp_m1();
                 }
-                // x* = −1/2 − σ² ln(1 + (e^ε − 1)/q);
+                // x* = −1/2 − σ² ℓ with ℓ = ln(1 + (e^ε − 1)/q);
                 // δ = (1−q)Φ(x*/σ) + qΦ((x*+1)/σ) − e^ε Φ(x*/σ)
-                //   = qΦ((x*+1)/σ) − (e^ε − 1 + q)Φ(x*/σ).
-                let x = -0.5 - s2 * (eps.exp_m1() / q).ln_1p();
-                q * phi((x + 1.0) / sigma) - (eps.exp_m1() + q) * phi(x / sigma)
+                //   = qΦ((x*+1)/σ) − (e^ε − 1 + q)Φ(x*/σ) = q[Φ((x*+1)/σ) − e^ℓ Φ(x*/σ)],
+                // since e^ε − 1 + q = q(1 + (e^ε − 1)/q) = q e^ℓ.
+                let r = eps.exp_m1() / q;
+                let l = if r.is_finite() {
+                    r.ln_1p()
+                } else {
+                    // Round 52 (review "pld" F1): (e^ε − 1)/q overflows for ε > 709.78 + ln q.
+                    // 1 + (e^ε − 1)/q = e^ε(1 − (1−q)e^{−ε})/q and
+                    // 1 − (1−q)e^{−ε} = q e^{−ε} − expm1(−ε), a sum of two terms ≥ 0 (ε > 0
+                    // here), so ℓ = ε − ln q + ln(q e^{−ε} − expm1(−ε)) has no cancellation.
+                    eps - q.ln() + (q * (-eps).exp() - (-eps).exp_m1()).ln()
+                };
+                let x = -0.5 - s2 * l;
+                if !(l.is_finite() && x.is_finite()) {
+                    return f64::NAN;
+                }
+                if r.is_finite() && x / sigma >= LOG_BRANCH {
+                    q * phi((x + 1.0) / sigma) - (eps.exp_m1() + q) * phi(x / sigma)
+                } else {
+                    // e^ℓ overflows or Φ(x*/σ) leaves the normal range (round 52): in logs,
+                    // δ = q Φ((x*+1)/σ)·(1 − exp(ℓ + ln Φ(x*/σ) − ln Φ((x*+1)/σ))). The exponent
+                    // is lowered by a bound of its error, which only raises δ: 1e-12 for the
+                    // asymptotic series of ln Φ (normal.rs, A&S 26.2.12 truncated: < 1e-12
+                    // relative in Φ), and 8 ulps of each of the three terms' magnitude (each
+                    // is computed to a few ulps of its size).
+                    let lp1 = log_phi((x + 1.0) / sigma);
+                    let lp0 = log_phi(x / sigma);
+                    let err = 1e-12 + 8.0 * f64::EPSILON * (l.abs() + lp0.abs() + lp1.abs());
+                    q * lp1.exp() * -(l + lp0 - lp1 - err).exp_m1()
+                }
             }
             Direction::Add => {
                 // Loss ≤ −ln(1−q) everywhere: above it, δ = 0.
@@ -94,12 +136,18 @@ impl Direction {
                 // x* = 1/2 + σ² ln(1 + (e^{−ε} − 1)/q);
                 // δ = Φ(x*/σ) − e^ε[(1−q)Φ(x*/σ) + qΦ((x*−1)/σ)]
                 //   = (q e^ε − (e^ε − 1))Φ(x*/σ) − q e^ε Φ((x*−1)/σ).
+                // (x* = +∞ for ε ≪ 0 is a true limit: both Φ are 1 and the coefficients are
+                // finite below −ln(1−q), giving 1 − e^ε.)
                 let x = 0.5 + s2 * ((-eps).exp_m1() / q).ln_1p();
                 let e = eps.exp();
                 (q * e - eps.exp_m1()) * phi(x / sigma) - q * e * phi((x - 1.0) / sigma)
             }
         };
-        d.clamp(0.0, 1.0)
+        if d.is_finite() {
+            d.clamp(0.0, 1.0)
+        } else {
+            f64::NAN
+        }
     }
 
     /// The losses at the two truncation points of the noise: (lowest, highest).
@@ -124,7 +172,7 @@ pub struct Pmf {
 
 impl Pmf {
     /// The connect-the-dots PLD of one step (module docs), or None when the grid would be longer
-    /// than [`MAX_LEN`].
+    /// than [`MAX_LEN`] or a point of the curve cannot be computed (σ² overflows: σ > ~1.3e154).
     pub fn subsampled_gaussian(dir: Direction, q: f64, sigma: f64, h: f64) -> Option<Pmf> {
         let (lo, hi) = dir.loss_range(q, sigma);
         let lo = (lo / h).floor();
@@ -137,6 +185,11 @@ impl Pmf {
         let mut deltas: Vec<f64> = (lo..=hi)
             .map(|i| dir.delta(q, sigma, i as f64 * h))
             .collect();
+        // A δ that could not be computed (NaN) means no PLD at this σ, never δ = 0 (round 52,
+        // review "pld" F1): the caller falls back to the RDP bound.
+        if deltas.iter().any(|d| !d.is_finite()) {
+            return None;
+        }
         for j in 1..deltas.len() {
             deltas[j] = deltas[j].min(deltas[j - 1]);
         }
@@ -425,5 +478,47 @@ mod tests {
             let eps = p.epsilon_for_delta(1e-5);
             assert!(d.delta(q, s, eps) <= 1e-5 * (1.0 + 1e-6), "{eps}");
         }
+    }
+
+    #[test]
+    fn remove_delta_past_the_exp_overflow_is_the_exact_curve() {
+        // Round 52, review "pld" F1: for ε > 709.78 + ln q, (e^ε − 1)/q overflowed, x* became
+        // −∞ and δ(ε) came out as 0. Exact values: the review's pld/exact1.py `d_remove` in
+        // 80-digit mpmath, rounded to f64 (q, σ, ε, δ); at ε ≤ 800 the curve equals q to 20
+        // digits.
+        for (q, s, e, want) in [
+            (0.01, 0.01, 700.0, 0.01),
+            (0.01, 0.01, 705.5, 0.01),
+            (0.01, 0.01, 800.0, 0.01),
+            (0.01, 0.01, 5000.0, 0.00477651558244931),
+            (0.01, 0.01, 5555.0, 1.0365887795896678e-10),
+            (0.01, 0.01, 6000.0, 4.3404362829943293e-26),
+            (1.0, 0.01, 800.0, 1.0),
+            (1.0, 0.0075, 9000.0, 0.2002272911485908),
+            // Both sides of the switch to logs at x*/σ = −37 (675.3: −36.998; 675.5: −37.003)
+            // and of the overflow of (e^ε − 1)/q at 709.78 + ln q ≈ 705.18.
+            (0.01, 0.025, 675.3, 0.009985417200742511),
+            (0.01, 0.025, 675.5, 0.009985177722014566),
+            (0.01, 0.025, 705.17, 0.009871230553734478),
+            (0.01, 0.025, 705.19, 0.009871064511585743),
+            (0.01, 0.05, 705.17, 5.766499751548534e-146),
+            (0.01, 0.05, 705.19, 5.621030369784903e-146),
+            (0.01, 0.025, 1200.0, 1.884826564662766e-26),
+        ] {
+            let got = Direction::Remove.delta(q, s, e);
+            assert!(
+                got >= want * (1.0 - 1e-9) && got <= want * (1.0 + 1e-9),
+                "q={q} σ={s} ε={e}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_sigma_whose_square_overflows_has_no_pld() {
+        // Round 52, review "pld" F2: σ > ~1.3e154 made σ² = ∞ and the grid NaN (reported as
+        // ε = ∞); now "cannot compute", and the caller uses the RDP bound.
+        assert!(Direction::Remove.delta(0.5, 1e200, 1.0).is_nan());
+        assert!(Pmf::subsampled_gaussian(Direction::Remove, 0.5, 1e200, DISCRETISATION).is_none());
+        assert!(composed_epsilon(1.0, 1e200, 10, 1e-10).is_none());
     }
 }

@@ -15,8 +15,10 @@ pub enum Event {
     Gaussian { mu: f64 },
     /// ρ-zCDP (Bun and Steinke 2016): RDP curve ρα.
     Zcdp { rho: f64 },
-    /// A Laplace mechanism with ε = Δ/b: exact RDP curve of Mironov 2017, Prop. 6
-    /// (taking also the pure-DP bounds min(ε, ε²α/2) pointwise).
+    /// A Laplace mechanism with ε = Δ/b: exact RDP curve of Mironov 2017, Prop. 6, rounded
+    /// outward and capped at ε ([`laplace_rdp`]; it is below the pure-DP bound αε²/2 as well).
+    /// No call records it any more (Laplace calls are charged as [`Event::PureDp`]); ledgers and
+    /// checkpoints may still hold it.
     Laplace { epsilon: f64 },
     /// Any pure ε-DP mechanism: RDP ≤ min(ε, αε²/2) (Bun and Steinke 2016, Prop. 1.4).
     PureDp { epsilon: f64 },
@@ -259,15 +261,53 @@ fn nan_to_inf(x: f64) -> f64 {
 }
 
 /// RDP of the Laplace mechanism with ε = Δ/b at order α > 1 (Mironov 2017, Prop. 6 / Table II):
-/// 1/(α−1) · ln( α/(2α−1) · e^{(α−1)ε} + (α−1)/(2α−1) · e^{−αε} ), computed with log-sum-exp,
-/// and never above ε (pure DP).
+/// 1/(α−1) · ln S, S = α/(2α−1) · e^{(α−1)ε} + (α−1)/(2α−1) · e^{−αε}; never below the exact value,
+/// never below 0, and never above ε (pure DP).
+///
+/// Round 52 (review "pld" F3): S = 1 + O(α²ε²), and ln S taken from the sum of the two O(1)
+/// terms lost the value to cancellation (negative at ε = 1e-9, 16% low at 1e-6). Writing
+/// g(x) = e^x − 1 − x ≥ 0, the first-order parts cancel exactly (α(α−1)ε − (α−1)αε = 0):
+/// S − 1 = (α·g((α−1)ε) + (α−1)·g(−αε))/(2α−1), two terms ≥ 0, and ln S = ln1p(S − 1). Where
+/// g((α−1)ε) would overflow ((α−1)ε > 700), S > e^{700}/2 has nothing to cancel and ln S is the
+/// log-sum-exp of the two terms. Each step is accurate to a few ulps (g by its Taylor series
+/// for |x| ≤ 1, expm1(x) − x above, where the subtraction loses under 3 bits); the result is
+/// raised by 64 ulps (relative 1.4e-14), which covers them.
 pub fn laplace_rdp(alpha: f64, epsilon: f64) -> f64 {
     let am1 = alpha - 1.0;
-    let t1 = (alpha / (2.0 * alpha - 1.0)).ln() + am1 * epsilon;
-    let t2 = (am1 / (2.0 * alpha - 1.0)).ln() - alpha * epsilon;
-    let m = t1.max(t2);
-    let lse = m + ((t1 - m).exp() + (t2 - m).exp()).ln();
-    (lse / am1).min(epsilon)
+    let a = am1 * epsilon;
+    let ln_s = if a <= 700.0 {
+        ((alpha * expm1_minus_x(a) + am1 * expm1_minus_x(-alpha * epsilon)) / (2.0 * alpha - 1.0))
+            .ln_1p()
+    } else {
+        let t1 = (alpha / (2.0 * alpha - 1.0)).ln() + a;
+        let t2 = (am1 / (2.0 * alpha - 1.0)).ln() - alpha * epsilon;
+        t1 + (t2 - t1).exp().ln_1p()
+    };
+    let v = ln_s / am1 * (1.0 + 64.0 * f64::EPSILON);
+    // NaN (α = 1, not an order of the grid): the pure-DP bound ε, valid at every order.
+    if v.is_nan() {
+        epsilon
+    } else {
+        v.max(0.0).min(epsilon)
+    }
+}
+
+/// g(x) = e^x − 1 − x (≥ 0 for every x), without the cancellation of expm1(x) − x at small x:
+/// the Taylor series Σ_{k≥2} x^k/k! for |x| ≤ 1 (to k = 27: the rest is below 1e-29 of g; at
+/// x = −1 the alternating sum loses one bit), expm1(x) − x above (there g is at least a fifth
+/// of |expm1(x)| + |x|: the subtraction loses fewer than 3 bits).
+fn expm1_minus_x(x: f64) -> f64 {
+    if x.abs() <= 1.0 {
+        let mut term = x * x / 2.0;
+        let mut sum = term;
+        for k in 3..=27 {
+            term *= x / k as f64;
+            sum += term;
+        }
+        sum
+    } else {
+        x.exp_m1() - x
+    }
 }
 
 /// RDP of one call of the relative Gaussian mechanism (research/rgm.md, eq. (5*), derived from
@@ -428,6 +468,67 @@ mod tests {
                 got >= exact && got <= exact * (1.0 + tol),
                 "α={a} σ={s} γ={g}: {got} vs {exact}"
             );
+        }
+    }
+
+    #[test]
+    fn laplace_rdp_is_never_below_the_exact_value_at_small_epsilon() {
+        // Round 52, review "pld" F3: the log-sum-exp form was negative at ε = 1e-9 (−2.0e-15 at
+        // α = 1.00468) and 16% low at 1e-6. Exact values: Mironov 2017, Prop. 6, in 60-digit
+        // mpmath at the f64 inputs' binary values, written as the next f64 above (so the check
+        // is strict) — the review's pld/lap.py `lap_exact`. The orders are grid orders
+        // 1 + 10^(k/100), k = −300, −233, −100, 0, 100, 300, 600.
+        for (a, e, exact) in [
+            (1.001, 1e-09, 5.004999998331668e-19),
+            (1.004677351412872, 1e-09, 5.023386755389898e-19),
+            (1.1, 1e-09, 5.499999998166668e-19),
+            (2.0, 1e-09, 9.999999996666669e-19),
+            (11.0, 1e-09, 5.499999998166668e-18),
+            (1001.0, 1e-09, 5.004999998330833e-16),
+            (1000001.0, 1e-09, 5.000004164998556e-13),
+            (1.001, 1e-06, 5.004998331667083e-13),
+            (1.004677351412872, 1e-06, 5.023385082602523e-13),
+            (1.1, 1e-06, 5.499998166667025e-13),
+            (2.0, 1e-06, 9.999996666664166e-13),
+            (11.0, 1e-06, 5.499998166566292e-12),
+            (1001.0, 1e-06, 5.004997496667141e-10),
+            (1000001.0, 1e-06, 4.337810920770777e-07),
+            (1.001, 0.0001, 5.004833170829068e-09),
+            (1.004677351412872, 0.0001, 5.023219314985857e-09),
+            (1.1, 0.0001, 5.499816670241657e-09),
+            (2.0, 0.0001, 9.999666641669169e-09),
+            (11.0, 0.0001, 5.4998156629975345e-08),
+            (1001.0, 0.0001, 4.996506049222796e-06),
+            (1000001.0, 0.0001, 9.930685331943969e-05),
+            (1.001, 1.0, 0.36820806385220856),
+            (1.004677351412872, 1.0, 0.3694152960582302),
+            (1.1, 1.0, 0.4000175281640213),
+            (2.0, 1.0, 0.6191236299985929),
+            (11.0, 1.0, 0.9353372835764272),
+            (1001.0, 1.0, 0.9993073524447316),
+            (1000001.0, 1.0, 0.9999993068533195),
+            (1.001, 10.0, 9.001542126903917),
+            (1.004677351412872, 10.0, 9.007006513145285),
+            (1.1, 10.0, 9.129891815749737),
+            (2.0, 10.0, 9.594534891891882),
+            (11.0, 10.0, 9.935337283507495),
+            (1001.0, 10.0, 9.999307352444733),
+            (1000001.0, 10.0, 9.99999930685332),
+        ] {
+            let got = laplace_rdp(a, e);
+            assert!(
+                got >= exact && got <= exact * (1.0 + 1e-13),
+                "α={a} ε={e}: {got} vs {exact}"
+            );
+        }
+        // Every grid order: ≥ 0, ≤ ε and ≤ the zCDP bound αε²/2 (Bun and Steinke 2016, Prop.
+        // 1.4) up to the 64-ulp outward rounding, and the charge of an event is never negative.
+        for e in [1e-12, 1e-9, 1e-6, 1e-4, 0.01, 1.0, 10.0] {
+            for &a in ORDERS.iter() {
+                let v = Event::Laplace { epsilon: e }.rdp(a);
+                assert!(v > 0.0 && v <= e, "α={a} ε={e}: {v}");
+                assert!(v <= a * e * e / 2.0 * (1.0 + 1e-13), "α={a} ε={e}: {v}");
+            }
         }
     }
 }

@@ -3,14 +3,13 @@
 //!
 //! - [`epsilon`]: the standalone (ε, δ) of one fit by the privacy-loss-distribution accountant
 //!   of [`super::pld`] (pessimistic connect-the-dots discretisation, FFT composition; tested
-//!   against Google `dp_accounting`'s PLD accountant: never below it, at most 3% above).
+//!   against Google `dp_accounting`'s PLD accountant: never below it, at most 3% above), or the
+//!   RDP curve's conversion where that is smaller (round 52: tiny δ, huge σ, no PLD grid).
 //! - [`noise_multiplier`]: its inverse by bisection, rounded toward more noise.
 //! - [`rdp`]: the Rényi-DP curve of one step (Mironov, Talwar, Zhang 2019), never below the
 //!   exact value at any sample rate (round 47), which the ledger's
 //!   [`super::Event::SubsampledGaussian`] uses for the table filters.
-use super::cks::cks_epsilon;
 use super::error::{PrivacyError, check_delta, check_positive};
-use super::grid::ORDERS;
 use super::pld;
 
 /// The largest number of steps accepted (the step count enters the FFT exponent and the
@@ -46,11 +45,13 @@ fn check_steps(steps: u64) -> Result<u64, PrivacyError> {
 }
 
 /// Standalone ε of `steps` Poisson-subsampled Gaussian steps with sampling rate `sample_rate` and
-/// noise multiplier σ/clip, at `delta` (PLD accountant; never below the true ε).
+/// noise multiplier σ/clip, at `delta` (never below the true ε).
 ///
-/// When the discretised distributions would not fit [`pld::MAX_LEN`] even at a grid step of 1
-/// (extremely small noise), the RDP curve's conversion (Canonne, Kamath, Steinke 2020) is used:
-/// also an upper bound, only looser.
+/// The smaller of two upper bounds (round 52, review "pld" F2): the PLD accountant's, and the
+/// RDP curve's ([`rdp`]) conversion (Canonne, Kamath, Steinke 2020). The PLD is the tighter one
+/// for ordinary parameters; the RDP bound is the answer when the PLD has none (its grid would not
+/// fit [`pld::MAX_LEN`] even at a grid step of 1, or σ² overflows) or only +∞ (δ at or below the
+/// 10⁻¹⁵ the PLD composition puts at +∞).
 pub fn epsilon(
     sample_rate: f64,
     noise_multiplier: f64,
@@ -64,13 +65,25 @@ pub fn epsilon(
     Ok(epsilon_from(q, z, t, d, pld::DISCRETISATION))
 }
 
-/// [`epsilon`] of checked arguments with the PLD grid step starting at `h0`.
+/// [`epsilon`] of checked arguments with the PLD grid step starting at `h0`: min(PLD, RDP), both
+/// valid upper bounds (a NaN PLD value, never expected, counts as none).
 fn epsilon_from(q: f64, z: f64, t: u64, d: f64, h0: f64) -> f64 {
-    if let Some(e) = pld::composed_epsilon_from(q, z, t, d, h0) {
-        return e;
+    let by_rdp = rdp_epsilon(q, z, t, d);
+    match pld::composed_epsilon_from(q, z, t, d, h0) {
+        Some(e) if !e.is_nan() => e.min(by_rdp),
+        _ => by_rdp,
     }
-    let curve: Vec<f64> = ORDERS.iter().map(|&a| t as f64 * rdp(q, z, a)).collect();
-    cks_epsilon(&curve, d).0 * (1.0 + 1e-12)
+}
+
+/// The CKS conversion at `d` of `t` × the one-step RDP curve on the order grid: the ledger
+/// event's profile ([`super::Profile::epsilon`], rounded outward there).
+fn rdp_epsilon(q: f64, z: f64, t: u64, d: f64) -> f64 {
+    super::Profile::from_event(&super::Event::SubsampledGaussian {
+        sample_rate: q,
+        noise_multiplier: z,
+        steps: t,
+    })
+    .epsilon(d)
 }
 
 /// The smallest noise multiplier (rounded toward more noise) whose `epsilon(...)` is ≤ `epsilon`.

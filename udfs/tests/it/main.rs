@@ -7,6 +7,7 @@ mod audit;
 mod imports;
 mod kernels;
 mod linreg;
+mod pld_extremes;
 mod rgm;
 mod sgd;
 mod sgd_accounting;
