@@ -523,16 +523,7 @@ fn invalid(name: &str, v: f64, expected: &str) -> PrivacyError {
     PrivacyError::invalid(name, literal_text(v), expected)
 }
 
-/// A number as a message shows it (round 52, review "extremes", minor): Rust's shortest
-/// round-trip digits, in exponent form outside [10⁻⁴, 10¹⁶) (`{}` printed 5e-324 with 324
-/// digits).
-pub fn literal_text(v: f64) -> String {
-    if v == 0.0 || !v.is_finite() || (1e-4..1e16).contains(&v.abs()) {
-        format!("{v}")
-    } else {
-        format!("{v:e}")
-    }
-}
+pub use crate::privacy::error::literal_text;
 
 /// `clip_grad` or `clip_obj` (`name`) checked: in [[`CLIP_MIN`], [`CLIP_MAX`]], so that the
 /// plan's grids are normal numbers (module docs, "Numbers"; round 52, review "extremes", F1,

@@ -186,7 +186,9 @@ pub fn zcdp_rho(epsilon: f64, delta: f64) -> Result<f64, PrivacyError> {
     }
     if lo <= 0.0 {
         return Err(PrivacyError::Infeasible(format!(
-            "no rho > 0 meets epsilon = {epsilon} at delta = {delta}"
+            "no rho > 0 meets epsilon = {} at delta = {}",
+            super::error::literal_text(epsilon),
+            super::error::literal_text(delta)
         )));
     }
     Ok(lo)
