@@ -354,7 +354,19 @@ fn note_no_guarantee(st: &mut State, e: Option<&TablePolicy>, p: &TablePolicy, l
                 .to_string(),
         ),
         (Visibility::Private, Visibility::Private) if charged => {
-            let relation: Vec<String> = super::policy::changes(e, p)
+            // A rename of a unit table whose domain was the table's name, recorded before round
+            // 52 as a change of domain (its refusal advised `relax`), is no change of the
+            // relation: both domains were their table's default (review "fixes2a" F2).
+            let mut p = p.clone();
+            let name = p.name.clone();
+            if let (Some(eu), Some(pu)) = (&e.unit, &mut p.unit)
+                && eu.column == pu.column
+                && eu.domain == e.name
+                && pu.domain == name
+            {
+                pu.domain = eu.domain.clone();
+            }
+            let relation: Vec<String> = super::policy::changes(e, &p)
                 .into_iter()
                 .filter(|c| c.voids_charges)
                 .map(|c| c.what)

@@ -1761,6 +1761,26 @@ impl Accountant {
                     )));
                 };
                 let change = policy::new_budget(&policy.name, &others);
+                // Nor does a reason recorded under this name before approve another move
+                // (round 52, review "fixes2a" F1: each move is a new key, so the check per key
+                // never saw the reason of the move before it).
+                if let Some(earlier) = st
+                    .policies
+                    .values()
+                    .filter(|p| p.name == policy.name)
+                    .filter_map(|p| st.relaxations.get(&p.key))
+                    .find_map(|v| policy::reason_recorded(v, reason))
+                {
+                    return Err(AccountingError::PolicyConflict(
+                        policy::reason_reused_message(
+                            &policy,
+                            reason,
+                            earlier,
+                            &[change],
+                            &self.path,
+                        ),
+                    ));
+                }
                 same_as_served(&policy, served)?;
                 return self.append_owner(&mut st, policy, reason, &[change]);
             }

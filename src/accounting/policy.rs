@@ -290,10 +290,44 @@ pub(super) fn reason_recorded<'a>(
     relaxations: &'a [Relaxation],
     reason: &str,
 ) -> Option<&'a Relaxation> {
-    let prefix = format!("{reason} [");
-    relaxations
-        .iter()
-        .find(|r| r.note == reason || (r.note.starts_with(&prefix) && r.note.ends_with(']')))
+    relaxations.iter().find(|r| reason_of(&r.note) == reason)
+}
+
+/// How every [`Change`]'s text begins (`changes`, `new_budget`): what tells, in a recorded
+/// note, where the owner's reason ends and the bracketed changes begin.
+const CHANGE_TEXTS: &[&str] = &[
+    "a new budget for table",
+    "budget δ",
+    "budget ε",
+    "default contribution bounds",
+    "file format",
+    "neighbours",
+    "pinned schema",
+    "privacy filter",
+    "privacy unit",
+    "public columns",
+    "schema pinned",
+    "visibility",
+    "δ share",
+];
+
+/// The owner's reason of a recorded [`relaxation_note`] (`reason [change; change]`): the text
+/// before the first ` [` that opens the changes. A reason may hold brackets itself (`board
+/// [minutes 3]`), so the split is where a change's text follows (round 52, review "fixes2a"
+/// F4: a reason that was a prefix of an earlier one, up to a bracket, was taken for it).
+pub(super) fn reason_of(note: &str) -> &str {
+    let Some(body) = note.strip_suffix(']') else {
+        return note;
+    };
+    let mut from = 0;
+    while let Some(i) = body[from..].find(" [").map(|i| i + from) {
+        let rest = &body[i + 2..];
+        if rest.is_empty() || CHANGE_TEXTS.iter().any(|t| rest.starts_with(t)) {
+            return &note[..i];
+        }
+        from = i + 2;
+    }
+    note
 }
 
 /// The refusal of a relaxation whose reason `earlier` already recorded for the key (round 52,

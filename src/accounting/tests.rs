@@ -2750,6 +2750,38 @@ fn renaming_a_unit_table_keeps_its_recorded_domain() {
     assert_eq!(kept.unit.as_ref().unwrap().domain, "people");
 }
 
+/// Review "fixes2a" F2: before round 52 a rename of a unit table whose domain was its name
+/// was recorded, with the owner's `relax` (as the refusal advised), as a change of domain. That
+/// record is no change of the neighbour relation: the table keeps its guarantee, on append and
+/// on replay; a domain changed otherwise on charges still voids it.
+#[test]
+fn an_old_rename_of_a_unit_table_keeps_its_guarantee() {
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    let with_unit = |name: &str, domain: &str| TablePolicy {
+        unit: Some(PrivacyUnit {
+            domain: domain.to_string(),
+            ..PrivacyUnit::new("customer", name)
+        }),
+        ..private("/d/purchases.csv", name, 1.0)
+    };
+    acc.register_table(with_unit("purchases", "purchases"))
+        .unwrap();
+    acc.admit("q", &gauss("/d/purchases.csv", 0.1)).unwrap();
+    // As a version before round 52 recorded the rename.
+    acc.owner_set_policy(with_unit("orders", "orders"), "renamed")
+        .unwrap();
+    let row = |acc: &Accountant| acc.budget_rows().into_iter().next().unwrap();
+    assert!(row(&acc).no_guarantee.is_none() && row(&acc).epsilon == 1.0);
+    drop(acc);
+    let acc = Accountant::open(&path).unwrap();
+    assert!(row(&acc).no_guarantee.is_none() && row(&acc).epsilon == 1.0);
+    // A domain of another name than the table's: a change of the relation.
+    acc.owner_set_policy(with_unit("orders", "people"), "one domain")
+        .unwrap();
+    assert!(row(&acc).no_guarantee.is_some() && row(&acc).epsilon.is_infinite());
+}
+
 /// Round 52 (review operator, F1, the name part): moving a private table's file (a new path,
 /// a new key) gave it a fresh budget, silently. A new private file key registered under a name
 /// the ledger holds for another private file key with charges is refused, naming both paths and
@@ -2837,4 +2869,65 @@ fn a_new_path_under_a_charged_tables_name_needs_the_owners_reason() {
     acc.admit("q", &gauss("/d/x.csv", 0.1)).unwrap();
     acc.register_table(private("/d/x.csv", "y", 1.0)).unwrap();
     acc.register_table(private("/e/x.csv", "x", 1.0)).unwrap();
+    // Review "fixes2a" F1: the reason of one move approves no other (each move is a new key),
+    // whether or not the key it moved to was charged since; a new reason does.
+    acc.admit("q", &gauss(new, 0.1)).unwrap();
+    let third = "/data3/private/salaries.csv";
+    let before = file_len(&path);
+    let m = match acc.register_table_with(
+        private(third, "salaries", 1.0),
+        all_stated(),
+        Some("  moved to a new disk for good "),
+    ) {
+        Err(AccountingError::PolicyConflict(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        m.contains("the reason 'moved to a new disk for good' was recorded for an earlier change"),
+        "{m}"
+    );
+    assert_eq!(file_len(&path), before, "nothing written");
+    acc.register_table_with(
+        private(third, "salaries", 1.0),
+        all_stated(),
+        Some("moved again, to the archive"),
+    )
+    .unwrap();
+}
+
+/// Review "fixes2a" F4: a recorded note's reason is what precedes its changes, brackets in the
+/// reason included; a shorter reason is another reason.
+#[test]
+fn a_notes_reason_is_what_precedes_its_changes() {
+    use super::policy::reason_of;
+    assert_eq!(reason_of("board [budget ε 1 → 2]"), "board");
+    assert_eq!(
+        reason_of("board [minutes 3] [budget ε 1 → 2; public columns [a] → [a, b]]"),
+        "board [minutes 3]"
+    );
+    assert_eq!(
+        reason_of("moved [a new budget for table 't', registered before from /a (1% used)]"),
+        "moved"
+    );
+    assert_eq!(reason_of("no changes listed"), "no changes listed");
+    let path = temp_ledger();
+    let acc = Accountant::open(&path).unwrap();
+    acc.register_table(private("/d/t.csv", "t", 1.0)).unwrap();
+    acc.register_table_with(
+        private("/d/t.csv", "t", 2.0),
+        all_stated(),
+        Some("board [minutes 3]"),
+    )
+    .unwrap();
+    // "board" is not "board [minutes 3]": a new reason, recorded.
+    acc.register_table_with(private("/d/t.csv", "t", 3.0), all_stated(), Some("board"))
+        .unwrap();
+    assert!(
+        acc.register_table_with(
+            private("/d/t.csv", "t", 4.0),
+            all_stated(),
+            Some("board [minutes 3]")
+        )
+        .is_err()
+    );
 }
