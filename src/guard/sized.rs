@@ -18,7 +18,11 @@
 //!
 //! These functions never run over private rows (the audit refuses them there), so a refusal here
 //! depends on public data or on the query only. Over private rows the typed fragment bounds every
-//! value at planning instead.
+//! value at planning instead. The one exception is `strpos` (in the fragment, with a literal
+//! needle over private rows): it is wrapped wherever it is called, and a call that gets a
+//! column's values and one constant needle runs as it is, unchecked, so nothing about private
+//! values can refuse it ([`bounded`]; round 52). A plan with a wrapped call is refused on a
+//! Ballista cluster (`crate::distributed`), `strpos` included.
 use std::any::Any;
 use std::collections::HashSet;
 use std::sync::{Arc, LazyLock};
@@ -110,31 +114,16 @@ struct Share {
 }
 
 /// Is the call bounded by [`Sized`]: a function outside the private fragment, or `strpos`
-/// (`instr`, `position`) in any form but the one DataFusion searches in linear time, a haystack
-/// of a column's values and a needle that is one constant for the whole batch (the form the
-/// fragment requires over private rows; `strpos_scalar_needle`). Any other form is searched
-/// position by position, quadratic: a needle that varies by row (it reads a column, a subquery
-/// or a parameter: round 51, review "work" F2), a volatile one (`random()` makes it an array),
-/// or a haystack that is itself a constant (folded while the query is planned, or a constant
-/// array at run time: round 52, review "fixes" F2).
+/// (`instr`, `position`), whatever its arguments. Whether a `strpos` call is searched in linear
+/// time is decided when it runs, by the values it gets ([`Sized::invoke_with_args`]): a column's
+/// values and one constant needle take DataFusion's linear search, and pass unchecked (the form
+/// the private fragment requires over private rows: no refusal can depend on their values);
+/// any other form is searched position by position, quadratic, and is bounded in its work. The
+/// arguments as written did not tell: a needle that varies by row (round 51, review "work" F2),
+/// a volatile one, a constant haystack (round 52, review "fixes" F2), or a derived table's
+/// column that the physical optimizer replaced by its constant (review "fixes2b" F3).
 fn bounded(f: &datafusion::logical_expr::expr::ScalarFunction) -> bool {
-    let reads = |e: &Expr, any: bool| {
-        e.exists(|x| {
-            Ok(match x {
-                Expr::Column(_) | Expr::OuterReferenceColumn(..) => true,
-                Expr::ScalarSubquery(_) | Expr::Placeholder(_) => any,
-                _ => false,
-            })
-        })
-        .unwrap_or(true)
-    };
-    let linear = |args: &[Expr]| match args {
-        [haystack, needle] => {
-            reads(haystack, false) && !reads(needle, true) && !needle.is_volatile()
-        }
-        _ => false,
-    };
-    outside_fragment(f.func.name()) || (f.func.name() == "strpos" && !linear(&f.args))
+    outside_fragment(f.func.name()) || f.func.name() == "strpos"
 }
 
 fn wrap_call(x: Expr, share: Share) -> Result<Transformed<Expr>> {
@@ -235,6 +224,17 @@ impl ScalarUDFImpl for Sized {
         self.inner.is_strict()
     }
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        // `strpos` over a column's values and one constant needle: DataFusion's linear search
+        // (`strpos_scalar_needle`, the same test as its own), called as it is, unchecked
+        // ([`bounded`]).
+        if self.inner.name() == "strpos"
+            && matches!(
+                args.args.as_slice(),
+                [ColumnarValue::Array(_), ColumnarValue::Scalar(_)]
+            )
+        {
+            return self.inner.invoke_with_args(args);
+        }
         let rows = args.number_rows as u64;
         // A constant (every argument one): what a statement may write as a value, since
         // DataFusion copies a folded constant into the names of the expressions around it.

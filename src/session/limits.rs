@@ -322,6 +322,15 @@ fn cte_weight<V: datafusion::sql::sqlparser::ast::Visit>(node: &V) -> u64 {
         sum: u64,
     }
     struct Weights(Vec<Frame>);
+    /// A name as DataFusion's planner resolves it: unquoted, in lower case; quoted, as written
+    /// (round 52, review "fixes2b" F2: an inner `"X1"` hid the outer `x1` from a weight that
+    /// lowered every name).
+    fn normalized(i: &datafusion::sql::sqlparser::ast::Ident) -> String {
+        match i.quote_style {
+            None => i.value.to_ascii_lowercase(),
+            Some(_) => i.value.clone(),
+        }
+    }
     fn frame(q: Option<&Query>, defines: Option<String>) -> Frame {
         let with = q.and_then(|q| q.with.as_ref());
         Frame {
@@ -330,12 +339,7 @@ fn cte_weight<V: datafusion::sql::sqlparser::ast::Visit>(node: &V) -> u64 {
             bodies: with
                 .into_iter()
                 .flat_map(|w| &w.cte_tables)
-                .map(|c| {
-                    (
-                        &*c.query as *const Query,
-                        c.alias.name.value.to_ascii_lowercase(),
-                    )
-                })
+                .map(|c| (&*c.query as *const Query, normalized(&c.alias.name)))
                 .collect(),
             defines,
             sum: 0,
@@ -363,6 +367,10 @@ fn cte_weight<V: datafusion::sql::sqlparser::ast::Visit>(node: &V) -> u64 {
                         let w = done.sum.saturating_add(1);
                         let e = below.defined.entry(name).or_insert(0);
                         *e = (*e).max(w);
+                        // Planned where it is defined, used or not (DataFusion's planner plans
+                        // every CTE of a WITH): counted there once too (round 52, review
+                        // "fixes2b" F1: a chain of unused CTEs doubled unseen).
+                        below.sum = below.sum.saturating_add(w);
                     }
                     None => below.sum = below.sum.saturating_add(done.sum),
                 }
@@ -372,7 +380,7 @@ fn cte_weight<V: datafusion::sql::sqlparser::ast::Visit>(node: &V) -> u64 {
         fn pre_visit_relation(&mut self, r: &ObjectName) -> ControlFlow<()> {
             // The last part's value, without quotes: `"c0"` reads the CTE c0 too.
             let name = match r.0.last() {
-                Some(ObjectNamePart::Identifier(i)) => i.value.to_ascii_lowercase(),
+                Some(ObjectNamePart::Identifier(i)) => normalized(i),
                 _ => r.to_string().to_ascii_lowercase(),
             };
             // The nearest frame that defined it; a recursive CTE's reference to itself (from
@@ -608,6 +616,27 @@ mod tests {
             "WITH a AS (SELECT * FROM b x, b y), b AS (SELECT * FROM t) SELECT * FROM a, b",
         ))
         .expect("light");
+        // Round 52 (review "fixes2b" F1): CTEs planned but never read are counted where they
+        // are defined.
+        let unused: Vec<String> = (2..=21)
+            .map(|i| format!("x{i} AS (SELECT a.s FROM x{} a, x{} b)", i - 1, i - 1))
+            .collect();
+        let unused = format!(
+            "WITH x1 AS (SELECT 1 AS s), {} SELECT 1 AS v",
+            unused.join(", ")
+        );
+        assert!(check_cte_uses(&parse(&unused)).is_err());
+        // Review "fixes2b" F2: a quoted inner name that differs in case hides nothing: `x1`
+        // is still the outer CTE, as the planner resolves it.
+        let mut q = "WITH x1 AS (SELECT 1 AS s)".to_string();
+        for i in 2..=16 {
+            q.push_str(&format!(
+                ", x{i} AS (WITH \"X{p}\" AS (SELECT 1 AS s) SELECT a.s FROM x{p} a, x{p} b)",
+                p = i - 1
+            ));
+        }
+        q.push_str(" SELECT count(*) AS n FROM x16");
+        assert!(check_cte_uses(&parse(&q)).is_err());
         // A recursive CTE reads itself once: its recursion.
         check_cte_uses(&parse(
             "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 3) \
