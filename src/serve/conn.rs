@@ -66,20 +66,32 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
 }
 
-/// Where a connection comes from, as its strangers are counted (round 52): an IPv4 address,
-/// or the /64 of an IPv6 one (a host commonly holds a whole /64, and could take a new address
-/// of it for each connection); an IPv4-mapped IPv6 address (a server listening on `[::]`) is
-/// its IPv4 address.
+/// Where a connection comes from, as its strangers are counted (round 52), at two levels: its
+/// `block`, an IPv4 address or the /48 of an IPv6 one, and within it its `host`, an IPv4
+/// address or the /64 of an IPv6 one (a host commonly holds a whole /64, and one client can
+/// hold a /56 or a /48, a common home or tunnel allocation, and take a new /64 of it for each
+/// connection: review "fixes2a" F3). An IPv4-mapped IPv6 address (a server listening on `[::]`)
+/// is its IPv4 address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Source(IpAddr);
+pub struct Source {
+    block: IpAddr,
+    host: IpAddr,
+}
 
 impl Source {
     pub fn of(ip: IpAddr) -> Self {
+        let prefix = |v6: Ipv6Addr, bits: u32| {
+            IpAddr::V6(Ipv6Addr::from(u128::from(v6) & (u128::MAX << (128 - bits))))
+        };
         match ip.to_canonical() {
-            IpAddr::V6(v6) => Self(IpAddr::V6(Ipv6Addr::from(
-                u128::from(v6) & !(u128::from(u64::MAX)),
-            ))),
-            v4 => Self(v4),
+            IpAddr::V6(v6) => Self {
+                block: prefix(v6, 48),
+                host: prefix(v6, 64),
+            },
+            v4 => Self {
+                block: v4,
+                host: v4,
+            },
         }
     }
 }
@@ -326,13 +338,22 @@ fn close_a_stranger(open: &Open) -> bool {
         .filter_map(Weak::upgrade)
         .filter(|c| c.is_stranger())
         .collect();
-    let mut held: HashMap<Source, usize> = HashMap::new();
-    for c in &strangers {
-        *held.entry(c.source).or_default() += 1;
-    }
-    let most = held.values().copied().max();
-    // Oldest first: the first stranger of a source holding the most is its oldest.
-    match strangers.iter().find(|c| Some(held[&c.source]) == most) {
+    // The strangers of the `level` holding the most of `among` (oldest first, as `among` is).
+    let most = |among: Vec<Arc<Conn>>, level: fn(&Source) -> IpAddr| {
+        let mut held: HashMap<IpAddr, usize> = HashMap::new();
+        for c in &among {
+            *held.entry(level(&c.source)).or_default() += 1;
+        }
+        let top = held.values().copied().max();
+        among
+            .into_iter()
+            .filter(|c| Some(held[&level(&c.source)]) == top)
+            .collect::<Vec<_>>()
+    };
+    // The block holding the most, then its host holding the most (a client of many /64s of one
+    // /48 is one block), then that host's oldest stranger.
+    let candidates = most(most(strangers, |s| s.block), |s| s.host);
+    match candidates.first() {
         Some(c) => {
             c.close();
             true
@@ -450,6 +471,11 @@ mod tests {
     /// address as its IPv4 one, and two IPv4 addresses (two of loopback's too) apart.
     #[test]
     fn sources_are_ipv4_addresses_and_ipv6_slash_64s() {
+        assert_eq!(
+            source("2001:db8:1:2::1").block,
+            source("2001:db8:1:ff00::1").block,
+            "one /48"
+        );
         assert_eq!(source("2001:db8:1:2::1"), source("2001:db8:1:2:ffff:1:2:3"));
         assert_ne!(source("2001:db8:1:2::1"), source("2001:db8:1:3::1"));
         assert_eq!(source("::ffff:192.0.2.7"), source("192.0.2.7"));
@@ -484,6 +510,18 @@ mod tests {
         // One each: the oldest source's oldest stranger.
         assert!(close_a_stranger(&open));
         assert_eq!(closed(&conns), [0, 1, 3]);
+
+        // Review "fixes2a" F3: a flood from many /64s of one /48, one stranger each, is one
+        // block: its oldest is closed, not the client of another block mid-handshake.
+        let open: Arc<Open> = Arc::new(Mutex::new(VecDeque::new()));
+        let mut from = vec!["2001:db8:9::1".to_string()];
+        from.extend((0..40).map(|i| format!("2001:db8:1:{i:x}::1")));
+        let from: Vec<&str> = from.iter().map(String::as_str).collect();
+        let conns = accepted(&open, &from);
+        for k in 1..=10 {
+            assert!(close_a_stranger(&open));
+            assert_eq!(closed(&conns), (1..=k).collect::<Vec<_>>());
+        }
 
         // Only authenticated connections left: nothing to close.
         let open: Arc<Open> = Arc::new(Mutex::new(VecDeque::new()));
