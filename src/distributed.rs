@@ -458,11 +458,12 @@ fn sized_call(plan: &LogicalPlan) -> Result<Option<String>> {
 /// The refusal of a plan with a call [`sized_call`] found.
 fn sized_refusal(f: &str) -> DataFusionError {
     crate::error::Error::refused(format!(
-        "dpfusion refused the query on the Ballista cluster: it calls {f}(), whose output the \
-         session bounds (a call outside the private fragment may write at most a share of the \
-         memory limit; docs/SQL.md, \"Values the query sizes\"), and that bound cannot cross \
-         Ballista's codec. Compute what the query needs from its DP results with the functions \
-         of the private fragment (docs/PRIVACY.md), or run the query in a session without a \
+        "dpfusion refused the query on the Ballista cluster: it calls {f}(), whose output or work \
+         the session bounds (a call outside the private fragment may write at most a share of \
+         the memory limit, and strpos, instr and position are bounded in their work where they \
+         are not linear; docs/SQL.md, \"Values the query sizes\"), and that bound cannot cross \
+         Ballista's codec. Compute what the query needs from its DP results with the other \
+         functions of the private fragment (docs/PRIVACY.md; `contains` for a substring), or run the query in a session without a \
          cluster. Nothing was charged."
     ))
 }

@@ -1764,12 +1764,20 @@ impl Accountant {
                 // Nor does a reason recorded under this name before approve another move
                 // (round 52, review "fixes2a" F1: each move is a new key, so the check per key
                 // never saw the reason of the move before it).
+                // Nor one recorded for a new budget of this name under any key, whatever the key
+                // is called now (review "fixes3" F2: the earlier copy renamed in the same run).
+                let moved = format!("a new budget for table '{}'", policy.name);
                 if let Some(earlier) = st
                     .policies
                     .values()
                     .filter(|p| p.name == policy.name)
                     .filter_map(|p| st.relaxations.get(&p.key))
                     .find_map(|v| policy::reason_recorded(v, reason))
+                    .or_else(|| {
+                        st.relaxations.values().flatten().find(|r| {
+                            policy::reason_of(&r.note) == reason && r.note.contains(&moved)
+                        })
+                    })
                 {
                     return Err(AccountingError::PolicyConflict(
                         policy::reason_reused_message(

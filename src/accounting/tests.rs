@@ -2893,6 +2893,18 @@ fn a_new_path_under_a_charged_tables_name_needs_the_owners_reason() {
         Some("moved again, to the archive"),
     )
     .unwrap();
+    // Review "fixes3" F2: nor when the copy it was recorded for is called otherwise now.
+    acc.admit("q", &gauss(third, 0.1)).unwrap();
+    acc.register_table(private(third, "old_salaries", 1.0))
+        .unwrap();
+    assert!(
+        acc.register_table_with(
+            private("/data4/salaries.csv", "salaries", 1.0),
+            all_stated(),
+            Some("moved again, to the archive"),
+        )
+        .is_err()
+    );
 }
 
 /// Review "fixes2a" F4: a recorded note's reason is what precedes its changes, brackets in the

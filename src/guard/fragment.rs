@@ -212,8 +212,8 @@ pub const FUNCTIONS: &[Function] = &[
     // fails (the fallback makes it NULL)
     lf("date_part", &[Str, Time], &[0], Fixed, Infallible),
     lf("datepart", &[Str, Time], &[0], Fixed, Infallible),
-    lf("date_trunc", &[Str, Time], &[0], Fixed, Infallible),
-    lf("datetrunc", &[Str, Time], &[0], Fixed, Infallible),
+    lf("date_trunc", &[Str, Time], &[0], Fixed, Fallback),
+    lf("datetrunc", &[Str, Time], &[0], Fixed, Fallback),
     lf("date_bin", &[Time, Time, Time], &[0], Fixed, Fallback),
     f("make_date", &[Num, Num, Num], Fixed, Fallback),
     f("to_date", &[Time, Str], Fixed, Fallback),

@@ -6,10 +6,11 @@
 //!   connection is authenticated, it waits (new connections queue in the kernel's backlog). File
 //!   descriptors stay bounded, and idle strangers cannot keep analysts out.
 //! - **Strangers counted by their source** (round 52, review "isolation" F1): each connection's
-//!   peer address is recorded at accept, as a [`Source`] (an IPv4 address; an IPv6 address's /64,
-//!   the block one host commonly holds). At the limit, the stranger closed is the oldest of the
-//!   source holding the most strangers (of sources holding as many, the oldest stranger among
-//!   them), never simply the oldest one. A client that churned connections from one address
+//!   peer address is recorded at accept, as a [`Source`] at three levels (an IPv4 /24, address
+//!   and address; an IPv6 /32, /48 and /64: review "fixes2a" F3, "fixes3" F4). At the limit,
+//!   the stranger closed is the oldest of the host holding the most strangers, in the block
+//!   holding the most, in the net holding the most (where they hold as many, the oldest
+//!   stranger among them), never simply the oldest one. A client that churned connections from one address
 //!   (thousands a second) cycled through every stranger, so that any client needing longer than
 //!   that cycle to send its first authenticated call (one network round trip, a TLS handshake)
 //!   was closed before it could; now such a flood closes only its own strangers, and a client
@@ -42,7 +43,7 @@
 //! an analyst's, from their first call's headers.
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -66,31 +67,35 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
 }
 
-/// Where a connection comes from, as its strangers are counted (round 52), at two levels: its
-/// `block`, an IPv4 address or the /48 of an IPv6 one, and within it its `host`, an IPv4
-/// address or the /64 of an IPv6 one (a host commonly holds a whole /64, and one client can
-/// hold a /56 or a /48, a common home or tunnel allocation, and take a new /64 of it for each
-/// connection: review "fixes2a" F3). An IPv4-mapped IPv6 address (a server listening on `[::]`)
-/// is its IPv4 address.
+/// Where a connection comes from, as its strangers are counted (round 52), at three levels,
+/// each within the one before: its `net` (an IPv4 /24, an IPv6 /32), its `block` (an IPv4
+/// address, an IPv6 /48) and its `host` (an IPv4 address, an IPv6 /64). A host commonly holds a
+/// whole /64, one client can hold a /56 or a /48 (a common home or tunnel allocation) and take a
+/// new /64 of it for each connection (review "fixes2a" F3), and a hosting customer a /32 of
+/// /48s (review "fixes3" F4). An IPv4-mapped IPv6 address (a server listening on `[::]`) is its
+/// IPv4 address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Source {
+    net: IpAddr,
     block: IpAddr,
     host: IpAddr,
 }
 
 impl Source {
     pub fn of(ip: IpAddr) -> Self {
-        let prefix = |v6: Ipv6Addr, bits: u32| {
+        let v6 = |v6: Ipv6Addr, bits: u32| {
             IpAddr::V6(Ipv6Addr::from(u128::from(v6) & (u128::MAX << (128 - bits))))
         };
         match ip.to_canonical() {
-            IpAddr::V6(v6) => Self {
-                block: prefix(v6, 48),
-                host: prefix(v6, 64),
+            IpAddr::V6(a) => Self {
+                net: v6(a, 32),
+                block: v6(a, 48),
+                host: v6(a, 64),
             },
-            v4 => Self {
-                block: v4,
-                host: v4,
+            IpAddr::V4(a) => Self {
+                net: IpAddr::V4(Ipv4Addr::from(u32::from(a) & 0xffff_ff00)),
+                block: IpAddr::V4(a),
+                host: IpAddr::V4(a),
             },
         }
     }
@@ -350,9 +355,9 @@ fn close_a_stranger(open: &Open) -> bool {
             .filter(|c| Some(held[&level(&c.source)]) == top)
             .collect::<Vec<_>>()
     };
-    // The block holding the most, then its host holding the most (a client of many /64s of one
-    // /48 is one block), then that host's oldest stranger.
-    let candidates = most(most(strangers, |s| s.block), |s| s.host);
+    // The net holding the most, then its block, then its host holding the most (a client of
+    // many /64s of one /48 is one block), then that host's oldest stranger.
+    let candidates = most(most(most(strangers, |s| s.net), |s| s.block), |s| s.host);
     match candidates.first() {
         Some(c) => {
             c.close();
@@ -476,6 +481,17 @@ mod tests {
             source("2001:db8:1:ff00::1").block,
             "one /48"
         );
+        assert_eq!(
+            source("2001:db8:1::1").net,
+            source("2001:db8:ff::1").net,
+            "one /32"
+        );
+        assert_eq!(
+            source("192.0.2.7").net,
+            source("192.0.2.200").net,
+            "one /24"
+        );
+        assert_ne!(source("192.0.2.7").block, source("192.0.2.200").block);
         assert_eq!(source("2001:db8:1:2::1"), source("2001:db8:1:2:ffff:1:2:3"));
         assert_ne!(source("2001:db8:1:2::1"), source("2001:db8:1:3::1"));
         assert_eq!(source("::ffff:192.0.2.7"), source("192.0.2.7"));
@@ -522,6 +538,15 @@ mod tests {
             assert!(close_a_stranger(&open));
             assert_eq!(closed(&conns), (1..=k).collect::<Vec<_>>());
         }
+
+        // Review "fixes3" F4: one stranger in each of many /48s of one /32 is one net.
+        let open: Arc<Open> = Arc::new(Mutex::new(VecDeque::new()));
+        let mut from = vec!["2001:db9::1".to_string()];
+        from.extend((0..40).map(|i| format!("2001:db8:{i:x}::1")));
+        let from: Vec<&str> = from.iter().map(String::as_str).collect();
+        let conns = accepted(&open, &from);
+        assert!(close_a_stranger(&open));
+        assert_eq!(closed(&conns), [1]);
 
         // Only authenticated connections left: nothing to close.
         let open: Arc<Open> = Arc::new(Mutex::new(VecDeque::new()));

@@ -378,28 +378,39 @@ fn cte_weight<V: datafusion::sql::sqlparser::ast::Visit>(node: &V) -> u64 {
             ControlFlow::Continue(())
         }
         fn pre_visit_relation(&mut self, r: &ObjectName) -> ControlFlow<()> {
-            // The last part's value, without quotes: `"c0"` reads the CTE c0 too.
-            let name = match r.0.last() {
-                Some(ObjectNamePart::Identifier(i)) => normalized(i),
-                _ => r.to_string().to_ascii_lowercase(),
-            };
+            // As the planner looks a CTE up: the whole name, its parts normalized and joined by
+            // dots (`a.x1`, `"a".x1` and `"a"."x1"` all read the CTE `"a.x1"`: round 52, review
+            // "fixes3" F1); and, over-counting rather than missing one, its last part alone.
+            let parts: Vec<String> =
+                r.0.iter()
+                    .map(|p| match p {
+                        ObjectNamePart::Identifier(i) => normalized(i),
+                        other => other.to_string().to_ascii_lowercase(),
+                    })
+                    .collect();
+            let mut names = vec![parts.join(".")];
+            if let Some(last) = parts.last().filter(|l| parts.len() > 1) {
+                names.push(last.clone());
+            }
             // The nearest frame that defined it; a recursive CTE's reference to itself (from
             // its body, the frame right above the one whose WITH it is in) is one read.
-            let mut w = 1;
-            for (i, f) in self.0.iter().enumerate().rev() {
-                if let Some(d) = f.defined.get(&name) {
-                    w = *d;
-                    break;
+            let weight = |name: &str| {
+                for (i, f) in self.0.iter().enumerate().rev() {
+                    if let Some(d) = f.defined.get(name) {
+                        return *d;
+                    }
+                    let recursion = f.recursive
+                        && self
+                            .0
+                            .get(i + 1)
+                            .is_some_and(|b| b.defines.as_deref() == Some(name));
+                    if recursion {
+                        break;
+                    }
                 }
-                let recursion = f.recursive
-                    && self
-                        .0
-                        .get(i + 1)
-                        .is_some_and(|b| b.defines.as_deref() == Some(name.as_str()));
-                if recursion {
-                    break;
-                }
-            }
+                1
+            };
+            let w = names.iter().map(|n| weight(n)).max().unwrap_or(1);
             let top = self.0.last_mut().expect("the root frame");
             top.sum = top.sum.saturating_add(w);
             ControlFlow::Continue(())
@@ -636,6 +647,16 @@ mod tests {
             ));
         }
         q.push_str(" SELECT count(*) AS n FROM x16");
+        assert!(check_cte_uses(&parse(&q)).is_err());
+        // Review "fixes3" F1: a dotted CTE name is read by its dotted reference.
+        let mut q = "WITH \"a.x1\" AS (SELECT 1 AS s)".to_string();
+        for i in 2..=16 {
+            q.push_str(&format!(
+                ", \"a.x{i}\" AS (SELECT p.s FROM a.x{k} p, \"a\".x{k} q)",
+                k = i - 1
+            ));
+        }
+        q.push_str(" SELECT count(*) AS n FROM a.x16");
         assert!(check_cte_uses(&parse(&q)).is_err());
         // A recursive CTE reads itself once: its recursion.
         check_cte_uses(&parse(
