@@ -389,7 +389,7 @@ fn cte_weight<V: datafusion::sql::sqlparser::ast::Visit>(node: &V) -> u64 {
                     })
                     .collect();
             let mut names = vec![parts.join(".")];
-            if let Some(last) = parts.last().filter(|l| parts.len() > 1) {
+            if let Some(last) = parts.last().filter(|_| parts.len() > 1) {
                 names.push(last.clone());
             }
             // The nearest frame that defined it; a recursive CTE's reference to itself (from
