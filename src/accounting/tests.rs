@@ -2705,6 +2705,17 @@ fn a_public_period_or_a_relation_change_on_charges_leaves_no_guarantee() {
     );
 }
 
+/// `/d/purchases.csv` as table `name`, its privacy unit `customer` in `domain`.
+fn purchases_with_unit(name: &str, domain: &str) -> TablePolicy {
+    TablePolicy {
+        unit: Some(PrivacyUnit {
+            domain: domain.to_string(),
+            ..PrivacyUnit::new("customer", name)
+        }),
+        ..private("/d/purchases.csv", name, 1.0)
+    }
+}
+
 /// Round 52 (review operator, F6): renaming a table with a privacy unit whose domain was the
 /// default (its name) changed the domain, a change of the neighbour relation that needed
 /// `relax`. A registration whose domain is its own name (the default) keeps the recorded domain,
@@ -2713,24 +2724,19 @@ fn a_public_period_or_a_relation_change_on_charges_leaves_no_guarantee() {
 fn renaming_a_unit_table_keeps_its_recorded_domain() {
     let path = temp_ledger();
     let acc = Accountant::open(&path).unwrap();
-    let with_unit = |name: &str, domain: &str| TablePolicy {
-        unit: Some(PrivacyUnit {
-            domain: domain.to_string(),
-            ..PrivacyUnit::new("customer", name)
-        }),
-        ..private("/d/purchases.csv", name, 1.0)
-    };
-    acc.register_table(with_unit("purchases", "purchases"))
+    acc.register_table(purchases_with_unit("purchases", "purchases"))
         .unwrap();
     acc.admit("q", &gauss("/d/purchases.csv", 0.1)).unwrap();
     let before = file_len(&path);
-    let kept = acc.register_table(with_unit("orders", "orders")).unwrap();
+    let kept = acc
+        .register_table(purchases_with_unit("orders", "orders"))
+        .unwrap();
     assert_eq!(kept.name, "orders");
     assert_eq!(kept.unit.as_ref().unwrap().domain, "purchases");
     assert_eq!(file_len(&path), before, "nothing written");
     assert_eq!(acc.budget_rows()[0].queries, 1, "the same budget");
     // A domain stated otherwise is a change of the relation, on a table with charges.
-    match acc.register_table(with_unit("orders", "people")) {
+    match acc.register_table(purchases_with_unit("orders", "people")) {
         Err(AccountingError::PolicyConflict(m)) => {
             assert!(
                 m.contains("(domain purchases) → customer (domain people)"),
@@ -2741,12 +2747,14 @@ fn renaming_a_unit_table_keeps_its_recorded_domain() {
     }
     // A recorded domain of another name is kept too when the registration states none.
     acc.register_table_with(
-        with_unit("orders", "people"),
+        purchases_with_unit("orders", "people"),
         all_stated(),
         Some("one domain"),
     )
     .unwrap();
-    let kept = acc.register_table(with_unit("sales", "sales")).unwrap();
+    let kept = acc
+        .register_table(purchases_with_unit("sales", "sales"))
+        .unwrap();
     assert_eq!(kept.unit.as_ref().unwrap().domain, "people");
 }
 
@@ -2758,18 +2766,11 @@ fn renaming_a_unit_table_keeps_its_recorded_domain() {
 fn an_old_rename_of_a_unit_table_keeps_its_guarantee() {
     let path = temp_ledger();
     let acc = Accountant::open(&path).unwrap();
-    let with_unit = |name: &str, domain: &str| TablePolicy {
-        unit: Some(PrivacyUnit {
-            domain: domain.to_string(),
-            ..PrivacyUnit::new("customer", name)
-        }),
-        ..private("/d/purchases.csv", name, 1.0)
-    };
-    acc.register_table(with_unit("purchases", "purchases"))
+    acc.register_table(purchases_with_unit("purchases", "purchases"))
         .unwrap();
     acc.admit("q", &gauss("/d/purchases.csv", 0.1)).unwrap();
     // As a version before round 52 recorded the rename.
-    acc.owner_set_policy(with_unit("orders", "orders"), "renamed")
+    acc.owner_set_policy(purchases_with_unit("orders", "orders"), "renamed")
         .unwrap();
     let row = |acc: &Accountant| acc.budget_rows().into_iter().next().unwrap();
     assert!(row(&acc).no_guarantee.is_none() && row(&acc).epsilon == 1.0);
@@ -2777,7 +2778,7 @@ fn an_old_rename_of_a_unit_table_keeps_its_guarantee() {
     let acc = Accountant::open(&path).unwrap();
     assert!(row(&acc).no_guarantee.is_none() && row(&acc).epsilon == 1.0);
     // A domain of another name than the table's: a change of the relation.
-    acc.owner_set_policy(with_unit("orders", "people"), "one domain")
+    acc.owner_set_policy(purchases_with_unit("orders", "people"), "one domain")
         .unwrap();
     assert!(row(&acc).no_guarantee.is_some() && row(&acc).epsilon.is_infinite());
 }
