@@ -277,8 +277,20 @@ impl PrivateSession {
 
 /// The result of a statement that does not stream (a DP release, `EXPLAIN`, `SHOW BUDGET`, …)
 /// counted in `reservation` without refusal; one larger than `max` bytes fails with the one
-/// fixed message (a charge stands).
-fn counted(r: QueryResult, reservation: &mut MemoryReservation, max: usize) -> Result<QueryResult> {
+/// fixed message (a charge stands). Each column is first copied into buffers of its rows alone
+/// ([`own_buffers`]), so that what is counted, and what a quota's refusal shows, is a function
+/// of the rows released, never of a larger buffer an operator left them in (round 52, review
+/// "servegen" H1).
+fn counted(
+    mut r: QueryResult,
+    reservation: &mut MemoryReservation,
+    max: usize,
+) -> Result<QueryResult> {
+    r.batches = r
+        .batches
+        .into_iter()
+        .map(own_buffers)
+        .collect::<Result<_>>()?;
     let size: usize = r.batches.iter().map(|b| b.get_array_memory_size()).sum();
     reservation.grow(size);
     if size > max {
@@ -289,9 +301,57 @@ fn counted(r: QueryResult, reservation: &mut MemoryReservation, max: usize) -> R
     Ok(r)
 }
 
+/// `b` with every column copied into buffers of its rows alone (a column that cannot be copied,
+/// offsets overflowing, as it is).
+fn own_buffers(
+    b: datafusion::arrow::array::RecordBatch,
+) -> Result<datafusion::arrow::array::RecordBatch> {
+    use datafusion::arrow::array::{MutableArrayData, RecordBatchOptions, make_array};
+    let columns = b
+        .columns()
+        .iter()
+        .map(|a| {
+            let data = a.to_data();
+            let mut copy = MutableArrayData::new(vec![&data], false, data.len());
+            match copy.try_extend(0, 0, data.len()) {
+                Ok(()) => make_array(copy.freeze()),
+                Err(_) => Arc::clone(a),
+            }
+        })
+        .collect();
+    let options = RecordBatchOptions::new().with_row_count(Some(b.num_rows()));
+    Ok(datafusion::arrow::array::RecordBatch::try_new_with_options(
+        b.schema(),
+        columns,
+        &options,
+    )?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Round 52 (review "servegen" H1): a column left in a larger buffer (a slice) is counted
+    /// as its rows, exactly as the same rows built afresh.
+    #[test]
+    fn a_held_result_is_counted_by_its_rows() {
+        use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+        let rows = |a: ArrayRef, s: ArrayRef| RecordBatch::try_from_iter([("a", a), ("s", s)]);
+        let big: ArrayRef = Arc::new(Int64Array::from_iter_values(0..100_000));
+        let text: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..100_000).map(|i| format!("v{i}")),
+        ));
+        let sliced = rows(big.slice(10, 3), text.slice(10, 3)).unwrap();
+        let fresh = rows(
+            Arc::new(Int64Array::from(vec![10, 11, 12])),
+            Arc::new(StringArray::from(vec!["v10", "v11", "v12"])),
+        )
+        .unwrap();
+        assert!(sliced.get_array_memory_size() > 100_000);
+        let (a, b) = (own_buffers(sliced).unwrap(), own_buffers(fresh).unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a.get_array_memory_size(), b.get_array_memory_size());
+    }
 
     /// A pool for a bounded run's result (the server's held memory for one analyst).
     fn held() -> Arc<dyn datafusion::execution::memory_pool::MemoryPool> {
