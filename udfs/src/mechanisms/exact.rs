@@ -113,6 +113,22 @@ pub fn pow2(e: i32) -> f64 {
     }
 }
 
+/// ⌊log₂ x⌋ for finite x > 0, normal or subnormal, exactly: from the exponent bits, so that
+/// `pow2(floor_log2(x))` is the largest power of two ≤ x (round 52, review "extremes", F1: the
+/// AGD grids used a `pow2_floor` built on `2f64.powi(e)`, which is 1/2^|e| = 0 for e < −1023, so
+/// every x < 2⁻¹⁰²² gave 0 and the grid loop of `optim::agd::AgdPlan::new` never ended).
+pub fn floor_log2(x: f64) -> i32 {
+    debug_assert!(x.is_finite() && x > 0.0, "{x}");
+    let bits = x.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    if exp == 0 {
+        // Subnormal: x = bits·2⁻¹⁰⁷⁴, its highest set bit gives the power.
+        63 - bits.leading_zeros() as i32 - 1074
+    } else {
+        exp - 1023
+    }
+}
+
 /// e when x = 2^e exactly (x a positive power of two, normal or subnormal), else `None`.
 pub fn exact_log2(x: f64) -> Option<i32> {
     if !(x.is_finite() && x > 0.0) {
@@ -424,6 +440,36 @@ fn add_grid_noise(noise: f64, granularity: f64, units: i128, unit_exp: i32) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Round 52, review "extremes", F1: the largest power of two ≤ x, pow2(floor_log2(x)), is
+    /// exact for every power of two and its neighbours, subnormals included (the `powi` one gave
+    /// 0 below 2⁻¹⁰²²).
+    #[test]
+    fn floor_log2_is_exact_on_subnormals() {
+        let pow2_floor = |x: f64| pow2(floor_log2(x));
+        for e in -1074..=1023 {
+            let x = pow2(e);
+            assert!(x > 0.0 && x.is_finite(), "{e}");
+            assert_eq!(floor_log2(x), e);
+            assert_eq!(pow2_floor(x), x);
+            if e < 1023 {
+                assert_eq!(floor_log2(pow2(e + 1).next_down()), e);
+            }
+            if e > -1074 {
+                assert_eq!(floor_log2(x.next_down()), e - 1);
+                assert_eq!(pow2_floor(x * 1.5), x, "{e}");
+            }
+        }
+        assert_eq!(pow2_floor(f64::from_bits(1)), f64::from_bits(1));
+        assert_eq!(pow2_floor(5e-324), 5e-324);
+        assert_eq!(floor_log2(f64::MAX), 1023);
+        assert_eq!(floor_log2(f64::MIN_POSITIVE), -1022);
+        assert_eq!(floor_log2(f64::MIN_POSITIVE.next_down()), -1023);
+        for x in [1e-310, 3e-320, 1e-308, 2.5e-315] {
+            let p = pow2_floor(x);
+            assert!(p > 0.0 && p <= x && x < 2.0 * p, "{x}: {p}");
+        }
+    }
 
     #[test]
     fn powers_of_two() {

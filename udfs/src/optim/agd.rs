@@ -245,7 +245,7 @@
 //! rows fell in one range (a failure that depended on the data). The plan now also checks the
 //! grids' invariants (q_g, q_o normal; B ∈ [8, 2³⁰]; U ∈ [2³², 2³³), which the kernels' lane
 //! sums rely on) and refuses a plan that breaks one.
-use crate::mechanisms::exact::pow2;
+use crate::mechanisms::exact::{floor_log2, pow2};
 use crate::noise::SecureRng;
 use crate::noise::discrete::{bernoulli_exp, discrete_gaussian_int};
 use crate::privacy::Neighbours;
@@ -551,22 +551,6 @@ pub fn check_clip(name: &str, v: f64) -> Result<f64, PrivacyError> {
                 }
             ),
         ))
-    }
-}
-
-/// ⌊log₂ x⌋ for finite x > 0, normal or subnormal, exactly: from the exponent bits, so that
-/// `pow2(floor_log2(x))` is the largest power of two ≤ x (round 52, review "extremes", F1: the
-/// grids used a `pow2_floor` built on `2f64.powi(e)`, which is 1/2^|e| = 0 for e < −1023, so
-/// every x < 2⁻¹⁰²² gave 0 and the grid loop of [`AgdPlan::new`] never ended).
-pub(crate) fn floor_log2(x: f64) -> i32 {
-    debug_assert!(x.is_finite() && x > 0.0, "{x}");
-    let bits = x.to_bits();
-    let exp = ((bits >> 52) & 0x7ff) as i32;
-    if exp == 0 {
-        // Subnormal: x = bits·2⁻¹⁰⁷⁴, its highest set bit gives the power.
-        63 - bits.leading_zeros() as i32 - 1074
-    } else {
-        exp - 1023
     }
 }
 
@@ -2576,36 +2560,6 @@ mod tests {
         c.splits = 1e5;
         let big = AgdPlan::new(c).unwrap();
         assert!(big.working_bytes(0, 3) >= 4 * 100_000 * size_of::<Charge>());
-    }
-
-    /// Round 52, review "extremes", F1: the largest power of two ≤ x, pow2(floor_log2(x)), is
-    /// exact for every power of two and its neighbours, subnormals included (the `powi` one gave
-    /// 0 below 2⁻¹⁰²²).
-    #[test]
-    fn pow2_floor_is_exact_on_subnormals() {
-        let pow2_floor = |x: f64| pow2(floor_log2(x));
-        for e in -1074..=1023 {
-            let x = pow2(e);
-            assert!(x > 0.0 && x.is_finite(), "{e}");
-            assert_eq!(floor_log2(x), e);
-            assert_eq!(pow2_floor(x), x);
-            if e < 1023 {
-                assert_eq!(floor_log2(pow2(e + 1).next_down()), e);
-            }
-            if e > -1074 {
-                assert_eq!(floor_log2(x.next_down()), e - 1);
-                assert_eq!(pow2_floor(x * 1.5), x, "{e}");
-            }
-        }
-        assert_eq!(pow2_floor(f64::from_bits(1)), f64::from_bits(1));
-        assert_eq!(pow2_floor(5e-324), 5e-324);
-        assert_eq!(floor_log2(f64::MAX), 1023);
-        assert_eq!(floor_log2(f64::MIN_POSITIVE), -1022);
-        assert_eq!(floor_log2(f64::MIN_POSITIVE.next_down()), -1023);
-        for x in [1e-310, 3e-320, 1e-308, 2.5e-315] {
-            let p = pow2_floor(x);
-            assert!(p > 0.0 && p <= x && x < 2.0 * p, "{x}: {p}");
-        }
     }
 
     /// The gradient grid is the smallest power of two q with C/q ≤ cap, as a scan over every

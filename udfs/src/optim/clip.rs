@@ -9,7 +9,7 @@
 //! underflow to 0 for a vector that is not 0, and it is never below maxⱼ|xⱼ|), and [`norm2_int`],
 //! the exact squared norm of an integer vector, saturating instead of overflowing, which every
 //! exact integer check compares with its bound.
-use crate::mechanisms::exact::pow2;
+use crate::mechanisms::exact::{floor_log2, pow2};
 
 /// ‖x‖ (or ‖(x, 1)‖ when `one`: the intercept's constant feature) computed without underflow
 /// or overflow, as `hypot` does: scaled by the power of two 2^k that brings m = maxⱼ|xⱼ| into
@@ -36,11 +36,7 @@ pub fn l2_norm(x: &[f64], one: bool) -> f64 {
     // m = 2^e·(1 + frac), e ∈ [−1074, 1023]; the scale 2^−e as two factors of at most 2^537
     // each (2^1074 is not an f64). Each product below is exact unless it is negligible
     // (below 2⁻⁵¹¹ against a sum ≥ 1) or a final result past f64::MAX.
-    let e = if m.is_normal() {
-        ((m.to_bits() >> 52) as i32) - 1023
-    } else {
-        63 - (m.to_bits().leading_zeros() as i32) - 1074
-    };
+    let e = floor_log2(m);
     let (s1, s2) = (pow2(-e / 2), pow2(-e - (-e / 2)));
     let mut sum: f64 = x
         .iter()

@@ -146,7 +146,7 @@ use super::kernel::{self, RowPath};
 use super::rows::clamp_features;
 use super::units::{Units, clip_int};
 use crate::mechanisms::GaussianMechanism;
-use crate::mechanisms::exact::{exact_log2, pow2, release_exact};
+use crate::mechanisms::exact::{exact_log2, floor_log2, pow2, release_exact};
 use crate::noise::SecureRng;
 use crate::privacy::{Event, PrivacyError, Profile};
 use crate::progress;
@@ -157,19 +157,6 @@ pub const VALUE_CLAMP: f64 = 1e150;
 
 /// The progress name.
 const PROGRESS: &str = "dp_linreg_gd";
-
-/// 2^⌊log₂ x⌋ for finite x > 0 (exact).
-fn pow2_floor(x: f64) -> i32 {
-    debug_assert!(x.is_finite() && x > 0.0);
-    let mut e = x.log2().floor() as i32;
-    while pow2(e) > x {
-        e -= 1;
-    }
-    while pow2(e + 1) <= x {
-        e += 1;
-    }
-    e
-}
 
 /// The design matrix as the kernels see it: the buffered rows in place, never copied (features
 /// and labels within ±[`VALUE_CLAMP`], clamped by the row buffer: module docs, "Bad values";
@@ -935,7 +922,7 @@ impl RgmGd {
                 return Err(progress::cancelled_error(PROGRESS));
             }
             // The grid: S ≥ 2^k at the smallest noise level σ·A (public: σ, A, n).
-            let e = pow2_floor(self.sigma * a * nf * pow2(-self.grid_bits));
+            let e = floor_log2(self.sigma * a * nf * pow2(-self.grid_bits));
             let q = pow2(e);
             let inv_q = pow2(-e);
             let a_e = a + sqrt_p * q * (gamma * (nf + 1.0) / (2.0 * nf) + 1.0 / nf);
@@ -1017,14 +1004,6 @@ mod tests {
                 assert_eq!(round_i64(x), x.round() as i64, "{x}");
             }
         }
-    }
-
-    #[test]
-    fn pow2_floor_exact() {
-        assert_eq!(pow2_floor(1.0), 0);
-        assert_eq!(pow2_floor(1.5), 0);
-        assert_eq!(pow2_floor(0.25), -2);
-        assert_eq!(pow2_floor(3e10), 34);
     }
 
     #[test]
