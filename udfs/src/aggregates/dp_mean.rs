@@ -81,7 +81,7 @@ use super::common::DataArg;
 use super::declaration::{
     self, Aggregate, DELTA, EPSILON, LOWER, MECHANISM, NEIGHBOURS, UPPER, UnitRule, VALUE,
 };
-use super::dp_sum::finite_sensitivity;
+use super::dp_sum::{bounds_text, finite_sensitivity};
 use super::interval::{fieller, laplace_ratio_set, laplace_sum_quantile, pow2_neg18};
 use super::params::{Mechanism, Neighbours, Params, representable};
 use crate::mechanisms::exact::{FixedPoint, pow2};
@@ -196,18 +196,12 @@ pub(crate) struct MeanRelease {
 /// with ε_s + ε_c ≤ ε is private; the rounding only moves it off the optimum by an ulp).
 pub(crate) const CBRT_4: f64 = 1.587_401_051_968_199_4;
 
-/// The bounds as messages show them, in exponent form (round 52, review "extremes": `{}` printed
-/// ±1e308 with 309 digits).
-fn bounds_text(p: &MeanParams) -> String {
-    format!("{:e} (lower {:e})", p.upper, p.lower)
-}
-
 impl MeanRelease {
     /// The calibration (module docs); also called by [`MeanParams::cost`], so the accountant
     /// refuses exactly what the planner refuses. A noise that is not representable fails with
     /// the range of epsilon (or of the bounds) that works.
     pub fn new(p: &MeanParams) -> Result<Self, PrivacyError> {
-        let bounds = bounds_text(p);
+        let bounds = bounds_text(p.lower, p.upper);
         representable(p.epsilon, ("upper", &bounds), |epsilon| match p.mechanism {
             // Under `units:K:C`: μ/(√K·C) (Neighbours::Units).
             Mechanism::Gaussian => Self::gaussian(
@@ -229,7 +223,8 @@ impl MeanRelease {
             let h = w as f64; // worst |m − c|, half-units
             match p.neighbours {
                 Neighbours::ReplacePublicN => {
-                    let sensitivity = finite_sensitivity(2.0 * h * half_unit, &bounds_text(p))?;
+                    let sensitivity =
+                        finite_sensitivity(2.0 * h * half_unit, &bounds_text(p.lower, p.upper))?;
                     sum_mech = Some(GaussianMechanism::from_mu(mu, sensitivity)?);
                 }
                 nb => {
@@ -243,7 +238,7 @@ impl MeanRelease {
                     let slack = if nb.moves_between_groups() { 2.0 } else { 1.0 };
                     sum_mech = Some(GaussianMechanism::from_mu_with_slack(
                         mu_s,
-                        finite_sensitivity(ds * half_unit, &bounds_text(p))?,
+                        finite_sensitivity(ds * half_unit, &bounds_text(p.lower, p.upper))?,
                         slack,
                     )?);
                     count_mech = Some(GaussianMechanism::from_mu(mu_c, 1.0)?);
@@ -269,7 +264,7 @@ impl MeanRelease {
             if nb == Neighbours::ReplacePublicN {
                 sum_mech = Some(LaplaceMechanism::from_epsilon_with_slack(
                     epsilon,
-                    finite_sensitivity(2.0 * w * half_unit, &bounds_text(p))?,
+                    finite_sensitivity(2.0 * w * half_unit, &bounds_text(p.lower, p.upper))?,
                     1.0,
                 )?);
             } else {
@@ -291,7 +286,7 @@ impl MeanRelease {
                 let eps_c = (epsilon - eps_s).next_down();
                 sum_mech = Some(LaplaceMechanism::from_epsilon_with_slack(
                     eps_s,
-                    finite_sensitivity((ds * half_unit).next_up(), &bounds_text(p))?,
+                    finite_sensitivity((ds * half_unit).next_up(), &bounds_text(p.lower, p.upper))?,
                     ss,
                 )?);
                 count_mech = Some(LaplaceMechanism::from_epsilon_with_slack(eps_c, dc, sc)?);

@@ -150,6 +150,12 @@ pub(crate) fn ceil_sqrt2_times(m: i64) -> i64 {
     (if k * k < t { k + 1 } else { k }) as i64
 }
 
+/// The bounds as a refusal names them (the argument `upper`), in exponent form: `{}` printed
+/// ±1e308 with 309 digits (round 52, review "extremes").
+pub(crate) fn bounds_text(lower: f64, upper: f64) -> String {
+    format!("{upper:e} (lower {lower:e})")
+}
+
 /// The sensitivity in value units, refused at planning when it overflows `f64` (bounds near
 /// ±`f64::MAX`, or a width or unit factor that takes them there), naming the analyst's
 /// arguments (round 52, review "extremes": the mechanism's own check answered "invalid argument
@@ -176,8 +182,7 @@ impl SumRelease {
     pub fn new(p: &SumParams) -> Result<Self, PrivacyError> {
         let fp = FixedPoint::new(p.lower, p.upper);
         let m = fp.max_abs();
-        // Exponent form: `{}` printed ±1e308 with 309 digits (round 52, review "extremes").
-        let bounds = format!("{:e} (lower {:e})", p.upper, p.lower);
+        let bounds = bounds_text(p.lower, p.upper);
         let noise = match p.mechanism {
             Mechanism::Gaussian => {
                 // L2 sensitivity in grid units (module docs) and the rounding slack in steps.
